@@ -1,0 +1,27 @@
+"""Model-family builders: a loaded model's config -> IR graph."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hipc.compiler.ir import Graph
+from hipc.compiler.verify import verify
+from hipc.graphs.llama import build_llama
+from hipc.graphs.model import Model, load_model
+from hipc.graphs.rope import max_context
+
+BUILDERS: dict[str, Callable[[Model, int], Graph]] = {
+    "llama": build_llama,
+    "mistral": build_llama,
+    "qwen2": build_llama,
+    "qwen3": build_llama,
+}
+
+
+def build_graph(model: Model, max_ctx: int | None = None) -> Graph:
+    """The verified IR graph of one decoder step for `model`, with a KV cache of max_ctx."""
+    graph = BUILDERS[model.config.family](model, max_context(model.config, max_ctx))
+    return verify(graph)
+
+
+__all__ = ["Model", "build_graph", "load_model"]

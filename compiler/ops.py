@@ -1,0 +1,150 @@
+"""The op set: type rules for every op the IR may hold.
+
+Each op is registered under its qualified name ("MatMul", "hipc::CachedAttention")
+with a rule that computes output types from input types. The verifier recomputes
+every node's outputs with these rules between passes; the NumPy reference
+implementations live in compiler/reference/ops.py, keyed the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from hipc.compiler.ir import Constant, Dim, Graph, Node, TensorType
+
+TypeRule = Callable[[Node, Sequence[TensorType], Graph], list[TensorType]]
+TYPE_RULES: dict[str, TypeRule] = {}
+
+# Op families, so passes can ask "is this elementwise?" with a set lookup.
+ELEMENTWISE = {"Add", "Mul", "Sigmoid", "Cast", "hipc::Dequantize"}
+NORMS = {"RMSNormalization"}
+MATMULS = {"MatMul"}
+
+
+class TypeError_(ValueError):
+    """A node whose inputs do not fit its op (raised by the verifier)."""
+
+
+def rule(*ops: str) -> Callable[[TypeRule], TypeRule]:
+    def register(fn: TypeRule) -> TypeRule:
+        for op in ops:
+            TYPE_RULES[op] = fn
+        return fn
+
+    return register
+
+
+def _check(cond: bool, node: Node, msg: str) -> None:
+    if not cond:
+        raise TypeError_(f"{node.op} node {node.name!r}: {msg}")
+
+
+def broadcast(a: Sequence[Dim], b: Sequence[Dim]) -> tuple[Dim, ...] | None:
+    out: list[Dim] = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            return None
+    return tuple(reversed(out))
+
+
+@rule("Add", "Mul")
+def _binary(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    a, b = ins
+    _check(a.dtype == b.dtype, node, f"dtype mismatch {a.dtype} vs {b.dtype}")
+    shape = broadcast(a.shape, b.shape)
+    _check(shape is not None, node, f"shapes {a.shape} and {b.shape} do not broadcast")
+    return [TensorType(a.dtype, shape)]
+
+
+@rule("Sigmoid")
+def _unary(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    return [ins[0]]
+
+
+@rule("Cast")
+def _cast(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    return [TensorType(node.attrs["to"], ins[0].shape)]
+
+
+@rule("hipc::Dequantize")
+def _dequantize(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    return [TensorType("float32", ins[0].shape)]
+
+
+@rule("Transpose")
+def _transpose(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    perm = node.attrs.get("perm") or list(reversed(range(len(ins[0].shape))))
+    _check(sorted(perm) == list(range(len(ins[0].shape))), node, f"bad perm {perm}")
+    return [TensorType(ins[0].dtype, tuple(ins[0].shape[p] for p in perm))]
+
+
+@rule("Gather")
+def _gather(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    data, idx = ins
+    _check(node.attrs.get("axis", 0) == 0, node, "only axis 0 is supported")
+    _check(idx.dtype in ("int64", "int32"), node, f"indices must be integers, got {idx.dtype}")
+    return [TensorType(data.dtype, (*idx.shape, *data.shape[1:]))]
+
+
+@rule("RMSNormalization")
+def _rms_norm(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    x, scale = ins
+    _check(node.attrs.get("axis", -1) == -1, node, "only axis -1 is supported")
+    _check(scale.shape == x.shape[-1:], node, f"scale {scale.shape} vs input {x.shape}")
+    return [x]
+
+
+@rule("MatMul")
+def _matmul(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    a, b = ins
+    _check(len(b.shape) == 2, node, "right operand must be a 2-D weight")
+    _check(a.shape[-1] == b.shape[0], node, f"inner dims differ: {a.shape} @ {b.shape}")
+    _check(a.dtype == b.dtype, node, f"dtype mismatch {a.dtype} vs {b.dtype}")
+    return [TensorType(a.dtype, (*a.shape[:-1], b.shape[1]))]
+
+
+@rule("Reshape")
+def _reshape(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    x = ins[0]
+    const = g.initializers.get(node.inputs[1])
+    _check(isinstance(const, Constant), node, "shape must be a constant")
+    target = [int(d) for d in const.array]
+    out: list[Dim] = []
+    for i, d in enumerate(target):
+        out.append(x.shape[i] if d == 0 else d)
+    known = [d for d in out if isinstance(d, int) and d != -1]
+    if -1 in out:
+        # NOTE: the inferred dim must be symbolic-safe: we only allow it in front
+        # (the token axis), where it equals the input's leading dim.
+        _check(out.index(-1) == 0 and x.is_static is False, node, "-1 only on the token axis")
+        out[0] = x.shape[0]
+        inner_in = int(np.prod([d for d in x.shape[1:]]))
+        _check(inner_in == int(np.prod(known)), node, f"cannot reshape {x.shape} to {target}")
+    return [TensorType(x.dtype, tuple(out))]
+
+
+@rule("RotaryEmbedding")
+def _rope(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    x, cos, sin, pos = ins
+    _check(len(x.shape) == 3, node, "input must be [tokens, heads, head_dim]")
+    rot = node.attrs.get("rotary_embedding_dim", 0) or x.shape[-1]
+    _check(cos.shape[-1] * 2 == rot and sin.shape == cos.shape, node, "cos/sin cache width")
+    _check(pos.shape == x.shape[:1], node, "position_ids must be [tokens]")
+    return [x]
+
+
+@rule("hipc::CachedAttention")
+def _cached_attention(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    q, k, v, pos, k_cache, v_cache = ins
+    _check(q.shape[0] == k.shape[0] == v.shape[0] == pos.shape[0], node, "token counts differ")
+    _check(k.shape[1:] == k_cache.shape[1:], node, f"k {k.shape} vs cache {k_cache.shape}")
+    _check(v.shape[1:] == v_cache.shape[1:], node, f"v {v.shape} vs cache {v_cache.shape}")
+    _check(q.shape[1] % k.shape[1] == 0, node, "query heads must be a multiple of KV heads")
+    return [TensorType(q.dtype, (q.shape[0], q.shape[1], v.shape[2]))]

@@ -1,0 +1,93 @@
+"""The reference executor: runs the unfused IR graph op by op in NumPy.
+
+It is the oracle every compiled target is checked against, and is itself checked
+against transformers and llama.cpp. A weight's NumPy value is its exact real value:
+quantized and bf16 tensors arrive dequantized/widened, so Dequantize and Cast only
+pick the compute precision (float32 by default, float64 where a test asks).
+Subgraphs that read only weights (casts, transposes) run once and are kept.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hipc.compiler.ir import Constant, Graph, WeightRef
+from hipc.compiler.reference.ops import IMPLS
+from hipc.compiler.source.gguf_file import GGUFFile
+from hipc.compiler.source.safetensors_file import SafetensorsFile
+from hipc.runtime.errors import HipcError
+
+
+class ReferenceExecutor:
+    def __init__(self, graph: Graph, dtype: str = "float32") -> None:
+        self.graph = graph
+        self.float_dtype = np.dtype(dtype)
+        self.max_ctx = int(graph.metadata["max_ctx"])
+        self._files: dict[str, SafetensorsFile | GGUFFile] = {}
+        self._nodes = graph.nodes
+        self._consts: dict[str, np.ndarray] | None = None
+        self.states = {
+            name: np.zeros(
+                [self.max_ctx if d == "max_ctx" else d for d in t.shape], self.float_dtype
+            )
+            for name, t in graph.states.items()
+        }
+
+    def reset(self) -> None:
+        for s in self.states.values():
+            s.fill(0)
+
+    # -- weights ---------------------------------------------------------------------
+
+    def _read(self, ref: WeightRef) -> np.ndarray:
+        f = self._files.get(ref.path)
+        if f is None:
+            f = GGUFFile(ref.path) if ref.format == "gguf" else SafetensorsFile(ref.path)
+            self._files[ref.path] = f
+        return f.load(ref.name)
+
+    def _fold_constants(self) -> dict[str, np.ndarray]:
+        g = self.graph
+        values: dict[str, np.ndarray] = {}
+        for name, init in g.initializers.items():
+            values[name] = init.array if isinstance(init, Constant) else self._read(init)
+        folded = set(values)
+        runtime_nodes = []
+        for node in self._nodes:
+            if all(i in folded for i in node.inputs) and node.inputs:
+                for out, val in zip(
+                    node.outputs,
+                    IMPLS[node.op](node, [values[i] for i in node.inputs], self),
+                    strict=True,
+                ):
+                    values[out] = val
+                    folded.add(out)
+            else:
+                runtime_nodes.append(node)
+        self._nodes = runtime_nodes
+        needed = {i for n in runtime_nodes for i in n.inputs}
+        return {k: v for k, v in values.items() if k in needed}
+
+    # -- running ---------------------------------------------------------------------
+
+    def run(self, input_ids: np.ndarray, positions: np.ndarray) -> dict[str, np.ndarray]:
+        if self._consts is None:
+            self._consts = self._fold_constants()
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size and int(positions.max()) >= self.max_ctx:
+            raise HipcError(
+                f"context overflow: position {int(positions.max())} >= max context {self.max_ctx}"
+            )
+        env: dict[str, np.ndarray] = dict(self._consts)
+        env.update(self.states)
+        env["input_ids"], env["positions"] = input_ids, positions
+        for node in self._nodes:
+            outs = IMPLS[node.op](node, [env[i] for i in node.inputs], self)
+            env.update(zip(node.outputs, outs, strict=True))
+        return {name: env[name] for name in self.graph.outputs}
+
+    def logits(self, tokens: list[int] | np.ndarray, start: int = 0) -> np.ndarray:
+        """Logits [len(tokens), vocab] for tokens at positions start.., extending the cache."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        out = self.run(tokens, np.arange(start, start + len(tokens)))
+        return out[self.graph.outputs[0]]

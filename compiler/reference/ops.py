@@ -1,0 +1,129 @@
+"""NumPy reference implementations, one per op, keyed like the type rules.
+
+These define what an op means. They favour clarity over speed: the compiled
+kernels are checked against them, never the other way round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from hipc.compiler.ir import Node
+
+Impl = Callable[[Node, Sequence[np.ndarray], Any], list[np.ndarray]]
+IMPLS: dict[str, Impl] = {}
+
+
+def impl(*ops: str) -> Callable[[Impl], Impl]:
+    def register(fn: Impl) -> Impl:
+        for op in ops:
+            IMPLS[op] = fn
+        return fn
+
+    return register
+
+
+@impl("Add")
+def _add(node, ins, ctx):
+    return [ins[0] + ins[1]]
+
+
+@impl("Mul")
+def _mul(node, ins, ctx):
+    return [ins[0] * ins[1]]
+
+
+@impl("Sigmoid")
+def _sigmoid(node, ins, ctx):
+    x = ins[0]
+    # NOTE: split by sign so exp never overflows.
+    e = np.exp(-np.abs(x))
+    return [np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)]
+
+
+@impl("Cast")
+def _cast(node, ins, ctx):
+    # bf16 weights arrive widened to float32 (exact); float16 converts exactly too.
+    return [ins[0].astype(ctx.float_dtype)]
+
+
+@impl("hipc::Dequantize")
+def _dequantize(node, ins, ctx):
+    return [ins[0].astype(ctx.float_dtype)]
+
+
+@impl("Transpose")
+def _transpose(node, ins, ctx):
+    return [np.ascontiguousarray(np.transpose(ins[0], node.attrs.get("perm")))]
+
+
+@impl("Gather")
+def _gather(node, ins, ctx):
+    return [np.take(ins[0], ins[1], axis=0)]
+
+
+@impl("RMSNormalization")
+def _rms_norm(node, ins, ctx):
+    x, scale = ins
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    return [x / np.sqrt(ms + node.attrs["epsilon"]) * scale]
+
+
+@impl("MatMul")
+def _matmul(node, ins, ctx):
+    return [ins[0] @ ins[1]]
+
+
+@impl("Reshape")
+def _reshape(node, ins, ctx):
+    shape = [ins[0].shape[i] if d == 0 else int(d) for i, d in enumerate(ins[1])]
+    return [ins[0].reshape(shape)]
+
+
+@impl("RotaryEmbedding")
+def _rope(node, ins, ctx):
+    x, cos_cache, sin_cache, pos = ins
+    rot = node.attrs.get("rotary_embedding_dim") or x.shape[-1]
+    cos = cos_cache[pos][:, None, :].astype(x.dtype)  # [tokens, 1, rot/2]
+    sin = sin_cache[pos][:, None, :].astype(x.dtype)
+    xr, rest = x[..., :rot], x[..., rot:]
+    if node.attrs.get("interleaved"):
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        out = np.empty_like(xr)
+        out[..., 0::2] = x1 * cos - x2 * sin
+        out[..., 1::2] = x2 * cos + x1 * sin
+    else:
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+        out = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return [np.concatenate([out, rest], axis=-1)]
+
+
+@impl("hipc::CachedAttention")
+def _cached_attention(node, ins, ctx):
+    """Write k, v at `positions` into the caches, then causal attention over the cache.
+
+    Query i (at position p_i) sees cached keys at positions <= p_i, and with a
+    sliding window W only those > p_i - W. Grouped-query: query head h reads KV head
+    h // (heads / kv_heads).
+    """
+    q, k, v, pos, k_cache, v_cache = ins
+    k_cache[pos] = k
+    v_cache[pos] = v
+    n_ctx = int(pos.max()) + 1
+    keys, vals = k_cache[:n_ctx], v_cache[:n_ctx]  # [ctx, kv, d]
+    group = q.shape[1] // k.shape[1]
+    keys = np.repeat(keys, group, axis=1)
+    vals = np.repeat(vals, group, axis=1)
+    scores = np.einsum("thd,chd->htc", q, keys) * node.attrs["scale"]
+    key_pos = np.arange(n_ctx)
+    visible = key_pos[None, :] <= pos[:, None]
+    window = node.attrs.get("sliding_window") or 0
+    if window:
+        visible &= key_pos[None, :] > pos[:, None] - window
+    scores = np.where(visible[None], scores, -np.inf)
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    return [np.einsum("htc,chd->thd", p, vals).astype(q.dtype)]
