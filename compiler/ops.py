@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
 from hipc.compiler.ir import Constant, Dim, Graph, Node, TensorType
 
 TypeRule = Callable[[Node, Sequence[TensorType], Graph], list[TensorType]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from hipc.compiler.ir import QUANT_DTYPES, Constant, Graph, Node, TensorType, WeightRef
 from hipc.compiler.ops import TYPE_RULES
 

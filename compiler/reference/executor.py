@@ -10,6 +10,7 @@ Subgraphs that read only weights (casts, transposes) run once and are kept.
 from __future__ import annotations
 
 import numpy as np
+
 from hipc.compiler.ir import Constant, Graph, WeightRef
 from hipc.compiler.reference.ops import IMPLS
 from hipc.compiler.source.gguf_file import GGUFFile
@@ -69,9 +70,13 @@ class ReferenceExecutor:
 
     # -- running ---------------------------------------------------------------------
 
-    def run(self, input_ids: np.ndarray, positions: np.ndarray) -> dict[str, np.ndarray]:
+    def prepare(self) -> None:
+        """Read the weights and fold weight-only subgraphs now rather than on the first run."""
         if self._consts is None:
             self._consts = self._fold_constants()
+
+    def run(self, input_ids: np.ndarray, positions: np.ndarray) -> dict[str, np.ndarray]:
+        self.prepare()
         input_ids = np.asarray(input_ids, dtype=np.int64)
         positions = np.asarray(positions, dtype=np.int64)
         if positions.size and int(positions.max()) >= self.max_ctx:

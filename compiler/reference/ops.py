@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
 from hipc.compiler.ir import Node
 
 Impl = Callable[[Node, Sequence[np.ndarray], Any], list[np.ndarray]]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from hipc.runtime.errors import HipcError
 
 # GGML type name -> hipc dtype name

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from hipc.compiler.ir import WeightRef
 from hipc.compiler.source.gguf_file import GGUFFile
 from hipc.compiler.source.safetensors_file import SafetensorsFile

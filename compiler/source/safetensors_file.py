@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from hipc.runtime.errors import HipcError
 
 _DTYPES = {

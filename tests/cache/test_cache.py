@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from hipc.cache import CacheKey, KernelCache, default_cache_dir
 from hipc.cache.store import ENTRY_NAME, PAYLOAD_NAME, TMP_PREFIX
 from hipc.runtime.errors import HipcError

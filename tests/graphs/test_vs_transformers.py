@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from hipc.compiler.reference.executor import ReferenceExecutor
 from hipc.graphs import build_graph, load_model
+
 from support import require
 
 # name -> (transformers config class, kwargs)

@@ -1,0 +1,28 @@
+"""The reference executor behind the generation-engine interface (`--reference`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hipc.compiler.reference.executor import ReferenceExecutor
+from hipc.graphs import Model, build_graph
+
+
+class ReferenceEngine:
+    def __init__(self, model: Model, max_ctx: int | None = None, dtype: str = "float32") -> None:
+        self.model = model
+        self.graph = build_graph(model, max_ctx)
+        self.executor = ReferenceExecutor(self.graph, dtype)
+        self.max_context = self.executor.max_ctx
+        self.executor.prepare()
+
+    def reset(self) -> None:
+        self.executor.reset()
+
+    def logits(self, tokens: Sequence[int], start: int) -> np.ndarray:
+        return self.executor.logits(list(tokens), start)
+
+    def forward(self, tokens: Sequence[int], start: int) -> np.ndarray:
+        return self.logits(tokens, start)[-1]

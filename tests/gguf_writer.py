@@ -1,0 +1,101 @@
+"""Write small GGUF files from a transformers model, the way llama.cpp's converter lays them out.
+
+Used to check the GGUF path against transformers reading the same file: Q/K rows of
+the llama architecture permuted for llama.cpp's RoPE, tied embeddings as a missing
+output.weight, and quantized tensor types.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+HF_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_name(hf: str) -> str:
+    if hf in HF_TO_GGUF:
+        return HF_TO_GGUF[hf]
+    parts = hf.split(".")
+    return f"blk.{parts[2]}.{LAYER['.'.join(parts[3:])]}"
+
+
+def permute_for_llamacpp(w: np.ndarray, n_head: int) -> np.ndarray:
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Path:
+    """Write `model` (a transformers CausalLM) as GGUF; 2-D weights stored as `qtype`."""
+    import gguf
+
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(
+        float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"])
+    )
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    # a byte-level vocabulary of the right size: single characters, then filler tokens
+    tokens = [
+        chr(0x100 + i) if i >= 256 else bytes([i]).decode("latin-1") for i in range(cfg.vocab_size)
+    ]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * cfg.vocab_size)
+    w.add_token_merges([])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        arr = tensor.detach().float().numpy()
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            arr = permute_for_llamacpp(arr, cfg.num_attention_heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            arr = permute_for_llamacpp(arr, cfg.num_key_value_heads)
+        if arr.ndim == 2 and qtype != "F32":
+            w.add_tensor(gguf_name(name), gguf.quants.quantize(arr, qt), raw_dtype=qt)
+        else:
+            w.add_tensor(gguf_name(name), np.ascontiguousarray(arr, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
