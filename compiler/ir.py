@@ -76,7 +76,29 @@ class Constant:
     array: np.ndarray
 
 
-Initializer = WeightRef | Constant
+@dataclass(frozen=True)
+class PackedWeight:
+    """Weights concatenated along `axis` by a repacking pass (merged QKV, gate/up).
+
+    Still lazy: the parts are read and joined only when an executor or the artifact
+    writer asks. All parts share one storage dtype, so quantized rows stay quantized.
+    """
+
+    parts: tuple[WeightRef, ...]
+    axis: int = 0
+
+    @property
+    def dtype(self) -> str:
+        return self.parts[0].dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        first = self.parts[0].shape
+        total = sum(p.shape[self.axis] for p in self.parts)
+        return (*first[: self.axis], total, *first[self.axis + 1 :])
+
+
+Initializer = WeightRef | Constant | PackedWeight
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,7 +197,24 @@ class Graph:
         return dict(sorted(hist.items()))
 
     def weight_refs(self) -> dict[str, WeightRef]:
-        return {k: v for k, v in self.initializers.items() if isinstance(v, WeightRef)}
+        """Every source tensor the graph reads, packed ones included, by tensor name."""
+        refs: dict[str, WeightRef] = {}
+        for init in self.initializers.values():
+            for ref in init.parts if isinstance(init, PackedWeight) else (init,):
+                if isinstance(ref, WeightRef):
+                    refs[ref.name] = ref
+        return refs
+
+    def copy(self, name: str | None = None) -> Graph:
+        """An empty graph with the same inputs, states, outputs and metadata (for passes)."""
+        g = Graph(name or self.name)
+        for k, t in self.inputs.items():
+            g.add_input(k, t)
+        for k, t in self.states.items():
+            g.add_state(k, t)
+        g.outputs = list(self.outputs)
+        g.metadata = dict(self.metadata)
+        return g
 
     # -- serialization ---------------------------------------------------------------
 

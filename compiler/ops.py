@@ -149,3 +149,31 @@ def _cached_attention(node: Node, ins: Sequence[TensorType], g: Graph) -> list[T
     _check(v.shape[1:] == v_cache.shape[1:], node, f"v {v.shape} vs cache {v_cache.shape}")
     _check(q.shape[1] % k.shape[1] == 0, node, "query heads must be a multiple of KV heads")
     return [TensorType(q.dtype, (q.shape[0], q.shape[1], v.shape[2]))]
+
+
+# -- ops introduced by the compiler's passes ------------------------------------------
+
+
+@rule("hipc::Linear")
+def _linear(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    """y = x @ W^T (+ b), W in its storage type and file layout [out, in]."""
+    x, w = ins[0], ins[1]
+    _check(len(w.shape) == 2, node, "weight must be 2-D [out, in]")
+    _check(x.shape[-1] == w.shape[1], node, f"input width {x.shape[-1]} vs weight {w.shape}")
+    if len(ins) > 2:
+        _check(ins[2].shape == (w.shape[0],), node, f"bias {ins[2].shape} vs weight {w.shape}")
+    return [TensorType("float32", (*x.shape[:-1], w.shape[0]))]
+
+
+@rule("hipc::SiLU")
+def _silu(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    return [ins[0]]
+
+
+@rule("Split")
+def _split(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    x = ins[0]
+    sizes = list(node.attrs["split"])
+    _check(node.attrs.get("axis", -1) in (-1, len(x.shape) - 1), node, "only the last axis")
+    _check(sum(sizes) == x.shape[-1], node, f"split {sizes} does not cover {x.shape[-1]}")
+    return [TensorType(x.dtype, (*x.shape[:-1], s)) for s in sizes]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hipc.compiler.ir import Constant, Graph, WeightRef
+from hipc.compiler.ir import Constant, Graph, PackedWeight, WeightRef
 from hipc.compiler.reference.ops import IMPLS
 from hipc.compiler.source.gguf_file import GGUFFile
 from hipc.compiler.source.safetensors_file import SafetensorsFile
@@ -50,7 +50,12 @@ class ReferenceExecutor:
         g = self.graph
         values: dict[str, np.ndarray] = {}
         for name, init in g.initializers.items():
-            values[name] = init.array if isinstance(init, Constant) else self._read(init)
+            if isinstance(init, Constant):
+                values[name] = init.array
+            elif isinstance(init, PackedWeight):
+                values[name] = np.concatenate([self._read(p) for p in init.parts], axis=init.axis)
+            else:
+                values[name] = self._read(init)
         folded = set(values)
         runtime_nodes = []
         for node in self._nodes:

@@ -128,3 +128,20 @@ def _cached_attention(node, ins, ctx):
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
     return [np.einsum("htc,chd->thd", p, vals).astype(q.dtype)]
+
+
+@impl("hipc::Linear")
+def _linear(node, ins, ctx):
+    y = ins[0] @ ins[1].T.astype(ins[0].dtype, copy=False)
+    return [y + ins[2] if len(ins) > 2 else y]
+
+
+@impl("hipc::SiLU")
+def _silu(node, ins, ctx):
+    return [ins[0] * _sigmoid(node, ins, ctx)[0]]
+
+
+@impl("Split")
+def _split(node, ins, ctx):
+    bounds = np.cumsum(node.attrs["split"])[:-1]
+    return list(np.split(ins[0], bounds, axis=-1))

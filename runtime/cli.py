@@ -1,0 +1,219 @@
+"""The `hipc` command line.
+
+Every command imports what it needs when it runs, so `hipc serve` on a GPU box never
+loads the compiler, and a typo in a flag costs no import time. User mistakes surface
+as HipcError: one line on stderr, exit status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from hipc.runtime.errors import HipcError
+
+
+def _parse_tokens(text: str) -> list[int]:
+    try:
+        tokens = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise HipcError(f"--tokens: expected comma-separated integers, got {text!r}") from None
+    if not tokens:
+        raise HipcError("--tokens: no token ids given")
+    return tokens
+
+
+def _load(model_ref: str):
+    from hipc.graphs import load_model
+
+    return load_model(model_ref)
+
+
+def _prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:
+    if chat:
+        prompt = tokenizer.render_chat(
+            [{"role": "user", "content": text}], add_generation_prompt=True
+        )
+        return tokenizer.encode(prompt, add_special_tokens=False)
+    return tokenizer.encode(text)
+
+
+def _engine(model, args):
+    if not args.reference:
+        raise HipcError(
+            "running a model needs --reference until compiled artifacts exist (hipc compile)"
+        )
+    from hipc.compiler.reference.engine import ReferenceEngine
+
+    return ReferenceEngine(model, args.max_context)
+
+
+def cmd_info(args) -> int:
+    from hipc.graphs import build_graph
+
+    model = _load(args.model)
+    graph = build_graph(model, args.max_context)
+    params, by_dtype = 0, {}
+    for ref in graph.weight_refs().values():
+        n = 1
+        for d in ref.shape:
+            n *= d
+        params += n
+        by_dtype[ref.dtype] = by_dtype.get(ref.dtype, 0) + 1
+    info = {
+        "source": {
+            "ref": args.model,
+            "format": model.source.format,
+            "path": str(model.source.path),
+        },
+        "config": model.config.to_json(),
+        "graph": {
+            "nodes": len(graph),
+            "ops": graph.op_histogram(),
+            "weights": len(graph.weight_refs()),
+            "parameters": params,
+            "weight_dtypes": by_dtype,
+            "max_context": graph.metadata["max_ctx"],
+        },
+    }
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def cmd_tokenize(args) -> int:
+    tokenizer = _load(args.model).source.tokenizer()
+    print(json.dumps(_prompt_ids(tokenizer, args.text, args.chat)))
+    return 0
+
+
+def cmd_logits(args) -> int:
+    import numpy as np
+
+    tokens = _parse_tokens(args.tokens)
+    model = _load(args.model)
+    vocab = model.config.vocab_size
+    bad = [t for t in tokens if not 0 <= t < vocab]
+    if bad:
+        raise HipcError(f"--tokens: token id {bad[0]} is out of vocabulary (size {vocab})")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise HipcError(f"--out: directory {out_dir} does not exist")
+    engine = _engine(model, args)
+    if len(tokens) > engine.max_context:
+        raise HipcError(
+            f"--tokens: {len(tokens)} tokens exceed the context of {engine.max_context}"
+        )
+    logits = np.asarray(engine.logits(tokens, 0), dtype=np.float32)
+    tmp = f"{args.out}.tmp-{os.getpid()}.npy"
+    try:
+        np.save(tmp, logits)
+        os.replace(tmp, args.out)
+    except OSError as e:
+        raise HipcError(f"--out: cannot write {args.out} ({e.strerror})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"wrote {args.out}: float32 {list(logits.shape)}", file=sys.stderr)
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from hipc.runtime.generate import Generation, GenerationRequest
+    from hipc.runtime.sampler import SamplingParams
+
+    model = _load(args.model)
+    tokenizer = model.source.tokenizer()
+    sampling = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+    )
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise HipcError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    request = GenerationRequest(
+        prompt_ids=tuple(_prompt_ids(tokenizer, args.prompt, args.chat)),
+        max_tokens=args.max_tokens,
+        sampling=sampling,
+        stop=tuple(args.stop or ()),
+        ignore_eos=args.ignore_eos,
+    )
+    gen = Generation(_engine(model, args), tokenizer, request)
+    for delta in gen:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    if args.json:
+        print(json.dumps(gen.result.to_json(), ensure_ascii=False))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hipc", description="Ahead-of-time LLM compiler for HIP.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def model_cmd(name: str, help: str, fn) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.add_argument(
+            "model",
+            metavar="MODEL",
+            help="HF folder, .gguf file, local HF id, or alias (smollm2-135m)",
+        )
+        sp.add_argument(
+            "--max-context", type=int, default=None, help="KV-cache length (default: model limit)"
+        )
+        sp.set_defaults(fn=fn)
+        return sp
+
+    model_cmd("info", "print the normalized config and graph statistics", cmd_info)
+
+    sp = model_cmd("tokenize", "print token ids as JSON", cmd_tokenize)
+    sp.add_argument("--text", required=True)
+    sp.add_argument(
+        "--chat", action="store_true", help="wrap the text as a user turn in the chat template"
+    )
+
+    sp = model_cmd(
+        "logits", "teacher-forced float32 logits [n_tokens, vocab] to a .npy file", cmd_logits
+    )
+    sp.add_argument("--tokens", required=True, help="comma-separated token ids")
+    sp.add_argument("--out", required=True, metavar="FILE.npy")
+    sp.add_argument("--reference", action="store_true", help="run the NumPy reference executor")
+
+    sp = model_cmd("generate", "generate text, streamed to stdout", cmd_generate)
+    sp.add_argument("--prompt", required=True)
+    sp.add_argument("--chat", action="store_true")
+    sp.add_argument("--max-tokens", type=int, default=None)
+    sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    sp.add_argument("--top-p", type=float, default=1.0)
+    sp.add_argument("--top-k", type=int, default=0)
+    sp.add_argument("--min-p", type=float, default=0.0)
+    sp.add_argument("--repetition-penalty", type=float, default=1.0)
+    sp.add_argument("--seed", type=int, default=None)
+    sp.add_argument("--stop", action="append", help="stop string (repeatable)")
+    sp.add_argument("--ignore-eos", action="store_true")
+    sp.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    sp.add_argument("--reference", action="store_true", help="run the NumPy reference executor")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except HipcError as e:
+        print(f"hipc: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

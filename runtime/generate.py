@@ -1,0 +1,143 @@
+"""The generation loop: prefill, then sample-and-decode, streaming text as it completes.
+
+Works over any engine with `max_context`, `reset()` and `forward(tokens, start)`
+(logits of the last token): the reference executor and compiled artifacts alike.
+Text is streamed through an incremental decoder, so a multi-byte character split
+across tokens is emitted whole, and text that could still turn into a stop string is
+held back until it cannot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from hipc.runtime.errors import HipcError
+from hipc.runtime.sampler import Sampler, SamplingParams
+from hipc.runtime.tokenizer import IncrementalDecoder, Tokenizer
+
+
+class Engine(Protocol):
+    max_context: int
+
+    def reset(self) -> None: ...
+
+    def forward(self, tokens: Sequence[int], start: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: tuple[int, ...]
+    max_tokens: int | None = None  # None = the rest of the context
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass
+class GenerationResult:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return len(self.prompt_token_ids) / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # the first generated token comes from prefill; decode steps make the rest
+        steps = max(len(self.token_ids) - 1, 0)
+        return steps / self.decode_s if self.decode_s else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_token_ids": self.prompt_token_ids,
+            "finish_reason": self.finish_reason,
+            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 3),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
+        }
+
+
+class Generation:
+    """Iterate for text deltas; `result` is complete once iteration ends."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, request: GenerationRequest) -> None:
+        prompt = list(request.prompt_ids)
+        if not prompt:
+            raise HipcError("the prompt is empty")
+        room = engine.max_context - len(prompt)
+        if room <= 0:
+            raise HipcError(
+                f"the prompt is {len(prompt)} tokens; the context holds {engine.max_context} "
+                "(compile with a larger --max-context or shorten the prompt)"
+            )
+        self.max_tokens = room if request.max_tokens is None else min(request.max_tokens, room)
+        self.engine, self.tokenizer, self.request = engine, tokenizer, request
+        self.result = GenerationResult(prompt_token_ids=prompt)
+        stops = set(request.stop_token_ids)
+        if not request.ignore_eos:
+            stops.update(tokenizer.eos_token_ids)
+        self._stop_ids = stops
+
+    def __iter__(self) -> Iterator[str]:
+        req, res = self.request, self.result
+        sampler = Sampler(req.sampling)
+        decoder = IncrementalDecoder(
+            self.tokenizer, skip_special_tokens=True, context=res.prompt_token_ids
+        )
+        text, emitted = "", 0
+        hold = max((len(s) for s in req.stop), default=1) - 1
+        self.engine.reset()
+        t0 = time.perf_counter()
+        logits = self.engine.forward(res.prompt_token_ids, 0)
+        res.prefill_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pos = len(res.prompt_token_ids)
+        while self.max_tokens > 0:
+            token = sampler(logits, res.prompt_token_ids, res.token_ids)
+            if token in self._stop_ids:
+                res.finish_reason = "stop"
+                break
+            res.token_ids.append(token)
+            text += decoder.feed(token)
+            cut = _find_stop(text, req.stop, emitted)
+            if cut is not None:
+                text, res.finish_reason = text[:cut], "stop"
+                break
+            if len(res.token_ids) >= self.max_tokens:
+                res.finish_reason = "length"
+                break
+            if len(text) - hold > emitted:
+                yield text[emitted : len(text) - hold]
+                emitted = len(text) - hold
+            logits = self.engine.forward([token], pos)
+            pos += 1
+        res.decode_s = time.perf_counter() - t0
+        if res.finish_reason == "length" or res.finish_reason is None:
+            text += decoder.flush()
+            cut = _find_stop(text, req.stop, emitted)
+            if cut is not None:
+                text, res.finish_reason = text[:cut], "stop"
+        res.finish_reason = res.finish_reason or "length"
+        if len(text) > emitted:
+            yield text[emitted:]
+        res.text = text
+
+
+def _find_stop(text: str, stops: Sequence[str], emitted: int) -> int | None:
+    if not stops:
+        return None
+    start = max(emitted - max(len(s) for s in stops), 0)
+    hits = [i for i in (text.find(s, start) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipc.runtime.errors import HipcError
+from hipc.runtime.sampler import Sampler, SamplingParams
+
+LOGITS = np.array([1.0, 3.0, 2.5, -1.0, 0.0, 2.9])
+
+
+def test_greedy_is_argmax():
+    assert Sampler(SamplingParams())(LOGITS) == 1
+
+
+def test_same_seed_same_tokens():
+    p = SamplingParams(temperature=1.0, seed=7)
+    s1, s2 = Sampler(p), Sampler(p)
+    assert [s1(LOGITS) for _ in range(50)] == [s2(LOGITS) for _ in range(50)]
+
+
+def test_temperature_one_follows_softmax():
+    s = Sampler(SamplingParams(temperature=1.0, seed=0))
+    draws = np.bincount([s(LOGITS) for _ in range(20000)], minlength=6) / 20000
+    want = np.exp(LOGITS - LOGITS.max())
+    want /= want.sum()
+    assert np.max(np.abs(draws - want)) < 0.015
+
+
+def test_top_k_keeps_k_best():
+    probs = Sampler(SamplingParams(temperature=1.0, top_k=2)).probabilities(LOGITS)
+    assert set(np.flatnonzero(probs)) == {1, 5}
+
+
+def test_top_p_keeps_smallest_prefix():
+    s = Sampler(SamplingParams(temperature=1.0, top_p=0.5))
+    probs = s.probabilities(LOGITS)
+    full = np.exp(LOGITS - LOGITS.max())
+    full /= full.sum()
+    kept = np.flatnonzero(probs)
+    order = np.argsort(-full)
+    # the kept set is a prefix of the sorted order, reaching 0.5 mass only at its end
+    assert list(kept) == sorted(order[: len(kept)])
+    assert full[order[: len(kept)]].sum() >= 0.5 > full[order[: len(kept) - 1]].sum()
+
+
+def test_min_p_drops_unlikely():
+    probs = Sampler(SamplingParams(temperature=1.0, min_p=0.5)).probabilities(LOGITS)
+    assert set(np.flatnonzero(probs)) == {1, 2, 5}
+
+
+def test_repetition_penalty_demotes_seen_tokens():
+    s = Sampler(SamplingParams(repetition_penalty=2.0))
+    assert s(LOGITS, prompt=[1], output=[]) == 5
+    out = s.penalize(LOGITS, [3], [])
+    assert out[3] == pytest.approx(-2.0)  # negative logits are multiplied
+
+
+def test_presence_and_frequency_penalties():
+    s = Sampler(SamplingParams(presence_penalty=0.2, frequency_penalty=0.3))
+    out = s.penalize(LOGITS, [], [1, 1, 5])
+    assert out[1] == pytest.approx(3.0 - 0.2 - 0.6)
+    assert out[5] == pytest.approx(2.9 - 0.2 - 0.3)
+    assert out[2] == LOGITS[2]
+
+
+@pytest.mark.parametrize(
+    "field,value", [("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("min_p", 2), ("top_k", -3)]
+)
+def test_out_of_range_is_an_error(field, value):
+    with pytest.raises(HipcError, match=field):
+        SamplingParams(**{field: value})
