@@ -101,6 +101,12 @@ class PackedWeight:
 Initializer = WeightRef | Constant | PackedWeight
 
 
+def initializer_type(init: Initializer) -> TensorType:
+    if isinstance(init, Constant):
+        return TensorType(str(init.array.dtype), tuple(init.array.shape))
+    return TensorType(init.dtype, init.shape)
+
+
 @dataclass(frozen=True, eq=False)
 class Node:
     name: str

@@ -177,3 +177,12 @@ def _split(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
     _check(node.attrs.get("axis", -1) in (-1, len(x.shape) - 1), node, "only the last axis")
     _check(sum(sizes) == x.shape[-1], node, f"split {sizes} does not cover {x.shape[-1]}")
     return [TensorType(x.dtype, (*x.shape[:-1], s)) for s in sizes]
+
+
+@rule("hipc::Embedding")
+def _embedding(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    """Rows of a (possibly quantized) table, as float32."""
+    table, ids = ins
+    _check(len(table.shape) == 2, node, "table must be 2-D")
+    _check(ids.dtype in ("int64", "int32"), node, f"ids must be integers, got {ids.dtype}")
+    return [TensorType("float32", (*ids.shape, table.shape[1]))]

@@ -41,14 +41,34 @@ def _prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:
     return tokenizer.encode(text)
 
 
-def _engine(model, args):
-    if not args.reference:
-        raise HipcError(
-            "running a model needs --reference until compiled artifacts exist (hipc compile)"
-        )
-    from hipc.compiler.reference.engine import ReferenceEngine
+def _is_artifact(ref: str) -> bool:
+    from hipc.runtime.artifact import is_artifact
 
-    return ReferenceEngine(model, args.max_context)
+    return is_artifact(ref)
+
+
+def _engine(args):
+    """The engine for MODEL: an artifact as is, a raw model compiled (cached) first, or the reference."""
+    if args.reference:
+        if _is_artifact(args.model):
+            raise HipcError(
+                "--reference runs a model, not a compiled artifact; pass the model instead"
+            )
+        from hipc.compiler.reference.engine import ReferenceEngine
+
+        return ReferenceEngine(_load(args.model), args.max_context)
+    from hipc.runtime.engine import load_engine
+
+    path = args.model if _is_artifact(args.model) else _compiled(args.model, args)
+    return load_engine(path, threads=getattr(args, "threads", None))
+
+
+def _compiled(model_ref: str, args) -> str:
+    """Compile a raw model for the default target once, into the cache's artifact folder."""
+    from hipc.compiler.cached import cached_artifact
+    from hipc.compiler.options import CompileOptions
+
+    return str(cached_artifact(model_ref, CompileOptions(max_context=args.max_context)))
 
 
 def cmd_info(args) -> int:
@@ -83,8 +103,16 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _tokenizer(model_ref: str):
+    if _is_artifact(model_ref):
+        from hipc.runtime.artifact import load_artifact
+
+        return load_artifact(model_ref).tokenizer()
+    return _load(model_ref).source.tokenizer()
+
+
 def cmd_tokenize(args) -> int:
-    tokenizer = _load(args.model).source.tokenizer()
+    tokenizer = _tokenizer(args.model)
     print(json.dumps(_prompt_ids(tokenizer, args.text, args.chat)))
     return 0
 
@@ -93,15 +121,14 @@ def cmd_logits(args) -> int:
     import numpy as np
 
     tokens = _parse_tokens(args.tokens)
-    model = _load(args.model)
-    vocab = model.config.vocab_size
-    bad = [t for t in tokens if not 0 <= t < vocab]
-    if bad:
-        raise HipcError(f"--tokens: token id {bad[0]} is out of vocabulary (size {vocab})")
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise HipcError(f"--out: directory {out_dir} does not exist")
-    engine = _engine(model, args)
+    engine = _engine(args)
+    vocab = engine.vocab_size
+    bad = [t for t in tokens if not 0 <= t < vocab]
+    if bad:
+        raise HipcError(f"--tokens: token id {bad[0]} is out of vocabulary (size {vocab})")
     if len(tokens) > engine.max_context:
         raise HipcError(
             f"--tokens: {len(tokens)} tokens exceed the context of {engine.max_context}"
@@ -124,8 +151,8 @@ def cmd_generate(args) -> int:
     from hipc.runtime.generate import Generation, GenerationRequest
     from hipc.runtime.sampler import SamplingParams
 
-    model = _load(args.model)
-    tokenizer = model.source.tokenizer()
+    engine = _engine(args)
+    tokenizer = engine.tokenizer
     sampling = SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,
@@ -143,13 +170,67 @@ def cmd_generate(args) -> int:
         stop=tuple(args.stop or ()),
         ignore_eos=args.ignore_eos,
     )
-    gen = Generation(_engine(model, args), tokenizer, request)
+    gen = Generation(engine, tokenizer, request)
     for delta in gen:
         sys.stdout.write(delta)
         sys.stdout.flush()
     sys.stdout.write("\n")
     if args.json:
         print(json.dumps(gen.result.to_json(), ensure_ascii=False))
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from hipc.compiler.options import CompileOptions
+    from hipc.compiler.pipeline import compile_model, explain
+
+    options = CompileOptions(
+        targets=tuple(args.target or ["cpu"]),
+        max_context=args.max_context,
+        max_tokens=args.max_tokens,
+    )
+    out = args.output or f"{_default_name(args.model)}.hipc"
+    result = compile_model(args.model, out, options, dump_dir=args.dump, verbose=not args.quiet)
+    if args.explain:
+        print(explain(result.fusion), end="")
+    hits = ", ".join(
+        f"{t}: {'cache hit' if h else 'compiled'}" for t, h in result.cache_hits.items()
+    )
+    total = sum(result.seconds.values())
+    print(f"wrote {result.artifact} ({hits}; {total:.1f} s)", file=sys.stderr)
+    return 0
+
+
+def _default_name(model_ref: str) -> str:
+    from pathlib import Path
+
+    name = Path(model_ref.rstrip("/")).name
+    return name.removesuffix(".gguf") or "model"
+
+
+def cmd_verify(args) -> int:
+    from hipc.compiler.verify_compiled import verify_model
+
+    report = verify_model(
+        args.model,
+        target=args.target,
+        text=args.text,
+        max_context=args.max_context,
+        rtol=args.rtol,
+        min_top1=args.min_top1,
+    )
+    print(report.table())
+    return 0 if report.ok else 1
+
+
+def cmd_cache(args) -> int:
+    from hipc.cache import KernelCache
+
+    cache = KernelCache()
+    if args.action == "clear":
+        print(f"removed {cache.clear()} entries from {cache.root}")
+    else:
+        print(json.dumps(cache.info(), indent=2, default=str))
     return 0
 
 
@@ -171,6 +252,50 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     model_cmd("info", "print the normalized config and graph statistics", cmd_info)
+
+    sp = model_cmd(
+        "compile", "compile MODEL ahead of time into an artifact (NAME.hipc/)", cmd_compile
+    )
+    sp.add_argument(
+        "-o", "--output", metavar="NAME.hipc", help="artifact directory (default: ./MODEL.hipc)"
+    )
+    sp.add_argument(
+        "--target", action="append", help="target to build for (repeatable; default cpu)"
+    )
+    sp.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="tokens per step, the prefill chunk (default 256)",
+    )
+    sp.add_argument(
+        "--dump", metavar="DIR", help="write every stage (graphs, fusion, sources) to DIR"
+    )
+    sp.add_argument(
+        "--explain", action="store_true", help="print the fusions made and refused, with reasons"
+    )
+    sp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+
+    sp = model_cmd(
+        "verify", "compile MODEL and compare its logits with the reference executor", cmd_verify
+    )
+    sp.add_argument("--target", default="cpu")
+    sp.add_argument(
+        "--text", default=None, help="text to teacher-force (default: a built-in mixed sample)"
+    )
+    sp.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="max relative logit error (default: by weight type)",
+    )
+    sp.add_argument(
+        "--min-top1", type=float, default=None, help="min top-1 agreement (default: by weight type)"
+    )
+
+    sp = sub.add_parser("cache", help="inspect or clear the compiled-kernel cache")
+    sp.add_argument("action", choices=["info", "clear"])
+    sp.set_defaults(fn=cmd_cache)
 
     sp = model_cmd("tokenize", "print token ids as JSON", cmd_tokenize)
     sp.add_argument("--text", required=True)
@@ -199,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--ignore-eos", action="store_true")
     sp.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     sp.add_argument("--reference", action="store_true", help="run the NumPy reference executor")
+    sp.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     return p
 
 

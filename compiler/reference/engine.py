@@ -16,7 +16,15 @@ class ReferenceEngine:
         self.graph = build_graph(model, max_ctx)
         self.executor = ReferenceExecutor(self.graph, dtype)
         self.max_context = self.executor.max_ctx
+        self.vocab_size = model.config.vocab_size
+        self._tokenizer = None
         self.executor.prepare()
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = self.model.source.tokenizer()
+        return self._tokenizer
 
     def reset(self) -> None:
         self.executor.reset()

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hipc.compiler.ir import Constant, Graph, PackedWeight, WeightRef
+from hipc.compiler.ir import Graph
 from hipc.compiler.reference.ops import IMPLS
-from hipc.compiler.source.gguf_file import GGUFFile
-from hipc.compiler.source.safetensors_file import SafetensorsFile
+from hipc.compiler.source.reader import WeightReader
 from hipc.runtime.errors import HipcError
 
 
@@ -23,7 +22,7 @@ class ReferenceExecutor:
         self.graph = graph
         self.float_dtype = np.dtype(dtype)
         self.max_ctx = int(graph.metadata["max_ctx"])
-        self._files: dict[str, SafetensorsFile | GGUFFile] = {}
+        self.reader = WeightReader()
         self._nodes = graph.nodes
         self._consts: dict[str, np.ndarray] | None = None
         self.states = {
@@ -39,23 +38,11 @@ class ReferenceExecutor:
 
     # -- weights ---------------------------------------------------------------------
 
-    def _read(self, ref: WeightRef) -> np.ndarray:
-        f = self._files.get(ref.path)
-        if f is None:
-            f = GGUFFile(ref.path) if ref.format == "gguf" else SafetensorsFile(ref.path)
-            self._files[ref.path] = f
-        return f.load(ref.name)
-
     def _fold_constants(self) -> dict[str, np.ndarray]:
         g = self.graph
         values: dict[str, np.ndarray] = {}
         for name, init in g.initializers.items():
-            if isinstance(init, Constant):
-                values[name] = init.array
-            elif isinstance(init, PackedWeight):
-                values[name] = np.concatenate([self._read(p) for p in init.parts], axis=init.axis)
-            else:
-                values[name] = self._read(init)
+            values[name] = self.reader.value(init)
         folded = set(values)
         runtime_nodes = []
         for node in self._nodes:

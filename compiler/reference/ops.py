@@ -145,3 +145,8 @@ def _silu(node, ins, ctx):
 def _split(node, ins, ctx):
     bounds = np.cumsum(node.attrs["split"])[:-1]
     return list(np.split(ins[0], bounds, axis=-1))
+
+
+@impl("hipc::Embedding")
+def _embedding(node, ins, ctx):
+    return [np.take(ins[0], ins[1], axis=0).astype(ctx.float_dtype)]

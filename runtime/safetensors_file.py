@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,3 +95,43 @@ class SafetensorsFile:
         if self.entries[name].dtype == "bfloat16":
             return (arr.astype(np.uint32) << 16).view(np.float32)
         return arr
+
+
+@dataclass(frozen=True)
+class LazyTensor:
+    """A tensor to write: its dtype and shape now, its bytes only when `load()` is called."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    load: Callable[[], np.ndarray]
+
+
+def write_safetensors(
+    path: str | Path, tensors: list[LazyTensor], metadata: dict | None = None
+) -> None:
+    """Stream tensors into a .safetensors file, materializing one at a time.
+
+    The caller writes to a temporary path and renames, so a crash leaves nothing.
+    """
+    header: dict = {"__metadata__": {k: str(v) for k, v in (metadata or {}).items()}}
+    offset = 0
+    codes = {np.dtype(t): code for code, (_, t) in _DTYPES.items() if code != "BF16"}
+    for t in tensors:
+        nbytes = np.dtype(t.dtype).itemsize * int(np.prod(t.shape, dtype=np.int64))
+        header[t.name] = {
+            "dtype": codes[np.dtype(t.dtype)],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned for mmap readers
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for t in tensors:
+            arr = np.ascontiguousarray(t.load(), dtype=t.dtype)
+            if arr.shape != tuple(t.shape):
+                raise ValueError(f"tensor {t.name}: produced shape {arr.shape}, declared {t.shape}")
+            f.write(memoryview(arr).cast("B"))

@@ -1,0 +1,53 @@
+"""Raw models compiled on demand (`hipc generate MODEL`), kept in the cache folder.
+
+The key covers the model's files (path, size, mtime), the options, the build
+machine's target id and hipc's version; a stale or damaged entry is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from hipc.cache import default_cache_dir
+from hipc.compiler.options import CompileOptions
+from hipc.compiler.source.model import open_model
+from hipc.compiler.toolchains.cpu import CpuToolchain
+from hipc.runtime.errors import HipcError
+from hipc.runtime.version import HIPC_VERSION
+
+
+def artifact_key(model_ref: str, options: CompileOptions) -> str:
+    src = open_model(model_ref)
+    files = (
+        sorted(p for p in src.path.rglob("*") if p.is_file()) if src.path.is_dir() else [src.path]
+    )
+    stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    blob = json.dumps([stamp, options.to_json(), CpuToolchain().target_id, HIPC_VERSION])
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def cached_artifact(model_ref: str, options: CompileOptions, root: Path | None = None) -> Path:
+    from hipc.compiler.pipeline import compile_model
+    from hipc.runtime.artifact import load_artifact
+
+    root = (root or default_cache_dir()) / "artifacts"
+    path = root / artifact_key(model_ref, options) / "model.hipc"
+    if path.is_dir():
+        try:
+            load_artifact(path)
+            return path
+        except HipcError as e:
+            print(f"hipc: rebuilding damaged cached artifact ({e})", file=sys.stderr)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HipcError(f"cache: cannot create {path.parent} ({e.strerror})") from None
+    print(
+        f"hipc: compiling {model_ref} for {', '.join(options.targets)} (cached in {path.parent})",
+        file=sys.stderr,
+    )
+    compile_model(model_ref, path, options, verbose=False)
+    return path

@@ -1,0 +1,48 @@
+"""The one Jinja environment every kernel template renders through.
+
+StrictUndefined turns a missing value into an error instead of empty C++; template
+errors are re-raised naming the template and line. Filters live here, in one place.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any
+
+from hipc.runtime.errors import HipcError
+
+
+def c_float(x: float) -> str:
+    """A float literal C++ parses back to the same float32."""
+    return f"{float(x)!r}f"  # repr always has a '.' or an exponent
+
+
+@functools.lru_cache(maxsize=1)
+def environment():
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(resources.files("hipc.templates"))),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["c_float"] = c_float
+    return env
+
+
+def render(template: str, **context: Any) -> str:
+    import jinja2
+
+    try:
+        return environment().get_template(template).render(**context)
+    except jinja2.TemplateError as e:
+        where = f"{getattr(e, 'name', None) or template}:{getattr(e, 'lineno', '?')}"
+        raise HipcError(f"template {where}: {e}") from None
+
+
+def template_text(name: str) -> str:
+    return resources.files("hipc.templates").joinpath(name).read_text(encoding="utf-8")

@@ -1,0 +1,49 @@
+"""Compile options: a frozen record that validates itself and hashes itself."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from hipc.runtime.errors import HipcError
+
+KNOWN_TARGETS = ("cpu",)
+# NOTE: the CPU KV cache is float32 [max_ctx, kv_heads, head_dim] per layer; 4096
+# positions keep SmolLM2's at 377 MB and a Llama-3-8B's at 1 GiB.
+DEFAULT_MAX_CONTEXT = {"cpu": 4096}
+DEFAULT_MAX_TOKENS = {"cpu": 256}
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    targets: tuple[str, ...] = ("cpu",)
+    max_context: int | None = None  # None: the model's limit, capped per target
+    max_tokens: int | None = None  # tokens per step (prefill chunk); None: per target
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise HipcError("--target: at least one target is needed")
+        for t in self.targets:
+            if t not in KNOWN_TARGETS:
+                raise HipcError(
+                    f"--target: unknown target {t!r} (known: {', '.join(KNOWN_TARGETS)})"
+                )
+        if self.max_context is not None and self.max_context < 2:
+            raise HipcError(f"--max-context must be at least 2, got {self.max_context}")
+        if self.max_tokens is not None and not 1 <= self.max_tokens <= 8192:
+            raise HipcError(f"--max-tokens must be in 1..8192, got {self.max_tokens}")
+
+    def resolved_max_context(self, model_limit: int) -> int:
+        cap = min(DEFAULT_MAX_CONTEXT[t] for t in self.targets)
+        return min(self.max_context or cap, model_limit)
+
+    def resolved_max_tokens(self, max_context: int) -> int:
+        return min(self.max_tokens or min(DEFAULT_MAX_TOKENS[t] for t in self.targets), max_context)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()

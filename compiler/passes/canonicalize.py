@@ -1,0 +1,115 @@
+"""canonicalize: rewrite the builder's spelled-out ONNX patterns into the forms kernels take.
+
+  MatMul(x, Transpose(Dequantize|Cast(W))) [+ Add(b)]  ->  hipc::Linear(x, W[, b])
+  Gather(Dequantize|Cast(W), ids)                       ->  hipc::Embedding(W, ids)
+  Mul(x, Sigmoid(x))                                    ->  hipc::SiLU(x)
+  Cast(w) of a 1-D weight (norm scales, biases)         ->  float32 constant
+
+Kernels then read weights in their storage type (quantized blocks stay quantized),
+and the dequantize/transposed float copies of the unfused graph never exist.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hipc.compiler.ir import Constant, Graph, Node, WeightRef
+from hipc.compiler.passes.rewrite import Rewriter
+from hipc.compiler.source.reader import WeightReader
+
+_VIEWS = ("Cast", "hipc::Dequantize")
+
+
+def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
+    reader = reader or WeightReader()
+    rw = Rewriter(graph)
+    storage: dict[str, str] = {}  # float view of a weight -> the stored initializer
+    transposed: dict[str, str] = {}  # Transpose of such a view -> the stored initializer
+    sigmoid_of: dict[str, str] = {}  # Sigmoid output -> its input
+    bias_add = _bias_adds(graph)
+
+    for name, init in graph.initializers.items():
+        if isinstance(init, WeightRef) and init.dtype == "float32":
+            storage[name] = name
+
+    def weight(value: str) -> str | None:
+        return storage.get(value)
+
+    for node in graph.nodes:
+        op, ins = node.op, node.inputs
+        if op in _VIEWS and ins[0] in graph.initializers:
+            storage[node.outputs[0]] = ins[0]
+            if len(graph.values[ins[0]].shape) == 1:
+                # small vectors become float32 constants: no Cast at run time
+                rw.keep_initializer(
+                    node.outputs[0],
+                    Constant(reader.value(graph.initializers[ins[0]]).astype(np.float32)),
+                )
+            continue
+        if op == "Transpose" and weight(ins[0]) and list(node.attrs.get("perm", [1, 0])) == [1, 0]:
+            transposed[node.outputs[0]] = weight(ins[0])
+            continue
+        if op == "MatMul" and ins[1] in transposed:
+            bias = bias_add.get(node.outputs[0])
+            if bias is not None:
+                add, b = bias
+                rw.emit(
+                    "Linear", [ins[0], transposed[ins[1]], b], add.outputs, node.name, domain="hipc"
+                )
+            else:
+                rw.emit(
+                    "Linear", [ins[0], transposed[ins[1]]], node.outputs, node.name, domain="hipc"
+                )
+            continue
+        if op == "Add" and any(node is a for a, _ in bias_add.values()):
+            continue
+        if op == "Gather" and weight(ins[0]):
+            rw.emit("Embedding", [weight(ins[0]), ins[1]], node.outputs, node.name, domain="hipc")
+            continue
+        if op == "Sigmoid" and rw.uses[node.outputs[0]] == 1:
+            sigmoid_of[node.outputs[0]] = ins[0]
+            continue
+        if op == "Mul" and _is_silu(ins, sigmoid_of):
+            rw.emit(
+                "SiLU", [sigmoid_of.get(ins[1], ins[0])], node.outputs, node.name, domain="hipc"
+            )
+            continue
+        rw.copy(node)
+    return rw.finish()
+
+
+def _is_silu(ins: tuple[str, ...], sigmoid_of: dict[str, str]) -> bool:
+    a, b = ins
+    return sigmoid_of.get(b) == a or sigmoid_of.get(a) == b
+
+
+def _bias_adds(graph: Graph) -> dict[str, tuple[Node, str]]:
+    """MatMul output -> (the Add that adds a 1-D weight to it, the view of that weight)."""
+    found: dict[str, tuple[Node, str]] = {}
+    consumers: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            consumers.setdefault(i, []).append(n)
+    for n in graph.nodes:
+        if n.op != "MatMul":
+            continue
+        users = consumers.get(n.outputs[0], [])
+        if len(users) != 1 or users[0].op != "Add":
+            continue
+        other = [i for i in users[0].inputs if i != n.outputs[0]]
+        if (
+            len(other) == 1
+            and len(graph.values[other[0]].shape) == 1
+            and _is_weight_view(graph, other[0])
+        ):
+            found[n.outputs[0]] = (users[0], other[0])
+    return found
+
+
+def _is_weight_view(graph: Graph, value: str) -> bool:
+    if value in graph.initializers:
+        return True
+    producer = graph.producer(value)
+    return (
+        producer is not None and producer.op in _VIEWS and producer.inputs[0] in graph.initializers
+    )

@@ -1,0 +1,73 @@
+"""repack: merge linear layers that read the same input into one wider one.
+
+q, k, v (and gate, up) each read the same normalized activations; one Linear over
+their weights concatenated by rows reads those activations once, is one kernel
+instead of three, and a Split names the parts again. Rows of quantized weights are
+independent, so concatenating them keeps the blocks as they are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hipc.compiler.ir import Constant, Graph, Node, PackedWeight, WeightRef
+from hipc.compiler.passes.rewrite import Rewriter
+from hipc.compiler.source.reader import WeightReader
+
+
+def merge_parallel_linears(graph: Graph, reader: WeightReader | None = None) -> Graph:
+    reader = reader or WeightReader()
+    groups: dict[tuple[str, str, bool], list[Node]] = {}
+    for n in graph.nodes:
+        if n.op == "hipc::Linear" and isinstance(graph.initializers.get(n.inputs[1]), WeightRef):
+            key = (n.inputs[0], graph.values[n.inputs[1]].dtype, len(n.inputs) > 2)
+            groups.setdefault(key, []).append(n)
+    merged = {g[0].name: g for g in groups.values() if len(g) > 1}
+    skip = {n.name for g in merged.values() for n in g[1:]}
+
+    rw = Rewriter(graph)
+    for node in graph.nodes:
+        if node.name in skip:
+            continue
+        if node.name not in merged:
+            rw.copy(node)
+            continue
+        parts = merged[node.name]
+        name = _merged_name([p.outputs[0] for p in parts])
+        refs = tuple(graph.initializers[p.inputs[1]] for p in parts)
+        inputs = [parts[0].inputs[0], rw.keep_initializer(f"{name}.weight", PackedWeight(refs))]
+        if len(parts[0].inputs) > 2:
+            biases = [
+                reader.value(graph.initializers[p.inputs[2]])
+                if p.inputs[2] in graph.initializers
+                else None
+                for p in parts
+            ]
+            if any(b is None for b in biases):
+                # NOTE: a bias computed by the graph cannot be packed at compile time
+                for p in parts:
+                    rw.copy(p)
+                continue
+            inputs.append(
+                rw.keep_initializer(
+                    f"{name}.bias", Constant(np.concatenate(biases).astype(np.float32))
+                )
+            )
+        wide = rw.emit("Linear", inputs, [name], name, domain="hipc").outputs[0]
+        sizes = [graph.values[p.inputs[1]].shape[0] for p in parts]
+        rw.emit(
+            "Split",
+            [wide],
+            [p.outputs[0] for p in parts],
+            f"{name}.split",
+            {"axis": -1, "split": sizes},
+        )
+    return rw.finish()
+
+
+def _merged_name(names: list[str]) -> str:
+    """l0.q, l0.k, l0.v -> l0.q+k+v"""
+    prefix = names[0].rsplit(".", 1)[0] + "." if "." in names[0] else ""
+    if all(n.startswith(prefix) for n in names):
+        return prefix + "+".join(n[len(prefix) :] for n in names)
+    return "+".join(names)

@@ -1,0 +1,252 @@
+"""hipc compile, top to bottom: model -> graph -> passes -> kernels -> code object -> artifact.
+
+Each step is a named call; `dump_dir` (or $HIPC_DUMP_DIR) writes what every stage
+produced, so a user can see what the compiler did.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hipc.cache import CacheKey, KernelCache
+from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
+from hipc.compiler.codegen.cpu import ABI_VERSION, render_cpu_program
+from hipc.compiler.ir import Constant, Graph, PackedWeight
+from hipc.compiler.onnx_export import export_onnx, onnx_available
+from hipc.compiler.options import CompileOptions
+from hipc.compiler.passes.canonicalize import canonicalize
+from hipc.compiler.passes.fuse import Fusion, fuse
+from hipc.compiler.passes.memory import plan_memory
+from hipc.compiler.passes.repack import merge_parallel_linears
+from hipc.compiler.passes.select import select_kernels
+from hipc.compiler.source.reader import WeightReader
+from hipc.compiler.toolchains.cpu import FLAGS, CpuToolchain, cpu_flags
+from hipc.compiler.verify import verify
+from hipc.graphs import Model, build_graph, load_model
+from hipc.runtime.safetensors_file import LazyTensor
+from hipc.runtime.version import HIPC_VERSION
+
+
+@dataclass
+class CompileResult:
+    artifact: Path
+    fusion: Fusion
+    cache_hits: dict[str, bool] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class Stages:
+    """Times each stage, reports progress on a terminal, and dumps stage outputs."""
+
+    def __init__(self, dump_dir: Path | None, verbose: bool) -> None:
+        self.dump_dir = dump_dir
+        self.verbose = verbose
+        self.seconds: dict[str, float] = {}
+        if dump_dir:
+            dump_dir.mkdir(parents=True, exist_ok=True)
+
+    def run(self, name: str, fn: Callable, *args):
+        if self.verbose:
+            print(f"hipc: {name} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.seconds[name] = time.perf_counter() - t0
+        return out
+
+    def dump_graph(self, stage: str, graph: Graph) -> None:
+        if not self.dump_dir:
+            return
+        (self.dump_dir / f"{stage}.graph.json").write_text(graph.dumps())
+        if onnx_available():
+            export_onnx(graph, self.dump_dir / f"{stage}.onnx")
+
+    def dump_text(self, name: str, text: str) -> None:
+        if self.dump_dir:
+            (self.dump_dir / name).write_text(text)
+
+
+def compile_model(
+    model_ref: str | os.PathLike,
+    out: str | os.PathLike,
+    options: CompileOptions,
+    *,
+    dump_dir: str | os.PathLike | None = None,
+    cache: KernelCache | None = None,
+    verbose: bool | None = None,
+) -> CompileResult:
+    dump = dump_dir or os.environ.get("HIPC_DUMP_DIR")
+    st = Stages(Path(dump) if dump else None, sys.stderr.isatty() if verbose is None else verbose)
+    reader = WeightReader()
+
+    model: Model = st.run("load model", load_model, model_ref)
+    max_ctx = options.resolved_max_context(model.config.max_position_embeddings)
+    max_tokens = options.resolved_max_tokens(max_ctx)
+    # The unfused graph is the specification; the reference executor runs it.
+    graph = st.run("build graph", build_graph, model, max_ctx)
+    st.dump_graph("0-built", graph)
+    # Linear/Embedding/SiLU forms read weights in their storage types.
+    graph = verify(st.run("canonicalize", canonicalize, graph, reader))
+    st.dump_graph("1-canonical", graph)
+    # One wide Linear for q/k/v and for gate/up: activations read once, fewer kernels.
+    graph = verify(st.run("repack weights", merge_parallel_linears, graph, reader))
+    st.dump_graph("2-repacked", graph)
+    # Prologues, epilogues, attention: the kernels that will run, with reasons.
+    fusion = st.run("fuse", fuse, graph)
+    st.dump_text("3-fusion.txt", explain(fusion))
+    # One arena for activations; the KV cache lives outside it.
+    memory = st.run("plan memory", plan_memory, fusion, max_tokens)
+    # Template + specialization + argument bindings per group.
+    launches = st.run("select kernels", select_kernels, fusion)
+
+    builds, hits = [], {}
+    for target in options.targets:
+        toolchain = CpuToolchain()
+        program = st.run(
+            f"render {target}",
+            render_cpu_program,
+            model.name,
+            launches,
+            memory,
+            list(graph.states),
+            max_ctx,
+            model.config.vocab_size,
+            HIPC_VERSION,
+            target,
+        )
+        st.dump_text(f"4-{target}.cpp", program.source)
+        key = CacheKey.for_source(
+            program.source,
+            toolchain=toolchain.identity,
+            flags=FLAGS,
+            target=toolchain.target_id,
+            hipc_version=HIPC_VERSION,
+        )
+        cache = cache or KernelCache()
+        binary, hits[target] = st.run(
+            f"compile {target}",
+            cache.get_or_build,
+            key,
+            functools.partial(toolchain.compile, program.source),
+            {"model": model.name},
+        )
+        builds.append(
+            TargetBuild(
+                target,
+                binary,
+                program.source,
+                {
+                    "toolchain": toolchain.identity,
+                    "flags": list(FLAGS),
+                    "target_id": toolchain.target_id,
+                    "cpu_features": list(cpu_flags()),
+                    "abi_version": ABI_VERSION,
+                    "cache_key": key.digest,
+                },
+            )
+        )
+
+    weights = [_lazy_weight(name, graph.initializers[name], reader) for name in program.weights]
+    plan = {
+        "entry": "hipc_forward",
+        "abi_version": ABI_VERSION,
+        "max_context": max_ctx,
+        "max_tokens": max_tokens,
+        "vocab_size": model.config.vocab_size,
+        "memory": memory.to_json(),
+        "weights": [
+            {
+                "name": w.name,
+                "dtype": graph.values[w.name].dtype,
+                "shape": list(graph.values[w.name].shape),
+                "stored_shape": list(w.shape),
+            }
+            for w in weights
+        ],
+        "states": [
+            {
+                "name": s,
+                "dtype": "float32",
+                "shape": [max_ctx if d == "max_ctx" else d for d in graph.states[s].shape],
+            }
+            for s in program.states
+        ],
+        "kernels": {
+            lt.kernel.fn: {"template": lt.kernel.template, "params": lt.kernel.param_dict}
+            for lt in launches
+        },
+        "launches": [lt.to_json() for lt in launches],
+    }
+    tokenizer = st.run("tokenizer", model.source.tokenizer)
+    manifest = {
+        "model": _model_record(model),
+        "config": model.config.to_json(),
+        "options": {**options.to_json(), "max_context": max_ctx, "max_tokens": max_tokens},
+    }
+    st.run(
+        "write artifact",
+        lambda: write_artifact(
+            Path(out),
+            manifest=manifest,
+            plan=plan,
+            fusion=_fusion_json(fusion),
+            builds=builds,
+            weights=weights,
+            tokenizer_json=tokenizer.to_json(),
+            tokenizer_meta=tokenizer.to_dict(),
+            generation=model.source.generation_defaults(),
+        ),
+    )
+    return CompileResult(Path(out), fusion, hits, st.seconds)
+
+
+def _lazy_weight(name: str, init, reader: WeightReader) -> LazyTensor:
+    """A weight for weights.safetensors in its storage form (quantized blocks as uint8 rows)."""
+    if isinstance(init, Constant):
+        arr = np.ascontiguousarray(init.array, dtype=np.float32)
+        return LazyTensor(name, arr.dtype, arr.shape, lambda: arr)
+    refs = init.parts if isinstance(init, PackedWeight) else (init,)
+    parts = [reader.stored(r) for r in refs]  # memory-mapped: nothing is read yet
+    shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+    return LazyTensor(name, parts[0].dtype, shape, lambda: reader.stored(init))
+
+
+def _model_record(model: Model) -> dict:
+    src = model.source
+    files = sorted({Path(r.path) for r in (src.weight_ref(n) for n in src.tensor_names)})
+    return {
+        "ref": src.ref,
+        "format": src.format,
+        "path": str(src.path),
+        "files": [
+            {"name": f.name, "size": f.stat().st_size, "sha256": sha256_file(f)} for f in files
+        ],
+    }
+
+
+def _fusion_json(fusion: Fusion) -> dict:
+    return {
+        "groups": [{"name": g.name, "kind": g.kind, "nodes": g.node_names} for g in fusion.groups],
+        "decisions": [d.__dict__ for d in fusion.decisions],
+    }
+
+
+def explain(fusion: Fusion) -> str:
+    """What --explain prints: kernels, accepted fusions with scores, refusals with reasons."""
+    lines = [f"{len(fusion.groups)} kernels from {len(fusion.graph)} nodes"]
+    taken = [d for d in fusion.decisions if d.accepted]
+    refused = [d for d in fusion.decisions if not d.accepted]
+    lines.append(f"\nfused ({len(taken)}):")
+    lines += [
+        f"  {d.node:28s} -> {d.group:24s} {d.role:26s} saves {d.score} B/token" for d in taken
+    ]
+    lines.append(f"\nrefused ({len(refused)}):")
+    lines += [f"  {d.node:28s} -> {d.group:24s} {d.role:26s} {d.reason}" for d in refused]
+    return "\n".join(lines) + "\n"

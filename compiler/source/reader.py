@@ -1,0 +1,35 @@
+"""Reading the tensors a graph's initializers refer to, with one open handle per file."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hipc.compiler.ir import Constant, Initializer, PackedWeight, WeightRef
+from hipc.compiler.source.gguf_file import GGUFFile
+from hipc.runtime.safetensors_file import SafetensorsFile
+
+
+class WeightReader:
+    def __init__(self) -> None:
+        self._files: dict[str, SafetensorsFile | GGUFFile] = {}
+
+    def _file(self, ref: WeightRef) -> SafetensorsFile | GGUFFile:
+        f = self._files.get(ref.path)
+        if f is None:
+            f = GGUFFile(ref.path) if ref.format == "gguf" else SafetensorsFile(ref.path)
+            self._files[ref.path] = f
+        return f
+
+    def value(self, init: Initializer) -> np.ndarray:
+        """The exact real values (quantized tensors dequantized, bf16 widened)."""
+        if isinstance(init, Constant):
+            return init.array
+        if isinstance(init, PackedWeight):
+            return np.concatenate([self.value(p) for p in init.parts], axis=init.axis)
+        return self._file(init).load(init.name)
+
+    def stored(self, init: WeightRef | PackedWeight) -> np.ndarray:
+        """The bytes as stored: quantized rows as uint8 blocks, bf16 as uint16, else its dtype."""
+        if isinstance(init, PackedWeight):
+            return np.concatenate([self.stored(p) for p in init.parts], axis=init.axis)
+        return np.asarray(self._file(init).raw(init.name))

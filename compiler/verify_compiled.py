@@ -1,0 +1,90 @@
+"""hipc verify: the compiled program against the reference executor on the same tokens.
+
+Tolerances follow the weights: float weights are computed in float32 on both sides
+(relative error <= 1e-3, top-1 equal); quantized weights are multiplied against 8-bit
+quantized activations by the kernels, as llama.cpp does, so the logits move by a
+few percent and the check is top-1 agreement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hipc.compiler.ir import QUANT_DTYPES
+from hipc.compiler.options import CompileOptions
+
+DEFAULT_TEXT = (
+    "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b\n"
+    "Numbers 12345 and unicode café, naïve, 東京. The capital of France is"
+)
+
+
+@dataclass
+class VerifyReport:
+    target: str
+    tokens: int
+    max_abs: float
+    max_rel: float
+    top1: float
+    rtol: float
+    min_top1: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_rel <= self.rtol and self.top1 >= self.min_top1
+
+    def table(self) -> str:
+        verdict = "PASS" if self.ok else "FAIL"
+        return "\n".join(
+            [
+                f"target      {self.target}",
+                f"tokens      {self.tokens}",
+                f"max |diff|  {self.max_abs:.3e}",
+                f"max rel     {self.max_rel:.3e}   (tolerance {self.rtol:g})",
+                f"top-1       {self.top1:.4f}   (minimum {self.min_top1:g})",
+                verdict,
+            ]
+        )
+
+
+def compare(got: np.ndarray, want: np.ndarray) -> tuple[float, float, float]:
+    diff = float(np.max(np.abs(got - want)))
+    return (
+        diff,
+        diff / float(np.max(np.abs(want))),
+        float(np.mean(got.argmax(-1) == want.argmax(-1))),
+    )
+
+
+def verify_model(
+    model_ref: str,
+    target: str = "cpu",
+    text: str | None = None,
+    max_context: int | None = None,
+    rtol: float | None = None,
+    min_top1: float | None = None,
+) -> VerifyReport:
+    from hipc.compiler.cached import cached_artifact
+    from hipc.compiler.reference.engine import ReferenceEngine
+    from hipc.graphs import load_model
+    from hipc.runtime.engine import load_engine
+
+    options = CompileOptions(targets=(target,), max_context=max_context or 512)
+    engine = load_engine(cached_artifact(model_ref, options), target)
+    model = load_model(model_ref)
+    ids = engine.tokenizer.encode(text or DEFAULT_TEXT)[: engine.max_context]
+    want = ReferenceEngine(model, engine.max_context).logits(ids, 0)
+    got = engine.logits(ids)
+    quantized = any(w["dtype"] in QUANT_DTYPES for w in engine.artifact.plan["weights"])
+    max_abs, max_rel, top1 = compare(got, want)
+    return VerifyReport(
+        target,
+        len(ids),
+        max_abs,
+        max_rel,
+        top1,
+        rtol if rtol is not None else (0.1 if quantized else 1e-3),
+        min_top1 if min_top1 is not None else (0.9 if quantized else 1.0),
+    )

@@ -1,0 +1,108 @@
+"""The cpu backend: the artifact's shared library through ctypes, buffers in NumPy.
+
+Weights stay memory-mapped from weights.safetensors (the OS pages them in once);
+the activation arena and the KV cache are allocated once per engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+
+from hipc.runtime.artifact import Artifact
+from hipc.runtime.errors import HipcError
+from hipc.runtime.safetensors_file import SafetensorsFile
+
+ABI_VERSION = 1
+
+
+def _cpu_features() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def __init__(self, artifact: Artifact, threads: int | None = None) -> None:
+        info = artifact.manifest["targets"].get("cpu")
+        if info is None:
+            raise HipcError(
+                f"{artifact.path}: no cpu code object (targets: {', '.join(artifact.targets)}); "
+                f"compile with: hipc compile MODEL --target cpu"
+            )
+        missing = set(info.get("cpu_features", [])) - _cpu_features()
+        if missing and _cpu_features():
+            raise HipcError(
+                f"{artifact.path}: compiled for CPU features this machine lacks ({', '.join(sorted(missing))}); "
+                "recompile here with: hipc compile MODEL --target cpu"
+            )
+        if threads:
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+        try:
+            self.lib = ctypes.CDLL(str(artifact.file(info["code_object"])))
+        except OSError as e:
+            raise HipcError(f"{artifact.file(info['code_object'])}: cannot load ({e})") from None
+        if self.lib.hipc_abi_version() != ABI_VERSION:
+            raise HipcError(
+                f"{artifact.path}: kernel ABI {self.lib.hipc_abi_version()}, runtime expects {ABI_VERSION}"
+            )
+        self.lib.hipc_isa.restype = ctypes.c_char_p
+        self.isa = self.lib.hipc_isa().decode()
+        f = self.lib.hipc_forward
+        f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int] + [
+            ctypes.c_void_p
+        ] * 4
+        f.restype = ctypes.c_int
+        self._forward = f
+
+        plan = artifact.plan
+        st = SafetensorsFile(artifact.file("weights.safetensors"))
+        self.weights = []
+        for w in plan["weights"]:
+            if w["name"] not in st.entries:
+                raise HipcError(f"{st.path}: tensor {w['name']!r} missing")
+            self.weights.append(st.raw(w["name"]))
+        self._W = (ctypes.c_void_p * len(self.weights))(*[a.ctypes.data for a in self.weights])
+        self.max_tokens = plan["max_tokens"]
+        self.vocab = plan["vocab_size"]
+        self.arena = np.zeros(
+            plan["memory"]["arena_floats_per_token"] * self.max_tokens, np.float32
+        )
+        self.kv = [np.zeros(s["shape"], np.float32) for s in plan["states"]]
+        self._KV = (ctypes.c_void_p * len(self.kv))(*[a.ctypes.data for a in self.kv])
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(a.nbytes for a in self.kv)
+
+    def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        out = np.empty((len(ids) if all_logits else 1, self.vocab), np.float32)
+        rc = self._forward(
+            ids.ctypes.data,
+            len(ids),
+            start,
+            int(all_logits),
+            self._W,
+            self.arena.ctypes.data,
+            self._KV,
+            out.ctypes.data,
+        )
+        if rc != 0:
+            raise HipcError(
+                f"hipc_forward rejected a step of {len(ids)} tokens at position {start}"
+            )
+        return out
+
+    def close(self) -> None:
+        self.kv.clear()
+        self.weights.clear()

@@ -1,0 +1,5 @@
+"""The one place hipc's version is written (pyproject reads it from here)."""
+
+HIPC_VERSION = "0.1.0"
+# bump when manifest.json / plan.json change incompatibly; loaders refuse other versions
+ARTIFACT_FORMAT_VERSION = 1
