@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from hipc.compiler.source.model import open_model
-from hipc.compiler.source.safetensors_file import SafetensorsFile
 from hipc.graphs import load_model
 from hipc.runtime.errors import HipcError
+from hipc.runtime.safetensors_file import SafetensorsFile
 
 from support import require, write_tiny_hf
 
