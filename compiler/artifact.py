@@ -57,8 +57,8 @@ def write_artifact(
     fusion: dict[str, Any],
     builds: list[TargetBuild],
     weights: list[LazyTensor],
-    tokenizer_json: str,
-    tokenizer_meta: dict[str, Any],
+    tokenizer_json: str | None,
+    tokenizer_meta: dict[str, Any] | None,
     generation: dict[str, Any],
     progress: Callable[[str], None] = lambda msg: None,
 ) -> Path:
@@ -87,8 +87,9 @@ def write_artifact(
             }
         progress("writing weights")
         write_safetensors(tmp / "weights.safetensors", weights, {"format": "hipc-weights"})
-        (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-        _write_json(tmp / "tokenizer_meta.json", tokenizer_meta)
+        if tokenizer_json is not None:
+            (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+            _write_json(tmp / "tokenizer_meta.json", tokenizer_meta)
         _write_json(tmp / "generation.json", generation)
         _write_json(tmp / "plan.json", plan)
         _write_json(tmp / "fusion.json", fusion)

@@ -120,6 +120,7 @@ def compile_model(
             model.config.vocab_size,
             HIPC_VERSION,
             target,
+            options.activations,
         )
         st.dump_text(f"4-{target}.cpp", program.source)
         key = CacheKey.for_source(
@@ -184,7 +185,7 @@ def compile_model(
         },
         "launches": [lt.to_json() for lt in launches],
     }
-    tokenizer = st.run("tokenizer", model.source.tokenizer)
+    tokenizer = st.run("tokenizer", _optional_tokenizer, model)
     manifest = {
         "model": _model_record(model),
         "config": model.config.to_json(),
@@ -199,12 +200,26 @@ def compile_model(
             fusion=_fusion_json(fusion),
             builds=builds,
             weights=weights,
-            tokenizer_json=tokenizer.to_json(),
-            tokenizer_meta=tokenizer.to_dict(),
+            tokenizer_json=tokenizer.to_json() if tokenizer else None,
+            tokenizer_meta=tokenizer.to_dict() if tokenizer else None,
             generation=model.source.generation_defaults(),
         ),
     )
     return CompileResult(Path(out), fusion, hits, st.seconds)
+
+
+def _optional_tokenizer(model: Model):
+    """The model's tokenizer; a folder without tokenizer.json still compiles (token ids only)."""
+    if (
+        model.source.format == "safetensors"
+        and not (model.source.path / "tokenizer.json").is_file()
+    ):
+        print(
+            f"hipc: note: {model.source.path} has no tokenizer.json; the artifact takes token ids only",
+            file=sys.stderr,
+        )
+        return None
+    return model.source.tokenizer()
 
 
 def _lazy_weight(name: str, init, reader: WeightReader) -> LazyTensor:

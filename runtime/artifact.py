@@ -37,6 +37,10 @@ class Artifact:
     def tokenizer(self):
         from hipc.runtime.tokenizer import Tokenizer
 
+        if not self.file("tokenizer.json").is_file():
+            raise HipcError(
+                f"{self.path}: the artifact has no tokenizer (its model had none); pass token ids"
+            )
         meta = _read_json(self.file("tokenizer_meta.json"))
         return Tokenizer.from_dict(meta, self.file("tokenizer.json").read_text(encoding="utf-8"))
 

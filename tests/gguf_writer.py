@@ -99,3 +99,66 @@ def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Pa
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_numpy_gguf(path: Path, qtype: str = "F32", seed: int = 0) -> Path:
+    """A tiny random llama-architecture GGUF written with numpy alone (no transformers).
+
+    hidden 64 / ffn 96 so every row is whole 32-element blocks; norms stay float32.
+    """
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    H, F, V, L, NH, NKV = 64, 96, 160, 2, 4, 2
+    D = H // NH
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64)
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(F)
+    w.add_head_count(NH)
+    w.add_head_count_kv(NKV)
+    w.add_rope_dimension_count(D)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    # byte-level symbols for the first ids, then one merged token; no byte needs more
+    symbols = [chr(c) for c in range(ord("!"), ord("!") + V - 1)]
+    w.add_token_list([*symbols, '!"'])
+    w.add_token_types([1] * V)
+    w.add_token_merges(['! "'])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+
+    def mat(name: str, *shape: int) -> None:
+        arr = (0.2 * rng.standard_normal(shape)).astype(np.float32)
+        if qtype == "F16":
+            w.add_tensor(name, arr.astype(np.float16))
+        elif qtype != "F32":
+            w.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
+        else:
+            w.add_tensor(name, arr)
+
+    def vec(name: str, n: int) -> None:
+        w.add_tensor(name, (1 + 0.2 * rng.standard_normal(n)).astype(np.float32))
+
+    mat("token_embd.weight", V, H)
+    vec("output_norm.weight", H)
+    mat("output.weight", V, H)
+    for i in range(L):
+        vec(f"blk.{i}.attn_norm.weight", H)
+        vec(f"blk.{i}.ffn_norm.weight", H)
+        mat(f"blk.{i}.attn_q.weight", NH * D, H)
+        mat(f"blk.{i}.attn_k.weight", NKV * D, H)
+        mat(f"blk.{i}.attn_v.weight", NKV * D, H)
+        mat(f"blk.{i}.attn_output.weight", H, NH * D)
+        mat(f"blk.{i}.ffn_gate.weight", F, H)
+        mat(f"blk.{i}.ffn_up.weight", F, H)
+        mat(f"blk.{i}.ffn_down.weight", H, F)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -47,6 +47,52 @@ TINY_LLAMA = {
 }
 
 
+# Shapes that catch assumptions: odd head counts, head_dim != hidden/heads, GQA 1/2/4,
+# vocab not a power of two, every family switch.
+TINY_FAMILIES = {
+    "llama": dict(num_attention_heads=4, num_key_value_heads=2),
+    "llama-mha-llama3rope": dict(
+        hidden_size=40,
+        num_attention_heads=5,
+        num_key_value_heads=5,
+        vocab_size=101,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
+    "llama-tied-mqa": dict(
+        num_attention_heads=3, num_key_value_heads=1, hidden_size=48, tie_word_embeddings=True
+    ),
+    "mistral-window": dict(
+        architectures=["MistralForCausalLM"],
+        model_type="mistral",
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        head_dim=12,
+        hidden_size=48,
+        sliding_window=5,
+    ),
+    "qwen2-bias": dict(
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-qknorm": dict(
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=12,
+    ),
+}
+
+
 def write_tiny_hf(folder: Path, config: dict | None = None, seed: int = 0, **overrides) -> Path:
     """A random Llama-family model as an HF folder, written with numpy + safetensors only."""
     import json
@@ -63,6 +109,9 @@ def write_tiny_hf(folder: Path, config: dict | None = None, seed: int = 0, **ove
     def w(*shape):
         return (0.2 * rng.standard_normal(shape)).astype(np.float32)
 
+    arch = cfg["architectures"][0]
+    bias = arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False)
+    qk_norm = arch == "Qwen3ForCausalLM"
     tensors = {"model.embed_tokens.weight": w(V, H), "model.norm.weight": 1 + w(H)}
     if not cfg["tie_word_embeddings"]:
         tensors["lm_head.weight"] = w(V, H)
@@ -81,6 +130,12 @@ def write_tiny_hf(folder: Path, config: dict | None = None, seed: int = 0, **ove
                 p + "mlp.down_proj.weight": w(H, F),
             }
         )
+        if bias:
+            for name, n in (("q", NQ), ("k", NKV), ("v", NKV)):
+                tensors[p + f"self_attn.{name}_proj.bias"] = w(n)
+        if qk_norm:
+            tensors[p + "self_attn.q_norm.weight"] = 1 + w(D)
+            tensors[p + "self_attn.k_norm.weight"] = 1 + w(D)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
     save_file(tensors, str(folder / "model.safetensors"))

@@ -41,7 +41,10 @@ def render_cpu_program(
     vocab: int,
     hipc_version: str,
     target: str,
+    activations: str = "float32",
 ) -> Program:
+    """activations: "float32" multiplies quantized weights by float activations (exact up to
+    float32 rounding); "int8" quantizes activations per 32-block first (faster, ~1e-2 error)."""
     weights: list[str] = []
 
     def weight(ref: str, ctype: str = "const float") -> str:
@@ -74,6 +77,8 @@ def render_cpu_program(
                 fn=spec.fn,
                 nodes=launch.nodes,
                 wsuffix=WEIGHT_SUFFIX.get(p.get("wtype", ""), ""),
+                mm=("f32act_" if activations == "float32" else "")
+                + WEIGHT_SUFFIX.get(p.get("wtype", ""), ""),
                 **p,
             )
 
