@@ -233,6 +233,8 @@ class Graph:
                     "tensor": init.name,
                     "dtype": init.dtype,
                 }
+            if isinstance(init, PackedWeight):
+                return {"kind": "packed", "axis": init.axis, "parts": [p.name for p in init.parts]}
             arr = init.array
             return {"kind": "constant", "dtype": str(arr.dtype), "shape": list(arr.shape)}
 

@@ -140,3 +140,18 @@ def write_tiny_hf(folder: Path, config: dict | None = None, seed: int = 0, **ove
     (folder / "config.json").write_text(json.dumps(cfg))
     save_file(tensors, str(folder / "model.safetensors"))
     return folder
+
+
+def hf_greedy(model, tokens: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation, n tokens, EOS not special (it is just a token)."""
+    import torch
+
+    out, past = [], None
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        for _ in range(n):
+            res = model(ids, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            out.append(int(res.logits[0, -1].argmax()))
+            ids = torch.tensor([[out[-1]]])
+    return out

@@ -12,7 +12,7 @@ import pytest
 from hipc.compiler.reference.executor import ReferenceExecutor
 from hipc.graphs import build_graph, load_model
 
-from support import require
+from support import hf_greedy, require
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
@@ -74,21 +74,6 @@ def test_teacher_forced_top1_agreement(oracle, executor):
     assert worst < 1e-3, f"max relative logit error {worst}"
 
 
-def greedy_hf(model, tokens, n):
-    import torch
-
-    out, past = [], None
-    ids = torch.tensor([tokens])
-    with torch.no_grad():
-        for _ in range(n):
-            res = model(ids, past_key_values=past, use_cache=True)
-            past = res.past_key_values
-            nxt = int(res.logits[0, -1].argmax())
-            out.append(nxt)
-            ids = torch.tensor([[nxt]])
-    return out
-
-
 def greedy_ours(executor, tokens, n):
     executor.reset()
     logits = executor.logits(tokens)[-1]
@@ -107,4 +92,4 @@ def test_greedy_chat_continuation(oracle, executor, prompt):
         [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
     )
     tokens = tok(text, add_special_tokens=False)["input_ids"]
-    assert greedy_ours(executor, tokens, 32) == greedy_hf(model, tokens, 32)
+    assert greedy_ours(executor, tokens, 32) == hf_greedy(model, tokens, 32)

@@ -1,0 +1,374 @@
+"""Numerical tests of the CPU kernel header templates/cpu/hipc_cpu.h.
+
+A small C++ shim (extern "C" wrappers around the header's functions) is compiled with
+g++ for several instruction sets and loaded with ctypes:
+
+  native       -march=native (AVX512-VNNI path on AVX-512 machines)
+  scalar       -march=x86-64 (no AVX: the portable fallback, incl. f16 conversion)
+  avx2         -march=haswell (vpmaddubsw path)
+  avx2-vnni    -march=haswell -mavxvnni (256-bit vpdpbusd path)
+  avx512-novbmi  -march=cascadelake (AVX512-VNNI without VBMI: gather-based Q4_0)
+
+Variants the host CPU cannot run are skipped. Weights are quantized with gguf-py
+(`gguf.quants.quantize`), the references use `gguf.quants.dequantize`.
+
+Quantized weight types quantize the activations to 8 bits per 32-block inside the
+kernel, so two references are used:
+  * exact: x quantized in NumPy the same way (d = max|x|/127, q = rint(x * (1/d))),
+    then (q*d) @ Wdeq.T in f64. This isolates kernel bugs (tolerance 1e-4; the
+    rest is f32 accumulation order).
+  * f32:   x @ Wdeq.T, tolerance 1e-2 (error of 8-bit activations, ~5e-3 for Gaussian
+    data). A single output element fluctuates too much for a per-case norm ratio, so
+    this check is applied per case when the case has >= 64 outputs, and over all
+    cases of a weight type combined.
+Dense weights (f32/f16/bf16) keep x in f32: tolerance 1e-5 against x @ Wdeq.T.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+from gguf import quants  # noqa: E402
+
+HEADER_DIR = Path(__file__).resolve().parents[2] / "templates" / "cpu"
+CXX = shutil.which("g++")
+pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not found")
+
+WTYPES = ["q4_0", "q4_1", "q8_0", "f32", "f16", "bf16"]
+QUANTIZED = {"q4_0", "q4_1", "q8_0"}
+GGML_TYPE = {
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+    "q4_1": gguf.GGMLQuantizationType.Q4_1,
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "bf16": gguf.GGMLQuantizationType.BF16,
+}
+
+# name -> (extra g++ flags, /proc/cpuinfo flags the host needs to run it)
+VARIANTS = {
+    "native": (["-march=native"], set()),
+    "scalar": (["-march=x86-64"], set()),
+    "avx2": (["-march=haswell"], {"avx2", "fma", "f16c", "bmi2", "movbe"}),
+    "avx2-vnni": (["-march=haswell", "-mavxvnni"], {"avx2", "fma", "f16c", "bmi2", "avx_vnni"}),
+    "avx512-novbmi": (
+        ["-march=cascadelake"],
+        {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512dq", "avx512cd"},
+    ),
+}
+EXPECTED_ISA = {
+    "scalar": "scalar",
+    "avx2": "avx2",
+    "avx2-vnni": "avx2-vnni",
+    "avx512-novbmi": "avx512-vnni",
+}
+
+SHIM = r"""
+#include "hipc_cpu.h"
+extern "C" {
+#define HIPC_WRAP(w)                                                                          \
+  void t_matmul_##w(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
+    hipc::matmul_##w(x, T, K, W, N, y, ldy);                                                  \
+  }                                                                                           \
+  void t_embed_row_##w(const void* W, int K, long long row, float* out) {                    \
+    hipc::embed_row_##w(W, K, (int64_t)row, out);                                             \
+  }
+HIPC_WRAP(q4_0) HIPC_WRAP(q4_1) HIPC_WRAP(q8_0) HIPC_WRAP(f32) HIPC_WRAP(f16) HIPC_WRAP(bf16)
+const char* t_isa() { return hipc::cpu_isa(); }
+void t_quantize_row_q8a(const float* x, int K, void* out) {
+  hipc::quantize_row_q8a(x, K, (hipc::block_q8a*)out);
+}
+void t_f32_to_f16(const float* x, unsigned short* y, int n) { for (int i = 0; i < n; ++i) y[i] = hipc::fp32_to_fp16(x[i]); }
+void t_f16_to_f32(const unsigned short* x, float* y, int n) { for (int i = 0; i < n; ++i) y[i] = hipc::fp16_to_fp32(x[i]); }
+void t_f32_to_bf16(const float* x, unsigned short* y, int n) { for (int i = 0; i < n; ++i) y[i] = hipc::fp32_to_bf16(x[i]); }
+void t_bf16_to_f32(const unsigned short* x, float* y, int n) { for (int i = 0; i < n; ++i) y[i] = hipc::bf16_to_fp32(x[i]); }
+int t_set_threads(int n) {
+#ifdef _OPENMP
+  const int old = omp_get_max_threads();
+  omp_set_num_threads(n);
+  return old;
+#else
+  (void)n;
+  return 1;
+#endif
+}
+}
+"""
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory) -> dict[str, ctypes.CDLL | str]:
+    """Compile every runnable variant in parallel; name -> CDLL (or a skip reason)."""
+    d = tmp_path_factory.mktemp("hipc_cpu_shim")
+    src = d / "shim.cpp"
+    src.write_text(SHIM)
+    flags = _cpu_flags()
+    procs = {}
+    out: dict[str, ctypes.CDLL | str] = {}
+    for name, (march, need) in VARIANTS.items():
+        if need - flags:
+            out[name] = f"host CPU lacks {sorted(need - flags)}"
+            continue
+        so = d / f"shim_{name}.so"
+        cmd = [
+            CXX,
+            "-std=c++17",
+            "-O2",
+            *march,
+            "-fopenmp",
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+        ]
+        cmd += [f"-I{HEADER_DIR}", str(src), "-o", str(so)]
+        procs[name] = (
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+            so,
+        )
+    for name, (proc, so) in procs.items():
+        log, _ = proc.communicate()
+        assert proc.returncode == 0, f"{name}: compile failed\n{log}"
+        out[name] = _load(so)
+    return out
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    P, Int = ctypes.c_void_p, ctypes.c_int
+    for w in WTYPES:
+        getattr(lib, f"t_matmul_{w}").argtypes = [P, Int, Int, P, Int, P, Int]
+        getattr(lib, f"t_matmul_{w}").restype = None
+        getattr(lib, f"t_embed_row_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
+        getattr(lib, f"t_embed_row_{w}").restype = None
+    lib.t_isa.restype = ctypes.c_char_p
+    lib.t_quantize_row_q8a.argtypes = [P, Int, P]
+    for f in ("t_f32_to_f16", "t_f16_to_f32", "t_f32_to_bf16", "t_bf16_to_f32"):
+        getattr(lib, f).argtypes = [P, P, Int]
+    lib.t_set_threads.argtypes = [Int]
+    lib.t_set_threads.restype = Int
+    return lib
+
+
+def _get(libs, variant: str) -> ctypes.CDLL:
+    lib = libs[variant]
+    if isinstance(lib, str):
+        pytest.skip(lib)
+    return lib
+
+
+@functools.cache
+def _weights(wtype: str, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes/array in the kernel's layout, dequantized f64 [N, K])."""
+    rng = np.random.default_rng(1000 * N + K + WTYPES.index(wtype))
+    w = rng.standard_normal((N, K), dtype=np.float32)
+    if wtype == "f32":
+        return w, w.astype(np.float64)
+    if wtype == "f16":
+        h = w.astype(np.float16)
+        return h, h.astype(np.float64)
+    q = np.ascontiguousarray(quants.quantize(w, GGML_TYPE[wtype]))
+    deq = quants.dequantize(q, GGML_TYPE[wtype]).reshape(N, K)
+    return q, deq.astype(np.float64)
+
+
+def _quantize_act_ref(x: np.ndarray) -> np.ndarray:
+    """What the kernel does to x: per 32-block d = max|x|/127, q = rint(x * (1/d))."""
+    T, K = x.shape
+    xb = x.reshape(T, K // 32, 32)
+    d = np.abs(xb).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv)
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(T, K)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _run_matmul(lib, wtype, x, wq, N, ldy):
+    T, K = x.shape
+    y = np.full((T, ldy), np.nan, np.float32)
+    getattr(lib, f"t_matmul_{wtype}")(x.ctypes.data, T, K, wq.ctypes.data, N, y.ctypes.data, ldy)
+    assert np.isnan(y[:, N:]).all(), "kernel wrote past column N"
+    return y[:, :N]
+
+
+FULL_SHAPES = [(T, K, N) for T in (1, 3, 17, 64) for K in (64, 576, 1536) for N in (1, 7, 192, 576)]
+# odd K tails (K/32 % 16 = 1, 3, 4, 5, 9, 12) and small row counts, on the native build
+TAIL_SHAPES = [
+    (T, K, N) for T in (1, 2, 5) for K in (32, 96, 128, 160, 288, 544, 896) for N in (3, 5, 9)
+]
+# the other ISA builds run a lighter set (the scalar one is slow at large shapes)
+LIGHT_SHAPES = [(T, K, N) for T in (1, 3, 17) for K in (64, 576, 800) for N in (1, 7, 66)]
+
+
+def _check_matmul(lib, wtype: str, shapes) -> None:
+    rng = np.random.default_rng(7)
+    tot_err, tot_ref = 0.0, 0.0
+    for i, (T, K, N) in enumerate(shapes):
+        wq, wd = _weights(wtype, N, K)
+        x = rng.standard_normal((T, K), dtype=np.float32)
+        ldy = N + 5 if (T == 3 or i % 5 == 0) else N
+        y = _run_matmul(lib, wtype, x, wq, N, ldy).astype(np.float64)
+        assert np.isfinite(y).all(), f"{wtype} T={T} K={K} N={N}: non-finite output"
+        ref = x.astype(np.float64) @ wd.T
+        where = f"{wtype} T={T} K={K} N={N}"
+        if wtype in QUANTIZED:
+            exact = _quantize_act_ref(x) @ wd.T
+            assert _rel(y, exact) <= 1e-4, f"{where}: vs exact-emulation ref {_rel(y, exact):.3g}"
+            if T * N >= 64:
+                assert _rel(y, ref) <= 1e-2, f"{where}: vs f32 ref {_rel(y, ref):.3g}"
+            tot_err += float(np.sum((y - ref) ** 2))
+            tot_ref += float(np.sum(ref**2))
+        else:
+            assert _rel(y, ref) <= 1e-5, f"{where}: vs f32 ref {_rel(y, ref):.3g}"
+    if wtype in QUANTIZED:
+        assert np.sqrt(tot_err / tot_ref) <= 1e-2
+
+
+@pytest.mark.parametrize("wtype", WTYPES)
+def test_matmul_native(libs, wtype):
+    _check_matmul(_get(libs, "native"), wtype, FULL_SHAPES + TAIL_SHAPES)
+
+
+@pytest.mark.parametrize("wtype", WTYPES)
+@pytest.mark.parametrize("variant", ["scalar", "avx2", "avx2-vnni", "avx512-novbmi"])
+def test_matmul_other_isas(libs, variant, wtype):
+    lib = _get(libs, variant)
+    assert lib.t_isa().decode().startswith(EXPECTED_ISA[variant])
+    _check_matmul(lib, wtype, LIGHT_SHAPES)
+
+
+@pytest.mark.parametrize("variant", ["native", "scalar"])
+def test_matmul_large_T_scalar_and_native(libs, variant):
+    """Prefill-sized T on both the vector path and the portable fallback."""
+    lib = _get(libs, variant)
+    for wtype in ("q4_1", "q8_0", "bf16"):
+        _check_matmul(lib, wtype, [(64, 1536, 576), (130, 576, 37)])
+
+
+@pytest.mark.parametrize("variant", ["native", "scalar"])
+@pytest.mark.parametrize("wtype", WTYPES)
+def test_embed_row(libs, variant, wtype):
+    lib = _get(libs, variant)
+    N, K = 33, 576
+    wq, wd = _weights(wtype, N, K)
+    for row in (0, 17, N - 1):
+        out = np.full(K, np.nan, np.float32)
+        getattr(lib, f"t_embed_row_{wtype}")(wq.ctypes.data, K, row, out.ctypes.data)
+        np.testing.assert_allclose(out, wd[row], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("variant", ["native", "scalar"])
+def test_quantize_row_q8a(libs, variant):
+    lib = _get(libs, variant)
+    rng = np.random.default_rng(3)
+    K = 256
+    x = rng.standard_normal(K, dtype=np.float32) * 3
+    x[32:64] = 0.0  # an all-zero block: d = 0, q = 0
+    dt = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", 32)])
+    out = np.zeros(K // 32, dt)
+    lib.t_quantize_row_q8a(x.ctypes.data, K, out.ctypes.data)
+    xb = x.reshape(-1, 32)
+    d = np.abs(xb).max(axis=1) / np.float32(127)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[:, None]).astype(np.int8)
+    np.testing.assert_array_equal(out["d"], d)
+    np.testing.assert_array_equal(out["qs"], q)
+    np.testing.assert_allclose(out["s"], d * q.sum(axis=1, dtype=np.int32), rtol=1e-6)
+    np.testing.assert_allclose(out["qs"] * out["d"][:, None], xb, atol=float(d.max()) / 2 + 1e-7)
+
+
+@pytest.mark.parametrize("variant", ["native", "scalar"])
+def test_half_conversions(libs, variant):
+    lib = _get(libs, variant)
+    rng = np.random.default_rng(5)
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            1.0,
+            -2.5,
+            65504.0,
+            65520.0,
+            1e6,
+            -1e6,
+            6.1e-5,
+            5.96e-8,
+            2.98e-8,
+            1e-9,
+            np.inf,
+            -np.inf,
+        ],
+        np.float32,
+    )
+    x = np.concatenate(
+        [special, rng.standard_normal(4000).astype(np.float32) * 10.0 ** rng.integers(-8, 5, 4000)]
+    )
+    x = x.astype(np.float32)
+    n = x.size
+    h = np.empty(n, np.uint16)
+    lib.t_f32_to_f16(x.ctypes.data, h.ctypes.data, n)
+    with np.errstate(over="ignore"):
+        ref_h = x.astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(h, ref_h)
+    all_h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    back = np.empty(65536, np.float32)
+    lib.t_f16_to_f32(all_h.ctypes.data, back.ctypes.data, 65536)
+    ref = all_h.view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(np.isnan(back), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_array_equal(back[ok].view(np.uint32), ref[ok].view(np.uint32))
+    # NaN stays NaN in f32 -> f16
+    nan_in = np.array([np.nan], np.float32)
+    lib.t_f32_to_f16(nan_in.ctypes.data, h.ctypes.data, 1)
+    assert np.isnan(h[:1].view(np.float16)[0])
+
+    b = np.empty(n, np.uint16)
+    lib.t_f32_to_bf16(x.ctypes.data, b.ctypes.data, n)
+    ref_b = (
+        quants.quantize(x.reshape(1, -1), gguf.GGMLQuantizationType.BF16)
+        .view(np.uint16)
+        .reshape(-1)
+    )
+    np.testing.assert_array_equal(b, ref_b)
+    fb = np.empty(n, np.float32)
+    lib.t_bf16_to_f32(b.ctypes.data, fb.ctypes.data, n)
+    np.testing.assert_array_equal(fb.view(np.uint32), b.astype(np.uint32) << 16)
+
+
+@pytest.mark.parametrize("wtype", ["q4_1", "q8_0", "f16"])
+def test_threads_do_not_change_results(libs, wtype):
+    """Bit-identical output with 1, 2 and 3 OpenMP threads (rows are split, never sums)."""
+    lib = _get(libs, "native")
+    rng = np.random.default_rng(11)
+    wq, _ = _weights(wtype, 576, 576)
+    old = lib.t_set_threads(1)
+    try:
+        for T in (1, 5):
+            x = rng.standard_normal((T, 576), dtype=np.float32)
+            lib.t_set_threads(1)
+            y1 = _run_matmul(lib, wtype, x, wq, 576, 576)
+            for n in (2, 3):
+                lib.t_set_threads(n)
+                np.testing.assert_array_equal(_run_matmul(lib, wtype, x, wq, 576, 576), y1)
+    finally:
+        lib.t_set_threads(old)
