@@ -106,7 +106,14 @@ double hb_decode_stack(int layers, const int* types, const int* Ks, const int* N
 }
 """
 
-TYPES = {"q4_0": (0, 18), "q4_1": (1, 20), "q8_0": (2, 34), "f32": (3, 128), "f16": (4, 64), "bf16": (5, 64)}
+TYPES = {
+    "q4_0": (0, 18),
+    "q4_1": (1, 20),
+    "q8_0": (2, 34),
+    "f32": (3, 128),
+    "f16": (4, 64),
+    "bf16": (5, 64),
+}
 F16_FIELDS = {"q4_0": [0], "q4_1": [0, 2], "q8_0": [0]}
 
 
@@ -114,24 +121,33 @@ def bytes_per_row(wtype: str, K: int) -> int:
     return K // 32 * TYPES[wtype][1]
 
 
-def build(out_dir: Path) -> ctypes.CDLL:
+def build(out_dir: Path, extra_flags: list[str]) -> ctypes.CDLL:
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         sys.exit("g++ not found")
     src = out_dir / "bench_shim.cpp"
     lib_path = out_dir / "bench_shim.so"
     src.write_text(SHIM)
-    cmd = [cxx, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", f"-I{HEADER_DIR}"]
+    cmd = [
+        cxx,
+        "-O3",
+        "-march=native",
+        "-fopenmp",
+        "-shared",
+        "-fPIC",
+        f"-I{HEADER_DIR}",
+        *extra_flags,
+    ]
     subprocess.run([*cmd, str(src), "-o", str(lib_path)], check=True)
     lib = ctypes.CDLL(str(lib_path))
-    P, I = ctypes.c_void_p, ctypes.c_int
+    P, Int = ctypes.c_void_p, ctypes.c_int
     lib.hb_isa.restype = ctypes.c_char_p
     lib.hb_time_matmul.restype = ctypes.c_double
-    lib.hb_time_matmul.argtypes = [I, P, I, I, P, I, I, P, I, I]
+    lib.hb_time_matmul.argtypes = [Int, P, Int, Int, P, Int, Int, P, Int, Int]
     lib.hb_read_bw.restype = ctypes.c_double
-    lib.hb_read_bw.argtypes = [P, ctypes.c_longlong, I]
+    lib.hb_read_bw.argtypes = [P, ctypes.c_longlong, Int]
     lib.hb_decode_stack.restype = ctypes.c_double
-    lib.hb_decode_stack.argtypes = [I, P, P, P, P, I, I, I, P, P, P, I]
+    lib.hb_decode_stack.argtypes = [Int, P, P, P, P, Int, Int, Int, P, P, P, Int]
     return lib
 
 
@@ -154,21 +170,26 @@ def time_matmul(lib, wtype, T, K, N, copies, rng, iters, reps=3):
     x = rng.standard_normal((T, K), dtype=np.float32)
     y = np.empty((T, N), np.float32)
     tcode = TYPES[wtype][0]
-    return lib.hb_time_matmul(tcode, x.ctypes.data, T, K, ptrs, copies, N, y.ctypes.data, iters, reps)
+    return lib.hb_time_matmul(
+        tcode, x.ctypes.data, T, K, ptrs, copies, N, y.ctypes.data, iters, reps
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS (default 2)")
     ap.add_argument("--quick", action="store_true", help="fewer iterations")
     ap.add_argument("--prefill-T", type=int, default=512)
+    ap.add_argument("--cflags", default="", help="extra g++ flags, e.g. '-DHIPC_GEMM_COLS=6'")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read by libgomp when the shim loads
     os.environ.setdefault("OMP_PROC_BIND", "close")
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="hipc_bench_") as tmp:
-        lib = build(Path(tmp))
+        lib = build(Path(tmp), args.cflags.split())
         print(f"ISA path: {lib.hb_isa().decode()}   OpenMP threads: {lib.hb_threads()}")
 
         big = np.ones(64 << 20, np.uint64)  # 512 MB
@@ -232,7 +253,9 @@ def main() -> None:
         tcodes = [TYPES["q4_1"][0]] * 7
         Ks = [576, 576, 576, 576, 576, 576, 1536]
         Ns = [576, 192, 192, 576, 1536, 1536, 576]
-        bufs = [make_weights("q4_1", n, k, rng) for _ in range(L) for n, k in zip(Ns, Ks, strict=True)]
+        bufs = [
+            make_weights("q4_1", n, k, rng) for _ in range(L) for n, k in zip(Ns, Ks, strict=True)
+        ]
         ptrs = (ctypes.c_void_p * len(bufs))(*[b.ctypes.data for b in bufs])
         head_w = make_weights("q8_0", 49152, 576, rng)
         x = rng.standard_normal(1536, dtype=np.float32)

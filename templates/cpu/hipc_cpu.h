@@ -1,0 +1,1410 @@
+// hipc_cpu.h -- header-only CPU building blocks for hipc-generated kernels.
+//
+// Matrix products against weights kept in their GGUF block layouts (Q4_0, Q4_1, Q8_0)
+// or dense (f32, f16, bf16), plus f16/bf16 conversions, activation quantization and
+// embedding-row gathers. Generated kernels `#include "hipc_cpu.h"` and call, e.g.
+//
+//     hipc::matmul_q4_1(x, T, K, W, N, y, N);      // y[T,N] = x[T,K] @ W[N,K]^T
+//
+// Everything lives in namespace hipc. Public API (all functions are inline):
+//
+//     float    fp16_to_fp32(uint16_t h);           uint16_t fp32_to_fp16(float f);
+//     float    bf16_to_fp32(uint16_t h);           uint16_t fp32_to_bf16(float f);
+//     void     quantize_row_q8a(const float* x, int K, block_q8a* y);
+//     void     matmul_{q4_0,q4_1,q8_0,f32,f16,bf16}(const float* x, int T, int K,
+//                                                  const void* W, int N, float* y, int ldy);
+//     void     embed_row_{q4_0,q4_1,q8_0,f32,f16,bf16}(const void* W, int K, int64_t row,
+//                                                     float* out);
+//     const char* cpu_isa();
+//
+// Instruction sets are chosen at compile time only (no runtime dispatch); compile the
+// including translation unit with -march=native (plus -fopenmp for threads):
+//
+//   HIPC_ISA_AVX512 : AVX512F+BW+VL+VNNI.  Integer dots with vpdpbusd on 16 blocks at
+//                     once (the "transposed group" layout below); VBMI is used for Q4_0
+//                     when present, gathers otherwise.
+//   HIPC_ISA_AVX2   : AVX2+FMA+F16C.  One block per 256-bit register; dots with
+//                     vpmaddubsw+vpmaddwd, or vpdpbusd (AVX-VNNI, __AVXVNNI__).
+//   HIPC_ISA_SCALAR : portable C++ (correct everywhere, slow).
+//
+// Quantized matmuls quantize the activations x to 8 bits per 32-element block first
+// (block scale d = max|x|/127, q = round(x/d), plus the block sum), exactly once per
+// token row, then do int8 x {int4,int8} integer dot products per block and scale the
+// block results in f32. Expect ~1e-3..1e-2 relative error versus an f32 reference; the
+// dense paths (f32/f16/bf16) keep x in f32 and are exact up to f32 rounding.
+//
+// Threading: every matmul opens one OpenMP parallel region and splits the N output
+// rows statically over the team (`omp for schedule(static)` over row tiles); call it
+// from a single thread. Small problems run serially. Without -fopenmp the pragmas are
+// ignored and everything runs on the calling thread.
+#pragma once
+
+// GCC's AVX-512 intrinsics start from _mm512_undefined_*(), which trips
+// -W(maybe-)uninitialized once inlined; silence that for this header (and the intrinsic
+// headers it pulls in) only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define HIPC_ISA_AVX512 1
+#define HIPC_ISA_NAME "avx512-vnni"
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define HIPC_ISA_AVX2 1
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define HIPC_ISA_NAME "avx2-vnni"
+#else
+#define HIPC_ISA_NAME "avx2"
+#endif
+#else
+#define HIPC_ISA_SCALAR 1
+#define HIPC_ISA_NAME "scalar"
+#endif
+
+namespace hipc {
+
+// Which code path this translation unit was compiled for ("avx512-vnni", "avx2-vnni",
+// "avx2" or "scalar"; "+vbmi" marks the byte-permute Q4_0 path).
+inline const char* cpu_isa() {
+#if defined(HIPC_ISA_AVX512) && defined(__AVX512VBMI__)
+  return HIPC_ISA_NAME "+vbmi";
+#else
+  return HIPC_ISA_NAME;
+#endif
+}
+
+// ------------------------------------------------------------------------------------
+// f16 / bf16 <-> f32
+//
+// f16 is IEEE binary16 (1 sign, 5 exponent, 10 mantissa bits). bf16 is the upper 16
+// bits of an IEEE binary32. With F16C the conversions are single instructions; the
+// portable versions are exact (f32->f16 and f32->bf16 round to nearest even, NaN stays
+// NaN, f16 subnormals handled).
+// ------------------------------------------------------------------------------------
+namespace detail {
+inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float f32_from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace detail
+
+inline float fp16_to_fp32(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  // Re-bias the exponent with one multiply (normal numbers) or build subnormals with a
+  // magic-number subtraction; both exact.
+  const uint32_t w = (uint32_t)h << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const float normalized = detail::f32_from_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float denormalized = detail::f32_from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t r = sign | (two_w < (1u << 27) ? detail::f32_bits(denormalized)
+                                                 : detail::f32_bits(normalized));
+  return detail::f32_from_bits(r);
+#endif
+}
+
+inline uint16_t fp32_to_fp16(float f) {
+#if defined(__F16C__)
+  return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
+  const uint32_t w = detail::f32_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = detail::f32_from_bits((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = detail::f32_bits(base);
+  const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+  return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+#endif
+}
+
+inline float bf16_to_fp32(uint16_t h) { return detail::f32_from_bits((uint32_t)h << 16); }
+
+inline uint16_t fp32_to_bf16(float f) {
+  const uint32_t u = detail::f32_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);  // quiet NaN
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// ------------------------------------------------------------------------------------
+// GGUF block layouts (32 elements per block, little-endian, no padding)
+//
+//   Q4_0 (18 B): f16 d; u8 qs[16]          w[j] = ((qs[j] & 15) - 8) * d,  w[j+16] = ((qs[j] >> 4) - 8) * d
+//   Q4_1 (20 B): f16 d; f16 m; u8 qs[16]   w[j] = (qs[j] & 15) * d + m,    w[j+16] = (qs[j] >> 4) * d + m
+//   Q8_0 (34 B): f16 d; i8 qs[32]          w[j] = qs[j] * d
+//
+// A weight matrix W[N, K] is N rows of K/32 consecutive blocks (K % 32 == 0).
+// ------------------------------------------------------------------------------------
+struct block_q4_0 {
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct block_q4_1 {
+  uint16_t d, m;
+  uint8_t qs[16];
+};
+struct block_q8_0 {
+  uint16_t d;
+  int8_t qs[32];
+};
+static_assert(sizeof(block_q4_0) == 18, "Q4_0 block must be 18 bytes");
+static_assert(sizeof(block_q4_1) == 20, "Q4_1 block must be 20 bytes");
+static_assert(sizeof(block_q8_0) == 34, "Q8_0 block must be 34 bytes");
+
+// ------------------------------------------------------------------------------------
+// Activation quantization: float row -> Q8 blocks with per-block scale and sum
+//
+//   For each block of 32 floats x[0..31]:
+//     d = max_j |x[j]| / 127,   q[j] = round_to_nearest_even(x[j] / d)   (q in [-127, 127])
+//     s = d * sum_j q[j]
+//   so x[j] ~= q[j] * d.  The sum makes offset terms cheap: for a Q4_1 weight block
+//   (w = n*dw + m) the block dot product is  sum_j w[j] x[j] ~= dw*d*sum_j n[j] q[j] + m*s.
+//   (Same idea as ggml's q8_0/q8_1, but d and s are kept in f32.)
+//
+// block_q8a is the public, natural-order format. The matmuls use an internal copy of the
+// same numbers (see detail::QAct); on AVX512 its int8 values are stored "transposed" in
+// groups of 16 blocks so that one vpdpbusd covers 4 bytes of each of 16 blocks.
+// ------------------------------------------------------------------------------------
+struct block_q8a {
+  float d;        // block scale
+  float s;        // d * sum(qs)
+  int8_t qs[32];  // quantized values, natural order
+};
+static_assert(sizeof(block_q8a) == 40, "block_q8a must be 40 bytes");
+
+namespace detail {
+
+// Quantize 32 floats: writes q[32] in natural order, returns d, and the integer sum.
+// All ISA variants compute the bit-identical result (same scale, same rounding).
+inline float quantize_block32(const float* x, int8_t* q, int32_t* isum) {
+#if defined(HIPC_ISA_AVX512)
+  const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+  const __m512 ax = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1));
+  const float amax = _mm512_reduce_max_ps(ax);
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
+  const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
+  _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(q1));
+  *isum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  return d;
+#elif defined(HIPC_ISA_AVX2)
+  const __m256 sgn = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 ax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    ax = _mm256_max_ps(ax, _mm256_andnot_ps(sgn, v[i]));
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(ax), _mm256_extractf128_ps(ax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float amax = _mm_cvtss_f32(m4);
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const __m256 vid = _mm256_set1_ps(id);
+  __m256i qi[4];
+  __m256i sum = _mm256_setzero_si256();
+  for (int i = 0; i < 4; ++i) {
+    qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));
+    sum = _mm256_add_epi32(sum, qi[i]);
+  }
+  // pack 32 x i32 -> 32 x i8 (packs interleave 128-bit lanes; fix with a permute)
+  const __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]);
+  const __m256i p23 = _mm256_packs_epi32(qi[2], qi[3]);
+  __m256i p = _mm256_packs_epi16(p01, p23);
+  p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256((__m256i*)q, p);
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  *isum = _mm_cvtsi128_si32(s4);
+  return d;
+#else
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  int32_t s = 0;
+  for (int j = 0; j < 32; ++j) {
+    q[j] = (int8_t)std::nearbyint(x[j] * id);
+    s += q[j];
+  }
+  *isum = s;
+  return d;
+#endif
+}
+
+}  // namespace detail
+
+// quantize_row_q8a: x[K] (K % 32 == 0) -> K/32 blocks of block_q8a. Serial; one row.
+inline void quantize_row_q8a(const float* x, int K, block_q8a* y) {
+  for (int b = 0; b < K / 32; ++b) {
+    int32_t isum;
+    y[b].d = detail::quantize_block32(x + 32 * b, y[b].qs, &isum);
+    y[b].s = y[b].d * (float)isum;
+  }
+}
+
+namespace detail {
+
+// ------------------------------------------------------------------------------------
+// Scratch memory: per-thread, 64-byte aligned, grows on demand and is reused across
+// calls (slot 0: activation pack of the calling thread, slot 1: per-thread weight slab).
+// ------------------------------------------------------------------------------------
+inline uint8_t* scratch(int slot, size_t bytes) {
+  thread_local std::vector<uint8_t> buf[2];
+  std::vector<uint8_t>& v = buf[slot];
+  if (v.size() < bytes + 64) v.resize(bytes + 64);
+  return (uint8_t*)(((uintptr_t)v.data() + 63) & ~(uintptr_t)63);
+}
+
+// Quantized activations for a [T, K] input, structure of arrays.
+//   nbp     : blocks per row, padded (to a multiple of 16 on AVX512, = K/32 otherwise);
+//             padding blocks are all zero (q = d = s = 0).
+//   q       : [T][nbp*32] int8, block b at byte offset 32*b of its row.
+//             AVX2/scalar: natural element order.
+//             AVX512: blocks of the first `ntg` groups of 16 are stored "transposed":
+//             group g (512 bytes) is 8 chunks of 64 bytes, chunk j holds for lane
+//             l = 0..15 the 4 values of block 16g+l starting at element
+//             chunk_elem(j) = 16*(j&1) + 4*(j>>1)  (j = 2c+h: the c-th dword of the low
+//             (h=0) or high (h=1) half -- the nibble order of a Q4 qs dword c, which holds
+//             elements 4c..4c+3 and 16+4c..16+4c+3). Blocks from 16*ntg on stay natural.
+//   d, s    : [T][nbp] f32 scale and d*sum(q).   isum: [T][nbp] int32 sum(q).
+struct QAct {
+  int T = 0, nb = 0, nbp = 0, ntg = 0;
+  int8_t* q = nullptr;
+  float* d = nullptr;
+  float* s = nullptr;
+  int32_t* isum = nullptr;
+};
+
+inline constexpr int chunk_elem(int j) { return 16 * (j & 1) + 4 * (j >> 1); }
+
+inline QAct alloc_qact(int T, int K, int ntg) {
+  QAct a;
+  a.T = T;
+  a.nb = K / 32;
+  a.ntg = ntg;
+#if defined(HIPC_ISA_AVX512)
+  a.nbp = (a.nb + 15) / 16 * 16;
+#else
+  a.nbp = a.nb;
+#endif
+  const size_t nq = (size_t)T * a.nbp * 32, ns = (size_t)T * a.nbp * 4;
+  uint8_t* p = scratch(0, nq + 3 * ns + 3 * 64);
+  a.q = (int8_t*)p;
+  a.d = (float*)(p + ((nq + 63) & ~(size_t)63));
+  a.s = (float*)((uint8_t*)a.d + ((ns + 63) & ~(size_t)63));
+  a.isum = (int32_t*)((uint8_t*)a.s + ((ns + 63) & ~(size_t)63));
+  return a;
+}
+
+// Quantize token row t of x[T, K] into the pack (see QAct for the layout).
+inline void quantize_act_row(const float* x, int K, const QAct& a, int t) {
+  (void)K;
+  const float* xr = x + (size_t)t * K;
+  int8_t* qr = a.q + (size_t)t * a.nbp * 32;
+  float* dr = a.d + (size_t)t * a.nbp;
+  float* sr = a.s + (size_t)t * a.nbp;
+  int32_t* ir = a.isum + (size_t)t * a.nbp;
+  const int nbt = std::min(a.nb, 16 * a.ntg);  // blocks stored transposed
+  for (int b = 0; b < a.nb; ++b) {
+    int32_t isum;
+    float d;
+    if (b < nbt) {
+      int8_t tmp[32];
+      d = quantize_block32(xr + 32 * b, tmp, &isum);
+      int8_t* gq = qr + (size_t)(b >> 4) * 512 + 4 * (b & 15);
+      for (int j = 0; j < 8; ++j) std::memcpy(gq + 64 * j, tmp + chunk_elem(j), 4);
+    } else {
+      d = quantize_block32(xr + 32 * b, qr + 32 * b, &isum);
+    }
+    dr[b] = d;
+    sr[b] = d * (float)isum;
+    ir[b] = isum;
+  }
+  for (int b = a.nb; b < a.nbp; ++b) {
+    dr[b] = 0.0f;
+    sr[b] = 0.0f;
+    ir[b] = 0;
+  }
+  if (a.nb < 16 * a.ntg) {  // zero the unused lanes of a partial transposed group
+    int8_t* gq = qr + (size_t)(a.nb >> 4) * 512;
+    for (int j = 0; j < 8; ++j) std::memset(gq + 64 * j + 4 * (a.nb & 15), 0, 4 * (16 - (a.nb & 15)));
+  } else if (a.nb < a.nbp) {  // zero the natural-order padding blocks
+    std::memset(qr + 32 * (size_t)a.nb, 0, 32 * (size_t)(a.nbp - a.nb));
+  }
+}
+
+// Work below this many multiply-adds runs on the calling thread only (a parallel region
+// costs a few microseconds).
+constexpr long long kParallelMinWork = 1LL << 16;
+
+}  // namespace detail
+
+// ====================================================================================
+// AVX512-VNNI quantized kernels
+//
+// Per 32-element block b of weight row n and token t the exact integer dot product
+//     I[b] = sum_{e<32} u[n, 32b+e] * q[t, 32b+e]        (u: unsigned weight byte)
+// is computed with vpdpbusd (u8 x s8, 4 products per int32 lane), then scaled:
+//     y[t, n] = sum_b ( I[b] * dw[b] * dx[b]  +  mw[b] * s[b] )
+// where per type
+//   Q4_1: u = nibble (0..15), w = u*d + m       -> mw = m
+//   Q4_0: u = nibble (0..15), w = (u - 8)*d     -> mw = -8*d   (or int32 "-8*isum")
+//   Q8_0: u = q + 128 (0..255), w = (u - 128)*d -> mw = -128*d (or int32 "-128*isum")
+// (s = dx * sum(q) carries the offset; isum = sum(q) does it exactly in int32.)
+//
+// Two register layouts for the weight bytes:
+//
+// Decode (T == 1) uses two register layouts for the weight bytes of one row:
+// 1. "transposed group" (16 blocks = 512 weights): prep() turns the group into 8
+//    vectors w[j] (chunk j, lane l = the 4 bytes of block l at chunk_elem(j)), so that
+//        I[l] = sum_j vpdpbusd(w[j], xq[j])[l]       (8 instructions, 16 blocks)
+//    and one f32 FMA per group applies all 16 block scales. For Q4 types prep is ~20
+//    permutes (vpermt2d / vpermt2b) + nibble masks. Used for the Q4 GEMVs.
+// 2. "natural pairs": one zmm holds two consecutive blocks in element order (two
+//    broadcast loads + nibble split), one vpdpbusd gives 8 int32 partial sums per block,
+//    and each lane is scaled by its block's dw*dx (one vpermps from the 16 scales of the
+//    surrounding 16-block window). Used for the Q8_0 GEMV (no gathers) and for short
+//    K tails (K/32 % 16 <= 8), which would otherwise pay for a whole transposed group.
+// Prefill (T > 1) uses "row lanes" (lane = output row, activations broadcast), see
+// rl_tile below.
+// ====================================================================================
+#if defined(HIPC_ISA_AVX512)
+namespace detail {
+
+#ifndef HIPC_PREFETCH_BYTES
+#define HIPC_PREFETCH_BYTES 4096  // GEMV software prefetch distance along the weights
+#endif
+#ifndef HIPC_PREFETCH_HINT
+#define HIPC_PREFETCH_HINT _MM_HINT_T0
+#endif
+constexpr int kNatTailMax = 8;  // K tails of <= 8 blocks use natural pairs
+
+// Permute / gather tables (built at compile time).
+struct PrepTables {
+  // Q4_1: 16 blocks = 80 dwords in 5 zmm; out o = 0..3 is qs dword o of each block
+  // (dword 5l+1+o), out 4 is the (d, m) dword (5l). Built as
+  //   P = perm2(r0,r1); Q = perm2(r2,r3); M = blend(kb, P, Q); O = mask_perm(M, kc, r4).
+  alignas(64) int32_t q41_idx[5][3][16];
+  uint16_t q41_kb[5], q41_kc[5];
+  // Q4_0 (VBMI): 16 blocks = 288 bytes in r0..r3 + 32 bytes of r4; same scheme on bytes.
+  // out o = 0..3: bytes 18l+2+4o+i; out 4: bytes 18l+i (d in the low half).
+  alignas(64) uint8_t q40_idx[5][3][64];
+  uint64_t q40_kb[5], q40_kc[5];
+  // gather offsets (bytes, relative to the group start): Q4_0 qs dwords and d (no-VBMI
+  // prep), Q8_0 d, Q4_1 (d, m).
+  alignas(64) int32_t q40_gather[5][16];
+  alignas(64) int32_t q80_gather_d[16];
+  alignas(64) int32_t q41_gather_dm[16];
+  // vpermw: low 16 words <- even words (d), high 16 words <- odd words (m).
+  alignas(64) int16_t dm_words[32];
+  // natural pairs: lane l of pair p belongs to block 2p + (l >= 8)
+  alignas(64) int32_t pair_idx[8][16];
+  // natural pairs, Q4: per-qword shift that turns [qs, qs, qs', qs'] into
+  // [lo, hi, lo', hi'] nibbles
+  alignas(64) int64_t nib_shift[8];
+  // 4-row GEMV tail (<= 4 blocks per row): lane 4r+i = row r, tail block i.
+  // tail_pair_idx[r][p]: lanes of pair p of row r; tail_rep: lane -> block i.
+  alignas(64) int32_t tail_pair_idx[4][2][16];
+  alignas(64) int32_t tail_rep[16];
+};
+
+constexpr PrepTables make_prep_tables() {
+  PrepTables t{};
+  for (int o = 0; o < 5; ++o) {
+    t.q41_kb[o] = 0;
+    t.q41_kc[o] = 0;
+    for (int l = 0; l < 16; ++l) {
+      const int s = o < 4 ? 5 * l + 1 + o : 5 * l;
+      t.q41_idx[o][0][l] = s < 32 ? s : 0;
+      t.q41_idx[o][1][l] = (s >= 32 && s < 64) ? s - 32 : 0;
+      t.q41_idx[o][2][l] = s >= 64 ? s - 64 : 0;
+      if (s >= 32 && s < 64) t.q41_kb[o] |= (uint16_t)(1u << l);
+      if (s >= 64) t.q41_kc[o] |= (uint16_t)(1u << l);
+    }
+    t.q40_kb[o] = 0;
+    t.q40_kc[o] = 0;
+    for (int l = 0; l < 16; ++l) {
+      for (int i = 0; i < 4; ++i) {
+        const int L = 4 * l + i;
+        const int s = o < 4 ? 18 * l + 2 + 4 * o + i : 18 * l + (i & 1);
+        t.q40_idx[o][0][L] = (uint8_t)(s < 128 ? s : 0);
+        t.q40_idx[o][1][L] = (uint8_t)((s >= 128 && s < 256) ? s - 128 : 0);
+        t.q40_idx[o][2][L] = (uint8_t)(s >= 256 ? s - 256 : 0);
+        if (s >= 128 && s < 256) t.q40_kb[o] |= 1ull << L;
+        if (s >= 256) t.q40_kc[o] |= 1ull << L;
+      }
+      t.q40_gather[o][l] = o < 4 ? 18 * l + 2 + 4 * o : 18 * l;
+    }
+  }
+  for (int l = 0; l < 16; ++l) {
+    t.q80_gather_d[l] = 34 * l;
+    t.q41_gather_dm[l] = 20 * l;
+  }
+  for (int i = 0; i < 16; ++i) {
+    t.dm_words[i] = (int16_t)(2 * i);
+    t.dm_words[16 + i] = (int16_t)(2 * i + 1);
+  }
+  for (int p = 0; p < 8; ++p)
+    for (int l = 0; l < 16; ++l) t.pair_idx[p][l] = 2 * p + (l >= 8 ? 1 : 0);
+  for (int i = 0; i < 8; ++i) t.nib_shift[i] = (i & 2) ? 4 : 0;
+  for (int r = 0; r < 4; ++r)
+    for (int p = 0; p < 2; ++p)
+      for (int l = 0; l < 16; ++l) t.tail_pair_idx[r][p][l] = 4 * r + 2 * p + (l >= 8 ? 1 : 0);
+  for (int l = 0; l < 16; ++l) t.tail_rep[l] = l & 3;
+  return t;
+}
+
+inline constexpr PrepTables kPrep = make_prep_tables();
+
+inline __m512i ld_idx(const void* p) { return _mm512_load_si512(p); }
+
+// dword mask with the low n (0..16) bits set
+inline __mmask16 mask16(int n) {
+  return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+inline __mmask64 mask64(int n) {
+  return n >= 64 ? ~(__mmask64)0 : n <= 0 ? (__mmask64)0 : (__mmask64)((1ull << n) - 1);
+}
+
+inline void prefetch_range(const uint8_t* p, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char*)(p + o), HIPC_PREFETCH_HINT);
+}
+
+// A prepared transposed group: 8 chunks of unsigned weight bytes + block scales.
+struct WGroup {
+  __m512i w[8];
+  __m512 dw;
+  __m512 mw;  // only used by Q4_1
+};
+// Split 16 qs dwords Q (8 nibbles each) into low-nibble and high-nibble chunks.
+inline void split_nibbles(__m512i q, __m512i& lo, __m512i& hi) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  lo = _mm512_and_si512(q, m4);
+  hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+}
+// Same, but the high nibbles stay in place (hi16 = 16 * nibble): one op cheaper; the
+// caller accumulates them separately and shifts the int32 sum right by 4 (exact).
+inline void split_nibbles16(__m512i q, __m512i& lo, __m512i& hi16) {
+  lo = _mm512_and_si512(q, _mm512_set1_epi8(0x0F));
+  hi16 = _mm512_and_si512(q, _mm512_set1_epi8((char)0xF0));
+}
+
+// natural pair of Q4 blocks: qs at p (16 bytes) and p + stride -> [lo, hi, lo', hi']
+inline __m512i q4_pair(const uint8_t* p, size_t stride, bool two) {
+  __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)p));
+  if (two) {
+    v = _mm512_mask_broadcast_i32x4(v, 0xFF00, _mm_loadu_si128((const __m128i*)(p + stride)));
+  } else {
+    v = _mm512_maskz_mov_epi32(0x00FF, v);
+  }
+  v = _mm512_srlv_epi64(v, ld_idx(kPrep.nib_shift));
+  return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+}
+
+// masked dword gather p[idx[l]] (zero where k is clear)
+inline __m512i gather32(const uint8_t* p, __m512i idx, __mmask16 k) {
+  return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, p, 1);
+}
+
+// f16 pairs (d in the low word of each dword of v) -> f32 d, and m from the high words
+inline void cvt_dm(__m512i v, __m512& d, __m512& m) {
+  const __m512i dm = _mm512_permutexvar_epi16(ld_idx(kPrep.dm_words), v);
+  d = _mm512_cvtph_ps(_mm512_castsi512_si256(dm));
+  m = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1));
+}
+
+struct KQ4_1 {
+  static constexpr size_t kBlockBytes = 20;
+  static constexpr int kOffShift = 0;  // no int offset
+  static constexpr bool kMin = true;
+  static constexpr bool kGemvTransposed = true;
+  // g: pointer to the first block of the group; nrem: valid blocks (1..16)
+  static inline void prep(const uint8_t* g, int nrem, WGroup& out) {
+    __m512i r[5];
+    if (nrem == 16) {
+      for (int k = 0; k < 5; ++k) r[k] = _mm512_loadu_si512(g + 64 * k);
+    } else {
+      for (int k = 0; k < 5; ++k) r[k] = _mm512_maskz_loadu_epi32(mask16(5 * nrem - 16 * k), g + 64 * k);
+    }
+    __m512i o[5];
+    for (int i = 0; i < 5; ++i) {
+      const __m512i p = _mm512_permutex2var_epi32(r[0], ld_idx(kPrep.q41_idx[i][0]), r[1]);
+      const __m512i q = _mm512_permutex2var_epi32(r[2], ld_idx(kPrep.q41_idx[i][1]), r[3]);
+      const __m512i m = _mm512_mask_blend_epi32(kPrep.q41_kb[i], p, q);
+      o[i] = _mm512_mask_permutexvar_epi32(m, kPrep.q41_kc[i], ld_idx(kPrep.q41_idx[i][2]), r[4]);
+    }
+    for (int c = 0; c < 4; ++c) split_nibbles16(o[c], out.w[2 * c], out.w[2 * c + 1]);
+    cvt_dm(o[4], out.dw, out.mw);
+  }
+  static inline __m512i pair(const uint8_t* b, bool two) { return q4_pair(b + 4, 20, two); }
+  // row-lane prep: lane r = block at p + ridx[r] (16 rows, same block index)
+  static inline void prep_rows(const uint8_t* p, __m512i ridx, __mmask16 k, WGroup& out) {
+    for (int c = 0; c < 4; ++c)
+      split_nibbles(gather32(p + 4 + 4 * c, ridx, k), out.w[2 * c], out.w[2 * c + 1]);
+    cvt_dm(gather32(p, ridx, k), out.dw, out.mw);
+  }
+  static inline void dm16_idx(const uint8_t* g, __mmask16 k, __m512i idx, __m512& dw, __m512& mw) {
+    cvt_dm(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, g, 1), dw, mw);
+  }
+  static inline void dm16(const uint8_t* g, int nv, __m512& dw, __m512& mw) {
+    dm16_idx(g, mask16(nv), ld_idx(kPrep.q41_gather_dm), dw, mw);
+  }
+};
+
+struct KQ4_0 {
+  static constexpr size_t kBlockBytes = 18;
+  static constexpr int kOffShift = 3;  // off = 8
+  static constexpr bool kMin = false;
+  static constexpr bool kGemvTransposed = true;
+  static inline void prep(const uint8_t* g, int nrem, WGroup& out) {
+    __m512i o[5];
+#if defined(__AVX512VBMI__)
+    __m512i r[5];
+    if (nrem == 16) {
+      for (int k = 0; k < 4; ++k) r[k] = _mm512_loadu_si512(g + 64 * k);
+      r[4] = _mm512_maskz_loadu_epi8(mask64(32), g + 256);
+    } else {
+      for (int k = 0; k < 5; ++k) r[k] = _mm512_maskz_loadu_epi8(mask64(18 * nrem - 64 * k), g + 64 * k);
+    }
+    for (int i = 0; i < 5; ++i) {
+      const __m512i p = _mm512_permutex2var_epi8(r[0], ld_idx(kPrep.q40_idx[i][0]), r[1]);
+      const __m512i q = _mm512_permutex2var_epi8(r[2], ld_idx(kPrep.q40_idx[i][1]), r[3]);
+      const __m512i m = _mm512_mask_blend_epi8(kPrep.q40_kb[i], p, q);
+      o[i] = _mm512_mask_permutexvar_epi8(m, kPrep.q40_kc[i], ld_idx(kPrep.q40_idx[i][2]), r[4]);
+    }
+#else
+    const __mmask16 k = mask16(nrem);
+    for (int i = 0; i < 5; ++i)
+      o[i] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, ld_idx(kPrep.q40_gather[i]), g, 1);
+#endif
+    for (int c = 0; c < 4; ++c) split_nibbles16(o[c], out.w[2 * c], out.w[2 * c + 1]);
+    __m512 unused;
+    cvt_dm(o[4], out.dw, unused);
+  }
+  static inline __m512i pair(const uint8_t* b, bool two) { return q4_pair(b + 2, 18, two); }
+  static inline void prep_rows(const uint8_t* p, __m512i ridx, __mmask16 k, WGroup& out) {
+    for (int c = 0; c < 4; ++c)
+      split_nibbles(gather32(p + 2 + 4 * c, ridx, k), out.w[2 * c], out.w[2 * c + 1]);
+    cvt_dm(gather32(p, ridx, k), out.dw, out.mw);
+  }
+  static inline void dm16_idx(const uint8_t* g, __mmask16 k, __m512i idx, __m512& dw, __m512& mw) {
+    __m512 unused;
+    cvt_dm(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, g, 1), dw, unused);
+    mw = _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+  }
+  static inline void dm16(const uint8_t* g, int nv, __m512& dw, __m512& mw) {
+    dm16_idx(g, mask16(nv), ld_idx(kPrep.q40_gather[4]), dw, mw);
+  }
+};
+
+struct KQ8_0 {
+  static constexpr size_t kBlockBytes = 34;
+  static constexpr int kOffShift = 7;  // off = 128
+  static constexpr bool kMin = false;
+  static constexpr bool kGemvTransposed = false;  // no prep(): the GEMV uses natural pairs
+  static inline __m512i pair(const uint8_t* b, bool two) {
+    __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 2)));
+    if (two) {
+      v = _mm512_mask_broadcast_i64x4(v, 0xF0, _mm256_loadu_si256((const __m256i*)(b + 36)));
+    } else {
+      v = _mm512_maskz_mov_epi64(0x0F, v);
+    }
+    return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+  }
+  static inline void prep_rows(const uint8_t* p, __m512i ridx, __mmask16 k, WGroup& out) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int j = 0; j < 8; ++j) out.w[j] = _mm512_xor_si512(gather32(p + 2 + chunk_elem(j), ridx, k), flip);
+    cvt_dm(gather32(p, ridx, k), out.dw, out.mw);
+  }
+  static inline void dm16_idx(const uint8_t* g, __mmask16 k, __m512i idx, __m512& dw, __m512& mw) {
+    __m512 unused;
+    cvt_dm(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, g, 1), dw, unused);
+    mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
+  }
+  static inline void dm16(const uint8_t* g, int nv, __m512& dw, __m512& mw) {
+    dm16_idx(g, mask16(nv), ld_idx(kPrep.q80_gather_d), dw, mw);
+  }
+};
+
+// Number of transposed groups used for a row of nb blocks (the rest: natural pairs).
+// Number of transposed activation groups for the GEMV (the rest: natural pairs). The
+// prefill GEMM reads natural-order activations.
+template <class Q>
+inline int transposed_groups(int nb, int T) {
+  if (T > 1 || !Q::kGemvTransposed) return 0;
+  return nb / 16 + ((nb % 16) > kNatTailMax ? 1 : 0);
+}
+
+// Epilogue for one (row, token, transposed group):
+//   acc += float(I - off*isum) * dw*dx (+ mw*sx)
+template <class Q>
+inline __m512 group_epilogue(__m512 acc, __m512i I, const WGroup& wg, __m512 dx, __m512 sx, __m512i offsum) {
+  if (Q::kOffShift) I = _mm512_sub_epi32(I, offsum);
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(wg.dw, dx), acc);
+  if (Q::kMin) acc = _mm512_fmadd_ps(wg.mw, sx, acc);
+  return acc;
+}
+
+// Natural-pair dot of one row window (nv <= 16 blocks at gp) with one token window.
+//   acc += sum_p cvt(vpdpbusd(pair_p, x_p)) * perm(dw*dx) + mw*sx
+template <class Q>
+inline __m512 nat_window(const uint8_t* gp, int nv, const int8_t* xq, __m512 dx, __m512 sx, __m512 acc) {
+  __m512 dw, mw;
+  Q::dm16(gp, nv, dw, mw);
+  const __m512 dwdx = _mm512_mul_ps(dw, dx);
+  __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
+  int p = 0;
+  for (; 2 * p + 3 < nv; p += 2) {
+    const __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Q::pair(gp + 2 * p * Q::kBlockBytes, true),
+                                           _mm512_load_si512(xq + 64 * p));
+    const __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Q::pair(gp + (2 * p + 2) * Q::kBlockBytes, true),
+                                           _mm512_load_si512(xq + 64 * (p + 1)));
+    f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(ld_idx(kPrep.pair_idx[p]), dwdx), f0);
+    f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(ld_idx(kPrep.pair_idx[p + 1]), dwdx), f1);
+  }
+  for (; 2 * p < nv; ++p) {
+    const __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Q::pair(gp + 2 * p * Q::kBlockBytes, 2 * p + 1 < nv),
+                                           _mm512_load_si512(xq + 64 * p));
+    f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(ld_idx(kPrep.pair_idx[p]), dwdx), f0);
+  }
+  return _mm512_fmadd_ps(mw, sx, _mm512_add_ps(acc, _mm512_add_ps(f0, f1)));
+}
+
+// Horizontal sums of 4 vectors -> [sum(a), sum(b), sum(c), sum(d)]
+inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+  const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+  const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Per-call constants of the 4-row GEMV tail (tail of nn <= 4 blocks after b0).
+struct GemvTail {
+  int b0 = 0, nn = 0;
+  __m512i vidx;     // gather offsets: lane 4r+i -> r*rb + i*block_bytes
+  __mmask16 valid;  // lanes with i < nn
+  __m512 dx, sx;    // activation scale / sum of tail block i in lane 4r+i
+};
+
+template <class Q>
+inline GemvTail make_gemv_tail(const QAct& a, int nb, size_t rb) {
+  GemvTail t;
+  t.b0 = 16 * a.ntg;
+  t.nn = nb - t.b0;
+  if (t.nn <= 0 || t.nn > 4) return t;
+  alignas(64) int32_t idx[16];
+  uint32_t valid = 0;
+  for (int l = 0; l < 16; ++l) {
+    idx[l] = (int32_t)((l >> 2) * rb + (l & 3) * Q::kBlockBytes);
+    if ((l & 3) < t.nn) valid |= 1u << l;
+  }
+  t.vidx = _mm512_load_si512(idx);
+  t.valid = (__mmask16)valid;
+  const __m512i rep = ld_idx(kPrep.tail_rep);
+  t.dx = _mm512_permutexvar_ps(rep, _mm512_load_ps(a.d + t.b0));
+  t.sx = _mm512_permutexvar_ps(rep, _mm512_load_ps(a.s + t.b0));
+  return t;
+}
+
+// GEMV tile (one token): rows n0..n0+R-1.
+//   transposed groups g < ntg: prep in registers, 8 vpdpbusd (two int32 chains), epilogue
+//   natural windows of 16 blocks from 16*ntg on: nat_window; a short tail (<= 4 blocks)
+//   is done for 4 rows at once (one gather of the 16 block scales of the tile).
+// Weights are prefetched HIPC_PREFETCH_BYTES ahead (rows are contiguous in memory, so
+// this runs into the next rows of the same thread's range).
+template <class Q, int R>
+inline void q_gemv_tile(const uint8_t* W, size_t rb, int nb, int n0, const QAct& a, const GemvTail& tail, float* y) {
+  __m512 facc[R];
+  for (int r = 0; r < R; ++r) facc[r] = _mm512_setzero_ps();
+  const int ntg = a.ntg;
+  constexpr size_t gbytes = 16 * Q::kBlockBytes;
+  if constexpr (Q::kGemvTransposed) {
+    for (int g = 0; g < ntg; ++g) {
+      const int nrem = std::min(16, nb - 16 * g);
+      const __m512i* xq = (const __m512i*)(a.q + (size_t)g * 512);
+      const __m512 dx = _mm512_load_ps(a.d + 16 * g);
+      const __m512 sx = Q::kMin ? _mm512_load_ps(a.s + 16 * g) : _mm512_setzero_ps();
+      const __m512i offsum = Q::kOffShift ? _mm512_slli_epi32(_mm512_load_si512(a.isum + 16 * g), Q::kOffShift)
+                                          : _mm512_setzero_si512();
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* gp = W + (size_t)(n0 + r) * rb + (size_t)g * gbytes;
+        prefetch_range(gp + HIPC_PREFETCH_BYTES, gbytes);
+        WGroup wg;
+        Q::prep(gp, nrem, wg);
+        // four int32 chains; even chunks = low nibbles, odd = 16 * high nibbles
+        __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[0], _mm512_load_si512(xq + 0));
+        __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[1], _mm512_load_si512(xq + 1));
+        __m512i i2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[2], _mm512_load_si512(xq + 2));
+        __m512i i3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[3], _mm512_load_si512(xq + 3));
+        i0 = _mm512_dpbusd_epi32(i0, wg.w[4], _mm512_load_si512(xq + 4));
+        i1 = _mm512_dpbusd_epi32(i1, wg.w[5], _mm512_load_si512(xq + 5));
+        i2 = _mm512_dpbusd_epi32(i2, wg.w[6], _mm512_load_si512(xq + 6));
+        i3 = _mm512_dpbusd_epi32(i3, wg.w[7], _mm512_load_si512(xq + 7));
+        const __m512i lo = _mm512_add_epi32(i0, i2), hi16 = _mm512_add_epi32(i1, i3);
+        facc[r] = group_epilogue<Q>(facc[r], _mm512_add_epi32(lo, _mm512_srai_epi32(hi16, 4)), wg, dx, sx, offsum);
+      }
+    }
+  }
+  const bool tile_tail = R == 4 && tail.nn > 0 && tail.nn <= 4;
+  const int nat_end = tile_tail ? tail.b0 : nb;
+  for (int b0 = 16 * ntg; b0 < nat_end; b0 += 16) {
+    const int nv = std::min(16, nb - b0);
+    const __m512 dx = _mm512_load_ps(a.d + b0);
+    const __m512 sx = _mm512_load_ps(a.s + b0);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* gp = W + (size_t)(n0 + r) * rb + (size_t)b0 * Q::kBlockBytes;
+      prefetch_range(gp + HIPC_PREFETCH_BYTES, (size_t)nv * Q::kBlockBytes);
+      facc[r] = nat_window<Q>(gp, nv, a.q + 32 * (size_t)b0, dx, sx, facc[r]);
+    }
+  }
+  if (tile_tail) {
+    const uint8_t* tp = W + (size_t)n0 * rb + (size_t)tail.b0 * Q::kBlockBytes;
+    __m512 dw, mw;
+    Q::dm16_idx(tp, tail.valid, tail.vidx, dw, mw);
+    const __m512 dwdx = _mm512_mul_ps(dw, tail.dx);
+    const int8_t* xn = a.q + 32 * (size_t)tail.b0;
+    for (int r = 0; r < R; ++r) {
+      __m512 f = _mm512_mask3_fmadd_ps(mw, tail.sx, facc[r], (__mmask16)(0xFu << (4 * r)));
+      for (int p = 0; 2 * p < tail.nn; ++p) {
+        const __m512i w = Q::pair(tp + (size_t)r * rb + 2 * p * Q::kBlockBytes, 2 * p + 1 < tail.nn);
+        const __m512i I = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_load_si512(xn + 64 * p));
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_permutexvar_ps(ld_idx(kPrep.tail_pair_idx[r & 3][p]), dwdx), f);
+      }
+      facc[r] = f;
+    }
+  }
+  if constexpr (R == 4) {
+    _mm_storeu_ps(y + n0, hsum4(facc[0], facc[1], facc[2], facc[3]));
+  } else {
+    for (int r = 0; r < R; ++r) y[n0 + r] = _mm512_reduce_add_ps(facc[r]);
+  }
+}
+
+// ------------------------------------------------------------------------------------
+// Prefill GEMM, "row lanes": a zmm lane is an output row.
+//
+// For a slab of 16*V rows, every block b is prepped once (gathers across the 16 rows of
+// a vector) into WGroup-shaped data: w[j] lane r = the 4 unsigned weight bytes of row r,
+// block b, chunk j; dw / mw lane r = scale / offset of row r, block b. Then for C tokens
+//     acc[v][c]  += vpdpbusd(w[j], broadcast(xq[t, b, chunk j]))        (j = 0..7)
+//     facc[v][c] += float(acc - off*isum[t,b]) * dw * dx[t,b] (+ mw * s[t,b])
+// so y[t, 16 rows] comes out as one vector (no horizontal sums, no K-tail special case).
+// Cost per (16 rows, token, block): 8 vpdpbusd + 4 epilogue ops for 512 MACs; the slab
+// prep (5..9 gathers per 16 rows x block) is amortized over all T tokens.
+// ------------------------------------------------------------------------------------
+#ifndef HIPC_RL_VECS
+#define HIPC_RL_VECS 3  // row vectors per slab (16 rows each)
+#endif
+#ifndef HIPC_RL_COLS
+#define HIPC_RL_COLS 4  // tokens per micro-tile
+#endif
+constexpr int kRlVecs = HIPC_RL_VECS;
+constexpr int kRlCols = HIPC_RL_COLS;
+static_assert(kRlCols >= 1 && kRlCols <= 6, "token tile must be 1..6");
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+template <class Q, int V, int C>
+inline void rl_tile(const WGroup* slab, int nb, const QAct& a, int t0, int n0, int N, float* y, int ldy) {
+  __m512 facc[V][C];
+  for (int v = 0; v < V; ++v)
+    for (int c = 0; c < C; ++c) facc[v][c] = _mm512_setzero_ps();
+  const size_t xstride = (size_t)a.nbp * 32;
+  const int8_t* x0 = a.q + (size_t)t0 * xstride;
+  for (int b = 0; b < nb; ++b) {
+    const WGroup* sb = slab + (size_t)b * V;
+    __m512i acc[V][C];
+    for (int v = 0; v < V; ++v)
+      for (int c = 0; c < C; ++c) acc[v][c] = _mm512_setzero_si512();
+    const int8_t* xb = x0 + 32 * (size_t)b;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      __m512i wv[V];
+      for (int v = 0; v < V; ++v) wv[v] = sb[v].w[j];
+      for (int c = 0; c < C; ++c) {
+        const __m512i xv = _mm512_set1_epi32(load_i32(xb + c * xstride + chunk_elem(j)));
+        for (int v = 0; v < V; ++v) acc[v][c] = _mm512_dpbusd_epi32(acc[v][c], wv[v], xv);
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const size_t so = (size_t)(t0 + c) * a.nbp + b;
+      const __m512 dx = _mm512_set1_ps(a.d[so]);
+      for (int v = 0; v < V; ++v) {
+        __m512i I = acc[v][c];
+        if (Q::kOffShift) I = _mm512_sub_epi32(I, _mm512_set1_epi32(a.isum[so] << Q::kOffShift));
+        facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sb[v].dw, dx), facc[v][c]);
+        if (Q::kMin) facc[v][c] = _mm512_fmadd_ps(sb[v].mw, _mm512_set1_ps(a.s[so]), facc[v][c]);
+      }
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    const int n = n0 + 16 * v;
+    const __mmask16 k = mask16(N - n);
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + (size_t)(t0 + c) * ldy + n, k, facc[v][c]);
+  }
+}
+
+// Prep the slab of rows n0 .. n0+16V-1 (rows >= N read as zero).
+template <class Q, int V>
+inline void rl_prep(const uint8_t* W, size_t rb, int nb, int n0, int N, WGroup* slab) {
+  alignas(64) int32_t idx[16];
+  for (int r = 0; r < 16; ++r) idx[r] = (int32_t)(r * rb);
+  const __m512i ridx = _mm512_load_si512(idx);
+  for (int v = 0; v < V; ++v) {
+    const __mmask16 k = mask16(N - (n0 + 16 * v));
+    const uint8_t* base = W + (size_t)(n0 + 16 * v) * rb;
+    for (int b = 0; b < nb; ++b) {
+      if (k) {
+        Q::prep_rows(base + (size_t)b * Q::kBlockBytes, ridx, k, slab[(size_t)b * V + v]);
+      } else {
+        WGroup& z = slab[(size_t)b * V + v];
+        for (int j = 0; j < 8; ++j) z.w[j] = _mm512_setzero_si512();
+        z.dw = z.mw = _mm512_setzero_ps();
+      }
+    }
+  }
+}
+
+template <class Q, int V, int C>
+inline void rl_rows(const WGroup* slab, int nb, const QAct& a, int n0, int N, float* y, int ldy) {
+  int t = 0;
+  for (; t + C <= a.T; t += C) rl_tile<Q, V, C>(slab, nb, a, t, n0, N, y, ldy);
+  switch (a.T - t) {  // token tail
+    case 5: if constexpr (C > 5) rl_tile<Q, V, 5>(slab, nb, a, t, n0, N, y, ldy); break;
+    case 4: if constexpr (C > 4) rl_tile<Q, V, 4>(slab, nb, a, t, n0, N, y, ldy); break;
+    case 3: if constexpr (C > 3) rl_tile<Q, V, 3>(slab, nb, a, t, n0, N, y, ldy); break;
+    case 2: if constexpr (C > 2) rl_tile<Q, V, 2>(slab, nb, a, t, n0, N, y, ldy); break;
+    case 1: if constexpr (C > 1) rl_tile<Q, V, 1>(slab, nb, a, t, n0, N, y, ldy); break;
+    default: break;
+  }
+}
+
+// Decode GEMV row tile.
+constexpr int kGemvRows = 4;
+
+// Quantized matmul driver (AVX512).
+//   T == 1 (decode): x is quantized by the calling thread; `omp parallel for
+//   schedule(static)` over tiles of kGemvRows rows (q_gemv_tile).
+//   T > 1 (prefill): one OpenMP region; `omp for` over tokens quantizes x, then
+//   `omp for schedule(static)` over slabs of 16*kRlVecs rows: each thread preps its slab
+//   once (K/32 * kRlVecs * 640 bytes, L2 resident) and sweeps all T tokens with it.
+template <class Q>
+inline void q_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
+  if (T <= 0 || N <= 0) return;
+  const uint8_t* W = (const uint8_t*)Wv;
+  const int nb = K / 32;
+  const size_t rb = (size_t)nb * Q::kBlockBytes;
+  const QAct a = alloc_qact(T, K, transposed_groups<Q>(nb, T));
+  const bool par = (long long)T * N * K >= kParallelMinWork;
+  if (T == 1) {
+    quantize_act_row(x, K, a, 0);
+    const GemvTail tail = make_gemv_tail<Q>(a, nb, rb);
+    constexpr int R = kGemvRows;
+    const int ntiles = (N + R - 1) / R;
+#pragma omp parallel for schedule(static) if (par)
+    for (int i = 0; i < ntiles; ++i) {
+      const int n0 = i * R;
+      if (n0 + R <= N) {
+        q_gemv_tile<Q, R>(W, rb, nb, n0, a, tail, y);
+      } else {
+        for (int n = n0; n < N; ++n) q_gemv_tile<Q, 1>(W, rb, nb, n, a, tail, y);
+      }
+    }
+    return;
+  }
+  constexpr int V = kRlVecs, C = kRlCols;
+  const int ntiles = (N + 16 * V - 1) / (16 * V);
+#pragma omp parallel if (par)
+  {
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; ++t) quantize_act_row(x, K, a, t);
+    WGroup* slab = (WGroup*)scratch(1, sizeof(WGroup) * (size_t)nb * V);
+#pragma omp for schedule(static)
+    for (int i = 0; i < ntiles; ++i) {
+      const int n0 = i * 16 * V;
+      rl_prep<Q, V>(W, rb, nb, n0, N, slab);
+      rl_rows<Q, V, C>(slab, nb, a, n0, N, y, ldy);
+    }
+  }
+}
+
+}  // namespace detail
+#endif  // HIPC_ISA_AVX512
+
+// ====================================================================================
+// AVX2 / scalar quantized kernels: one block at a time, natural element order
+//
+// unpack() turns one weight block into 32 bytes w (natural order) + dw + mw, with
+//   Q4_1: w = nibble (unsigned),  y += dw*dx*dot(w, q) + m*s
+//   Q4_0: w = nibble (unsigned),  y += dw*dx*dot(w, q) - 8*dw*s
+//   Q8_0: w = q (signed),         y += dw*dx*dot(w, q)
+// AVX2 dot: vpmaddubsw needs an unsigned first operand, so Q8_0 uses
+// dot(|w|, sign(q, w)) (no i16 overflow: 2*128*127 < 32768); AVX-VNNI uses vpdpbusd.
+// The tile kernel processes R rows x C tokens, reusing each unpacked block C times.
+// ====================================================================================
+#if !defined(HIPC_ISA_AVX512)
+namespace detail {
+
+#if defined(HIPC_ISA_AVX2)
+// int32x8 partial sums of u8 x s8 products (each lane: 4 adjacent products)
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+using WVec = __m256i;
+inline WVec unpack_nibbles(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128((const __m128i*)qs);
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+}
+#else
+struct WVec {
+  uint8_t v[32];
+};
+inline WVec unpack_nibbles(const uint8_t* qs) {
+  WVec w;
+  for (int j = 0; j < 16; ++j) {
+    w.v[j] = qs[j] & 15;
+    w.v[j + 16] = qs[j] >> 4;
+  }
+  return w;
+}
+#endif
+
+struct BQ4_1 {
+  static constexpr size_t kBlockBytes = 20;
+  static constexpr bool kSigned = false;
+  static constexpr bool kHasMin = true;
+  static inline WVec unpack(const uint8_t* b, float& dw, float& mw) {
+    uint16_t h[2];
+    std::memcpy(h, b, 4);
+    dw = fp16_to_fp32(h[0]);
+    mw = fp16_to_fp32(h[1]);
+    return unpack_nibbles(b + 4);
+  }
+};
+struct BQ4_0 {
+  static constexpr size_t kBlockBytes = 18;
+  static constexpr bool kSigned = false;
+  static constexpr bool kHasMin = true;
+  static inline WVec unpack(const uint8_t* b, float& dw, float& mw) {
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    dw = fp16_to_fp32(h);
+    mw = -8.0f * dw;
+    return unpack_nibbles(b + 2);
+  }
+};
+struct BQ8_0 {
+  static constexpr size_t kBlockBytes = 34;
+  static constexpr bool kSigned = true;
+  static constexpr bool kHasMin = false;
+  static inline WVec unpack(const uint8_t* b, float& dw, float& mw) {
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    dw = fp16_to_fp32(h);
+    mw = 0.0f;
+#if defined(HIPC_ISA_AVX2)
+    return _mm256_loadu_si256((const __m256i*)(b + 2));
+#else
+    WVec w;
+    std::memcpy(w.v, b + 2, 32);
+    return w;
+#endif
+  }
+};
+
+// Tile: rows n0..n0+R-1 x tokens t0..t0+C-1; y[t, n] = sum_b dw*dx*dot + mw*s.
+template <class Q, int R, int C>
+inline void b_tile(const uint8_t* W, size_t rb, int nb, int n0, const QAct& a, int t0, float* y, int ldy) {
+  const size_t xstride = (size_t)a.nbp * 32;
+#if defined(HIPC_ISA_AVX2)
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+#else
+  float acc[R][C] = {};
+#endif
+  float macc[R][C] = {};
+  for (int b = 0; b < nb; ++b) {
+    WVec w[R];
+    float dw[R], mw[R];
+    for (int r = 0; r < R; ++r) w[r] = Q::unpack(W + (size_t)(n0 + r) * rb + (size_t)b * Q::kBlockBytes, dw[r], mw[r]);
+#if defined(HIPC_ISA_AVX2)
+    __m256i wa[R];
+    if (Q::kSigned)
+      for (int r = 0; r < R; ++r) wa[r] = _mm256_sign_epi8(w[r], w[r]);  // |w|
+#endif
+    for (int c = 0; c < C; ++c) {
+      const size_t xo = (size_t)(t0 + c) * a.nbp + b;
+      const int8_t* xq = a.q + (size_t)(t0 + c) * xstride + 32 * (size_t)b;
+      const float dx = a.d[xo];
+#if defined(HIPC_ISA_AVX2)
+      const __m256i xv = _mm256_loadu_si256((const __m256i*)xq);
+      for (int r = 0; r < R; ++r) {
+        const __m256i p = Q::kSigned ? dot_u8s8(wa[r], _mm256_sign_epi8(xv, w[r])) : dot_u8s8(w[r], xv);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[r] * dx), acc[r][c]);
+      }
+#else
+      for (int r = 0; r < R; ++r) {
+        int32_t s = 0;
+        if (Q::kSigned) {
+          for (int j = 0; j < 32; ++j) s += (int32_t)(int8_t)w[r].v[j] * xq[j];
+        } else {
+          for (int j = 0; j < 32; ++j) s += (int32_t)w[r].v[j] * xq[j];
+        }
+        acc[r][c] += (float)s * (dw[r] * dx);
+      }
+#endif
+      if (Q::kHasMin) {
+        const float sx = a.s[xo];
+        for (int r = 0; r < R; ++r) macc[r][c] += mw[r] * sx;
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+#if defined(HIPC_ISA_AVX2)
+      const float v = hsum256(acc[r][c]);
+#else
+      const float v = acc[r][c];
+#endif
+      y[(size_t)(t0 + c) * ldy + n0 + r] = v + macc[r][c];
+    }
+}
+
+template <class Q, int R, int C>
+inline void b_rows(const uint8_t* W, size_t rb, int nb, int n0, const QAct& a, float* y, int ldy) {
+  int t = 0;
+  for (; t + C <= a.T; t += C) b_tile<Q, R, C>(W, rb, nb, n0, a, t, y, ldy);
+  for (; t < a.T; ++t) b_tile<Q, R, 1>(W, rb, nb, n0, a, t, y, ldy);
+}
+
+// Quantized matmul driver (AVX2 / scalar). Same parallel mapping as the AVX512 one:
+// quantize x (omp for over tokens), then omp for schedule(static) over row tiles.
+template <class Q>
+inline void q_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
+  if (T <= 0 || N <= 0) return;
+  const uint8_t* W = (const uint8_t*)Wv;
+  const int nb = K / 32;
+  const size_t rb = (size_t)nb * Q::kBlockBytes;
+  const QAct a = alloc_qact(T, K, 0);
+  const bool par = (long long)T * N * K >= kParallelMinWork;
+  constexpr int R = 2, C = 4;
+  const int ntiles = (N + R - 1) / R;
+#pragma omp parallel if (par)
+  {
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; ++t) quantize_act_row(x, K, a, t);
+#pragma omp for schedule(static)
+    for (int i = 0; i < ntiles; ++i) {
+      const int n0 = i * R;
+      if (n0 + R <= N) {
+        b_rows<Q, R, C>(W, rb, nb, n0, a, y, ldy);
+      } else {
+        for (int n = n0; n < N; ++n) b_rows<Q, 1, C>(W, rb, nb, n, a, y, ldy);
+      }
+    }
+  }
+}
+
+}  // namespace detail
+#endif  // !HIPC_ISA_AVX512
+
+// ====================================================================================
+// Dense weights (f32 / f16 / bf16, row-major [N, K]); x stays f32, f32 accumulation.
+//   y[t, n] = sum_k x[t, k] * float(W[n, k])
+// Tile = R rows x C tokens: per step of V elements, R weight vectors are loaded and
+// converted once and used for C tokens (R*C FMA accumulators). Any K is allowed.
+// ====================================================================================
+namespace detail {
+
+struct DF32 {
+  using T = float;
+  static float get(const T* p) { return *p; }
+#if defined(HIPC_ISA_AVX512)
+  static __m512 load(const T* p) { return _mm512_loadu_ps(p); }
+  static __m512 loadm(const T* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
+#elif defined(HIPC_ISA_AVX2)
+  static __m256 load(const T* p) { return _mm256_loadu_ps(p); }
+#endif
+};
+struct DF16 {
+  using T = uint16_t;
+  static float get(const T* p) { return fp16_to_fp32(*p); }
+#if defined(HIPC_ISA_AVX512)
+  static __m512 load(const T* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+  static __m512 loadm(const T* p, __mmask16 k) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p)); }
+#elif defined(HIPC_ISA_AVX2)
+  static __m256 load(const T* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+#endif
+};
+struct DBF16 {
+  using T = uint16_t;
+  static float get(const T* p) { return bf16_to_fp32(*p); }
+#if defined(HIPC_ISA_AVX512)
+  static __m512 load(const T* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+  }
+  static __m512 loadm(const T* p, __mmask16 k) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16));
+  }
+#elif defined(HIPC_ISA_AVX2)
+  static __m256 load(const T* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+  }
+#endif
+};
+
+template <class D, int R, int C>
+inline void d_tile(const float* x, int K, const typename D::T* W, int n0, int t0, float* y, int ldy) {
+  const typename D::T* w[R];
+  for (int r = 0; r < R; ++r) w[r] = W + (size_t)(n0 + r) * K;
+  const float* xs[C];
+  for (int c = 0; c < C; ++c) xs[c] = x + (size_t)(t0 + c) * K;
+  int k = 0;
+  float tail[R][C] = {};
+#if defined(HIPC_ISA_AVX512)
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = D::load(w[r] + k);
+    for (int c = 0; c < C; ++c) {
+      const __m512 xv = _mm512_loadu_ps(xs[c] + k);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 m = mask16(K - k);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = D::loadm(w[r] + k, m);
+    for (int c = 0; c < C; ++c) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, xs[c] + k);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+    }
+    k = K;
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) tail[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+#elif defined(HIPC_ISA_AVX2)
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = D::load(w[r] + k);
+    for (int c = 0; c < C; ++c) {
+      const __m256 xv = _mm256_loadu_ps(xs[c] + k);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) tail[r][c] = hsum256(acc[r][c]);
+#endif
+  for (; k < K; ++k)
+    for (int r = 0; r < R; ++r) {
+      const float wk = D::get(w[r] + k);
+      for (int c = 0; c < C; ++c) tail[r][c] += wk * xs[c][k];
+    }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[(size_t)(t0 + c) * ldy + n0 + r] = tail[r][c];
+}
+
+template <class D, int R, int C>
+inline void d_rows(const float* x, int T, int K, const typename D::T* W, int n0, float* y, int ldy) {
+  int t = 0;
+  for (; t + C <= T; t += C) d_tile<D, R, C>(x, K, W, n0, t, y, ldy);
+  for (; t < T; ++t) d_tile<D, R, 1>(x, K, W, n0, t, y, ldy);
+}
+
+// Dense matmul driver: omp for schedule(static) over tiles of R rows; each tile sweeps
+// all T tokens in steps of C.
+template <class D>
+inline void d_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
+  if (T <= 0 || N <= 0) return;
+  const typename D::T* W = (const typename D::T*)Wv;
+#if defined(HIPC_ISA_AVX512)
+  constexpr int R = 4, C = 6;
+#elif defined(HIPC_ISA_AVX2)
+  constexpr int R = 2, C = 4;
+#else
+  constexpr int R = 2, C = 2;
+#endif
+  const int ntiles = (N + R - 1) / R;
+  const bool par = (long long)T * N * K >= kParallelMinWork;
+#pragma omp parallel for schedule(static) if (par)
+  for (int i = 0; i < ntiles; ++i) {
+    const int n0 = i * R;
+    if (n0 + R <= N) {
+      d_rows<D, R, C>(x, T, K, W, n0, y, ldy);
+    } else {
+      for (int n = n0; n < N; ++n) d_rows<D, 1, C>(x, T, K, W, n, y, ldy);
+    }
+  }
+}
+
+}  // namespace detail
+
+// ====================================================================================
+// Public matmuls
+//
+//   y[t*ldy + n] = sum_{k<K} x[t*K + k] * W[n, k]      for t < T, n < N   (ldy >= N)
+//
+//   x : f32 [T, K] row-major (activations, one row per token)
+//   W : [N, K] in the named layout (GGUF blocks of 32 along K for q4_0/q4_1/q8_0, which
+//       need K % 32 == 0; plain row-major for f32/f16/bf16)
+//   y : f32, row t starts at y + t*ldy; columns N..ldy-1 are not touched
+//
+// Quantized types: x is quantized once per token row to 8-bit blocks, products are
+// integer per 32-element block, scaled in f32 (see the kernel sections above).
+// T == 1 is the decode GEMV (weight-bandwidth bound); T > 1 unpacks each weight block
+// once per row tile and reuses it for all T tokens (prefill).
+// Parallel: one OpenMP region, rows split statically across threads. Call from a
+// single thread; the call returns when y is complete.
+// ====================================================================================
+inline void matmul_q4_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+#if defined(HIPC_ISA_AVX512)
+  detail::q_matmul<detail::KQ4_0>(x, T, K, W, N, y, ldy);
+#else
+  detail::q_matmul<detail::BQ4_0>(x, T, K, W, N, y, ldy);
+#endif
+}
+
+inline void matmul_q4_1(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+#if defined(HIPC_ISA_AVX512)
+  detail::q_matmul<detail::KQ4_1>(x, T, K, W, N, y, ldy);
+#else
+  detail::q_matmul<detail::BQ4_1>(x, T, K, W, N, y, ldy);
+#endif
+}
+
+inline void matmul_q8_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+#if defined(HIPC_ISA_AVX512)
+  detail::q_matmul<detail::KQ8_0>(x, T, K, W, N, y, ldy);
+#else
+  detail::q_matmul<detail::BQ8_0>(x, T, K, W, N, y, ldy);
+#endif
+}
+
+inline void matmul_f32(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+  detail::d_matmul<detail::DF32>(x, T, K, W, N, y, ldy);
+}
+
+inline void matmul_f16(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+  detail::d_matmul<detail::DF16>(x, T, K, W, N, y, ldy);
+}
+
+inline void matmul_bf16(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+  detail::d_matmul<detail::DBF16>(x, T, K, W, N, y, ldy);
+}
+
+// ====================================================================================
+// Embedding row gather: out[k] = W[row, k] dequantized to f32, k < K.
+//   One row of K/32 blocks (quantized) or K elements (dense); serial, O(K).
+//   Used for token embeddings (e.g. a Q8_0 token_embd shared with the LM head).
+// ====================================================================================
+inline void embed_row_q4_0(const void* W, int K, int64_t row, float* out) {
+  const int nb = K / 32;
+  const block_q4_0* b = (const block_q4_0*)W + row * nb;
+  for (int i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    for (int j = 0; j < 16; ++j) {
+      out[32 * i + j] = (float)((b[i].qs[j] & 15) - 8) * d;
+      out[32 * i + j + 16] = (float)((b[i].qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+inline void embed_row_q4_1(const void* W, int K, int64_t row, float* out) {
+  const int nb = K / 32;
+  const block_q4_1* b = (const block_q4_1*)W + row * nb;
+  for (int i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d), m = fp16_to_fp32(b[i].m);
+    for (int j = 0; j < 16; ++j) {
+      out[32 * i + j] = (float)(b[i].qs[j] & 15) * d + m;
+      out[32 * i + j + 16] = (float)(b[i].qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+inline void embed_row_q8_0(const void* W, int K, int64_t row, float* out) {
+  const int nb = K / 32;
+  const block_q8_0* b = (const block_q8_0*)W + row * nb;
+  for (int i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    for (int j = 0; j < 32; ++j) out[32 * i + j] = (float)b[i].qs[j] * d;
+  }
+}
+
+inline void embed_row_f32(const void* W, int K, int64_t row, float* out) {
+  std::memcpy(out, (const float*)W + row * K, sizeof(float) * (size_t)K);
+}
+
+inline void embed_row_f16(const void* W, int K, int64_t row, float* out) {
+  const uint16_t* p = (const uint16_t*)W + row * K;
+  for (int k = 0; k < K; ++k) out[k] = fp16_to_fp32(p[k]);
+}
+
+inline void embed_row_bf16(const void* W, int K, int64_t row, float* out) {
+  const uint16_t* p = (const uint16_t*)W + row * K;
+  for (int k = 0; k < K; ++k) out[k] = bf16_to_fp32(p[k]);
+}
+
+}  // namespace hipc
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
