@@ -20,7 +20,7 @@ class CompileOptions:
     targets: tuple[str, ...] = ("cpu",)
     max_context: int | None = None  # None: the model's limit, capped per target
     max_tokens: int | None = None  # tokens per step (prefill chunk); None: per target
-    activations: str = "float32"  # quantized matmuls: "float32" (exact) or "int8" (llama.cpp-style)
+    activations: str = "int16"  # quantized matmuls round activations to int16 (near-exact) or int8
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -30,8 +30,8 @@ class CompileOptions:
                 raise HipcError(
                     f"--target: unknown target {t!r} (known: {', '.join(KNOWN_TARGETS)})"
                 )
-        if self.activations not in ("float32", "int8"):
-            raise HipcError(f"--activations: expected float32 or int8, got {self.activations!r}")
+        if self.activations not in ("int16", "int8"):
+            raise HipcError(f"--activations: expected int16 or int8, got {self.activations!r}")
         if self.max_context is not None and self.max_context < 2:
             raise HipcError(f"--max-context must be at least 2, got {self.max_context}")
         if self.max_tokens is not None and not 1 <= self.max_tokens <= 8192:

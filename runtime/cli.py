@@ -166,6 +166,7 @@ def cmd_generate(args) -> int:
     request = GenerationRequest(
         prompt_ids=tuple(_prompt_ids(tokenizer, args.prompt, args.chat)),
         max_tokens=args.max_tokens,
+        activations=args.activations,
         sampling=sampling,
         stop=tuple(args.stop or ()),
         ignore_eos=args.ignore_eos,
@@ -267,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="tokens per step, the prefill chunk (default 256)",
+    )
+    sp.add_argument(
+        "--activations",
+        choices=["int16", "int8"],
+        default="int16",
+        help="how quantized matmuls round activations: int16 (near-exact, default) or int8 (faster)",
     )
     sp.add_argument(
         "--dump", metavar="DIR", help="write every stage (graphs, fusion, sources) to DIR"

@@ -49,13 +49,12 @@ inline void rope_interleaved(float* x, int D, const float* cs, const float* sn) 
   }
 }
 
-// ---- float32-activation matmuls against quantized weights --------------------------
+// ---- int16-activation matmuls against quantized weights ----------------------------
 //
-// y[t, n] = sum_k x[t, k] * W[n, k] with x kept in float32: each 32-weight block is
-// dequantized into registers and multiplied by the float activations, so the result
-// equals a float32 matmul against the dequantized weights up to summation order (the
-// int8-activation kernels in hipc_cpu.h trade that for speed). Threads split the N
-// output rows; each dequantized block is reused for up to TT tokens.
+// y[t, n] = sum_k x[t, k] * W[n, k] for W in GGUF blocks. The activations are rounded
+// to int16 per 32-element block (below), which keeps the result within ~1e-5 of a
+// float32 matmul against the dequantized weights; the int8-activation kernels in
+// hipc_cpu.h trade more accuracy for speed. Threads split the N output rows.
 
 inline void dequant_block(const block_q4_0& b, float* w) {
   const float d = fp16_to_fp32(b.d);
@@ -209,23 +208,23 @@ inline void matmul_deq(const float* x, int T, int K, const void* W, int N, float
   }
 }
 
-inline void matmul_f32act_q4_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+inline void matmul_a16_q4_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   matmul_deq<block_q4_0>(x, T, K, W, N, y, ldy);
 }
-inline void matmul_f32act_q4_1(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+inline void matmul_a16_q4_1(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   matmul_deq<block_q4_1>(x, T, K, W, N, y, ldy);
 }
-inline void matmul_f32act_q8_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+inline void matmul_a16_q8_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   matmul_deq<block_q8_0>(x, T, K, W, N, y, ldy);
 }
 // dense weights have no activation quantization to begin with
-inline void matmul_f32act_f32(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+inline void matmul_a16_f32(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   matmul_f32(x, T, K, W, N, y, ldy);
 }
-inline void matmul_f32act_f16(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+inline void matmul_a16_f16(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   matmul_f16(x, T, K, W, N, y, ldy);
 }
-inline void matmul_f32act_bf16(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+inline void matmul_a16_bf16(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   matmul_bf16(x, T, K, W, N, y, ldy);
 }
 
