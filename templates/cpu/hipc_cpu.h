@@ -20,9 +20,10 @@
 // Instruction sets are chosen at compile time only (no runtime dispatch); compile the
 // including translation unit with -march=native (plus -fopenmp for threads):
 //
-//   HIPC_ISA_AVX512 : AVX512F+BW+VL+VNNI.  Integer dots with vpdpbusd on 16 blocks at
-//                     once (the "transposed group" layout below); VBMI is used for Q4_0
-//                     when present, gathers otherwise.
+//   HIPC_ISA_AVX512 : AVX512F+BW+VL+VNNI.  Integer dots with vpdpbusd: decode GEMVs
+//                     work on 16 blocks of a row at once ("transposed groups"; VBMI
+//                     byte permutes for Q4_0 when present, gathers otherwise), prefill
+//                     GEMMs put 16 output rows in the lanes ("row lanes").
 //   HIPC_ISA_AVX2   : AVX2+FMA+F16C.  One block per 256-bit register; dots with
 //                     vpmaddubsw+vpmaddwd, or vpdpbusd (AVX-VNNI, __AVXVNNI__).
 //   HIPC_ISA_SCALAR : portable C++ (correct everywhere, slow).
@@ -62,7 +63,6 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
-
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
@@ -386,8 +386,6 @@ constexpr long long kParallelMinWork = 1LL << 16;
 //   Q8_0: u = q + 128 (0..255), w = (u - 128)*d -> mw = -128*d (or int32 "-128*isum")
 // (s = dx * sum(q) carries the offset; isum = sum(q) does it exactly in int32.)
 //
-// Two register layouts for the weight bytes:
-//
 // Decode (T == 1) uses two register layouts for the weight bytes of one row:
 // 1. "transposed group" (16 blocks = 512 weights): prep() turns the group into 8
 //    vectors w[j] (chunk j, lane l = the 4 bytes of block l at chunk_elem(j)), so that
@@ -577,8 +575,9 @@ struct KQ4_1 {
       split_nibbles(gather32(p + 4 + 4 * c, ridx, k), out.w[2 * c], out.w[2 * c + 1]);
     cvt_dm(gather32(p, ridx, k), out.dw, out.mw);
   }
+  // scales of 16 blocks at g + idx[l] (zero where k is clear)
   static inline void dm16_idx(const uint8_t* g, __mmask16 k, __m512i idx, __m512& dw, __m512& mw) {
-    cvt_dm(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, g, 1), dw, mw);
+    cvt_dm(gather32(g, idx, k), dw, mw);
   }
   static inline void dm16(const uint8_t* g, int nv, __m512& dw, __m512& mw) {
     dm16_idx(g, mask16(nv), ld_idx(kPrep.q41_gather_dm), dw, mw);
@@ -607,9 +606,7 @@ struct KQ4_0 {
       o[i] = _mm512_mask_permutexvar_epi8(m, kPrep.q40_kc[i], ld_idx(kPrep.q40_idx[i][2]), r[4]);
     }
 #else
-    const __mmask16 k = mask16(nrem);
-    for (int i = 0; i < 5; ++i)
-      o[i] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, ld_idx(kPrep.q40_gather[i]), g, 1);
+    for (int i = 0; i < 5; ++i) o[i] = gather32(g, ld_idx(kPrep.q40_gather[i]), mask16(nrem));
 #endif
     for (int c = 0; c < 4; ++c) split_nibbles16(o[c], out.w[2 * c], out.w[2 * c + 1]);
     __m512 unused;
@@ -623,7 +620,7 @@ struct KQ4_0 {
   }
   static inline void dm16_idx(const uint8_t* g, __mmask16 k, __m512i idx, __m512& dw, __m512& mw) {
     __m512 unused;
-    cvt_dm(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, g, 1), dw, unused);
+    cvt_dm(gather32(g, idx, k), dw, unused);
     mw = _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
   }
   static inline void dm16(const uint8_t* g, int nv, __m512& dw, __m512& mw) {
@@ -652,7 +649,7 @@ struct KQ8_0 {
   }
   static inline void dm16_idx(const uint8_t* g, __mmask16 k, __m512i idx, __m512& dw, __m512& mw) {
     __m512 unused;
-    cvt_dm(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, g, 1), dw, unused);
+    cvt_dm(gather32(g, idx, k), dw, unused);
     mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
   }
   static inline void dm16(const uint8_t* g, int nv, __m512& dw, __m512& mw) {
@@ -660,7 +657,6 @@ struct KQ8_0 {
   }
 };
 
-// Number of transposed groups used for a row of nb blocks (the rest: natural pairs).
 // Number of transposed activation groups for the GEMV (the rest: natural pairs). The
 // prefill GEMM reads natural-order activations.
 template <class Q>
@@ -742,8 +738,8 @@ inline GemvTail make_gemv_tail(const QAct& a, int nb, size_t rb) {
   return t;
 }
 
-// GEMV tile (one token): rows n0..n0+R-1.
-//   transposed groups g < ntg: prep in registers, 8 vpdpbusd (two int32 chains), epilogue
+// GEMV tile (one token): rows n0..n0+R-1,  y[n] = sum over the row's blocks (see above).
+//   transposed groups g < ntg: prep in registers, 8 vpdpbusd (four int32 chains), epilogue
 //   natural windows of 16 blocks from 16*ntg on: nat_window; a short tail (<= 4 blocks)
 //   is done for 4 rows at once (one gather of the 16 block scales of the tile).
 // Weights are prefetched HIPC_PREFETCH_BYTES ahead (rows are contiguous in memory, so
@@ -1315,6 +1311,8 @@ inline void d_matmul(const float* x, int T, int K, const void* Wv, int N, float*
 // Parallel: one OpenMP region, rows split statically across threads. Call from a
 // single thread; the call returns when y is complete.
 // ====================================================================================
+// Q4_0: W row n = K/32 blocks {f16 d; u8 qs[16]}, w = (nibble - 8) * d.
+//   y[t,n] = sum_b d[n,b] * dx[t,b] * (sum_e nib[n,b,e] * q[t,b,e] - 8 * sum_e q[t,b,e])
 inline void matmul_q4_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
 #if defined(HIPC_ISA_AVX512)
   detail::q_matmul<detail::KQ4_0>(x, T, K, W, N, y, ldy);
@@ -1323,6 +1321,8 @@ inline void matmul_q4_0(const float* x, int T, int K, const void* W, int N, floa
 #endif
 }
 
+// Q4_1: W row n = K/32 blocks {f16 d; f16 m; u8 qs[16]}, w = nibble * d + m.
+//   y[t,n] = sum_b ( d[n,b] * dx[t,b] * sum_e nib[n,b,e] * q[t,b,e] + m[n,b] * s[t,b] )
 inline void matmul_q4_1(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
 #if defined(HIPC_ISA_AVX512)
   detail::q_matmul<detail::KQ4_1>(x, T, K, W, N, y, ldy);
@@ -1331,6 +1331,8 @@ inline void matmul_q4_1(const float* x, int T, int K, const void* W, int N, floa
 #endif
 }
 
+// Q8_0: W row n = K/32 blocks {f16 d; i8 qs[32]}, w = qs * d.
+//   y[t,n] = sum_b d[n,b] * dx[t,b] * sum_e qs[n,b,e] * q[t,b,e]
 inline void matmul_q8_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
 #if defined(HIPC_ISA_AVX512)
   detail::q_matmul<detail::KQ8_0>(x, T, K, W, N, y, ldy);
@@ -1339,14 +1341,17 @@ inline void matmul_q8_0(const float* x, int T, int K, const void* W, int N, floa
 #endif
 }
 
+// f32: W is float[N][K]; f32 FMA accumulation, no quantization (any K).
 inline void matmul_f32(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   detail::d_matmul<detail::DF32>(x, T, K, W, N, y, ldy);
 }
 
+// f16: W is IEEE half [N][K], widened to f32 on load (vcvtph2ps); x stays f32 (any K).
 inline void matmul_f16(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   detail::d_matmul<detail::DF16>(x, T, K, W, N, y, ldy);
 }
 
+// bf16: W is bfloat16 [N][K], widened to f32 on load (<< 16); x stays f32 (any K).
 inline void matmul_bf16(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   detail::d_matmul<detail::DBF16>(x, T, K, W, N, y, ldy);
 }

@@ -138,8 +138,9 @@ inline __m512i block_w16(const block_q4_1& b) {
   return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4)));
 }
 inline __m512i block_w16(const block_q8_0& b) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)b.qs)); }
-template <class B> inline float block_m(const B&) { return 0.f; }
-inline float block_m(const block_q4_1& b) { return fp16_to_fp32(b.m); }
+// Only Q4_1 has an offset m; the others skip its term at compile time.
+template <class B> constexpr bool has_m = false;
+template <> constexpr bool has_m<block_q4_1> = true;
 
 // R weight rows x TN tokens per call: R independent streams keep enough loads in
 // flight to run at memory bandwidth (one sequential stream per core does not).
@@ -154,13 +155,13 @@ inline void i16_tile(const Block* rows, size_t row_stride, const Act16& a, int t
       const Block& blk = rows[r * row_stride + b];
       _mm_prefetch((const char*)(&blk + 8), _MM_HINT_T0);
       const __m512i w = block_w16(blk);
-      const float d = fp16_to_fp32(blk.d), m = block_m(blk);
+      const float d = fp16_to_fp32(blk.d);
       for (int t = 0; t < TN; ++t) {
         const size_t i = (size_t)(t0 + t) * a.nb + b;
         const __m512i x = _mm512_loadu_si512((const void*)(a.q + i * 32));
         const __m512 p = _mm512_cvtepi32_ps(_mm512_madd_epi16(w, x));
         acc[r][t] = _mm512_fmadd_ps(p, _mm512_set1_ps(d * a.scale[i]), acc[r][t]);
-        macc[r][t] += m * a.sum[i];
+        if constexpr (has_m<Block>) macc[r][t] += fp16_to_fp32(((const block_q4_1&)blk).m) * a.sum[i];
       }
     }
   }
