@@ -35,6 +35,9 @@ SHIM = r"""
 #include "hipc_cpu.h"
 #include <chrono>
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sys/mman.h>
 
 typedef void (*mm_fn)(const float*, int, int, const void*, int, float*, int);
 static mm_fn pick(int t) {
@@ -52,6 +55,14 @@ static double now() {
 }
 extern "C" {
 const char* hb_isa() { return hipc::cpu_isa(); }
+// 2 MB aligned buffer; huge != 0 asks for transparent huge pages (madvise).
+void* hb_alloc(size_t bytes, int huge) {
+  const size_t a = (size_t)2 << 20;
+  void* p = aligned_alloc(a, (bytes + a - 1) / a * a);
+  if (p && huge) madvise(p, (bytes + a - 1) / a * a, MADV_HUGEPAGE);
+  return p;
+}
+void hb_free(void* p) { free(p); }
 int hb_threads() {
 #ifdef _OPENMP
   return omp_get_max_threads();
@@ -148,6 +159,9 @@ def build(out_dir: Path, extra_flags: list[str]) -> ctypes.CDLL:
     lib.hb_isa.restype = ctypes.c_char_p
     lib.hb_time_matmul.restype = ctypes.c_double
     lib.hb_time_matmul.argtypes = [Int, P, Int, Int, P, Int, Int, P, Int, Int]
+    lib.hb_alloc.restype = ctypes.c_void_p
+    lib.hb_alloc.argtypes = [ctypes.c_size_t, Int]
+    lib.hb_free.argtypes = [P]
     lib.hb_read_bw.restype = ctypes.c_double
     lib.hb_read_bw.argtypes = [P, ctypes.c_longlong, Int]
     lib.hb_decode_stack.restype = ctypes.c_double
@@ -283,20 +297,40 @@ def main() -> None:
         arr = lambda v: (ctypes.c_int * len(v))(*v)  # noqa: E731
         steps = 10 if args.quick else 30
         flush = np.ones(64 << 20, np.uint64)  # 512 MB
-        for label, fl in (
-            ("weights cache-warm", None),
-            ("caches flushed before each token", flush),
-        ):
+
+        def in_arena(huge: int) -> tuple[int, list[int], int]:
+            """Copy all stack weights into one 2 MB aligned (optionally THP) buffer."""
+            sizes = [b.nbytes for b in bufs] + [head_w.nbytes]
+            offs = np.concatenate([[0], np.cumsum([(n + 4095) // 4096 * 4096 for n in sizes])])
+            base = lib.hb_alloc(int(offs[-1]), huge)
+            for b, o in zip([*bufs, head_w], offs[:-1], strict=True):
+                ctypes.memmove(base + int(o), b.ctypes.data, b.nbytes)
+            return base, [base + int(o) for o in offs[:-2]], base + int(offs[-2])
+
+        runs = [("numpy buffers, cache-warm", ptrs, head_w.ctypes.data, None)]
+        runs.append(
+            ("numpy buffers, caches flushed before each token", ptrs, head_w.ctypes.data, flush)
+        )
+        arenas = []
+        for huge, label in ((0, "4 KB pages"), (1, "2 MB pages (THP)")):
+            base, wp, hp = in_arena(huge)
+            arenas.append(base)
+            runs.append(
+                (f"one arena, {label}, flushed", (ctypes.c_void_p * len(wp))(*wp), hp, flush)
+            )
+        for label, wptrs, hptr, fl in runs:
             sec = lib.hb_decode_stack(
-                L, arr(tcodes), arr(Ks), arr(Ns), ptrs, TYPES["q8_0"][0], 576, 49152,
-                head_w.ctypes.data, x.ctypes.data, y.ctypes.data, steps,
+                L, arr(tcodes), arr(Ks), arr(Ns), wptrs, TYPES["q8_0"][0], 576, 49152,
+                hptr, x.ctypes.data, y.ctypes.data, steps,
                 None if fl is None else fl.ctypes.data, 0 if fl is None else fl.size,
             )  # fmt: skip
             print(
-                f"measured decode stack, {label}: {sec * 1e3:.3f} ms/token"
+                f"measured decode stack ({label}): {sec * 1e3:.3f} ms/token"
                 f" = {1 / sec:.0f} tok/s for the matmuls, {total_bytes / sec / 1e9:.1f} GB/s"
                 f" ({100 * total_bytes / sec / bw:.0f}% of the read ceiling)"
             )
+        for base in arenas:
+            lib.hb_free(base)
 
 
 if __name__ == "__main__":

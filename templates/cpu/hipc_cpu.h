@@ -404,7 +404,7 @@ constexpr long long kParallelMinWork = 1LL << 16;
 namespace detail {
 
 #ifndef HIPC_PREFETCH_BYTES
-#define HIPC_PREFETCH_BYTES 4096  // GEMV software prefetch distance along the weights
+#define HIPC_PREFETCH_BYTES 2048  // GEMV software prefetch distance (into L1) along the weights
 #endif
 #ifndef HIPC_PREFETCH_HINT
 #define HIPC_PREFETCH_HINT _MM_HINT_T0
@@ -498,8 +498,16 @@ inline __mmask64 mask64(int n) {
   return n >= 64 ? ~(__mmask64)0 : n <= 0 ? (__mmask64)0 : (__mmask64)((1ull << n) - 1);
 }
 
+#ifndef HIPC_PREFETCH2_BYTES
+#define HIPC_PREFETCH2_BYTES 8192  // second, farther prefetch into L2 (0 = off)
+#endif
+// Prefetch [p, p+bytes) (p is already HIPC_PREFETCH_BYTES ahead of the current reads).
 inline void prefetch_range(const uint8_t* p, size_t bytes) {
-  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char*)(p + o), HIPC_PREFETCH_HINT);
+  for (size_t o = 0; o < bytes; o += 64) {
+    _mm_prefetch((const char*)(p + o), HIPC_PREFETCH_HINT);
+    if (HIPC_PREFETCH2_BYTES > 0)
+      _mm_prefetch((const char*)(p + o + HIPC_PREFETCH2_BYTES - HIPC_PREFETCH_BYTES), _MM_HINT_T1);
+  }
 }
 
 // A prepared transposed group: 8 chunks of unsigned weight bytes + block scales.
