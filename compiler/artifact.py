@@ -32,6 +32,13 @@ from hipc.runtime.errors import HipcError
 from hipc.runtime.safetensors_file import LazyTensor, write_safetensors
 from hipc.runtime.version import ARTIFACT_FORMAT_VERSION, HIPC_VERSION
 
+# (code object, source) file extensions: a shared library, a CUDA fatbin, an AMD code object
+CODE_OBJECT_EXT = {"cpu": ("so", "cpp"), "nvidia": ("fatbin", "hip"), "amd": ("co", "hip")}
+
+
+def _platform(target: str) -> str:
+    return "cpu" if target == "cpu" else "nvidia" if target.startswith("sm_") else "amd"
+
 
 @dataclass
 class TargetBuild:
@@ -77,13 +84,13 @@ def write_artifact(
         (tmp / "kernels").mkdir()
         targets = {}
         for b in builds:
-            ext = "so" if b.target == "cpu" else "bin"
+            ext, src = CODE_OBJECT_EXT[_platform(b.target)]
             (tmp / "kernels" / f"{b.target}.{ext}").write_bytes(b.binary)
-            (tmp / "kernels" / f"{b.target}.cpp").write_text(b.source)
+            (tmp / "kernels" / f"{b.target}.{src}").write_text(b.source)
             targets[b.target] = {
                 **b.info,
                 "code_object": f"kernels/{b.target}.{ext}",
-                "source": f"kernels/{b.target}.cpp",
+                "source": f"kernels/{b.target}.{src}",
             }
         progress("writing weights")
         write_safetensors(tmp / "weights.safetensors", weights, {"format": "hipc-weights"})

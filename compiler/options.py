@@ -8,11 +8,22 @@ from dataclasses import asdict, dataclass
 
 from hipc.runtime.errors import HipcError
 
-KNOWN_TARGETS = ("cpu",)
-# NOTE: the CPU KV cache is float32 [max_ctx, kv_heads, head_dim] per layer; 4096
-# positions keep SmolLM2's at 377 MB and a Llama-3-8B's at 1 GiB.
-DEFAULT_MAX_CONTEXT = {"cpu": 4096}
-DEFAULT_MAX_TOKENS = {"cpu": 256}
+GPU_TARGETS = (
+    "sm_80",
+    "sm_89",
+    "sm_90",
+    "gfx90a",
+    "gfx942",
+    "gfx1100",
+    "gfx1101",
+    "gfx1151",
+    "gfx1201",
+)
+KNOWN_TARGETS = ("cpu", *GPU_TARGETS)
+# NOTE: the KV cache is float32 [max_ctx, kv_heads, head_dim] per layer; 4096
+# positions keep SmolLM2's at 377 MB and a Llama-3-8B's at 1 GiB on the CPU.
+DEFAULT_MAX_CONTEXT = {"cpu": 4096, **dict.fromkeys(GPU_TARGETS, 8192)}
+DEFAULT_MAX_TOKENS = {"cpu": 256, **dict.fromkeys(GPU_TARGETS, 512)}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import numpy as np
 from hipc.cache import CacheKey, KernelCache
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
 from hipc.compiler.codegen.cpu import ABI_VERSION, render_cpu_program
+from hipc.compiler.codegen.hip import render_hip_program
 from hipc.compiler.ir import Constant, Graph, PackedWeight
 from hipc.compiler.onnx_export import export_onnx, onnx_available
 from hipc.compiler.options import CompileOptions
@@ -26,9 +27,10 @@ from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.fuse import Fusion, fuse
 from hipc.compiler.passes.memory import plan_memory
 from hipc.compiler.passes.repack import merge_parallel_linears
-from hipc.compiler.passes.select import select_kernels
+from hipc.compiler.passes.select import select_kernels, weight_order
 from hipc.compiler.source.reader import WeightReader
-from hipc.compiler.toolchains.cpu import FLAGS, CpuToolchain, cpu_flags
+from hipc.compiler.toolchains.cpu import CpuToolchain, cpu_flags
+from hipc.compiler.toolchains.gpu import gpu_toolchain
 from hipc.compiler.verify import verify
 from hipc.graphs import Model, build_graph, load_model
 from hipc.runtime.safetensors_file import LazyTensor
@@ -107,30 +109,48 @@ def compile_model(
     launches = st.run("select kernels", select_kernels, fusion)
 
     builds, hits = [], {}
+    gpu_sections: dict[str, dict] = {}
+    cache = cache or KernelCache()
     for target in options.targets:
-        toolchain = CpuToolchain()
-        program = st.run(
-            f"render {target}",
-            render_cpu_program,
-            model.name,
-            launches,
-            memory,
-            list(graph.states),
-            max_ctx,
-            model.config.vocab_size,
-            HIPC_VERSION,
-            target,
-            options.activations,
-        )
-        st.dump_text(f"4-{target}.cpp", program.source)
+        # Render this target's source; its hash keys the code-object cache.
+        if target == "cpu":
+            toolchain, ext = CpuToolchain(), "cpp"
+            program = st.run(
+                f"render {target}",
+                render_cpu_program,
+                model.name,
+                launches,
+                memory,
+                list(graph.states),
+                max_ctx,
+                model.config.vocab_size,
+                HIPC_VERSION,
+                target,
+                options.activations,
+            )
+            info = {"cpu_features": list(cpu_flags()), "abi_version": ABI_VERSION}
+        else:
+            toolchain, ext = gpu_toolchain(target), "hip"
+            program = st.run(
+                f"render {target}",
+                render_hip_program,
+                model.name,
+                launches,
+                memory,
+                list(graph.states),
+                HIPC_VERSION,
+                target,
+            )
+            gpu_sections[target] = program.gpu
+            info = {"wave": program.gpu["wave"]}
+        st.dump_text(f"4-{target}.{ext}", program.source)
         key = CacheKey.for_source(
             program.source,
             toolchain=toolchain.identity,
-            flags=FLAGS,
+            flags=toolchain.flags,
             target=toolchain.target_id,
             hipc_version=HIPC_VERSION,
         )
-        cache = cache or KernelCache()
         binary, hits[target] = st.run(
             f"compile {target}",
             cache.get_or_build,
@@ -144,17 +164,18 @@ def compile_model(
                 binary,
                 program.source,
                 {
+                    **info,
                     "toolchain": toolchain.identity,
-                    "flags": list(FLAGS),
+                    "flags": list(toolchain.flags),
                     "target_id": toolchain.target_id,
-                    "cpu_features": list(cpu_flags()),
-                    "abi_version": ABI_VERSION,
                     "cache_key": key.digest,
                 },
             )
         )
 
-    weights = [_lazy_weight(name, graph.initializers[name], reader) for name in program.weights]
+    weights = [
+        _lazy_weight(name, graph.initializers[name], reader) for name in weight_order(launches)
+    ]
     plan = {
         "entry": "hipc_forward",
         "abi_version": ABI_VERSION,
@@ -184,6 +205,7 @@ def compile_model(
             for lt in launches
         },
         "launches": [lt.to_json() for lt in launches],
+        "gpu": gpu_sections,
     }
     tokenizer = st.run("tokenizer", _optional_tokenizer, model)
     manifest = {

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from hipc.compiler.codegen.environment import render, template_text
 from hipc.compiler.passes.fuse import FusionError
 from hipc.compiler.passes.memory import MemoryPlan
-from hipc.compiler.passes.select import Launch
+from hipc.compiler.passes.select import Launch, weight_order
 
 ABI_VERSION = 1
 WEIGHT_SUFFIX = {
@@ -45,11 +45,9 @@ def render_cpu_program(
 ) -> Program:
     """activations: how quantized matmuls round the activations per 32-block: "int16"
     (within ~1e-5 of float32, the default) or "int8" (llama.cpp's choice, ~1e-2 error)."""
-    weights: list[str] = []
+    weights = weight_order(launches)
 
     def weight(ref: str, ctype: str = "const float") -> str:
-        if ref not in weights:
-            weights.append(ref)
         return f"({ctype}*)W[{weights.index(ref)}]"
 
     def act(value: str, row_offset: str = "") -> tuple[str, int]:

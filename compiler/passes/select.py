@@ -179,3 +179,13 @@ def _embedding(g: Graph, grp: FusedGroup) -> Launch:
     spec = _spec("embedding", wtype=g.values[w].dtype, K=int(g.values[w].shape[1]))
     args = {"w": ("weight", w), "ids": ("input", ids), "out": ("act", emb.outputs[0])}
     return Launch(grp.name, grp.node_names, spec, args)
+
+
+def weight_order(launches: list[Launch]) -> list[str]:
+    """Every weight the launches read, in order of first use: the W[] order of all targets."""
+    order: dict[str, None] = {}
+    for launch in launches:
+        for kind, ref in launch.args.values():
+            if kind == "weight":
+                order.setdefault(ref)
+    return list(order)

@@ -50,6 +50,7 @@ def cpu_flags() -> tuple[str, ...]:
 
 class CpuToolchain:
     target = "cpu"
+    flags = FLAGS
 
     def __init__(self, cxx: str | None = None) -> None:
         self.cxx = (

@@ -1,0 +1,234 @@
+"""Render the HIP program for one GPU arch and the launch lists the runtime replays.
+
+One source holds every kernel (deduplicated by specialization); plan.json's "gpu"
+section lists, for decode (one token, GEMV-shaped kernels) and prefill (T tokens,
+GEMM-shaped kernels), each launch's kernel, grid/block and argument bindings in the
+format runtime/gpu_plan.py reads. Python decides names, geometry and bindings; the
+templates only place them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hipc.compiler.codegen.environment import render, template_text
+from hipc.compiler.passes.fuse import FusionError
+from hipc.compiler.passes.memory import MemoryPlan
+from hipc.compiler.passes.select import Launch, weight_order
+
+WEIGHT_SUFFIX = {
+    "float32": "f32",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "q4_0": "q4_0",
+    "q4_1": "q4_1",
+    "q8_0": "q8_0",
+}
+GEMV_WAVES = 4
+ATTN_WAVES = 4
+MAX_NORM_K = 12288  # the GEMV's normalized row lives in static shared memory (48 KiB)
+
+
+def wave_size(target: str) -> int:
+    """Wavefront width: CDNA (gfx9*) runs wave64; NVIDIA warps and RDNA (gfx1x) wave32."""
+    return 64 if target.startswith("gfx9") else 32
+
+
+@dataclass
+class HipProgram:
+    source: str
+    weights: list[str]
+    states: list[str]
+    gpu: dict[str, Any]
+
+
+def render_hip_program(
+    name: str,
+    launches: list[Launch],
+    memory: MemoryPlan,
+    states: list[str],
+    hipc_version: str,
+    target: str,
+) -> HipProgram:
+    wave = wave_size(target)
+    weights = weight_order(launches)
+    kernels: dict[str, str] = {}
+    decode: list[dict] = []
+    prefill: list[dict] = []
+
+    def act(value: str, row_skip: bool = False) -> dict:
+        view = memory.views[value]
+        if view.buffer in memory.outputs:
+            return {"kind": "output", "name": value}
+        offset = 4 * (memory.offsets[view.buffer] * memory.max_tokens + view.col)
+        arg = {"kind": "arena", "offset": offset}
+        if row_skip:
+            arg["row_skip"] = view.ld
+        return arg
+
+    def bind(ref: tuple[str, str | None]) -> dict:
+        kind, what = ref
+        if kind == "weight":
+            return {"kind": "weight", "index": weights.index(what)}
+        if kind == "state":
+            return {"kind": "state", "index": states.index(what)}
+        if kind == "none":
+            return {"kind": "null"}
+        raise ValueError(kind)
+
+    def add_kernel(fn: str, template: str, **ctx: Any) -> str:
+        if fn not in kernels:
+            kernels[fn] = render(f"hip/{template}.hip.j2", fn=fn, wave=wave, **ctx)
+        return fn
+
+    for launch in launches:
+        spec, a = launch.kernel, launch.args
+        p = spec.param_dict
+        nodes = launch.nodes
+        if spec.template in ("linear", "embedding") and p["wtype"] not in WEIGHT_SUFFIX:
+            raise FusionError(f"{launch.group}: weight type {p['wtype']} has no HIP kernel")
+        ws = WEIGHT_SUFFIX.get(p.get("wtype", ""), "")
+        if spec.template == "linear":
+            n_out = p["N"] // 2 if p["epilogue"] == "glu" else p["N"]
+            if p["norm_eps"] and p["K"] > MAX_NORM_K:
+                raise FusionError(
+                    f"{launch.group}: K={p['K']} exceeds the GEMV norm prologue's {MAX_NORM_K}"
+                )
+            last_only = memory.views[a["y"][1]].buffer in memory.outputs
+            x = act(a["x"][1], row_skip=last_only)
+            res = act(a["res"][1]) if a["res"][0] == "act" else {"kind": "null"}
+            y = act(a["y"][1])
+            common = dict(nodes=nodes, wsuffix=ws, n_out=n_out, **p)
+            gemv = add_kernel(f"{spec.fn}_gemv", "linear_gemv", waves=GEMV_WAVES, **common)
+            decode.append(
+                _launch(
+                    launch.group,
+                    gemv,
+                    [f"cdiv({n_out},{GEMV_WAVES})" if False else -(-n_out // GEMV_WAVES)],
+                    [GEMV_WAVES * wave],
+                    [x, bind(a["w"]), bind(a["norm_w"]), bind(a["bias"]), res, y],
+                )
+            )
+            gemm = add_kernel(f"{spec.fn}_gemm", "linear_gemm", **common)
+            rows = "rows" if last_only else "T"
+            inv_rms = {"kind": "scratch", "offset": 0}
+            if p["norm_eps"]:
+                prefill.append(
+                    _launch(
+                        launch.group,
+                        f"{gemm}_stats",
+                        [rows],
+                        [256],
+                        [x, {"kind": "int", "value": rows}, inv_rms],
+                    )
+                )
+            prefill.append(
+                _launch(
+                    launch.group,
+                    gemm,
+                    [-(-n_out // 64), f"cdiv({rows},64)"],
+                    [256],
+                    [
+                        x,
+                        {"kind": "int", "value": rows},
+                        bind(a["w"]),
+                        bind(a["norm_w"]),
+                        inv_rms if p["norm_eps"] else {"kind": "null"},
+                        bind(a["bias"]),
+                        res,
+                        y,
+                    ],
+                )
+            )
+        elif spec.template == "attention":
+            D = p["D"]
+            qv, kv, vv = (memory.views[a[n][1]] for n in ("q", "k", "v"))
+            block = max(D // 2, wave)
+            rope = add_kernel(f"{spec.fn}_rope_kv", "rope_kv", nodes=nodes, block=block, **p)
+            attn = add_kernel(f"{spec.fn}_attn", "attention", nodes=nodes, waves=ATTN_WAVES, **p)
+            start = {"kind": "input", "name": "start"}
+            cos, sin = bind(a["cos"]), bind(a["sin"])
+            kc, vc = bind(a["k_cache"]), bind(a["v_cache"])
+            for plan in (decode, prefill):
+                plan.append(
+                    _launch(
+                        launch.group,
+                        rope,
+                        ["T", p["NKV"]],
+                        [block],
+                        [
+                            act(a["k"][1]),
+                            {"kind": "int", "value": kv.ld},
+                            act(a["v"][1]),
+                            {"kind": "int", "value": vv.ld},
+                            start,
+                            bind(a["k_norm_w"]),
+                            cos,
+                            sin,
+                            kc,
+                            vc,
+                        ],
+                    )
+                )
+                plan.append(
+                    _launch(
+                        launch.group,
+                        attn,
+                        ["T", p["NH"]],
+                        [ATTN_WAVES * wave],
+                        [
+                            act(a["q"][1]),
+                            {"kind": "int", "value": qv.ld},
+                            start,
+                            bind(a["q_norm_w"]),
+                            cos,
+                            sin,
+                            kc,
+                            vc,
+                            act(a["out"][1]),
+                        ],
+                    )
+                )
+        elif spec.template == "embedding":
+            emb = add_kernel(f"{spec.fn}_embed", "embedding", nodes=nodes, wsuffix=ws, **p)
+            for plan in (decode, prefill):
+                plan.append(
+                    _launch(
+                        launch.group,
+                        emb,
+                        ["T"],
+                        [256],
+                        [{"kind": "input", "name": "ids"}, bind(a["w"]), act(a["out"][1])],
+                    )
+                )
+
+    prelude = template_text("hip/prelude.h").replace("#pragma once", "")
+    source = render(
+        "hip/program.hip.j2",
+        name=name,
+        hipc_version=hipc_version,
+        target=target,
+        wave=wave,
+        prelude=prelude,
+        kernels=list(kernels.values()),
+    )
+    gpu = {
+        "arena_bytes": 4 * memory.max_tokens * memory.arena_cols,
+        "scratch_bytes": 4 * memory.max_tokens,
+        "wave": wave,
+        "decode": decode,
+        "prefill": prefill,
+    }
+    return HipProgram(source, weights, states, gpu)
+
+
+def _launch(group: str, kernel: str, grid: list, block: list, args: list[dict]) -> dict:
+    return {
+        "group": group,
+        "kernel": kernel,
+        "grid": grid,
+        "block": block,
+        "shared": 0,
+        "args": args,
+    }

@@ -1,0 +1,225 @@
+// hipc prelude: the small HIP kernel-language surface hipc's kernels use, mapped onto
+//   - NVIDIA, compiled by nvcc (HIP names -> CUDA),
+//   - AMD with ROCm's headers (hipcc / amdclang++, HIPC_ROCM defined),
+//   - AMD with a bare `clang++ -x hip -nogpulib -nogpuinc` (clang builtins only).
+// Kernels use only the hipc_* names below, so one template serves every platform.
+// HIPC_WAVE (the wavefront width) is defined by the renderer before this header.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+// ---- NVIDIA ------------------------------------------------------------------------
+#define HIPC_KERNEL extern "C" __global__
+#define HIPC_DEVICE __device__ __forceinline__
+__device__ __forceinline__ int hipc_thread() { return threadIdx.x; }
+__device__ __forceinline__ int hipc_block_x() { return blockIdx.x; }
+__device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
+__device__ __forceinline__ int hipc_block_dim() { return blockDim.x; }
+__device__ __forceinline__ void hipc_sync() { __syncthreads(); }
+__device__ __forceinline__ float hipc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ float hipc_exp(float x) { return __expf(x); }
+__device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
+
+#elif defined(HIPC_ROCM)
+// ---- AMD with ROCm headers ---------------------------------------------------------
+#include <hip/hip_runtime.h>
+#define HIPC_KERNEL extern "C" __global__
+#define HIPC_DEVICE __device__ __forceinline__
+__device__ __forceinline__ int hipc_thread() { return threadIdx.x; }
+__device__ __forceinline__ int hipc_block_x() { return blockIdx.x; }
+__device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
+__device__ __forceinline__ int hipc_block_dim() { return blockDim.x; }
+__device__ __forceinline__ void hipc_sync() { __syncthreads(); }
+__device__ __forceinline__ float hipc_shfl_xor(float v, int m) { return __shfl_xor(v, m, HIPC_WAVE); }
+__device__ __forceinline__ float hipc_exp(float x) { return __expf(x); }
+__device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
+
+#else
+// ---- AMD, bare clang (no ROCm): attributes and builtins only -----------------------
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __shared__ __attribute__((shared))
+#define __launch_bounds__(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#define HIPC_KERNEL extern "C" __global__
+#define HIPC_DEVICE __device__ inline __attribute__((always_inline))
+HIPC_DEVICE int hipc_thread() { return __builtin_amdgcn_workitem_id_x(); }
+HIPC_DEVICE int hipc_block_x() { return __builtin_amdgcn_workgroup_id_x(); }
+HIPC_DEVICE int hipc_block_y() { return __builtin_amdgcn_workgroup_id_y(); }
+HIPC_DEVICE int hipc_block_dim() { return __builtin_amdgcn_workgroup_size_x(); }
+HIPC_DEVICE void hipc_sync() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+HIPC_DEVICE float hipc_shfl_xor(float v, int m) {
+  // ds_bpermute addresses lanes in bytes
+  const int lane = __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane ^ m) << 2, __builtin_bit_cast(int, v)));
+}
+typedef __SIZE_TYPE__ size_t;
+struct __attribute__((aligned(16))) uint4 { uint32_t x, y, z, w; };
+struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
+// NOTE: -nogpulib links no math library, so exp/rsqrt use the hardware instructions.
+HIPC_DEVICE float hipc_exp(float x) { return __builtin_amdgcn_exp2f(x * 1.4426950408889634f); }
+HIPC_DEVICE float hipc_rsqrt(float x) { return __builtin_amdgcn_rsqf(x); }
+#endif
+
+// ---- shared by every platform --------------------------------------------------------
+
+HIPC_DEVICE float hipc_warp_sum(float v) {
+#pragma unroll
+  for (int m = HIPC_WAVE / 2; m > 0; m >>= 1) v += hipc_shfl_xor(v, m);
+  return v;
+}
+
+HIPC_DEVICE float hipc_warp_max(float v) {
+#pragma unroll
+  for (int m = HIPC_WAVE / 2; m > 0; m >>= 1) {
+    const float o = hipc_shfl_xor(v, m);
+    v = v > o ? v : o;
+  }
+  return v;
+}
+
+// Sum over the block (blockDim a multiple of HIPC_WAVE, at most 32 waves); every
+// thread gets the result. `red` is __shared__ float[32].
+HIPC_DEVICE float hipc_block_sum(float v, float* red) {
+  const int lane = hipc_thread() % HIPC_WAVE, wave = hipc_thread() / HIPC_WAVE;
+  const int waves = hipc_block_dim() / HIPC_WAVE;
+  v = hipc_warp_sum(v);
+  hipc_sync();
+  if (lane == 0) red[wave] = v;
+  hipc_sync();
+  v = lane < waves ? red[lane] : 0.f;
+  return hipc_warp_sum(v);
+}
+
+HIPC_DEVICE float hipc_bf16_to_f32(uint16_t h) { return __builtin_bit_cast(float, (uint32_t)h << 16); }
+
+HIPC_DEVICE float hipc_f16_to_f32(uint16_t h) {
+  // IEEE half -> float, subnormals included, without a platform half type
+  const uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu;
+  if (e == 0) {
+    const float f = (float)m * 5.9604644775390625e-08f;  // m * 2^-24
+    return s ? -f : f;
+  }
+  const uint32_t bits = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112) << 23) | (m << 13));
+  return __builtin_bit_cast(float, bits);
+}
+
+// GGUF blocks of 32 weights
+struct hipc_block_q4_0 { uint16_t d; uint8_t qs[16]; };
+struct hipc_block_q4_1 { uint16_t d, m; uint8_t qs[16]; };
+struct hipc_block_q8_0 { uint16_t d; int8_t qs[32]; };
+
+// One weight W[n, k] of a [N, K] matrix in its storage type (GEMM tile loads).
+HIPC_DEVICE float hipc_w_f32(const void* W, int K, int n, int k) { return ((const float*)W)[(size_t)n * K + k]; }
+HIPC_DEVICE float hipc_w_bf16(const void* W, int K, int n, int k) {
+  return hipc_bf16_to_f32(((const uint16_t*)W)[(size_t)n * K + k]);
+}
+HIPC_DEVICE float hipc_w_f16(const void* W, int K, int n, int k) {
+  return hipc_f16_to_f32(((const uint16_t*)W)[(size_t)n * K + k]);
+}
+HIPC_DEVICE float hipc_w_q8_0(const void* W, int K, int n, int k) {
+  const hipc_block_q8_0& b = ((const hipc_block_q8_0*)W)[(size_t)n * (K / 32) + k / 32];
+  return hipc_f16_to_f32(b.d) * (float)b.qs[k % 32];
+}
+HIPC_DEVICE float hipc_w_q4_0(const void* W, int K, int n, int k) {
+  const hipc_block_q4_0& b = ((const hipc_block_q4_0*)W)[(size_t)n * (K / 32) + k / 32];
+  const int j = k % 32, q = j < 16 ? (b.qs[j] & 15) : (b.qs[j - 16] >> 4);
+  return hipc_f16_to_f32(b.d) * (float)(q - 8);
+}
+HIPC_DEVICE float hipc_w_q4_1(const void* W, int K, int n, int k) {
+  const hipc_block_q4_1& b = ((const hipc_block_q4_1*)W)[(size_t)n * (K / 32) + k / 32];
+  const int j = k % 32, q = j < 16 ? (b.qs[j] & 15) : (b.qs[j - 16] >> 4);
+  return hipc_f16_to_f32(b.d) * (float)q + hipc_f16_to_f32(b.m);
+}
+
+// Dot of one weight row with x over [k0, k1) stepping by `stride` elements per lane
+// slice -- the GEMV inner loops, one per storage type. Dense types read 8 values
+// (16 bytes) per step; quantized types one 32-weight block per step.
+HIPC_DEVICE float hipc_dot_bf16(const void* Wrow, const float* x, int K, int lane) {
+  const uint16_t* w = (const uint16_t*)Wrow;
+  float acc = 0.f;
+  for (int k = lane * 8; k < K; k += HIPC_WAVE * 8) {
+    const uint4 v = *(const uint4*)(w + k);
+    const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc += __builtin_bit_cast(float, p[i] << 16) * x[k + 2 * i];
+      acc += __builtin_bit_cast(float, p[i] & 0xffff0000u) * x[k + 2 * i + 1];
+    }
+  }
+  return acc;
+}
+HIPC_DEVICE float hipc_dot_f16(const void* Wrow, const float* x, int K, int lane) {
+  const uint16_t* w = (const uint16_t*)Wrow;
+  float acc = 0.f;
+  for (int k = lane * 8; k < K; k += HIPC_WAVE * 8) {
+    const uint4 v = *(const uint4*)(w + k);
+    const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc += hipc_f16_to_f32((uint16_t)(p[i] & 0xffffu)) * x[k + 2 * i];
+      acc += hipc_f16_to_f32((uint16_t)(p[i] >> 16)) * x[k + 2 * i + 1];
+    }
+  }
+  return acc;
+}
+HIPC_DEVICE float hipc_dot_f32(const void* Wrow, const float* x, int K, int lane) {
+  const float* w = (const float*)Wrow;
+  float acc = 0.f;
+  for (int k = lane * 4; k < K; k += HIPC_WAVE * 4) {
+    const float4 v = *(const float4*)(w + k);
+    acc += v.x * x[k] + v.y * x[k + 1] + v.z * x[k + 2] + v.w * x[k + 3];
+  }
+  return acc;
+}
+HIPC_DEVICE float hipc_dot_q8_0(const void* Wrow, const float* x, int K, int lane) {
+  const hipc_block_q8_0* w = (const hipc_block_q8_0*)Wrow;
+  float acc = 0.f;
+  for (int b = lane; b < K / 32; b += HIPC_WAVE) {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) s += (float)w[b].qs[j] * x[b * 32 + j];
+    acc += hipc_f16_to_f32(w[b].d) * s;
+  }
+  return acc;
+}
+HIPC_DEVICE float hipc_dot_q4_0(const void* Wrow, const float* x, int K, int lane) {
+  const hipc_block_q4_0* w = (const hipc_block_q4_0*)Wrow;
+  float acc = 0.f;
+  for (int b = lane; b < K / 32; b += HIPC_WAVE) {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      s += (float)((w[b].qs[j] & 15) - 8) * x[b * 32 + j];
+      s += (float)((w[b].qs[j] >> 4) - 8) * x[b * 32 + j + 16];
+    }
+    acc += hipc_f16_to_f32(w[b].d) * s;
+  }
+  return acc;
+}
+HIPC_DEVICE float hipc_dot_q4_1(const void* Wrow, const float* x, int K, int lane) {
+  const hipc_block_q4_1* w = (const hipc_block_q4_1*)Wrow;
+  float acc = 0.f;
+  for (int b = lane; b < K / 32; b += HIPC_WAVE) {
+    float s = 0.f, sx = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      s += (float)(w[b].qs[j] & 15) * x[b * 32 + j] + (float)(w[b].qs[j] >> 4) * x[b * 32 + j + 16];
+      sx += x[b * 32 + j] + x[b * 32 + j + 16];
+    }
+    acc += hipc_f16_to_f32(w[b].d) * s + hipc_f16_to_f32(w[b].m) * sx;
+  }
+  return acc;
+}
+
+// Bytes of one weight row of K values in a storage type (row pointers in kernels).
+#define HIPC_ROW_BYTES_f32(K) ((size_t)(K) * 4)
+#define HIPC_ROW_BYTES_bf16(K) ((size_t)(K) * 2)
+#define HIPC_ROW_BYTES_f16(K) ((size_t)(K) * 2)
+#define HIPC_ROW_BYTES_q8_0(K) ((size_t)(K) / 32 * 34)
+#define HIPC_ROW_BYTES_q4_0(K) ((size_t)(K) / 32 * 18)
+#define HIPC_ROW_BYTES_q4_1(K) ((size_t)(K) / 32 * 20)

@@ -1,0 +1,108 @@
+"""GPU targets compiled without a GPU: nvcc for sm_90, clang for gfx1100 and gfx942.
+
+The code objects must exist, be the right kind of file, and hold every kernel the
+plan launches. They run only on the GPU machine (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from hipc.compiler.options import CompileOptions
+from hipc.compiler.pipeline import compile_model
+from hipc.runtime.errors import HipcError
+
+from support import IN_CI, TINY_FAMILIES, write_tiny_hf
+
+CLANG = shutil.which("clang++-19") or shutil.which("clang++")
+OBJDUMP = shutil.which("llvm-objdump-19") or shutil.which("llvm-objdump")
+
+
+def need(tool: str | None, name: str) -> None:
+    if tool is None:
+        if IN_CI:
+            pytest.fail(f"{name} is required under CI=true (.ci/run installs it)")
+        pytest.skip(f"{name} not installed")
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    need(shutil.which("nvcc"), "nvcc")
+    need(CLANG, "clang++-19")
+    root = tmp_path_factory.mktemp("gpu")
+    folder = write_tiny_hf(root / "m", **TINY_FAMILIES["qwen3-qknorm"])
+    out = root / "m.hipc"
+    compile_model(
+        folder,
+        out,
+        CompileOptions(targets=("sm_90", "gfx1100", "gfx942"), max_context=64),
+        verbose=False,
+    )
+    return out
+
+
+def launched_kernels(artifact, target):
+    plan = json.loads((artifact / "plan.json").read_text())
+    gpu = plan["gpu"][target]
+    return {launch["kernel"] for launch in gpu["decode"] + gpu["prefill"]}
+
+
+def test_nvidia_fatbin_holds_every_kernel(artifact):
+    fatbin = (artifact / "kernels" / "sm_90.fatbin").read_bytes()
+    assert fatbin[:4] == bytes.fromhex("50ed55ba")  # fatbin magic
+    for name in launched_kernels(artifact, "sm_90"):
+        assert name.encode() in fatbin, name
+
+
+@pytest.mark.parametrize("target", ["gfx1100", "gfx942"])
+def test_amd_code_object_holds_every_kernel(artifact, target):
+    need(OBJDUMP, "llvm-objdump-19")
+    co = artifact / "kernels" / f"{target}.co"
+    assert co.read_bytes()[:4] == b"\x7fELF"
+    dis = subprocess.run(
+        [OBJDUMP, "-d", str(co)], capture_output=True, text=True, check=True
+    ).stdout
+    defined = {line.split("<")[1].rstrip(">:") for line in dis.splitlines() if line.endswith(">:")}
+    assert launched_kernels(artifact, target) <= defined
+    # wave64 on CDNA, wave32 on RDNA: the attention block is 4 waves of either
+    plan = json.loads((artifact / "plan.json").read_text())["gpu"][target]
+    attn = next(x for x in plan["decode"] if x["kernel"].endswith("_attn"))
+    assert attn["block"] == [4 * (64 if target == "gfx942" else 32)]
+    assert "v_exp_f32" in dis  # the softmax uses the hardware exp, not a library call
+
+
+def test_gpu_plan_matches_the_runtime_reader(artifact):
+    from hipc.runtime.gpu_plan import Bases, GpuPlan
+
+    plan = json.loads((artifact / "plan.json").read_text())
+    gp = GpuPlan.from_json(plan, "sm_90")
+    bases = Bases(
+        arena=1 << 32,
+        scratch=2 << 32,
+        weights=tuple(range(100, 100 + len(plan["weights"]))),
+        states=tuple(range(500, 500 + len(plan["states"]))),
+        ids=7,
+        start=8,
+        logits=9,
+    )
+    for launch in gp.prefill:
+        args = launch.resolve(bases, T=5, rows=1)
+        assert all(t in ("u64", "i32") for t, _ in args)
+        assert all(d >= 1 for d in launch.grid_dims(5, 1))
+    assert len(gp.decode) == len(gp.prefill) - sum(
+        1 for x in gp.prefill if x.kernel.endswith("_stats")
+    )
+
+
+def test_gpu_target_without_its_toolchain(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvcc, no clang
+    folder = write_tiny_hf(tmp_path / "m")
+    with pytest.raises(HipcError, match="nvcc"):
+        compile_model(
+            folder, tmp_path / "x.hipc", CompileOptions(targets=("sm_90",)), verbose=False
+        )
+    assert not (tmp_path / "x.hipc").exists()
