@@ -27,6 +27,7 @@ _DTYPES = {
     "I16": ("int16", np.int16),
     "I8": ("int8", np.int8),
     "U8": ("uint8", np.uint8),
+    "U16": ("uint16", np.uint16),
     "BOOL": ("bool", np.bool_),
 }
 

@@ -93,7 +93,9 @@ TINY_FAMILIES = {
 }
 
 
-def write_tiny_hf(folder: Path, config: dict | None = None, seed: int = 0, **overrides) -> Path:
+def write_tiny_hf(
+    folder: Path, config: dict | None = None, seed: int = 0, dtype: str = "float32", **overrides
+) -> Path:
     """A random Llama-family model as an HF folder, written with numpy + safetensors only."""
     import json
 
@@ -138,8 +140,35 @@ def write_tiny_hf(folder: Path, config: dict | None = None, seed: int = 0, **ove
             tensors[p + "self_attn.k_norm.weight"] = 1 + w(D)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
-    save_file(tensors, str(folder / "model.safetensors"))
+    if dtype == "bfloat16":
+        _save_bf16(tensors, folder / "model.safetensors")
+    else:
+        save_file(
+            {k: v.astype(dtype) for k, v in tensors.items()}, str(folder / "model.safetensors")
+        )
     return folder
+
+
+def _save_bf16(tensors: dict, path: Path) -> None:
+    """safetensors with BF16 tensors (numpy has no bfloat16: keep the float32 upper halves)."""
+    import json
+    import struct
+
+    import numpy as np
+
+    header, blobs, offset = {}, [], 0
+    for name, arr in tensors.items():
+        bits = (np.ascontiguousarray(arr, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + bits.nbytes],
+        }
+        offset += bits.nbytes
+        blobs.append(bits.tobytes())
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
 
 
 def hf_greedy(model, tokens: list[int], n: int) -> list[int]:

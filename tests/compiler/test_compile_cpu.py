@@ -77,3 +77,14 @@ def test_quantized_weights_stay_quantized(qtype, activations, tmp_path):
     # int8 activations trade a little accuracy for speed, like llama.cpp's kernels
     assert rel_err(got, want) <= (1e-3 if activations == "int16" else 5e-2)
     assert np.mean(got.argmax(-1) == want.argmax(-1)) >= (1.0 if activations == "int16" else 0.75)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_hf_weights(dtype, tmp_path):
+    folder = write_tiny_hf(tmp_path / dtype, dtype=dtype, hidden_size=64, intermediate_size=128)
+    compile_model(folder, tmp_path / "m.hipc", CompileOptions(max_context=32), verbose=False)
+    compiled = load_engine(tmp_path / "m.hipc")
+    assert {w["dtype"] for w in compiled.artifact.plan["weights"]} >= {dtype}
+    tokens = np.random.default_rng(6).integers(0, compiled.vocab_size, 12).tolist()
+    want = ReferenceEngine(load_model(folder), 32).logits(tokens, 0)
+    assert rel_err(compiled.logits(tokens), want) <= 1e-3
