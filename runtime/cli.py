@@ -166,7 +166,6 @@ def cmd_generate(args) -> int:
     request = GenerationRequest(
         prompt_ids=tuple(_prompt_ids(tokenizer, args.prompt, args.chat)),
         max_tokens=args.max_tokens,
-        activations=args.activations,
         sampling=sampling,
         stop=tuple(args.stop or ()),
         ignore_eos=args.ignore_eos,
@@ -184,11 +183,13 @@ def cmd_generate(args) -> int:
 def cmd_compile(args) -> int:
     from hipc.compiler.options import CompileOptions
     from hipc.compiler.pipeline import compile_model, explain
+    from hipc.compiler.toolchains.detect import resolve_targets
 
     options = CompileOptions(
-        targets=tuple(args.target or ["cpu"]),
+        targets=resolve_targets(tuple(args.target or ["cpu"])),
         max_context=args.max_context,
         max_tokens=args.max_tokens,
+        activations=args.activations,
     )
     out = args.output or f"{_default_name(args.model)}.hipc"
     result = compile_model(args.model, out, options, dump_dir=args.dump, verbose=not args.quiet)
@@ -261,7 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", metavar="NAME.hipc", help="artifact directory (default: ./MODEL.hipc)"
     )
     sp.add_argument(
-        "--target", action="append", help="target to build for (repeatable; default cpu)"
+        "--target",
+        action="append",
+        help="cpu, sm_80/sm_89/sm_90, gfx90a/gfx942/gfx1100/gfx1101/gfx1151/gfx1201, or auto (repeatable; default cpu)",
     )
     sp.add_argument(
         "--max-tokens",
