@@ -27,7 +27,7 @@ WEIGHT_SUFFIX = {
 }
 GEMV_WAVES = 4
 ATTN_WAVES = 4
-MAX_NORM_K = 12288  # the GEMV's normalized row lives in static shared memory (48 KiB)
+MAX_GEMV_K = 16384  # the GEMV stages x in shared memory: 64 KiB, the smallest limit (AMD LDS)
 
 
 def wave_size(target: str) -> int:
@@ -91,9 +91,9 @@ def render_hip_program(
         ws = WEIGHT_SUFFIX.get(p.get("wtype", ""), "")
         if spec.template == "linear":
             n_out = p["N"] // 2 if p["epilogue"] == "glu" else p["N"]
-            if p["norm_eps"] and p["K"] > MAX_NORM_K:
+            if p["K"] > MAX_GEMV_K:
                 raise FusionError(
-                    f"{launch.group}: K={p['K']} exceeds the GEMV norm prologue's {MAX_NORM_K}"
+                    f"{launch.group}: K={p['K']} exceeds the GEMV's shared-memory row ({MAX_GEMV_K})"
                 )
             last_only = memory.views[a["y"][1]].buffer in memory.outputs
             x = act(a["x"][1], row_skip=last_only)
@@ -105,9 +105,10 @@ def render_hip_program(
                 _launch(
                     launch.group,
                     gemv,
-                    [f"cdiv({n_out},{GEMV_WAVES})" if False else -(-n_out // GEMV_WAVES)],
+                    [-(-n_out // GEMV_WAVES)],
                     [GEMV_WAVES * wave],
                     [x, bind(a["w"]), bind(a["norm_w"]), bind(a["bias"]), res, y],
+                    shared=4 * p["K"],  # x staged in dynamic shared memory
                 )
             )
             gemm = add_kernel(f"{spec.fn}_gemm", "linear_gemm", **common)
@@ -223,12 +224,14 @@ def render_hip_program(
     return HipProgram(source, weights, states, gpu)
 
 
-def _launch(group: str, kernel: str, grid: list, block: list, args: list[dict]) -> dict:
+def _launch(
+    group: str, kernel: str, grid: list, block: list, args: list[dict], shared: int = 0
+) -> dict:
     return {
         "group": group,
         "kernel": kernel,
         "grid": grid,
         "block": block,
-        "shared": 0,
+        "shared": shared,
         "args": args,
     }

@@ -142,28 +142,28 @@ HIPC_DEVICE float hipc_w_q4_1(const void* W, int K, int n, int k) {
 HIPC_DEVICE float hipc_dot_bf16(const void* Wrow, const float* x, int K, int lane) {
   const uint16_t* w = (const uint16_t*)Wrow;
   float acc = 0.f;
+#pragma unroll 4
   for (int k = lane * 8; k < K; k += HIPC_WAVE * 8) {
     const uint4 v = *(const uint4*)(w + k);
-    const uint32_t p[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc += __builtin_bit_cast(float, p[i] << 16) * x[k + 2 * i];
-      acc += __builtin_bit_cast(float, p[i] & 0xffff0000u) * x[k + 2 * i + 1];
-    }
+    const float4 xa = *(const float4*)(x + k), xb = *(const float4*)(x + k + 4);
+    acc += __builtin_bit_cast(float, v.x << 16) * xa.x + __builtin_bit_cast(float, v.x & 0xffff0000u) * xa.y;
+    acc += __builtin_bit_cast(float, v.y << 16) * xa.z + __builtin_bit_cast(float, v.y & 0xffff0000u) * xa.w;
+    acc += __builtin_bit_cast(float, v.z << 16) * xb.x + __builtin_bit_cast(float, v.z & 0xffff0000u) * xb.y;
+    acc += __builtin_bit_cast(float, v.w << 16) * xb.z + __builtin_bit_cast(float, v.w & 0xffff0000u) * xb.w;
   }
   return acc;
 }
 HIPC_DEVICE float hipc_dot_f16(const void* Wrow, const float* x, int K, int lane) {
   const uint16_t* w = (const uint16_t*)Wrow;
   float acc = 0.f;
+#pragma unroll 4
   for (int k = lane * 8; k < K; k += HIPC_WAVE * 8) {
     const uint4 v = *(const uint4*)(w + k);
-    const uint32_t p[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc += hipc_f16_to_f32((uint16_t)(p[i] & 0xffffu)) * x[k + 2 * i];
-      acc += hipc_f16_to_f32((uint16_t)(p[i] >> 16)) * x[k + 2 * i + 1];
-    }
+    const float4 xa = *(const float4*)(x + k), xb = *(const float4*)(x + k + 4);
+    acc += hipc_f16_to_f32((uint16_t)(v.x & 0xffffu)) * xa.x + hipc_f16_to_f32((uint16_t)(v.x >> 16)) * xa.y;
+    acc += hipc_f16_to_f32((uint16_t)(v.y & 0xffffu)) * xa.z + hipc_f16_to_f32((uint16_t)(v.y >> 16)) * xa.w;
+    acc += hipc_f16_to_f32((uint16_t)(v.z & 0xffffu)) * xb.x + hipc_f16_to_f32((uint16_t)(v.z >> 16)) * xb.y;
+    acc += hipc_f16_to_f32((uint16_t)(v.w & 0xffffu)) * xb.z + hipc_f16_to_f32((uint16_t)(v.w >> 16)) * xb.w;
   }
   return acc;
 }
