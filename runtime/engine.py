@@ -6,6 +6,7 @@ token's logits are computed unless all rows are asked for (`logits`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,11 +68,65 @@ class CompiledEngine:
 
 
 def load_engine(
-    path: str | Path, target: str = "auto", threads: int | None = None
+    path: str | Path, target: str = "auto", threads: int | None = None, device: int = 0
 ) -> CompiledEngine:
+    """The artifact at `path` on a backend: `target` "auto" (default), "cpu", "cuda" or "hip"
+    (an arch name, "sm_90" or "gfx942", picks its backend). `threads` is the cpu backend's,
+    `device` the GPU's ordinal."""
     artifact = load_artifact(path)
+    return CompiledEngine(artifact, _backend(artifact, target, threads, device))
+
+
+def _backend(artifact: Artifact, target: str, threads: int | None, device: int):
+    if target == "cpu":
+        from hipc.runtime.backends.cpu import CpuBackend
+
+        return CpuBackend(artifact, threads)
+    if target == "cuda" or target.startswith("sm_"):
+        from hipc.runtime.backends.cuda import CudaBackend
+
+        return CudaBackend(artifact, device)
+    if target == "hip" or target.startswith("gfx"):
+        from hipc.runtime.backends.hip import HipBackend
+
+        return HipBackend(artifact, device)
+    if target != "auto":
+        raise HipcError(f"--target {target}: choose auto, cpu, cuda or hip")
+    return _auto_backend(artifact, threads, device)
+
+
+def _auto_backend(artifact: Artifact, threads: int | None, device: int):
+    """cuda if an NVIDIA GPU and its sm_XX code object are there, else hip likewise, else cpu.
+
+    Falling back to the CPU is said on stderr when it is a surprise: a GPU was found
+    without a code object for it, or the artifact has GPU code objects but no GPU
+    could run them.
+    """
+    from hipc.runtime.backends import cuda, hip
+
+    targets = set(artifact.targets)
+    notes = []
+    for module, prefix, backend in (
+        (cuda, "sm_", lambda: cuda.CudaBackend(artifact, device)),
+        (hip, "gfx", lambda: hip.HipBackend(artifact, device)),
+    ):
+        arch, what = module.probe(device)
+        if arch is not None and arch in targets:
+            return backend()
+        if arch is not None:
+            notes.append(
+                f"{what} ({arch}) found, but the artifact has no {arch} code object "
+                f"(compile for it with: hipc compile MODEL --target {arch})"
+            )
+        elif any(t.startswith(prefix) for t in targets):
+            notes.append(f"{what}, so the {prefix}* code objects cannot run")
+    if "cpu" not in targets:
+        raise HipcError(
+            f"{artifact.path}: nothing here can run this artifact (targets: "
+            f"{', '.join(sorted(targets))}): {'; '.join(notes) or 'no GPU found'}"
+        )
+    if notes:
+        print(f"hipc: running on the CPU: {'; '.join(notes)}", file=sys.stderr)
     from hipc.runtime.backends.cpu import CpuBackend
 
-    if target not in ("auto", "cpu"):
-        raise HipcError(f"--target {target}: this runtime runs cpu artifacts")
-    return CompiledEngine(artifact, CpuBackend(artifact, threads))
+    return CpuBackend(artifact, threads)

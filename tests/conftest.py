@@ -17,3 +17,30 @@ def _private_kernel_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     return smollm2_path()
+
+
+_gpu_probe: tuple[bool, str] | None = None
+
+
+def _gpu_found() -> tuple[bool, str]:
+    """(found, why not): an NVIDIA GPU through cuda-bindings, or an AMD GPU through hip-python."""
+    global _gpu_probe
+    if _gpu_probe is None:
+        from hipc.runtime.backends import cuda, hip
+
+        nvidia, why_nvidia = cuda.probe()
+        amd, why_amd = (None, "") if nvidia else hip.probe()
+        _gpu_probe = (True, "") if nvidia or amd else (False, f"{why_nvidia}; {why_amd}")
+    return _gpu_probe
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` are skipped where no GPU is found, with the reason."""
+    marked = [item for item in items if item.get_closest_marker("gpu")]
+    if not marked:
+        return
+    found, why = _gpu_found()
+    if not found:
+        skip = pytest.mark.skip(reason=f"needs a GPU: {why}")
+        for item in marked:
+            item.add_marker(skip)

@@ -1,0 +1,568 @@
+"""What the cuda and hip backends share: buffers, argument packing, the launch loop,
+decode-graph capture, error naming. Each backend is a thin `GpuDriver` adapter over
+its binding (cuda-bindings' driver API, hip-python); everything else lives here.
+
+One engine holds, on the device: the weights (one block, uploaded once from the
+memory-mapped safetensors file, tensors at 256-byte offsets), the KV-cache states
+(one zeroed block), the activation arena, the scratch buffer, ids (int64 x
+max_tokens), start (int32) and logits (float32 x max_tokens x vocab); and pinned host
+buffers for ids, start and logits. A step copies ids/start in, runs the launch list
+(plan["gpu"][arch], see runtime/gpu_plan.py) on one stream, copies the logits rows
+out and synchronizes. The one-token decode list is captured once as a graph and
+replayed: its kernels read ids and start from device memory, so one graph serves
+every position.
+
+Kernel arguments use the `kernelParams` convention of cuLaunchKernel and
+hipModuleLaunchKernel: a C array of N `void*`, entry i pointing at argument i's value
+(a uint64 device address or an int32); the bindings take the array's address as a
+Python int. The driver copies the values at launch (and at graph capture), so the
+ctypes storage only has to outlive the launch call.
+
+A failed kernel is named: launch-time errors at the launch, asynchronous ones by
+synchronizing after each launch (HIPC_SYNC_LAUNCHES=1, which also turns graphs off)
+or, when the step's final synchronize fails and the context is still usable, by
+re-running the step's launches one at a time. Errors that poison the context
+(illegal address and the like: every later call returns them) cannot be located
+after the fact; the message then says to rerun with HIPC_SYNC_LAUNCHES=1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from hipc.runtime.artifact import Artifact
+from hipc.runtime.errors import HipcError
+from hipc.runtime.gpu_plan import Bases, GpuPlan, Launch
+from hipc.runtime.safetensors_file import SafetensorsFile
+
+SYNC_ENV = "HIPC_SYNC_LAUNCHES"
+ALIGN = 256  # offsets of tensors inside one allocation: cudaMalloc's own guarantee
+DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory above this needs an opt-in (CUDA)
+UPLOAD_CHUNK = 64 << 20
+PROGRESS_MIN_BYTES = 10**9
+
+_STATE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+_ARG_CTYPES = {"u64": ctypes.c_uint64, "i32": ctypes.c_int32}
+
+
+class DriverError(Exception):
+    """A driver call that did not return success: the call and the error's name."""
+
+    def __init__(self, call: str, error: str, *, oom: bool = False) -> None:
+        super().__init__(f"{call} failed: {error}")
+        self.call = call
+        self.error = error
+        self.oom = oom
+
+
+class GpuDriver(Protocol):
+    """What a backend needs from a GPU API; every method raises DriverError on failure.
+
+    Pointers are ints. Copies, memsets, launches and graph launches are enqueued on
+    the driver's one stream; `synchronize` waits for it.
+    """
+
+    api: str  # "CUDA" / "HIP", for messages
+    arch: str  # the target name of the device: "sm_90", "gfx942"
+    device_name: str
+    max_shared_per_block: int  # the most dynamic shared memory one block may be given
+
+    def activate(self) -> None: ...  # make the device/context current on this thread
+    def mem_info(self) -> tuple[int, int]: ...  # (free, total) bytes
+    def load_module(self, image: bytes) -> None: ...
+    def get_function(self, name: str) -> Any: ...
+    def set_dynamic_shared(self, fn: Any, nbytes: int) -> None: ...
+    def malloc(self, nbytes: int) -> int: ...
+    def free(self, ptr: int) -> None: ...
+    def host_malloc(self, nbytes: int) -> int: ...  # pinned
+    def host_free(self, ptr: int) -> None: ...
+    def memset0(self, ptr: int, nbytes: int) -> None: ...
+    def h2d(self, dst: int, src: int, nbytes: int) -> None: ...
+    def d2h(self, dst: int, src: int, nbytes: int) -> None: ...
+    def launch(
+        self,
+        fn: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared: int,
+        params: int,
+    ) -> None: ...
+    def synchronize(self) -> None: ...
+    def begin_capture(self) -> None: ...
+    def end_capture(self) -> Any: ...  # the captured graph
+    def instantiate(self, graph: Any) -> Any: ...  # the executable graph
+    def graph_launch(self, graph_exec: Any) -> None: ...
+    def destroy_graph(self, graph: Any, graph_exec: Any) -> None: ...  # either may be None
+    def close(self) -> None: ...  # stream, module, context; idempotent
+
+
+class PackedArgs:
+    """One launch's arguments in `kernelParams` form (see the module docstring)."""
+
+    __slots__ = ("pointers", "values")
+
+    def __init__(self, resolved: Sequence[tuple[str, int]]) -> None:
+        values = []
+        for ctype, value in resolved:
+            if ctype == "i32" and not -(2**31) <= value < 2**31:
+                raise HipcError(f"kernel argument {value} does not fit a 32-bit int")
+            values.append(_ARG_CTYPES[ctype](value))
+        self.values = values
+        self.pointers = (ctypes.c_void_p * max(len(values), 1))(
+            *[ctypes.addressof(v) for v in values]
+        )
+
+    @property
+    def address(self) -> int:
+        """The `void**` to pass as kernelParams (0 for a kernel without arguments)."""
+        return ctypes.addressof(self.pointers) if self.values else 0
+
+
+def aligned_offsets(sizes: Sequence[int], align: int = ALIGN) -> tuple[tuple[int, ...], int]:
+    """Offsets of `sizes` packed into one block, each at a multiple of `align`; block size."""
+    offsets, pos = [], 0
+    for n in sizes:
+        offsets.append(pos)
+        pos += -(-int(n) // align) * align
+    return tuple(offsets), pos
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes of every device allocation of one engine."""
+
+    weight_offsets: tuple[int, ...]
+    weights: int
+    state_offsets: tuple[int, ...]
+    states: int
+    kv_bytes: int  # the states without alignment padding
+    arena: int
+    scratch: int
+    ids: int
+    start: int
+    logits: int
+
+    @property
+    def total(self) -> int:
+        return (
+            self.weights
+            + self.states
+            + self.arena
+            + self.scratch
+            + self.ids
+            + self.start
+            + self.logits
+        )
+
+
+def plan_memory(plan: dict[str, Any], gpu: GpuPlan, weight_nbytes: Sequence[int]) -> MemoryPlan:
+    state_sizes = []
+    for s in plan["states"]:
+        itemsize = _STATE_ITEMSIZE.get(s.get("dtype", "float32"))
+        if itemsize is None:
+            raise HipcError(f"state {s['name']}: unsupported dtype {s['dtype']}")
+        state_sizes.append(int(np.prod(s["shape"], dtype=np.int64)) * itemsize)
+    w_off, w_total = aligned_offsets(weight_nbytes)
+    s_off, s_total = aligned_offsets(state_sizes)
+    return MemoryPlan(
+        weight_offsets=w_off,
+        weights=w_total,
+        state_offsets=s_off,
+        states=s_total,
+        kv_bytes=sum(state_sizes),
+        arena=gpu.arena_bytes,
+        scratch=gpu.scratch_bytes,
+        ids=8 * gpu.max_tokens,
+        start=4,
+        logits=4 * gpu.max_tokens * gpu.vocab,
+    )
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def sync_launches_from_env() -> bool:
+    return os.environ.get(SYNC_ENV, "").strip() not in ("", "0")
+
+
+class _KernelFailed(Exception):
+    def __init__(self, launch: Launch, err: DriverError) -> None:
+        super().__init__(launch.kernel)
+        self.launch = launch
+        self.err = err
+
+
+class GpuBackend:
+    """The shared engine behind CudaBackend and HipBackend (same surface as CpuBackend)."""
+
+    name = "gpu"
+
+    def __init__(self, artifact: Artifact, driver: GpuDriver) -> None:
+        self._closed = False
+        self._driver = driver
+        self._allocs: list[tuple[str, int]] = []
+        self._host_allocs: list[int] = []
+        self._graph: Any = None
+        self._graph_exec: Any = None
+        self._decode_args: list[PackedArgs] = []
+        self._broken: str | None = None
+        self.sync_launches = sync_launches_from_env()
+        try:
+            self._setup(artifact)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- loading -------------------------------------------------------------------
+
+    def _setup(self, artifact: Artifact) -> None:
+        d = self._driver
+        self.arch = d.arch
+        self.device_name = d.device_name
+        plan = artifact.plan
+        info = artifact.manifest["targets"].get(self.arch)
+        if info is None:
+            raise HipcError(
+                f"{artifact.path}: no code object for this GPU ({self.device_name}, {self.arch}); "
+                f"the artifact has: {', '.join(artifact.targets) or 'none'}; "
+                f"compile for it with: hipc compile MODEL --target {self.arch}"
+            )
+        sections = plan.get("gpu") or {}
+        try:
+            self.gpu = GpuPlan.from_json(plan, self.arch if self.arch in sections else None)
+        except (KeyError, ValueError, TypeError) as e:
+            raise HipcError(
+                f"{artifact.path}: plan.json has no GPU launch plan for {self.arch} ({e!r}); "
+                f"recompile with: hipc compile MODEL --target {self.arch}"
+            ) from None
+        self.max_tokens = self.gpu.max_tokens
+        self.vocab = self.gpu.vocab
+        self.max_context = int(plan["max_context"])
+
+        code_object = artifact.file(info["code_object"])
+        try:
+            d.load_module(code_object.read_bytes())
+        except DriverError as e:
+            raise HipcError(
+                f"{code_object}: cannot load the {self.arch} code object ({e})"
+            ) from None
+        self._functions = self._load_functions(code_object)
+
+        weights = self._open_weights(artifact)
+        self._mem = mem = plan_memory(plan, self.gpu, [a.nbytes for a in weights])
+        free, total = d.mem_info()
+        if mem.total > free:
+            raise HipcError(self._oom_message(free, total))
+
+        def alloc(what: str, nbytes: int) -> int:
+            if nbytes == 0:
+                return 0
+            try:
+                ptr = d.malloc(nbytes)
+            except DriverError as e:
+                if e.oom:
+                    raise HipcError(self._oom_message(free, total, failed=what)) from None
+                raise HipcError(f"{d.api}: allocating {what} ({nbytes} bytes): {e.error}") from None
+            self._allocs.append((what, ptr))
+            return ptr
+
+        w_base = alloc("the weights", mem.weights)
+        s_base = alloc("the KV cache", mem.states)
+        self.bases = Bases(
+            arena=alloc("the activation arena", mem.arena),
+            scratch=alloc("the scratch buffer", mem.scratch),
+            weights=tuple(w_base + o for o in mem.weight_offsets),
+            states=tuple(s_base + o for o in mem.state_offsets),
+            ids=alloc("the token ids", mem.ids),
+            start=alloc("the start position", mem.start),
+            logits=alloc("the logits", mem.logits),
+        )
+        self._ids_host = self._pinned(np.int64, self.max_tokens)
+        self._start_host = self._pinned(np.int32, 1)
+        self._logits_host = self._pinned(np.float32, self.max_tokens * self.vocab).reshape(
+            self.max_tokens, self.vocab
+        )
+        try:
+            if mem.states:
+                d.memset0(s_base, mem.states)
+            self._upload(weights, self.bases.weights)
+            d.synchronize()
+        except DriverError as e:
+            raise HipcError(f"{d.api}: loading the model onto {self.device_name}: {e}") from None
+
+    def _load_functions(self, code_object) -> dict[str, Any]:
+        d = self._driver
+        shared: dict[str, int] = {}
+        for launch in (*self.gpu.decode, *self.gpu.prefill):
+            shared[launch.kernel] = max(shared.get(launch.kernel, 0), launch.shared)
+        functions = {}
+        for kernel, nbytes in shared.items():
+            try:
+                functions[kernel] = fn = d.get_function(kernel)
+            except DriverError as e:
+                raise HipcError(
+                    f"{code_object}: kernel {kernel} not found ({e.error}); "
+                    "the code object and plan.json disagree (recompile the artifact)"
+                ) from None
+            if nbytes > d.max_shared_per_block:
+                raise HipcError(
+                    f"kernel {kernel} needs {nbytes} bytes of shared memory per block, "
+                    f"{self.device_name} allows {d.max_shared_per_block}"
+                )
+            if nbytes > DEFAULT_SHARED_LIMIT:
+                try:
+                    d.set_dynamic_shared(fn, nbytes)
+                except DriverError as e:
+                    raise HipcError(
+                        f"kernel {kernel}: cannot allow {nbytes} bytes of dynamic shared memory "
+                        f"({e.error})"
+                    ) from None
+        return functions
+
+    def _open_weights(self, artifact: Artifact) -> list[np.ndarray]:
+        specs = artifact.plan["weights"]
+        if not specs:
+            return []
+        st = SafetensorsFile(artifact.file("weights.safetensors"))
+        arrays = []
+        for w in specs:
+            if w["name"] not in st.entries:
+                raise HipcError(f"{st.path}: tensor {w['name']!r} missing")
+            a = st.raw(w["name"])
+            stored = w.get("stored_shape")
+            if stored is not None and tuple(stored) != a.shape:
+                raise HipcError(
+                    f"{st.path}: tensor {w['name']!r} has shape {list(a.shape)}, "
+                    f"plan.json says {list(stored)}"
+                )
+            arrays.append(a)
+        return arrays
+
+    def _upload(self, arrays: list[np.ndarray], dsts: Sequence[int]) -> None:
+        total = sum(a.nbytes for a in arrays)
+        show = total > PROGRESS_MIN_BYTES and sys.stderr.isatty()
+        done = 0
+        for a, dst in zip(arrays, dsts, strict=True):
+            src = np.ascontiguousarray(a)
+            addr = src.ctypes.data
+            for pos in range(0, src.nbytes, UPLOAD_CHUNK):
+                n = min(UPLOAD_CHUNK, src.nbytes - pos)
+                self._driver.h2d(dst + pos, addr + pos, n)
+                done += n
+                if show:
+                    print(
+                        f"\rhipc: uploading weights to {self.device_name}: "
+                        f"{done / 1e9:.1f}/{total / 1e9:.1f} GB ({100 * done // total}%)",
+                        end="",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        if show:
+            print(file=sys.stderr)
+
+    def _pinned(self, dtype, count: int) -> np.ndarray:
+        nbytes = np.dtype(dtype).itemsize * count
+        try:
+            ptr = self._driver.host_malloc(nbytes)
+        except DriverError as e:
+            raise HipcError(
+                f"{self._driver.api}: pinned host buffer of {nbytes} bytes: {e.error}"
+            ) from None
+        self._host_allocs.append(ptr)
+        return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=dtype)
+
+    def _oom_message(self, free: int, total: int, failed: str | None = None) -> str:
+        m = self._mem
+        io = m.ids + m.start + m.logits
+        why = f" (allocating {failed} failed)" if failed else ""
+        return (
+            f"{self.device_name}: not enough GPU memory{why}: this artifact needs "
+            f"{gib(m.total)} ({m.total} bytes: weights {gib(m.weights)}, KV cache {gib(m.states)}, "
+            f"activations {gib(m.arena + m.scratch)}, ids/logits {gib(io)}), "
+            f"{gib(free)} ({free} bytes) are free of {gib(total)}; "
+            f"compile with a smaller --max-context to shrink the KV cache "
+            f"({self.max_context} positions now), or a smaller --max-tokens to shrink "
+            f"activations and logits ({self.max_tokens} tokens per step now)"
+        )
+
+    # -- running -------------------------------------------------------------------
+
+    @property
+    def kv_bytes(self) -> int:
+        return self._mem.kv_bytes
+
+    @property
+    def graph_captured(self) -> bool:
+        return self._graph_exec is not None
+
+    def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
+        if self._closed:
+            raise HipcError(f"{self.name} backend: used after close()")
+        if self._broken:
+            raise HipcError(
+                f"the GPU failed earlier ({self._broken}); restart the process to use it again"
+            )
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        T = int(ids.size)
+        if not 1 <= T <= self.max_tokens:
+            raise HipcError(f"a step runs 1 to {self.max_tokens} tokens, got {T}")
+        if not 0 <= start < 2**31:
+            raise HipcError(f"start position {start} out of range")
+        rows = T if all_logits else 1
+        launches = self.gpu.launches(T)
+        use_graph = T == 1 and not self.sync_launches  # decode: rows == 1 always
+        where = "the decode graph" if use_graph else f"a {T}-token step"
+        d = self._driver
+        try:
+            d.activate()
+            self._ids_host[:T] = ids
+            self._start_host[0] = start
+            d.h2d(self.bases.ids, self._ids_host.ctypes.data, 8 * T)
+            d.h2d(self.bases.start, self._start_host.ctypes.data, 4)
+            if use_graph:
+                if self._graph_exec is None:
+                    self._capture_decode()
+                d.graph_launch(self._graph_exec)
+            else:
+                self._run(launches, T, rows, sync_each=self.sync_launches)
+            d.d2h(self._logits_host.ctypes.data, self.bases.logits, 4 * rows * self.vocab)
+        except _KernelFailed as f:
+            raise self._kernel_error(f.launch, f.err) from None
+        except DriverError as e:
+            raise self._step_error(e, where) from None
+        try:
+            d.synchronize()
+        except DriverError as e:
+            raise self._locate(e, launches, T, rows, where) from None
+        return self._logits_host[:rows].copy()
+
+    def _launch(self, launch: Launch, grid: tuple[int, int, int], args: PackedArgs) -> None:
+        try:
+            self._driver.launch(
+                self._functions[launch.kernel], grid, launch.block, launch.shared, args.address
+            )
+        except DriverError as e:
+            raise _KernelFailed(launch, e) from None
+
+    def _run(self, launches: Sequence[Launch], T: int, rows: int, sync_each: bool) -> None:
+        for launch in launches:
+            args = PackedArgs(launch.resolve(self.bases, T, rows))
+            self._launch(launch, launch.grid_dims(T, rows), args)
+            if sync_each:
+                try:
+                    self._driver.synchronize()
+                except DriverError as e:
+                    raise _KernelFailed(launch, e) from None
+
+    def _capture_decode(self) -> None:
+        d = self._driver
+        packed = [
+            (launch, launch.grid_dims(1, 1), PackedArgs(launch.resolve(self.bases, 1, 1)))
+            for launch in self.gpu.decode
+        ]
+        d.begin_capture()
+        try:
+            for launch, grid, args in packed:
+                self._launch(launch, grid, args)
+        except BaseException:
+            with contextlib.suppress(DriverError):
+                d.destroy_graph(d.end_capture(), None)
+            raise
+        graph = d.end_capture()
+        try:
+            graph_exec = d.instantiate(graph)
+        except DriverError:
+            d.destroy_graph(graph, None)
+            raise
+        self._graph, self._graph_exec = graph, graph_exec
+        self._decode_args = [args for _, _, args in packed]
+
+    # -- errors --------------------------------------------------------------------
+
+    def _context_ok(self) -> bool:
+        """False when the context is poisoned: a sticky error comes back from every call."""
+        try:
+            self._driver.synchronize()
+            return True
+        except DriverError:
+            return False
+
+    def _dead(self, error: str) -> str:
+        if self._context_ok():
+            return ""
+        self._broken = error
+        return "; the GPU context is unusable after this error (restart the process)"
+
+    def _kernel_error(self, launch: Launch, err: DriverError) -> HipcError:
+        dead = self._dead(f"kernel {launch.kernel}: {err.error}")
+        return HipcError(
+            f"kernel {launch.kernel} (group {launch.group or '?'}) failed: {err.error}{dead}"
+        )
+
+    def _dead_context_error(self, err: DriverError, where: str) -> HipcError:
+        self._broken = f"{where}: {err.error}"
+        return HipcError(
+            f"{where} failed on the GPU: {err.error}; the {self._driver.api} context is "
+            "unusable after this error, so the failing kernel cannot be named now: rerun "
+            f"with {SYNC_ENV}=1 to name it (and restart the process)"
+        )
+
+    def _step_error(self, err: DriverError, where: str) -> HipcError:
+        if not self._context_ok():
+            return self._dead_context_error(err, where)
+        return HipcError(f"{self._driver.api} error in {where}: {err}")
+
+    def _locate(
+        self, err: DriverError, launches: Sequence[Launch], T: int, rows: int, where: str
+    ) -> HipcError:
+        """The step's final synchronize failed: name the kernel if the context allows."""
+        if not self._context_ok():
+            return self._dead_context_error(err, where)
+        try:
+            self._run(launches, T, rows, sync_each=True)
+        except _KernelFailed as f:
+            return self._kernel_error(f.launch, f.err)
+        return HipcError(
+            f"{where} failed on the GPU: {err.error} (every kernel ran cleanly when re-run "
+            "one launch at a time)"
+        )
+
+    # -- teardown ------------------------------------------------------------------
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        d = self._driver
+
+        def attempt(fn, *args) -> None:
+            # a poisoned context fails every call: still try each, free what can be freed
+            with contextlib.suppress(DriverError):
+                fn(*args)
+
+        attempt(d.activate)
+        if self._graph is not None or self._graph_exec is not None:
+            attempt(d.destroy_graph, self._graph, self._graph_exec)
+        self._graph = self._graph_exec = None
+        self._decode_args = []
+        self._ids_host = self._start_host = self._logits_host = None
+        for _, ptr in reversed(self._allocs):
+            attempt(d.free, ptr)
+        self._allocs.clear()
+        for ptr in reversed(self._host_allocs):
+            attempt(d.host_free, ptr)
+        self._host_allocs.clear()
+        attempt(d.close)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()

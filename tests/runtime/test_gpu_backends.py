@@ -1,0 +1,990 @@
+"""The cuda and hip backends on a fake GPU (runs anywhere, no GPU or bindings needed).
+
+`FakeGpu` emulates what the backends rely on: device allocations backed by bytearrays,
+pinned host buffers, copies, a module whose "code object" is JSON naming each
+kernel's parameter types, launches that decode `kernelParams` exactly as a driver
+does and run a Python model of the kernel, stream capture into graphs (argument
+values copied at capture), and injected errors (at a call, at a launch, or
+asynchronously at the next synchronize, sticky or not). `FakeCu` and `FakeHip` put it
+behind cuda-bindings' and hip-python's calling conventions: functions returning
+`(error enum, *values)`. Every test runs against both backends.
+
+The toy plan: embed (ids -> x rows), addpos (x += start + t, KV row written), head
+(logits = x[last rows] @ W.T through a row_skip arena argument), and in prefill a
+kernel asking for 64 KiB of dynamic shared memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hipc.runtime import engine as engine_mod
+from hipc.runtime.artifact import load_artifact
+from hipc.runtime.backends import cuda as cuda_mod
+from hipc.runtime.backends import gpu_common
+from hipc.runtime.backends import hip as hip_mod
+from hipc.runtime.backends.cuda import CudaBackend
+from hipc.runtime.backends.gpu_common import PackedArgs, aligned_offsets
+from hipc.runtime.backends.hip import HipBackend
+from hipc.runtime.errors import HipcError
+from hipc.runtime.gpu_plan import Bases, Launch
+from hipc.runtime.safetensors_file import LazyTensor, write_safetensors
+from hipc.runtime.version import ARTIFACT_FORMAT_VERSION
+
+V, H, MAX_TOKENS, MAX_CTX = 5, 4, 4, 16
+SIGNATURES = {
+    "embed": ["u64", "u64", "u64", "i32"],
+    "addpos": ["u64", "u64", "i32", "u64"],
+    "head": ["u64", "u64", "u64", "i32", "i32"],
+    "big": ["u64", "i32"],
+}
+OOM, INVALID_VALUE, INVALID_IMAGE, NOT_FOUND, ILLEGAL_ADDRESS, OUT_OF_RESOURCES = (
+    2,
+    1,
+    200,
+    500,
+    700,
+    701,
+)
+
+
+# -- the fake GPU ---------------------------------------------------------------------
+
+
+class FakeGpu:
+    def __init__(self, *, free=1 << 30, total=2 << 30, sm=(9, 0), gcn="gfx942:sramecc+:xnack-"):
+        self.free_bytes, self.total_bytes = free, total
+        self.sm, self.gcn = sm, gcn
+        self.max_shared = 227 * 1024
+        self.calls: list[tuple] = []
+        self.mem: dict[int, bytearray] = {}
+        self.freed: list[int] = []
+        self.host: dict[int, ctypes.Array] = {}
+        self.host_freed: list[int] = []
+        self.next_ptr = 0x7F00_0000_0000
+        self.signatures: dict[str, list[str]] = {}
+        self.executed: list[tuple] = []  # (kernel, grid, block, shared, args, via)
+        self.capturing: list | None = None
+        self.graphs: dict[int, list] = {}
+        self.execs: dict[int, list] = {}
+        self.fail_call: dict[str, int] = {}  # call name -> error code, once
+        self.fail_kernel: tuple | None = None  # (kernel, code, "launch"|"exec", sticky)
+        self.pending = 0
+        self.sticky = 0
+        self.context_refs = 0
+        self.shared_attr: dict[str, int] = {}
+
+    # helpers for the facades
+    def enter(self, name: str, *args) -> int:
+        self.calls.append((name, *args))
+        if self.sticky and name not in ("init", "count", "props"):
+            return self.sticky
+        return self.fail_call.pop(name, 0)
+
+    def find(self, ptr: int) -> tuple[bytearray, int]:
+        for base, buf in self.mem.items():
+            if base <= ptr < base + len(buf):
+                return buf, ptr - base
+        raise AssertionError(f"fake GPU: {ptr:#x} is not device memory")
+
+    def view(self, ptr: int, dtype, count: int) -> np.ndarray:
+        buf, off = self.find(ptr)
+        return np.frombuffer(buf, dtype=dtype, count=count, offset=off)
+
+    # operations: each returns an error code (0 = success) and values
+    def malloc(self, n: int):
+        if (e := self.enter("malloc", n)) or n > self.free_bytes:
+            return e or OOM, 0
+        ptr = self.next_ptr
+        self.next_ptr += -(-n // 4096) * 4096 + 4096
+        self.mem[ptr] = bytearray(n)
+        self.free_bytes -= n
+        return 0, ptr
+
+    def free(self, ptr: int) -> int:
+        if e := self.enter("free", ptr):
+            return e
+        if ptr not in self.mem:
+            return INVALID_VALUE
+        self.free_bytes += len(self.mem.pop(ptr))
+        self.freed.append(ptr)
+        return 0
+
+    def host_malloc(self, n: int):
+        if e := self.enter("host_malloc", n):
+            return e, 0
+        buf = ctypes.create_string_buffer(n)
+        self.host[ctypes.addressof(buf)] = buf
+        return 0, ctypes.addressof(buf)
+
+    def host_free(self, ptr: int) -> int:
+        if e := self.enter("host_free", ptr):
+            return e
+        if ptr not in self.host:
+            return INVALID_VALUE
+        self.host_freed.append(ptr)  # keep the buffer alive: a use after free reads zeros
+        return 0
+
+    def memset(self, ptr: int, value: int, n: int) -> int:
+        if e := self.enter("memset", ptr, value, n):
+            return e
+        buf, off = self.find(ptr)
+        buf[off : off + n] = bytes([value]) * n
+        return 0
+
+    def h2d(self, dst: int, src: int, n: int) -> int:
+        if e := self.enter("h2d", dst, src, n):
+            return e
+        buf, off = self.find(dst)
+        assert off + n <= len(buf), "h2d past the end of an allocation"
+        buf[off : off + n] = ctypes.string_at(src, n)
+        return 0
+
+    def d2h(self, dst: int, src: int, n: int) -> int:
+        if e := self.enter("d2h", dst, src, n):
+            return e
+        buf, off = self.find(src)
+        assert off + n <= len(buf), "d2h past the end of an allocation"
+        ctypes.memmove(dst, bytes(buf[off : off + n]), n)
+        return 0
+
+    def load_module(self, image: bytes):
+        if e := self.enter("load_module", len(image)):
+            return e, None
+        try:
+            self.signatures = json.loads(image)["kernels"]
+        except (ValueError, KeyError):
+            return INVALID_IMAGE, None
+        return 0, object()
+
+    def get_function(self, name: str):
+        if e := self.enter("get_function", name):
+            return e, None
+        if name not in self.signatures:
+            return NOT_FOUND, None
+        return 0, FakeFunction(name)
+
+    def launch(self, fn, grid, block, shared, params: int) -> int:
+        if e := self.enter("launch", fn.name, grid, block, shared):
+            return e
+        sig = self.signatures[fn.name]
+        args = []
+        for i, t in enumerate(sig):  # what a driver does with kernelParams
+            p = ctypes.c_void_p.from_address(params + 8 * i).value
+            c = ctypes.c_uint64 if t == "u64" else ctypes.c_int32
+            args.append(c.from_address(p).value)
+        if self.fail_kernel and self.fail_kernel[0] == fn.name and self.fail_kernel[2] == "launch":
+            return self.fail_kernel[1]
+        rec = (fn.name, tuple(grid), tuple(block), shared, tuple(args))
+        if self.capturing is not None:
+            self.capturing.append(rec)
+        else:
+            self.execute(rec, "eager")
+        return 0
+
+    def execute(self, rec, via: str) -> None:
+        name, grid, _block, _shared, args = rec
+        self.executed.append((*rec, via))
+        if self.fail_kernel and self.fail_kernel[0] == name and self.fail_kernel[2] == "exec":
+            code, sticky = self.fail_kernel[1], self.fail_kernel[3]
+            if sticky:
+                self.sticky = code
+            else:
+                self.pending = code
+            return
+        KERNELS[name](self, *args, grid=grid)
+
+    def synchronize(self) -> int:
+        if e := self.enter("sync"):
+            return e
+        code, self.pending = self.pending, 0
+        return code
+
+    def begin_capture(self) -> int:
+        if e := self.enter("begin_capture"):
+            return e
+        assert self.capturing is None
+        self.capturing = []
+        return 0
+
+    def end_capture(self):
+        e = self.enter("end_capture")
+        recs, self.capturing = self.capturing, None
+        if e:
+            return e, None
+        gid = 1000 + len(self.graphs)
+        self.graphs[gid] = recs
+        return 0, gid
+
+    def instantiate(self, graph):
+        if e := self.enter("instantiate", graph):
+            return e, None
+        xid = 2000 + len(self.execs)
+        self.execs[xid] = self.graphs[graph]
+        return 0, xid
+
+    def graph_launch(self, graph_exec) -> int:
+        if e := self.enter("graph_launch", graph_exec):
+            return e
+        for rec in self.execs[graph_exec]:
+            self.execute(rec, "graph")
+        return 0
+
+    def destroy(self, what: str, handle) -> int:
+        if e := self.enter(what, handle):
+            return e
+        table = self.execs if what == "exec_destroy" else self.graphs
+        return 0 if table.pop(handle, None) is not None else INVALID_VALUE
+
+    def simple(self, name: str, *args) -> int:
+        return self.enter(name, *args)
+
+    def count(self, name: str) -> int:
+        return sum(1 for c in self.calls if c[0] == name)
+
+
+class FakeFunction:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+# Python models of the toy kernels, on fake device memory
+def k_embed(gpu, ids, emb, x, T, grid):
+    assert grid == (T, 1, 1)
+    tok = gpu.view(ids, np.int64, T)
+    table = gpu.view(emb, np.float32, V * H).reshape(V, H)
+    gpu.view(x, np.float32, T * H)[:] = table[tok].reshape(-1)
+
+
+def k_addpos(gpu, x, start, T, kv, grid):
+    assert grid == (-(-T // 2), 1, 1)  # cdiv(T,2)
+    s = int(gpu.view(start, np.int32, 1)[0])
+    xs = gpu.view(x, np.float32, T * H).reshape(T, H)
+    xs += (s + np.arange(T, dtype=np.float32))[:, None]
+    gpu.view(kv, np.float32, MAX_CTX * H).reshape(MAX_CTX, H)[s : s + T] = xs
+
+
+def k_head(gpu, x_rows, w, logits, rows, two, grid):
+    assert two == 2 and grid == (V, rows, 1)
+    xs = gpu.view(x_rows, np.float32, rows * H).reshape(rows, H)
+    wm = gpu.view(w, np.float32, V * H).reshape(V, H)
+    gpu.view(logits, np.float32, rows * V)[:] = (xs @ wm.T).reshape(-1)
+
+
+def k_big(gpu, scratch, seven, grid):
+    assert seven == 7
+
+
+KERNELS = {"embed": k_embed, "addpos": k_addpos, "head": k_head, "big": k_big}
+
+
+class FakeCu:
+    """cuda-bindings' driver module, as far as CudaDriver uses it."""
+
+    class CUresult(enum.IntEnum):
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_INVALID_VALUE = 1
+        CUDA_ERROR_OUT_OF_MEMORY = 2
+        CUDA_ERROR_INVALID_IMAGE = 200
+        CUDA_ERROR_NOT_FOUND = 500
+        CUDA_ERROR_ILLEGAL_ADDRESS = 700
+        CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701
+
+    class CUdevice_attribute(enum.IntEnum):
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+
+    class CUfunction_attribute(enum.IntEnum):
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+    class CUstream_flags(enum.IntEnum):
+        CU_STREAM_NON_BLOCKING = 1
+
+    class CUstreamCaptureMode(enum.IntEnum):
+        CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
+
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu = gpu
+
+    def _r(self, code, *values):
+        return (self.CUresult(code), *values)
+
+    def cuInit(self, flags):
+        return self._r(self.gpu.simple("init"))
+
+    def cuDeviceGetCount(self):
+        return self._r(self.gpu.simple("count"), 1)
+
+    def cuDeviceGet(self, ordinal):
+        return self._r(self.gpu.simple("device_get"), ordinal)
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        A = self.CUdevice_attribute
+        value = {
+            A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: self.gpu.sm[0],
+            A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: self.gpu.sm[1],
+            A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: self.gpu.max_shared,
+        }[attr]
+        return self._r(self.gpu.simple("props"), value)
+
+    def cuDeviceGetName(self, length, dev):
+        return self._r(0, b"Fake H200\0\0\0")
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        self.gpu.context_refs += 1
+        return self._r(self.gpu.simple("ctx_retain"), "ctx")
+
+    def cuDevicePrimaryCtxRelease(self, dev):
+        self.gpu.context_refs -= 1
+        return self._r(self.gpu.simple("ctx_release"))
+
+    def cuCtxSetCurrent(self, ctx):
+        return self._r(self.gpu.simple("set_current", ctx))
+
+    def cuStreamCreate(self, flags):
+        assert flags == 1
+        return self._r(self.gpu.simple("stream_create"), "stream")
+
+    def cuStreamDestroy(self, stream):
+        return self._r(self.gpu.simple("stream_destroy", stream))
+
+    def cuMemGetInfo(self):
+        return self._r(self.gpu.simple("mem_info"), self.gpu.free_bytes, self.gpu.total_bytes)
+
+    def cuModuleLoadData(self, image):
+        return self._r(*self.gpu.load_module(bytes(image)))
+
+    def cuModuleUnload(self, module):
+        return self._r(self.gpu.simple("module_unload"))
+
+    def cuModuleGetFunction(self, module, name):
+        return self._r(*self.gpu.get_function(name.decode()))
+
+    def cuFuncSetAttribute(self, fn, attr, value):
+        assert attr == self.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        self.gpu.shared_attr[fn.name] = value
+        return self._r(self.gpu.simple("func_set_attribute", fn.name, value))
+
+    def cuMemAlloc(self, n):
+        return self._r(*self.gpu.malloc(n))
+
+    def cuMemFree(self, ptr):
+        return self._r(self.gpu.free(ptr))
+
+    def cuMemAllocHost(self, n):
+        return self._r(*self.gpu.host_malloc(n))
+
+    def cuMemFreeHost(self, ptr):
+        return self._r(self.gpu.host_free(ptr))
+
+    def cuMemsetD8Async(self, ptr, value, n, stream):
+        return self._r(self.gpu.memset(ptr, value, n))
+
+    def cuMemcpyHtoDAsync(self, dst, src, n, stream):
+        return self._r(self.gpu.h2d(dst, src, n))
+
+    def cuMemcpyDtoHAsync(self, dst, src, n, stream):
+        return self._r(self.gpu.d2h(dst, src, n))
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        assert extra == 0 and stream == "stream"
+        return self._r(self.gpu.launch(fn, (gx, gy, gz), (bx, by, bz), shared, params))
+
+    def cuStreamSynchronize(self, stream):
+        return self._r(self.gpu.synchronize())
+
+    def cuStreamBeginCapture(self, stream, mode):
+        assert mode == self.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        return self._r(self.gpu.begin_capture())
+
+    def cuStreamEndCapture(self, stream):
+        return self._r(*self.gpu.end_capture())
+
+    def cuGraphInstantiate(self, graph, flags):
+        return self._r(*self.gpu.instantiate(graph))
+
+    def cuGraphLaunch(self, graph_exec, stream):
+        return self._r(self.gpu.graph_launch(graph_exec))
+
+    def cuGraphExecDestroy(self, graph_exec):
+        return self._r(self.gpu.destroy("exec_destroy", graph_exec))
+
+    def cuGraphDestroy(self, graph):
+        return self._r(self.gpu.destroy("graph_destroy", graph))
+
+
+class FakeHip:
+    """hip-python's `hip` module, as far as HipDriver uses it (the 7.x+ signatures)."""
+
+    class hipError_t(enum.IntEnum):
+        hipSuccess = 0
+        hipErrorInvalidValue = 1
+        hipErrorOutOfMemory = 2
+        hipErrorInvalidImage = 200
+        hipErrorNotFound = 500
+        hipErrorIllegalAddress = 700
+        hipErrorLaunchOutOfResources = 701
+
+    class hipStreamCaptureMode(enum.IntEnum):
+        hipStreamCaptureModeGlobal = 0
+        hipStreamCaptureModeThreadLocal = 1
+
+    class hipDeviceProp_t:
+        def __init__(self, gcn: str = "", name: str = "") -> None:
+            self.gcnArchName, self.name = gcn, name
+            self.sharedMemPerBlock = 64 * 1024
+
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu = gpu
+
+    def _r(self, code, *values):
+        return (self.hipError_t(code), *values)
+
+    def hipInit(self, flags):
+        return self._r(self.gpu.simple("init"))
+
+    def hipGetDeviceCount(self):
+        return self._r(self.gpu.simple("count"), 1)
+
+    def hipSetDevice(self, device):
+        return self._r(self.gpu.simple("set_current", device))
+
+    def hipGetDeviceProperties(self, device):
+        return self._r(0, self.hipDeviceProp_t(self.gpu.gcn, "Fake MI300X"))
+
+    def hipStreamCreateWithFlags(self, flags):
+        assert flags == 1
+        return self._r(self.gpu.simple("stream_create"), "stream")
+
+    def hipStreamDestroy(self, stream):
+        return self._r(self.gpu.simple("stream_destroy", stream))
+
+    def hipMemGetInfo(self):
+        return self._r(self.gpu.simple("mem_info"), self.gpu.free_bytes, self.gpu.total_bytes)
+
+    def hipModuleLoadData(self, image):
+        return self._r(*self.gpu.load_module(bytes(image)))
+
+    def hipModuleUnload(self, module):
+        return self._r(self.gpu.simple("module_unload"))
+
+    def hipModuleGetFunction(self, module, name):
+        return self._r(*self.gpu.get_function(name.decode()))
+
+    def hipMalloc(self, n):
+        return self._r(*self.gpu.malloc(n))
+
+    def hipFree(self, ptr):
+        return self._r(self.gpu.free(ptr))
+
+    def hipHostMalloc(self, n, flags):
+        return self._r(*self.gpu.host_malloc(n))
+
+    def hipHostFree(self, ptr):
+        return self._r(self.gpu.host_free(ptr))
+
+    def hipMemsetD8Async(self, ptr, value, n, stream):
+        return self._r(self.gpu.memset(ptr, value, n))
+
+    def hipMemcpyHtoDAsync(self, dst, src, n, stream):
+        return self._r(self.gpu.h2d(dst, src, n))
+
+    def hipMemcpyDtoHAsync(self, dst, src, n, stream):
+        return self._r(self.gpu.d2h(dst, src, n))
+
+    def hipModuleLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        assert extra is None and stream == "stream"
+        return self._r(self.gpu.launch(fn, (gx, gy, gz), (bx, by, bz), shared, params))
+
+    def hipStreamSynchronize(self, stream):
+        return self._r(self.gpu.synchronize())
+
+    def hipStreamBeginCapture(self, stream, mode):
+        assert mode == self.hipStreamCaptureMode.hipStreamCaptureModeThreadLocal
+        return self._r(self.gpu.begin_capture())
+
+    def hipStreamEndCapture(self, stream):
+        return self._r(*self.gpu.end_capture())
+
+    def hipGraphInstantiateWithFlags(self, graph, flags):
+        return self._r(*self.gpu.instantiate(graph))
+
+    def hipGraphLaunch(self, graph_exec, stream):
+        return self._r(self.gpu.graph_launch(graph_exec))
+
+    def hipGraphExecDestroy(self, graph_exec):
+        return self._r(self.gpu.destroy("exec_destroy", graph_exec))
+
+    def hipGraphDestroy(self, graph):
+        return self._r(self.gpu.destroy("graph_destroy", graph))
+
+
+# -- the toy artifact -----------------------------------------------------------------
+
+
+def section(big_shared: int = 64 * 1024) -> dict:
+    x = {"kind": "arena", "offset": 0}
+    launches = lambda rows_grid: [  # noqa: E731
+        {
+            "group": "g_embed",
+            "kernel": "embed",
+            "grid": ["T"],
+            "block": [32],
+            "args": [
+                {"kind": "input", "name": "ids"},
+                {"kind": "weight", "index": 0},
+                x,
+                {"kind": "int", "value": "T"},
+            ],
+        },
+        {
+            "group": "g_pos",
+            "kernel": "addpos",
+            "grid": ["cdiv(T,2)"],
+            "block": [64],
+            "args": [
+                x,
+                {"kind": "input", "name": "start"},
+                {"kind": "int", "value": "T"},
+                {"kind": "state", "index": 1},
+            ],
+        },
+        {
+            "group": "g_head",
+            "kernel": "head",
+            "grid": [V, rows_grid],
+            "block": [128],
+            "args": [
+                {"kind": "arena", "offset": 0, "row_skip": H},
+                {"kind": "weight", "index": 1},
+                {"kind": "output", "name": "logits"},
+                {"kind": "int", "value": "rows"},
+                {"kind": "int", "value": 2},
+            ],
+        },
+    ]
+    prefill = launches("rows")
+    prefill.insert(
+        2,
+        {
+            "group": "g_big",
+            "kernel": "big",
+            "grid": [1],
+            "block": [32],
+            "shared": big_shared,
+            "args": [{"kind": "scratch", "offset": 16}, {"kind": "int", "value": 7}],
+        },
+    )
+    return {
+        "arena_bytes": 4 * H * MAX_TOKENS,
+        "scratch_bytes": 64,
+        "wave": 32,
+        "decode": launches(1),
+        "prefill": prefill,
+    }
+
+
+EMB = np.arange(V * H, dtype=np.float32).reshape(V, H) / 10
+W = (np.arange(V * H, dtype=np.float32).reshape(V, H) % 7 - 3) / 4
+
+
+def write_artifact(
+    path: Path,
+    targets=("sm_90", "gfx942"),
+    big_shared: int = 64 * 1024,
+    images: dict[str, bytes] | None = None,
+    edit=None,
+) -> Path:
+    """The toy artifact; `images` replaces code objects (real ones), `edit(plan)` the plan."""
+    path.mkdir()
+    (path / "kernels").mkdir()
+    files, manifest_targets = {}, {}
+    image = json.dumps({"kernels": SIGNATURES}).encode()
+    for t in targets:
+        rel = f"kernels/{t}.co"
+        (path / rel).write_bytes((images or {}).get(t, image))
+        manifest_targets[t] = {"code_object": rel}
+    tensors = [
+        LazyTensor("emb", np.dtype(np.float32), EMB.shape, lambda: EMB),
+        LazyTensor("w", np.dtype(np.float32), W.shape, lambda: W),
+    ]
+    write_safetensors(path / "weights.safetensors", tensors)
+    plan = {
+        "max_context": MAX_CTX,
+        "max_tokens": MAX_TOKENS,
+        "vocab_size": V,
+        "weights": [
+            {"name": "emb", "dtype": "float32", "shape": [V, H], "stored_shape": [V, H]},
+            {"name": "w", "dtype": "float32", "shape": [V, H], "stored_shape": [V, H]},
+        ],
+        "states": [
+            {"name": "k0", "dtype": "float32", "shape": [MAX_CTX, 1, 3]},
+            {"name": "v0", "dtype": "float32", "shape": [MAX_CTX, 1, H]},
+        ],
+        "gpu": {t: section(big_shared) for t in targets},
+    }
+    if edit is not None:
+        edit(plan)
+    (path / "plan.json").write_text(json.dumps(plan))
+    for f in sorted(path.rglob("*")):
+        if f.is_file():
+            files[str(f.relative_to(path))] = {
+                "size": f.stat().st_size,
+                "sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
+            }
+    manifest = {
+        "format": "hipc-artifact",
+        "format_version": ARTIFACT_FORMAT_VERSION,
+        "config": {},
+        "targets": manifest_targets,
+        "files": files,
+    }
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return path
+
+
+def expected(ids, start, all_logits):
+    x = EMB[np.asarray(ids)] + (start + np.arange(len(ids), dtype=np.float32))[:, None]
+    out = x @ W.T
+    return out if all_logits else out[-1:]
+
+
+@pytest.fixture(params=["cuda", "hip"])
+def api(request):
+    return request.param
+
+
+@pytest.fixture
+def artifact(tmp_path):
+    return load_artifact(write_artifact(tmp_path / "toy.hipc"))
+
+
+@pytest.fixture(autouse=True)
+def _no_sync_env(monkeypatch):
+    monkeypatch.delenv(gpu_common.SYNC_ENV, raising=False)
+
+
+def backend(api: str, artifact, gpu: FakeGpu):
+    if api == "cuda":
+        return CudaBackend(artifact, cu=FakeCu(gpu))
+    return HipBackend(artifact, hip=FakeHip(gpu))
+
+
+def arch_of(api):
+    return "sm_90" if api == "cuda" else "gfx942"
+
+
+# -- tests ----------------------------------------------------------------------------
+
+
+def test_packed_args_are_kernel_params():
+    args = PackedArgs([("u64", 0x7F00_0000_1234), ("i32", -5), ("i32", 2**31 - 1)])
+    ptrs = (ctypes.c_void_p * 3).from_address(args.address)
+    assert ctypes.c_uint64.from_address(ptrs[0]).value == 0x7F00_0000_1234
+    assert ctypes.c_int32.from_address(ptrs[1]).value == -5
+    assert ctypes.c_int32.from_address(ptrs[2]).value == 2**31 - 1
+    assert PackedArgs([]).address == 0
+    with pytest.raises(HipcError, match="32-bit"):
+        PackedArgs([("i32", 2**31)])
+
+
+def test_resolved_pointers_and_row_skip():
+    launch = Launch.from_json(section()["prefill"][3])  # head
+    bases = Bases(1000, 2000, (3000, 4000), (5000, 6000), 7000, 8000, 9000)
+    # 3 tokens, last row only: the x argument skips (T - rows) rows of H floats
+    assert launch.resolve(bases, 3, 1) == [
+        ("u64", 1000 + 2 * H * 4),
+        ("u64", 4000),
+        ("u64", 9000),
+        ("i32", 1),
+        ("i32", 2),
+    ]
+    assert launch.resolve(bases, 3, 3)[0] == ("u64", 1000)
+    assert launch.grid_dims(3, 1) == (V, 1, 1)
+    assert aligned_offsets([10, 256, 1]) == ((0, 256, 512), 768)
+
+
+def test_load_uploads_weights_and_zeroes_kv(api, artifact):
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu)
+    assert (b.name, b.arch, b.max_tokens, b.vocab) == (api, arch_of(api), MAX_TOKENS, V)
+    assert b.kv_bytes == 4 * MAX_CTX * (3 + H)
+    assert np.array_equal(gpu.view(b.bases.weights[0], np.float32, V * H), EMB.reshape(-1))
+    assert np.array_equal(gpu.view(b.bases.weights[1], np.float32, V * H), W.reshape(-1))
+    assert b.bases.weights[1] - b.bases.weights[0] == 256  # one block, aligned tensors
+    assert b.bases.states[1] % 256 == 0
+    memsets = [c for c in gpu.calls if c[0] == "memset"]
+    assert memsets == [("memset", b.bases.states[0], 0, 512)]
+    b.close()
+
+
+def test_prefill_runs_eagerly_with_T(api, artifact):
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu)
+    ids = [3, 1, 4]
+    out = b.forward(np.array(ids), 2, True)
+    assert out.shape == (3, V) and out.dtype == np.float32
+    np.testing.assert_allclose(out, expected(ids, 2, True), rtol=1e-6)
+    assert gpu.count("begin_capture") == 0
+    names = [e[0] for e in gpu.executed]
+    assert names == ["embed", "addpos", "big", "head"]
+    assert all(e[5] == "eager" for e in gpu.executed)
+    embed, addpos, big, head = gpu.executed
+    assert embed[1] == (3, 1, 1) and embed[4][3] == 3  # grid "T", int "T"
+    assert addpos[1] == (2, 1, 1)  # cdiv(3,2)
+    assert big[3] == 64 * 1024 and big[4] == (b.bases.scratch + 16, 7)
+    assert head[1] == (V, 3, 1) and head[4][0] == b.bases.arena and head[4][3] == 3
+    # the KV state got row start..start+T
+    kv = gpu.view(b.bases.states[1], np.float32, MAX_CTX * H).reshape(MAX_CTX, H)
+    np.testing.assert_allclose(kv[2:5], EMB[ids] + np.arange(2, 5)[:, None])
+    # only the last token's logits: head reads x from row T-1 (row_skip), rows == 1
+    gpu.executed.clear()
+    out = b.forward(np.array(ids), 2, False)
+    np.testing.assert_allclose(out, expected(ids, 2, False), rtol=1e-6)
+    head = gpu.executed[-1]
+    assert head[1] == (V, 1, 1) and head[4][0] == b.bases.arena + 2 * H * 4
+    d2h = [c for c in gpu.calls if c[0] == "d2h"][-1]
+    assert d2h[3] == V * 4  # rows x vocab float32
+    b.close()
+
+
+def test_decode_is_captured_once_then_replayed(api, artifact):
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu)
+    for pos, tok in enumerate([2, 0, 4]):
+        out = b.forward(np.array([tok]), 5 + pos, False)
+        np.testing.assert_allclose(out, expected([tok], 5 + pos, False), rtol=1e-6)
+    assert gpu.count("begin_capture") == 1 and gpu.count("instantiate") == 1
+    assert gpu.count("graph_launch") == 3 and b.graph_captured
+    assert [e[5] for e in gpu.executed] == ["graph"] * 9
+    # all_logits with one token is still the decode graph (rows == 1)
+    out = b.forward(np.array([1]), 8, True)
+    assert out.shape == (1, V) and gpu.count("begin_capture") == 1
+    kv = gpu.view(b.bases.states[1], np.float32, MAX_CTX * H).reshape(MAX_CTX, H)
+    np.testing.assert_allclose(kv[5:9], EMB[[2, 0, 4, 1]] + np.arange(5, 9)[:, None])
+    b.close()
+
+
+def test_dynamic_shared_memory_opt_in(api, artifact):
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu)
+    # CUDA needs the attribute above 48 KiB; AMD has no opt-in
+    assert gpu.shared_attr == ({"big": 64 * 1024} if api == "cuda" else {})
+    b.close()
+
+
+def test_shared_memory_over_the_device_limit(api, tmp_path):
+    art = load_artifact(write_artifact(tmp_path / "a.hipc", big_shared=300 * 1024))
+    gpu = FakeGpu()
+    with pytest.raises(HipcError, match=r"kernel big needs 307200 bytes of shared memory"):
+        backend(api, art, gpu)
+    assert gpu.context_refs == 0 and gpu.count("stream_destroy") == 1
+
+
+def test_oom_before_allocating(api, artifact):
+    gpu = FakeGpu(free=1000, total=80 << 30)
+    with pytest.raises(HipcError) as e:
+        backend(api, artifact, gpu)
+    msg = str(e.value)
+    b_needed = 512 + 512 + 64 + 64 + 32 + 4 + 4 * MAX_TOKENS * V
+    assert f"({b_needed} bytes:" in msg and "(1000 bytes) are free of 80.00 GiB" in msg
+    assert "--max-context" in msg and f"({MAX_CTX} positions now)" in msg
+    assert "--max-tokens" in msg
+    assert gpu.count("malloc") == 0 and gpu.count("host_malloc") == 0
+    assert gpu.context_refs == 0 and gpu.count("stream_destroy") == 1
+
+
+def test_oom_from_an_allocation(api, artifact):
+    gpu = FakeGpu()
+    real_malloc = gpu.malloc
+
+    def second_fails(n, calls=[]):  # noqa: B006
+        calls.append(n)
+        return (OOM, 0) if len(calls) == 2 else real_malloc(n)
+
+    gpu.malloc = second_fails
+    with pytest.raises(HipcError, match=r"allocating the KV cache failed.*--max-context"):
+        backend(api, artifact, gpu)
+    assert gpu.mem == {} and len(gpu.freed) == 1  # the weights block, freed once
+    assert gpu.context_refs == 0
+
+
+def test_missing_arch_lists_targets_and_the_compile_command(api, artifact):
+    gpu = FakeGpu(sm=(8, 9), gcn="gfx1100")
+    want = "sm_89" if api == "cuda" else "gfx1100"
+    with pytest.raises(HipcError) as e:
+        backend(api, artifact, gpu)
+    msg = str(e.value)
+    assert "no code object for this GPU" in msg and want in msg
+    assert "the artifact has: sm_90, gfx942" in msg
+    assert f"hipc compile MODEL --target {want}" in msg
+    assert gpu.context_refs == 0 and gpu.count("stream_destroy") == 1
+
+
+def test_launch_failure_names_the_kernel(api, artifact):
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu)
+    gpu.fail_kernel = ("head", OUT_OF_RESOURCES, "launch", False)
+    err = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES" if api == "cuda" else "hipErrorLaunchOutOfResources"
+    with pytest.raises(HipcError, match=rf"^kernel head \(group g_head\) failed: {err}$"):
+        b.forward(np.array([1, 2]), 0, False)
+    # at capture time too, and the stream leaves capture mode
+    with pytest.raises(HipcError, match=r"kernel head \(group g_head\) failed"):
+        b.forward(np.array([1]), 0, False)
+    assert gpu.capturing is None and gpu.count("end_capture") == 1 and not b.graph_captured
+    gpu.fail_kernel = None
+    np.testing.assert_allclose(b.forward(np.array([1]), 0, False), expected([1], 0, False))
+    b.close()
+
+
+def test_async_failure_in_the_graph_is_located_by_rerunning(api, artifact):
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu)
+    b.forward(np.array([1]), 0, False)  # captured, healthy
+    gpu.fail_kernel = ("addpos", ILLEGAL_ADDRESS, "exec", False)
+    with pytest.raises(HipcError, match=r"^kernel addpos \(group g_pos\) failed: \w+"):
+        b.forward(np.array([1]), 1, False)
+    via = [e[5] for e in gpu.executed[3:]]
+    assert via == ["graph"] * 3 + ["eager"] * 2  # graph, then the eager re-run up to addpos
+    b.close()
+
+
+def test_sticky_failure_says_how_to_name_the_kernel(api, artifact):
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu)
+    gpu.fail_kernel = ("addpos", ILLEGAL_ADDRESS, "exec", True)
+    with pytest.raises(
+        HipcError, match=r"decode graph failed on the GPU: \w+.*HIPC_SYNC_LAUNCHES=1"
+    ):
+        b.forward(np.array([1]), 0, False)
+    with pytest.raises(HipcError, match="failed earlier"):
+        b.forward(np.array([1]), 0, False)
+    b.close()  # every call fails now; close still tries each free once and does not raise
+    assert gpu.count("free") == 7 and gpu.count("host_free") == 3
+    b.close()
+    assert gpu.count("free") == 7
+
+
+def test_sync_launches_env_names_the_kernel_and_skips_graphs(api, artifact, monkeypatch):
+    monkeypatch.setenv(gpu_common.SYNC_ENV, "1")
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu)
+    np.testing.assert_allclose(b.forward(np.array([3]), 0, False), expected([3], 0, False))
+    assert gpu.count("begin_capture") == 0
+    syncs = gpu.count("sync")
+    b.forward(np.array([3, 1]), 1, False)
+    assert gpu.count("sync") - syncs == 4 + 1  # after each launch, then the step's
+    gpu.fail_kernel = ("addpos", ILLEGAL_ADDRESS, "exec", True)
+    with pytest.raises(HipcError, match=r"^kernel addpos \(group g_pos\) failed: .*restart"):
+        b.forward(np.array([3]), 2, False)
+    b.close()
+
+
+def test_close_frees_everything_exactly_once(api, artifact):
+    gpu = FakeGpu(free=1 << 30)
+    b = backend(api, artifact, gpu)
+    b.forward(np.array([1]), 0, False)
+    b.forward(np.array([1, 2, 3]), 1, True)
+    allocated = set(gpu.mem)
+    assert len(allocated) == 7 and len(gpu.host) == 3
+    b.close()
+    assert sorted(gpu.freed) == sorted(allocated) and gpu.mem == {}
+    assert sorted(gpu.host_freed) == sorted(gpu.host)
+    assert gpu.free_bytes == 1 << 30
+    assert gpu.graphs == {} and gpu.execs == {}
+    assert gpu.count("stream_destroy") == 1 and gpu.count("module_unload") == 1
+    assert gpu.context_refs == 0
+    n = len(gpu.calls)
+    b.close()
+    b.__del__()
+    assert len(gpu.calls) == n
+    with pytest.raises(HipcError, match="after close"):
+        b.forward(np.array([1]), 0, False)
+
+
+def test_step_size_is_checked(api, artifact):
+    b = backend(api, artifact, FakeGpu())
+    with pytest.raises(HipcError, match="1 to 4 tokens"):
+        b.forward(np.arange(5), 0, False)
+    b.close()
+
+
+def test_engine_runs_on_the_fake_backend(api, artifact):
+    gpu = FakeGpu()
+    eng = engine_mod.CompiledEngine(artifact, backend(api, artifact, gpu))
+    ids = [1, 2, 3, 4, 0, 1]  # two chunks of max_tokens=4
+    got = eng.logits(ids)
+    want = np.concatenate([expected(ids[:4], 0, True), expected(ids[4:], 4, True)])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    eng.close()
+
+
+def test_hip_arch_and_old_properties_signature():
+    assert hip_mod.arch_of("gfx942:sramecc+:xnack-") == "gfx942"
+    assert hip_mod.arch_of(b"gfx1100\0\0") == "gfx1100"
+
+    class OldHip:  # hip-python 6.x: hipGetDeviceProperties(props, device) -> (err,)
+        hipDeviceProp_t = FakeHip.hipDeviceProp_t
+
+        def hipGetDeviceProperties(self, props, device):
+            props.gcnArchName = b"gfx90a:sramecc+:xnack-"
+            return (FakeHip.hipError_t.hipSuccess,)
+
+    err, props = hip_mod.device_properties(OldHip(), 0)
+    assert err == 0 and hip_mod.arch_of(props.gcnArchName) == "gfx90a"
+
+
+def test_probes(api):
+    gpu = FakeGpu(sm=(9, 0))
+    if api == "cuda":
+        assert cuda_mod.probe(0, FakeCu(gpu)) == ("sm_90", "Fake H200")
+    else:
+        assert hip_mod.probe(0, FakeHip(gpu)) == ("gfx942", "Fake MI300X")
+
+    class NoDriver:
+        def cuInit(self, flags):
+            raise RuntimeError("libcuda.so not found")
+
+        hipInit = cuInit
+
+    probe = cuda_mod.probe if api == "cuda" else hip_mod.probe
+    arch, why = probe(0, NoDriver())
+    assert arch is None and "RuntimeError" in why
+
+
+def test_auto_target(tmp_path, monkeypatch, capsys):
+    gpu_only = write_artifact(tmp_path / "gpu.hipc")
+    monkeypatch.setattr(cuda_mod, "probe", lambda device=0: ("sm_90", "Fake H200"))
+    monkeypatch.setattr(hip_mod, "probe", lambda device=0: (None, "hip-python is not installed"))
+    made = []
+    monkeypatch.setattr(cuda_mod, "CudaBackend", lambda a, d: made.append(("cuda", d)) or "B")
+    assert engine_mod.load_engine(gpu_only).backend == "B" and made == [("cuda", 0)]
+
+    # a GPU without a code object, and no cpu target: one error with the reasons
+    monkeypatch.setattr(cuda_mod, "probe", lambda device=0: ("sm_80", "Fake A100"))
+    with pytest.raises(HipcError) as e:
+        engine_mod.load_engine(gpu_only)
+    msg = str(e.value)
+    assert "targets: gfx942, sm_90" in msg and "hipc compile MODEL --target sm_80" in msg
+    assert "hip-python is not installed, so the gfx* code objects cannot run" in msg
+
+    # ... and with a cpu target: the CPU, with a notice on stderr
+    with_cpu = load_artifact(gpu_only)
+    with_cpu.manifest["targets"]["cpu"] = {"code_object": "kernels/cpu.so"}
+    from hipc.runtime.backends import cpu as cpu_mod
+
+    monkeypatch.setattr(engine_mod, "load_artifact", lambda p: with_cpu)
+    monkeypatch.setattr(cpu_mod, "CpuBackend", lambda a, threads: "CPU")
+    assert engine_mod.load_engine(gpu_only).backend == "CPU"
+    assert "hipc: running on the CPU: Fake A100 (sm_80) found" in capsys.readouterr().err
+
+    with pytest.raises(HipcError, match="choose auto, cpu, cuda or hip"):
+        engine_mod.load_engine(gpu_only, target="tpu")
