@@ -79,14 +79,25 @@ def write_model(name: str, folder: Path) -> int:
     hd = d // h
     folder.mkdir(parents=True, exist_ok=True)
     cfg = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": d,
-        "intermediate_size": ff, "num_hidden_layers": L, "num_attention_heads": h, "num_key_value_heads": kv,
-        "rope_theta": theta, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192, "tie_word_embeddings": tied,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": d,
+        "intermediate_size": ff,
+        "num_hidden_layers": L,
+        "num_attention_heads": h,
+        "num_key_value_heads": kv,
+        "rope_theta": theta,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": tied,
         "torch_dtype": "bfloat16",
     }
     (folder / "config.json").write_text(json.dumps(cfg))
     rng = np.random.default_rng(0)
-    base = ((rng.standard_normal(1 << 24) * 0.02).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    base = ((rng.standard_normal(1 << 24) * 0.02).astype(np.float32).view(np.uint32) >> 16).astype(
+        np.uint16
+    )
 
     def rnd(shape):
         def load():
@@ -100,7 +111,10 @@ def write_model(name: str, folder: Path) -> int:
     def ones(n):
         return lambda: np.full(n, 0x3F80, np.uint16)  # bf16 1.0
 
-    tensors = [("model.embed_tokens.weight", (vocab, d), rnd((vocab, d))), ("model.norm.weight", (d,), ones(d))]
+    tensors = [
+        ("model.embed_tokens.weight", (vocab, d), rnd((vocab, d))),
+        ("model.norm.weight", (d,), ones(d)),
+    ]
     if not tied:
         tensors.append(("lm_head.weight", (vocab, d), rnd((vocab, d))))
     for i in range(L):
@@ -161,7 +175,11 @@ def check_vs_transformers(folder: Path, artifact: Path) -> dict:
 
     from hipc.runtime.engine import load_engine
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).cuda().eval()
+    model = (
+        transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+        .cuda()
+        .eval()
+    )
     ids = np.random.default_rng(2).integers(0, model.config.vocab_size, 32).tolist()
     with torch.no_grad():
         want = model(torch.tensor([ids], device="cuda")).logits[0].float().cpu().numpy()
@@ -180,7 +198,9 @@ def torch_compile_peer(peers: Path, name: str) -> dict | None:
     script = peers / "torch_compile_decode.py"
     if not script.exists():
         return None
-    proc = subprocess.run([sys.executable, str(script), name], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(script), name], capture_output=True, text=True, timeout=900
+    )
     line = next((ln for ln in proc.stdout.splitlines() if "torch.compile decode" in ln), "")
     if not line:
         log("torch.compile peer failed:", proc.stderr[-500:])
@@ -197,10 +217,33 @@ def llamacpp_peer(llamacpp: Path, peers: Path, name: str, work: Path) -> dict | 
         return None
     gguf_path = work / f"{name}-f16.gguf"
     if not gguf_path.exists():
-        subprocess.run([sys.executable, str(peers / "mkgguf.py"), GGUF_NAME[name], str(gguf_path)], check=True,
-                       capture_output=True)
-    proc = subprocess.run([str(bench), "-m", str(gguf_path), "-ngl", "99", "-fa", "1", "-p", "512", "-n", "128",
-                           "-r", "3", "-o", "json"], capture_output=True, text=True, timeout=600)
+        subprocess.run(
+            [sys.executable, str(peers / "mkgguf.py"), GGUF_NAME[name], str(gguf_path)],
+            check=True,
+            capture_output=True,
+        )
+    proc = subprocess.run(
+        [
+            str(bench),
+            "-m",
+            str(gguf_path),
+            "-ngl",
+            "99",
+            "-fa",
+            "1",
+            "-p",
+            "512",
+            "-n",
+            "128",
+            "-r",
+            "3",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     try:
         rows = json.loads(proc.stdout)
     except json.JSONDecodeError:
@@ -218,14 +261,18 @@ def main() -> None:
     ap.add_argument("--target", default="sm_90")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", default="/tmp/hipc-bench")
-    ap.add_argument("--peers", type=Path, default=None, help="folder with mkgguf.py and torch_compile_decode.py")
+    ap.add_argument(
+        "--peers", type=Path, default=None, help="folder with mkgguf.py and torch_compile_decode.py"
+    )
     ap.add_argument("--llamacpp", type=Path, default=None, help="folder with llama-bench")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     ceil = ceilings()
-    log(f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops'] / 1e12:.0f} TFLOP/s")
+    log(
+        f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops'] / 1e12:.0f} TFLOP/s"
+    )
     rows, notes = [], []
     for name in args.models.split(","):
         folder, artifact = work / name, work / f"{name}.hipc"
@@ -233,30 +280,64 @@ def main() -> None:
         bytes_per_token = write_model(name, folder)
         log(f"{name}: wrote random bf16 weights in {time.perf_counter() - t:.0f} s")
         t = time.perf_counter()
-        subprocess.run(["hipc", "compile", str(folder), "--target", args.target, "-o", str(artifact), "-q",
-                        "--max-context", "2048"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hipc.runtime.cli",
+                "compile",
+                str(folder),
+                "--target",
+                args.target,
+                "-o",
+                str(artifact),
+                "-q",
+                "--max-context",
+                "2048",
+            ],
+            check=True,
+        )
         compile_s = time.perf_counter() - t
         r = bench_hipc(artifact, args.repeats, 512, 128)
         bw = r["decode"] * bytes_per_token
         rows.append((name, "hipc", r["prefill"], r["decode"], bw))
-        notes.append(f"{name}: hipc compile {compile_s:.0f} s, load {r['load_s']:.1f} s, "
-                     f"{bytes_per_token / 1e9:.3f} GB read per decode token")
+        notes.append(
+            f"{name}: hipc compile {compile_s:.0f} s, load {r['load_s']:.1f} s, "
+            f"{bytes_per_token / 1e9:.3f} GB read per decode token"
+        )
         log(rows[-1], notes[-1])
         if name == "smol":
             c = check_vs_transformers(folder, artifact)
-            notes.append(f"{name}: vs transformers (GPU, float32, 32 tokens): max rel {c['max_rel']:.2e}, "
-                         f"top-1 {c['top1']:.3f}")
+            notes.append(
+                f"{name}: vs transformers (GPU, float32, 32 tokens): max rel {c['max_rel']:.2e}, "
+                f"top-1 {c['top1']:.3f}"
+            )
             log(notes[-1])
         if args.peers:
             tc = torch_compile_peer(args.peers, name)
             if tc:
-                rows.append((name, "torch.compile", tc["prefill"], tc["decode"], tc["decode"] * bytes_per_token))
+                rows.append(
+                    (
+                        name,
+                        "torch.compile",
+                        tc["prefill"],
+                        tc["decode"],
+                        tc["decode"] * bytes_per_token,
+                    )
+                )
                 notes.append(f"{name}: {tc['line']}")
         if args.llamacpp and args.peers:
             lc = llamacpp_peer(args.llamacpp, args.peers, name, work)
             if lc:
-                rows.append((name, "llama.cpp F16", lc.get("prefill", 0), lc.get("decode", 0),
-                             lc.get("decode", 0) * bytes_per_token))
+                rows.append(
+                    (
+                        name,
+                        "llama.cpp F16",
+                        lc.get("prefill", 0),
+                        lc.get("decode", 0),
+                        lc.get("decode", 0) * bytes_per_token,
+                    )
+                )
         for f in folder.glob("*.safetensors"):
             f.unlink()  # keep the disk for the next shape
     copy = ceil["copy_bytes_per_s"]
@@ -267,7 +348,9 @@ def main() -> None:
         "|---|---|---:|---:|---:|---:|",
     ]
     for name, eng, pf, dc, bw in rows:
-        lines.append(f"| {name} | {eng} | {pf:,.0f} | {dc:,.1f} | {bw / 1e9:,.0f} | {100 * bw / copy:.0f}% |")
+        lines.append(
+            f"| {name} | {eng} | {pf:,.0f} | {dc:,.1f} | {bw / 1e9:,.0f} | {100 * bw / copy:.0f}% |"
+        )
     lines += ["", *[f"- {n}" for n in notes]]
     text = "\n".join(lines)
     print(text)
