@@ -106,6 +106,7 @@ class LazyTensor:
     dtype: np.dtype
     shape: tuple[int, ...]
     load: Callable[[], np.ndarray]
+    code: str | None = None  # header dtype when numpy's differs (e.g. "BF16" for uint16 bits)
 
 
 def write_safetensors(
@@ -121,7 +122,7 @@ def write_safetensors(
     for t in tensors:
         nbytes = np.dtype(t.dtype).itemsize * int(np.prod(t.shape, dtype=np.int64))
         header[t.name] = {
-            "dtype": codes[np.dtype(t.dtype)],
+            "dtype": t.code or codes[np.dtype(t.dtype)],
             "shape": list(t.shape),
             "data_offsets": [offset, offset + nbytes],
         }

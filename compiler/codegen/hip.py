@@ -26,7 +26,7 @@ WEIGHT_SUFFIX = {
     "q8_0": "q8_0",
 }
 GEMV_WAVES = 4
-ATTN_WAVES = 4
+ATTN_WAVES = 8
 MAX_GEMV_K = 16384  # the GEMV stages x in shared memory: 64 KiB, the smallest limit (AMD LDS)
 
 

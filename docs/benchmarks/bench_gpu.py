@@ -130,20 +130,10 @@ def write_model(name: str, folder: Path) -> int:
             (p + "mlp.up_proj.weight", (ff, d), rnd((ff, d))),
             (p + "mlp.down_proj.weight", (d, ff), rnd((d, ff))),
         ]
-    lazy = [LazyTensor(n, np.dtype(np.uint16), s, f) for n, s, f in tensors]
-    _write_bf16(folder / "model.safetensors", lazy, write_safetensors)
+    lazy = [LazyTensor(n, np.dtype(np.uint16), s, f, code="BF16") for n, s, f in tensors]
+    write_safetensors(folder / "model.safetensors", lazy)
     total = sum(2 * int(np.prod(s)) for _, s, _ in tensors)
     return total - 2 * vocab * d + 2 * d  # one embedding row, not the table
-
-
-def _write_bf16(path: Path, lazy, write_safetensors) -> None:
-    # write as U16 then relabel the dtype as BF16 in the header (same bytes)
-    write_safetensors(path, lazy)
-    with path.open("r+b") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = f.read(n).replace(b'"dtype":"U16"', b'"dtype":"BF16"')
-        f.seek(8)
-        f.write(header)
 
 
 def bench_hipc(artifact: Path, repeats: int, prompt: int, decode: int) -> dict:

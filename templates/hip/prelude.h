@@ -18,6 +18,7 @@ __device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
 __device__ __forceinline__ int hipc_block_dim() { return blockDim.x; }
 __device__ __forceinline__ void hipc_sync() { __syncthreads(); }
 __device__ __forceinline__ float hipc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ float hipc_shfl(float v, int lane) { return __shfl_sync(0xffffffffu, v, lane); }
 __device__ __forceinline__ float hipc_exp(float x) { return __expf(x); }
 __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 
@@ -32,6 +33,7 @@ __device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
 __device__ __forceinline__ int hipc_block_dim() { return blockDim.x; }
 __device__ __forceinline__ void hipc_sync() { __syncthreads(); }
 __device__ __forceinline__ float hipc_shfl_xor(float v, int m) { return __shfl_xor(v, m, HIPC_WAVE); }
+__device__ __forceinline__ float hipc_shfl(float v, int lane) { return __shfl(v, lane, HIPC_WAVE); }
 __device__ __forceinline__ float hipc_exp(float x) { return __expf(x); }
 __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 
@@ -60,6 +62,9 @@ HIPC_DEVICE float hipc_shfl_xor(float v, int m) {
 typedef __SIZE_TYPE__ size_t;
 struct __attribute__((aligned(16))) uint4 { uint32_t x, y, z, w; };
 struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
+HIPC_DEVICE float hipc_shfl(float v, int src) {
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, v)));
+}
 // NOTE: -nogpulib links no math library, so exp/rsqrt use the hardware instructions.
 HIPC_DEVICE float hipc_exp(float x) { return __builtin_amdgcn_exp2f(x * 1.4426950408889634f); }
 HIPC_DEVICE float hipc_rsqrt(float x) { return __builtin_amdgcn_rsqf(x); }
