@@ -25,7 +25,7 @@ WEIGHT_SUFFIX = {
     "q4_1": "q4_1",
     "q8_0": "q8_0",
 }
-GEMV_WAVES = 4
+GEMV_WAVES = 8  # 8 waves: more rows in flight per SM when x (K floats) fills shared memory
 ATTN_WAVES = 8
 MAX_GEMV_K = 16384  # the GEMV stages x in shared memory: 64 KiB, the smallest limit (AMD LDS)
 
@@ -100,15 +100,22 @@ def render_hip_program(
             res = act(a["res"][1]) if a["res"][0] == "act" else {"kind": "null"}
             y = act(a["y"][1])
             common = dict(nodes=nodes, wsuffix=ws, n_out=n_out, **p)
-            gemv = add_kernel(f"{spec.fn}_gemv", "linear_gemv", waves=GEMV_WAVES, **common)
+            rows_per_block = GEMV_WAVES * (1 if p["epilogue"] == "glu" else 2)
+            gemv = add_kernel(
+                f"{spec.fn}_gemv",
+                "linear_gemv",
+                waves=GEMV_WAVES,
+                rows_per_block=rows_per_block,
+                **common,
+            )
             decode.append(
                 _launch(
                     launch.group,
                     gemv,
-                    [-(-n_out // GEMV_WAVES)],
+                    [-(-n_out // rows_per_block)],
                     [GEMV_WAVES * wave],
                     [x, bind(a["w"]), bind(a["norm_w"]), bind(a["bias"]), res, y],
-                    shared=4 * p["K"],  # x staged in dynamic shared memory
+                    shared=4 * p["K"] if p["norm_eps"] else 0,  # the normalized x, staged
                 )
             )
             gemm = add_kernel(f"{spec.fn}_gemm", "linear_gemm", **common)

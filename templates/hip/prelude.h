@@ -158,6 +158,29 @@ HIPC_DEVICE float hipc_dot_bf16(const void* Wrow, const float* x, int K, int lan
   }
   return acc;
 }
+// Two rows against the same x: twice the weight loads in flight per lane.
+HIPC_DEVICE void hipc_dot2_bf16(const void* R0, const void* R1, const float* x, int K, int lane, float& a0, float& a1) {
+  const uint16_t *w0 = (const uint16_t*)R0, *w1 = (const uint16_t*)R1;
+#pragma unroll 4
+  for (int k = lane * 8; k < K; k += HIPC_WAVE * 8) {
+    const uint4 u = *(const uint4*)(w0 + k), v = *(const uint4*)(w1 + k);
+    const float4 xa = *(const float4*)(x + k), xb = *(const float4*)(x + k + 4);
+    const float xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    const uint32_t pu[4] = {u.x, u.y, u.z, u.w}, pv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a0 += __builtin_bit_cast(float, pu[i] << 16) * xs[2 * i] + __builtin_bit_cast(float, pu[i] & 0xffff0000u) * xs[2 * i + 1];
+      a1 += __builtin_bit_cast(float, pv[i] << 16) * xs[2 * i] + __builtin_bit_cast(float, pv[i] & 0xffff0000u) * xs[2 * i + 1];
+    }
+  }
+}
+#define HIPC_GENERIC_DOT2(T)                                                                              \
+  HIPC_DEVICE void hipc_dot2_##T(const void* R0, const void* R1, const float* x, int K, int lane, float& a0, \
+                                 float& a1) {                                                              \
+    a0 += hipc_dot_##T(R0, x, K, lane);                                                                    \
+    a1 += hipc_dot_##T(R1, x, K, lane);                                                                    \
+  }
+
 HIPC_DEVICE float hipc_dot_f16(const void* Wrow, const float* x, int K, int lane) {
   const uint16_t* w = (const uint16_t*)Wrow;
   float acc = 0.f;
@@ -220,6 +243,12 @@ HIPC_DEVICE float hipc_dot_q4_1(const void* Wrow, const float* x, int K, int lan
   }
   return acc;
 }
+
+HIPC_GENERIC_DOT2(f16)
+HIPC_GENERIC_DOT2(f32)
+HIPC_GENERIC_DOT2(q8_0)
+HIPC_GENERIC_DOT2(q4_0)
+HIPC_GENERIC_DOT2(q4_1)
 
 // Bytes of one weight row of K values in a storage type (row pointers in kernels).
 #define HIPC_ROW_BYTES_f32(K) ((size_t)(K) * 4)
