@@ -276,14 +276,37 @@ def _fusion_json(fusion: Fusion) -> dict:
 
 
 def explain(fusion: Fusion) -> str:
-    """What --explain prints: kernels, accepted fusions with scores, refusals with reasons."""
-    lines = [f"{len(fusion.groups)} kernels from {len(fusion.graph)} nodes"]
-    taken = [d for d in fusion.decisions if d.accepted]
-    refused = [d for d in fusion.decisions if not d.accepted]
-    lines.append(f"\nfused ({len(taken)}):")
-    lines += [
-        f"  {d.node:28s} -> {d.group:24s} {d.role:26s} saves {d.score} B/token" for d in taken
+    """What --explain prints: kernels, fusions made (with bytes saved) and refused (with why).
+
+    Layers repeat, so decisions are folded by their layer-independent form (l0.q -> l*.q),
+    with a count.
+    """
+
+    def fold(decisions):
+        rows: dict[tuple, int] = {}
+        for d in decisions:
+            key = (_layerless(d.node), _layerless(d.group), d.role, d.score, _layerless(d.reason))
+            rows[key] = rows.get(key, 0) + 1
+        return rows
+
+    taken = fold(d for d in fusion.decisions if d.accepted)
+    refused = fold(d for d in fusion.decisions if not d.accepted)
+    lines = [
+        f"{len(fusion.groups)} kernels from {len(fusion.graph)} nodes",
+        f"\nfused ({sum(taken.values())}):",
     ]
-    lines.append(f"\nrefused ({len(refused)}):")
-    lines += [f"  {d.node:28s} -> {d.group:24s} {d.role:26s} {d.reason}" for d in refused]
+    lines += [
+        f"  {n:22s} -> {g:18s} {r:24s} saves {s} B/token  x{c}"
+        for (n, g, r, s, _), c in taken.items()
+    ]
+    lines.append(f"\nrefused ({sum(refused.values())}):")
+    lines += [
+        f"  {n:22s} -> {g:18s} {r:24s} {why}  x{c}" for (n, g, r, _, why), c in refused.items()
+    ]
     return "\n".join(lines) + "\n"
+
+
+def _layerless(name: str) -> str:
+    import re
+
+    return re.sub(r"\bl\d+\.", "l*.", name)

@@ -155,7 +155,7 @@ def fuse(graph: Graph) -> Fusion:
                     n,
                     "prologue:residual-add",
                     n.outputs[0],
-                    None if user is None else "the residual stream is read again later",
+                    None if user is not None else "the residual stream is read again later",
                 )
 
     groups: dict[str, FusedGroup] = {}
