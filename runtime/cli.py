@@ -180,6 +180,53 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from hipc.runtime.server.config import OPTIONS, Config
+    from hipc.runtime.server.serve import serve
+
+    config = Config.from_sources({o.field: getattr(args, o.field) for o in OPTIONS})
+    return serve(config)
+
+
+def cmd_chat(args) -> int:
+    from hipc.runtime.sampler import SamplingParams
+    from hipc.runtime.server.terminal_chat import run_chat
+
+    if not _is_artifact(args.artifact):
+        raise HipcError(
+            f"{args.artifact}: not a compiled artifact (make one with: hipc compile MODEL -o NAME.hipc)"
+        )
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise HipcError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    template = None
+    if args.chat_template:
+        try:
+            with open(args.chat_template, encoding="utf-8") as f:
+                template = f.read()
+        except OSError as e:
+            raise HipcError(f"--chat-template {args.chat_template}: {e.strerror}") from None
+    sampling = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+    )
+    from hipc.runtime.engine import load_engine
+
+    engine = load_engine(args.artifact, threads=args.threads)
+    return run_chat(
+        engine,
+        sampling=sampling,
+        max_tokens=args.max_tokens,
+        system=args.system,
+        chat_template=template,
+        reasoning=args.reasoning,
+        show_reasoning=args.show_reasoning,
+    )
+
+
 def cmd_compile(args) -> int:
     from hipc.compiler.options import CompileOptions
     from hipc.compiler.pipeline import compile_model, explain
@@ -335,6 +382,37 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     sp.add_argument("--reference", action="store_true", help="run the NumPy reference executor")
     sp.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+
+    from hipc.runtime.server.config import add_arguments
+
+    help = "serve ARTIFACT over an OpenAI-compatible HTTP API (every flag also as HIPC_*)"
+    sp = sub.add_parser("serve", help=help, description=help)
+    add_arguments(sp)
+    sp.set_defaults(fn=cmd_serve)
+
+    help = "chat with ARTIFACT in the terminal, streamed (/reset, /exit)"
+    sp = sub.add_parser("chat", help=help, description=help)
+    sp.add_argument("artifact", metavar="ARTIFACT", help="a compiled artifact (NAME.hipc/)")
+    sp.add_argument("--system", default=None, help="a system message to start with")
+    sp.add_argument("--max-tokens", type=int, default=None, help="per reply (default: the context)")
+    sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    sp.add_argument("--top-p", type=float, default=1.0)
+    sp.add_argument("--top-k", type=int, default=0)
+    sp.add_argument("--min-p", type=float, default=0.0)
+    sp.add_argument("--repetition-penalty", type=float, default=1.0)
+    sp.add_argument("--seed", type=int, default=None)
+    sp.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    sp.add_argument(
+        "--chat-template", metavar="FILE", help="a Jinja template instead of the model's"
+    )
+    sp.add_argument(
+        "--reasoning",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="split <think> spans off the reply (auto: if the model knows <think>)",
+    )
+    sp.add_argument("--show-reasoning", action="store_true", help="print reasoning when piped, too")
+    sp.set_defaults(fn=cmd_chat)
     return p
 
 

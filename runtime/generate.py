@@ -5,6 +5,10 @@ Works over any engine with `max_context`, `reset()` and `forward(tokens, start)`
 Text is streamed through an incremental decoder, so a multi-byte character split
 across tokens is emitted whole, and text that could still turn into a stop string is
 held back until it cannot.
+
+Iterating a Generation gives text deltas (the CLI); `steps()` gives one Step per generated
+token with its id and, when asked for, its log-probability (the server, which also stops
+iterating to cancel: nothing runs between steps).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from hipc.runtime.errors import HipcError
-from hipc.runtime.sampler import Sampler, SamplingParams
+from hipc.runtime.sampler import Sampler, SamplingParams, token_logprobs
 from hipc.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -37,6 +41,24 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; n: the chosen token's and the n most likely
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one step released: text (often '' while it is held back) and the tokens since
+    the previous step (one, or none for the final flush), with their logprobs if asked for."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass
@@ -45,6 +67,7 @@ class GenerationResult:
     token_ids: list[int] = field(default_factory=list)
     prompt_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
@@ -70,7 +93,7 @@ class GenerationResult:
 
 
 class Generation:
-    """Iterate for text deltas; `result` is complete once iteration ends."""
+    """Iterate for text deltas, or `steps()` for Steps; `result` is complete once iteration ends."""
 
     def __init__(self, engine: Engine, tokenizer: Tokenizer, request: GenerationRequest) -> None:
         prompt = list(request.prompt_ids)
@@ -91,6 +114,11 @@ class Generation:
         self._stop_ids = stops
 
     def __iter__(self) -> Iterator[str]:
+        for step in self.steps():
+            if step.text:
+                yield step.text
+
+    def steps(self) -> Iterator[Step]:
         req, res = self.request, self.result
         sampler = Sampler(req.sampling)
         decoder = IncrementalDecoder(
@@ -98,6 +126,8 @@ class Generation:
         )
         text, emitted = "", 0
         hold = max((len(s) for s in req.stop), default=1) - 1
+        pending: list[int] = []
+        pending_lp: list[TokenLogprob] = []
         self.engine.reset()
         t0 = time.perf_counter()
         logits = self.engine.forward(res.prompt_token_ids, 0)
@@ -110,6 +140,11 @@ class Generation:
                 res.finish_reason = "stop"
                 break
             res.token_ids.append(token)
+            pending.append(token)
+            if req.logprobs is not None:
+                lp, top = token_logprobs(logits, token, req.logprobs)
+                pending_lp.append(TokenLogprob(token, lp, top))
+                res.logprobs.append(pending_lp[-1])
             text += decoder.feed(token)
             cut = _find_stop(text, req.stop, emitted)
             if cut is not None:
@@ -118,9 +153,13 @@ class Generation:
             if len(res.token_ids) >= self.max_tokens:
                 res.finish_reason = "length"
                 break
+            delta = ""
             if len(text) - hold > emitted:
-                yield text[emitted : len(text) - hold]
+                delta = text[emitted : len(text) - hold]
                 emitted = len(text) - hold
+            yield Step(delta, tuple(pending), tuple(pending_lp))
+            pending.clear()
+            pending_lp.clear()
             logits = self.engine.forward([token], pos)
             pos += 1
         res.decode_s = time.perf_counter() - t0
@@ -130,9 +169,9 @@ class Generation:
             if cut is not None:
                 text, res.finish_reason = text[:cut], "stop"
         res.finish_reason = res.finish_reason or "length"
-        if len(text) > emitted:
-            yield text[emitted:]
         res.text = text
+        if len(text) > emitted or pending:
+            yield Step(text[emitted:], tuple(pending), tuple(pending_lp))
 
 
 def _find_stop(text: str, stops: Sequence[str], emitted: int) -> int | None:

@@ -1,7 +1,9 @@
-"""Token sampling: penalties, then temperature, top-k, top-p, min-p, then a draw.
+"""Token sampling: logit bias and penalties, then temperature, top-k, top-p, min-p, then a draw.
 
-temperature 0 is greedy (argmax after penalties). Same seed + same inputs = same
-tokens: every draw comes from the sampler's own numpy Generator.
+temperature 0 is greedy (argmax after bias and penalties). Same seed + same inputs = same
+tokens: every draw comes from the sampler's own numpy Generator. `token_logprobs` reports
+what the model itself said about a token (log-softmax of the raw logits), whatever the
+sampling settings.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI-style, over output
     frequency_penalty: float = 0.0
     seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
 
     def __post_init__(self) -> None:
         checks = [
@@ -39,6 +42,10 @@ class SamplingParams:
         for name, ok in checks:
             if not ok:
                 raise HipcError(f"{name}={getattr(self, name)!r} is out of range")
+        if self.seed is not None and self.seed < 0:
+            raise HipcError(f"seed={self.seed!r} is out of range (a seed is non-negative)")
+        if any(token < 0 for token, _ in self.logit_bias):
+            raise HipcError("logit_bias: token ids are non-negative")
 
     @property
     def greedy(self) -> bool:
@@ -55,6 +62,13 @@ class Sampler:
     ) -> np.ndarray:
         p = self.params
         logits = logits.astype(np.float64, copy=True)
+        if p.logit_bias:
+            ids = np.fromiter((t for t, _ in p.logit_bias), dtype=np.int64)
+            if ids.max() >= logits.size:
+                raise HipcError(
+                    f"logit_bias: token id {int(ids.max())} is out of vocabulary (size {logits.size})"
+                )
+            np.add.at(logits, ids, np.fromiter((b for _, b in p.logit_bias), dtype=np.float64))
         if p.repetition_penalty != 1.0 and (prompt or output):
             seen = np.unique(np.fromiter([*prompt, *output], dtype=np.int64))
             vals = logits[seen]
@@ -97,3 +111,23 @@ class Sampler:
             return int(np.argmax(logits))
         probs = self.probabilities(logits)
         return int(self.rng.choice(probs.size, p=probs))
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64, copy=False)
+    z = z - z.max()
+    return z - np.log(np.exp(z).sum())
+
+
+def token_logprobs(
+    logits: np.ndarray, token: int, top_n: int = 0
+) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The model's log-probability of `token` and its `top_n` most likely tokens, best first."""
+    lp = log_softmax(logits)
+    top: tuple[tuple[int, float], ...] = ()
+    if top_n > 0:
+        n = min(top_n, lp.size)
+        best = np.argpartition(-lp, n - 1)[:n]
+        best = best[np.argsort(-lp[best], kind="stable")]
+        top = tuple((int(i), float(lp[i])) for i in best)
+    return float(lp[token]), top

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -184,3 +185,73 @@ def hf_greedy(model, tokens: list[int], n: int) -> list[int]:
             out.append(int(res.logits[0, -1].argmax()))
             ids = torch.tensor([[out[-1]]])
     return out
+
+
+# A ChatML template like SmolLM2's (system line first), and one whose generation prompt
+# opens a think block the way DeepSeek-R1 / Qwen3-thinking templates do.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+THINK_TEMPLATE = CHATML_TEMPLATE.replace("assistant\n' }}", "assistant\n<think>\n' }}")
+assert THINK_TEMPLATE != CHATML_TEMPLATE
+TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TINY_THINK_TOKENS = ("<think>", "</think>")  # ordinary added tokens (decoded), as in Qwen3
+
+# words for the BPE merges: English, accents, CJK, emoji, JSON-ish punctuation
+_CORPUS_LINES = (
+    "the quick brown fox jumps over lazy dog compiler kernel tensor model token",
+    "server request stream answer question think reason because therefore capital",
+    'france paris hello world café naïve résumé 日本 語 東京 😀 🚀 data:, {"json": [1, 2.5]}',
+    "<tag> one two three four five six seven eight nine ten zero alpha beta gamma",
+    "delta",
+)
+
+
+@functools.lru_cache(maxsize=4)
+def tiny_tokenizer_json(vocab_size: int = 384) -> str:
+    """A byte-level BPE tokenizer.json with exactly `vocab_size` ids: the special tokens
+    first, the 256 byte symbols, merges learned from a fixed corpus, then <think>/</think>."""
+    import random
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = random.Random(0)
+    words = " ".join(_CORPUS_LINES).split()
+    corpus = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(400)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(TINY_THINK_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=list(TINY_SPECIAL_TOKENS),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TINY_THINK_TOKENS])
+    assert tok.get_vocab_size() == vocab_size, (tok.get_vocab_size(), vocab_size)
+    return tok.to_str()
+
+
+def write_tiny_tokenizer(
+    folder: Path, vocab_size: int = 384, chat_template: str = CHATML_TEMPLATE
+) -> Path:
+    """tokenizer.json + tokenizer_config.json (EOS <|im_end|>, a chat template) into folder."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_text(tiny_tokenizer_json(vocab_size), encoding="utf-8")
+    config = {"eos_token": "<|im_end|>", "bos_token": None, "chat_template": chat_template}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+def write_tiny_chat_model(
+    folder: Path, vocab_size: int = 384, max_context: int = 256, seed: int = 0
+) -> Path:
+    """A random Llama-family model with a real tokenizer and chat template, as an HF folder."""
+    write_tiny_hf(folder, seed=seed, vocab_size=vocab_size, max_position_embeddings=max_context)
+    return write_tiny_tokenizer(folder, vocab_size)

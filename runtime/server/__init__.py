@@ -1,0 +1,10 @@
+"""The OpenAI-compatible HTTP server: a Falcon WSGI app over one engine, served by waitress.
+
+Modules, in the order a request meets them: config (defaults, HIPC_* environment),
+serve (waitress, warmup, signals), app (routes only), auth, resources (thin responders),
+validation (every input check), service (prompts, plans, responses), scheduler (the queue
+in front of the engine), runner (generation on the engine thread), reasoning (<think>
+split), openai_format (response, chunk and error shapes), metrics (Prometheus text).
+
+Nothing here is imported until `hipc serve` or `hipc chat` runs.
+"""

@@ -1,0 +1,80 @@
+"""create_app(engine, config): the Falcon WSGI app. It only wires; the work is in Service."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import falcon
+
+from hipc.runtime.server import resources
+from hipc.runtime.server.auth import BearerAuth
+from hipc.runtime.server.config import Config
+from hipc.runtime.server.errors import APIError, internal_error
+from hipc.runtime.server.metrics import ServerMetrics
+from hipc.runtime.server.service import Service
+
+log = logging.getLogger("hipc.server")
+
+
+def create_app(engine, config: Config | None = None, service: Service | None = None) -> falcon.App:
+    config = config or Config()
+    service = service or Service(engine, config)
+    middleware: list = [RequestLog(service.metrics)]
+    if config.api_key:
+        middleware.append(BearerAuth(config.api_key))
+    app = falcon.App(middleware=middleware)
+    app.req_options.strip_url_path_trailing_slash = True
+    app.add_route("/health", resources.Health(service))
+    app.add_route("/metrics", resources.Metrics(service))
+    app.add_route("/v1/models", resources.Models(service))
+    app.add_route("/v1/models/{model_id}", resources.Model(service))
+    app.add_route("/v1/completions", resources.Completions(service))
+    app.add_route("/v1/chat/completions", resources.ChatCompletions(service))
+    app.add_error_handler(Exception, _unexpected_error)
+    app.add_error_handler(falcon.HTTPError, _http_error)
+    app.add_error_handler(APIError, _api_error)
+    return app
+
+
+class RequestLog:
+    """Counts every response by route and status, and logs one line per request."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def process_request(self, req, resp) -> None:
+        req.context.t0 = time.perf_counter()
+
+    def process_response(self, req, resp, resource, req_succeeded) -> None:
+        # NOTE: route templates, never raw paths: label values stay a bounded set
+        endpoint = req.uri_template if resource is not None and req.uri_template else "unmatched"
+        status = str(resp.status_code)
+        self.metrics.requests.inc(1, endpoint, status)
+        ms = (time.perf_counter() - getattr(req.context, "t0", time.perf_counter())) * 1e3
+        log.info("%s %s %s %.1f ms", req.method, endpoint, status, ms)
+
+
+def _api_error(req, resp, ex: APIError, params) -> None:
+    resp.status = ex.status
+    resp.media = ex.body()
+    for name, value in ex.headers.items():
+        resp.set_header(name, value)
+
+
+def _http_error(req, resp, ex: falcon.HTTPError, params) -> None:
+    """Falcon's own errors (no route, wrong method, bad header) in OpenAI's shape."""
+    message = ex.description or ex.title or "HTTP error"
+    if ex.status_code == 404:
+        message = f"Unknown request URL: {req.method} {req.path}."
+    elif ex.status_code == 405:
+        message = f"Method {req.method} is not allowed on {req.path}."
+    err = APIError(ex.status_code, message, code=None)
+    _api_error(req, resp, err, params)
+    for name, value in (ex.headers or {}).items():
+        resp.set_header(name, value)
+
+
+def _unexpected_error(req, resp, ex: Exception, params) -> None:
+    log.exception("unhandled error on %s %s", req.method, req.path)
+    _api_error(req, resp, internal_error(), params)

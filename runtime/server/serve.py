@@ -1,0 +1,222 @@
+"""`hipc serve`: load the engine once, warm it up, then serve the app with waitress.
+
+The port opens only after warmup, so a client that can connect gets a ready server.
+SIGTERM (or Ctrl-C) closes the listening socket at once, lets running and queued requests
+finish for --shutdown-timeout seconds, cancels what is left, flushes the responses and
+exits 0; a second signal cancels at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+
+from hipc.runtime.errors import HipcError
+from hipc.runtime.server.config import Config
+
+log = logging.getLogger("hipc.server")
+
+SPARE_HTTP_THREADS = 4  # /health, /metrics and 429s still answer with the queue full
+MAX_HTTP_THREADS = 512
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def load(config: Config):
+    """The engine for config.artifact, loaded once for the life of the server."""
+    from hipc.runtime.artifact import is_artifact
+    from hipc.runtime.engine import load_engine
+
+    if not config.artifact:
+        raise HipcError("no artifact to serve: pass ARTIFACT or set HIPC_ARTIFACT")
+    if not is_artifact(config.artifact):
+        raise HipcError(
+            f"{config.artifact}: not a compiled artifact (make one with: hipc compile MODEL -o NAME.hipc)"
+        )
+    from pathlib import Path
+
+    if not (Path(config.artifact) / "tokenizer.json").is_file():
+        raise HipcError(
+            f"{config.artifact}: the artifact has no tokenizer, and the server needs one to read "
+            "prompts and write text (compile a model that ships tokenizer.json, or a GGUF file)"
+        )
+    return load_engine(config.artifact, threads=config.threads)
+
+
+def serve(config: Config) -> int:
+    setup_logging(config.log_level)
+    from hipc.runtime.server.app import create_app
+    from hipc.runtime.server.service import Service
+
+    t0 = time.perf_counter()
+    engine = load(config)
+    service = Service(engine, config)
+    backend = getattr(engine, "backend", None)
+    kv = getattr(backend, "kv_bytes", 0)
+    log.info(
+        "model %s from %s: %s target, KV cache %s for %d positions = %.1f MiB, "
+        "admitting %d tokens per request (loaded in %.2f s)",
+        service.model_name,
+        config.artifact,
+        getattr(backend, "name", "?"),
+        service.kv_storage,
+        engine.max_context,
+        kv / 2**20,
+        service.max_context,
+        time.perf_counter() - t0,
+    )
+    _commit_kv(backend)
+    if config.eager_load:
+        seconds = service.warmup(config.eager_load_prompt, config.eager_load_max_tokens)
+        log.info("warmup: %d tokens in %.2f s", config.eager_load_max_tokens, seconds)
+    app = InFlight(create_app(engine, config, service))
+    server = _create_server(app, config)
+    host, port = _address(server)
+    if not config.api_key and not _loopback(host):
+        log.warning("listening on %s without --api-key: anyone who can reach it can use it", host)
+    log.info("ready: http://%s:%s (model %s)", host, port, service.model_name)
+    code = _run(server, app, service, config)
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+    log.info("stopped")
+    return code
+
+
+def _commit_kv(backend) -> None:
+    """Touch every page of a host-memory KV cache now: numpy's zeros are mapped lazily, and
+    memory that runs out should do so at startup, not in the middle of a long request."""
+    for state in getattr(backend, "kv", None) or ():
+        fill = getattr(state, "fill", None)
+        if fill is not None:
+            fill(0)
+
+
+def _create_server(app, config: Config):
+    import waitress
+
+    threads = min(config.max_queued_requests + 1 + SPARE_HTTP_THREADS, MAX_HTTP_THREADS)
+    try:
+        return waitress.create_server(
+            app,
+            host=config.host,
+            port=config.port,
+            threads=threads,
+            connection_limit=max(100, 2 * threads),
+            # NOTE: lookahead keeps reading a connection while its request runs, so a client
+            # that hangs up is noticed (waitress.client_disconnected) and its work cancelled
+            channel_request_lookahead=1,
+            # waitress refuses bodies past this with its own plain-text 413; below it the
+            # app answers oversized bodies with an OpenAI-style JSON 413
+            max_request_body_size=4 * config.max_body_bytes,
+            ident="hipc",
+            clear_untrusted_proxy_headers=True,
+            expose_tracebacks=False,
+        )
+    except OSError as e:
+        raise HipcError(f"cannot listen on {config.host}:{config.port}: {e.strerror}") from None
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _address(server) -> tuple[str, int]:
+    if hasattr(server, "effective_port"):
+        return str(server.effective_host), int(server.effective_port)
+    first = server.effective_listen[0]
+    return str(first[0]), int(first[1])
+
+
+class InFlight:
+    """WSGI wrapper that counts requests until their response body is closed."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, environ, start_response):
+        with self._lock:
+            self.count += 1
+        try:
+            body = self.app(environ, start_response)
+        except BaseException:
+            self._done()
+            raise
+        return _Closing(body, self._done)
+
+    def _done(self) -> None:
+        with self._lock:
+            self.count -= 1
+
+
+class _Closing:
+    def __init__(self, body, on_close) -> None:
+        self._body, self._on_close, self._closed = body, on_close, False
+
+    def __iter__(self):
+        return iter(self._body)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._on_close()
+
+
+def _run(server, app: InFlight, service, config: Config) -> int:
+    from waitress import wasyncore
+    from waitress.server import BaseWSGIServer
+
+    sockets = server._map if hasattr(server, "_map") else server.map
+    signals = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: signals.append(signum))
+    while not signals:
+        wasyncore.loop(timeout=0.5, use_poll=True, map=sockets, count=1)
+
+    log.info(
+        "%s: not accepting new connections; finishing running and queued requests (up to %.1f s)",
+        signal.Signals(signals[0]).name,
+        config.shutdown_timeout,
+    )
+    for listener in [d for d in sockets.values() if isinstance(d, BaseWSGIServer)]:
+        wasyncore.dispatcher.close(listener)  # the socket only; the loop keeps serving
+    drain = threading.Thread(target=service.close, args=(config.shutdown_timeout,), daemon=True)
+    drain.start()
+    hard_deadline = time.monotonic() + config.shutdown_timeout + 10
+    hurried = False
+    while time.monotonic() < hard_deadline:
+        if len(signals) > 1 and not hurried:
+            log.info("second signal: cancelling what is left")
+            service.scheduler.hurry()
+            hurried = True
+        flushed = all(not getattr(d, "total_outbufs_len", 0) for d in list(sockets.values()))
+        if not drain.is_alive() and app.count == 0 and flushed:
+            break
+        wasyncore.loop(timeout=0.05, use_poll=True, map=sockets, count=1)
+    else:
+        log.warning("shutdown: %d requests still open at the deadline; closing them", app.count)
+    wasyncore.close_all(sockets)
+    server.task_dispatcher.shutdown(timeout=2)
+    return 0

@@ -1,0 +1,383 @@
+"""The work behind the routes: requests to plans, plans to jobs on the engine's queue.
+
+The service owns the engine's slot, the scheduler and the metrics. A request is checked
+against the admitted context before it queues, so a prompt that cannot fit is a 400 at
+once; everything that touches the engine happens on the scheduler's thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from hipc.runtime.errors import HipcError
+from hipc.runtime.generate import Generation, GenerationRequest, GenerationResult
+from hipc.runtime.server import openai_format as fmt
+from hipc.runtime.server.config import Config
+from hipc.runtime.server.errors import APIError, bad_request, server_busy, unavailable
+from hipc.runtime.server.metrics import ServerMetrics
+from hipc.runtime.server.reasoning import prompt_opens_think
+from hipc.runtime.server.responses import Plan, Responder
+from hipc.runtime.server.runner import ChoiceSpec, EngineSlot, Runner
+from hipc.runtime.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown
+from hipc.runtime.server.validation import ChatParams, Common, CompletionParams, Limits
+
+log = logging.getLogger("hipc.server")
+
+Disconnected = Callable[[], bool]
+_POLL_S = 0.1
+
+
+def admitted_context(engine, requested: int | None) -> int:
+    """The context a request may use: all the engine holds unless fewer are asked for."""
+    holds = int(engine.max_context)
+    if requested is None:
+        return holds
+    if requested > holds:
+        raise HipcError(
+            f"--max-context-tokens {requested}: the artifact's KV cache holds {holds} positions "
+            f"(it was compiled with --max-context {holds}); admit at most {holds}, or recompile "
+            "with a larger --max-context"
+        )
+    return requested
+
+
+_KV_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def check_kv_storage(engine, requested: str | None) -> str:
+    """The KV storage type in use; one the target cannot store is a clear error.
+
+    The type is the artifact's (its plan's KV states); a backend that can store others
+    lists them in `kv_storage_types`. The cpu backend stores float32 only.
+    """
+    backend = getattr(engine, "backend", None)
+    target = getattr(backend, "name", "this")
+    plan = getattr(getattr(engine, "artifact", None), "plan", None) or {}
+    states = plan.get("states") or [{}]
+    native = states[0].get("dtype", "float32")
+    supported = tuple(getattr(backend, "kv_storage_types", (native,)))
+    if requested is None:
+        return native
+    want = _KV_ALIASES.get(requested.lower(), requested.lower())
+    if want in supported:
+        return want
+    raise HipcError(
+        f"--kv-storage {requested}: the {target} target stores this artifact's KV cache as "
+        f"{' or '.join(supported)} only (supported here: {', '.join(supported)})"
+    )
+
+
+def default_model_name(engine) -> str:
+    artifact = getattr(engine, "artifact", None)
+    path = getattr(artifact, "path", None)
+    return Path(path).name.removesuffix(".hipc") if path else "hipc-model"
+
+
+def reasoning_enabled(mode: str, tokenizer, template: str | None) -> bool:
+    """--reasoning auto: split <think> spans if the vocabulary or the template knows them."""
+    if mode != "auto":
+        return mode == "on"
+    return tokenizer.token_to_id("<think>") is not None or "<think>" in (template or "")
+
+
+def render_prompt(
+    tokenizer, template: str | None, messages: list[dict], kwargs: dict[str, Any]
+) -> tuple[list[int], str]:
+    """Token ids and text of a chat prompt, through `template` (ChatML if None)."""
+    from hipc.runtime.chat_template import CHATML_TEMPLATE, render_chat
+
+    text = render_chat(
+        template or CHATML_TEMPLATE,
+        messages,
+        add_generation_prompt=True,
+        bos_token=tokenizer.bos_token or "",
+        eos_token=tokenizer.eos_token or "",
+        **kwargs,
+    )
+    return encode(tokenizer, text, False), text
+
+
+_ENCODER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hipc-tokenize")
+
+
+def encode(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
+    """Encode on one thread: the tokenizers library keeps caches per calling thread
+    (megabytes each once prompts vary), so encoding from every HTTP thread would grow one
+    set per thread; measured in docs/benchmarks/server-load.md."""
+    return _ENCODER.submit(tokenizer.encode, text, add_special_tokens).result()
+
+
+class Service:
+    def __init__(self, engine, config: Config, tokenizer=None) -> None:
+        self.engine = engine
+        self.config = config
+        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+        self.model_name = config.served_model_name or default_model_name(engine)
+        self.max_context = admitted_context(engine, config.max_context_tokens)
+        self.kv_storage = check_kv_storage(engine, config.kv_storage)
+        self.created = fmt.now()
+        self.scheduler = Scheduler(config.max_queued_requests, on_cancel=self._count_cancel)
+        backend = getattr(engine, "backend", None)
+        self.metrics = ServerMetrics(
+            queue_depth=lambda: self.scheduler.depth,
+            running=lambda: self.scheduler.running,
+            kv_bytes=getattr(backend, "kv_bytes", 0),
+            max_context=self.max_context,
+        )
+        self.slot = EngineSlot(engine, self.max_context, self.metrics)
+        self.runner = Runner(self.slot, self.tokenizer, self.metrics)
+        defaults = {}
+        artifact = getattr(engine, "artifact", None)
+        if artifact is not None and hasattr(artifact, "generation_defaults"):
+            defaults = artifact.generation_defaults() or {}
+        self.limits = Limits(
+            max_body_bytes=config.max_body_bytes,
+            max_json_depth=config.max_json_depth,
+            max_n=config.max_n,
+            vocab_size=min(int(engine.vocab_size), self.tokenizer.vocab_size),
+            defaults=defaults,
+        )
+        self.chat_template = self.tokenizer.chat_template
+        if config.chat_template:
+            try:
+                self.chat_template = Path(config.chat_template).read_text(encoding="utf-8")
+            except OSError as e:
+                raise HipcError(f"--chat-template {config.chat_template}: {e.strerror}") from None
+        self.reasoning = reasoning_enabled(config.reasoning, self.tokenizer, self.chat_template)
+        self.responder = Responder(self.model_name, self.tokenizer, self.reasoning)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def warmup(self, prompt: str, max_tokens: int) -> float:
+        """One short greedy chat generation on the engine, before serving (no queue yet)."""
+        t0 = time.perf_counter()
+        ids = self._chat_prompt([{"role": "user", "content": prompt}], {})[0]
+        ids = ids[: max(self.max_context - 1, 1)]
+        request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=max_tokens)
+        for _ in Generation(self.slot, self.tokenizer, request).steps():
+            pass
+        return time.perf_counter() - t0
+
+    def close(self, grace: float) -> None:
+        self.scheduler.close(grace)
+
+    @property
+    def accepting(self) -> bool:
+        return self.scheduler.accepting
+
+    def _count_cancel(self, job: Job) -> None:
+        self.metrics.cancelled.inc(1, job.cancel_reason or "unknown")
+
+    # ------------------------------------------------------------ /v1/models, /health
+
+    def models(self) -> dict[str, Any]:
+        return fmt.model_list([self.model_card()])
+
+    def model_card(self, name: str | None = None) -> dict[str, Any]:
+        if name is not None and name != self.model_name:
+            raise self._no_model(name)
+        return fmt.model_card(self.model_name, self.created, self.max_context)
+
+    def _no_model(self, name: str) -> APIError:
+        return APIError(
+            404,
+            f"The model `{name}` does not exist (this server serves `{self.model_name}`).",
+            param="model",
+            code="model_not_found",
+        )
+
+    # ------------------------------------------------------------ planning
+
+    def _check_context(self, n_prompt: int, max_tokens: int | None, what: str) -> None:
+        c = self.max_context
+        note = ""
+        if c < self.engine.max_context:
+            note = f" (this server admits {c} of the {self.engine.max_context} positions the artifact holds: --max-context-tokens)"
+        param = "messages" if what == "messages" else "prompt"
+        if n_prompt >= c:
+            raise bad_request(
+                f"This model's maximum context length is {c} tokens{note}. However, your {what} "
+                f"resulted in {n_prompt} tokens, leaving no room for a completion. Please reduce "
+                f"the length of the {what}.",
+                param=param,
+                code="context_length_exceeded",
+            )
+        if max_tokens is not None and n_prompt + max_tokens > c:
+            raise bad_request(
+                f"This model's maximum context length is {c} tokens{note}. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the {what}, {max_tokens} in the "
+                f"completion). Please reduce the length of the {what} or completion.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+
+    def _choices(self, common: Common, prompts: list[list[int]]) -> list[ChoiceSpec]:
+        out = []
+        for pi, ids in enumerate(prompts):
+            for j in range(common.n):
+                index = pi * common.n + j
+                sampling = common.sampling
+                if common.seed is not None:
+                    # choice i draws from seed + i: n choices differ, and each repeats
+                    sampling = replace(sampling, seed=(common.seed + index) % 2**64)
+                out.append(
+                    ChoiceSpec(
+                        index,
+                        GenerationRequest(
+                            prompt_ids=tuple(ids),
+                            max_tokens=common.max_tokens,
+                            sampling=sampling,
+                            stop=common.stop,
+                            stop_token_ids=common.stop_token_ids,
+                            ignore_eos=common.ignore_eos,
+                            logprobs=common.logprobs,
+                        ),
+                    )
+                )
+        return out
+
+    def _chat_prompt(self, messages: list[dict], kwargs: dict[str, Any]) -> tuple[list[int], str]:
+        return render_prompt(self.tokenizer, self.chat_template, messages, kwargs)
+
+    def plan_chat(self, p: ChatParams) -> Plan:
+        if p.common.model != self.model_name:
+            raise self._no_model(p.common.model)
+        try:
+            ids, text = self._chat_prompt([dict(m) for m in p.messages], p.template_kwargs)
+        except HipcError as e:
+            raise bad_request(str(e), param="messages", code="chat_template_error") from None
+        if not ids:
+            raise bad_request("The chat template made an empty prompt.", param="messages")
+        self._check_context(len(ids), p.common.max_tokens, "messages")
+        return Plan(
+            id=fmt.new_id("chatcmpl"),
+            created=fmt.now(),
+            common=p.common,
+            prompts=[ids],
+            choices=self._choices(p.common, [ids]),
+            prefixes={},
+            opens_think=self.reasoning and prompt_opens_think(text),
+        )
+
+    def plan_completion(self, p: CompletionParams) -> Plan:
+        if p.common.model != self.model_name:
+            raise self._no_model(p.common.model)
+        prompts, texts = [], []
+        for prompt in p.prompts:
+            if isinstance(prompt, str):
+                ids = encode(self.tokenizer, prompt)
+                texts.append(prompt)
+            else:
+                ids = list(prompt)
+                texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+            if not ids:
+                raise bad_request("The prompt is empty (it encodes to no tokens).", param="prompt")
+            self._check_context(len(ids), p.common.max_tokens, "prompt")
+            prompts.append(ids)
+        choices = self._choices(p.common, prompts)
+        prefixes = {c.index: texts[c.index // p.common.n] for c in choices} if p.echo else {}
+        return Plan(
+            id=fmt.new_id("cmpl"),
+            created=fmt.now(),
+            common=p.common,
+            prompts=prompts,
+            choices=choices,
+            prefixes=prefixes,
+        )
+
+    # ------------------------------------------------------------ running
+
+    def _submit(self, plan: Plan, disconnected: Disconnected) -> Job:
+        job = Job(self.runner.work(plan.choices, plan.common.stream, plan.prompt_tokens))
+        try:
+            self.scheduler.submit(job)
+        except QueueFull:
+            self.metrics.rejected.inc(1, "queue_full")
+            raise server_busy(
+                f"The server is busy: {self.scheduler.max_queued} requests are already waiting "
+                "for the engine (--max-queued-requests). Retry later."
+            ) from None
+        except ShuttingDown:
+            self.metrics.rejected.inc(1, "shutting_down")
+            raise unavailable("The server is shutting down.") from None
+        self._wait(job, lambda: job.started.is_set() or job.done.is_set(), disconnected)
+        if not job.started.is_set():
+            raise self._cancelled(job)
+        return job
+
+    @staticmethod
+    def _wait(job: Job, ready: Callable[[], bool], disconnected: Disconnected) -> None:
+        while not ready():
+            if disconnected():
+                job.cancel("client_disconnected")
+                raise APIError(499, "The client closed the connection.", code="client_closed")
+            job.done.wait(_POLL_S) if job.started.is_set() else job.started.wait(_POLL_S)
+
+    @staticmethod
+    def _cancelled(job: Job) -> APIError:
+        if job.cancel_reason == "shutdown":
+            return unavailable("The server shut down before this request finished.")
+        return APIError(499, "The request was cancelled.", code="cancelled")
+
+    def _finish(self, job: Job, disconnected: Disconnected) -> list[tuple[int, GenerationResult]]:
+        self._wait(job, job.done.is_set, disconnected)
+        failure = self._failure(job)
+        if failure is not None:
+            raise failure
+        return sorted(job.results, key=lambda r: r[0])
+
+    def _events(self, job: Job, disconnected: Disconnected) -> Iterator[tuple]:
+        while True:
+            try:
+                event = job.events.get(timeout=_POLL_S)
+            except queue.Empty:
+                if disconnected():
+                    job.cancel("client_disconnected")
+                    return
+                continue
+            yield event
+            if event[0] == "done":
+                return
+
+    def _failure(self, job: Job) -> APIError | None:
+        if isinstance(job.error, APIError):
+            return job.error
+        if job.error is not None:
+            return APIError(500, "generation failed", type="server_error")
+        return self._cancelled(job) if job.cancelled else None
+
+    def _stream(self, job: Job, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """The SSE body; if it is closed before its end (the client left), cancel the job."""
+        finished = False
+        try:
+            yield from chunks
+            finished = True
+        finally:
+            if not finished:
+                job.cancel("client_disconnected")
+
+    def chat(self, p: ChatParams, disconnected: Disconnected) -> dict | Iterator[bytes]:
+        plan = self.plan_chat(p)
+        job = self._submit(plan, disconnected)
+        if plan.common.stream:
+            events = self._events(job, disconnected)
+            failure = functools.partial(self._failure, job)
+            return self._stream(job, self.responder.chat_stream(plan, events, failure))
+        return self.responder.chat_body(plan, self._finish(job, disconnected))
+
+    def complete(self, p: CompletionParams, disconnected: Disconnected) -> dict | Iterator[bytes]:
+        plan = self.plan_completion(p)
+        job = self._submit(plan, disconnected)
+        if plan.common.stream:
+            events = self._events(job, disconnected)
+            failure = functools.partial(self._failure, job)
+            return self._stream(job, self.responder.completion_stream(plan, events, failure))
+        return self.responder.completion_body(plan, self._finish(job, disconnected))

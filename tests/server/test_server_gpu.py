@@ -1,0 +1,72 @@
+"""`hipc serve` on a GPU artifact: the same server code over the cuda backend.
+
+Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). The server's
+answers are compared with the same compiled engine driven directly in this process, and
+streaming with non-streaming; nothing here depends on the openai client, so only falcon
+and waitress need to be on that machine.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hipc.runtime.cli import main
+from hipc.runtime.engine import load_engine
+from hipc.runtime.generate import Generation, GenerationRequest
+
+from serving import running, sse_events
+from support import write_tiny_hf, write_tiny_tokenizer
+
+pytestmark = pytest.mark.gpu
+TARGET = "sm_90"
+PROMPTS = ["Hello", "The quick brown fox", "café 日本 😀"]
+
+
+@pytest.fixture(scope="module")
+def gpu_artifact(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu")
+    # SmolLM2's layer shapes (hidden 576, 9 heads, 3 KV heads), two layers, a small vocab
+    shapes = dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+                  num_key_value_heads=3)  # fmt: skip
+    folder = write_tiny_hf(root / "m", vocab_size=384, max_position_embeddings=512, **shapes)
+    write_tiny_tokenizer(folder, 384)
+    out = root / "m.hipc"
+    assert main(["compile", str(folder), "-o", str(out), "--target", TARGET, "-q"]) == 0
+    return out
+
+
+def test_server_on_the_gpu_matches_the_gpu_engine(gpu_artifact, tmp_path):
+    engine = load_engine(gpu_artifact, target="cuda")
+    tok = engine.tokenizer
+    want = {}
+    for prompt in PROMPTS:
+        gen = Generation(engine, tok, GenerationRequest(tuple(tok.encode(prompt)), 48))
+        want[prompt] = ("".join(gen), gen.result.finish_reason, len(gen.result.token_ids))
+    engine.close()
+    with running(gpu_artifact, "--served-model-name", "g", log_dir=tmp_path) as server:
+        assert "cuda target" in server.log()
+        for prompt in PROMPTS:
+            body = {"model": "g", "prompt": prompt, "max_tokens": 48, "temperature": 0}
+            status, _, raw = server.request("POST", "/v1/completions", body)
+            assert status == 200, raw
+            r = json.loads(raw)
+            got = (r["choices"][0]["text"], r["choices"][0]["finish_reason"],
+                   r["usage"]["completion_tokens"])  # fmt: skip
+            assert got == want[prompt]
+            status, _, raw = server.request("POST", "/v1/completions", {**body, "stream": True})
+            events = sse_events(raw)
+            assert "".join(e["choices"][0]["text"] for e in events[:-1]) == want[prompt][0]
+        status, _, raw = server.request(
+            "POST", "/v1/chat/completions",
+            {"model": "g", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 600},
+        )  # fmt: skip
+        assert status == 400 and b"context_length_exceeded" in raw
+        m = server.metrics()
+        assert m["hipc_kv_cache_bytes"] > 0 and m["hipc_max_context_tokens"] == 512
+
+
+def test_kv_storage_on_the_gpu_target(gpu_artifact, capsys):
+    assert main(["serve", str(gpu_artifact), "--kv-storage", "int8", "--no-eager-load"]) == 2
+    assert "--kv-storage int8: the cuda target" in capsys.readouterr().err
