@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from support import smollm2_path
+from support import require, smollm2_path
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -17,6 +17,19 @@ def _private_kernel_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     return smollm2_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_oracle(smollm2_gguf):
+    """transformers' tokenizer and float32 model for the SmolLM2 GGUF, loaded once."""
+    transformers = require("transformers")
+    require("torch")
+    folder, name = smollm2_gguf.parent, smollm2_gguf.name
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype="float32"
+    )
+    return tok, model.eval()
 
 
 _gpu_probe: tuple[bool, str] | None = None

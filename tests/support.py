@@ -255,3 +255,37 @@ def write_tiny_chat_model(
     """A random Llama-family model with a real tokenizer and chat template, as an HF folder."""
     write_tiny_hf(folder, seed=seed, vocab_size=vocab_size, max_position_embeddings=max_context)
     return write_tiny_tokenizer(folder, vocab_size)
+
+
+# Varied text for teacher-forced checks on SmolLM2: code, unicode, whitespace runs, chat.
+SMOLLM2_CORPUS = [
+    "The capital of France is Paris, and the capital of Germany is Berlin.",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "Unicode: naïve café, Здравствуйте, こんにちは世界, emoji 🎉🚀 and math ∑∫√.",
+    "Whitespace    runs\t\tand\n\n\nnewlines   keep   going.      End.",
+    "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n17 * 23 = 391.<|im_end|>\n",
+    "SELECT name, COUNT(*) FROM users WHERE age > 30 GROUP BY name ORDER BY 2 DESC;",
+    "In 1969, Apollo 11 landed on the Moon. Neil Armstrong said: 'That's one small step for man.'",
+]
+SMOLLM2_CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a hash table is in one paragraph.",
+]
+
+
+def rel_err(a, b) -> float:
+    """Largest absolute difference, relative to the largest reference value."""
+    import numpy as np
+
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def greedy(engine, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens from any engine (reference, cpu, gpu), EOS treated as a token."""
+    engine.reset()
+    logits, out = engine.forward(prompt, 0), []
+    for i in range(n):
+        out.append(int(logits.argmax()))
+        logits = engine.forward([out[-1]], len(prompt) + i)
+    return out

@@ -15,20 +15,7 @@ from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
-from support import TINY_FAMILIES, write_tiny_hf
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-
-
-def greedy(engine, prompt, n):
-    engine.reset()
-    logits, out = engine.forward(prompt, 0), []
-    for i in range(n):
-        out.append(int(logits.argmax()))
-        logits = engine.forward([out[-1]], len(prompt) + i)
-    return out
+from support import TINY_FAMILIES, greedy, rel_err, write_tiny_hf
 
 
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))

