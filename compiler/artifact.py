@@ -67,7 +67,7 @@ def write_artifact(
     tokenizer_json: str | None,
     tokenizer_meta: dict[str, Any] | None,
     generation: dict[str, Any],
-    progress: Callable[[str], None] = lambda msg: None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     out = Path(out)
     parent = out.resolve().parent
@@ -92,8 +92,9 @@ def write_artifact(
                 "code_object": f"kernels/{b.target}.{ext}",
                 "source": f"kernels/{b.target}.{src}",
             }
-        progress("writing weights")
-        write_safetensors(tmp / "weights.safetensors", weights, {"format": "hipc-weights"})
+        write_safetensors(
+            tmp / "weights.safetensors", weights, {"format": "hipc-weights"}, on_progress
+        )
         if tokenizer_json is not None:
             (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
             _write_json(tmp / "tokenizer_meta.json", tokenizer_meta)

@@ -63,6 +63,25 @@ class Stages:
         self.seconds[name] = time.perf_counter() - t0
         return out
 
+    def bar(self, label: str) -> Callable[[int, int], None] | None:
+        """A one-line byte progress bar, only on a terminal (logs get the stage lines)."""
+        if not (self.verbose and sys.stderr.isatty()):
+            return None
+
+        def show(done: int, total: int) -> None:
+            frac = done / total if total else 1.0
+            filled = int(30 * frac)
+            end = "\n" if done >= total else ""
+            print(
+                f"\rhipc: {label} [{'#' * filled}{'.' * (30 - filled)}] {frac:4.0%} "
+                f"{done / 1e9:.2f}/{total / 1e9:.2f} GB",
+                end=end,
+                file=sys.stderr,
+                flush=True,
+            )
+
+        return show
+
     def dump_graph(self, stage: str, graph: Graph) -> None:
         if not self.dump_dir:
             return
@@ -225,6 +244,7 @@ def compile_model(
             tokenizer_json=tokenizer.to_json() if tokenizer else None,
             tokenizer_meta=tokenizer.to_dict() if tokenizer else None,
             generation=model.source.generation_defaults(),
+            on_progress=st.bar("writing weights"),
         ),
     )
     return CompileResult(Path(out), fusion, hits, st.seconds)

@@ -110,7 +110,10 @@ class LazyTensor:
 
 
 def write_safetensors(
-    path: str | Path, tensors: list[LazyTensor], metadata: dict | None = None
+    path: str | Path,
+    tensors: list[LazyTensor],
+    metadata: dict | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """Stream tensors into a .safetensors file, materializing one at a time.
 
@@ -132,8 +135,12 @@ def write_safetensors(
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
+        done = 0
         for t in tensors:
             arr = np.ascontiguousarray(t.load(), dtype=t.dtype)
             if arr.shape != tuple(t.shape):
                 raise ValueError(f"tensor {t.name}: produced shape {arr.shape}, declared {t.shape}")
             f.write(memoryview(arr).cast("B"))
+            done += arr.nbytes
+            if on_progress:
+                on_progress(done, offset)
