@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hipc.compiler.ir import Graph, Node
+from hipc.runtime.errors import HipcError
 
 ATTENTION_FEEDERS = {"Reshape", "RMSNormalization", "RotaryEmbedding"}
 
@@ -209,8 +210,8 @@ def fuse(graph: Graph) -> Fusion:
     return Fusion(graph, ordered, decisions)
 
 
-class FusionError(ValueError):
-    pass
+class FusionError(HipcError):
+    """A graph the kernel templates cannot cover (reported to the user, one line)."""
 
 
 def _split_role(graph: Graph, split: Node, only_user) -> str:
