@@ -159,6 +159,7 @@ def compile_model(
                 list(graph.states),
                 HIPC_VERSION,
                 target,
+                max_ctx,
             )
             gpu_sections[target] = program.gpu
             info = {"wave": program.gpu["wave"]}

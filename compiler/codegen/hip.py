@@ -27,6 +27,7 @@ WEIGHT_SUFFIX = {
 }
 GEMV_WAVES = 8  # 8 waves: more rows in flight per SM when x (K floats) fills shared memory
 ATTN_WAVES = 8
+SPLIT_WAVES = 4  # decode attention: a chunk of 4 waves x one 32/64-key tile each per block
 MAX_GEMV_K = 16384  # the GEMV stages x in shared memory: 64 KiB, the smallest limit (AMD LDS)
 
 
@@ -50,10 +51,14 @@ def render_hip_program(
     states: list[str],
     hipc_version: str,
     target: str,
+    max_ctx: int,
 ) -> HipProgram:
     wave = wave_size(target)
     weights = weight_order(launches)
     kernels: dict[str, str] = {}
+    # scratch: inv_rms [max_tokens] for the GEMM norm, then the split attention's partials
+    partial_at = -(-4 * memory.max_tokens // 256) * 256
+    scratch_need = partial_at
     decode: list[dict] = []
     prefill: list[dict] = []
 
@@ -154,7 +159,23 @@ def render_hip_program(
             qv, kv, vv = (memory.views[a[n][1]] for n in ("q", "k", "v"))
             block = max(D // 2, wave)
             rope = add_kernel(f"{spec.fn}_rope_kv", "rope_kv", nodes=nodes, block=block, **p)
-            attn = add_kernel(f"{spec.fn}_attn", "attention", nodes=nodes, waves=ATTN_WAVES, **p)
+            attn = add_kernel(
+                f"{spec.fn}_attn", "attention", nodes=nodes, waves=ATTN_WAVES, split=False, **p
+            )
+            # decode splits the context over blocks (few heads, one token: too few blocks otherwise)
+            splits = -(-max_ctx // (SPLIT_WAVES * wave))
+            merge_block = max(D, wave)
+            attn_split = add_kernel(
+                f"{spec.fn}_attn_split",
+                "attention",
+                nodes=nodes,
+                waves=SPLIT_WAVES,
+                split=True,
+                splits=splits,
+                merge_block=merge_block,
+                **p,
+            )
+            scratch_need = max(scratch_need, partial_at + 4 * p["NH"] * splits * (D + 2))
             start = {"kind": "input", "name": "start"}
             cos, sin = bind(a["cos"]), bind(a["sin"])
             kc, vc = bind(a["k_cache"]), bind(a["v_cache"])
@@ -179,25 +200,46 @@ def render_hip_program(
                         ],
                     )
                 )
-                plan.append(
-                    _launch(
-                        launch.group,
-                        attn,
-                        ["T", p["NH"]],
-                        [ATTN_WAVES * wave],
-                        [
-                            act(a["q"][1]),
-                            {"kind": "int", "value": qv.ld},
-                            start,
-                            bind(a["q_norm_w"]),
-                            cos,
-                            sin,
-                            kc,
-                            vc,
-                            act(a["out"][1]),
-                        ],
+                q_args = [
+                    act(a["q"][1]),
+                    {"kind": "int", "value": qv.ld},
+                    start,
+                    bind(a["q_norm_w"]),
+                    cos,
+                    sin,
+                    kc,
+                    vc,
+                ]
+                if plan is prefill:
+                    plan.append(
+                        _launch(
+                            launch.group,
+                            attn,
+                            ["T", p["NH"]],
+                            [ATTN_WAVES * wave],
+                            [*q_args, act(a["out"][1])],
+                        )
                     )
-                )
+                else:
+                    partial = {"kind": "scratch", "offset": partial_at}
+                    plan.append(
+                        _launch(
+                            launch.group,
+                            attn_split,
+                            ["T", p["NH"], splits],
+                            [SPLIT_WAVES * wave],
+                            [*q_args, partial],
+                        )
+                    )
+                    plan.append(
+                        _launch(
+                            launch.group,
+                            f"{attn_split}_merge",
+                            ["T", p["NH"]],
+                            [merge_block],
+                            [start, partial, act(a["out"][1])],
+                        )
+                    )
         elif spec.template == "embedding":
             emb = add_kernel(f"{spec.fn}_embed", "embedding", nodes=nodes, wsuffix=ws, **p)
             for plan in (decode, prefill):
@@ -223,7 +265,7 @@ def render_hip_program(
     )
     gpu = {
         "arena_bytes": 4 * memory.max_tokens * memory.arena_cols,
-        "scratch_bytes": 4 * memory.max_tokens,
+        "scratch_bytes": scratch_need,
         "wave": wave,
         "decode": decode,
         "prefill": prefill,

@@ -15,6 +15,7 @@
 __device__ __forceinline__ int hipc_thread() { return threadIdx.x; }
 __device__ __forceinline__ int hipc_block_x() { return blockIdx.x; }
 __device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
+__device__ __forceinline__ int hipc_block_z() { return blockIdx.z; }
 __device__ __forceinline__ int hipc_block_dim() { return blockDim.x; }
 __device__ __forceinline__ void hipc_sync() { __syncthreads(); }
 __device__ __forceinline__ float hipc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -30,6 +31,7 @@ __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 __device__ __forceinline__ int hipc_thread() { return threadIdx.x; }
 __device__ __forceinline__ int hipc_block_x() { return blockIdx.x; }
 __device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
+__device__ __forceinline__ int hipc_block_z() { return blockIdx.z; }
 __device__ __forceinline__ int hipc_block_dim() { return blockDim.x; }
 __device__ __forceinline__ void hipc_sync() { __syncthreads(); }
 __device__ __forceinline__ float hipc_shfl_xor(float v, int m) { return __shfl_xor(v, m, HIPC_WAVE); }
@@ -48,6 +50,7 @@ __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 HIPC_DEVICE int hipc_thread() { return __builtin_amdgcn_workitem_id_x(); }
 HIPC_DEVICE int hipc_block_x() { return __builtin_amdgcn_workgroup_id_x(); }
 HIPC_DEVICE int hipc_block_y() { return __builtin_amdgcn_workgroup_id_y(); }
+HIPC_DEVICE int hipc_block_z() { return __builtin_amdgcn_workgroup_id_z(); }
 HIPC_DEVICE int hipc_block_dim() { return __builtin_amdgcn_workgroup_size_x(); }
 HIPC_DEVICE void hipc_sync() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");

@@ -70,7 +70,7 @@ def test_amd_code_object_holds_every_kernel(artifact, target):
     assert launched_kernels(artifact, target) <= defined
     # wave64 on CDNA, wave32 on RDNA: the attention block is 8 waves of either
     plan = json.loads((artifact / "plan.json").read_text())["gpu"][target]
-    attn = next(x for x in plan["decode"] if x["kernel"].endswith("_attn"))
+    attn = next(x for x in plan["prefill"] if x["kernel"].endswith("_attn"))
     assert attn["block"] == [8 * (64 if target == "gfx942" else 32)]
     assert "v_exp_f32" in dis  # the softmax uses the hardware exp, not a library call
 
@@ -93,9 +93,15 @@ def test_gpu_plan_matches_the_runtime_reader(artifact):
         args = launch.resolve(bases, T=5, rows=1)
         assert all(t in ("u64", "i32") for t, _ in args)
         assert all(d >= 1 for d in launch.grid_dims(5, 1))
-    assert len(gp.decode) == len(gp.prefill) - sum(
-        1 for x in gp.prefill if x.kernel.endswith("_stats")
-    )
+    # decode = prefill without the GEMM norm stats, plus a merge after each split attention
+    stats = sum(1 for x in gp.prefill if x.kernel.endswith("_stats"))
+    merges = [x for x in gp.decode if x.kernel.endswith("_merge")]
+    assert len(merges) == 2  # one per layer of the tiny model
+    assert len(gp.decode) == len(gp.prefill) - stats + len(merges)
+    split = next(x for x in gp.decode if x.kernel.endswith("_attn_split"))
+    assert split.grid_dims(1, 1)[2] == -(
+        -64 // (4 * 32)
+    )  # max_context 64, chunks of 4 waves x 32 keys
 
 
 def test_gpu_target_without_its_toolchain(tmp_path, monkeypatch):
