@@ -20,7 +20,7 @@ class CompiledEngine:
     def __init__(self, artifact: Artifact, backend) -> None:
         self.artifact = artifact
         self.backend = backend
-        self.max_context = artifact.plan["max_context"]
+        self.max_context = backend.max_context
         self.vocab_size = artifact.plan["vocab_size"]
         self._tokenizer = None
 
@@ -68,34 +68,47 @@ class CompiledEngine:
 
 
 def load_engine(
-    path: str | Path, target: str = "auto", threads: int | None = None, device: int = 0
+    path: str | Path,
+    target: str = "auto",
+    threads: int | None = None,
+    device: int = 0,
+    max_context: int | None = None,
 ) -> CompiledEngine:
     """The artifact at `path` on a backend: `target` "auto" (default), "cpu", "cuda" or "hip"
     (an arch name, "sm_90" or "gfx942", picks its backend). `threads` is the cpu backend's,
-    `device` the GPU's ordinal."""
+    `device` the GPU's ordinal. `max_context` allocates the KV cache for fewer positions than
+    the artifact was compiled for (default: all of them; on a GPU, as many as fit)."""
     artifact = load_artifact(path)
-    return CompiledEngine(artifact, _backend(artifact, target, threads, device))
+    compiled = int(artifact.plan["max_context"])
+    if max_context is not None and not 2 <= max_context <= compiled:
+        raise HipcError(
+            f"max context {max_context}: the artifact's KV cache holds {compiled} positions "
+            "(at least 2 are needed); admit fewer, or recompile with a larger --max-context"
+        )
+    return CompiledEngine(artifact, _backend(artifact, target, threads, device, max_context))
 
 
-def _backend(artifact: Artifact, target: str, threads: int | None, device: int):
+def _backend(
+    artifact: Artifact, target: str, threads: int | None, device: int, max_context: int | None
+):
     if target == "cpu":
         from hipc.runtime.backends.cpu import CpuBackend
 
-        return CpuBackend(artifact, threads)
+        return CpuBackend(artifact, threads, max_context)
     if target == "cuda" or target.startswith("sm_"):
         from hipc.runtime.backends.cuda import CudaBackend
 
-        return CudaBackend(artifact, device)
+        return CudaBackend(artifact, device, max_context=max_context)
     if target == "hip" or target.startswith("gfx"):
         from hipc.runtime.backends.hip import HipBackend
 
-        return HipBackend(artifact, device)
+        return HipBackend(artifact, device, max_context=max_context)
     if target != "auto":
         raise HipcError(f"--target {target}: choose auto, cpu, cuda or hip")
-    return _auto_backend(artifact, threads, device)
+    return _auto_backend(artifact, threads, device, max_context)
 
 
-def _auto_backend(artifact: Artifact, threads: int | None, device: int):
+def _auto_backend(artifact: Artifact, threads: int | None, device: int, max_context: int | None):
     """cuda if an NVIDIA GPU and its sm_XX code object are there, else hip likewise, else cpu.
 
     Falling back to the CPU is said on stderr when it is a surprise: a GPU was found
@@ -107,8 +120,8 @@ def _auto_backend(artifact: Artifact, threads: int | None, device: int):
     targets = set(artifact.targets)
     notes = []
     for module, prefix, backend in (
-        (cuda, "sm_", lambda: cuda.CudaBackend(artifact, device)),
-        (hip, "gfx", lambda: hip.HipBackend(artifact, device)),
+        (cuda, "sm_", lambda: cuda.CudaBackend(artifact, device, max_context=max_context)),
+        (hip, "gfx", lambda: hip.HipBackend(artifact, device, max_context=max_context)),
     ):
         arch, what = module.probe(device)
         if arch is not None and arch in targets:
@@ -129,4 +142,4 @@ def _auto_backend(artifact: Artifact, threads: int | None, device: int):
         print(f"hipc: running on the CPU: {'; '.join(notes)}", file=sys.stderr)
     from hipc.runtime.backends.cpu import CpuBackend
 
-    return CpuBackend(artifact, threads)
+    return CpuBackend(artifact, threads, max_context)

@@ -32,7 +32,9 @@ def _cpu_features() -> set[str]:
 class CpuBackend:
     name = "cpu"
 
-    def __init__(self, artifact: Artifact, threads: int | None = None) -> None:
+    def __init__(
+        self, artifact: Artifact, threads: int | None = None, max_context: int | None = None
+    ) -> None:
         info = artifact.manifest["targets"].get("cpu")
         if info is None:
             raise HipcError(
@@ -77,7 +79,12 @@ class CpuBackend:
         self.arena = np.zeros(
             plan["memory"]["arena_floats_per_token"] * self.max_tokens, np.float32
         )
-        self.kv = [np.zeros(s["shape"], np.float32) for s in plan["states"]]
+        # attention reads only positions the sequence wrote, so a shorter cache is safe as
+        # long as the engine admits no more than it holds
+        self.max_context = max_context or int(plan["max_context"])
+        self.kv = [
+            np.zeros([self.max_context, *s["shape"][1:]], np.float32) for s in plan["states"]
+        ]
         self._KV = (ctypes.c_void_p * len(self.kv))(*[a.ctypes.data for a in self.kv])
 
     @property

@@ -204,9 +204,11 @@ class CudaBackend(GpuBackend):
 
     name = "cuda"
 
-    def __init__(self, artifact: Artifact, device: int = 0, *, cu: Any = None) -> None:
+    def __init__(
+        self, artifact: Artifact, device: int = 0, *, cu: Any = None, max_context: int | None = None
+    ) -> None:
         try:
             driver = CudaDriver(device, cu)
         except DriverError as e:
             raise HipcError(f"CUDA: {e}") from None
-        super().__init__(artifact, driver)
+        super().__init__(artifact, driver, max_context)

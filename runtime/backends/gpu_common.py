@@ -163,13 +163,17 @@ class MemoryPlan:
         )
 
 
-def plan_memory(plan: dict[str, Any], gpu: GpuPlan, weight_nbytes: Sequence[int]) -> MemoryPlan:
+def plan_memory(
+    plan: dict[str, Any], gpu: GpuPlan, weight_nbytes: Sequence[int], positions: int | None = None
+) -> MemoryPlan:
+    """Device bytes per buffer; `positions` sizes the KV cache (default: as compiled)."""
     state_sizes = []
     for s in plan["states"]:
         itemsize = _STATE_ITEMSIZE.get(s.get("dtype", "float32"))
         if itemsize is None:
             raise HipcError(f"state {s['name']}: unsupported dtype {s['dtype']}")
-        state_sizes.append(int(np.prod(s["shape"], dtype=np.int64)) * itemsize)
+        shape = [positions or s["shape"][0], *s["shape"][1:]]
+        state_sizes.append(int(np.prod(shape, dtype=np.int64)) * itemsize)
     w_off, w_total = aligned_offsets(weight_nbytes)
     s_off, s_total = aligned_offsets(state_sizes)
     return MemoryPlan(
@@ -184,6 +188,24 @@ def plan_memory(plan: dict[str, Any], gpu: GpuPlan, weight_nbytes: Sequence[int]
         start=4,
         logits=4 * gpu.max_tokens * gpu.vocab,
     )
+
+
+def fit_positions(
+    plan: dict[str, Any], gpu: GpuPlan, weight_nbytes: Sequence[int], free: int, most: int
+) -> int:
+    """The most KV positions (<= most) whose allocations fit in 95% of `free` (0 if none do).
+
+    The other 5% is left for the driver, the graph and the allocator's rounding.
+    """
+    budget = int(0.95 * free)
+    lo, hi = 0, most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if plan_memory(plan, gpu, weight_nbytes, mid).total <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def gib(n: int) -> str:
@@ -206,7 +228,10 @@ class GpuBackend:
 
     name = "gpu"
 
-    def __init__(self, artifact: Artifact, driver: GpuDriver) -> None:
+    def __init__(
+        self, artifact: Artifact, driver: GpuDriver, max_context: int | None = None
+    ) -> None:
+        self._requested_context = max_context
         self._closed = False
         self._driver = driver
         self._allocs: list[tuple[str, int]] = []
@@ -258,10 +283,26 @@ class GpuBackend:
         self._functions = self._load_functions(code_object)
 
         weights = self._open_weights(artifact)
-        self._mem = mem = plan_memory(plan, self.gpu, [a.nbytes for a in weights])
+        nbytes = [a.nbytes for a in weights]
+        positions = self._requested_context or self.max_context
+        self._mem = mem = plan_memory(plan, self.gpu, nbytes, positions)
         free, total = d.mem_info()
+        if mem.total > free and self._requested_context is None:
+            # Auto-size: keep the compiled context if it fits, else the most that does
+            # (5% of free memory left for the driver and the graph).
+            per_position = max(mem.kv_bytes // positions, 1)
+            fits = int((0.95 * free - (mem.total - mem.states)) // per_position)
+            if fits >= 2:
+                positions = min(fits, self.max_context)
+                self._mem = mem = plan_memory(plan, self.gpu, nbytes, positions)
+                print(
+                    f"hipc: KV cache sized for {positions} of {self.max_context} positions "
+                    f"to fit {gib(free)} free on {self.device_name}",
+                    file=sys.stderr,
+                )
         if mem.total > free:
             raise HipcError(self._oom_message(free, total))
+        self.max_context = positions
 
         def alloc(what: str, nbytes: int) -> int:
             if nbytes == 0:

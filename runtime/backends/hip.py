@@ -216,9 +216,16 @@ class HipBackend(GpuBackend):
 
     name = "hip"
 
-    def __init__(self, artifact: Artifact, device: int = 0, *, hip: Any = None) -> None:
+    def __init__(
+        self,
+        artifact: Artifact,
+        device: int = 0,
+        *,
+        hip: Any = None,
+        max_context: int | None = None,
+    ) -> None:
         try:
             driver = HipDriver(device, hip)
         except DriverError as e:
             raise HipcError(f"HIP: {e}") from None
-        super().__init__(artifact, driver)
+        super().__init__(artifact, driver, max_context)

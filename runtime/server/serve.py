@@ -49,7 +49,9 @@ def load(config: Config):
             f"{config.artifact}: the artifact has no tokenizer, and the server needs one to read "
             "prompts and write text (compile a model that ships tokenizer.json, or a GGUF file)"
         )
-    return load_engine(config.artifact, threads=config.threads)
+    return load_engine(
+        config.artifact, threads=config.threads, max_context=config.max_context_tokens
+    )
 
 
 def serve(config: Config) -> int:

@@ -75,3 +75,18 @@ def test_half_precision_hf_weights(dtype, tmp_path):
     tokens = np.random.default_rng(6).integers(0, compiled.vocab_size, 12).tolist()
     want = ReferenceEngine(load_model(folder), 32).logits(tokens, 0)
     assert rel_err(compiled.logits(tokens), want) <= 1e-3
+
+
+def test_admitted_context_smaller_than_compiled(tmp_path):
+    from hipc.runtime.errors import HipcError
+
+    folder = write_tiny_hf(tmp_path / "m")
+    compile_model(folder, tmp_path / "m.hipc", CompileOptions(max_context=64), verbose=False)
+    full, short = load_engine(tmp_path / "m.hipc"), load_engine(tmp_path / "m.hipc", max_context=16)
+    assert short.max_context == 16 and short.backend.kv[0].shape[0] == 16
+    tokens = list(range(3, 15))
+    np.testing.assert_array_equal(short.logits(tokens), full.logits(tokens))
+    with pytest.raises(HipcError, match="context overflow"):
+        short.logits(list(range(3, 20)))
+    with pytest.raises(HipcError, match="holds 64 positions"):
+        load_engine(tmp_path / "m.hipc", max_context=65)

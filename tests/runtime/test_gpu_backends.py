@@ -21,6 +21,7 @@ import enum
 import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -672,10 +673,10 @@ def _no_sync_env(monkeypatch):
     monkeypatch.delenv(gpu_common.SYNC_ENV, raising=False)
 
 
-def backend(api: str, artifact, gpu: FakeGpu):
+def backend(api: str, artifact, gpu: FakeGpu, max_context: int | None = None):
     if api == "cuda":
-        return CudaBackend(artifact, cu=FakeCu(gpu))
-    return HipBackend(artifact, hip=FakeHip(gpu))
+        return CudaBackend(artifact, cu=FakeCu(gpu), max_context=max_context)
+    return HipBackend(artifact, hip=FakeHip(gpu), max_context=max_context)
 
 
 def arch_of(api):
@@ -800,6 +801,33 @@ def test_oom_before_allocating(api, artifact):
     assert "--max-tokens" in msg
     assert gpu.count("malloc") == 0 and gpu.count("host_malloc") == 0
     assert gpu.context_refs == 0 and gpu.count("stream_destroy") == 1
+
+
+def test_fit_positions_sizes_the_kv_cache_to_free_memory():
+    # 2 layers of k and v, [positions, 8, 64] float32 = 2 KiB per position per state
+    plan = {
+        "states": [{"name": f"s{i}", "dtype": "float32", "shape": [4096, 8, 64]} for i in range(4)]
+    }
+    gpu = SimpleNamespace(arena_bytes=1 << 20, scratch_bytes=4096, max_tokens=8, vocab=1000)
+    weights = [50 << 20]
+    full = gpu_common.plan_memory(plan, gpu, weights).total
+    assert gpu_common.fit_positions(plan, gpu, weights, int(full / 0.95) + 1, 4096) == 4096
+    half_kv = full - 4 * 2048 * 2048  # room for about half the positions
+    n = gpu_common.fit_positions(plan, gpu, weights, int(half_kv / 0.95), 4096)
+    assert 2000 <= n < 2048
+    assert gpu_common.plan_memory(plan, gpu, weights, n).total <= 0.95 * int(half_kv / 0.95)
+    assert gpu_common.plan_memory(plan, gpu, weights, n + 1).total > 0.95 * int(half_kv / 0.95)
+    assert gpu_common.fit_positions(plan, gpu, weights, 1000, 4096) == 0
+
+
+def test_kv_cache_for_an_admitted_context(api, artifact):
+    gpu = FakeGpu()
+    full = backend(api, artifact, FakeGpu())
+    full_kv = full._mem.kv_bytes
+    full.close()
+    b = backend(api, artifact, gpu, max_context=4)
+    assert b.max_context == 4 and b._mem.kv_bytes == full_kv * 4 // MAX_CTX
+    b.close()
 
 
 def test_oom_from_an_allocation(api, artifact):
@@ -965,8 +993,11 @@ def test_auto_target(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cuda_mod, "probe", lambda device=0: ("sm_90", "Fake H200"))
     monkeypatch.setattr(hip_mod, "probe", lambda device=0: (None, "hip-python is not installed"))
     made = []
-    monkeypatch.setattr(cuda_mod, "CudaBackend", lambda a, d: made.append(("cuda", d)) or "B")
-    assert engine_mod.load_engine(gpu_only).backend == "B" and made == [("cuda", 0)]
+    fake_gpu, fake_cpu = SimpleNamespace(max_context=64), SimpleNamespace(max_context=64)
+    monkeypatch.setattr(
+        cuda_mod, "CudaBackend", lambda a, d, **kw: made.append(("cuda", d)) or fake_gpu
+    )
+    assert engine_mod.load_engine(gpu_only).backend is fake_gpu and made == [("cuda", 0)]
 
     # a GPU without a code object, and no cpu target: one error with the reasons
     monkeypatch.setattr(cuda_mod, "probe", lambda device=0: ("sm_80", "Fake A100"))
@@ -982,8 +1013,8 @@ def test_auto_target(tmp_path, monkeypatch, capsys):
     from hipc.runtime.backends import cpu as cpu_mod
 
     monkeypatch.setattr(engine_mod, "load_artifact", lambda p: with_cpu)
-    monkeypatch.setattr(cpu_mod, "CpuBackend", lambda a, threads: "CPU")
-    assert engine_mod.load_engine(gpu_only).backend == "CPU"
+    monkeypatch.setattr(cpu_mod, "CpuBackend", lambda a, threads, max_context=None: fake_cpu)
+    assert engine_mod.load_engine(gpu_only).backend is fake_cpu
     assert "hipc: running on the CPU: Fake A100 (sm_80) found" in capsys.readouterr().err
 
     with pytest.raises(HipcError, match="choose auto, cpu, cuda or hip"):
