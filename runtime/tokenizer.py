@@ -10,6 +10,7 @@ template expects, and the model's own chat template. It round-trips through `to_
 
 from __future__ import annotations
 
+import functools
 import json
 import operator
 from collections.abc import Iterable, Sequence
@@ -21,6 +22,22 @@ from hipc.runtime.errors import HipcError
 # Bumped when the meaning of a field in `to_dict()` changes, so old artifacts are refused
 # instead of silently misread.
 _META_VERSION = 1
+
+
+@functools.cache
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, the alphabet byte-level BPE vocabularies
+    spell their tokens in (bytes that print as themselves keep their character; the rest
+    map to U+0100 onwards, in byte order)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
 
 
 def _backend():

@@ -16,7 +16,7 @@ from hipc.runtime.server.errors import APIError
 from hipc.runtime.server.reasoning import ReasoningSplitter, split_reasoning
 from hipc.runtime.server.runner import ChoiceSpec
 from hipc.runtime.server.validation import Common
-from hipc.runtime.tokenizer import IncrementalDecoder
+from hipc.runtime.tokenizer import IncrementalDecoder, byte_level_alphabet
 
 
 @dataclass
@@ -186,7 +186,7 @@ class TokenText:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._byte_level = type(tokenizer.backend.decoder).__name__ == "ByteLevel"
-        self._unbyte = {c: b for b, c in _bytes_to_unicode().items()} if self._byte_level else {}
+        self._unbyte = {c: b for b, c in byte_level_alphabet().items()} if self._byte_level else {}
         self._cache: dict[int, tuple[str, bytes]] = {}
 
     def __call__(self, token_id: int) -> tuple[str, bytes]:
@@ -200,19 +200,6 @@ class TokenText:
                     raw = bytes(self._unbyte[c] for c in piece)
             hit = self._cache[token_id] = (text, raw)
         return hit
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte <-> printable character table, which byte-level BPE vocabularies spell in."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs), strict=True))
 
 
 class _Offsets:

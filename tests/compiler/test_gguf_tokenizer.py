@@ -8,7 +8,7 @@ import pytest
 
 from hipc.compiler.source.gguf_tokenizer import read_gguf_metadata, tokenizer_from_gguf_metadata
 from hipc.runtime.errors import HipcError
-from hipc.runtime.tokenizer import IncrementalDecoder, Tokenizer
+from hipc.runtime.tokenizer import IncrementalDecoder, Tokenizer, byte_level_alphabet
 
 from support import require, smollm2_path
 
@@ -300,19 +300,6 @@ def test_sentencepiece_streams_byte_fallback(spm) -> None:
 # ================================================================= byte-level pre-tokenizers
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    # GPT-2's byte -> printable character table.
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 # Every token these merges make is also what BPE reaches for its whole piece, so Llama-3's
 # ignore_merges (tested on its own below) changes nothing and transformers can be the oracle.
 BPE_MERGES = [
@@ -322,7 +309,7 @@ BPE_MERGES = [
 
 
 def bpe_tokenizer_dict(pre: str, extra_tokens: tuple[str, ...] = ()) -> dict:
-    alphabet = _bytes_to_unicode()
+    alphabet = byte_level_alphabet()
     specials = ["<|endoftext|>", "<|im_end|>"]
     tokens = specials + [alphabet[b] for b in range(256)]
     for merge in BPE_MERGES:

@@ -10,23 +10,9 @@ from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
 from hipc.runtime.errors import HipcError
-from hipc.runtime.tokenizer import IncrementalDecoder, Tokenizer
+from hipc.runtime.tokenizer import IncrementalDecoder, Tokenizer, byte_level_alphabet
 
 from support import require
-
-
-# GPT-2's byte -> printable character table, the alphabet of byte-level vocabularies.
-def _bytes_to_unicode() -> dict[int, str]:
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
 
 SPECIALS = ["<s>", "</s>", "<|eot|>"]
 MERGES = [
@@ -44,7 +30,7 @@ MERGES = [
 
 def byte_level_backend(*, bos_post_processor: bool = False) -> Backend:
     """A tiny byte-level BPE: every byte a token, a few merges, three special tokens."""
-    alphabet = _bytes_to_unicode()
+    alphabet = byte_level_alphabet()
     vocab = {t: i for i, t in enumerate(SPECIALS + [alphabet[b] for b in range(256)])}
     for a, b in MERGES:
         vocab.setdefault(a + b, len(vocab))
@@ -370,7 +356,7 @@ def test_incremental_decoder_holds_back_split_characters() -> None:
     assert "".join(pieces) == text
     assert not any("\ufffd" in p for p in pieces)
     emoji_bytes = len("😀".encode())
-    first = ids.index(tok.token_to_id(_bytes_to_unicode()["😀".encode()[0]]))
+    first = ids.index(tok.token_to_id(byte_level_alphabet()["😀".encode()[0]]))
     assert pieces[first : first + emoji_bytes] == [""] * (emoji_bytes - 1) + ["😀"]
 
 

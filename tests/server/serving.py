@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hipc.runtime.tokenizer import byte_level_alphabet
+
 from support import CHATML_TEMPLATE, tiny_tokenizer_json
 
 READY = re.compile(r"ready: http://([0-9.]+):([0-9]+)")
@@ -164,22 +166,10 @@ def tiny_tokenizer(chat_template: str = CHATML_TEMPLATE):
     )
 
 
-def _byte_symbols() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs), strict=True))
-
-
 def script(tokenizer, *pieces: str | int) -> list[int]:
     """Token ids spelling `pieces`: text one byte per token (so multi-byte characters are
     split across tokens), ints as they are."""
-    symbols = _byte_symbols()
+    symbols = byte_level_alphabet()
     ids: list[int] = []
     for piece in pieces:
         if isinstance(piece, int):
