@@ -330,13 +330,17 @@ class KernelCache:
             raise HipcError(f"cannot read cache directory {self.root}: {_why(e)}") from e
         return sorted(p for p in children if _FANOUT_RE.fullmatch(p.name) and p.is_dir())
 
-    def _entries(self) -> Iterator[tuple[Path, dict | None, int, float]]:
-        """(entry dir, parsed entry.json or None, bytes on disk, last used) per entry."""
+    def _fanout_children(self) -> Iterator[tuple[Path, list[Path]]]:
+        """(fanout dir, its children, sorted) per readable fanout dir."""
         for fanout in self._scan_fanouts():
             try:
-                children = sorted(fanout.iterdir())
+                yield fanout, sorted(fanout.iterdir())
             except OSError:
                 continue
+
+    def _entries(self) -> Iterator[tuple[Path, dict | None, int, float]]:
+        """(entry dir, parsed entry.json or None, bytes on disk, last used) per entry."""
+        for _fanout, children in self._fanout_children():
             for entry in children:
                 if not _DIGEST_RE.fullmatch(entry.name):
                     continue
@@ -381,11 +385,7 @@ class KernelCache:
     def clear(self) -> int:
         """Remove every entry, temp file and lock file; the number of entries removed."""
         removed = 0
-        for fanout in self._scan_fanouts():
-            try:
-                children = list(fanout.iterdir())
-            except OSError:
-                continue
+        for fanout, children in self._fanout_children():
             for child in children:
                 if _DIGEST_RE.fullmatch(child.name):
                     self._discard(child)
@@ -418,11 +418,7 @@ class KernelCache:
         """Remove leftover temp/trash dirs older than ``older_than_s``; the count."""
         cutoff = time.time() - older_than_s
         removed = 0
-        for fanout in self._scan_fanouts():
-            try:
-                children = list(fanout.iterdir())
-            except OSError:
-                continue
+        for _fanout, children in self._fanout_children():
             for child in children:
                 if not child.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                     continue
