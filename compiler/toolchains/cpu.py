@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from hipc.runtime.backends.cpu import cpu_features
 from hipc.runtime.errors import HipcError
 
 # features -march=native may use that hipc's kernels care about
@@ -37,15 +38,9 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "
 
 
 def cpu_flags() -> tuple[str, ...]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            have = set(line.split(":", 1)[1].split())
-            return tuple(f for f in RELEVANT_FLAGS if f in have)
-    return ()
+    """The features -march=native may rely on, as the runtime will check them at load."""
+    have = cpu_features()
+    return tuple(f for f in RELEVANT_FLAGS if f in have)
 
 
 class CpuToolchain:

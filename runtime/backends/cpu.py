@@ -19,7 +19,8 @@ from hipc.runtime.safetensors_file import SafetensorsFile
 ABI_VERSION = 1
 
 
-def _cpu_features() -> set[str]:
+def cpu_features() -> set[str]:
+    """This CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -41,8 +42,9 @@ class CpuBackend:
                 f"{artifact.path}: no cpu code object (targets: {', '.join(artifact.targets)}); "
                 f"compile with: hipc compile MODEL --target cpu"
             )
-        missing = set(info.get("cpu_features", [])) - _cpu_features()
-        if missing and _cpu_features():
+        have = cpu_features()
+        missing = set(info.get("cpu_features", [])) - have
+        if missing and have:
             raise HipcError(
                 f"{artifact.path}: compiled for CPU features this machine lacks ({', '.join(sorted(missing))}); "
                 "recompile here with: hipc compile MODEL --target cpu"
