@@ -15,6 +15,10 @@ the code object, its grid/block, dynamic shared memory, and its arguments:
   {"kind": "int",    "value": N | "T" | "rows"}         a 32-bit int argument
   {"kind": "null"}                                      a null pointer
 
+A launch marked "overlap": true waits in-kernel for the kernels before it
+(hipc_wait_prior) before it reads or writes anything they touch, so a backend may
+launch it to start early (CUDA programmatic dependent launch, sm_90+).
+
 Grid dims are ints or the expressions "T", "rows", "cdiv(T,N)", "cdiv(rows,N)", "N*T".
 `rows` is T when every token's logits are wanted, else 1 (only the last token's).
 Pointers are passed as 64-bit device addresses, ints as 32-bit.
@@ -68,13 +72,20 @@ class Launch:
     shared: int
     args: tuple[dict[str, Any], ...]
     group: str = ""
+    overlap: bool = False  # may start before the previous kernel ends (it waits in-kernel)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Launch:
         grid = tuple(d["grid"]) + (1,) * (3 - len(d["grid"]))
         block = tuple(d["block"]) + (1,) * (3 - len(d["block"]))
         return cls(
-            d["kernel"], grid, block, int(d.get("shared", 0)), tuple(d["args"]), d.get("group", "")
+            d["kernel"],
+            grid,
+            block,
+            int(d.get("shared", 0)),
+            tuple(d["args"]),
+            d.get("group", ""),
+            bool(d.get("overlap", False)),
         )
 
     def grid_dims(self, T: int, rows: int) -> tuple[int, int, int]:

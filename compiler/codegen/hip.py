@@ -26,8 +26,11 @@ WEIGHT_SUFFIX = {
     "q8_0": "q8_0",
 }
 GEMV_WAVES = 8  # 8 waves: more rows in flight per SM when x (K floats) fills shared memory
+GEMV_PREFETCH = 1024  # bytes of each weight row a GEMV pulls towards L2 before its wait
 ATTN_WAVES = 8
-SPLIT_WAVES = 4  # decode attention: a chunk of 4 waves x one 32/64-key tile each per block
+DECODE_WAVES = 4  # decode attention: a chunk of 4 waves x one 32/64-key tile each per block
+DECODE_BLOCKS = 256  # decode attention blocks per layer (heads x splits): ~2 per SM of an H200
+KV_TYPES = {"float32": ("float", "f32"), "bfloat16": ("uint16_t", "bf16")}
 MAX_GEMV_K = 16384  # the GEMV stages x in shared memory: 64 KiB, the smallest limit (AMD LDS)
 
 
@@ -52,11 +55,13 @@ def render_hip_program(
     hipc_version: str,
     target: str,
     max_ctx: int,
+    kv_storage: str = "float32",
 ) -> HipProgram:
     wave = wave_size(target)
     weights = weight_order(launches)
     kernels: dict[str, str] = {}
-    # scratch: inv_rms [max_tokens] for the GEMM norm, then the split attention's partials
+    # scratch: inv_rms [max_tokens] for the GEMM norm, then the decode attention's partials
+    # and its per-head counters (zeroed at load; the merging block resets its counter)
     partial_at = -(-4 * memory.max_tokens // 256) * 256
     scratch_need = partial_at
     decode: list[dict] = []
@@ -111,6 +116,7 @@ def render_hip_program(
                 "linear_gemv",
                 waves=GEMV_WAVES,
                 rows_per_block=rows_per_block,
+                prefetch=min(row_bytes(ws, p["K"]), GEMV_PREFETCH),
                 **common,
             )
             decode.append(
@@ -121,6 +127,7 @@ def render_hip_program(
                     [GEMV_WAVES * wave],
                     [x, bind(a["w"]), bind(a["norm_w"]), bind(a["bias"]), res, y],
                     shared=4 * p["K"] if p["norm_eps"] else 0,  # the normalized x, staged
+                    overlap=True,
                 )
             )
             gemm = add_kernel(f"{spec.fn}_gemm", "linear_gemm", **common)
@@ -157,89 +164,95 @@ def render_hip_program(
         elif spec.template == "attention":
             D = p["D"]
             qv, kv, vv = (memory.views[a[n][1]] for n in ("q", "k", "v"))
+            kv_ctx = dict(kv_type=KV_TYPES[kv_storage][0], kv_suffix=KV_TYPES[kv_storage][1])
             block = max(D // 2, wave)
-            rope = add_kernel(f"{spec.fn}_rope_kv", "rope_kv", nodes=nodes, block=block, **p)
-            attn = add_kernel(
-                f"{spec.fn}_attn", "attention", nodes=nodes, waves=ATTN_WAVES, split=False, **p
+            rope = add_kernel(
+                f"{spec.fn}_rope_kv", "rope_kv", nodes=nodes, block=block, **kv_ctx, **p
             )
-            # decode splits the context over blocks (few heads, one token: too few blocks otherwise)
-            splits = -(-max_ctx // (SPLIT_WAVES * wave))
-            merge_block = max(D, wave)
-            attn_split = add_kernel(
-                f"{spec.fn}_attn_split",
-                "attention",
+            attn = add_kernel(
+                f"{spec.fn}_attn", "attention", nodes=nodes, waves=ATTN_WAVES, **kv_ctx, **p
+            )
+            splits = decode_splits(p["NH"], max_ctx, wave)
+            if DECODE_WAVES * wave < D // 2:
+                raise FusionError(f"{launch.group}: head dim {D} is too wide for the decode block")
+            attn_decode = add_kernel(
+                f"{spec.fn}_decode",
+                "attention_decode",
                 nodes=nodes,
-                waves=SPLIT_WAVES,
-                split=True,
+                waves=DECODE_WAVES,
                 splits=splits,
-                merge_block=merge_block,
+                **kv_ctx,
                 **p,
             )
-            scratch_need = max(scratch_need, partial_at + 4 * p["NH"] * splits * (D + 2))
+            counters_at = partial_at + 4 * p["NH"] * splits * (D + 2)
+            scratch_need = max(scratch_need, counters_at + 4 * p["NH"])
             start = {"kind": "input", "name": "start"}
             cos, sin = bind(a["cos"]), bind(a["sin"])
             kc, vc = bind(a["k_cache"]), bind(a["v_cache"])
-            for plan in (decode, prefill):
-                plan.append(
-                    _launch(
-                        launch.group,
-                        rope,
-                        ["T", p["NKV"]],
-                        [block],
-                        [
-                            act(a["k"][1]),
-                            {"kind": "int", "value": kv.ld},
-                            act(a["v"][1]),
-                            {"kind": "int", "value": vv.ld},
-                            start,
-                            bind(a["k_norm_w"]),
-                            cos,
-                            sin,
-                            kc,
-                            vc,
-                        ],
-                    )
+            q, k, v = act(a["q"][1]), act(a["k"][1]), act(a["v"][1])
+            prefill.append(
+                _launch(
+                    launch.group,
+                    rope,
+                    ["T", p["NKV"]],
+                    [block],
+                    [
+                        k,
+                        {"kind": "int", "value": kv.ld},
+                        v,
+                        {"kind": "int", "value": vv.ld},
+                        start,
+                        bind(a["k_norm_w"]),
+                        cos,
+                        sin,
+                        kc,
+                        vc,
+                    ],
                 )
-                q_args = [
-                    act(a["q"][1]),
-                    {"kind": "int", "value": qv.ld},
-                    start,
-                    bind(a["q_norm_w"]),
-                    cos,
-                    sin,
-                    kc,
-                    vc,
-                ]
-                if plan is prefill:
-                    plan.append(
-                        _launch(
-                            launch.group,
-                            attn,
-                            ["T", p["NH"]],
-                            [ATTN_WAVES * wave],
-                            [*q_args, act(a["out"][1])],
-                        )
-                    )
-                else:
-                    partial = {"kind": "scratch", "offset": partial_at}
-                    plan.append(
-                        _launch(
-                            launch.group,
-                            attn_split,
-                            ["T", p["NH"], splits],
-                            [SPLIT_WAVES * wave],
-                            [*q_args, partial],
-                        )
-                    )
-                    plan.append(
-                        _launch(
-                            launch.group,
-                            f"{attn_split}_merge",
-                            ["T", p["NH"]],
-                            [merge_block],
-                            [start, partial, act(a["out"][1])],
-                        )
-                    )
+            )
+            prefill.append(
+                _launch(
+                    launch.group,
+                    attn,
+                    ["T", p["NH"]],
+                    [ATTN_WAVES * wave],
+                    [
+                        q,
+                        {"kind": "int", "value": qv.ld},
+                        start,
+                        bind(a["q_norm_w"]),
+                        cos,
+                        sin,
+                        kc,
+                        vc,
+                        act(a["out"][1]),
+                    ],
+                )
+            )
+            decode.append(
+                _launch(
+                    launch.group,
+                    attn_decode,
+                    [p["NH"], splits],
+                    [DECODE_WAVES * wave],
+                    [
+                        q,
+                        k,
+                        v,
+                        start,
+                        bind(a["q_norm_w"]),
+                        bind(a["k_norm_w"]),
+                        cos,
+                        sin,
+                        kc,
+                        vc,
+                        {"kind": "scratch", "offset": partial_at},
+                        {"kind": "scratch", "offset": counters_at},
+                        act(a["out"][1]),
+                    ],
+                    overlap=True,
+                )
+            )
         elif spec.template == "embedding":
             emb = add_kernel(f"{spec.fn}_embed", "embedding", nodes=nodes, wsuffix=ws, **p)
             for plan in (decode, prefill):
@@ -250,6 +263,7 @@ def render_hip_program(
                         ["T"],
                         [256],
                         [{"kind": "input", "name": "ids"}, bind(a["w"]), act(a["out"][1])],
+                        overlap=plan is decode,
                     )
                 )
 
@@ -274,9 +288,15 @@ def render_hip_program(
 
 
 def _launch(
-    group: str, kernel: str, grid: list, block: list, args: list[dict], shared: int = 0
+    group: str,
+    kernel: str,
+    grid: list,
+    block: list,
+    args: list[dict],
+    shared: int = 0,
+    overlap: bool = False,
 ) -> dict:
-    return {
+    launch = {
         "group": group,
         "kernel": kernel,
         "grid": grid,
@@ -284,3 +304,23 @@ def _launch(
         "shared": shared,
         "args": args,
     }
+    if overlap:
+        # the kernel waits for the one before (hipc_wait_prior) before touching its outputs,
+        # so the runtime may launch it early where the GPU allows (programmatic launch)
+        launch["overlap"] = True
+    return launch
+
+
+def decode_splits(heads: int, max_ctx: int, wave: int) -> int:
+    """Blocks per head of the decode attention: ~DECODE_BLOCKS in all, never more than
+    the context has chunks. Fixed at compile time (the decode graph is captured once);
+    each block loops over every SPLITS-th chunk, so any context length runs."""
+    chunks = -(-max_ctx // (DECODE_WAVES * wave))
+    return max(1, min(chunks, -(-DECODE_BLOCKS // heads)))
+
+
+def row_bytes(wsuffix: str, K: int) -> int:
+    per_block = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+    if wsuffix in per_block:
+        return K // 32 * per_block[wsuffix]
+    return K * {"f32": 4, "f16": 2, "bf16": 2}[wsuffix]

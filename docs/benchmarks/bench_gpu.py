@@ -136,11 +136,16 @@ def write_model(name: str, folder: Path) -> int:
     return total - 2 * vocab * d + 2 * d  # one embedding row, not the table
 
 
-def bench_hipc(artifact: Path, repeats: int, prompt: int, decode: int) -> dict:
+def bench_hipc(
+    artifact: Path, repeats: int, prompt: int, decode: int, overlap: bool = True
+) -> dict:
     from hipc.runtime.engine import load_engine
 
+    # read by the cuda driver at load: "0" launches each kernel after the previous one ends
+    os.environ["HIPC_OVERLAP_LAUNCHES"] = "1" if overlap else "0"
     t = time.perf_counter()
     eng = load_engine(artifact, target="cuda")
+    kernels = len(eng.backend.gpu.decode)
     load_s = time.perf_counter() - t
     ids = np.random.default_rng(1).integers(0, eng.vocab_size, prompt).tolist()
     eng.forward(ids, 0)
@@ -156,7 +161,12 @@ def bench_hipc(artifact: Path, repeats: int, prompt: int, decode: int) -> dict:
             tok = int(eng.forward([tok], prompt + i).argmax())
         dc.append(decode / (time.perf_counter() - t))
     eng.close()
-    return {"load_s": load_s, "prefill": statistics.median(pf), "decode": statistics.median(dc)}
+    return {
+        "load_s": load_s,
+        "prefill": statistics.median(pf),
+        "decode": statistics.median(dc),
+        "kernels": kernels,
+    }
 
 
 def check_vs_transformers(folder: Path, artifact: Path) -> dict:
@@ -256,6 +266,12 @@ def main() -> None:
     )
     ap.add_argument("--llamacpp", type=Path, default=None, help="folder with llama-bench")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--overlap-ab",
+        action="store_true",
+        help="also time hipc with every kernel launched after the previous one ends",
+    )
+    ap.add_argument("--compile-args", default="", help="extra `hipc compile` flags")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -282,8 +298,7 @@ def main() -> None:
                 "-o",
                 str(artifact),
                 "-q",
-                "--max-context",
-                "2048",
+                *args.compile_args.split(),
             ],
             check=True,
         )
@@ -293,8 +308,20 @@ def main() -> None:
         rows.append((name, "hipc", r["prefill"], r["decode"], bw))
         notes.append(
             f"{name}: hipc compile {compile_s:.0f} s, load {r['load_s']:.1f} s, "
+            f"{r['kernels']} kernels per decode step, "
             f"{bytes_per_token / 1e9:.3f} GB read per decode token"
         )
+        if args.overlap_ab:
+            r2 = bench_hipc(artifact, args.repeats, 512, 128, overlap=False)
+            rows.append(
+                (
+                    name,
+                    "hipc, no launch overlap",
+                    r2["prefill"],
+                    r2["decode"],
+                    r2["decode"] * bytes_per_token,
+                )
+            )
         log(rows[-1], notes[-1])
         if name == "smol":
             c = check_vs_transformers(folder, artifact)

@@ -16,6 +16,7 @@ configured void** address"); `extra` is 0.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 from hipc.runtime.artifact import Artifact
@@ -23,6 +24,7 @@ from hipc.runtime.backends.gpu_common import DriverError, GpuBackend
 from hipc.runtime.errors import HipcError
 
 OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+OVERLAP_ENV = "HIPC_OVERLAP_LAUNCHES"  # "0": launch every kernel after the previous one ends
 
 
 def import_driver():
@@ -117,6 +119,13 @@ class CudaDriver:
         self._ctx = c("cuDevicePrimaryCtxRetain", dev)
         c("cuCtxSetCurrent", self._ctx)
         self._stream = c("cuStreamCreate", int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
+        # kernels compiled for sm_90+ wait in-kernel, so they may be launched to overlap
+        self.overlap_launches = major >= 9 and os.environ.get(OVERLAP_ENV, "1") != "0"
+        if self.overlap_launches:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            self._overlap_attr = attr
 
     def activate(self) -> None:
         self._call("cuCtxSetCurrent", self._ctx)
@@ -157,8 +166,20 @@ class CudaDriver:
     def d2h(self, dst: int, src: int, nbytes: int) -> None:
         self._call("cuMemcpyDtoHAsync", dst, src, nbytes, self._stream)
 
-    def launch(self, fn: Any, grid, block, shared: int, params: int) -> None:
-        self._call("cuLaunchKernel", fn, *grid, *block, shared, self._stream, params, 0)
+    def launch(self, fn: Any, grid, block, shared: int, params: int, overlap: bool = False) -> None:
+        if not overlap:
+            self._call("cuLaunchKernel", fn, *grid, *block, shared, self._stream, params, 0)
+            return
+        # programmatic dependent launch: the kernel may be scheduled while the previous
+        # one finishes; it waits in-kernel (griddepcontrol.wait) before using its results
+        cfg = self.cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+        cfg.sharedMemBytes = shared
+        cfg.hStream = self._stream
+        cfg.attrs = [self._overlap_attr]
+        cfg.numAttrs = 1
+        self._call("cuLaunchKernelEx", cfg, fn, params, 0)
 
     def synchronize(self) -> None:
         self._call("cuStreamSynchronize", self._stream)

@@ -87,6 +87,10 @@ class GpuDriver(Protocol):
     def memset0(self, ptr: int, nbytes: int) -> None: ...
     def h2d(self, dst: int, src: int, nbytes: int) -> None: ...
     def d2h(self, dst: int, src: int, nbytes: int) -> None: ...
+
+    # True where launch(overlap=True) lets a kernel start before the previous one ends
+    overlap_launches: bool
+
     def launch(
         self,
         fn: Any,
@@ -94,6 +98,7 @@ class GpuDriver(Protocol):
         block: tuple[int, int, int],
         shared: int,
         params: int,
+        overlap: bool = False,
     ) -> None: ...
     def synchronize(self) -> None: ...
     def begin_capture(self) -> None: ...
@@ -335,6 +340,8 @@ class GpuBackend:
         try:
             if mem.states:
                 d.memset0(s_base, mem.states)
+            if mem.scratch:
+                d.memset0(self.bases.scratch, mem.scratch)  # the decode attention's counters
             self._upload(weights, self.bases.weights)
             d.synchronize()
         except DriverError as e:
@@ -489,7 +496,12 @@ class GpuBackend:
     def _launch(self, launch: Launch, grid: tuple[int, int, int], args: PackedArgs) -> None:
         try:
             self._driver.launch(
-                self._functions[launch.kernel], grid, launch.block, launch.shared, args.address
+                self._functions[launch.kernel],
+                grid,
+                launch.block,
+                launch.shared,
+                args.address,
+                overlap=launch.overlap and self._driver.overlap_launches,
             )
         except DriverError as e:
             raise _KernelFailed(launch, e) from None

@@ -93,6 +93,7 @@ class HipDriver:
     """GpuDriver over hip-python (see gpu_common.GpuDriver)."""
 
     api = "HIP"
+    overlap_launches = False
 
     def __init__(self, device: int = 0, hip: Any = None) -> None:
         self.hip = hip if hip is not None else import_hip()
@@ -173,7 +174,8 @@ class HipDriver:
     def d2h(self, dst: int, src: int, nbytes: int) -> None:
         self._call("hipMemcpyDtoHAsync", dst, src, nbytes, self._stream)
 
-    def launch(self, fn: Any, grid, block, shared: int, params: int) -> None:
+    def launch(self, fn: Any, grid, block, shared: int, params: int, overlap: bool = False) -> None:
+        # AMD has no programmatic launch: overlap_launches is False and kernels run in order
         self._call("hipModuleLaunchKernel", fn, *grid, *block, shared, self._stream, params, None)
 
     def synchronize(self) -> None:

@@ -73,6 +73,47 @@ HIPC_DEVICE float hipc_exp(float x) { return __builtin_amdgcn_exp2f(x * 1.442695
 HIPC_DEVICE float hipc_rsqrt(float x) { return __builtin_amdgcn_rsqf(x); }
 #endif
 
+// ---- kernel overlap, L2 prefetch, cross-block hand-off ------------------------------
+// Decode kernels are launched so the next one may start while this one finishes
+// (programmatic dependent launch, sm_90+). A kernel touches nothing an earlier kernel
+// writes before hipc_wait_prior() returns, which is when every earlier kernel has
+// finished and its writes are visible; it calls hipc_let_next_start() right after, so
+// at most the next kernel is resident early (prefetching its weights) while it runs.
+// Elsewhere (AMD, sm_80/89) kernels run back to back and both are no-ops.
+#if defined(__CUDACC__)
+HIPC_DEVICE void hipc_wait_prior() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+HIPC_DEVICE void hipc_let_next_start() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+HIPC_DEVICE void hipc_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+HIPC_DEVICE void hipc_fence_device() { __threadfence(); }
+HIPC_DEVICE unsigned hipc_atomic_inc(unsigned* p) { return atomicAdd(p, 1u); }
+// another block's writes: read through L2, never a line this SM's L1 may hold
+HIPC_DEVICE float hipc_load_coherent(const float* p) { return __ldcg(p); }
+#else
+HIPC_DEVICE void hipc_wait_prior() {}
+HIPC_DEVICE void hipc_let_next_start() {}
+HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
+HIPC_DEVICE void hipc_fence_device() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
+HIPC_DEVICE unsigned hipc_atomic_inc(unsigned* p) {
+  return __hip_atomic_fetch_add(p, 1u, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+// the agent-scope fence before the read invalidated this CU's vector L1
+HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }
+#endif
+
+// Pull `bytes` starting at p towards L2, one 128-byte line per lane and step (a wave's
+// rows of weights, before waiting on the kernel before).
+HIPC_DEVICE void hipc_prefetch_rows(const void* p, size_t bytes, int lane) {
+  for (size_t o = (size_t)lane * 128; o < bytes; o += HIPC_WAVE * 128) hipc_prefetch_l2((const char*)p + o);
+}
+
 // ---- shared by every platform --------------------------------------------------------
 
 HIPC_DEVICE float hipc_warp_sum(float v) {
@@ -114,6 +155,47 @@ HIPC_DEVICE float hipc_f16_to_f32(uint16_t h) {
   }
   const uint32_t bits = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112) << 23) | (m << 13));
   return __builtin_bit_cast(float, bits);
+}
+
+// KV-cache storage types: float32, or bfloat16 rounded to nearest even (half the bytes
+// a step reads, twice the context per GiB). Values are float everywhere else.
+HIPC_DEVICE float hipc_kv_load_f32(const float* p) { return *p; }
+HIPC_DEVICE float hipc_kv_store_f32(float v) { return v; }
+HIPC_DEVICE float hipc_kv_load_bf16(const uint16_t* p) { return hipc_bf16_to_f32(*p); }
+HIPC_DEVICE uint16_t hipc_kv_store_bf16(float v) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, v);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+// q . k for one cached key row; q (float) is in shared memory
+HIPC_DEVICE float hipc_kv_dot_f32(const float* q, const float* k, int D) {
+  float dot = 0.f;
+  if (D % 4 == 0) {
+#pragma unroll
+    for (int d = 0; d < D; d += 4) {
+      const float4 kv = *(const float4*)(k + d);
+      dot += q[d] * kv.x + q[d + 1] * kv.y + q[d + 2] * kv.z + q[d + 3] * kv.w;
+    }
+  } else {
+    for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+  }
+  return dot;
+}
+HIPC_DEVICE float hipc_kv_dot_bf16(const float* q, const uint16_t* k, int D) {
+  float dot = 0.f;
+  if (D % 8 == 0) {
+#pragma unroll
+    for (int d = 0; d < D; d += 8) {
+      const uint4 kv = *(const uint4*)(k + d);
+      const uint32_t w[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dot += q[d + 2 * e] * __builtin_bit_cast(float, w[e] << 16) +
+               q[d + 2 * e + 1] * __builtin_bit_cast(float, w[e] & 0xffff0000u);
+    }
+  } else {
+    for (int d = 0; d < D; ++d) dot += q[d] * hipc_bf16_to_f32(k[d]);
+  }
+  return dot;
 }
 
 // GGUF blocks of 32 weights

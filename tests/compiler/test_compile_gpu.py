@@ -93,15 +93,20 @@ def test_gpu_plan_matches_the_runtime_reader(artifact):
         args = launch.resolve(bases, T=5, rows=1)
         assert all(t in ("u64", "i32") for t, _ in args)
         assert all(d >= 1 for d in launch.grid_dims(5, 1))
-    # decode = prefill without the GEMM norm stats, plus a merge after each split attention
+    # decode = prefill without the GEMM norm stats, one attention kernel per layer where
+    # prefill runs RoPE+KV then attention; every decode kernel may overlap the one before
     stats = sum(1 for x in gp.prefill if x.kernel.endswith("_stats"))
-    merges = [x for x in gp.decode if x.kernel.endswith("_merge")]
-    assert len(merges) == 2  # one per layer of the tiny model
-    assert len(gp.decode) == len(gp.prefill) - stats + len(merges)
-    split = next(x for x in gp.decode if x.kernel.endswith("_attn_split"))
-    assert split.grid_dims(1, 1)[2] == -(
-        -64 // (4 * 32)
-    )  # max_context 64, chunks of 4 waves x 32 keys
+    attn = [x for x in gp.decode if x.kernel.endswith("_decode")]
+    assert len(attn) == 2  # one per layer of the tiny model
+    assert len(gp.decode) == len(gp.prefill) - stats - len(attn)
+    assert all(x.overlap for x in gp.decode) and not any(x.overlap for x in gp.prefill)
+    # max_context 64 is a single chunk of 4 waves x 32 keys: one block per head
+    heads = json.loads((artifact / "manifest.json").read_text())["config"]["num_heads"]
+    assert attn[0].grid_dims(1, 1) == (heads, 1, 1)
+    # the counters the merging blocks reset live inside the scratch buffer
+    counters = attn[0].args[11]
+    assert counters["kind"] == "scratch"
+    assert counters["offset"] + 4 * attn[0].grid[0] <= gp.scratch_bytes
 
 
 def test_gpu_target_without_its_toolchain(tmp_path, monkeypatch):

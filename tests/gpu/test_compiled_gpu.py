@@ -64,3 +64,34 @@ def test_half_weights_on_gpu(dtype, tmp_path):
         write_tiny_hf(tmp_path / dtype, dtype=dtype, hidden_size=64, intermediate_size=128),
         tmp_path,
     )
+
+
+@pytest.mark.parametrize(
+    "family, overrides",
+    [
+        # 32 heads: 8 decode blocks per head, so each block loops over several chunks
+        ("qwen3-qknorm", dict(num_attention_heads=32, num_key_value_heads=4)),
+        ("mistral-window", {}),  # the window starts far past 0
+        ("llama", {}),  # 16 blocks per head, several holding no key
+    ],
+)
+def test_long_context_decode(family, overrides, tmp_path):
+    """Decode at ~1,100 positions: the split attention's chunks, loops and merge."""
+    cfg = {**TINY_FAMILIES[family], **overrides, "max_position_embeddings": 4096}
+    folder = write_tiny_hf(tmp_path / family, **cfg)
+    out = tmp_path / "m.hipc"
+    compile_model(
+        folder,
+        out,
+        CompileOptions(targets=(TARGET,), max_context=2048, max_tokens=256),
+        verbose=False,
+    )
+    gpu = load_engine(out, target="cuda")
+    ref = ReferenceEngine(load_model(folder), 2048)
+    tokens = np.random.default_rng(7).integers(0, gpu.vocab_size, 1112).tolist()
+    want = [ref.logits(tokens[:1100], 0)[-1]]
+    want += [ref.logits([t], 1100 + i)[-1] for i, t in enumerate(tokens[1100:])]
+    got = [gpu.forward(tokens[:1100], 0)]
+    got += [gpu.forward([t], 1100 + i) for i, t in enumerate(tokens[1100:])]
+    assert rel_err(np.stack(got), np.stack(want)) <= 2e-3
+    gpu.close()

@@ -78,6 +78,7 @@ class FakeGpu:
         self.fail_call: dict[str, int] = {}  # call name -> error code, once
         self.fail_kernel: tuple | None = None  # (kernel, code, "launch"|"exec", sticky)
         self.pending = 0
+        self.overlapped: list[str] = []  # kernels launched with programmatic overlap
         self.sticky = 0
         self.context_refs = 0
         self.shared_attr: dict[str, int] = {}
@@ -312,6 +313,19 @@ class FakeCu:
     class CUstreamCaptureMode(enum.IntEnum):
         CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
 
+    class CUlaunchAttributeID(enum.IntEnum):
+        CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+    class CUlaunchAttribute:
+        def __init__(self) -> None:
+            self.id = None
+            self.value = SimpleNamespace(programmaticStreamSerializationAllowed=0)
+
+    class CUlaunchConfig:
+        def __init__(self) -> None:
+            self.attrs: list = []
+            self.numAttrs = 0
+
     def __init__(self, gpu: FakeGpu) -> None:
         self.gpu = gpu
 
@@ -398,6 +412,19 @@ class FakeCu:
     def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         assert extra == 0 and stream == "stream"
         return self._r(self.gpu.launch(fn, (gx, gy, gz), (bx, by, bz), shared, params))
+
+    def cuLaunchKernelEx(self, cfg, fn, params, extra):
+        assert extra == 0 and cfg.hStream == "stream" and cfg.numAttrs == len(cfg.attrs) == 1
+        (attr,) = cfg.attrs
+        assert (
+            attr.id
+            == self.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        )
+        assert attr.value.programmaticStreamSerializationAllowed == 1
+        self.gpu.overlapped.append(fn.name)
+        grid = (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ)
+        block = (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ)
+        return self._r(self.gpu.launch(fn, grid, block, cfg.sharedMemBytes, params))
 
     def cuStreamSynchronize(self, stream):
         return self._r(self.gpu.synchronize())
@@ -588,7 +615,7 @@ def section(big_shared: int = 64 * 1024) -> dict:
         "arena_bytes": 4 * H * MAX_TOKENS,
         "scratch_bytes": 64,
         "wave": 32,
-        "decode": launches(1),
+        "decode": [{**x, "overlap": x["kernel"] == "addpos"} for x in launches(1)],
         "prefill": prefill,
     }
 
@@ -723,7 +750,8 @@ def test_load_uploads_weights_and_zeroes_kv(api, artifact):
     assert b.bases.weights[1] - b.bases.weights[0] == 256  # one block, aligned tensors
     assert b.bases.states[1] % 256 == 0
     memsets = [c for c in gpu.calls if c[0] == "memset"]
-    assert memsets == [("memset", b.bases.states[0], 0, 512)]
+    # the KV cache, and the scratch buffer (counters kernels reset after use start at 0)
+    assert memsets == [("memset", b.bases.states[0], 0, 512), ("memset", b.bases.scratch, 0, 64)]
     b.close()
 
 
@@ -771,6 +799,36 @@ def test_decode_is_captured_once_then_replayed(api, artifact):
     assert out.shape == (1, V) and gpu.count("begin_capture") == 1
     kv = gpu.view(b.bases.states[1], np.float32, MAX_CTX * H).reshape(MAX_CTX, H)
     np.testing.assert_allclose(kv[5:9], EMB[[2, 0, 4, 1]] + np.arange(5, 9)[:, None])
+    b.close()
+
+
+@pytest.mark.parametrize("env, overlapped", [(None, 1), ("0", 0)])
+def test_decode_kernels_marked_overlap_start_early_on_sm90(artifact, monkeypatch, env, overlapped):
+    if env is not None:
+        monkeypatch.setenv("HIPC_OVERLAP_LAUNCHES", env)
+    gpu = FakeGpu(sm=(9, 0))
+    b = backend("cuda", artifact, gpu)
+    for pos, tok in enumerate([2, 0]):
+        out = b.forward(np.array([tok]), 5 + pos, False)
+        np.testing.assert_allclose(out, expected([tok], 5 + pos, False), rtol=1e-6)
+    b.forward(np.array([1, 2]), 7, False)  # prefill: never marked
+    assert gpu.overlapped == ["addpos"] * overlapped  # captured once, replayed
+    b.close()
+
+
+def test_no_overlap_before_sm90():
+    from hipc.runtime.backends.cuda import CudaDriver
+
+    driver = CudaDriver(0, FakeCu(FakeGpu(sm=(8, 9))))
+    assert driver.arch == "sm_89" and not driver.overlap_launches
+    driver.close()
+
+
+def test_hip_launches_in_order(artifact):
+    gpu = FakeGpu()
+    b = backend("hip", artifact, gpu)
+    b.forward(np.array([2]), 5, False)
+    assert gpu.overlapped == [] and gpu.count("graph_launch") == 1
     b.close()
 
 
