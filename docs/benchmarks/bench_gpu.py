@@ -3,7 +3,7 @@
 Run on the GPU machine (docs/benchmarks/README.md says how the device tool carries it):
 
     python docs/benchmarks/bench_gpu.py --models smol,l8 --target sm_90 --out $OUT/gpu.md \
-        [--peers DIR] [--llamacpp DIR]
+        [--peers DIR] [--llamacpp DIR | --llamacpp-src DIR] [--overlap-ab]
 
 For each model shape (random bf16 weights, written here as a Hugging Face folder):
   1. `hipc compile --target sm_90` (timed), then the compiled artifact on the GPU:
@@ -14,7 +14,8 @@ For each model shape (random bf16 weights, written here as a Hugging Face folder
      on the GPU with the same weights (float32), relative error and top-1 agreement.
   3. Peers, same machine, same run: torch.compile decode (gpt-fast style, --peers DIR
      with torch_compile_decode.py) and llama.cpp (`llama-bench -p 512 -n 128` on an F16
-     GGUF of the same shape; --llamacpp DIR holding the build, see build_llamacpp_cuda.sh).
+     GGUF of the same shape; --llamacpp DIR holding the build, or --llamacpp-src DIR holding
+     llamacpp.tgz, built with build_llamacpp_cuda.sh in the background and timed last).
 Prints a table last and writes it, with the command, to --out.
 """
 
@@ -265,6 +266,13 @@ def main() -> None:
         "--peers", type=Path, default=None, help="folder with mkgguf.py and torch_compile_decode.py"
     )
     ap.add_argument("--llamacpp", type=Path, default=None, help="folder with llama-bench")
+    ap.add_argument(
+        "--llamacpp-src",
+        type=Path,
+        default=None,
+        help="folder with llamacpp.tgz (peers/build_llamacpp_source.sh): build llama-bench "
+        "with peers/build_llamacpp_cuda.sh in the background while hipc runs",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
         "--overlap-ab",
@@ -275,6 +283,16 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    build, llamacpp = None, args.llamacpp
+    if args.llamacpp_src and args.peers:
+        build = subprocess.Popen(
+            ["bash", str(args.peers / "build_llamacpp_cuda.sh"), str(args.llamacpp_src.resolve())],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        llamacpp = Path("/tmp/llama.cpp/build/bin")
+    read_per_token = {}
     ceil = ceilings()
     log(
         f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops'] / 1e12:.0f} TFLOP/s"
@@ -283,7 +301,7 @@ def main() -> None:
     for name in args.models.split(","):
         folder, artifact = work / name, work / f"{name}.hipc"
         t = time.perf_counter()
-        bytes_per_token = write_model(name, folder)
+        bytes_per_token = read_per_token[name] = write_model(name, folder)
         log(f"{name}: wrote random bf16 weights in {time.perf_counter() - t:.0f} s")
         t = time.perf_counter()
         subprocess.run(
@@ -343,9 +361,18 @@ def main() -> None:
                     )
                 )
                 notes.append(f"{name}: {tc['line']}")
-        if args.llamacpp and args.peers:
-            lc = llamacpp_peer(args.llamacpp, args.peers, name, work)
+        for f in folder.glob("*.safetensors"):
+            f.unlink()  # keep the disk for the next shape
+    if llamacpp:
+        # last, once its build (started at the top, on the CPUs) is done
+        if build is not None:
+            log("llama.cpp: waiting for the build")
+            if build.wait(timeout=900) != 0:
+                log("llama.cpp build failed: see /tmp/llamacpp-build.log")
+        for name in args.models.split(","):
+            lc = llamacpp_peer(llamacpp, args.peers, name, work)
             if lc:
+                bytes_per_token = read_per_token[name]
                 rows.append(
                     (
                         name,
@@ -355,8 +382,7 @@ def main() -> None:
                         lc.get("decode", 0) * bytes_per_token,
                     )
                 )
-        for f in folder.glob("*.safetensors"):
-            f.unlink()  # keep the disk for the next shape
+    rows.sort(key=lambda r: list(SHAPES).index(r[0]))  # stable: hipc first per model
     copy = ceil["copy_bytes_per_s"]
     lines = [
         f"ceilings: device copy {copy / 1e12:.2f} TB/s (read+write), bf16 matmul {ceil['bf16_flops'] / 1e12:.0f} TFLOP/s",

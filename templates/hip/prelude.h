@@ -92,19 +92,28 @@ HIPC_DEVICE void hipc_let_next_start() {
 #endif
 }
 HIPC_DEVICE void hipc_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-HIPC_DEVICE void hipc_fence_device() { __threadfence(); }
-HIPC_DEVICE unsigned hipc_atomic_inc(unsigned* p) { return atomicAdd(p, 1u); }
+// A block hands its results to whichever block counts last: every thread stores, then
+// hipc_publish(); hipc_sync(); one thread calls hipc_count(), whose release covers the
+// block's stores (they are ordered before it by the barrier) and whose acquire lets the
+// last block read everyone's after the next hipc_sync().
+HIPC_DEVICE void hipc_publish() {}
+HIPC_DEVICE unsigned hipc_count(unsigned* p) {
+  unsigned old;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+  return old;
+}
 // another block's writes: read through L2, never a line this SM's L1 may hold
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return __ldcg(p); }
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
 HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
-HIPC_DEVICE void hipc_fence_device() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
-HIPC_DEVICE unsigned hipc_atomic_inc(unsigned* p) {
-  return __hip_atomic_fetch_add(p, 1u, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+// every wave makes its own stores visible device-wide (a workgroup barrier does not)
+HIPC_DEVICE void hipc_publish() { __builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent"); }
+HIPC_DEVICE unsigned hipc_count(unsigned* p) {
+  return __hip_atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_AGENT);
 }
-// the agent-scope fence before the read invalidated this CU's vector L1
+// the acquire in hipc_count invalidated this CU's vector L1
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }
 #endif
 
