@@ -20,9 +20,11 @@ GPU_TARGETS = (
     "gfx1201",
 )
 KNOWN_TARGETS = ("cpu", *GPU_TARGETS)
-# NOTE: the KV cache is float32 [max_ctx, kv_heads, head_dim] per layer; 4096
-# positions keep SmolLM2's at 377 MB and a Llama-3-8B's at 1 GiB on the CPU.
-DEFAULT_MAX_CONTEXT = {"cpu": 4096, **dict.fromkeys(GPU_TARGETS, 8192)}
+# NOTE: the CPU's KV cache is float32 [max_ctx, kv_heads, head_dim] per layer; 4096
+# positions keep SmolLM2's at 377 MB and a Llama-3-8B's at 1 GiB. GPU targets compile
+# the model's whole context: the runtime sizes the KV cache to the device at load.
+DEFAULT_MAX_CONTEXT = {"cpu": 4096}
+KV_STORAGE = ("auto", "float32", "bfloat16")
 DEFAULT_MAX_TOKENS = {"cpu": 256, **dict.fromkeys(GPU_TARGETS, 512)}
 
 
@@ -32,6 +34,7 @@ class CompileOptions:
     max_context: int | None = None  # None: the model's limit, capped per target
     max_tokens: int | None = None  # tokens per step (prefill chunk); None: per target
     activations: str = "int16"  # quantized matmuls round activations to int16 (near-exact) or int8
+    kv_storage: str = "auto"  # KV-cache element type; auto: bfloat16 on GPUs, float32 on the CPU
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -43,14 +46,30 @@ class CompileOptions:
                 )
         if self.activations not in ("int16", "int8"):
             raise HipcError(f"--activations: expected int16 or int8, got {self.activations!r}")
+        if self.kv_storage not in KV_STORAGE:
+            raise HipcError(
+                f"--kv-storage: expected one of {', '.join(KV_STORAGE)}, got {self.kv_storage!r}"
+            )
+        if self.kv_storage == "bfloat16" and "cpu" in self.targets:
+            raise HipcError(
+                "--kv-storage bfloat16: the cpu target stores its KV cache as float32 only "
+                "(compile the cpu target separately, or with --kv-storage float32)"
+            )
         if self.max_context is not None and self.max_context < 2:
             raise HipcError(f"--max-context must be at least 2, got {self.max_context}")
         if self.max_tokens is not None and not 1 <= self.max_tokens <= 8192:
             raise HipcError(f"--max-tokens must be in 1..8192, got {self.max_tokens}")
 
     def resolved_max_context(self, model_limit: int) -> int:
-        cap = min(DEFAULT_MAX_CONTEXT[t] for t in self.targets)
+        cap = min(DEFAULT_MAX_CONTEXT.get(t, model_limit) for t in self.targets)
         return min(self.max_context or cap, model_limit)
+
+    def resolved_kv_storage(self) -> str:
+        """auto: bfloat16 when every target is a GPU (half the bytes, as peers store it),
+        else float32 (the cpu target's only type; one artifact has one KV layout)."""
+        if self.kv_storage != "auto":
+            return self.kv_storage
+        return "float32" if "cpu" in self.targets else "bfloat16"
 
     def resolved_max_tokens(self, max_context: int) -> int:
         return min(self.max_tokens or min(DEFAULT_MAX_TOKENS[t] for t in self.targets), max_context)

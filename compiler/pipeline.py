@@ -160,6 +160,7 @@ def compile_model(
                 HIPC_VERSION,
                 target,
                 max_ctx,
+                options.resolved_kv_storage(),
             )
             gpu_sections[target] = program.gpu
             info = {"wave": program.gpu["wave"]}
@@ -215,7 +216,7 @@ def compile_model(
         "states": [
             {
                 "name": s,
-                "dtype": "float32",
+                "dtype": options.resolved_kv_storage(),
                 "shape": [max_ctx if d == "max_ctx" else d for d in graph.states[s].shape],
             }
             for s in program.states

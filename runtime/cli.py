@@ -237,6 +237,7 @@ def cmd_compile(args) -> int:
         max_context=args.max_context,
         max_tokens=args.max_tokens,
         activations=args.activations,
+        kv_storage=args.kv_storage,
     )
     out = args.output or f"{_default_name(args.model)}.hipc"
     result = compile_model(args.model, out, options, dump_dir=args.dump, verbose=not args.quiet)
@@ -324,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["int16", "int8"],
         default="int16",
         help="how quantized matmuls round activations: int16 (near-exact, default) or int8 (faster)",
+    )
+    sp.add_argument(
+        "--kv-storage",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="KV-cache element type (default auto: bfloat16 for GPU targets, float32 for cpu)",
     )
     sp.add_argument(
         "--dump", metavar="DIR", help="write every stage (graphs, fusion, sources) to DIR"

@@ -11,10 +11,16 @@ from hipc.graphs import Model, build_graph
 
 
 class ReferenceEngine:
-    def __init__(self, model: Model, max_ctx: int | None = None, dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        model: Model,
+        max_ctx: int | None = None,
+        dtype: str = "float32",
+        kv_storage: str = "float32",
+    ) -> None:
         self.model = model
         self.graph = build_graph(model, max_ctx)
-        self.executor = ReferenceExecutor(self.graph, dtype)
+        self.executor = ReferenceExecutor(self.graph, dtype, kv_storage)
         self.max_context = self.executor.max_ctx
         self.vocab_size = model.config.vocab_size
         self._tokenizer = None

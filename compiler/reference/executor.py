@@ -18,9 +18,12 @@ from hipc.runtime.errors import HipcError
 
 
 class ReferenceExecutor:
-    def __init__(self, graph: Graph, dtype: str = "float32") -> None:
+    def __init__(self, graph: Graph, dtype: str = "float32", kv_storage: str = "float32") -> None:
         self.graph = graph
         self.float_dtype = np.dtype(dtype)
+        if kv_storage not in ("float32", "bfloat16"):
+            raise HipcError(f"reference: unknown KV storage {kv_storage!r}")
+        self.kv_storage = kv_storage
         self.max_ctx = int(graph.metadata["max_ctx"])
         self.reader = WeightReader()
         self._nodes = graph.nodes
@@ -31,6 +34,15 @@ class ReferenceExecutor:
             )
             for name, t in graph.states.items()
         }
+
+    def store_kv(self, x: np.ndarray) -> np.ndarray:
+        """A value as the KV cache holds it: bfloat16 storage rounds to nearest even,
+        as the GPU kernels do, so compiled artifacts are checked against the same cache."""
+        if self.kv_storage == "float32":
+            return x
+        u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+        u = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        return u.view(np.float32).astype(x.dtype)
 
     def reset(self) -> None:
         for s in self.states.values():

@@ -110,8 +110,8 @@ def _cached_attention(node, ins, ctx):
     h // (heads / kv_heads).
     """
     q, k, v, pos, k_cache, v_cache = ins
-    k_cache[pos] = k
-    v_cache[pos] = v
+    k_cache[pos] = ctx.store_kv(k)
+    v_cache[pos] = ctx.store_kv(v)
     n_ctx = int(pos.max()) + 1
     keys, vals = k_cache[:n_ctx], v_cache[:n_ctx]  # [ctx, kv, d]
     group = q.shape[1] // k.shape[1]

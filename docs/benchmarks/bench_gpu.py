@@ -280,7 +280,14 @@ def main() -> None:
         help="also time hipc with every kernel launched after the previous one ends",
     )
     ap.add_argument("--compile-args", default="", help="extra `hipc compile` flags")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=3000,
+        help="seconds from the start after which a llama.cpp build still running is skipped",
+    )
     args = ap.parse_args()
+    began = time.time()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     build, llamacpp = None, args.llamacpp
@@ -363,12 +370,16 @@ def main() -> None:
                 notes.append(f"{name}: {tc['line']}")
         for f in folder.glob("*.safetensors"):
             f.unlink()  # keep the disk for the next shape
-    if llamacpp:
+    if llamacpp and build is not None:
         # last, once its build (started at the top, on the CPUs) is done
-        if build is not None:
-            log("llama.cpp: waiting for the build")
-            if build.wait(timeout=900) != 0:
+        log("llama.cpp: waiting for the build")
+        try:
+            if build.wait(timeout=max(1.0, args.deadline - (time.time() - began))) != 0:
                 log("llama.cpp build failed: see /tmp/llamacpp-build.log")
+        except subprocess.TimeoutExpired:
+            log(f"llama.cpp: build not done within --deadline {args.deadline:.0f} s; skipped")
+            llamacpp = None
+    if llamacpp:
         for name in args.models.split(","):
             lc = llamacpp_peer(llamacpp, args.peers, name, work)
             if lc:

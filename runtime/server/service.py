@@ -49,6 +49,7 @@ def admitted_context(engine, requested: int | None) -> int:
     return requested
 
 
+COMPILED_KV_STORAGE = ("float32", "bfloat16")
 _KV_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -69,9 +70,16 @@ def check_kv_storage(engine, requested: str | None) -> str:
     want = _KV_ALIASES.get(requested.lower(), requested.lower())
     if want in supported:
         return want
+    have = f"--kv-storage {requested}: this artifact's KV cache is {' or '.join(supported)}"
+    if want not in COMPILED_KV_STORAGE:
+        raise HipcError(
+            f"{have}; hipc stores KV caches as {' or '.join(COMPILED_KV_STORAGE)} "
+            f"(bfloat16 on GPU targets only)"
+        )
     raise HipcError(
-        f"--kv-storage {requested}: the {target} target stores this artifact's KV cache as "
-        f"{' or '.join(supported)} only (supported here: {', '.join(supported)})"
+        f"{have} on the {target} target; the type is chosen when compiling: "
+        f"hipc compile MODEL --kv-storage {want}"
+        + (" (GPU targets only)" if want == "bfloat16" else "")
     )
 
 

@@ -12,6 +12,9 @@
 // ---- NVIDIA ------------------------------------------------------------------------
 #define HIPC_KERNEL extern "C" __global__
 #define HIPC_DEVICE __device__ __forceinline__
+// n threads per block, and no occupancy target: ptxas then issues a loop's batch of loads
+// before their first use instead of interleaving them with the math to save registers
+#define HIPC_BOUNDS_LOADS_IN_FLIGHT(n) __launch_bounds__(n, 1)
 __device__ __forceinline__ int hipc_thread() { return threadIdx.x; }
 __device__ __forceinline__ int hipc_block_x() { return blockIdx.x; }
 __device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
@@ -26,6 +29,7 @@ __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 #elif defined(HIPC_ROCM)
 // ---- AMD with ROCm headers ---------------------------------------------------------
 #include <hip/hip_runtime.h>
+#define HIPC_BOUNDS_LOADS_IN_FLIGHT(n) __launch_bounds__(n)
 #define HIPC_KERNEL extern "C" __global__
 #define HIPC_DEVICE __device__ __forceinline__
 __device__ __forceinline__ int hipc_thread() { return threadIdx.x; }
@@ -45,6 +49,7 @@ __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 #define __device__ __attribute__((device))
 #define __shared__ __attribute__((shared))
 #define __launch_bounds__(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#define HIPC_BOUNDS_LOADS_IN_FLIGHT(n) __launch_bounds__(n)
 #define HIPC_KERNEL extern "C" __global__
 #define HIPC_DEVICE __device__ inline __attribute__((always_inline))
 HIPC_DEVICE int hipc_thread() { return __builtin_amdgcn_workitem_id_x(); }
@@ -92,6 +97,13 @@ HIPC_DEVICE void hipc_let_next_start() {
 #endif
 }
 HIPC_DEVICE void hipc_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// 16 bytes of weights; volatile so ptxas issues a batch of them before their first use
+// (it otherwise interleaves each load with its FMAs, and in-order issue then stalls)
+HIPC_DEVICE uint4 hipc_load_weights16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
 // A block hands its results to whichever block counts last: every thread stores, then
 // hipc_publish(); hipc_sync(); one thread calls hipc_count(), whose release covers the
 // block's stores (they are ordered before it by the barrier) and whose acquire lets the
@@ -108,6 +120,7 @@ HIPC_DEVICE float hipc_load_coherent(const float* p) { return __ldcg(p); }
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
 HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
+HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; }
 // every wave makes its own stores visible device-wide (a workgroup barrier does not)
 HIPC_DEVICE void hipc_publish() { __builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent"); }
 HIPC_DEVICE unsigned hipc_count(unsigned* p) {
@@ -175,6 +188,9 @@ HIPC_DEVICE uint16_t hipc_kv_store_bf16(float v) {
   const uint32_t u = __builtin_bit_cast(uint32_t, v);
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+// a value as the cache will hold it (the new token's k/v, used before it is read back)
+HIPC_DEVICE float hipc_kv_round_f32(float v) { return v; }
+HIPC_DEVICE float hipc_kv_round_bf16(float v) { return hipc_bf16_to_f32(hipc_kv_store_bf16(v)); }
 // q . k for one cached key row; q (float) is in shared memory
 HIPC_DEVICE float hipc_kv_dot_f32(const float* q, const float* k, int D) {
   float dot = 0.f;
@@ -252,21 +268,33 @@ HIPC_DEVICE float hipc_dot_bf16(const void* Wrow, const float* x, int K, int lan
   }
   return acc;
 }
-// Two rows against the same x: twice the weight loads in flight per lane.
+// Two rows against the same x. The loads of U steps are issued before any is used, so
+// 2 x U x 16 bytes per lane are in flight (left to itself the compiler keeps ~2).
+HIPC_DEVICE void hipc_fma_bf16x8(uint4 u, uint4 v, const float* x, float& a0, float& a1) {
+  const float4 xa = *(const float4*)x, xb = *(const float4*)(x + 4);
+  const float xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+  const uint32_t pu[4] = {u.x, u.y, u.z, u.w}, pv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    a0 += __builtin_bit_cast(float, pu[i] << 16) * xs[2 * i] + __builtin_bit_cast(float, pu[i] & 0xffff0000u) * xs[2 * i + 1];
+    a1 += __builtin_bit_cast(float, pv[i] << 16) * xs[2 * i] + __builtin_bit_cast(float, pv[i] & 0xffff0000u) * xs[2 * i + 1];
+  }
+}
 HIPC_DEVICE void hipc_dot2_bf16(const void* R0, const void* R1, const float* x, int K, int lane, float& a0, float& a1) {
   const uint16_t *w0 = (const uint16_t*)R0, *w1 = (const uint16_t*)R1;
-#pragma unroll 4
-  for (int k = lane * 8; k < K; k += HIPC_WAVE * 8) {
-    const uint4 u = *(const uint4*)(w0 + k), v = *(const uint4*)(w1 + k);
-    const float4 xa = *(const float4*)(x + k), xb = *(const float4*)(x + k + 4);
-    const float xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-    const uint32_t pu[4] = {u.x, u.y, u.z, u.w}, pv[4] = {v.x, v.y, v.z, v.w};
+  constexpr int U = 4, STEP = HIPC_WAVE * 8;
+  int k = lane * 8;
+  for (; k + (U - 1) * STEP < K; k += U * STEP) {
+    uint4 u[U], v[U];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      a0 += __builtin_bit_cast(float, pu[i] << 16) * xs[2 * i] + __builtin_bit_cast(float, pu[i] & 0xffff0000u) * xs[2 * i + 1];
-      a1 += __builtin_bit_cast(float, pv[i] << 16) * xs[2 * i] + __builtin_bit_cast(float, pv[i] & 0xffff0000u) * xs[2 * i + 1];
+    for (int s = 0; s < U; ++s) {
+      u[s] = hipc_load_weights16(w0 + k + s * STEP);
+      v[s] = hipc_load_weights16(w1 + k + s * STEP);
     }
+#pragma unroll
+    for (int s = 0; s < U; ++s) hipc_fma_bf16x8(u[s], v[s], x + k + s * STEP, a0, a1);
   }
+  for (; k < K; k += STEP) hipc_fma_bf16x8(*(const uint4*)(w0 + k), *(const uint4*)(w1 + k), x + k, a0, a1);
 }
 #define HIPC_GENERIC_DOT2(T)                                                                              \
   HIPC_DEVICE void hipc_dot2_##T(const void* R0, const void* R1, const float* x, int K, int lane, float& a0, \

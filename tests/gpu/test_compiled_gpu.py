@@ -2,7 +2,9 @@
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). The GPU
 kernels dequantize weights exactly and accumulate in float32, so the bar is the
-float32 one: relative logit error <= 2e-3, greedy tokens equal for 32 steps.
+float32 one: relative logit error <= 2e-3, greedy tokens equal for 32 steps. The KV
+cache is bfloat16 by default on GPUs: the reference stores its cache the same way
+(rounded to nearest even), and float32 caches are checked too.
 """
 
 from __future__ import annotations
@@ -23,16 +25,20 @@ pytestmark = pytest.mark.gpu
 TARGET = "sm_90"
 
 
-def check(model_path, tmp_path, ctx=64):
+def kv_storage_of(engine) -> str:
+    return engine.artifact.plan["states"][0]["dtype"]
+
+
+def check(model_path, tmp_path, ctx=64, kv_storage="auto"):
     out = tmp_path / "m.hipc"
     compile_model(
         model_path,
         out,
-        CompileOptions(targets=(TARGET,), max_context=ctx, max_tokens=8),
+        CompileOptions(targets=(TARGET,), max_context=ctx, max_tokens=8, kv_storage=kv_storage),
         verbose=False,
     )
     gpu = load_engine(out, target="cuda")
-    ref = ReferenceEngine(load_model(model_path), ctx)
+    ref = ReferenceEngine(load_model(model_path), ctx, kv_storage=kv_storage_of(gpu))
     tokens = np.random.default_rng(5).integers(0, gpu.vocab_size, 19).tolist()
     assert rel_err(gpu.logits(tokens), ref.logits(tokens, 0)) <= 2e-3
     ref.reset()
@@ -51,6 +57,11 @@ def check(model_path, tmp_path, ctx=64):
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
 def test_family_on_gpu(family, tmp_path):
     check(write_tiny_hf(tmp_path / family, **TINY_FAMILIES[family]), tmp_path)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3-qknorm", "mistral-window"])
+def test_float32_kv_cache_on_gpu(family, tmp_path):
+    check(write_tiny_hf(tmp_path / family, **TINY_FAMILIES[family]), tmp_path, kv_storage="float32")
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "F16"])
@@ -87,7 +98,7 @@ def test_long_context_decode(family, overrides, tmp_path):
         verbose=False,
     )
     gpu = load_engine(out, target="cuda")
-    ref = ReferenceEngine(load_model(folder), 2048)
+    ref = ReferenceEngine(load_model(folder), 2048, kv_storage=kv_storage_of(gpu))
     tokens = np.random.default_rng(7).integers(0, gpu.vocab_size, 1112).tolist()
     want = [ref.logits(tokens[:1100], 0)[-1]]
     want += [ref.logits([t], 1100 + i)[-1] for i, t in enumerate(tokens[1100:])]

@@ -69,4 +69,4 @@ def test_server_on_the_gpu_matches_the_gpu_engine(gpu_artifact, tmp_path):
 
 def test_kv_storage_on_the_gpu_target(gpu_artifact, capsys):
     assert main(["serve", str(gpu_artifact), "--kv-storage", "int8", "--no-eager-load"]) == 2
-    assert "--kv-storage int8: the cuda target" in capsys.readouterr().err
+    assert "--kv-storage int8: this artifact's KV cache is bfloat16" in capsys.readouterr().err

@@ -26,7 +26,8 @@ def serve_error(capsys, *argv, env=None, monkeypatch=None) -> str:
 def test_kv_storage_the_cpu_cannot_store_is_refused(tiny_artifact, capsys, monkeypatch):
     err = serve_error(capsys, str(tiny_artifact), "--kv-storage", "bf16", "--port", "0")
     assert (
-        "--kv-storage bf16: the cpu target stores this artifact's KV cache as float32 only" in err
+        "--kv-storage bf16: this artifact's KV cache is float32 on the cpu target" in err
+        and "hipc compile MODEL --kv-storage bfloat16 (GPU targets only)" in err
     )
     err = serve_error(
         capsys, str(tiny_artifact), env={"HIPC_KV_STORAGE": "int8"}, monkeypatch=monkeypatch
