@@ -145,6 +145,30 @@ def test_unknown_target(tiny, tmp_path):
     assert not (tmp_path / "x.hipc").exists()
 
 
+def test_bfloat16_kv_cache_on_the_cpu_target(tiny, tmp_path):
+    one_line_error(
+        hipc("compile", tiny, "--kv-storage", "bfloat16", "-o", tmp_path / "x.hipc"),
+        "--kv-storage bfloat16",
+        "cpu target",
+    )
+    assert not (tmp_path / "x.hipc").exists()
+
+
+def test_kv_storage_and_context_defaults():
+    from hipc.compiler.options import CompileOptions
+
+    assert CompileOptions().resolved_kv_storage() == "float32"
+    assert CompileOptions(targets=("sm_90", "gfx942")).resolved_kv_storage() == "bfloat16"
+    assert CompileOptions(targets=("cpu", "sm_90")).resolved_kv_storage() == "float32"
+    assert CompileOptions(targets=("sm_90",), kv_storage="float32").resolved_kv_storage() == (
+        "float32"
+    )
+    # the cpu target caps its context; GPU targets compile the model's whole context
+    assert CompileOptions().resolved_max_context(131072) == 4096
+    assert CompileOptions(targets=("sm_90",)).resolved_max_context(131072) == 131072
+    assert CompileOptions(targets=("sm_90",), max_context=2048).resolved_max_context(8192) == 2048
+
+
 def test_unwritable_output_path(tiny, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

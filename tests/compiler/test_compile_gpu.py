@@ -109,6 +109,13 @@ def test_gpu_plan_matches_the_runtime_reader(artifact):
     assert counters["offset"] + 4 * attn[0].grid[0] <= gp.scratch_bytes
 
 
+def test_gpu_kv_cache_is_bfloat16_by_default(artifact):
+    plan = json.loads((artifact / "plan.json").read_text())
+    assert {s["dtype"] for s in plan["states"]} == {"bfloat16"}
+    source = (artifact / "kernels" / "sm_90.hip").read_text()
+    assert "uint16_t* k_cache" in source and "hipc_kv_store_bf16" in source
+
+
 def test_gpu_target_without_its_toolchain(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvcc, no clang
     folder = write_tiny_hf(tmp_path / "m")
