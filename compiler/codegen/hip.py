@@ -43,6 +43,7 @@ class MmaTile:
     bk: int  # K per shared-memory stage
     wm: int  # waves along tokens
     wn: int  # waves along outputs
+    min_blocks: int = 1  # NVIDIA: blocks per SM to fit registers for (__launch_bounds__)
 
     def shared_bytes(self) -> int:
         """Two stages of x hi, x lo (bm rows each) and W (bn rows), bf16, rows padded by 8."""
@@ -53,7 +54,12 @@ class MmaTile:
 # 64 x 64 on CDNA (64 accumulator floats per lane in every case), within AMD's 64 KiB of LDS. RDNA
 # stages 16 deep, not 32: its A/B fragments are 8 VGPRs each, and with two k steps in flight clang
 # spills past 256 VGPRs. gfx12 (gfx1201) has WMMA with another operand layout: SIMT there for now.
-_NV = MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 128, 128, 32, 2, 4)
+# On the H200 (bf16 GLU, T=512, 8000 x 4080, TFLOP/s of useful work): 70 for one 128 x 128 block
+# per SM, 90 with registers capped for two (a few bytes spill), 74 staging 64 deep, 102 for
+# 128 x 256 blocks (warps of 64 x 64) -- which leave SMs idle when there are few output blocks, so
+# they are only taken for wide layers (WIDE_BLOCKS or more column blocks: gate/up, the LM head).
+_NV = MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 128, 128, 32, 2, 4, min_blocks=2)
+_NV_WIDE = MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 128, 256, 32, 2, 4)
 _WMMA = MmaTile("HIPC_MMA_WMMA", "v_wmma_f32_16x16x16_bf16", 128, 128, 16, 2, 4)
 _MFMA = MmaTile("HIPC_MMA_MFMA", "v_mfma_f32_16x16x16_bf16", 128, 128, 32, 2, 2)
 MMA_TILES = {
@@ -66,6 +72,8 @@ MMA_TILES = {
     "gfx90a": _MFMA,
     "gfx942": _MFMA,
 }
+MMA_WIDE_TILES = {"sm_80": _NV_WIDE, "sm_89": _NV_WIDE, "sm_90": _NV_WIDE}
+WIDE_BLOCKS = 64
 
 
 def wave_size(target: str) -> int:
@@ -83,6 +91,11 @@ def mma_tile(target: str, p: dict[str, Any]) -> MmaTile | None:
     tile = MMA_TILES.get(target)
     if tile is None or p["wtype"] != "bfloat16" or p["K"] % 8:
         return None
+    wide = MMA_WIDE_TILES.get(target)
+    glu = p["epilogue"] == "glu"
+    n_out = p["N"] // 2 if glu else p["N"]
+    if wide and -(-n_out // (wide.bn // 2 if glu else wide.bn)) >= WIDE_BLOCKS:
+        return wide
     return tile
 
 
@@ -119,6 +132,7 @@ def prefill_gemm(
         bk=tile.bk,
         wm=tile.wm,
         wn=tile.wn,
+        min_blocks=tile.min_blocks,
         bn_out=bn_out,
         shared=tile.shared_bytes(),
     )
