@@ -35,11 +35,117 @@ DECODE_WAVES = 4  # decode attention: a chunk of 4 waves x one 32/64-key tile ea
 DECODE_BLOCKS = 256  # decode attention blocks per layer (heads x splits): ~2 per SM of an H200
 KV_TYPES = {"float32": ("float", "f32"), "bfloat16": ("uint16_t", "bf16")}
 MAX_GEMV_K = 16384  # the GEMV stages x in shared memory: 64 KiB, the smallest limit (AMD LDS)
+SIMT_TILE = 64  # the SIMT GEMM's tokens and outputs per block
+
+
+@dataclass(frozen=True)
+class MmaTile:
+    """One platform's matrix instruction and the prefill GEMM geometry built on it."""
+
+    macro: str  # HIPC_MMA_* defined for the prelude
+    instruction: str  # as the disassembly names it (for the kernel's header comment)
+    bm: int  # tokens per block
+    bn: int  # weight rows per block (outputs, or gate + up rows with the GLU epilogue)
+    bk: int  # K per shared-memory stage
+    wm: int  # waves along tokens
+    wn: int  # waves along outputs
+    min_blocks: int = 1  # NVIDIA: blocks per SM to fit registers for (__launch_bounds__)
+
+    def shared_bytes(self) -> int:
+        """Two stages of x hi, x lo (bm rows each) and W (bn rows), bf16, rows padded by 8."""
+        return 2 * (2 * self.bm + self.bn) * (self.bk + 8) * 2
+
+
+# 128 x 128 blocks of 256 threads everywhere: 8 warps of 64 x 32 on NVIDIA and RDNA, 4 wave64s of
+# 64 x 64 on CDNA (64 accumulator floats per lane in every case), within AMD's 64 KiB of LDS. RDNA
+# stages 16 deep, not 32: its A/B fragments are 8 VGPRs each, and with two k steps in flight clang
+# spills past 256 VGPRs. gfx12 (gfx1201) has WMMA with another operand layout: SIMT there for now.
+# On the H200 (bf16 GLU, T=512, 8000 x 4080, TFLOP/s of useful work): 70 for one 128 x 128 block
+# per SM, 90 with registers capped for two (a few bytes spill), 74 staging 64 deep, 102 for
+# 128 x 256 blocks (warps of 64 x 64) -- which leave SMs idle when there are few output blocks, so
+# they are only taken for wide layers (WIDE_BLOCKS or more column blocks: gate/up, the LM head).
+_NV = MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 128, 128, 32, 2, 4, min_blocks=2)
+_NV_WIDE = MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 128, 256, 32, 2, 4)
+_WMMA = MmaTile("HIPC_MMA_WMMA", "v_wmma_f32_16x16x16_bf16", 128, 128, 16, 2, 4)
+_MFMA = MmaTile("HIPC_MMA_MFMA", "v_mfma_f32_16x16x16_bf16", 128, 128, 32, 2, 2)
+MMA_TILES = {
+    "sm_80": _NV,
+    "sm_89": _NV,
+    "sm_90": _NV,
+    "gfx1100": _WMMA,
+    "gfx1101": _WMMA,
+    "gfx1151": _WMMA,
+    "gfx90a": _MFMA,
+    "gfx942": _MFMA,
+}
+MMA_WIDE_TILES = {"sm_80": _NV_WIDE, "sm_89": _NV_WIDE, "sm_90": _NV_WIDE}
+WIDE_BLOCKS = 64
 
 
 def wave_size(target: str) -> int:
     """Wavefront width: CDNA (gfx9*) runs wave64; NVIDIA warps and RDNA (gfx1x) wave32."""
     return 64 if target.startswith("gfx9") else 32
+
+
+def mma_tile(target: str, p: dict[str, Any]) -> MmaTile | None:
+    """The matrix-instruction GEMM for a linear's prefill, or None for the SIMT one.
+
+    Dense bf16 weights only: they feed the instruction as stored. f16 would need x split in f16,
+    whose range (65504) activations can exceed; quantized types dequantize in the SIMT tile.
+    K % 8 == 0 because W is loaded 16 bytes at a time.
+    """
+    tile = MMA_TILES.get(target)
+    if tile is None or p["wtype"] != "bfloat16" or p["K"] % 8:
+        return None
+    wide = MMA_WIDE_TILES.get(target)
+    glu = p["epilogue"] == "glu"
+    n_out = p["N"] // 2 if glu else p["N"]
+    if wide and -(-n_out // (wide.bn // 2 if glu else wide.bn)) >= WIDE_BLOCKS:
+        return wide
+    return tile
+
+
+@dataclass(frozen=True)
+class PrefillGemm:
+    """The prefill kernel of one linear: its name, template context and launch geometry."""
+
+    fn: str
+    template: str
+    ctx: dict[str, Any]
+    block_outputs: int  # grid.x = ceil(n_out / block_outputs)
+    block_tokens: int  # grid.y = ceil(rows / block_tokens)
+    threads: int
+    shared: int
+
+
+def prefill_gemm(
+    fn: str, p: dict[str, Any], target: str, nodes: list[str], simt: bool = False
+) -> PrefillGemm:
+    """`fn`: the linear's kernel stem; `p`: its specialization (wtype, N, K, norm_eps, epilogue,
+    bias). `simt` forces the SIMT kernel (the GPU tests time one against the other)."""
+    wave = wave_size(target)
+    n_out = p["N"] // 2 if p["epilogue"] == "glu" else p["N"]
+    common = dict(nodes=nodes, wsuffix=WEIGHT_SUFFIX[p["wtype"]], n_out=n_out, wave=wave, **p)
+    tile = None if simt else mma_tile(target, p)
+    if tile is None:
+        return PrefillGemm(f"{fn}_gemm", "linear_gemm", common, SIMT_TILE, SIMT_TILE, 256, 0)
+    bn_out = tile.bn // 2 if p["epilogue"] == "glu" else tile.bn
+    ctx = dict(
+        common,
+        instruction=tile.instruction,
+        bm=tile.bm,
+        bn=tile.bn,
+        bk=tile.bk,
+        wm=tile.wm,
+        wn=tile.wn,
+        min_blocks=tile.min_blocks,
+        bn_out=bn_out,
+        shared=tile.shared_bytes(),
+    )
+    threads = tile.wm * tile.wn * wave
+    return PrefillGemm(
+        f"{fn}_mma", "linear_mma", ctx, bn_out, tile.bm, threads, tile.shared_bytes()
+    )
 
 
 @dataclass
@@ -92,7 +198,7 @@ def render_hip_program(
 
     def add_kernel(fn: str, template: str, **ctx: Any) -> str:
         if fn not in kernels:
-            kernels[fn] = render(f"hip/{template}.hip.j2", fn=fn, wave=wave, **ctx)
+            kernels[fn] = render(f"hip/{template}.hip.j2", **{"fn": fn, "wave": wave, **ctx})
         return fn
 
     for launch in launches:
@@ -133,7 +239,8 @@ def render_hip_program(
                     overlap=True,
                 )
             )
-            gemm = add_kernel(f"{spec.fn}_gemm", "linear_gemm", **common)
+            pg = prefill_gemm(spec.fn, p, target, nodes)
+            gemm = add_kernel(pg.fn, pg.template, **pg.ctx)
             rows = "rows" if last_only else "T"
             inv_rms = {"kind": "scratch", "offset": 0}
             if p["norm_eps"]:
@@ -150,8 +257,8 @@ def render_hip_program(
                 _launch(
                     launch.group,
                     gemm,
-                    [-(-n_out // 64), f"cdiv({rows},64)"],
-                    [256],
+                    [-(-n_out // pg.block_outputs), f"cdiv({rows},{pg.block_tokens})"],
+                    [pg.threads],
                     [
                         x,
                         {"kind": "int", "value": rows},
@@ -162,6 +269,7 @@ def render_hip_program(
                         res,
                         y,
                     ],
+                    shared=pg.shared,
                 )
             )
         elif spec.template == "attention":
@@ -270,16 +378,7 @@ def render_hip_program(
                     )
                 )
 
-    prelude = template_text("hip/prelude.h").replace("#pragma once", "")
-    source = render(
-        "hip/program.hip.j2",
-        name=name,
-        hipc_version=hipc_version,
-        target=target,
-        wave=wave,
-        prelude=prelude,
-        kernels=list(kernels.values()),
-    )
+    source = program_source(name, hipc_version, target, list(kernels.values()))
     gpu = {
         "arena_bytes": 4 * memory.max_tokens * memory.arena_cols,
         "scratch_bytes": scratch_need,
@@ -288,6 +387,21 @@ def render_hip_program(
         "prefill": prefill,
     }
     return HipProgram(source, weights, states, gpu)
+
+
+def program_source(name: str, hipc_version: str, target: str, kernels: list[str]) -> str:
+    """One compilable HIP source: the prelude for `target`, then the rendered kernels."""
+    tile = MMA_TILES.get(target)
+    return render(
+        "hip/program.hip.j2",
+        name=name,
+        hipc_version=hipc_version,
+        target=target,
+        wave=wave_size(target),
+        mma_macro=tile.macro if tile else None,
+        prelude=template_text("hip/prelude.h").replace("#pragma once", ""),
+        kernels=kernels,
+    )
 
 
 def _launch(

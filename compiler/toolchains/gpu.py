@@ -79,6 +79,18 @@ class NvccToolchain:
             _run([self.nvcc, *self.flags, str(src), "-o", str(out)], f"nvcc for {self.target}")
             return out.read_bytes()
 
+    def ptx(self, source: str) -> str:
+        """The PTX of `source` as compile() builds it (the fatbin's copy may be compressed, and
+        reading its machine code needs cuobjdump): what tests inspect for instructions."""
+        cc = self.target.removeprefix("sm_")
+        flags = [f for f in self.flags if f != "-fatbin" and not f.startswith("-gencode")]
+        with tempfile.TemporaryDirectory(prefix="hipc-nvcc-") as tmp:
+            src, out = Path(tmp) / "program.cu", Path(tmp) / "program.ptx"
+            src.write_text(source)
+            cmd = [self.nvcc, "-ptx", *flags, f"-arch=compute_{cc}", str(src), "-o", str(out)]
+            _run(cmd, f"nvcc -ptx for {self.target}")
+            return out.read_text()
+
 
 class AmdToolchain:
     def __init__(self, target: str) -> None:

@@ -3,7 +3,9 @@
 //   - AMD with ROCm's headers (hipcc / amdclang++, HIPC_ROCM defined),
 //   - AMD with a bare `clang++ -x hip -nogpulib -nogpuinc` (clang builtins only).
 // Kernels use only the hipc_* names below, so one template serves every platform.
-// HIPC_WAVE (the wavefront width) is defined by the renderer before this header.
+// HIPC_WAVE (the wavefront width) is defined by the renderer before this header, and so is at
+// most one of HIPC_MMA_NV / HIPC_MMA_WMMA / HIPC_MMA_MFMA: the target's matrix instruction,
+// which the prefill GEMM (linear_mma) uses through the hipc_mma_* interface at the end.
 #pragma once
 
 #include <stdint.h>
@@ -68,6 +70,7 @@ HIPC_DEVICE float hipc_shfl_xor(float v, int m) {
   return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane ^ m) << 2, __builtin_bit_cast(int, v)));
 }
 typedef __SIZE_TYPE__ size_t;
+struct __attribute__((aligned(8))) uint2 { uint32_t x, y; };
 struct __attribute__((aligned(16))) uint4 { uint32_t x, y, z, w; };
 struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
 HIPC_DEVICE float hipc_shfl(float v, int src) {
@@ -379,3 +382,116 @@ HIPC_GENERIC_DOT2(q4_1)
 #define HIPC_ROW_BYTES_q8_0(K) ((size_t)(K) / 32 * 34)
 #define HIPC_ROW_BYTES_q4_0(K) ((size_t)(K) / 32 * 18)
 #define HIPC_ROW_BYTES_q4_1(K) ((size_t)(K) / 32 * 20)
+
+// ---- matrix instructions (the prefill GEMM, bf16 weights) ---------------------------------
+// One MMA tile multiplies A = 16 rows (tokens) x 16 k by B = HIPC_MMA_N columns (weight rows)
+// x 16 k into a float32 16 x HIPC_MMA_N accumulator spread over the wave. Both operands are
+// read from shared memory where they are stored row-major, k contiguous, `ld` elements apart:
+// x rows for A and W rows (B's columns) for B, so the two loads differ only in row count.
+// hipc_mma_row/col(lane, i) say where accumulator element i of a lane sits in the tile.
+
+// bf16 <-> float32 with round-to-nearest-even (finite inputs; the GEMM splits activations)
+HIPC_DEVICE uint32_t hipc_f32_to_bf16(float x) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, x);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+// x = hi + lo to about 16 significant bits: hi = bf16(x), lo = bf16(x - hi) (x - hi is exact).
+HIPC_DEVICE void hipc_split_bf16(float x, uint32_t& hi, uint32_t& lo) {
+  hi = hipc_f32_to_bf16(x);
+  lo = hipc_f32_to_bf16(x - __builtin_bit_cast(float, hi << 16));
+}
+
+#if defined(HIPC_MMA_NV)
+// mma.sync.m16n8k16 bf16 -> f32 (sm_80+), operands through ldmatrix. Layouts (PTX ISA, "Matrix
+// Fragments for mma.m16n8k16 with floating point type"), g = lane / 4, q = lane % 4:
+//   A regs a0..a3 = (row g, k 2q..2q+1), (row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..)
+//   B regs b0, b1 = (k 2q..2q+1, col g), (k 2q+8.., col g)
+//   C c0..c3      = (row g, col 2q), (row g, col 2q+1), (row g+8, col 2q), (row g+8, col 2q+1)
+// ldmatrix.x4 hands lane l element pair l % 4 of row l / 4 of each 8x8 matrix, matrix j coming
+// from the row addresses of lanes 8j..8j+7, so A takes its four 8x8 quadrants in the order
+// above from lanes (row l % 16, k (l / 16) * 8), and B (x2) its two k halves from lanes
+// (row l % 8, k ((l / 8) % 2) * 8).
+#define HIPC_MMA_N 8
+struct hipc_mma_a { uint32_t r[4]; };
+struct hipc_mma_b { uint32_t r[2]; };
+struct hipc_mma_c {
+  float v[4];
+  HIPC_DEVICE float& operator[](int i) { return v[i]; }
+  HIPC_DEVICE float operator[](int i) const { return v[i]; }
+};
+HIPC_DEVICE hipc_mma_a hipc_mma_load_a(const uint16_t* s, int ld) {
+  const int lane = hipc_thread() % 32;
+  const uint32_t p = (uint32_t)__cvta_generic_to_shared(s + (lane % 16) * ld + (lane / 16) * 8);
+  hipc_mma_a a;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(a.r[0]), "=r"(a.r[1]), "=r"(a.r[2]), "=r"(a.r[3])
+               : "r"(p)
+               : "memory");
+  return a;
+}
+HIPC_DEVICE hipc_mma_b hipc_mma_load_b(const uint16_t* s, int ld) {
+  const int lane = hipc_thread() % 32;
+  const uint32_t p = (uint32_t)__cvta_generic_to_shared(s + (lane % 8) * ld + ((lane / 8) % 2) * 8);
+  hipc_mma_b b;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(b.r[0]), "=r"(b.r[1])
+               : "r"(p)
+               : "memory");
+  return b;
+}
+HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& b) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+      : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+}
+HIPC_DEVICE int hipc_mma_row(int lane, int i) { return lane / 4 + 8 * (i / 2); }
+HIPC_DEVICE int hipc_mma_col(int lane, int i) { return 2 * (lane % 4) + i % 2; }
+
+#elif defined(HIPC_MMA_WMMA)
+// v_wmma_f32_16x16x16_bf16, wave32 (gfx11: RDNA3/3.5). Layouts (RDNA3 ISA guide; AMD's matrix
+// instruction calculator; GPUOpen "How to accelerate AI applications on RDNA 3 using WMMA"):
+//   A: lane l holds row l % 16, k 0..15 (16 bf16, 8 VGPRs); lanes 16..31 repeat lanes 0..15
+//   B: lane l holds column l % 16, k 0..15; likewise repeated
+//   C/D (8 floats): element i of lane l is (row 2i + l / 16, column l % 16)
+#define HIPC_MMA_N 16
+typedef short hipc_v16s __attribute__((ext_vector_type(16)));
+typedef float hipc_v8f __attribute__((ext_vector_type(8)));
+struct hipc_u4x2 { uint4 lo, hi; };
+typedef hipc_v16s hipc_mma_a;
+typedef hipc_v16s hipc_mma_b;
+typedef hipc_v8f hipc_mma_c;
+HIPC_DEVICE hipc_v16s hipc_mma_load_a(const uint16_t* s, int ld) {
+  const uint4* p = (const uint4*)(s + (hipc_thread() % 16) * ld);
+  return __builtin_bit_cast(hipc_v16s, (hipc_u4x2{p[0], p[1]}));
+}
+HIPC_DEVICE hipc_v16s hipc_mma_load_b(const uint16_t* s, int ld) { return hipc_mma_load_a(s, ld); }
+HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& b) {
+  c = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a, b, c);
+}
+HIPC_DEVICE int hipc_mma_row(int lane, int i) { return 2 * i + lane / 16; }
+HIPC_DEVICE int hipc_mma_col(int lane, int i) { return lane % 16; }
+
+#elif defined(HIPC_MMA_MFMA)
+// v_mfma_f32_16x16x16_bf16 (gfx942; gfx90a's v_mfma_f32_16x16x16bf16_1k), wave64. Layouts
+// (CDNA3 ISA "Matrix fused multiply-add" operand layouts; AMD's matrix instruction calculator):
+//   A: lane l holds row l % 16, k 4(l / 16) .. 4(l / 16) + 3 (4 bf16, 2 VGPRs)
+//   B: lane l holds column l % 16, the same 4 k
+//   C/D (4 floats): element i of lane l is (row 4(l / 16) + i, column l % 16)
+#define HIPC_MMA_N 16
+typedef short hipc_v4s __attribute__((ext_vector_type(4)));
+typedef float hipc_v4f __attribute__((ext_vector_type(4)));
+typedef hipc_v4s hipc_mma_a;
+typedef hipc_v4s hipc_mma_b;
+typedef hipc_v4f hipc_mma_c;
+HIPC_DEVICE hipc_v4s hipc_mma_load_a(const uint16_t* s, int ld) {
+  const int lane = hipc_thread() % 64;
+  return __builtin_bit_cast(hipc_v4s, *(const uint2*)(s + (lane % 16) * ld + (lane / 16) * 4));
+}
+HIPC_DEVICE hipc_v4s hipc_mma_load_b(const uint16_t* s, int ld) { return hipc_mma_load_a(s, ld); }
+HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& b) {
+  c = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, 0, 0, 0);
+}
+HIPC_DEVICE int hipc_mma_row(int lane, int i) { return 4 * (lane / 16) + i; }
+HIPC_DEVICE int hipc_mma_col(int lane, int i) { return lane % 16; }
+#endif

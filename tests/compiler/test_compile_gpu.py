@@ -1,7 +1,9 @@
 """GPU targets compiled without a GPU: nvcc for sm_90, clang for gfx1100 and gfx942.
 
 The code objects must exist, be the right kind of file, and hold every kernel the
-plan launches. They run only on the GPU machine (tests/gpu).
+plan launches; bf16 linears must prefill on the target's matrix instructions (read from
+the PTX / the disassembly), other weight types on the SIMT GEMM. They run only on the GPU
+machine (tests/gpu).
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import subprocess
 
 import pytest
 
+from hipc.compiler.codegen.hip import MMA_TILES
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
+from hipc.compiler.toolchains.gpu import NvccToolchain
 from hipc.runtime.errors import HipcError
 
+from gguf_writer import write_numpy_gguf
 from support import IN_CI, TINY_FAMILIES, write_tiny_hf
 
 CLANG = shutil.which("clang++-19") or shutil.which("clang++")
@@ -43,6 +48,91 @@ def artifact(tmp_path_factory):
         verbose=False,
     )
     return out
+
+
+def compiled(root, model, targets):
+    need(shutil.which("nvcc"), "nvcc")
+    need(CLANG, "clang++-19")
+    out = root / "m.hipc"
+    compile_model(model, out, CompileOptions(targets=targets, max_context=64), verbose=False)
+    return out
+
+
+# the instruction each target's prefill GEMM must show for bf16 weights
+MMA_INSTRUCTION = {
+    "sm_90": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+    "gfx1100": "v_wmma_f32_16x16x16_bf16",
+    "gfx942": "v_mfma_f32_16x16x16_bf16",
+    "gfx90a": "v_mfma_f32_16x16x16bf16_1k",  # CDNA2's spelling of the same operation
+}
+
+
+@pytest.fixture(scope="module")
+def bf16_artifact(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bf16")
+    model = write_tiny_hf(root / "m", dtype="bfloat16", hidden_size=64, intermediate_size=96)
+    return compiled(root, model, tuple(MMA_INSTRUCTION))
+
+
+@pytest.fixture(scope="module")
+def q8_artifact(tmp_path_factory):
+    root = tmp_path_factory.mktemp("q8")
+    return compiled(root, write_numpy_gguf(root / "m.gguf", "Q8_0"), ("sm_90", "gfx942"))
+
+
+def kernel_code(artifact, target) -> dict[str, str]:
+    """Each kernel's code: PTX on NVIDIA (from the artifact's source), disassembly on AMD."""
+    if target.startswith("sm_"):
+        ptx = NvccToolchain(target).ptx((artifact / "kernels" / f"{target}.hip").read_text())
+        parts = ptx.split(".entry ")[1:]
+        return {part.split("(", 1)[0].strip(): part for part in parts}
+    need(OBJDUMP, "llvm-objdump-19")
+    co = artifact / "kernels" / f"{target}.co"
+    dis = subprocess.run([OBJDUMP, "-d", str(co)], capture_output=True, text=True, check=True)
+    code: dict[str, str] = {}
+    name = None
+    for line in dis.stdout.splitlines():
+        if line.endswith(">:"):
+            name = line.split("<")[1].rstrip(">:")
+            code[name] = ""
+        elif name:
+            code[name] += line + "\n"
+    return code
+
+
+def prefill_linears(artifact, target) -> list[dict]:
+    plan = json.loads((artifact / "plan.json").read_text())["gpu"][target]
+    return [x for x in plan["prefill"] if x["kernel"].endswith(("_gemm", "_mma"))]
+
+
+@pytest.mark.parametrize("target", sorted(MMA_INSTRUCTION))
+def test_bf16_prefill_on_matrix_instructions(bf16_artifact, target):
+    linears = prefill_linears(bf16_artifact, target)
+    assert len(linears) == 2 * 4 + 1  # per layer qkv, o, gate/up, down; then the lm head
+    tile = MMA_TILES[target]
+    code = kernel_code(bf16_artifact, target)
+    for launch in linears:
+        name = launch["kernel"]
+        assert name.endswith("_mma"), name
+        assert launch["block"] == [256] and launch["shared"] == tile.shared_bytes()
+        assert launch["grid"][1] in (f"cdiv(T,{tile.bm})", f"cdiv(rows,{tile.bm})")
+        assert MMA_INSTRUCTION[target] in code[name], name
+        if target.startswith("sm_"):
+            assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in code[name]
+    # decode stays on the GEMV; its code has no matrix instruction
+    gemv = [k for k in code if k.endswith("_gemv")]
+    assert gemv and not any(MMA_INSTRUCTION[target] in code[k] for k in gemv)
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx942"])
+def test_other_weight_types_prefill_on_the_simt_gemm(artifact, q8_artifact, target):
+    for art in (artifact, q8_artifact):  # float32 and q8_0 weights
+        linears = prefill_linears(art, target)
+        assert linears and all(x["kernel"].endswith("_gemm") for x in linears)
+        assert all(x["block"] == [256] and x["shared"] == 0 for x in linears)
+    assert not any(
+        "mfma" in c or "mma.sync" in c for c in kernel_code(q8_artifact, target).values()
+    )
 
 
 def launched_kernels(artifact, target):
