@@ -35,16 +35,20 @@ def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
     def weight(value: str) -> str | None:
         return storage.get(value)
 
+    # Views of weights first: a bias view may come after the MatMul that adds it.
     for node in graph.nodes:
-        op, ins = node.op, node.inputs
-        if op in _VIEWS and ins[0] in graph.initializers:
-            storage[node.outputs[0]] = ins[0]
-            if len(graph.values[ins[0]].shape) == 1:
+        if node.op in _VIEWS and node.inputs[0] in graph.initializers:
+            storage[node.outputs[0]] = node.inputs[0]
+            if len(graph.values[node.inputs[0]].shape) == 1:
                 # small vectors become float32 constants: no Cast at run time
                 rw.keep_initializer(
                     node.outputs[0],
-                    Constant(reader.value(graph.initializers[ins[0]]).astype(np.float32)),
+                    Constant(reader.value(graph.initializers[node.inputs[0]]).astype(np.float32)),
                 )
+
+    for node in graph.nodes:
+        op, ins = node.op, node.inputs
+        if op in _VIEWS and ins[0] in graph.initializers:
             continue
         if op == "Transpose" and weight(ins[0]) and list(node.attrs.get("perm", [1, 0])) == [1, 0]:
             transposed[node.outputs[0]] = weight(ins[0])

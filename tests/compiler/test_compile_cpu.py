@@ -66,9 +66,13 @@ def test_quantized_weights_stay_quantized(qtype, activations, tmp_path):
     assert np.mean(got.argmax(-1) == want.argmax(-1)) >= (1.0 if activations == "int16" else 0.75)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_hf_weights(dtype, tmp_path):
-    folder = write_tiny_hf(tmp_path / dtype, dtype=dtype, hidden_size=64, intermediate_size=128)
+@pytest.mark.parametrize(
+    "dtype, family", [("bfloat16", "llama"), ("float16", "llama"), ("bfloat16", "qwen2-bias")]
+)
+def test_half_precision_hf_weights(dtype, family, tmp_path):
+    # qwen2-bias: each bias's float view follows the MatMul that adds it in the graph
+    cfg = {**TINY_FAMILIES[family], "hidden_size": 64, "intermediate_size": 128}
+    folder = write_tiny_hf(tmp_path / dtype, dtype=dtype, **cfg)
     compile_model(folder, tmp_path / "m.hipc", CompileOptions(max_context=32), verbose=False)
     compiled = load_engine(tmp_path / "m.hipc")
     assert {w["dtype"] for w in compiled.artifact.plan["weights"]} >= {dtype}

@@ -69,12 +69,13 @@ def test_quantized_on_gpu(qtype, tmp_path):
     check(write_numpy_gguf(tmp_path / "m.gguf", qtype), tmp_path)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_weights_on_gpu(dtype, tmp_path):
-    check(
-        write_tiny_hf(tmp_path / dtype, dtype=dtype, hidden_size=64, intermediate_size=128),
-        tmp_path,
-    )
+@pytest.mark.parametrize(
+    "dtype, family", [("bfloat16", "llama"), ("float16", "llama"), ("bfloat16", "qwen2-bias")]
+)
+def test_half_weights_on_gpu(dtype, family, tmp_path):
+    # bf16: prefill runs the matrix-instruction GEMM (qwen2-bias: with its bias epilogue)
+    cfg = {**TINY_FAMILIES[family], "hidden_size": 64, "intermediate_size": 128}
+    check(write_tiny_hf(tmp_path / dtype, dtype=dtype, **cfg), tmp_path)
 
 
 @pytest.mark.parametrize(
