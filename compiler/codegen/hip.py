@@ -148,6 +148,60 @@ def prefill_gemm(
     )
 
 
+@dataclass(frozen=True)
+class DecodeKernel:
+    """A decode (one-token) kernel: its name, template context and launch geometry."""
+
+    fn: str
+    template: str
+    ctx: dict[str, Any]
+    grid: list[int]
+    threads: int
+    shared: int = 0
+
+
+def decode_gemv(fn: str, p: dict[str, Any], target: str, nodes: list[str]) -> DecodeKernel:
+    """The GEMV of one linear (`p`: wtype, N, K, norm_eps, epilogue, bias)."""
+    wave = wave_size(target)
+    ws = WEIGHT_SUFFIX[p["wtype"]]
+    n_out = p["N"] // 2 if p["epilogue"] == "glu" else p["N"]
+    rows_per_block = GEMV_WAVES * (1 if p["epilogue"] == "glu" else 2)
+    ctx = dict(
+        nodes=nodes,
+        wave=wave,
+        wsuffix=ws,
+        n_out=n_out,
+        waves=GEMV_WAVES,
+        rows_per_block=rows_per_block,
+        prefetch=gemv_prefetch(row_bytes(ws, p["K"]), p["N"]),
+        **p,
+    )
+    shared = 4 * p["K"] if p["norm_eps"] else 0  # the normalized x, staged
+    return DecodeKernel(
+        f"{fn}_gemv", "linear_gemv", ctx, [-(-n_out // rows_per_block)], GEMV_WAVES * wave, shared
+    )
+
+
+def decode_attention(
+    fn: str, p: dict[str, Any], target: str, nodes: list[str], max_ctx: int, kv_storage: str
+) -> DecodeKernel:
+    """The decode attention of one layer (`p`: NH, NKV, D, scale, window, norm_eps, ...)."""
+    wave = wave_size(target)
+    splits = decode_splits(p["NH"], max_ctx, wave)
+    ctx = dict(
+        nodes=nodes,
+        wave=wave,
+        waves=DECODE_WAVES,
+        splits=splits,
+        kv_type=KV_TYPES[kv_storage][0],
+        kv_suffix=KV_TYPES[kv_storage][1],
+        **p,
+    )
+    return DecodeKernel(
+        f"{fn}_decode", "attention_decode", ctx, [p["NH"], splits], DECODE_WAVES * wave
+    )
+
+
 @dataclass
 class HipProgram:
     source: str
@@ -218,24 +272,15 @@ def render_hip_program(
             x = act(a["x"][1], row_skip=last_only)
             res = act(a["res"][1]) if a["res"][0] == "act" else {"kind": "null"}
             y = act(a["y"][1])
-            common = dict(nodes=nodes, wsuffix=ws, n_out=n_out, **p)
-            rows_per_block = GEMV_WAVES * (1 if p["epilogue"] == "glu" else 2)
-            gemv = add_kernel(
-                f"{spec.fn}_gemv",
-                "linear_gemv",
-                waves=GEMV_WAVES,
-                rows_per_block=rows_per_block,
-                prefetch=gemv_prefetch(row_bytes(ws, p["K"]), p["N"]),
-                **common,
-            )
+            dk = decode_gemv(spec.fn, p, target, nodes)
             decode.append(
                 _launch(
                     launch.group,
-                    gemv,
-                    [-(-n_out // rows_per_block)],
-                    [GEMV_WAVES * wave],
+                    add_kernel(dk.fn, dk.template, **dk.ctx),
+                    dk.grid,
+                    [dk.threads],
                     [x, bind(a["w"]), bind(a["norm_w"]), bind(a["bias"]), res, y],
-                    shared=4 * p["K"] if p["norm_eps"] else 0,  # the normalized x, staged
+                    shared=dk.shared,
                     overlap=True,
                 )
             )
@@ -283,18 +328,11 @@ def render_hip_program(
             attn = add_kernel(
                 f"{spec.fn}_attn", "attention", nodes=nodes, waves=ATTN_WAVES, **kv_ctx, **p
             )
-            splits = decode_splits(p["NH"], max_ctx, wave)
             if DECODE_WAVES * wave < D // 2:
                 raise FusionError(f"{launch.group}: head dim {D} is too wide for the decode block")
-            attn_decode = add_kernel(
-                f"{spec.fn}_decode",
-                "attention_decode",
-                nodes=nodes,
-                waves=DECODE_WAVES,
-                splits=splits,
-                **kv_ctx,
-                **p,
-            )
+            dk = decode_attention(spec.fn, p, target, nodes, max_ctx, kv_storage)
+            attn_decode = add_kernel(dk.fn, dk.template, **dk.ctx)
+            splits = dk.grid[1]
             counters_at = partial_at + 4 * p["NH"] * splits * (D + 2)
             scratch_need = max(scratch_need, counters_at + 4 * p["NH"])
             start = {"kind": "input", "name": "start"}
@@ -344,8 +382,8 @@ def render_hip_program(
                 _launch(
                     launch.group,
                     attn_decode,
-                    [p["NH"], splits],
-                    [DECODE_WAVES * wave],
+                    dk.grid,
+                    [dk.threads],
                     [
                         q,
                         k,

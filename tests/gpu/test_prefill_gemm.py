@@ -14,18 +14,13 @@ by O(1), and activations rounded to bf16 alone (no lo half) by ~3e-3.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
-from hipc.compiler.codegen.environment import render
-from hipc.compiler.codegen.hip import prefill_gemm, program_source
-from hipc.compiler.toolchains.gpu import gpu_toolchain
-from hipc.runtime.backends import cuda, hip
-from hipc.runtime.backends.gpu_common import DEFAULT_SHARED_LIMIT, PackedArgs
-from hipc.runtime.version import HIPC_VERSION
+from hipc.compiler.codegen.hip import prefill_gemm
+from hipc.runtime.backends.gpu_common import PackedArgs
 
+from gpu_kernels import DeviceKernels
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -39,13 +34,6 @@ CASES = {
     "glu_bias_k48": (5, 2 * 40, 48, "glu", False, True),
     "residual_norm_k4096": (257, 4096, 4096, "residual", True, False),
 }
-# Llama-3-8B's four linears per layer, for the timing (T = 512 tokens)
-LLAMA8B = {
-    "qkv": (512, 6144, 4096, "none", True, False),
-    "o": (512, 4096, 4096, "residual", False, False),
-    "gate_up": (512, 2 * 14336, 4096, "glu", True, False),
-    "down": (512, 4096, 14336, "residual", False, False),
-}
 EPS = 1e-5
 
 
@@ -56,45 +44,25 @@ def _params(case) -> dict:
     )
 
 
-class Kernels:
-    """Every case's kernels in one code object on the first GPU found."""
+class Kernels(DeviceKernels):
+    """Every case's kernels (matrix-instruction and SIMT) in one code object."""
 
     def __init__(self, cases: dict) -> None:
-        if cuda.probe()[0]:
-            self.d = cuda.CudaDriver(0)
-        elif hip.probe()[0]:
-            self.d = hip.HipDriver(0)
-        else:
-            pytest.skip("no GPU")
-        arch = self.d.arch
-        self.gemms, sources = {}, []
-        for i, (name, case) in enumerate(cases.items()):
-            for simt in (False, True):
-                g = prefill_gemm(
-                    f"case{i}{'s' if simt else 'm'}", _params(case), arch, [name], simt
-                )
-                self.gemms[name, simt] = g
-                sources.append(render(f"hip/{g.template}.hip.j2", fn=g.fn, **g.ctx))
-        self.d.load_module(
-            gpu_toolchain(arch).compile(program_source("gemm_test", HIPC_VERSION, arch, sources))
-        )
-        self.fns = {}
-        for g in self.gemms.values():
-            self.fns[g.fn] = fn = self.d.get_function(g.fn)
-            if g.shared > DEFAULT_SHARED_LIMIT:
-                self.d.set_dynamic_shared(fn, g.shared)
-            if g.ctx["norm_eps"]:
-                self.fns[f"{g.fn}_stats"] = self.d.get_function(f"{g.fn}_stats")
+        self.gemms = {}
 
-    def upload(self, a: np.ndarray) -> int:
-        a = np.ascontiguousarray(a)
-        ptr = self.d.malloc(max(a.nbytes, 4))
-        self.allocs.append(ptr)
-        self.d.h2d(ptr, a.ctypes.data, a.nbytes)
-        return ptr
+        def build(arch):
+            for i, (name, case) in enumerate(cases.items()):
+                for simt in (False, True):
+                    g = prefill_gemm(
+                        f"case{i}{'s' if simt else 'm'}", _params(case), arch, [name], simt
+                    )
+                    self.gemms[name, simt] = g
+            return [(g.fn, g.template, g.ctx, g.shared) for g in self.gemms.values()]
 
-    def setup(self, case, seed: int, reference: bool = True) -> tuple[dict, np.ndarray | None]:
-        """Device buffers for one case; the float64 reference (or None)."""
+        super().__init__(build)
+
+    def setup(self, case, seed: int) -> tuple[dict, np.ndarray]:
+        """Device buffers for one case, and the float64 reference."""
         T, N, K, epilogue, norm, bias = case
         n_out = N // 2 if epilogue == "glu" else N
         rng = np.random.default_rng(seed)
@@ -110,20 +78,18 @@ class Kernels:
         r = rng.standard_normal((T, n_out))
         x32, g32, b32, r32 = (a.astype(np.float32) for a in (x, g, b, r))
 
-        want = None
-        if reference:
-            xn = x32.astype(np.float64)
-            if norm:
-                xn = xn / np.sqrt(np.mean(xn * xn, axis=1, keepdims=True) + EPS) * g32
-            acc = xn @ w.T + (b32 if bias else 0.0)
-            if epilogue == "glu":
-                gate, up = acc[:, :n_out], acc[:, n_out:]
-                want = gate / (1 + np.exp(-gate)) * up
-            else:
-                want = acc + (r32 if epilogue == "residual" else 0.0)
+        xn = x32.astype(np.float64)
+        if norm:
+            xn = xn / np.sqrt(np.mean(xn * xn, axis=1, keepdims=True) + EPS) * g32
+        acc = xn @ w.T + (b32 if bias else 0.0)
+        if epilogue == "glu":
+            gate, up = acc[:, :n_out], acc[:, n_out:]
+            want = gate / (1 + np.exp(-gate)) * up
+        else:
+            want = acc + (r32 if epilogue == "residual" else 0.0)
 
-        self.allocs = []
-        y = self.upload(r32 if epilogue == "residual" else np.zeros((T, n_out), np.float32))
+        # the residual is added in place, as the plans bind it; other outputs start as NaN
+        y = self.upload(r32) if epilogue == "residual" else self.poisoned((T, n_out))
         bufs = dict(
             x=self.upload(x32),
             w=self.upload(wbits),
@@ -141,35 +107,24 @@ class Kernels:
         out = []
         if norm:
             args = PackedArgs([("u64", bufs["x"]), ("i32", T), ("u64", bufs["inv"])])
-            out.append((self.fns[f"{g.fn}_stats"], (T, 1, 1), (256, 1, 1), 0, args))
+            out.append((self.function(f"{g.fn}_stats"), (T, 1, 1), (256, 1, 1), 0, args))
         res = bufs["y"] if epilogue == "residual" else 0  # in place, as the plans bind it
         ptrs = [bufs["w"], bufs["g"], bufs["inv"], bufs["b"], res, bufs["y"]]
         args = PackedArgs([("u64", bufs["x"]), ("i32", T), *(("u64", p) for p in ptrs)])
         grid = (-(-n_out // g.block_outputs), -(-T // g.block_tokens), 1)
-        out.append((self.fns[g.fn], grid, (g.threads, 1, 1), g.shared, args))
+        out.append((self.function(g.fn), grid, (g.threads, 1, 1), g.shared, args))
         return out
 
     def run(self, launches: list) -> None:
         for fn, grid, block, shared, args in launches:
             self.d.launch(fn, grid, block, shared, args.address)
 
-    def read(self, ptr: int, shape) -> np.ndarray:
-        out = np.empty(shape, np.float32)
-        self.d.d2h(out.ctypes.data, ptr, out.nbytes)
-        self.d.synchronize()
-        return out
-
-    def free(self) -> None:
-        for ptr in self.allocs:
-            self.d.free(ptr)
-        self.allocs = []
-
 
 @pytest.fixture(scope="module")
 def kernels():
     k = Kernels(CASES)
     yield k
-    k.d.close()
+    k.close()
 
 
 @pytest.mark.parametrize("simt", [False, True], ids=["mma", "simt"])
@@ -185,38 +140,3 @@ def test_gemm_matches_numpy(kernels, name, simt):
     finally:
         kernels.free()
     assert rel_err(got, want) <= 1e-4, (name, rel_err(got, want))
-
-
-def test_llama8b_shapes_speed(capsys):
-    """The matrix-instruction kernel against the SIMT one on Llama-3-8B's linears, T = 512."""
-    k = Kernels(LLAMA8B)
-    total = {False: 0.0, True: 0.0}
-    lines = []
-    try:
-        for name, case in LLAMA8B.items():
-            T, N, K = case[:3]
-            bufs, _ = k.setup(case, seed=0, reference=False)
-            for simt in (False, True):
-                launches = k.launches(name, case, simt, bufs)
-                k.run(launches)
-                k.d.synchronize()
-                reps = 5 if simt else 20
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    k.run(launches)
-                k.d.synchronize()
-                dt = (time.perf_counter() - t0) / reps
-                total[simt] += dt
-                lines.append(
-                    f"{name:8} {'simt' if simt else 'mma ':4} {dt * 1e3:8.3f} ms "
-                    f"{2 * T * N * K / dt / 1e12:7.1f} TFLOP/s"
-                )
-            k.free()
-    finally:
-        k.d.close()
-    for simt in (False, True):
-        per_token = total[simt] * 32 / 512  # 32 layers, linears only
-        lines.append(f"{'simt' if simt else 'mma'}: 32 layers' linears ~{1 / per_token:,.0f} tok/s")
-    with capsys.disabled():
-        print("\n" + "\n".join(lines))
-    assert total[True] > 3 * total[False]
