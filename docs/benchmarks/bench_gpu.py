@@ -6,16 +6,17 @@ Run on the GPU machine (docs/benchmarks/README.md says how the device tool carri
         [--peers DIR] [--llamacpp DIR | --llamacpp-src DIR] [--overlap-ab]
 
 For each model shape (random bf16 weights, written here as a Hugging Face folder):
-  1. `hipc compile --target sm_90` (timed), then the compiled artifact on the GPU:
-     512-token prefill and 128-token greedy decode tokens/s (median of --repeats);
-     decode bandwidth = bytes of weights read per token x tokens/s, against the
-     measured device-to-device copy bandwidth.
-  2. Correctness at that shape (smol only, cheap): logits of 32 tokens vs transformers
-     on the GPU with the same weights (float32), relative error and top-1 agreement.
-  3. Peers, same machine, same run: torch.compile decode (gpt-fast style, --peers DIR
-     with torch_compile_decode.py) and llama.cpp (`llama-bench -p 512 -n 128` on an F16
-     GGUF of the same shape; --llamacpp DIR holding the build, or --llamacpp-src DIR holding
-     llamacpp.tgz, built with build_llamacpp_cuda.sh in the background and timed last).
+  1. `hipc compile --target sm_90` (timed).
+  2. torch.compile decode (gpt-fast style, --peers DIR with torch_compile_decode.py).
+  3. The compiled artifact on the GPU: 512-token prefill and 128-token greedy decode
+     tokens/s (median of --repeats); decode bandwidth = bytes of weights read per token x
+     tokens/s, against the measured device-to-device copy bandwidth. Correctness at that
+     shape (smol only, cheap): logits of 32 tokens vs transformers on the GPU with the
+     same weights (float32), relative error and top-1 agreement.
+  4. llama.cpp (`llama-bench -p 512 -n 128` on an F16 GGUF of the same shape; --llamacpp
+     DIR holding the build, or --llamacpp-src DIR holding llamacpp.tgz, built with
+     build_llamacpp_cuda.sh in the background from the start; hipc is timed once that
+     build is done or abandoned at --deadline seconds, on quiet CPUs).
 Prints a table last and writes it, with the command, to --out.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -256,6 +258,25 @@ def llamacpp_peer(llamacpp: Path, peers: Path, name: str, work: Path) -> dict | 
     return out
 
 
+def prepare(name: str, work: Path, args) -> dict:
+    """Write the model's random weights and compile it for the target, timed."""
+    folder, artifact = work / name, work / f"{name}.hipc"
+    t = time.perf_counter()
+    bytes_per_token = write_model(name, folder)
+    log(f"{name}: wrote random bf16 weights in {time.perf_counter() - t:.0f} s")
+    t = time.perf_counter()
+    cmd = [sys.executable, "-m", "hipc.runtime.cli", "compile", str(folder), "--target"]
+    cmd += [args.target, "-o", str(artifact), "-q", *args.compile_args.split()]
+    subprocess.run(cmd, check=True)
+    compile_s = time.perf_counter() - t
+    if name != "smol":  # only smol's folder is read again (by transformers)
+        for f in folder.glob("*.safetensors"):
+            f.unlink()
+    return dict(
+        folder=folder, artifact=artifact, bytes_per_token=bytes_per_token, compile_s=compile_s
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smol,l8")
@@ -299,101 +320,67 @@ def main() -> None:
             start_new_session=True,
         )
         llamacpp = Path("/tmp/llama.cpp/build/bin")
-    read_per_token = {}
     ceil = ceilings()
     log(
         f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops'] / 1e12:.0f} TFLOP/s"
     )
+    models = args.models.split(",")
     rows, notes = [], []
-    for name in args.models.split(","):
-        folder, artifact = work / name, work / f"{name}.hipc"
-        t = time.perf_counter()
-        bytes_per_token = read_per_token[name] = write_model(name, folder)
-        log(f"{name}: wrote random bf16 weights in {time.perf_counter() - t:.0f} s")
-        t = time.perf_counter()
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hipc.runtime.cli",
-                "compile",
-                str(folder),
-                "--target",
-                args.target,
-                "-o",
-                str(artifact),
-                "-q",
-                *args.compile_args.split(),
-            ],
-            check=True,
-        )
-        compile_s = time.perf_counter() - t
-        r = bench_hipc(artifact, args.repeats, 512, 128)
-        bw = r["decode"] * bytes_per_token
-        rows.append((name, "hipc", r["prefill"], r["decode"], bw))
-        notes.append(
-            f"{name}: hipc compile {compile_s:.0f} s, load {r['load_s']:.1f} s, "
-            f"{r['kernels']} kernels per decode step, "
-            f"{bytes_per_token / 1e9:.3f} GB read per decode token"
-        )
-        if args.overlap_ab:
-            r2 = bench_hipc(artifact, args.repeats, 512, 128, overlap=False)
+    # 1. Models written and compiled while llama.cpp builds (CPU work either way).
+    prepared = {name: prepare(name, work, args) for name in models}
+    # 2. torch.compile, still during the build: its decode loop never waits on the host per
+    #    token, so busy CPUs do not slow it (209.5 tok/s for the 8B shape beside the build).
+    for name in models if args.peers else ():
+        tc = torch_compile_peer(args.peers, name)
+        if tc:
+            per_token = prepared[name]["bytes_per_token"]
             rows.append(
-                (
-                    name,
-                    "hipc, no launch overlap",
-                    r2["prefill"],
-                    r2["decode"],
-                    r2["decode"] * bytes_per_token,
-                )
+                (name, "torch.compile", tc["prefill"], tc["decode"], tc["decode"] * per_token)
             )
-        log(rows[-1], notes[-1])
-        if name == "smol":
-            c = check_vs_transformers(folder, artifact)
-            notes.append(
-                f"{name}: vs transformers (GPU, float32, 32 tokens): max rel {c['max_rel']:.2e}, "
-                f"top-1 {c['top1']:.3f}"
-            )
-            log(notes[-1])
-        if args.peers:
-            tc = torch_compile_peer(args.peers, name)
-            if tc:
-                rows.append(
-                    (
-                        name,
-                        "torch.compile",
-                        tc["prefill"],
-                        tc["decode"],
-                        tc["decode"] * bytes_per_token,
-                    )
-                )
-                notes.append(f"{name}: {tc['line']}")
-        for f in folder.glob("*.safetensors"):
-            f.unlink()  # keep the disk for the next shape
-    if llamacpp and build is not None:
-        # last, once its build (started at the top, on the CPUs) is done
+            notes.append(tc["line"])  # it names the model itself
+    # 3. The build done (or abandoned at --deadline): hipc's loop waits on the GPU every
+    #    token, and a CPU saturated by the build slowed its 8B decode from 220 to 178 tok/s.
+    if build is not None:
         log("llama.cpp: waiting for the build")
         try:
             if build.wait(timeout=max(1.0, args.deadline - (time.time() - began))) != 0:
                 log("llama.cpp build failed: see /tmp/llamacpp-build.log")
         except subprocess.TimeoutExpired:
             log(f"llama.cpp: build not done within --deadline {args.deadline:.0f} s; skipped")
+            os.killpg(build.pid, signal.SIGKILL)  # its own session: nvcc and ninja go too
             llamacpp = None
-    if llamacpp:
-        for name in args.models.split(","):
-            lc = llamacpp_peer(llamacpp, args.peers, name, work)
-            if lc:
-                bytes_per_token = read_per_token[name]
-                rows.append(
-                    (
-                        name,
-                        "llama.cpp F16",
-                        lc.get("prefill", 0),
-                        lc.get("decode", 0),
-                        lc.get("decode", 0) * bytes_per_token,
-                    )
-                )
-    rows.sort(key=lambda r: list(SHAPES).index(r[0]))  # stable: hipc first per model
+    for name in models:
+        prep = prepared[name]
+        per_token = prep["bytes_per_token"]
+        runs = [("hipc", True)] + ([("hipc, no launch overlap", False)] if args.overlap_ab else [])
+        for engine, overlap in runs:
+            r = bench_hipc(prep["artifact"], args.repeats, 512, 128, overlap=overlap)
+            rows.append((name, engine, r["prefill"], r["decode"], r["decode"] * per_token))
+            log(rows[-1])
+        notes.append(
+            f"{name}: hipc compile {prep['compile_s']:.0f} s, load {r['load_s']:.1f} s, "
+            f"{r['kernels']} kernels per decode step, {per_token / 1e9:.3f} GB read per decode token"
+        )
+        if name == "smol":
+            c = check_vs_transformers(prep["folder"], prep["artifact"])
+            notes.append(
+                f"{name}: vs transformers (GPU, float32 weights and cache, 32 tokens): "
+                f"max rel {c['max_rel']:.2e}, top-1 {c['top1']:.3f}"
+            )
+            log(notes[-1])
+        for f in prep["folder"].glob("*.safetensors"):
+            f.unlink()  # keep the disk for the GGUF files
+    # 4. llama.cpp last
+    for name in models if llamacpp else ():
+        lc = llamacpp_peer(llamacpp, args.peers, name, work)
+        if lc:
+            per_token = prepared[name]["bytes_per_token"]
+            rows.append(
+                (name, "llama.cpp F16", lc.get("prefill", 0), lc.get("decode", 0),
+                 lc.get("decode", 0) * per_token)
+            )  # fmt: skip
+    order = {"torch.compile": 1, "llama.cpp F16": 2}
+    rows.sort(key=lambda r: (list(SHAPES).index(r[0]), order.get(r[1], 0)))
     copy = ceil["copy_bytes_per_s"]
     lines = [
         f"ceilings: device copy {copy / 1e12:.2f} TB/s (read+write), bf16 matmul {ceil['bf16_flops'] / 1e12:.0f} TFLOP/s",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipc.compiler.codegen.hip import (
+from hipc.compiler.codegen.hip_kernels import (
     WEIGHT_SUFFIX,
     decode_attention,
     decode_gemv,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipc.compiler.codegen.hip import prefill_gemm
+from hipc.compiler.codegen.hip_kernels import prefill_gemm
 from hipc.runtime.backends.gpu_common import PackedArgs
 
 from gpu_kernels import DeviceKernels
