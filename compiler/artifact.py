@@ -92,7 +92,7 @@ def write_artifact(
                 "code_object": f"kernels/{b.target}.{ext}",
                 "source": f"kernels/{b.target}.{src}",
             }
-        write_safetensors(
+        weights_sha = write_safetensors(
             tmp / "weights.safetensors", weights, {"format": "hipc-weights"}, on_progress
         )
         if tokenizer_json is not None:
@@ -102,7 +102,10 @@ def write_artifact(
         _write_json(tmp / "plan.json", plan)
         _write_json(tmp / "fusion.json", fusion)
         files = {
-            str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+            str(p.relative_to(tmp)): {
+                "size": p.stat().st_size,
+                "sha256": weights_sha if p.name == "weights.safetensors" else sha256_file(p),
+            }
             for p in sorted(tmp.rglob("*"))
             if p.is_file()
         }

@@ -7,6 +7,7 @@ numpy has no bfloat16: bf16 tensors are widened to float32 here, which is exact.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from collections.abc import Callable
@@ -114,8 +115,9 @@ def write_safetensors(
     tensors: list[LazyTensor],
     metadata: dict | None = None,
     on_progress: Callable[[int, int], None] | None = None,
-) -> None:
-    """Stream tensors into a .safetensors file, materializing one at a time.
+) -> str:
+    """Stream tensors into a .safetensors file, materializing one at a time; returns the
+    file's sha256 (hashed on the way out: an artifact's weights are not read twice).
 
     The caller writes to a temporary path and renames, so a crash leaves nothing.
     """
@@ -132,15 +134,22 @@ def write_safetensors(
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned for mmap readers
+    digest = hashlib.sha256()
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
+
+        def put(data) -> None:
+            digest.update(data)
+            f.write(data)
+
+        put(struct.pack("<Q", len(raw)))
+        put(raw)
         done = 0
         for t in tensors:
             arr = np.ascontiguousarray(t.load(), dtype=t.dtype)
             if arr.shape != tuple(t.shape):
                 raise ValueError(f"tensor {t.name}: produced shape {arr.shape}, declared {t.shape}")
-            f.write(memoryview(arr).cast("B"))
+            put(memoryview(arr).cast("B"))
             done += arr.nbytes
             if on_progress:
                 on_progress(done, offset)
+    return digest.hexdigest()

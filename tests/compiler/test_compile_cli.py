@@ -145,6 +145,18 @@ def test_unknown_target(tiny, tmp_path):
     assert not (tmp_path / "x.hipc").exists()
 
 
+def test_manifest_sizes_and_checksums_match_the_files(tiny, tmp_path):
+    import hashlib
+
+    out = tmp_path / "a.hipc"
+    assert main(["compile", str(tiny), "-o", str(out), "-q"]) == 0
+    files = json.loads((out / "manifest.json").read_text())["files"]
+    assert "weights.safetensors" in files and "plan.json" in files
+    for name, rec in files.items():
+        data = (out / name).read_bytes()
+        assert rec == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
+
+
 def test_bfloat16_kv_cache_on_the_cpu_target(tiny, tmp_path):
     one_line_error(
         hipc("compile", tiny, "--kv-storage", "bfloat16", "-o", tmp_path / "x.hipc"),
