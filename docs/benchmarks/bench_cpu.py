@@ -40,7 +40,6 @@ import inspect
 import os
 import platform
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -289,10 +288,9 @@ def make_prompt(llm, n: int) -> list[int]:
 
 
 def hipc_command() -> list[str]:
-    exe = shutil.which("hipc")
-    if exe:
-        return [exe]
-    return [sys.executable, "-c", "import sys; from hipc.runtime.cli import main; sys.exit(main())"]
+    # the hipc this script imports, not whichever `hipc` comes first on PATH (another
+    # checkout's would compile other templates than the ones being measured)
+    return [sys.executable, "-m", "hipc.runtime.cli"]
 
 
 def compile_artifact(model: str, out: Path, cold: bool) -> float | None:

@@ -301,9 +301,12 @@ inline uint8_t* scratch(int slot, size_t bytes) {
 //             (h=0) or high (h=1) half -- the nibble order of a Q4 qs dword c, which holds
 //             elements 4c..4c+3 and 16+4c..16+4c+3). Blocks from 16*ntg on stay natural.
 //   d, s    : [T][nbp] f32 scale and d*sum(q).   isum: [T][nbp] int32 sum(q).
+//   lo      : int16 activations only (AVX512, see quantize_act16_row): q holds the high
+//             bytes, lo the low bytes of each int16 value, in the same layout.
 struct QAct {
   int T = 0, nb = 0, nbp = 0, ntg = 0;
   int8_t* q = nullptr;
+  uint8_t* lo = nullptr;
   float* d = nullptr;
   float* s = nullptr;
   int32_t* isum = nullptr;
@@ -311,7 +314,8 @@ struct QAct {
 
 inline constexpr int chunk_elem(int j) { return 16 * (j & 1) + 4 * (j >> 1); }
 
-inline QAct alloc_qact(int T, int K, int ntg) {
+// planes: 1 (int8 activations) or 2 (int16 activations as high and low bytes).
+inline QAct alloc_qact(int T, int K, int ntg, int planes = 1) {
   QAct a;
   a.T = T;
   a.nb = K / 32;
@@ -322,12 +326,39 @@ inline QAct alloc_qact(int T, int K, int ntg) {
   a.nbp = a.nb;
 #endif
   const size_t nq = (size_t)T * a.nbp * 32, ns = (size_t)T * a.nbp * 4;
-  uint8_t* p = scratch(0, nq + 3 * ns + 3 * 64);
+  const size_t nqa = (nq + 63) & ~(size_t)63;
+  uint8_t* p = scratch(0, planes * nqa + 3 * ns + 3 * 64);
   a.q = (int8_t*)p;
-  a.d = (float*)(p + ((nq + 63) & ~(size_t)63));
+  a.lo = p;  // one plane: never read, but offsets from it stay well defined
+  if (planes == 2) {
+    a.lo = p + nqa;
+    p += nqa;
+  }
+  a.d = (float*)(p + nqa);
   a.s = (float*)((uint8_t*)a.d + ((ns + 63) & ~(size_t)63));
   a.isum = (int32_t*)((uint8_t*)a.s + ((ns + 63) & ~(size_t)63));
   return a;
+}
+
+// Zero what one row of an activation plane holds past block nb: the unused lanes of a
+// partial transposed group, or the natural-order padding blocks.
+inline void pad_plane_row(uint8_t* row, const QAct& a) {
+  if (a.nb < 16 * a.ntg) {
+    uint8_t* gq = row + (size_t)(a.nb >> 4) * 512;
+    for (int j = 0; j < 8; ++j) std::memset(gq + 64 * j + 4 * (a.nb & 15), 0, 4 * (16 - (a.nb & 15)));
+  } else if (a.nb < a.nbp) {
+    std::memset(row + 32 * (size_t)a.nb, 0, 32 * (size_t)(a.nbp - a.nb));
+  }
+}
+
+// Store block b's 32 values v into one row of an activation plane (layout: see QAct).
+inline void put_block(uint8_t* row, int b, bool transposed, const void* v) {
+  if (transposed) {
+    uint8_t* gq = row + (size_t)(b >> 4) * 512 + 4 * (b & 15);
+    for (int j = 0; j < 8; ++j) std::memcpy(gq + 64 * j, (const uint8_t*)v + chunk_elem(j), 4);
+  } else {
+    std::memcpy(row + 32 * (size_t)b, v, 32);
+  }
 }
 
 // Quantize token row t of x[T, K] into the pack (see QAct for the layout).
@@ -359,12 +390,7 @@ inline void quantize_act_row(const float* x, int K, const QAct& a, int t) {
     sr[b] = 0.0f;
     ir[b] = 0;
   }
-  if (a.nb < 16 * a.ntg) {  // zero the unused lanes of a partial transposed group
-    int8_t* gq = qr + (size_t)(a.nb >> 4) * 512;
-    for (int j = 0; j < 8; ++j) std::memset(gq + 64 * j + 4 * (a.nb & 15), 0, 4 * (16 - (a.nb & 15)));
-  } else if (a.nb < a.nbp) {  // zero the natural-order padding blocks
-    std::memset(qr + 32 * (size_t)a.nb, 0, 32 * (size_t)(a.nbp - a.nb));
-  }
+  pad_plane_row((uint8_t*)qr, a);
 }
 
 // Work below this many multiply-adds runs on the calling thread only (a parallel region
@@ -558,6 +584,10 @@ struct KQ4_1 {
   static constexpr int kOffShift = 0;  // no int offset
   static constexpr bool kMin = true;
   static constexpr bool kGemvTransposed = true;
+  // int16 activations: nibbles (0..15) are valid signed bytes too, so the low-byte
+  // plane uses the same weight bytes as the signed operand (and keeps no offset).
+  static constexpr bool kLoOffset = false;
+  static inline __m512i lo_w(__m512i u) { return u; }
   // g: pointer to the first block of the group; nrem: valid blocks (1..16)
   static inline void prep(const uint8_t* g, int nrem, WGroup& out) {
     __m512i r[5];
@@ -597,6 +627,9 @@ struct KQ4_0 {
   static constexpr int kOffShift = 3;  // off = 8
   static constexpr bool kMin = false;
   static constexpr bool kGemvTransposed = true;
+  // the low-byte plane also multiplies the nibbles u = w + 8, so it carries the offset
+  static constexpr bool kLoOffset = true;
+  static inline __m512i lo_w(__m512i u) { return u; }
   static inline void prep(const uint8_t* g, int nrem, WGroup& out) {
     __m512i o[5];
 #if defined(__AVX512VBMI__)
@@ -641,6 +674,10 @@ struct KQ8_0 {
   static constexpr int kOffShift = 7;  // off = 128
   static constexpr bool kMin = false;
   static constexpr bool kGemvTransposed = false;  // no prep(): the GEMV uses natural pairs
+  // the low-byte plane is the unsigned operand, so it takes the weights as stored
+  // (u ^ 0x80 = w) and needs no offset
+  static constexpr bool kLoOffset = false;
+  static inline __m512i lo_w(__m512i u) { return _mm512_xor_si512(u, _mm512_set1_epi8((char)0x80)); }
   static inline __m512i pair(const uint8_t* b, bool two) {
     __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 2)));
     if (two) {
@@ -665,6 +702,93 @@ struct KQ8_0 {
   }
 };
 
+// ------------------------------------------------------------------------------------
+// int16 activations as two int8 planes
+//
+// q = round(x * 32767 / max|x|) per 32-block is bit for bit what quantize_act16
+// (hipc_cpu_ops.h) computes; it is stored as hi = q >> 8 (signed, -128..127) in a.q and
+// lo = q & 255 (unsigned) in a.lo, so q = 256*hi + lo. vpdpbusd multiplies unsigned by
+// signed bytes, so hi is the signed operand against the unsigned weight bytes u (as in
+// the int8 kernels) and lo the unsigned operand against Q::lo_w(u), a signed view of the
+// same weights. Per block, with u = w + off:
+//     I = 256 * sum(u*hi) + sum(lo_w(u)*lo) - off * isum,
+//     isum = 256 * sum(hi) + (Q::kLoOffset ? sum(lo) : 0)
+// equals sum(w*q) exactly: every term is an integer, and for 32 values |q| <= 32767,
+// |u| <= 255 the largest, 256 * 32*255*128 = 2.7e8, is far inside int32. The kernels
+// below run the hi plane, shift its int32 sums left by 8 and keep accumulating the lo
+// plane on top, so the epilogue (scales, offset, Q4_1's m * sum(x)) is the int8 one.
+// d = max|x| / 32767 and s = sum(x) (the float sum, as quantize_act16 has it).
+// ------------------------------------------------------------------------------------
+inline float quantize_block16(const float* x, int8_t* hi, uint8_t* lo, int32_t& hsum, int32_t& lsum, float& xsum) {
+  const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 32767.f / amax : 0.f);
+  // round to nearest even, as std::lrint in quantize_act16
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv));
+  const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
+  const __m512i h0 = _mm512_srai_epi32(q0, 8), h1 = _mm512_srai_epi32(q1, 8);
+  const __m512i m8 = _mm512_set1_epi32(255);
+  const __m512i l0 = _mm512_and_si512(q0, m8), l1 = _mm512_and_si512(q1, m8);
+  _mm_storeu_si128((__m128i*)hi, _mm512_cvtepi32_epi8(h0));
+  _mm_storeu_si128((__m128i*)(hi + 16), _mm512_cvtepi32_epi8(h1));
+  _mm_storeu_si128((__m128i*)lo, _mm512_cvtepi32_epi8(l0));
+  _mm_storeu_si128((__m128i*)(lo + 16), _mm512_cvtepi32_epi8(l1));
+  hsum = _mm512_reduce_add_epi32(_mm512_add_epi32(h0, h1));
+  lsum = _mm512_reduce_add_epi32(_mm512_add_epi32(l0, l1));
+  xsum = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
+  return amax / 32767.f;
+}
+
+template <class Q>
+inline void quantize_act16_row(const float* x, int K, const QAct& a, int t) {
+  const float* xr = x + (size_t)t * K;
+  uint8_t* hr = (uint8_t*)a.q + (size_t)t * a.nbp * 32;
+  uint8_t* lr = a.lo + (size_t)t * a.nbp * 32;
+  float* dr = a.d + (size_t)t * a.nbp;
+  float* sr = a.s + (size_t)t * a.nbp;
+  int32_t* ir = a.isum + (size_t)t * a.nbp;
+  const int nbt = std::min(a.nb, 16 * a.ntg);
+  for (int b = 0; b < a.nb; ++b) {
+    int8_t hi[32];
+    uint8_t lo[32];
+    int32_t hsum, lsum;
+    dr[b] = quantize_block16(xr + 32 * b, hi, lo, hsum, lsum, sr[b]);
+    ir[b] = 256 * hsum + (Q::kLoOffset ? lsum : 0);
+    put_block(hr, b, b < nbt, hi);
+    put_block(lr, b, b < nbt, lo);
+  }
+  for (int b = a.nb; b < a.nbp; ++b) {
+    dr[b] = 0.0f;
+    sr[b] = 0.0f;
+    ir[b] = 0;
+  }
+  pad_plane_row(hr, a);
+  pad_plane_row(lr, a);
+}
+
+// One natural pair (two blocks, 8 int32 lanes each) against the activations at xh (and
+// xl, the low-byte plane, when P == 2).
+template <class Q, int P>
+inline __m512i pair_dot(__m512i u, const int8_t* xh, const uint8_t* xl) {
+  const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_load_si512(xh));
+  if constexpr (P == 1) {
+    (void)xl;
+    return h;
+  } else {
+    return _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_load_si512(xl), Q::lo_w(u));
+  }
+}
+
+// With int16 activations the natural pairs subtract the integer offset off * isum too
+// (the int8 ones fold it into f32 as mw * s): for Q8_0 it reaches 128 * 256 * 4096, past
+// f32's 24 exact bits. Each block's term goes into the first of its 8 lanes; isum16 holds
+// the offsets of the 16 blocks of the window.
+template <class Q>
+inline __m512i pair_offset(__m512i I, __m512i isum16, int p) {
+  if constexpr (Q::kOffShift == 0) return I;
+  return _mm512_sub_epi32(I, _mm512_maskz_permutexvar_epi32(0x0101, ld_idx(kPrep.pair_idx[p]), isum16));
+}
+
 // Number of transposed activation groups for the GEMV (the rest: natural pairs). The
 // prefill GEMM reads natural-order activations.
 template <class Q>
@@ -683,28 +807,57 @@ inline __m512 group_epilogue(__m512 acc, __m512i I, const WGroup& wg, __m512 dx,
   return acc;
 }
 
-// Natural-pair dot of one row window (nv <= 16 blocks at gp) with one token window.
-//   acc += sum_p cvt(vpdpbusd(pair_p, x_p)) * perm(dw*dx) + mw*sx
+// Transposed group against int16 activations (P == 2): I = 256*dot(u, hi) + dot(lo, u)
+// per block, four int32 chains per plane.
 template <class Q>
-inline __m512 nat_window(const uint8_t* gp, int nv, const int8_t* xq, __m512 dx, __m512 sx, __m512 acc) {
+inline __m512i group_dot16(WGroup& wg, const __m512i* xh, const __m512i* xl) {
+  // prep leaves the odd chunks as 16 * nibble (0..240), fine as vpdpbusd's unsigned
+  // operand but not as its signed one; a 16-bit shift brings each byte back to 0..15
+  // (its low nibble is zero, so nothing crosses into the byte below)
+  for (int c = 1; c < 8; c += 2) wg.w[c] = _mm512_srli_epi16(wg.w[c], 4);
+  __m512i h[4], l[4];
+  for (int i = 0; i < 4; ++i) {
+    h[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[i], _mm512_load_si512(xh + i));
+    l[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_load_si512(xl + i), Q::lo_w(wg.w[i]));
+  }
+  for (int i = 0; i < 4; ++i) {
+    h[i] = _mm512_dpbusd_epi32(h[i], wg.w[4 + i], _mm512_load_si512(xh + 4 + i));
+    l[i] = _mm512_dpbusd_epi32(l[i], _mm512_load_si512(xl + 4 + i), Q::lo_w(wg.w[4 + i]));
+  }
+  const __m512i hs = _mm512_add_epi32(_mm512_add_epi32(h[0], h[1]), _mm512_add_epi32(h[2], h[3]));
+  const __m512i ls = _mm512_add_epi32(_mm512_add_epi32(l[0], l[1]), _mm512_add_epi32(l[2], l[3]));
+  return _mm512_add_epi32(_mm512_slli_epi32(hs, 8), ls);
+}
+
+// Natural-pair dot of one row window (nv <= 16 blocks at gp) with one token window
+// (xq, and xl when P == 2).
+//   acc += sum_p cvt(vpdpbusd(pair_p, x_p)) * perm(dw*dx) + mw*sx
+template <class Q, int P>
+inline __m512 nat_window(const uint8_t* gp, int nv, const int8_t* xq, const uint8_t* xl, const int32_t* xi,
+                         __m512 dx, __m512 sx, __m512 acc) {
   __m512 dw, mw;
   Q::dm16(gp, nv, dw, mw);
   const __m512 dwdx = _mm512_mul_ps(dw, dx);
+  const __m512i offs = P == 2 ? _mm512_slli_epi32(_mm512_loadu_si512(xi), Q::kOffShift) : _mm512_setzero_si512();
   __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
   int p = 0;
   for (; 2 * p + 3 < nv; p += 2) {
-    const __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Q::pair(gp + 2 * p * Q::kBlockBytes, true),
-                                           _mm512_load_si512(xq + 64 * p));
-    const __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Q::pair(gp + (2 * p + 2) * Q::kBlockBytes, true),
-                                           _mm512_load_si512(xq + 64 * (p + 1)));
+    __m512i i0 = pair_dot<Q, P>(Q::pair(gp + 2 * p * Q::kBlockBytes, true), xq + 64 * p, xl + 64 * p);
+    __m512i i1 =
+        pair_dot<Q, P>(Q::pair(gp + (2 * p + 2) * Q::kBlockBytes, true), xq + 64 * (p + 1), xl + 64 * (p + 1));
+    if constexpr (P == 2) {
+      i0 = pair_offset<Q>(i0, offs, p);
+      i1 = pair_offset<Q>(i1, offs, p + 1);
+    }
     f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(ld_idx(kPrep.pair_idx[p]), dwdx), f0);
     f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(ld_idx(kPrep.pair_idx[p + 1]), dwdx), f1);
   }
   for (; 2 * p < nv; ++p) {
-    const __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Q::pair(gp + 2 * p * Q::kBlockBytes, 2 * p + 1 < nv),
-                                           _mm512_load_si512(xq + 64 * p));
+    __m512i i0 = pair_dot<Q, P>(Q::pair(gp + 2 * p * Q::kBlockBytes, 2 * p + 1 < nv), xq + 64 * p, xl + 64 * p);
+    if constexpr (P == 2) i0 = pair_offset<Q>(i0, offs, p);
     f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(ld_idx(kPrep.pair_idx[p]), dwdx), f0);
   }
+  if constexpr (P == 2 && !Q::kMin) return _mm512_add_ps(acc, _mm512_add_ps(f0, f1));
   return _mm512_fmadd_ps(mw, sx, _mm512_add_ps(acc, _mm512_add_ps(f0, f1)));
 }
 
@@ -724,6 +877,7 @@ struct GemvTail {
   __m512i vidx;     // gather offsets: lane 4r+i -> r*rb + i*block_bytes
   __mmask16 valid;  // lanes with i < nn
   __m512 dx, sx;    // activation scale / sum of tail block i in lane 4r+i
+  __m512i offs;     // int16 activations: off * isum of tail block i in lane i
 };
 
 template <class Q>
@@ -743,6 +897,7 @@ inline GemvTail make_gemv_tail(const QAct& a, int nb, size_t rb) {
   const __m512i rep = ld_idx(kPrep.tail_rep);
   t.dx = _mm512_permutexvar_ps(rep, _mm512_load_ps(a.d + t.b0));
   t.sx = _mm512_permutexvar_ps(rep, _mm512_load_ps(a.s + t.b0));
+  t.offs = _mm512_slli_epi32(_mm512_load_si512(a.isum + t.b0), Q::kOffShift);
   return t;
 }
 
@@ -752,7 +907,7 @@ inline GemvTail make_gemv_tail(const QAct& a, int nb, size_t rb) {
 //   is done for 4 rows at once (one gather of the 16 block scales of the tile).
 // Weights are prefetched HIPC_PREFETCH_BYTES ahead (rows are contiguous in memory, so
 // this runs into the next rows of the same thread's range).
-template <class Q, int R>
+template <class Q, int R, int P>
 inline void q_gemv_tile(const uint8_t* W, size_t rb, int nb, int n0, const QAct& a, const GemvTail& tail, float* y) {
   __m512 facc[R];
   for (int r = 0; r < R; ++r) facc[r] = _mm512_setzero_ps();
@@ -762,6 +917,7 @@ inline void q_gemv_tile(const uint8_t* W, size_t rb, int nb, int n0, const QAct&
     for (int g = 0; g < ntg; ++g) {
       const int nrem = std::min(16, nb - 16 * g);
       const __m512i* xq = (const __m512i*)(a.q + (size_t)g * 512);
+      const __m512i* xl = P == 2 ? (const __m512i*)(a.lo + (size_t)g * 512) : nullptr;
       const __m512 dx = _mm512_load_ps(a.d + 16 * g);
       const __m512 sx = Q::kMin ? _mm512_load_ps(a.s + 16 * g) : _mm512_setzero_ps();
       const __m512i offsum = Q::kOffShift ? _mm512_slli_epi32(_mm512_load_si512(a.isum + 16 * g), Q::kOffShift)
@@ -771,6 +927,10 @@ inline void q_gemv_tile(const uint8_t* W, size_t rb, int nb, int n0, const QAct&
         prefetch_range(gp + HIPC_PREFETCH_BYTES, gbytes);
         WGroup wg;
         Q::prep(gp, nrem, wg);
+        if constexpr (P == 2) {
+          facc[r] = group_epilogue<Q>(facc[r], group_dot16<Q>(wg, xq, xl), wg, dx, sx, offsum);
+          continue;
+        }
         // four int32 chains; even chunks = low nibbles, odd = 16 * high nibbles
         __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[0], _mm512_load_si512(xq + 0));
         __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[1], _mm512_load_si512(xq + 1));
@@ -794,7 +954,7 @@ inline void q_gemv_tile(const uint8_t* W, size_t rb, int nb, int n0, const QAct&
     for (int r = 0; r < R; ++r) {
       const uint8_t* gp = W + (size_t)(n0 + r) * rb + (size_t)b0 * Q::kBlockBytes;
       prefetch_range(gp + HIPC_PREFETCH_BYTES, (size_t)nv * Q::kBlockBytes);
-      facc[r] = nat_window<Q>(gp, nv, a.q + 32 * (size_t)b0, dx, sx, facc[r]);
+      facc[r] = nat_window<Q, P>(gp, nv, a.q + 32 * (size_t)b0, a.lo + 32 * (size_t)b0, a.isum + b0, dx, sx, facc[r]);
     }
   }
   if (tile_tail) {
@@ -803,11 +963,14 @@ inline void q_gemv_tile(const uint8_t* W, size_t rb, int nb, int n0, const QAct&
     Q::dm16_idx(tp, tail.valid, tail.vidx, dw, mw);
     const __m512 dwdx = _mm512_mul_ps(dw, tail.dx);
     const int8_t* xn = a.q + 32 * (size_t)tail.b0;
+    const uint8_t* xln = a.lo + 32 * (size_t)tail.b0;
     for (int r = 0; r < R; ++r) {
-      __m512 f = _mm512_mask3_fmadd_ps(mw, tail.sx, facc[r], (__mmask16)(0xFu << (4 * r)));
+      __m512 f = facc[r];
+      if (P == 1 || Q::kMin) f = _mm512_mask3_fmadd_ps(mw, tail.sx, f, (__mmask16)(0xFu << (4 * r)));
       for (int p = 0; 2 * p < tail.nn; ++p) {
         const __m512i w = Q::pair(tp + (size_t)r * rb + 2 * p * Q::kBlockBytes, 2 * p + 1 < tail.nn);
-        const __m512i I = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_load_si512(xn + 64 * p));
+        __m512i I = pair_dot<Q, P>(w, xn + 64 * p, xln + 64 * p);
+        if constexpr (P == 2) I = pair_offset<Q>(I, tail.offs, p);
         f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_permutexvar_ps(ld_idx(kPrep.tail_pair_idx[r & 3][p]), dwdx), f);
       }
       facc[r] = f;
@@ -848,7 +1011,7 @@ inline int32_t load_i32(const int8_t* p) {
   return v;
 }
 
-template <class Q, int V, int C>
+template <class Q, int V, int C, int P>
 inline void rl_tile(const WGroup* slab, int nb, const QAct& a, int t0, int n0, int N, float* y, int ldy) {
   __m512 facc[V][C];
   for (int v = 0; v < V; ++v)
@@ -868,6 +1031,20 @@ inline void rl_tile(const WGroup* slab, int nb, const QAct& a, int t0, int n0, i
       for (int c = 0; c < C; ++c) {
         const __m512i xv = _mm512_set1_epi32(load_i32(xb + c * xstride + chunk_elem(j)));
         for (int v = 0; v < V; ++v) acc[v][c] = _mm512_dpbusd_epi32(acc[v][c], wv[v], xv);
+      }
+    }
+    if constexpr (P == 2) {  // acc = 256 * dot(u, hi) + dot(lo, lo_w(u)), see quantize_block16
+      for (int v = 0; v < V; ++v)
+        for (int c = 0; c < C; ++c) acc[v][c] = _mm512_slli_epi32(acc[v][c], 8);
+      const int8_t* lb = (const int8_t*)a.lo + (size_t)t0 * xstride + 32 * (size_t)b;
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        __m512i wv[V];
+        for (int v = 0; v < V; ++v) wv[v] = Q::lo_w(sb[v].w[j]);
+        for (int c = 0; c < C; ++c) {
+          const __m512i xv = _mm512_set1_epi32(load_i32(lb + c * xstride + chunk_elem(j)));
+          for (int v = 0; v < V; ++v) acc[v][c] = _mm512_dpbusd_epi32(acc[v][c], xv, wv[v]);
+        }
       }
     }
     for (int c = 0; c < C; ++c) {
@@ -909,16 +1086,16 @@ inline void rl_prep(const uint8_t* W, size_t rb, int nb, int n0, int N, WGroup* 
   }
 }
 
-template <class Q, int V, int C>
+template <class Q, int V, int C, int P>
 inline void rl_rows(const WGroup* slab, int nb, const QAct& a, int n0, int N, float* y, int ldy) {
   int t = 0;
-  for (; t + C <= a.T; t += C) rl_tile<Q, V, C>(slab, nb, a, t, n0, N, y, ldy);
+  for (; t + C <= a.T; t += C) rl_tile<Q, V, C, P>(slab, nb, a, t, n0, N, y, ldy);
   switch (a.T - t) {  // token tail
-    case 5: if constexpr (C > 5) rl_tile<Q, V, 5>(slab, nb, a, t, n0, N, y, ldy); break;
-    case 4: if constexpr (C > 4) rl_tile<Q, V, 4>(slab, nb, a, t, n0, N, y, ldy); break;
-    case 3: if constexpr (C > 3) rl_tile<Q, V, 3>(slab, nb, a, t, n0, N, y, ldy); break;
-    case 2: if constexpr (C > 2) rl_tile<Q, V, 2>(slab, nb, a, t, n0, N, y, ldy); break;
-    case 1: if constexpr (C > 1) rl_tile<Q, V, 1>(slab, nb, a, t, n0, N, y, ldy); break;
+    case 5: if constexpr (C > 5) rl_tile<Q, V, 5, P>(slab, nb, a, t, n0, N, y, ldy); break;
+    case 4: if constexpr (C > 4) rl_tile<Q, V, 4, P>(slab, nb, a, t, n0, N, y, ldy); break;
+    case 3: if constexpr (C > 3) rl_tile<Q, V, 3, P>(slab, nb, a, t, n0, N, y, ldy); break;
+    case 2: if constexpr (C > 2) rl_tile<Q, V, 2, P>(slab, nb, a, t, n0, N, y, ldy); break;
+    case 1: if constexpr (C > 1) rl_tile<Q, V, 1, P>(slab, nb, a, t, n0, N, y, ldy); break;
     default: break;
   }
 }
@@ -932,16 +1109,24 @@ constexpr int kGemvRows = 4;
 //   T > 1 (prefill): one OpenMP region; `omp for` over tokens quantizes x, then
 //   `omp for schedule(static)` over slabs of 16*kRlVecs rows: each thread preps its slab
 //   once (K/32 * kRlVecs * 640 bytes, L2 resident) and sweeps all T tokens with it.
-template <class Q>
+// P: activation planes, 1 = int8 activations, 2 = int16 ones (quantize_block16).
+template <class Q, int P = 1>
 inline void q_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
   if (T <= 0 || N <= 0) return;
   const uint8_t* W = (const uint8_t*)Wv;
   const int nb = K / 32;
   const size_t rb = (size_t)nb * Q::kBlockBytes;
-  const QAct a = alloc_qact(T, K, transposed_groups<Q>(nb, T));
+  const QAct a = alloc_qact(T, K, transposed_groups<Q>(nb, T), P);
+  const auto quantize = [&](int t) {
+    if constexpr (P == 1) {
+      quantize_act_row(x, K, a, t);
+    } else {
+      quantize_act16_row<Q>(x, K, a, t);
+    }
+  };
   const bool par = (long long)T * N * K >= kParallelMinWork;
   if (T == 1) {
-    quantize_act_row(x, K, a, 0);
+    quantize(0);
     const GemvTail tail = make_gemv_tail<Q>(a, nb, rb);
     constexpr int R = kGemvRows;
     const int ntiles = (N + R - 1) / R;
@@ -949,9 +1134,9 @@ inline void q_matmul(const float* x, int T, int K, const void* Wv, int N, float*
     for (int i = 0; i < ntiles; ++i) {
       const int n0 = i * R;
       if (n0 + R <= N) {
-        q_gemv_tile<Q, R>(W, rb, nb, n0, a, tail, y);
+        q_gemv_tile<Q, R, P>(W, rb, nb, n0, a, tail, y);
       } else {
-        for (int n = n0; n < N; ++n) q_gemv_tile<Q, 1>(W, rb, nb, n, a, tail, y);
+        for (int n = n0; n < N; ++n) q_gemv_tile<Q, 1, P>(W, rb, nb, n, a, tail, y);
       }
     }
     return;
@@ -961,13 +1146,13 @@ inline void q_matmul(const float* x, int T, int K, const void* Wv, int N, float*
 #pragma omp parallel if (par)
   {
 #pragma omp for schedule(static)
-    for (int t = 0; t < T; ++t) quantize_act_row(x, K, a, t);
+    for (int t = 0; t < T; ++t) quantize(t);
     WGroup* slab = (WGroup*)scratch(1, sizeof(WGroup) * (size_t)nb * V);
 #pragma omp for schedule(static)
     for (int i = 0; i < ntiles; ++i) {
       const int n0 = i * 16 * V;
       rl_prep<Q, V>(W, rb, nb, n0, N, slab);
-      rl_rows<Q, V, C>(slab, nb, a, n0, N, y, ldy);
+      rl_rows<Q, V, C, P>(slab, nb, a, n0, N, y, ldy);
     }
   }
 }

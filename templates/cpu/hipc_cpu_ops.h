@@ -196,9 +196,9 @@ inline void matmul_deq(const float* x, int T, int K, const void* W, int N, float
 #pragma omp parallel for schedule(static) if ((size_t)N * K * T > 65536)
   for (int g = 0; g < groups; ++g) {
     const int n0 = g * R;
-    const Block* rows = Wb + (size_t)n0 * a.nb;
     int t = 0;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
+    const Block* rows = Wb + (size_t)n0 * a.nb;
     if (n0 + R <= N) {
       for (; t + 4 <= T; t += 4) i16_tile<Block, R, 4>(rows, a.nb, a, t, y + (size_t)t * ldy + n0, ldy);
       for (; t < T; ++t) i16_tile<Block, R, 1>(rows, a.nb, a, t, y + (size_t)t * ldy + n0, ldy);
@@ -209,6 +209,20 @@ inline void matmul_deq(const float* x, int T, int K, const void* W, int N, float
   }
 }
 
+// With AVX512-VNNI the int16 values run through the int8 kernels as two byte planes
+// (hipc_cpu.h, quantize_block16): the same integer block sums as matmul_deq, from
+// vpdpbusd instead of vpmaddwd, against the weight bytes those kernels already prepare.
+#if defined(HIPC_ISA_AVX512)
+inline void matmul_a16_q4_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+  detail::q_matmul<detail::KQ4_0, 2>(x, T, K, W, N, y, ldy);
+}
+inline void matmul_a16_q4_1(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+  detail::q_matmul<detail::KQ4_1, 2>(x, T, K, W, N, y, ldy);
+}
+inline void matmul_a16_q8_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+  detail::q_matmul<detail::KQ8_0, 2>(x, T, K, W, N, y, ldy);
+}
+#else
 inline void matmul_a16_q4_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   matmul_deq<block_q4_0>(x, T, K, W, N, y, ldy);
 }
@@ -218,6 +232,7 @@ inline void matmul_a16_q4_1(const float* x, int T, int K, const void* W, int N, 
 inline void matmul_a16_q8_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   matmul_deq<block_q8_0>(x, T, K, W, N, y, ldy);
 }
+#endif
 // dense weights have no activation quantization to begin with
 inline void matmul_a16_f32(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
   matmul_f32(x, T, K, W, N, y, ldy);

@@ -71,6 +71,7 @@ EXPECTED_ISA = {
 
 SHIM = r"""
 #include "hipc_cpu.h"
+#include "hipc_cpu_ops.h"
 extern "C" {
 #define HIPC_WRAP(w)                                                                          \
   void t_matmul_##w(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
@@ -80,6 +81,16 @@ extern "C" {
     hipc::embed_row_##w(W, K, (int64_t)row, out);                                             \
   }
 HIPC_WRAP(q4_0) HIPC_WRAP(q4_1) HIPC_WRAP(q8_0) HIPC_WRAP(f32) HIPC_WRAP(f16) HIPC_WRAP(bf16)
+// int16 activations: the default kernels and matmul_deq (the vpmaddwd kernel they replace
+// on AVX512-VNNI, still the fallback elsewhere)
+#define HIPC_WRAP16(w)                                                                          \
+  void t_matmul_a16_##w(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
+    hipc::matmul_a16_##w(x, T, K, W, N, y, ldy);                                                \
+  }                                                                                             \
+  void t_matmul_deq_##w(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
+    hipc::matmul_deq<hipc::block_##w>(x, T, K, W, N, y, ldy);                                  \
+  }
+HIPC_WRAP16(q4_0) HIPC_WRAP16(q4_1) HIPC_WRAP16(q8_0)
 const char* t_isa() { return hipc::cpu_isa(); }
 void t_quantize_row_q8a(const float* x, int K, void* out) {
   hipc::quantize_row_q8a(x, K, (hipc::block_q8a*)out);
@@ -158,6 +169,10 @@ def _load(path: Path) -> ctypes.CDLL:
         getattr(lib, f"t_matmul_{w}").restype = None
         getattr(lib, f"t_embed_row_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
         getattr(lib, f"t_embed_row_{w}").restype = None
+    for w in sorted(QUANTIZED):
+        for kind in ("a16", "deq"):
+            getattr(lib, f"t_matmul_{kind}_{w}").argtypes = [P, Int, Int, P, Int, P, Int]
+            getattr(lib, f"t_matmul_{kind}_{w}").restype = None
     lib.t_isa.restype = ctypes.c_char_p
     lib.t_quantize_row_q8a.argtypes = [P, Int, P]
     for f in ("t_f32_to_f16", "t_f16_to_f32", "t_f32_to_bf16", "t_bf16_to_f32"):
@@ -384,3 +399,122 @@ def test_threads_do_not_change_results(libs, wtype):
                 np.testing.assert_array_equal(_run_matmul(lib, wtype, x, wq, 576, 576), y1)
     finally:
         lib.t_set_threads(old)
+
+
+# ---- int16 activations (matmul_a16_*) ------------------------------------------------
+#
+# The int16 path must give the integer block sums sum_e w[e] * q[e] exactly (q: x rounded
+# to int16 per 32-block), whatever instructions compute them; only the f32 scaling and
+# summation may round. matmul_deq (vpmaddwd) and the byte-plane VNNI kernels are both
+# checked against NumPy.
+
+BLOCK_DTYPE = {
+    "q4_0": np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
+    "q4_1": np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)]),
+    "q8_0": np.dtype([("d", "<f2"), ("qs", "i1", 32)]),
+}
+# K = 32 * nb: nb below, at and past a 16-block group, tails of 1..9 blocks (4-row tail,
+# natural windows, partial transposed groups); T = 1 is the GEMV, T > 1 the prefill GEMM
+# with token tails.
+A16_SHAPES = [
+    (T, 32 * nb, N) for T in (1, 2, 5, 17) for nb in (1, 3, 9, 16, 20, 25, 37) for N in (5, 66)
+]
+
+
+def _block_ints(wtype: str, blocks: np.ndarray):
+    """GGUF blocks [N, nb] -> integer weights [N, nb, 32], d, m with value = d * int + m."""
+    d = blocks["d"].astype(np.float64)
+    if wtype == "q8_0":
+        return blocks["qs"].astype(np.int64), d, np.zeros_like(d)
+    qs = blocks["qs"].astype(np.int64)
+    nib = np.concatenate([qs & 15, qs >> 4], axis=-1)
+    if wtype == "q4_0":
+        return nib - 8, d, np.zeros_like(d)
+    return nib, d, blocks["m"].astype(np.float64)
+
+
+def _act16_ref(x: np.ndarray):
+    """quantize_act16: q = rint(x * (32767 / max|x|)) in f32 per 32-block, scale max|x|/32767,
+    plus the block sums of x."""
+    T, K = x.shape
+    xb = x.reshape(T, K // 32, 32)
+    amax = np.abs(xb).max(axis=-1)
+    inv = (np.float32(32767) / np.where(amax > 0, amax, np.float32(1))).astype(np.float32)
+    inv = np.where(amax > 0, inv, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[..., None]).astype(np.int64)
+    return q, (amax / np.float32(32767)).astype(np.float64), xb.astype(np.float64).sum(-1)
+
+
+def _a16_ref(wtype: str, x: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(y in f64 from the exact integer block sums, the block sums I[t, n, b])."""
+    q, sx, xsum = _act16_ref(x)
+    w, d, m = _block_ints(wtype, blocks)
+    dots = np.einsum("tbe,nbe->tnb", q, w)
+    return np.einsum("tnb,nb,tb->tn", dots, d, sx) + xsum @ m.T, dots
+
+
+def _blocks(wtype: str, wq: np.ndarray, N: int, K: int) -> np.ndarray:
+    return np.frombuffer(wq.tobytes(), BLOCK_DTYPE[wtype]).reshape(N, K // 32)
+
+
+@pytest.mark.parametrize("variant", ["native", "avx512-novbmi", "scalar"])
+@pytest.mark.parametrize("wtype", sorted(QUANTIZED))
+def test_matmul_a16(libs, variant, wtype):
+    """Gaussian data: both int16 kernels within f32 rounding of the int16 math."""
+    lib = _get(libs, variant)
+    rng = np.random.default_rng(17)
+    for T, K, N in A16_SHAPES:
+        wq, wd = _weights(wtype, N, K)
+        x = rng.standard_normal((T, K), dtype=np.float32) * np.float32(3)
+        x[0, 32:64] = 0.0  # an all-zero block (scale 0) where there is a second one
+        ref, _ = _a16_ref(wtype, x, _blocks(wtype, wq, N, K))
+        floor = _typical_norm(x, wd)
+        for kind in ("a16", "deq"):
+            y = _run_matmul(lib, f"{kind}_{wtype}", x, wq, N, N + 3).astype(np.float64)
+            err = _rel(y, ref, floor)
+            assert err <= 2e-6, f"{kind} {wtype} T={T} K={K} N={N}: {err:.3g}"
+
+
+def _exact_case(
+    wtype: str, T: int, nb: int, N: int, rng
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, weight blocks, expected y) where every output is one integer block sum, exact
+    in f32: row n has d = 1 in block n % nb and d = 0 elsewhere (m = 0), and every x block
+    holds +-32767, so its scale is 1 and q = x. Extremes of both operands are included:
+    hi/lo byte edges of q, nibbles 0 and 15, Q8_0 weights -128 and 127."""
+    blocks = np.zeros((N, nb), BLOCK_DTYPE[wtype])
+    if wtype == "q8_0":
+        qs = rng.integers(-128, 128, (N, nb, 32))
+        qs[..., :2] = (-128, 127)
+        lim = 2000  # keeps sum |w * q| < 2^24 with two +-32767 entries
+    else:
+        qs = rng.integers(0, 256, (N, nb, 16))
+        qs[..., :4] = (0xFF, 0x00, 0x0F, 0xF0)
+        lim = 32767
+    blocks["qs"] = rng.permuted(qs, axis=-1)
+    blocks["d"][np.arange(N), np.arange(N) % nb] = 1.0
+    x = rng.integers(-lim, lim + 1, (T, nb, 32))
+    special = (-32767, 32767, -256, -257, 255, 256, -255, -1, 0, 1, -128, 128)
+    x[..., : len(special)] = special
+    x = rng.permuted(x, axis=-1).reshape(T, nb * 32).astype(np.float32)
+    _, dots = _a16_ref(wtype, x, blocks)
+    y = dots[:, np.arange(N), np.arange(N) % nb]
+    assert np.abs(y).max() < 2**24
+    return x, blocks, y.astype(np.float32)
+
+
+@pytest.mark.parametrize("variant", ["native", "avx512-novbmi"])
+@pytest.mark.parametrize("wtype", sorted(QUANTIZED))
+def test_matmul_a16_integer_sums_exact(libs, variant, wtype):
+    """The byte-plane kernels' block sums equal sum(w * q) to the last integer, as do
+    matmul_deq's, on every code path (groups, windows, tails, prefill tiles)."""
+    lib = _get(libs, variant)
+    rng = np.random.default_rng(23)
+    for T in (1, 6):
+        for nb in (1, 4, 9, 16, 20, 25, 37):
+            N = nb + 3
+            x, blocks, want = _exact_case(wtype, T, nb, N, rng)
+            wq = np.frombuffer(blocks.tobytes(), np.uint8)
+            for kind in ("a16", "deq"):
+                y = _run_matmul(lib, f"{kind}_{wtype}", x, wq, N, N)
+                np.testing.assert_array_equal(y, want, err_msg=f"{kind} {wtype} T={T} nb={nb}")
