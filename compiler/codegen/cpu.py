@@ -9,20 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hipc.compiler.codegen.environment import render, template_text
+from hipc.compiler.codegen.environment import WEIGHT_SUFFIX, render, template_text
 from hipc.compiler.passes.fuse import FusionError
 from hipc.compiler.passes.memory import MemoryPlan
 from hipc.compiler.passes.select import Launch, weight_order
 
 ABI_VERSION = 1
-WEIGHT_SUFFIX = {
-    "float32": "f32",
-    "float16": "f16",
-    "bfloat16": "bf16",
-    "q4_0": "q4_0",
-    "q4_1": "q4_1",
-    "q8_0": "q8_0",
-}
 
 
 @dataclass

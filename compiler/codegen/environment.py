@@ -12,6 +12,17 @@ from typing import Any
 
 from hipc.runtime.errors import HipcError
 
+# Weight storage type -> the suffix of its helpers in the templates' headers
+# (hipc::matmul_q4_1 on the CPU, hipc_dot2_bf16 on GPUs).
+WEIGHT_SUFFIX = {
+    "float32": "f32",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "q4_0": "q4_0",
+    "q4_1": "q4_1",
+    "q8_0": "q8_0",
+}
+
 
 def c_float(x: float) -> str:
     """A float literal C++ parses back to the same float32."""

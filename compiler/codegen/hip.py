@@ -12,14 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hipc.compiler.codegen.environment import render, template_text
+from hipc.compiler.codegen.environment import WEIGHT_SUFFIX, render, template_text
 from hipc.compiler.codegen.hip_kernels import (
     ATTN_WAVES,
     DECODE_WAVES,
     KV_TYPES,
     MAX_GEMV_K,
     MMA_TILES,
-    WEIGHT_SUFFIX,
     decode_attention,
     decode_gemv,
     prefill_gemm,

@@ -9,14 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-WEIGHT_SUFFIX = {
-    "float32": "f32",
-    "float16": "f16",
-    "bfloat16": "bf16",
-    "q4_0": "q4_0",
-    "q4_1": "q4_1",
-    "q8_0": "q8_0",
-}
+from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
+
 GEMV_WAVES = 8  # 8 waves: more rows in flight per SM when x (K floats) fills shared memory
 # Before its wait a small GEMV (latency-bound: SmolLM2's) pulls its rows towards L2, so
 # the loads after the wait hit L2. Big ones stream at bandwidth anyway: on the H200

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
 from hipc.compiler.codegen.hip_kernels import (
-    WEIGHT_SUFFIX,
     decode_attention,
     decode_gemv,
     wave_size,
