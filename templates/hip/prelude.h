@@ -100,8 +100,9 @@ HIPC_DEVICE void hipc_let_next_start() {
 #endif
 }
 HIPC_DEVICE void hipc_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-// 16 bytes of weights; volatile so ptxas issues a batch of them before their first use
-// (it otherwise interleaves each load with its FMAs, and in-order issue then stalls)
+// 16 bytes of weights through the read-only path, kept in program order. Issuing a
+// batch before its first use also needs the kernel's HIPC_BOUNDS_LOADS_IN_FLIGHT: with an
+// occupancy target ptxas moved each load next to its FMAs whatever the asm said.
 HIPC_DEVICE uint4 hipc_load_weights16(const void* p) {
   uint4 r;
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
