@@ -296,7 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
             help="HF folder, .gguf file, local HF id, or alias (smollm2-135m)",
         )
         sp.add_argument(
-            "--max-context", type=int, default=None, help="KV-cache length (default: model limit)"
+            "--max-context",
+            type=int,
+            default=None,
+            help="KV-cache length (default: the model's limit; at most 4096 compiling for cpu)",
         )
         sp.set_defaults(fn=fn)
         return sp
@@ -318,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-tokens",
         type=int,
         default=None,
-        help="tokens per step, the prefill chunk (default 256)",
+        help="tokens per step, the prefill chunk (default 256 for cpu, 512 for GPUs)",
     )
     sp.add_argument(
         "--activations",
