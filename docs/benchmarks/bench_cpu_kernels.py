@@ -1,6 +1,6 @@
 """Micro-benchmark of the CPU matmul building blocks in templates/cpu/hipc_cpu.h.
 
-Run:  python docs/benchmarks/bench_cpu_kernels.py [--quick] [--threads 2]
+Run:  python docs/benchmarks/bench_cpu_kernels.py [--quick] [--threads 2] [--activations int16]
 
 Compiles a tiny C++ shim around the header with `g++ -O3 -march=native -fopenmp`, then
 times the SmolLM2-135M weight shapes (Q4_1 attention/MLP projections, the Q8_0 tied LM
@@ -33,6 +33,7 @@ HEADER_DIR = REPO / "templates" / "cpu"
 
 SHIM = r"""
 #include "hipc_cpu.h"
+#include "hipc_cpu_ops.h"
 #include <chrono>
 #include <algorithm>
 #include <cstdlib>
@@ -42,9 +43,9 @@ SHIM = r"""
 typedef void (*mm_fn)(const float*, int, int, const void*, int, float*, int);
 static mm_fn pick(int t) {
   switch (t) {
-    case 0: return hipc::matmul_q4_0;
-    case 1: return hipc::matmul_q4_1;
-    case 2: return hipc::matmul_q8_0;
+    case 0: return HIPC_BENCH_A16 ? hipc::matmul_a16_q4_0 : hipc::matmul_q4_0;
+    case 1: return HIPC_BENCH_A16 ? hipc::matmul_a16_q4_1 : hipc::matmul_q4_1;
+    case 2: return HIPC_BENCH_A16 ? hipc::matmul_a16_q8_0 : hipc::matmul_q8_0;
     case 3: return hipc::matmul_f32;
     case 4: return hipc::matmul_f16;
     default: return hipc::matmul_bf16;
@@ -215,14 +216,21 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS (default 2)")
     ap.add_argument("--quick", action="store_true", help="fewer iterations")
     ap.add_argument("--prefill-T", type=int, default=512)
-    ap.add_argument("--cflags", default="", help="extra g++ flags, e.g. '-DHIPC_GEMM_COLS=6'")
+    ap.add_argument("--cflags", default="", help="extra g++ flags, e.g. '-DHIPC_RL_COLS=6'")
+    ap.add_argument(
+        "--activations",
+        choices=["int8", "int16"],
+        default="int8",
+        help="quantized matmuls with int8 activations (matmul_q*) or int16 (matmul_a16_q*, the default of compiled models)",
+    )
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read by libgomp when the shim loads
     os.environ.setdefault("OMP_PROC_BIND", "close")
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="hipc_bench_") as tmp:
-        lib = build(Path(tmp), args.cflags.split())
+        a16 = "1" if args.activations == "int16" else "0"
+        lib = build(Path(tmp), [f"-DHIPC_BENCH_A16={a16}", *args.cflags.split()])
         print(f"ISA path: {lib.hb_isa().decode()}   OpenMP threads: {lib.hb_threads()}")
 
         big = np.ones(64 << 20, np.uint64)  # 512 MB
