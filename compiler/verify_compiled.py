@@ -87,10 +87,8 @@ def verify_model(
     model = load_model(model_ref)
     ids = _tokens(engine, text)
     # the reference stores its KV cache as the artifact does (bfloat16 on GPUs by default)
-    kv_storage = (
-        engine.artifact.plan["states"][0]["dtype"] if engine.artifact.plan["states"] else "float32"
-    )
-    want = ReferenceEngine(model, engine.max_context, kv_storage=kv_storage).logits(ids, 0)
+    reference = ReferenceEngine(model, engine.max_context, kv_storage=engine.artifact.kv_storage)
+    want = reference.logits(ids, 0)
     got = engine.logits(ids)
     quantized = any(w["dtype"] in QUANT_DTYPES for w in engine.artifact.plan["weights"])
     max_abs, max_rel, top1 = compare(got, want)

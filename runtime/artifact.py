@@ -47,6 +47,16 @@ class Artifact:
     def generation_defaults(self) -> dict[str, Any]:
         return _read_json(self.file("generation.json"))
 
+    @property
+    def kv_storage(self) -> str:
+        return plan_kv_storage(self.plan)
+
+
+def plan_kv_storage(plan: dict[str, Any]) -> str:
+    """The KV cache's element type (`hipc compile --kv-storage`), from the plan's states."""
+    states = plan.get("states") or [{}]
+    return states[0].get("dtype", "float32")
+
 
 def is_artifact(path: str | Path) -> bool:
     return (Path(path) / "manifest.json").is_file()

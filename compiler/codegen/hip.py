@@ -16,11 +16,11 @@ from hipc.compiler.codegen.environment import WEIGHT_SUFFIX, render, template_te
 from hipc.compiler.codegen.hip_kernels import (
     ATTN_WAVES,
     DECODE_WAVES,
-    KV_TYPES,
     MAX_GEMV_K,
     MMA_TILES,
     decode_attention,
     decode_gemv,
+    kv_context,
     prefill_gemm,
     wave_size,
 )
@@ -147,7 +147,7 @@ def render_hip_program(
         elif spec.template == "attention":
             D = p["D"]
             qv, kv, vv = (memory.views[a[n][1]] for n in ("q", "k", "v"))
-            kv_ctx = dict(kv_type=KV_TYPES[kv_storage][0], kv_suffix=KV_TYPES[kv_storage][1])
+            kv_ctx = kv_context(kv_storage)
             block = max(D // 2, wave)
             rope = add_kernel(
                 f"{spec.fn}_rope_kv", "rope_kv", nodes=nodes, block=block, **kv_ctx, **p

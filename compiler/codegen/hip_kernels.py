@@ -20,6 +20,14 @@ ATTN_WAVES = 8
 DECODE_WAVES = 4  # decode attention: a chunk of 4 waves x one 32/64-key tile each per block
 DECODE_BLOCKS = 256  # decode attention blocks per layer (heads x splits): ~2 per SM of an H200
 KV_TYPES = {"float32": ("float", "f32"), "bfloat16": ("uint16_t", "bf16")}
+
+
+def kv_context(kv_storage: str) -> dict[str, str]:
+    """The attention templates' KV element type and the suffix of its prelude helpers."""
+    kv_type, kv_suffix = KV_TYPES[kv_storage]
+    return dict(kv_type=kv_type, kv_suffix=kv_suffix)
+
+
 MAX_GEMV_K = 16384  # the GEMV stages x in shared memory: 64 KiB, the smallest limit (AMD LDS)
 SIMT_TILE = 64  # the SIMT GEMM's tokens and outputs per block
 
@@ -179,8 +187,7 @@ def decode_attention(
         wave=wave,
         waves=DECODE_WAVES,
         splits=splits,
-        kv_type=KV_TYPES[kv_storage][0],
-        kv_suffix=KV_TYPES[kv_storage][1],
+        **kv_context(kv_storage),
         **p,
     )
     return DecodeKernel(

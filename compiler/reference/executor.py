@@ -17,6 +17,13 @@ from hipc.compiler.source.reader import WeightReader
 from hipc.runtime.errors import HipcError
 
 
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), as float32."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    u = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return u.view(np.float32)
+
+
 class ReferenceExecutor:
     def __init__(self, graph: Graph, dtype: str = "float32", kv_storage: str = "float32") -> None:
         self.graph = graph
@@ -38,11 +45,7 @@ class ReferenceExecutor:
     def store_kv(self, x: np.ndarray) -> np.ndarray:
         """A value as the KV cache holds it: bfloat16 storage rounds to nearest even,
         as the GPU kernels do, so compiled artifacts are checked against the same cache."""
-        if self.kv_storage == "float32":
-            return x
-        u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-        u = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-        return u.view(np.float32).astype(x.dtype)
+        return x if self.kv_storage == "float32" else round_bf16(x).astype(x.dtype)
 
     def reset(self) -> None:
         for s in self.states.values():

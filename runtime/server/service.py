@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hipc.runtime.artifact import plan_kv_storage
 from hipc.runtime.errors import HipcError
 from hipc.runtime.generate import Generation, GenerationRequest, GenerationResult
 from hipc.runtime.server import openai_format as fmt
@@ -54,23 +55,17 @@ _KV_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": 
 
 
 def check_kv_storage(engine, requested: str | None) -> str:
-    """The KV storage type in use; one the target cannot store is a clear error.
-
-    The type is the artifact's (its plan's KV states); a backend that can store others
-    lists them in `kv_storage_types`. The cpu backend stores float32 only.
-    """
-    backend = getattr(engine, "backend", None)
-    target = getattr(backend, "name", "this")
+    """The KV storage type in use: the artifact's, fixed when it was compiled; asking for
+    another is a clear error naming the compile flag that would store it."""
+    target = getattr(getattr(engine, "backend", None), "name", "this")
     plan = getattr(getattr(engine, "artifact", None), "plan", None) or {}
-    states = plan.get("states") or [{}]
-    native = states[0].get("dtype", "float32")
-    supported = tuple(getattr(backend, "kv_storage_types", (native,)))
+    native = plan_kv_storage(plan)
     if requested is None:
         return native
     want = _KV_ALIASES.get(requested.lower(), requested.lower())
-    if want in supported:
+    if want == native:
         return want
-    have = f"--kv-storage {requested}: this artifact's KV cache is {' or '.join(supported)}"
+    have = f"--kv-storage {requested}: this artifact's KV cache is {native}"
     if want not in COMPILED_KV_STORAGE:
         raise HipcError(
             f"{have}; hipc stores KV caches as {' or '.join(COMPILED_KV_STORAGE)} "

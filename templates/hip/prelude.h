@@ -255,23 +255,9 @@ HIPC_DEVICE float hipc_w_q4_1(const void* W, int K, int n, int k) {
   return hipc_f16_to_f32(b.d) * (float)q + hipc_f16_to_f32(b.m);
 }
 
-// Dot of one weight row with x over [k0, k1) stepping by `stride` elements per lane
-// slice -- the GEMV inner loops, one per storage type. Dense types read 8 values
-// (16 bytes) per step; quantized types one 32-weight block per step.
-HIPC_DEVICE float hipc_dot_bf16(const void* Wrow, const float* x, int K, int lane) {
-  const uint16_t* w = (const uint16_t*)Wrow;
-  float acc = 0.f;
-#pragma unroll 4
-  for (int k = lane * 8; k < K; k += HIPC_WAVE * 8) {
-    const uint4 v = *(const uint4*)(w + k);
-    const float4 xa = *(const float4*)(x + k), xb = *(const float4*)(x + k + 4);
-    acc += __builtin_bit_cast(float, v.x << 16) * xa.x + __builtin_bit_cast(float, v.x & 0xffff0000u) * xa.y;
-    acc += __builtin_bit_cast(float, v.y << 16) * xa.z + __builtin_bit_cast(float, v.y & 0xffff0000u) * xa.w;
-    acc += __builtin_bit_cast(float, v.z << 16) * xb.x + __builtin_bit_cast(float, v.z & 0xffff0000u) * xb.y;
-    acc += __builtin_bit_cast(float, v.w << 16) * xb.z + __builtin_bit_cast(float, v.w & 0xffff0000u) * xb.w;
-  }
-  return acc;
-}
+// The GEMV inner loops, one per storage type: lane `lane` of a wave takes every
+// HIPC_WAVE-th step of a weight row against x. Dense types read 8 values (16 bytes) per
+// step; quantized types one 32-weight block. The kernels call the two-row hipc_dot2_*.
 // Two rows against the same x. The loads of U steps are issued before any is used, so
 // 2 x U x 16 bytes per lane are in flight (left to itself the compiler keeps ~2).
 HIPC_DEVICE void hipc_fma_bf16x8(uint4 u, uint4 v, const float* x, float& a0, float& a1) {

@@ -25,10 +25,6 @@ pytestmark = pytest.mark.gpu
 TARGET = "sm_90"
 
 
-def kv_storage_of(engine) -> str:
-    return engine.artifact.plan["states"][0]["dtype"]
-
-
 def check(model_path, tmp_path, ctx=64, kv_storage="auto"):
     out = tmp_path / "m.hipc"
     compile_model(
@@ -38,7 +34,7 @@ def check(model_path, tmp_path, ctx=64, kv_storage="auto"):
         verbose=False,
     )
     gpu = load_engine(out, target="cuda")
-    ref = ReferenceEngine(load_model(model_path), ctx, kv_storage=kv_storage_of(gpu))
+    ref = ReferenceEngine(load_model(model_path), ctx, kv_storage=gpu.artifact.kv_storage)
     tokens = np.random.default_rng(5).integers(0, gpu.vocab_size, 19).tolist()
     assert rel_err(gpu.logits(tokens), ref.logits(tokens, 0)) <= 2e-3
     ref.reset()
@@ -99,7 +95,7 @@ def test_long_context_decode(family, overrides, tmp_path):
         verbose=False,
     )
     gpu = load_engine(out, target="cuda")
-    ref = ReferenceEngine(load_model(folder), 2048, kv_storage=kv_storage_of(gpu))
+    ref = ReferenceEngine(load_model(folder), 2048, kv_storage=gpu.artifact.kv_storage)
     tokens = np.random.default_rng(7).integers(0, gpu.vocab_size, 1112).tolist()
     want = [ref.logits(tokens[:1100], 0)[-1]]
     want += [ref.logits([t], 1100 + i)[-1] for i, t in enumerate(tokens[1100:])]

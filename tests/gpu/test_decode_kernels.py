@@ -18,6 +18,7 @@ from hipc.compiler.codegen.hip_kernels import (
     decode_gemv,
     wave_size,
 )
+from hipc.compiler.reference.executor import round_bf16
 
 from gpu_kernels import DeviceKernels
 from support import rel_err
@@ -185,12 +186,6 @@ def attentions():
     dev.close()
 
 
-def bf16_round(a: np.ndarray) -> np.ndarray:
-    u = a.astype(np.float32).view(np.uint32)
-    u = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-    return u.view(np.float32)
-
-
 def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.ndarray:
     h = x.shape[-1] // 2
     a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
@@ -216,7 +211,7 @@ def test_decode_attention_matches_numpy(attentions, name):
     cache = [rng.standard_normal((ctx, NKV, D)).astype(np.float32) for _ in range(2)]
     for c in cache:
         c[p:] = np.nan  # position p is this step's to write; nothing past it may be read
-    store = bf16_round if kv == "bfloat16" else (lambda a: a.astype(np.float32))
+    store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
     kc, vc = (store(c) for c in cache)
 
     def normed(x, w):
