@@ -154,12 +154,32 @@ class DecodeKernel:
     shared: int = 0
 
 
+# Quantized GEMVs: 32-weight blocks per lane and row whose loads are in flight together
+# (16 bytes of quants each, 32 for q8_0), and the bytes per block of x staged as int8 planes.
+QUANT_GEMV_UNROLL = {"q4_0": 4, "q4_1": 4, "q8_0": 2}
+XQ_BLOCK_BYTES = 80  # prelude: HIPC_XQ_INTS * 4
+
+
 def decode_gemv(fn: str, p: dict[str, Any], target: str, nodes: list[str]) -> DecodeKernel:
     """The GEMV of one linear (`p`: wtype, N, K, norm_eps, epilogue, bias)."""
     wave = wave_size(target)
     ws = WEIGHT_SUFFIX[p["wtype"]]
     n_out = p["N"] // 2 if p["epilogue"] == "glu" else p["N"]
     rows_per_block = GEMV_WAVES * (1 if p["epilogue"] == "glu" else 2)
+    grid = [-(-n_out // rows_per_block)]
+    if ws in QUANT_GEMV_UNROLL:
+        ctx = dict(
+            nodes=nodes,
+            wave=wave,
+            wsuffix=ws,
+            n_out=n_out,
+            waves=GEMV_WAVES,
+            rows_per_block=rows_per_block,
+            unroll=QUANT_GEMV_UNROLL[ws],
+            **p,
+        )
+        shared = p["K"] // 32 * XQ_BLOCK_BYTES
+        return DecodeKernel(f"{fn}_gemv", "linear_gemv_q", ctx, grid, GEMV_WAVES * wave, shared)
     ctx = dict(
         nodes=nodes,
         wave=wave,
@@ -171,9 +191,7 @@ def decode_gemv(fn: str, p: dict[str, Any], target: str, nodes: list[str]) -> De
         **p,
     )
     shared = 4 * p["K"] if p["norm_eps"] else 0  # the normalized x, staged
-    return DecodeKernel(
-        f"{fn}_gemv", "linear_gemv", ctx, [-(-n_out // rows_per_block)], GEMV_WAVES * wave, shared
-    )
+    return DecodeKernel(f"{fn}_gemv", "linear_gemv", ctx, grid, GEMV_WAVES * wave, shared)
 
 
 def decode_attention(

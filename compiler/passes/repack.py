@@ -71,3 +71,17 @@ def _merged_name(names: list[str]) -> str:
     if all(n.startswith(prefix) for n in names):
         return prefix + "+".join(n[len(prefix) :] for n in names)
     return "+".join(names)
+
+
+# Quantized types whose blocks GPU kernels read split: (scale bytes, quant bytes) per block
+# of 32 weights. GGUF interleaves them ({scales, quants} per block).
+SPLIT_BLOCKS = {"q4_0": (2, 16), "q4_1": (4, 16), "q8_0": (2, 32)}
+
+
+def split_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """GGUF blocks [rows, row bytes] -> the quants of every block in order, then every
+    block's scales (templates/hip/prelude.h: hipc_qmat). Same bytes, same shape."""
+    sb, qb = SPLIT_BLOCKS[dtype]
+    blocks = np.ascontiguousarray(stored).reshape(-1, sb + qb)
+    out = np.concatenate([blocks[:, sb:].reshape(-1), blocks[:, :sb].reshape(-1)])
+    return out.reshape(stored.shape)

@@ -72,6 +72,7 @@ HIPC_DEVICE float hipc_shfl_xor(float v, int m) {
 typedef __SIZE_TYPE__ size_t;
 struct __attribute__((aligned(8))) uint2 { uint32_t x, y; };
 struct __attribute__((aligned(16))) uint4 { uint32_t x, y, z, w; };
+struct __attribute__((aligned(16))) int4 { int x, y, z, w; };
 struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
 HIPC_DEVICE float hipc_shfl(float v, int src) {
   return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, v)));
@@ -173,6 +174,13 @@ HIPC_DEVICE float hipc_block_sum(float v, float* red) {
 HIPC_DEVICE float hipc_bf16_to_f32(uint16_t h) { return __builtin_bit_cast(float, (uint32_t)h << 16); }
 
 HIPC_DEVICE float hipc_f16_to_f32(uint16_t h) {
+#if defined(__CUDACC__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#elif defined(__AMDGCN__)
+  return (float)__builtin_bit_cast(_Float16, h);
+#else
   // IEEE half -> float, subnormals included, without a platform half type
   const uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu;
   if (e == 0) {
@@ -181,6 +189,7 @@ HIPC_DEVICE float hipc_f16_to_f32(uint16_t h) {
   }
   const uint32_t bits = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112) << 23) | (m << 13));
   return __builtin_bit_cast(float, bits);
+#endif
 }
 
 // KV-cache storage types: float32, or bfloat16 rounded to nearest even (half the bytes
@@ -227,32 +236,190 @@ HIPC_DEVICE float hipc_kv_dot_bf16(const float* q, const uint16_t* k, int D) {
   return dot;
 }
 
-// GGUF blocks of 32 weights
-struct hipc_block_q4_0 { uint16_t d; uint8_t qs[16]; };
-struct hipc_block_q4_1 { uint16_t d, m; uint8_t qs[16]; };
-struct hipc_block_q8_0 { uint16_t d; int8_t qs[32]; };
+// ---- quantized weights ----------------------------------------------------------------
+// GGUF stores a matrix as rows of 32-weight blocks, each its scale(s) then its quants:
+// q4_0 {f16 d; 16 bytes of nibbles} (18 bytes), q4_1 {f16 d, m; nibbles} (20), q8_0 {f16 d;
+// int8 x 32} (34) -- 2-byte aligned, so a lane cannot read a block with one wide load. An
+// artifact for GPU targets only stores each quantized matrix split (HIPC_QSPLIT, written by
+// compiler/passes/repack.py:split_quant_blocks): the quants of every block in row order
+// [rows x blocks x QB], then the scales [rows x blocks x SB]. A block's quants are then one
+// aligned 16-byte load (two for q8_0) and its scales one 2- or 4-byte load. An artifact that
+// also holds the cpu target keeps GGUF's order (the CPU kernels read it) and the same
+// kernels read it with narrow loads.
+#ifndef HIPC_QSPLIT
+#define HIPC_QSPLIT 1
+#endif
+// Quants and scales of block `b` (counted over the whole matrix of `blocks` blocks).
+template <int QB, int SB>
+struct hipc_qmat {
+  const char* base;
+  size_t blocks;
+  HIPC_DEVICE const char* qs(size_t b) const { return HIPC_QSPLIT ? base + b * QB : base + b * (QB + SB) + SB; }
+  HIPC_DEVICE const char* sc(size_t b) const { return HIPC_QSPLIT ? base + blocks * QB + b * SB : base + b * (QB + SB); }
+};
+typedef hipc_qmat<16, 2> hipc_qmat_q4_0;
+typedef hipc_qmat<16, 4> hipc_qmat_q4_1;
+typedef hipc_qmat<32, 2> hipc_qmat_q8_0;
+HIPC_DEVICE uint4 hipc_load_quants16(const char* p) {
+#if HIPC_QSPLIT
+  return hipc_load_weights16(p);
+#else
+  const uint16_t* h = (const uint16_t*)p;  // GGUF order: quants start 2 bytes into a block
+  uint4 r;
+  r.x = h[0] | (uint32_t)h[1] << 16;
+  r.y = h[2] | (uint32_t)h[3] << 16;
+  r.z = h[4] | (uint32_t)h[5] << 16;
+  r.w = h[6] | (uint32_t)h[7] << 16;
+  return r;
+#endif
+}
+// the scale pair (d, m) of a q4_1 block as one word: d low, m high
+HIPC_DEVICE uint32_t hipc_load_scales32(const char* p) {
+#if HIPC_QSPLIT
+  return *(const uint32_t*)p;
+#else
+  return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
+#endif
+}
 
-// One weight W[n, k] of a [N, K] matrix in its storage type (GEMM tile loads).
-HIPC_DEVICE float hipc_w_f32(const void* W, int K, int n, int k) { return ((const float*)W)[(size_t)n * K + k]; }
-HIPC_DEVICE float hipc_w_bf16(const void* W, int K, int n, int k) {
+// One weight W[n, k] of an [N, K] matrix in its storage type (GEMM tiles, embedding rows).
+HIPC_DEVICE float hipc_w_f32(const void* W, int, int K, int n, int k) { return ((const float*)W)[(size_t)n * K + k]; }
+HIPC_DEVICE float hipc_w_bf16(const void* W, int, int K, int n, int k) {
   return hipc_bf16_to_f32(((const uint16_t*)W)[(size_t)n * K + k]);
 }
-HIPC_DEVICE float hipc_w_f16(const void* W, int K, int n, int k) {
+HIPC_DEVICE float hipc_w_f16(const void* W, int, int K, int n, int k) {
   return hipc_f16_to_f32(((const uint16_t*)W)[(size_t)n * K + k]);
 }
-HIPC_DEVICE float hipc_w_q8_0(const void* W, int K, int n, int k) {
-  const hipc_block_q8_0& b = ((const hipc_block_q8_0*)W)[(size_t)n * (K / 32) + k / 32];
-  return hipc_f16_to_f32(b.d) * (float)b.qs[k % 32];
+HIPC_DEVICE float hipc_w_q8_0(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q8_0 m{(const char*)W, (size_t)N * (K / 32)};
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  return hipc_f16_to_f32(*(const uint16_t*)m.sc(b)) * (float)((const int8_t*)m.qs(b))[k % 32];
 }
-HIPC_DEVICE float hipc_w_q4_0(const void* W, int K, int n, int k) {
-  const hipc_block_q4_0& b = ((const hipc_block_q4_0*)W)[(size_t)n * (K / 32) + k / 32];
-  const int j = k % 32, q = j < 16 ? (b.qs[j] & 15) : (b.qs[j - 16] >> 4);
-  return hipc_f16_to_f32(b.d) * (float)(q - 8);
+// element j < 16 of a 4-bit block is the low nibble of byte j, element j >= 16 the high one of j - 16
+HIPC_DEVICE int hipc_nibble(const char* qs, int j) {
+  const uint8_t v = (uint8_t)qs[j % 16];
+  return j < 16 ? v & 15 : v >> 4;
 }
-HIPC_DEVICE float hipc_w_q4_1(const void* W, int K, int n, int k) {
-  const hipc_block_q4_1& b = ((const hipc_block_q4_1*)W)[(size_t)n * (K / 32) + k / 32];
-  const int j = k % 32, q = j < 16 ? (b.qs[j] & 15) : (b.qs[j - 16] >> 4);
-  return hipc_f16_to_f32(b.d) * (float)q + hipc_f16_to_f32(b.m);
+HIPC_DEVICE float hipc_w_q4_0(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q4_0 m{(const char*)W, (size_t)N * (K / 32)};
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  return hipc_f16_to_f32(*(const uint16_t*)m.sc(b)) * (float)(hipc_nibble(m.qs(b), k % 32) - 8);
+}
+HIPC_DEVICE float hipc_w_q4_1(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q4_1 m{(const char*)W, (size_t)N * (K / 32)};
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const uint16_t* s = (const uint16_t*)m.sc(b);
+  return hipc_f16_to_f32(s[0]) * (float)hipc_nibble(m.qs(b), k % 32) + hipc_f16_to_f32(s[1]);
+}
+
+// The quantized GEMV multiplies integers: x is staged in shared memory as two int8 planes
+// per 32-value block, x ~= dq * (254 * hi + lo) with dq = max|x| / (127 * 254): hi is x
+// rounded to int8 on the block's scale, lo the remainder rounded on a 254x finer one. The
+// representation error is at most max|x| / 64516 per value (about 16 significant bits,
+// the class of a bf16 hi + lo split), and every product sums exactly in int32 (dp4a).
+// One staged block: hi[32], lo[32] as int8, then dq (float bits) and the block's sum of
+// 254 * hi + lo, padded to 80 bytes so that 8 lanes reading 8 blocks hit distinct banks.
+#define HIPC_XQ_INTS 20
+// 4 int8 products summed into c: __dp4a on NVIDIA, v_dot4 on AMD where the arch has it.
+HIPC_DEVICE int hipc_dot4_i8(int a, int b, int c) {
+#if defined(__CUDACC__)
+  return __dp4a(a, b, c);
+#elif defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
+  return __builtin_amdgcn_sdot4(a, b, c, false);
+#elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1150__) || \
+    defined(__gfx1151__) || defined(__gfx1200__) || defined(__gfx1201__)
+  return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+#else
+#pragma unroll
+  for (int i = 0; i < 32; i += 8) c += (int)(int8_t)(a >> i) * (int)(int8_t)(b >> i);
+  return c;
+#endif
+}
+HIPC_DEVICE float hipc_rint(float v) {
+#if defined(__CUDACC__) || defined(HIPC_ROCM)
+  return rintf(v);
+#else
+  return __builtin_rintf(v);
+#endif
+}
+HIPC_DEVICE float hipc_fmax(float a, float b) { return a > b ? a : b; }
+HIPC_DEVICE float hipc_fabs(float a) { return a < 0.f ? -a : a; }
+HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
+  return ((int)a & 255) | ((int)b & 255) << 8 | ((int)c & 255) << 16 | (int)d << 24;
+}
+// Stage x[0..K) (times inv * g[k] when g is given: the RMSNorm prologue) into xq
+// (K / 32 blocks of HIPC_XQ_INTS ints). Every thread of the block calls it; 8 lanes
+// share a 32-value block, 4 values each. Ends with a barrier.
+HIPC_DEVICE void hipc_stage_xq(const float* x, const float* g, float inv, int K, int* xq) {
+  const int n4 = K / 4, stride = hipc_block_dim();
+  // every lane runs the same number of rounds: the shuffles below need whole waves
+  const int rounds = (n4 + stride - 1) / stride;
+  for (int r = 0; r < rounds; ++r) {
+    const int i = r * stride + hipc_thread(), part = i % 8;
+    const bool ok = i < n4;  // the same for all 8 lanes of a block (K % 32 == 0)
+    float4 v = ok ? *(const float4*)(x + 4 * i) : float4{0.f, 0.f, 0.f, 0.f};
+    if (g && ok) {
+      const float4 gv = *(const float4*)(g + 4 * i);
+      v.x *= inv * gv.x, v.y *= inv * gv.y, v.z *= inv * gv.z, v.w *= inv * gv.w;
+    }
+    float am = hipc_fmax(hipc_fmax(hipc_fabs(v.x), hipc_fabs(v.y)), hipc_fmax(hipc_fabs(v.z), hipc_fabs(v.w)));
+    am = hipc_fmax(am, hipc_shfl_xor(am, 1));
+    am = hipc_fmax(am, hipc_shfl_xor(am, 2));
+    am = hipc_fmax(am, hipc_shfl_xor(am, 4));
+    const float d = am / 127.f, id = am > 0.f ? 127.f / am : 0.f;
+    const float xs[4] = {v.x, v.y, v.z, v.w};
+    float hi[4], lo[4];
+    int sum = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      hi[e] = hipc_rint(xs[e] * id);
+      lo[e] = -hipc_fmax(-hipc_fmax(hipc_rint((xs[e] - hi[e] * d) * id * 254.f), -127.f), -127.f);
+      sum += 254 * (int)hi[e] + (int)lo[e];
+    }
+    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 1));
+    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 2));
+    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 4));
+    if (ok) {
+      int* blk = xq + (i / 8) * HIPC_XQ_INTS;
+      blk[part] = hipc_pack4_i8(hi[0], hi[1], hi[2], hi[3]);
+      blk[8 + part] = hipc_pack4_i8(lo[0], lo[1], lo[2], lo[3]);
+      if (part == 0) {
+        blk[16] = __builtin_bit_cast(int, d / 254.f);
+        blk[17] = sum;
+      }
+    }
+  }
+  hipc_sync();
+}
+// One 32-weight block of a row against a staged x block: the exact integer
+// sum_k q[k] * (254 * hi[k] + lo[k]) of its (unsigned 4-bit or signed 8-bit) quants.
+HIPC_DEVICE int hipc_idot_q4(uint4 q, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+  int sh = 0, sl = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // nibbles 0..15 are the same as signed bytes, so the signed dot product serves
+    const int a = (int)(w[i] & 0x0f0f0f0fu), c = (int)((w[i] >> 4) & 0x0f0f0f0fu);
+    sh = hipc_dot4_i8(a, H[i], sh);
+    sh = hipc_dot4_i8(c, H[4 + i], sh);
+    sl = hipc_dot4_i8(a, L[i], sl);
+    sl = hipc_dot4_i8(c, L[4 + i], sl);
+  }
+  return 254 * sh + sl;
+}
+HIPC_DEVICE int hipc_idot_q8(uint4 qa, uint4 qb, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
+  const int w[8] = {(int)qa.x, (int)qa.y, (int)qa.z, (int)qa.w, (int)qb.x, (int)qb.y, (int)qb.z, (int)qb.w};
+  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+  int sh = 0, sl = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    sh = hipc_dot4_i8(w[i], H[i], sh);
+    sl = hipc_dot4_i8(w[i], L[i], sl);
+  }
+  return 254 * sh + sl;
 }
 
 // The GEMV inner loops, one per storage type: lane `lane` of a wave takes every
@@ -316,59 +483,13 @@ HIPC_DEVICE float hipc_dot_f32(const void* Wrow, const float* x, int K, int lane
   }
   return acc;
 }
-HIPC_DEVICE float hipc_dot_q8_0(const void* Wrow, const float* x, int K, int lane) {
-  const hipc_block_q8_0* w = (const hipc_block_q8_0*)Wrow;
-  float acc = 0.f;
-  for (int b = lane; b < K / 32; b += HIPC_WAVE) {
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) s += (float)w[b].qs[j] * x[b * 32 + j];
-    acc += hipc_f16_to_f32(w[b].d) * s;
-  }
-  return acc;
-}
-HIPC_DEVICE float hipc_dot_q4_0(const void* Wrow, const float* x, int K, int lane) {
-  const hipc_block_q4_0* w = (const hipc_block_q4_0*)Wrow;
-  float acc = 0.f;
-  for (int b = lane; b < K / 32; b += HIPC_WAVE) {
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      s += (float)((w[b].qs[j] & 15) - 8) * x[b * 32 + j];
-      s += (float)((w[b].qs[j] >> 4) - 8) * x[b * 32 + j + 16];
-    }
-    acc += hipc_f16_to_f32(w[b].d) * s;
-  }
-  return acc;
-}
-HIPC_DEVICE float hipc_dot_q4_1(const void* Wrow, const float* x, int K, int lane) {
-  const hipc_block_q4_1* w = (const hipc_block_q4_1*)Wrow;
-  float acc = 0.f;
-  for (int b = lane; b < K / 32; b += HIPC_WAVE) {
-    float s = 0.f, sx = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      s += (float)(w[b].qs[j] & 15) * x[b * 32 + j] + (float)(w[b].qs[j] >> 4) * x[b * 32 + j + 16];
-      sx += x[b * 32 + j] + x[b * 32 + j + 16];
-    }
-    acc += hipc_f16_to_f32(w[b].d) * s + hipc_f16_to_f32(w[b].m) * sx;
-  }
-  return acc;
-}
-
 HIPC_GENERIC_DOT2(f16)
 HIPC_GENERIC_DOT2(f32)
-HIPC_GENERIC_DOT2(q8_0)
-HIPC_GENERIC_DOT2(q4_0)
-HIPC_GENERIC_DOT2(q4_1)
 
-// Bytes of one weight row of K values in a storage type (row pointers in kernels).
+// Bytes of one weight row of K values in a dense storage type (row pointers in kernels).
 #define HIPC_ROW_BYTES_f32(K) ((size_t)(K) * 4)
 #define HIPC_ROW_BYTES_bf16(K) ((size_t)(K) * 2)
 #define HIPC_ROW_BYTES_f16(K) ((size_t)(K) * 2)
-#define HIPC_ROW_BYTES_q8_0(K) ((size_t)(K) / 32 * 34)
-#define HIPC_ROW_BYTES_q4_0(K) ((size_t)(K) / 32 * 18)
-#define HIPC_ROW_BYTES_q4_1(K) ((size_t)(K) / 32 * 20)
 
 // ---- matrix instructions (the prefill GEMM, bf16 weights) ---------------------------------
 // One MMA tile multiplies A = 16 rows (tokens) x 16 k by B = HIPC_MMA_N columns (weight rows)

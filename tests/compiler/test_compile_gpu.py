@@ -214,3 +214,30 @@ def test_gpu_target_without_its_toolchain(tmp_path, monkeypatch):
             folder, tmp_path / "x.hipc", CompileOptions(targets=("sm_90",)), verbose=False
         )
     assert not (tmp_path / "x.hipc").exists()
+
+
+@pytest.mark.parametrize("targets", [("sm_90",), ("cpu", "sm_90")], ids=["gpu", "cpu+gpu"])
+def test_quantized_blocks_split_for_gpu_targets(tmp_path, targets):
+    """A GPU-only artifact stores quantized blocks split (quants, then scales); one that also
+    holds the cpu target keeps GGUF's order. Either way the bytes dequantize (gguf-py) to
+    the file's tensor."""
+    import gguf
+    import numpy as np
+
+    from hipc.runtime.safetensors_file import SafetensorsFile
+
+    model = write_numpy_gguf(tmp_path / "m.gguf", "Q4_0")
+    art = compiled(tmp_path, model, targets)
+    plan = json.loads((art / "plan.json").read_text())
+    spec = next(w for w in plan["weights"] if w["name"] == "token_embd.weight")
+    want_layout = "gguf" if "cpu" in targets else "split"
+    assert spec["dtype"] == "q4_0" and spec["layout"] == want_layout
+    stored = np.asarray(SafetensorsFile(art / "weights.safetensors").raw(spec["name"]))
+    if want_layout == "split":
+        n = stored.size // 18  # blocks: 16 bytes of quants each, then 2 bytes of scale each
+        quants, scales = stored.reshape(-1)[: 16 * n], stored.reshape(-1)[16 * n :]
+        stored = np.concatenate([scales.reshape(n, 2), quants.reshape(n, 16)], axis=1)
+    tensor = next(t for t in gguf.GGUFReader(model).tensors if t.name == "token_embd.weight")
+    got = gguf.quants.dequantize(stored.reshape(-1), gguf.GGMLQuantizationType.Q4_0)
+    want = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    np.testing.assert_array_equal(got.reshape(want.shape), want)
