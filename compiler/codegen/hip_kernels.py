@@ -154,32 +154,40 @@ class DecodeKernel:
     shared: int = 0
 
 
-# Quantized GEMVs: 32-weight blocks per lane and row whose loads are in flight together
-# (16 bytes of quants each, 32 for q8_0), and the bytes per block of x staged as int8 planes.
-QUANT_GEMV_UNROLL = {"q4_0": 4, "q4_1": 4, "q8_0": 2}
-XQ_BLOCK_BYTES = 80  # prelude: HIPC_XQ_INTS * 4
+@dataclass(frozen=True)
+class QuantGemv:
+    """A quantized GEMV's geometry: waves per block, weight rows per wave (with the GLU
+    epilogue, gate and up rows: rows // 2 outputs), and the 32-weight blocks per lane and
+    row whose loads are in flight together (16 bytes of quants each, 32 for q8_0)."""
+
+    waves: int = 8
+    rows: int = 2
+    unroll: int = 4
 
 
-def decode_gemv(fn: str, p: dict[str, Any], target: str, nodes: list[str]) -> DecodeKernel:
-    """The GEMV of one linear (`p`: wtype, N, K, norm_eps, epilogue, bias)."""
+QUANT_GEMV = {"q4_0": QuantGemv(), "q4_1": QuantGemv(), "q8_0": QuantGemv(unroll=2)}
+XQ_BLOCK_BYTES = 80  # x staged per 32 values (prelude: HIPC_XQ_INTS * 4)
+
+
+def decode_gemv(
+    fn: str, p: dict[str, Any], target: str, nodes: list[str], quant: QuantGemv | None = None
+) -> DecodeKernel:
+    """The GEMV of one linear (`p`: wtype, N, K, norm_eps, epilogue, bias). `quant`
+    overrides QUANT_GEMV's geometry (bench_gpu_gemv.py times several)."""
     wave = wave_size(target)
     ws = WEIGHT_SUFFIX[p["wtype"]]
-    n_out = p["N"] // 2 if p["epilogue"] == "glu" else p["N"]
-    rows_per_block = GEMV_WAVES * (1 if p["epilogue"] == "glu" else 2)
+    glu = p["epilogue"] == "glu"
+    n_out = p["N"] // 2 if glu else p["N"]
+    rows_per_block = GEMV_WAVES * (1 if glu else 2)
     grid = [-(-n_out // rows_per_block)]
-    if ws in QUANT_GEMV_UNROLL:
-        ctx = dict(
-            nodes=nodes,
-            wave=wave,
-            wsuffix=ws,
-            n_out=n_out,
-            waves=GEMV_WAVES,
-            rows_per_block=rows_per_block,
-            unroll=QUANT_GEMV_UNROLL[ws],
-            **p,
-        )
+    if ws in QUANT_GEMV:
+        g = quant or QUANT_GEMV[ws]
+        outputs = g.waves * (g.rows // 2 if glu else g.rows)
+        ctx = dict(nodes=nodes, wave=wave, wsuffix=ws, n_out=n_out, **g.__dict__, **p)
         shared = p["K"] // 32 * XQ_BLOCK_BYTES
-        return DecodeKernel(f"{fn}_gemv", "linear_gemv_q", ctx, grid, GEMV_WAVES * wave, shared)
+        return DecodeKernel(
+            f"{fn}_gemv", "linear_gemv_q", ctx, [-(-n_out // outputs)], g.waves * wave, shared
+        )
     ctx = dict(
         nodes=nodes,
         wave=wave,

@@ -347,20 +347,24 @@ HIPC_DEVICE float hipc_fabs(float a) { return a < 0.f ? -a : a; }
 HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
   return ((int)a & 255) | ((int)b & 255) << 8 | ((int)c & 255) << 16 | (int)d << 24;
 }
-// Stage x[0..K) (times inv * g[k] when g is given: the RMSNorm prologue) into xq
-// (K / 32 blocks of HIPC_XQ_INTS ints). Every thread of the block calls it; 8 lanes
-// share a 32-value block, 4 values each. Ends with a barrier.
-HIPC_DEVICE void hipc_stage_xq(const float* x, const float* g, float inv, int K, int* xq) {
+// Stage x[0..K) (times g[k] when g is given) into xq (K / 32 blocks of HIPC_XQ_INTS ints)
+// and return sum_k x[k]^2 to every thread: the RMSNorm's 1 / rms is one positive factor
+// common to every product, so a norm GEMV quantizes x * g and scales its sums at the end,
+// and the whole prologue is one pass over x and one barrier. Every thread of the block
+// calls it; 8 lanes share a 32-value block, 4 values each. `red`: __shared__ float[32].
+HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red) {
   const int n4 = K / 4, stride = hipc_block_dim();
   // every lane runs the same number of rounds: the shuffles below need whole waves
   const int rounds = (n4 + stride - 1) / stride;
+  float ss = 0.f;
   for (int r = 0; r < rounds; ++r) {
     const int i = r * stride + hipc_thread(), part = i % 8;
     const bool ok = i < n4;  // the same for all 8 lanes of a block (K % 32 == 0)
     float4 v = ok ? *(const float4*)(x + 4 * i) : float4{0.f, 0.f, 0.f, 0.f};
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     if (g && ok) {
       const float4 gv = *(const float4*)(g + 4 * i);
-      v.x *= inv * gv.x, v.y *= inv * gv.y, v.z *= inv * gv.z, v.w *= inv * gv.w;
+      v.x *= gv.x, v.y *= gv.y, v.z *= gv.z, v.w *= gv.w;
     }
     float am = hipc_fmax(hipc_fmax(hipc_fabs(v.x), hipc_fabs(v.y)), hipc_fmax(hipc_fabs(v.z), hipc_fabs(v.w)));
     am = hipc_fmax(am, hipc_shfl_xor(am, 1));
@@ -389,7 +393,12 @@ HIPC_DEVICE void hipc_stage_xq(const float* x, const float* g, float inv, int K,
       }
     }
   }
+  ss = hipc_warp_sum(ss);
+  if (hipc_thread() % HIPC_WAVE == 0) red[hipc_thread() / HIPC_WAVE] = ss;
   hipc_sync();
+  ss = 0.f;
+  for (int w = 0; w < hipc_block_dim() / HIPC_WAVE; ++w) ss += red[w];
+  return ss;
 }
 // One 32-weight block of a row against a staged x block: the exact integer
 // sum_k q[k] * (254 * hi[k] + lo[k]) of its (unsigned 4-bit or signed 8-bit) quants.
