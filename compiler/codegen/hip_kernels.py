@@ -156,17 +156,33 @@ class DecodeKernel:
 
 @dataclass(frozen=True)
 class QuantGemv:
-    """A quantized GEMV's geometry: waves per block, weight rows per wave (with the GLU
-    epilogue, gate and up rows: rows // 2 outputs), and the 32-weight blocks per lane and
-    row whose loads are in flight together (16 bytes of quants each, 32 for q8_0)."""
+    """A quantized GEMV's geometry: waves per block, weight rows per wave and group (with
+    the GLU epilogue gate and up rows: rows // 2 outputs), the 32-weight blocks per lane
+    and row whose loads are in flight together (16 bytes of quants each, 32 for q8_0), and
+    at most how many blocks: each stages x once, then its waves stream group after group,
+    so fewer blocks stage x fewer times; registers are capped for min_blocks blocks per SM
+    (NVIDIA), so that max_blocks of them are resident at once on an H200's 132 SMs."""
 
     waves: int = 8
-    rows: int = 2
-    unroll: int = 4
+    rows: int = 4
+    unroll: int = 2
+    max_blocks: int = 256
+    min_blocks: int = 2
 
 
-QUANT_GEMV = {"q4_0": QuantGemv(), "q4_1": QuantGemv(), "q8_0": QuantGemv(unroll=2)}
+QUANT_GEMV = {
+    "q4_0": QuantGemv(),
+    "q4_1": QuantGemv(),
+    "q8_0": QuantGemv(unroll=1),
+}
 XQ_BLOCK_BYTES = 80  # x staged per 32 values (prelude: HIPC_XQ_INTS * 4)
+
+
+def stream_blocks(groups: int, waves: int, max_blocks: int) -> int:
+    """Blocks for `groups` units of work streamed by `waves` waves a block: as few groups per
+    wave as max_blocks allows, then as few blocks as give every wave that many."""
+    per_wave = -(-groups // (waves * max_blocks))
+    return -(-groups // (waves * per_wave))
 
 
 def decode_gemv(
@@ -182,12 +198,22 @@ def decode_gemv(
     grid = [-(-n_out // rows_per_block)]
     if ws in QUANT_GEMV:
         g = quant or QUANT_GEMV[ws]
-        outputs = g.waves * (g.rows // 2 if glu else g.rows)
-        ctx = dict(nodes=nodes, wave=wave, wsuffix=ws, n_out=n_out, **g.__dict__, **p)
-        shared = p["K"] // 32 * XQ_BLOCK_BYTES
-        return DecodeKernel(
-            f"{fn}_gemv", "linear_gemv_q", ctx, [-(-n_out // outputs)], g.waves * wave, shared
+        groups = -(-n_out // (g.rows // 2 if glu else g.rows))
+        blocks = stream_blocks(groups, g.waves, g.max_blocks)
+        ctx = dict(
+            nodes=nodes,
+            wave=wave,
+            wsuffix=ws,
+            n_out=n_out,
+            waves=g.waves,
+            rows=g.rows,
+            unroll=g.unroll,
+            blocks=blocks,
+            min_blocks=g.min_blocks,
+            **p,
         )
+        shared = p["K"] // 32 * XQ_BLOCK_BYTES
+        return DecodeKernel(f"{fn}_gemv", "linear_gemv_q", ctx, [blocks], g.waves * wave, shared)
     ctx = dict(
         nodes=nodes,
         wave=wave,

@@ -40,12 +40,14 @@ SHAPES = {
     "smol_down": ("q4_1", 576, 1536, "residual", False),
 }
 GEOMETRIES = {
-    "w8r2u4": QuantGemv(8, 2, 4),
-    "w8r4u2": QuantGemv(8, 4, 2),
-    "w8r4u4": QuantGemv(8, 4, 4),
-    "w4r2u4": QuantGemv(4, 2, 4),
-    "w16r2u4": QuantGemv(16, 2, 4),
-    "w8r2u2": QuantGemv(8, 2, 2),
+    "default": QuantGemv(),
+    "w8r2u4": QuantGemv(8, 2, 4, 256, 2),
+    "w8r4u2m1": QuantGemv(8, 4, 2, 256, 1),
+    "w8r4u2b512": QuantGemv(8, 4, 2, 512, 2),
+    "w8r4u2b132": QuantGemv(8, 4, 2, 132, 1),
+    "w16r4u2": QuantGemv(16, 4, 2, 132, 1),
+    "w8r8u1": QuantGemv(8, 8, 1, 256, 2),
+    "unstreamed": QuantGemv(8, 4, 2, 1 << 20, 2),
 }
 L2_BYTES = 60 << 20
 
@@ -67,8 +69,10 @@ def main() -> None:
             p = dict(wtype=wtype, N=N, K=K, norm_eps=1e-5 if norm else 0.0, epilogue=epilogue)
             for gi, g in enumerate(geoms):
                 geo = GEOMETRIES[g]
-                if wtype == "q8_0" and geo.unroll == 4:
-                    geo = QuantGemv(geo.waves, geo.rows, 2)
+                if wtype == "q8_0" and geo.unroll > 1:  # the same bytes in flight
+                    geo = QuantGemv(
+                        geo.waves, geo.rows, geo.unroll // 2, geo.max_blocks, geo.min_blocks
+                    )
                 specs[s, g] = decode_gemv(f"s{si}g{gi}", {**p, "bias": False}, arch, [s], geo)
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 

@@ -17,6 +17,9 @@
 // n threads per block, and no occupancy target: ptxas then issues a loop's batch of loads
 // before their first use instead of interleaving them with the math to save registers
 #define HIPC_BOUNDS_LOADS_IN_FLIGHT(n) __launch_bounds__(n, 1)
+// n threads per block and registers for b blocks per SM (a streaming kernel whose grid is
+// sized for b per SM; its batches of loads are separate registers, so they stay batched)
+#define HIPC_BOUNDS_BLOCKS(n, b) __launch_bounds__(n, b)
 __device__ __forceinline__ int hipc_thread() { return threadIdx.x; }
 __device__ __forceinline__ int hipc_block_x() { return blockIdx.x; }
 __device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
@@ -32,6 +35,7 @@ __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 // ---- AMD with ROCm headers ---------------------------------------------------------
 #include <hip/hip_runtime.h>
 #define HIPC_BOUNDS_LOADS_IN_FLIGHT(n) __launch_bounds__(n)
+#define HIPC_BOUNDS_BLOCKS(n, b) __launch_bounds__(n)
 #define HIPC_KERNEL extern "C" __global__
 #define HIPC_DEVICE __device__ __forceinline__
 __device__ __forceinline__ int hipc_thread() { return threadIdx.x; }
@@ -52,6 +56,7 @@ __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 #define __shared__ __attribute__((shared))
 #define __launch_bounds__(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 #define HIPC_BOUNDS_LOADS_IN_FLIGHT(n) __launch_bounds__(n)
+#define HIPC_BOUNDS_BLOCKS(n, b) __launch_bounds__(n)
 #define HIPC_KERNEL extern "C" __global__
 #define HIPC_DEVICE __device__ inline __attribute__((always_inline))
 HIPC_DEVICE int hipc_thread() { return __builtin_amdgcn_workitem_id_x(); }

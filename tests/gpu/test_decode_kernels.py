@@ -14,6 +14,7 @@ import pytest
 
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
 from hipc.compiler.codegen.hip_kernels import (
+    QuantGemv,
     decode_attention,
     decode_gemv,
     wave_size,
@@ -43,6 +44,15 @@ GEMVS = {
     "q4_0_residual_k14336": ("q4_0", 48, 14336, "residual", False, False),
     "q4_1_norm_bias": ("q4_1", 96, 576, "none", True, True),
     "q4_1_glu_k1536": ("q4_1", 2 * 24, 1536, "glu", False, False),
+    "q4_0_streamed_residual": ("q4_0", 203, 4096, "residual", False, True),
+    "q8_0_streamed_glu_norm": ("q8_0", 2 * 75, 1536, "glu", True, False),
+    "q4_1_streamed_norm_k14336": ("q4_1", 61, 14336, "none", True, False),
+}
+# geometries other than the default: few blocks, so each wave streams many groups of rows
+STREAMED = {
+    "q4_0_streamed_residual": QuantGemv(waves=2, rows=4, unroll=2, max_blocks=3),
+    "q8_0_streamed_glu_norm": QuantGemv(waves=4, rows=2, unroll=1, max_blocks=2),
+    "q4_1_streamed_norm_k14336": QuantGemv(waves=2, rows=2, unroll=4, max_blocks=2),
 }
 QUANT = ("q4_0", "q4_1", "q8_0")
 
@@ -59,7 +69,7 @@ def gemvs(request):
 
     def build(arch):
         for i, (name, case) in enumerate(GEMVS.items()):
-            specs[name] = decode_gemv(f"g{i}", gemv_params(case), arch, [name])
+            specs[name] = decode_gemv(f"g{i}", gemv_params(case), arch, [name], STREAMED.get(name))
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build, quant_layout=request.param)
