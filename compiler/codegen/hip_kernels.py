@@ -6,7 +6,7 @@ kernels through the same functions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
@@ -164,18 +164,35 @@ class QuantGemv:
     (NVIDIA), so that max_blocks of them are resident at once on an H200's 132 SMs."""
 
     waves: int = 8
-    rows: int = 4
-    unroll: int = 2
+    rows: int = 2
+    unroll: int = 4
     max_blocks: int = 256
     min_blocks: int = 2
+    prefetch: bool = True  # pull the first group's rows towards L2 (when it takes several batches)
 
 
-QUANT_GEMV = {
-    "q4_0": QuantGemv(),
-    "q4_1": QuantGemv(),
-    "q8_0": QuantGemv(unroll=1),
-}
+# Small matrices (SmolLM2's, latency-bound): 8-wave blocks, two per SM. Large ones
+# (QUANT_GEMV_LARGE bytes and up): 16-wave blocks of 4-row groups, one per SM. On the H200
+# (bench_gpu_gemv.py, 8B Q4_0 shapes) the large geometry took 1.49 ms of GEMV time per token
+# where the small one took 1.63. q8_0 blocks are twice the bytes: half the unroll.
+QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2)
+QUANT_GEMV_LARGE = QuantGemv(16, 4, 2, 128, 1)
+QUANT_GEMV_LARGE_BYTES = 4 << 20
 XQ_BLOCK_BYTES = 80  # x staged per 32 values (prelude: HIPC_XQ_INTS * 4)
+
+
+QUANT_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+
+
+def quant_gemv(wsuffix: str, N: int, K: int) -> QuantGemv:
+    g = (
+        QUANT_GEMV_LARGE
+        if N * K // 32 * QUANT_BLOCK_BYTES[wsuffix] >= QUANT_GEMV_LARGE_BYTES
+        else QUANT_GEMV_SMALL
+    )
+    if wsuffix == "q8_0":
+        g = replace(g, unroll=max(1, g.unroll // 2))
+    return g
 
 
 def stream_blocks(groups: int, waves: int, max_blocks: int) -> int:
@@ -189,16 +206,17 @@ def decode_gemv(
     fn: str, p: dict[str, Any], target: str, nodes: list[str], quant: QuantGemv | None = None
 ) -> DecodeKernel:
     """The GEMV of one linear (`p`: wtype, N, K, norm_eps, epilogue, bias). `quant`
-    overrides QUANT_GEMV's geometry (bench_gpu_gemv.py times several)."""
+    overrides quant_gemv's geometry (bench_gpu_gemv.py times several)."""
     wave = wave_size(target)
     ws = WEIGHT_SUFFIX[p["wtype"]]
     glu = p["epilogue"] == "glu"
     n_out = p["N"] // 2 if glu else p["N"]
     rows_per_block = GEMV_WAVES * (1 if glu else 2)
     grid = [-(-n_out // rows_per_block)]
-    if ws in QUANT_GEMV:
-        g = quant or QUANT_GEMV[ws]
+    if ws in QUANT_BLOCK_BYTES:
+        g = quant or quant_gemv(ws, p["N"], p["K"])
         groups = -(-n_out // (g.rows // 2 if glu else g.rows))
+        steps = -(-(p["K"] // 32) // wave)
         blocks = stream_blocks(groups, g.waves, g.max_blocks)
         ctx = dict(
             nodes=nodes,
@@ -210,6 +228,7 @@ def decode_gemv(
             unroll=g.unroll,
             blocks=blocks,
             min_blocks=g.min_blocks,
+            prefetch=g.prefetch and steps > g.unroll,
             **p,
         )
         shared = p["K"] // 32 * XQ_BLOCK_BYTES
@@ -261,7 +280,6 @@ def gemv_prefetch(row: int, rows: int) -> int:
 
 
 def row_bytes(wsuffix: str, K: int) -> int:
-    per_block = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
-    if wsuffix in per_block:
-        return K // 32 * per_block[wsuffix]
+    if wsuffix in QUANT_BLOCK_BYTES:
+        return K // 32 * QUANT_BLOCK_BYTES[wsuffix]
     return K * {"f32": 4, "f16": 2, "bf16": 2}[wsuffix]

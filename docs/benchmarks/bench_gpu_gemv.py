@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +41,12 @@ SHAPES = {
     "smol_down": ("q4_1", 576, 1536, "residual", False),
 }
 GEOMETRIES = {
-    "default": QuantGemv(),
+    "default": None,  # quant_gemv's choice by matrix size
     "w8r2u4": QuantGemv(8, 2, 4, 256, 2),
-    "w8r4u2m1": QuantGemv(8, 4, 2, 256, 1),
-    "w8r4u2b512": QuantGemv(8, 4, 2, 512, 2),
-    "w8r4u2b132": QuantGemv(8, 4, 2, 132, 1),
-    "w16r4u2": QuantGemv(16, 4, 2, 132, 1),
-    "w8r8u1": QuantGemv(8, 8, 1, 256, 2),
-    "unstreamed": QuantGemv(8, 4, 2, 1 << 20, 2),
+    "w8r2u4_nopf": QuantGemv(8, 2, 4, 256, 2, prefetch=False),
+    "w16r4u2": QuantGemv(16, 4, 2, 128, 1),
+    "w16r4u2_nopf": QuantGemv(16, 4, 2, 128, 1, prefetch=False),
+    "w16r2u4": QuantGemv(16, 2, 4, 128, 1),
 }
 L2_BYTES = 60 << 20
 
@@ -69,10 +68,8 @@ def main() -> None:
             p = dict(wtype=wtype, N=N, K=K, norm_eps=1e-5 if norm else 0.0, epilogue=epilogue)
             for gi, g in enumerate(geoms):
                 geo = GEOMETRIES[g]
-                if wtype == "q8_0" and geo.unroll > 1:  # the same bytes in flight
-                    geo = QuantGemv(
-                        geo.waves, geo.rows, geo.unroll // 2, geo.max_blocks, geo.min_blocks
-                    )
+                if geo and wtype == "q8_0" and geo.unroll > 1:  # the same bytes in flight
+                    geo = replace(geo, unroll=geo.unroll // 2)
                 specs[s, g] = decode_gemv(f"s{si}g{gi}", {**p, "bias": False}, arch, [s], geo)
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
