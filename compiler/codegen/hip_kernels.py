@@ -168,13 +168,16 @@ class QuantGemv:
     unroll: int = 4
     max_blocks: int = 256
     min_blocks: int = 2
-    prefetch: bool = True  # pull the first group's rows towards L2 (when it takes several batches)
+    # pull the first group's rows towards L2 while x is staged (when it takes several
+    # batches): on the H200 it cost the 8B down GEMV 15.2 -> 18.1 us, so it is off
+    prefetch: bool = False
 
 
 # Small matrices (SmolLM2's, latency-bound): 8-wave blocks, two per SM. Large ones
-# (QUANT_GEMV_LARGE bytes and up): 16-wave blocks of 4-row groups, one per SM. On the H200
-# (bench_gpu_gemv.py, 8B Q4_0 shapes) the large geometry took 1.49 ms of GEMV time per token
-# where the small one took 1.63. q8_0 blocks are twice the bytes: half the unroll.
+# (QUANT_GEMV_LARGE_BYTES and up): 16-wave blocks of 4-row groups, one per SM. On the H200
+# (bench_gpu_gemv.py, 8B Q4_0 shapes, per layer) the large geometry took 46.7 us where the
+# small one took 48.4 (SmolLM2 shapes: 8.6 us small, 10.5 large). q8_0 blocks are twice
+# the bytes: half the unroll.
 QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2)
 QUANT_GEMV_LARGE = QuantGemv(16, 4, 2, 128, 1)
 QUANT_GEMV_LARGE_BYTES = 4 << 20
