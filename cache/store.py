@@ -36,8 +36,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from hipc.base.errors import HipcError
 from hipc.cache.key import KEY_SCHEMA, CacheKey
-from hipc.runtime.errors import HipcError
 
 try:
     import fcntl

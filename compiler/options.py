@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 GPU_TARGETS = (
     "sm_80",

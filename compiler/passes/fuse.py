@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hipc.base.errors import HipcError
 from hipc.compiler.ir import Graph, Node
-from hipc.runtime.errors import HipcError
 
 ATTENTION_FEEDERS = {"Reshape", "RMSNormalization", "RotaryEmbedding"}
 

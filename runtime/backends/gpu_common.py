@@ -38,10 +38,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hipc.base.errors import HipcError
+from hipc.base.safetensors_file import SafetensorsFile
 from hipc.runtime.artifact import Artifact
-from hipc.runtime.errors import HipcError
 from hipc.runtime.gpu_plan import Bases, GpuPlan, Launch
-from hipc.runtime.safetensors_file import SafetensorsFile
 
 SYNC_ENV = "HIPC_SYNC_LAUNCHES"
 ALIGN = 256  # offsets of tensors inside one allocation: cudaMalloc's own guarantee

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hipc.compiler.ir import Constant, Dim, Graph, Node, TensorType
+from hipc.compiler.ir.graph import Constant, Dim, Graph, Node, TensorType
 
 TypeRule = Callable[[Node, Sequence[TensorType], Graph], list[TensorType]]
 TYPE_RULES: dict[str, TypeRule] = {}

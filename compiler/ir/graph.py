@@ -8,7 +8,7 @@ loaded until a pass or an executor asks. Graphs are batchless (batch 1): activat
 are [tokens, ...] where ONNX would write [batch, seq, ...].
 
 Ops use ONNX names and semantics where ONNX has the op; the rest live in the `hipc`
-domain (see compiler/ops.py for the registry and shape rules).
+domain (see compiler/ir/ops.py for the registry and shape rules).
 """
 
 from __future__ import annotations
