@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from hipc.base.safetensors_file import LazyTensor
-from hipc.base.version import HIPC_VERSION
+from hipc.base.version import ABI_VERSION, HIPC_VERSION
 from hipc.cache import CacheKey, KernelCache
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
-from hipc.compiler.codegen.cpu import ABI_VERSION, render_cpu_program
+from hipc.compiler.codegen.cpu import render_cpu_program
 from hipc.compiler.codegen.hip import render_hip_program
 from hipc.compiler.ir import Constant, Graph, PackedWeight
 from hipc.compiler.ir.verify import verify

@@ -22,9 +22,7 @@ import networkx as nx
 import numpy as np
 
 Dim = int | str
-SYMBOLIC_DIMS = ("tokens", "ctx", "max_ctx")
 
-FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 QUANT_DTYPES = (
     "q4_0",
     "q4_1",
@@ -38,7 +36,6 @@ QUANT_DTYPES = (
     "q2_k",
     "q3_k",
 )
-INT_DTYPES = ("int64", "int32")
 
 
 @dataclass(frozen=True)

@@ -58,9 +58,6 @@ class Fusion:
     groups: list[FusedGroup]
     decisions: list[Decision]
 
-    def group_of(self, node: str) -> FusedGroup:
-        return next(g for g in self.groups if node in g.node_names)
-
 
 KIND_OF = {
     "hipc::Linear": "linear",

@@ -14,9 +14,8 @@ import numpy as np
 from hipc.base.cpu_features import cpu_features
 from hipc.base.errors import HipcError
 from hipc.base.safetensors_file import SafetensorsFile
+from hipc.base.version import ABI_VERSION
 from hipc.runtime.artifact import Artifact
-
-ABI_VERSION = 1
 
 
 class CpuBackend:

@@ -294,11 +294,9 @@ class GpuBackend:
         free, total = d.mem_info()
         if mem.total > free and self._requested_context is None:
             # Auto-size: keep the compiled context if it fits, else the most that does
-            # (5% of free memory left for the driver and the graph).
-            per_position = max(mem.kv_bytes // positions, 1)
-            fits = int((0.95 * free - (mem.total - mem.states)) // per_position)
+            fits = fit_positions(plan, self.gpu, nbytes, free, self.max_context)
             if fits >= 2:
-                positions = min(fits, self.max_context)
+                positions = fits
                 self._mem = mem = plan_memory(plan, self.gpu, nbytes, positions)
                 print(
                     f"hipc: KV cache sized for {positions} of {self.max_context} positions "
