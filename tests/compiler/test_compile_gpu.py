@@ -224,7 +224,7 @@ def test_quantized_blocks_split_for_gpu_targets(tmp_path, targets):
     import gguf
     import numpy as np
 
-    from hipc.runtime.safetensors_file import SafetensorsFile
+    from hipc.base.safetensors_file import SafetensorsFile
 
     model = write_numpy_gguf(tmp_path / "m.gguf", "Q4_0")
     art = compiled(tmp_path, model, targets)
