@@ -77,7 +77,7 @@ def bf16_artifact(tmp_path_factory):
 @pytest.fixture(scope="module")
 def q8_artifact(tmp_path_factory):
     root = tmp_path_factory.mktemp("q8")
-    return compiled(root, write_numpy_gguf(root / "m.gguf", "Q8_0"), ("sm_90", "gfx942"))
+    return compiled(root, write_numpy_gguf(root / "m.gguf", "Q8_0"), ("sm_90", "gfx942", "gfx1100"))
 
 
 def kernel_code(artifact, target) -> dict[str, str]:
@@ -133,6 +133,22 @@ def test_other_weight_types_prefill_on_the_simt_gemm(artifact, q8_artifact, targ
     assert not any(
         "mfma" in c or "mma.sync" in c for c in kernel_code(q8_artifact, target).values()
     )
+
+
+# the integer dot product each target's quantized GEMV must show (PTX / AMD disassembly)
+DOT4_INSTRUCTION = {
+    "sm_90": "dp4a.s32.s32",
+    "gfx942": "v_dot4c_i32_i8",
+    "gfx1100": "v_dot4_i32_iu8",
+}
+
+
+@pytest.mark.parametrize("target", sorted(DOT4_INSTRUCTION))
+def test_quantized_gemv_multiplies_int8(q8_artifact, target):
+    """Q8_0 decode GEMVs dot int8 weights with x staged as int8 planes in one instruction."""
+    code = kernel_code(q8_artifact, target)
+    gemv = [k for k in code if k.endswith("_gemv")]
+    assert gemv and all(DOT4_INSTRUCTION[target] in code[k] for k in gemv)
 
 
 def launched_kernels(artifact, target):
