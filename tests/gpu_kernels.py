@@ -99,6 +99,8 @@ def pack(w: np.ndarray, wtype: str, layout: str = "split") -> tuple[np.ndarray, 
     if wtype == "bfloat16":
         bits = (w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
         return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if wtype == "q6_k":
+        return _pack_q6_k(N, K, layout)
     blocks = w.reshape(N, K // 32, 32)
     if wtype == "q8_0":
         d = (np.abs(blocks).max(-1) / 127).astype(np.float16)
@@ -132,3 +134,18 @@ def pack(w: np.ndarray, wtype: str, layout: str = "split") -> tuple[np.ndarray, 
 
 def _layout(raw: np.ndarray, wtype: str, layout: str) -> np.ndarray:
     return split_quant_blocks(raw, wtype) if layout == "split" else raw
+
+
+def _pack_q6_k(N: int, K: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """Random Q6_K super-blocks (every quant and int8 scale, extremes included) and their
+    values by gguf-py's dequantize."""
+    import gguf
+
+    rng = np.random.default_rng(N * 7919 + K)
+    n = N * K // 256
+    raw = rng.integers(0, 256, (n, 210), dtype=np.uint8)
+    d = rng.uniform(1e-5, 4e-5, n).astype(np.float16)
+    raw[:, 208:] = d.view(np.uint8).reshape(n, 2)
+    raw = raw.reshape(N, -1)
+    vals = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K)
+    return _layout(raw, "q6_k", layout), vals.reshape(N, K).astype(np.float64)

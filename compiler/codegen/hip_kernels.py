@@ -184,15 +184,32 @@ QUANT_GEMV_LARGE_BYTES = 4 << 20
 XQ_BLOCK_BYTES = 80  # x staged per 32 values (prelude: HIPC_XQ_INTS * 4)
 
 
-QUANT_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+@dataclass(frozen=True)
+class QuantType:
+    """A quantized type as the GPU kernels see it (prelude: hipc_qmat_*, hipc_unit_*)."""
+
+    block_values: int  # weights per block
+    block_bytes: int
+    quant_bytes: int  # of which quants (the split layout's first region)
+    unit_values: int  # weights a GEMV lane takes per step and row
+
+
+QUANT_TYPES = {
+    "q4_0": QuantType(32, 18, 16, 32),
+    "q4_1": QuantType(32, 20, 16, 32),
+    "q8_0": QuantType(32, 34, 32, 32),
+    "q6_k": QuantType(256, 210, 192, 128),
+}
+# a Q6_K unit is 27 registers (96 bytes of quants): a row pair, one unit each in flight
+QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 128, 1)
 
 
 def quant_gemv(wsuffix: str, N: int, K: int) -> QuantGemv:
-    g = (
-        QUANT_GEMV_LARGE
-        if N * K // 32 * QUANT_BLOCK_BYTES[wsuffix] >= QUANT_GEMV_LARGE_BYTES
-        else QUANT_GEMV_SMALL
-    )
+    if wsuffix == "q6_k":
+        return QUANT_GEMV_Q6_K
+    qt = QUANT_TYPES[wsuffix]
+    big = N * (K // qt.block_values) * qt.block_bytes >= QUANT_GEMV_LARGE_BYTES
+    g = QUANT_GEMV_LARGE if big else QUANT_GEMV_SMALL
     if wsuffix == "q8_0":
         g = replace(g, unroll=max(1, g.unroll // 2))
     return g
@@ -216,10 +233,11 @@ def decode_gemv(
     n_out = p["N"] // 2 if glu else p["N"]
     rows_per_block = GEMV_WAVES * (1 if glu else 2)
     grid = [-(-n_out // rows_per_block)]
-    if ws in QUANT_BLOCK_BYTES:
+    if ws in QUANT_TYPES:
+        qt = QUANT_TYPES[ws]
         g = quant or quant_gemv(ws, p["N"], p["K"])
         groups = -(-n_out // (g.rows // 2 if glu else g.rows))
-        steps = -(-(p["K"] // 32) // wave)
+        steps = -(-(p["K"] // qt.unit_values) // wave)
         blocks = stream_blocks(groups, g.waves, g.max_blocks)
         ctx = dict(
             nodes=nodes,
@@ -232,6 +250,7 @@ def decode_gemv(
             blocks=blocks,
             min_blocks=g.min_blocks,
             prefetch=g.prefetch and steps > g.unroll,
+            **qt.__dict__,
             **p,
         )
         shared = p["K"] // 32 * XQ_BLOCK_BYTES
@@ -283,6 +302,7 @@ def gemv_prefetch(row: int, rows: int) -> int:
 
 
 def row_bytes(wsuffix: str, K: int) -> int:
-    if wsuffix in QUANT_BLOCK_BYTES:
-        return K // 32 * QUANT_BLOCK_BYTES[wsuffix]
+    if wsuffix in QUANT_TYPES:
+        qt = QUANT_TYPES[wsuffix]
+        return K // qt.block_values * qt.block_bytes
     return K * {"f32": 4, "f16": 2, "bf16": 2}[wsuffix]

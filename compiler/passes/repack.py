@@ -73,15 +73,21 @@ def _merged_name(names: list[str]) -> str:
     return "+".join(names)
 
 
-# Quantized types whose blocks GPU kernels read split: (scale bytes, quant bytes) per block
-# of 32 weights. GGUF interleaves them ({scales, quants} per block).
-SPLIT_BLOCKS = {"q4_0": (2, 16), "q4_1": (4, 16), "q8_0": (2, 32)}
+# Quantized types whose blocks GPU kernels read split: each block's fields as (offset,
+# bytes), in the order of the regions they are gathered into. GGUF interleaves them
+# ({d, quants} per 32 weights; Q6_K: {ql, qh, scales, d} per 256).
+SPLIT_BLOCKS = {
+    "q4_0": ((2, 16), (0, 2)),
+    "q4_1": ((4, 16), (0, 4)),
+    "q8_0": ((2, 32), (0, 2)),
+    "q6_k": ((0, 192), (192, 16), (208, 2)),
+}
 
 
 def split_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
-    """GGUF blocks [rows, row bytes] -> the quants of every block in order, then every
-    block's scales (templates/hip/prelude.h: hipc_qmat). Same bytes, same shape."""
-    sb, qb = SPLIT_BLOCKS[dtype]
-    blocks = np.ascontiguousarray(stored).reshape(-1, sb + qb)
-    out = np.concatenate([blocks[:, sb:].reshape(-1), blocks[:, :sb].reshape(-1)])
+    """GGUF blocks [rows, row bytes] -> one region per block field (quants of every block
+    in order, then scales, ...: templates/hip/prelude.h, hipc_qmat). Same bytes and shape."""
+    fields = SPLIT_BLOCKS[dtype]
+    blocks = np.ascontiguousarray(stored).reshape(-1, sum(n for _, n in fields))
+    out = np.concatenate([blocks[:, o : o + n].reshape(-1) for o, n in fields])
     return out.reshape(stored.shape)

@@ -265,6 +265,15 @@ struct hipc_qmat {
 typedef hipc_qmat<16, 2> hipc_qmat_q4_0;
 typedef hipc_qmat<16, 4> hipc_qmat_q4_1;
 typedef hipc_qmat<32, 2> hipc_qmat_q8_0;
+// Q6_K super-blocks of 256: {ql[128] low nibbles, qh[64] 2-bit highs, int8 scales[16] (one
+// per 16 weights), f16 d} (210 bytes); split: every ql+qh, then every scales, then every d.
+struct hipc_qmat_q6_k {
+  const char* base;
+  size_t blocks;
+  HIPC_DEVICE const char* qs(size_t b) const { return HIPC_QSPLIT ? base + b * 192 : base + b * 210; }
+  HIPC_DEVICE const char* sc(size_t b) const { return HIPC_QSPLIT ? base + blocks * 192 + b * 16 : base + b * 210 + 192; }
+  HIPC_DEVICE const char* d(size_t b) const { return HIPC_QSPLIT ? base + blocks * 208 + b * 2 : base + b * 210 + 208; }
+};
 HIPC_DEVICE uint4 hipc_load_quants16(const char* p) {
 #if HIPC_QSPLIT
   return hipc_load_weights16(p);
@@ -316,14 +325,28 @@ HIPC_DEVICE float hipc_w_q4_1(const void* W, int N, int K, int n, int k) {
   const uint16_t* s = (const uint16_t*)m.sc(b);
   return hipc_f16_to_f32(s[0]) * (float)hipc_nibble(m.qs(b), k % 32) + hipc_f16_to_f32(s[1]);
 }
+// Q6_K weight j of a super-block: half h = j / 128; chunk c = (j % 128) / 32 takes the low
+// (c < 2) or high nibble of ql[64h + 32(c % 2) + l] and bits 2c.. of qh[32h + l], l = j % 32;
+// its scale is scales[8h + 2c + l / 16]; the weight is d * scale * (q - 32).
+HIPC_DEVICE float hipc_w_q6_k(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q6_k m{(const char*)W, (size_t)N * (K / 256)};
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, h = j / 128, c = (j % 128) / 32, l = j % 32;
+  const uint8_t* q = (const uint8_t*)m.qs(b);
+  const int lo = (q[64 * h + 32 * (c % 2) + l] >> (4 * (c / 2))) & 15;
+  const int hi = (q[128 + 32 * h + l] >> (2 * c)) & 3;
+  const int sc = ((const int8_t*)m.sc(b))[8 * h + 2 * c + l / 16];
+  return hipc_f16_to_f32(*(const uint16_t*)m.d(b)) * (float)sc * (float)((lo | hi << 4) - 32);
+}
 
 // The quantized GEMV multiplies integers: x is staged in shared memory as two int8 planes
 // per 32-value block, x ~= dq * (254 * hi + lo) with dq = max|x| / (127 * 254): hi is x
 // rounded to int8 on the block's scale, lo the remainder rounded on a 254x finer one. The
 // representation error is at most max|x| / 64516 per value (about 16 significant bits,
 // the class of a bf16 hi + lo split), and every product sums exactly in int32 (dp4a).
-// One staged block: hi[32], lo[32] as int8, then dq (float bits) and the block's sum of
-// 254 * hi + lo, padded to 80 bytes so that 8 lanes reading 8 blocks hit distinct banks.
+// One staged block: hi[32], lo[32] as int8, then dq (float bits), the block's sum of
+// 254 * hi + lo and that sum over its first 16 values, padded to 80 bytes so that 8 lanes
+// reading 8 blocks hit distinct banks.
 #define HIPC_XQ_INTS 20
 // 4 int8 products summed into c: __dp4a on NVIDIA, v_dot4 on AMD where the arch has it.
 HIPC_DEVICE int hipc_dot4_i8(int a, int b, int c) {
@@ -387,6 +410,7 @@ HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, 
     }
     sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 1));
     sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 2));
+    const int sum16 = sum;  // lanes 0..3 of the 8: the block's first 16 values
     sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 4));
     if (ok) {
       int* blk = xq + (i / 8) * HIPC_XQ_INTS;
@@ -395,6 +419,7 @@ HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, 
       if (part == 0) {
         blk[16] = __builtin_bit_cast(int, d / 254.f);
         blk[17] = sum;
+        blk[18] = sum16;
       }
     }
   }
@@ -434,6 +459,87 @@ HIPC_DEVICE int hipc_idot_q8(uint4 qa, uint4 qb, const int4& h0, const int4& h1,
     sl = hipc_dot4_i8(w[i], L[i], sl);
   }
   return 254 * sh + sl;
+}
+
+// ---- GEMV units: what a lane loads and multiplies per step and row ---------------------
+// A unit is one 32-weight block (q4_0, q4_1, q8_0) or half a Q6_K super-block (128
+// weights). hipc_load_unit reads unit `u` of the matrix (counted over all rows);
+// hipc_dot_unit multiplies it with the staged x of the row's unit `i` (x blocks
+// i * values / 32 ...).
+struct hipc_unit_q4_0 { uint4 q; uint16_t d; };
+struct hipc_unit_q4_1 { uint4 q; uint32_t dm; };
+struct hipc_unit_q8_0 { uint4 qa, qb; uint16_t d; };
+struct hipc_unit_q6_k { uint4 ql[4], qh[2]; uint32_t sc[2]; uint16_t d; };
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_0& v, const hipc_qmat_q4_0& m, size_t u) {
+  v.q = hipc_load_quants16(m.qs(u));
+  v.d = *(const uint16_t*)m.sc(u);
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_1& v, const hipc_qmat_q4_1& m, size_t u) {
+  v.q = hipc_load_quants16(m.qs(u));
+  v.dm = hipc_load_scales32(m.sc(u));
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q8_0& v, const hipc_qmat_q8_0& m, size_t u) {
+  v.qa = hipc_load_quants16(m.qs(u));
+  v.qb = hipc_load_quants16(m.qs(u) + 16);
+  v.d = *(const uint16_t*)m.sc(u);
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k& v, const hipc_qmat_q6_k& m, size_t u) {
+  const size_t b = u / 2;
+  const int h = (int)(u % 2);
+  const char* q = m.qs(b);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v.ql[j] = hipc_load_quants16(q + 64 * h + 16 * j);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_quants16(q + 128 + 32 * h + 16 * j);
+  const uint16_t* sc = (const uint16_t*)(m.sc(b) + 8 * h);  // 8-byte aligned when split
+  v.sc[0] = sc[0] | (uint32_t)sc[1] << 16;
+  v.sc[1] = sc[2] | (uint32_t)sc[3] << 16;
+  v.d = *(const uint16_t*)m.d(b);
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_0& v, const int* xq, int i) {
+  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
+  const int4 meta = xb[4];
+  // quants are stored + 8: subtract 8 * sum(x) in integers
+  const int t = hipc_idot_q4(v.q, xb[0], xb[1], xb[2], xb[3]) - 8 * meta.y;
+  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, meta.x) * (float)t;
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_1& v, const int* xq, int i) {
+  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
+  const int4 meta = xb[4];
+  const float dq = __builtin_bit_cast(float, meta.x), t = (float)hipc_idot_q4(v.q, xb[0], xb[1], xb[2], xb[3]);
+  // w = d * q + m: d * sum(q x) + m * sum(x)
+  return dq * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)meta.y);
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q8_0& v, const int* xq, int i) {
+  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
+  const int t = hipc_idot_q8(v.qa, v.qb, xb[0], xb[1], xb[2], xb[3]);
+  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, xb[4].x) * (float)t;
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, const int* xq, int i) {
+  const uint32_t QL[16] = {v.ql[0].x, v.ql[0].y, v.ql[0].z, v.ql[0].w, v.ql[1].x, v.ql[1].y, v.ql[1].z, v.ql[1].w,
+                           v.ql[2].x, v.ql[2].y, v.ql[2].z, v.ql[2].w, v.ql[3].x, v.ql[3].y, v.ql[3].z, v.ql[3].w};
+  const uint32_t QH[8] = {v.qh[0].x, v.qh[0].y, v.qh[0].z, v.qh[0].w, v.qh[1].x, v.qh[1].y, v.qh[1].z, v.qh[1].w};
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {  // the 32 weights of x block 4i + c (hipc_w_q6_k's chunk c)
+    const int4* xb = (const int4*)(xq + (4 * i + c) * HIPC_XQ_INTS);
+    const int4 h0 = xb[0], h1 = xb[1], l0 = xb[2], l1 = xb[3], meta = xb[4];
+    const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    int sh[2] = {0, 0}, sl[2] = {0, 0};
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      // 4 quants 0..63 as bytes (signed bytes alike), one per weight
+      const int q = (int)(((QL[8 * (c % 2) + w] >> (4 * (c / 2))) & 0x0f0f0f0fu) | (((QH[w] >> (2 * c)) & 0x03030303u) << 4));
+      sh[w / 4] = hipc_dot4_i8(q, H[w], sh[w / 4]);
+      sl[w / 4] = hipc_dot4_i8(q, L[w], sl[w / 4]);
+    }
+    // q - 32: subtract 32 * sum(x) over each 16 (exact in float: |t| < 2^24)
+    const int t0 = 254 * sh[0] + sl[0] - 32 * meta.z, t1 = 254 * sh[1] + sl[1] - 32 * (meta.y - meta.z);
+    const float s0 = (float)(int8_t)(v.sc[c / 2] >> (16 * (c % 2))), s1 = (float)(int8_t)(v.sc[c / 2] >> (16 * (c % 2) + 8));
+    acc += __builtin_bit_cast(float, meta.x) * (s0 * (float)t0 + s1 * (float)t1);
+  }
+  return hipc_f16_to_f32(v.d) * acc;
 }
 
 // The GEMV inner loops, one per storage type: lane `lane` of a wave takes every

@@ -20,7 +20,7 @@ from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.gpu import NvccToolchain
 
-from gguf_writer import write_numpy_gguf
+from gguf_writer import write_numpy_gguf, write_q6k_head_gguf
 from support import IN_CI, TINY_FAMILIES, write_tiny_hf
 
 CLANG = shutil.which("clang++-19") or shutil.which("clang++")
@@ -257,3 +257,17 @@ def test_quantized_blocks_split_for_gpu_targets(tmp_path, targets):
     got = gguf.quants.dequantize(stored.reshape(-1), gguf.GGMLQuantizationType.Q4_0)
     want = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     np.testing.assert_array_equal(got.reshape(want.shape), want)
+
+
+def test_q6_k_output_compiles_for_gpus_and_is_refused_on_cpu(tmp_path):
+    """llama-quantize's Q4_0 files keep the output matrix in Q6_K: GPU targets have a kernel
+    for it (stored split like the others), the cpu target refuses it in one line."""
+    model = write_q6k_head_gguf(tmp_path / "m.gguf")
+    art = compiled(tmp_path, model, ("sm_90", "gfx942"))
+    plan = json.loads((art / "plan.json").read_text())
+    spec = next(w for w in plan["weights"] if w["name"] == "output.weight")
+    assert spec["dtype"] == "q6_k" and spec["layout"] == "split"
+    kernels = {x["kernel"] for x in plan["gpu"]["sm_90"]["decode"]}
+    assert any(k.startswith("linear_q6_k_") and k.endswith("_gemv") for k in kernels)
+    with pytest.raises(HipcError, match=r"weight type q6_k has no CPU kernel"):
+        compile_model(model, tmp_path / "c.hipc", CompileOptions(targets=("cpu",)), verbose=False)

@@ -17,6 +17,7 @@ from hipc.compiler.codegen.hip_kernels import (
     QuantGemv,
     decode_attention,
     decode_gemv,
+    prefill_gemm,
     wave_size,
 )
 from hipc.compiler.reference.executor import round_bf16
@@ -47,14 +48,18 @@ GEMVS = {
     "q4_0_streamed_residual": ("q4_0", 203, 4096, "residual", False, True),
     "q8_0_streamed_glu_norm": ("q8_0", 2 * 75, 1536, "glu", True, False),
     "q4_1_streamed_norm_k14336": ("q4_1", 61, 14336, "none", True, False),
+    "q6_k_norm_k4096": ("q6_k", 300, 4096, "none", True, False),
+    "q6_k_glu_bias_k1024": ("q6_k", 2 * 40, 1024, "glu", False, True),
+    "q6_k_streamed_residual_k14336": ("q6_k", 37, 14336, "residual", False, False),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
     "q4_0_streamed_residual": QuantGemv(waves=2, rows=4, unroll=2, max_blocks=3),
     "q8_0_streamed_glu_norm": QuantGemv(waves=4, rows=2, unroll=1, max_blocks=2),
     "q4_1_streamed_norm_k14336": QuantGemv(waves=2, rows=2, unroll=4, max_blocks=2),
+    "q6_k_streamed_residual_k14336": QuantGemv(waves=2, rows=2, unroll=1, max_blocks=2),
 }
-QUANT = ("q4_0", "q4_1", "q8_0")
+QUANT = ("q4_0", "q4_1", "q8_0", "q6_k")
 
 
 def gemv_params(case) -> dict:
@@ -277,10 +282,12 @@ def test_decode_attention_matches_numpy(attentions, name):
         ("q4_0", "split"),
         ("q4_0", "gguf"),
         ("q8_0", "gguf"),
+        ("q6_k", "split"),
+        ("q6_k", "gguf"),
     ],
 )
 def test_embedding_rows(wtype, layout):
-    V, K, ids = 300, 576, np.array([5, 0, 299, 5, 17], np.int64)
+    V, K, ids = 300, 512 if wtype == "q6_k" else 576, np.array([5, 0, 299, 5, 17], np.int64)
     rng = np.random.default_rng(7)
     raw, w = pack(0.1 * rng.standard_normal((V, K)), wtype, layout)
 
@@ -304,3 +311,35 @@ def test_embedding_rows(wtype, layout):
     finally:
         dev.close()
     np.testing.assert_allclose(got, w[ids], rtol=1e-6, atol=1e-7)
+
+
+# -- quantized weights in the prefill (SIMT) GEMM -----------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["split", "gguf"])
+@pytest.mark.parametrize("wtype", ["q4_0", "q4_1", "q8_0", "q6_k"])
+def test_quantized_prefill_gemm(wtype, layout):
+    T, N, K = 70, 100, 512
+    rng = np.random.default_rng(11)
+    raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype, layout)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    r = rng.standard_normal((T, N)).astype(np.float32)
+    p = dict(wtype=wtype, N=N, K=K, norm_eps=0.0, epilogue="residual", bias=False)
+
+    def build(arch):
+        g = prefill_gemm("qg", p, arch, ["gemm"])
+        return [(g.fn, g.template, g.ctx, g.shared)]
+
+    dev = DeviceKernels(build, quant_layout=layout)
+    try:
+        g = prefill_gemm("qg", p, dev.arch, ["gemm"])
+        y = dev.upload(r)  # the residual is added in place, as the plans bind it
+        args = [("u64", dev.upload(x)), ("i32", T), ("u64", dev.upload(raw)), ("u64", 0)]
+        args += [("u64", 0), ("u64", 0), ("u64", y), ("u64", y)]
+        grid = [-(-N // g.block_outputs), -(-T // g.block_tokens)]
+        dev.launch(g.fn, grid, g.threads, args, g.shared)
+        got = dev.read(y, (T, N))
+    finally:
+        dev.close()
+    want = x.astype(np.float64) @ w.T + r
+    assert rel_err(got, want) <= 1e-5, (wtype, rel_err(got, want))
