@@ -49,6 +49,27 @@ __device__ __forceinline__ float hipc_shfl(float v, int lane) { return __shfl(v,
 __device__ __forceinline__ float hipc_exp(float x) { return __expf(x); }
 __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 
+#elif defined(HIPC_HOST)
+// ---- the host, one thread (tests/compiler/test_gpu_prelude_host.py only: the weight
+// decoding and integer dot products checked by a plain C++ compiler, with no GPU) ----
+#include <math.h>
+#include <stddef.h>
+#define HIPC_KERNEL extern "C"
+#define HIPC_DEVICE inline
+#define HIPC_BOUNDS_LOADS_IN_FLIGHT(n)
+#define HIPC_BOUNDS_BLOCKS(n, b)
+#define __shared__
+struct uint2 { uint32_t x, y; };
+struct alignas(16) uint4 { uint32_t x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
+HIPC_DEVICE int hipc_thread() { return 0; }
+HIPC_DEVICE int hipc_block_dim() { return 1; }
+HIPC_DEVICE void hipc_sync() {}
+HIPC_DEVICE float hipc_shfl_xor(float v, int) { return v; }
+HIPC_DEVICE float hipc_exp(float x) { return expf(x); }
+HIPC_DEVICE float hipc_rsqrt(float x) { return 1.f / sqrtf(x); }
+
 #else
 // ---- AMD, bare clang (no ROCm): attributes and builtins only -----------------------
 #define __global__ __attribute__((global))
@@ -126,6 +147,11 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // another block's writes: read through L2, never a line this SM's L1 may hold
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return __ldcg(p); }
+#elif defined(HIPC_HOST)
+HIPC_DEVICE void hipc_wait_prior() {}
+HIPC_DEVICE void hipc_let_next_start() {}
+HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
+HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; }
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
