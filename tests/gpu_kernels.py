@@ -99,8 +99,8 @@ def pack(w: np.ndarray, wtype: str, layout: str = "split") -> tuple[np.ndarray, 
     if wtype == "bfloat16":
         bits = (w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
         return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    if wtype == "q6_k":
-        return _pack_q6_k(N, K, layout)
+    if wtype in ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k"):
+        return _pack_gguf(w, wtype, layout)
     blocks = w.reshape(N, K // 32, 32)
     if wtype == "q8_0":
         d = (np.abs(blocks).max(-1) / 127).astype(np.float16)
@@ -136,16 +136,22 @@ def _layout(raw: np.ndarray, wtype: str, layout: str) -> np.ndarray:
     return split_quant_blocks(raw, wtype) if layout == "split" else raw
 
 
-def _pack_q6_k(N: int, K: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
-    """Random Q6_K super-blocks (every quant and int8 scale, extremes included) and their
-    values by gguf-py's dequantize."""
+def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks quantized by gguf-py (Q5_0, Q5_1) or random (the K-quants: gguf-py has no
+    quantizer for them; every quant and scale byte is valid, extremes included, and the f16
+    d (and dmin) are set sane), with their values by gguf-py's dequantize."""
     import gguf
 
-    rng = np.random.default_rng(N * 7919 + K)
-    n = N * K // 256
-    raw = rng.integers(0, 256, (n, 210), dtype=np.uint8)
-    d = rng.uniform(1e-5, 4e-5, n).astype(np.float16)
-    raw[:, 208:] = d.view(np.uint8).reshape(n, 2)
-    raw = raw.reshape(N, -1)
-    vals = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K)
-    return _layout(raw, "q6_k", layout), vals.reshape(N, K).astype(np.float64)
+    N, K = w.shape
+    qt = getattr(gguf.GGMLQuantizationType, wtype.upper())
+    if wtype in ("q5_0", "q5_1"):
+        raw = gguf.quants.quantize(w.astype(np.float32), qt)
+    else:
+        size, at, n = {"q6_k": (210, 208, 1), "q4_k": (144, 0, 2), "q5_k": (176, 0, 2)}[wtype]
+        rng = np.random.default_rng(N * 7919 + K)
+        raw = rng.integers(0, 256, (N * K // 256, size), dtype=np.uint8)
+        d = rng.uniform(1e-5, 4e-5, (len(raw), n)).astype(np.float16)
+        raw[:, at : at + 2 * n] = d.view(np.uint8).reshape(len(raw), 2 * n)
+        raw = raw.reshape(N, -1)
+    vals = gguf.quants.dequantize(raw, qt)
+    return _layout(raw, wtype, layout), vals.reshape(N, K).astype(np.float64)

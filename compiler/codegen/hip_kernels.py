@@ -199,17 +199,23 @@ QUANT_TYPES = {
     "q4_1": QuantType(32, 20, 16, 32),
     "q8_0": QuantType(32, 34, 32, 32),
     "q6_k": QuantType(256, 210, 192, 128),
+    "q5_0": QuantType(32, 22, 16, 32),
+    "q5_1": QuantType(32, 24, 16, 32),
+    "q4_k": QuantType(256, 144, 128, 128),
+    "q5_k": QuantType(256, 176, 160, 128),
 }
-# a Q6_K unit is 27 registers (96 bytes of quants): a row pair, one unit each in flight
+# a K-quant unit is 21-27 registers (64-96 bytes of quants): a row pair, one unit each in flight
 QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 128, 1)
 
 
 def quant_gemv(wsuffix: str, N: int, K: int) -> QuantGemv:
-    if wsuffix == "q6_k":
+    if QUANT_TYPES[wsuffix].unit_values > 32:  # the K-quants' units of 128
         return QUANT_GEMV_Q6_K
     qt = QUANT_TYPES[wsuffix]
     big = N * (K // qt.block_values) * qt.block_bytes >= QUANT_GEMV_LARGE_BYTES
     g = QUANT_GEMV_LARGE if big else QUANT_GEMV_SMALL
+    if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
+        g = replace(g, rows=2, unroll=2)
     if wsuffix == "q8_0":
         g = replace(g, unroll=max(1, g.unroll // 2))
     return g

@@ -291,6 +291,26 @@ struct hipc_qmat {
 typedef hipc_qmat<16, 2> hipc_qmat_q4_0;
 typedef hipc_qmat<16, 4> hipc_qmat_q4_1;
 typedef hipc_qmat<32, 2> hipc_qmat_q8_0;
+// Blocks of three fields (quants, then two kinds of scale), split into three regions or
+// interleaved as GGUF has them (field offsets O1..O3 in a block of B bytes).
+template <int B, int O1, int N1, int O2, int N2, int O3>
+struct hipc_qmat3 {
+  const char* base;
+  size_t blocks;
+  HIPC_DEVICE const char* qs(size_t b) const { return HIPC_QSPLIT ? base + b * N1 : base + b * B + O1; }
+  HIPC_DEVICE const char* f2(size_t b) const { return HIPC_QSPLIT ? base + blocks * N1 + b * N2 : base + b * B + O2; }
+  HIPC_DEVICE const char* f3(size_t b) const {
+    return HIPC_QSPLIT ? base + blocks * (N1 + N2) + b * (B - N1 - N2) : base + b * B + O3;
+  }
+};
+// Q5_0 {f16 d; uint32 qh (bit j: weight j's fifth bit); nibbles as Q4_0} (22 bytes), Q5_1
+// {f16 d, m; qh; nibbles} (24): fields quants, qh, d (and m).
+typedef hipc_qmat3<22, 6, 16, 2, 4, 0> hipc_qmat_q5_0;
+typedef hipc_qmat3<24, 8, 16, 4, 4, 0> hipc_qmat_q5_1;
+// Q4_K {f16 d, dmin; scales[12] (8 6-bit scales and mins); qs[128]} (144 bytes), Q5_K
+// {d, dmin; scales[12]; qh[32]; qs[128]} (176): fields quants (Q5_K: qh then qs), scales, d+dmin.
+typedef hipc_qmat3<144, 16, 128, 4, 12, 0> hipc_qmat_q4_k;
+typedef hipc_qmat3<176, 16, 160, 4, 12, 0> hipc_qmat_q5_k;
 // Q6_K super-blocks of 256: {ql[128] low nibbles, qh[64] 2-bit highs, int8 scales[16] (one
 // per 16 weights), f16 d} (210 bytes); split: every ql+qh, then every scales, then every d.
 struct hipc_qmat_q6_k {
@@ -363,6 +383,60 @@ HIPC_DEVICE float hipc_w_q6_k(const void* W, int N, int K, int n, int k) {
   const int hi = (q[128 + 32 * h + l] >> (2 * c)) & 3;
   const int sc = ((const int8_t*)m.sc(b))[8 * h + 2 * c + l / 16];
   return hipc_f16_to_f32(*(const uint16_t*)m.d(b)) * (float)sc * (float)((lo | hi << 4) - 32);
+}
+HIPC_DEVICE int hipc_qh_bit(const char* qh, int j) {
+  return (((const uint16_t*)qh)[j / 16] >> (j % 16)) & 1;  // 2-byte loads: GGUF's qh is 2-aligned
+}
+HIPC_DEVICE float hipc_w_q5_0(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q5_0 m{(const char*)W, (size_t)N * (K / 32)};
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const int q = hipc_nibble(m.qs(b), k % 32) | hipc_qh_bit(m.f2(b), k % 32) << 4;
+  return hipc_f16_to_f32(*(const uint16_t*)m.f3(b)) * (float)(q - 16);
+}
+HIPC_DEVICE float hipc_w_q5_1(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q5_1 m{(const char*)W, (size_t)N * (K / 32)};
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const int q = hipc_nibble(m.qs(b), k % 32) | hipc_qh_bit(m.f2(b), k % 32) << 4;
+  const uint16_t* dm = (const uint16_t*)m.f3(b);
+  return hipc_f16_to_f32(dm[0]) * (float)q + hipc_f16_to_f32(dm[1]);
+}
+// K-quant sub-block j's 6-bit scale and min from the 12 scale bytes (ggml's get_scale_min_k4)
+HIPC_DEVICE void hipc_kscale(const uint8_t* q, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    mn = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+    mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+// Q4_K/Q5_K weight j of a super-block: sub-block s = j / 32 takes the low (s even) or high
+// nibble of qs[32 (s / 2) + j % 32] (Q5_K: plus bit s of qh[j % 32] as 16); the weight is
+// d * scale(s) * q - dmin * min(s).
+HIPC_DEVICE float hipc_w_q4_k(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q4_k m{(const char*)W, (size_t)N * (K / 256)};
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, sb = j / 32, l = j % 32;
+  const int q = (((const uint8_t*)m.qs(b))[32 * (sb / 2) + l] >> (4 * (sb % 2))) & 15;
+  uint8_t scales[12];
+  for (int i = 0; i < 12; ++i) scales[i] = (uint8_t)m.f2(b)[i];
+  int sc, mn;
+  hipc_kscale(scales, sb, sc, mn);
+  const uint16_t* dd = (const uint16_t*)m.f3(b);
+  return hipc_f16_to_f32(dd[0]) * (float)(sc * q) - hipc_f16_to_f32(dd[1]) * (float)mn;
+}
+HIPC_DEVICE float hipc_w_q5_k(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q5_k m{(const char*)W, (size_t)N * (K / 256)};
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, sb = j / 32, l = j % 32;
+  const uint8_t* q = (const uint8_t*)m.qs(b);  // qh[32], then qs[128]
+  const int v = ((q[32 + 32 * (sb / 2) + l] >> (4 * (sb % 2))) & 15) | ((q[l] >> sb) & 1) << 4;
+  uint8_t scales[12];
+  for (int i = 0; i < 12; ++i) scales[i] = (uint8_t)m.f2(b)[i];
+  int sc, mn;
+  hipc_kscale(scales, sb, sc, mn);
+  const uint16_t* dd = (const uint16_t*)m.f3(b);
+  return hipc_f16_to_f32(dd[0]) * (float)(sc * v) - hipc_f16_to_f32(dd[1]) * (float)mn;
 }
 
 // The quantized GEMV multiplies integers: x is staged in shared memory as two int8 planes
@@ -566,6 +640,119 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, const int* xq, int i) {
     acc += __builtin_bit_cast(float, meta.x) * (s0 * (float)t0 + s1 * (float)t1);
   }
   return hipc_f16_to_f32(v.d) * acc;
+}
+// Q5_0 / Q5_1: a 32-weight block; qh's 32 bits become bit 4 of each quant byte.
+struct hipc_unit_q5_0 { uint4 q; uint32_t qh; uint16_t d; };
+struct hipc_unit_q5_1 { uint4 q; uint32_t qh, dm; };
+HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {  // 2-byte aligned (GGUF order) or better
+  return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_0& v, const hipc_qmat_q5_0& m, size_t u) {
+  v.q = hipc_load_quants16(m.qs(u));
+  v.qh = hipc_load_u32(m.f2(u));
+  v.d = *(const uint16_t*)m.f3(u);
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_1& v, const hipc_qmat_q5_1& m, size_t u) {
+  v.q = hipc_load_quants16(m.qs(u));
+  v.qh = hipc_load_u32(m.f2(u));
+  v.dm = hipc_load_u32(m.f3(u));
+}
+// bits 0..3 of b to bit 4 of bytes 0..3
+HIPC_DEVICE uint32_t hipc_bits_to_bytes4(uint32_t b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
+HIPC_DEVICE int hipc_idot_q5(uint4 q, uint32_t qh, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+  int sh = 0, sl = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int a = (int)((w[i] & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (4 * i)) & 15));
+    const int c = (int)(((w[i] >> 4) & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (16 + 4 * i)) & 15));
+    sh = hipc_dot4_i8(a, H[i], sh);
+    sh = hipc_dot4_i8(c, H[4 + i], sh);
+    sl = hipc_dot4_i8(a, L[i], sl);
+    sl = hipc_dot4_i8(c, L[4 + i], sl);
+  }
+  return 254 * sh + sl;
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_0& v, const int* xq, int i) {
+  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
+  const int4 meta = xb[4];
+  const int t = hipc_idot_q5(v.q, v.qh, xb[0], xb[1], xb[2], xb[3]) - 16 * meta.y;  // quants stored + 16
+  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, meta.x) * (float)t;
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_1& v, const int* xq, int i) {
+  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
+  const int4 meta = xb[4];
+  const float dq = __builtin_bit_cast(float, meta.x), t = (float)hipc_idot_q5(v.q, v.qh, xb[0], xb[1], xb[2], xb[3]);
+  return dq * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)meta.y);
+}
+// Q4_K / Q5_K: half a super-block (128 weights: 4 sub-blocks of 32, x blocks 4i ..).
+struct hipc_unit_q4_k { uint4 q[4]; uint32_t sc[3], dd; int h; };
+struct hipc_unit_q5_k { uint4 q[4], qh[2]; uint32_t sc[3], dd; int h; };
+HIPC_DEVICE void hipc_load_kscales(uint32_t* sc, uint32_t& dd, const char* s, const char* d) {
+#pragma unroll
+  for (int j = 0; j < 3; ++j) sc[j] = hipc_load_u32(s + 4 * j);
+  dd = hipc_load_u32(d);
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_k& v, const hipc_qmat_q4_k& m, size_t u) {
+  const size_t b = u / 2;
+  v.h = (int)(u % 2);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_quants16(m.qs(b) + 64 * v.h + 16 * j);
+  hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_k& v, const hipc_qmat_q5_k& m, size_t u) {
+  const size_t b = u / 2;
+  v.h = (int)(u % 2);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_quants16(m.qs(b) + 32 + 64 * v.h + 16 * j);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_quants16(m.qs(b) + 16 * j);
+  hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
+}
+// sum over sub-blocks s = 4h + k of d * scale(s) * sum(q x) - dmin * min(s) * sum(x)
+template <bool Q5>
+HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint32_t* sc3, uint32_t dd, int h,
+                                   const int* xq, int i) {
+  const uint32_t Q[16] = {q4[0].x, q4[0].y, q4[0].z, q4[0].w, q4[1].x, q4[1].y, q4[1].z, q4[1].w,
+                          q4[2].x, q4[2].y, q4[2].z, q4[2].w, q4[3].x, q4[3].y, q4[3].z, q4[3].w};
+  uint8_t scales[12];
+#pragma unroll
+  for (int j = 0; j < 12; ++j) scales[j] = (uint8_t)(sc3[j / 4] >> (8 * (j % 4)));
+  float dsum = 0.f, msum = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int4* xb = (const int4*)(xq + (4 * i + k) * HIPC_XQ_INTS);
+    const int4 h0 = xb[0], h1 = xb[1], l0 = xb[2], l1 = xb[3], meta = xb[4];
+    const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    const int s = 4 * h + k;
+    int sh = 0, sl = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      uint32_t v = (Q[8 * (k / 2) + w] >> (4 * (k % 2))) & 0x0f0f0f0fu;
+      if (Q5) {
+        const uint4 hv = qh2[w / 4];
+        const uint32_t hw = (w % 4 == 0 ? hv.x : w % 4 == 1 ? hv.y : w % 4 == 2 ? hv.z : hv.w);
+        v |= ((hw >> s) & 0x01010101u) << 4;
+      }
+      sh = hipc_dot4_i8((int)v, H[w], sh);
+      sl = hipc_dot4_i8((int)v, L[w], sl);
+    }
+    int sc, mn;
+    hipc_kscale(scales, s, sc, mn);
+    const float dq = __builtin_bit_cast(float, meta.x);
+    dsum += dq * (float)sc * (float)(254 * sh + sl);
+    msum += dq * (float)mn * (float)meta.y;
+  }
+  return hipc_f16_to_f32((uint16_t)dd) * dsum - hipc_f16_to_f32((uint16_t)(dd >> 16)) * msum;
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k& v, const int* xq, int i) {
+  return hipc_dot_kquant<false>(v.q, nullptr, v.sc, v.dd, v.h, xq, i);
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, const int* xq, int i) {
+  return hipc_dot_kquant<true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
 }
 
 // The GEMV inner loops, one per storage type: lane `lane` of a wave takes every

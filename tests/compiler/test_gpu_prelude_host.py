@@ -20,7 +20,9 @@ from hipc.compiler.passes.repack import split_quant_blocks
 
 gguf = pytest.importorskip("gguf")
 CXX = shutil.which("g++") or shutil.which("clang++")
-TYPES = ("q4_0", "q4_1", "q8_0", "q6_k")
+TYPES = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
+# block bytes of the types gguf-py cannot quantize (random blocks), and where their f16 d sits
+RANDOM_BLOCKS = {"q6_k": (210, 208), "q4_k": (144, 0), "q5_k": (176, 0)}
 
 WRAPPERS = """
 #define TYPE(T)                                                                               \\
@@ -43,6 +45,10 @@ TYPE(q4_0)
 TYPE(q4_1)
 TYPE(q8_0)
 TYPE(q6_k)
+TYPE(q5_0)
+TYPE(q5_1)
+TYPE(q4_k)
+TYPE(q5_k)
 """
 
 
@@ -67,13 +73,15 @@ def blocks(wtype: str, N: int, K: int, rng) -> np.ndarray:
     """[N, row bytes] GGUF blocks: quantized by gguf-py, or random (Q6_K: gguf-py has no
     quantizer; every quant and scale byte is valid)."""
     qt = getattr(gguf.GGMLQuantizationType, wtype.upper())
-    if wtype != "q6_k":
+    if wtype not in RANDOM_BLOCKS:
         w = rng.standard_normal((N, K)).astype(np.float32) * rng.uniform(0.01, 10, (N, 1))
         return gguf.quants.quantize(w.astype(np.float32), qt)
-    raw = rng.integers(0, 256, (N * K // 256, 210), dtype=np.uint8)
-    raw[:, 208:] = (
-        rng.uniform(1e-5, 4e-5, len(raw)).astype(np.float16).view(np.uint8).reshape(-1, 2)
-    )
+    size, at = RANDOM_BLOCKS[wtype]
+    raw = rng.integers(0, 256, (N * K // 256, size), dtype=np.uint8)
+    # sane f16 scales (d, and dmin after it for Q4_K/Q5_K): random bytes may be inf/nan
+    n = 2 if wtype == "q6_k" else 4
+    d = rng.uniform(1e-5, 4e-5, (len(raw), n // 2)).astype(np.float16)
+    raw[:, at : at + n] = d.view(np.uint8).reshape(-1, n)
     return raw.reshape(N, -1)
 
 

@@ -51,6 +51,11 @@ GEMVS = {
     "q6_k_norm_k4096": ("q6_k", 300, 4096, "none", True, False),
     "q6_k_glu_bias_k1024": ("q6_k", 2 * 40, 1024, "glu", False, True),
     "q6_k_streamed_residual_k14336": ("q6_k", 37, 14336, "residual", False, False),
+    "q5_0_glu_norm_k1536": ("q5_0", 2 * 64, 1536, "glu", True, False),
+    "q5_1_residual_bias": ("q5_1", 75, 576, "residual", False, True),
+    "q4_k_norm_k4096": ("q4_k", 130, 4096, "none", True, False),
+    "q4_k_streamed_glu_k1024": ("q4_k", 2 * 45, 1024, "glu", True, True),
+    "q5_k_residual_k14336": ("q5_k", 40, 14336, "residual", False, False),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
@@ -58,8 +63,9 @@ STREAMED = {
     "q8_0_streamed_glu_norm": QuantGemv(waves=4, rows=2, unroll=1, max_blocks=2),
     "q4_1_streamed_norm_k14336": QuantGemv(waves=2, rows=2, unroll=4, max_blocks=2),
     "q6_k_streamed_residual_k14336": QuantGemv(waves=2, rows=2, unroll=1, max_blocks=2),
+    "q4_k_streamed_glu_k1024": QuantGemv(waves=2, rows=2, unroll=1, max_blocks=3),
 }
-QUANT = ("q4_0", "q4_1", "q8_0", "q6_k")
+QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
 
 
 def gemv_params(case) -> dict:
@@ -284,10 +290,16 @@ def test_decode_attention_matches_numpy(attentions, name):
         ("q8_0", "gguf"),
         ("q6_k", "split"),
         ("q6_k", "gguf"),
+        ("q5_0", "split"),
+        ("q5_1", "gguf"),
+        ("q4_k", "split"),
+        ("q5_k", "split"),
+        ("q5_k", "gguf"),
     ],
 )
 def test_embedding_rows(wtype, layout):
-    V, K, ids = 300, 512 if wtype == "q6_k" else 576, np.array([5, 0, 299, 5, 17], np.int64)
+    K = 512 if wtype.endswith("_k") else 576
+    V, ids = 300, np.array([5, 0, 299, 5, 17], np.int64)
     rng = np.random.default_rng(7)
     raw, w = pack(0.1 * rng.standard_normal((V, K)), wtype, layout)
 
@@ -317,7 +329,7 @@ def test_embedding_rows(wtype, layout):
 
 
 @pytest.mark.parametrize("layout", ["split", "gguf"])
-@pytest.mark.parametrize("wtype", ["q4_0", "q4_1", "q8_0", "q6_k"])
+@pytest.mark.parametrize("wtype", ["q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"])
 def test_quantized_prefill_gemm(wtype, layout):
     T, N, K = 70, 100, 512
     rng = np.random.default_rng(11)
