@@ -238,7 +238,9 @@ def main() -> None:
         prof = profile(art)
         log(prof)
         notes.append(f"{name} profile:\n{prof}")
-    head = "| model | prefill 512 tok/s | decode tok/s | decode GB/s | % of copy bw | generate tok/s |"
+    head = (
+        "| model | prefill 512 tok/s | decode tok/s | decode GB/s | % of copy bw | generate tok/s |"
+    )
     lines = [f"ceilings: device copy {bw / 1e12:.2f} TB/s (read+write)", "", head]
     lines.append("|---|---:|---:|---:|---:|---:|")
     lines += ["| " + " | ".join(r) + " |" for r in rows]
