@@ -36,8 +36,13 @@ class JSONErrorTask(ErrorTask):
 
     def execute(self) -> None:
         e = self.request.error
-        data = error_body(e.code, f"{e.reason}: {e.body}".strip().rstrip(":"))
-        self.status = f"{e.code} {e.reason}"
+        code, reason = e.code, e.reason
+        if code == 501:
+            # NOTE: waitress' one 5xx is an unknown Transfer-Encoding: the client's doing,
+            # so a 4xx, which keeps "5xx = the server's fault" true for whoever counts them
+            code, reason = 400, "Bad Request"
+        data = error_body(code, f"{reason}: {e.body}".strip().rstrip(":"))
+        self.status = f"{code} {reason}"
         self.response_headers.append(("Content-Type", "application/json"))
         self.set_close_on_finish()
         self.content_length = len(data)
