@@ -12,9 +12,9 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
+from hipc.compiler.scratch import tool_dir
 from hipc.runtime.backends.cpu import cpu_features
 from hipc.runtime.errors import HipcError
 
@@ -76,7 +76,7 @@ class CpuToolchain:
         return f"cpu-{platform.machine()}-{'+'.join(cpu_flags()) or 'generic'}"
 
     def compile(self, source: str) -> bytes:
-        with tempfile.TemporaryDirectory(prefix="hipc-cc-") as tmp:
+        with tool_dir("hipc-cc-") as tmp:
             src, out = Path(tmp) / "program.cpp", Path(tmp) / "program.so"
             src.write_text(source)
             cmd = [self.cxx, *FLAGS, str(src), "-o", str(out)]
