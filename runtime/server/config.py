@@ -64,7 +64,7 @@ class Config:
     max_json_depth: int = 32
     max_n: int = 8
     shutdown_timeout: float = 30.0
-    read_timeout: float = 30.0  # a request must arrive whole within this of its first byte
+    read_timeout: float = 10.0  # a request must arrive whole within this of its first byte
     max_connections: int = 1000
     chat_template: str | None = None  # a Jinja file replacing the model's template
     reasoning: str = "auto"
