@@ -403,3 +403,35 @@ def test_concurrent_compiles_to_one_output_both_succeed(source, tmp_path):
         assert p.returncode == 0, err
     load_artifact(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "tiny.hipc"]
+
+
+def test_corrupt_cached_artifact_is_rebuilt(source, tmp_path):
+    """`hipc generate RAW_MODEL` compiles into the cache; a damaged copy there is rebuilt."""
+    env = {"HIPC_CACHE_DIR": str(tmp_path / "cache")}
+    first = cli("generate", source, "--prompt", "Hello", "--max-tokens", "3", env=env)
+    assert first.returncode == 0, first.stderr
+    (cached,) = (tmp_path / "cache" / "artifacts").glob("*/model.hipc")
+    flip(cached / "weights.safetensors")
+    again = cli("generate", source, "--prompt", "Hello", "--max-tokens", "3", env=env)
+    assert again.returncode == 0, again.stderr
+    assert "rebuilding damaged cached artifact" in again.stderr
+    assert again.stdout == first.stdout
+    load_artifact(cached)
+
+
+def test_garbage_in_the_cache_folder_is_no_traceback(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "pending").mkdir(parents=True)
+    (cache / "pending" / "1-x.json").write_bytes(b"\xff not json")
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    record = {"pid": int(dead.stdout), "path": str(tmp_path / "keep")}  # not a scratch name
+    (tmp_path / "keep").mkdir()
+    (cache / "pending" / "2-y.json").write_text(json.dumps(record))
+    (cache / "verified").mkdir()
+    (cache / "verified" / "junk").write_bytes(b"\0" * 10)
+    proc = cli("cache", "clear", env={"HIPC_CACHE_DIR": str(cache)})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "keep").is_dir()
+    assert not list((cache / "pending").iterdir())
