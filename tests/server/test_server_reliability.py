@@ -7,6 +7,7 @@ import contextlib
 import json
 import socket
 import time
+from pathlib import Path
 
 import falcon.testing
 import numpy as np
@@ -284,3 +285,30 @@ def test_a_slow_but_steady_request_within_the_deadline_is_served(strict_server):
         raw = _recv_all(s, 10)
     assert raw.startswith(b"HTTP/1.1 200 "), raw[:200]
     assert json.loads(raw.partition(b"\r\n\r\n")[2])["usage"]["completion_tokens"] == 2
+
+
+def _rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def test_multi_mib_prompts_are_refused_at_once_and_leave_no_memory(tiny_artifact, server_logs):
+    """Before: each 6 MiB prompt took seconds of the tokenizer thread and kept ~370 MiB."""
+    with running(
+        tiny_artifact, "--served-model-name", "tiny", "--threads", "1",
+        "--max-body-bytes", str(8 << 20), log_dir=server_logs,
+    ) as server:  # fmt: skip
+        base = _rss_mib(server.proc.pid)
+        for i in range(3):
+            body = {
+                "model": "tiny",
+                "prompt": f"{i} " + "word " * ((6 << 20) // 5),
+                "max_tokens": 1,
+            }
+            t0 = time.monotonic()
+            status, _, raw = server.request("POST", "/v1/completions", body)
+            took = time.monotonic() - t0
+            assert status == 400, raw[:300]
+            assert json.loads(raw)["error"]["code"] == "context_length_exceeded"
+            assert took < 2.0, took
+        assert _rss_mib(server.proc.pid) - base < 64
