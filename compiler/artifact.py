@@ -28,15 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from hipc.base.errors import HipcError
+from hipc.base.safetensors_file import LazyTensor, write_safetensors
+from hipc.base.version import ARTIFACT_FORMAT_VERSION, HIPC_VERSION
 from hipc.compiler.scratch import (
     pending,
     replace_dir,
     sweep_artifact_leftovers,
     sweep_tool_dirs,
 )
-from hipc.runtime.errors import HipcError
-from hipc.runtime.safetensors_file import LazyTensor, write_safetensors
-from hipc.runtime.version import ARTIFACT_FORMAT_VERSION, HIPC_VERSION
 
 # (code object, source) file extensions: a shared library, a CUDA fatbin, an AMD code object
 CODE_OBJECT_EXT = {"cpu": ("so", "cpp"), "nvidia": ("fatbin", "hip"), "amd": ("co", "hip")}

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 _CHUNK = 1 << 22
 STATE_DTYPES = ("float32", "bfloat16")

@@ -14,9 +14,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from hipc.base.cpu_features import cpu_features
+from hipc.base.errors import HipcError
 from hipc.compiler.scratch import tool_dir
-from hipc.runtime.backends.cpu import cpu_features
-from hipc.runtime.errors import HipcError
 
 # features -march=native may use that hipc's kernels care about
 RELEVANT_FLAGS = (

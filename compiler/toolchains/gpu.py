@@ -12,8 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from hipc.base.errors import HipcError
 from hipc.compiler.scratch import tool_dir
-from hipc.runtime.errors import HipcError
 
 NVIDIA_TARGETS = ("sm_80", "sm_89", "sm_90")
 AMD_TARGETS = ("gfx90a", "gfx942", "gfx1100", "gfx1101", "gfx1151", "gfx1201")

@@ -61,7 +61,8 @@ def rss_mib(pid: int) -> float:
 
 def draw_requests(n: int, seed: int, vocab: int) -> list[tuple]:
     """n requests from the suite's strategies, reproducible from seed."""
-    from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
 
     out: list[tuple] = []
 
@@ -86,7 +87,7 @@ def draw_requests(n: int, seed: int, vocab: int) -> list[tuple]:
 
 def start_server(artifact: str, args) -> tuple[subprocess.Popen, int, Path]:
     log = Path(tempfile.mkstemp(prefix="hipc-fuzz-", suffix=".log")[1])
-    cmd = [sys.executable, "-m", "hipc.runtime.cli", "serve", artifact, "--host", HOST,
+    cmd = [sys.executable, "-m", "hipc.cli.main", "serve", artifact, "--host", HOST,
            "--port", "0", "--served-model-name", MODEL, "--api-key", KEY,
            "--max-context-tokens", str(args.max_context_tokens),
            "--max-queued-requests", str(args.clients)]  # fmt: skip
@@ -145,7 +146,7 @@ def main() -> int:
         tmp = tempfile.TemporaryDirectory(prefix="hipc-fuzz-")
         artifact = str(Path(tmp.name) / "model.hipc")
         subprocess.run(
-            [sys.executable, "-m", "hipc.runtime.cli", "compile", args.model, "-o", artifact, "-q"],
+            [sys.executable, "-m", "hipc.cli.main", "compile", args.model, "-o", artifact, "-q"],
             check=True,
         )
     plan = json.loads((Path(artifact) / "plan.json").read_text())

@@ -4,7 +4,7 @@ Run:
     python docs/benchmarks/slow_clients.py --artifact PATH [--python PYTHON]
         [--clients 140] [--interval 5] [--window 60] [--reconnect] [-- SERVE FLAGS...]
 
-Starts `PYTHON -m hipc.runtime.cli serve PATH` (PYTHON: this interpreter unless given, so
+Starts `PYTHON -m hipc.cli.main serve PATH` (PYTHON: this interpreter unless given, so
 an older checkout's venv measures the code before a change), then opens --clients
 connections that each send a request line and then one header line every --interval
 seconds, never finishing the request (with --reconnect, a closed one is opened again at
@@ -34,7 +34,7 @@ HOST = "127.0.0.1"
 
 def start(python: str, artifact: str, flags: list[str]) -> tuple[subprocess.Popen, int]:
     log = Path(tempfile.mkstemp(prefix="hipc-slow-", suffix=".log")[1])
-    cmd = [python, "-m", "hipc.runtime.cli", "serve", artifact, "--host", HOST, "--port", "0"]
+    cmd = [python, "-m", "hipc.cli.main", "serve", artifact, "--host", HOST, "--port", "0"]
     with open(log, "wb") as out:
         proc = subprocess.Popen([*cmd, *flags], stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120

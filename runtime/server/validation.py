@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hipc.runtime.chat_template import RESERVED_NAMES
+from hipc.base.chat_template import RESERVED_NAMES
 from hipc.runtime.sampler import SamplingParams
 from hipc.runtime.server.errors import APIError, bad_request
 

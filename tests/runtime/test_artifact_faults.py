@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from hipc.base.errors import HipcError
+from hipc.cli.main import main
 from hipc.runtime.artifact import load_artifact
-from hipc.runtime.cli import main
-from hipc.runtime.errors import HipcError
 
 from support import write_tiny_chat_model
 
-CLI = [sys.executable, "-m", "hipc.runtime.cli"]
+CLI = [sys.executable, "-m", "hipc.cli.main"]
 
 
 @pytest.fixture(scope="module")
@@ -335,7 +335,7 @@ import os, signal, sys
 def die(*a, **k):
     os.kill(os.getpid(), signal.SIGKILL)
 {hook}
-from hipc.runtime.cli import main
+from hipc.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

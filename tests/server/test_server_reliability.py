@@ -128,7 +128,7 @@ def test_chat_template_kwargs_never_collide(tok, name):
 
 
 def test_template_sees_template_kwarg(tok):
-    from hipc.runtime.chat_template import render_chat
+    from hipc.base.chat_template import render_chat
 
     out = render_chat("{{ template }}|{{ messages | length }}", HELLO, template="t", messages=[])
     assert out == "t|1"  # extra cannot replace the messages it is given
