@@ -214,6 +214,24 @@ def test_tokenizer_not_utf8_is_one_line_at_generate_and_serve(art):
     assert_one_line(proc, "tokenizer.json", "UTF-8")
 
 
+@pytest.mark.parametrize("what", ["garbage", "another library"])
+def test_wrong_code_object_even_with_a_matching_manifest(art, what):
+    import ctypes.util
+
+    so = art / "kernels" / "cpu.so"
+    if what == "garbage":
+        so.write_bytes(b"\x7fELF" + os.urandom(4096))
+    else:
+        ctypes.CDLL(ctypes.util.find_library("m"))  # mapped: its path is in /proc/self/maps
+        maps = Path("/proc/self/maps").read_text().split()
+        found = [p for p in maps if "/libm" in p and ".so" in p]
+        if not found:
+            pytest.skip("no libm to stand in for a code object")
+        shutil.copyfile(found[0], so)
+    rehash(art)
+    assert_one_line(generate(art), "cpu.so")
+
+
 def test_code_object_not_in_the_file_list(art):
     manifest = json.loads((art / "manifest.json").read_text())
     manifest["targets"]["cpu"]["code_object"] = "kernels/elsewhere.so"
