@@ -175,6 +175,10 @@ class Service:
                 self.chat_template = Path(config.chat_template).read_text(encoding="utf-8")
             except OSError as e:
                 raise HipcError(f"--chat-template {config.chat_template}: {e.strerror}") from None
+            except UnicodeDecodeError as e:
+                raise HipcError(
+                    f"--chat-template {config.chat_template}: not UTF-8 text (byte {e.start})"
+                ) from None
         self.reasoning = reasoning_enabled(config.reasoning, self.tokenizer, self.chat_template)
         # A prompt longer than this cannot fit the context whatever its tokens: refused
         # before tokenizing it (a multi-MiB prompt costs seconds of the one encoder thread)

@@ -232,6 +232,15 @@ def test_wrong_code_object_even_with_a_matching_manifest(art, what):
     assert_one_line(generate(art), "cpu.so")
 
 
+def test_source_tokenizer_not_utf8_is_one_line_at_compile(source, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(source, bad)
+    data = (bad / "tokenizer.json").read_bytes()
+    (bad / "tokenizer.json").write_bytes(b"\xff\xfe" + data[2:])
+    proc = cli("compile", bad, "-o", tmp_path / "bad.hipc", "-q")
+    assert_one_line(proc, "tokenizer.json", "UTF-8")
+
+
 def test_code_object_not_in_the_file_list(art):
     manifest = json.loads((art / "manifest.json").read_text())
     manifest["targets"]["cpu"]["code_object"] = "kernels/elsewhere.so"
