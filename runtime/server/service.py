@@ -8,6 +8,7 @@ once; everything that touches the engine happens on the scheduler's thread.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import queue
 import time
@@ -112,17 +113,28 @@ def chat_text(tokenizer, template: str | None, messages: list[dict], kwargs: dic
     )
 
 
-def longest_token_bytes(tokenizer) -> int:
-    """An upper bound on the bytes of text one token can stand for.
+def longest_token_bytes(tokenizer) -> int | None:
+    """An upper bound on the bytes of text one token can stand for, or None if there is none.
 
     Without a normalizer every token covers at most its own spelling (a byte-level symbol
     spells one byte in two, '<0x41>' one in six), so a text of B bytes has at least
     B / this many tokens. A normalizer may shrink text before it is split (NFKC composes
-    up to three code points into one), hence the factor 4 then.
+    up to three code points into one), hence the factor 4 then. An unknown-token id that
+    swallows any run of unknown characters (BPE or Unigram fusing them without byte
+    fallback, WordPiece's [UNK] for an over-long word) covers unboundedly many: None.
     """
     backend = getattr(tokenizer, "backend", None)
     if backend is None:
-        return 64
+        return None
+    try:
+        model = json.loads(backend.to_str()).get("model") or {}
+    except (ValueError, AttributeError):
+        return None
+    kind = model.get("type")
+    has_unk = model.get("unk_token") is not None or model.get("unk_id") is not None
+    fuses = kind == "Unigram" or model.get("fuse_unk")
+    if kind not in ("BPE", "Unigram") or (has_unk and fuses and not model.get("byte_fallback")):
+        return None
     longest = max(
         (len(t.encode("utf-8")) for t in backend.get_vocab(with_added_tokens=True)), default=1
     )
@@ -182,7 +194,8 @@ class Service:
         self.reasoning = reasoning_enabled(config.reasoning, self.tokenizer, self.chat_template)
         # A prompt longer than this cannot fit the context whatever its tokens: refused
         # before tokenizing it (a multi-MiB prompt costs seconds of the one encoder thread)
-        self.max_prompt_bytes = self.max_context * longest_token_bytes(self.tokenizer)
+        longest = longest_token_bytes(self.tokenizer)
+        self.max_prompt_bytes = None if longest is None else self.max_context * longest
         self.responder = Responder(self.model_name, self.tokenizer, self.reasoning)
 
     # ------------------------------------------------------------ lifecycle
@@ -252,7 +265,7 @@ class Service:
 
     def _check_text_size(self, text: str, what: str) -> None:
         # NOTE: len(text) <= bytes <= 4 * len(text): encode only a text that might be too long
-        if 4 * len(text) <= self.max_prompt_bytes:
+        if self.max_prompt_bytes is None or 4 * len(text) <= self.max_prompt_bytes:
             return
         size = len(text.encode("utf-8", "surrogatepass"))
         if size > self.max_prompt_bytes:

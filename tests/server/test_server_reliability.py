@@ -312,3 +312,26 @@ def test_multi_mib_prompts_are_refused_at_once_and_leave_no_memory(tiny_artifact
             assert json.loads(raw)["error"]["code"] == "context_length_exceeded"
             assert took < 2.0, took
         assert _rss_mib(server.proc.pid) - base < 64
+
+
+def test_no_byte_bound_where_one_token_can_swallow_any_run():
+    """A fused unknown token (or WordPiece's [UNK] for a long word) covers any number of
+    bytes: there the prompt is tokenized and counted, never refused by its size."""
+    from types import SimpleNamespace
+
+    import tokenizers
+    from tokenizers import models
+
+    vocab = {"[UNK]": 0, "a": 1, "b": 2}
+    cases = {
+        "wordpiece": models.WordPiece(vocab, unk_token="[UNK]"),
+        "fused bpe": models.BPE(vocab, [], unk_token="[UNK]", fuse_unk=True),
+        "bpe": models.BPE(vocab, [], unk_token="[UNK]", fuse_unk=False),
+    }
+    bounds = {
+        name: longest_token_bytes(SimpleNamespace(backend=tokenizers.Tokenizer(model)))
+        for name, model in cases.items()
+    }
+    assert bounds == {"wordpiece": None, "fused bpe": None, "bpe": 5}
+    fused = tokenizers.Tokenizer(cases["fused bpe"])
+    assert len(fused.encode("é" * 10_000).ids) == 1  # why: 20,000 bytes in one token
