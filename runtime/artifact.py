@@ -111,7 +111,7 @@ def load_artifact(path: str | Path) -> Artifact:
             raise HipcError(f"{manifest_path}: {required} is not among the artifact's files")
     verify_files(path, manifest, manifest_bytes)
     plan = _read_json(path / "plan.json")
-    check_plan(plan, _weight_entries(path / "weights.safetensors"), path / "plan.json")
+    check_plan(plan, _weight_entries(path / "weights.safetensors"), path / "plan.json", targets)
     return Artifact(path, manifest, plan)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -154,11 +154,15 @@ def _shape(where: str, value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
-def check_plan(plan: Any, weights: Mapping[str, Any] | None, where: Path) -> None:
+def check_plan(
+    plan: Any, weights: Mapping[str, Any] | None, where: Path, targets: Iterable[str] = ("cpu",)
+) -> None:
     """plan.json (at `where`) agrees with itself and with the weights file's tensors.
 
     `weights` maps tensor names to entries with `.dtype` and `.shape` (a SafetensorsFile's
-    entries), or is None when the artifact has no weights file.
+    entries), or is None when the artifact has no weights file. The cpu program's sections
+    (memory, kernels, launches) must be there when `targets` has "cpu", and a GPU section
+    per GPU target.
     """
     if not isinstance(plan, dict):
         raise HipcError(f"{where}: not a JSON object")
@@ -212,6 +216,14 @@ def check_plan(plan: Any, weights: Mapping[str, Any] | None, where: Path) -> Non
             )
         state_shapes[s["name"]] = shape
 
+    targets = set(targets)
+    gpu = plan.get("gpu") or {}
+    for target in sorted(targets - {"cpu"}):
+        if not isinstance(gpu, dict) or not isinstance(gpu.get(target), dict):
+            raise HipcError(f"{where}: no gpu.{target} launch plan for the {target} code object")
+    _check_gpu(plan, where, len(specs), len(states))
+    if "cpu" not in targets and "memory" not in plan:
+        return
     memory = plan.get("memory")
     if not isinstance(memory, dict):
         raise HipcError(f"{where}: 'memory' is not an object")
@@ -234,7 +246,6 @@ def check_plan(plan: Any, weights: Mapping[str, Any] | None, where: Path) -> Non
         )
 
     _check_launches(plan, where, shapes, state_shapes, vocab, max_context)
-    _check_gpu(plan, where, len(specs), len(states))
 
 
 def _check_launches(

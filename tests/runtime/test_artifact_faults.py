@@ -462,3 +462,48 @@ def test_garbage_in_the_cache_folder_is_no_traceback(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "keep").is_dir()
     assert not list((cache / "pending").iterdir())
+
+
+@pytest.fixture(scope="module")
+def gpu_built(source, tmp_path_factory) -> Path:
+    """The tiny model for an AMD target, cross-compiled (no GPU needed to load its plan)."""
+    if shutil.which("clang++-19") is None and shutil.which("hipcc") is None:
+        pytest.skip("no AMD toolchain (clang++-19 or hipcc)")
+    out = tmp_path_factory.mktemp("gpu") / "tiny.hipc"
+    assert main(["compile", str(source), "-o", str(out), "--target", "gfx1100", "-q"]) == 0
+    return out
+
+
+GPU_PLAN_EDITS = {
+    "no section": (lambda p: p["gpu"].pop("gfx1100"), "no gpu.gfx1100 launch plan"),
+    "weight index": (
+        lambda p: next(
+            a.update(index=999)
+            for launch in p["gpu"]["gfx1100"]["decode"]
+            for a in launch["args"]
+            if a["kind"] == "weight"
+        ),
+        "names weight 999",
+    ),
+    "state index": (
+        lambda p: next(
+            a.update(index=-1)
+            for launch in p["gpu"]["gfx1100"]["prefill"]
+            for a in launch["args"]
+            if a["kind"] == "state"
+        ),
+        "names state -1",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GPU_PLAN_EDITS))
+def test_gpu_plan_edits_are_refused_at_load(gpu_built, tmp_path, name):
+    art = tmp_path / "gpu.hipc"
+    shutil.copytree(gpu_built, art)
+    load_artifact(art)  # as compiled: consistent
+    change, needle = GPU_PLAN_EDITS[name]
+    edit_plan(art, change)
+    rehash(art)
+    with pytest.raises(HipcError, match=re.escape(needle)):
+        load_artifact(art)
