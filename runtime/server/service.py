@@ -29,6 +29,7 @@ from hipc.runtime.server.reasoning import prompt_opens_think
 from hipc.runtime.server.responses import Plan, Responder
 from hipc.runtime.server.runner import ChoiceSpec, EngineSlot, Runner
 from hipc.runtime.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown
+from hipc.runtime.server.tools import forced_call_grammar, prepare_messages, syntax_of
 from hipc.runtime.server.validation import ChatParams, Common, CompletionParams, Limits
 
 log = logging.getLogger("hipc.server")
@@ -298,6 +299,7 @@ class Service:
                             stop_token_ids=common.stop_token_ids,
                             ignore_eos=common.ignore_eos,
                             logprobs=common.logprobs,
+                            grammar=common.grammar,
                         ),
                     )
                 )
@@ -312,10 +314,21 @@ class Service:
     def plan_chat(self, p: ChatParams) -> Plan:
         if p.common.model != self.model_name:
             raise self._no_model(p.common.model)
+        messages, tools = prepare_messages(
+            [dict(m) for m in p.messages], p.tools, self.chat_template
+        )
+        kwargs = {**p.template_kwargs, "tools": tools} if tools else p.template_kwargs
         try:  # the template is the model's own code: anything it raises is the request's 400
-            text = self._chat_text([dict(m) for m in p.messages], p.template_kwargs)
+            text = self._chat_text(messages, kwargs)
         except HipcError as e:
             raise bad_request(str(e), param="messages", code="chat_template_error") from None
+        common, syntax = p.common, syntax_of(self.chat_template)
+        if p.tools is not None and p.tools.forced:
+            try:
+                grammar = forced_call_grammar(p.tools, syntax, self.tokenizer)
+            except HipcError as e:
+                raise bad_request(f"tools: {e}", param="tools", code="invalid_schema") from None
+            common = replace(common, grammar=grammar)
         self._check_text_size(text, "messages")
         ids = encode(self.tokenizer, text, False)
         if not ids:
@@ -324,11 +337,13 @@ class Service:
         return Plan(
             id=fmt.new_id("chatcmpl"),
             created=fmt.now(),
-            common=p.common,
+            common=common,
             prompts=[ids],
-            choices=self._choices(p.common, [ids]),
+            choices=self._choices(common, [ids]),
             prefixes={},
             opens_think=self.reasoning and prompt_opens_think(text),
+            tools=p.tools,
+            tool_syntax=syntax,
         )
 
     def plan_completion(self, p: CompletionParams) -> Plan:

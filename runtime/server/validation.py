@@ -2,7 +2,8 @@
 
 The body is read under a size limit, parsed, walked once for nesting depth and unencodable
 strings, and then each field is checked for type and range. Fields OpenAI defines but this
-server cannot honour (tools, images, JSON mode ...) are refused by name; fields nobody
+server cannot honour (images, audio, JSON-schema keywords the grammar library lacks ...)
+are refused by name; fields nobody
 defines get OpenAI's own answer, "Unrecognized request argument supplied". Every failure is
 an APIError with the field named in `param`, never an exception deeper in.
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hipc.base.chat_template import RESERVED_NAMES
 from hipc.runtime.sampler import SamplingParams
 from hipc.runtime.server.errors import APIError, bad_request
+from hipc.runtime.server.tools import ToolSpec, parse_tool_calls, parse_tools
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 1000
@@ -51,6 +53,7 @@ class Common:
     stop_token_ids: tuple[int, ...]
     ignore_eos: bool
     logprobs: int | None  # None: off; k: the chosen token and the k most likely
+    grammar: str | None = None  # from response_format: what the output must match
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,9 @@ class CompletionParams:
 @dataclass(frozen=True)
 class ChatParams:
     common: Common
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     template_kwargs: dict[str, Any]
+    tools: ToolSpec | None = None  # None: no tools, or tool_choice "none"
 
 
 # ------------------------------------------------------------------ the body
@@ -258,7 +262,9 @@ _COMMON_FIELDS = {
     "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
     "seed", "stop", "stop_token_ids", "ignore_eos", "logit_bias", "logprobs",
 }  # fmt: skip
-_COMPLETION_FIELDS = _COMMON_FIELDS | _IGNORED | {"prompt", "echo", "suffix", "best_of"}
+_COMPLETION_FIELDS = _COMMON_FIELDS | _IGNORED | {
+    "prompt", "echo", "suffix", "best_of", "response_format",
+}  # fmt: skip
 _CHAT_FIELDS = _COMMON_FIELDS | _IGNORED | {
     "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
     "tool_choice", "parallel_tool_calls", "functions", "function_call", "modalities",
@@ -406,6 +412,7 @@ def parse_completion(body: dict[str, Any], limits: Limits) -> CompletionParams:
             code="unsupported_parameter",
         )
     common = _common(f, limits, "max_tokens", logprobs)
+    common = replace(common, grammar=response_format(f.get("response_format")))
     best_of = f.integer("best_of", None, 1, limits.max_n)
     if best_of is not None and best_of != common.n:
         raise bad_request(
@@ -470,14 +477,12 @@ _MESSAGE_FIELDS = {
 def parse_chat(body: dict[str, Any], limits: Limits) -> ChatParams:
     _unknown(body, _CHAT_FIELDS)
     f = _Fields(body)
-    f.null_only("tools", "tool calling is not implemented", ([],))
-    f.null_only("tool_choice", "tool calling is not implemented", ("none", "auto"))
-    f.null_only("functions", "function calling is not implemented", ([],))
-    f.null_only("function_call", "function calling is not implemented", ("none", "auto"))
+    f.null_only("functions", "use 'tools' (function calling is its older form)", ([],))
+    f.null_only("function_call", "use 'tool_choice'", ("none", "auto"))
     f.null_only("audio", "the model produces text only")
     f.null_only("prediction", "predicted outputs are not implemented")
     f.null_only("web_search_options", "there is no web search")
-    f.boolean("parallel_tool_calls", True)
+    parallel = f.boolean("parallel_tool_calls", True)
     f.string("reasoning_effort")
     f.string("verbosity")
     modalities = f.get("modalities")
@@ -487,16 +492,13 @@ def parse_chat(body: dict[str, Any], limits: Limits) -> ChatParams:
             param="modalities",
             code="unsupported_parameter",
         )
-    fmt = f.get("response_format")
-    if fmt is not None:
-        if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
-            raise _type_error("response_format", "an object with a 'type'", fmt)
-        if fmt["type"] != "text":
-            raise bad_request(
-                f"response_format type {fmt['type']!r} is not supported (only 'text').",
-                param="response_format",
-                code="unsupported_parameter",
-            )
+    grammar = response_format(f.get("response_format"))
+    tools = parse_tools(f.get("tools"), f.get("tool_choice"), parallel)
+    if tools is not None and tools.forced and grammar is not None:
+        raise bad_request(
+            "'response_format' cannot be combined with a 'tool_choice' that forces a call.",
+            param="response_format",
+        )
     want_logprobs = f.boolean("logprobs", False)
     top = f.integer("top_logprobs", None, 0, MAX_TOP_LOGPROBS)
     if top is not None and not want_logprobs:
@@ -508,13 +510,59 @@ def parse_chat(body: dict[str, Any], limits: Limits) -> ChatParams:
         f.integer("max_tokens", None, 1, 2**31 - 1)  # still checked, then superseded
     common = _common(f, limits, body_max, (top or 0) if want_logprobs else None)
     return ChatParams(
-        common=common,
+        common=replace(common, grammar=grammar),
         messages=_messages(body.get("messages")),
         template_kwargs=_template_kwargs(f.get("chat_template_kwargs")),
+        tools=tools,
     )
 
 
-def _messages(v: Any) -> tuple[dict[str, str], ...]:
+def response_format(v: Any) -> str | None:
+    """The grammar `response_format` asks for (None for plain text)."""
+    from hipc.runtime import constraint
+
+    if v is None:
+        return None
+    if not isinstance(v, dict) or not isinstance(v.get("type"), str):
+        raise _type_error("response_format", "an object with a 'type'", v)
+    kind = v["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _grammar(constraint.json_schema_grammar, {"type": "object"}, "response_format")
+    if kind != "json_schema":
+        raise _range_error("response_format.type", "'text', 'json_object' or 'json_schema'", kind)
+    spec = v.get("json_schema")
+    if not isinstance(spec, dict):
+        raise _type_error("response_format.json_schema", "an object", spec)
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad_request(
+            "Missing required parameter: 'response_format.json_schema.name'.",
+            param="response_format.json_schema.name",
+            code="missing_required_parameter",
+        )
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise _type_error("response_format.json_schema.strict", "a boolean", strict)
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise _type_error("response_format.json_schema.schema", "an object", schema)
+    return _grammar(constraint.json_schema_grammar, schema, "response_format.json_schema.schema")
+
+
+def _grammar(build, schema: dict[str, Any], param: str) -> str:
+    from hipc.base.errors import HipcError
+
+    try:
+        return build(schema)
+    except HipcError as e:
+        raise bad_request(
+            f"Invalid schema in '{param}': {e}.", param=param, code="invalid_schema"
+        ) from None
+
+
+def _messages(v: Any) -> tuple[dict[str, Any], ...]:
     if v is None:
         raise bad_request(
             "Missing required parameter: 'messages'.",
@@ -542,10 +590,10 @@ def _messages(v: Any) -> tuple[dict[str, str], ...]:
             raise _type_error(f"{where}.role", "a string", role)
         if role not in _ROLES:
             raise _range_error(f"{where}.role", "one of " + ", ".join(sorted(_ROLES)), role)
-        if m.get("tool_calls") not in (None, []) or m.get("function_call") is not None:
+        if m.get("function_call") is not None:
             raise bad_request(
-                f"{where}: tool calls are not supported by this server.",
-                param=f"{where}.tool_calls",
+                f"{where}: 'function_call' is not supported; send 'tool_calls'.",
+                param=f"{where}.function_call",
                 code="unsupported_parameter",
             )
         if m.get("audio") is not None:
@@ -559,6 +607,19 @@ def _messages(v: Any) -> tuple[dict[str, str], ...]:
                 if not isinstance(m[key], str):
                     raise _type_error(f"{where}.{key}", "a string", m[key])
                 message[key] = m[key]
+        if m.get("tool_calls") not in (None, []):
+            if role != "assistant":
+                raise bad_request(
+                    f"{where}: only assistant messages carry 'tool_calls'.",
+                    param=f"{where}.tool_calls",
+                )
+            message["tool_calls"] = parse_tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        if role == "tool" and "tool_call_id" not in message:
+            raise bad_request(
+                f"Missing required parameter: '{where}.tool_call_id'.",
+                param=f"{where}.tool_call_id",
+                code="missing_required_parameter",
+            )
         out.append(message)
     return tuple(out)
 
