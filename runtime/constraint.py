@@ -98,10 +98,12 @@ class Constraint:
         """A boolean mask over `size` logits: the tokens the grammar allows next (ids past
         the tokenizer's vocabulary, padding rows of the output matrix, never)."""
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
-        out = np.zeros(size, dtype=bool)
         n = min(size, self.vocab_size)
-        out[:n] = bits[:n]
+        bits = np.unpackbits(self._bits.view(np.uint8), count=n, bitorder="little").view(bool)
+        if n == size:
+            return bits
+        out = np.zeros(size, dtype=bool)
+        out[:n] = bits
         return out
 
     def advance(self, token: int) -> None:

@@ -420,9 +420,7 @@ def test_tool_round_trip_through_the_openai_client(tool_server):
         msg.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": calls[0]["id"], "content": "21 C"},
     ]
-    r2 = client.chat.completions.create(
-        model="tiny", messages=history, tools=TOOLS, max_tokens=5
-    )
+    r2 = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, max_tokens=5)
     assert r2.choices[0].finish_reason in ("stop", "length")
     assert r2.usage.prompt_tokens > r.usage.prompt_tokens
 
@@ -485,3 +483,28 @@ def test_smollm2_tool_calls(smol_server):
     _, streamed, finish = client_stream_calls(client, **kw)
     assert finish == "tool_calls"
     assert [c["function"] for c in streamed] == [c["function"] for c in calls]
+
+
+def api_examples(section: str) -> list[str]:
+    """The ```python blocks of one section of docs/API.md."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "API.md").read_text()
+    body = doc.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return [b.split("```", 1)[0] for b in body.split("```python\n")[1:]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("section", ["Structured outputs", "Tool calling"])
+def test_api_md_examples_run_as_written(smol_server, section, capsys):
+    blocks = api_examples(section)
+    assert blocks
+    for code in blocks:
+        assert 'base_url="http://127.0.0.1:8000/v1", api_key="sk-local"' in code
+        code = code.replace("http://127.0.0.1:8000/v1", smol_server.base_url)
+        code = code.replace('"sk-local"', repr(smol_server.api_key))
+        exec(compile(code, f"docs/API.md ({section})", "exec"), {})
+    out = capsys.readouterr().out
+    assert out.strip()
+    if section == "Tool calling":
+        assert "get_weather" in out
