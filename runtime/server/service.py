@@ -280,6 +280,12 @@ class Service:
             )
 
     def _choices(self, common: Common, prompts: list[list[int]]) -> list[ChoiceSpec]:
+        if common.grammar is not None:
+            # the grammar library's token trie (~1 s once per tokenizer) is built here,
+            # on the HTTP thread, not on the engine thread where it would stall the queue
+            from hipc.runtime.constraint import ll_tokenizer
+
+            ll_tokenizer(self.tokenizer)
         out = []
         for pi, ids in enumerate(prompts):
             for j in range(common.n):
