@@ -508,3 +508,36 @@ def test_api_md_examples_run_as_written(smol_server, section, capsys):
     assert out.strip()
     if section == "Tool calling":
         assert "get_weather" in out
+
+
+@pytest.mark.parametrize("syntax", ["hermes", "llama3_json"])
+def test_stream_filter_equals_parse_reply_for_any_cut(syntax):
+    """Streamed content + calls equal the non-streamed parse, however the text is cut."""
+    import random
+
+    from hipc.runtime.server.tools import StreamFilter, parse_reply, parse_tools
+
+    spec = parse_tools(TOOLS, "auto", True)
+    call = '{"name": "get_time", "%s": {"zone": "UTC"}}' % (
+        "arguments" if syntax == "hermes" else "parameters"
+    )
+    if syntax == "hermes":
+        replies = [
+            f"Sure.\n<tool_call>\n{call}\n</tool_call>\n<tool_call>\n{call}\n</tool_call>",
+            "No call <tool_ here.",
+            f"<tool_call>\n{call}",
+        ]
+    else:
+        replies = [call, f"  {call}\n", "Plain answer {not a call}."]
+    rng = random.Random(0)
+    for text in replies:
+        want_content, want_calls = parse_reply(text, spec, syntax)
+        for _ in range(20):
+            cuts = sorted(rng.sample(range(1, len(text)), min(4, len(text) - 1)))
+            pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+            f = StreamFilter(spec, syntax)
+            streamed = "".join(f.feed(p) for p in pieces)
+            tail, calls = f.finish()
+            assert streamed + tail == (want_content or "")
+            assert [c["function"] for c in calls] == [c["function"] for c in want_calls]
+        assert bool(want_calls) == (text != "No call <tool_ here." and "not a call" not in text)
