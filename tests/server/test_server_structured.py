@@ -439,6 +439,34 @@ def test_schema_through_the_openai_client(tool_server):
     jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMAS["array"])
 
 
+def test_pydantic_parse_through_the_openai_client(tool_server):
+    """client.chat.completions.parse sends the strict schema pydantic makes ($defs, $ref,
+    titles, anyOf with null) and parses the reply back into the model."""
+    from enum import Enum
+
+    from pydantic import BaseModel, Field
+
+    class Size(str, Enum):
+        small = "small"
+        large = "large"
+
+    class Item(BaseModel):
+        label: str = Field(max_length=6)
+        qty: int = Field(ge=1, le=9)
+        size: Size | None
+
+    class Order(BaseModel):
+        items: list[Item] = Field(max_length=2)
+        rush: bool
+
+    r = tool_server.client().chat.completions.parse(
+        model="tiny", messages=[{"role": "user", "content": "x"}], response_format=Order,
+        temperature=0.7, seed=3, max_tokens=150,
+    )  # fmt: skip
+    order = r.choices[0].message.parsed
+    assert isinstance(order, Order) and all(1 <= i.qty <= 9 for i in order.items)
+
+
 # ------------------------------------------------------------------ the real SmolLM2
 
 
