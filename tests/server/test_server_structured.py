@@ -321,6 +321,45 @@ def test_forced_calls_are_valid_under_random_logits(tok, choice, parallel):
             assert len(c["message"]["tool_calls"]) == 1
 
 
+# A Llama-3.1-style fragment: tools as JSON in the user turn, a call is a bare JSON object.
+LLAMA_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m.role }}\n"
+    "{% if tools and loop.last %}Respond with a JSON function call "
+    '{"name": function name, "parameters": dictionary of argument name and its value}.\n'
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}"
+    '{{ {"name": c.function.name, "parameters": c.function.arguments} | tojson }}'
+    "{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant\n{% endif %}"
+)
+
+
+def test_llama_json_style_template(tok, tmp_path):
+    template = tmp_path / "llama.jinja"
+    template.write_text(LLAMA_TEMPLATE)
+    engine = EndingEngine(tok, max_context=2048)
+    cfg = Config(served_model_name="fake", api_key=KEY, chat_template=str(template))
+    client = falcon.testing.TestClient(create_app(engine, cfg, Service(engine, cfg)), headers=AUTH)
+    r = chat(client, tools=TOOLS, tool_choice="required", temperature=1.0, seed=1, n=3)
+    assert r.status_code == 200, r.text
+    done = [c for c in r.json["choices"] if c["finish_reason"] != "length"]
+    assert done, r.json
+    for c in done:
+        assert c["finish_reason"] == "tool_calls" and c["message"]["content"] is None
+        check_calls(c["message"]["tool_calls"])
+        assert len(c["message"]["tool_calls"]) == 1
+
+    scripted = ScriptedEngine(
+        tok, script(tok, '{"name": "get_time", "parameters": {"zone": "CET"}}'), max_context=2048
+    )
+    client = falcon.testing.TestClient(
+        create_app(scripted, cfg, Service(scripted, cfg)), headers=AUTH
+    )
+    c = chat(client, tools=TOOLS).json["choices"][0]
+    assert c["finish_reason"] == "tool_calls"
+    assert json.loads(c["message"]["tool_calls"][0]["function"]["arguments"]) == {"zone": "CET"}
+
+
 def test_tool_choice_none_offers_no_tools(tok):
     client = make(ScriptedEngine(tok, script(tok, HERMES_CALL), max_context=2048))
     c = chat(client, tools=TOOLS, tool_choice="none").json["choices"][0]
