@@ -27,13 +27,25 @@ from hipc.base.errors import HipcError
 _JSON_OPTIONS = {"whitespace_flexible": False}
 
 
+MISSING = (
+    "structured outputs and tool calls need the 'llguidance' package on the server "
+    "(pip install -e '.[server]')"
+)
+
+
+def available() -> bool:
+    try:
+        import llguidance  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _llg():
     try:
         import llguidance
     except ImportError as exc:
-        raise HipcError(
-            "structured outputs need the 'llguidance' package (pip install -e '.[server]')"
-        ) from exc
+        raise HipcError(MISSING) from exc
     return llguidance
 
 

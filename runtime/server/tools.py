@@ -128,8 +128,10 @@ def parse_tools(tools: Any, choice: Any, parallel: bool) -> ToolSpec | None:
 
 def _check_schema(schema: dict[str, Any], param: str) -> None:
     from hipc.base.errors import HipcError
-    from hipc.runtime.constraint import json_schema_grammar
+    from hipc.runtime.constraint import available, json_schema_grammar
 
+    if not available():
+        return  # `auto` needs no grammar; a forced choice is refused with MISSING later
     try:
         json_schema_grammar(schema)
     except HipcError as e:

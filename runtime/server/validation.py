@@ -553,7 +553,10 @@ def response_format(v: Any) -> str | None:
 
 def _grammar(build, schema: dict[str, Any], param: str) -> str:
     from hipc.base.errors import HipcError
+    from hipc.runtime import constraint
 
+    if not constraint.available():
+        raise bad_request(constraint.MISSING + ".", param=param, code="unsupported_parameter")
     try:
         return build(schema)
     except HipcError as e:

@@ -608,3 +608,15 @@ def test_stream_filter_equals_parse_reply_for_any_cut(syntax):
             assert streamed + tail == (want_content or "")
             assert [c["function"] for c in calls] == [c["function"] for c in want_calls]
         assert bool(want_calls) == (text != "No call <tool_ here." and "not a call" not in text)
+
+
+def test_without_llguidance_a_clear_400(tok, monkeypatch):
+    from hipc.runtime import constraint
+
+    monkeypatch.setattr(constraint, "available", lambda: False)
+    client = make(ScriptedEngine(tok, script(tok, HERMES_CALL), max_context=2048))
+    r = chat(client, response_format={"type": "json_object"})
+    assert r.status_code == 400 and "llguidance" in r.json["error"]["message"]
+    assert r.json["error"]["param"] == "response_format"
+    c = chat(client, tools=TOOLS).json["choices"][0]  # auto needs no grammar
+    assert c["finish_reason"] == "tool_calls"
