@@ -279,6 +279,23 @@ def test_explain_and_dump(tiny, tmp_path, capsys):
     assert "// l0.q+k+v: l0.attn_norm, l0.q+k+v, l0.q+k+v.split" in source
 
 
+def test_every_dumped_onnx_passes_the_checker(tiny, tmp_path):
+    onnx = pytest.importorskip("onnx")
+    dump = tmp_path / "dump"
+    assert (
+        main(["compile", str(tiny), "-o", str(tmp_path / "a.hipc"), "--dump", str(dump), "-q"]) == 0
+    )
+    stages = sorted(p.name for p in dump.glob("*.onnx"))
+    assert stages == ["0-built.onnx", "1-canonical.onnx", "2-repacked.onnx"]
+    for name in stages:
+        model = onnx.load(str(dump / name))
+        onnx.checker.check_model(model, full_check=True)  # shape inference too
+        graph = json.loads((dump / name.replace(".onnx", ".graph.json")).read_text())
+        ops = {n["op"].split("::")[-1] for n in graph["nodes"]}
+        # every IR op is in the file (the export adds standard wrapping nodes, drops none)
+        assert ops <= {n.op_type for n in model.graph.node}, name
+
+
 def test_verify_command(tiny, capsys):
     assert main(["verify", str(tiny), "--max-context", "64"]) == 0
     assert "PASS" in capsys.readouterr().out
