@@ -109,6 +109,13 @@ def compile_model(
 
     model: Model = st.run("load model", load_model, model_ref)
     max_ctx = options.resolved_max_context(model.config.max_position_embeddings)
+    if max_ctx < model.config.max_position_embeddings and options.max_context is None:
+        # NOTE: said even with -q: a context shorter than the model's is a silent limit otherwise
+        print(
+            f"hipc: max context capped at {max_ctx} for {', '.join(options.targets)} (the model "
+            f"allows {model.config.max_position_embeddings}; --max-context N sets it)",
+            file=sys.stderr,
+        )
     max_tokens = options.resolved_max_tokens(max_ctx)
     # The unfused graph is the specification; the reference executor runs it.
     graph = st.run("build graph", build_graph, model, max_ctx)
