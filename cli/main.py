@@ -356,7 +356,14 @@ def cmd_cache(args) -> int:
 
     cache = KernelCache()
     if args.action == "clear":
-        print(f"removed {cache.clear()} entries from {cache.root}")
+        before = cache.info()["total_bytes"]
+        artifacts = cache.clear_artifacts()
+        kernels = cache.clear()
+        freed = before - cache.info()["total_bytes"]
+        print(
+            f"removed {kernels} kernels and {artifacts} cached artifacts "
+            f"({freed / 2**20:.1f} MiB) from {cache.root}"
+        )
     else:
         print(json.dumps(cache.info(), indent=2, default=str))
     return 0

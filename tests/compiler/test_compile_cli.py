@@ -302,3 +302,37 @@ def test_verify_command(tiny, capsys):
     # an impossible tolerance must fail: the check is real
     assert main(["verify", str(tiny), "--max-context", "64", "--rtol", "0"]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_compiles_keep_the_cache_within_its_bound(tmp_path, monkeypatch, capsys):
+    from hipc.cache.store import TMP_PREFIX
+
+    monkeypatch.setenv("HIPC_CACHE_DIR", str(tmp_path / "cache"))
+    cache = KernelCache()
+    a = write_tiny_hf(tmp_path / "a", seed=1)
+    b = write_tiny_hf(tmp_path / "b", seed=2, intermediate_size=80)  # another kernel source
+    assert main(["compile", str(a), "-o", str(tmp_path / "a.hipc"), "-q"]) == 0
+    (entry_a,) = [p.parent for p in cache.root.rglob("entry.json")]
+    one = cache.info()["kernel_bytes"]
+    stale = entry_a.parent / f"{TMP_PREFIX}killed-build"
+    stale.mkdir()
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    old = time.time() - 60
+    os.utime(entry_a / "entry.json", (old, old))
+    capsys.readouterr()
+
+    monkeypatch.setenv("HIPC_CACHE_MAX_BYTES", str(int(one * 1.5)))
+    assert main(["compile", str(b), "-o", str(tmp_path / "b.hipc"), "-q"]) == 0
+    assert "removed 1 least recently used entries" in capsys.readouterr().err
+    assert not entry_a.exists() and not stale.exists()
+    assert cache.info()["entries"] == 1
+    assert (tmp_path / "a.hipc" / "kernels" / "cpu.so").is_file()  # artifacts are copies
+
+    # a raw model compiled on demand lands in the cache; a bound smaller than it keeps it
+    monkeypatch.setenv("HIPC_CACHE_MAX_BYTES", "1")
+    logits = ["logits", str(a), "--tokens", "1,2", "--out", str(tmp_path / "l.npy")]
+    assert main(logits) == 0
+    assert "compiling" in capsys.readouterr().err
+    assert cache.info()["artifacts"] == 1 and cache.info()["entries"] == 0
+    assert main(logits) == 0
+    assert "compiling" not in capsys.readouterr().err  # reused, not rebuilt
