@@ -356,14 +356,24 @@ def cmd_cache(args) -> int:
 
     cache = KernelCache()
     if args.action == "clear":
+        import shutil
+
+        from hipc.compiler.scratch import sweep_pending, sweep_tool_dirs
+        from hipc.runtime.integrity import stamp_dir
+
         before = cache.info()["total_bytes"]
+        # what killed compiles left: their artifact scratch (wherever -o was) and temp dirs
+        swept = sweep_pending(cache.root) + sweep_tool_dirs()
+        shutil.rmtree(stamp_dir(), ignore_errors=True)  # artifacts are hashed again on load
         artifacts = cache.clear_artifacts()
         kernels = cache.clear()
-        freed = before - cache.info()["total_bytes"]
+        freed = max(before - cache.info()["total_bytes"], 0)
         print(
             f"removed {kernels} kernels and {artifacts} cached artifacts "
             f"({freed / 2**20:.1f} MiB) from {cache.root}"
         )
+        if swept:
+            print(f"removed {len(swept)} leftovers of killed compiles")
     else:
         print(json.dumps(cache.info(), indent=2, default=str))
     return 0
