@@ -427,8 +427,7 @@ def _threads_flag(sp: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="CPU threads (default: $OMP_NUM_THREADS, else the cores this process may use, "
-        "fewer while other processes keep them busy)",
+        help="CPU threads (default: $OMP_NUM_THREADS, else every core this process may use)",
     )
 
 
