@@ -336,3 +336,26 @@ def test_compiles_keep_the_cache_within_its_bound(tmp_path, monkeypatch, capsys)
     assert cache.info()["artifacts"] == 1 and cache.info()["entries"] == 0
     assert main(logits) == 0
     assert "compiling" not in capsys.readouterr().err  # reused, not rebuilt
+
+
+def test_cpu_backend_bounds_the_barrier_spin_unless_the_user_chose(tiny, tmp_path):
+    out = tmp_path / "a.hipc"
+    assert hipc("compile", tiny, "-o", out, "-q").returncode == 0
+    code = (
+        "import os\n"
+        "from hipc.runtime.engine import load_engine\n"
+        f"load_engine({str(out)!r}).logits([1, 2])\n"
+        "print(os.environ.get('GOMP_SPINCOUNT'))\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+
+    def spin(**env):
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env}
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert spin() == "1000"
+    assert spin(OMP_WAIT_POLICY="active") == "None"  # the user's choice stands
+    assert spin(GOMP_SPINCOUNT="5") == "5"
