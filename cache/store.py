@@ -19,7 +19,7 @@ and reported as a miss, never returned.
 
 The folder is bounded: ``trim`` (run after every compile) drops the least recently used
 kernels and cached artifacts together until they fit in ``$HIPC_CACHE_MAX_BYTES``
-(default 10 GiB; 0 = no bound). A hit bumps an entry's entry.json mtime, a reused
+(default 10 GiB; 0 = no bound), skipping an artifact a live compile is writing. A hit bumps an entry's entry.json mtime, a reused
 artifact its folder's mtime: the LRU clock, since atime is unreliable (noatime).
 
 ``get_or_build`` holds a per-key ``flock`` while it builds, so concurrent processes
@@ -65,6 +65,8 @@ DEFAULT_MAX_BYTES = 10 * 2**30
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 _FANOUT_RE = re.compile(r"[0-9a-f]{2}")
+# a compile writing a cached artifact (compiler/artifact.py's scratch naming)
+_WRITING_RE = re.compile(r"^\..+\.(?:tmp|old)-(\d+)$")
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
 
@@ -104,6 +106,27 @@ def _tree_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
+
+
+def _being_written(folder: Path) -> bool:
+    """True while a live process compiles into this cached-artifact folder."""
+    try:
+        children = list(folder.iterdir())
+    except OSError:
+        return False
+    for child in children:
+        m = _WRITING_RE.match(child.name)
+        if m is None:
+            continue
+        pid = int(m.group(1))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue  # a killed compile's leftover: the folder may go
+        except PermissionError:
+            pass  # another user's live process
+        return True
+    return False
 
 
 def _why(exc: OSError) -> str:
@@ -461,6 +484,8 @@ class KernelCache:
         """Remove every cached artifact (and leftovers of removals); the count."""
         removed = 0
         for folder, _size, _last in list(self._artifacts()):
+            if _being_written(folder):
+                continue  # another compile's output; removing it would fail that compile
             self._discard_artifact(folder)
             removed += 1
         with contextlib.suppress(OSError):
@@ -501,6 +526,8 @@ class KernelCache:
             if total <= max_bytes:
                 break
             if any(k == path.resolve() or path.resolve() in k.parents for k in kept):
+                continue
+            if is_artifact and _being_written(path):
                 continue
             if is_artifact:
                 self._discard_artifact(path)

@@ -469,6 +469,25 @@ def test_lru_bound_spans_kernels_and_artifacts(tmp_path):
     assert kept.exists() and not newest.exists()
 
 
+def test_an_artifact_being_compiled_is_neither_evicted_nor_cleared(tmp_path):
+    import subprocess
+    import sys
+
+    cache = KernelCache(tmp_path)
+    busy = fake_artifact(cache, "b" * 24, 5000, 1000)
+    (busy / f".model.hipc.tmp-{os.getpid()}").mkdir()  # this process is "compiling" into it
+    dead = fake_artifact(cache, "d" * 24, 5000, 2000)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    (dead / f".model.hipc.tmp-{int(gone.stdout)}").mkdir()  # a killed compile's leftover
+    assert cache.evict(0) == 1
+    assert busy.exists() and not dead.exists()
+    assert cache.clear_artifacts() == 0 and busy.exists()
+    (busy / f".model.hipc.tmp-{os.getpid()}").rmdir()
+    assert cache.clear_artifacts() == 1 and not busy.exists()
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
