@@ -26,6 +26,7 @@ from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.fuse import Fusion, fuse
 from hipc.compiler.passes.memory import plan_memory
+from hipc.compiler.passes.quantize import quantize_weights
 from hipc.compiler.passes.repack import merge_parallel_linears
 from hipc.compiler.passes.select import select_kernels, weight_order
 from hipc.compiler.source.reader import WeightReader
@@ -102,6 +103,7 @@ def compile_model(
     dump_dir: str | os.PathLike | None = None,
     cache: KernelCache | None = None,
     verbose: bool | None = None,
+    export_gguf: str | os.PathLike | None = None,
 ) -> CompileResult:
     dump = dump_dir or os.environ.get("HIPC_DUMP_DIR")
     st = Stages(Path(dump) if dump else None, sys.stderr.isatty() if verbose is None else verbose)
@@ -113,6 +115,12 @@ def compile_model(
     # The unfused graph is the specification; the reference executor runs it.
     graph = st.run("build graph", build_graph, model, max_ctx)
     st.dump_graph("0-built", graph)
+    # --quant: float matrices -> GGML blocks (cached); the graph reads those from here on.
+    graph = verify(
+        st.run(
+            "quantize", quantize_weights, graph, options.quant, None, reader, st.bar("quantizing")
+        )
+    )
     # Linear/Embedding/SiLU forms read weights in their storage types.
     graph = verify(st.run("canonicalize", canonicalize, graph, reader))
     st.dump_graph("1-canonical", graph)
