@@ -20,6 +20,7 @@ from hipc.cache import CacheKey, KernelCache
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
 from hipc.compiler.codegen.cpu import ABI_VERSION, render_cpu_program
 from hipc.compiler.codegen.hip import render_hip_program
+from hipc.compiler.export_gguf import export_gguf as write_gguf
 from hipc.compiler.ir import Constant, Graph, PackedWeight
 from hipc.compiler.onnx_export import export_onnx, onnx_available
 from hipc.compiler.options import CompileOptions
@@ -116,11 +117,9 @@ def compile_model(
     graph = st.run("build graph", build_graph, model, max_ctx)
     st.dump_graph("0-built", graph)
     # --quant: float matrices -> GGML blocks (cached); the graph reads those from here on.
-    graph = verify(
-        st.run(
-            "quantize", quantize_weights, graph, options.quant, None, reader, st.bar("quantizing")
-        )
-    )
+    graph = verify(st.run("quantize", quantize_weights, graph, options.quant, None, reader))
+    if export_gguf:  # the same tensors as a GGUF file for llama.cpp (and hipc) to load
+        st.run("export gguf", write_gguf, model, graph, export_gguf, options.quant, reader)
     # Linear/Embedding/SiLU forms read weights in their storage types.
     graph = verify(st.run("canonicalize", canonicalize, graph, reader))
     st.dump_graph("1-canonical", graph)
@@ -262,12 +261,12 @@ def compile_model(
 
 def _optional_tokenizer(model: Model):
     """The model's tokenizer; a folder without tokenizer.json still compiles (token ids only)."""
-    if (
-        model.source.format == "safetensors"
-        and not (model.source.path / "tokenizer.json").is_file()
+    src = model.source
+    if (src.format == "safetensors" and not (src.path / "tokenizer.json").is_file()) or (
+        src.format == "gguf" and src.raw_config.get("tokenizer.ggml.model") == "none"
     ):
         print(
-            f"hipc: note: {model.source.path} has no tokenizer.json; the artifact takes token ids only",
+            f"hipc: note: {src.path} has no tokenizer; the artifact takes token ids only",
             file=sys.stderr,
         )
         return None
