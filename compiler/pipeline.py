@@ -118,6 +118,8 @@ def compile_model(
     st.dump_graph("0-built", graph)
     # --quant: float matrices -> GGML blocks (cached); the graph reads those from here on.
     graph = verify(st.run("quantize", quantize_weights, graph, options.quant, None, reader))
+    if options.quant:
+        st.dump_graph("0-quantized", graph)
     if export_gguf:  # the same tensors as a GGUF file for llama.cpp (and hipc) to load
         st.run("export gguf", write_gguf, model, graph, export_gguf, options.quant, reader)
     # Linear/Embedding/SiLU forms read weights in their storage types.

@@ -62,7 +62,12 @@ def quantize_weights(
         for name, c in todo.items()
     }
     out = _point_at(graph, refs)
-    out.metadata["quant"] = {"recipe": recipe, "store": str(store)}
+    # what --dump shows: each matrix's type and the rule that chose it
+    out.metadata["quant"] = {
+        "recipe": recipe,
+        "store": str(store),
+        "tensors": {name: f"{c.dtype}: {c.why}" for name, c in sorted(choices.items())},
+    }
     return out
 
 

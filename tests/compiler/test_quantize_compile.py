@@ -175,3 +175,36 @@ def test_bad_quant_is_one_line_exit_2(tmp_path, capsys, bad):
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith("hipc: error: --quant") and "q4_k_m" in err[0]
     assert not (tmp_path / "x.hipc").exists()
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16"])
+def test_float_gguf_source_quantizes(tmp_path, qtype):
+    from gguf_writer import write_numpy_gguf
+
+    path = write_numpy_gguf(tmp_path / f"m-{qtype}.gguf", qtype=qtype)
+    out = compile_model(
+        path, tmp_path / "m.hipc", CompileOptions(quant="q4_1", max_context=CTX), verbose=False
+    ).artifact
+    engine = load_engine(out, "cpu")
+    names = {w["name"]: w["dtype"] for w in engine.artifact.plan["weights"]}
+    assert names["blk.0.ffn_down.weight"] == "q4_1" and names["output.weight"] == "q4_1"
+    ids = list(range(1, 30))
+    want = ReferenceEngine(load_model(path), CTX, quant="q4_1").logits(ids, 0)
+    assert rel_err(engine.logits(ids), want) <= 1e-3
+
+
+def test_verify_cli_with_quant(bf16_model, capsys):
+    model, _ = bf16_model
+    assert main(["verify", str(model), "--quant", "q8_0", "--max-context", str(CTX)]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out
+
+
+def test_quantized_source_is_refused(tmp_path, capsys):
+    from gguf_writer import write_numpy_gguf
+
+    path = write_numpy_gguf(tmp_path / "m.gguf", qtype="Q8_0")
+    rc = main(["compile", str(path), "--quant", "q4_0", "-o", str(tmp_path / "x.hipc"), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("hipc: error: --quant:"), err
+    assert "token_embd.weight" in err[-1] and "already q8_0" in err[-1]
