@@ -208,3 +208,28 @@ def test_quantized_source_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("hipc: error: --quant:"), err
     assert "token_embd.weight" in err[-1] and "already q8_0" in err[-1]
+
+
+@pytest.mark.parametrize("family", ["llama-tied-mqa", "qwen2-bias", "qwen3-qknorm"])
+def test_export_gguf_families(tmp_path, family):
+    from support import TINY_FAMILIES
+
+    model = write_tiny_hf(tmp_path / family, TINY_FAMILIES[family], dtype="bfloat16")
+    path = tmp_path / "m.gguf"
+    opts = CompileOptions(quant="q8_0", max_context=CTX)
+    art = compile_model(model, tmp_path / "q.hipc", opts, verbose=False, export_gguf=path)
+    again = compile_model(path, tmp_path / "g.hipc", CompileOptions(max_context=CTX), verbose=False)
+    ids = list(range(3, 40))
+    a, b = load_engine(art.artifact, "cpu"), load_engine(again.artifact, "cpu")
+    assert rel_err(b.logits(ids), a.logits(ids)) <= 1e-4
+
+
+def test_export_refuses_what_gguf_cannot_say(tmp_path, capsys):
+    from support import TINY_FAMILIES
+
+    model = write_tiny_hf(tmp_path / "mw", TINY_FAMILIES["mistral-window"])
+    out = ["-o", str(tmp_path / "m.hipc"), "--export-gguf", str(tmp_path / "m.gguf"), "-q"]
+    rc = main(["compile", str(model), *out])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and "--export-gguf" in err[-1] and "sliding window" in err[-1], err
+    assert not (tmp_path / "m.gguf").exists()
