@@ -117,7 +117,11 @@ def compile_model(
     graph = st.run("build graph", build_graph, model, max_ctx)
     st.dump_graph("0-built", graph)
     # --quant: float matrices -> GGML blocks (cached); the graph reads those from here on.
-    graph = verify(st.run("quantize", quantize_weights, graph, options.quant, None, reader))
+    graph = verify(
+        st.run(
+            "quantize", quantize_weights, graph, options.quant, None, reader, st.bar("quantizing")
+        )
+    )
     if options.quant:
         st.dump_graph("0-quantized", graph)
     if export_gguf:  # the same tensors as a GGUF file for llama.cpp (and hipc) to load

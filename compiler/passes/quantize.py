@@ -22,6 +22,7 @@ from hipc.compiler.ir import Graph, WeightRef
 from hipc.compiler.passes.rewrite import Rewriter
 from hipc.compiler.quant_recipes import TensorChoice, choose_types
 from hipc.compiler.quants import QUANTIZERS, quantize, row_bytes
+from hipc.compiler.source.gguf_file import GGUFFile
 from hipc.compiler.source.reader import WeightReader
 from hipc.runtime.errors import HipcError
 
@@ -55,7 +56,7 @@ def quantize_weights(
     if not todo:
         return graph
     store = _store_path(store_dir, recipe, todo)
-    if not store.is_file():
+    if not _store_ok(store, todo):
         _write_store(store, todo, reader, on_progress)
     refs = {
         name: WeightRef(str(store), c.ref.name, c.dtype, c.ref.shape, "gguf")
@@ -81,6 +82,21 @@ def _store_path(store_dir: Path, recipe: str, todo: dict[str, TensorChoice]) -> 
     return store_dir / f"{recipe}-{hashlib.sha256(blob).hexdigest()[:24]}.gguf"
 
 
+def _store_ok(store: Path, todo: dict[str, TensorChoice]) -> bool:
+    """A store that opens and holds every tensor in its type and shape; anything else
+    (absent, truncated, damaged) is rewritten, never read."""
+    if not store.is_file():
+        return False
+    try:
+        entries = GGUFFile(store).entries
+    except HipcError:
+        return False
+    return all(
+        (e := entries.get(c.ref.name)) is not None and (e.dtype, e.shape) == (c.dtype, c.ref.shape)
+        for c in todo.values()
+    )
+
+
 def _write_store(
     store: Path,
     todo: dict[str, TensorChoice],
@@ -98,6 +114,8 @@ def _write_store(
     tmp = store.with_name(f".{store.name}.{os.getpid()}.tmp")
     writer = gguf.GGUFWriter(str(tmp), "hipc-quantized")
     order = sorted(todo)
+    total = sum(reader.stored(todo[n].ref).nbytes for n in order)
+    done = 0
     for name in order:
         c = todo[name]
         rows, k = c.ref.shape
@@ -108,11 +126,12 @@ def _write_store(
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for i, name in enumerate(order):
+        for name in order:
             c = todo[name]
             writer.write_tensor_data(quantize(reader.value(c.ref), c.dtype))
+            done += reader.stored(c.ref).nbytes
             if on_progress:
-                on_progress(i + 1, len(order))
+                on_progress(done, total)
         writer.close()
         os.replace(tmp, store)
     except BaseException:

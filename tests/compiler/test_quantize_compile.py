@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -76,14 +78,18 @@ def test_quantized_cpu_program_matches_reference(bf16_model, tmp_path, recipe):
     assert rel_err(quantized, floating) > 1e-3
 
 
-def test_quantized_store_is_reused(bf16_model, tmp_path):
+def test_quantized_store_is_reused_and_a_damaged_one_rewritten(bf16_model):
     model, _ = bf16_model
-    ref = ReferenceEngine(load_model(model), CTX, quant="q4_1")
-    store = ref.graph.metadata["quant"]["store"]
-    mtime = __import__("os").stat(store).st_mtime_ns
+    ids = list(range(5, 25))
+    first = ReferenceEngine(load_model(model), CTX, quant="q4_1")
+    store = Path(first.graph.metadata["quant"]["store"])
+    want, stamp = first.logits(ids, 0), store.stat().st_mtime_ns
     again = ReferenceEngine(load_model(model), CTX, quant="q4_1")
-    assert again.graph.metadata["quant"]["store"] == store
-    assert __import__("os").stat(store).st_mtime_ns == mtime
+    assert again.graph.metadata["quant"]["store"] == str(store)
+    assert store.stat().st_mtime_ns == stamp  # reused, not rewritten
+    store.write_bytes(store.read_bytes()[:-100])  # truncated
+    fixed = ReferenceEngine(load_model(model), CTX, quant="q4_1")
+    np.testing.assert_array_equal(fixed.logits(ids, 0), want)
 
 
 def test_export_gguf_round_trip(tmp_path):
