@@ -1,10 +1,10 @@
 """Which GGML type each weight matrix gets under `--quant RECIPE`.
 
-Plain types (q8_0, q4_0, q4_k ...) put every matrix in that type, embedding and LM head
-included: llama-quantize's `--pure`. The *_k_m mixes are llama.cpp's Q4_K_M / Q5_K_M as
-its llama_tensor_get_type picks them without an importance matrix (facts, not code,
-taken from src/llama-quant.cpp): the rows of MIX_RULES below, then the row-length
-fallback. Only matrices (2-D float weights) are quantized; norms and biases stay float.
+Each recipe is llama-quantize's file type of that name as its llama_tensor_get_type
+picks types without an importance matrix (facts, not code, taken from llama.cpp's
+src/llama-quant.cpp): a base type for every matrix, the exceptions in RULES below, then
+the row-length fallback. `q4_k` and `q5_k` are the *_S file types minus Q4_K_S's few
+Q5_K layers. Only matrices (2-D float weights) are quantized; norms and biases stay.
 """
 
 from __future__ import annotations
@@ -17,25 +17,38 @@ from hipc.compiler.quants import BLOCKS
 from hipc.graphs.names import NAME_TABLES
 from hipc.runtime.errors import HipcError
 
-PLAIN = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
-MIXES = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}  # mix -> its base type
-RECIPES = (*PLAIN, *MIXES)
+# recipe -> the type of every matrix no rule below picks for
+BASE = {
+    "q8_0": "q8_0",
+    "q4_0": "q4_0",
+    "q4_1": "q4_1",
+    "q5_0": "q5_0",
+    "q5_1": "q5_1",
+    "q4_k": "q4_k",
+    "q5_k": "q5_k",
+    "q6_k": "q6_k",
+    "q4_k_m": "q4_k",
+    "q5_k_m": "q5_k",
+}
+RECIPES = tuple(BASE)
+_ALL = RECIPES
+_MIXES = ("q4_k_m", "q5_k_m")
 
-# The mixes' exceptions to their base type, first match wins:
-#   (roles, on which layers, type, why)
+# The exceptions to the base type, first match wins:
+#   (recipes, roles, on which layers, type, why)
 # "output" is the LM head, or the embedding when it is tied (it is the LM head then).
-MIX_RULES = (
+RULES = (
     # The output matrix's error lands directly on the logits, and it is one matrix, so
-    # 6 bits cost little.
-    (("output",), "all", "q6_k", "output matrix"),
+    # 6 bits cost little (a Q8_0 recipe keeps Q8_0).
+    (_ALL, ("output",), "base is not q8_0", "q6_k", "output matrix"),
     # attn_v is small under GQA and feeds every head's output; ffn_down is the matmul
     # most sensitive to quantization. Both get 6 bits on the "more bits" layers: the
     # first and last eighth of the layers and every third layer between them.
-    (("v", "down"), "more_bits", "q6_k", "on a more-bits layer"),
+    (_MIXES, ("v", "down"), "more-bits layer", "q6_k", "on a more-bits layer"),
     # 70B-class models (80 layers, GQA): 8 query heads share each v head, so v is 8x
     # smaller than q and 5 bits cost almost nothing (llama.cpp's LLM_TYPE_70B rule,
     # which lifts only 3- and 4-bit types).
-    (("v",), "80_layer_gqa", "q5_k", "attn_v of an 80-layer GQA model"),
+    (("q4_k_m", "q4_k"), ("v",), "80 layers with GQA", "q5_k", "80-layer GQA model"),
 )
 
 # A row whose length is not a multiple of 256 cannot hold K-quant super-blocks; these
@@ -85,40 +98,21 @@ def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
         role, layer = roles[name]
         if init.dtype not in FLOAT_DTYPES:
             continue
-        wanted, why = recipe, "recipe type"
-        if recipe in MIXES:
-            wanted, why = _mix_type(
-                MIXES[recipe], role, layer, n_layers, has_lm_head, big_gqa, init.shape[1]
-            )
-        dtype, why = _fit(wanted, why, init)
+        if role == "lm_head" or (role == "embed" and not has_lm_head):
+            role = "output"
+        when = {
+            "base is not q8_0": BASE[recipe] != "q8_0",
+            "more-bits layer": layer is not None and use_more_bits(layer, n_layers),
+            "80 layers with GQA": big_gqa,
+        }
+        dtype, why = BASE[recipe], "base type"
+        for recipes, roles_, on, rule_type, rule_why in RULES:
+            if recipe in recipes and role in roles_ and when[on]:
+                dtype, why = rule_type, f"{role}: {rule_why}"
+                break
+        dtype, why = _fit(dtype, why, init)
         out[name] = TensorChoice(init, role, layer, dtype, why)
     return out
-
-
-def _mix_type(
-    base: str,
-    role: str | None,
-    layer: int | None,
-    n_layers: int,
-    has_lm_head: bool,
-    big_gqa: bool,
-    k: int,
-) -> tuple[str, str]:
-    if role == "lm_head" or (role == "embed" and not has_lm_head):
-        role = "output"
-    when = {
-        "all": True,
-        "more_bits": layer is not None and use_more_bits(layer, n_layers),
-        "80_layer_gqa": big_gqa and base == "q4_k",
-    }
-    for roles, on, dtype, why in MIX_RULES:
-        if role in roles and when[on]:
-            if role == "output" and k % 256:
-                # NOTE: llama.cpp checks the output row against the base type's block
-                # and goes to Q8_0 at once (Q6_K's own fallback: the same result)
-                return "q8_0", f"{why}, row length {k} not a multiple of 256"
-            return dtype, f"{role}: {why}"
-    return base, "mix base type"
 
 
 def _fit(dtype: str, why: str, init: WeightRef) -> tuple[str, str]:

@@ -60,7 +60,7 @@ def test_q4_k_m_on_smollm2_matches_llama_quantize(fmt):
     }
     by_role = {(c.role, c.layer): c.dtype for c in types.values()}
     # the tied embedding is the output matrix: 576 is not whole super-blocks -> Q8_0
-    assert by_role[("embed", None)] == "q8_0"
+    assert by_role[("output", None)] == "q8_0"
     for i in range(30):
         more = use_more_bits(i, 30)
         assert by_role[("down", i)] == ("q6_k" if more else "q4_k")  # 1536 = 6 x 256
@@ -72,7 +72,7 @@ def test_q4_k_m_on_llama3_8b_matches_llama_quantize():
     types = choose_types(shaped_graph("safetensors", **LLAMA3_8B), "q4_k_m")
     assert Counter(c.dtype for c in types.values()) == {"q4_k": 193, "q6_k": 33}
     by_role = {(c.role, c.layer): c.dtype for c in types.values()}
-    assert by_role[("lm_head", None)] == "q6_k"
+    assert by_role[("output", None)] == "q6_k"
     assert by_role[("embed", None)] == "q4_k"  # untied: the base type
 
 
@@ -94,20 +94,35 @@ def test_q5_k_m_and_the_70b_rule():
 
 
 @pytest.mark.parametrize("recipe", ["q8_0", "q4_0", "q4_1", "q4_k", "q6_k"])
-def test_plain_types_are_uniform_with_the_row_length_fallback(recipe):
+def test_plain_types_with_the_output_rule_and_row_length_fallback(recipe):
     types = choose_types(shaped_graph("safetensors", **SMOLLM2), recipe)
     fallback = {"q4_k": "q5_0", "q6_k": "q8_0"}.get(recipe, recipe)
     for c in types.values():
-        whole = c.ref.shape[1] % 256 == 0
-        assert c.dtype == (recipe if whole or recipe[-1] != "k" else fallback), c
+        if c.role == "output":  # the tied embedding: 576 is not whole super-blocks
+            assert c.dtype == "q8_0", c
+        else:
+            whole = c.ref.shape[1] % 256 == 0
+            assert c.dtype == (recipe if whole or recipe[-1] != "k" else fallback), c
     assert len(types) == 30 * 7 + 1  # every matrix; norms are not in the plan
+
+
+def test_q4_0_on_llama3_8b_keeps_the_output_in_q6_k():
+    # what issue 12 found in llama-quantize's Q4_0 of Llama-3-8B: output.weight in Q6_K
+    types = choose_types(shaped_graph("safetensors", **LLAMA3_8B), "q4_0")
+    assert Counter(c.dtype for c in types.values()) == {"q4_0": 225, "q6_k": 1}
+    assert {c.role for c in types.values() if c.dtype == "q6_k"} == {"output"}
+    assert Counter(
+        c.dtype for c in choose_types(shaped_graph("safetensors", **LLAMA3_8B), "q8_0").values()
+    ) == {"q8_0": 226}
 
 
 def test_rows_not_whole_blocks_stay_float():
     g = shaped_graph("safetensors", 2, 64, 72, 100, 64, 32, True, dtype="float16")
     types = choose_types(g, "q4_0")
     assert {c.dtype for c in types.values() if c.ref.shape[1] == 72} == {"float16"}
-    assert {c.dtype for c in types.values() if c.ref.shape[1] == 64} == {"q4_0"}
+    assert {c.dtype for c in types.values() if c.ref.shape[1] == 64 and c.role != "output"} == {
+        "q4_0"
+    }
 
 
 def test_already_quantized_weights_are_refused():
