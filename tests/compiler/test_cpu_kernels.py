@@ -71,7 +71,6 @@ EXPECTED_ISA = {
 
 SHIM = r"""
 #include "hipc_cpu.h"
-#include "hipc_cpu_ops.h"
 extern "C" {
 #define HIPC_WRAP(w)                                                                          \
   void t_matmul_##w(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
