@@ -1,8 +1,8 @@
 // hipc_cpu.h -- header-only CPU building blocks for hipc-generated kernels.
 //
-// Matrix products against weights kept in their GGUF block layouts (Q4_0, Q4_1, Q8_0)
-// or dense (f32, f16, bf16), plus f16/bf16 conversions, activation quantization and
-// embedding-row gathers. Kernels call, e.g.
+// Matrix products against weights kept in their GGUF block layouts (Q4_0, Q4_1, Q8_0,
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) or dense (f32, f16, bf16), plus f16/bf16 conversions,
+// activation quantization and embedding-row gathers. Kernels call, e.g.
 //
 //     hipc::matmul_q4_1(x, T, K, W, N, y, N);      // y[T,N] = x[T,K] @ W[N,K]^T
 //
@@ -64,10 +64,10 @@
 #include "linear_dense.h"
 #include "linear.h"
 #include "embedding.h"
+#include "row_ops.h"
+#include "linear_a16.h"
+#include "linear_kquant.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-
-#include "row_ops.h"
-#include "linear_a16.h"

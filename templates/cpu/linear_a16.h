@@ -45,7 +45,8 @@ struct Act16 {
   float* sum = nullptr;  // [T][nb]
 };
 
-inline Act16 quantize_act16(const float* x, int T, int K) {
+// qmax: 32767 (int16); linear_kquant.h also asks for 127 (int8 activations).
+inline Act16 quantize_act16(const float* x, int T, int K, float qmax = 32767.f) {
   Act16 a;
   a.nb = K / 32;
   const size_t nblk = (size_t)T * a.nb;
@@ -59,9 +60,9 @@ inline Act16 quantize_act16(const float* x, int T, int K) {
       amax = std::max(amax, std::fabs(xb[j]));
       s += xb[j];
     }
-    const float inv = amax > 0.f ? 32767.f / amax : 0.f;
+    const float inv = amax > 0.f ? qmax / amax : 0.f;
     for (int j = 0; j < 32; ++j) a.q[i * 32 + j] = (int16_t)std::lrint(xb[j] * inv);
-    a.scale[i] = amax / 32767.f;
+    a.scale[i] = amax / qmax;
     a.sum[i] = s;
   }
   return a;
