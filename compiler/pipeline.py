@@ -19,6 +19,7 @@ import numpy as np
 from hipc.cache import CacheKey, KernelCache
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
 from hipc.compiler.codegen.cpu import ABI_VERSION, render_cpu_program
+from hipc.compiler.codegen.environment import check_weight_types
 from hipc.compiler.codegen.hip import render_hip_program
 from hipc.compiler.export_gguf import export_gguf as write_gguf
 from hipc.compiler.ir import Constant, Graph, PackedWeight
@@ -144,6 +145,11 @@ def compile_model(
     gpu_sections: dict[str, dict] = {}
     cache = cache or KernelCache()
     for target in options.targets:
+        # A weight type without a kernel here: one line naming the tensor, before any rendering.
+        family = "cpu" if target == "cpu" else "hip"
+        check_weight_types(
+            launches, graph.initializers, family, "CPU" if family == "cpu" else "HIP"
+        )
         # Render this target's source; its hash keys the code-object cache.
         if target == "cpu":
             toolchain, ext = CpuToolchain(), "cpp"

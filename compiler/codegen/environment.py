@@ -21,7 +21,38 @@ WEIGHT_SUFFIX = {
     "q4_0": "q4_0",
     "q4_1": "q4_1",
     "q8_0": "q8_0",
+    "q5_0": "q5_0",
+    "q5_1": "q5_1",
+    "q4_k": "q4_k",
+    "q5_k": "q5_k",
+    "q6_k": "q6_k",
 }
+
+
+# Weight storage types each target family has linear and embedding kernels for. A model
+# with any other type is refused before rendering (check_weight_types), naming the tensor.
+_BASE_WTYPES = ("float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0")
+KERNEL_WTYPES = {
+    "cpu": (*_BASE_WTYPES, "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"),
+    "hip": _BASE_WTYPES,
+}
+
+
+def check_weight_types(launches, initializers: dict, family: str, label: str) -> None:
+    """Refuse the first weight whose type `family` ("cpu" | "hip") has no kernel for, in one
+    line naming the tensor(s) as the model file does, its type and the supported types."""
+    supported = KERNEL_WTYPES[family]
+    for launch in launches:
+        p = launch.kernel.param_dict
+        if launch.kernel.template not in ("linear", "embedding") or p["wtype"] in supported:
+            continue
+        init = initializers.get(launch.args["w"][1])
+        parts = getattr(init, "parts", None) or (init,)
+        names = ", ".join(getattr(r, "name", launch.args["w"][1]) for r in parts)
+        raise HipcError(
+            f"{names}: weight type {p['wtype']} has no {label} kernel "
+            f"(supported: {', '.join(supported)})"
+        )
 
 
 def c_float(x: float) -> str:
