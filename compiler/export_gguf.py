@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hipc.compiler.ir import QUANT_DTYPES, Graph, WeightRef
+from hipc.compiler.ir import QUANT_BLOCKS, QUANT_DTYPES, Graph, WeightRef
 from hipc.compiler.source.reader import WeightReader
 from hipc.graphs import Model
 from hipc.graphs.names import GGUF_LLAMA
@@ -144,9 +144,8 @@ def _stored_shape(ref: WeightRef) -> tuple[tuple[int, ...], str]:
     """The shape and numpy dtype of what is written: quantized rows as uint8 blocks,
     float16 as is, the other floats (bf16 widened exactly) as float32."""
     if ref.dtype in QUANT_DTYPES:
-        from hipc.compiler.quants import row_bytes
-
-        return (*ref.shape[:-1], row_bytes(ref.dtype, ref.shape[-1])), "uint8"
+        elems, block_bytes = QUANT_BLOCKS[ref.dtype]
+        return (*ref.shape[:-1], ref.shape[-1] // elems * block_bytes), "uint8"
     return tuple(ref.shape), "float16" if ref.dtype == "float16" else "float32"
 
 

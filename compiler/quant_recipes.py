@@ -12,8 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hipc.compiler.ir import FLOAT_DTYPES, QUANT_DTYPES, Graph, WeightRef
-from hipc.compiler.quants import BLOCKS
+from hipc.compiler.ir import FLOAT_DTYPES, QUANT_BLOCKS, QUANT_DTYPES, Graph, WeightRef
 from hipc.graphs.names import NAME_TABLES
 from hipc.runtime.errors import HipcError
 
@@ -118,10 +117,10 @@ def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
 def _fit(dtype: str, why: str, init: WeightRef) -> tuple[str, str]:
     """The row-length fallback: K-quants need 256-element rows, the others 32."""
     k = init.shape[1]
-    if k % BLOCKS[dtype][0] and dtype in K_FALLBACK:
+    if k % QUANT_BLOCKS[dtype][0] and dtype in K_FALLBACK:
         why = f"row length {k} is not a multiple of 256: {K_FALLBACK[dtype]} for {dtype}"
         dtype = K_FALLBACK[dtype]
-    if k % BLOCKS[dtype][0]:
+    if k % QUANT_BLOCKS[dtype][0]:
         return init.dtype, f"row length {k} is not a multiple of 32: kept {init.dtype}"
     return dtype, why
 

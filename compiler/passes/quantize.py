@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hipc.cache import default_cache_dir
-from hipc.compiler.ir import Graph, WeightRef
+from hipc.compiler.ir import QUANT_BLOCKS, Graph, WeightRef
 from hipc.compiler.passes.rewrite import Rewriter
 from hipc.compiler.quant_recipes import TensorChoice, choose_types
-from hipc.compiler.quants import QUANTIZERS, quantize, row_bytes
+from hipc.compiler.quantize import QUANTIZABLE, quantize
 from hipc.compiler.source.gguf_file import GGUFFile
 from hipc.compiler.source.reader import WeightReader
 from hipc.runtime.errors import HipcError
@@ -47,11 +47,11 @@ def quantize_weights(
     store_dir = store_dir or default_cache_dir() / "quantized"
     choices = choose_types(graph, recipe)
     todo = {name: c for name, c in choices.items() if c.dtype != c.ref.dtype}
-    missing = sorted({c.dtype for c in todo.values()} - set(QUANTIZERS))
+    missing = sorted({c.dtype for c in todo.values()} - set(QUANTIZABLE))
     if missing:
         raise HipcError(
             f"--quant {recipe}: no quantizer for {', '.join(missing)} yet "
-            f"(have: {', '.join(QUANTIZERS)})"
+            f"(have: {', '.join(QUANTIZABLE)})"
         )
     if not todo:
         return graph
@@ -120,7 +120,8 @@ def _write_store(
         c = todo[name]
         rows, k = c.ref.shape
         qt = gguf.GGMLQuantizationType[c.dtype.upper()]
-        nbytes = rows * row_bytes(c.dtype, k)
+        elems, block_bytes = QUANT_BLOCKS[c.dtype]
+        nbytes = rows * k // elems * block_bytes
         writer.add_tensor_info(c.ref.name, (rows, nbytes // rows), np.dtype(np.uint8), nbytes, qt)
     try:
         writer.write_header_to_file()
@@ -128,7 +129,8 @@ def _write_store(
         writer.write_ti_data_to_file()
         for name in order:
             c = todo[name]
-            writer.write_tensor_data(quantize(reader.value(c.ref), c.dtype))
+            blocks = quantize(reader.value(c.ref), c.dtype)
+            writer.write_tensor_data(np.frombuffer(blocks, np.uint8).reshape(c.ref.shape[0], -1))
             done += reader.stored(c.ref).nbytes
             if on_progress:
                 on_progress(done, total)
