@@ -83,6 +83,33 @@ def test_quantized_cpu_program_matches_reference(bf16_model, tmp_path, recipe):
     assert rel_err(quantized, floating) > 1e-3
 
 
+@pytest.mark.parametrize("recipe", ["q4_k_m", "q5_k_m"])
+def test_k_quant_mix_cpu_program_matches_reference(tmp_path, recipe):
+    # rows of 256 and 512: whole super-blocks, so the mix is Q4_K/Q5_K with Q6_K for the
+    # LM head and for the last layer's attn_v and ffn_down (2 layers: layer 1 is the last
+    # eighth), nothing falls back
+    model = write_tiny_hf(
+        tmp_path / "m", dtype="bfloat16", hidden_size=256, intermediate_size=512, vocab_size=160
+    )
+    out = compile_model(
+        model, tmp_path / "m.hipc", CompileOptions(quant=recipe, max_context=CTX), verbose=False
+    ).artifact
+    engine = load_engine(out, "cpu")
+    types = {w["name"]: w["dtype"] for w in engine.artifact.plan["weights"]}
+    base = recipe[:4]
+    assert types["lm_head.weight"] == "q6_k"
+    assert types["model.layers.0.mlp.down_proj.weight"] == base
+    assert types["model.layers.1.mlp.down_proj.weight"] == "q6_k"
+    ids = np.random.default_rng(4).integers(0, 160, 20).tolist()
+    want = ReferenceEngine(load_model(model), CTX, quant=recipe).logits(ids, 0)
+    # int16 activations per 32-block as for the legacy types, over 256-wide rows:
+    # measured 1.1e-3 for q4_k_m
+    assert rel_err(engine.logits(ids), want) <= 3e-3
+    # measured on three seeds of this shape: q4_k_m 0.76-0.78, q5_k_m 0.92-0.95
+    floating = ReferenceEngine(load_model(model), CTX).logits(ids, 0)
+    assert logit_correlation(want, floating) >= {"q4_k_m": 0.7, "q5_k_m": 0.88}[recipe]
+
+
 def test_quantized_store_is_reused_and_a_damaged_one_rewritten(bf16_model):
     model, _ = bf16_model
     ids = list(range(5, 25))
