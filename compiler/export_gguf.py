@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from hipc.base.errors import HipcError
 from hipc.compiler.ir import QUANT_BLOCKS, QUANT_DTYPES, Graph, WeightRef
 from hipc.compiler.source.reader import WeightReader
 from hipc.graphs import Model
 from hipc.graphs.names import GGUF_LLAMA
-from hipc.runtime.errors import HipcError
 
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 

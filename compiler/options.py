@@ -1,13 +1,11 @@
-"""Compile options: a frozen record that validates itself and hashes itself."""
+"""Compile options: a frozen record that validates itself."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass
 
+from hipc.base.errors import HipcError
 from hipc.compiler.quant_recipes import RECIPES
-from hipc.runtime.errors import HipcError
 
 GPU_TARGETS = (
     "sm_80",
@@ -80,7 +78,3 @@ class CompileOptions:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hipc.compiler.ir import FLOAT_DTYPES, QUANT_BLOCKS, QUANT_DTYPES, Graph, WeightRef
+from hipc.base.errors import HipcError
+from hipc.compiler.ir import QUANT_BLOCKS, QUANT_DTYPES, Graph, WeightRef
 from hipc.graphs.names import NAME_TABLES
-from hipc.runtime.errors import HipcError
 
 # recipe -> the type of every matrix no rule below picks for
 BASE = {
@@ -30,6 +30,7 @@ BASE = {
     "q5_k_m": "q5_k",
 }
 RECIPES = tuple(BASE)
+_FLOATS = ("float32", "float16", "bfloat16", "float64")
 _ALL = RECIPES
 _MIXES = ("q4_k_m", "q5_k_m")
 
@@ -95,7 +96,7 @@ def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
     out = {}
     for name, init in mats.items():
         role, layer = roles[name]
-        if init.dtype not in FLOAT_DTYPES:
+        if init.dtype not in _FLOATS:
             continue
         if role == "lm_head" or (role == "embed" and not has_lm_head):
             role = "output"

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from hipc.base.errors import HipcError
 from hipc.cache import default_cache_dir
 from hipc.compiler.ir import QUANT_BLOCKS, Graph, WeightRef
 from hipc.compiler.passes.rewrite import Rewriter
@@ -24,7 +25,6 @@ from hipc.compiler.quant_recipes import TensorChoice, choose_types
 from hipc.compiler.quantize import QUANTIZABLE, quantize
 from hipc.compiler.source.gguf_file import GGUFFile
 from hipc.compiler.source.reader import WeightReader
-from hipc.runtime.errors import HipcError
 
 # Bumped whenever a quantizer's output changes, so stale stores are not reused.
 QUANTIZER_VERSION = 1

@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hipc.base.safetensors_file import SafetensorsFile
+from hipc.cli.main import main
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
-from hipc.runtime.cli import main
 from hipc.runtime.engine import load_engine
-from hipc.runtime.safetensors_file import SafetensorsFile
 
 from support import rel_err, require, write_tiny_chat_model, write_tiny_hf
 

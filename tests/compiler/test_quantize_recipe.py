@@ -12,10 +12,10 @@ from collections import Counter
 
 import pytest
 
+from hipc.base.errors import HipcError
 from hipc.compiler.ir import Graph, TensorType, WeightRef
 from hipc.compiler.quant_recipes import RECIPES, choose_types, use_more_bits
 from hipc.graphs.names import NAME_TABLES
-from hipc.runtime.errors import HipcError
 
 
 def shaped_graph(fmt, layers, hidden, ffn, vocab, q_rows, kv_rows, tied, dtype="bfloat16"):

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 
 def _parse_tokens(text: str) -> list[int]:
@@ -348,8 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--quant",
         metavar="RECIPE",
         default=None,
-        help="quantize float weights at compile time: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, "
-        "q5_k, q6_k (every matrix in that type) or q4_k_m, q5_k_m (llama.cpp's mixes)",
+        help="quantize float weights at compile time, as llama-quantize's file type of that "
+        "name: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m",
     )
     sp.add_argument(
         "--export-gguf",
@@ -373,8 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--quant",
         metavar="RECIPE",
         default=None,
-        help="quantize float weights at compile time: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, "
-        "q5_k, q6_k (every matrix in that type) or q4_k_m, q5_k_m (llama.cpp's mixes)",
+        help="quantize float weights at compile time, as llama-quantize's file type of that "
+        "name: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m",
     )
     sp.add_argument(
         "--text", default=None, help="text to teacher-force (default: a built-in mixed sample)"
