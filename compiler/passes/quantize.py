@@ -11,6 +11,7 @@ the same bytes. Norms, biases and other 1-D weights stay as they are.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -26,8 +27,16 @@ from hipc.compiler.quantize import QUANTIZABLE, quantize
 from hipc.compiler.source.gguf_file import GGUFFile
 from hipc.compiler.source.reader import WeightReader
 
-# Bumped whenever a quantizer's output changes, so stale stores are not reused.
-QUANTIZER_VERSION = 1
+
+@functools.cache
+def _quantizer_digest() -> str:
+    """A hash of the quantizers' source: a store made by other quantizers is not reused."""
+    import hipc.compiler.quantize as q
+
+    h = hashlib.sha256()
+    for f in sorted(Path(q.__file__).parent.glob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def quantize_weights(
@@ -78,7 +87,7 @@ def _store_path(store_dir: Path, recipe: str, todo: dict[str, TensorChoice]) -> 
     for name, c in sorted(todo.items()):
         st = os.stat(c.ref.path)
         stamp.append([name, c.ref.path, st.st_size, st.st_mtime_ns, c.ref.dtype, c.dtype])
-    blob = json.dumps([QUANTIZER_VERSION, recipe, stamp]).encode()
+    blob = json.dumps([_quantizer_digest(), recipe, stamp]).encode()
     return store_dir / f"{recipe}-{hashlib.sha256(blob).hexdigest()[:24]}.gguf"
 
 
