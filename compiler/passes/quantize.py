@@ -15,7 +15,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from hipc.base.errors import HipcError
@@ -45,10 +45,13 @@ def quantize_weights(
     store_dir: Path | None = None,
     reader: WeightReader | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    kernels: Mapping[str, Sequence[str]] | None = None,
 ) -> Graph:
     """The graph with the recipe's matrices read from a quantized store (no recipe: as is).
 
-    The store lives in `store_dir`, by default the cache folder's quantized/.
+    The store lives in `store_dir`, by default the cache folder's quantized/. `kernels`
+    (target -> weight types it has kernels for) refuses a recipe a target cannot run
+    before any quantizing, which takes minutes for a large model.
     """
     if recipe is None:
         return graph
@@ -56,6 +59,13 @@ def quantize_weights(
     store_dir = store_dir or default_cache_dir() / "quantized"
     choices = choose_types(graph, recipe)
     todo = {name: c for name, c in choices.items() if c.dtype != c.ref.dtype}
+    for target, types in (kernels or {}).items():
+        for c in todo.values():
+            if c.dtype not in types:
+                raise HipcError(
+                    f"--quant {recipe}: {c.ref.name} would be {c.dtype}, which has no kernel "
+                    f"for {target} yet (it has: {', '.join(types)})"
+                )
     missing = sorted({c.dtype for c in todo.values()} - set(QUANTIZABLE))
     if missing:
         raise HipcError(

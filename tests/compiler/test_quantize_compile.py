@@ -271,3 +271,19 @@ def test_export_refuses_what_gguf_cannot_say(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and "--export-gguf" in err[-1] and "sliding window" in err[-1], err
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_recipe_a_target_cannot_run_is_refused_before_quantizing(tmp_path, capsys, monkeypatch):
+    from hipc.compiler.codegen.environment import KERNEL_WTYPES
+
+    if "q4_k" in KERNEL_WTYPES["hip"]:
+        pytest.skip("the HIP target has Q4_K kernels now")
+    model = write_tiny_hf(tmp_path / "m", hidden_size=256, intermediate_size=512)
+    store = tmp_path / "cache"
+    monkeypatch.setenv("HIPC_CACHE_DIR", str(store))
+    out = ["-o", str(tmp_path / "x.hipc"), "-q", "--target", "sm_90", "--quant", "q4_k_m"]
+    rc = main(["compile", str(model), *out])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("hipc: error: --quant q4_k_m: ") and "no kernel for sm_90" in err[0]
+    assert not list(store.rglob("*.gguf"))  # nothing was quantized
