@@ -21,7 +21,7 @@ from hipc.base.version import ABI_VERSION, HIPC_VERSION
 from hipc.cache import CacheKey, KernelCache
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
 from hipc.compiler.codegen.cpu import render_cpu_program
-from hipc.compiler.codegen.environment import KERNEL_WTYPES, check_weight_types
+from hipc.compiler.codegen.environment import check_weight_types
 from hipc.compiler.codegen.hip import render_hip_program
 from hipc.compiler.export_gguf import export_gguf as write_gguf
 from hipc.compiler.ir import Constant, Graph, PackedWeight
@@ -118,11 +118,10 @@ def compile_model(
     graph = st.run("build graph", build_graph, model, max_ctx)
     st.dump_graph("0-built", graph)
     # --quant: float matrices -> GGML blocks (cached); the graph reads those from here on.
-    kernels = {t: KERNEL_WTYPES["cpu" if t == "cpu" else "hip"] for t in options.targets}
-    bar = st.bar("quantizing")
-    graph = verify(
-        st.run("quantize", quantize_weights, graph, options.quant, None, reader, bar, kernels)
+    quantize = functools.partial(
+        quantize_weights, targets=options.targets, on_progress=st.bar("quantizing")
     )
+    graph = verify(st.run("quantize", quantize, graph, options.quant, reader))
     if options.quant:
         st.dump_graph("0-quantized", graph)
     if export_gguf:  # the same tensors as a GGUF file for llama.cpp (and hipc) to load

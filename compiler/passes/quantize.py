@@ -15,11 +15,12 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hipc.base.errors import HipcError
 from hipc.cache import default_cache_dir
+from hipc.compiler.codegen.environment import KERNEL_WTYPES
 from hipc.compiler.ir import QUANT_BLOCKS, Graph, WeightRef
 from hipc.compiler.passes.rewrite import Rewriter
 from hipc.compiler.quant_recipes import TensorChoice, choose_types
@@ -42,16 +43,17 @@ def _quantizer_digest() -> str:
 def quantize_weights(
     graph: Graph,
     recipe: str | None,
-    store_dir: Path | None = None,
     reader: WeightReader | None = None,
+    *,
+    targets: Sequence[str] = (),
+    store_dir: Path | None = None,
     on_progress: Callable[[int, int], None] | None = None,
-    kernels: Mapping[str, Sequence[str]] | None = None,
 ) -> Graph:
     """The graph with the recipe's matrices read from a quantized store (no recipe: as is).
 
-    The store lives in `store_dir`, by default the cache folder's quantized/. `kernels`
-    (target -> weight types it has kernels for) refuses a recipe a target cannot run
-    before any quantizing, which takes minutes for a large model.
+    The store lives in `store_dir`, by default the cache folder's quantized/. A recipe
+    that gives a matrix a type one of `targets` has no kernel for is refused first:
+    quantizing a large model takes minutes.
     """
     if recipe is None:
         return graph
@@ -59,7 +61,8 @@ def quantize_weights(
     store_dir = store_dir or default_cache_dir() / "quantized"
     choices = choose_types(graph, recipe)
     todo = {name: c for name, c in choices.items() if c.dtype != c.ref.dtype}
-    for target, types in (kernels or {}).items():
+    for target in targets:
+        types = KERNEL_WTYPES["cpu" if target == "cpu" else "hip"]
         for c in todo.values():
             if c.dtype not in types:
                 raise HipcError(
