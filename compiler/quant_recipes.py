@@ -119,10 +119,10 @@ def _fit(dtype: str, why: str, init: WeightRef) -> tuple[str, str]:
     """The row-length fallback: K-quants need 256-element rows, the others 32."""
     k = init.shape[1]
     if k % QUANT_BLOCKS[dtype][0] and dtype in K_FALLBACK:
-        why = f"row length {k} is not a multiple of 256: {K_FALLBACK[dtype]} for {dtype}"
+        why = f"{why}; rows of {k} are not whole 256-blocks: {K_FALLBACK[dtype]} for {dtype}"
         dtype = K_FALLBACK[dtype]
     if k % QUANT_BLOCKS[dtype][0]:
-        return init.dtype, f"row length {k} is not a multiple of 32: kept {init.dtype}"
+        return init.dtype, f"{why}; rows of {k} are not whole 32-blocks: kept {init.dtype}"
     return dtype, why
 
 
