@@ -11,12 +11,7 @@ import re
 from dataclasses import dataclass
 
 from hipc.base.version import ABI_VERSION
-from hipc.compiler.codegen.environment import (
-    KERNEL_WTYPES,
-    WEIGHT_SUFFIX,
-    render,
-    template_text,
-)
+from hipc.compiler.codegen.environment import CPU_WTYPES, WEIGHT_SUFFIX, render, template_text
 from hipc.compiler.passes.fuse import FusionError
 from hipc.compiler.passes.memory import MemoryPlan
 from hipc.compiler.passes.select import Launch, weight_order
@@ -75,9 +70,11 @@ def render_cpu_program(
         spec = launch.kernel
         p = spec.param_dict
         a = launch.args
-        if spec.template in ("linear", "embedding") and p["wtype"] not in KERNEL_WTYPES["cpu"]:
-            # NOTE: compile_model refuses these first, naming the tensor (check_weight_types)
-            raise FusionError(f"{launch.group}: weight type {p['wtype']} has no CPU kernel")
+        if spec.template in ("linear", "embedding") and p["wtype"] not in CPU_WTYPES:
+            raise FusionError(
+                f"{launch.group}: weight type {p['wtype']} has no CPU kernel "
+                f"(supported: {', '.join(CPU_WTYPES)})"
+            )
         if spec.fn not in kernels:
             kernels[spec.fn] = render(
                 f"cpu/{spec.template}.cpp.j2",

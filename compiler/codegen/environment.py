@@ -21,21 +21,21 @@ WEIGHT_SUFFIX = {
     "q4_0": "q4_0",
     "q4_1": "q4_1",
     "q8_0": "q8_0",
+    "q6_k": "q6_k",
     "q5_0": "q5_0",
     "q5_1": "q5_1",
     "q4_k": "q4_k",
     "q5_k": "q5_k",
-    "q6_k": "q6_k",
 }
+# the weight types the CPU kernels read (GPU kernels read every WEIGHT_SUFFIX type)
+CPU_WTYPES = (
+    "float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"
+)  # fmt: skip
 
 
 # Weight storage types each target family has linear and embedding kernels for. A model
 # with any other type is refused before rendering (check_weight_types), naming the tensor.
-_BASE_WTYPES = ("float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0")
-KERNEL_WTYPES = {
-    "cpu": (*_BASE_WTYPES, "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"),
-    "hip": _BASE_WTYPES,
-}
+KERNEL_WTYPES = {"cpu": CPU_WTYPES, "hip": tuple(WEIGHT_SUFFIX)}
 
 
 def check_weight_types(launches, initializers: dict, family: str, label: str) -> None:

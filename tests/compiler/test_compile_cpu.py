@@ -139,7 +139,7 @@ def test_kquant_and_5bit_weights(mix, activations, tmp_path):
         assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.75
 
 
-@pytest.mark.parametrize("target, wtype, label", [("cpu", "q3_k", "CPU"), ("sm_90", "q6_k", "HIP")])
+@pytest.mark.parametrize("target, wtype, label", [("cpu", "q3_k", "CPU"), ("sm_90", "q3_k", "HIP")])
 def test_weight_type_without_kernel_is_refused_naming_the_tensor(
     target, wtype, label, tmp_path, monkeypatch
 ):
