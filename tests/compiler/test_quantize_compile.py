@@ -288,3 +288,42 @@ def test_recipe_a_target_cannot_run_is_refused_before_quantizing(tmp_path, capsy
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith("hipc: error: --quant q4_k_m: ") and "no kernel for sm_90" in err[0]
     assert not list(store.rglob("*.gguf"))  # nothing was quantized
+
+
+@pytest.mark.parametrize(
+    "family, recipe", [("llama", "q4_k_m"), ("qwen2-bias", "q5_k_m"), ("llama-tied-mqa", "q4_0")]
+)
+def test_exported_gguf_read_by_transformers(tmp_path, family, recipe):
+    """transformers reads GGUF files the way llama.cpp lays them out (its own name and
+    metadata mapping, Q/K un-permuted, the vocabulary rebuilt from tokenizer.ggml.*):
+    an independent reader. Its float32 model of the exported file must give the
+    reference executor's logits on the same quantized weights."""
+    from support import TINY_FAMILIES, write_tiny_tokenizer
+
+    transformers = require("transformers")
+    torch = require("torch")
+    hidden = 192 if family == "llama-tied-mqa" else 256  # 3 heads of 64
+    model = write_tiny_hf(
+        tmp_path / "m",
+        TINY_FAMILIES[family],
+        dtype="bfloat16",
+        hidden_size=hidden,
+        intermediate_size=512,
+        vocab_size=384,
+    )
+    write_tiny_tokenizer(model, 384)
+    path = tmp_path / "m.gguf"
+    opts = CompileOptions(quant=recipe, max_context=CTX)
+    compile_model(model, tmp_path / "m.hipc", opts, verbose=False, export_gguf=path)
+
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    reference = ReferenceEngine(load_model(model), CTX, quant=recipe)
+    text = "the quick brown fox, 12345 café naïve 日本"
+    ids = tok(text)["input_ids"]
+    assert ids == reference.tokenizer.encode(text)
+    with torch.no_grad():
+        got = hf(torch.tensor([ids])).logits[0].numpy()
+    assert rel_err(got, reference.logits(ids, 0)) <= 1e-4
