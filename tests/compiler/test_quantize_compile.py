@@ -6,7 +6,10 @@
   floor per type, a floor an unrelated model (another seed) falls far below;
 - the exported GGUF read back by gguf-py: every tensor equal to what the artifact holds
   or to the source (permuted the way llama.cpp's converter permutes Q/K);
-- the exported GGUF compiled by hipc: the same logits as the --quant artifact.
+- the exported GGUF compiled by hipc: the same logits as the --quant artifact;
+- the exported GGUF read by transformers' GGUF loader (an independent reader of
+  llama.cpp's layout): the reference's logits on the same quantized weights;
+- llama-cpp-python loading it, where installed (it is not on this project's machines).
 """
 
 from __future__ import annotations
