@@ -188,12 +188,11 @@ def check_plan(
             if entry is None:
                 raise HipcError(f"{where}: weight {name!r} is not in weights.safetensors")
             dtype = w.get("dtype", entry.dtype)
-            # block-quantized types (q4_1, q8_0 ...) are stored as their packed bytes, and
-            # bfloat16 as its uint16 bit patterns (numpy has no bfloat16)
-            stored_as = {dtype} if dtype in PLAIN_DTYPES else {"uint8"}
-            if dtype == "bfloat16":
-                stored_as.add("uint16")
-            if tuple(entry.shape) != stored or entry.dtype not in stored_as:
+            # block-quantized types (q4_1, q8_0 ...) are stored as their packed bytes; the
+            # compiler writes bfloat16 weights as their uint16 bit patterns
+            stored_as = dtype if dtype in PLAIN_DTYPES else "uint8"
+            allowed = {stored_as, "uint16"} if dtype == "bfloat16" else {stored_as}
+            if tuple(entry.shape) != stored or entry.dtype not in allowed:
                 raise HipcError(
                     f"{where}: weight {name!r} is {w.get('dtype')} {list(stored)}, "
                     f"weights.safetensors holds {entry.dtype} {list(entry.shape)}"
