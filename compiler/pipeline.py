@@ -21,7 +21,9 @@ from hipc.base.version import ABI_VERSION, HIPC_VERSION
 from hipc.cache import CacheKey, KernelCache, max_bytes_from_env
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
 from hipc.compiler.codegen.cpu import render_cpu_program
+from hipc.compiler.codegen.environment import check_weight_types
 from hipc.compiler.codegen.hip import render_hip_program
+from hipc.compiler.export_gguf import export_gguf as write_gguf
 from hipc.compiler.ir import Constant, Graph, PackedWeight
 from hipc.compiler.ir.verify import verify
 from hipc.compiler.onnx_export import export_onnx, onnx_available
@@ -29,6 +31,7 @@ from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.fuse import Fusion, fuse
 from hipc.compiler.passes.memory import plan_memory
+from hipc.compiler.passes.quantize import quantize_weights
 from hipc.compiler.passes.repack import SPLIT_BLOCKS, merge_parallel_linears, split_quant_blocks
 from hipc.compiler.passes.select import select_kernels, weight_order
 from hipc.compiler.source.reader import WeightReader
@@ -102,6 +105,7 @@ def compile_model(
     dump_dir: str | os.PathLike | None = None,
     cache: KernelCache | None = None,
     verbose: bool | None = None,
+    export_gguf: str | os.PathLike | None = None,
 ) -> CompileResult:
     dump = dump_dir or os.environ.get("HIPC_DUMP_DIR")
     cache_bound = max_bytes_from_env()  # a bad value fails now, not after the compile
@@ -121,6 +125,15 @@ def compile_model(
     # The unfused graph is the specification; the reference executor runs it.
     graph = st.run("build graph", build_graph, model, max_ctx)
     st.dump_graph("0-built", graph)
+    # --quant: float matrices -> GGML blocks (cached); the graph reads those from here on.
+    quantize = functools.partial(
+        quantize_weights, targets=options.targets, on_progress=st.bar("quantizing")
+    )
+    graph = verify(st.run("quantize", quantize, graph, options.quant, reader))
+    if options.quant:
+        st.dump_graph("0-quantized", graph)
+    if export_gguf:  # the same tensors as a GGUF file for llama.cpp (and hipc) to load
+        st.run("export gguf", write_gguf, model, graph, export_gguf, options.quant, reader)
     # Linear/Embedding/SiLU forms read weights in their storage types.
     graph = verify(st.run("canonicalize", canonicalize, graph, reader))
     st.dump_graph("1-canonical", graph)
@@ -139,6 +152,11 @@ def compile_model(
     gpu_sections: dict[str, dict] = {}
     cache = cache or KernelCache()
     for target in options.targets:
+        # A weight type without a kernel here: one line naming the tensor, before any rendering.
+        family = "cpu" if target == "cpu" else "hip"
+        check_weight_types(
+            launches, graph.initializers, family, "CPU" if family == "cpu" else "HIP"
+        )
         # Render this target's source; its hash keys the code-object cache.
         if target == "cpu":
             toolchain, ext = CpuToolchain(), "cpp"
@@ -273,12 +291,12 @@ def compile_model(
 
 def _optional_tokenizer(model: Model):
     """The model's tokenizer; a folder without tokenizer.json still compiles (token ids only)."""
-    if (
-        model.source.format == "safetensors"
-        and not (model.source.path / "tokenizer.json").is_file()
+    src = model.source
+    if (src.format == "safetensors" and not (src.path / "tokenizer.json").is_file()) or (
+        src.format == "gguf" and src.raw_config.get("tokenizer.ggml.model") == "none"
     ):
         print(
-            f"hipc: note: {model.source.path} has no tokenizer.json; the artifact takes token ids only",
+            f"hipc: note: {src.path} has no tokenizer; the artifact takes token ids only",
             file=sys.stderr,
         )
         return None

@@ -7,6 +7,7 @@ output.weight, and quantized tensor types.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -101,15 +102,26 @@ def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Pa
     return path
 
 
-def write_numpy_gguf(path: Path, qtype: str = "F32", seed: int = 0) -> Path:
+def write_numpy_gguf(
+    path: Path,
+    qtype: str = "F32",
+    seed: int = 0,
+    *,
+    hidden: int = 64,
+    ffn: int = 96,
+    types: Callable[[str], str] | None = None,
+) -> Path:
     """A tiny random llama-architecture GGUF written with numpy alone (no transformers).
 
     hidden 64 / ffn 96 so every row is whole 32-element blocks; norms stay float32.
+    `types` (tensor name -> hipc dtype, e.g. "q4_k") picks a type per matrix, quantized by
+    hipc.compiler.quantize (K-quants need hidden and ffn multiples of 256); else every
+    matrix is `qtype`, quantized by gguf-py.
     """
     import gguf
 
     rng = np.random.default_rng(seed)
-    H, F, V, L, NH, NKV = 64, 96, 160, 2, 4, 2
+    H, F, V, L, NH, NKV = hidden, ffn, 160, 2, 4, 2
     D = H // NH
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(64)
@@ -134,7 +146,13 @@ def write_numpy_gguf(path: Path, qtype: str = "F32", seed: int = 0) -> Path:
 
     def mat(name: str, *shape: int) -> None:
         arr = (0.2 * rng.standard_normal(shape)).astype(np.float32)
-        if qtype == "F16":
+        if types is not None and types(name) != "float32":
+            from hipc.compiler.quantize import quantize
+
+            kind = getattr(gguf.GGMLQuantizationType, types(name).upper())
+            data = np.frombuffer(quantize(arr, types(name)), np.uint8).reshape(shape[0], -1)
+            w.add_tensor(name, data, raw_dtype=kind)
+        elif qtype == "F16":
             w.add_tensor(name, arr.astype(np.float16))
         elif qtype != "F32":
             w.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)

@@ -7,6 +7,7 @@ self-contained and its hash (the cache key) covers everything that is compiled.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from hipc.base.version import ABI_VERSION
@@ -14,6 +15,20 @@ from hipc.compiler.codegen.environment import CPU_WTYPES, WEIGHT_SUFFIX, render,
 from hipc.compiler.passes.fuse import FusionError
 from hipc.compiler.passes.memory import MemoryPlan
 from hipc.compiler.passes.select import Launch, weight_order
+
+
+def paste_includes(header: str) -> str:
+    """header's text with each `#include "piece.h"` replaced by the piece (recursively), minus
+    include guards: the source alone then determines the binary, and its hash is the cache key."""
+    folder = header.rpartition("/")[0]
+    lines = []
+    for line in template_text(header).split("\n"):
+        m = re.fullmatch(r'#include "([\w.]+)"', line)
+        if m:
+            lines.append(paste_includes(f"{folder}/{m[1]}"))
+        elif line != "#pragma once":
+            lines.append(line)
+    return "\n".join(lines)
 
 
 @dataclass
@@ -101,11 +116,7 @@ def render_cpu_program(
                 f"{spec.fn}(T, ids, {weight(a['w'][1], 'const void')}, {act(a['out'][1])[0]})"
             )
 
-    # pasted in whole (minus include guards) so the source alone determines the binary
-    prelude = "\n".join(
-        template_text(f"cpu/{h}").replace("#pragma once", "")
-        for h in ("hipc_cpu.h", "hipc_cpu_ops.h")
-    )
+    prelude = paste_includes("cpu/hipc_cpu.h")
     source = render(
         "cpu/program.cpp.j2",
         name=name,

@@ -28,7 +28,31 @@ WEIGHT_SUFFIX = {
     "q5_k": "q5_k",
 }
 # the weight types the CPU kernels read (GPU kernels read every WEIGHT_SUFFIX type)
-CPU_WTYPES = ("float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0")
+CPU_WTYPES = (
+    "float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"
+)  # fmt: skip
+
+
+# Weight storage types each target family has linear and embedding kernels for. A model
+# with any other type is refused before rendering (check_weight_types), naming the tensor.
+KERNEL_WTYPES = {"cpu": CPU_WTYPES, "hip": tuple(WEIGHT_SUFFIX)}
+
+
+def check_weight_types(launches, initializers: dict, family: str, label: str) -> None:
+    """Refuse the first weight whose type `family` ("cpu" | "hip") has no kernel for, in one
+    line naming the tensor(s) as the model file does, its type and the supported types."""
+    supported = KERNEL_WTYPES[family]
+    for launch in launches:
+        p = launch.kernel.param_dict
+        if launch.kernel.template not in ("linear", "embedding") or p["wtype"] in supported:
+            continue
+        init = initializers.get(launch.args["w"][1])
+        parts = getattr(init, "parts", None) or (init,)
+        names = ", ".join(getattr(r, "name", launch.args["w"][1]) for r in parts)
+        raise HipcError(
+            f"{names}: weight type {p['wtype']} has no {label} kernel "
+            f"(supported: {', '.join(supported)})"
+        )
 
 
 def c_float(x: float) -> str:

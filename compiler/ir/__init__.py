@@ -6,6 +6,7 @@ re-exported here because every layer above spells them `hipc.compiler.ir.Graph`.
 """
 
 from hipc.compiler.ir.graph import (
+    QUANT_BLOCKS,
     QUANT_DTYPES,
     Constant,
     Dim,
@@ -19,6 +20,7 @@ from hipc.compiler.ir.graph import (
 )
 
 __all__ = [
+    "QUANT_BLOCKS",
     "QUANT_DTYPES",
     "Constant",
     "Dim",

@@ -23,19 +23,22 @@ import numpy as np
 
 Dim = int | str
 
-QUANT_DTYPES = (
-    "q4_0",
-    "q4_1",
-    "q8_0",
-    "q4_k",
-    "q5_0",
-    "q5_1",
-    "q5_k",
-    "q6_k",
-    "q8_k",
-    "q2_k",
-    "q3_k",
-)
+# GGUF block types: dtype -> (elements per block, bytes per block). Every target reads
+# these sizes; which types a target has kernels for is the target's own table.
+QUANT_BLOCKS = {
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "q8_0": (32, 34),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+    "q4_k": (256, 144),
+    "q5_k": (256, 176),
+    "q6_k": (256, 210),
+    "q8_k": (256, 292),
+    "q2_k": (256, 84),
+    "q3_k": (256, 110),
+}
+QUANT_DTYPES = tuple(QUANT_BLOCKS)
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,15 @@ def select_kernels(fusion: Fusion) -> list[Launch]:
     launches = []
     for grp in fusion.groups:
         if grp.kind not in pick:
-            raise FusionError(f"no kernel for a lone {grp.anchor.op} ({grp.name})")
+            why = [
+                f"{d.group}: {d.reason}"
+                for d in fusion.decisions
+                if d.node == grp.name and not d.accepted
+            ]
+            raise FusionError(
+                f"no kernel for a lone {grp.anchor.op} ({grp.name})"
+                + (f"; it could not fuse into {'; '.join(why)}" if why else "")
+            )
         launches.append(pick[grp.kind](g, grp))
     return launches
 

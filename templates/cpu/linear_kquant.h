@@ -1,0 +1,259 @@
+// linear_kquant.h -- matmuls and embedding gathers for Q5_0, Q5_1 and the K-quants
+// (Q4_K, Q5_K, Q6_K). Apart from linear_vnni.h / linear_avx2.h because these types share
+// one shape the 32-blocks of Q4_0/Q4_1/Q8_0 do not have: scales that change every 16 or
+// 32 elements inside a block, read from packed 6-bit or int8 fields. One kernel serves
+// them all: each block is unpacked to int16 values plus a float scale per 16 elements
+// and an offset per 32, w = q * s[e / 16] + m[e / 32], then dotted with integer
+// activations.
+#pragma once
+
+namespace hipc {
+
+namespace detail {
+
+// A block unpacked: w[e] = q[e] * s[e / 16] + m[e / 32] (the s of both halves of a 32
+// unit are equal for every type but Q6_K).
+template <int QK>
+struct Unpacked {
+  alignas(64) int16_t q[QK];
+  float s[QK / 16];
+  float m[QK / 32];
+};
+
+template <class B> struct KTraits;
+template <> struct KTraits<block_q5_0> { static constexpr int QK = 32; static constexpr bool kMin = false; };
+template <> struct KTraits<block_q5_1> { static constexpr int QK = 32; static constexpr bool kMin = true; };
+template <> struct KTraits<block_q4_k> { static constexpr int QK = 256; static constexpr bool kMin = true; };
+template <> struct KTraits<block_q5_k> { static constexpr int QK = 256; static constexpr bool kMin = true; };
+template <> struct KTraits<block_q6_k> { static constexpr int QK = 256; static constexpr bool kMin = false; };
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The 5-bit legacy blocks: element j's fifth bit is bit j of qh.
+inline void unpack5(const uint8_t* qh4, const uint8_t* qs, int bias, int16_t* q) {
+  const uint32_t qh = load_u32(qh4);
+#pragma omp simd
+  for (int j = 0; j < 16; ++j) {
+    q[j] = (int16_t)(((qs[j] & 15) | (((qh >> j) & 1) << 4)) - bias);
+    q[j + 16] = (int16_t)(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - bias);
+  }
+}
+
+inline void unpack(const block_q5_0& b, Unpacked<32>& u) {
+  unpack5(b.qh, b.qs, 16, u.q);
+  u.s[0] = u.s[1] = fp16_to_fp32(b.d);
+  u.m[0] = 0.f;
+}
+
+inline void unpack(const block_q5_1& b, Unpacked<32>& u) {
+  unpack5(b.qh, b.qs, 0, u.q);
+  u.s[0] = u.s[1] = fp16_to_fp32(b.d);
+  u.m[0] = fp16_to_fp32(b.m);
+}
+
+// 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block (layout: blocks.h).
+inline void k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    mn = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+inline void k_scales(const uint8_t* scales, uint16_t d16, uint16_t dmin16, float* s, float* m) {
+  const float d = fp16_to_fp32(d16), dmin = fp16_to_fp32(dmin16);
+  for (int j = 0; j < 8; ++j) {
+    int sc, mn;
+    k_scale_min(scales, j, sc, mn);
+    s[2 * j] = s[2 * j + 1] = d * (float)sc;
+    m[j] = -(dmin * (float)mn);
+  }
+}
+
+inline void unpack(const block_q4_k& b, Unpacked<256>& u) {
+  for (int c = 0; c < 4; ++c) {
+    const uint8_t* qs = b.qs + 32 * c;
+    int16_t* q = u.q + 64 * c;
+#pragma omp simd
+    for (int i = 0; i < 32; ++i) {
+      q[i] = (int16_t)(qs[i] & 15);
+      q[i + 32] = (int16_t)(qs[i] >> 4);
+    }
+  }
+  k_scales(b.scales, b.d, b.dmin, u.s, u.m);
+}
+
+inline void unpack(const block_q5_k& b, Unpacked<256>& u) {
+  for (int c = 0; c < 4; ++c) {
+    const uint8_t* qs = b.qs + 32 * c;
+    int16_t* q = u.q + 64 * c;
+#pragma omp simd
+    for (int i = 0; i < 32; ++i) {
+      q[i] = (int16_t)((qs[i] & 15) | (((b.qh[i] >> (2 * c)) & 1) << 4));
+      q[i + 32] = (int16_t)((qs[i] >> 4) | (((b.qh[i] >> (2 * c + 1)) & 1) << 4));
+    }
+  }
+  k_scales(b.scales, b.d, b.dmin, u.s, u.m);
+}
+
+inline void unpack(const block_q6_k& b, Unpacked<256>& u) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* ql = b.ql + 64 * h;
+    const uint8_t* qh = b.qh + 32 * h;
+    int16_t* q = u.q + 128 * h;
+#pragma omp simd
+    for (int i = 0; i < 32; ++i) {
+      q[i] = (int16_t)(((ql[i] & 15) | ((qh[i] & 3) << 4)) - 32);
+      q[i + 32] = (int16_t)(((ql[i + 32] & 15) | (((qh[i] >> 2) & 3) << 4)) - 32);
+      q[i + 64] = (int16_t)(((ql[i] >> 4) | (((qh[i] >> 4) & 3) << 4)) - 32);
+      q[i + 96] = (int16_t)(((ql[i + 32] >> 4) | (((qh[i] >> 6) & 3) << 4)) - 32);
+    }
+  }
+  const float d = fp16_to_fp32(b.d);
+  for (int j = 0; j < 16; ++j) u.s[j] = d * (float)b.scales[j];
+  for (int j = 0; j < 8; ++j) u.m[j] = 0.f;
+}
+
+// R weight rows x TN tokens. Per 32-unit j of a block and token t (activation block i):
+//   y += dx[i] * (s[2j] * sum_{e<16} q[e] x[e] + s[2j+1] * sum_{e>=16} q[e] x[e]) + m[j] * sum(x)
+// The integer sums are exact (|q| <= 32, |x| <= 32767: 16 * 32 * 32767 < 2^31).
+// The R rows' blocks are unpacked once and reused for all TN tokens; R streams of loads
+// keep the memory system busy in the decode GEMV.
+template <class B, int R, int TN>
+inline void kq_tile(const B* rows, size_t row_stride, const Act16& a, int t0, float* y, int ldy) {
+  constexpr int QK = KTraits<B>::QK, U = QK / 32;
+  const int nsb = a.nb / U;
+  Unpacked<QK> u[R];
+  float macc[R][TN];
+#if defined(HIPC_ISA_AVX512)
+  __m512 acc[R][TN];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TN; ++t) acc[r][t] = _mm512_setzero_ps(), macc[r][t] = 0.f;
+#elif defined(HIPC_ISA_AVX2)
+  __m256 acc[R][TN];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TN; ++t) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.f;
+#else
+  float acc[R][TN];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TN; ++t) acc[r][t] = 0.f, macc[r][t] = 0.f;
+#endif
+  for (int b = 0; b < nsb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const B* blk = rows + r * row_stride + b;
+      __builtin_prefetch(blk + (QK == 256 ? 2 : 8));
+      unpack(*blk, u[r]);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < U; ++j) {
+        const int16_t* wq = u[r].q + 32 * j;
+        const float slo = u[r].s[2 * j], shi = u[r].s[2 * j + 1];
+#if defined(HIPC_ISA_AVX512)
+        const __m512i w = _mm512_load_si512((const void*)wq);
+        const __m512 sv = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(slo), _mm512_set1_ps(shi));
+#elif defined(HIPC_ISA_AVX2)
+        const __m256i wl = _mm256_load_si256((const __m256i*)wq);
+        const __m256i wh = _mm256_load_si256((const __m256i*)(wq + 16));
+#endif
+        for (int t = 0; t < TN; ++t) {
+          const size_t i = (size_t)(t0 + t) * a.nb + (size_t)b * U + j;
+          const int16_t* xq = a.q + i * 32;
+#if defined(HIPC_ISA_AVX512)
+          const __m512 p = _mm512_cvtepi32_ps(_mm512_madd_epi16(w, _mm512_loadu_si512((const void*)xq)));
+          acc[r][t] = _mm512_fmadd_ps(p, _mm512_mul_ps(sv, _mm512_set1_ps(a.scale[i])), acc[r][t]);
+#elif defined(HIPC_ISA_AVX2)
+          const __m256 pl = _mm256_cvtepi32_ps(_mm256_madd_epi16(wl, _mm256_loadu_si256((const __m256i*)xq)));
+          const __m256 ph = _mm256_cvtepi32_ps(_mm256_madd_epi16(wh, _mm256_loadu_si256((const __m256i*)(xq + 16))));
+          const float dx = a.scale[i];
+          acc[r][t] = _mm256_fmadd_ps(pl, _mm256_set1_ps(slo * dx), acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(ph, _mm256_set1_ps(shi * dx), acc[r][t]);
+#else
+          int32_t lo = 0, hi = 0;
+          for (int e = 0; e < 16; ++e) lo += (int32_t)wq[e] * xq[e];
+          for (int e = 16; e < 32; ++e) hi += (int32_t)wq[e] * xq[e];
+          acc[r][t] += a.scale[i] * (slo * (float)lo + shi * (float)hi);
+#endif
+          if constexpr (KTraits<B>::kMin) macc[r][t] += u[r].m[j] * a.sum[i];
+        }
+      }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TN; ++t) {
+#if defined(HIPC_ISA_AVX512)
+      const float s = _mm512_reduce_add_ps(acc[r][t]);
+#elif defined(HIPC_ISA_AVX2)
+      const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][t]), _mm256_extractf128_ps(acc[r][t], 1));
+      const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      const float s = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+#else
+      const float s = acc[r][t];
+#endif
+      y[(size_t)t * ldy + r] = s + macc[r][t];
+    }
+}
+
+// Driver: x rounded to integers per 32-block (qmax 32767: int16, 127: int8, the
+// --activations choice), then `omp for` over tiles of R rows; each tile sweeps all T
+// tokens in steps of 4, so prefill unpacks a block once per 4 tokens.
+template <class B>
+inline void kq_matmul(const float* x, int T, int K, const void* W, int N, float* y, int ldy, float qmax) {
+  constexpr int R = 4, QK = KTraits<B>::QK;
+  const Act16 a = quantize_act16(x, T, K, qmax);
+  const B* Wb = (const B*)W;
+  const size_t rb = (size_t)K / QK;
+  const int groups = (N + R - 1) / R;
+#pragma omp parallel for schedule(static) if ((size_t)N * K * T > 65536)
+  for (int g = 0; g < groups; ++g) {
+    const int n0 = g * R;
+    if (n0 + R <= N) {
+      const B* rows = Wb + (size_t)n0 * rb;
+      int t = 0;
+      for (; t + 4 <= T; t += 4) kq_tile<B, R, 4>(rows, rb, a, t, y + (size_t)t * ldy + n0, ldy);
+      for (; t < T; ++t) kq_tile<B, R, 1>(rows, rb, a, t, y + (size_t)t * ldy + n0, ldy);
+    } else {
+      for (int n = n0; n < N; ++n)
+        for (int t = 0; t < T; ++t) kq_tile<B, 1, 1>(Wb + (size_t)n * rb, rb, a, t, y + (size_t)t * ldy + n, ldy);
+    }
+  }
+}
+
+template <class B>
+inline void kq_embed_row(const void* W, int K, int64_t row, float* out) {
+  constexpr int QK = KTraits<B>::QK;
+  const B* b = (const B*)W + row * (K / QK);
+  Unpacked<QK> u;
+  for (int i = 0; i < K / QK; ++i) {
+    unpack(b[i], u);
+    for (int e = 0; e < QK; ++e) out[QK * i + e] = (float)u.q[e] * u.s[e / 16] + u.m[e / 32];
+  }
+}
+
+}  // namespace detail
+
+// y[t, n] = sum_k x[t, k] * W[n, k], W in the named GGUF blocks (K % 32 == 0 for q5_0/q5_1,
+// K % 256 == 0 for the K-quants). matmul_a16_*: int16 activations (the default);
+// matmul_*: int8 ones (--activations int8), the same kernel with x rounded coarser.
+#define HIPC_KQUANT_ENTRY(name, B)                                                                     \
+  inline void matmul_a16_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
+    detail::kq_matmul<B>(x, T, K, W, N, y, ldy, 32767.f);                                              \
+  }                                                                                                    \
+  inline void matmul_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {     \
+    detail::kq_matmul<B>(x, T, K, W, N, y, ldy, 127.f);                                                \
+  }                                                                                                    \
+  inline void embed_row_##name(const void* W, int K, int64_t row, float* out) {                        \
+    detail::kq_embed_row<B>(W, K, row, out);                                                           \
+  }
+HIPC_KQUANT_ENTRY(q5_0, block_q5_0)
+HIPC_KQUANT_ENTRY(q5_1, block_q5_1)
+HIPC_KQUANT_ENTRY(q4_k, block_q4_k)
+HIPC_KQUANT_ENTRY(q5_k, block_q5_k)
+HIPC_KQUANT_ENTRY(q6_k, block_q6_k)
+#undef HIPC_KQUANT_ENTRY
+
+}  // namespace hipc
