@@ -122,7 +122,7 @@ class Runner:
                     steps.close()
                 if job.cancelled:
                     break
-                m.finished.inc(1, gen.result.finish_reason)
+                m.finished.labels(gen.result.finish_reason).inc()
                 job.results.append((spec.index, gen.result))
                 if stream:
                     job.emit(("end", spec.index, gen.result))

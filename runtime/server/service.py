@@ -160,13 +160,12 @@ class Service:
         self.max_context = admitted_context(engine, config.max_context_tokens)
         self.kv_storage = check_kv_storage(engine, config.kv_storage)
         self.created = fmt.now()
-        self.scheduler = Scheduler(config.max_queued_requests, on_cancel=self._count_cancel)
         backend = getattr(engine, "backend", None)
-        self.metrics = ServerMetrics(
-            queue_depth=lambda: self.scheduler.depth,
-            running=lambda: self.scheduler.running,
-            kv_bytes=getattr(backend, "kv_bytes", 0),
-            max_context=self.max_context,
+        self.metrics = ServerMetrics(getattr(backend, "kv_bytes", 0), self.max_context)
+        self.scheduler = Scheduler(
+            config.max_queued_requests,
+            on_cancel=self._count_cancel,
+            on_change=self.metrics.set_load,
         )
         self.slot = EngineSlot(engine, self.max_context, self.metrics)
         self.runner = Runner(self.slot, self.tokenizer, self.metrics)
@@ -197,6 +196,8 @@ class Service:
         longest = longest_token_bytes(self.tokenizer)
         self.max_prompt_bytes = None if longest is None else self.max_context * longest
         self.responder = Responder(self.model_name, self.tokenizer, self.reasoning)
+        # /ready: with --eager-load the server is ready once warmup() has run
+        self.warm = not config.eager_load
 
     # ------------------------------------------------------------ lifecycle
 
@@ -208,6 +209,7 @@ class Service:
         request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=max_tokens)
         for _ in Generation(self.slot, self.tokenizer, request).steps():
             pass
+        self.warm = True
         return time.perf_counter() - t0
 
     def close(self, grace: float) -> None:
@@ -218,7 +220,7 @@ class Service:
         return self.scheduler.accepting
 
     def _count_cancel(self, job: Job) -> None:
-        self.metrics.cancelled.inc(1, job.cancel_reason or "unknown")
+        self.metrics.cancelled.labels(job.cancel_reason or "unknown").inc()
 
     # ------------------------------------------------------------ /v1/models, /health
 
@@ -369,13 +371,13 @@ class Service:
         try:
             self.scheduler.submit(job)
         except QueueFull:
-            self.metrics.rejected.inc(1, "queue_full")
+            self.metrics.rejected.labels("queue_full").inc()
             raise server_busy(
                 f"The server is busy: {self.scheduler.max_queued} requests are already waiting "
                 "for the engine (--max-queued-requests). Retry later."
             ) from None
         except ShuttingDown:
-            self.metrics.rejected.inc(1, "shutting_down")
+            self.metrics.rejected.labels("shutting_down").inc()
             raise unavailable("The server is shutting down.") from None
         self._wait(job, lambda: job.started.is_set() or job.done.is_set(), disconnected)
         if not job.started.is_set():
