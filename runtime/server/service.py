@@ -24,7 +24,6 @@ from hipc.runtime.generate import Generation, GenerationRequest, GenerationResul
 from hipc.runtime.server import openai_format as fmt
 from hipc.runtime.server.config import Config
 from hipc.runtime.server.errors import APIError, bad_request, server_busy, unavailable
-from hipc.runtime.server.metrics import ServerMetrics
 from hipc.runtime.server.reasoning import prompt_opens_think
 from hipc.runtime.server.responses import Plan, Responder
 from hipc.runtime.server.runner import ChoiceSpec, EngineSlot, Runner
@@ -160,6 +159,10 @@ class Service:
         self.max_context = admitted_context(engine, config.max_context_tokens)
         self.kv_storage = check_kv_storage(engine, config.kv_storage)
         self.created = fmt.now()
+        # NOTE: imported here: `hipc chat` uses this module's prompt helpers, and it needs
+        # no server extra (prometheus-client)
+        from hipc.runtime.server.metrics import ServerMetrics
+
         backend = getattr(engine, "backend", None)
         self.metrics = ServerMetrics(getattr(backend, "kv_bytes", 0), self.max_context)
         self.scheduler = Scheduler(

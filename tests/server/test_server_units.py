@@ -150,6 +150,20 @@ def test_metrics_add_up_across_processes_with_prometheus_multiproc_dir(tmp_path)
     assert not any(k.startswith("process_") for k in m)  # only the answering process's
 
 
+def test_hipc_chat_needs_no_server_extra():
+    """`hipc chat` shares the prompt helpers of service.py: without prometheus-client (or
+    falcon) installed it still imports."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules.update(prometheus_client=None, falcon=None, waitress=None)\n"
+        "import hipc.runtime.server.terminal_chat"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_scheduler_runs_one_at_a_time_in_order_and_cancels():
     running, order, gate = [], [], threading.Event()
     cancelled = []
