@@ -89,6 +89,8 @@ def refused(server) -> bool:
 @pytest.mark.slow
 def test_sigterm_lets_the_running_stream_finish(smol_artifact, server_logs):
     server = ServerProcess(smol_artifact, "--served-model-name", "smol", log_dir=server_logs)
+    # the port opened after the warmup: ready from the first connection
+    assert server.request("GET", "/ready", auth=False)[:1] == (200,)
     client = server.client()
     stream = client.chat.completions.create(
         model="smol",
