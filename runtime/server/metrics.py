@@ -19,12 +19,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client import multiprocess as _multiprocess
 from prometheus_client.exposition import choose_encoder
 
+from hipc.base.errors import HipcError
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
 
 
 def multiprocess_dir() -> str | None:
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+    """PROMETHEUS_MULTIPROC_DIR, checked now: prometheus-client would fail at the first
+    request's count with a traceback."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+    if path is not None and not os.path.isdir(path):
+        raise HipcError(f"PROMETHEUS_MULTIPROC_DIR={path}: not a directory (create it first)")
+    return path
 
 
 class ServerMetrics:

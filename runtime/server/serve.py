@@ -57,9 +57,11 @@ def load(config: Config):
 def serve(config: Config) -> int:
     setup_logging(config.log_level)
     from hipc.runtime.server.app import create_app
+    from hipc.runtime.server.metrics import multiprocess_dir
     from hipc.runtime.server.service import Service
 
     _check_port(config.host, config.port)  # before a load that can take minutes
+    multiprocess_dir()  # a bad PROMETHEUS_MULTIPROC_DIR, likewise
     t0 = time.perf_counter()
     engine = load(config)
     service = Service(engine, config)
