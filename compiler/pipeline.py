@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hipc.base.progress import byte_progress
 from hipc.base.safetensors_file import LazyTensor
 from hipc.base.version import ABI_VERSION, HIPC_VERSION
 from hipc.cache import CacheKey, KernelCache, max_bytes_from_env
@@ -67,23 +68,8 @@ class Stages:
         return out
 
     def bar(self, label: str) -> Callable[[int, int], None] | None:
-        """A one-line byte progress bar, only on a terminal (logs get the stage lines)."""
-        if not (self.verbose and sys.stderr.isatty()):
-            return None
-
-        def show(done: int, total: int) -> None:
-            frac = done / total if total else 1.0
-            filled = int(30 * frac)
-            end = "\n" if done >= total else ""
-            print(
-                f"\rhipc: {label} [{'#' * filled}{'.' * (30 - filled)}] {frac:4.0%} "
-                f"{done / 1e9:.2f}/{total / 1e9:.2f} GB",
-                end=end,
-                file=sys.stderr,
-                flush=True,
-            )
-
-        return show
+        """A byte progress bar, only on a terminal (logs get the stage lines)."""
+        return byte_progress(label, self.verbose)
 
     def dump_graph(self, stage: str, graph: Graph) -> None:
         if not self.dump_dir:

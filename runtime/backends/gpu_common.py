@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hipc.base.errors import HipcError
+from hipc.base.progress import byte_bar
 from hipc.base.safetensors_file import SafetensorsFile
 from hipc.runtime.artifact import Artifact
 from hipc.runtime.gpu_plan import Bases, GpuPlan, Launch
@@ -395,25 +396,15 @@ class GpuBackend:
 
     def _upload(self, arrays: list[np.ndarray], dsts: Sequence[int]) -> None:
         total = sum(a.nbytes for a in arrays)
-        show = total > PROGRESS_MIN_BYTES and sys.stderr.isatty()
-        done = 0
-        for a, dst in zip(arrays, dsts, strict=True):
-            src = np.ascontiguousarray(a)
-            addr = src.ctypes.data
-            for pos in range(0, src.nbytes, UPLOAD_CHUNK):
-                n = min(UPLOAD_CHUNK, src.nbytes - pos)
-                self._driver.h2d(dst + pos, addr + pos, n)
-                done += n
-                if show:
-                    print(
-                        f"\rhipc: uploading weights to {self.device_name}: "
-                        f"{done / 1e9:.1f}/{total / 1e9:.1f} GB ({100 * done // total}%)",
-                        end="",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-        if show:
-            print(file=sys.stderr)
+        label = f"uploading weights to {self.device_name}"
+        with byte_bar(label, total, show=total > PROGRESS_MIN_BYTES) as bar:
+            for a, dst in zip(arrays, dsts, strict=True):
+                src = np.ascontiguousarray(a)
+                addr = src.ctypes.data
+                for pos in range(0, src.nbytes, UPLOAD_CHUNK):
+                    n = min(UPLOAD_CHUNK, src.nbytes - pos)
+                    self._driver.h2d(dst + pos, addr + pos, n)
+                    bar.update(n)
 
     def _pinned(self, dtype, count: int) -> np.ndarray:
         nbytes = np.dtype(dtype).itemsize * count

@@ -14,14 +14,17 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hipc.base.errors import HipcError
 from hipc.runtime.generate import Generation, GenerationRequest
 from hipc.runtime.server.errors import bad_request, internal_error
-from hipc.runtime.server.metrics import ServerMetrics
 from hipc.runtime.server.scheduler import Job
+
+if TYPE_CHECKING:  # `hipc chat` imports this module without the server extra
+    from hipc.runtime.server.metrics import ServerMetrics
 
 log = logging.getLogger("hipc.server")
 
@@ -122,7 +125,7 @@ class Runner:
                     steps.close()
                 if job.cancelled:
                     break
-                m.finished.inc(1, gen.result.finish_reason)
+                m.finished.labels(gen.result.finish_reason).inc()
                 job.results.append((spec.index, gen.result))
                 if stream:
                     job.emit(("end", spec.index, gen.result))

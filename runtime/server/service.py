@@ -24,7 +24,6 @@ from hipc.runtime.generate import Generation, GenerationRequest, GenerationResul
 from hipc.runtime.server import openai_format as fmt
 from hipc.runtime.server.config import Config
 from hipc.runtime.server.errors import APIError, bad_request, server_busy, unavailable
-from hipc.runtime.server.metrics import ServerMetrics
 from hipc.runtime.server.reasoning import prompt_opens_think
 from hipc.runtime.server.responses import Plan, Responder
 from hipc.runtime.server.runner import ChoiceSpec, EngineSlot, Runner
@@ -161,13 +160,16 @@ class Service:
         self.max_context = admitted_context(engine, config.max_context_tokens)
         self.kv_storage = check_kv_storage(engine, config.kv_storage)
         self.created = fmt.now()
-        self.scheduler = Scheduler(config.max_queued_requests, on_cancel=self._count_cancel)
+        # NOTE: imported here: `hipc chat` uses this module's prompt helpers, and it needs
+        # no server extra (prometheus-client)
+        from hipc.runtime.server.metrics import ServerMetrics
+
         backend = getattr(engine, "backend", None)
-        self.metrics = ServerMetrics(
-            queue_depth=lambda: self.scheduler.depth,
-            running=lambda: self.scheduler.running,
-            kv_bytes=getattr(backend, "kv_bytes", 0),
-            max_context=self.max_context,
+        self.metrics = ServerMetrics(getattr(backend, "kv_bytes", 0), self.max_context)
+        self.scheduler = Scheduler(
+            config.max_queued_requests,
+            on_cancel=self._count_cancel,
+            on_change=self.metrics.set_load,
         )
         self.slot = EngineSlot(engine, self.max_context, self.metrics)
         self.runner = Runner(self.slot, self.tokenizer, self.metrics)
@@ -198,6 +200,8 @@ class Service:
         longest = longest_token_bytes(self.tokenizer)
         self.max_prompt_bytes = None if longest is None else self.max_context * longest
         self.responder = Responder(self.model_name, self.tokenizer, self.reasoning)
+        # /ready: with --eager-load the server is ready once warmup() has run
+        self.warm = not config.eager_load
 
     # ------------------------------------------------------------ lifecycle
 
@@ -209,6 +213,7 @@ class Service:
         request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=max_tokens)
         for _ in Generation(self.slot, self.tokenizer, request).steps():
             pass
+        self.warm = True
         return time.perf_counter() - t0
 
     def close(self, grace: float) -> None:
@@ -219,7 +224,7 @@ class Service:
         return self.scheduler.accepting
 
     def _count_cancel(self, job: Job) -> None:
-        self.metrics.cancelled.inc(1, job.cancel_reason or "unknown")
+        self.metrics.cancelled.labels(job.cancel_reason or "unknown").inc()
 
     # ------------------------------------------------------------ /v1/models, /health
 
@@ -390,13 +395,13 @@ class Service:
         try:
             self.scheduler.submit(job)
         except QueueFull:
-            self.metrics.rejected.inc(1, "queue_full")
+            self.metrics.rejected.labels("queue_full").inc()
             raise server_busy(
                 f"The server is busy: {self.scheduler.max_queued} requests are already waiting "
                 "for the engine (--max-queued-requests). Retry later."
             ) from None
         except ShuttingDown:
-            self.metrics.rejected.inc(1, "shutting_down")
+            self.metrics.rejected.labels("shutting_down").inc()
             raise unavailable("The server is shutting down.") from None
         self._wait(job, lambda: job.started.is_set() or job.done.is_set(), disconnected)
         if not job.started.is_set():

@@ -755,6 +755,27 @@ def test_load_uploads_weights_and_zeroes_kv(api, artifact):
     b.close()
 
 
+def test_weight_upload_draws_a_bar_on_a_terminal_only(api, artifact, monkeypatch, capsys):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    weights = EMB.nbytes + W.nbytes  # under 1000: tqdm writes plain bytes
+    monkeypatch.setattr(gpu_common, "PROGRESS_MIN_BYTES", 0)
+    backend(api, artifact, FakeGpu()).close()
+    assert "uploading" not in capsys.readouterr().err  # not a terminal: no bar
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    b = backend(api, artifact, FakeGpu())
+    b.close()
+    out = term.getvalue()
+    assert f"hipc: uploading weights to {b.device_name}" in out and "100%" in out
+    assert f"{weights}/{weights}" in out
+
+
 def test_prefill_runs_eagerly_with_T(api, artifact):
     gpu = FakeGpu()
     b = backend(api, artifact, gpu)
