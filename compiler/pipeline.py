@@ -33,6 +33,7 @@ from hipc.compiler.toolchains.cpu import CpuToolchain, cpu_flags
 from hipc.compiler.toolchains.gpu import gpu_toolchain
 from hipc.compiler.verify import verify
 from hipc.graphs import Model, build_graph, load_model
+from hipc.runtime.errors import HipcError
 from hipc.runtime.safetensors_file import LazyTensor
 from hipc.runtime.version import HIPC_VERSION
 
@@ -94,6 +95,18 @@ class Stages:
             (self.dump_dir / name).write_text(text)
 
 
+# ops the reference executor runs but no target has a kernel kind for yet
+NO_KERNEL_YET = {"hipc::Experts": "Mixture-of-Experts layers"}
+
+
+def refuse_ops_without_kernels(graph: Graph, targets: tuple[str, ...]) -> None:
+    """One clear line naming the first such node, before any pass trips over it."""
+    for node in graph.nodes:
+        if node.op in NO_KERNEL_YET:
+            kind = "CPU" if "cpu" in targets else "GPU"
+            raise HipcError(f"{node.name}: {NO_KERNEL_YET[node.op]} have no {kind} kernel yet")
+
+
 def compile_model(
     model_ref: str | os.PathLike,
     out: str | os.PathLike,
@@ -113,6 +126,7 @@ def compile_model(
     # The unfused graph is the specification; the reference executor runs it.
     graph = st.run("build graph", build_graph, model, max_ctx)
     st.dump_graph("0-built", graph)
+    refuse_ops_without_kernels(graph, options.targets)
     # Linear/Embedding/SiLU forms read weights in their storage types.
     graph = verify(st.run("canonicalize", canonicalize, graph, reader))
     st.dump_graph("1-canonical", graph)

@@ -246,9 +246,8 @@ def _hf_moe(family: str, cfg: Mapping[str, Any], need: Any) -> dict[str, Any]:
     """The MoE fields of a config.json, as each family's transformers code reads them."""
     if family not in MOE_FAMILIES:
         return {}
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
-    if experts is None:
-        need("num_experts")
+    keys = [k for k in ("num_experts", "num_local_experts") if cfg.get(k) is not None]
+    experts = cfg[keys[0]] if keys else need("num_experts")
     layers = int(need("num_hidden_layers"))
     if family in ("qwen2_moe", "qwen3_moe"):
         # transformers: layer i is sparse unless listed in mlp_only_layers, and only
@@ -264,7 +263,7 @@ def _hf_moe(family: str, cfg: Mapping[str, Any], need: Any) -> dict[str, Any]:
         width = int(need("intermediate_size"))
     return dict(
         num_experts=int(experts),
-        experts_per_token=int(need("num_experts_per_tok")),
+        experts_per_token=int(need("num_experts_per_tok")) if experts else 0,
         expert_intermediate_size=width,
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
         if family == "qwen2_moe"

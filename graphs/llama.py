@@ -1,4 +1,5 @@
-"""The Llama family as an IR graph: Llama 2/3, Mistral, SmolLM2, Qwen2, Qwen3.
+"""The Llama family as an IR graph: Llama 2/3, Mistral, SmolLM2, Qwen2, Qwen3 (and the
+attention and dense layers of the MoE families, graphs/moe.py).
 
 One decoder step over `tokens` new tokens at `positions`, reading and extending the
 KV cache (a graph state per layer), producing logits for every token:

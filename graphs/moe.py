@@ -16,8 +16,11 @@ tensors or read as GGUF stores them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hipc.compiler.ir import Graph
 from hipc.graphs.builder import GraphBuilder
+from hipc.graphs.config import ModelConfig
 from hipc.graphs.llama import build_llama, dense_mlp, swiglu
 from hipc.graphs.model import Model
 
@@ -61,3 +64,16 @@ def _shared_gate(b: GraphBuilder, model: Model, i: int, h: str, shared: str) -> 
 
 def build_moe(model: Model, max_ctx: int) -> Graph:
     return build_llama(model, max_ctx, mlp=moe_mlp)
+
+
+def moe_summary(cfg: ModelConfig, parameters: int) -> dict[str, Any]:
+    """Experts and the parameters one token reads (`parameters` counts every weight once)."""
+    per_expert = 3 * cfg.expert_intermediate_size * cfg.hidden_size
+    idle = len(cfg.moe_layers) * (cfg.num_experts - cfg.experts_per_token) * per_expert
+    return {
+        "experts": cfg.num_experts,
+        "active_experts": cfg.experts_per_token,
+        "sparse_layers": len(cfg.moe_layers),
+        "shared_expert": cfg.shared_expert_intermediate_size > 0,
+        "active_parameters": parameters - idle,
+    }

@@ -252,3 +252,35 @@ def test_bad_moe_config_is_one_line(tmp_path):
 
     with pytest.raises(HipcError, match="num_experts_per_tok \\(5\\)"):
         from_hf(cfg)
+
+
+@pytest.mark.oracle
+def test_info_counts_active_parameters(tmp_path, capsys):
+    from hipc.runtime.cli import main
+
+    hf = make_moe_model("qwen2_moe-e11-k3-shared-norm-step2")
+    hf.save_pretrained(tmp_path)
+    assert main(["info", str(tmp_path)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    total = sum(p.numel() for p in hf.parameters())
+    routed = sum(p.numel() for n, p in hf.named_parameters() if ".experts." in n)
+    idle = routed * (11 - 3) // 11  # a token reads 3 of the 11 experts
+    assert info["graph"]["parameters"] == total
+    assert info["moe"]["experts"] == 11 and info["moe"]["active_experts"] == 3
+    assert info["moe"]["shared_expert"] and info["moe"]["sparse_layers"] == 1
+    assert info["moe"]["active_parameters"] == total - idle
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("target", ["cpu", "gfx1100"])
+def test_compile_refuses_moe_in_one_line(target, tmp_path, capsys):
+    from hipc.runtime.cli import main
+
+    make_moe_model("mixtral-e8-k1", num_hidden_layers=1).save_pretrained(tmp_path / "m")
+    rc = main(["compile", str(tmp_path / "m"), "--target", target, "-o", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    kind = "CPU" if target == "cpu" else "GPU"
+    assert rc == 2
+    assert err[-1] == f"hipc: error: l0.moe: Mixture-of-Experts layers have no {kind} kernel yet"
+    assert not any("Traceback" in line for line in err)
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,92 @@
+"""MoE GGUF files written with llama.cpp's names, read by hipc and checked against transformers.
+
+Experts are stacked 3-D (`blk.N.ffn_{gate,up,down}_exps`), the router is
+`ffn_gate_inp`, Qwen2-MoE's shared expert `ffn_*_shexp` with its gate
+`ffn_gate_inp_shexp` stored [H]. Mixtral is llama.cpp's "llama" architecture with
+experts (Q/K rows permuted for interleaved RoPE).
+
+transformers reads qwen2moe/qwen3moe GGUF tensors (quantized ones dequantized by
+gguf-py) but not their expert widths (it maps no expert_feed_forward_length), so it gets
+the source model's config; it reads no MoE under "llama" and no "olmoe" at all, so those
+two are checked against the transformers model the file was written from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_moe import make_moe_model
+
+from hipc.compiler.reference.executor import ReferenceExecutor
+from hipc.graphs import build_graph, load_model
+
+from gguf_writer import write_gguf
+from support import require
+
+pytestmark = pytest.mark.oracle
+
+SHAPES = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+# name -> (test_moe family, GGUF arch, tensor type, overrides, transformers reads the GGUF)
+CASES = {
+    "qwen3moe-f32": (
+        "qwen3_moe-e7-k2-norm-mlp_only",
+        "qwen3moe",
+        "F32",
+        dict(mlp_only_layers=[], moe_intermediate_size=32, head_dim=16),
+        True,
+    ),
+    "qwen3moe-q8_0-k8": (
+        "qwen3_moe-e9-k8-step2",
+        "qwen3moe",
+        "Q8_0",
+        dict(decoder_sparse_step=1, moe_intermediate_size=32, norm_topk_prob=True),
+        True,
+    ),
+    "qwen2moe-shared-f32": (
+        "qwen2_moe-e5-k1-shared",
+        "qwen2moe",
+        "F32",
+        dict(moe_intermediate_size=32, shared_expert_intermediate_size=64),
+        True,
+    ),
+    "mixtral-llama-f32": (
+        "mixtral-e3-k2-sliding",
+        "llama",
+        "F32",
+        dict(intermediate_size=32, sliding_window=None),
+        False,
+    ),
+    "olmoe-clip-f32": (
+        "olmoe-e5-k2-norm-clip",
+        "olmoe",
+        "F32",
+        dict(intermediate_size=32),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_moe_gguf_matches_transformers(case, tmp_path):
+    transformers = require("transformers")
+    torch = require("torch")
+    family, arch, qtype, overrides, tf_reads_gguf = CASES[case]
+    src = make_moe_model(family, **SHAPES, **overrides)
+    path = write_gguf(src, tmp_path / "m.gguf", arch, qtype)
+    if tf_reads_gguf:
+        oracle = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path, gguf_file="m.gguf", config=src.config, dtype=torch.float32
+        )
+    else:
+        oracle = src
+    tokens = np.random.default_rng(2).integers(0, src.config.vocab_size, size=19).tolist()
+    with torch.no_grad():
+        want = oracle(torch.tensor([tokens])).logits[0].numpy()
+    model = load_model(path)
+    assert model.config.family == family.split("-")[0]
+    assert model.config.num_experts == (
+        getattr(src.config, "num_experts", None) or src.config.num_local_experts
+    )
+    got = ReferenceExecutor(build_graph(model, max_ctx=32)).logits(tokens)
+    err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    assert err <= 1e-4, err
