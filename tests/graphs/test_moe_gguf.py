@@ -7,8 +7,9 @@ experts (Q/K rows permuted for interleaved RoPE).
 
 transformers reads qwen2moe/qwen3moe GGUF tensors (quantized ones dequantized by
 gguf-py) but not their expert widths (it maps no expert_feed_forward_length), so it gets
-the source model's config; it reads no MoE under "llama" and no "olmoe" at all, so those
-two are checked against the transformers model the file was written from.
+the source model's config; it reads no MoE under "llama", no "olmoe" at all, and no dense
+layers in a qwen2moe file (llama.cpp has none; hipc takes a layer without ffn_gate_inp as
+dense), so those are checked against the transformers model the file was written from.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ CASES = {
         dict(moe_intermediate_size=32, shared_expert_intermediate_size=64),
         True,
     ),
+    "qwen2moe-dense-mixed-f32": (
+        "qwen2_moe-e11-k3-shared-norm-step2",
+        "qwen2moe",
+        "F32",
+        dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, intermediate_size=64),
+        False,
+    ),
     "mixtral-llama-f32": (
         "mixtral-e3-k2-sliding",
         "llama",
@@ -87,6 +95,8 @@ def test_moe_gguf_matches_transformers(case, tmp_path):
     assert model.config.num_experts == (
         getattr(src.config, "num_experts", None) or src.config.num_local_experts
     )
+    sparse = [i for i, layer in enumerate(src.model.layers) if hasattr(layer.mlp, "experts")]
+    assert list(model.config.moe_layers) == sparse
     got = ReferenceExecutor(build_graph(model, max_ctx=32)).logits(tokens)
     err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
     assert err <= 1e-4, err
