@@ -235,7 +235,7 @@ def test_config_sparse_layers(tmp_path):
 
 
 def test_bad_moe_config_is_one_line(tmp_path):
-    from hipc.runtime.errors import HipcError
+    from hipc.base.errors import HipcError
 
     cfg = {
         "architectures": ["MixtralForCausalLM"],
@@ -256,7 +256,7 @@ def test_bad_moe_config_is_one_line(tmp_path):
 
 @pytest.mark.oracle
 def test_info_counts_active_parameters(tmp_path, capsys):
-    from hipc.runtime.cli import main
+    from hipc.cli.main import main
 
     hf = make_moe_model("qwen2_moe-e11-k3-shared-norm-step2")
     hf.save_pretrained(tmp_path)
@@ -274,7 +274,7 @@ def test_info_counts_active_parameters(tmp_path, capsys):
 @pytest.mark.oracle
 @pytest.mark.parametrize("target", ["cpu", "gfx1100"])
 def test_compile_refuses_moe_in_one_line(target, tmp_path, capsys):
-    from hipc.runtime.cli import main
+    from hipc.cli.main import main
 
     make_moe_model("mixtral-e8-k1", num_hidden_layers=1).save_pretrained(tmp_path / "m")
     rc = main(["compile", str(tmp_path / "m"), "--target", target, "-o", str(tmp_path / "o")])
