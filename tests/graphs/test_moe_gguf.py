@@ -14,6 +14,9 @@ dense), so those are checked against the transformers model the file was written
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 from test_moe import make_moe_model
@@ -97,6 +100,46 @@ def test_moe_gguf_matches_transformers(case, tmp_path):
     )
     sparse = [i for i, layer in enumerate(src.model.layers) if hasattr(layer.mlp, "experts")]
     assert list(model.config.moe_layers) == sparse
+    got = ReferenceExecutor(build_graph(model, max_ctx=32)).logits(tokens)
+    err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    assert err <= 1e-4, err
+
+
+def test_random_moe_gguf_writer(tmp_path):
+    """docs/benchmarks/write_moe_gguf.py (random Q8_0 blocks, no floats): a file hipc and
+    transformers (through gguf-py) read the same way."""
+    transformers = require("transformers")
+    torch = require("torch")
+    script = Path(__file__).parents[2] / "docs" / "benchmarks" / "write_moe_gguf.py"
+    spec = importlib.util.spec_from_file_location("write_moe_gguf", script)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    cfg = dict(tool.PRESETS["tiny"], layers=2, vocab=320)
+    path = tool.write(tmp_path / "m.gguf", cfg, "q8_0", seed=3, scale=0.2)
+    config = transformers.Qwen3MoeConfig(
+        hidden_size=cfg["hidden"],
+        num_hidden_layers=cfg["layers"],
+        num_attention_heads=cfg["heads"],
+        num_key_value_heads=cfg["kv_heads"],
+        head_dim=cfg["head_dim"],
+        num_experts=cfg["experts"],
+        num_experts_per_tok=cfg["active"],
+        moe_intermediate_size=cfg["expert_ffn"],
+        intermediate_size=cfg["expert_ffn"],
+        norm_topk_prob=True,
+        vocab_size=cfg["vocab"],
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=4096,
+    )
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="m.gguf", config=config, dtype=torch.float32
+    )
+    tokens = np.random.default_rng(4).integers(0, cfg["vocab"], size=11).tolist()
+    with torch.no_grad():
+        want = hf(torch.tensor([tokens])).logits[0].numpy()
+    model = load_model(path)
+    assert model.config.num_experts == 16 and model.config.experts_per_token == 4
     got = ReferenceExecutor(build_graph(model, max_ctx=32)).logits(tokens)
     err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
     assert err <= 1e-4, err
