@@ -284,3 +284,16 @@ def test_compile_refuses_moe_in_one_line(target, tmp_path, capsys):
     assert err[-1] == f"hipc: error: l0.moe: Mixture-of-Experts layers have no {kind} kernel yet"
     assert not any("Traceback" in line for line in err)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.oracle
+def test_bf16_checkpoint(tmp_path):
+    """Released MoE checkpoints are bf16: per-expert bf16 tensors stacked, then widened."""
+    transformers = require("transformers")
+    torch = require("torch")
+    make_moe_model("qwen3_moe-e7-k2-norm-mlp_only").to(torch.bfloat16).save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    assert model.experts(0)["gate"].dtype == "bfloat16"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    hf.config._attn_implementation = "eager"
+    check_against(hf.eval(), tmp_path)
