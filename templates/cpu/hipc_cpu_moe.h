@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace hipc {
@@ -29,8 +30,11 @@ inline float* moe_scratch(int slot, size_t n) {
   return v.data();
 }
 
-// One token's routing. Ties go to the lower expert index; the reference replays
-// torch.topk's order instead, which only matters on exactly equal probabilities.
+// One token's routing. The top-k is torch's CPU topk step for step (ATen topk_impl_loop):
+// std::partial_sort when k * 64 <= E, else std::nth_element then std::sort of the first
+// k - 1, on (probability, index) pairs compared by probability only. Built against the
+// same libstdc++ algorithms, equal probabilities come out in torch's order, as the
+// reference executor orders them (compiler/reference/topk.py).
 inline void moe_route(const float* logits, int E, int k, bool normalize, int* ids, float* w) {
   float mx = logits[0];
   for (int e = 1; e < E; ++e) mx = std::max(mx, logits[e]);
@@ -38,17 +42,21 @@ inline void moe_route(const float* logits, int E, int k, bool normalize, int* id
   float sum = 0.f;
   for (int e = 0; e < E; ++e) sum += p[e] = std::exp(logits[e] - mx);
   for (int e = 0; e < E; ++e) p[e] /= sum;
-  // k is small (1..8 typically): k passes of argmax keep the order and need no buffer
+  using Pair = std::pair<double, int64_t>;
+  thread_local std::vector<Pair> q;
+  q.resize(E);
+  for (int e = 0; e < E; ++e) q[e] = {p[e], e};
+  auto greater = [](const Pair& a, const Pair& b) { return a.first > b.first; };
+  if ((int64_t)k * 64 <= E) {
+    std::partial_sort(q.begin(), q.begin() + k, q.end(), greater);
+  } else {
+    std::nth_element(q.begin(), q.begin() + k - 1, q.end(), greater);
+    std::sort(q.begin(), q.begin() + k - 1, greater);
+  }
   float total = 0.f;
   for (int j = 0; j < k; ++j) {
-    int best = -1;
-    for (int e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
-      if (!taken && (best < 0 || p[e] > p[best])) best = e;
-    }
-    ids[j] = best;
-    total += w[j] = p[best];
+    ids[j] = (int)q[j].second;
+    total += w[j] = p[ids[j]];
   }
   if (normalize)
     for (int j = 0; j < k; ++j) w[j] /= total;

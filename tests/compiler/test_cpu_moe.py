@@ -83,6 +83,23 @@ def test_route_matches_reference(lib, E, k, normalize):
     np.testing.assert_allclose(w, want_w, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("E,k", [(9, 2), (9, 8), (64, 1), (130, 2), (128, 8), (5, 5)])
+def test_route_ties_in_torchs_order(lib, E, k):
+    """Equal logits (a few distinct levels) give equal probabilities; the kernel and the
+    reference must both order them as torch.topk does on the CPU."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(E + k)
+    T = 40
+    logits = rng.integers(0, 3, size=(T, E)).astype(np.float32)
+    ids = np.zeros((T, k), np.int32)
+    w = np.zeros((T, k), np.float32)
+    lib.t_route(_ptr(logits), T, E, k, 0, _ptr(ids, I32P), _ptr(w))
+    probs = torch.softmax(torch.from_numpy(logits), dim=-1)
+    want = torch.topk(probs, k, dim=-1).indices.numpy()
+    np.testing.assert_array_equal(ids, want)
+    np.testing.assert_array_equal(_reference_route(logits, k, False)[0], want)
+
+
 def _stack(wtype: str, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """(bytes as the kernel reads them, the values the reference sees, bytes per expert)."""
     if wtype == "f32":
