@@ -297,3 +297,25 @@ def test_bf16_checkpoint(tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     hf.config._attn_implementation = "eager"
     check_against(hf.eval(), tmp_path)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("family", ["qwen2_moe-e5-k1-shared", "olmoe-e5-k2-norm-clip"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_canonical_moe_graph_keeps_logits(family, dtype, tmp_path):
+    """canonicalize (Experts on the stored 3-D weights) and repack leave the logits alone."""
+    torch = require("torch")
+    from hipc.compiler.ir.verify import verify
+    from hipc.compiler.passes.canonicalize import canonicalize
+    from hipc.compiler.passes.repack import merge_parallel_linears
+
+    make_moe_model(family).to(getattr(torch, dtype)).save_pretrained(tmp_path)
+    graph = build_graph(load_model(tmp_path), max_ctx=32)
+    canonical = verify(merge_parallel_linears(verify(canonicalize(graph))))
+    experts = [n for n in canonical.nodes if n.op == "hipc::Experts"]
+    assert experts and all(i in canonical.initializers for n in experts for i in n.inputs[3:])
+    assert not any(n.op in ("Cast", "hipc::Dequantize") for n in canonical.nodes)
+    tokens = np.random.default_rng(1).integers(0, 211, size=12).tolist()
+    want = ReferenceExecutor(graph).logits(tokens)
+    got = ReferenceExecutor(canonical).logits(tokens)
+    assert rel_err(got, want) <= 1e-5
