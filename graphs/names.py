@@ -7,7 +7,8 @@ order; the first the file has wins): HF MoE checkpoints store experts one tensor
 (Mixtral under `block_sparse_moe.experts.E.w1/w3/w2`, the others under
 `mlp.experts.E.{gate,up,down}_proj`), or fused as transformers >= 5 holds them in memory
 (`mlp.experts.gate_up_proj` [E, 2F, H], `mlp.experts.down_proj` [E, H, F]). GGUF stores
-them stacked, `blk.N.ffn_{gate,up,down}_exps` [E, F, H] / [E, H, F].
+them stacked, `blk.N.ffn_{gate,up,down}_exps` [E, F, H] / [E, H, F] (early Mixtral files: one
+`blk.N.ffn_gate.E.weight` per expert).
 """
 
 HF_LLAMA = {
@@ -76,6 +77,10 @@ GGUF_LLAMA = {
     "gate_exps": "blk.{i}.ffn_gate_exps.weight",
     "up_exps": "blk.{i}.ffn_up_exps.weight",
     "down_exps": "blk.{i}.ffn_down_exps.weight",
+    # Mixtral GGUFs from before stacked experts (llama.cpp still reads them)
+    "gate_exp": "blk.{i}.ffn_gate.{e}.weight",
+    "up_exp": "blk.{i}.ffn_up.{e}.weight",
+    "down_exp": "blk.{i}.ffn_down.{e}.weight",
     "shared_gate": "blk.{i}.ffn_gate_shexp.weight",
     "shared_up": "blk.{i}.ffn_up_shexp.weight",
     "shared_down": "blk.{i}.ffn_down_shexp.weight",

@@ -108,9 +108,12 @@ def _add_moe_metadata(w, cfg, arch: str) -> None:
         w.add_clamp_kqv(cfg.clip_qkv)
 
 
-def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Path:
+def write_gguf(
+    model, path: Path, arch: str = "llama", qtype: str = "F32", per_expert: bool = False
+) -> Path:
     """Write `model` (a transformers CausalLM) as GGUF; 2-D and 3-D (experts) weights
-    stored as `qtype`. MoE models get llama.cpp's stacked expert tensors and metadata."""
+    stored as `qtype`. MoE models get llama.cpp's stacked expert tensors and metadata, or
+    with `per_expert` the early Mixtral layout (blk.N.ffn_gate.E.weight ...)."""
     import gguf
 
     cfg = model.config
@@ -144,7 +147,13 @@ def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Pa
     w.add_eos_token_id(2)
     qt = getattr(gguf.GGMLQuantizationType, qtype)
     state = {k: t.detach().float().numpy() for k, t in model.state_dict().items()}
-    for name, arr in moe_tensors(state).items():
+    tensors = moe_tensors(state)
+    if per_expert:
+        for name in [n for n in tensors if "_exps." in n]:
+            stacked = tensors.pop(name)
+            for e, arr in enumerate(stacked):
+                tensors[name.replace("_exps.", f".{e}.")] = arr
+    for name, arr in tensors.items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         if arch == "llama" and name.endswith("q_proj.weight"):

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from test_moe import make_moe_model
 
+from hipc.compiler.ir import StackedWeight
 from hipc.compiler.reference.executor import ReferenceExecutor
 from hipc.graphs import build_graph, load_model
 
@@ -67,6 +68,13 @@ CASES = {
         dict(intermediate_size=32, sliding_window=None),
         False,
     ),
+    "mixtral-llama-per-expert-f32": (
+        "mixtral-e8-k1",
+        "llama",
+        "F32",
+        dict(intermediate_size=32),
+        False,
+    ),
     "olmoe-clip-f32": (
         "olmoe-e5-k2-norm-clip",
         "olmoe",
@@ -83,7 +91,7 @@ def test_moe_gguf_matches_transformers(case, tmp_path):
     torch = require("torch")
     family, arch, qtype, overrides, tf_reads_gguf = CASES[case]
     src = make_moe_model(family, **SHAPES, **overrides)
-    path = write_gguf(src, tmp_path / "m.gguf", arch, qtype)
+    path = write_gguf(src, tmp_path / "m.gguf", arch, qtype, per_expert="per-expert" in case)
     if tf_reads_gguf:
         oracle = transformers.AutoModelForCausalLM.from_pretrained(
             tmp_path, gguf_file="m.gguf", config=src.config, dtype=torch.float32
@@ -98,6 +106,8 @@ def test_moe_gguf_matches_transformers(case, tmp_path):
     assert model.config.num_experts == (
         getattr(src.config, "num_experts", None) or src.config.num_local_experts
     )
+    stacked_here = isinstance(model.experts(0)["down"], StackedWeight)
+    assert stacked_here == ("per-expert" in case)
     sparse = [i for i, layer in enumerate(src.model.layers) if hasattr(layer.mlp, "experts")]
     assert list(model.config.moe_layers) == sparse
     got = ReferenceExecutor(build_graph(model, max_ctx=32)).logits(tokens)
