@@ -106,7 +106,7 @@ def test_moe_gguf_matches_transformers(case, tmp_path):
     assert model.config.num_experts == (
         getattr(src.config, "num_experts", None) or src.config.num_local_experts
     )
-    stacked_here = isinstance(model.experts(0)["down"], StackedWeight)
+    stacked_here = isinstance(model.experts(model.config.moe_layers[0])["down"], StackedWeight)
     assert stacked_here == ("per-expert" in case)
     sparse = [i for i, layer in enumerate(src.model.layers) if hasattr(layer.mlp, "experts")]
     assert list(model.config.moe_layers) == sparse
