@@ -22,12 +22,16 @@ class Model:
     def name(self) -> str:
         return self.source.path.name
 
-    def tensor_name(self, role: str, layer: int | None = None, expert: int | None = None) -> str:
-        """The file's name for `role`: the first alternative the file has, else the first."""
+    def tensor_name(
+        self, role: str, layer: int | None = None, expert: int | str | None = None
+    ) -> str:
+        """The file's name for `role`: the first alternative the file has, else the first
+        (expert "*" names all experts of the alternative expert 0 matches)."""
         names = NAME_TABLES[self.source.format].get(role, ())
         names = (names,) if isinstance(names, str) else names
-        candidates = [n.format(i=layer, e=expert) for n in names]
-        return next((n for n in candidates if self.source.has(n)), candidates[0])
+        probe = 0 if expert == "*" else expert
+        found = next((n for n in names if self.source.has(n.format(i=layer, e=probe))), names[0])
+        return found.format(i=layer, e=expert)
 
     def has(self, role: str, layer: int | None = None) -> bool:
         if role not in NAME_TABLES[self.source.format]:
@@ -50,8 +54,7 @@ class Model:
         stacked = {}
         for k, (_, rows, cols) in shapes.items():
             parts = tuple(self.weight(f"{k}_exp", layer, (rows, cols), e) for e in range(E))
-            name = self.tensor_name(f"{k}_exp", layer, 0).replace(".0.", ".*.", 1)
-            stacked[k] = StackedWeight(name, parts)
+            stacked[k] = StackedWeight(self.tensor_name(f"{k}_exp", layer, "*"), parts)
         return stacked
 
     def weight(
