@@ -165,6 +165,10 @@ def cmd_info(args) -> int:
             "max_context": graph.metadata["max_ctx"],
         },
     }
+    if model.config.is_moe:
+        from hipc.graphs.moe import moe_summary
+
+        info["moe"] = moe_summary(model.config, params)
     print(json.dumps(info, indent=2))
     return 0
 

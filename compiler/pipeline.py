@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hipc.base.errors import HipcError
 from hipc.base.progress import byte_progress
 from hipc.base.safetensors_file import LazyTensor
 from hipc.base.version import ABI_VERSION, HIPC_VERSION
@@ -83,6 +84,18 @@ class Stages:
             (self.dump_dir / name).write_text(text)
 
 
+# ops the reference executor runs but no target has a kernel kind for yet
+NO_KERNEL_YET = {"hipc::Experts": "Mixture-of-Experts layers"}
+
+
+def refuse_ops_without_kernels(graph: Graph, targets: tuple[str, ...]) -> None:
+    """One clear line naming the first such node, before any pass trips over it."""
+    for node in graph.nodes:
+        if node.op in NO_KERNEL_YET:
+            kind = "CPU" if "cpu" in targets else "GPU"
+            raise HipcError(f"{node.name}: {NO_KERNEL_YET[node.op]} have no {kind} kernel yet")
+
+
 def compile_model(
     model_ref: str | os.PathLike,
     out: str | os.PathLike,
@@ -111,6 +124,7 @@ def compile_model(
     # The unfused graph is the specification; the reference executor runs it.
     graph = st.run("build graph", build_graph, model, max_ctx)
     st.dump_graph("0-built", graph)
+    refuse_ops_without_kernels(graph, options.targets)
     # --quant: float matrices -> GGML blocks (cached); the graph reads those from here on.
     quantize = functools.partial(
         quantize_weights, targets=options.targets, on_progress=st.bar("quantizing")

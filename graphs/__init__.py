@@ -8,6 +8,7 @@ from hipc.compiler.ir import Graph
 from hipc.compiler.ir.verify import verify
 from hipc.graphs.llama import build_llama
 from hipc.graphs.model import Model, load_model
+from hipc.graphs.moe import build_moe
 from hipc.graphs.rope import max_context
 
 BUILDERS: dict[str, Callable[[Model, int], Graph]] = {
@@ -15,6 +16,10 @@ BUILDERS: dict[str, Callable[[Model, int], Graph]] = {
     "mistral": build_llama,
     "qwen2": build_llama,
     "qwen3": build_llama,
+    "qwen3_moe": build_moe,
+    "qwen2_moe": build_moe,
+    "mixtral": build_moe,
+    "olmoe": build_moe,
 }
 
 

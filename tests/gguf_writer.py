@@ -32,6 +32,22 @@ LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # Mixture of experts (llama.cpp's names; experts stacked 3-D by write_gguf)
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+# per-expert HF tensor (transformers < 5 in memory) -> stacked GGUF tensor
+EXPERT = {
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+    "w1": "ffn_gate_exps",
+    "w3": "ffn_up_exps",
+    "w2": "ffn_down_exps",
 }
 
 
@@ -50,8 +66,55 @@ def permute_for_llamacpp(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Path:
-    """Write `model` (a transformers CausalLM) as GGUF; 2-D weights stored as `qtype`."""
+def moe_tensors(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """HF expert tensors (fused gate_up_proj [E, 2F, H] / down_proj, or one per expert)
+    -> GGUF's stacked blk.N.ffn_{gate,up,down}_exps; other tensors unchanged."""
+    out: dict[str, np.ndarray] = {}
+    per_expert: dict[str, dict[int, np.ndarray]] = {}
+    for name, arr in state.items():
+        parts = name.split(".")
+        if name.endswith("experts.gate_up_proj"):
+            half = arr.shape[1] // 2
+            out[f"blk.{parts[2]}.ffn_gate_exps.weight"] = arr[:, :half]
+            out[f"blk.{parts[2]}.ffn_up_exps.weight"] = arr[:, half:]
+        elif name.endswith("experts.down_proj"):
+            out[f"blk.{parts[2]}.ffn_down_exps.weight"] = arr
+        elif "experts" in parts and parts[parts.index("experts") + 1].isdigit():
+            e = int(parts[parts.index("experts") + 1])
+            key = f"blk.{parts[2]}.{EXPERT[parts[-2]]}.weight"
+            per_expert.setdefault(key, {})[e] = arr
+        else:
+            out[name] = arr
+    for key, experts in per_expert.items():
+        out[key] = np.stack([experts[e] for e in sorted(experts)])
+    return out
+
+
+def _add_moe_metadata(w, cfg, arch: str) -> None:
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if not experts:
+        return
+    w.add_expert_count(experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    width = getattr(cfg, "moe_intermediate_size", None)
+    if width:  # Qwen-MoE: experts narrower than the dense layers
+        w.add_expert_feed_forward_length(width)
+    shared = getattr(cfg, "shared_expert_intermediate_size", None)
+    if shared:
+        w.add_expert_shared_feed_forward_length(shared)
+    # llama.cpp's converters leave this out (each architecture has a fixed rule); written
+    # here so test models that deviate from that rule say so
+    w.add_expert_weights_norm(bool(getattr(cfg, "norm_topk_prob", True)))
+    if getattr(cfg, "clip_qkv", None):
+        w.add_clamp_kqv(cfg.clip_qkv)
+
+
+def write_gguf(
+    model, path: Path, arch: str = "llama", qtype: str = "F32", per_expert: bool = False
+) -> Path:
+    """Write `model` (a transformers CausalLM) as GGUF; 2-D and 3-D (experts) weights
+    stored as `qtype`. MoE models get llama.cpp's stacked expert tensors and metadata, or
+    with `per_expert` the early Mixtral layout (blk.N.ffn_gate.E.weight ...)."""
     import gguf
 
     cfg = model.config
@@ -71,6 +134,7 @@ def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Pa
     )
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
+    _add_moe_metadata(w, cfg, arch)
     # a byte-level vocabulary of the right size: single characters, then filler tokens
     tokens = [
         chr(0x100 + i) if i >= 256 else bytes([i]).decode("latin-1") for i in range(cfg.vocab_size)
@@ -83,18 +147,27 @@ def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Pa
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     qt = getattr(gguf.GGMLQuantizationType, qtype)
-    for name, tensor in model.state_dict().items():
+    state = {k: t.detach().float().numpy() for k, t in model.state_dict().items()}
+    tensors = moe_tensors(state)
+    if per_expert:
+        for name in [n for n in tensors if "_exps." in n]:
+            stacked = tensors.pop(name)
+            for e, arr in enumerate(stacked):
+                tensors[name.replace("_exps.", f".{e}.")] = arr
+    for name, arr in tensors.items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
-        arr = tensor.detach().float().numpy()
         if arch == "llama" and name.endswith("q_proj.weight"):
             arr = permute_for_llamacpp(arr, cfg.num_attention_heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             arr = permute_for_llamacpp(arr, cfg.num_key_value_heads)
-        if arr.ndim == 2 and qtype != "F32":
-            w.add_tensor(gguf_name(name), gguf.quants.quantize(arr, qt), raw_dtype=qt)
+        gname = name if name.startswith("blk.") else gguf_name(name)
+        if gname.endswith("ffn_gate_inp_shexp.weight"):
+            arr = arr.reshape(-1)  # llama.cpp holds the shared expert's gate as [H]
+        if arr.ndim >= 2 and qtype != "F32" and "ffn_gate_inp" not in gname:
+            w.add_tensor(gname, gguf.quants.quantize(arr, qt), raw_dtype=qt)
         else:
-            w.add_tensor(gguf_name(name), np.ascontiguousarray(arr, dtype=np.float32))
+            w.add_tensor(gname, np.ascontiguousarray(arr, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -3,6 +3,7 @@
   MatMul(x, Transpose(Dequantize|Cast(W))) [+ Add(b)]  ->  hipc::Linear(x, W[, b])
   Gather(Dequantize|Cast(W), ids)                       ->  hipc::Embedding(W, ids)
   Mul(x, Sigmoid(x))                                    ->  hipc::SiLU(x)
+  hipc::Experts(x, ids, w, Dequantize|Cast(W)...)       ->  hipc::Experts(x, ids, w, W...)
   Cast(w) of a 1-D weight (norm scales, biases)         ->  float32 constant
 
 Kernels then read weights in their storage type (quantized blocks stay quantized),
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hipc.compiler.ir import Constant, Graph, Node, WeightRef
+from hipc.compiler.ir import Constant, Graph, Node, StackedWeight, WeightRef
 from hipc.compiler.passes.rewrite import Rewriter
 from hipc.compiler.source.reader import WeightReader
 
@@ -29,7 +30,7 @@ def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
     bias_add = _bias_adds(graph)
 
     for name, init in graph.initializers.items():
-        if isinstance(init, WeightRef) and init.dtype == "float32":
+        if isinstance(init, (WeightRef, StackedWeight)) and init.dtype == "float32":
             storage[name] = name
 
     def weight(value: str) -> str | None:
@@ -67,12 +68,19 @@ def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
             continue
         if op == "Add" and any(node is a for a, _ in bias_add.values()):
             continue
+        if op == "hipc::Experts" and all(weight(i) for i in ins[3:]):
+            stored = [weight(i) for i in ins[3:]]
+            rw.emit("Experts", [*ins[:3], *stored], node.outputs, node.name, domain="hipc")
+            continue
         if op == "Gather" and weight(ins[0]):
             rw.emit("Embedding", [weight(ins[0]), ins[1]], node.outputs, node.name, domain="hipc")
             continue
         if op == "Sigmoid" and rw.uses[node.outputs[0]] == 1:
-            sigmoid_of[node.outputs[0]] = ins[0]
-            continue
+            (user,) = graph.consumers(node.outputs[0])
+            # only x * sigmoid(x) becomes SiLU; a gate (sigmoid(g) * y) stays as it is
+            if user.op == "Mul" and ins[0] in user.inputs:
+                sigmoid_of[node.outputs[0]] = ins[0]
+                continue
         if op == "Mul" and _is_silu(ins, sigmoid_of):
             rw.emit(
                 "SiLU", [sigmoid_of.get(ins[1], ins[0])], node.outputs, node.name, domain="hipc"
