@@ -8,35 +8,32 @@ self-contained and its hash (the cache key) covers everything that is compiled.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX, render, template_text
 from hipc.compiler.passes.fuse import FusionError
-from hipc.compiler.passes.memory import MemoryPlan
-from hipc.compiler.passes.select import Launch, weight_order
+from hipc.compiler.passes.select import weight_order
+from hipc.runtime.version import HIPC_VERSION
+
+if TYPE_CHECKING:
+    from hipc.compiler.pipeline import Compilation
+    from hipc.compiler.targets import Target
 
 ABI_VERSION = 1
 
 
 @dataclass
-class Program:
+class CpuProgram:
     source: str
-    weights: list[str]  # W[i] order
-    states: list[str]  # KV[j] order
+    plan: dict
 
 
-def render_cpu_program(
-    name: str,
-    launches: list[Launch],
-    memory: MemoryPlan,
-    states: list[str],
-    max_ctx: int,
-    vocab: int,
-    hipc_version: str,
-    target: str,
-    activations: str = "int16",
-) -> Program:
-    """activations: how quantized matmuls round the activations per 32-block: "int16"
-    (within ~1e-5 of float32, the default) or "int8" (llama.cpp's choice, ~1e-2 error)."""
+def render_cpu_program(c: Compilation, target: Target) -> CpuProgram:
+    """c.options.activations: how quantized matmuls round the activations per 32-block:
+    "int16" (within ~1e-5 of float32, the default) or "int8" (llama.cpp's choice, ~1e-2)."""
+    name, launches, memory = c.model.name, c.kernels, c.memory
+    states, max_ctx, vocab = list(c.graph.states), c.max_ctx, c.model.config.vocab_size
+    activations = c.options.activations
     weights = weight_order(launches)
 
     def weight(ref: str, ctype: str = "const float") -> str:
@@ -110,8 +107,8 @@ def render_cpu_program(
     source = render(
         "cpu/program.cpp.j2",
         name=name,
-        hipc_version=hipc_version,
-        target=target,
+        hipc_version=HIPC_VERSION,
+        target=target.name,
         prelude=prelude,
         kernels=list(kernels.values()),
         max_tokens=memory.max_tokens,
@@ -124,4 +121,4 @@ def render_cpu_program(
             for lt, c in zip(launches, calls, strict=True)
         ],
     )
-    return Program(source, weights, states)
+    return CpuProgram(source, {})

@@ -10,7 +10,7 @@ templates only place them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX, render, template_text
 from hipc.compiler.codegen.hip_kernels import (
@@ -25,29 +25,25 @@ from hipc.compiler.codegen.hip_kernels import (
     wave_size,
 )
 from hipc.compiler.passes.fuse import FusionError
-from hipc.compiler.passes.memory import MemoryPlan
-from hipc.compiler.passes.select import Launch, weight_order
+from hipc.compiler.passes.select import weight_order
+from hipc.runtime.version import HIPC_VERSION
+
+if TYPE_CHECKING:
+    from hipc.compiler.pipeline import Compilation
+    from hipc.compiler.targets import GpuTarget
 
 
 @dataclass
 class HipProgram:
     source: str
-    weights: list[str]
-    states: list[str]
-    gpu: dict[str, Any]
+    plan: dict[str, Any]
 
 
-def render_hip_program(
-    name: str,
-    launches: list[Launch],
-    memory: MemoryPlan,
-    states: list[str],
-    hipc_version: str,
-    target: str,
-    max_ctx: int,
-    kv_storage: str = "float32",
-) -> HipProgram:
-    wave = wave_size(target)
+def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
+    name, launches, memory = c.model.name, c.kernels, c.memory
+    states, max_ctx, kv_storage = list(c.graph.states), c.max_ctx, c.kv_storage
+    target = gpu.arch
+    wave = gpu.wave
     weights = weight_order(launches)
     kernels: dict[str, str] = {}
     # scratch: inv_rms [max_tokens] for the GEMM norm, then the decode attention's partials
@@ -243,15 +239,15 @@ def render_hip_program(
                     )
                 )
 
-    source = program_source(name, hipc_version, target, list(kernels.values()))
-    gpu = {
+    source = program_source(name, HIPC_VERSION, target, list(kernels.values()))
+    plan = {
         "arena_bytes": 4 * memory.max_tokens * memory.arena_cols,
         "scratch_bytes": scratch_need,
         "wave": wave,
         "decode": decode,
         "prefill": prefill,
     }
-    return HipProgram(source, weights, states, gpu)
+    return HipProgram(source, plan)
 
 
 def program_source(name: str, hipc_version: str, target: str, kernels: list[str]) -> str:
