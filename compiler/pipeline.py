@@ -28,7 +28,7 @@ from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.fuse import Fusion, fuse
 from hipc.compiler.passes.memory import MemoryPlan, plan_memory
 from hipc.compiler.passes.repack import merge_parallel_linears
-from hipc.compiler.passes.select import Launch, select_kernels, weight_order
+from hipc.compiler.passes.select import SelectedKernel, select_kernels, weight_order
 from hipc.compiler.source.reader import WeightReader
 from hipc.compiler.targets import Program, Target, target
 from hipc.compiler.verify import verify
@@ -61,7 +61,7 @@ class Compilation:
     graph: Graph | None = None
     fusion: Fusion | None = None
     memory: MemoryPlan | None = None
-    kernels: list[Launch] = field(default_factory=list)
+    kernels: list[SelectedKernel] = field(default_factory=list)
     programs: dict[str, Program] = field(default_factory=dict)
     builds: list[TargetBuild] = field(default_factory=list)
     cache_hits: dict[str, bool] = field(default_factory=dict)
@@ -239,10 +239,9 @@ def _launch_plan(c: Compilation) -> None:
             for s in graph.states
         ],
         "kernels": {
-            lt.kernel.fn: {"template": lt.kernel.template, "params": lt.kernel.param_dict}
-            for lt in c.kernels
+            k.fn: {"template": k.kind.name, "params": k.params.to_json()} for k in c.kernels
         },
-        "launches": [lt.to_json() for lt in c.kernels],
+        "launches": [k.to_json() for k in c.kernels],
         "gpu": {name: p.plan for name, p in c.programs.items() if p.plan},
     }
 
@@ -304,11 +303,8 @@ def _dump_source(t: Target) -> Callable[[Compilation, Dumper], None]:
 
 def _kernels_json(c: Compilation) -> dict:
     return {
-        "kernels": {
-            lt.kernel.fn: {"template": lt.kernel.template, "params": lt.kernel.param_dict}
-            for lt in c.kernels
-        },
-        "groups": [lt.to_json() for lt in c.kernels],
+        "kernels": {k.fn: {"kind": k.kind.name, "params": k.params.to_json()} for k in c.kernels},
+        "groups": [k.to_json() for k in c.kernels],
     }
 
 

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from hipc.compiler.codegen.hip_kernels import MMA_TILES
+from hipc.compiler.kernels.linear import MMA_TILES
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.gpu import NvccToolchain

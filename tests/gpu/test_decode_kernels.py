@@ -1,7 +1,8 @@
 """The decode kernels alone on a real GPU, against NumPy in float64.
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each kernel is
-rendered as codegen/hip.py renders it (decode_gemv, decode_attention, the embedding), for
+rendered as codegen/hip.py renders it (compiler/kernels: decode_gemv, decode_attention,
+the embedding's gpu_kernel), for
 the device's arch, with random inputs and outputs poisoned with NaN, so a value a kernel
 forgot to write, or a row it should not have read, shows. Weights of every storage type
 are packed here the way GGUF / safetensors store them.
@@ -12,13 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
-from hipc.compiler.codegen.hip_kernels import (
-    decode_attention,
-    decode_gemv,
-    wave_size,
-)
+from hipc.compiler.kernels.attention import AttentionParams, decode_attention
+from hipc.compiler.kernels.embedding import EmbeddingParams
+from hipc.compiler.kernels.embedding import gpu_kernel as embedding_kernel
+from hipc.compiler.kernels.linear import LinearParams, decode_gemv
 from hipc.compiler.reference.executor import round_bf16
+from hipc.compiler.targets import GpuTarget
 
 from gpu_kernels import DeviceKernels
 from support import rel_err
@@ -86,9 +86,11 @@ GEMVS = {
 }
 
 
-def gemv_params(case) -> dict:
+def gemv_params(case) -> LinearParams:
     wtype, N, K, epilogue, norm, bias = case
-    return dict(wtype=wtype, N=N, K=K, norm_eps=EPS if norm else 0.0, epilogue=epilogue, bias=bias)
+    return LinearParams(
+        wtype=wtype, N=N, K=K, norm_eps=EPS if norm else 0.0, epilogue=epilogue, bias=bias
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +99,7 @@ def gemvs():
 
     def build(arch):
         for i, (name, case) in enumerate(GEMVS.items()):
-            specs[name] = decode_gemv(f"g{i}", gemv_params(case), arch, [name])
+            specs[name] = decode_gemv(f"g{i}", gemv_params(case), GpuTarget(arch), [name])
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build)
@@ -157,9 +159,9 @@ ATTENTIONS = {
 }
 
 
-def attention_params(case) -> dict:
+def attention_params(case) -> AttentionParams:
     NH, NKV, D, window, norm, interleaved, *_ = case
-    return dict(
+    return AttentionParams(
         NH=NH,
         NKV=NKV,
         D=D,
@@ -177,7 +179,9 @@ def attentions():
     def build(arch):
         for i, (name, case) in enumerate(ATTENTIONS.items()):
             ctx, kv = case[7], case[6]
-            specs[name] = decode_attention(f"a{i}", attention_params(case), arch, [name], ctx, kv)
+            specs[name] = decode_attention(
+                f"a{i}", attention_params(case), GpuTarget(arch), [name], ctx, kv
+            )
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build)
@@ -294,10 +298,8 @@ def test_embedding_rows(wtype):
     raw, w = pack(0.1 * rng.standard_normal((V, K)), wtype)
 
     def build(arch):
-        ctx = dict(
-            nodes=["embed"], wave=wave_size(arch), wsuffix=WEIGHT_SUFFIX[wtype], wtype=wtype, K=K
-        )
-        return [("emb", "embedding", ctx, 0)]
+        k = embedding_kernel("emb", EmbeddingParams(wtype, K), GpuTarget(arch).wave, ["embed"])
+        return [(k.fn, k.template, k.ctx, 0)]
 
     dev = DeviceKernels(build)
     try:
