@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from hipc.base.errors import HipcError
+from hipc.base.safetensors_file import LazyTensor, write_safetensors
+from hipc.base.version import ARTIFACT_FORMAT_VERSION, HIPC_VERSION
 from hipc.compiler.targets import Target
-from hipc.runtime.errors import HipcError
-from hipc.runtime.safetensors_file import LazyTensor, write_safetensors
-from hipc.runtime.version import ARTIFACT_FORMAT_VERSION, HIPC_VERSION
 
 
 @dataclass

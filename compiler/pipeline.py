@@ -18,10 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from hipc.base.safetensors_file import LazyTensor
+from hipc.base.version import ABI_VERSION, HIPC_VERSION
 from hipc.cache import CacheKey, KernelCache
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
-from hipc.compiler.codegen.cpu import ABI_VERSION
 from hipc.compiler.ir import Constant, Graph, PackedWeight
+from hipc.compiler.ir.verify import verify
 from hipc.compiler.onnx_export import export_onnx, onnx_available
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.canonicalize import canonicalize
@@ -31,10 +33,7 @@ from hipc.compiler.passes.repack import merge_parallel_linears
 from hipc.compiler.passes.select import SelectedKernel, select_kernels, weight_order
 from hipc.compiler.source.reader import WeightReader
 from hipc.compiler.targets import Program, Target, target
-from hipc.compiler.verify import verify
 from hipc.graphs import Model, build_graph, load_model
-from hipc.runtime.safetensors_file import LazyTensor
-from hipc.runtime.version import HIPC_VERSION
 
 
 @dataclass

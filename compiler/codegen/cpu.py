@@ -13,17 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hipc.base.version import ABI_VERSION, HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
 from hipc.compiler.codegen.environment import render, template_text
 from hipc.compiler.kernels.base import Arg
 from hipc.compiler.passes.select import weight_order
-from hipc.runtime.version import HIPC_VERSION
 
 if TYPE_CHECKING:
     from hipc.compiler.pipeline import Compilation
     from hipc.compiler.targets import Target
-
-ABI_VERSION = 1
 
 
 @dataclass

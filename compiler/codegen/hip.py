@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
 from hipc.compiler.codegen.environment import render, template_text
 from hipc.compiler.kernels.base import Signature
 from hipc.compiler.kernels.linear import MMA_TILES
 from hipc.compiler.passes.select import weight_order
-from hipc.runtime.version import HIPC_VERSION
 
 if TYPE_CHECKING:
     from hipc.compiler.kernels.linear import GpuKernel

@@ -19,8 +19,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from hipc.base.errors import HipcError
 from hipc.compiler.ir import Graph, Node
-from hipc.runtime.errors import HipcError
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from hipc.compiler.ir.verify import verify
 from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.repack import merge_parallel_linears
-from hipc.compiler.verify import verify
 from hipc.graphs import build_graph, load_model
 
 from support import write_tiny_hf

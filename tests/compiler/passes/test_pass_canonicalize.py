@@ -7,8 +7,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from hipc.compiler.ir import Constant, Graph, Node, TensorType, WeightRef
+from hipc.compiler.ir.verify import verify
 from hipc.compiler.passes.canonicalize import canonicalize
-from hipc.compiler.verify import verify
 
 
 def test_every_linear_reads_its_stored_weight(built, canonical):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hipc.compiler.ir import Graph, Node, TensorType
+from hipc.compiler.ir.verify import verify
 from hipc.compiler.passes.fuse import FusionError, fuse
-from hipc.compiler.verify import verify
 
 
 @pytest.fixture(scope="module")
