@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hipc.base.launch_plan import LAUNCH_PLAN_FORMAT, LAUNCH_PLAN_VERSION, StateSpec, check_plan
 from hipc.base.safetensors_file import LazyTensor
-from hipc.base.version import ABI_VERSION, HIPC_VERSION
+from hipc.base.version import HIPC_VERSION
 from hipc.cache import CacheKey, KernelCache
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
 from hipc.compiler.ir import Constant, Graph, PackedWeight
@@ -64,6 +65,7 @@ class Compilation:
     programs: dict[str, Program] = field(default_factory=dict)
     builds: list[TargetBuild] = field(default_factory=list)
     cache_hits: dict[str, bool] = field(default_factory=dict)
+    states: list[StateSpec] = field(default_factory=list)
     weights: list[LazyTensor] = field(default_factory=list)
     plan: dict | None = None
     on_progress: Callable[[int, int], None] | None = None
@@ -98,6 +100,8 @@ def stages(targets: list[Target]) -> list[Stage]:
         Stage(
             "plan memory", _plan_memory, lambda c, d: d.json("4-memory.json", c.memory.to_json())
         ),
+        # Per-sequence states by kind (KV cache, recurrent): sizing, reset and reuse rules.
+        Stage("plan states", _plan_states),
         # Template + specialization + argument bindings per group.
         Stage("select kernels", _select, lambda c, d: d.json("5-kernels.json", _kernels_json(c))),
         *(
@@ -207,19 +211,33 @@ def _compile(t: Target) -> Callable[[Compilation], None]:
     return run
 
 
+def _plan_states(c: Compilation) -> None:
+    c.states = []
+    for name, t in c.graph.states.items():
+        kind = _state_kind(t)
+        dtype = c.kv_storage if kind == "kv" else "float32"
+        shape = tuple(c.max_ctx if d == "max_ctx" else int(d) for d in t.shape)
+        c.states.append(StateSpec(name, kind, dtype, shape))
+
+
+def _state_kind(t) -> str:
+    """A state indexed by position along its first axis is a KV cache; any other state is
+    a fixed-size per-sequence recurrent one."""
+    return "kv" if t.shape and t.shape[0] == "max_ctx" else "recurrent"
+
+
 def _launch_plan(c: Compilation) -> None:
-    graph, options = c.graph, c.options
+    graph = c.graph
     # in their storage form: the plan records the shapes the runtime will map
     c.weights = [
         _lazy_weight(name, graph.initializers[name], c.reader) for name in weight_order(c.kernels)
     ]
     c.plan = {
-        "entry": "hipc_forward",
-        "abi_version": ABI_VERSION,
+        "format": LAUNCH_PLAN_FORMAT,
+        "version": LAUNCH_PLAN_VERSION,
         "max_context": c.max_ctx,
         "max_tokens": c.max_tokens,
         "vocab_size": c.model.config.vocab_size,
-        "memory": c.memory.to_json(),
         "weights": [
             {
                 "name": w.name,
@@ -229,20 +247,12 @@ def _launch_plan(c: Compilation) -> None:
             }
             for w in c.weights
         ],
-        "states": [
-            {
-                "name": s,
-                "dtype": options.resolved_kv_storage(),
-                "shape": [c.max_ctx if d == "max_ctx" else d for d in graph.states[s].shape],
-            }
-            for s in graph.states
-        ],
-        "kernels": {
-            k.fn: {"template": k.kind.name, "params": k.params.to_json()} for k in c.kernels
-        },
-        "launches": [k.to_json() for k in c.kernels],
-        "gpu": {name: p.plan for name, p in c.programs.items() if p.plan},
+        "states": [s.to_json() for s in c.states],
+        "memory": c.memory.to_json(),
+        "kernels": {k.fn: {"kind": k.kind.name, "params": k.params.to_json()} for k in c.kernels},
+        "targets": {name: p.plan for name, p in c.programs.items()},
     }
+    check_plan(c.plan, "the launch plan just built")  # a compiler bug, caught before writing
 
 
 def _write(c: Compilation) -> None:

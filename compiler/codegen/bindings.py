@@ -1,7 +1,7 @@
 """Argument bindings of the launch plan, from the graph values a selected kernel names.
 
 A binding is what the launch plan records for one kernel argument (the schema is
-runtime/gpu_plan.py's): an arena offset, a weight or state index, a step input, the
+hipc.base.launch_plan's): an arena offset, a weight or state index, a step input, the
 logits, an int, a scratch offset, or null. Both targets bind through this one class; the
 CPU renderer then prints each binding as a C expression, a GPU runtime resolves it to a
 device address.

@@ -34,20 +34,34 @@ def render_cpu_program(c: Compilation, target: Target) -> CpuProgram:
     """c.options.activations: how quantized matmuls round the activations per 32-block:
     "int16" (within ~1e-5 of float32, the default) or "int8" (llama.cpp's choice, ~1e-2)."""
     memory = c.memory
-    binder = Binder(memory, weight_order(c.kernels), list(c.graph.states))
+    binder = Binder(memory, weight_order(c.kernels), [s.name for s in c.states])
     kernels: dict[str, str] = {}
-    launches = []
+    forward = []
     for k in c.kernels:
         kind = k.kind
         template, ctx = kind.cpu_kernel(k, c.options.activations)
         if k.fn not in kernels:
             kernels[k.fn] = render(template, fn=k.fn, nodes=k.nodes, **ctx, **k.params.to_json())
-        bindings = kind.cpu_signature.order(kind.cpu_call(k, binder), k.fn)
-        launches.append({"group": k.group, "kernel": k.fn, "args": bindings})
+        args = kind.cpu_signature.order(kind.cpu_call(k, binder), k.fn)
+        forward.append({"group": k.group, "kernel": k.fn, "args": args})
+    plan = {
+        "entry": "hipc_forward",
+        "abi_version": ABI_VERSION,
+        "arena_bytes": memory.arena_bytes,
+        "scratch_bytes": 0,
+        "steps": {"forward": forward},
+    }
 
+    # hipc_forward() is the plan's forward list, printed as C calls
+    signature = {k.fn: k.kind.cpu_signature for k in c.kernels}
+    nodes = {k.group: k.nodes for k in c.kernels}
     calls = [
-        f"{lt['kernel']}({', '.join(c_arg(b, a) for b, a in zip(lt['args'], k.kind.cpu_signature.args, strict=True))})"
-        for lt, k in zip(launches, c.kernels, strict=True)
+        {
+            "group": lt["group"],
+            "nodes": nodes[lt["group"]],
+            "call": f"{lt['kernel']}({', '.join(map(c_arg, lt['args'], signature[lt['kernel']].args))})",
+        }
+        for lt in plan["steps"]["forward"]
     ]
     # pasted in whole (minus include guards) so the source alone determines the binary
     prelude = "\n".join(
@@ -66,12 +80,9 @@ def render_cpu_program(c: Compilation, target: Target) -> CpuProgram:
         vocab=c.model.config.vocab_size,
         arena_floats_per_token=memory.arena_cols,
         abi_version=ABI_VERSION,
-        launches=[
-            {"group": k.group, "nodes": k.nodes, "call": call}
-            for k, call in zip(c.kernels, calls, strict=True)
-        ],
+        launches=calls,
     )
-    return CpuProgram(source, {})
+    return CpuProgram(source, plan)
 
 
 def c_arg(b: Binding, arg: Arg) -> str:

@@ -2,7 +2,7 @@
 
 One source holds every kernel (deduplicated by name); the plan section lists, for decode
 (one token, GEMV-shaped kernels) and prefill (T tokens, GEMM-shaped kernels), each launch's
-kernel, grid/block and argument bindings (the format runtime/gpu_plan.py reads). Each
+kernel, grid/block and argument bindings (the launch plan: hipc.base.launch_plan). Each
 kernel kind (compiler/kernels) adds its kernels and launches through GpuProgramBuilder;
 Python decides names, geometry and bindings, the templates only place them.
 """
@@ -82,16 +82,16 @@ class GpuProgramBuilder:
 
 def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
     memory = c.memory
-    binder = Binder(memory, weight_order(c.kernels), list(c.graph.states))
+    binder = Binder(memory, weight_order(c.kernels), [s.name for s in c.states])
     g = GpuProgramBuilder(gpu, memory.max_tokens, c.max_ctx, c.kv_storage)
     for k in c.kernels:
         k.kind.gpu(k, binder, g)
     source = program_source(c.model.name, HIPC_VERSION, gpu.arch, list(g.kernels.values()))
     plan = {
+        "wave": gpu.wave,
         "arena_bytes": memory.arena_bytes,
         "scratch_bytes": g.scratch_bytes,
-        "wave": gpu.wave,
-        **g.steps,
+        "steps": g.steps,
     }
     return HipProgram(source, plan)
 

@@ -101,7 +101,7 @@ def kernel_code(artifact, target) -> dict[str, str]:
 
 
 def prefill_linears(artifact, target) -> list[dict]:
-    plan = json.loads((artifact / "plan.json").read_text())["gpu"][target]
+    plan = json.loads((artifact / "plan.json").read_text())["targets"][target]["steps"]
     return [x for x in plan["prefill"] if x["kernel"].endswith(("_gemm", "_mma"))]
 
 
@@ -137,8 +137,8 @@ def test_other_weight_types_prefill_on_the_simt_gemm(artifact, q8_artifact, targ
 
 def launched_kernels(artifact, target):
     plan = json.loads((artifact / "plan.json").read_text())
-    gpu = plan["gpu"][target]
-    return {launch["kernel"] for launch in gpu["decode"] + gpu["prefill"]}
+    steps = plan["targets"][target]["steps"]
+    return {launch["kernel"] for launch in steps["decode"] + steps["prefill"]}
 
 
 def test_nvidia_fatbin_holds_every_kernel(artifact):
@@ -159,17 +159,17 @@ def test_amd_code_object_holds_every_kernel(artifact, target):
     defined = {line.split("<")[1].rstrip(">:") for line in dis.splitlines() if line.endswith(">:")}
     assert launched_kernels(artifact, target) <= defined
     # wave64 on CDNA, wave32 on RDNA: the attention block is 8 waves of either
-    plan = json.loads((artifact / "plan.json").read_text())["gpu"][target]
-    attn = next(x for x in plan["prefill"] if x["kernel"].endswith("_attn"))
+    steps = json.loads((artifact / "plan.json").read_text())["targets"][target]["steps"]
+    attn = next(x for x in steps["prefill"] if x["kernel"].endswith("_attn"))
     assert attn["block"] == [8 * (64 if target == "gfx942" else 32)]
     assert "v_exp_f32" in dis  # the softmax uses the hardware exp, not a library call
 
 
 def test_gpu_plan_matches_the_runtime_reader(artifact):
-    from hipc.runtime.gpu_plan import Bases, GpuPlan
+    from hipc.base.launch_plan import Bases, TargetPlan
 
     plan = json.loads((artifact / "plan.json").read_text())
-    gp = GpuPlan.from_json(plan, "sm_90")
+    gp = TargetPlan.from_json(plan, "sm_90")
     bases = Bases(
         arena=1 << 32,
         scratch=2 << 32,
