@@ -20,7 +20,7 @@ from hipc.compiler.kernels.linear import MMA_TILES
 from hipc.compiler.passes.select import weight_order
 
 if TYPE_CHECKING:
-    from hipc.compiler.kernels.linear import GpuKernel
+    from hipc.compiler.kernels.base import GpuKernel
     from hipc.compiler.pipeline import Compilation
     from hipc.compiler.targets import GpuTarget
 

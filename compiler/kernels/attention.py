@@ -20,12 +20,12 @@ from hipc.compiler.kernels.base import (
     CPU_INDENT,
     GPU_INDENT,
     FusionError,
+    GpuKernel,
     KernelKind,
     Params,
     SelectedKernel,
     Signature,
 )
-from hipc.compiler.kernels.linear import GpuKernel
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
@@ -136,7 +136,7 @@ class Attention(KernelKind):
     # -- CPU --
 
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
-        return "cpu/attention.cpp.j2", dict(wsuffix="", mm="", params=CPU.render(CPU_INDENT))
+        return "cpu/attention.cpp.j2", dict(params=CPU.render(CPU_INDENT))
 
     def cpu_call(self, k: SelectedKernel, b: Binder) -> dict[str, Any]:
         r = k.refs

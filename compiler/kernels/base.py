@@ -152,6 +152,32 @@ class SelectedKernel:
         }
 
 
+def weight_suffix(k: SelectedKernel, where: str) -> str:
+    """The suffix of the weight type's helpers in the templates' headers, or a FusionError
+    naming the group when `where` ("CPU", "HIP") has no kernel for that type."""
+    from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
+
+    wtype = k.params.wtype
+    if wtype not in WEIGHT_SUFFIX:
+        supported = f" (supported: {', '.join(WEIGHT_SUFFIX)})" if where == "CPU" else ""
+        raise FusionError(f"{k.group}: weight type {wtype} has no {where} kernel{supported}")
+    return WEIGHT_SUFFIX[wtype]
+
+
+@dataclass(frozen=True)
+class GpuKernel:
+    """One GPU kernel to render: its name, template, context and launch geometry."""
+
+    fn: str
+    template: str
+    ctx: dict[str, Any]
+    grid: list[int]
+    threads: int
+    shared: int = 0
+    block_outputs: int = 0  # GEMM: grid.x = ceil(n_out / block_outputs)
+    block_tokens: int = 0  # GEMM: grid.y = ceil(rows / block_tokens)
+
+
 # -- the kind ----------------------------------------------------------------------------
 
 

@@ -11,8 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
 from hipc.compiler.ir import Graph
-from hipc.compiler.kernels.base import KernelKind, Params, SelectedKernel, Signature
-from hipc.compiler.kernels.linear import GpuKernel, _suffix
+from hipc.compiler.kernels.base import (
+    GpuKernel,
+    KernelKind,
+    Params,
+    SelectedKernel,
+    Signature,
+    weight_suffix,
+)
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
@@ -48,7 +54,7 @@ class Embedding(KernelKind):
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
-        ws = _suffix(k, "CPU")
+        ws = weight_suffix(k, "CPU")
         return "cpu/embedding.cpp.j2", dict(wsuffix=ws, mm=ws, params=CPU.render(0))
 
     def cpu_call(self, k: SelectedKernel, b: Binder) -> dict[str, Any]:
@@ -56,7 +62,7 @@ class Embedding(KernelKind):
         return {"T": b.int("T"), "ids": b.ref(r["ids"]), "w": b.ref(r["w"]), "out": b.ref(r["out"])}
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
-        _suffix(k, "HIP")
+        weight_suffix(k, "HIP")
         fn = g.kernel(gpu_kernel(f"{k.fn}_embed", k.params, g.target.wave, k.nodes))
         args = {"ids": b.ref(k.refs["ids"]), "W": b.ref(k.refs["w"]), "out": b.ref(k.refs["out"])}
         for step in ("decode", "prefill"):

@@ -22,10 +22,12 @@ from hipc.compiler.kernels.base import (
     CPU_INDENT,
     GPU_INDENT,
     FusionError,
+    GpuKernel,
     KernelKind,
     Params,
     SelectedKernel,
     Signature,
+    weight_suffix,
 )
 
 if TYPE_CHECKING:
@@ -148,7 +150,7 @@ class Linear(KernelKind):
     # -- CPU --
 
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
-        ws = _suffix(k, "CPU")
+        ws = weight_suffix(k, "CPU")
         mm = ("a16_" if activations == "int16" else "") + ws
         return "cpu/linear.cpp.j2", dict(wsuffix=ws, mm=mm, params=CPU.render(CPU_INDENT))
 
@@ -173,7 +175,7 @@ class Linear(KernelKind):
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: LinearParams = k.params
         r = k.refs
-        _suffix(k, "HIP")
+        weight_suffix(k, "HIP")
         if p.K > MAX_GEMV_K:
             raise FusionError(
                 f"{k.group}: K={p.K} exceeds the GEMV's shared-memory row ({MAX_GEMV_K})"
@@ -208,14 +210,6 @@ class Linear(KernelKind):
             {**common, "T": b.int(rows), "inv_rms": inv_rms if p.norm_eps else b.null()},
             shared=pg.shared,
         )
-
-
-def _suffix(k: SelectedKernel, where: str) -> str:
-    wtype = k.params.wtype
-    if wtype not in WEIGHT_SUFFIX:
-        supported = f" (supported: {', '.join(WEIGHT_SUFFIX)})" if where == "CPU" else ""
-        raise FusionError(f"{k.group}: weight type {wtype} has no {where} kernel{supported}")
-    return WEIGHT_SUFFIX[wtype]
 
 
 def _glu_after(split: Node, p: Proposals) -> list[Node]:
@@ -309,20 +303,6 @@ def mma_tile(target: GpuTarget, p: LinearParams) -> MmaTile | None:
     if wide and -(-p.n_out // (wide.bn // 2 if glu else wide.bn)) >= WIDE_BLOCKS:
         return wide
     return tile
-
-
-@dataclass(frozen=True)
-class GpuKernel:
-    """One GPU kernel to render: its name, template, context and launch geometry."""
-
-    fn: str
-    template: str
-    ctx: dict[str, Any]
-    grid: list[int]
-    threads: int
-    shared: int = 0
-    block_outputs: int = 0  # GEMM: grid.x = ceil(n_out / block_outputs)
-    block_tokens: int = 0  # GEMM: grid.y = ceil(rows / block_tokens)
 
 
 def prefill_gemm(
