@@ -282,7 +282,10 @@ class TargetPlan:
 def check_plan(plan: Any, where: str) -> None:
     """Refuse a plan.json of another format or version (one line naming `where`)."""
     if not isinstance(plan, dict) or plan.get("format") != LAUNCH_PLAN_FORMAT:
-        raise HipcError(f'{where}: not a hipc launch plan (no "format": "{LAUNCH_PLAN_FORMAT}")')
+        raise HipcError(
+            f'{where}: not a launch plan this hipc reads (no "format": "{LAUNCH_PLAN_FORMAT}"; '
+            "an older hipc wrote it?); recompile the artifact with this hipc (hipc compile)"
+        )
     version = plan.get("version")
     if version != LAUNCH_PLAN_VERSION:
         raise HipcError(
