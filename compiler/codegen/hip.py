@@ -86,7 +86,9 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
     g = GpuProgramBuilder(gpu, memory.max_tokens, c.max_ctx, c.kv_storage)
     for k in c.kernels:
         k.kind.gpu(k, binder, g)
-    source = program_source(c.model.name, HIPC_VERSION, gpu.arch, list(g.kernels.values()))
+    source = program_source(
+        c.model.name, HIPC_VERSION, gpu.arch, list(g.kernels.values()), c.options.quant_layout
+    )
     plan = {
         "wave": gpu.wave,
         "arena_bytes": memory.arena_bytes,
@@ -96,14 +98,18 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
     return HipProgram(source, plan)
 
 
-def program_source(name: str, hipc_version: str, target: str, kernels: list[str]) -> str:
-    """One compilable HIP source: the prelude for `target`, then the rendered kernels."""
+def program_source(
+    name: str, hipc_version: str, target: str, kernels: list[str], quant_layout: str = "split"
+) -> str:
+    """One compilable HIP source: the prelude for `target`, then the rendered kernels.
+    `quant_layout`: how the artifact stores quantized blocks (CompileOptions.quant_layout)."""
     from hipc.compiler.targets import GpuTarget
 
     tile = MMA_TILES.get(target)
     return render(
         "hip/program.hip.j2",
         name=name,
+        qsplit=int(quant_layout == "split"),
         hipc_version=hipc_version,
         target=target,
         wave=GpuTarget(target).wave,

@@ -155,12 +155,13 @@ class SelectedKernel:
 def weight_suffix(k: SelectedKernel, where: str) -> str:
     """The suffix of the weight type's helpers in the templates' headers, or a FusionError
     naming the group when `where` ("CPU", "HIP") has no kernel for that type."""
-    from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
+    from hipc.compiler.codegen.environment import CPU_WTYPES, WEIGHT_SUFFIX
 
     wtype = k.params.wtype
-    if wtype not in WEIGHT_SUFFIX:
-        supported = f" (supported: {', '.join(WEIGHT_SUFFIX)})" if where == "CPU" else ""
-        raise FusionError(f"{k.group}: weight type {wtype} has no {where} kernel{supported}")
+    supported = CPU_WTYPES if where == "CPU" else tuple(WEIGHT_SUFFIX)
+    if wtype not in supported:
+        listed = f" (supported: {', '.join(supported)})" if where == "CPU" else ""
+        raise FusionError(f"{k.group}: weight type {wtype} has no {where} kernel{listed}")
     return WEIGHT_SUFFIX[wtype]
 
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 class EmbeddingParams(Params):
     wtype: str  # the table's storage type
     K: int  # row width
+    V: int  # rows (the vocabulary)
 
     def tag(self) -> str:
         return f"{self.wtype}_{self.K}"
@@ -49,7 +50,8 @@ class Embedding(KernelKind):
     def select(self, g: Graph, grp: FusedGroup) -> SelectedKernel:
         emb = grp.anchor
         w, ids = emb.inputs
-        params = EmbeddingParams(wtype=g.values[w].dtype, K=int(g.values[w].shape[1]))
+        V, K = (int(d) for d in g.values[w].shape)
+        params = EmbeddingParams(wtype=g.values[w].dtype, K=K, V=V)
         refs = {"w": ("weight", w), "ids": ("input", ids), "out": ("act", emb.outputs[0])}
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
