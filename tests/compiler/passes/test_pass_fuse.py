@@ -92,3 +92,44 @@ def test_an_op_no_kernel_covers_is_a_clear_error():
     g.outputs = ["y"]
     with pytest.raises(FusionError, match="'sig' \\(Sigmoid\\)"):
         fuse(verify(g))
+
+
+def test_a_new_kind_is_one_registration(monkeypatch):
+    """fuse and select know kinds only through the registry: a kind added there anchors
+    groups, proposes fusions, and selects, with no change to either pass."""
+    from hipc.compiler import kernels
+    from hipc.compiler.kernels.base import KernelKind, Params, SelectedKernel
+    from hipc.compiler.passes.select import select_kernels
+
+    class GateParams(Params):
+        def tag(self) -> str:
+            return "gate"
+
+    class Gate(KernelKind):
+        name = "gate"
+        anchors = frozenset({"Sigmoid"})
+        roles = frozenset({"epilogue:scale"})
+
+        def propose(self, graph, n, p):
+            user = p.only_user(n.outputs[0])
+            if user is not None and user.op == "Mul":
+                p.propose(n, user, "epilogue:scale", n.outputs[0])
+
+        def select(self, graph, grp):
+            refs = {"x": ("act", grp.anchor.inputs[0]), "y": ("act", grp.epilogue[-1].outputs[0])}
+            return SelectedKernel(grp.name, grp.node_names, self, GateParams(), refs)
+
+    kind = Gate()
+    monkeypatch.setitem(kernels.BY_ANCHOR, "Sigmoid", kind)
+    monkeypatch.setitem(kernels.BY_NAME, "gate", kind)
+    g = Graph("gated")
+    t = TensorType("float32", ("tokens", 4))
+    g.add_input("x", t)
+    g.add_node(Node("sig", "Sigmoid", ("x",), ("s",)), [t])
+    g.add_node(Node("mul", "Mul", ("s", "x"), ("y",)), [t])
+    g.outputs = ["y"]
+    f = fuse(verify(g))
+    assert [(grp.kind, grp.node_names) for grp in f.groups] == [("gate", ["sig", "mul"])]
+    assert f.groups[0].roles == {"mul": "epilogue:scale"}
+    (k,) = select_kernels(f)
+    assert k.kind is kind and k.fn.startswith("gate_gate_") and k.refs["y"] == ("act", "y")
