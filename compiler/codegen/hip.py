@@ -20,7 +20,7 @@ from hipc.compiler.kernels.linear import MMA_TILES
 from hipc.compiler.passes.select import weight_order
 
 if TYPE_CHECKING:
-    from hipc.compiler.kernels.base import GpuKernel
+    from hipc.compiler.kernels.base import GpuKernel, SelectedKernel
     from hipc.compiler.pipeline import Compilation
     from hipc.compiler.targets import GpuTarget
 
@@ -34,17 +34,36 @@ class HipProgram:
 class GpuProgramBuilder:
     """The kernels and the decode/prefill launch lists of one GPU target, as kinds add them."""
 
-    def __init__(self, target: GpuTarget, max_tokens: int, max_ctx: int, kv_storage: str) -> None:
-        self.target, self.max_ctx, self.kv_storage = target, max_ctx, kv_storage
+    def __init__(
+        self,
+        target: GpuTarget,
+        max_tokens: int,
+        max_ctx: int,
+        kv_storage: str,
+        kernels: list[SelectedKernel],
+    ) -> None:
+        self.target, self.max_tokens = target, max_tokens
+        self.max_ctx, self.kv_storage = max_ctx, kv_storage
         self.kernels: dict[str, str] = {}
         self.steps: dict[str, list[dict]] = {"decode": [], "prefill": []}
-        # scratch: inv_rms [max_tokens] for the GEMM norm, then the decode attention's partials
-        # and its per-head counters (zeroed at load; the merging block resets its counter)
-        self.scratch_after_inv_rms = -(-4 * max_tokens // 256) * 256
-        self.scratch_bytes = self.scratch_after_inv_rms
+        # The scratch buffer: one region per name the kinds ask for (KernelKind.gpu_scratch),
+        # as large as the largest ask, in order of first ask, each 256-byte aligned. Kernels of
+        # a step run one after another, so every layer reuses its kind's region; the buffer is
+        # zeroed at load (the decode attention's counters rely on it).
+        sizes: dict[str, int] = {}
+        for k in kernels:
+            for name, nbytes in k.kind.gpu_scratch(k, self).items():
+                sizes[name] = max(sizes.get(name, 0), nbytes)
+        self._scratch: dict[str, int] = {}
+        end = 0
+        for name, nbytes in sizes.items():
+            self._scratch[name] = -(-end // 256) * 256
+            end = self._scratch[name] + nbytes
+        self.scratch_bytes = end
 
-    def need_scratch(self, nbytes: int) -> None:
-        self.scratch_bytes = max(self.scratch_bytes, nbytes)
+    def scratch(self, name: str) -> int:
+        """The byte offset of scratch region `name` (asked for in gpu_scratch)."""
+        return self._scratch[name]
 
     def kernel(self, k: GpuKernel) -> str:
         """Render `k` once (kernels are shared by name); its name."""
@@ -83,7 +102,7 @@ class GpuProgramBuilder:
 def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
     memory = c.memory
     binder = Binder(memory, weight_order(c.kernels), [s.name for s in c.states])
-    g = GpuProgramBuilder(gpu, memory.max_tokens, c.max_ctx, c.kv_storage)
+    g = GpuProgramBuilder(gpu, memory.max_tokens, c.max_ctx, c.kv_storage, c.kernels)
     for k in c.kernels:
         k.kind.gpu(k, binder, g)
     source = program_source(

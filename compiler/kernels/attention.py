@@ -152,6 +152,12 @@ class Attention(KernelKind):
 
     # -- GPU --
 
+    def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
+        # the decode kernel's per-block partials (max, sum, acc[D]), then a counter per head
+        p: AttentionParams = k.params
+        splits = decode_splits(p.NH, g.max_ctx, g.target.wave)
+        return {"attention": 4 * p.NH * splits * (p.D + 2) + 4 * p.NH}
+
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: AttentionParams = k.params
         r = k.refs
@@ -173,9 +179,8 @@ class Attention(KernelKind):
         dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
         attn_decode = g.kernel(dk)
         splits = dk.grid[1]
-        partial_at = g.scratch_after_inv_rms
+        partial_at = g.scratch("attention")
         counters_at = partial_at + 4 * p.NH * splits * (D + 2)
-        g.need_scratch(counters_at + 4 * p.NH)
         shared = {
             "start": b.input("start"),
             "cos_t": b.ref(r["cos"]),

@@ -210,6 +210,11 @@ class KernelKind:
 
     # -- GPU targets --
 
+    def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
+        """Scratch regions this kernel needs on a GPU: {name: bytes}; g.scratch(name) is the
+        offset once every kernel has asked (regions of one name are shared)."""
+        return {}
+
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         """Render this group's GPU kernels into `g` and add its decode/prefill launches."""
         raise FusionError(f"{k.group}: no GPU kernel for {self.name}")

@@ -172,6 +172,10 @@ class Linear(KernelKind):
 
     # -- GPU --
 
+    def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
+        # the prefill GEMM's norm: 1 / rms per token, from the _stats kernel before it
+        return {"inv_rms": 4 * g.max_tokens} if k.params.norm_eps else {}
+
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: LinearParams = k.params
         r = k.refs
@@ -196,7 +200,7 @@ class Linear(KernelKind):
         pg = prefill_gemm(k.fn, p, g.target, k.nodes)
         gemm = g.kernel(pg)
         rows = "rows" if last_only else "T"
-        inv_rms = b.scratch(0)
+        inv_rms = b.scratch(g.scratch("inv_rms")) if p.norm_eps else b.null()
         if p.norm_eps:
             g.launch("prefill", k.group, f"{gemm}_stats", [rows], [256], STATS,
                      {"x": x, "T": b.int(rows), "inv_rms": inv_rms})  # fmt: skip
@@ -207,7 +211,7 @@ class Linear(KernelKind):
             [-(-p.n_out // pg.block_outputs), f"cdiv({rows},{pg.block_tokens})"],
             [pg.threads],
             GEMM,
-            {**common, "T": b.int(rows), "inv_rms": inv_rms if p.norm_eps else b.null()},
+            {**common, "T": b.int(rows), "inv_rms": inv_rms},
             shared=pg.shared,
         )
 
