@@ -9,7 +9,9 @@ describes it field by field.
   states   [{name, kind, dtype, shape, reset, reuse}]  state j (StateSpec: sizing, reset,
                                                       prefix-reuse rule per kind)
   memory   the compiler's arena layout (for inspection; targets carry arena_bytes)
-  kernels  {function: {kind, params}}             (for inspection)
+  kernels  {function: {kind, params}}
+  groups   [{group, kernel, nodes, args: {name: {kind, ref}}}]  the kernel selection, by
+           graph value (runtime/integrity.py checks states and weights against it)
   targets  {name: {entry, abi_version, wave, arena_bytes, scratch_bytes,
                    steps: {step: [launch]}}}
 
@@ -279,7 +281,7 @@ class TargetPlan:
         )
 
 
-def check_plan(plan: Any, where: str) -> None:
+def check_launch_plan(plan: Any, where: str) -> None:
     """Refuse a plan.json of another format or version (one line naming `where`)."""
     if not isinstance(plan, dict) or plan.get("format") != LAUNCH_PLAN_FORMAT:
         raise HipcError(

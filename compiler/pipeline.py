@@ -18,7 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hipc.base.launch_plan import LAUNCH_PLAN_FORMAT, LAUNCH_PLAN_VERSION, StateSpec, check_plan
+from hipc.base.launch_plan import (
+    LAUNCH_PLAN_FORMAT,
+    LAUNCH_PLAN_VERSION,
+    StateSpec,
+    check_launch_plan,
+)
 from hipc.base.safetensors_file import LazyTensor
 from hipc.base.version import HIPC_VERSION
 from hipc.cache import CacheKey, KernelCache
@@ -253,9 +258,12 @@ def _launch_plan(c: Compilation) -> None:
         "states": [s.to_json() for s in c.states],
         "memory": c.memory.to_json(),
         "kernels": {k.fn: {"kind": k.kind.name, "params": k.params.to_json()} for k in c.kernels},
+        # the kernel selection (graph values bound by name): what runtime/integrity.py checks
+        # the states and weights against
+        "groups": [k.to_json() for k in c.kernels],
         "targets": {name: p.plan for name, p in c.programs.items()},
     }
-    check_plan(c.plan, "the launch plan just built")  # a compiler bug, caught before writing
+    check_launch_plan(c.plan, "the launch plan just built")  # a compiler bug, caught before writing
 
 
 def _write(c: Compilation) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -14,7 +15,7 @@ from hipc.base.launch_plan import (
     Launch,
     StateSpec,
     TargetPlan,
-    check_plan,
+    check_launch_plan,
     prefix_reuse,
 )
 
@@ -43,19 +44,19 @@ def plan(**over) -> dict:
 
 
 def test_a_plan_of_another_version_is_refused_in_one_line():
-    check_plan(plan(), "x/plan.json")
+    check_launch_plan(plan(), "x/plan.json")
     with pytest.raises(HipcError, match=r"x/plan.json: launch plan version 1, .* reads version"):
-        check_plan(plan(version=1), "x/plan.json")
+        check_launch_plan(plan(version=1), "x/plan.json")
     old = plan()
     del old["format"], old["version"]  # what hipc wrote before the plan was versioned
     with pytest.raises(
         HipcError, match=r"x/plan\.json: not a launch plan this hipc reads .* recompile"
     ):
-        check_plan(old, "x/plan.json")
+        check_launch_plan(old, "x/plan.json")
     bad = plan()
     bad["targets"]["cpu"]["steps"]["forward"][0]["args"] = [{"kind": "pointer"}]
     with pytest.raises(HipcError, match="malformed launch plan"):
-        check_plan(bad, "x/plan.json")
+        check_launch_plan(bad, "x/plan.json")
 
 
 def test_state_kinds_size_reset_and_reuse():
@@ -131,7 +132,8 @@ def test_a_compiled_plan_passes_the_check(tmp_path):
     p["version"] = 1
     (out / "plan.json").write_text(json.dumps(p))
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["files"]["plan.json"]["size"] = (out / "plan.json").stat().st_size
+    data = (out / "plan.json").read_bytes()
+    manifest["files"]["plan.json"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(HipcError, match=r"plan\.json: launch plan version 1"):
         load_artifact(out)
