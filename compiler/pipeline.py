@@ -26,7 +26,7 @@ from hipc.base.launch_plan import (
 )
 from hipc.base.safetensors_file import LazyTensor
 from hipc.base.version import HIPC_VERSION
-from hipc.cache import CacheKey, KernelCache
+from hipc.cache import CacheKey, KernelCache, max_bytes_from_env
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
 from hipc.compiler.ir import Constant, Graph, PackedWeight
 from hipc.compiler.ir.verify import verify
@@ -73,6 +73,7 @@ class Compilation:
     states: list[StateSpec] = field(default_factory=list)
     weights: list[LazyTensor] = field(default_factory=list)
     plan: dict | None = None
+    cache_bound: int = 0
     on_progress: Callable[[int, int], None] | None = None
 
     @property
@@ -120,6 +121,8 @@ def stages(targets: list[Target]) -> list[Stage]:
         ),
         Stage("launch plan", _launch_plan, lambda c, d: d.json("7-plan.json", c.plan)),
         Stage("write artifact", _write),
+        # The cache folder stays within its bound; the artifact just written is never evicted.
+        Stage("trim cache", _trim_cache),
     ]
 
 
@@ -137,6 +140,7 @@ def compile_model(
     verbose = sys.stderr.isatty() if verbose is None else verbose
     targets = [target(t) for t in options.targets]
     c = Compilation(model_ref, Path(out), options, targets, cache or KernelCache())
+    c.cache_bound = max_bytes_from_env()  # a bad value fails now, not after the compile
     c.on_progress = _progress_bar("writing weights") if verbose and sys.stderr.isatty() else None
     seconds: dict[str, float] = {}
     for stage in stages(targets):
@@ -155,7 +159,15 @@ def compile_model(
 
 def _load_model(c: Compilation) -> None:
     c.model = load_model(c.model_ref)
-    c.max_ctx = c.options.resolved_max_context(c.model.config.max_position_embeddings)
+    limit = c.model.config.max_position_embeddings
+    c.max_ctx = c.options.resolved_max_context(limit)
+    if c.max_ctx < limit and c.options.max_context is None:
+        # NOTE: said even with -q: a context shorter than the model's is a silent limit otherwise
+        print(
+            f"hipc: max context capped at {c.max_ctx} for {', '.join(c.options.targets)} (the "
+            f"model allows {limit}; --max-context N sets it)",
+            file=sys.stderr,
+        )
     c.max_tokens = c.options.resolved_max_tokens(c.max_ctx)
 
 
@@ -290,6 +302,16 @@ def _write(c: Compilation) -> None:
         generation=model.source.generation_defaults(),
         on_progress=c.on_progress,
     )
+
+
+def _trim_cache(c: Compilation) -> None:
+    _swept, evicted = c.cache.trim(c.cache_bound, keep=[c.out])
+    if evicted:
+        print(
+            f"hipc: cache over HIPC_CACHE_MAX_BYTES ({c.cache_bound / 2**30:.1f} GiB): removed "
+            f"{evicted} least recently used entries from {c.cache.root}",
+            file=sys.stderr,
+        )
 
 
 # -- dumps ------------------------------------------------------------------------------

@@ -43,4 +43,5 @@ def test_stages_are_named_in_order_with_render_and_compile_per_target():
         "compile sm_90",
         "launch plan",
         "write artifact",
+        "trim cache",
     ]
