@@ -38,19 +38,22 @@ CPU_WTYPES = (
 KERNEL_WTYPES = {"cpu": CPU_WTYPES, "hip": tuple(WEIGHT_SUFFIX)}
 
 
-def check_weight_types(launches, initializers: dict, family: str, label: str) -> None:
-    """Refuse the first weight whose type `family` ("cpu" | "hip") has no kernel for, in one
-    line naming the tensor(s) as the model file does, its type and the supported types."""
+def check_weight_types(kernels, initializers: dict, target_family: str) -> None:
+    """Refuse the first weight whose type the target family ("cpu", "nvidia", "amd") has no
+    kernel for, in one line naming the tensor(s) as the model file does, its type and the
+    supported types."""
+    family = "cpu" if target_family == "cpu" else "hip"
     supported = KERNEL_WTYPES[family]
-    for launch in launches:
-        p = launch.kernel.param_dict
-        if launch.kernel.template not in ("linear", "embedding") or p["wtype"] in supported:
+    for k in kernels:
+        wtype = getattr(k.params, "wtype", None)
+        if wtype is None or wtype in supported:
             continue
-        init = initializers.get(launch.args["w"][1])
+        ref = k.refs["w"][1]
+        init = initializers.get(ref)
         parts = getattr(init, "parts", None) or (init,)
-        names = ", ".join(getattr(r, "name", launch.args["w"][1]) for r in parts)
+        names = ", ".join(getattr(r, "name", ref) for r in parts)
         raise HipcError(
-            f"{names}: weight type {p['wtype']} has no {label} kernel "
+            f"{names}: weight type {wtype} has no {family.upper()} kernel "
             f"(supported: {', '.join(supported)})"
         )
 

@@ -82,9 +82,8 @@ def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
                 sigmoid_of[node.outputs[0]] = ins[0]
                 continue
         if op == "Mul" and _is_silu(ins, sigmoid_of):
-            rw.emit(
-                "SiLU", [sigmoid_of.get(ins[1], ins[0])], node.outputs, node.name, domain="hipc"
-            )
+            x = ins[0] if sigmoid_of.get(ins[1]) == ins[0] else ins[1]
+            rw.emit("SiLU", [x], node.outputs, node.name, domain="hipc")
             continue
         rw.copy(node)
     return rw.finish()

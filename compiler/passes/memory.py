@@ -109,7 +109,7 @@ def plan_memory(fusion: Fusion, max_tokens: int) -> MemoryPlan:
     alias: dict[str, str] = {}
     for i, grp in enumerate(fusion.groups):
         for n in grp.epilogue:
-            if n.op == "Add" and grp.kind == "linear":
+            if grp.roles.get(n.name) == "epilogue:residual":
                 res = next(x for x in n.inputs if x != grp.anchor.outputs[0])
                 out = n.outputs[0]
                 if out in backing and res in plan.views and last_use.get(res) == i:
