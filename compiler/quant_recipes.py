@@ -138,9 +138,19 @@ def _role(ref: WeightRef) -> tuple[str | None, int | None]:
     """(role, layer) of a source tensor, by its file format's name table."""
     patterns = _PATTERNS.get(ref.format)
     if patterns is None:
+        # a role may list alternative names; {e} (an expert's index) is not captured
         patterns = _PATTERNS[ref.format] = [
-            (re.compile(re.escape(t).replace(re.escape("{i}"), r"(\d+)") + "$"), role)
-            for role, t in NAME_TABLES.get(ref.format, {}).items()
+            (
+                re.compile(
+                    re.escape(t)
+                    .replace(re.escape("{i}"), r"(\d+)")
+                    .replace(re.escape("{e}"), r"\d+")
+                    + "$"
+                ),
+                role,
+            )
+            for role, names in NAME_TABLES.get(ref.format, {}).items()
+            for t in (names if isinstance(names, tuple) else (names,))
         ]
     for pattern, role in patterns:
         m = pattern.match(ref.name)

@@ -28,7 +28,6 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not found")
 
 SHIM = r"""
 #include "hipc_cpu.h"
-#include "hipc_cpu_ops.h"
 #include "hipc_cpu_moe.h"
 extern "C" {
 void t_route(const float* logits, int T, int E, int k, int normalize, int* ids, float* w) {
