@@ -9,7 +9,6 @@ import numpy as np
 
 from hipc.base.progress import byte_progress
 from hipc.base.safetensors_file import LazyTensor, write_safetensors
-from hipc.compiler.pipeline import Stages
 
 
 class Terminal(io.StringIO):
@@ -26,7 +25,7 @@ def test_weight_writing_draws_a_bar_on_a_terminal(tmp_path, monkeypatch):
     term = Terminal()
     monkeypatch.setattr(sys, "stderr", term)
     write_safetensors(
-        tmp_path / "w.safetensors", tensors(), on_progress=Stages(None, True).bar("writing weights")
+        tmp_path / "w.safetensors", tensors(), on_progress=byte_progress("writing weights")
     )
     out = term.getvalue()
     assert "hipc: writing weights" in out and "100%" in out
@@ -35,7 +34,6 @@ def test_weight_writing_draws_a_bar_on_a_terminal(tmp_path, monkeypatch):
 
 def test_no_bar_off_a_terminal_or_when_quiet(monkeypatch):
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    assert Stages(None, True).bar("writing weights") is None
+    assert byte_progress("writing weights") is None
     monkeypatch.setattr(sys, "stderr", Terminal())
-    assert Stages(None, False).bar("writing weights") is None
     assert byte_progress("x", show=False) is None
