@@ -2,10 +2,13 @@
 // (Q4_K, Q5_K, Q6_K). Apart from linear_vnni.h / linear_avx2.h because these types share
 // one shape the 32-blocks of Q4_0/Q4_1/Q8_0 do not have: scales that change every 16 or
 // 32 elements inside a block, read from packed 6-bit or int8 fields. One kernel serves
-// them all: each block is unpacked to int16 values plus a float scale per 16 elements
-// and an offset per 32, w = q * s[e / 16] + m[e / 32], then dotted with integer
-// activations.
+// them all: a block is w = q * s[e / 16] + m[e / 32] (int16 values q, a float scale per
+// 16 elements, an offset per 32). Decode (T < 8) dots q with integer activations, on
+// AVX512 widening each 32-unit straight into registers (kq_tile_reg); prefill
+// dequantizes slabs of rows to f32 once and runs the dense f32 tile over all tokens.
 #pragma once
+
+#include <type_traits>
 
 namespace hipc {
 
@@ -120,22 +123,110 @@ inline void unpack(const block_q6_k& b, Unpacked<256>& u) {
   for (int j = 0; j < 8; ++j) u.m[j] = 0.f;
 }
 
+#if defined(HIPC_ISA_AVX512)
+// Decode (AVX512): 32-unit j of a block straight into 32 int16 lanes, no trip through
+// memory: byte ops on the packed fields, then one widening. Scales come from scales().
+inline __m512i w16_nibbles(__m128i q16, __m256i bits, __mmask32 high, int bias) {
+  const __m128i m4 = _mm_set1_epi8(15);
+  __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q16, 4), m4), _mm_and_si128(q16, m4));
+  v = _mm256_mask_add_epi8(v, high, v, bits);  // v <= 15: adding 16 sets bit 4
+  return _mm512_sub_epi16(_mm512_cvtepu8_epi16(v), _mm512_set1_epi16((short)bias));
+}
+inline __m512i w16(const block_q5_0& b, int) {
+  return w16_nibbles(_mm_loadu_si128((const __m128i*)b.qs), _mm256_set1_epi8(16), (__mmask32)load_u32(b.qh), 16);
+}
+inline __m512i w16(const block_q5_1& b, int) {
+  return w16_nibbles(_mm_loadu_si128((const __m128i*)b.qs), _mm256_set1_epi8(16), (__mmask32)load_u32(b.qh), 0);
+}
+// K-quants: unit j = 2c + h is nibble h of qs[32c .. 32c+31]
+inline __m256i k_nibbles(const uint8_t* qs, int j) {
+  const __m256i q = _mm256_loadu_si256((const __m256i*)(qs + 32 * (j >> 1)));
+  return _mm256_and_si256(_mm256_srli_epi16(q, 4 * (j & 1)), _mm256_set1_epi8(15));
+}
+inline __m512i w16(const block_q4_k& b, int j) { return _mm512_cvtepu8_epi16(k_nibbles(b.qs, j)); }
+inline __m512i w16(const block_q5_k& b, int j) {
+  const __mmask32 high = _mm256_test_epi8_mask(_mm256_loadu_si256((const __m256i*)b.qh), _mm256_set1_epi8((char)(1 << j)));
+  const __m256i v = k_nibbles(b.qs, j);
+  return _mm512_cvtepu8_epi16(_mm256_mask_add_epi8(v, high, v, _mm256_set1_epi8(16)));
+}
+// Q6_K: unit j = 4h + k holds elements 32k.. of half h: low nibble (k >> 1) of
+// ql[64h + 32(k & 1) + i], top bits 2k of qh[32h + i]
+inline __m512i w16(const block_q6_k& b, int j) {
+  const int h = j >> 2, k = j & 3;
+  const __m256i lo = _mm256_and_si256(
+      _mm256_srli_epi16(_mm256_loadu_si256((const __m256i*)(b.ql + 64 * h + 32 * (k & 1))), 4 * (k >> 1)),
+      _mm256_set1_epi8(15));
+  const __m256i hi = _mm256_and_si256(
+      _mm256_slli_epi16(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i*)(b.qh + 32 * h)), 2 * k), 4),
+      _mm256_set1_epi8(0x30));
+  return _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_or_si256(lo, hi)), _mm512_set1_epi16(32));
+}
+
+// The per-16 scales and per-32 offsets of a block (what unpack() writes besides q).
+inline void scales(const block_q5_0& b, float* s, float* m) { s[0] = s[1] = fp16_to_fp32(b.d), m[0] = 0.f; }
+inline void scales(const block_q5_1& b, float* s, float* m) {
+  s[0] = s[1] = fp16_to_fp32(b.d), m[0] = fp16_to_fp32(b.m);
+}
+inline void scales(const block_q4_k& b, float* s, float* m) { k_scales(b.scales, b.d, b.dmin, s, m); }
+inline void scales(const block_q5_k& b, float* s, float* m) { k_scales(b.scales, b.d, b.dmin, s, m); }
+inline void scales(const block_q6_k& b, float* s, float* m) {
+  const float d = fp16_to_fp32(b.d);
+  for (int j = 0; j < 16; ++j) s[j] = d * (float)b.scales[j];
+  for (int j = 0; j < 8; ++j) m[j] = 0.f;
+}
+
+// The decode GEMV tile (TN tokens, TN small): as kq_tile below, with the units widened
+// in registers. Only Q6_K changes scale inside a 32-unit (lanes 8..15 hold its second
+// 16 elements' pair sums).
+template <class B, int R, int TN>
+inline void kq_tile_reg(const B* rows, size_t row_stride, const Act16& a, int t0, float* y, int ldy) {
+  constexpr int QK = KTraits<B>::QK, U = QK / 32;
+  constexpr bool kHalves = std::is_same<B, block_q6_k>::value;
+  const int nsb = a.nb / U;
+  __m512 acc[R][TN];
+  float macc[R][TN];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TN; ++t) acc[r][t] = _mm512_setzero_ps(), macc[r][t] = 0.f;
+  for (int b = 0; b < nsb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const B& blk = rows[r * row_stride + b];
+      _mm_prefetch((const char*)(&blk + (QK == 256 ? 4 : 16)), _MM_HINT_T0);
+      float s[QK / 16], m[QK / 32];
+      scales(blk, s, m);
+      for (int j = 0; j < U; ++j) {
+        const __m512i w = w16(blk, j);
+        for (int t = 0; t < TN; ++t) {
+          const size_t i = (size_t)(t0 + t) * a.nb + (size_t)b * U + j;
+          const __m512 p = _mm512_cvtepi32_ps(_mm512_madd_epi16(w, _mm512_loadu_si512((const void*)(a.q + i * 32))));
+          __m512 sv;
+          if constexpr (kHalves)
+            sv = _mm512_mul_ps(_mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[2 * j]), _mm512_set1_ps(s[2 * j + 1])),
+                               _mm512_set1_ps(a.scale[i]));
+          else
+            sv = _mm512_set1_ps(s[2 * j] * a.scale[i]);
+          acc[r][t] = _mm512_fmadd_ps(p, sv, acc[r][t]);
+          if constexpr (KTraits<B>::kMin) macc[r][t] += m[j] * a.sum[i];
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TN; ++t) y[(size_t)t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]) + macc[r][t];
+}
+#endif
+
 // R weight rows x TN tokens. Per 32-unit j of a block and token t (activation block i):
 //   y += dx[i] * (s[2j] * sum_{e<16} q[e] x[e] + s[2j+1] * sum_{e>=16} q[e] x[e]) + m[j] * sum(x)
 // The integer sums are exact (|q| <= 32, |x| <= 32767: 16 * 32 * 32767 < 2^31).
 // The R rows' blocks are unpacked once and reused for all TN tokens; R streams of loads
-// keep the memory system busy in the decode GEMV.
+// keep the memory system busy in the decode GEMV. (AVX512 uses kq_tile_reg.)
 template <class B, int R, int TN>
 inline void kq_tile(const B* rows, size_t row_stride, const Act16& a, int t0, float* y, int ldy) {
   constexpr int QK = KTraits<B>::QK, U = QK / 32;
   const int nsb = a.nb / U;
   Unpacked<QK> u[R];
   float macc[R][TN];
-#if defined(HIPC_ISA_AVX512)
-  __m512 acc[R][TN];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < TN; ++t) acc[r][t] = _mm512_setzero_ps(), macc[r][t] = 0.f;
-#elif defined(HIPC_ISA_AVX2)
+#if defined(HIPC_ISA_AVX2)
   __m256 acc[R][TN];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TN; ++t) acc[r][t] = _mm256_setzero_ps(), macc[r][t] = 0.f;
@@ -154,20 +245,14 @@ inline void kq_tile(const B* rows, size_t row_stride, const Act16& a, int t0, fl
       for (int j = 0; j < U; ++j) {
         const int16_t* wq = u[r].q + 32 * j;
         const float slo = u[r].s[2 * j], shi = u[r].s[2 * j + 1];
-#if defined(HIPC_ISA_AVX512)
-        const __m512i w = _mm512_load_si512((const void*)wq);
-        const __m512 sv = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(slo), _mm512_set1_ps(shi));
-#elif defined(HIPC_ISA_AVX2)
+#if defined(HIPC_ISA_AVX2)
         const __m256i wl = _mm256_load_si256((const __m256i*)wq);
         const __m256i wh = _mm256_load_si256((const __m256i*)(wq + 16));
 #endif
         for (int t = 0; t < TN; ++t) {
           const size_t i = (size_t)(t0 + t) * a.nb + (size_t)b * U + j;
           const int16_t* xq = a.q + i * 32;
-#if defined(HIPC_ISA_AVX512)
-          const __m512 p = _mm512_cvtepi32_ps(_mm512_madd_epi16(w, _mm512_loadu_si512((const void*)xq)));
-          acc[r][t] = _mm512_fmadd_ps(p, _mm512_mul_ps(sv, _mm512_set1_ps(a.scale[i])), acc[r][t]);
-#elif defined(HIPC_ISA_AVX2)
+#if defined(HIPC_ISA_AVX2)
           const __m256 pl = _mm256_cvtepi32_ps(_mm256_madd_epi16(wl, _mm256_loadu_si256((const __m256i*)xq)));
           const __m256 ph = _mm256_cvtepi32_ps(_mm256_madd_epi16(wh, _mm256_loadu_si256((const __m256i*)(xq + 16))));
           const float dx = a.scale[i];
@@ -185,9 +270,7 @@ inline void kq_tile(const B* rows, size_t row_stride, const Act16& a, int t0, fl
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TN; ++t) {
-#if defined(HIPC_ISA_AVX512)
-      const float s = _mm512_reduce_add_ps(acc[r][t]);
-#elif defined(HIPC_ISA_AVX2)
+#if defined(HIPC_ISA_AVX2)
       const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][t]), _mm256_extractf128_ps(acc[r][t], 1));
       const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
       const float s = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
@@ -198,14 +281,68 @@ inline void kq_tile(const B* rows, size_t row_stride, const Act16& a, int t0, fl
     }
 }
 
-// Driver: x rounded to integers per 32-block (qmax 32767: int16, 127: int8, the
-// --activations choice), then `omp for` over tiles of R rows; each tile sweeps all T
-// tokens in steps of 4, so prefill unpacks a block once per 4 tokens.
+template <class B>
+inline void kq_dequant_rows(const B* rows, int K, int R, float* out) {
+  constexpr int QK = KTraits<B>::QK;
+  Unpacked<QK> u;
+  for (int i = 0; i < R * (K / QK); ++i) {
+    unpack(rows[i], u);
+    float* o = out + (size_t)i * QK;
+#pragma omp simd
+    for (int e = 0; e < QK; ++e) o[e] = (float)u.q[e] * u.s[e / 16] + u.m[e / 32];
+  }
+}
+
+// Prefill from this many tokens on: each thread dequantizes a tile of kDequantRows rows to
+// f32 (in L1/L2) and runs the dense f32 tile over all T tokens. There float FMAs do more
+// multiply-adds per instruction than the int16 path's madd + convert + scale, the
+// dequantization is amortized over T, and x is not rounded at all.
+// A slab of kDequantRows rows is dequantized once; tokens go in chunks of C through
+// its 4-row tiles, so a chunk of x stays in L1 while the slab's tiles pass over it.
+constexpr int kDequantMinT = 8;
+constexpr int kDequantRows = 16;
+
+template <class B>
+inline void kq_matmul_dequant(const float* x, int T, int K, const B* Wb, int N, float* y, int ldy) {
+  constexpr int S = kDequantRows, R = 4, QK = KTraits<B>::QK;
+#if defined(HIPC_ISA_AVX512)
+  constexpr int C = 6;
+#else
+  constexpr int C = 4;
+#endif
+  const size_t rb = (size_t)K / QK;
+  const int slabs = (N + S - 1) / S;
+#pragma omp parallel
+  {
+    float* wf = (float*)scratch(1, (size_t)S * K * sizeof(float));
+#pragma omp for schedule(static)
+    for (int g = 0; g < slabs; ++g) {
+      const int n0 = g * S, nr = std::min(S, N - n0);
+      kq_dequant_rows(Wb + (size_t)n0 * rb, K, nr, wf);
+      int t = 0;
+      for (; t + C <= T; t += C) {
+        int r = 0;
+        for (; r + R <= nr; r += R) d_tile<DF32, R, C>(x, K, wf, r, t, y + n0, ldy);
+        for (; r < nr; ++r) d_tile<DF32, 1, C>(x, K, wf, r, t, y + n0, ldy);
+      }
+      for (; t < T; ++t) {
+        int r = 0;
+        for (; r + R <= nr; r += R) d_tile<DF32, R, 1>(x, K, wf, r, t, y + n0, ldy);
+        for (; r < nr; ++r) d_tile<DF32, 1, 1>(x, K, wf, r, t, y + n0, ldy);
+      }
+    }
+  }
+}
+
+// Driver. Decode and short prefills: x rounded to integers per 32-block (qmax 32767:
+// int16, 127: int8, the --activations choice), then `omp for` over tiles of R rows
+// (kq_tile_reg on AVX512, kq_tile elsewhere). Longer prefills: kq_matmul_dequant.
 template <class B>
 inline void kq_matmul(const float* x, int T, int K, const void* W, int N, float* y, int ldy, float qmax) {
   constexpr int R = 4, QK = KTraits<B>::QK;
-  const Act16 a = quantize_act16(x, T, K, qmax);
   const B* Wb = (const B*)W;
+  if (T >= kDequantMinT) return kq_matmul_dequant<B>(x, T, K, Wb, N, y, ldy);
+  const Act16 a = quantize_act16(x, T, K, qmax);
   const size_t rb = (size_t)K / QK;
   const int groups = (N + R - 1) / R;
 #pragma omp parallel for schedule(static) if ((size_t)N * K * T > 65536)
@@ -213,12 +350,22 @@ inline void kq_matmul(const float* x, int T, int K, const void* W, int N, float*
     const int n0 = g * R;
     if (n0 + R <= N) {
       const B* rows = Wb + (size_t)n0 * rb;
+#if defined(HIPC_ISA_AVX512)
+      for (int t = 0; t < T; ++t) kq_tile_reg<B, R, 1>(rows, rb, a, t, y + (size_t)t * ldy + n0, ldy);
+#else
       int t = 0;
       for (; t + 4 <= T; t += 4) kq_tile<B, R, 4>(rows, rb, a, t, y + (size_t)t * ldy + n0, ldy);
       for (; t < T; ++t) kq_tile<B, R, 1>(rows, rb, a, t, y + (size_t)t * ldy + n0, ldy);
+#endif
     } else {
       for (int n = n0; n < N; ++n)
-        for (int t = 0; t < T; ++t) kq_tile<B, 1, 1>(Wb + (size_t)n * rb, rb, a, t, y + (size_t)t * ldy + n, ldy);
+        for (int t = 0; t < T; ++t) {
+#if defined(HIPC_ISA_AVX512)
+          kq_tile_reg<B, 1, 1>(Wb + (size_t)n * rb, rb, a, t, y + (size_t)t * ldy + n, ldy);
+#else
+          kq_tile<B, 1, 1>(Wb + (size_t)n * rb, rb, a, t, y + (size_t)t * ldy + n, ldy);
+#endif
+        }
     }
   }
 }
