@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 # HF `architectures[0]` / `model_type` -> family
 HF_ARCHITECTURES = {

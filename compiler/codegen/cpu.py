@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hipc.base.version import ABI_VERSION
 from hipc.compiler.codegen.environment import (
     KERNEL_WTYPES,
     WEIGHT_SUFFIX,
@@ -19,8 +20,6 @@ from hipc.compiler.codegen.environment import (
 from hipc.compiler.passes.fuse import FusionError
 from hipc.compiler.passes.memory import MemoryPlan
 from hipc.compiler.passes.select import Launch, weight_order
-
-ABI_VERSION = 1
 
 
 def paste_includes(header: str) -> str:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hipc.base.errors import HipcError
 from hipc.compiler.ir import Graph, Node
-from hipc.runtime.errors import HipcError
 
 ATTENTION_FEEDERS = {"Reshape", "RMSNormalization", "RotaryEmbedding"}
 
@@ -57,9 +57,6 @@ class Fusion:
     graph: Graph
     groups: list[FusedGroup]
     decisions: list[Decision]
-
-    def group_of(self, node: str) -> FusedGroup:
-        return next(g for g in self.groups if node in g.node_names)
 
 
 KIND_OF = {

@@ -184,7 +184,8 @@ def _attention(g: Graph, grp: FusedGroup) -> Launch:
 def _embedding(g: Graph, grp: FusedGroup) -> Launch:
     emb = grp.anchor
     w, ids = emb.inputs
-    spec = _spec("embedding", wtype=g.values[w].dtype, K=int(g.values[w].shape[1]))
+    V, K = (int(d) for d in g.values[w].shape)
+    spec = _spec("embedding", wtype=g.values[w].dtype, K=K, V=V)
     args = {"w": ("weight", w), "ids": ("input", ids), "out": ("act", emb.outputs[0])}
     return Launch(grp.name, grp.node_names, spec, args)
 

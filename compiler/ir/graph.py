@@ -8,7 +8,7 @@ loaded until a pass or an executor asks. Graphs are batchless (batch 1): activat
 are [tokens, ...] where ONNX would write [batch, seq, ...].
 
 Ops use ONNX names and semantics where ONNX has the op; the rest live in the `hipc`
-domain (see compiler/ops.py for the registry and shape rules).
+domain (see compiler/ir/ops.py for the registry and shape rules).
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ import networkx as nx
 import numpy as np
 
 Dim = int | str
-SYMBOLIC_DIMS = ("tokens", "ctx", "max_ctx")
 
-FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 # GGUF block types: dtype -> (elements per block, bytes per block). Every target reads
 # these sizes; which types a target has kernels for is the target's own table.
 QUANT_BLOCKS = {
@@ -41,7 +39,6 @@ QUANT_BLOCKS = {
     "q3_k": (256, 110),
 }
 QUANT_DTYPES = tuple(QUANT_BLOCKS)
-INT_DTYPES = ("int64", "int32")
 
 
 @dataclass(frozen=True)
