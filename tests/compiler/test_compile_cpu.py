@@ -145,8 +145,8 @@ def test_weight_type_without_kernel_is_refused_naming_the_tensor(
 ):
     """One line, before any rendering: the tensor as the file names it, its type, the
     supported types. (Q3_K blocks are random bytes: only the type matters here.)"""
-    from hipc.compiler import quantize
     from hipc.base.errors import HipcError
+    from hipc.compiler import quantize
 
     gguf_writer = pytest.importorskip("gguf_writer")
     monkeypatch.setitem(
