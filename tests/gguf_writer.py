@@ -255,6 +255,41 @@ def write_numpy_gguf(
     return path
 
 
+def requantize_gguf(
+    src: Path, dst: Path, type_of: Callable[[str, tuple[int, ...]], str | None]
+) -> Path:
+    """Copy a GGUF file with every tensor re-stored as `type_of(name, shape)` (None: float32),
+    quantized by hipc.compiler.quantize from gguf-py's dequantized values; metadata as is."""
+    import gguf
+
+    from hipc.compiler.quantize import quantize
+
+    r = gguf.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch)
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    for t in r.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape))  # numpy order
+        values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
+        kind = type_of(t.name, shape)
+        if kind is None:
+            w.add_tensor(t.name, values)
+        else:
+            qt = getattr(gguf.GGMLQuantizationType, kind.upper())
+            data = np.frombuffer(quantize(values, kind), np.uint8).reshape(shape[0], -1)
+            w.add_tensor(t.name, data, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
 def write_q6k_head_gguf(path: Path, seed: int = 0) -> Path:
     """A tiny llama GGUF typed as llama-quantize's Q4_0 files are: Q4_0 linears and
     embedding, the output matrix Q6_K (random super-blocks: gguf-py has no Q6_K quantizer).

@@ -46,3 +46,26 @@ def quantize(array: np.ndarray, dtype: str) -> bytes:
     blocks = _QUANTIZERS[dtype](x.reshape(-1, elems))
     assert blocks.shape == (x.size // elems, nbytes), (dtype, blocks.shape)
     return blocks.tobytes()
+
+
+def q4_k_m_type(name: str, shape: tuple[int, ...], n_layers: int) -> str | None:
+    """The type llama.cpp's Q4_K_M recipe gives a GGUF tensor (None: kept as float).
+
+    Q4_K everywhere, Q6_K for the output (or a tied token_embd) and for attn_v and
+    ffn_down in the first and last eighth of the layers and every third between; a row
+    length that is not a multiple of 256 falls back to Q5_0 (for Q4_K) or Q8_0 (for Q6_K).
+    """
+    if len(shape) != 2:
+        return None
+    layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+    eighth = n_layers // 8
+    more_bits = layer < eighth or layer >= 7 * n_layers // 8 or (layer - eighth) % 3 == 2
+    if name in ("output.weight", "token_embd.weight") or (
+        name.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits
+    ):
+        wanted = "q6_k"
+    else:
+        wanted = "q4_k"
+    if shape[-1] % QUANT_BLOCKS[wanted][0]:
+        return {"q4_k": "q5_0", "q6_k": "q8_0"}[wanted]
+    return wanted
