@@ -27,6 +27,7 @@ def create_app(engine, config: Config | None = None, service: Service | None = N
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/health", resources.Health(service))
     app.add_route("/metrics", resources.Metrics(service))
+    app.add_route("/openapi.json", resources.OpenAPI(service, bool(config.api_key)))
     app.add_route("/v1/models", resources.Models(service))
     app.add_route("/v1/models/{model_id}", resources.Model(service))
     app.add_route("/v1/completions", resources.Completions(service))

@@ -1,0 +1,122 @@
+"""GET /openapi.json: a valid OpenAPI 3.1 document of every route, and schemathesis requests
+generated from it (schema-valid and schema-violating) answered by the in-process Falcon app
+over a scripted engine with no 5xx, a JSON error body on every 4xx, and every documented
+2xx matching its documented schema.
+
+Bounded for CI: a fixed number of examples per operation (HIPC_FUZZ_SCALE multiplies it,
+as in test_server_fuzz.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import falcon.testing
+import pytest
+
+from hipc.runtime.server.app import create_app
+from hipc.runtime.server.config import Config
+from hipc.runtime.server.service import Service
+
+from fuzzing import check_answer
+from serving import ScriptedEngine, script, tiny_tokenizer
+
+schemathesis = pytest.importorskip("schemathesis")
+openapi_spec_validator = pytest.importorskip("openapi_spec_validator")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+from schemathesis import GenerationMode  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.specs.openapi.checks import (  # noqa: E402
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+KEY = "sk-openapi"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+SCALE = int(os.environ.get("HIPC_FUZZ_SCALE", "1"))
+
+
+def make_app():
+    tok = tiny_tokenizer()
+    engine = ScriptedEngine(tok, script(tok, "Hi there"), max_context=96)
+    cfg = Config(served_model_name="tiny", api_key=KEY, max_n=4, max_body_bytes=8192)
+    return create_app(engine, cfg, Service(engine, cfg)), tok.vocab_size
+
+
+APP, VOCAB = make_app()
+
+
+def _document() -> dict:
+    r = falcon.testing.TestClient(APP).simulate_get("/openapi.json", headers=AUTH)
+    assert r.status_code == 200, r.text
+    return r.json
+
+
+def test_document_is_valid_openapi_and_names_every_route():
+    doc = _document()
+    openapi_spec_validator.validate(doc)  # raises on an invalid document
+    routes = {
+        route.uri_template
+        for root in APP._router._roots
+        for route in _walk(root)
+        if route.resource is not None
+    }
+    assert routes and set(doc["paths"]) == routes
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            assert "200" in op["responses"], (path, method)
+            if method == "post":
+                ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+                assert ref.split("/")[-1] in doc["components"]["schemas"]
+
+
+def _walk(node):
+    yield node
+    for child in node.children:
+        yield from _walk(child)
+
+
+def test_document_carries_this_servers_limits():
+    fields = _document()["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert fields["n"]["maximum"] == 4 and fields["model"]["enum"] == ["tiny"]
+    ids = fields["stop_token_ids"]["anyOf"][0]["items"]
+    assert ids["maximum"] == VOCAB - 1
+
+
+def test_unauthenticated_document_is_refused_like_other_routes():
+    r = falcon.testing.TestClient(APP).simulate_get("/openapi.json")
+    assert r.status_code == 401 and r.json["error"]["code"] == "missing_api_key"
+
+
+schema = schemathesis.openapi.from_wsgi("/openapi.json", APP, headers=AUTH)
+schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+
+
+@schema.parametrize()
+@settings(
+    max_examples=25 * SCALE,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+def test_schemathesis_requests_get_no_5xx_and_documented_answers(case):
+    response = case.call(headers=AUTH)
+    case.validate_response(
+        response,
+        checks=[
+            not_a_server_error,
+            status_code_conformance,
+            content_type_conformance,
+            response_schema_conformance,
+        ],
+    )
+    content_type = response.headers.get("content-type", [""])
+    if isinstance(content_type, list):  # schemathesis keeps every value of a header
+        content_type = content_type[0]
+    check_answer(
+        case.method.upper(), case.path, response.status_code, content_type, response.content
+    )
+    if response.status_code >= 400:
+        assert json.loads(response.content)["error"]["message"]
