@@ -120,3 +120,79 @@ def test_schemathesis_requests_get_no_5xx_and_documented_answers(case):
     )
     if response.status_code >= 400:
         assert json.loads(response.content)["error"]["message"]
+
+
+# The wording clients already know, now produced from pydantic's errors (validation.py's
+# `_from_pydantic`): one case per kind of error the models report.
+WORDING = [
+    ({"frobnicate": 1}, "Unrecognized request argument supplied: frobnicate", "frobnicate"),
+    ({"model": None}, "Missing required parameter: 'model'.", "model"),
+    ({"model": ""}, "'model' must not be empty.", "model"),
+    (
+        {"temperature": "hot"},
+        "Invalid type for 'temperature': expected a number, but got a string instead.",
+        "temperature",
+    ),
+    (
+        {"top_p": 0},
+        "Invalid value for 'top_p': expected a number > 0.0 and <= 1.0, but got 0 instead.",
+        "top_p",
+    ),
+    (
+        {"temperature": 10**400},
+        "Invalid value for 'temperature': expected a number >= 0.0 and <= 2.0, but got "
+        f"{repr(10**400)[:60]}... (401 characters) instead.",
+        "temperature",
+    ),
+    (
+        {"max_tokens": 2.5},
+        "Invalid type for 'max_tokens': expected an integer, but got a number instead.",
+        "max_tokens",
+    ),
+    (
+        {"max_tokens": 1e30},
+        "Invalid value for 'max_tokens': expected an integer from 1 to 2147483647, but got "
+        "1000000000000000019884624838656 instead.",
+        "max_tokens",
+    ),
+    (
+        {"n": 5},
+        "Invalid value for 'n': expected an integer from 1 to 4, but got 5 instead.",
+        "n",
+    ),
+    (
+        {"stream": 1},
+        "Invalid type for 'stream': expected a boolean, but got a number instead.",
+        "stream",
+    ),
+    (
+        {"reasoning_effort": []},
+        "Invalid type for 'reasoning_effort': expected a string, but got an array instead.",
+        "reasoning_effort",
+    ),
+]
+
+
+@pytest.mark.parametrize("fields,message,param", WORDING, ids=[w[2] for w in WORDING])
+def test_pydantic_errors_keep_the_servers_wording(fields, message, param):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], **fields}
+    r = falcon.testing.TestClient(APP).simulate_post(
+        "/v1/chat/completions", json=body, headers=AUTH
+    )
+    assert r.status_code == 400, r.text
+    assert r.json["error"]["message"] == message
+    assert r.json["error"]["param"] == param
+
+
+def test_first_fault_reported_is_the_same_whatever_pydantic_finds_first():
+    # response_format is checked before the sampling fields, as it was before pydantic
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "temperature": "hot",
+        "response_format": {"type": "yaml"},
+    }
+    r = falcon.testing.TestClient(APP).simulate_post(
+        "/v1/chat/completions", json=body, headers=AUTH
+    )
+    assert r.json["error"]["param"] == "response_format.type", r.json
