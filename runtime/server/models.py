@@ -107,7 +107,7 @@ def _number(name: str, description: str | None = None) -> Any:
 
 def _integer(name: str, description: str | None = None) -> Any:
     lo, hi = INTEGERS[name]
-    inner = Annotated[int, BeforeValidator(_integral), Field(strict=True, ge=lo, le=hi)]
+    inner = Annotated[int, Field(strict=True, ge=lo, le=hi), BeforeValidator(_integral)]
     return Annotated[inner | None, Field(description=description)]
 
 
@@ -189,18 +189,32 @@ class ToolCall(_Strict):
     function: FunctionCall
 
 
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = Field(
-        default=None, description="Text only; null only for an assistant message."
-    )
+class _Message(_Strict):
     name: str | None = None
-    tool_call_id: Annotated[str | None, Field(description="Required on a tool message.")] = None
-    tool_calls: Annotated[
-        list[ToolCall] | None, Field(description="Only on an assistant message.")
-    ] = None
     refusal: str | None = None
     reasoning_content: str | None = None
+
+
+class InstructionMessage(_Message):
+    role: Annotated[Literal["system", "developer", "user"], Field(description="developer: system.")]
+    content: Annotated[str | list[TextPart], Field(description="Text only.")]
+
+
+class AssistantTurn(_Message):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ToolResult(_Message):
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: str
+
+
+ChatMessage = Annotated[
+    InstructionMessage | AssistantTurn | ToolResult, Field(discriminator="role")
+]
 
 
 class FunctionDef(_Open):

@@ -13,11 +13,16 @@ from hipc.runtime.server.validation import Limits
 
 # ------------------------------------------------------------------ the document
 
+# NOTE: in OpenAPI 3.1 the schema of text/event-stream describes one event (3.2 adds
+# itemSchema), as schemathesis reads it too
 _SSE = {
     "text/event-stream": {
         "schema": {
-            "type": "string",
-            "description": "With stream: true, `data: <chunk JSON>` events, then `data: [DONE]`.",
+            "type": "object",
+            "description": "With stream: true: events whose data is a chunk's JSON, the last "
+            "`[DONE]`.",
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+            "required": ["data"],
         }
     }
 }
@@ -94,7 +99,10 @@ def openapi_document(
         if model is not None:
             fields["model"]["enum"] = [model]
         if limits is not None:
-            fields["n"]["maximum"] = limits.max_n
+            for key in ("n", "best_of"):
+                for branch in fields.get(key, {}).get("anyOf", []):
+                    if branch.get("type") == "integer":
+                        branch["maximum"] = limits.max_n
             for key in ("prompt", "stop_token_ids"):
                 _bound_token_ids(fields.get(key, {}), limits.vocab_size - 1)
     health = _get("HealthStatus", "Liveness", "health", errors=())

@@ -73,6 +73,22 @@ def test_document_is_valid_openapi_and_names_every_route():
                 assert ref.split("/")[-1] in doc["components"]["schemas"]
 
 
+def test_document_uses_json_schema_keywords_only():
+    # pydantic writes its own names (ge, le) where a constraint sits under a validator
+    def walk(value):
+        if isinstance(value, dict):
+            assert not {"ge", "gt", "le", "lt", "strict"} & set(value), value
+            for key, item in value.items():
+                if key == "properties":  # names of fields, not keywords
+                    item = list(item.values())
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(_document()["components"]["schemas"])
+
+
 def _walk(node):
     yield node
     for child in node.children:
@@ -81,7 +97,7 @@ def _walk(node):
 
 def test_document_carries_this_servers_limits():
     fields = _document()["components"]["schemas"]["CompletionRequest"]["properties"]
-    assert fields["n"]["maximum"] == 4 and fields["model"]["enum"] == ["tiny"]
+    assert fields["n"]["anyOf"][0]["maximum"] == 4 and fields["model"]["enum"] == ["tiny"]
     ids = fields["stop_token_ids"]["anyOf"][0]["items"]
     assert ids["maximum"] == VOCAB - 1
 
