@@ -347,7 +347,7 @@ class ErrorBody(_Strict):
 
 
 class HealthStatus(_Strict):
-    status: Literal["ok", "shutting_down"]
+    status: Literal["ok", "warming_up", "shutting_down"]
 
 
 MODELS = (

@@ -3,6 +3,7 @@ responses (models.py) and served at GET /openapi.json."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic.json_schema import models_json_schema
@@ -72,6 +73,13 @@ def _get(response: str, summary: str, op: str, errors=(401,), **extra) -> dict[s
     }
 
 
+def _probe(summary: str, op: str, unready: str) -> dict[str, Any]:
+    probe = _get("HealthStatus", summary, op, errors=())
+    probe["get"]["responses"]["503"] = {"description": unready, "content": _json("HealthStatus")}
+    probe["get"]["security"] = []  # probes carry no key
+    return probe
+
+
 def _bound_token_ids(schema: Any, top: int) -> None:
     """Every token-id integer in a (small, generated) schema gets the vocabulary's bound."""
     if isinstance(schema, dict):
@@ -85,10 +93,14 @@ def _bound_token_ids(schema: Any, top: int) -> None:
 
 
 def openapi_document(
-    limits: Limits | None = None, model: str | None = None, api_key: bool = False
+    limits: Limits | None = None,
+    model: str | None = None,
+    api_key: bool = False,
+    routed: Callable[[str], bool] | None = None,
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document for this server: with its limits and model name, if given,
-    the bounds that depend on them (--max-n, the vocabulary, the one served model)."""
+    the bounds that depend on them (--max-n, the vocabulary, the one served model); with
+    `routed`, only the paths the app routes."""
     _, defs = models_json_schema(
         [(m, "validation" if m in MODELS[:2] else "serialization") for m in MODELS],
         ref_template="#/components/schemas/{model}",
@@ -105,12 +117,8 @@ def openapi_document(
                         branch["maximum"] = limits.max_n
             for key in ("prompt", "stop_token_ids"):
                 _bound_token_ids(fields.get(key, {}), limits.vocab_size - 1)
-    health = _get("HealthStatus", "Liveness", "health", errors=())
-    health["get"]["responses"]["503"] = {
-        "description": "Shutting down.",
-        "content": _json("HealthStatus"),
-    }
-    health["get"]["security"] = []
+    health = _probe("Liveness", "health", "Shutting down.")
+    ready = _probe("Readiness: loaded, warmed, not draining", "ready", "Not ready (yet).")
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
@@ -120,6 +128,7 @@ def openapi_document(
         },
         "paths": {
             "/health": health,
+            "/ready": ready,
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics",
@@ -168,6 +177,8 @@ def openapi_document(
         },
         "components": {"schemas": schemas},
     }
+    if routed is not None:
+        doc["paths"] = {path: item for path, item in doc["paths"].items() if routed(path)}
     if api_key:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         doc["security"] = [{"bearer": []}]
