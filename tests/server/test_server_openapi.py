@@ -43,7 +43,9 @@ def make_app():
     tok = tiny_tokenizer()
     engine = ScriptedEngine(tok, script(tok, "Hi there"), max_context=96)
     cfg = Config(served_model_name="tiny", api_key=KEY, max_n=4, max_body_bytes=8192)
-    return create_app(engine, cfg, Service(engine, cfg)), tok.vocab_size
+    service = Service(engine, cfg)
+    service.warmup("Hi", 2)  # as `hipc serve` does before it opens the port
+    return create_app(engine, cfg, service), tok.vocab_size
 
 
 APP, VOCAB = make_app()
