@@ -3,8 +3,8 @@
 fields (unknown names, types and bounds of the scalars) with them.
 
 The bounds are OpenAI's where it has them (stop sequences, logprobs) and this server's
-otherwise; NUMBERS and INTEGERS are the one table both the models and the error messages
-read.
+otherwise; validation.py's NUMBERS and INTEGERS are the one table both the models and the
+error messages read.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-MAX_STOP = 4  # OpenAI's limit on stop sequences
-MAX_STOP_CHARS = 1000
-MAX_STOP_TOKEN_IDS = 64
-MAX_LOGIT_BIAS = 300
-MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
-MAX_TOP_LOGPROBS = 20  # and for chat
-SEED_RANGE = (-(2**63), 2**64 - 1)
-INT32 = 2**31 - 1
+from hipc.runtime.server.validation import (
+    INTEGERS,
+    MAX_LOGIT_BIAS,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    MAX_STOP_TOKEN_IDS,
+    NUMBERS,
+)
 
 
 class _Strict(BaseModel):
@@ -66,31 +66,6 @@ ResponseFormat = Annotated[
     TextFormat | JsonObjectFormat | JsonSchemaFormat,
     Field(description="Output constrained by the grammar library (llguidance) when not text."),
 ]
-
-
-# The scalar fields pydantic checks for validation.py, with their bounds: (lo, hi, lo_open)
-# for numbers, (lo, hi) for integers, hi None where a server flag sets it (--max-n).
-NUMBERS = {
-    "temperature": (0.0, 2.0, False),
-    "top_p": (0.0, 1.0, True),
-    "min_p": (0.0, 1.0, False),
-    "repetition_penalty": (0.0, 10.0, True),
-    "presence_penalty": (-2.0, 2.0, False),
-    "frequency_penalty": (-2.0, 2.0, False),
-}
-INTEGERS = {
-    "n": (1, None),
-    "best_of": (1, None),
-    "max_tokens": (1, INT32),
-    "max_completion_tokens": (1, INT32),
-    "top_k": (-1, INT32),
-    "seed": SEED_RANGE,
-    "logprobs": (0, MAX_COMPLETION_LOGPROBS),  # /v1/completions; chat's is a boolean
-    "top_logprobs": (0, MAX_TOP_LOGPROBS),
-}
-BOOLEANS = {"stream", "ignore_eos", "echo", "logprobs", "parallel_tool_calls"}
-STRINGS = {"model", "reasoning_effort", "verbosity"}
-SCALARS = set(NUMBERS) | set(INTEGERS) | BOOLEANS | STRINGS
 
 
 def _integral(v: Any) -> Any:

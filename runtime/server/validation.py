@@ -22,23 +22,43 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
 from hipc.base.chat_template import RESERVED_NAMES
 from hipc.runtime.sampler import SamplingParams
 from hipc.runtime.server.errors import APIError, bad_request
-from hipc.runtime.server.models import (
-    INTEGERS,
-    MAX_LOGIT_BIAS,
-    MAX_STOP,
-    MAX_STOP_CHARS,
-    MAX_STOP_TOKEN_IDS,
-    NUMBERS,
-    SCALARS,
-    ChatCompletionRequest,
-    CompletionRequest,
-)
 from hipc.runtime.server.tools import ToolSpec, parse_tool_calls, parse_tools
+
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_STOP_CHARS = 1000
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS = 300
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
+MAX_TOP_LOGPROBS = 20  # and for chat
+SEED_RANGE = (-(2**63), 2**64 - 1)
+INT32 = 2**31 - 1
+
+# The scalar fields the request models (models.py) check, with their bounds: (lo, hi, lo_open)
+# for numbers, (lo, hi) for integers, hi None where a server flag sets it (--max-n).
+NUMBERS = {
+    "temperature": (0.0, 2.0, False),
+    "top_p": (0.0, 1.0, True),
+    "min_p": (0.0, 1.0, False),
+    "repetition_penalty": (0.0, 10.0, True),
+    "presence_penalty": (-2.0, 2.0, False),
+    "frequency_penalty": (-2.0, 2.0, False),
+}
+INTEGERS = {
+    "n": (1, None),
+    "best_of": (1, None),
+    "max_tokens": (1, INT32),
+    "max_completion_tokens": (1, INT32),
+    "top_k": (-1, INT32),
+    "seed": SEED_RANGE,
+    "logprobs": (0, MAX_COMPLETION_LOGPROBS),  # /v1/completions; chat's is a boolean
+    "top_logprobs": (0, MAX_TOP_LOGPROBS),
+}
+BOOLEANS = {"stream", "ignore_eos", "echo", "logprobs", "parallel_tool_calls"}
+STRINGS = {"model", "reasoning_effort", "verbosity"}
+SCALARS = set(NUMBERS) | set(INTEGERS) | BOOLEANS | STRINGS
 
 
 @dataclass(frozen=True)
@@ -211,13 +231,17 @@ _EXPECTED = {
 }
 
 
-def _check_fields(
-    body: dict[str, Any], model: type[BaseModel], limits: Limits
-) -> dict[str, APIError]:
+def _check_fields(body: dict[str, Any], route: str, limits: Limits) -> dict[str, APIError]:
     """Unknown fields (raised at once), then each scalar's type and bounds, by the request's
     pydantic model. The scalars' errors are handed to _Fields, which raises each when the
     checks below reach its field, so a request with several faults is told of the same one
     first as before. Errors in nested fields are left to the hand-written checks."""
+    # NOTE: imported here, so `hipc chat` (which shares service.py) needs no pydantic
+    from pydantic import ValidationError
+
+    from hipc.runtime.server import models
+
+    model = models.CompletionRequest if route == "completion" else models.ChatCompletionRequest
     try:
         model.model_validate(body)
     except ValidationError as e:
@@ -427,7 +451,7 @@ def _common(f: _Fields, limits: Limits, max_tokens_field: str, logprobs: int | N
 
 
 def parse_completion(body: dict[str, Any], limits: Limits) -> CompletionParams:
-    f = _Fields(body, _check_fields(body, CompletionRequest, limits), limits)
+    f = _Fields(body, _check_fields(body, "completion", limits), limits)
     f.null_only("suffix", "insertion (fill in the middle) is not implemented", ("",))
     logprobs = f.integer("logprobs", None)
     echo = f.boolean("echo", False)
@@ -501,7 +525,7 @@ _MESSAGE_FIELDS = {
 
 
 def parse_chat(body: dict[str, Any], limits: Limits) -> ChatParams:
-    f = _Fields(body, _check_fields(body, ChatCompletionRequest, limits), limits)
+    f = _Fields(body, _check_fields(body, "chat", limits), limits)
     f.null_only("functions", "use 'tools' (function calling is its older form)", ([],))
     f.null_only("function_call", "use 'tool_choice'", ("none", "auto"))
     f.null_only("audio", "the model produces text only")
