@@ -23,11 +23,14 @@ def create_app(engine, config: Config | None = None, service: Service | None = N
     middleware: list = [RequestLog(service.metrics)]
     if config.api_key:
         middleware.append(BearerAuth(config.api_key))
-    app = falcon.App(middleware=middleware)
+    router = falcon.routing.CompiledRouter()
+    app = falcon.App(middleware=middleware, router=router)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/health", resources.Health(service))
     app.add_route("/ready", resources.Ready(service))
     app.add_route("/metrics", resources.Metrics(service))
+    # the document lists the routes the router finds, so a new route needs its entry
+    app.add_route("/openapi.json", resources.OpenAPI(service, bool(config.api_key), router))
     app.add_route("/v1/models", resources.Models(service))
     app.add_route("/v1/models/{model_id}", resources.Model(service))
     app.add_route("/v1/completions", resources.Completions(service))

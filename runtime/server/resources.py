@@ -96,3 +96,24 @@ class Metrics:
 
     def on_get(self, req, resp) -> None:
         resp.data, resp.content_type = self.service.metrics.render(req.get_header("Accept"))
+
+
+class OpenAPI:
+    """The document is built once, on the first request: pydantic's schema generation takes
+    tens of milliseconds and the server's limits do not change while it runs."""
+
+    def __init__(self, service: Service, api_key: bool, router) -> None:
+        self.service, self.api_key, self.router = service, api_key, router
+        self._doc: dict | None = None
+
+    def on_get(self, req, resp) -> None:
+        from hipc.runtime.server.openapi import openapi_document
+
+        if self._doc is None:
+            self._doc = openapi_document(
+                self.service.limits,
+                self.service.model_name,
+                self.api_key,
+                routed=lambda path: self.router.find(path) is not None,
+            )
+        resp.media = self._doc
