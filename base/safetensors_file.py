@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +108,9 @@ class LazyTensor:
     shape: tuple[int, ...]
     load: Callable[[], np.ndarray]
     code: str | None = None  # header dtype when numpy's differs (e.g. "BF16" for uint16 bits)
+    # leading-axis slices written one after another instead of load()'s whole array (a
+    # stacked MoE tensor, one expert at a time: never all experts in memory at once)
+    chunks: Callable[[], Iterable[np.ndarray]] | None = None
 
 
 def write_safetensors(
@@ -145,11 +148,25 @@ def write_safetensors(
         put(raw)
         done = 0
         for t in tensors:
-            arr = np.ascontiguousarray(t.load(), dtype=t.dtype)
-            if arr.shape != tuple(t.shape):
-                raise ValueError(f"tensor {t.name}: produced shape {arr.shape}, declared {t.shape}")
-            put(memoryview(arr).cast("B"))
-            done += arr.nbytes
-            if on_progress:
-                on_progress(done, offset)
+            if t.chunks is None:
+                pieces = [np.ascontiguousarray(t.load(), dtype=t.dtype)]
+                if pieces[0].shape != tuple(t.shape):
+                    raise ValueError(
+                        f"tensor {t.name}: produced shape {pieces[0].shape}, declared {t.shape}"
+                    )
+            else:
+                pieces = (np.ascontiguousarray(c, dtype=t.dtype) for c in t.chunks())
+            rows = 0
+            for arr in pieces:
+                if t.chunks is not None and arr.shape[1:] != tuple(t.shape)[1:]:
+                    raise ValueError(
+                        f"tensor {t.name}: a slice of shape {arr.shape}, declared {t.shape}"
+                    )
+                rows += arr.shape[0] if t.chunks is not None else 0
+                put(memoryview(arr).cast("B"))
+                done += arr.nbytes
+                if on_progress:
+                    on_progress(done, offset)
+            if t.chunks is not None and rows != t.shape[0]:
+                raise ValueError(f"tensor {t.name}: produced {rows} slices, declared {t.shape}")
     return digest.hexdigest()

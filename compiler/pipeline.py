@@ -32,7 +32,7 @@ from hipc.cache import CacheKey, KernelCache, max_bytes_from_env
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
 from hipc.compiler.codegen.environment import check_weight_types
 from hipc.compiler.export_gguf import export_gguf as write_gguf
-from hipc.compiler.ir import Constant, Graph, PackedWeight
+from hipc.compiler.ir import Constant, Graph, Node, PackedWeight, StackedWeight
 from hipc.compiler.ir.verify import verify
 from hipc.compiler.onnx_export import export_onnx, onnx_available
 from hipc.compiler.options import CompileOptions
@@ -137,16 +137,28 @@ def stages(targets: list[Target]) -> list[Stage]:
     ]
 
 
-# ops the reference executor runs but no target has a kernel kind for yet
-NO_KERNEL_YET = {"hipc::Experts": "Mixture-of-Experts layers"}
+# ops the reference executor runs but GPU targets have no kernel kind for yet (the CPU has)
+NO_GPU_KERNEL_YET = {"hipc::Experts": "Mixture-of-Experts layers"}
 
 
 def refuse_ops_without_kernels(graph: Graph, targets: tuple[str, ...]) -> None:
     """One clear line naming the first such node, before any pass trips over it."""
+    cpu_only = all(t == "cpu" for t in targets)
     for node in graph.nodes:
-        if node.op in NO_KERNEL_YET:
-            kind = "CPU" if "cpu" in targets else "GPU"
-            raise HipcError(f"{node.name}: {NO_KERNEL_YET[node.op]} have no {kind} kernel yet")
+        if node.op in NO_GPU_KERNEL_YET and not cpu_only:
+            raise HipcError(f"{node.name}: {NO_GPU_KERNEL_YET[node.op]} have no GPU kernel yet")
+        if node.op == "hipc::Experts" and _has_shared_expert(graph, node):
+            raise HipcError(f"{node.name}: Qwen2-MoE's gated shared expert has no CPU kernel yet")
+
+
+def _has_shared_expert(graph: Graph, experts: Node) -> bool:
+    """Qwen2-MoE adds sigmoid(h w) * shared_expert(h) to the experts' sum (graphs/moe.py)."""
+    users = graph.consumers(experts.outputs[0])
+    return any(
+        u.op == "Add"
+        and any((p := graph.producer(i)) is not None and p.op == "Mul" for i in u.inputs)
+        for u in users
+    )
 
 
 def compile_model(
@@ -418,6 +430,18 @@ def _lazy_weight(name: str, init, reader: WeightReader, quant_layout: str) -> La
     if isinstance(init, Constant):
         arr = np.ascontiguousarray(init.array, dtype=np.float32)
         return LazyTensor(name, arr.dtype, arr.shape, lambda: arr)
+    if isinstance(init, StackedWeight) and not (
+        quant_layout == "split" and init.dtype in SPLIT_BLOCKS
+    ):
+        # HF's per-expert tensors: written one expert at a time, never all in memory at once
+        first = reader.stored(init.parts[0])
+        return LazyTensor(
+            name,
+            first.dtype,
+            init.shape[:1] + first.shape,
+            lambda: reader.stored(init),
+            chunks=lambda: (reader.stored(p)[None] for p in init.parts),
+        )
     refs = init.parts if isinstance(init, PackedWeight) else (init,)
     parts = [reader.stored(r) for r in refs]  # memory-mapped: nothing is read yet
     shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])

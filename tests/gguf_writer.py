@@ -110,11 +110,17 @@ def _add_moe_metadata(w, cfg, arch: str) -> None:
 
 
 def write_gguf(
-    model, path: Path, arch: str = "llama", qtype: str = "F32", per_expert: bool = False
+    model,
+    path: Path,
+    arch: str = "llama",
+    qtype: str = "F32",
+    per_expert: bool = False,
+    tokenizer: bool = True,
 ) -> Path:
     """Write `model` (a transformers CausalLM) as GGUF; 2-D and 3-D (experts) weights
     stored as `qtype`. MoE models get llama.cpp's stacked expert tensors and metadata, or
-    with `per_expert` the early Mixtral layout (blk.N.ffn_gate.E.weight ...)."""
+    with `per_expert` the early Mixtral layout (blk.N.ffn_gate.E.weight ...). Without
+    `tokenizer`, tokenizer.ggml.model is "none" (a file `hipc compile` takes as ids only)."""
     import gguf
 
     cfg = model.config
@@ -139,7 +145,7 @@ def write_gguf(
     tokens = [
         chr(0x100 + i) if i >= 256 else bytes([i]).decode("latin-1") for i in range(cfg.vocab_size)
     ]
-    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_model("gpt2" if tokenizer else "none")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types([1] * cfg.vocab_size)

@@ -79,6 +79,10 @@ def render_cpu_program(c: Compilation, target: Target) -> CpuProgram:
         for lt in plan["steps"]["forward"]
     ]
     prelude = paste_includes("cpu/hipc_cpu.h")
+    # pasted only where a MoE kernel uses it: other models' sources (and their cache keys)
+    # stay as they were
+    if any(k.kind.name == "moe" for k in c.kernels):
+        prelude += "\n" + paste_includes("cpu/hipc_cpu_moe.h")
     source = render(
         "cpu/program.cpp.j2",
         name=c.model.name,

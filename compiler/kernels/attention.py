@@ -227,7 +227,11 @@ def _feeder_chain(graph: Graph, value: str, p: Proposals) -> list[tuple[Node, st
             if p.only_user(node.outputs[0]) is not None
             else f"{node.outputs[0]} has several readers"
         )
-        if node.op == "RMSNormalization" and len(graph.values[node.inputs[1]].shape) != 1:
+        # OLMoE's q/k norm spans the whole projection ([T, heads * head_dim], scale 1-D too)
+        if node.op == "RMSNormalization" and (
+            len(graph.values[node.inputs[1]].shape) != 1
+            or len(graph.values[node.inputs[0]].shape) != 3
+        ):
             why = "only per-head norms (scale [head_dim]) fuse into attention"
         chain.append((node, why))
         node = graph.producer(node.inputs[0])

@@ -1,0 +1,104 @@
+"""MoE models compiled for the CPU (compiler/kernels/moe.py) against the reference executor.
+
+The reference executor is itself checked against transformers (test_moe.py); here the
+compiled kernels (routing, the routed experts' matmuls, the residual epilogue) are held
+to it: <= 1e-3 relative over a chunked prefill and token-by-token decode, greedy tokens
+equal. Qwen2-MoE's gated shared expert and every GPU target are refused in one line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_moe import make_moe_model
+
+from hipc.compiler.options import CompileOptions
+from hipc.compiler.pipeline import compile_model
+from hipc.compiler.reference.engine import ReferenceEngine
+from hipc.graphs import load_model
+from hipc.runtime.engine import load_engine
+
+from gguf_writer import write_gguf
+from support import greedy, rel_err
+
+pytestmark = pytest.mark.oracle
+
+FAMILIES = [
+    "qwen3_moe-e7-k2-norm-mlp_only",  # dense layers mixed in, renormalised
+    "qwen3_moe-e9-k8-step2",  # k = 8
+    "mixtral-e3-k2-sliding",  # softmax over the top-k logits
+    "mixtral-e8-k1",  # k = 1
+    "olmoe-e13-k8",  # no renormalisation, q/k norm over the whole projection
+]
+
+
+def check_compiled(folder_or_gguf, artifact) -> None:
+    compiled = load_engine(artifact)
+    reference = ReferenceEngine(load_model(folder_or_gguf), 48)
+    tokens = np.random.default_rng(3).integers(0, compiled.vocab_size, 19).tolist()
+    assert rel_err(compiled.logits(tokens), reference.logits(tokens, 0)) <= 1e-3
+    reference.reset()
+    want = np.stack(
+        [reference.logits(tokens[:5], 0)[-1]]
+        + [reference.logits([t], 5 + i)[-1] for i, t in enumerate(tokens[5:])]
+    )
+    got = np.stack(
+        [compiled.forward(tokens[:5], 0)]
+        + [compiled.forward([t], 5 + i) for i, t in enumerate(tokens[5:])]
+    )
+    assert rel_err(got, want) <= 1e-3
+    assert greedy(compiled, tokens[:4], 20) == greedy(reference, tokens[:4], 20)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_moe_matches_reference(family, tmp_path):
+    make_moe_model(family).save_pretrained(tmp_path / "m")
+    # max_tokens 8: the 19-token prompt runs as three prefill chunks
+    options = CompileOptions(max_context=48, max_tokens=8)
+    compile_model(tmp_path / "m", tmp_path / "m.hipc", options, verbose=False)
+    check_compiled(tmp_path / "m", tmp_path / "m.hipc")
+
+
+def test_q8_0_gguf_experts_stay_quantized(tmp_path, capsys):
+    from hipc.cli.main import main
+
+    src = make_moe_model(
+        "qwen3_moe-e9-k8-step2",
+        hidden_size=64,
+        head_dim=16,
+        decoder_sparse_step=1,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    )
+    path = write_gguf(src, tmp_path / "m.gguf", "qwen3moe", "Q8_0", tokenizer=False)
+    out = tmp_path / "m.hipc"
+    argv = ["compile", str(path), "--target", "cpu", "-o", str(out), "--max-context", "48"]
+    assert main([*argv, "--explain"]) == 0
+    explained = capsys.readouterr().out
+    assert any("-> l*.moe" in line and "prologue:router" in line for line in explained.splitlines())
+    assert any(
+        "-> l*.moe" in line and "epilogue:residual" in line for line in explained.splitlines()
+    )
+    plan = load_engine(out).artifact.plan
+    experts = [w for w in plan["weights"] if w["name"].endswith("ffn_gate_exps.weight")]
+    assert experts and all(w["dtype"] == "q8_0" and len(w["shape"]) == 3 for w in experts)
+    assert any(k["kind"] == "moe" for k in plan["kernels"].values())
+    check_compiled(path, out)
+
+
+@pytest.mark.parametrize("target", ["cpu", "gfx1100"])
+def test_refusals_are_one_line(target, tmp_path, capsys):
+    from hipc.cli.main import main
+
+    family = "qwen2_moe-e5-k1-shared" if target == "cpu" else "mixtral-e8-k1"
+    make_moe_model(family, num_hidden_layers=1).save_pretrained(tmp_path / "m")
+    rc = main(["compile", str(tmp_path / "m"), "--target", target, "-o", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    want = {
+        "cpu": "l0.moe: Qwen2-MoE's gated shared expert has no CPU kernel yet",
+        "gfx1100": "l0.moe: Mixture-of-Experts layers have no GPU kernel yet",
+    }[target]
+    assert rc == 2
+    assert err[-1] == f"hipc: error: {want}"
+    assert not any("Traceback" in line for line in err)
+    assert not (tmp_path / "o").exists()
