@@ -59,7 +59,32 @@ def test_compiled_moe_matches_reference(family, tmp_path):
     check_compiled(tmp_path / "m", tmp_path / "m.hipc")
 
 
-def test_q8_0_gguf_experts_stay_quantized(tmp_path, capsys):
+def test_bf16_experts_and_one_expert_at_a_time(tmp_path, monkeypatch):
+    """A bf16 checkpoint's per-expert tensors go into the artifact as bf16, one expert at a
+    time: the whole stacked tensor is never asked of the reader."""
+    torch = pytest.importorskip("torch")
+    from hipc.compiler.ir import StackedWeight
+    from hipc.compiler.source.reader import WeightReader
+
+    make_moe_model("mixtral-e8-k1").to(torch.bfloat16).save_pretrained(tmp_path / "m")
+    stored = WeightReader.stored
+
+    def one_at_a_time(self, init):
+        assert not isinstance(init, StackedWeight), f"{init.name} read whole"
+        return stored(self, init)
+
+    monkeypatch.setattr(WeightReader, "stored", one_at_a_time)
+    options = CompileOptions(max_context=48, max_tokens=8)
+    compile_model(tmp_path / "m", tmp_path / "m.hipc", options, verbose=False)
+    monkeypatch.undo()
+    plan = load_engine(tmp_path / "m.hipc").artifact.plan
+    experts = [w for w in plan["weights"] if len(w["shape"]) == 3]
+    assert experts and all(w["dtype"] == "bfloat16" for w in experts)
+    check_compiled(tmp_path / "m", tmp_path / "m.hipc")
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_quantized_gguf_experts_stay_quantized(qtype, tmp_path, capsys):
     from hipc.cli.main import main
 
     src = make_moe_model(
@@ -70,7 +95,7 @@ def test_q8_0_gguf_experts_stay_quantized(tmp_path, capsys):
         moe_intermediate_size=32,
         norm_topk_prob=True,
     )
-    path = write_gguf(src, tmp_path / "m.gguf", "qwen3moe", "Q8_0", tokenizer=False)
+    path = write_gguf(src, tmp_path / "m.gguf", "qwen3moe", qtype, tokenizer=False)
     out = tmp_path / "m.hipc"
     argv = ["compile", str(path), "--target", "cpu", "-o", str(out), "--max-context", "48"]
     assert main([*argv, "--explain"]) == 0
@@ -81,7 +106,7 @@ def test_q8_0_gguf_experts_stay_quantized(tmp_path, capsys):
     )
     plan = load_engine(out).artifact.plan
     experts = [w for w in plan["weights"] if w["name"].endswith("ffn_gate_exps.weight")]
-    assert experts and all(w["dtype"] == "q8_0" and len(w["shape"]) == 3 for w in experts)
+    assert experts and all(w["dtype"] == qtype.lower() and len(w["shape"]) == 3 for w in experts)
     assert any(k["kind"] == "moe" for k in plan["kernels"].values())
     check_compiled(path, out)
 
