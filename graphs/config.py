@@ -1,15 +1,20 @@
 """One config record for every supported model, from HF config.json or GGUF metadata.
 
 Families differ in a handful of switches (q/k/v bias, q/k norm, tied embeddings,
-RoPE layout and scaling); the builder reads only this record, never the raw config.
+RoPE layout and scaling; Gemma's sandwich norms, GeGLU, soft-capping, scaled embeddings
+and alternating sliding-window layers); the builders read only this record, never the
+raw config.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from hipc.runtime.errors import HipcError
 
@@ -19,12 +24,31 @@ HF_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
 }
-HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
-GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+HF_MODEL_TYPES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+}
+GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
+}
+GEMMA = ("gemma2", "gemma3")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 SUPPORTED = sorted(set(HF_ARCHITECTURES) | set(GGUF_ARCHITECTURES.values()))
 
 ROPE_SCALING_TYPES = ("default", "linear", "dynamic", "llama3")
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +72,18 @@ class ModelConfig:
     # interleaved (GPT-J) RoPE; applying RoPE interleaved is exact for them.
     rope_interleaved: bool = False
     sliding_window: int | None = None
+    hidden_act: str = "silu"  # the GLU's activation: "silu" or "gelu_tanh" (Gemma's GeGLU)
+    # Gemma's RMSNorm scales by (1 + w). HF files store w (offset 1); llama.cpp's converter
+    # stores 1 + w in the GGUF (offset 0).
+    norm_weight_offset: float = 0.0
+    embedding_multiplier: float = 1.0  # Gemma: sqrt(hidden), rounded to the model's dtype
+    post_norms: bool = False  # Gemma: RMSNorm on the attention and feed-forward outputs too
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power (Gemma)
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma-2)
+    final_softcap: float | None = None  # the same on the logits
+    # per layer "full_attention" | "sliding_attention"; empty: every layer follows sliding_window
+    layer_types: tuple[str, ...] = ()
+    rope_local_theta: float | None = None  # Gemma-3: RoPE base of sliding layers (unscaled)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -66,6 +102,16 @@ class ModelConfig:
             raise HipcError(
                 f"config field head_dim must be a positive even number, got {self.head_dim}"
             )
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise HipcError(f"config: activation {self.hidden_act!r} is not supported")
+        if self.layer_types and (
+            len(self.layer_types) != self.num_layers
+            or any(t not in LAYER_TYPES for t in self.layer_types)
+        ):
+            raise HipcError(
+                f"config field layer_types must list {self.num_layers} of "
+                f"{', '.join(LAYER_TYPES)}, got {list(self.layer_types)}"
+            )
         kind = rope_type(self.rope_scaling)
         if kind not in ROPE_SCALING_TYPES:
             raise HipcError(
@@ -81,10 +127,21 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def attention_scale(self) -> float:
+        return 1.0 / math.sqrt(self.query_pre_attn_scalar or self.head_dim)
+
+    def window(self, layer: int) -> int:
+        """The sliding window of one layer; 0 for full attention."""
+        if self.layer_types and self.layer_types[layer] == "full_attention":
+            return 0
+        return self.sliding_window or 0
+
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["rope_scaling"] = dict(self.rope_scaling) if self.rope_scaling else None
         d["eos_token_ids"] = list(self.eos_token_ids)
+        d["layer_types"] = list(self.layer_types)
         d["extra"] = dict(self.extra)
         return d
 
@@ -92,6 +149,7 @@ class ModelConfig:
     def from_json(cls, d: Mapping[str, Any]) -> ModelConfig:
         d = dict(d)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        d["layer_types"] = tuple(d.get("layer_types", ()))
         return cls(**d)
 
 
@@ -124,9 +182,11 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
         family = HF_MODEL_TYPES.get(cfg.get("model_type", ""))
         if family is None:
             raise _unsupported(str(cfg.get("model_type", "<missing model_type>")))
-    act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
-    if act not in ("silu", "swish"):
-        raise HipcError(f"{source}: hidden_act {act!r} is not supported (only silu)")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
+    if act not in HF_ACTIVATIONS:
+        raise HipcError(
+            f"{source}: hidden_act {act!r} is not supported (supported: {', '.join(HF_ACTIVATIONS)})"
+        )
 
     def need(key: str) -> Any:
         if key not in cfg:
@@ -137,6 +197,11 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
     heads = need("num_attention_heads")
     head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) else 0)
     rope_params = cfg.get("rope_parameters") or {}
+    local_rope: Mapping[str, Any] = {}
+    if isinstance(rope_params.get("full_attention"), Mapping):
+        # per layer type (Gemma-3 in transformers 5): global layers' RoPE, then local ones'
+        local_rope = rope_params.get("sliding_attention") or {}
+        rope_params = rope_params["full_attention"]
     rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
     scaling = cfg.get("rope_scaling")
     if scaling is None and rope_params and rope_type(rope_params) != "default":
@@ -144,6 +209,8 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
     if scaling is not None and rope_type(scaling) == "default":
         scaling = None
     window = cfg.get("sliding_window") if family == "mistral" else None
+    if family in GEMMA:
+        window = cfg.get("sliding_window", 4096)
     if family in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         raise HipcError(f"{source}: use_sliding_window=true is not supported for {family}")
     try:
@@ -159,16 +226,67 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family in GEMMA)),
             attention_bias=bool(cfg.get("attention_bias", family == "qwen2")),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "gemma3"),
             rope_scaling=dict(scaling) if scaling else None,
             sliding_window=int(window) if window else None,
+            hidden_act=HF_ACTIVATIONS[act],
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_as_ids(cfg.get("eos_token_id")),
+            **(_gemma_hf(cfg, family, local_rope, source) if family in GEMMA else {}),
         )
     except (TypeError, ValueError) as e:
         raise HipcError(f"{source}: malformed config ({e})") from None
+
+
+def _gemma_hf(
+    cfg: Mapping[str, Any], family: str, local_rope: Mapping[str, Any], source: str
+) -> dict[str, Any]:
+    """The Gemma-2/3 switches of an HF config; a missing key takes transformers' default."""
+    layers = int(cfg["num_hidden_layers"])
+    pattern = 2 if family == "gemma2" else int(cfg.get("sliding_window_pattern") or 6)
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+    ]
+    extra: dict[str, Any] = {}
+
+    def gemma2_cap(value: float) -> float | None:
+        return value if family == "gemma2" else None
+
+    if family == "gemma3":
+        if rope_type(local_rope) != "default":
+            raise HipcError(f"{source}: RoPE scaling on sliding layers is not supported")
+        extra["rope_local_theta"] = float(
+            local_rope.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))
+        )
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype")
+    return dict(
+        norm_weight_offset=1.0,
+        embedding_multiplier=in_dtype(math.sqrt(int(cfg["hidden_size"])), dtype),
+        post_norms=True,
+        query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
+        attn_softcap=_positive_or_none(cfg.get("attn_logit_softcapping", gemma2_cap(50.0))),
+        final_softcap=_positive_or_none(cfg.get("final_logit_softcapping", gemma2_cap(30.0))),
+        layer_types=tuple(types),
+        **extra,
+    )
+
+
+def in_dtype(value: float, dtype: str | None) -> float:
+    """`value` as a scalar of the model's dtype holds it: transformers multiplies Gemma's
+    embeddings by sqrt(hidden) cast to the weights' dtype (48.0 stays, 59.87 -> 60.0 in bf16)."""
+    if dtype == "bfloat16":
+        # 8 significant bits, ties to even (Python's round)
+        m, e = math.frexp(value)
+        return math.ldexp(round(m * 256) / 256, e)
+    if dtype == "float16":
+        return float(np.float16(value))
+    return float(np.float32(value))
+
+
+def _positive_or_none(value: Any) -> float | None:
+    return float(value) if value else None
 
 
 def from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "gguf") -> ModelConfig:
@@ -196,6 +314,7 @@ def from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "gguf") ->
     elif scale_type not in (None, "none"):
         raise HipcError(f"{source}: rope scaling type {scale_type!r} is not supported")
     kv_heads = key("attention.head_count_kv", heads)
+    gemma = _gemma_gguf(meta, arch, int(key("block_count")), hidden, heads, head_dim)
     return ModelConfig(
         family=family,
         vocab_size=vocab_size,
@@ -208,9 +327,39 @@ def from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "gguf") ->
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(key("rope.freq_base", 10000.0)),
         max_position_embeddings=int(key("context_length", 2048)),
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "gemma3"),
         rope_scaling=scaling,
         rope_interleaved=arch in ("llama", "mistral"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=_as_ids(meta.get("tokenizer.ggml.eos_token_id")),
+        **gemma,
+    )
+
+
+def _gemma_gguf(
+    meta: Mapping[str, Any], arch: str, layers: int, hidden: int, heads: int, head_dim: int
+) -> dict[str, Any]:
+    """The Gemma-2/3 switches as llama.cpp reads them from a GGUF file."""
+    if arch not in GEMMA:
+        return {}
+    window = meta.get(f"{arch}.attention.sliding_window")
+    pattern = 2 if arch == "gemma2" else 6
+    types = tuple(
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+    )
+    # No key holds the attention scale: llama.cpp takes hidden/heads for the 27B models
+    # (46 layers of Gemma-2, 62 of Gemma-3), head_dim otherwise.
+    big = layers == (46 if arch == "gemma2" else 62)
+    extra: dict[str, Any] = {"rope_local_theta": 10000.0} if arch == "gemma3" else {}
+    return dict(
+        hidden_act="gelu_tanh",
+        norm_weight_offset=0.0,  # the converter stored 1 + w
+        embedding_multiplier=float(np.float32(math.sqrt(hidden))),
+        post_norms=True,
+        query_pre_attn_scalar=float(hidden // heads if big else head_dim),
+        attn_softcap=_positive_or_none(meta.get(f"{arch}.attn_logit_softcapping")),
+        final_softcap=_positive_or_none(meta.get(f"{arch}.final_logit_softcapping")),
+        sliding_window=int(window) if window else None,
+        layer_types=types if window else (),
+        **extra,
     )

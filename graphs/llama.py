@@ -12,9 +12,8 @@ KV cache (a graph state per layer), producing logits for every token:
 
 from __future__ import annotations
 
-import math
-
 from hipc.compiler.ir import Graph, TensorType
+from hipc.graphs.blocks import gated_mlp, rms_norm, self_attention
 from hipc.graphs.builder import GraphBuilder
 from hipc.graphs.model import Model
 from hipc.graphs.rope import cos_sin_tables
@@ -25,64 +24,24 @@ def build_llama(model: Model, max_ctx: int) -> Graph:
     g = Graph(model.name)
     g.metadata.update(family=cfg.family, max_ctx=max_ctx)
     b = GraphBuilder(g)
-    H, D, NH, NKV, F = (
-        cfg.hidden_size,
-        cfg.head_dim,
-        cfg.num_heads,
-        cfg.num_kv_heads,
-        cfg.intermediate_size,
-    )
-
-    def w(role: str, layer: int | None, *shape: int):
-        return model.weight(role, layer, tuple(shape))
+    H = cfg.hidden_size
 
     ids = g.add_input("input_ids", TensorType("int64", ("tokens",)))
     pos = g.add_input("positions", TensorType("int64", ("tokens",)))
     cos, sin = cos_sin_tables(cfg, max_ctx)
-    cos = b.constant("rope.cos", cos)
-    sin = b.constant("rope.sin", sin)
-    embed = w("embed", None, cfg.vocab_size, H)
+    rope = (b.constant("rope.cos", cos), b.constant("rope.sin", sin))
+    embed = model.weight("embed", None, (cfg.vocab_size, H))
     x = b.op("Gather", [b.weight(embed), ids], "embed", {"axis": 0})
-
-    def norm(v: str, role: str, layer: int | None, name: str, dim: int = H) -> str:
-        return b.op(
-            "RMSNormalization",
-            [v, b.weight(w(role, layer, dim))],
-            name,
-            {"epsilon": cfg.rms_norm_eps, "axis": -1},
-        )
 
     for i in range(cfg.num_layers):
         p = f"l{i}."
-        kc = g.add_state(f"kv.{i}.k", TensorType("float32", ("max_ctx", NKV, D)))
-        vc = g.add_state(f"kv.{i}.v", TensorType("float32", ("max_ctx", NKV, D)))
-        h = norm(x, "attn_norm", i, p + "attn_norm")
-        bias = cfg.attention_bias
-        q = b.linear(h, w("q", i, NH * D, H), p + "q", w("q_bias", i, NH * D) if bias else None)
-        k = b.linear(h, w("k", i, NKV * D, H), p + "k", w("k_bias", i, NKV * D) if bias else None)
-        v = b.linear(h, w("v", i, NKV * D, H), p + "v", w("v_bias", i, NKV * D) if bias else None)
-        q = b.reshape(q, [-1, NH, D], p + "q.heads")
-        k = b.reshape(k, [-1, NKV, D], p + "k.heads")
-        v = b.reshape(v, [-1, NKV, D], p + "v.heads")
-        if cfg.qk_norm:
-            q = norm(q, "q_norm", i, p + "q_norm", D)
-            k = norm(k, "k_norm", i, p + "k_norm", D)
-        rope = {"interleaved": int(cfg.rope_interleaved), "rotary_embedding_dim": D}
-        q = b.op("RotaryEmbedding", [q, cos, sin, pos], p + "q.rope", rope)
-        k = b.op("RotaryEmbedding", [k, cos, sin, pos], p + "k.rope", rope)
-        attn = {"scale": 1.0 / math.sqrt(D), "sliding_window": cfg.sliding_window or 0, "layer": i}
-        a = b.op("CachedAttention", [q, k, v, pos, kc, vc], p + "attn", attn, domain="hipc")
-        a = b.reshape(a, [-1, NH * D], p + "attn.flat")
-        x = b.op("Add", [x, b.linear(a, w("o", i, H, NH * D), p + "o")], p + "attn.residual")
-        h = norm(x, "ffn_norm", i, p + "ffn_norm")
-        gate = b.linear(h, w("gate", i, F, H), p + "gate")
-        up = b.linear(h, w("up", i, F, H), p + "up")
-        act = b.op("Mul", [gate, b.op("Sigmoid", [gate], p + "gate.sigmoid")], p + "gate.silu")
-        m = b.op("Mul", [act, up], p + "ffn.mul")
-        x = b.op("Add", [x, b.linear(m, w("down", i, H, F), p + "down")], p + "ffn.residual")
+        h = rms_norm(b, model, x, "attn_norm", i, p + "attn_norm", H)
+        x = b.op("Add", [x, self_attention(b, model, i, h, pos, rope)], p + "attn.residual")
+        h = rms_norm(b, model, x, "ffn_norm", i, p + "ffn_norm", H)
+        x = b.op("Add", [x, gated_mlp(b, model, i, h)], p + "ffn.residual")
 
-    h = norm(x, "norm", None, "final_norm")
-    lm = embed if cfg.tie_word_embeddings else w("lm_head", None, cfg.vocab_size, H)
+    h = rms_norm(b, model, x, "norm", None, "final_norm", H)
+    lm = embed if cfg.tie_word_embeddings else model.weight("lm_head", None, (cfg.vocab_size, H))
     logits = b.linear(h, lm, "logits")
     g.outputs.append(logits)
     return g

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from hipc.compiler.ir import WeightRef
 from hipc.compiler.source.model import ModelSource, open_model
 from hipc.graphs import config as configs
-from hipc.graphs.names import NAME_TABLES
+from hipc.graphs.names import NAME_TABLES, name_table
 from hipc.runtime.errors import HipcError
 
 
@@ -23,7 +23,7 @@ class Model:
         return self.source.path.name
 
     def tensor_name(self, role: str, layer: int | None = None) -> str:
-        return NAME_TABLES[self.source.format][role].format(i=layer)
+        return name_table(self.config.family, self.source.format)[role].format(i=layer)
 
     def has(self, role: str, layer: int | None = None) -> bool:
         return self.source.has(self.tensor_name(role, layer))

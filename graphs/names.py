@@ -2,7 +2,9 @@
 
 The builder asks for a role ("q", layer 3); the table for the source's format gives
 the file's tensor name. One table per naming convention, not per family: Llama,
-Mistral, SmolLM2, Qwen2 and Qwen3 share both conventions.
+Mistral, SmolLM2, Qwen2 and Qwen3 share both conventions. Gemma-2/3 add sandwich norms
+and give HF's `post_attention_layernorm` another meaning (the norm *after* attention,
+where Llama's is the one before the feed-forward), so they have tables of their own.
 """
 
 HF_LLAMA = {
@@ -45,4 +47,27 @@ GGUF_LLAMA = {
     "lm_head": "output.weight",
 }
 
+HF_GEMMA = {
+    **HF_LLAMA,
+    "post_attn_norm": "model.layers.{i}.post_attention_layernorm.weight",
+    "ffn_norm": "model.layers.{i}.pre_feedforward_layernorm.weight",
+    "post_ffn_norm": "model.layers.{i}.post_feedforward_layernorm.weight",
+}
+
+# gguf-py's MODEL_TENSOR names for MODEL_ARCH.GEMMA2 / GEMMA3
+GGUF_GEMMA = {
+    **GGUF_LLAMA,
+    "post_attn_norm": "blk.{i}.post_attention_norm.weight",
+    "post_ffn_norm": "blk.{i}.post_ffw_norm.weight",
+}
+
 NAME_TABLES = {"safetensors": HF_LLAMA, "gguf": GGUF_LLAMA}
+FAMILY_NAME_TABLES = {
+    "gemma2": {"safetensors": HF_GEMMA, "gguf": GGUF_GEMMA},
+    "gemma3": {"safetensors": HF_GEMMA, "gguf": GGUF_GEMMA},
+}
+
+
+def name_table(family: str, fmt: str) -> dict[str, str]:
+    """role -> tensor-name template for one family in one file format."""
+    return FAMILY_NAME_TABLES.get(family, NAME_TABLES)[fmt]
