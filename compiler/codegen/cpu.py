@@ -85,9 +85,10 @@ def render_cpu_program(
                 raise FusionError(f"{launch.group}: input rows are strided ({ldx} != {p['K']})")
             res = act(a["res"][1])[0] if a["res"][0] == "act" else "nullptr"
             y = act(y_value)[0]
+            post_norm = f", {weight(a['post_norm_w'][1])}" if p["post_norm_eps"] else ""
             calls.append(
                 f"{spec.fn}({rows}, {x}, {weight(a['w'][1], 'const void')}, {opt(a['norm_w'])}, "
-                f"{opt(a['bias'])}, {res}, {y})"
+                f"{opt(a['bias'])}, {res}, {y}{post_norm})"
             )
         elif spec.template == "attention":
             (q, ldq), (k, ldk), (v, ldv) = (act(a[n][1]) for n in ("q", "k", "v"))

@@ -28,6 +28,15 @@ from hipc.compiler.passes.fuse import FusionError
 from hipc.compiler.passes.memory import MemoryPlan
 from hipc.compiler.passes.select import Launch, weight_order
 
+# Kernel parameters (select.PARAM_DEFAULTS) the GPU templates do not implement yet. A
+# whole-row post-norm needs every output of a row in one block, which the GEMV's row
+# split does not give.
+GPU_UNSUPPORTED = {
+    "linear": ("act", "post_norm_eps", "softcap"),
+    "attention": ("softcap",),
+    "embedding": ("scale",),
+}
+
 
 @dataclass
 class HipProgram:
@@ -88,6 +97,12 @@ def render_hip_program(
         nodes = launch.nodes
         if spec.template in ("linear", "embedding") and p["wtype"] not in WEIGHT_SUFFIX:
             raise FusionError(f"{launch.group}: weight type {p['wtype']} has no HIP kernel")
+        missing = [k for k in GPU_UNSUPPORTED.get(spec.template, ()) if k in dict(spec.params)]
+        if missing:
+            raise FusionError(
+                f"{launch.group}: the GPU {spec.template} kernels have no {', '.join(missing)} "
+                "yet (the cpu target has)"
+            )
         ws = WEIGHT_SUFFIX.get(p.get("wtype", ""), "")
         if spec.template == "linear":
             n_out = p["N"] // 2 if p["epilogue"] == "glu" else p["N"]

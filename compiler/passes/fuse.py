@@ -9,8 +9,11 @@ candidates are taken best score first; every refusal is kept with its reason, wh
 Fusions an LLM decoder step needs:
   prologue  RMSNorm -> Linear                 (the norm is applied while loading rows)
   epilogue  Linear -> Add(residual)           (written in place into the residual stream)
-            Linear -> Split -> SiLU*Mul       (gate/up: only the product is written)
+            Linear -> RMSNorm -> Add(residual) (Gemma's post-norms: the row is normalized first)
+            Linear -> Split -> act*Mul        (gate/up, act SiLU or tanh-GELU: only the product is written)
             Linear -> Split                   (q/k/v stay column views of one buffer)
+            Linear -> SoftCap                 (Gemma-2's final logits)
+            Embedding -> Mul(scalar)          (Gemma's sqrt(hidden) multiplier)
   attention Reshape/RMSNorm/RoPE -> CachedAttention -> Reshape (RoPE + KV write + attention)
   residual  Add -> RMSNorm                    (refused when the Add already went to a Linear)
 """
@@ -23,6 +26,7 @@ from hipc.compiler.ir import Graph, Node
 from hipc.runtime.errors import HipcError
 
 ATTENTION_FEEDERS = {"Reshape", "RMSNormalization", "RotaryEmbedding"}
+GLU_ACTIVATIONS = {"hipc::SiLU", "Gelu"}  # act(gate) * up epilogues the linear kernels have
 
 
 @dataclass
@@ -131,6 +135,12 @@ def fuse(graph: Graph) -> Fusion:
                 propose(n, user, "epilogue:residual", n.outputs[0], None)
             elif user.op == "Split":
                 propose(n, user, _split_role(graph, user, only_user), n.outputs[0], None)
+            elif user.op == "hipc::SoftCap":
+                propose(n, user, "epilogue:softcap", n.outputs[0], None)
+            elif user.op == "RMSNormalization":
+                add = only_user(user.outputs[0])
+                why = None if add is not None and add.op == "Add" else "no residual Add after it"
+                propose(n, user, "epilogue:norm-residual", n.outputs[0], why)
             else:
                 propose(
                     n,
@@ -147,6 +157,13 @@ def fuse(graph: Graph) -> Fusion:
             user = only_user(n.outputs[0])
             if user is not None and user.op == "Reshape":
                 propose(n, user, "attention:flatten", n.outputs[0], None)
+        elif n.op == "hipc::Embedding":
+            user = only_user(n.outputs[0])
+            if user is not None and user.op == "Mul":
+                other = [i for i in user.inputs if i != n.outputs[0]]
+                scalar = len(other) == 1 and graph.values[other[0]].shape == ()
+                why = None if scalar and other[0] in graph.initializers else "not a constant scalar"
+                propose(n, user, "epilogue:scale", n.outputs[0], why)
         elif n.op == "Add":
             user = only_user(n.outputs[0])
             norm_users = [u for u in consumers.get(n.outputs[0], []) if u.op == "RMSNormalization"]
@@ -193,11 +210,16 @@ def fuse(graph: Graph) -> Fusion:
             g.prologue.append(node)
         else:
             g.epilogue.append(node)
-        # the glu epilogue brings the SiLU and Mul after the Split
+        # the glu epilogue brings the activation and Mul after the Split
         if role == "epilogue:glu":
-            silu = only_user(node.outputs[0])
-            g.epilogue += [silu, only_user(silu.outputs[0])]
-            owner[silu.name] = owner[only_user(silu.outputs[0]).name] = anchor
+            act = only_user(node.outputs[0])
+            g.epilogue += [act, only_user(act.outputs[0])]
+            owner[act.name] = owner[only_user(act.outputs[0]).name] = anchor
+        # the post-norm brings the residual Add after it
+        if role == "epilogue:norm-residual":
+            add = only_user(node.outputs[0])
+            g.epilogue.append(add)
+            owner[add.name] = anchor
 
     ordered = sorted(groups.values(), key=lambda g: order[g.anchor.name])
     for g in ordered:
@@ -215,17 +237,17 @@ class FusionError(HipcError):
 
 
 def _split_role(graph: Graph, split: Node, only_user) -> str:
-    """'epilogue:glu' for Split -> SiLU(a) * b with equal halves, else 'epilogue:split'."""
+    """'epilogue:glu' for Split -> act(a) * b with equal halves, else 'epilogue:split'."""
     sizes = list(split.attrs["split"])
     if len(sizes) == 2 and sizes[0] == sizes[1]:
         a, b = split.outputs
-        silu = only_user(a)
-        if silu is not None and silu.op == "hipc::SiLU":
-            mul = only_user(silu.outputs[0])
+        act = only_user(a)
+        if act is not None and act.op in GLU_ACTIVATIONS:
+            mul = only_user(act.outputs[0])
             if (
                 mul is not None
                 and mul.op == "Mul"
-                and set(mul.inputs) == {silu.outputs[0], b}
+                and set(mul.inputs) == {act.outputs[0], b}
                 and only_user(b) is mul
             ):
                 return "epilogue:glu"

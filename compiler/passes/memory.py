@@ -110,7 +110,8 @@ def plan_memory(fusion: Fusion, max_tokens: int) -> MemoryPlan:
     for i, grp in enumerate(fusion.groups):
         for n in grp.epilogue:
             if n.op == "Add" and grp.kind == "linear":
-                res = next(x for x in n.inputs if x != grp.anchor.outputs[0])
+                inside = {o for m in grp.nodes for o in m.outputs}
+                res = next(x for x in n.inputs if x not in inside)
                 out = n.outputs[0]
                 if out in backing and res in plan.views and last_use.get(res) == i:
                     alias[out] = plan.views[res].buffer

@@ -16,6 +16,15 @@ from typing import Any
 from hipc.compiler.ir import Graph, Node
 from hipc.compiler.passes.fuse import FusedGroup, Fusion, FusionError
 
+# Parameters a family switches on (Gemma: GeGLU, post-norms, soft-caps, scaled embeddings).
+# At their default they are left out of `params`, so the kernels of models that do not use
+# them keep their names and sources; param_dict fills them in for templates and renderers.
+PARAM_DEFAULTS: dict[str, dict[str, Any]] = {
+    "linear": {"act": "silu", "post_norm_eps": 0.0, "softcap": 0.0},
+    "attention": {"softcap": 0.0},
+    "embedding": {"scale": 1.0},
+}
+
 
 @dataclass(frozen=True)
 class KernelSpec:
@@ -24,7 +33,7 @@ class KernelSpec:
 
     @property
     def param_dict(self) -> dict[str, Any]:
-        return dict(self.params)
+        return {**PARAM_DEFAULTS.get(self.template, {}), **dict(self.params)}
 
     @property
     def fn(self) -> str:
@@ -33,6 +42,9 @@ class KernelSpec:
             "linear": lambda: (
                 f"{p['wtype']}_{p['N']}x{p['K']}_{p['epilogue']}"
                 + ("_rms" if p["norm_eps"] else "")
+                + ("_gelu" if p["act"] == "gelu_tanh" else "")
+                + ("_postrms" if p["post_norm_eps"] else "")
+                + ("_cap" if p["softcap"] else "")
             ),
             "attention": lambda: f"h{p['NH']}kv{p['NKV']}d{p['D']}",
             "embedding": lambda: f"{p['wtype']}_{p['K']}",
@@ -58,7 +70,9 @@ class Launch:
 
 
 def _spec(template: str, **params: Any) -> KernelSpec:
-    return KernelSpec(template, tuple(sorted(params.items())))
+    defaults = PARAM_DEFAULTS.get(template, {})
+    kept = {k: v for k, v in params.items() if k not in defaults or v != defaults[k]}
+    return KernelSpec(template, tuple(sorted(kept.items())))
 
 
 def select_kernels(fusion: Fusion) -> list[Launch]:
@@ -92,15 +106,24 @@ def _linear(g: Graph, grp: FusedGroup) -> Launch:
         args["bias"] = ("weight", lin.inputs[2])
     ops = [n.op for n in grp.epilogue]
     y = lin.outputs[0]
+    act, post_eps, softcap = "silu", 0.0, 0.0
     if not ops:
         epilogue = "none"
-    elif ops == ["Add"]:
-        epilogue, y = "residual", grp.epilogue[0].outputs[0]
-        args["res"] = ("act", next(i for i in grp.epilogue[0].inputs if i != lin.outputs[0]))
-    elif ops == ["Split", "hipc::SiLU", "Mul"]:
+    elif ops in (["Add"], ["RMSNormalization", "Add"]):
+        # residual, with Gemma's post-norm on the linear's row before the add
+        epilogue, y = "residual", grp.epilogue[-1].outputs[0]
+        args["res"] = ("act", _residual_input(grp))
+        if ops[0] == "RMSNormalization":
+            post_eps = float(grp.epilogue[0].attrs["epsilon"])
+            args["post_norm_w"] = ("weight", grp.epilogue[0].inputs[1])
+    elif len(ops) == 3 and ops[0] == "Split" and ops[2] == "Mul":
         epilogue, y = "glu", grp.epilogue[-1].outputs[0]
+        act = _glu_activation(grp.epilogue[1], grp.name)
     elif ops == ["Split"]:
         epilogue = "none"  # the parts are column views of y
+    elif ops == ["hipc::SoftCap"]:
+        epilogue, y = "none", grp.epilogue[0].outputs[0]
+        softcap = float(grp.epilogue[0].attrs["cap"])
     else:
         raise FusionError(f"no linear kernel with epilogue {ops} ({grp.name})")
     args["y"] = ("act", y)
@@ -112,8 +135,25 @@ def _linear(g: Graph, grp: FusedGroup) -> Launch:
         norm_eps=eps,
         epilogue=epilogue,
         bias=len(lin.inputs) > 2,
+        act=act,
+        post_norm_eps=post_eps,
+        softcap=softcap,
     )
     return Launch(grp.name, grp.node_names, spec, args)
+
+
+def _residual_input(grp: FusedGroup) -> str:
+    """The residual stream an epilogue Add reads: its input not computed inside the group."""
+    inside = {o for n in grp.nodes for o in n.outputs}
+    return next(i for i in grp.epilogue[-1].inputs if i not in inside)
+
+
+def _glu_activation(node: Node, group: str) -> str:
+    if node.op == "hipc::SiLU":
+        return "silu"
+    if node.op == "Gelu" and node.attrs.get("approximate") == "tanh":
+        return "gelu_tanh"
+    raise FusionError(f"no GLU epilogue with {node.op} {dict(node.attrs)} ({group})")
 
 
 def _chain(g: Graph, value: str, prologue: list[Node]) -> tuple[str, Node | None, Node | None]:
@@ -169,6 +209,7 @@ def _attention(g: Graph, grp: FusedGroup) -> Launch:
         window=int(att.attrs.get("sliding_window") or 0),
         interleaved=bool(q_rope.attrs.get("interleaved")),
         norm_eps=float(q_norm.attrs["epsilon"]) if q_norm else 0.0,
+        softcap=float(att.attrs.get("softcap") or 0.0),
     )
     return Launch(grp.name, grp.node_names, spec, args)
 
@@ -176,8 +217,14 @@ def _attention(g: Graph, grp: FusedGroup) -> Launch:
 def _embedding(g: Graph, grp: FusedGroup) -> Launch:
     emb = grp.anchor
     w, ids = emb.inputs
-    spec = _spec("embedding", wtype=g.values[w].dtype, K=int(g.values[w].shape[1]))
-    args = {"w": ("weight", w), "ids": ("input", ids), "out": ("act", emb.outputs[0])}
+    scale, out = 1.0, emb.outputs[0]
+    if grp.epilogue:  # Mul by a constant scalar (Gemma's sqrt(hidden))
+        mul = grp.epilogue[0]
+        factor = next(i for i in mul.inputs if i != out)
+        scale = float(g.initializers[factor].array.reshape(()))
+        out = mul.outputs[0]
+    spec = _spec("embedding", wtype=g.values[w].dtype, K=int(g.values[w].shape[1]), scale=scale)
+    args = {"w": ("weight", w), "ids": ("input", ids), "out": ("act", out)}
     return Launch(grp.name, grp.node_names, spec, args)
 
 

@@ -15,12 +15,14 @@ from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
-from support import TINY_FAMILIES, greedy, rel_err, write_tiny_hf
+from support import TINY_FAMILIES, TINY_GEMMA, greedy, rel_err, write_tiny_hf
+
+CPU_FAMILIES = {**TINY_FAMILIES, **TINY_GEMMA}
 
 
-@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+@pytest.mark.parametrize("family", sorted(CPU_FAMILIES))
 def test_compiled_matches_reference(family, tmp_path):
-    folder = write_tiny_hf(tmp_path / family, **TINY_FAMILIES[family])
+    folder = write_tiny_hf(tmp_path / family, **CPU_FAMILIES[family])
     # max_tokens 8 makes the 19-token prompt run as three prefill chunks
     compile_model(
         folder, tmp_path / "m.hipc", CompileOptions(max_context=48, max_tokens=8), verbose=False
