@@ -222,7 +222,7 @@ def compile_model(
             for s in program.states
         ],
         "kernels": {
-            lt.kernel.fn: {"template": lt.kernel.template, "params": lt.kernel.param_dict}
+            lt.kernel.fn: {"template": lt.kernel.template, "params": dict(lt.kernel.params)}
             for lt in launches
         },
         "launches": [lt.to_json() for lt in launches],

@@ -94,11 +94,12 @@ def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Pa
     tokens = [
         chr(0x100 + i) if i >= 256 else bytes([i]).decode("latin-1") for i in range(cfg.vocab_size)
     ]
+    tokens[-1] = "ab"  # one merge: a vocabulary hipc can build a tokenizer from
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types([1] * cfg.vocab_size)
-    w.add_token_merges([])
+    w.add_token_merges(["a b"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     qt = getattr(gguf.GGMLQuantizationType, qtype)

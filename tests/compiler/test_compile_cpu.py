@@ -15,7 +15,7 @@ from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
-from support import TINY_FAMILIES, TINY_GEMMA, greedy, rel_err, write_tiny_hf
+from support import TINY_FAMILIES, TINY_GEMMA, greedy, rel_err, require, write_tiny_hf
 
 CPU_FAMILIES = {**TINY_FAMILIES, **TINY_GEMMA}
 
@@ -66,6 +66,41 @@ def test_quantized_weights_stay_quantized(qtype, activations, tmp_path):
     # int8 activations trade a little accuracy for speed, like llama.cpp's kernels
     assert rel_err(got, want) <= (1e-3 if activations == "int16" else 5e-2)
     assert np.mean(got.argmax(-1) == want.argmax(-1)) >= (1.0 if activations == "int16" else 0.75)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_gemma2_gguf(qtype, tmp_path):
+    # llama.cpp's layout: norms stored as 1 + w (no Add in the graph), soft-caps from keys
+    transformers, torch = require("transformers"), require("torch")
+    gguf_writer = pytest.importorskip("gguf_writer")
+    config = transformers.Gemma2Config(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        vocab_size=160,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        sliding_window=5,
+        attn_logit_softcapping=3.0,
+        final_logit_softcapping=5.0,
+    )
+    torch.manual_seed(5)
+    src = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    with torch.no_grad():
+        for p in src.parameters():
+            p.copy_(0.2 * torch.randn_like(p))
+    path = gguf_writer.write_gguf(src, tmp_path / "m.gguf", "gemma2", qtype)
+    compile_model(
+        path, tmp_path / "m.hipc", CompileOptions(max_context=32, max_tokens=8), verbose=False
+    )
+    compiled = load_engine(tmp_path / "m.hipc")
+    reference = ReferenceEngine(load_model(path), 32)
+    tokens = np.random.default_rng(7).integers(0, 160, 14).tolist()
+    assert rel_err(compiled.logits(tokens), reference.logits(tokens, 0)) <= 1e-3
+    assert greedy(compiled, tokens[:4], 20) == greedy(reference, tokens[:4], 20)
 
 
 @pytest.mark.parametrize(

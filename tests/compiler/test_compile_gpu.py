@@ -21,7 +21,7 @@ from hipc.compiler.toolchains.gpu import NvccToolchain
 from hipc.runtime.errors import HipcError
 
 from gguf_writer import write_numpy_gguf
-from support import IN_CI, TINY_FAMILIES, write_tiny_hf
+from support import IN_CI, TINY_FAMILIES, TINY_GEMMA, write_tiny_hf
 
 CLANG = shutil.which("clang++-19") or shutil.which("clang++")
 OBJDUMP = shutil.which("llvm-objdump-19") or shutil.which("llvm-objdump")
@@ -214,3 +214,28 @@ def test_gpu_target_without_its_toolchain(tmp_path, monkeypatch):
             folder, tmp_path / "x.hipc", CompileOptions(targets=("sm_90",)), verbose=False
         )
     assert not (tmp_path / "x.hipc").exists()
+
+
+def test_gemma_params_refused_on_gpu(tmp_path):
+    # the GPU templates lack GeGLU, post-norms and soft-caps: one line naming them, before
+    # any toolchain runs, never a kernel that silently ignores them
+    from hipc.compiler.codegen.hip import render_hip_program
+    from hipc.compiler.passes.canonicalize import canonicalize
+    from hipc.compiler.passes.fuse import fuse
+    from hipc.compiler.passes.memory import plan_memory
+    from hipc.compiler.passes.repack import merge_parallel_linears
+    from hipc.compiler.passes.select import select_kernels
+    from hipc.graphs import build_graph, load_model
+
+    graph = build_graph(load_model(write_tiny_hf(tmp_path / "g", **TINY_GEMMA["gemma2"])), 32)
+    fusion = fuse(merge_parallel_linears(canonicalize(graph)))
+    with pytest.raises(HipcError, match="GPU embedding kernels have no scale"):
+        render_hip_program(
+            "g",
+            select_kernels(fusion),
+            plan_memory(fusion, 8),
+            list(graph.states),
+            "x",
+            "sm_90",
+            32,
+        )
