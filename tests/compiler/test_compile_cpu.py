@@ -104,11 +104,18 @@ def test_gemma2_gguf(qtype, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "dtype, family", [("bfloat16", "llama"), ("float16", "llama"), ("bfloat16", "qwen2-bias")]
+    "dtype, family",
+    [
+        ("bfloat16", "llama"),
+        ("float16", "llama"),
+        ("bfloat16", "qwen2-bias"),
+        ("bfloat16", "gemma2"),
+    ],
 )
 def test_half_precision_hf_weights(dtype, family, tmp_path):
-    # qwen2-bias: each bias's float view follows the MatMul that adds it in the graph
-    cfg = {**TINY_FAMILIES[family], "hidden_size": 64, "intermediate_size": 128}
+    # qwen2-bias: each bias's float view follows the MatMul that adds it in the graph;
+    # gemma2: its (1 + w) norm scales fold from bf16 vectors
+    cfg = {**CPU_FAMILIES[family], "hidden_size": 64, "intermediate_size": 128}
     folder = write_tiny_hf(tmp_path / dtype, dtype=dtype, **cfg)
     compile_model(folder, tmp_path / "m.hipc", CompileOptions(max_context=32), verbose=False)
     compiled = load_engine(tmp_path / "m.hipc")
