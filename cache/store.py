@@ -4,16 +4,17 @@ Layout under the cache root::
 
     <root>/<digest[:2]>/<digest>/payload.bin   the compiled bytes
     <root>/<digest[:2]>/<digest>/entry.json    key fields, sha256, size, created, meta
-    <root>/<digest[:2]>/.tmp-*                 entries being written (ignored, swept)
-    <root>/<digest[:2]>/.trash-*               entries being removed (ignored, swept)
+    <root>/<digest[:2]>/.tmp-*                 entries being written (never read)
+    <root>/<digest[:2]>/.trash-*               entries being removed (never read)
     <root>/.locks/<digest>.lock                per-key flock(2) lock files
 
 Publishing is atomic: an entry is written completely into a temp directory next to
 its final place (payload.bin, then entry.json last, each fsynced), and the directory is
 then renamed into place. So an entry directory either is complete or does not exist; a
-process killed midway leaves only a ``.tmp-*`` directory that is never read and is
-removed by ``sweep_temp``. Every load re-checks entry.json and the payload's sha256 and
-size; a damaged entry is logged, removed and reported as a miss, never returned.
+process killed midway leaves only a ``.tmp-*`` directory that is never read;
+``sweep_temp`` removes old ones, though no command calls it yet. Every load re-checks
+entry.json and the payload's sha256 and size; a damaged entry is logged, removed and
+reported as a miss, never returned.
 
 ``get_or_build`` holds a per-key ``flock`` while it builds, so concurrent processes
 asking for the same key build it once; where locking is unavailable (no fcntl, a
@@ -36,8 +37,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from hipc.base.errors import HipcError
 from hipc.cache.key import KEY_SCHEMA, CacheKey
-from hipc.runtime.errors import HipcError
 
 try:
     import fcntl

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from hipc.runtime.errors import HipcError
-from hipc.runtime.safetensors_file import LazyTensor, write_safetensors
-from hipc.runtime.version import ARTIFACT_FORMAT_VERSION, HIPC_VERSION
+from hipc.base.errors import HipcError
+from hipc.base.safetensors_file import LazyTensor, write_safetensors
+from hipc.base.version import ARTIFACT_FORMAT_VERSION, HIPC_VERSION
 
 # (code object, source) file extensions: a shared library, a CUDA fatbin, an AMD code object
 CODE_OBJECT_EXT = {"cpu": ("so", "cpp"), "nvidia": ("fatbin", "hip"), "amd": ("co", "hip")}

@@ -11,16 +11,16 @@ import json
 import sys
 from pathlib import Path
 
+from hipc.base.errors import HipcError
+from hipc.base.version import HIPC_VERSION
 from hipc.cache import default_cache_dir
 from hipc.compiler.options import CompileOptions
-from hipc.compiler.source.model import open_model
 from hipc.compiler.toolchains.cpu import CpuToolchain
-from hipc.runtime.errors import HipcError
-from hipc.runtime.version import HIPC_VERSION
+from hipc.graphs import load_model
 
 
 def artifact_key(model_ref: str, options: CompileOptions) -> str:
-    src = open_model(model_ref)
+    src = load_model(model_ref).source
     files = (
         sorted(p for p in src.path.rglob("*") if p.is_file()) if src.path.is_dir() else [src.path]
     )

@@ -1,12 +1,10 @@
-"""Compile options: a frozen record that validates itself and hashes itself."""
+"""Compile options: a frozen record that validates itself."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 GPU_TARGETS = (
     "sm_80",
@@ -76,7 +74,3 @@ class CompileOptions:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+from hipc.base.safetensors_file import LazyTensor
+from hipc.base.version import ABI_VERSION, HIPC_VERSION
 from hipc.cache import CacheKey, KernelCache
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
-from hipc.compiler.codegen.cpu import ABI_VERSION, render_cpu_program
+from hipc.compiler.codegen.cpu import render_cpu_program
 from hipc.compiler.codegen.hip import render_hip_program
 from hipc.compiler.ir import Constant, Graph, PackedWeight
+from hipc.compiler.ir.verify import verify
 from hipc.compiler.onnx_export import export_onnx, onnx_available
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.canonicalize import canonicalize
@@ -31,10 +34,7 @@ from hipc.compiler.passes.select import select_kernels, weight_order
 from hipc.compiler.source.reader import WeightReader
 from hipc.compiler.toolchains.cpu import CpuToolchain, cpu_flags
 from hipc.compiler.toolchains.gpu import gpu_toolchain
-from hipc.compiler.verify import verify
 from hipc.graphs import Model, build_graph, load_model
-from hipc.runtime.safetensors_file import LazyTensor
-from hipc.runtime.version import HIPC_VERSION
 
 
 @dataclass

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hipc.base.errors import HipcError
 from hipc.compiler.ir import QUANT_DTYPES
 from hipc.compiler.options import CompileOptions
-from hipc.runtime.errors import HipcError
 
 DEFAULT_TEXT = (
     "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b\n"

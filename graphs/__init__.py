@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hipc.compiler.ir import Graph
-from hipc.compiler.verify import verify
+from hipc.compiler.ir.verify import verify
 from hipc.graphs.gemma import build_gemma
 from hipc.graphs.llama import build_llama
 from hipc.graphs.model import Model, load_model

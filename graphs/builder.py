@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from hipc.compiler.ir import QUANT_DTYPES, Constant, Graph, Node, TensorType, WeightRef
-from hipc.compiler.ops import TYPE_RULES
+from hipc.compiler.ir.ops import TYPE_RULES
 
 
 class GraphBuilder:

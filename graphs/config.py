@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 # HF `architectures[0]` / `model_type` -> family
 HF_ARCHITECTURES = {

@@ -6,11 +6,11 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from hipc.base.errors import HipcError
 from hipc.compiler.ir import WeightRef
 from hipc.compiler.source.model import ModelSource, open_model
 from hipc.graphs import config as configs
 from hipc.graphs.names import NAME_TABLES, name_table
-from hipc.runtime.errors import HipcError
 
 
 @dataclass

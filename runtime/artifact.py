@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hipc.runtime.errors import HipcError
-from hipc.runtime.version import ARTIFACT_FORMAT_VERSION
+from hipc.base.errors import HipcError
+from hipc.base.version import ARTIFACT_FORMAT_VERSION
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Artifact:
         return self.path / rel
 
     def tokenizer(self):
-        from hipc.runtime.tokenizer import Tokenizer
+        from hipc.base.tokenizer import Tokenizer
 
         if not self.file("tokenizer.json").is_file():
             raise HipcError(

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hipc.base.errors import HipcError
 from hipc.runtime.artifact import Artifact, load_artifact
-from hipc.runtime.errors import HipcError
 
 
 class CompiledEngine:

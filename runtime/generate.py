@@ -20,9 +20,9 @@ from typing import Protocol
 
 import numpy as np
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
+from hipc.base.tokenizer import IncrementalDecoder, Tokenizer
 from hipc.runtime.sampler import Sampler, SamplingParams, token_logprobs
-from hipc.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
 
 class Engine(Protocol):

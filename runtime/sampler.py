@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 
 @dataclass(frozen=True)

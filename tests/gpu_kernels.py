@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.codegen.hip import program_source
 from hipc.compiler.toolchains.gpu import gpu_toolchain
 from hipc.runtime.backends import cuda, hip
 from hipc.runtime.backends.gpu_common import DEFAULT_SHARED_LIMIT, PackedArgs
-from hipc.runtime.version import HIPC_VERSION
 
 POISON = np.float32(np.nan)  # outputs start as NaN: a value a kernel forgot to write shows
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hipc.base.version import ABI_VERSION
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX, render, template_text
 from hipc.compiler.passes.fuse import FusionError
 from hipc.compiler.passes.memory import MemoryPlan
 from hipc.compiler.passes.select import Launch, weight_order
-
-ABI_VERSION = 1
 
 
 @dataclass

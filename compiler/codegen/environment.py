@@ -10,7 +10,7 @@ import functools
 from importlib import resources
 from typing import Any
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 # Weight storage type -> the suffix of its helpers in the templates' headers
 # (hipc::matmul_q4_1 on the CPU, hipc_dot2_bf16 on GPUs).

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hipc.base.errors import HipcError
 from hipc.compiler.ir import Graph, Node
-from hipc.runtime.errors import HipcError
 
 ATTENTION_FEEDERS = {"Reshape", "RMSNormalization", "RotaryEmbedding"}
 GLU_ACTIVATIONS = {"hipc::SiLU", "Gelu"}  # act(gate) * up epilogues the linear kernels have
@@ -61,9 +61,6 @@ class Fusion:
     graph: Graph
     groups: list[FusedGroup]
     decisions: list[Decision]
-
-    def group_of(self, node: str) -> FusedGroup:
-        return next(g for g in self.groups if node in g.node_names)
 
 
 KIND_OF = {

@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any
 
 from hipc.compiler.ir import Graph, Initializer, Node, initializer_type
-from hipc.compiler.ops import TYPE_RULES
+from hipc.compiler.ir.ops import TYPE_RULES
 
 
 class Rewriter:

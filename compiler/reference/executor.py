@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from hipc.base.errors import HipcError
 from hipc.compiler.ir import Graph
 from hipc.compiler.reference.ops import IMPLS
 from hipc.compiler.source.reader import WeightReader
-from hipc.runtime.errors import HipcError
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:

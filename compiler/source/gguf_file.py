@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 # GGML type name -> hipc dtype name
 GGML_DTYPES = {

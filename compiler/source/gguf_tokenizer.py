@@ -20,8 +20,8 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from hipc.runtime.errors import HipcError
-from hipc.runtime.tokenizer import Tokenizer
+from hipc.base.errors import HipcError
+from hipc.base.tokenizer import Tokenizer
 
 # llama.cpp's token types (tokenizer.ggml.token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

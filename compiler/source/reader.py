@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from hipc.base.safetensors_file import SafetensorsFile
 from hipc.compiler.ir import Constant, Initializer, PackedWeight, WeightRef
 from hipc.compiler.source.gguf_file import GGUFFile
-from hipc.runtime.safetensors_file import SafetensorsFile
 
 
 class WeightReader:

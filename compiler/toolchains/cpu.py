@@ -15,8 +15,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from hipc.runtime.backends.cpu import cpu_features
-from hipc.runtime.errors import HipcError
+from hipc.base.cpu_features import cpu_features
+from hipc.base.errors import HipcError
 
 # features -march=native may use that hipc's kernels care about
 RELEVANT_FLAGS = (

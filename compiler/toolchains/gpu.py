@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 NVIDIA_TARGETS = ("sm_80", "sm_89", "sm_90")
 AMD_TARGETS = ("gfx90a", "gfx942", "gfx1100", "gfx1101", "gfx1151", "gfx1201")

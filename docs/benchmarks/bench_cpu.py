@@ -290,7 +290,7 @@ def make_prompt(llm, n: int) -> list[int]:
 def hipc_command() -> list[str]:
     # the hipc this script imports, not whichever `hipc` comes first on PATH (another
     # checkout's would compile other templates than the ones being measured)
-    return [sys.executable, "-m", "hipc.runtime.cli"]
+    return [sys.executable, "-m", "hipc.cli.main"]
 
 
 def compile_artifact(model: str, out: Path, cold: bool) -> float | None:

@@ -76,7 +76,7 @@ def ceilings() -> dict:
 
 def write_model(name: str, folder: Path) -> int:
     """A random bf16 Llama of the named shape; returns the bytes a decode token reads."""
-    from hipc.runtime.safetensors_file import LazyTensor, write_safetensors
+    from hipc.base.safetensors_file import LazyTensor, write_safetensors
 
     vocab, d, ff, L, h, kv, theta, tied = SHAPES[name]
     hd = d // h
@@ -265,7 +265,7 @@ def prepare(name: str, work: Path, args) -> dict:
     bytes_per_token = write_model(name, folder)
     log(f"{name}: wrote random bf16 weights in {time.perf_counter() - t:.0f} s")
     t = time.perf_counter()
-    cmd = [sys.executable, "-m", "hipc.runtime.cli", "compile", str(folder), "--target"]
+    cmd = [sys.executable, "-m", "hipc.cli.main", "compile", str(folder), "--target"]
     cmd += [args.target, "-o", str(artifact), "-q", *args.compile_args.split()]
     subprocess.run(cmd, check=True)
     compile_s = time.perf_counter() - t

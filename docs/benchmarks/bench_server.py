@@ -97,7 +97,7 @@ def rss_mib(pid: int) -> float:
 
 def start_server(artifact: str, args) -> tuple[subprocess.Popen, int, Path]:
     log = Path(tempfile.mkstemp(prefix="hipc-serve-", suffix=".log")[1])
-    cmd = [sys.executable, "-m", "hipc.runtime.cli", "serve", artifact, "--host", HOST,
+    cmd = [sys.executable, "-m", "hipc.cli.main", "serve", artifact, "--host", HOST,
            "--port", "0", "--served-model-name", "bench",
            "--max-queued-requests", str(max(args.clients, 1))]  # fmt: skip
     if args.threads:
@@ -336,7 +336,7 @@ def main() -> int:
         tmp = tempfile.TemporaryDirectory(prefix="hipc-bench-")
         artifact = str(Path(tmp.name) / "model.hipc")
         subprocess.run(
-            [sys.executable, "-m", "hipc.runtime.cli", "compile", args.model, "-o", artifact, "-q"],
+            [sys.executable, "-m", "hipc.cli.main", "compile", args.model, "-o", artifact, "-q"],
             check=True,
         )
     proc, port, log = start_server(artifact, args)

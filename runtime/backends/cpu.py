@@ -8,26 +8,14 @@ from __future__ import annotations
 
 import ctypes
 import os
-from pathlib import Path
 
 import numpy as np
 
+from hipc.base.cpu_features import cpu_features
+from hipc.base.errors import HipcError
+from hipc.base.safetensors_file import SafetensorsFile
+from hipc.base.version import ABI_VERSION
 from hipc.runtime.artifact import Artifact
-from hipc.runtime.errors import HipcError
-from hipc.runtime.safetensors_file import SafetensorsFile
-
-ABI_VERSION = 1
-
-
-def cpu_features() -> set[str]:
-    """This CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 class CpuBackend:

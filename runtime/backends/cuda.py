@@ -19,9 +19,9 @@ import contextlib
 import os
 from typing import Any
 
+from hipc.base.errors import HipcError
 from hipc.runtime.artifact import Artifact
 from hipc.runtime.backends.gpu_common import DriverError, GpuBackend
-from hipc.runtime.errors import HipcError
 
 OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
 OVERLAP_ENV = "HIPC_OVERLAP_LAUNCHES"  # "0": launch every kernel after the previous one ends

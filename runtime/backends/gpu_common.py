@@ -38,10 +38,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hipc.base.errors import HipcError
+from hipc.base.safetensors_file import SafetensorsFile
 from hipc.runtime.artifact import Artifact
-from hipc.runtime.errors import HipcError
 from hipc.runtime.gpu_plan import Bases, GpuPlan, Launch
-from hipc.runtime.safetensors_file import SafetensorsFile
 
 SYNC_ENV = "HIPC_SYNC_LAUNCHES"
 ALIGN = 256  # offsets of tensors inside one allocation: cudaMalloc's own guarantee
@@ -294,11 +294,9 @@ class GpuBackend:
         free, total = d.mem_info()
         if mem.total > free and self._requested_context is None:
             # Auto-size: keep the compiled context if it fits, else the most that does
-            # (5% of free memory left for the driver and the graph).
-            per_position = max(mem.kv_bytes // positions, 1)
-            fits = int((0.95 * free - (mem.total - mem.states)) // per_position)
+            fits = fit_positions(plan, self.gpu, nbytes, free, self.max_context)
             if fits >= 2:
-                positions = min(fits, self.max_context)
+                positions = fits
                 self._mem = mem = plan_memory(plan, self.gpu, nbytes, positions)
                 print(
                     f"hipc: KV cache sized for {positions} of {self.max_context} positions "

@@ -24,9 +24,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from hipc.base.errors import HipcError
 from hipc.runtime.artifact import Artifact
 from hipc.runtime.backends.gpu_common import DriverError, GpuBackend
-from hipc.runtime.errors import HipcError
 
 OUT_OF_MEMORY = 2  # hipErrorOutOfMemory
 STREAM_NON_BLOCKING = 1  # hipStreamNonBlocking

@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any
 
-from hipc.runtime.version import HIPC_VERSION
+from hipc.base.version import HIPC_VERSION
 
 SYSTEM_FINGERPRINT = f"hipc-{HIPC_VERSION}"
 DONE = b"data: [DONE]\n\n"

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from hipc.base.tokenizer import IncrementalDecoder, byte_level_alphabet
 from hipc.runtime.generate import GenerationResult, TokenLogprob
 from hipc.runtime.server import openai_format as fmt
 from hipc.runtime.server.errors import APIError
 from hipc.runtime.server.reasoning import ReasoningSplitter, split_reasoning
 from hipc.runtime.server.runner import ChoiceSpec
 from hipc.runtime.server.validation import Common
-from hipc.runtime.tokenizer import IncrementalDecoder, byte_level_alphabet
 
 
 @dataclass

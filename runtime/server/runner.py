@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 from hipc.runtime.generate import Generation, GenerationRequest
 from hipc.runtime.server.errors import bad_request, internal_error
 from hipc.runtime.server.metrics import ServerMetrics

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 from hipc.runtime.server.config import Config
 
 log = logging.getLogger("hipc.server")

@@ -17,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hipc.base.errors import HipcError
 from hipc.runtime.artifact import plan_kv_storage
-from hipc.runtime.errors import HipcError
 from hipc.runtime.generate import Generation, GenerationRequest, GenerationResult
 from hipc.runtime.server import openai_format as fmt
 from hipc.runtime.server.config import Config
@@ -95,7 +95,7 @@ def render_prompt(
     tokenizer, template: str | None, messages: list[dict], kwargs: dict[str, Any]
 ) -> tuple[list[int], str]:
     """Token ids and text of a chat prompt, through `template` (ChatML if None)."""
-    from hipc.runtime.chat_template import CHATML_TEMPLATE, render_chat
+    from hipc.base.chat_template import CHATML_TEMPLATE, render_chat
 
     text = render_chat(
         template or CHATML_TEMPLATE,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 from hipc.runtime.generate import Generation, GenerationRequest
 from hipc.runtime.sampler import SamplingParams
 from hipc.runtime.server.reasoning import ReasoningSplitter, prompt_opens_think

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from hipc.base.errors import HipcError
 from hipc.cache import CacheKey, KernelCache, default_cache_dir
 from hipc.cache.store import ENTRY_NAME, PAYLOAD_NAME, TMP_PREFIX
-from hipc.runtime.errors import HipcError
 
 SOURCE = "__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n"
 PAYLOAD = b"\x7fELF fake cubin \x00\x01\x02" * 50

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hipc.cache import KernelCache
-from hipc.runtime.cli import main
+from hipc.cli.main import main
 
 from support import write_tiny_hf
 
@@ -24,7 +24,7 @@ def tiny(tmp_path):
 
 def hipc(*args, env=None, **kw):
     return subprocess.run(
-        [sys.executable, "-m", "hipc.runtime.cli", *map(str, args)],
+        [sys.executable, "-m", "hipc.cli.main", *map(str, args)],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
@@ -87,7 +87,7 @@ def test_compile_killed_midway_leaves_nothing_that_loads(tiny, tmp_path):
     out = tmp_path / "k.hipc"
     entries = KernelCache().info()["entries"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hipc.runtime.cli", "compile", str(tiny), "-o", str(out)],
+        [sys.executable, "-m", "hipc.cli.main", "compile", str(tiny), "-o", str(out)],
         env={**os.environ, "CXX": str(slow)},
         stderr=subprocess.PIPE,
         text=True,
@@ -112,7 +112,7 @@ def test_two_concurrent_compiles_both_succeed(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "hipc.runtime.cli",
+                "hipc.cli.main",
                 "compile",
                 str(folder),
                 "-o",

@@ -126,7 +126,7 @@ def test_half_precision_hf_weights(dtype, family, tmp_path):
 
 
 def test_admitted_context_smaller_than_compiled(tmp_path):
-    from hipc.runtime.errors import HipcError
+    from hipc.base.errors import HipcError
 
     folder = write_tiny_hf(tmp_path / "m")
     compile_model(folder, tmp_path / "m.hipc", CompileOptions(max_context=64), verbose=False)

@@ -14,11 +14,11 @@ import subprocess
 
 import pytest
 
+from hipc.base.errors import HipcError
 from hipc.compiler.codegen.hip_kernels import MMA_TILES
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.gpu import NvccToolchain
-from hipc.runtime.errors import HipcError
 
 from gguf_writer import write_numpy_gguf
 from support import IN_CI, TINY_FAMILIES, TINY_GEMMA, write_tiny_hf

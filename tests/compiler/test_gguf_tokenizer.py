@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from hipc.base.errors import HipcError
+from hipc.base.tokenizer import IncrementalDecoder, Tokenizer, byte_level_alphabet
 from hipc.compiler.source.gguf_tokenizer import read_gguf_metadata, tokenizer_from_gguf_metadata
-from hipc.runtime.errors import HipcError
-from hipc.runtime.tokenizer import IncrementalDecoder, Tokenizer, byte_level_alphabet
 
 from support import require, smollm2_path
 

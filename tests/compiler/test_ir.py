@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hipc.compiler.ir import Graph, Node, TensorType
-from hipc.compiler.verify import VerifyError, verify
+from hipc.compiler.ir.verify import VerifyError, verify
 from hipc.graphs import build_graph, load_model
 
 from support import require, write_tiny_hf

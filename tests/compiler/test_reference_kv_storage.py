@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hipc.base.errors import HipcError
 from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
-from hipc.runtime.errors import HipcError
 
 from support import rel_err, require, write_tiny_hf
 

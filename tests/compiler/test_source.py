@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
+from hipc.base.errors import HipcError
+from hipc.base.safetensors_file import SafetensorsFile
 from hipc.compiler.source.model import open_model
 from hipc.graphs import load_model
-from hipc.runtime.errors import HipcError
-from hipc.runtime.safetensors_file import SafetensorsFile
 
 from support import require, write_tiny_hf
 

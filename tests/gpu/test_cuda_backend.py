@@ -14,11 +14,11 @@ import json
 import numpy as np
 import pytest
 
+from hipc.base.errors import HipcError
+from hipc.base.version import ARTIFACT_FORMAT_VERSION
 from hipc.runtime.artifact import load_artifact
 from hipc.runtime.backends import cuda
 from hipc.runtime.backends.gpu_common import DriverError
-from hipc.runtime.errors import HipcError
-from hipc.runtime.version import ARTIFACT_FORMAT_VERSION
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""hipc.runtime.chat_template against transformers' apply_chat_template."""
+"""hipc.base.chat_template against transformers' apply_chat_template."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import datetime
 
 import pytest
 
-from hipc.runtime.chat_template import CHATML_TEMPLATE, check_template, render_chat
-from hipc.runtime.errors import HipcError
+from hipc.base.chat_template import CHATML_TEMPLATE, check_template, render_chat
+from hipc.base.errors import HipcError
 
 from support import require, smollm2_path
 
@@ -176,7 +176,7 @@ def test_chatml_fallback() -> None:
 
 def test_runtime_imports_without_jinja2() -> None:
     code = (
-        "import sys, hipc.runtime.tokenizer, hipc.runtime.chat_template; "
+        "import sys, hipc.base.tokenizer, hipc.base.chat_template; "
         "sys.exit(1 if 'jinja2' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hipc.runtime.cli import main
+from hipc.cli.main import main
 
 from support import write_tiny_hf
 

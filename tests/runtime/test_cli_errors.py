@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hipc.runtime.cli import main
+from hipc.cli.main import main
 
 from support import write_tiny_hf
 
@@ -162,7 +162,7 @@ def test_logits_out_dir_missing(capsys, tiny, tmp_path):
 
 def test_console_script_has_no_traceback(tmp_path):
     exe = shutil.which("hipc")
-    cmd = [exe] if exe else [sys.executable, "-m", "hipc.runtime.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "hipc.cli.main"]
     proc = subprocess.run(
         [*cmd, "info", str(tmp_path / "missing.gguf")], capture_output=True, text=True
     )

@@ -26,6 +26,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from hipc.base.errors import HipcError
+from hipc.base.safetensors_file import LazyTensor, write_safetensors
+from hipc.base.version import ARTIFACT_FORMAT_VERSION
 from hipc.runtime import engine as engine_mod
 from hipc.runtime.artifact import load_artifact
 from hipc.runtime.backends import cuda as cuda_mod
@@ -34,10 +37,7 @@ from hipc.runtime.backends import hip as hip_mod
 from hipc.runtime.backends.cuda import CudaBackend
 from hipc.runtime.backends.gpu_common import PackedArgs, aligned_offsets
 from hipc.runtime.backends.hip import HipBackend
-from hipc.runtime.errors import HipcError
 from hipc.runtime.gpu_plan import Bases, Launch
-from hipc.runtime.safetensors_file import LazyTensor, write_safetensors
-from hipc.runtime.version import ARTIFACT_FORMAT_VERSION
 
 V, H, MAX_TOKENS, MAX_CTX = 5, 4, 4, 16
 SIGNATURES = {

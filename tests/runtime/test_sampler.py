@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 from hipc.runtime.sampler import Sampler, SamplingParams
 
 LOGITS = np.array([1.0, 3.0, 2.5, -1.0, 0.0, 2.9])

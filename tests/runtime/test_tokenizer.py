@@ -1,4 +1,4 @@
-"""hipc.runtime.tokenizer against transformers, on small tokenizers built with `tokenizers`."""
+"""hipc.base.tokenizer against transformers, on small tokenizers built with `tokenizers`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
-from hipc.runtime.errors import HipcError
-from hipc.runtime.tokenizer import IncrementalDecoder, Tokenizer, byte_level_alphabet
+from hipc.base.errors import HipcError
+from hipc.base.tokenizer import IncrementalDecoder, Tokenizer, byte_level_alphabet
 
 from support import require
 

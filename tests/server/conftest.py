@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hipc.runtime.cli import main
+from hipc.cli.main import main
 
 from serving import API_KEY, running
 from support import THINK_TEMPLATE, smollm2_path, write_tiny_chat_model

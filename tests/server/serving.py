@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hipc.runtime.tokenizer import byte_level_alphabet
+from hipc.base.tokenizer import byte_level_alphabet
 
 from support import CHATML_TEMPLATE, tiny_tokenizer_json
 
@@ -40,7 +40,7 @@ class ServerProcess:
     ) -> None:
         self.api_key = api_key
         self.log_path = log_dir / f"serve-{os.getpid()}-{time.monotonic_ns()}.log"
-        cmd = [sys.executable, "-m", "hipc.runtime.cli", "serve", str(artifact)]
+        cmd = [sys.executable, "-m", "hipc.cli.main", "serve", str(artifact)]
         cmd += ["--host", "127.0.0.1", "--port", "0", *args]
         if api_key and not (env and "HIPC_API_KEY" in env):
             cmd += ["--api-key", api_key]
@@ -152,7 +152,7 @@ def sse_events(body: bytes) -> list:
 
 
 def tiny_tokenizer(chat_template: str = CHATML_TEMPLATE):
-    from hipc.runtime.tokenizer import Tokenizer
+    from hipc.base.tokenizer import Tokenizer
 
     return Tokenizer.from_json(
         tiny_tokenizer_json(),

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from hipc.runtime.cli import main
+from hipc.cli.main import main
 
 
 def server_replies(server, model, turns, max_tokens):

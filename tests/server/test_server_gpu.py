@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from hipc.runtime.cli import main
+from hipc.cli.main import main
 from hipc.runtime.engine import load_engine
 from hipc.runtime.generate import Generation, GenerationRequest
 

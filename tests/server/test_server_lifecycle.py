@@ -11,7 +11,7 @@ import time
 import openai
 import pytest
 
-from hipc.runtime.cli import main
+from hipc.cli.main import main
 
 from serving import ServerProcess
 

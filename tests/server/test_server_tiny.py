@@ -231,7 +231,7 @@ def test_reasoning_when_the_template_opens_think(think_server, engine):
     close = engine.tokenizer.token_to_id("</think>")
     kw = dict(model="thinker", max_tokens=40, temperature=1.0, seed=3, logit_bias={str(close): 4})
     messages = [{"role": "user", "content": "Why is the sky blue?"}]
-    from hipc.runtime.chat_template import render_chat
+    from hipc.base.chat_template import render_chat
 
     from support import THINK_TEMPLATE
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 from hipc.runtime.server.config import OPTIONS, Config
 from hipc.runtime.server.metrics import ServerMetrics
 from hipc.runtime.server.reasoning import ReasoningSplitter, prompt_opens_think, split_reasoning

@@ -8,7 +8,7 @@ loaded until a pass or an executor asks. Graphs are batchless (batch 1): activat
 are [tokens, ...] where ONNX would write [batch, seq, ...].
 
 Ops use ONNX names and semantics where ONNX has the op; the rest live in the `hipc`
-domain (see compiler/ops.py for the registry and shape rules).
+domain (see compiler/ir/ops.py for the registry and shape rules).
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ import networkx as nx
 import numpy as np
 
 Dim = int | str
-SYMBOLIC_DIMS = ("tokens", "ctx", "max_ctx")
 
-FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 QUANT_DTYPES = (
     "q4_0",
     "q4_1",
@@ -38,7 +36,6 @@ QUANT_DTYPES = (
     "q2_k",
     "q3_k",
 )
-INT_DTYPES = ("int64", "int32")
 
 
 @dataclass(frozen=True)

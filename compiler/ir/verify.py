@@ -6,8 +6,8 @@ node named, instead of as wrong numbers three stages later.
 
 from __future__ import annotations
 
-from hipc.compiler.ir import Graph
-from hipc.compiler.ops import TYPE_RULES, TypeError_
+from hipc.compiler.ir.graph import Graph
+from hipc.compiler.ir.ops import TYPE_RULES, TypeError_
 
 
 class VerifyError(ValueError):

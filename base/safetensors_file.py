@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 _DTYPES = {
     "F64": ("float64", np.float64),

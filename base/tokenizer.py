@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 # Bumped when the meaning of a field in `to_dict()` changes, so old artifacts are refused
 # instead of silently misread.
@@ -307,7 +307,7 @@ class Tokenizer:
         **extra: Any,
     ) -> str:
         """The prompt text for `messages` through the model's chat template (ChatML if none)."""
-        from hipc.runtime.chat_template import CHATML_TEMPLATE, render_chat
+        from hipc.base.chat_template import CHATML_TEMPLATE, render_chat
 
         return render_chat(
             self.chat_template or CHATML_TEMPLATE,

@@ -18,7 +18,7 @@ import types
 from datetime import datetime
 from typing import Any
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 # For models that ship no template. ChatML, as transformers' old default was.
 CHATML_TEMPLATE = (

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from hipc.runtime.errors import HipcError
+from hipc.base.errors import HipcError
 
 
 def _parse_tokens(text: str) -> list[int]:

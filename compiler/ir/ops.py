@@ -12,15 +12,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hipc.compiler.ir import Constant, Dim, Graph, Node, TensorType
+from hipc.compiler.ir.graph import Constant, Dim, Graph, Node, TensorType
 
 TypeRule = Callable[[Node, Sequence[TensorType], Graph], list[TensorType]]
 TYPE_RULES: dict[str, TypeRule] = {}
-
-# Op families, so passes can ask "is this elementwise?" with a set lookup.
-ELEMENTWISE = {"Add", "Mul", "Div", "Sigmoid", "Tanh", "Gelu", "Cast", "hipc::Dequantize"}
-NORMS = {"RMSNormalization"}
-MATMULS = {"MatMul"}
 
 
 class TypeError_(ValueError):

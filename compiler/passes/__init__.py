@@ -1,0 +1,1 @@
+"""The graph passes, in the order compiler/pipeline.py runs them."""
