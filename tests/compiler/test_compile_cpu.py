@@ -68,15 +68,15 @@ def test_quantized_weights_stay_quantized(qtype, activations, tmp_path):
     assert np.mean(got.argmax(-1) == want.argmax(-1)) >= (1.0 if activations == "int16" else 0.75)
 
 
-@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
-def test_gemma2_gguf(qtype, tmp_path):
-    # llama.cpp's layout: norms stored as 1 + w (no Add in the graph), soft-caps from keys
+@pytest.mark.parametrize("arch, qtype", [("gemma2", "F32"), ("gemma2", "Q8_0"), ("gemma3", "Q8_0")])
+def test_gemma_gguf(arch, qtype, tmp_path):
+    # llama.cpp's layout: norms stored as 1 + w (no Add in the graph), soft-caps from keys;
+    # Gemma-3: q/k norms, layers 0-4 sliding on the local RoPE base, layer 5 global
     transformers, torch = require("transformers"), require("torch")
     gguf_writer = pytest.importorskip("gguf_writer")
-    config = transformers.Gemma2Config(
+    shape = dict(
         hidden_size=64,
         intermediate_size=96,
-        num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=32,
@@ -84,15 +84,19 @@ def test_gemma2_gguf(qtype, tmp_path):
         max_position_embeddings=64,
         rms_norm_eps=1e-5,
         sliding_window=5,
-        attn_logit_softcapping=3.0,
-        final_logit_softcapping=5.0,
     )
+    if arch == "gemma2":
+        config = transformers.Gemma2Config(
+            num_hidden_layers=2, attn_logit_softcapping=3.0, final_logit_softcapping=5.0, **shape
+        )
+    else:
+        config = transformers.Gemma3TextConfig(num_hidden_layers=6, **shape)
     torch.manual_seed(5)
     src = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     with torch.no_grad():
         for p in src.parameters():
             p.copy_(0.2 * torch.randn_like(p))
-    path = gguf_writer.write_gguf(src, tmp_path / "m.gguf", "gemma2", qtype)
+    path = gguf_writer.write_gguf(src, tmp_path / "m.gguf", arch, qtype)
     compile_model(
         path, tmp_path / "m.hipc", CompileOptions(max_context=32, max_tokens=8), verbose=False
     )
