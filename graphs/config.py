@@ -48,6 +48,11 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 SUPPORTED = sorted(set(HF_ARCHITECTURES) | set(GGUF_ARCHITECTURES.values()))
 
 ROPE_SCALING_TYPES = ("default", "linear", "dynamic", "llama3")
+# transformers' config-class defaults where a family's differ from Llama's
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma2": {"max_position_embeddings": 8192},
+    "gemma3": {"max_position_embeddings": 131072, "rope_theta": 1_000_000.0},
+}
 HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
@@ -202,7 +207,10 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
         # per layer type (Gemma-3 in transformers 5): global layers' RoPE, then local ones'
         local_rope = rope_params.get("sliding_attention") or {}
         rope_params = rope_params["full_attention"]
-    rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+    defaults = HF_DEFAULTS.get(family, {})
+    rope_theta = cfg.get(
+        "rope_theta", rope_params.get("rope_theta", defaults.get("rope_theta", 10000.0))
+    )
     scaling = cfg.get("rope_scaling")
     if scaling is None and rope_params and rope_type(rope_params) != "default":
         scaling = rope_params
@@ -225,7 +233,9 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
             head_dim=int(head_dim),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            max_position_embeddings=int(
+                cfg.get("max_position_embeddings", defaults.get("max_position_embeddings", 2048))
+            ),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family in GEMMA)),
             attention_bias=bool(cfg.get("attention_bias", family == "qwen2")),
             qk_norm=family in ("qwen3", "gemma3"),
