@@ -69,6 +69,14 @@ class CompileOptions:
             return self.kv_storage
         return "float32" if "cpu" in self.targets else "bfloat16"
 
+    @property
+    def quant_layout(self) -> str:
+        """How the artifact stores quantized weight blocks: "split" (every block's quants, then
+        every block's scales: aligned wide loads on GPUs) when every target is a GPU, else
+        "gguf" (the file's interleaved blocks, which the CPU kernels read; GPU kernels read it
+        too, more slowly). One artifact holds one copy of the weights."""
+        return "gguf" if "cpu" in self.targets else "split"
+
     def resolved_max_tokens(self, max_context: int) -> int:
         return min(self.max_tokens or min(DEFAULT_MAX_TOKENS[t] for t in self.targets), max_context)
 

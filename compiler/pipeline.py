@@ -29,7 +29,7 @@ from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.fuse import Fusion, fuse
 from hipc.compiler.passes.memory import plan_memory
-from hipc.compiler.passes.repack import merge_parallel_linears
+from hipc.compiler.passes.repack import SPLIT_BLOCKS, merge_parallel_linears, split_quant_blocks
 from hipc.compiler.passes.select import select_kernels, weight_order
 from hipc.compiler.source.reader import WeightReader
 from hipc.compiler.toolchains.cpu import CpuToolchain, cpu_flags
@@ -161,6 +161,7 @@ def compile_model(
                 target,
                 max_ctx,
                 options.resolved_kv_storage(),
+                options.quant_layout,
             )
             gpu_sections[target] = program.gpu
             info = {"wave": program.gpu["wave"]}
@@ -195,7 +196,8 @@ def compile_model(
         )
 
     weights = [
-        _lazy_weight(name, graph.initializers[name], reader) for name in weight_order(launches)
+        _lazy_weight(name, graph.initializers[name], reader, options.quant_layout)
+        for name in weight_order(launches)
     ]
     plan = {
         "entry": "hipc_forward",
@@ -210,6 +212,7 @@ def compile_model(
                 "dtype": graph.values[w.name].dtype,
                 "shape": list(graph.values[w.name].shape),
                 "stored_shape": list(w.shape),
+                **_layout_record(graph.values[w.name].dtype, options.quant_layout),
             }
             for w in weights
         ],
@@ -266,15 +269,27 @@ def _optional_tokenizer(model: Model):
     return model.source.tokenizer()
 
 
-def _lazy_weight(name: str, init, reader: WeightReader) -> LazyTensor:
-    """A weight for weights.safetensors in its storage form (quantized blocks as uint8 rows)."""
+def _lazy_weight(name: str, init, reader: WeightReader, quant_layout: str) -> LazyTensor:
+    """A weight for weights.safetensors in its storage form (quantized blocks as uint8 rows,
+    split into quants and scales when `quant_layout` is "split")."""
     if isinstance(init, Constant):
         arr = np.ascontiguousarray(init.array, dtype=np.float32)
         return LazyTensor(name, arr.dtype, arr.shape, lambda: arr)
     refs = init.parts if isinstance(init, PackedWeight) else (init,)
     parts = [reader.stored(r) for r in refs]  # memory-mapped: nothing is read yet
     shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+    if quant_layout == "split" and init.dtype in SPLIT_BLOCKS:
+        return LazyTensor(
+            name, parts[0].dtype, shape, lambda: split_quant_blocks(reader.stored(init), init.dtype)
+        )
     return LazyTensor(name, parts[0].dtype, shape, lambda: reader.stored(init))
+
+
+def _layout_record(dtype: str, quant_layout: str) -> dict:
+    """plan.json's note of how a quantized weight's blocks are stored."""
+    if dtype not in SPLIT_BLOCKS:
+        return {}
+    return {"layout": "split" if quant_layout == "split" else "gguf"}
 
 
 def _model_record(model: Model) -> dict:

@@ -186,3 +186,62 @@ def write_numpy_gguf(path: Path, qtype: str = "F32", seed: int = 0) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_q6k_head_gguf(path: Path, seed: int = 0) -> Path:
+    """A tiny llama GGUF typed as llama-quantize's Q4_0 files are: Q4_0 linears and
+    embedding, the output matrix Q6_K (random super-blocks: gguf-py has no Q6_K quantizer).
+    hidden 256, so the output's rows are whole super-blocks."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    H, F, V, L, NH, NKV = 256, 96, 160, 1, 4, 2
+    D = H // NH
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64)
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(F)
+    w.add_head_count(NH)
+    w.add_head_count_kv(NKV)
+    w.add_rope_dimension_count(D)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    symbols = [chr(c) for c in range(ord("!"), ord("!") + V - 1)]
+    w.add_token_list([*symbols, '!"'])
+    w.add_token_types([1] * V)
+    w.add_token_merges(['! "'])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    q4 = gguf.GGMLQuantizationType.Q4_0
+
+    def mat(name: str, *shape: int) -> None:
+        arr = (0.2 * rng.standard_normal(shape)).astype(np.float32)
+        w.add_tensor(name, gguf.quants.quantize(arr, q4), raw_dtype=q4)
+
+    def vec(name: str, n: int) -> None:
+        w.add_tensor(name, (1 + 0.2 * rng.standard_normal(n)).astype(np.float32))
+
+    mat("token_embd.weight", V, H)
+    vec("output_norm.weight", H)
+    blocks = rng.integers(0, 256, (V * H // 256, 210), dtype=np.uint8)
+    d = rng.uniform(1e-4, 3e-4, len(blocks)).astype(np.float16)
+    blocks[:, 208:] = d.view(np.uint8).reshape(-1, 2)
+    w.add_tensor("output.weight", blocks.reshape(V, -1), raw_dtype=gguf.GGMLQuantizationType.Q6_K)
+    for i in range(L):
+        vec(f"blk.{i}.attn_norm.weight", H)
+        vec(f"blk.{i}.ffn_norm.weight", H)
+        mat(f"blk.{i}.attn_q.weight", NH * D, H)
+        mat(f"blk.{i}.attn_k.weight", NKV * D, H)
+        mat(f"blk.{i}.attn_v.weight", NKV * D, H)
+        mat(f"blk.{i}.attn_output.weight", H, NH * D)
+        mat(f"blk.{i}.ffn_gate.weight", F, H)
+        mat(f"blk.{i}.ffn_up.weight", F, H)
+        mat(f"blk.{i}.ffn_down.weight", H, F)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

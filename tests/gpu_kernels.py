@@ -14,6 +14,7 @@ import pytest
 from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.codegen.hip import program_source
+from hipc.compiler.passes.repack import split_quant_blocks
 from hipc.compiler.toolchains.gpu import gpu_toolchain
 from hipc.runtime.backends import cuda, hip
 from hipc.runtime.backends.gpu_common import DEFAULT_SHARED_LIMIT, PackedArgs
@@ -30,13 +31,14 @@ def open_driver():
 
 
 class DeviceKernels:
-    def __init__(self, build) -> None:
-        """`build(arch)` -> [(fn, template, ctx, dynamic shared bytes)] to compile."""
+    def __init__(self, build, quant_layout: str = "split") -> None:
+        """`build(arch)` -> [(fn, template, ctx, dynamic shared bytes)] to compile;
+        `quant_layout`: how the weights uploaded store quantized blocks (see pack)."""
         self.d = open_driver()
         self.arch = self.d.arch
         specs = build(self.arch)
         sources = [render(f"hip/{t}.hip.j2", fn=fn, **ctx) for fn, t, ctx, _ in specs]
-        source = program_source("kernel_test", HIPC_VERSION, self.arch, sources)
+        source = program_source("kernel_test", HIPC_VERSION, self.arch, sources, quant_layout)
         self.d.load_module(gpu_toolchain(self.arch).compile(source))
         self.fns = {}
         for fn, _, _, shared in specs:
@@ -79,3 +81,77 @@ class DeviceKernels:
     def close(self) -> None:
         self.free()
         self.d.close()
+
+
+# -- weights in their storage types -----------------------------------------------------
+
+
+def pack(w: np.ndarray, wtype: str, layout: str = "split") -> tuple[np.ndarray, np.ndarray]:
+    """(bytes as a GPU artifact stores them, the exact values they hold) for a float matrix
+    [N, K]. Quantized blocks are made here as GGUF stores them, then split as the artifact
+    writer does when `layout` is "split"."""
+    N, K = w.shape
+    if wtype == "float32":
+        return w.astype(np.float32), w.astype(np.float32).astype(np.float64)
+    if wtype == "float16":
+        h = w.astype(np.float16)
+        return h, h.astype(np.float64)
+    if wtype == "bfloat16":
+        bits = (w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if wtype in ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k"):
+        return _pack_gguf(w, wtype, layout)
+    blocks = w.reshape(N, K // 32, 32)
+    if wtype == "q8_0":
+        d = (np.abs(blocks).max(-1) / 127).astype(np.float16)
+        q = np.round(blocks / np.maximum(d[..., None].astype(np.float64), 1e-12)).astype(np.int8)
+        raw = np.concatenate([d[..., None].view(np.uint8), q.view(np.uint8)], axis=-1)
+        vals = d[..., None].astype(np.float64) * q
+        return _layout(raw.reshape(N, -1), wtype, layout), vals.reshape(N, K)
+    lo, hi = blocks.min(-1), blocks.max(-1)
+    if wtype == "q4_0":
+        d = (np.maximum(-lo, hi) / 7.5).astype(np.float16)
+        q = np.clip(
+            np.round(blocks / np.maximum(d[..., None].astype(np.float64), 1e-12)) + 8, 0, 15
+        )
+        vals = d[..., None].astype(np.float64) * (q - 8)
+        head = d[..., None].view(np.uint8)
+    else:  # q4_1: d * q + m
+        d = ((hi - lo) / 15).astype(np.float16)
+        m = lo.astype(np.float16)
+        q = np.clip(
+            np.round((blocks - m[..., None]) / np.maximum(d[..., None].astype(np.float64), 1e-12)),
+            0,
+            15,
+        )
+        vals = d[..., None].astype(np.float64) * q + m[..., None].astype(np.float64)
+        head = np.concatenate([d[..., None].view(np.uint8), m[..., None].view(np.uint8)], -1)
+    q = q.astype(np.uint8)
+    nib = q[..., :16] | (q[..., 16:] << 4)  # element j < 16: low nibble; j >= 16: high
+    raw = np.concatenate([head, nib], axis=-1)
+    return _layout(raw.reshape(N, -1), wtype, layout), vals.reshape(N, K)
+
+
+def _layout(raw: np.ndarray, wtype: str, layout: str) -> np.ndarray:
+    return split_quant_blocks(raw, wtype) if layout == "split" else raw
+
+
+def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks quantized by gguf-py (Q5_0, Q5_1) or random (the K-quants: gguf-py has no
+    quantizer for them; every quant and scale byte is valid, extremes included, and the f16
+    d (and dmin) are set sane), with their values by gguf-py's dequantize."""
+    import gguf
+
+    N, K = w.shape
+    qt = getattr(gguf.GGMLQuantizationType, wtype.upper())
+    if wtype in ("q5_0", "q5_1"):
+        raw = gguf.quants.quantize(w.astype(np.float32), qt)
+    else:
+        size, at, n = {"q6_k": (210, 208, 1), "q4_k": (144, 0, 2), "q5_k": (176, 0, 2)}[wtype]
+        rng = np.random.default_rng(N * 7919 + K)
+        raw = rng.integers(0, 256, (N * K // 256, size), dtype=np.uint8)
+        d = rng.uniform(1e-5, 4e-5, (len(raw), n)).astype(np.float16)
+        raw[:, at : at + 2 * n] = d.view(np.uint8).reshape(len(raw), 2 * n)
+        raw = raw.reshape(N, -1)
+    vals = gguf.quants.dequantize(raw, qt)
+    return _layout(raw, wtype, layout), vals.reshape(N, K).astype(np.float64)

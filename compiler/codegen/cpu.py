@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hipc.base.version import ABI_VERSION
-from hipc.compiler.codegen.environment import WEIGHT_SUFFIX, render, template_text
+from hipc.compiler.codegen.environment import CPU_WTYPES, WEIGHT_SUFFIX, render, template_text
 from hipc.compiler.passes.fuse import FusionError
 from hipc.compiler.passes.memory import MemoryPlan
 from hipc.compiler.passes.select import Launch, weight_order
@@ -55,10 +55,10 @@ def render_cpu_program(
         spec = launch.kernel
         p = spec.param_dict
         a = launch.args
-        if spec.template in ("linear", "embedding") and p["wtype"] not in WEIGHT_SUFFIX:
+        if spec.template in ("linear", "embedding") and p["wtype"] not in CPU_WTYPES:
             raise FusionError(
                 f"{launch.group}: weight type {p['wtype']} has no CPU kernel "
-                f"(supported: {', '.join(WEIGHT_SUFFIX)})"
+                f"(supported: {', '.join(CPU_WTYPES)})"
             )
         if spec.fn not in kernels:
             kernels[spec.fn] = render(

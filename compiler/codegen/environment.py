@@ -21,7 +21,14 @@ WEIGHT_SUFFIX = {
     "q4_0": "q4_0",
     "q4_1": "q4_1",
     "q8_0": "q8_0",
+    "q6_k": "q6_k",
+    "q5_0": "q5_0",
+    "q5_1": "q5_1",
+    "q4_k": "q4_k",
+    "q5_k": "q5_k",
 }
+# the weight types the CPU kernels read (GPU kernels read every WEIGHT_SUFFIX type)
+CPU_WTYPES = ("float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0")
 
 
 def c_float(x: float) -> str:

@@ -55,6 +55,7 @@ def render_hip_program(
     target: str,
     max_ctx: int,
     kv_storage: str = "float32",
+    quant_layout: str = "split",
 ) -> HipProgram:
     wave = wave_size(target)
     weights = weight_order(launches)
@@ -258,7 +259,7 @@ def render_hip_program(
                     )
                 )
 
-    source = program_source(name, hipc_version, target, list(kernels.values()))
+    source = program_source(name, hipc_version, target, list(kernels.values()), quant_layout)
     gpu = {
         "arena_bytes": 4 * memory.max_tokens * memory.arena_cols,
         "scratch_bytes": scratch_need,
@@ -269,12 +270,16 @@ def render_hip_program(
     return HipProgram(source, weights, states, gpu)
 
 
-def program_source(name: str, hipc_version: str, target: str, kernels: list[str]) -> str:
-    """One compilable HIP source: the prelude for `target`, then the rendered kernels."""
+def program_source(
+    name: str, hipc_version: str, target: str, kernels: list[str], quant_layout: str = "split"
+) -> str:
+    """One compilable HIP source: the prelude for `target`, then the rendered kernels.
+    `quant_layout`: how the artifact stores quantized blocks (CompileOptions.quant_layout)."""
     tile = MMA_TILES.get(target)
     return render(
         "hip/program.hip.j2",
         name=name,
+        qsplit=int(quant_layout == "split"),
         hipc_version=hipc_version,
         target=target,
         wave=wave_size(target),

@@ -6,7 +6,7 @@ kernels through the same functions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
@@ -154,12 +154,113 @@ class DecodeKernel:
     shared: int = 0
 
 
-def decode_gemv(fn: str, p: dict[str, Any], target: str, nodes: list[str]) -> DecodeKernel:
-    """The GEMV of one linear (`p`: wtype, N, K, norm_eps, epilogue, bias)."""
+@dataclass(frozen=True)
+class QuantGemv:
+    """A quantized GEMV's geometry: waves per block, weight rows per wave and group (with
+    the GLU epilogue gate and up rows: rows // 2 outputs), the 32-weight blocks per lane
+    and row whose loads are in flight together (16 bytes of quants each, 32 for q8_0), and
+    at most how many blocks: each stages x once, then its waves stream group after group,
+    so fewer blocks stage x fewer times; registers are capped for min_blocks blocks per SM
+    (NVIDIA), so that max_blocks of them are resident at once on an H200's 132 SMs."""
+
+    waves: int = 8
+    rows: int = 2
+    unroll: int = 4
+    max_blocks: int = 256
+    min_blocks: int = 2
+    # pull the first group's rows towards L2 while x is staged (when it takes several
+    # batches): on the H200 it cost the 8B down GEMV 15.2 -> 18.1 us, so it is off
+    prefetch: bool = False
+
+
+# Small matrices (SmolLM2's, latency-bound): 8-wave blocks, two per SM. Large ones
+# (QUANT_GEMV_LARGE_BYTES and up): 16-wave blocks of 4-row groups, one per SM. On the H200
+# (bench_gpu_gemv.py, 8B Q4_0 shapes, per layer) the large geometry took 46.7 us where the
+# small one took 48.4 (SmolLM2 shapes: 8.6 us small, 10.5 large). q8_0 blocks are twice
+# the bytes: half the unroll.
+QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2)
+QUANT_GEMV_LARGE = QuantGemv(16, 4, 2, 128, 1)
+QUANT_GEMV_LARGE_BYTES = 4 << 20
+XQ_BLOCK_BYTES = 80  # x staged per 32 values (prelude: HIPC_XQ_INTS * 4)
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """A quantized type as the GPU kernels see it (prelude: hipc_qmat_*, hipc_unit_*)."""
+
+    block_values: int  # weights per block
+    block_bytes: int
+    quant_bytes: int  # of which quants (the split layout's first region)
+    unit_values: int  # weights a GEMV lane takes per step and row
+
+
+QUANT_TYPES = {
+    "q4_0": QuantType(32, 18, 16, 32),
+    "q4_1": QuantType(32, 20, 16, 32),
+    "q8_0": QuantType(32, 34, 32, 32),
+    "q6_k": QuantType(256, 210, 192, 128),
+    "q5_0": QuantType(32, 22, 16, 32),
+    "q5_1": QuantType(32, 24, 16, 32),
+    "q4_k": QuantType(256, 144, 128, 128),
+    "q5_k": QuantType(256, 176, 160, 128),
+}
+# a K-quant unit is 21-27 registers (64-96 bytes of quants): a row pair, one unit each in flight
+QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 128, 1)
+
+
+def quant_gemv(wsuffix: str, N: int, K: int) -> QuantGemv:
+    if QUANT_TYPES[wsuffix].unit_values > 32:  # the K-quants' units of 128
+        return QUANT_GEMV_Q6_K
+    qt = QUANT_TYPES[wsuffix]
+    big = N * (K // qt.block_values) * qt.block_bytes >= QUANT_GEMV_LARGE_BYTES
+    g = QUANT_GEMV_LARGE if big else QUANT_GEMV_SMALL
+    if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
+        g = replace(g, rows=2, unroll=2)
+    if wsuffix == "q8_0":
+        g = replace(g, unroll=max(1, g.unroll // 2))
+    return g
+
+
+def stream_blocks(groups: int, waves: int, max_blocks: int) -> int:
+    """Blocks for `groups` units of work streamed by `waves` waves a block: as few groups per
+    wave as max_blocks allows, then as few blocks as give every wave that many."""
+    per_wave = -(-groups // (waves * max_blocks))
+    return -(-groups // (waves * per_wave))
+
+
+def decode_gemv(
+    fn: str, p: dict[str, Any], target: str, nodes: list[str], quant: QuantGemv | None = None
+) -> DecodeKernel:
+    """The GEMV of one linear (`p`: wtype, N, K, norm_eps, epilogue, bias). `quant`
+    overrides quant_gemv's geometry (bench_gpu_gemv.py times several)."""
     wave = wave_size(target)
     ws = WEIGHT_SUFFIX[p["wtype"]]
-    n_out = p["N"] // 2 if p["epilogue"] == "glu" else p["N"]
-    rows_per_block = GEMV_WAVES * (1 if p["epilogue"] == "glu" else 2)
+    glu = p["epilogue"] == "glu"
+    n_out = p["N"] // 2 if glu else p["N"]
+    rows_per_block = GEMV_WAVES * (1 if glu else 2)
+    grid = [-(-n_out // rows_per_block)]
+    if ws in QUANT_TYPES:
+        qt = QUANT_TYPES[ws]
+        g = quant or quant_gemv(ws, p["N"], p["K"])
+        groups = -(-n_out // (g.rows // 2 if glu else g.rows))
+        steps = -(-(p["K"] // qt.unit_values) // wave)
+        blocks = stream_blocks(groups, g.waves, g.max_blocks)
+        ctx = dict(
+            nodes=nodes,
+            wave=wave,
+            wsuffix=ws,
+            n_out=n_out,
+            waves=g.waves,
+            rows=g.rows,
+            unroll=g.unroll,
+            blocks=blocks,
+            min_blocks=g.min_blocks,
+            prefetch=g.prefetch and steps > g.unroll,
+            **qt.__dict__,
+            **p,
+        )
+        shared = p["K"] // 32 * XQ_BLOCK_BYTES
+        return DecodeKernel(f"{fn}_gemv", "linear_gemv_q", ctx, [blocks], g.waves * wave, shared)
     ctx = dict(
         nodes=nodes,
         wave=wave,
@@ -171,9 +272,7 @@ def decode_gemv(fn: str, p: dict[str, Any], target: str, nodes: list[str]) -> De
         **p,
     )
     shared = 4 * p["K"] if p["norm_eps"] else 0  # the normalized x, staged
-    return DecodeKernel(
-        f"{fn}_gemv", "linear_gemv", ctx, [-(-n_out // rows_per_block)], GEMV_WAVES * wave, shared
-    )
+    return DecodeKernel(f"{fn}_gemv", "linear_gemv", ctx, grid, GEMV_WAVES * wave, shared)
 
 
 def decode_attention(
@@ -209,7 +308,7 @@ def gemv_prefetch(row: int, rows: int) -> int:
 
 
 def row_bytes(wsuffix: str, K: int) -> int:
-    per_block = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
-    if wsuffix in per_block:
-        return K // 32 * per_block[wsuffix]
+    if wsuffix in QUANT_TYPES:
+        qt = QUANT_TYPES[wsuffix]
+        return K // qt.block_values * qt.block_bytes
     return K * {"f32": 4, "f16": 2, "bf16": 2}[wsuffix]

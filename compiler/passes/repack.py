@@ -71,3 +71,27 @@ def _merged_name(names: list[str]) -> str:
     if all(n.startswith(prefix) for n in names):
         return prefix + "+".join(n[len(prefix) :] for n in names)
     return "+".join(names)
+
+
+# Quantized types whose blocks GPU kernels read split: each block's fields as (offset,
+# bytes), in the order of the regions they are gathered into. GGUF interleaves them
+# ({d, quants} per 32 weights; Q6_K: {ql, qh, scales, d} per 256).
+SPLIT_BLOCKS = {
+    "q4_0": ((2, 16), (0, 2)),
+    "q4_1": ((4, 16), (0, 4)),
+    "q8_0": ((2, 32), (0, 2)),
+    "q6_k": ((0, 192), (192, 16), (208, 2)),
+    "q5_0": ((6, 16), (2, 4), (0, 2)),
+    "q5_1": ((8, 16), (4, 4), (0, 4)),
+    "q4_k": ((16, 128), (4, 12), (0, 4)),
+    "q5_k": ((16, 160), (4, 12), (0, 4)),
+}
+
+
+def split_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """GGUF blocks [rows, row bytes] -> one region per block field (quants of every block
+    in order, then scales, ...: templates/hip/prelude.h, hipc_qmat). Same bytes and shape."""
+    fields = SPLIT_BLOCKS[dtype]
+    blocks = np.ascontiguousarray(stored).reshape(-1, sum(n for _, n in fields))
+    out = np.concatenate([blocks[:, o : o + n].reshape(-1) for o, n in fields])
+    return out.reshape(stored.shape)

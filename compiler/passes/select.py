@@ -217,13 +217,14 @@ def _attention(g: Graph, grp: FusedGroup) -> Launch:
 def _embedding(g: Graph, grp: FusedGroup) -> Launch:
     emb = grp.anchor
     w, ids = emb.inputs
+    V, K = (int(d) for d in g.values[w].shape)
     scale, out = 1.0, emb.outputs[0]
     if grp.epilogue:  # Mul by a constant scalar (Gemma's sqrt(hidden))
         mul = grp.epilogue[0]
         factor = next(i for i in mul.inputs if i != out)
         scale = float(g.initializers[factor].array.reshape(()))
         out = mul.outputs[0]
-    spec = _spec("embedding", wtype=g.values[w].dtype, K=int(g.values[w].shape[1]), scale=scale)
+    spec = _spec("embedding", wtype=g.values[w].dtype, K=K, V=V, scale=scale)
     args = {"w": ("weight", w), "ids": ("input", ids), "out": ("act", out)}
     return Launch(grp.name, grp.node_names, spec, args)
 

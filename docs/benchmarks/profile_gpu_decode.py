@@ -19,6 +19,10 @@ from hipc.runtime.backends.gpu_common import PackedArgs
 from hipc.runtime.engine import load_engine
 
 
+def _is_hash(part: str) -> bool:
+    return len(part) == 6 and all(c in "0123456789abcdef" for c in part)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("artifact")
@@ -52,7 +56,8 @@ def main() -> None:
         d.synchronize()
         for k, launch in enumerate(launches):
             ms = cu.cuEventElapsedTime(events[k], events[k + 1])[1]
-            shape = "_".join(launch.kernel.split("_")[:3]) + "_" + launch.kernel.rsplit("_", 1)[-1]
+            # the kernel's name without its specialization hash (linear_q4_0_6144x4096_none_gemv)
+            shape = "_".join(p for p in launch.kernel.split("_") if not _is_hash(p))
             per_kind[shape] += ms / 1e3 / reps
     for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1]):
         print(f"{k:48s} {v * 1e3:8.3f} ms per step")

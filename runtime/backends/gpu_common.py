@@ -489,6 +489,15 @@ class GpuBackend:
             d.synchronize()
         except DriverError as e:
             raise self._locate(e, launches, T, rows, where) from None
+        if T > 1 and self._graph_exec is None and not self.sync_launches:
+            # record the decode graph after the first prefill, so that the first decode
+            # step (the timed part of a generation) does not pay for capturing it
+            try:
+                self._capture_decode()
+            except _KernelFailed as f:
+                raise self._kernel_error(f.launch, f.err) from None
+            except DriverError as e:
+                raise self._step_error(e, "the decode graph") from None
         return self._logits_host[:rows].copy()
 
     def _launch(self, launch: Launch, grid: tuple[int, int, int], args: PackedArgs) -> None:

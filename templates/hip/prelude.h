@@ -17,6 +17,9 @@
 // n threads per block, and no occupancy target: ptxas then issues a loop's batch of loads
 // before their first use instead of interleaving them with the math to save registers
 #define HIPC_BOUNDS_LOADS_IN_FLIGHT(n) __launch_bounds__(n, 1)
+// n threads per block and registers for b blocks per SM (a streaming kernel whose grid is
+// sized for b per SM; its batches of loads are separate registers, so they stay batched)
+#define HIPC_BOUNDS_BLOCKS(n, b) __launch_bounds__(n, b)
 __device__ __forceinline__ int hipc_thread() { return threadIdx.x; }
 __device__ __forceinline__ int hipc_block_x() { return blockIdx.x; }
 __device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
@@ -32,6 +35,7 @@ __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 // ---- AMD with ROCm headers ---------------------------------------------------------
 #include <hip/hip_runtime.h>
 #define HIPC_BOUNDS_LOADS_IN_FLIGHT(n) __launch_bounds__(n)
+#define HIPC_BOUNDS_BLOCKS(n, b) __launch_bounds__(n)
 #define HIPC_KERNEL extern "C" __global__
 #define HIPC_DEVICE __device__ __forceinline__
 __device__ __forceinline__ int hipc_thread() { return threadIdx.x; }
@@ -45,6 +49,27 @@ __device__ __forceinline__ float hipc_shfl(float v, int lane) { return __shfl(v,
 __device__ __forceinline__ float hipc_exp(float x) { return __expf(x); }
 __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 
+#elif defined(HIPC_HOST)
+// ---- the host, one thread (tests/compiler/test_gpu_prelude_host.py only: the weight
+// decoding and integer dot products checked by a plain C++ compiler, with no GPU) ----
+#include <math.h>
+#include <stddef.h>
+#define HIPC_KERNEL extern "C"
+#define HIPC_DEVICE inline
+#define HIPC_BOUNDS_LOADS_IN_FLIGHT(n)
+#define HIPC_BOUNDS_BLOCKS(n, b)
+#define __shared__
+struct uint2 { uint32_t x, y; };
+struct alignas(16) uint4 { uint32_t x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
+HIPC_DEVICE int hipc_thread() { return 0; }
+HIPC_DEVICE int hipc_block_dim() { return 1; }
+HIPC_DEVICE void hipc_sync() {}
+HIPC_DEVICE float hipc_shfl_xor(float v, int) { return v; }
+HIPC_DEVICE float hipc_exp(float x) { return expf(x); }
+HIPC_DEVICE float hipc_rsqrt(float x) { return 1.f / sqrtf(x); }
+
 #else
 // ---- AMD, bare clang (no ROCm): attributes and builtins only -----------------------
 #define __global__ __attribute__((global))
@@ -52,6 +77,7 @@ __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 #define __shared__ __attribute__((shared))
 #define __launch_bounds__(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 #define HIPC_BOUNDS_LOADS_IN_FLIGHT(n) __launch_bounds__(n)
+#define HIPC_BOUNDS_BLOCKS(n, b) __launch_bounds__(n)
 #define HIPC_KERNEL extern "C" __global__
 #define HIPC_DEVICE __device__ inline __attribute__((always_inline))
 HIPC_DEVICE int hipc_thread() { return __builtin_amdgcn_workitem_id_x(); }
@@ -72,6 +98,7 @@ HIPC_DEVICE float hipc_shfl_xor(float v, int m) {
 typedef __SIZE_TYPE__ size_t;
 struct __attribute__((aligned(8))) uint2 { uint32_t x, y; };
 struct __attribute__((aligned(16))) uint4 { uint32_t x, y, z, w; };
+struct __attribute__((aligned(16))) int4 { int x, y, z, w; };
 struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
 HIPC_DEVICE float hipc_shfl(float v, int src) {
   return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, v)));
@@ -120,6 +147,11 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // another block's writes: read through L2, never a line this SM's L1 may hold
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return __ldcg(p); }
+#elif defined(HIPC_HOST)
+HIPC_DEVICE void hipc_wait_prior() {}
+HIPC_DEVICE void hipc_let_next_start() {}
+HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
+HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; }
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
@@ -173,6 +205,13 @@ HIPC_DEVICE float hipc_block_sum(float v, float* red) {
 HIPC_DEVICE float hipc_bf16_to_f32(uint16_t h) { return __builtin_bit_cast(float, (uint32_t)h << 16); }
 
 HIPC_DEVICE float hipc_f16_to_f32(uint16_t h) {
+#if defined(__CUDACC__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#elif defined(__AMDGCN__)
+  return (float)__builtin_bit_cast(_Float16, h);
+#else
   // IEEE half -> float, subnormals included, without a platform half type
   const uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu;
   if (e == 0) {
@@ -181,6 +220,7 @@ HIPC_DEVICE float hipc_f16_to_f32(uint16_t h) {
   }
   const uint32_t bits = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112) << 23) | (m << 13));
   return __builtin_bit_cast(float, bits);
+#endif
 }
 
 // KV-cache storage types: float32, or bfloat16 rounded to nearest even (half the bytes
@@ -227,32 +267,492 @@ HIPC_DEVICE float hipc_kv_dot_bf16(const float* q, const uint16_t* k, int D) {
   return dot;
 }
 
-// GGUF blocks of 32 weights
-struct hipc_block_q4_0 { uint16_t d; uint8_t qs[16]; };
-struct hipc_block_q4_1 { uint16_t d, m; uint8_t qs[16]; };
-struct hipc_block_q8_0 { uint16_t d; int8_t qs[32]; };
+// ---- quantized weights ----------------------------------------------------------------
+// GGUF stores a matrix as rows of 32-weight blocks, each its scale(s) then its quants:
+// q4_0 {f16 d; 16 bytes of nibbles} (18 bytes), q4_1 {f16 d, m; nibbles} (20), q8_0 {f16 d;
+// int8 x 32} (34) -- 2-byte aligned, so a lane cannot read a block with one wide load. An
+// artifact for GPU targets only stores each quantized matrix split (HIPC_QSPLIT, written by
+// compiler/passes/repack.py:split_quant_blocks): the quants of every block in row order
+// [rows x blocks x QB], then the scales [rows x blocks x SB]. A block's quants are then one
+// aligned 16-byte load (two for q8_0) and its scales one 2- or 4-byte load. An artifact that
+// also holds the cpu target keeps GGUF's order (the CPU kernels read it) and the same
+// kernels read it with narrow loads.
+#ifndef HIPC_QSPLIT
+#define HIPC_QSPLIT 1
+#endif
+// Quants and scales of block `b` (counted over the whole matrix of `blocks` blocks).
+template <int QB, int SB>
+struct hipc_qmat {
+  const char* base;
+  size_t blocks;
+  HIPC_DEVICE const char* qs(size_t b) const { return HIPC_QSPLIT ? base + b * QB : base + b * (QB + SB) + SB; }
+  HIPC_DEVICE const char* sc(size_t b) const { return HIPC_QSPLIT ? base + blocks * QB + b * SB : base + b * (QB + SB); }
+};
+typedef hipc_qmat<16, 2> hipc_qmat_q4_0;
+typedef hipc_qmat<16, 4> hipc_qmat_q4_1;
+typedef hipc_qmat<32, 2> hipc_qmat_q8_0;
+// Blocks of three fields (quants, then two kinds of scale), split into three regions or
+// interleaved as GGUF has them (field offsets O1..O3 in a block of B bytes).
+template <int B, int O1, int N1, int O2, int N2, int O3>
+struct hipc_qmat3 {
+  const char* base;
+  size_t blocks;
+  HIPC_DEVICE const char* qs(size_t b) const { return HIPC_QSPLIT ? base + b * N1 : base + b * B + O1; }
+  HIPC_DEVICE const char* f2(size_t b) const { return HIPC_QSPLIT ? base + blocks * N1 + b * N2 : base + b * B + O2; }
+  HIPC_DEVICE const char* f3(size_t b) const {
+    return HIPC_QSPLIT ? base + blocks * (N1 + N2) + b * (B - N1 - N2) : base + b * B + O3;
+  }
+};
+// Q5_0 {f16 d; uint32 qh (bit j: weight j's fifth bit); nibbles as Q4_0} (22 bytes), Q5_1
+// {f16 d, m; qh; nibbles} (24): fields quants, qh, d (and m).
+typedef hipc_qmat3<22, 6, 16, 2, 4, 0> hipc_qmat_q5_0;
+typedef hipc_qmat3<24, 8, 16, 4, 4, 0> hipc_qmat_q5_1;
+// Q4_K {f16 d, dmin; scales[12] (8 6-bit scales and mins); qs[128]} (144 bytes), Q5_K
+// {d, dmin; scales[12]; qh[32]; qs[128]} (176): fields quants (Q5_K: qh then qs), scales, d+dmin.
+typedef hipc_qmat3<144, 16, 128, 4, 12, 0> hipc_qmat_q4_k;
+typedef hipc_qmat3<176, 16, 160, 4, 12, 0> hipc_qmat_q5_k;
+// Q6_K super-blocks of 256: {ql[128] low nibbles, qh[64] 2-bit highs, int8 scales[16] (one
+// per 16 weights), f16 d} (210 bytes); split: every ql+qh, then every scales, then every d.
+struct hipc_qmat_q6_k {
+  const char* base;
+  size_t blocks;
+  HIPC_DEVICE const char* qs(size_t b) const { return HIPC_QSPLIT ? base + b * 192 : base + b * 210; }
+  HIPC_DEVICE const char* sc(size_t b) const { return HIPC_QSPLIT ? base + blocks * 192 + b * 16 : base + b * 210 + 192; }
+  HIPC_DEVICE const char* d(size_t b) const { return HIPC_QSPLIT ? base + blocks * 208 + b * 2 : base + b * 210 + 208; }
+};
+HIPC_DEVICE uint4 hipc_load_quants16(const char* p) {
+#if HIPC_QSPLIT
+  return hipc_load_weights16(p);
+#else
+  const uint16_t* h = (const uint16_t*)p;  // GGUF order: quants start 2 bytes into a block
+  uint4 r;
+  r.x = h[0] | (uint32_t)h[1] << 16;
+  r.y = h[2] | (uint32_t)h[3] << 16;
+  r.z = h[4] | (uint32_t)h[5] << 16;
+  r.w = h[6] | (uint32_t)h[7] << 16;
+  return r;
+#endif
+}
+// the scale pair (d, m) of a q4_1 block as one word: d low, m high
+HIPC_DEVICE uint32_t hipc_load_scales32(const char* p) {
+#if HIPC_QSPLIT
+  return *(const uint32_t*)p;
+#else
+  return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
+#endif
+}
 
-// One weight W[n, k] of a [N, K] matrix in its storage type (GEMM tile loads).
-HIPC_DEVICE float hipc_w_f32(const void* W, int K, int n, int k) { return ((const float*)W)[(size_t)n * K + k]; }
-HIPC_DEVICE float hipc_w_bf16(const void* W, int K, int n, int k) {
+// One weight W[n, k] of an [N, K] matrix in its storage type (GEMM tiles, embedding rows).
+HIPC_DEVICE float hipc_w_f32(const void* W, int, int K, int n, int k) { return ((const float*)W)[(size_t)n * K + k]; }
+HIPC_DEVICE float hipc_w_bf16(const void* W, int, int K, int n, int k) {
   return hipc_bf16_to_f32(((const uint16_t*)W)[(size_t)n * K + k]);
 }
-HIPC_DEVICE float hipc_w_f16(const void* W, int K, int n, int k) {
+HIPC_DEVICE float hipc_w_f16(const void* W, int, int K, int n, int k) {
   return hipc_f16_to_f32(((const uint16_t*)W)[(size_t)n * K + k]);
 }
-HIPC_DEVICE float hipc_w_q8_0(const void* W, int K, int n, int k) {
-  const hipc_block_q8_0& b = ((const hipc_block_q8_0*)W)[(size_t)n * (K / 32) + k / 32];
-  return hipc_f16_to_f32(b.d) * (float)b.qs[k % 32];
+HIPC_DEVICE float hipc_w_q8_0(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q8_0 m{(const char*)W, (size_t)N * (K / 32)};
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  return hipc_f16_to_f32(*(const uint16_t*)m.sc(b)) * (float)((const int8_t*)m.qs(b))[k % 32];
 }
-HIPC_DEVICE float hipc_w_q4_0(const void* W, int K, int n, int k) {
-  const hipc_block_q4_0& b = ((const hipc_block_q4_0*)W)[(size_t)n * (K / 32) + k / 32];
-  const int j = k % 32, q = j < 16 ? (b.qs[j] & 15) : (b.qs[j - 16] >> 4);
-  return hipc_f16_to_f32(b.d) * (float)(q - 8);
+// element j < 16 of a 4-bit block is the low nibble of byte j, element j >= 16 the high one of j - 16
+HIPC_DEVICE int hipc_nibble(const char* qs, int j) {
+  const uint8_t v = (uint8_t)qs[j % 16];
+  return j < 16 ? v & 15 : v >> 4;
 }
-HIPC_DEVICE float hipc_w_q4_1(const void* W, int K, int n, int k) {
-  const hipc_block_q4_1& b = ((const hipc_block_q4_1*)W)[(size_t)n * (K / 32) + k / 32];
-  const int j = k % 32, q = j < 16 ? (b.qs[j] & 15) : (b.qs[j - 16] >> 4);
-  return hipc_f16_to_f32(b.d) * (float)q + hipc_f16_to_f32(b.m);
+HIPC_DEVICE float hipc_w_q4_0(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q4_0 m{(const char*)W, (size_t)N * (K / 32)};
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  return hipc_f16_to_f32(*(const uint16_t*)m.sc(b)) * (float)(hipc_nibble(m.qs(b), k % 32) - 8);
+}
+HIPC_DEVICE float hipc_w_q4_1(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q4_1 m{(const char*)W, (size_t)N * (K / 32)};
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const uint16_t* s = (const uint16_t*)m.sc(b);
+  return hipc_f16_to_f32(s[0]) * (float)hipc_nibble(m.qs(b), k % 32) + hipc_f16_to_f32(s[1]);
+}
+// Q6_K weight j of a super-block: half h = j / 128; chunk c = (j % 128) / 32 takes the low
+// (c < 2) or high nibble of ql[64h + 32(c % 2) + l] and bits 2c.. of qh[32h + l], l = j % 32;
+// its scale is scales[8h + 2c + l / 16]; the weight is d * scale * (q - 32).
+HIPC_DEVICE float hipc_w_q6_k(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q6_k m{(const char*)W, (size_t)N * (K / 256)};
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, h = j / 128, c = (j % 128) / 32, l = j % 32;
+  const uint8_t* q = (const uint8_t*)m.qs(b);
+  const int lo = (q[64 * h + 32 * (c % 2) + l] >> (4 * (c / 2))) & 15;
+  const int hi = (q[128 + 32 * h + l] >> (2 * c)) & 3;
+  const int sc = ((const int8_t*)m.sc(b))[8 * h + 2 * c + l / 16];
+  return hipc_f16_to_f32(*(const uint16_t*)m.d(b)) * (float)sc * (float)((lo | hi << 4) - 32);
+}
+HIPC_DEVICE int hipc_qh_bit(const char* qh, int j) {
+  return (((const uint16_t*)qh)[j / 16] >> (j % 16)) & 1;  // 2-byte loads: GGUF's qh is 2-aligned
+}
+HIPC_DEVICE float hipc_w_q5_0(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q5_0 m{(const char*)W, (size_t)N * (K / 32)};
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const int q = hipc_nibble(m.qs(b), k % 32) | hipc_qh_bit(m.f2(b), k % 32) << 4;
+  return hipc_f16_to_f32(*(const uint16_t*)m.f3(b)) * (float)(q - 16);
+}
+HIPC_DEVICE float hipc_w_q5_1(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q5_1 m{(const char*)W, (size_t)N * (K / 32)};
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const int q = hipc_nibble(m.qs(b), k % 32) | hipc_qh_bit(m.f2(b), k % 32) << 4;
+  const uint16_t* dm = (const uint16_t*)m.f3(b);
+  return hipc_f16_to_f32(dm[0]) * (float)q + hipc_f16_to_f32(dm[1]);
+}
+// K-quant sub-block j's 6-bit scale and min from the 12 scale bytes (ggml's get_scale_min_k4)
+HIPC_DEVICE void hipc_kscale(const uint8_t* q, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    mn = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+    mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+// Q4_K/Q5_K weight j of a super-block: sub-block s = j / 32 takes the low (s even) or high
+// nibble of qs[32 (s / 2) + j % 32] (Q5_K: plus bit s of qh[j % 32] as 16); the weight is
+// d * scale(s) * q - dmin * min(s).
+HIPC_DEVICE float hipc_w_q4_k(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q4_k m{(const char*)W, (size_t)N * (K / 256)};
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, sb = j / 32, l = j % 32;
+  const int q = (((const uint8_t*)m.qs(b))[32 * (sb / 2) + l] >> (4 * (sb % 2))) & 15;
+  uint8_t scales[12];
+  for (int i = 0; i < 12; ++i) scales[i] = (uint8_t)m.f2(b)[i];
+  int sc, mn;
+  hipc_kscale(scales, sb, sc, mn);
+  const uint16_t* dd = (const uint16_t*)m.f3(b);
+  return hipc_f16_to_f32(dd[0]) * (float)(sc * q) - hipc_f16_to_f32(dd[1]) * (float)mn;
+}
+HIPC_DEVICE float hipc_w_q5_k(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q5_k m{(const char*)W, (size_t)N * (K / 256)};
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, sb = j / 32, l = j % 32;
+  const uint8_t* q = (const uint8_t*)m.qs(b);  // qh[32], then qs[128]
+  const int v = ((q[32 + 32 * (sb / 2) + l] >> (4 * (sb % 2))) & 15) | ((q[l] >> sb) & 1) << 4;
+  uint8_t scales[12];
+  for (int i = 0; i < 12; ++i) scales[i] = (uint8_t)m.f2(b)[i];
+  int sc, mn;
+  hipc_kscale(scales, sb, sc, mn);
+  const uint16_t* dd = (const uint16_t*)m.f3(b);
+  return hipc_f16_to_f32(dd[0]) * (float)(sc * v) - hipc_f16_to_f32(dd[1]) * (float)mn;
+}
+
+// The quantized GEMV multiplies integers: x is staged in shared memory as two int8 planes
+// per 32-value block, x ~= dq * (254 * hi + lo) with dq = max|x| / (127 * 254): hi is x
+// rounded to int8 on the block's scale, lo the remainder rounded on a 254x finer one. The
+// representation error is at most max|x| / 64516 per value (about 16 significant bits,
+// the class of a bf16 hi + lo split), and every product sums exactly in int32 (dp4a).
+// One staged block: hi[32], lo[32] as int8, then dq (float bits), the block's sum of
+// 254 * hi + lo and that sum over its first 16 values, padded to 80 bytes so that 8 lanes
+// reading 8 blocks hit distinct banks.
+#define HIPC_XQ_INTS 20
+// 4 int8 products summed into c: __dp4a on NVIDIA, v_dot4 on AMD where the arch has it.
+HIPC_DEVICE int hipc_dot4_i8(int a, int b, int c) {
+#if defined(__CUDACC__)
+  return __dp4a(a, b, c);
+#elif defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
+  return __builtin_amdgcn_sdot4(a, b, c, false);
+#elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1150__) || \
+    defined(__gfx1151__) || defined(__gfx1200__) || defined(__gfx1201__)
+  return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+#else
+#pragma unroll
+  for (int i = 0; i < 32; i += 8) c += (int)(int8_t)(a >> i) * (int)(int8_t)(b >> i);
+  return c;
+#endif
+}
+HIPC_DEVICE float hipc_rint(float v) {
+#if defined(__CUDACC__) || defined(HIPC_ROCM)
+  return rintf(v);
+#else
+  return __builtin_rintf(v);
+#endif
+}
+HIPC_DEVICE float hipc_fmax(float a, float b) { return a > b ? a : b; }
+HIPC_DEVICE float hipc_fabs(float a) { return a < 0.f ? -a : a; }
+HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
+  return ((int)a & 255) | ((int)b & 255) << 8 | ((int)c & 255) << 16 | (int)d << 24;
+}
+// Stage x[0..K) (times g[k] when g is given) into xq (K / 32 blocks of HIPC_XQ_INTS ints)
+// and return sum_k x[k]^2 to every thread: the RMSNorm's 1 / rms is one positive factor
+// common to every product, so a norm GEMV quantizes x * g and scales its sums at the end,
+// and the whole prologue is one pass over x and one barrier. Every thread of the block
+// calls it; 8 lanes share a 32-value block, 4 values each. `red`: __shared__ float[32].
+HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red) {
+  const int n4 = K / 4, stride = hipc_block_dim();
+  // every lane runs the same number of rounds: the shuffles below need whole waves
+  const int rounds = (n4 + stride - 1) / stride;
+  float ss = 0.f;
+  for (int r = 0; r < rounds; ++r) {
+    const int i = r * stride + hipc_thread(), part = i % 8;
+    const bool ok = i < n4;  // the same for all 8 lanes of a block (K % 32 == 0)
+    float4 v = ok ? *(const float4*)(x + 4 * i) : float4{0.f, 0.f, 0.f, 0.f};
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    if (g && ok) {
+      const float4 gv = *(const float4*)(g + 4 * i);
+      v.x *= gv.x, v.y *= gv.y, v.z *= gv.z, v.w *= gv.w;
+    }
+    float am = hipc_fmax(hipc_fmax(hipc_fabs(v.x), hipc_fabs(v.y)), hipc_fmax(hipc_fabs(v.z), hipc_fabs(v.w)));
+    am = hipc_fmax(am, hipc_shfl_xor(am, 1));
+    am = hipc_fmax(am, hipc_shfl_xor(am, 2));
+    am = hipc_fmax(am, hipc_shfl_xor(am, 4));
+    const float d = am / 127.f, id = am > 0.f ? 127.f / am : 0.f;
+    const float xs[4] = {v.x, v.y, v.z, v.w};
+    float hi[4], lo[4];
+    int sum = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      hi[e] = hipc_rint(xs[e] * id);
+      lo[e] = -hipc_fmax(-hipc_fmax(hipc_rint((xs[e] - hi[e] * d) * id * 254.f), -127.f), -127.f);
+      sum += 254 * (int)hi[e] + (int)lo[e];
+    }
+    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 1));
+    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 2));
+    const int sum16 = sum;  // lanes 0..3 of the 8: the block's first 16 values
+    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 4));
+    if (ok) {
+      int* blk = xq + (i / 8) * HIPC_XQ_INTS;
+      blk[part] = hipc_pack4_i8(hi[0], hi[1], hi[2], hi[3]);
+      blk[8 + part] = hipc_pack4_i8(lo[0], lo[1], lo[2], lo[3]);
+      if (part == 0) {
+        blk[16] = __builtin_bit_cast(int, d / 254.f);
+        blk[17] = sum;
+        blk[18] = sum16;
+      }
+    }
+  }
+  ss = hipc_warp_sum(ss);
+  if (hipc_thread() % HIPC_WAVE == 0) red[hipc_thread() / HIPC_WAVE] = ss;
+  hipc_sync();
+  ss = 0.f;
+  for (int w = 0; w < hipc_block_dim() / HIPC_WAVE; ++w) ss += red[w];
+  return ss;
+}
+// One 32-weight block of a row against a staged x block: the exact integer
+// sum_k q[k] * (254 * hi[k] + lo[k]) of its (unsigned 4-bit or signed 8-bit) quants.
+HIPC_DEVICE int hipc_idot_q4(uint4 q, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+  int sh = 0, sl = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // nibbles 0..15 are the same as signed bytes, so the signed dot product serves
+    const int a = (int)(w[i] & 0x0f0f0f0fu), c = (int)((w[i] >> 4) & 0x0f0f0f0fu);
+    sh = hipc_dot4_i8(a, H[i], sh);
+    sh = hipc_dot4_i8(c, H[4 + i], sh);
+    sl = hipc_dot4_i8(a, L[i], sl);
+    sl = hipc_dot4_i8(c, L[4 + i], sl);
+  }
+  return 254 * sh + sl;
+}
+HIPC_DEVICE int hipc_idot_q8(uint4 qa, uint4 qb, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
+  const int w[8] = {(int)qa.x, (int)qa.y, (int)qa.z, (int)qa.w, (int)qb.x, (int)qb.y, (int)qb.z, (int)qb.w};
+  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+  int sh = 0, sl = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    sh = hipc_dot4_i8(w[i], H[i], sh);
+    sl = hipc_dot4_i8(w[i], L[i], sl);
+  }
+  return 254 * sh + sl;
+}
+
+// ---- GEMV units: what a lane loads and multiplies per step and row ---------------------
+// A unit is one 32-weight block (q4_0, q4_1, q8_0) or half a Q6_K super-block (128
+// weights). hipc_load_unit reads unit `u` of the matrix (counted over all rows);
+// hipc_dot_unit multiplies it with the staged x of the row's unit `i` (x blocks
+// i * values / 32 ...).
+struct hipc_unit_q4_0 { uint4 q; uint16_t d; };
+struct hipc_unit_q4_1 { uint4 q; uint32_t dm; };
+struct hipc_unit_q8_0 { uint4 qa, qb; uint16_t d; };
+struct hipc_unit_q6_k { uint4 ql[4], qh[2]; uint32_t sc[2]; uint16_t d; };
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_0& v, const hipc_qmat_q4_0& m, size_t u) {
+  v.q = hipc_load_quants16(m.qs(u));
+  v.d = *(const uint16_t*)m.sc(u);
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_1& v, const hipc_qmat_q4_1& m, size_t u) {
+  v.q = hipc_load_quants16(m.qs(u));
+  v.dm = hipc_load_scales32(m.sc(u));
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q8_0& v, const hipc_qmat_q8_0& m, size_t u) {
+  v.qa = hipc_load_quants16(m.qs(u));
+  v.qb = hipc_load_quants16(m.qs(u) + 16);
+  v.d = *(const uint16_t*)m.sc(u);
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k& v, const hipc_qmat_q6_k& m, size_t u) {
+  const size_t b = u / 2;
+  const int h = (int)(u % 2);
+  const char* q = m.qs(b);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v.ql[j] = hipc_load_quants16(q + 64 * h + 16 * j);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_quants16(q + 128 + 32 * h + 16 * j);
+  const uint16_t* sc = (const uint16_t*)(m.sc(b) + 8 * h);  // 8-byte aligned when split
+  v.sc[0] = sc[0] | (uint32_t)sc[1] << 16;
+  v.sc[1] = sc[2] | (uint32_t)sc[3] << 16;
+  v.d = *(const uint16_t*)m.d(b);
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_0& v, const int* xq, int i) {
+  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
+  const int4 meta = xb[4];
+  // quants are stored + 8: subtract 8 * sum(x) in integers
+  const int t = hipc_idot_q4(v.q, xb[0], xb[1], xb[2], xb[3]) - 8 * meta.y;
+  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, meta.x) * (float)t;
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_1& v, const int* xq, int i) {
+  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
+  const int4 meta = xb[4];
+  const float dq = __builtin_bit_cast(float, meta.x), t = (float)hipc_idot_q4(v.q, xb[0], xb[1], xb[2], xb[3]);
+  // w = d * q + m: d * sum(q x) + m * sum(x)
+  return dq * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)meta.y);
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q8_0& v, const int* xq, int i) {
+  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
+  const int t = hipc_idot_q8(v.qa, v.qb, xb[0], xb[1], xb[2], xb[3]);
+  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, xb[4].x) * (float)t;
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, const int* xq, int i) {
+  const uint32_t QL[16] = {v.ql[0].x, v.ql[0].y, v.ql[0].z, v.ql[0].w, v.ql[1].x, v.ql[1].y, v.ql[1].z, v.ql[1].w,
+                           v.ql[2].x, v.ql[2].y, v.ql[2].z, v.ql[2].w, v.ql[3].x, v.ql[3].y, v.ql[3].z, v.ql[3].w};
+  const uint32_t QH[8] = {v.qh[0].x, v.qh[0].y, v.qh[0].z, v.qh[0].w, v.qh[1].x, v.qh[1].y, v.qh[1].z, v.qh[1].w};
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {  // the 32 weights of x block 4i + c (hipc_w_q6_k's chunk c)
+    const int4* xb = (const int4*)(xq + (4 * i + c) * HIPC_XQ_INTS);
+    const int4 h0 = xb[0], h1 = xb[1], l0 = xb[2], l1 = xb[3], meta = xb[4];
+    const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    int sh[2] = {0, 0}, sl[2] = {0, 0};
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      // 4 quants 0..63 as bytes (signed bytes alike), one per weight
+      const int q = (int)(((QL[8 * (c % 2) + w] >> (4 * (c / 2))) & 0x0f0f0f0fu) | (((QH[w] >> (2 * c)) & 0x03030303u) << 4));
+      sh[w / 4] = hipc_dot4_i8(q, H[w], sh[w / 4]);
+      sl[w / 4] = hipc_dot4_i8(q, L[w], sl[w / 4]);
+    }
+    // q - 32: subtract 32 * sum(x) over each 16 (exact in float: |t| < 2^24)
+    const int t0 = 254 * sh[0] + sl[0] - 32 * meta.z, t1 = 254 * sh[1] + sl[1] - 32 * (meta.y - meta.z);
+    const float s0 = (float)(int8_t)(v.sc[c / 2] >> (16 * (c % 2))), s1 = (float)(int8_t)(v.sc[c / 2] >> (16 * (c % 2) + 8));
+    acc += __builtin_bit_cast(float, meta.x) * (s0 * (float)t0 + s1 * (float)t1);
+  }
+  return hipc_f16_to_f32(v.d) * acc;
+}
+// Q5_0 / Q5_1: a 32-weight block; qh's 32 bits become bit 4 of each quant byte.
+struct hipc_unit_q5_0 { uint4 q; uint32_t qh; uint16_t d; };
+struct hipc_unit_q5_1 { uint4 q; uint32_t qh, dm; };
+HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {  // 2-byte aligned (GGUF order) or better
+  return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_0& v, const hipc_qmat_q5_0& m, size_t u) {
+  v.q = hipc_load_quants16(m.qs(u));
+  v.qh = hipc_load_u32(m.f2(u));
+  v.d = *(const uint16_t*)m.f3(u);
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_1& v, const hipc_qmat_q5_1& m, size_t u) {
+  v.q = hipc_load_quants16(m.qs(u));
+  v.qh = hipc_load_u32(m.f2(u));
+  v.dm = hipc_load_u32(m.f3(u));
+}
+// bits 0..3 of b to bit 4 of bytes 0..3
+HIPC_DEVICE uint32_t hipc_bits_to_bytes4(uint32_t b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
+HIPC_DEVICE int hipc_idot_q5(uint4 q, uint32_t qh, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+  int sh = 0, sl = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int a = (int)((w[i] & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (4 * i)) & 15));
+    const int c = (int)(((w[i] >> 4) & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (16 + 4 * i)) & 15));
+    sh = hipc_dot4_i8(a, H[i], sh);
+    sh = hipc_dot4_i8(c, H[4 + i], sh);
+    sl = hipc_dot4_i8(a, L[i], sl);
+    sl = hipc_dot4_i8(c, L[4 + i], sl);
+  }
+  return 254 * sh + sl;
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_0& v, const int* xq, int i) {
+  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
+  const int4 meta = xb[4];
+  const int t = hipc_idot_q5(v.q, v.qh, xb[0], xb[1], xb[2], xb[3]) - 16 * meta.y;  // quants stored + 16
+  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, meta.x) * (float)t;
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_1& v, const int* xq, int i) {
+  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
+  const int4 meta = xb[4];
+  const float dq = __builtin_bit_cast(float, meta.x), t = (float)hipc_idot_q5(v.q, v.qh, xb[0], xb[1], xb[2], xb[3]);
+  return dq * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)meta.y);
+}
+// Q4_K / Q5_K: half a super-block (128 weights: 4 sub-blocks of 32, x blocks 4i ..).
+struct hipc_unit_q4_k { uint4 q[4]; uint32_t sc[3], dd; int h; };
+struct hipc_unit_q5_k { uint4 q[4], qh[2]; uint32_t sc[3], dd; int h; };
+HIPC_DEVICE void hipc_load_kscales(uint32_t* sc, uint32_t& dd, const char* s, const char* d) {
+#pragma unroll
+  for (int j = 0; j < 3; ++j) sc[j] = hipc_load_u32(s + 4 * j);
+  dd = hipc_load_u32(d);
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_k& v, const hipc_qmat_q4_k& m, size_t u) {
+  const size_t b = u / 2;
+  v.h = (int)(u % 2);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_quants16(m.qs(b) + 64 * v.h + 16 * j);
+  hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
+}
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_k& v, const hipc_qmat_q5_k& m, size_t u) {
+  const size_t b = u / 2;
+  v.h = (int)(u % 2);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_quants16(m.qs(b) + 32 + 64 * v.h + 16 * j);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_quants16(m.qs(b) + 16 * j);
+  hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
+}
+// sum over sub-blocks s = 4h + k of d * scale(s) * sum(q x) - dmin * min(s) * sum(x)
+template <bool Q5>
+HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint32_t* sc3, uint32_t dd, int h,
+                                   const int* xq, int i) {
+  const uint32_t Q[16] = {q4[0].x, q4[0].y, q4[0].z, q4[0].w, q4[1].x, q4[1].y, q4[1].z, q4[1].w,
+                          q4[2].x, q4[2].y, q4[2].z, q4[2].w, q4[3].x, q4[3].y, q4[3].z, q4[3].w};
+  uint8_t scales[12];
+#pragma unroll
+  for (int j = 0; j < 12; ++j) scales[j] = (uint8_t)(sc3[j / 4] >> (8 * (j % 4)));
+  float dsum = 0.f, msum = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int4* xb = (const int4*)(xq + (4 * i + k) * HIPC_XQ_INTS);
+    const int4 h0 = xb[0], h1 = xb[1], l0 = xb[2], l1 = xb[3], meta = xb[4];
+    const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    const int s = 4 * h + k;
+    int sh = 0, sl = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      uint32_t v = (Q[8 * (k / 2) + w] >> (4 * (k % 2))) & 0x0f0f0f0fu;
+      if (Q5) {
+        const uint4 hv = qh2[w / 4];
+        const uint32_t hw = (w % 4 == 0 ? hv.x : w % 4 == 1 ? hv.y : w % 4 == 2 ? hv.z : hv.w);
+        v |= ((hw >> s) & 0x01010101u) << 4;
+      }
+      sh = hipc_dot4_i8((int)v, H[w], sh);
+      sl = hipc_dot4_i8((int)v, L[w], sl);
+    }
+    int sc, mn;
+    hipc_kscale(scales, s, sc, mn);
+    const float dq = __builtin_bit_cast(float, meta.x);
+    dsum += dq * (float)sc * (float)(254 * sh + sl);
+    msum += dq * (float)mn * (float)meta.y;
+  }
+  return hipc_f16_to_f32((uint16_t)dd) * dsum - hipc_f16_to_f32((uint16_t)(dd >> 16)) * msum;
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k& v, const int* xq, int i) {
+  return hipc_dot_kquant<false>(v.q, nullptr, v.sc, v.dd, v.h, xq, i);
+}
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, const int* xq, int i) {
+  return hipc_dot_kquant<true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
 }
 
 // The GEMV inner loops, one per storage type: lane `lane` of a wave takes every
@@ -316,59 +816,13 @@ HIPC_DEVICE float hipc_dot_f32(const void* Wrow, const float* x, int K, int lane
   }
   return acc;
 }
-HIPC_DEVICE float hipc_dot_q8_0(const void* Wrow, const float* x, int K, int lane) {
-  const hipc_block_q8_0* w = (const hipc_block_q8_0*)Wrow;
-  float acc = 0.f;
-  for (int b = lane; b < K / 32; b += HIPC_WAVE) {
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) s += (float)w[b].qs[j] * x[b * 32 + j];
-    acc += hipc_f16_to_f32(w[b].d) * s;
-  }
-  return acc;
-}
-HIPC_DEVICE float hipc_dot_q4_0(const void* Wrow, const float* x, int K, int lane) {
-  const hipc_block_q4_0* w = (const hipc_block_q4_0*)Wrow;
-  float acc = 0.f;
-  for (int b = lane; b < K / 32; b += HIPC_WAVE) {
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      s += (float)((w[b].qs[j] & 15) - 8) * x[b * 32 + j];
-      s += (float)((w[b].qs[j] >> 4) - 8) * x[b * 32 + j + 16];
-    }
-    acc += hipc_f16_to_f32(w[b].d) * s;
-  }
-  return acc;
-}
-HIPC_DEVICE float hipc_dot_q4_1(const void* Wrow, const float* x, int K, int lane) {
-  const hipc_block_q4_1* w = (const hipc_block_q4_1*)Wrow;
-  float acc = 0.f;
-  for (int b = lane; b < K / 32; b += HIPC_WAVE) {
-    float s = 0.f, sx = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      s += (float)(w[b].qs[j] & 15) * x[b * 32 + j] + (float)(w[b].qs[j] >> 4) * x[b * 32 + j + 16];
-      sx += x[b * 32 + j] + x[b * 32 + j + 16];
-    }
-    acc += hipc_f16_to_f32(w[b].d) * s + hipc_f16_to_f32(w[b].m) * sx;
-  }
-  return acc;
-}
-
 HIPC_GENERIC_DOT2(f16)
 HIPC_GENERIC_DOT2(f32)
-HIPC_GENERIC_DOT2(q8_0)
-HIPC_GENERIC_DOT2(q4_0)
-HIPC_GENERIC_DOT2(q4_1)
 
-// Bytes of one weight row of K values in a storage type (row pointers in kernels).
+// Bytes of one weight row of K values in a dense storage type (row pointers in kernels).
 #define HIPC_ROW_BYTES_f32(K) ((size_t)(K) * 4)
 #define HIPC_ROW_BYTES_bf16(K) ((size_t)(K) * 2)
 #define HIPC_ROW_BYTES_f16(K) ((size_t)(K) * 2)
-#define HIPC_ROW_BYTES_q8_0(K) ((size_t)(K) / 32 * 34)
-#define HIPC_ROW_BYTES_q4_0(K) ((size_t)(K) / 32 * 18)
-#define HIPC_ROW_BYTES_q4_1(K) ((size_t)(K) / 32 * 20)
 
 // ---- matrix instructions (the prefill GEMM, bf16 weights) ---------------------------------
 // One MMA tile multiplies A = 16 rows (tokens) x 16 k by B = HIPC_MMA_N columns (weight rows)

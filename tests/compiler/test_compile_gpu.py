@@ -20,7 +20,7 @@ from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.gpu import NvccToolchain
 
-from gguf_writer import write_numpy_gguf
+from gguf_writer import write_numpy_gguf, write_q6k_head_gguf
 from support import IN_CI, TINY_FAMILIES, TINY_GEMMA, write_tiny_hf
 
 CLANG = shutil.which("clang++-19") or shutil.which("clang++")
@@ -77,7 +77,7 @@ def bf16_artifact(tmp_path_factory):
 @pytest.fixture(scope="module")
 def q8_artifact(tmp_path_factory):
     root = tmp_path_factory.mktemp("q8")
-    return compiled(root, write_numpy_gguf(root / "m.gguf", "Q8_0"), ("sm_90", "gfx942"))
+    return compiled(root, write_numpy_gguf(root / "m.gguf", "Q8_0"), ("sm_90", "gfx942", "gfx1100"))
 
 
 def kernel_code(artifact, target) -> dict[str, str]:
@@ -133,6 +133,22 @@ def test_other_weight_types_prefill_on_the_simt_gemm(artifact, q8_artifact, targ
     assert not any(
         "mfma" in c or "mma.sync" in c for c in kernel_code(q8_artifact, target).values()
     )
+
+
+# the integer dot product each target's quantized GEMV must show (PTX / AMD disassembly)
+DOT4_INSTRUCTION = {
+    "sm_90": "dp4a.s32.s32",
+    "gfx942": "v_dot4c_i32_i8",
+    "gfx1100": "v_dot4_i32_iu8",
+}
+
+
+@pytest.mark.parametrize("target", sorted(DOT4_INSTRUCTION))
+def test_quantized_gemv_multiplies_int8(q8_artifact, target):
+    """Q8_0 decode GEMVs dot int8 weights with x staged as int8 planes in one instruction."""
+    code = kernel_code(q8_artifact, target)
+    gemv = [k for k in code if k.endswith("_gemv")]
+    assert gemv and all(DOT4_INSTRUCTION[target] in code[k] for k in gemv)
 
 
 def launched_kernels(artifact, target):
@@ -214,6 +230,47 @@ def test_gpu_target_without_its_toolchain(tmp_path, monkeypatch):
             folder, tmp_path / "x.hipc", CompileOptions(targets=("sm_90",)), verbose=False
         )
     assert not (tmp_path / "x.hipc").exists()
+
+
+@pytest.mark.parametrize("targets", [("sm_90",), ("cpu", "sm_90")], ids=["gpu", "cpu+gpu"])
+def test_quantized_blocks_split_for_gpu_targets(tmp_path, targets):
+    """A GPU-only artifact stores quantized blocks split (quants, then scales); one that also
+    holds the cpu target keeps GGUF's order. Either way the bytes dequantize (gguf-py) to
+    the file's tensor."""
+    import gguf
+    import numpy as np
+
+    from hipc.base.safetensors_file import SafetensorsFile
+
+    model = write_numpy_gguf(tmp_path / "m.gguf", "Q4_0")
+    art = compiled(tmp_path, model, targets)
+    plan = json.loads((art / "plan.json").read_text())
+    spec = next(w for w in plan["weights"] if w["name"] == "token_embd.weight")
+    want_layout = "gguf" if "cpu" in targets else "split"
+    assert spec["dtype"] == "q4_0" and spec["layout"] == want_layout
+    stored = np.asarray(SafetensorsFile(art / "weights.safetensors").raw(spec["name"]))
+    if want_layout == "split":
+        n = stored.size // 18  # blocks: 16 bytes of quants each, then 2 bytes of scale each
+        quants, scales = stored.reshape(-1)[: 16 * n], stored.reshape(-1)[16 * n :]
+        stored = np.concatenate([scales.reshape(n, 2), quants.reshape(n, 16)], axis=1)
+    tensor = next(t for t in gguf.GGUFReader(model).tensors if t.name == "token_embd.weight")
+    got = gguf.quants.dequantize(stored.reshape(-1), gguf.GGMLQuantizationType.Q4_0)
+    want = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    np.testing.assert_array_equal(got.reshape(want.shape), want)
+
+
+def test_q6_k_output_compiles_for_gpus_and_is_refused_on_cpu(tmp_path):
+    """llama-quantize's Q4_0 files keep the output matrix in Q6_K: GPU targets have a kernel
+    for it (stored split like the others), the cpu target refuses it in one line."""
+    model = write_q6k_head_gguf(tmp_path / "m.gguf")
+    art = compiled(tmp_path, model, ("sm_90", "gfx942"))
+    plan = json.loads((art / "plan.json").read_text())
+    spec = next(w for w in plan["weights"] if w["name"] == "output.weight")
+    assert spec["dtype"] == "q6_k" and spec["layout"] == "split"
+    kernels = {x["kernel"] for x in plan["gpu"]["sm_90"]["decode"]}
+    assert any(k.startswith("linear_q6_k_") and k.endswith("_gemv") for k in kernels)
+    with pytest.raises(HipcError, match=r"weight type q6_k has no CPU kernel"):
+        compile_model(model, tmp_path / "c.hipc", CompileOptions(targets=("cpu",)), verbose=False)
 
 
 def test_gemma_params_refused_on_gpu(tmp_path):

@@ -18,7 +18,7 @@ from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
-from gguf_writer import write_numpy_gguf
+from gguf_writer import write_numpy_gguf, write_q6k_head_gguf
 from support import TINY_FAMILIES, greedy, rel_err, write_tiny_hf
 
 pytestmark = pytest.mark.gpu
@@ -63,6 +63,10 @@ def test_float32_kv_cache_on_gpu(family, tmp_path):
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "F16"])
 def test_quantized_on_gpu(qtype, tmp_path):
     check(write_numpy_gguf(tmp_path / "m.gguf", qtype), tmp_path)
+
+
+def test_quantized_q6_k_output_on_gpu(tmp_path):
+    check(write_q6k_head_gguf(tmp_path / "m.gguf"), tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -14,61 +14,19 @@ import pytest
 
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
 from hipc.compiler.codegen.hip_kernels import (
+    QuantGemv,
     decode_attention,
     decode_gemv,
+    prefill_gemm,
     wave_size,
 )
 from hipc.compiler.reference.executor import round_bf16
 
-from gpu_kernels import DeviceKernels
+from gpu_kernels import DeviceKernels, pack
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
 EPS = 1e-5
-
-# -- weights in their storage types -----------------------------------------------------
-
-
-def pack(w: np.ndarray, wtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes as stored, the exact values they hold) for a float matrix [N, K]."""
-    N, K = w.shape
-    if wtype == "float32":
-        return w.astype(np.float32), w.astype(np.float32).astype(np.float64)
-    if wtype == "float16":
-        h = w.astype(np.float16)
-        return h, h.astype(np.float64)
-    if wtype == "bfloat16":
-        bits = (w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    blocks = w.reshape(N, K // 32, 32)
-    if wtype == "q8_0":
-        d = (np.abs(blocks).max(-1) / 127).astype(np.float16)
-        q = np.round(blocks / np.maximum(d[..., None].astype(np.float64), 1e-12)).astype(np.int8)
-        raw = np.concatenate([d[..., None].view(np.uint8), q.view(np.uint8)], axis=-1)
-        return raw.reshape(N, -1), (d[..., None].astype(np.float64) * q).reshape(N, K)
-    lo, hi = blocks.min(-1), blocks.max(-1)
-    if wtype == "q4_0":
-        d = (np.maximum(-lo, hi) / 7.5).astype(np.float16)
-        q = np.clip(
-            np.round(blocks / np.maximum(d[..., None].astype(np.float64), 1e-12)) + 8, 0, 15
-        )
-        vals = d[..., None].astype(np.float64) * (q - 8)
-        head = d[..., None].view(np.uint8)
-    else:  # q4_1: d * q + m
-        d = ((hi - lo) / 15).astype(np.float16)
-        m = lo.astype(np.float16)
-        q = np.clip(
-            np.round((blocks - m[..., None]) / np.maximum(d[..., None].astype(np.float64), 1e-12)),
-            0,
-            15,
-        )
-        vals = d[..., None].astype(np.float64) * q + m[..., None].astype(np.float64)
-        head = np.concatenate([d[..., None].view(np.uint8), m[..., None].view(np.uint8)], -1)
-    q = q.astype(np.uint8)
-    nib = q[..., :16] | (q[..., 16:] << 4)  # element j < 16: low nibble; j >= 16: high
-    raw = np.concatenate([head, nib], axis=-1)
-    return raw.reshape(N, -1), vals.reshape(N, K)
-
 
 # -- GEMV --------------------------------------------------------------------------------
 
@@ -81,9 +39,33 @@ GEMVS = {
     "f16_plain": ("float16", 96, 576, "none", False, False),
     "f32_glu_bias": ("float32", 2 * 48, 192, "glu", False, True),
     "q8_0_residual": ("q8_0", 130, 576, "residual", False, False),
+    "q8_0_glu_norm_bias_k4096": ("q8_0", 2 * 40, 4096, "glu", True, True),
     "q4_0_glu_norm": ("q4_0", 2 * 64, 1536, "glu", True, False),
+    "q4_0_odd_rows_k4096": ("q4_0", 37, 4096, "none", True, False),
+    "q4_0_residual_k14336": ("q4_0", 48, 14336, "residual", False, False),
     "q4_1_norm_bias": ("q4_1", 96, 576, "none", True, True),
+    "q4_1_glu_k1536": ("q4_1", 2 * 24, 1536, "glu", False, False),
+    "q4_0_streamed_residual": ("q4_0", 203, 4096, "residual", False, True),
+    "q8_0_streamed_glu_norm": ("q8_0", 2 * 75, 1536, "glu", True, False),
+    "q4_1_streamed_norm_k14336": ("q4_1", 61, 14336, "none", True, False),
+    "q6_k_norm_k4096": ("q6_k", 300, 4096, "none", True, False),
+    "q6_k_glu_bias_k1024": ("q6_k", 2 * 40, 1024, "glu", False, True),
+    "q6_k_streamed_residual_k14336": ("q6_k", 37, 14336, "residual", False, False),
+    "q5_0_glu_norm_k1536": ("q5_0", 2 * 64, 1536, "glu", True, False),
+    "q5_1_residual_bias": ("q5_1", 75, 576, "residual", False, True),
+    "q4_k_norm_k4096": ("q4_k", 130, 4096, "none", True, False),
+    "q4_k_streamed_glu_k1024": ("q4_k", 2 * 45, 1024, "glu", True, True),
+    "q5_k_residual_k14336": ("q5_k", 40, 14336, "residual", False, False),
 }
+# geometries other than the default: few blocks, so each wave streams many groups of rows
+STREAMED = {
+    "q4_0_streamed_residual": QuantGemv(waves=2, rows=4, unroll=2, max_blocks=3),
+    "q8_0_streamed_glu_norm": QuantGemv(waves=4, rows=2, unroll=1, max_blocks=2),
+    "q4_1_streamed_norm_k14336": QuantGemv(waves=2, rows=2, unroll=4, max_blocks=2),
+    "q6_k_streamed_residual_k14336": QuantGemv(waves=2, rows=2, unroll=1, max_blocks=2),
+    "q4_k_streamed_glu_k1024": QuantGemv(waves=2, rows=2, unroll=1, max_blocks=3),
+}
+QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
 
 
 def gemv_params(case) -> dict:
@@ -91,17 +73,19 @@ def gemv_params(case) -> dict:
     return dict(wtype=wtype, N=N, K=K, norm_eps=EPS if norm else 0.0, epilogue=epilogue, bias=bias)
 
 
-@pytest.fixture(scope="module")
-def gemvs():
+@pytest.fixture(scope="module", params=["split", "gguf"])
+def gemvs(request):
+    """Every GEMV in one code object, for the quantized-block layout `request.param`."""
     specs = {}
 
     def build(arch):
         for i, (name, case) in enumerate(GEMVS.items()):
-            specs[name] = decode_gemv(f"g{i}", gemv_params(case), arch, [name])
+            specs[name] = decode_gemv(f"g{i}", gemv_params(case), arch, [name], STREAMED.get(name))
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
-    dev = DeviceKernels(build)
+    dev = DeviceKernels(build, quant_layout=request.param)
     dev.specs = specs
+    dev.layout = request.param
     yield dev
     dev.close()
 
@@ -109,10 +93,15 @@ def gemvs():
 @pytest.mark.parametrize("name", sorted(GEMVS))
 def test_gemv_matches_numpy(gemvs, name):
     wtype, N, K, epilogue, norm, bias = GEMVS[name]
+    if gemvs.layout != "split" and wtype not in QUANT:
+        pytest.skip("the layout is that of quantized blocks")
     n_out = N // 2 if epilogue == "glu" else N
     rng = np.random.default_rng(sorted(GEMVS).index(name))
-    raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype)
-    x = (rng.standard_normal(K) * 3).astype(np.float32)
+    raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype, gemvs.layout)
+    # activations with a few outlier channels (a block's int8 scale follows its largest value)
+    x = rng.standard_normal(K) * 3
+    x[rng.integers(0, K, 4)] *= 30
+    x = x.astype(np.float32)
     g = (1 + 0.2 * rng.standard_normal(K)).astype(np.float32)
     b = rng.standard_normal(N).astype(np.float32)
     r = rng.standard_normal(n_out).astype(np.float32)
@@ -141,7 +130,9 @@ def test_gemv_matches_numpy(gemvs, name):
         got = dev.read(y, n_out)
     finally:
         dev.free()
-    assert rel_err(got, want) <= 1e-5, (name, rel_err(got, want))
+    # quantized GEMVs hold x as int8 hi + lo planes: ~16 significant bits (prelude)
+    tol = 1e-4 if wtype in QUANT else 1e-5
+    assert rel_err(got, want) <= tol, (name, rel_err(got, want))
 
 
 # -- decode attention --------------------------------------------------------------------
@@ -287,19 +278,43 @@ def test_decode_attention_matches_numpy(attentions, name):
 # -- embedding ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("wtype", ["bfloat16", "float16", "q8_0", "q4_1"])
-def test_embedding_rows(wtype):
-    V, K, ids = 300, 576, np.array([5, 0, 299, 5, 17], np.int64)
+@pytest.mark.parametrize(
+    "wtype,layout",
+    [
+        ("bfloat16", "split"),
+        ("float16", "split"),
+        ("q8_0", "split"),
+        ("q4_1", "split"),
+        ("q4_0", "split"),
+        ("q4_0", "gguf"),
+        ("q8_0", "gguf"),
+        ("q6_k", "split"),
+        ("q6_k", "gguf"),
+        ("q5_0", "split"),
+        ("q5_1", "gguf"),
+        ("q4_k", "split"),
+        ("q5_k", "split"),
+        ("q5_k", "gguf"),
+    ],
+)
+def test_embedding_rows(wtype, layout):
+    K = 512 if wtype.endswith("_k") else 576
+    V, ids = 300, np.array([5, 0, 299, 5, 17], np.int64)
     rng = np.random.default_rng(7)
-    raw, w = pack(0.1 * rng.standard_normal((V, K)), wtype)
+    raw, w = pack(0.1 * rng.standard_normal((V, K)), wtype, layout)
 
     def build(arch):
         ctx = dict(
-            nodes=["embed"], wave=wave_size(arch), wsuffix=WEIGHT_SUFFIX[wtype], wtype=wtype, K=K
+            nodes=["embed"],
+            wave=wave_size(arch),
+            wsuffix=WEIGHT_SUFFIX[wtype],
+            wtype=wtype,
+            K=K,
+            V=V,
         )
         return [("emb", "embedding", ctx, 0)]
 
-    dev = DeviceKernels(build)
+    dev = DeviceKernels(build, quant_layout=layout)
     try:
         out = dev.poisoned((len(ids), K))
         args = [dev.upload(ids), dev.upload(raw), out]
@@ -308,3 +323,35 @@ def test_embedding_rows(wtype):
     finally:
         dev.close()
     np.testing.assert_allclose(got, w[ids], rtol=1e-6, atol=1e-7)
+
+
+# -- quantized weights in the prefill (SIMT) GEMM -----------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["split", "gguf"])
+@pytest.mark.parametrize("wtype", ["q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"])
+def test_quantized_prefill_gemm(wtype, layout):
+    T, N, K = 70, 100, 512
+    rng = np.random.default_rng(11)
+    raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype, layout)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    r = rng.standard_normal((T, N)).astype(np.float32)
+    p = dict(wtype=wtype, N=N, K=K, norm_eps=0.0, epilogue="residual", bias=False)
+
+    def build(arch):
+        g = prefill_gemm("qg", p, arch, ["gemm"])
+        return [(g.fn, g.template, g.ctx, g.shared)]
+
+    dev = DeviceKernels(build, quant_layout=layout)
+    try:
+        g = prefill_gemm("qg", p, dev.arch, ["gemm"])
+        y = dev.upload(r)  # the residual is added in place, as the plans bind it
+        args = [("u64", dev.upload(x)), ("i32", T), ("u64", dev.upload(raw)), ("u64", 0)]
+        args += [("u64", 0), ("u64", 0), ("u64", y), ("u64", y)]
+        grid = [-(-N // g.block_outputs), -(-T // g.block_tokens)]
+        dev.launch(g.fn, grid, g.threads, args, g.shared)
+        got = dev.read(y, (T, N))
+    finally:
+        dev.close()
+    want = x.astype(np.float64) @ w.T + r
+    assert rel_err(got, want) <= 1e-5, (wtype, rel_err(got, want))

@@ -762,7 +762,9 @@ def test_prefill_runs_eagerly_with_T(api, artifact):
     out = b.forward(np.array(ids), 2, True)
     assert out.shape == (3, V) and out.dtype == np.float32
     np.testing.assert_allclose(out, expected(ids, 2, True), rtol=1e-6)
-    assert gpu.count("begin_capture") == 0
+    # the decode graph is recorded after the prefill, not run
+    assert gpu.count("begin_capture") == 1 and b.graph_captured
+    assert gpu.count("graph_launch") == 0
     names = [e[0] for e in gpu.executed]
     assert names == ["embed", "addpos", "big", "head"]
     assert all(e[5] == "eager" for e in gpu.executed)
@@ -782,6 +784,10 @@ def test_prefill_runs_eagerly_with_T(api, artifact):
     assert head[1] == (V, 1, 1) and head[4][0] == b.bases.arena + 2 * H * 4
     d2h = [c for c in gpu.calls if c[0] == "d2h"][-1]
     assert d2h[3] == V * 4  # rows x vocab float32
+    # the next decode step replays the graph recorded after the first prefill
+    out = b.forward(np.array([1]), 5, False)
+    np.testing.assert_allclose(out, expected([1], 5, False), rtol=1e-6)
+    assert gpu.count("begin_capture") == 1 and gpu.count("graph_launch") == 1
     b.close()
 
 

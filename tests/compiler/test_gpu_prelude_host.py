@@ -1,0 +1,147 @@
+"""The GPU prelude's quantized-weight code, compiled for the host (HIPC_HOST) and checked
+against gguf-py on a machine with no GPU: each type's one-weight decoder (hipc_w_*: the
+SIMT GEMM and the embedding) and its GEMV unit (hipc_load_unit + hipc_dot_unit: the
+integer dot products against x staged as int8 hi + lo planes), in both block layouts.
+tests/gpu runs the same code inside the kernels on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from hipc.compiler.codegen.environment import template_text
+from hipc.compiler.codegen.hip_kernels import QUANT_TYPES
+from hipc.compiler.passes.repack import split_quant_blocks
+
+gguf = pytest.importorskip("gguf")
+CXX = shutil.which("g++") or shutil.which("clang++")
+TYPES = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
+# block bytes of the types gguf-py cannot quantize (random blocks), and where their f16 d sits
+RANDOM_BLOCKS = {"q6_k": (210, 208), "q4_k": (144, 0), "q5_k": (176, 0)}
+
+WRAPPERS = """
+#define TYPE(T)                                                                               \\
+  extern "C" void w_##T(const void* W, int N, int K, float* out) {                           \\
+    for (int n = 0; n < N; ++n)                                                               \\
+      for (int k = 0; k < K; ++k) out[(size_t)n * K + k] = hipc_w_##T(W, N, K, n, k);        \\
+  }                                                                                           \\
+  extern "C" float row_##T(const void* W, int N, int K, int n, const int* xq, int uv, int bv) { \\
+    const hipc_qmat_##T m{(const char*)W, (size_t)N * (K / bv)};                              \\
+    const int units = K / uv;                                                                 \\
+    float acc = 0.f;                                                                          \\
+    for (int u = 0; u < units; ++u) {                                                         \\
+      hipc_unit_##T v;                                                                        \\
+      hipc_load_unit(v, m, (size_t)n * units + u);                                            \\
+      acc += hipc_dot_unit(v, xq, u);                                                         \\
+    }                                                                                         \\
+    return acc;                                                                               \\
+  }
+TYPE(q4_0)
+TYPE(q4_1)
+TYPE(q8_0)
+TYPE(q6_k)
+TYPE(q5_0)
+TYPE(q5_1)
+TYPE(q4_k)
+TYPE(q5_k)
+"""
+
+
+@pytest.fixture(scope="module", params=["split", "gguf"])
+def lib(request, tmp_path_factory):
+    if CXX is None:
+        pytest.skip("no C++ compiler")
+    root = tmp_path_factory.mktemp(request.param)
+    src = root / "prelude_host.cpp"
+    qsplit = int(request.param == "split")
+    prelude = template_text("hip/prelude.h").replace("#pragma once", "")
+    src.write_text(f"#define HIPC_WAVE 32\n#define HIPC_QSPLIT {qsplit}\n{prelude}\n{WRAPPERS}")
+    so = root / "prelude_host.so"
+    cmd = [CXX, "-std=c++20", "-O1", "-DHIPC_HOST", "-shared", "-fPIC", str(src), "-o", str(so)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    handle = ctypes.CDLL(str(so))
+    handle.layout = request.param
+    return handle
+
+
+def blocks(wtype: str, N: int, K: int, rng) -> np.ndarray:
+    """[N, row bytes] GGUF blocks: quantized by gguf-py, or random (Q6_K: gguf-py has no
+    quantizer; every quant and scale byte is valid)."""
+    qt = getattr(gguf.GGMLQuantizationType, wtype.upper())
+    if wtype not in RANDOM_BLOCKS:
+        w = rng.standard_normal((N, K)).astype(np.float32) * rng.uniform(0.01, 10, (N, 1))
+        return gguf.quants.quantize(w.astype(np.float32), qt)
+    size, at = RANDOM_BLOCKS[wtype]
+    raw = rng.integers(0, 256, (N * K // 256, size), dtype=np.uint8)
+    # sane f16 scales (d, and dmin after it for Q4_K/Q5_K): random bytes may be inf/nan
+    n = 2 if wtype == "q6_k" else 4
+    d = rng.uniform(1e-5, 4e-5, (len(raw), n // 2)).astype(np.float16)
+    raw[:, at : at + n] = d.view(np.uint8).reshape(-1, n)
+    return raw.reshape(N, -1)
+
+
+def aligned(a: np.ndarray) -> tuple[np.ndarray, int]:
+    """A copy of `a` at a 16-byte aligned address (the split layout's wide loads)."""
+    buf = np.zeros(a.nbytes + 16, np.uint8)
+    off = (-buf.ctypes.data) % 16
+    view = buf[off : off + a.nbytes]
+    view[:] = a.reshape(-1).view(np.uint8)
+    return buf, view.ctypes.data
+
+
+def stage_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x as the GEMV stages it (prelude: hipc_stage_xq): per 32 values int8 hi and lo planes,
+    dq, the sum of 254 hi + lo and that sum over the first 16. Returns (ints, x as held)."""
+    xb = x.astype(np.float32).reshape(-1, 32)
+    am = np.abs(xb).max(1, keepdims=True)
+    d = am / np.float32(127)
+    inv = np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0).astype(np.float32)
+    hi = np.rint(xb * inv)
+    lo = np.clip(np.rint((xb - hi * d) * inv * np.float32(254)), -127, 127)
+    q = (254 * hi + lo).astype(np.int64)
+    dq = (d / np.float32(254)).astype(np.float32)
+    ints = np.zeros((len(xb), 20), np.int32)
+    ints[:, 0:8] = hi.astype(np.int8).view(np.int32)
+    ints[:, 8:16] = lo.astype(np.int8).view(np.int32)
+    ints[:, 16] = dq[:, 0].view(np.int32)
+    ints[:, 17] = q.sum(1)
+    ints[:, 18] = q[:, :16].sum(1)
+    return ints, (dq.astype(np.float64) * q).reshape(-1)
+
+
+@pytest.mark.parametrize("wtype", TYPES)
+def test_one_weight_decoder_matches_gguf(lib, wtype):
+    N, K = 5, 512
+    raw = blocks(wtype, N, K, np.random.default_rng(TYPES.index(wtype)))
+    want = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, wtype.upper()))
+    stored = split_quant_blocks(raw, wtype) if lib.layout == "split" else raw
+    _buf, ptr = aligned(stored)  # _buf keeps the memory alive
+    out = np.full((N, K), np.nan, np.float32)
+    getattr(lib, f"w_{wtype}")(ctypes.c_void_p(ptr), N, K, out.ctypes.data_as(ctypes.c_void_p))
+    np.testing.assert_array_equal(out, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("wtype", TYPES)
+def test_gemv_unit_dot_matches_numpy(lib, wtype):
+    N, K = 6, 1024
+    rng = np.random.default_rng(10 + TYPES.index(wtype))
+    raw = blocks(wtype, N, K, rng)
+    w = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, wtype.upper()))
+    x = rng.standard_normal(K) * 3
+    x[rng.integers(0, K, 4)] *= 30
+    xq, held = stage_x(x)
+    stored = split_quant_blocks(raw, wtype) if lib.layout == "split" else raw
+    _buf, ptr = aligned(stored)  # _buf keeps the memory alive
+    qt = QUANT_TYPES[wtype]
+    fn = getattr(lib, f"row_{wtype}")
+    fn.restype = ctypes.c_float
+    args = (qt.unit_values, qt.block_values)
+    xp = xq.ctypes.data_as(ctypes.c_void_p)
+    got = np.array([fn(ctypes.c_void_p(ptr), N, K, n, xp, *args) for n in range(N)])
+    want = w.astype(np.float64) @ held
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
