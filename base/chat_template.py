@@ -35,6 +35,7 @@ _TEMPLATE_FILENAME = "<template>"
 def render_chat(
     template: str,
     messages: list[dict[str, Any]],
+    /,
     *,
     add_generation_prompt: bool = True,
     bos_token: str = "",
@@ -44,21 +45,24 @@ def render_chat(
 ) -> str:
     """The prompt text `template` makes of `messages`.
 
-    `extra` reaches the template as further variables (documents, enable_thinking, ...).
-    Any failure, the template's own `raise_exception` included, is a HipcError.
+    `extra` reaches the template as further variables (documents, enable_thinking, ...);
+    it cannot replace the variables named here (`template` and `messages` are
+    positional-only, so even those names are free for `extra`). Any failure, the
+    template's own `raise_exception` included, is a HipcError.
     """
     import jinja2
 
     compiled = _compile(template)
+    context = {
+        **extra,
+        "messages": messages,
+        "add_generation_prompt": add_generation_prompt,
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        "tools": tools,
+    }
     try:
-        return compiled.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            tools=tools,
-            **extra,
-        )
+        return compiled.render(context)
     except HipcError:
         raise
     except jinja2.TemplateError as exc:
@@ -127,6 +131,14 @@ def _environment() -> Any:
     # The builtin dict type would hand out its classmethods; a plain function cannot.
     env.globals["dict"] = _make_dict
     return env
+
+
+# What render_chat itself gives every template; callers that pass variables from
+# untrusted input refuse these names rather than let them be shadowed.
+RESERVED_NAMES = frozenset(
+    {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"}
+    | {"raise_exception", "strftime_now", "namespace", "dict"}
+)
 
 
 def _check_namespace_name(name: Any) -> None:

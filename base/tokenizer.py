@@ -138,7 +138,7 @@ class Tokenizer:
         tok_path = folder / "tokenizer.json"
         if not tok_path.is_file():
             raise HipcError(f"{tok_path}: missing (the model folder has no tokenizer.json)")
-        json_str = tok_path.read_text(encoding="utf-8")
+        json_str = _read_text(tok_path)
         _parse_json(json_str, tok_path)  # a clear message for broken JSON before the library's
         try:
             backend = _backend().Tokenizer.from_str(json_str)
@@ -417,9 +417,20 @@ class IncrementalDecoder:
 # --------------------------------------------------------------------- file helpers
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise HipcError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise HipcError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
 def _parse_json(text: str, path: Path) -> Any:
     try:
         return json.loads(text)
+    except RecursionError:
+        raise HipcError(f"{path}: malformed JSON (nested too deeply)") from None
     except json.JSONDecodeError as exc:
         raise HipcError(
             f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
@@ -429,7 +440,7 @@ def _parse_json(text: str, path: Path) -> Any:
 def _read_optional_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
-    data = _parse_json(path.read_text(encoding="utf-8"), path)
+    data = _parse_json(_read_text(path), path)
     if not isinstance(data, dict):
         raise HipcError(f"{path}: expected a JSON object at the top level")
     return data
@@ -488,7 +499,7 @@ def _chat_template(tcfg: dict[str, Any], folder: Path) -> str | None:
         # Newer exports keep the template in its own file.
         jinja = folder / "chat_template.jinja"
         if jinja.is_file():
-            return jinja.read_text(encoding="utf-8")
+            return _read_text(jinja)
         legacy = folder / "chat_template.json"
         if legacy.is_file():
             data = _read_optional_json(legacy)

@@ -278,7 +278,18 @@ def cmd_cache(args) -> int:
 
     cache = KernelCache()
     if args.action == "clear":
+        from hipc.compiler.scratch import sweep_pending, sweep_tool_dirs
+
+        # what killed compiles left: their artifact scratch (wherever -o was) and temp dirs
+        swept = sweep_pending(cache.root) + sweep_tool_dirs()
+        import shutil
+
+        from hipc.runtime.integrity import stamp_dir
+
+        shutil.rmtree(stamp_dir(), ignore_errors=True)  # artifacts are hashed again on load
         print(f"removed {cache.clear()} entries from {cache.root}")
+        if swept:
+            print(f"removed {len(swept)} leftovers of killed compiles")
     else:
         print(json.dumps(cache.info(), indent=2, default=str))
     return 0

@@ -31,6 +31,12 @@ import numpy as np
 from hipc.base.errors import HipcError
 from hipc.base.safetensors_file import LazyTensor, write_safetensors
 from hipc.base.version import ARTIFACT_FORMAT_VERSION, HIPC_VERSION
+from hipc.compiler.scratch import (
+    pending,
+    replace_dir,
+    sweep_artifact_leftovers,
+    sweep_tool_dirs,
+)
 
 # (code object, source) file extensions: a shared library, a CUDA fatbin, an AMD code object
 CODE_OBJECT_EXT = {"cpu": ("so", "cpp"), "nvidia": ("fatbin", "hip"), "amd": ("co", "hip")}
@@ -75,65 +81,90 @@ def write_artifact(
         raise HipcError(f"-o: {out} exists and is not a hipc artifact; refusing to overwrite it")
     if not parent.is_dir():
         raise HipcError(f"-o: directory {parent} does not exist")
+    sweep_artifact_leftovers(parent)  # what compiles killed before us left here,
+    sweep_tool_dirs()  # and in the temp folder (a kernel-cache hit runs no toolchain)
     tmp = parent / f".{out.name}.tmp-{os.getpid()}"
     try:
         tmp.mkdir()
     except OSError as e:
         raise HipcError(f"-o: cannot write in {parent} ({e.strerror})") from None
-    try:
-        (tmp / "kernels").mkdir()
-        targets = {}
-        for b in builds:
-            ext, src = CODE_OBJECT_EXT[_platform(b.target)]
-            (tmp / "kernels" / f"{b.target}.{ext}").write_bytes(b.binary)
-            (tmp / "kernels" / f"{b.target}.{src}").write_text(b.source)
-            targets[b.target] = {
-                **b.info,
-                "code_object": f"kernels/{b.target}.{ext}",
-                "source": f"kernels/{b.target}.{src}",
-            }
-        weights_sha = write_safetensors(
-            tmp / "weights.safetensors", weights, {"format": "hipc-weights"}, on_progress
-        )
-        if tokenizer_json is not None:
-            (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-            _write_json(tmp / "tokenizer_meta.json", tokenizer_meta)
-        _write_json(tmp / "generation.json", generation)
-        _write_json(tmp / "plan.json", plan)
-        _write_json(tmp / "fusion.json", fusion)
-        files = {
-            str(p.relative_to(tmp)): {
-                "size": p.stat().st_size,
-                "sha256": weights_sha if p.name == "weights.safetensors" else sha256_file(p),
-            }
-            for p in sorted(tmp.rglob("*"))
-            if p.is_file()
-        }
-        full = {
-            "format": "hipc-artifact",
-            "format_version": ARTIFACT_FORMAT_VERSION,
-            "hipc_version": HIPC_VERSION,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **manifest,
-            "targets": targets,
-            "files": files,
-        }
-        _write_json(tmp / "manifest.json", full)  # last: an artifact without it is not one
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with pending(_cache_root(), tmp):
+        try:
+            _write_into(
+                tmp, out, manifest, plan, fusion, builds, weights, tokenizer_json,
+                tokenizer_meta, generation, on_progress,
+            )  # fmt: skip
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            where = e.filename or tmp
+            raise HipcError(f"-o {out}: cannot write {where} ({e.strerror})") from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out
 
 
-def _replace_dir(new: Path, dest: Path) -> None:
-    old = None
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        os.replace(dest, old)
-    os.replace(new, dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def _cache_root() -> Path | None:
+    from hipc.cache import default_cache_dir
+
+    try:
+        return default_cache_dir()
+    except RuntimeError:  # no home directory
+        return None
+
+
+def _write_into(
+    tmp: Path,
+    out: Path,
+    manifest: dict[str, Any],
+    plan: dict[str, Any],
+    fusion: dict[str, Any],
+    builds: list[TargetBuild],
+    weights: list[LazyTensor],
+    tokenizer_json: str | None,
+    tokenizer_meta: dict[str, Any] | None,
+    generation: dict[str, Any],
+    on_progress: Callable[[int, int], None] | None,
+) -> None:
+    (tmp / "kernels").mkdir()
+    targets = {}
+    for b in builds:
+        ext, src = CODE_OBJECT_EXT[_platform(b.target)]
+        (tmp / "kernels" / f"{b.target}.{ext}").write_bytes(b.binary)
+        (tmp / "kernels" / f"{b.target}.{src}").write_text(b.source)
+        targets[b.target] = {
+            **b.info,
+            "code_object": f"kernels/{b.target}.{ext}",
+            "source": f"kernels/{b.target}.{src}",
+        }
+    weights_sha = write_safetensors(
+        tmp / "weights.safetensors", weights, {"format": "hipc-weights"}, on_progress
+    )
+    if tokenizer_json is not None:
+        (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+        _write_json(tmp / "tokenizer_meta.json", tokenizer_meta)
+    _write_json(tmp / "generation.json", generation)
+    _write_json(tmp / "plan.json", plan)
+    _write_json(tmp / "fusion.json", fusion)
+    files = {
+        str(p.relative_to(tmp)): {
+            "size": p.stat().st_size,
+            "sha256": weights_sha if p.name == "weights.safetensors" else sha256_file(p),
+        }
+        for p in sorted(tmp.rglob("*"))
+        if p.is_file()
+    }
+    full = {
+        "format": "hipc-artifact",
+        "format_version": ARTIFACT_FORMAT_VERSION,
+        "hipc_version": HIPC_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **manifest,
+        "targets": targets,
+        "files": files,
+    }
+    _write_json(tmp / "manifest.json", full)  # last: an artifact without it is not one
+    replace_dir(tmp, out)
 
 
 def _write_json(path: Path, obj: Any) -> None:

@@ -1,13 +1,13 @@
 """Load and validate a NAME.hipc/ artifact (no compiler, toolchain or Jinja needed).
 
 Checked on load: the format and its version, that every file the manifest lists is
-there with its size, and the code objects' checksums. A problem is one HipcError
+there with its size and sha256 (runtime/integrity.py: hashed once, then stamped), and that
+plan.json agrees with the weights and kernels it describes. A problem is one HipcError
 naming the file, never a crash deep inside a kernel.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +42,16 @@ class Artifact:
                 f"{self.path}: the artifact has no tokenizer (its model had none); pass token ids"
             )
         meta = _read_json(self.file("tokenizer_meta.json"))
-        return Tokenizer.from_dict(meta, self.file("tokenizer.json").read_text(encoding="utf-8"))
+        path = self.file("tokenizer.json")
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except OSError as e:
+            raise HipcError(f"{path}: cannot read ({e.strerror})") from None
+        except UnicodeDecodeError as e:
+            raise HipcError(
+                f"{path}: not UTF-8 text (byte {e.start}); recompile the artifact"
+            ) from None
+        return Tokenizer.from_dict(meta, text)
 
     def generation_defaults(self) -> dict[str, Any]:
         return _read_json(self.file("generation.json"))
@@ -63,14 +72,22 @@ def is_artifact(path: str | Path) -> bool:
 
 
 def load_artifact(path: str | Path) -> Artifact:
+    """The artifact at `path`, its files verified against the manifest's sha256s (or a
+    stamp from an earlier verification) and its plan checked against its weights."""
+    from hipc.runtime.integrity import check_plan, verify_files
+
     path = Path(path)
     if not path.is_dir():
         raise HipcError(f"{path}: no such artifact directory")
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
         raise HipcError(f"{path}: not a hipc artifact (no manifest.json)")
-    manifest = _read_json(manifest_path)
-    if manifest.get("format") != "hipc-artifact":
+    try:
+        manifest_bytes = manifest_path.read_bytes()
+    except OSError as e:
+        raise HipcError(f"{manifest_path}: cannot read ({e.strerror})") from None
+    manifest = _parse_json(manifest_bytes, manifest_path)
+    if not isinstance(manifest, dict) or manifest.get("format") != "hipc-artifact":
         raise HipcError(f"{manifest_path}: not a hipc artifact manifest")
     version = manifest.get("format_version")
     if version != ARTIFACT_FORMAT_VERSION:
@@ -78,26 +95,48 @@ def load_artifact(path: str | Path) -> Artifact:
             f"{manifest_path}: artifact format version {version}, this hipc reads version "
             f"{ARTIFACT_FORMAT_VERSION}; recompile it with this hipc (hipc compile)"
         )
-    for rel, info in manifest.get("files", {}).items():
-        f = path / rel
-        if not f.is_file():
-            raise HipcError(f"{f}: missing from the artifact")
-        if f.stat().st_size != info["size"]:
+    files = manifest.get("files")
+    targets = manifest.get("targets")
+    if not isinstance(targets, dict) or not targets:
+        raise HipcError(f"{manifest_path}: 'targets' is missing or empty")
+    for name, target in targets.items():
+        rel = target.get("code_object") if isinstance(target, dict) else None
+        if not isinstance(rel, str) or not isinstance(files, dict) or rel not in files:
             raise HipcError(
-                f"{f}: size {f.stat().st_size} bytes, the manifest says {info['size']} (truncated or replaced)"
+                f"{manifest_path}: target {name!r} names code object {rel!r}, which is not "
+                "among the artifact's files"
             )
-    for target in manifest["targets"].values():
-        rel = target["code_object"]
-        digest = hashlib.sha256((path / rel).read_bytes()).hexdigest()
-        if digest != manifest["files"][rel]["sha256"]:
-            raise HipcError(f"{path / rel}: checksum mismatch (corrupt code object)")
-    return Artifact(path, manifest, _read_json(path / "plan.json"))
+    for required in ("plan.json", "weights.safetensors"):
+        if not isinstance(files, dict) or required not in files:
+            raise HipcError(f"{manifest_path}: {required} is not among the artifact's files")
+    verify_files(path, manifest, manifest_bytes)
+    plan = _read_json(path / "plan.json")
+    check_plan(plan, _weight_entries(path / "weights.safetensors"), path / "plan.json", targets)
+    return Artifact(path, manifest, plan)
+
+
+def _weight_entries(path: Path) -> dict[str, Any]:
+    from hipc.base.safetensors_file import SafetensorsFile
+
+    return SafetensorsFile(path).entries
 
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise HipcError(f"{path}: missing from the artifact") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HipcError(f"{path}: malformed JSON ({e})") from None
+    except OSError as e:
+        raise HipcError(f"{path}: cannot read ({e.strerror})") from None
+    return _parse_json(data, path)
+
+
+def _parse_json(data: bytes, path: Path) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise HipcError(f"{path}: malformed JSON ({_first_line(e)})") from None
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]

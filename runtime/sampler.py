@@ -72,9 +72,10 @@ class Sampler:
         if p.repetition_penalty != 1.0 and (prompt or output):
             seen = np.unique(np.fromiter([*prompt, *output], dtype=np.int64))
             vals = logits[seen]
-            logits[seen] = np.where(
-                vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
-            )
+            with np.errstate(over="ignore"):
+                logits[seen] = np.where(
+                    vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
+                )
         if (p.presence_penalty or p.frequency_penalty) and output:
             counts = Counter(output)
             ids = np.fromiter(counts.keys(), dtype=np.int64)
@@ -85,11 +86,15 @@ class Sampler:
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         """The distribution a draw is made from, after temperature and truncation."""
         p = self.params
-        z = logits / max(p.temperature, 1e-6)
+        with np.errstate(over="ignore"):
+            z = logits / max(p.temperature, 1e-6)
         if p.top_k and p.top_k < z.size:
             kth = np.partition(z, -p.top_k)[-p.top_k]
             z = np.where(z < kth, -np.inf, z)
-        probs = np.exp(z - z.max())
+        top = z.max()
+        # NOTE: a tiny repetition_penalty can push logits past float64; the limit of
+        # softmax is then uniform over the infinite ones (exp(inf - inf) would be NaN)
+        probs = (z == top).astype(np.float64) if np.isposinf(top) else np.exp(z - top)
         probs /= probs.sum()
         if p.top_p < 1.0:
             order = np.argsort(-probs, kind="stable")

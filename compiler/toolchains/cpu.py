@@ -12,11 +12,11 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from hipc.base.cpu_features import cpu_features
 from hipc.base.errors import HipcError
+from hipc.compiler.scratch import tool_dir
 
 # features -march=native may use that hipc's kernels care about
 RELEVANT_FLAGS = (
@@ -76,7 +76,7 @@ class CpuToolchain:
         return f"cpu-{platform.machine()}-{'+'.join(cpu_flags()) or 'generic'}"
 
     def compile(self, source: str) -> bytes:
-        with tempfile.TemporaryDirectory(prefix="hipc-cc-") as tmp:
+        with tool_dir("hipc-cc-") as tmp:
             src, out = Path(tmp) / "program.cpp", Path(tmp) / "program.so"
             src.write_text(source)
             cmd = [self.cxx, *FLAGS, str(src), "-o", str(out)]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from hipc.base.errors import HipcError
+from hipc.compiler.scratch import tool_dir
 
 NVIDIA_TARGETS = ("sm_80", "sm_89", "sm_90")
 AMD_TARGETS = ("gfx90a", "gfx942", "gfx1100", "gfx1101", "gfx1151", "gfx1201")
@@ -73,7 +73,7 @@ class NvccToolchain:
         return self.target
 
     def compile(self, source: str) -> bytes:
-        with tempfile.TemporaryDirectory(prefix="hipc-nvcc-") as tmp:
+        with tool_dir("hipc-nvcc-") as tmp:
             src, out = Path(tmp) / "program.cu", Path(tmp) / "program.fatbin"
             src.write_text(source)
             _run([self.nvcc, *self.flags, str(src), "-o", str(out)], f"nvcc for {self.target}")
@@ -84,7 +84,7 @@ class NvccToolchain:
         reading its machine code needs cuobjdump): what tests inspect for instructions."""
         cc = self.target.removeprefix("sm_")
         flags = [f for f in self.flags if f != "-fatbin" and not f.startswith("-gencode")]
-        with tempfile.TemporaryDirectory(prefix="hipc-nvcc-") as tmp:
+        with tool_dir("hipc-nvcc-") as tmp:
             src, out = Path(tmp) / "program.cu", Path(tmp) / "program.ptx"
             src.write_text(source)
             cmd = [self.nvcc, "-ptx", *flags, f"-arch=compute_{cc}", str(src), "-o", str(out)]
@@ -129,7 +129,7 @@ class AmdToolchain:
         return self.target
 
     def compile(self, source: str) -> bytes:
-        with tempfile.TemporaryDirectory(prefix="hipc-clang-") as tmp:
+        with tool_dir("hipc-clang-") as tmp:
             src, out = Path(tmp) / "program.hip", Path(tmp) / "program.co"
             src.write_text(source)
             _run([self.clang, *self.flags, str(src), "-o", str(out)], f"clang for {self.target}")

@@ -43,6 +43,12 @@ class CpuBackend:
             self.lib = ctypes.CDLL(str(artifact.file(info["code_object"])))
         except OSError as e:
             raise HipcError(f"{artifact.file(info['code_object'])}: cannot load ({e})") from None
+        for symbol in ("hipc_abi_version", "hipc_isa", "hipc_forward"):
+            if not hasattr(self.lib, symbol):
+                raise HipcError(
+                    f"{artifact.file(info['code_object'])}: no {symbol} in the code object; "
+                    "it and plan.json disagree (recompile the artifact)"
+                )
         if self.lib.hipc_abi_version() != ABI_VERSION:
             raise HipcError(
                 f"{artifact.path}: kernel ABI {self.lib.hipc_abi_version()}, runtime expects {ABI_VERSION}"

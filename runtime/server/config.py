@@ -64,6 +64,8 @@ class Config:
     max_json_depth: int = 32
     max_n: int = 8
     shutdown_timeout: float = 30.0
+    read_timeout: float = 10.0  # a request must arrive whole within this of its first byte
+    max_connections: int = 1000
     chat_template: str | None = None  # a Jinja file replacing the model's template
     reasoning: str = "auto"
     log_level: str = "info"
@@ -83,6 +85,8 @@ class Config:
             ("max_json_depth", 2 <= self.max_json_depth <= 1000, "must be 2..1000"),
             ("max_n", 1 <= self.max_n <= 128, "must be 1..128"),
             ("shutdown_timeout", self.shutdown_timeout >= 0, "must be 0 or more"),
+            ("read_timeout", 1 <= self.read_timeout <= 3600, "must be 1..3600 seconds"),
+            ("max_connections", 16 <= self.max_connections <= 65536, "must be 16..65536"),
             ("reasoning", self.reasoning in ("auto", "on", "off"), "must be auto, on or off"),
             (
                 "log_level",
@@ -162,6 +166,14 @@ OPTIONS: tuple[Option, ...] = (
         "on SIGTERM, seconds running and queued requests get to finish",
         "SECONDS",
     ),
+    Option(
+        "read_timeout",
+        float,
+        "seconds a request (headers and body) may take to arrive, and an idle connection "
+        "may stay open",
+        "SECONDS",
+    ),
+    Option("max_connections", int, "open connections accepted at once", "N"),
     Option(
         "chat_template", str, "a Jinja chat template file to use instead of the model's", "FILE"
     ),

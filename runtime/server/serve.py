@@ -106,19 +106,25 @@ def _commit_kv(backend) -> None:
 def _create_server(app, config: Config):
     import waitress
 
+    from hipc.runtime.server.connections import CLEANUP_INTERVAL, harden
+
     threads = min(config.max_queued_requests + 1 + SPARE_HTTP_THREADS, MAX_HTTP_THREADS)
     try:
-        return waitress.create_server(
+        server = waitress.create_server(
             app,
             host=config.host,
             port=config.port,
             threads=threads,
-            connection_limit=max(100, 2 * threads),
+            connection_limit=_connection_limit(config.max_connections),
+            # NOTE: a connection waiting for its next request is closed after this; one
+            # whose request is arriving too slowly is closed by connections.harden
+            channel_timeout=max(1, round(config.read_timeout)),
+            cleanup_interval=CLEANUP_INTERVAL,
             # NOTE: lookahead keeps reading a connection while its request runs, so a client
             # that hangs up is noticed (waitress.client_disconnected) and its work cancelled
             channel_request_lookahead=1,
-            # waitress refuses bodies past this with its own plain-text 413; below it the
-            # app answers oversized bodies with an OpenAI-style JSON 413
+            # waitress stops reading bodies past this (its 413, made JSON by harden);
+            # below it the app answers oversized bodies with its own 413
             max_request_body_size=4 * config.max_body_bytes,
             ident="hipc",
             clear_untrusted_proxy_headers=True,
@@ -126,6 +132,34 @@ def _create_server(app, config: Config):
         )
     except OSError as e:
         raise HipcError(f"cannot listen on {config.host}:{config.port}: {e.strerror}") from None
+    harden(server, config.read_timeout)
+    return server
+
+
+def _connection_limit(wanted: int) -> int:
+    """`wanted` open connections, as far as the process' file-descriptor limit allows (the
+    soft limit is raised toward the hard one first, as servers do)."""
+    import resource
+
+    spare = 64  # the artifact, the listening socket, logs, the tokenizer's files
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + spare
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft - spare < wanted:
+        log.warning(
+            "--max-connections %d: the file-descriptor limit is %d; accepting %d at once",
+            wanted,
+            soft,
+            max(soft - spare, 16),
+        )
+        return max(soft - spare, 16)
+    return wanted
 
 
 def _loopback(host: str) -> bool:

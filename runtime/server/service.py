@@ -8,6 +8,7 @@ once; everything that touches the engine happens on the scheduler's thread.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import queue
 import time
@@ -95,9 +96,14 @@ def render_prompt(
     tokenizer, template: str | None, messages: list[dict], kwargs: dict[str, Any]
 ) -> tuple[list[int], str]:
     """Token ids and text of a chat prompt, through `template` (ChatML if None)."""
+    text = chat_text(tokenizer, template, messages, kwargs)
+    return encode(tokenizer, text, False), text
+
+
+def chat_text(tokenizer, template: str | None, messages: list[dict], kwargs: dict[str, Any]) -> str:
     from hipc.base.chat_template import CHATML_TEMPLATE, render_chat
 
-    text = render_chat(
+    return render_chat(
         template or CHATML_TEMPLATE,
         messages,
         add_generation_prompt=True,
@@ -105,7 +111,34 @@ def render_prompt(
         eos_token=tokenizer.eos_token or "",
         **kwargs,
     )
-    return encode(tokenizer, text, False), text
+
+
+def longest_token_bytes(tokenizer) -> int | None:
+    """An upper bound on the bytes of text one token can stand for, or None if there is none.
+
+    Without a normalizer every token covers at most its own spelling (a byte-level symbol
+    spells one byte in two, '<0x41>' one in six), so a text of B bytes has at least
+    B / this many tokens. A normalizer may shrink text before it is split (NFKC composes
+    up to three code points into one), hence the factor 4 then. An unknown-token id that
+    swallows any run of unknown characters (BPE or Unigram fusing them without byte
+    fallback, WordPiece's [UNK] for an over-long word) covers unboundedly many: None.
+    """
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None:
+        return None
+    try:
+        model = json.loads(backend.to_str()).get("model") or {}
+    except (ValueError, AttributeError):
+        return None
+    kind = model.get("type")
+    has_unk = model.get("unk_token") is not None or model.get("unk_id") is not None
+    fuses = kind == "Unigram" or model.get("fuse_unk")
+    if kind not in ("BPE", "Unigram") or (has_unk and fuses and not model.get("byte_fallback")):
+        return None
+    longest = max(
+        (len(t.encode("utf-8")) for t in backend.get_vocab(with_added_tokens=True)), default=1
+    )
+    return max(longest, 1) * (4 if backend.normalizer is not None else 1)
 
 
 _ENCODER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hipc-tokenize")
@@ -154,7 +187,15 @@ class Service:
                 self.chat_template = Path(config.chat_template).read_text(encoding="utf-8")
             except OSError as e:
                 raise HipcError(f"--chat-template {config.chat_template}: {e.strerror}") from None
+            except UnicodeDecodeError as e:
+                raise HipcError(
+                    f"--chat-template {config.chat_template}: not UTF-8 text (byte {e.start})"
+                ) from None
         self.reasoning = reasoning_enabled(config.reasoning, self.tokenizer, self.chat_template)
+        # A prompt longer than this cannot fit the context whatever its tokens: refused
+        # before tokenizing it (a multi-MiB prompt costs seconds of the one encoder thread)
+        longest = longest_token_bytes(self.tokenizer)
+        self.max_prompt_bytes = None if longest is None else self.max_context * longest
         self.responder = Responder(self.model_name, self.tokenizer, self.reasoning)
 
     # ------------------------------------------------------------ lifecycle
@@ -222,6 +263,21 @@ class Service:
                 code="context_length_exceeded",
             )
 
+    def _check_text_size(self, text: str, what: str) -> None:
+        # NOTE: len(text) <= bytes <= 4 * len(text): encode only a text that might be too long
+        if self.max_prompt_bytes is None or 4 * len(text) <= self.max_prompt_bytes:
+            return
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.max_prompt_bytes:
+            c = self.max_context
+            raise bad_request(
+                f"This model's maximum context length is {c} tokens. However, your {what} "
+                f"is {size} bytes long, more than {c} tokens can hold (at most "
+                f"{self.max_prompt_bytes} bytes). Please reduce the length of the {what}.",
+                param="messages" if what == "messages" else "prompt",
+                code="context_length_exceeded",
+            )
+
     def _choices(self, common: Common, prompts: list[list[int]]) -> list[ChoiceSpec]:
         out = []
         for pi, ids in enumerate(prompts):
@@ -250,13 +306,18 @@ class Service:
     def _chat_prompt(self, messages: list[dict], kwargs: dict[str, Any]) -> tuple[list[int], str]:
         return render_prompt(self.tokenizer, self.chat_template, messages, kwargs)
 
+    def _chat_text(self, messages: list[dict], kwargs: dict[str, Any]) -> str:
+        return chat_text(self.tokenizer, self.chat_template, messages, kwargs)
+
     def plan_chat(self, p: ChatParams) -> Plan:
         if p.common.model != self.model_name:
             raise self._no_model(p.common.model)
-        try:
-            ids, text = self._chat_prompt([dict(m) for m in p.messages], p.template_kwargs)
+        try:  # the template is the model's own code: anything it raises is the request's 400
+            text = self._chat_text([dict(m) for m in p.messages], p.template_kwargs)
         except HipcError as e:
             raise bad_request(str(e), param="messages", code="chat_template_error") from None
+        self._check_text_size(text, "messages")
+        ids = encode(self.tokenizer, text, False)
         if not ids:
             raise bad_request("The chat template made an empty prompt.", param="messages")
         self._check_context(len(ids), p.common.max_tokens, "messages")
@@ -276,14 +337,19 @@ class Service:
         prompts, texts = [], []
         for prompt in p.prompts:
             if isinstance(prompt, str):
+                self._check_text_size(prompt, "prompt")
                 ids = encode(self.tokenizer, prompt)
-                texts.append(prompt)
             else:
                 ids = list(prompt)
-                texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
             if not ids:
                 raise bad_request("The prompt is empty (it encodes to no tokens).", param="prompt")
             self._check_context(len(ids), p.common.max_tokens, "prompt")
+            if p.echo:
+                texts.append(
+                    prompt
+                    if isinstance(prompt, str)
+                    else self.tokenizer.decode(ids, skip_special_tokens=True)
+                )
             prompts.append(ids)
         choices = self._choices(p.common, prompts)
         prefixes = {c.index: texts[c.index // p.common.n] for c in choices} if p.echo else {}

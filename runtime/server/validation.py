@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from hipc.base.chat_template import RESERVED_NAMES
 from hipc.runtime.sampler import SamplingParams
 from hipc.runtime.server.errors import APIError, bad_request
 
@@ -172,8 +173,11 @@ def _type_error(name: str, expected: str, value: Any) -> APIError:
 
 
 def _range_error(name: str, rule: str, value: Any) -> APIError:
+    shown = repr(value)
+    if len(shown) > 80:  # a 4000-digit number is not worth echoing whole
+        shown = shown[:60] + f"... ({len(shown)} characters)"
     return bad_request(
-        f"Invalid value for '{name}': expected {rule}, but got {value!r} instead.",
+        f"Invalid value for '{name}': expected {rule}, but got {shown} instead.",
         param=name,
         code="invalid_value",
     )
@@ -194,7 +198,9 @@ class _Fields:
             return default
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise _type_error(name, "a number", v)
-        if not math.isfinite(v) or (v <= lo if lo_open else v < lo) or v > hi:
+        # NOTE: an int is compared exactly (math.isfinite on a 309-digit int overflows)
+        finite = isinstance(v, int) or math.isfinite(v)
+        if not finite or (v <= lo if lo_open else v < lo) or v > hi:
             rule = f"a number {'>' if lo_open else '>='} {lo} and <= {hi}"
             raise _range_error(name, rule, v)
         return float(v)
@@ -459,7 +465,6 @@ _MESSAGE_FIELDS = {
     "role", "content", "name", "tool_call_id", "tool_calls", "refusal", "reasoning_content",
     "function_call", "audio",
 }  # fmt: skip
-_RESERVED_TEMPLATE_NAMES = {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"}
 
 
 def parse_chat(body: dict[str, Any], limits: Limits) -> ChatParams:
@@ -597,7 +602,7 @@ def _template_kwargs(v: Any) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise _type_error("chat_template_kwargs", "an object", v)
     for key in v:
-        if not key.isidentifier() or key.startswith("_") or key in _RESERVED_TEMPLATE_NAMES:
+        if not key.isidentifier() or key.startswith("_") or key in RESERVED_NAMES:
             raise _range_error(
                 "chat_template_kwargs", "template variable names (not messages, tools ...)", key
             )
