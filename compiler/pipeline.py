@@ -282,9 +282,7 @@ def _lazy_weight(name: str, init, reader: WeightReader, quant_layout: str) -> La
         return LazyTensor(
             name, parts[0].dtype, shape, lambda: split_quant_blocks(reader.stored(init), init.dtype)
         )
-    # bf16 rows are uint16 bit patterns in numpy; the header says BF16, as plan.json does
-    code = "BF16" if init.dtype == "bfloat16" else None
-    return LazyTensor(name, parts[0].dtype, shape, lambda: reader.stored(init), code)
+    return LazyTensor(name, parts[0].dtype, shape, lambda: reader.stored(init))
 
 
 def _layout_record(dtype: str, quant_layout: str) -> dict:
