@@ -7,14 +7,20 @@ Layout under the cache root::
     <root>/<digest[:2]>/.tmp-*                 entries being written (never read)
     <root>/<digest[:2]>/.trash-*               entries being removed (never read)
     <root>/.locks/<digest>.lock                per-key flock(2) lock files
+    <root>/artifacts/<key>/model.hipc          raw models compiled on demand (compiler/cached.py)
 
 Publishing is atomic: an entry is written completely into a temp directory next to
 its final place (payload.bin, then entry.json last, each fsynced), and the directory is
 then renamed into place. So an entry directory either is complete or does not exist; a
 process killed midway leaves only a ``.tmp-*`` directory that is never read;
-``sweep_temp`` removes old ones, though no command calls it yet. Every load re-checks
-entry.json and the payload's sha256 and size; a damaged entry is logged, removed and
-reported as a miss, never returned.
+``sweep_temp`` removes old ones (every compile calls ``trim``, which sweeps). Every load
+re-checks entry.json and the payload's sha256 and size; a damaged entry is logged, removed
+and reported as a miss, never returned.
+
+The folder is bounded: ``trim`` (run after every compile) drops the least recently used
+kernels and cached artifacts together until they fit in ``$HIPC_CACHE_MAX_BYTES``
+(default 10 GiB; 0 = no bound), skipping an artifact a live compile is writing. A hit bumps an entry's entry.json mtime, a reused
+artifact its folder's mtime: the LRU clock, since atime is unreliable (noatime).
 
 ``get_or_build`` holds a per-key ``flock`` while it builds, so concurrent processes
 asking for the same key build it once; where locking is unavailable (no fcntl, a
@@ -34,7 +40,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from hipc.base.errors import HipcError
@@ -52,8 +58,15 @@ ENTRY_NAME = "entry.json"
 LOCK_DIR = ".locks"
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
+ARTIFACTS_DIR = "artifacts"
+# NOTE: cached artifacts hold a copy of the weights (SmolLM2: 190 MB; an 8B model: ~5 GB);
+# 10 GiB keeps a few while a disk is not filled by models compiled once and forgotten
+DEFAULT_MAX_BYTES = 10 * 2**30
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 _FANOUT_RE = re.compile(r"[0-9a-f]{2}")
+# a compile writing a cached artifact (compiler/artifact.py's scratch naming)
+_WRITING_RE = re.compile(r"^\..+\.(?:tmp|old)-(\d+)$")
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
 
@@ -69,6 +82,51 @@ def default_cache_dir() -> Path:
     if xdg:
         return Path(xdg).expanduser() / "hipc"
     return Path.home() / ".cache" / "hipc"
+
+
+def max_bytes_from_env() -> int | None:
+    """``$HIPC_CACHE_MAX_BYTES`` (bytes, or with a K/M/G/T suffix: binary units); None = no bound."""
+    raw = os.environ.get("HIPC_CACHE_MAX_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", raw.lower())
+    if m is None:
+        raise HipcError(
+            f"HIPC_CACHE_MAX_BYTES={raw!r}: expected a size such as 5000000000, 500M or 10G "
+            "(0 = no bound)"
+        )
+    value = int(float(m.group(1)) * _UNITS[m.group(2)])
+    return value or None
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _being_written(folder: Path) -> bool:
+    """True while a live process compiles into this cached-artifact folder."""
+    try:
+        children = list(folder.iterdir())
+    except OSError:
+        return False
+    for child in children:
+        m = _WRITING_RE.match(child.name)
+        if m is None:
+            continue
+        pid = int(m.group(1))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue  # a killed compile's leftover: the folder may go
+        except PermissionError:
+            pass  # another user's live process
+        return True
+    return False
 
 
 def _why(exc: OSError) -> str:
@@ -362,29 +420,82 @@ class KernelCache:
                         doc = None
                 yield entry, doc, size, last_used
 
+    def _artifacts(self) -> Iterator[tuple[Path, int, float]]:
+        """(folder, bytes on disk, last used) per cached artifact (compiler/cached.py)."""
+        try:
+            folders = sorted((self.root / ARTIFACTS_DIR).iterdir())
+        except OSError:
+            return
+        for folder in folders:
+            if folder.name.startswith(".") or not folder.is_dir() or folder.is_symlink():
+                continue
+            with contextlib.suppress(OSError):
+                yield folder, _tree_bytes(folder), folder.stat().st_mtime
+
+    def artifact_dir(self, key: str) -> Path:
+        """Where the raw model with this key is compiled to (``<dir>/model.hipc``)."""
+        return self.root / ARTIFACTS_DIR / key
+
+    def mark_used(self, artifact_dir: Path) -> None:
+        """Make a cached artifact the most recently used (the LRU clock is its mtime)."""
+        with contextlib.suppress(OSError):
+            os.utime(artifact_dir)
+
     def info(self) -> dict:
-        """``{"root", "entries", "total_bytes", "targets": {target: count}}``."""
+        """What the cache folder holds: kernels (``entries``, ``targets``, ``kernel_bytes``),
+        cached artifacts (``artifacts``, ``artifact_bytes``), the rest (temp leftovers,
+        locks, stamps: ``other_bytes``), ``total_bytes`` on disk and the bound ``max_bytes``."""
         entries = 0
-        total = 0
+        kernel_bytes = 0
         targets: dict[str, int] = {}
         for _entry, doc, size, _last in self._entries():
             if doc is None:
                 continue  # damaged; removed on its next load
             entries += 1
-            total += size
+            kernel_bytes += size
             key = doc.get("key")
             target = key.get("target") if isinstance(key, dict) else None
             target = target if isinstance(target, str) else "?"
             targets[target] = targets.get(target, 0) + 1
+        artifacts = list(self._artifacts())
+        artifact_bytes = sum(a[1] for a in artifacts)
+        total = _tree_bytes(self.root) if self.root.is_dir() else 0
         return {
             "root": str(self.root),
-            "entries": entries,
+            "max_bytes": max_bytes_from_env(),
             "total_bytes": total,
+            "entries": entries,
             "targets": dict(sorted(targets.items())),
+            "kernel_bytes": kernel_bytes,
+            "artifacts": len(artifacts),
+            "artifact_bytes": artifact_bytes,
+            "other_bytes": max(total - kernel_bytes - artifact_bytes, 0),
         }
 
+    def _discard_artifact(self, folder: Path) -> None:
+        trash = folder.parent / f"{TRASH_PREFIX}{folder.name}-{secrets.token_hex(6)}"
+        try:
+            os.rename(folder, trash)  # atomic: a reader sees the artifact or nothing
+        except OSError:
+            return
+        _remove_path(trash)
+
+    def clear_artifacts(self) -> int:
+        """Remove every cached artifact (and leftovers of removals); the count."""
+        removed = 0
+        for folder, _size, _last in list(self._artifacts()):
+            if _being_written(folder):
+                continue  # another compile's output; removing it would fail that compile
+            self._discard_artifact(folder)
+            removed += 1
+        with contextlib.suppress(OSError):
+            for child in (self.root / ARTIFACTS_DIR).iterdir():
+                if child.name.startswith(TRASH_PREFIX):
+                    _remove_path(child)
+        return removed
+
     def clear(self) -> int:
-        """Remove every entry, temp file and lock file; the number of entries removed."""
+        """Remove every kernel entry, temp file and lock file; the number of entries removed."""
         removed = 0
         for fanout, children in self._fanout_children():
             for child in children:
@@ -400,20 +511,38 @@ class KernelCache:
         shutil.rmtree(self.root / LOCK_DIR, ignore_errors=True)
         return removed
 
-    def evict(self, max_bytes: int) -> int:
-        """Drop least recently used entries until at most ``max_bytes`` remain; count."""
+    def evict(self, max_bytes: int, keep: Sequence[Path] = ()) -> int:
+        """Drop least recently used kernels and cached artifacts until at most
+        ``max_bytes`` of them remain (never one in ``keep``); the count removed."""
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        entries = sorted(self._entries(), key=lambda e: e[3])
-        total = sum(e[2] for e in entries)
+        kept = {Path(k).resolve() for k in keep}
+        items = [(last, entry, size, False) for entry, _doc, size, last in self._entries()]
+        items += [(last, folder, size, True) for folder, size, last in self._artifacts()]
+        items.sort(key=lambda item: item[0])
+        total = sum(item[2] for item in items)
         removed = 0
-        for entry, _doc, size, _last in entries:
+        for _last, path, size, is_artifact in items:
             if total <= max_bytes:
                 break
-            self._discard(entry)
+            if any(k == path.resolve() or path.resolve() in k.parents for k in kept):
+                continue
+            if is_artifact and _being_written(path):
+                continue
+            if is_artifact:
+                self._discard_artifact(path)
+            else:
+                self._discard(path)
             total -= size
             removed += 1
         return removed
+
+    def trim(self, max_bytes: int | None, keep: Sequence[Path] = ()) -> tuple[int, int]:
+        """What a compile runs afterwards: sweep old temp leftovers, then evict down to
+        ``max_bytes`` (None: no bound). ``(temp dirs swept, entries evicted)``."""
+        swept = self.sweep_temp()
+        evicted = self.evict(max_bytes, keep) if max_bytes is not None else 0
+        return swept, evicted
 
     def sweep_temp(self, older_than_s: float = 3600) -> int:
         """Remove leftover temp/trash dirs older than ``older_than_s``; the count."""
@@ -430,4 +559,9 @@ class KernelCache:
                     continue
                 _remove_path(child)
                 removed += 1
+        with contextlib.suppress(OSError):
+            for child in (self.root / ARTIFACTS_DIR).iterdir():
+                if child.name.startswith(TRASH_PREFIX) and child.lstat().st_mtime <= cutoff:
+                    _remove_path(child)
+                    removed += 1
         return removed

@@ -10,10 +10,55 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 
 from hipc.base.errors import HipcError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with hipc's error shape: one line, `hipc: error: ...`, exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        choice = re.match(
+            r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)", message
+        )
+        if choice:
+            options = re.findall(r"'([^']*)'", choice.group(3))
+            message = f"argument {choice.group(1)}: invalid choice {choice.group(2)!r}"
+            message += (
+                _did_you_mean(choice.group(2), options) or f" (choose from {', '.join(options)})"
+            )
+        hint = "" if message.endswith(")") else f" (see {self.prog} --help)"
+        self.exit(2, f"hipc: error: {message}{hint}\n")
+
+
+def _did_you_mean(word: str, options: Sequence[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _unrecognized(parser: argparse.ArgumentParser, args, extras: list[str]) -> str:
+    """One line for arguments no option took, naming the closest flag of that command."""
+    sub = parser._subcommands.get(getattr(args, "command", None))  # type: ignore[attr-defined]
+    flags = [
+        f
+        for a in (sub or parser)._actions
+        if a.help != argparse.SUPPRESS
+        for f in a.option_strings
+        if f.startswith("--")
+    ]
+    flag = next((e for e in extras if e.startswith("-")), None)
+    prog = sub.prog if sub else parser.prog
+    if flag is None:
+        return f"{prog}: unexpected argument {extras[0]!r} (see {prog} --help)"
+    name = flag.split("=", 1)[0]
+    return f"{prog}: unknown option {name}" + (
+        _did_you_mean(name, flags) or f" (see {prog} --help)"
+    )
 
 
 def _parse_tokens(text: str) -> list[int]:
@@ -59,8 +104,11 @@ def _engine(args):
         return ReferenceEngine(_load(args.model), args.max_context)
     from hipc.runtime.engine import load_engine
 
-    path = args.model if _is_artifact(args.model) else _compiled(args.model, args)
-    return load_engine(path, threads=getattr(args, "threads", None))
+    if _is_artifact(args.model):
+        return load_engine(
+            args.model, threads=getattr(args, "threads", None), max_context=args.max_context
+        )
+    return load_engine(_compiled(args.model, args), threads=getattr(args, "threads", None))
 
 
 def _compiled(model_ref: str, args) -> str:
@@ -71,9 +119,27 @@ def _compiled(model_ref: str, args) -> str:
     return str(cached_artifact(model_ref, CompileOptions(max_context=args.max_context)))
 
 
+def _model_not_artifact(args) -> None:
+    """verify, info and compile read a model; an artifact is the output of compile."""
+    if not _is_artifact(args.model):
+        return
+    source = ""
+    try:
+        with open(os.path.join(args.model, "manifest.json"), encoding="utf-8") as f:
+            ref = json.load(f).get("model", {}).get("ref")
+        source = f"; this one was compiled from {ref}" if isinstance(ref, str) and ref else ""
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise HipcError(
+        f"{args.model}: a compiled artifact, but `hipc {args.command}` takes a model "
+        f"(HF folder, .gguf file, local HF id or alias){source}"
+    )
+
+
 def cmd_info(args) -> int:
     from hipc.graphs import build_graph
 
+    _model_not_artifact(args)
     model = _load(args.model)
     graph = build_graph(model, args.max_context)
     params, by_dtype = 0, {}
@@ -232,10 +298,21 @@ def cmd_compile(args) -> int:
     from hipc.compiler.pipeline import compile_model, explain
     from hipc.compiler.toolchains.detect import resolve_targets
 
+    _model_not_artifact(args)
+    chunk = args.prefill_chunk
+    if args.old_max_tokens is not None:
+        if chunk is not None and chunk != args.old_max_tokens:
+            raise HipcError("--max-tokens and --prefill-chunk disagree; pass only --prefill-chunk")
+        chunk = args.old_max_tokens
+        print(
+            "hipc: warning: `hipc compile --max-tokens` is deprecated: it sets the prefill "
+            "chunk, so it is now --prefill-chunk (generate's --max-tokens counts generated tokens)",
+            file=sys.stderr,
+        )
     options = CompileOptions(
         targets=resolve_targets(tuple(args.target or ["cpu"])),
         max_context=args.max_context,
-        max_tokens=args.max_tokens,
+        max_tokens=chunk,
         activations=args.activations,
         kv_storage=args.kv_storage,
     )
@@ -261,6 +338,7 @@ def _default_name(model_ref: str) -> str:
 def cmd_verify(args) -> int:
     from hipc.compiler.verify_compiled import verify_model
 
+    _model_not_artifact(args)
     report = verify_model(
         args.model,
         target=args.target,
@@ -278,16 +356,22 @@ def cmd_cache(args) -> int:
 
     cache = KernelCache()
     if args.action == "clear":
-        from hipc.compiler.scratch import sweep_pending, sweep_tool_dirs
-
-        # what killed compiles left: their artifact scratch (wherever -o was) and temp dirs
-        swept = sweep_pending(cache.root) + sweep_tool_dirs()
         import shutil
 
+        from hipc.compiler.scratch import sweep_pending, sweep_tool_dirs
         from hipc.runtime.integrity import stamp_dir
 
+        before = cache.info()["total_bytes"]
+        # what killed compiles left: their artifact scratch (wherever -o was) and temp dirs
+        swept = sweep_pending(cache.root) + sweep_tool_dirs()
         shutil.rmtree(stamp_dir(), ignore_errors=True)  # artifacts are hashed again on load
-        print(f"removed {cache.clear()} entries from {cache.root}")
+        artifacts = cache.clear_artifacts()
+        kernels = cache.clear()
+        freed = max(before - cache.info()["total_bytes"], 0)
+        print(
+            f"removed {kernels} kernels and {artifacts} cached artifacts "
+            f"({freed / 2**20:.1f} MiB) from {cache.root}"
+        )
         if swept:
             print(f"removed {len(swept)} leftovers of killed compiles")
     else:
@@ -295,22 +379,81 @@ def cmd_cache(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hipc", description="Ahead-of-time LLM compiler for HIP.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _sampling_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="sampling temperature; 0 = greedy, deterministic (default 0)",
+    )
+    sp.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="nucleus sampling mass (default 1: off)",
+    )
+    sp.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        metavar="K",
+        help="sample among the K likeliest (default 0: off)",
+    )
+    sp.add_argument(
+        "--min-p",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="drop tokens below P x the top probability (default 0: off)",
+    )
+    sp.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        metavar="R",
+        help="penalize tokens of the prompt and output, HF-style: a logit is divided by R, "
+        "or multiplied when negative (default 1: off)",
+    )
+    sp.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="sampling seed (default: random)"
+    )
 
-    def model_cmd(name: str, help: str, fn) -> argparse.ArgumentParser:
+
+def _threads_flag(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU threads (default: $OMP_NUM_THREADS, else every core this process may use)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hipc.base.version import HIPC_VERSION
+
+    p = _Parser(prog="hipc", description="Ahead-of-time LLM compiler for HIP.")
+    p.add_argument("--version", action="version", version=f"hipc {HIPC_VERSION}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p._subcommands = sub.choices  # type: ignore[attr-defined]
+
+    def model_cmd(name: str, help: str, fn, artifact_ok: bool = False) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help)
+        what = "HF folder, .gguf file, local HF id, or alias (smollm2-135m)"
         sp.add_argument(
             "model",
-            metavar="MODEL",
-            help="HF folder, .gguf file, local HF id, or alias (smollm2-135m)",
+            metavar="MODEL|ARTIFACT" if artifact_ok else "MODEL",
+            help=f"{what}, or an artifact (NAME.hipc/)" if artifact_ok else what,
         )
         sp.add_argument(
             "--max-context",
             type=int,
             default=None,
-            help="KV-cache length (default: the model's limit; at most 4096 compiling for cpu)",
+            metavar="N",
+            help="KV-cache length (default: the model's limit, at most 4096 compiling for cpu"
+            + ("; an artifact's compiled length)" if artifact_ok else ")"),
         )
         sp.set_defaults(fn=fn)
         return sp
@@ -329,11 +472,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="cpu, sm_80/sm_89/sm_90, gfx90a/gfx942/gfx1100/gfx1101/gfx1151/gfx1201, or auto (repeatable; default cpu)",
     )
     sp.add_argument(
-        "--max-tokens",
+        "--prefill-chunk",
         type=int,
         default=None,
-        help="tokens per step, the prefill chunk (default 256 for cpu, 512 for GPUs)",
+        metavar="N",
+        help="tokens per forward step: longer prompts are prefilled in chunks of N "
+        "(default 256 for cpu, 512 for GPUs)",
     )
+    # NOTE: the old spelling, easy to mistake for generate's --max-tokens; kept working
+    sp.add_argument("--max-tokens", dest="old_max_tokens", type=int, help=argparse.SUPPRESS)
     sp.add_argument(
         "--activations",
         choices=["int16", "int8"],
@@ -357,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = model_cmd(
         "verify", "compile MODEL and compare its logits with the reference executor", cmd_verify
     )
-    sp.add_argument("--target", default="cpu")
+    sp.add_argument("--target", default="cpu", help="the target to compile and run (default cpu)")
     sp.add_argument(
         "--text", default=None, help="text to teacher-force (default: a built-in mixed sample)"
     )
@@ -372,37 +519,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     sp = sub.add_parser("cache", help="inspect or clear the compiled-kernel cache")
-    sp.add_argument("action", choices=["info", "clear"])
+    sp.add_argument(
+        "action",
+        choices=["info", "clear"],
+        help="info: entries and bytes (JSON); clear: remove kernels, cached artifacts, leftovers",
+    )
     sp.set_defaults(fn=cmd_cache)
 
-    sp = model_cmd("tokenize", "print token ids as JSON", cmd_tokenize)
-    sp.add_argument("--text", required=True)
+    sp = model_cmd("tokenize", "print token ids as JSON", cmd_tokenize, artifact_ok=True)
+    sp.add_argument("--text", required=True, help="the text to tokenize")
     sp.add_argument(
         "--chat", action="store_true", help="wrap the text as a user turn in the chat template"
     )
 
     sp = model_cmd(
-        "logits", "teacher-forced float32 logits [n_tokens, vocab] to a .npy file", cmd_logits
+        "logits",
+        "teacher-forced float32 logits [n_tokens, vocab] to a .npy file",
+        cmd_logits,
+        artifact_ok=True,
     )
     sp.add_argument("--tokens", required=True, help="comma-separated token ids")
     sp.add_argument("--out", required=True, metavar="FILE.npy")
     sp.add_argument("--reference", action="store_true", help="run the NumPy reference executor")
 
-    sp = model_cmd("generate", "generate text, streamed to stdout", cmd_generate)
-    sp.add_argument("--prompt", required=True)
-    sp.add_argument("--chat", action="store_true")
-    sp.add_argument("--max-tokens", type=int, default=None)
-    sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    sp.add_argument("--top-p", type=float, default=1.0)
-    sp.add_argument("--top-k", type=int, default=0)
-    sp.add_argument("--min-p", type=float, default=0.0)
-    sp.add_argument("--repetition-penalty", type=float, default=1.0)
-    sp.add_argument("--seed", type=int, default=None)
-    sp.add_argument("--stop", action="append", help="stop string (repeatable)")
-    sp.add_argument("--ignore-eos", action="store_true")
-    sp.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    sp.add_argument("--reference", action="store_true", help="run the NumPy reference executor")
-    sp.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    sp = model_cmd("generate", "generate text, streamed to stdout", cmd_generate, artifact_ok=True)
+    sp.add_argument("--prompt", required=True, help="the prompt text")
+    sp.add_argument(
+        "--chat", action="store_true", help="wrap the prompt as a user turn in the chat template"
+    )
+    sp.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens to generate at most (default: until EOS or the context is full)",
+    )
+    _sampling_flags(sp)
+    sp.add_argument(
+        "--stop",
+        action="append",
+        metavar="STR",
+        help="stop before this text (repeatable; default: none)",
+    )
+    sp.add_argument(
+        "--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens"
+    )
+    sp.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON summary (ids, finish reason, tokens/s) as the last line",
+    )
+    sp.add_argument(
+        "--reference",
+        action="store_true",
+        help="run the NumPy reference executor (MODEL only; slow, the oracle)",
+    )
+    _threads_flag(sp)
 
     from hipc.runtime.server.config import add_arguments
 
@@ -414,23 +586,26 @@ def build_parser() -> argparse.ArgumentParser:
     help = "chat with ARTIFACT in the terminal, streamed (/reset, /exit)"
     sp = sub.add_parser("chat", help=help, description=help)
     sp.add_argument("artifact", metavar="ARTIFACT", help="a compiled artifact (NAME.hipc/)")
-    sp.add_argument("--system", default=None, help="a system message to start with")
-    sp.add_argument("--max-tokens", type=int, default=None, help="per reply (default: the context)")
-    sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    sp.add_argument("--top-p", type=float, default=1.0)
-    sp.add_argument("--top-k", type=int, default=0)
-    sp.add_argument("--min-p", type=float, default=0.0)
-    sp.add_argument("--repetition-penalty", type=float, default=1.0)
-    sp.add_argument("--seed", type=int, default=None)
-    sp.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    sp.add_argument("--system", default=None, help="a system message to start with (default: none)")
     sp.add_argument(
-        "--chat-template", metavar="FILE", help="a Jinja template instead of the model's"
+        "--max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per reply at most (default: until EOS or the context is full)",
+    )
+    _sampling_flags(sp)
+    _threads_flag(sp)
+    sp.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja template instead of the model's (default: the model's)",
     )
     sp.add_argument(
         "--reasoning",
         choices=["auto", "on", "off"],
         default="auto",
-        help="split <think> spans off the reply (auto: if the model knows <think>)",
+        help="split <think> spans off the reply (default auto: if the model knows <think>)",
     )
     sp.add_argument("--show-reasoning", action="store_true", help="print reasoning when piped, too")
     sp.set_defaults(fn=cmd_chat)
@@ -438,7 +613,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        print(f"hipc: error: {_unrecognized(parser, args, extras)}", file=sys.stderr)
+        return 2
     try:
         return args.fn(args)
     except HipcError as e:

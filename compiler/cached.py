@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hipc.base.errors import HipcError
 from hipc.base.version import HIPC_VERSION
-from hipc.cache import default_cache_dir
+from hipc.cache import KernelCache
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.toolchains.cpu import CpuToolchain
 from hipc.graphs import load_model
@@ -33,11 +33,12 @@ def cached_artifact(model_ref: str, options: CompileOptions, root: Path | None =
     from hipc.compiler.pipeline import compile_model
     from hipc.runtime.artifact import load_artifact
 
-    root = (root or default_cache_dir()) / "artifacts"
-    path = root / artifact_key(model_ref, options) / "model.hipc"
+    cache = KernelCache(root)
+    path = cache.artifact_dir(artifact_key(model_ref, options)) / "model.hipc"
     if path.is_dir():
         try:
             load_artifact(path)
+            cache.mark_used(path.parent)  # the LRU clock HIPC_CACHE_MAX_BYTES evicts by
             return path
         except HipcError as e:
             print(f"hipc: rebuilding damaged cached artifact ({e})", file=sys.stderr)
@@ -49,5 +50,5 @@ def cached_artifact(model_ref: str, options: CompileOptions, root: Path | None =
         f"hipc: compiling {model_ref} for {', '.join(options.targets)} (cached in {path.parent})",
         file=sys.stderr,
     )
-    compile_model(model_ref, path, options, verbose=False)
+    compile_model(model_ref, path, options, cache=cache, verbose=False)
     return path

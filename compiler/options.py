@@ -56,7 +56,7 @@ class CompileOptions:
         if self.max_context is not None and self.max_context < 2:
             raise HipcError(f"--max-context must be at least 2, got {self.max_context}")
         if self.max_tokens is not None and not 1 <= self.max_tokens <= 8192:
-            raise HipcError(f"--max-tokens must be in 1..8192, got {self.max_tokens}")
+            raise HipcError(f"--prefill-chunk must be in 1..8192, got {self.max_tokens}")
 
     def resolved_max_context(self, model_limit: int) -> int:
         cap = min(DEFAULT_MAX_CONTEXT.get(t, model_limit) for t in self.targets)

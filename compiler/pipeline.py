@@ -18,7 +18,7 @@ import numpy as np
 
 from hipc.base.safetensors_file import LazyTensor
 from hipc.base.version import ABI_VERSION, HIPC_VERSION
-from hipc.cache import CacheKey, KernelCache
+from hipc.cache import CacheKey, KernelCache, max_bytes_from_env
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
 from hipc.compiler.codegen.cpu import render_cpu_program
 from hipc.compiler.codegen.hip import render_hip_program
@@ -104,11 +104,19 @@ def compile_model(
     verbose: bool | None = None,
 ) -> CompileResult:
     dump = dump_dir or os.environ.get("HIPC_DUMP_DIR")
+    cache_bound = max_bytes_from_env()  # a bad value fails now, not after the compile
     st = Stages(Path(dump) if dump else None, sys.stderr.isatty() if verbose is None else verbose)
     reader = WeightReader()
 
     model: Model = st.run("load model", load_model, model_ref)
     max_ctx = options.resolved_max_context(model.config.max_position_embeddings)
+    if max_ctx < model.config.max_position_embeddings and options.max_context is None:
+        # NOTE: said even with -q: a context shorter than the model's is a silent limit otherwise
+        print(
+            f"hipc: max context capped at {max_ctx} for {', '.join(options.targets)} (the model "
+            f"allows {model.config.max_position_embeddings}; --max-context N sets it)",
+            file=sys.stderr,
+        )
     max_tokens = options.resolved_max_tokens(max_ctx)
     # The unfused graph is the specification; the reference executor runs it.
     graph = st.run("build graph", build_graph, model, max_ctx)
@@ -252,6 +260,14 @@ def compile_model(
             on_progress=st.bar("writing weights"),
         ),
     )
+    # The cache folder stays within its bound; the artifact just written is never evicted.
+    _swept, evicted = cache.trim(cache_bound, keep=[Path(out)])
+    if evicted:
+        print(
+            f"hipc: cache over HIPC_CACHE_MAX_BYTES ({cache_bound / 2**30:.1f} GiB): removed "
+            f"{evicted} least recently used entries from {cache.root}",
+            file=sys.stderr,
+        )
     return CompileResult(Path(out), fusion, hits, st.seconds)
 
 

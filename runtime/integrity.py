@@ -188,9 +188,11 @@ def check_plan(
             if entry is None:
                 raise HipcError(f"{where}: weight {name!r} is not in weights.safetensors")
             dtype = w.get("dtype", entry.dtype)
-            # block-quantized types (q4_1, q8_0 ...) are stored as their packed bytes
+            # block-quantized types (q4_1, q8_0 ...) are stored as their packed bytes; the
+            # compiler writes bfloat16 weights as their uint16 bit patterns
             stored_as = dtype if dtype in PLAIN_DTYPES else "uint8"
-            if tuple(entry.shape) != stored or entry.dtype != stored_as:
+            allowed = {stored_as, "uint16"} if dtype == "bfloat16" else {stored_as}
+            if tuple(entry.shape) != stored or entry.dtype not in allowed:
                 raise HipcError(
                     f"{where}: weight {name!r} is {w.get('dtype')} {list(stored)}, "
                     f"weights.safetensors holds {entry.dtype} {list(entry.shape)}"

@@ -2,6 +2,17 @@
 
 Weights stay memory-mapped from weights.safetensors (the OS pages them in once);
 the activation arena and the KV cache are allocated once per engine.
+
+Threads: `threads`, else $OMP_NUM_THREADS, else every core this process may run on.
+A decode step is ~200 OpenMP parallel regions, each ending in a barrier. libgomp's
+default is to spin ~300,000 pause instructions at a barrier before sleeping; when other
+processes hold the cores, a spinning thread burns the time slice its descheduled peer
+needs, and SmolLM2's decode fell to 0.5-2 tok/s (2 cores at load ~10, with and
+without two busy competitors: docs/benchmarks/cpu-busy.md). So unless the user chose a
+wait policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT), the spin is cut to SPIN_COUNT before
+the library, and with it libgomp, is loaded: ~34 tok/s on that machine, near what
+passive waiting gives, while threads that arrive together (an idle machine) still meet
+within the spin instead of paying a futex wake-up per barrier.
 """
 
 from __future__ import annotations
@@ -16,6 +27,9 @@ from hipc.base.errors import HipcError
 from hipc.base.safetensors_file import SafetensorsFile
 from hipc.base.version import ABI_VERSION
 from hipc.runtime.artifact import Artifact
+
+# ~1000 pause instructions: tens of microseconds on current x86 cores
+SPIN_COUNT = "1000"
 
 
 class CpuBackend:
@@ -39,6 +53,10 @@ class CpuBackend:
             )
         if threads:
             os.environ["OMP_NUM_THREADS"] = str(threads)
+        if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+            # NOTE: read once, when libgomp initializes: a process that loaded it before
+            # (a second engine, torch) keeps its first settings
+            os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
         try:
             self.lib = ctypes.CDLL(str(artifact.file(info["code_object"])))
         except OSError as e:

@@ -38,7 +38,11 @@ def create_app(engine, config: Config | None = None, service: Service | None = N
 
 
 class RequestLog:
-    """Counts every response by route and status, and logs one line per request."""
+    """Counts every response by route and status, and logs one line per request.
+
+    A streamed response is logged when its stream ends (or the client leaves), so the
+    time is the whole request's, not the time to its headers.
+    """
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
@@ -51,8 +55,41 @@ class RequestLog:
         endpoint = req.uri_template if resource is not None and req.uri_template else "unmatched"
         status = str(resp.status_code)
         self.metrics.requests.inc(1, endpoint, status)
-        ms = (time.perf_counter() - getattr(req.context, "t0", time.perf_counter())) * 1e3
-        log.info("%s %s %s %.1f ms", req.method, endpoint, status, ms)
+        t0 = getattr(req.context, "t0", time.perf_counter())
+        if resp.stream is not None and not hasattr(resp.stream, "read"):
+            resp.stream = _LoggedStream(resp.stream, req.method, endpoint, status, t0)
+            return
+        _log_request(req.method, endpoint, status, t0, "")
+
+
+def _log_request(method: str, endpoint: str, status: str, t0: float, what: str) -> None:
+    ms = (time.perf_counter() - t0) * 1e3
+    log.info("%s %s %s %.1f ms%s", method, endpoint, status, ms, what)
+
+
+class _LoggedStream:
+    """An SSE body that writes the request's log line once it is done."""
+
+    def __init__(self, body, method: str, endpoint: str, status: str, t0: float) -> None:
+        self._body, self._line, self._t0 = body, (method, endpoint, status), t0
+        self._chunks, self._finished, self._logged = 0, False, False
+
+    def __iter__(self):
+        for chunk in self._body:
+            self._chunks += 1
+            yield chunk
+        self._finished = True
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if not self._logged:
+                self._logged = True
+                end = "" if self._finished else ", client left"
+                _log_request(*self._line, self._t0, f" (stream, {self._chunks} chunks{end})")
 
 
 def _api_error(req, resp, ex: APIError, params) -> None:

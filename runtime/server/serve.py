@@ -59,6 +59,7 @@ def serve(config: Config) -> int:
     from hipc.runtime.server.app import create_app
     from hipc.runtime.server.service import Service
 
+    _check_port(config.host, config.port)  # before a load that can take minutes
     t0 = time.perf_counter()
     engine = load(config)
     service = Service(engine, config)
@@ -92,6 +93,28 @@ def serve(config: Config) -> int:
         close()
     log.info("stopped")
     return code
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail now if the port is taken, rather than after loading and warming the model.
+
+    The socket is bound and closed again: the port itself opens only when the server is
+    ready, and a bind that loses a race later still fails with the same one line."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as e:
+        raise HipcError(f"--host {host}: cannot resolve ({e})") from None
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as waitress binds
+        try:
+            probe.bind(address)
+        except OSError as e:
+            raise HipcError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
 def _commit_kv(backend) -> None:

@@ -308,7 +308,17 @@ def test_concurrent_processes_same_key(tmp_path, lock):
 
 def test_info_evict_clear(tmp_path):
     cache = KernelCache(tmp_path)
-    assert cache.info() == {"root": str(tmp_path), "entries": 0, "total_bytes": 0, "targets": {}}
+    assert cache.info() == {
+        "root": str(tmp_path),
+        "max_bytes": 10 * 2**30,
+        "total_bytes": 0,
+        "entries": 0,
+        "targets": {},
+        "kernel_bytes": 0,
+        "artifacts": 0,
+        "artifact_bytes": 0,
+        "other_bytes": 0,
+    }
     keys = {
         "old": make_key(target="sm_90"),
         "mid": make_key(target="sm_90", source="b"),
@@ -319,12 +329,12 @@ def test_info_evict_clear(tmp_path):
     info = cache.info()
     assert info["entries"] == 3
     assert info["targets"] == {"gfx1100": 1, "sm_90": 2}
-    assert info["total_bytes"] > 9000
+    assert info["kernel_bytes"] > 9000
     sizes = {
         name: sum(f.stat().st_size for f in cache.entry_dir(k).iterdir())
         for name, k in keys.items()
     }
-    assert info["total_bytes"] == sum(sizes.values())
+    assert info["kernel_bytes"] == sum(sizes.values())
 
     now = time.time()
     for i, name in enumerate(["old", "mid", "new"]):
@@ -332,7 +342,7 @@ def test_info_evict_clear(tmp_path):
         os.utime(cache.entry_dir(keys[name]) / ENTRY_NAME, (t, t))
     assert cache.get(keys["old"]) is not None  # a hit makes it the most recently used
 
-    assert cache.evict(info["total_bytes"]) == 0
+    assert cache.evict(info["kernel_bytes"]) == 0
     assert cache.evict(sizes["old"] + sizes["new"]) == 1
     assert cache.get(keys["mid"]) is None
     assert cache.get(keys["old"]) is not None and cache.get(keys["new"]) is not None
@@ -399,3 +409,127 @@ def test_unusable_root_raises_hipc_error(tmp_path, sub):
     with pytest.raises(HipcError, match="not-a-dir"):
         cache.get_or_build(key, build)
     assert blocker.read_text() == "x"
+
+
+def fake_artifact(cache: KernelCache, key: str, nbytes: int, age_s: float) -> Path:
+    """A cached artifact folder as compiler/cached.py lays it out, `nbytes` of files."""
+    folder = cache.artifact_dir(key)
+    (folder / "model.hipc" / "kernels").mkdir(parents=True)
+    (folder / "model.hipc" / "weights.safetensors").write_bytes(b"w" * (nbytes - 100))
+    (folder / "model.hipc" / "kernels" / "cpu.so").write_bytes(b"k" * 100)
+    t = time.time() - age_s
+    os.utime(folder, (t, t))
+    return folder
+
+
+def test_info_counts_cached_artifacts_and_everything_on_disk(tmp_path):
+    cache = KernelCache(tmp_path)
+    cache.put(make_key(), PAYLOAD, {})
+    fake_artifact(cache, "a" * 24, 190_000, 0)
+    fake_artifact(cache, "b" * 24, 50_000, 0)
+    (tmp_path / "verified").mkdir()
+    (tmp_path / "verified" / "stamp").write_bytes(b"s" * 30)
+    info = cache.info()
+    assert info["entries"] == 1 and info["artifacts"] == 2
+    assert info["artifact_bytes"] == 240_000
+    on_disk = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())
+    assert info["total_bytes"] == on_disk
+    assert info["other_bytes"] == on_disk - info["kernel_bytes"] - 240_000 >= 30
+
+
+def test_clear_artifacts_leaves_kernels_to_clear(tmp_path):
+    cache = KernelCache(tmp_path)
+    cache.put(make_key(), PAYLOAD, {})
+    fake_artifact(cache, "a" * 24, 1000, 0)
+    assert cache.clear_artifacts() == 1
+    assert cache.info()["artifacts"] == 0 and cache.get(make_key()) == PAYLOAD
+    assert list((tmp_path / "artifacts").iterdir()) == []
+
+
+def test_lru_bound_spans_kernels_and_artifacts(tmp_path):
+    cache = KernelCache(tmp_path)
+    key = make_key()
+    cache.put(key, b"x" * 10_000, {})
+    entry = cache.entry_dir(key)
+    kernel = sum(f.stat().st_size for f in entry.iterdir())
+    t = time.time() - 500
+    os.utime(entry / ENTRY_NAME, (t, t))
+    oldest = fake_artifact(cache, "o" * 24, 20_000, 1000)
+    newest = fake_artifact(cache, "n" * 24, 20_000, 10)
+    kept = fake_artifact(cache, "k" * 24, 20_000, 2000)  # oldest of all, but in use
+    # the bound leaves room for two artifacts: the oldest unkept artifact, then the
+    # kernel (used 500 s ago) go; the newest and the kept one stay
+    assert cache.evict(40_000, keep=[kept / "model.hipc"]) == 2
+    assert not oldest.exists() and cache.get(key) is None
+    assert newest.exists() and kept.exists()
+    assert cache.evict(40_000 + kernel) == 0
+    # a reused artifact becomes the most recent: the other one goes first
+    cache.mark_used(kept)
+    assert cache.evict(20_000) == 1
+    assert kept.exists() and not newest.exists()
+
+
+def test_an_artifact_being_compiled_is_neither_evicted_nor_cleared(tmp_path):
+    import subprocess
+    import sys
+
+    cache = KernelCache(tmp_path)
+    busy = fake_artifact(cache, "b" * 24, 5000, 1000)
+    (busy / f".model.hipc.tmp-{os.getpid()}").mkdir()  # this process is "compiling" into it
+    dead = fake_artifact(cache, "d" * 24, 5000, 2000)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    (dead / f".model.hipc.tmp-{int(gone.stdout)}").mkdir()  # a killed compile's leftover
+    assert cache.evict(0) == 1
+    assert busy.exists() and not dead.exists()
+    assert cache.clear_artifacts() == 0 and busy.exists()
+    (busy / f".model.hipc.tmp-{os.getpid()}").rmdir()
+    assert cache.clear_artifacts() == 1 and not busy.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("", 10 * 2**30),
+        ("5000", 5000),
+        ("500M", 500 * 2**20),
+        ("1.5g", 3 * 2**29),
+        ("2GiB", 2 * 2**30),
+        ("0", None),
+    ],
+)
+def test_max_bytes_from_env(monkeypatch, value, expected):
+    from hipc.cache import max_bytes_from_env
+
+    monkeypatch.setenv("HIPC_CACHE_MAX_BYTES", value)
+    assert max_bytes_from_env() == expected
+
+
+def test_bad_max_bytes_is_one_line(monkeypatch, tmp_path, capsys):
+    from hipc.cli.main import main
+
+    monkeypatch.setenv("HIPC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HIPC_CACHE_MAX_BYTES", "lots")
+    assert main(["cache", "info"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hipc: error: HIPC_CACHE_MAX_BYTES='lots'") and "\n" not in err
+
+
+def test_cache_command_counts_and_clears_artifacts(monkeypatch, tmp_path, capsys):
+    from hipc.cli.main import main
+
+    monkeypatch.setenv("HIPC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HIPC_CACHE_MAX_BYTES", "64M")
+    cache = KernelCache(tmp_path)
+    cache.put(make_key(), PAYLOAD, {})
+    fake_artifact(cache, "a" * 24, 3 * 2**20, 0)
+    (cache.entry_dir(make_key()).parent / f"{TMP_PREFIX}left-by-a-killed-build").mkdir()
+    assert main(["cache", "info"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["artifacts"] == 1 and info["entries"] == 1 and info["max_bytes"] == 64 * 2**20
+    assert info["total_bytes"] > 3 * 2**20
+    assert main(["cache", "clear"]) == 0
+    out = capsys.readouterr().out
+    assert "removed 1 kernels and 1 cached artifacts (3.0 MiB)" in out
+    assert [f for f in tmp_path.rglob("*") if f.is_file()] == []

@@ -279,9 +279,83 @@ def test_explain_and_dump(tiny, tmp_path, capsys):
     assert "// l0.q+k+v: l0.attn_norm, l0.q+k+v, l0.q+k+v.split" in source
 
 
+def test_every_dumped_onnx_passes_the_checker(tiny, tmp_path):
+    onnx = pytest.importorskip("onnx")
+    dump = tmp_path / "dump"
+    assert (
+        main(["compile", str(tiny), "-o", str(tmp_path / "a.hipc"), "--dump", str(dump), "-q"]) == 0
+    )
+    stages = sorted(p.name for p in dump.glob("*.onnx"))
+    assert stages == ["0-built.onnx", "1-canonical.onnx", "2-repacked.onnx"]
+    for name in stages:
+        model = onnx.load(str(dump / name))
+        onnx.checker.check_model(model, full_check=True)  # shape inference too
+        graph = json.loads((dump / name.replace(".onnx", ".graph.json")).read_text())
+        ops = {n["op"].split("::")[-1] for n in graph["nodes"]}
+        # every IR op is in the file (the export adds standard wrapping nodes, drops none)
+        assert ops <= {n.op_type for n in model.graph.node}, name
+
+
 def test_verify_command(tiny, capsys):
     assert main(["verify", str(tiny), "--max-context", "64"]) == 0
     assert "PASS" in capsys.readouterr().out
     # an impossible tolerance must fail: the check is real
     assert main(["verify", str(tiny), "--max-context", "64", "--rtol", "0"]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_compiles_keep_the_cache_within_its_bound(tmp_path, monkeypatch, capsys):
+    from hipc.cache.store import TMP_PREFIX
+
+    monkeypatch.setenv("HIPC_CACHE_DIR", str(tmp_path / "cache"))
+    cache = KernelCache()
+    a = write_tiny_hf(tmp_path / "a", seed=1)
+    b = write_tiny_hf(tmp_path / "b", seed=2, intermediate_size=80)  # another kernel source
+    assert main(["compile", str(a), "-o", str(tmp_path / "a.hipc"), "-q"]) == 0
+    (entry_a,) = [p.parent for p in cache.root.rglob("entry.json")]
+    one = cache.info()["kernel_bytes"]
+    stale = entry_a.parent / f"{TMP_PREFIX}killed-build"
+    stale.mkdir()
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    old = time.time() - 60
+    os.utime(entry_a / "entry.json", (old, old))
+    capsys.readouterr()
+
+    monkeypatch.setenv("HIPC_CACHE_MAX_BYTES", str(int(one * 1.5)))
+    assert main(["compile", str(b), "-o", str(tmp_path / "b.hipc"), "-q"]) == 0
+    assert "removed 1 least recently used entries" in capsys.readouterr().err
+    assert not entry_a.exists() and not stale.exists()
+    assert cache.info()["entries"] == 1
+    assert (tmp_path / "a.hipc" / "kernels" / "cpu.so").is_file()  # artifacts are copies
+
+    # a raw model compiled on demand lands in the cache; a bound smaller than it keeps it
+    monkeypatch.setenv("HIPC_CACHE_MAX_BYTES", "1")
+    logits = ["logits", str(a), "--tokens", "1,2", "--out", str(tmp_path / "l.npy")]
+    assert main(logits) == 0
+    assert "compiling" in capsys.readouterr().err
+    assert cache.info()["artifacts"] == 1 and cache.info()["entries"] == 0
+    assert main(logits) == 0
+    assert "compiling" not in capsys.readouterr().err  # reused, not rebuilt
+
+
+def test_cpu_backend_bounds_the_barrier_spin_unless_the_user_chose(tiny, tmp_path):
+    out = tmp_path / "a.hipc"
+    assert hipc("compile", tiny, "-o", out, "-q").returncode == 0
+    code = (
+        "import os\n"
+        "from hipc.runtime.engine import load_engine\n"
+        f"load_engine({str(out)!r}).logits([1, 2])\n"
+        "print(os.environ.get('GOMP_SPINCOUNT'))\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+
+    def spin(**env):
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env}
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert spin() == "1000"
+    assert spin(OMP_WAIT_POLICY="active") == "None"  # the user's choice stands
+    assert spin(GOMP_SPINCOUNT="5") == "5"

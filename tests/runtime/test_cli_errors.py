@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -169,3 +170,110 @@ def test_console_script_has_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("hipc: error: ")
+
+
+# ------------------------------------------------------------------ the command line itself
+
+
+def test_version(capsys):
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"hipc {importlib.metadata.version('hipc-compiler')}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (
+            ["generate", "m", "--prompt", "x", "--tempature", "0.5"],
+            ["--tempature", "did you mean --temperature?"],
+        ),
+        (["compile", "m", "--max-contxt", "64"], ["did you mean --max-context?"]),
+        (
+            ["compile", "m", "--prefil-chunk=64"],
+            ["--prefil-chunk", "did you mean --prefill-chunk?"],
+        ),
+        (
+            ["generate", "m", "--prompt", "x", "--zzz"],
+            ["unknown option --zzz", "hipc generate --help"],
+        ),
+        (["generat", "m"], ["'generat'", "did you mean generate?"]),
+        (["cache", "wipe"], ["'wipe'", "info, clear"]),
+        (["generate", "m", "--prompt", "x", "extra"], ["unexpected argument 'extra'"]),
+        (["generate", "m"], ["--prompt"]),
+        (["generate", "m", "--prompt", "x", "--top-k", "many"], ["--top-k", "'many'"]),
+        ([], ["COMMAND"]),
+    ],
+)
+def test_bad_command_lines_are_one_line(capsys, argv, needles):
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own refusals exit from inside parse
+        rc = e.code
+    assert_one_line_error(rc, capsys.readouterr().err, *needles)
+
+
+def test_every_generate_flag_has_help_and_its_default(capsys):
+    from hipc.cli.main import build_parser
+
+    parser = build_parser()
+    for name in ("generate", "chat"):
+        sub = parser._subcommands[name]
+        for action in sub._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            assert action.help, (name, action.option_strings)
+            if action.nargs != 0 and not action.required:  # takes a value: say its default
+                assert "default" in action.help, (name, action.option_strings)
+
+
+def test_model_commands_given_an_artifact_say_they_take_a_model(capsys, tiny, tmp_path):
+    out = tmp_path / "t.hipc"
+    assert main(["compile", str(tiny), "-o", str(out), "-q"]) == 0
+    capsys.readouterr()
+    for command in ("verify", "info", "compile"):
+        rc, err = run_cli(capsys, command, str(out))
+        assert_one_line_error(rc, err, str(out), f"hipc {command}` takes a model", str(tiny))
+
+
+def test_compile_prefill_chunk_and_its_deprecated_spelling(capsys, tiny, tmp_path):
+    def chunk(out):
+        return json.loads((out / "plan.json").read_text())["max_tokens"]
+
+    assert (
+        main(["compile", str(tiny), "-o", str(tmp_path / "a.hipc"), "--prefill-chunk", "8", "-q"])
+        == 0
+    )
+    assert chunk(tmp_path / "a.hipc") == 8
+    assert "deprecated" not in capsys.readouterr().err
+    assert (
+        main(["compile", str(tiny), "-o", str(tmp_path / "b.hipc"), "--max-tokens", "16", "-q"])
+        == 0
+    )
+    assert chunk(tmp_path / "b.hipc") == 16
+    err = capsys.readouterr().err
+    assert (
+        "hipc: warning:" in err
+        and "--max-tokens` is deprecated" in err
+        and "--prefill-chunk" in err
+    )
+    rc, err = run_cli(capsys, "compile", str(tiny), "--prefill-chunk", "8", "--max-tokens", "16")
+    assert_one_line_error(rc, err, "--prefill-chunk")
+    rc, err = run_cli(capsys, "compile", str(tiny), "--prefill-chunk", "0")
+    assert_one_line_error(rc, err, "--prefill-chunk must be in 1..8192")
+
+
+def test_a_capped_context_is_said(capsys, tmp_path):
+    model = write_tiny_hf(tmp_path / "long", max_position_embeddings=8192)
+    assert main(["compile", str(model), "-o", str(tmp_path / "a.hipc"), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "max context capped at 4096 for cpu (the model allows 8192" in err
+    assert json.loads((tmp_path / "a.hipc" / "plan.json").read_text())["max_context"] == 4096
+    assert (
+        main(["compile", str(model), "-o", str(tmp_path / "b.hipc"), "--max-context", "64", "-q"])
+        == 0
+    )
+    assert "max context capped" not in capsys.readouterr().err

@@ -405,3 +405,23 @@ def test_metrics_count_requests_tokens_and_latencies(tok):
     assert m['hipc_time_to_first_token_seconds_bucket{le="+Inf"}'] == 4
     assert m["hipc_queue_depth"] == 0 and m["hipc_requests_running"] == 0
     assert m["process_resident_memory_bytes"] > 0
+
+
+def test_a_streams_log_line_times_the_whole_stream(tok, caplog):
+    import logging
+    import re
+
+    delay, words = 0.05, "one two three four five six seven eight"
+    client, _ = make(ScriptedEngine(tok, script(tok, words), delay=delay))
+    caplog.set_level(logging.INFO, logger="hipc.server")
+    r = chat(client, stream=True)
+    steps = len(script(tok, words)) + 1  # every scripted token, then EOS
+    assert len(sse_events(r.content)) > 2
+    lines = [m.getMessage() for m in caplog.records if "/v1/chat/completions" in m.getMessage()]
+    assert len(lines) == 1, lines  # once, at the end, not also at the headers
+    ms = float(re.search(r" 200 ([0-9.]+) ms \(stream, \d+ chunks\)", lines[0]).group(1))
+    assert ms >= 0.9 * steps * delay * 1e3, lines[0]
+    caplog.clear()
+    assert chat(client).status_code == 200
+    (line,) = [m.getMessage() for m in caplog.records if "/v1/chat/completions" in m.getMessage()]
+    assert "stream" not in line

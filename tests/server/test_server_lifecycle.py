@@ -63,13 +63,19 @@ def test_bad_environment_value(tiny_artifact, capsys, monkeypatch):
     assert "HIPC_PORT='eighty'" in err
 
 
-def test_port_in_use(tiny_artifact, capsys):
+def test_port_in_use(tiny_artifact, capsys, monkeypatch):
+    from hipc.runtime.server import serve
+
+    loads = []
+    real_load = serve.load
+    monkeypatch.setattr(serve, "load", lambda config: loads.append(config) or real_load(config))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        err = serve_error(capsys, str(tiny_artifact), "--port", str(port), "--no-eager-load")
+        err = serve_error(capsys, str(tiny_artifact), "--port", str(port))
     assert f"cannot listen on 127.0.0.1:{port}" in err
+    assert loads == []  # refused before loading the model, not after warming it
 
 
 def refused(server) -> bool:
