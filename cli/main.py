@@ -165,6 +165,10 @@ def cmd_info(args) -> int:
             "max_context": graph.metadata["max_ctx"],
         },
     }
+    if model.config.is_moe:
+        from hipc.graphs.moe import moe_summary
+
+        info["moe"] = moe_summary(model.config, params)
     print(json.dumps(info, indent=2))
     return 0
 
@@ -315,9 +319,17 @@ def cmd_compile(args) -> int:
         max_tokens=chunk,
         activations=args.activations,
         kv_storage=args.kv_storage,
+        quant=args.quant,
     )
     out = args.output or f"{_default_name(args.model)}.hipc"
-    result = compile_model(args.model, out, options, dump_dir=args.dump, verbose=not args.quiet)
+    result = compile_model(
+        args.model,
+        out,
+        options,
+        dump_dir=args.dump,
+        verbose=not args.quiet,
+        export_gguf=args.export_gguf,
+    )
     if args.explain:
         print(explain(result.fusion), end="")
     hits = ", ".join(
@@ -346,6 +358,7 @@ def cmd_verify(args) -> int:
         max_context=args.max_context,
         rtol=args.rtol,
         min_top1=args.min_top1,
+        quant=args.quant,
     )
     print(report.table())
     return 0 if report.ok else 1
@@ -494,6 +507,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV-cache element type (default auto: bfloat16 for GPU targets, float32 for cpu)",
     )
     sp.add_argument(
+        "--quant",
+        metavar="RECIPE",
+        default=None,
+        help="quantize float weights at compile time, as llama-quantize's file type of that "
+        "name: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m",
+    )
+    sp.add_argument(
+        "--export-gguf",
+        metavar="PATH",
+        default=None,
+        help="also write the (quantized) model as a GGUF file llama.cpp loads",
+    )
+    sp.add_argument(
         "--dump", metavar="DIR", help="write every stage (graphs, fusion, sources) to DIR"
     )
     sp.add_argument(
@@ -505,6 +531,13 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", "compile MODEL and compare its logits with the reference executor", cmd_verify
     )
     sp.add_argument("--target", default="cpu", help="the target to compile and run (default cpu)")
+    sp.add_argument(
+        "--quant",
+        metavar="RECIPE",
+        default=None,
+        help="quantize float weights at compile time, as llama-quantize's file type of that "
+        "name: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m",
+    )
     sp.add_argument(
         "--text", default=None, help="text to teacher-force (default: a built-in mixed sample)"
     )

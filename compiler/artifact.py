@@ -37,18 +37,12 @@ from hipc.compiler.scratch import (
     sweep_artifact_leftovers,
     sweep_tool_dirs,
 )
-
-# (code object, source) file extensions: a shared library, a CUDA fatbin, an AMD code object
-CODE_OBJECT_EXT = {"cpu": ("so", "cpp"), "nvidia": ("fatbin", "hip"), "amd": ("co", "hip")}
-
-
-def _platform(target: str) -> str:
-    return "cpu" if target == "cpu" else "nvidia" if target.startswith("sm_") else "amd"
+from hipc.compiler.targets import Target
 
 
 @dataclass
 class TargetBuild:
-    target: str
+    target: Target  # names the files: kernels/<name>.<binary_ext> and .<source_ext>
     binary: bytes
     source: str
     info: dict[str, Any]  # toolchain identity, flags, target id, cpu features ...
@@ -129,14 +123,11 @@ def _write_into(
     (tmp / "kernels").mkdir()
     targets = {}
     for b in builds:
-        ext, src = CODE_OBJECT_EXT[_platform(b.target)]
-        (tmp / "kernels" / f"{b.target}.{ext}").write_bytes(b.binary)
-        (tmp / "kernels" / f"{b.target}.{src}").write_text(b.source)
-        targets[b.target] = {
-            **b.info,
-            "code_object": f"kernels/{b.target}.{ext}",
-            "source": f"kernels/{b.target}.{src}",
-        }
+        t = b.target
+        binary, source = f"kernels/{t.name}.{t.binary_ext}", f"kernels/{t.name}.{t.source_ext}"
+        (tmp / binary).write_bytes(b.binary)
+        (tmp / source).write_text(b.source)
+        targets[t.name] = {**b.info, "code_object": binary, "source": source}
     weights_sha = write_safetensors(
         tmp / "weights.safetensors", weights, {"format": "hipc-weights"}, on_progress
     )

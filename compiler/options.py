@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from hipc.base.errors import HipcError
+from hipc.compiler.quant_recipes import RECIPES
 
 GPU_TARGETS = (
     "sm_80",
@@ -33,6 +34,7 @@ class CompileOptions:
     max_tokens: int | None = None  # tokens per step (prefill chunk); None: per target
     activations: str = "int16"  # quantized matmuls round activations to int16 (near-exact) or int8
     kv_storage: str = "auto"  # KV-cache element type; auto: bfloat16 on GPUs, float32 on the CPU
+    quant: str | None = None  # quantize float weights at compile time (a recipe name)
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -53,6 +55,8 @@ class CompileOptions:
                 "--kv-storage bfloat16: the cpu target stores its KV cache as float32 only "
                 "(compile the cpu target separately, or with --kv-storage float32)"
             )
+        if self.quant is not None and self.quant not in RECIPES:
+            raise HipcError(f"--quant: expected one of {', '.join(RECIPES)}, got {self.quant!r}")
         if self.max_context is not None and self.max_context < 2:
             raise HipcError(f"--max-context must be at least 2, got {self.max_context}")
         if self.max_tokens is not None and not 1 <= self.max_tokens <= 8192:

@@ -1,12 +1,14 @@
 """hipc compile, top to bottom: model -> graph -> passes -> kernels -> code object -> artifact.
 
-Each step is a named call; `dump_dir` (or $HIPC_DUMP_DIR) writes what every stage
-produced, so a user can see what the compiler did.
+`stages()` lists the steps in order, each a named function over one Compilation record;
+`dump_dir` (or $HIPC_DUMP_DIR) writes what every stage produced (graphs, fusion, memory
+plan, kernel selection, sources, launch plan), so a user can see what the compiler did.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 import time
@@ -16,24 +18,32 @@ from pathlib import Path
 
 import numpy as np
 
+from hipc.base.errors import HipcError
+from hipc.base.launch_plan import (
+    LAUNCH_PLAN_FORMAT,
+    LAUNCH_PLAN_VERSION,
+    StateSpec,
+    check_launch_plan,
+)
+from hipc.base.progress import byte_progress
 from hipc.base.safetensors_file import LazyTensor
-from hipc.base.version import ABI_VERSION, HIPC_VERSION
+from hipc.base.version import HIPC_VERSION
 from hipc.cache import CacheKey, KernelCache, max_bytes_from_env
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
-from hipc.compiler.codegen.cpu import render_cpu_program
-from hipc.compiler.codegen.hip import render_hip_program
+from hipc.compiler.codegen.environment import check_weight_types
+from hipc.compiler.export_gguf import export_gguf as write_gguf
 from hipc.compiler.ir import Constant, Graph, PackedWeight
 from hipc.compiler.ir.verify import verify
 from hipc.compiler.onnx_export import export_onnx, onnx_available
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.fuse import Fusion, fuse
-from hipc.compiler.passes.memory import plan_memory
+from hipc.compiler.passes.memory import MemoryPlan, plan_memory
+from hipc.compiler.passes.quantize import quantize_weights
 from hipc.compiler.passes.repack import SPLIT_BLOCKS, merge_parallel_linears, split_quant_blocks
-from hipc.compiler.passes.select import select_kernels, weight_order
+from hipc.compiler.passes.select import SelectedKernel, select_kernels, weight_order
 from hipc.compiler.source.reader import WeightReader
-from hipc.compiler.toolchains.cpu import CpuToolchain, cpu_flags
-from hipc.compiler.toolchains.gpu import gpu_toolchain
+from hipc.compiler.targets import Program, Target, target
 from hipc.graphs import Model, build_graph, load_model
 
 
@@ -45,53 +55,98 @@ class CompileResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-class Stages:
-    """Times each stage, reports progress on a terminal, and dumps stage outputs."""
+@dataclass
+class Compilation:
+    """What the stages read and write, filled in top to bottom."""
 
-    def __init__(self, dump_dir: Path | None, verbose: bool) -> None:
-        self.dump_dir = dump_dir
-        self.verbose = verbose
-        self.seconds: dict[str, float] = {}
-        if dump_dir:
-            dump_dir.mkdir(parents=True, exist_ok=True)
+    model_ref: str | os.PathLike
+    out: Path
+    options: CompileOptions
+    targets: list[Target]
+    cache: KernelCache
+    reader: WeightReader = field(default_factory=WeightReader)
+    model: Model | None = None
+    max_ctx: int = 0
+    max_tokens: int = 0
+    graph: Graph | None = None
+    fusion: Fusion | None = None
+    memory: MemoryPlan | None = None
+    kernels: list[SelectedKernel] = field(default_factory=list)
+    programs: dict[str, Program] = field(default_factory=dict)
+    builds: list[TargetBuild] = field(default_factory=list)
+    cache_hits: dict[str, bool] = field(default_factory=dict)
+    states: list[StateSpec] = field(default_factory=list)
+    weights: list[LazyTensor] = field(default_factory=list)
+    plan: dict | None = None
+    cache_bound: int = 0
+    export_gguf: Path | None = None
+    verbose: bool = False
+    on_progress: Callable[[int, int], None] | None = None
 
-    def run(self, name: str, fn: Callable, *args):
-        if self.verbose:
-            print(f"hipc: {name} ...", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        out = fn(*args)
-        self.seconds[name] = time.perf_counter() - t0
-        return out
+    @property
+    def kv_storage(self) -> str:
+        return self.options.resolved_kv_storage()
 
-    def bar(self, label: str) -> Callable[[int, int], None] | None:
-        """A one-line byte progress bar, only on a terminal (logs get the stage lines)."""
-        if not (self.verbose and sys.stderr.isatty()):
-            return None
 
-        def show(done: int, total: int) -> None:
-            frac = done / total if total else 1.0
-            filled = int(30 * frac)
-            end = "\n" if done >= total else ""
-            print(
-                f"\rhipc: {label} [{'#' * filled}{'.' * (30 - filled)}] {frac:4.0%} "
-                f"{done / 1e9:.2f}/{total / 1e9:.2f} GB",
-                end=end,
-                file=sys.stderr,
-                flush=True,
+@dataclass(frozen=True)
+class Stage:
+    """One named step; `dump` writes what it produced (`--dump DIR`, $HIPC_DUMP_DIR)."""
+
+    name: str
+    run: Callable[[Compilation], None]
+    dump: Callable[[Compilation, Dumper], None] | None = None
+
+
+def stages(targets: list[Target]) -> list[Stage]:
+    """The pipeline, top to bottom. Render and compile repeat per target."""
+    return [
+        Stage("load model", _load_model),
+        # The unfused graph is the specification; the reference executor runs it.
+        Stage("build graph", _build_graph, _dump_graph("0-built")),
+        # --quant: float matrices -> GGML blocks (cached); the graph reads those from here on.
+        Stage("quantize", _quantize, _dump_quantized),
+        # --export-gguf: the same tensors as a GGUF file for llama.cpp (and hipc) to load
+        Stage("export gguf", _export_gguf),
+        # Linear/Embedding/SiLU forms read weights in their storage types.
+        Stage("canonicalize", _canonicalize, _dump_graph("1-canonical")),
+        # One wide Linear for q/k/v and for gate/up: activations read once, fewer kernels.
+        Stage("repack weights", _repack, _dump_graph("2-repacked")),
+        # Prologues, epilogues, attention: the kernels that will run, with reasons.
+        Stage("fuse", _fuse, lambda c, d: d.text("3-fusion.txt", explain(c.fusion))),
+        # One arena for activations; the KV cache lives outside it.
+        Stage(
+            "plan memory", _plan_memory, lambda c, d: d.json("4-memory.json", c.memory.to_json())
+        ),
+        # Per-sequence states by kind (KV cache, recurrent): sizing, reset and reuse rules.
+        Stage("plan states", _plan_states),
+        # Template + specialization + argument bindings per group.
+        Stage("select kernels", _select, lambda c, d: d.json("5-kernels.json", _kernels_json(c))),
+        *(
+            stage
+            for t in targets
+            for stage in (
+                # This target's source; its hash keys the code-object cache.
+                Stage(f"render {t.name}", _render(t), _dump_source(t)),
+                Stage(f"compile {t.name}", _compile(t)),
             )
+        ),
+        Stage("launch plan", _launch_plan, lambda c, d: d.json("7-plan.json", c.plan)),
+        Stage("write artifact", _write),
+        # The cache folder stays within its bound; the artifact just written is never evicted.
+        Stage("trim cache", _trim_cache),
+    ]
 
-        return show
 
-    def dump_graph(self, stage: str, graph: Graph) -> None:
-        if not self.dump_dir:
-            return
-        (self.dump_dir / f"{stage}.graph.json").write_text(graph.dumps())
-        if onnx_available():
-            export_onnx(graph, self.dump_dir / f"{stage}.onnx")
+# ops the reference executor runs but no target has a kernel kind for yet
+NO_KERNEL_YET = {"hipc::Experts": "Mixture-of-Experts layers"}
 
-    def dump_text(self, name: str, text: str) -> None:
-        if self.dump_dir:
-            (self.dump_dir / name).write_text(text)
+
+def refuse_ops_without_kernels(graph: Graph, targets: tuple[str, ...]) -> None:
+    """One clear line naming the first such node, before any pass trips over it."""
+    for node in graph.nodes:
+        if node.op in NO_KERNEL_YET:
+            kind = "CPU" if "cpu" in targets else "GPU"
+            raise HipcError(f"{node.name}: {NO_KERNEL_YET[node.op]} have no {kind} kernel yet")
 
 
 def compile_model(
@@ -102,78 +157,98 @@ def compile_model(
     dump_dir: str | os.PathLike | None = None,
     cache: KernelCache | None = None,
     verbose: bool | None = None,
+    export_gguf: str | os.PathLike | None = None,
 ) -> CompileResult:
     dump = dump_dir or os.environ.get("HIPC_DUMP_DIR")
-    cache_bound = max_bytes_from_env()  # a bad value fails now, not after the compile
-    st = Stages(Path(dump) if dump else None, sys.stderr.isatty() if verbose is None else verbose)
-    reader = WeightReader()
+    dumper = Dumper(Path(dump) if dump else None)
+    verbose = sys.stderr.isatty() if verbose is None else verbose
+    targets = [target(t) for t in options.targets]
+    c = Compilation(model_ref, Path(out), options, targets, cache or KernelCache())
+    c.cache_bound = max_bytes_from_env()  # a bad value fails now, not after the compile
+    c.export_gguf = Path(export_gguf) if export_gguf else None
+    c.verbose = verbose
+    c.on_progress = byte_progress("writing weights", verbose)
+    seconds: dict[str, float] = {}
+    for stage in stages(targets):
+        if verbose:
+            print(f"hipc: {stage.name} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        stage.run(c)
+        seconds[stage.name] = time.perf_counter() - t0
+        if stage.dump and dumper.dir:
+            stage.dump(c, dumper)
+    return CompileResult(c.out, c.fusion, c.cache_hits, seconds)
 
-    model: Model = st.run("load model", load_model, model_ref)
-    max_ctx = options.resolved_max_context(model.config.max_position_embeddings)
-    if max_ctx < model.config.max_position_embeddings and options.max_context is None:
+
+# -- the stages ------------------------------------------------------------------------
+
+
+def _load_model(c: Compilation) -> None:
+    c.model = load_model(c.model_ref)
+    limit = c.model.config.max_position_embeddings
+    c.max_ctx = c.options.resolved_max_context(limit)
+    if c.max_ctx < limit and c.options.max_context is None:
         # NOTE: said even with -q: a context shorter than the model's is a silent limit otherwise
         print(
-            f"hipc: max context capped at {max_ctx} for {', '.join(options.targets)} (the model "
-            f"allows {model.config.max_position_embeddings}; --max-context N sets it)",
+            f"hipc: max context capped at {c.max_ctx} for {', '.join(c.options.targets)} (the "
+            f"model allows {limit}; --max-context N sets it)",
             file=sys.stderr,
         )
-    max_tokens = options.resolved_max_tokens(max_ctx)
-    # The unfused graph is the specification; the reference executor runs it.
-    graph = st.run("build graph", build_graph, model, max_ctx)
-    st.dump_graph("0-built", graph)
-    # Linear/Embedding/SiLU forms read weights in their storage types.
-    graph = verify(st.run("canonicalize", canonicalize, graph, reader))
-    st.dump_graph("1-canonical", graph)
-    # One wide Linear for q/k/v and for gate/up: activations read once, fewer kernels.
-    graph = verify(st.run("repack weights", merge_parallel_linears, graph, reader))
-    st.dump_graph("2-repacked", graph)
-    # Prologues, epilogues, attention: the kernels that will run, with reasons.
-    fusion = st.run("fuse", fuse, graph)
-    st.dump_text("3-fusion.txt", explain(fusion))
-    # One arena for activations; the KV cache lives outside it.
-    memory = st.run("plan memory", plan_memory, fusion, max_tokens)
-    # Template + specialization + argument bindings per group.
-    launches = st.run("select kernels", select_kernels, fusion)
+    c.max_tokens = c.options.resolved_max_tokens(c.max_ctx)
 
-    builds, hits = [], {}
-    gpu_sections: dict[str, dict] = {}
-    cache = cache or KernelCache()
-    for target in options.targets:
-        # Render this target's source; its hash keys the code-object cache.
-        if target == "cpu":
-            toolchain, ext = CpuToolchain(), "cpp"
-            program = st.run(
-                f"render {target}",
-                render_cpu_program,
-                model.name,
-                launches,
-                memory,
-                list(graph.states),
-                max_ctx,
-                model.config.vocab_size,
-                HIPC_VERSION,
-                target,
-                options.activations,
-            )
-            info = {"cpu_features": list(cpu_flags()), "abi_version": ABI_VERSION}
-        else:
-            toolchain, ext = gpu_toolchain(target), "hip"
-            program = st.run(
-                f"render {target}",
-                render_hip_program,
-                model.name,
-                launches,
-                memory,
-                list(graph.states),
-                HIPC_VERSION,
-                target,
-                max_ctx,
-                options.resolved_kv_storage(),
-                options.quant_layout,
-            )
-            gpu_sections[target] = program.gpu
-            info = {"wave": program.gpu["wave"]}
-        st.dump_text(f"4-{target}.{ext}", program.source)
+
+def _build_graph(c: Compilation) -> None:
+    c.graph = build_graph(c.model, c.max_ctx)
+    refuse_ops_without_kernels(c.graph, c.options.targets)
+
+
+def _quantize(c: Compilation) -> None:
+    bar = byte_progress("quantizing", c.verbose)
+    c.graph = verify(
+        quantize_weights(
+            c.graph, c.options.quant, c.reader, targets=c.options.targets, on_progress=bar
+        )
+    )
+
+
+def _export_gguf(c: Compilation) -> None:
+    if c.export_gguf:
+        write_gguf(c.model, c.graph, c.export_gguf, c.options.quant, c.reader)
+
+
+def _canonicalize(c: Compilation) -> None:
+    c.graph = verify(canonicalize(c.graph, c.reader))
+
+
+def _repack(c: Compilation) -> None:
+    c.graph = verify(merge_parallel_linears(c.graph, c.reader))
+
+
+def _fuse(c: Compilation) -> None:
+    c.fusion = fuse(c.graph)
+
+
+def _plan_memory(c: Compilation) -> None:
+    c.memory = plan_memory(c.fusion, c.max_tokens)
+
+
+def _select(c: Compilation) -> None:
+    c.kernels = select_kernels(c.fusion)
+
+
+def _render(t: Target) -> Callable[[Compilation], None]:
+    def run(c: Compilation) -> None:
+        # a weight type without a kernel here: one line naming the tensor, before rendering
+        check_weight_types(c.kernels, c.graph.initializers, t.family)
+        c.programs[t.name] = t.render(c)
+
+    return run
+
+
+def _compile(t: Target) -> Callable[[Compilation], None]:
+    def run(c: Compilation) -> None:
+        program = c.programs[t.name]
+        toolchain = t.toolchain()
         key = CacheKey.for_source(
             program.source,
             toolchain=toolchain.identity,
@@ -181,104 +256,156 @@ def compile_model(
             target=toolchain.target_id,
             hipc_version=HIPC_VERSION,
         )
-        binary, hits[target] = st.run(
-            f"compile {target}",
-            cache.get_or_build,
-            key,
-            functools.partial(toolchain.compile, program.source),
-            {"model": model.name},
+        binary, c.cache_hits[t.name] = c.cache.get_or_build(
+            key, functools.partial(toolchain.compile, program.source), {"model": c.model.name}
         )
-        builds.append(
-            TargetBuild(
-                target,
-                binary,
-                program.source,
-                {
-                    **info,
-                    "toolchain": toolchain.identity,
-                    "flags": list(toolchain.flags),
-                    "target_id": toolchain.target_id,
-                    "cache_key": key.digest,
-                },
-            )
-        )
+        info = {
+            **program.info,
+            "toolchain": toolchain.identity,
+            "flags": list(toolchain.flags),
+            "target_id": toolchain.target_id,
+            "cache_key": key.digest,
+        }
+        c.builds.append(TargetBuild(t, binary, program.source, info))
 
-    weights = [
-        _lazy_weight(name, graph.initializers[name], reader, options.quant_layout)
-        for name in weight_order(launches)
+    return run
+
+
+def _plan_states(c: Compilation) -> None:
+    c.states = []
+    for name, t in c.graph.states.items():
+        kind = _state_kind(t)
+        dtype = c.kv_storage if kind == "kv" else "float32"
+        shape = tuple(c.max_ctx if d == "max_ctx" else int(d) for d in t.shape)
+        c.states.append(StateSpec(name, kind, dtype, shape))
+
+
+def _state_kind(t) -> str:
+    """A state indexed by position along its first axis is a KV cache; any other state is
+    a fixed-size per-sequence recurrent one."""
+    return "kv" if t.shape and t.shape[0] == "max_ctx" else "recurrent"
+
+
+def _launch_plan(c: Compilation) -> None:
+    graph = c.graph
+    # in their storage form: the plan records the shapes the runtime will map
+    layout = c.options.quant_layout
+    c.weights = [
+        _lazy_weight(name, graph.initializers[name], c.reader, layout)
+        for name in weight_order(c.kernels)
     ]
-    plan = {
-        "entry": "hipc_forward",
-        "abi_version": ABI_VERSION,
-        "max_context": max_ctx,
-        "max_tokens": max_tokens,
-        "vocab_size": model.config.vocab_size,
-        "memory": memory.to_json(),
+    c.plan = {
+        "format": LAUNCH_PLAN_FORMAT,
+        "version": LAUNCH_PLAN_VERSION,
+        "max_context": c.max_ctx,
+        "max_tokens": c.max_tokens,
+        "vocab_size": c.model.config.vocab_size,
         "weights": [
             {
                 "name": w.name,
                 "dtype": graph.values[w.name].dtype,
                 "shape": list(graph.values[w.name].shape),
                 "stored_shape": list(w.shape),
-                **_layout_record(graph.values[w.name].dtype, options.quant_layout),
+                **_layout_record(graph.values[w.name].dtype, layout),
             }
-            for w in weights
+            for w in c.weights
         ],
-        "states": [
-            {
-                "name": s,
-                "dtype": options.resolved_kv_storage(),
-                "shape": [max_ctx if d == "max_ctx" else d for d in graph.states[s].shape],
-            }
-            for s in program.states
-        ],
-        "kernels": {
-            lt.kernel.fn: {"template": lt.kernel.template, "params": dict(lt.kernel.params)}
-            for lt in launches
-        },
-        "launches": [lt.to_json() for lt in launches],
-        "gpu": gpu_sections,
+        "states": [s.to_json() for s in c.states],
+        "memory": c.memory.to_json(),
+        "kernels": {k.fn: {"kind": k.kind.name, "params": k.params.to_json()} for k in c.kernels},
+        # the kernel selection (graph values bound by name): what runtime/integrity.py checks
+        # the states and weights against
+        "groups": [k.to_json() for k in c.kernels],
+        "targets": {name: p.plan for name, p in c.programs.items()},
     }
-    tokenizer = st.run("tokenizer", _optional_tokenizer, model)
+    check_launch_plan(c.plan, "the launch plan just built")  # a compiler bug, caught before writing
+
+
+def _write(c: Compilation) -> None:
+    model = c.model
+    tokenizer = _optional_tokenizer(model)
     manifest = {
         "model": _model_record(model),
         "config": model.config.to_json(),
-        "options": {**options.to_json(), "max_context": max_ctx, "max_tokens": max_tokens},
+        "options": {
+            **c.options.to_json(),
+            "max_context": c.max_ctx,
+            "max_tokens": c.max_tokens,
+        },
     }
-    st.run(
-        "write artifact",
-        lambda: write_artifact(
-            Path(out),
-            manifest=manifest,
-            plan=plan,
-            fusion=_fusion_json(fusion),
-            builds=builds,
-            weights=weights,
-            tokenizer_json=tokenizer.to_json() if tokenizer else None,
-            tokenizer_meta=tokenizer.to_dict() if tokenizer else None,
-            generation=model.source.generation_defaults(),
-            on_progress=st.bar("writing weights"),
-        ),
+    write_artifact(
+        c.out,
+        manifest=manifest,
+        plan=c.plan,
+        fusion=_fusion_json(c.fusion),
+        builds=c.builds,
+        weights=c.weights,
+        tokenizer_json=tokenizer.to_json() if tokenizer else None,
+        tokenizer_meta=tokenizer.to_dict() if tokenizer else None,
+        generation=model.source.generation_defaults(),
+        on_progress=c.on_progress,
     )
-    # The cache folder stays within its bound; the artifact just written is never evicted.
-    _swept, evicted = cache.trim(cache_bound, keep=[Path(out)])
+
+
+def _trim_cache(c: Compilation) -> None:
+    _swept, evicted = c.cache.trim(c.cache_bound, keep=[c.out])
     if evicted:
         print(
-            f"hipc: cache over HIPC_CACHE_MAX_BYTES ({cache_bound / 2**30:.1f} GiB): removed "
-            f"{evicted} least recently used entries from {cache.root}",
+            f"hipc: cache over HIPC_CACHE_MAX_BYTES ({c.cache_bound / 2**30:.1f} GiB): removed "
+            f"{evicted} least recently used entries from {c.cache.root}",
             file=sys.stderr,
         )
-    return CompileResult(Path(out), fusion, hits, st.seconds)
+
+
+# -- dumps ------------------------------------------------------------------------------
+
+
+class Dumper:
+    def __init__(self, dir: Path | None) -> None:
+        self.dir = dir
+        if dir:
+            dir.mkdir(parents=True, exist_ok=True)
+
+    def text(self, name: str, text: str) -> None:
+        (self.dir / name).write_text(text)
+
+    def json(self, name: str, obj) -> None:
+        self.text(name, json.dumps(obj, indent=1))
+
+    def graph(self, stage: str, graph: Graph) -> None:
+        self.text(f"{stage}.graph.json", graph.dumps())
+        if onnx_available():
+            export_onnx(graph, self.dir / f"{stage}.onnx")
+
+
+def _dump_graph(stage: str) -> Callable[[Compilation, Dumper], None]:
+    return lambda c, d: d.graph(stage, c.graph)
+
+
+def _dump_quantized(c: Compilation, d: Dumper) -> None:
+    if c.options.quant:
+        d.graph("0-quantized", c.graph)
+
+
+def _dump_source(t: Target) -> Callable[[Compilation, Dumper], None]:
+    return lambda c, d: d.text(f"6-{t.name}.{t.source_ext}", c.programs[t.name].source)
+
+
+def _kernels_json(c: Compilation) -> dict:
+    return {
+        "kernels": {k.fn: {"kind": k.kind.name, "params": k.params.to_json()} for k in c.kernels},
+        "groups": [k.to_json() for k in c.kernels],
+    }
 
 
 def _optional_tokenizer(model: Model):
     """The model's tokenizer; a folder without tokenizer.json still compiles (token ids only)."""
-    if (
-        model.source.format == "safetensors"
-        and not (model.source.path / "tokenizer.json").is_file()
+    src = model.source
+    if (src.format == "safetensors" and not (src.path / "tokenizer.json").is_file()) or (
+        src.format == "gguf" and src.raw_config.get("tokenizer.ggml.model") == "none"
     ):
         print(
-            f"hipc: note: {model.source.path} has no tokenizer.json; the artifact takes token ids only",
+            f"hipc: note: {src.path} has no tokenizer; the artifact takes token ids only",
             file=sys.stderr,
         )
         return None

@@ -76,18 +76,21 @@ def verify_model(
     max_context: int | None = None,
     rtol: float | None = None,
     min_top1: float | None = None,
+    quant: str | None = None,
 ) -> VerifyReport:
     from hipc.compiler.cached import cached_artifact
     from hipc.compiler.reference.engine import ReferenceEngine
     from hipc.graphs import load_model
     from hipc.runtime.engine import load_engine
 
-    options = CompileOptions(targets=(target,), max_context=max_context or 512)
+    options = CompileOptions(targets=(target,), max_context=max_context or 512, quant=quant)
     engine = load_engine(cached_artifact(model_ref, options), target)
     model = load_model(model_ref)
     ids = _tokens(engine, text)
     # the reference stores its KV cache as the artifact does (bfloat16 on GPUs by default)
-    reference = ReferenceEngine(model, engine.max_context, kv_storage=engine.artifact.kv_storage)
+    reference = ReferenceEngine(
+        model, engine.max_context, kv_storage=engine.artifact.kv_storage, quant=quant
+    )
     want = reference.logits(ids, 0)
     got = engine.logits(ids)
     quantized = any(w["dtype"] in QUANT_DTYPES for w in engine.artifact.plan["weights"])

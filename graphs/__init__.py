@@ -9,6 +9,7 @@ from hipc.compiler.ir.verify import verify
 from hipc.graphs.gemma import build_gemma
 from hipc.graphs.llama import build_llama
 from hipc.graphs.model import Model, load_model
+from hipc.graphs.moe import build_moe
 from hipc.graphs.rope import max_context
 
 BUILDERS: dict[str, Callable[[Model, int], Graph]] = {
@@ -18,6 +19,10 @@ BUILDERS: dict[str, Callable[[Model, int], Graph]] = {
     "qwen3": build_llama,
     "gemma2": build_gemma,
     "gemma3": build_gemma,
+    "qwen3_moe": build_moe,
+    "qwen2_moe": build_moe,
+    "mixtral": build_moe,
+    "olmoe": build_moe,
 }
 
 

@@ -46,10 +46,17 @@ def self_attention(
     q = b.linear(h, w("q", NH * D, H), p + "q", w("q_bias", NH * D) if bias else None)
     k = b.linear(h, w("k", NKV * D, H), p + "k", w("k_bias", NKV * D) if bias else None)
     v = b.linear(h, w("v", NKV * D, H), p + "v", w("v_bias", NKV * D) if bias else None)
+    if cfg.qk_norm_full:  # OLMoE: one norm over all heads
+        q = rms_norm(b, model, q, "q_norm", i, p + "q_norm", NH * D)
+        k = rms_norm(b, model, k, "k_norm", i, p + "k_norm", NKV * D)
+    if cfg.clip_qkv is not None:
+        lo = b.constant("clip_qkv.min", np.array(-cfg.clip_qkv, dtype=np.float32))
+        hi = b.constant("clip_qkv.max", np.array(cfg.clip_qkv, dtype=np.float32))
+        q, k, v = (b.op("Clip", [t, lo, hi], f"{t}.clip") for t in (q, k, v))
     q = b.reshape(q, [-1, NH, D], p + "q.heads")
     k = b.reshape(k, [-1, NKV, D], p + "k.heads")
     v = b.reshape(v, [-1, NKV, D], p + "v.heads")
-    if cfg.qk_norm:
+    if cfg.qk_norm and not cfg.qk_norm_full:
         q = rms_norm(b, model, q, "q_norm", i, p + "q_norm", D)
         k = rms_norm(b, model, k, "k_norm", i, p + "k_norm", D)
     cos, sin = rope
@@ -61,19 +68,30 @@ def self_attention(
         attn["softcap"] = cfg.attn_softcap
     a = b.op("CachedAttention", [q, k, v, pos, kc, vc], p + "attn", attn, domain="hipc")
     a = b.reshape(a, [-1, NH * D], p + "attn.flat")
-    return b.linear(a, w("o", H, NH * D), p + "o")
+    o_bias = w("o_bias", H) if model.has("o_bias", i) else None
+    return b.linear(a, w("o", H, NH * D), p + "o", o_bias)
 
 
-def gated_mlp(b: GraphBuilder, model: Model, i: int, h: str) -> str:
-    """down(act(gate(h)) * up(h)) with act = SiLU (SwiGLU) or tanh-GELU (Gemma's GeGLU)."""
+def gated_mlp(
+    b: GraphBuilder,
+    model: Model,
+    i: int,
+    h: str,
+    roles: tuple[str, str, str] = ("gate", "up", "down"),
+    width: int | None = None,
+    p: str | None = None,
+) -> str:
+    """down(act(gate(h)) * up(h)) with act = SiLU (SwiGLU) or tanh-GELU (Gemma's GeGLU), the
+    weights of `roles` (gate, up, down) in layer i; `width`: the intermediate size (MoE
+    shared experts have their own), `p`: the node name prefix."""
     cfg = model.config
-    H, F = cfg.hidden_size, cfg.intermediate_size
-    p = f"l{i}."
-    gate = b.linear(h, model.weight("gate", i, (F, H)), p + "gate")
-    up = b.linear(h, model.weight("up", i, (F, H)), p + "up")
+    H, F = cfg.hidden_size, width or cfg.intermediate_size
+    p = f"l{i}." if p is None else p
+    gate = b.linear(h, model.weight(roles[0], i, (F, H)), p + "gate")
+    up = b.linear(h, model.weight(roles[1], i, (F, H)), p + "up")
     if cfg.hidden_act == "gelu_tanh":
         act = b.op("Gelu", [gate], p + "gate.gelu", {"approximate": "tanh"})
     else:
         act = b.op("Mul", [gate, b.op("Sigmoid", [gate], p + "gate.sigmoid")], p + "gate.silu")
     m = b.op("Mul", [act, up], p + "ffn.mul")
-    return b.linear(m, model.weight("down", i, (H, F)), p + "down")
+    return b.linear(m, model.weight(roles[2], i, (H, F)), p + "down")

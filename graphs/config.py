@@ -1,9 +1,9 @@
 """One config record for every supported model, from HF config.json or GGUF metadata.
 
 Families differ in a handful of switches (q/k/v bias, q/k norm, tied embeddings,
-RoPE layout and scaling; Gemma's sandwich norms, GeGLU, soft-capping, scaled embeddings
-and alternating sliding-window layers); the builders read only this record, never the
-raw config.
+RoPE layout and scaling, Mixture-of-Experts routing; Gemma's sandwich norms, GeGLU,
+soft-capping, scaled embeddings and alternating sliding-window layers); the builders
+read only this record, never the raw config.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ HF_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "MixtralForCausalLM": "mixtral",
+    "OlmoeForCausalLM": "olmoe",
 }
 HF_MODEL_TYPES = {
     "llama": "llama",
@@ -34,7 +38,12 @@ HF_MODEL_TYPES = {
     "qwen3": "qwen3",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
+    "qwen3_moe": "qwen3_moe",
+    "qwen2_moe": "qwen2_moe",
+    "mixtral": "mixtral",
+    "olmoe": "olmoe",
 }
+# llama.cpp writes Mixtral as "llama" with expert tensors (from_gguf tells them apart)
 GGUF_ARCHITECTURES = {
     "llama": "llama",
     "mistral": "mistral",
@@ -42,10 +51,17 @@ GGUF_ARCHITECTURES = {
     "qwen3": "qwen3",
     "gemma2": "gemma2",
     "gemma3": "gemma3",
+    "qwen3moe": "qwen3_moe",
+    "qwen2moe": "qwen2_moe",
+    "olmoe": "olmoe",
 }
 GEMMA = ("gemma2", "gemma3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-SUPPORTED = sorted(set(HF_ARCHITECTURES) | set(GGUF_ARCHITECTURES.values()))
+SUPPORTED = sorted(set(HF_ARCHITECTURES) | set(GGUF_ARCHITECTURES.values()) | {"mixtral"})
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+# llama.cpp renormalises the routed weights per architecture (its build_moe_ffn norm_w),
+# unless the file says otherwise with expert_weights_norm
+GGUF_MOE_NORM = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": True}
 
 ROPE_SCALING_TYPES = ("default", "linear", "dynamic", "llama3")
 # transformers' config-class defaults where a family's differ from Llama's
@@ -89,6 +105,20 @@ class ModelConfig:
     # per layer "full_attention" | "sliding_attention"; empty: every layer follows sliding_window
     layer_types: tuple[str, ...] = ()
     rope_local_theta: float | None = None  # Gemma-3: RoPE base of sliding layers (unscaled)
+    # OLMoE: q/k RMSNorm over the whole projection instead of per head, and q/k/v clamping
+    qk_norm_full: bool = False
+    clip_qkv: float | None = None
+    # Mixture of experts (num_experts 0: a dense model). Layers in moe_layers route each
+    # token to experts_per_token of num_experts SwiGLU experts of width
+    # expert_intermediate_size (softmax over all experts, then top-k, then renormalised
+    # to sum 1 when norm_topk_prob); the other layers keep the dense MLP. A shared
+    # expert (Qwen2-MoE) sees every token, scaled by sigmoid(h . w_gate).
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -117,6 +147,22 @@ class ModelConfig:
                 f"config field layer_types must list {self.num_layers} of "
                 f"{', '.join(LAYER_TYPES)}, got {list(self.layer_types)}"
             )
+        if self.num_experts:
+            if not 1 <= self.experts_per_token <= self.num_experts:
+                raise HipcError(
+                    f"config: num_experts_per_tok ({self.experts_per_token}) must be between 1 "
+                    f"and the number of experts ({self.num_experts})"
+                )
+            if self.expert_intermediate_size <= 0:
+                raise HipcError(
+                    f"config: the experts' intermediate size must be positive, "
+                    f"got {self.expert_intermediate_size}"
+                )
+            bad = [i for i in self.moe_layers if not 0 <= i < self.num_layers]
+            if bad:
+                raise HipcError(
+                    f"config: sparse layers {bad} out of range 0..{self.num_layers - 1}"
+                )
         kind = rope_type(self.rope_scaling)
         if kind not in ROPE_SCALING_TYPES:
             raise HipcError(
@@ -142,11 +188,16 @@ class ModelConfig:
             return 0
         return self.sliding_window or 0
 
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_experts and self.moe_layers)
+
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["rope_scaling"] = dict(self.rope_scaling) if self.rope_scaling else None
         d["eos_token_ids"] = list(self.eos_token_ids)
         d["layer_types"] = list(self.layer_types)
+        d["moe_layers"] = list(self.moe_layers)
         d["extra"] = dict(self.extra)
         return d
 
@@ -155,6 +206,7 @@ class ModelConfig:
         d = dict(d)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         d["layer_types"] = tuple(d.get("layer_types", ()))
+        d["moe_layers"] = tuple(d.get("moe_layers", ()))
         return cls(**d)
 
 
@@ -216,12 +268,13 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
         scaling = rope_params
     if scaling is not None and rope_type(scaling) == "default":
         scaling = None
-    window = cfg.get("sliding_window") if family == "mistral" else None
+    window = cfg.get("sliding_window") if family in ("mistral", "mixtral") else None
     if family in GEMMA:
         window = cfg.get("sliding_window", 4096)
-    if family in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and cfg.get("use_sliding_window"):
         raise HipcError(f"{source}: use_sliding_window=true is not supported for {family}")
     try:
+        moe = _hf_moe(family, cfg, need)
         return ModelConfig(
             family=family,
             vocab_size=need("vocab_size"),
@@ -237,14 +290,21 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
                 cfg.get("max_position_embeddings", defaults.get("max_position_embeddings", 2048))
             ),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family in GEMMA)),
-            attention_bias=bool(cfg.get("attention_bias", family == "qwen2")),
-            qk_norm=family in ("qwen3", "gemma3"),
+            attention_bias=bool(
+                cfg.get("qkv_bias", True)
+                if family == "qwen2_moe"
+                else cfg.get("attention_bias", family == "qwen2")
+            ),
+            qk_norm=family in ("qwen3", "qwen3_moe", "olmoe", "gemma3"),
+            qk_norm_full=family == "olmoe",
+            clip_qkv=float(cfg["clip_qkv"]) if cfg.get("clip_qkv") is not None else None,
             rope_scaling=dict(scaling) if scaling else None,
             sliding_window=int(window) if window else None,
             hidden_act=HF_ACTIVATIONS[act],
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_as_ids(cfg.get("eos_token_id")),
             **(_gemma_hf(cfg, family, local_rope, source) if family in GEMMA else {}),
+            **moe,
         )
     except (TypeError, ValueError) as e:
         raise HipcError(f"{source}: malformed config ({e})") from None
@@ -299,12 +359,47 @@ def _positive_or_none(value: Any) -> float | None:
     return float(value) if value else None
 
 
+def _hf_moe(family: str, cfg: Mapping[str, Any], need: Any) -> dict[str, Any]:
+    """The MoE fields of a config.json, as each family's transformers code reads them."""
+    if family not in MOE_FAMILIES:
+        return {}
+    keys = [k for k in ("num_experts", "num_local_experts") if cfg.get(k) is not None]
+    experts = cfg[keys[0]] if keys else need("num_experts")
+    layers = int(need("num_hidden_layers"))
+    if family in ("qwen2_moe", "qwen3_moe"):
+        # transformers: layer i is sparse unless listed in mlp_only_layers, and only
+        # every decoder_sparse_step-th layer is
+        step = int(cfg.get("decoder_sparse_step", 1))
+        if step <= 0:
+            raise HipcError("config: decoder_sparse_step must be positive")
+        dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
+        sparse = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
+        width = int(need("moe_intermediate_size"))
+    else:  # Mixtral and OLMoE: every layer sparse, intermediate_size is the expert width
+        sparse = tuple(range(layers))
+        width = int(need("intermediate_size"))
+    return dict(
+        num_experts=int(experts),
+        experts_per_token=int(need("num_experts_per_tok")) if experts else 0,
+        expert_intermediate_size=width,
+        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
+        if family == "qwen2_moe"
+        else 0,
+        # Mixtral always renormalises the top-k weights (softmax over the top-k logits)
+        norm_topk_prob=True if family == "mixtral" else bool(cfg.get("norm_topk_prob", False)),
+        moe_layers=sparse if int(experts) > 0 else (),
+    )
+
+
 def from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "gguf") -> ModelConfig:
     """Normalize GGUF metadata (key -> python value) into a ModelConfig."""
     arch = meta.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise _unsupported(str(arch))
     family = GGUF_ARCHITECTURES[arch]
+    experts = int(meta.get(f"{arch}.expert_count", 0) or 0)
+    if arch == "llama" and experts:
+        family = "mixtral"
 
     def key(name: str, default: Any = None) -> Any:
         full = f"{arch}.{name}"
@@ -325,11 +420,29 @@ def from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "gguf") ->
         raise HipcError(f"{source}: rope scaling type {scale_type!r} is not supported")
     kv_heads = key("attention.head_count_kv", heads)
     gemma = _gemma_gguf(meta, arch, int(key("block_count")), hidden, heads, head_dim)
+    moe: dict[str, Any] = {}
+    if family in MOE_FAMILIES:
+        if not experts:
+            raise HipcError(f"{source}: missing metadata key {arch + '.expert_count'!r}")
+        expert_width = meta.get(f"{arch}.expert_feed_forward_length")
+        moe = dict(
+            num_experts=experts,
+            experts_per_token=int(key("expert_used_count")),
+            expert_intermediate_size=int(expert_width or key("feed_forward_length")),
+            shared_expert_intermediate_size=int(
+                meta.get(f"{arch}.expert_shared_feed_forward_length", 0) or 0
+            ),
+            norm_topk_prob=bool(meta.get(f"{arch}.expert_weights_norm", GGUF_MOE_NORM[arch])),
+            # every layer until the loader has looked at which ones hold a router
+            moe_layers=tuple(range(int(key("block_count")))),
+        )
+    dense_width = meta.get(f"{arch}.feed_forward_length") or moe.get("expert_intermediate_size")
+    clamp = meta.get(f"{arch}.attention.clamp_kqv")
     return ModelConfig(
         family=family,
         vocab_size=vocab_size,
         hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")),
+        intermediate_size=int(dense_width or key("feed_forward_length")),
         num_layers=int(key("block_count")),
         num_heads=heads,
         num_kv_heads=int(kv_heads),
@@ -337,12 +450,15 @@ def from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "gguf") ->
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(key("rope.freq_base", 10000.0)),
         max_position_embeddings=int(key("context_length", 2048)),
-        qk_norm=family in ("qwen3", "gemma3"),
+        qk_norm=family in ("qwen3", "qwen3_moe", "olmoe", "gemma3"),
+        qk_norm_full=family == "olmoe",
+        clip_qkv=float(clamp) if clamp else None,
         rope_scaling=scaling,
         rope_interleaved=arch in ("llama", "mistral"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=_as_ids(meta.get("tokenizer.ggml.eos_token_id")),
         **gemma,
+        **moe,
     )
 
 

@@ -1,4 +1,5 @@
-"""The Llama family as an IR graph: Llama 2/3, Mistral, SmolLM2, Qwen2, Qwen3.
+"""The Llama family as an IR graph: Llama 2/3, Mistral, SmolLM2, Qwen2, Qwen3 (and the
+attention and dense layers of the MoE families, graphs/moe.py).
 
 One decoder step over `tokens` new tokens at `positions`, reading and extending the
 KV cache (a graph state per layer), producing logits for every token:
@@ -12,14 +13,24 @@ KV cache (a graph state per layer), producing logits for every token:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hipc.compiler.ir import Graph, TensorType
 from hipc.graphs.blocks import gated_mlp, rms_norm, self_attention
 from hipc.graphs.builder import GraphBuilder
 from hipc.graphs.model import Model
 from hipc.graphs.rope import cos_sin_tables
 
+# (builder, model, layer, normed input) -> the MLP's output, added to the residual
+MLPBuilder = Callable[[GraphBuilder, Model, int, str], str]
 
-def build_llama(model: Model, max_ctx: int) -> Graph:
+
+def dense_mlp(b: GraphBuilder, model: Model, i: int, h: str) -> str:
+    return gated_mlp(b, model, i, h)
+
+
+def build_llama(model: Model, max_ctx: int, mlp: MLPBuilder = dense_mlp) -> Graph:
+    """The decoder; `mlp` builds each layer's feed-forward block (MoE families swap it)."""
     cfg = model.config
     g = Graph(model.name)
     g.metadata.update(family=cfg.family, max_ctx=max_ctx)
@@ -38,7 +49,7 @@ def build_llama(model: Model, max_ctx: int) -> Graph:
         h = rms_norm(b, model, x, "attn_norm", i, p + "attn_norm", H)
         x = b.op("Add", [x, self_attention(b, model, i, h, pos, rope)], p + "attn.residual")
         h = rms_norm(b, model, x, "ffn_norm", i, p + "ffn_norm", H)
-        x = b.op("Add", [x, gated_mlp(b, model, i, h)], p + "ffn.residual")
+        x = b.op("Add", [x, mlp(b, model, i, h)], p + "ffn.residual")
 
     h = rms_norm(b, model, x, "norm", None, "final_norm", H)
     lm = embed if cfg.tie_word_embeddings else model.weight("lm_head", None, (cfg.vocab_size, H))

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from hipc.base.errors import HipcError
-from hipc.compiler.ir import WeightRef
+from hipc.compiler.ir import StackedWeight, WeightRef
 from hipc.compiler.source.model import ModelSource, open_model
 from hipc.graphs import config as configs
 from hipc.graphs.names import NAME_TABLES, name_table
@@ -22,14 +22,45 @@ class Model:
     def name(self) -> str:
         return self.source.path.name
 
-    def tensor_name(self, role: str, layer: int | None = None) -> str:
-        return name_table(self.config.family, self.source.format)[role].format(i=layer)
+    def tensor_name(
+        self, role: str, layer: int | None = None, expert: int | str | None = None
+    ) -> str:
+        """The file's name for `role`: the first alternative the file has, else the first
+        (expert "*" names all experts of the alternative expert 0 matches)."""
+        names = name_table(self.config.family, self.source.format).get(role, ())
+        names = (names,) if isinstance(names, str) else names
+        probe = 0 if expert == "*" else expert
+        found = next((n for n in names if self.source.has(n.format(i=layer, e=probe))), names[0])
+        return found.format(i=layer, e=expert)
 
     def has(self, role: str, layer: int | None = None) -> bool:
-        return self.source.has(self.tensor_name(role, layer))
+        if role not in name_table(self.config.family, self.source.format):
+            return False
+        return self.source.has(self.tensor_name(role, layer, 0))
 
-    def weight(self, role: str, layer: int | None, shape: tuple[int, ...]) -> WeightRef:
-        name = self.tensor_name(role, layer)
+    def experts(self, layer: int) -> dict[str, WeightRef | StackedWeight]:
+        """The routed experts of `layer` as 3-D weights: gate/up [E, F, H] and down [E, H, F],
+        or gate_up [E, 2F, H] and down where the file fuses gate and up."""
+        cfg = self.config
+        E, F, H = cfg.num_experts, cfg.expert_intermediate_size, cfg.hidden_size
+        shapes = {"gate": (E, F, H), "up": (E, F, H), "down": (E, H, F)}
+        if self.has("gate_up_exps", layer):
+            return {
+                "gate_up": self.weight("gate_up_exps", layer, (E, 2 * F, H)),
+                "down": self.weight("down_exps", layer, shapes["down"]),
+            }
+        if self.has("gate_exps", layer):
+            return {k: self.weight(f"{k}_exps", layer, s) for k, s in shapes.items()}
+        stacked = {}
+        for k, (_, rows, cols) in shapes.items():
+            parts = tuple(self.weight(f"{k}_exp", layer, (rows, cols), e) for e in range(E))
+            stacked[k] = StackedWeight(self.tensor_name(f"{k}_exp", layer, "*"), parts)
+        return stacked
+
+    def weight(
+        self, role: str, layer: int | None, shape: tuple[int, ...], expert: int | None = None
+    ) -> WeightRef:
+        name = self.tensor_name(role, layer, expert)
         if not self.source.has(name):
             raise HipcError(f"{self.source.path}: tensor {name!r} is missing")
         ref = self.source.weight_ref(name)
@@ -64,8 +95,11 @@ def _gguf_config(source: ModelSource) -> configs.ModelConfig:
     else:
         raise HipcError(f"{source.path}: no vocabulary (tokenizer.ggml.tokens) and no token_embd")
     config = configs.from_gguf(meta, vocab, str(source.path))
+    # NOTE: GGUF has no mlp_only_layers; a layer is sparse where it holds a router.
+    moe_layers = tuple(i for i in config.moe_layers if source.has(names["router"].format(i=i)))
     return dataclasses.replace(
         config,
         tie_word_embeddings=not source.has(names["lm_head"]),
         attention_bias=source.has(names["q_bias"].format(i=0)),
+        moe_layers=moe_layers,
     )

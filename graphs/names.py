@@ -1,10 +1,17 @@
 """Tensor names per file format, as templates keyed by role (gguf-py's habit).
 
-The builder asks for a role ("q", layer 3); the table for the source's format gives
-the file's tensor name. One table per naming convention, not per family: Llama,
-Mistral, SmolLM2, Qwen2 and Qwen3 share both conventions. Gemma-2/3 add sandwich norms
-and give HF's `post_attention_layernorm` another meaning (the norm *after* attention,
-where Llama's is the one before the feed-forward), so they have tables of their own.
+The builder asks for a role ("q", layer 3[, expert 5]); the table for the source's
+format gives the file's tensor name. One table per naming convention, not per family:
+every family shares both conventions, except where a role lists alternatives (tried in
+order; the first the file has wins): HF MoE checkpoints store experts one tensor each
+(Mixtral under `block_sparse_moe.experts.E.w1/w3/w2`, the others under
+`mlp.experts.E.{gate,up,down}_proj`), or fused as transformers >= 5 holds them in memory
+(`mlp.experts.gate_up_proj` [E, 2F, H], `mlp.experts.down_proj` [E, H, F]). GGUF stores
+them stacked, `blk.N.ffn_{gate,up,down}_exps` [E, F, H] / [E, H, F] (early Mixtral files: one
+`blk.N.ffn_gate.E.weight` per expert).
+Gemma-2/3 add sandwich norms and give HF's `post_attention_layernorm` another meaning
+(the norm *after* attention, where Llama's is the one before the feed-forward), so they
+have tables of their own (name_table picks a family's).
 """
 
 HF_LLAMA = {
@@ -19,12 +26,35 @@ HF_LLAMA = {
     "q_norm": "model.layers.{i}.self_attn.q_norm.weight",
     "k_norm": "model.layers.{i}.self_attn.k_norm.weight",
     "o": "model.layers.{i}.self_attn.o_proj.weight",
+    "o_bias": "model.layers.{i}.self_attn.o_proj.bias",
     "ffn_norm": "model.layers.{i}.post_attention_layernorm.weight",
     "gate": "model.layers.{i}.mlp.gate_proj.weight",
     "up": "model.layers.{i}.mlp.up_proj.weight",
     "down": "model.layers.{i}.mlp.down_proj.weight",
     "norm": "model.norm.weight",
     "lm_head": "lm_head.weight",
+    "router": (
+        "model.layers.{i}.mlp.gate.weight",
+        "model.layers.{i}.block_sparse_moe.gate.weight",
+    ),
+    "gate_exp": (
+        "model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
+        "model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight",
+    ),
+    "up_exp": (
+        "model.layers.{i}.mlp.experts.{e}.up_proj.weight",
+        "model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight",
+    ),
+    "down_exp": (
+        "model.layers.{i}.mlp.experts.{e}.down_proj.weight",
+        "model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight",
+    ),
+    "gate_up_exps": "model.layers.{i}.mlp.experts.gate_up_proj",
+    "down_exps": "model.layers.{i}.mlp.experts.down_proj",
+    "shared_gate": "model.layers.{i}.mlp.shared_expert.gate_proj.weight",
+    "shared_up": "model.layers.{i}.mlp.shared_expert.up_proj.weight",
+    "shared_down": "model.layers.{i}.mlp.shared_expert.down_proj.weight",
+    "shared_expert_gate": "model.layers.{i}.mlp.shared_expert_gate.weight",
 }
 
 GGUF_LLAMA = {
@@ -39,12 +69,25 @@ GGUF_LLAMA = {
     "q_norm": "blk.{i}.attn_q_norm.weight",
     "k_norm": "blk.{i}.attn_k_norm.weight",
     "o": "blk.{i}.attn_output.weight",
+    "o_bias": "blk.{i}.attn_output.bias",
     "ffn_norm": "blk.{i}.ffn_norm.weight",
     "gate": "blk.{i}.ffn_gate.weight",
     "up": "blk.{i}.ffn_up.weight",
     "down": "blk.{i}.ffn_down.weight",
     "norm": "output_norm.weight",
     "lm_head": "output.weight",
+    "router": "blk.{i}.ffn_gate_inp.weight",
+    "gate_exps": "blk.{i}.ffn_gate_exps.weight",
+    "up_exps": "blk.{i}.ffn_up_exps.weight",
+    "down_exps": "blk.{i}.ffn_down_exps.weight",
+    # Mixtral GGUFs from before stacked experts (llama.cpp still reads them)
+    "gate_exp": "blk.{i}.ffn_gate.{e}.weight",
+    "up_exp": "blk.{i}.ffn_up.{e}.weight",
+    "down_exp": "blk.{i}.ffn_down.{e}.weight",
+    "shared_gate": "blk.{i}.ffn_gate_shexp.weight",
+    "shared_up": "blk.{i}.ffn_up_shexp.weight",
+    "shared_down": "blk.{i}.ffn_down_shexp.weight",
+    "shared_expert_gate": "blk.{i}.ffn_gate_inp_shexp.weight",
 }
 
 HF_GEMMA = {
@@ -68,6 +111,6 @@ FAMILY_NAME_TABLES = {
 }
 
 
-def name_table(family: str, fmt: str) -> dict[str, str]:
-    """role -> tensor-name template for one family in one file format."""
+def name_table(family: str, fmt: str) -> dict[str, str | tuple[str, ...]]:
+    """role -> tensor-name template(s) for one family in one file format."""
     return FAMILY_NAME_TABLES.get(family, NAME_TABLES)[fmt]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hipc.base.errors import HipcError
+from hipc.base.launch_plan import StateSpec, check_launch_plan, prefix_reuse, states
 from hipc.base.version import ARTIFACT_FORMAT_VERSION
 
 
@@ -60,11 +61,21 @@ class Artifact:
     def kv_storage(self) -> str:
         return plan_kv_storage(self.plan)
 
+    @property
+    def states(self) -> tuple[StateSpec, ...]:
+        return states(self.plan)
+
+    @property
+    def prefix_reuse(self) -> bool:
+        """Whether a prompt's states stay valid for a later sequence with the same prefix
+        (every state position-indexed; see hipc.base.launch_plan.StateSpec)."""
+        return prefix_reuse(self.states)
+
 
 def plan_kv_storage(plan: dict[str, Any]) -> str:
     """The KV cache's element type (`hipc compile --kv-storage`), from the plan's states."""
-    states = plan.get("states") or [{}]
-    return states[0].get("dtype", "float32")
+    kv = [s for s in plan.get("states") or [] if s.get("kind", "kv") == "kv"] or [{}]
+    return kv[0].get("dtype", "float32")
 
 
 def is_artifact(path: str | Path) -> bool:
@@ -111,6 +122,7 @@ def load_artifact(path: str | Path) -> Artifact:
             raise HipcError(f"{manifest_path}: {required} is not among the artifact's files")
     verify_files(path, manifest, manifest_bytes)
     plan = _read_json(path / "plan.json")
+    check_launch_plan(plan, str(path / "plan.json"))
     check_plan(plan, _weight_entries(path / "weights.safetensors"), path / "plan.json", targets)
     return Artifact(path, manifest, plan)
 

@@ -30,9 +30,15 @@ class CompiledEngine:
             self._tokenizer = self.artifact.tokenizer()
         return self._tokenizer
 
+    @property
+    def prefix_reuse(self) -> bool:
+        """Whether states left by a prompt may be reused by a sequence starting with it."""
+        return self.artifact.prefix_reuse
+
     def reset(self) -> None:
-        # NOTE: nothing to clear: attention reads only positions this sequence wrote.
-        pass
+        """Start a new sequence: each state follows its kind's reset rule (a recurrent state
+        is zeroed; a KV cache is not: attention reads only positions this sequence wrote)."""
+        self.backend.reset()
 
     def _run(self, tokens: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

@@ -42,6 +42,7 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; n: the chosen token's and the n most likely
+    grammar: str | None = None  # llguidance grammar the output must match (runtime/constraint.py)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,11 @@ class Generation:
         hold = max((len(s) for s in req.stop), default=1) - 1
         pending: list[int] = []
         pending_lp: list[TokenLogprob] = []
+        constraint = None
+        if req.grammar is not None:
+            from hipc.runtime.constraint import Constraint
+
+            constraint = Constraint(self.tokenizer, req.grammar)
         self.engine.reset()
         t0 = time.perf_counter()
         logits = self.engine.forward(res.prompt_token_ids, 0)
@@ -135,10 +141,13 @@ class Generation:
         t0 = time.perf_counter()
         pos = len(res.prompt_token_ids)
         while self.max_tokens > 0:
-            token = sampler(logits, res.prompt_token_ids, res.token_ids)
+            allowed = None if constraint is None else constraint.allowed(logits.size)
+            token = sampler(logits, res.prompt_token_ids, res.token_ids, allowed)
             if token in self._stop_ids:
                 res.finish_reason = "stop"
                 break
+            if constraint is not None:
+                constraint.advance(token)
             res.token_ids.append(token)
             pending.append(token)
             if req.logprobs is not None:
@@ -149,6 +158,9 @@ class Generation:
             cut = _find_stop(text, req.stop, emitted)
             if cut is not None:
                 text, res.finish_reason = text[:cut], "stop"
+                break
+            if constraint is not None and constraint.done:
+                res.finish_reason = "stop"
                 break
             if len(res.token_ids) >= self.max_tokens:
                 res.finish_reason = "length"

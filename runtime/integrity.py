@@ -13,9 +13,9 @@ artifact is simply hashed every time.
 `check_plan` checks plan.json against the weights file's header and against itself
 (kernels named by launches exist, state shapes agree with the attention kernels and the
 context, vocabulary sizes agree), so that a plan that does not describe its code object
-and weights is one clear error, never a kernel writing out of bounds. It works on
-today's plan layout (plan["weights"], ["states"], ["memory"], ["kernels"], ["launches"],
-["gpu"]); a versioned launch-plan schema can call it per version.
+and weights is one clear error, never a kernel writing out of bounds. It reads launch plan
+version 2 (hipc.base.launch_plan, which checks the format and version first): weights,
+states by kind, memory, kernels, groups (the kernel selection) and targets.
 """
 
 from __future__ import annotations
@@ -211,7 +211,8 @@ def check_plan(
             raise HipcError(
                 f"{at} ({s['name']}): dtype {s.get('dtype')!r} is not one of {STATE_DTYPES}"
             )
-        if not shape or shape[0] != max_context:
+        # a KV cache holds max_context positions; a recurrent state's size is its own
+        if s.get("kind", "kv") == "kv" and (not shape or shape[0] != max_context):
             raise HipcError(
                 f"{at} ({s['name']}): shape {list(shape)} does not hold max_context "
                 f"{max_context} positions"
@@ -219,11 +220,13 @@ def check_plan(
         state_shapes[s["name"]] = shape
 
     targets = set(targets)
-    gpu = plan.get("gpu") or {}
-    for target in sorted(targets - {"cpu"}):
-        if not isinstance(gpu, dict) or not isinstance(gpu.get(target), dict):
-            raise HipcError(f"{where}: no gpu.{target} launch plan for the {target} code object")
-    _check_gpu(plan, where, len(specs), len(states))
+    sections = plan.get("targets") or {}
+    for target in sorted(targets):
+        if not isinstance(sections, dict) or not isinstance(sections.get(target), dict):
+            raise HipcError(
+                f"{where}: no targets.{target} launch plan for the {target} code object"
+            )
+    _check_steps(plan, where, len(specs), len(states))
     if "cpu" not in targets and "memory" not in plan:
         return
     memory = plan.get("memory")
@@ -254,13 +257,13 @@ def _check_launches(
     plan: dict, where: Path, weights: dict, states: dict, vocab: int, max_context: int
 ) -> None:
     kernels = plan.get("kernels")
-    launches = plan.get("launches")
+    launches = plan.get("groups")
     if not isinstance(kernels, dict) or not isinstance(launches, list):
-        raise HipcError(f"{where}: 'kernels' must be an object and 'launches' a list")
+        raise HipcError(f"{where}: 'kernels' must be an object and 'groups' a list")
     buffers = plan["memory"].get("buffers") or {}
     views = plan["memory"].get("views") or {}
     for i, launch in enumerate(launches):
-        at = f"{where}: launches[{i}]"
+        at = f"{where}: groups[{i}]"
         if not isinstance(launch, dict):
             raise HipcError(f"{at}: expected an object")
         kernel = kernels.get(launch.get("kernel"))
@@ -279,7 +282,7 @@ def _check_launches(
                     f"{at}: argument {name!r} names {kind} {ref!r}, which the plan lacks"
                 )
         params = kernel.get("params") or {}
-        template = kernel.get("template")
+        template = kernel.get("kind")
         if template == "embedding":
             table = weights.get((args.get("w") or {}).get("ref"))
             if table is not None and table[0] != vocab:
@@ -306,16 +309,17 @@ def _check_launches(
                     )
 
 
-def _check_gpu(plan: dict, where: Path, n_weights: int, n_states: int) -> None:
-    gpu = plan.get("gpu") or {}
-    if not isinstance(gpu, dict):
-        raise HipcError(f"{where}: 'gpu' is not an object")
-    for target, tplan in gpu.items():
-        if not isinstance(tplan, dict):
-            raise HipcError(f"{where}: gpu.{target} is not an object")
-        for phase in ("decode", "prefill"):
-            for i, launch in enumerate(tplan.get(phase) or []):
-                at = f"{where}: gpu.{target}.{phase}[{i}]"
+def _check_steps(plan: dict, where: Path, n_weights: int, n_states: int) -> None:
+    sections = plan.get("targets") or {}
+    if not isinstance(sections, dict):
+        raise HipcError(f"{where}: 'targets' is not an object")
+    for target, tplan in sections.items():
+        steps = tplan.get("steps") if isinstance(tplan, dict) else None
+        if not isinstance(steps, dict):
+            raise HipcError(f"{where}: targets.{target} has no 'steps' object")
+        for step, launches in steps.items():
+            for i, launch in enumerate(launches or []):
+                at = f"{where}: targets.{target}.steps.{step}[{i}]"
                 if not isinstance(launch, dict) or not isinstance(launch.get("kernel"), str):
                     raise HipcError(f"{at}: expected an object naming its 'kernel'")
                 for j, arg in enumerate(launch.get("args") or []):

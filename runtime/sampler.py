@@ -109,9 +109,17 @@ class Sampler:
         return probs / probs.sum()
 
     def __call__(
-        self, logits: np.ndarray, prompt: Sequence[int] = (), output: Sequence[int] = ()
+        self,
+        logits: np.ndarray,
+        prompt: Sequence[int] = (),
+        output: Sequence[int] = (),
+        allowed: np.ndarray | None = None,
     ) -> int:
+        """A token id; `allowed` (a boolean mask, from a grammar) excludes every other
+        token before anything else sees the logits."""
         p = self.params
+        if allowed is not None:
+            logits = np.where(allowed, logits, -np.inf)
         if p.greedy and not (
             p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
         ):
@@ -119,6 +127,9 @@ class Sampler:
             # model's GPU decode step on the host)
             return int(np.argmax(logits))
         logits = self.penalize(logits, prompt, output)
+        if allowed is not None:
+            # a positive logit_bias must not bring a masked token back
+            logits = np.where(allowed, logits, -np.inf)
         if p.greedy:
             return int(np.argmax(logits))
         probs = self.probabilities(logits)

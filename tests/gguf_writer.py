@@ -8,6 +8,7 @@ output.weight, quantized tensor types, and Gemma's conventions (norm weights sto
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,22 @@ LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # Mixture of experts (llama.cpp's names; experts stacked 3-D by write_gguf)
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+# per-expert HF tensor (transformers < 5 in memory) -> stacked GGUF tensor
+EXPERT = {
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+    "w1": "ffn_gate_exps",
+    "w3": "ffn_up_exps",
+    "w2": "ffn_down_exps",
 }
 
 
@@ -62,8 +79,55 @@ def permute_for_llamacpp(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Path:
-    """Write `model` (a transformers CausalLM) as GGUF; 2-D weights stored as `qtype`."""
+def moe_tensors(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """HF expert tensors (fused gate_up_proj [E, 2F, H] / down_proj, or one per expert)
+    -> GGUF's stacked blk.N.ffn_{gate,up,down}_exps; other tensors unchanged."""
+    out: dict[str, np.ndarray] = {}
+    per_expert: dict[str, dict[int, np.ndarray]] = {}
+    for name, arr in state.items():
+        parts = name.split(".")
+        if name.endswith("experts.gate_up_proj"):
+            half = arr.shape[1] // 2
+            out[f"blk.{parts[2]}.ffn_gate_exps.weight"] = arr[:, :half]
+            out[f"blk.{parts[2]}.ffn_up_exps.weight"] = arr[:, half:]
+        elif name.endswith("experts.down_proj"):
+            out[f"blk.{parts[2]}.ffn_down_exps.weight"] = arr
+        elif "experts" in parts and parts[parts.index("experts") + 1].isdigit():
+            e = int(parts[parts.index("experts") + 1])
+            key = f"blk.{parts[2]}.{EXPERT[parts[-2]]}.weight"
+            per_expert.setdefault(key, {})[e] = arr
+        else:
+            out[name] = arr
+    for key, experts in per_expert.items():
+        out[key] = np.stack([experts[e] for e in sorted(experts)])
+    return out
+
+
+def _add_moe_metadata(w, cfg, arch: str) -> None:
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if not experts:
+        return
+    w.add_expert_count(experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    width = getattr(cfg, "moe_intermediate_size", None)
+    if width:  # Qwen-MoE: experts narrower than the dense layers
+        w.add_expert_feed_forward_length(width)
+    shared = getattr(cfg, "shared_expert_intermediate_size", None)
+    if shared:
+        w.add_expert_shared_feed_forward_length(shared)
+    # llama.cpp's converters leave this out (each architecture has a fixed rule); written
+    # here so test models that deviate from that rule say so
+    w.add_expert_weights_norm(bool(getattr(cfg, "norm_topk_prob", True)))
+    if getattr(cfg, "clip_qkv", None):
+        w.add_clamp_kqv(cfg.clip_qkv)
+
+
+def write_gguf(
+    model, path: Path, arch: str = "llama", qtype: str = "F32", per_expert: bool = False
+) -> Path:
+    """Write `model` (a transformers CausalLM) as GGUF; 2-D and 3-D (experts) weights
+    stored as `qtype`. MoE models get llama.cpp's stacked expert tensors and metadata, or
+    with `per_expert` the early Mixtral layout (blk.N.ffn_gate.E.weight ...)."""
     import gguf
 
     cfg = model.config
@@ -90,6 +154,7 @@ def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Pa
         if cfg.final_logit_softcapping:
             w.add_final_logit_softcapping(cfg.final_logit_softcapping)
         w.add_sliding_window(cfg.sliding_window)
+    _add_moe_metadata(w, cfg, arch)
     # a byte-level vocabulary of the right size: single characters, then filler tokens
     tokens = [
         chr(0x100 + i) if i >= 256 else bytes([i]).decode("latin-1") for i in range(cfg.vocab_size)
@@ -103,21 +168,29 @@ def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Pa
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     qt = getattr(gguf.GGMLQuantizationType, qtype)
-    for name, tensor in model.state_dict().items():
+    state = {k: t.detach().float().numpy() for k, t in model.state_dict().items()}
+    tensors = moe_tensors(state)
+    if per_expert:
+        for name in [n for n in tensors if "_exps." in n]:
+            stacked = tensors.pop(name)
+            for e, arr in enumerate(stacked):
+                tensors[name.replace("_exps.", f".{e}.")] = arr
+    for name, arr in tensors.items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
-        arr = tensor.detach().float().numpy()
         if arch == "llama" and name.endswith("q_proj.weight"):
             arr = permute_for_llamacpp(arr, cfg.num_attention_heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             arr = permute_for_llamacpp(arr, cfg.num_key_value_heads)
         elif arch in GEMMA_ARCHS and name.endswith("norm.weight"):
             arr = arr + 1  # the converter stores Gemma's (1 + w) scale
-
-        if arr.ndim == 2 and qtype != "F32":
-            w.add_tensor(gguf_name(name, arch), gguf.quants.quantize(arr, qt), raw_dtype=qt)
+        gname = name if name.startswith("blk.") else gguf_name(name, arch)
+        if gname.endswith("ffn_gate_inp_shexp.weight"):
+            arr = arr.reshape(-1)  # llama.cpp holds the shared expert's gate as [H]
+        if arr.ndim >= 2 and qtype != "F32" and "ffn_gate_inp" not in gname:
+            w.add_tensor(gname, gguf.quants.quantize(arr, qt), raw_dtype=qt)
         else:
-            w.add_tensor(gguf_name(name, arch), np.ascontiguousarray(arr, dtype=np.float32))
+            w.add_tensor(gname, np.ascontiguousarray(arr, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -125,15 +198,26 @@ def write_gguf(model, path: Path, arch: str = "llama", qtype: str = "F32") -> Pa
     return path
 
 
-def write_numpy_gguf(path: Path, qtype: str = "F32", seed: int = 0) -> Path:
+def write_numpy_gguf(
+    path: Path,
+    qtype: str = "F32",
+    seed: int = 0,
+    *,
+    hidden: int = 64,
+    ffn: int = 96,
+    types: Callable[[str], str] | None = None,
+) -> Path:
     """A tiny random llama-architecture GGUF written with numpy alone (no transformers).
 
     hidden 64 / ffn 96 so every row is whole 32-element blocks; norms stay float32.
+    `types` (tensor name -> hipc dtype, e.g. "q4_k") picks a type per matrix, quantized by
+    hipc.compiler.quantize (K-quants need hidden and ffn multiples of 256); else every
+    matrix is `qtype`, quantized by gguf-py.
     """
     import gguf
 
     rng = np.random.default_rng(seed)
-    H, F, V, L, NH, NKV = 64, 96, 160, 2, 4, 2
+    H, F, V, L, NH, NKV = hidden, ffn, 160, 2, 4, 2
     D = H // NH
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(64)
@@ -158,7 +242,13 @@ def write_numpy_gguf(path: Path, qtype: str = "F32", seed: int = 0) -> Path:
 
     def mat(name: str, *shape: int) -> None:
         arr = (0.2 * rng.standard_normal(shape)).astype(np.float32)
-        if qtype == "F16":
+        if types is not None and types(name) != "float32":
+            from hipc.compiler.quantize import quantize
+
+            kind = getattr(gguf.GGMLQuantizationType, types(name).upper())
+            data = np.frombuffer(quantize(arr, types(name)), np.uint8).reshape(shape[0], -1)
+            w.add_tensor(name, data, raw_dtype=kind)
+        elif qtype == "F16":
             w.add_tensor(name, arr.astype(np.float16))
         elif qtype != "F32":
             w.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
@@ -186,6 +276,41 @@ def write_numpy_gguf(path: Path, qtype: str = "F32", seed: int = 0) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def requantize_gguf(
+    src: Path, dst: Path, type_of: Callable[[str, tuple[int, ...]], str | None]
+) -> Path:
+    """Copy a GGUF file with every tensor re-stored as `type_of(name, shape)` (None: float32),
+    quantized by hipc.compiler.quantize from gguf-py's dequantized values; metadata as is."""
+    import gguf
+
+    from hipc.compiler.quantize import quantize
+
+    r = gguf.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch)
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    for t in r.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape))  # numpy order
+        values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
+        kind = type_of(t.name, shape)
+        if kind is None:
+            w.add_tensor(t.name, values)
+        else:
+            qt = getattr(gguf.GGMLQuantizationType, kind.upper())
+            data = np.frombuffer(quantize(values, kind), np.uint8).reshape(shape[0], -1)
+            w.add_tensor(t.name, data, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
 
 
 def write_q6k_head_gguf(path: Path, seed: int = 0) -> Path:

@@ -1,127 +1,119 @@
-"""Render the CPU program: kernels from templates/cpu and hipc_forward() from the launch list.
+"""Render the CPU program: each kernel from its kind's template, and hipc_forward(), whose
+body is the launch list printed as C calls.
 
-Python decides every name, pointer expression and specialization; the templates only
-place them. The prelude headers are pasted into the source, so the rendered file is
-self-contained and its hash (the cache key) covers everything that is compiled.
+Each call's arguments are the launch plan's bindings (codegen/bindings.py) in the order of
+the kind's declared signature, printed as C expressions. Python decides every name, pointer
+expression and specialization; the templates only place them. The prelude headers are
+pasted into the source, so the rendered file is self-contained and its hash (the cache key)
+covers everything that is compiled.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from hipc.base.version import ABI_VERSION
-from hipc.compiler.codegen.environment import CPU_WTYPES, WEIGHT_SUFFIX, render, template_text
-from hipc.compiler.passes.fuse import FusionError
-from hipc.compiler.passes.memory import MemoryPlan
-from hipc.compiler.passes.select import Launch, weight_order
+from hipc.base.version import ABI_VERSION, HIPC_VERSION
+from hipc.compiler.codegen.bindings import Binder, Binding
+from hipc.compiler.codegen.environment import render, template_text
+from hipc.compiler.kernels.base import Arg
+from hipc.compiler.passes.select import weight_order
+
+if TYPE_CHECKING:
+    from hipc.compiler.pipeline import Compilation
+    from hipc.compiler.targets import Target
+
+
+def paste_includes(header: str) -> str:
+    """header's text with each `#include "piece.h"` replaced by the piece (recursively), minus
+    include guards: the source alone then determines the binary, and its hash is the cache key."""
+    folder = header.rpartition("/")[0]
+    lines = []
+    for line in template_text(header).split("\n"):
+        m = re.fullmatch(r'#include "([\w.]+)"', line)
+        if m:
+            lines.append(paste_includes(f"{folder}/{m[1]}"))
+        elif line != "#pragma once":
+            lines.append(line)
+    return "\n".join(lines)
 
 
 @dataclass
-class Program:
+class CpuProgram:
     source: str
-    weights: list[str]  # W[i] order
-    states: list[str]  # KV[j] order
+    plan: dict[str, Any]
 
 
-def render_cpu_program(
-    name: str,
-    launches: list[Launch],
-    memory: MemoryPlan,
-    states: list[str],
-    max_ctx: int,
-    vocab: int,
-    hipc_version: str,
-    target: str,
-    activations: str = "int16",
-) -> Program:
-    """activations: how quantized matmuls round the activations per 32-block: "int16"
-    (within ~1e-5 of float32, the default) or "int8" (llama.cpp's choice, ~1e-2 error)."""
-    weights = weight_order(launches)
-
-    def weight(ref: str, ctype: str = "const float") -> str:
-        return f"({ctype}*)W[{weights.index(ref)}]"
-
-    def act(value: str, row_offset: str = "") -> tuple[str, int]:
-        view = memory.views[value]
-        if view.buffer in memory.outputs:
-            base = "logits"
-        else:
-            base = f"A + {memory.offsets[view.buffer] * memory.max_tokens + view.col}"
-        return (f"{base}{row_offset}", view.ld)
-
+def render_cpu_program(c: Compilation, target: Target) -> CpuProgram:
+    """c.options.activations: how quantized matmuls round the activations per 32-block:
+    "int16" (within ~1e-5 of float32, the default) or "int8" (llama.cpp's choice, ~1e-2)."""
+    memory = c.memory
+    binder = Binder(memory, weight_order(c.kernels), [s.name for s in c.states])
     kernels: dict[str, str] = {}
-    calls = []
-    for launch in launches:
-        spec = launch.kernel
-        p = spec.param_dict
-        a = launch.args
-        if spec.template in ("linear", "embedding") and p["wtype"] not in CPU_WTYPES:
-            raise FusionError(
-                f"{launch.group}: weight type {p['wtype']} has no CPU kernel "
-                f"(supported: {', '.join(CPU_WTYPES)})"
-            )
-        if spec.fn not in kernels:
-            kernels[spec.fn] = render(
-                f"cpu/{spec.template}.cpp.j2",
-                fn=spec.fn,
-                nodes=launch.nodes,
-                wsuffix=WEIGHT_SUFFIX.get(p.get("wtype", ""), ""),
-                mm=("a16_" if activations == "int16" else "")
-                + WEIGHT_SUFFIX.get(p.get("wtype", ""), ""),
-                **p,
-            )
+    forward = []
+    for k in c.kernels:
+        kind = k.kind
+        template, ctx = kind.cpu_kernel(k, c.options.activations)
+        if k.fn not in kernels:
+            kernels[k.fn] = render(template, fn=k.fn, nodes=k.nodes, **ctx, **k.params.context())
+        args = kind.cpu_signature_of(k).order(kind.cpu_call(k, binder), k.fn)
+        forward.append({"group": k.group, "kernel": k.fn, "args": args})
+    plan = {
+        "entry": "hipc_forward",
+        "abi_version": ABI_VERSION,
+        "arena_bytes": memory.arena_bytes,
+        "scratch_bytes": 0,
+        "steps": {"forward": forward},
+    }
 
-        def opt(kind_ref: tuple[str, str | None]) -> str:
-            return weight(kind_ref[1]) if kind_ref[0] == "weight" else "nullptr"
-
-        if spec.template == "linear":
-            y_value = a["y"][1]
-            last_only = memory.views[y_value].buffer in memory.outputs
-            rows = "rows" if last_only else "T"
-            skip = f" + (size_t)(T - rows) * {p['K']}" if last_only else ""
-            x, ldx = act(a["x"][1], skip)
-            if ldx != p["K"]:
-                raise FusionError(f"{launch.group}: input rows are strided ({ldx} != {p['K']})")
-            res = act(a["res"][1])[0] if a["res"][0] == "act" else "nullptr"
-            y = act(y_value)[0]
-            post_norm = f", {weight(a['post_norm_w'][1])}" if p["post_norm_eps"] else ""
-            calls.append(
-                f"{spec.fn}({rows}, {x}, {weight(a['w'][1], 'const void')}, {opt(a['norm_w'])}, "
-                f"{opt(a['bias'])}, {res}, {y}{post_norm})"
-            )
-        elif spec.template == "attention":
-            (q, ldq), (k, ldk), (v, ldv) = (act(a[n][1]) for n in ("q", "k", "v"))
-            kc, vc = states.index(a["k_cache"][1]), states.index(a["v_cache"][1])
-            calls.append(
-                f"{spec.fn}(T, start, {q}, {ldq}, {k}, {ldk}, {v}, {ldv}, {opt(a['q_norm_w'])}, "
-                f"{opt(a['k_norm_w'])}, {weight(a['cos'][1])}, {weight(a['sin'][1])}, KV[{kc}], KV[{vc}], "
-                f"{act(a['out'][1])[0]})"
-            )
-        elif spec.template == "embedding":
-            calls.append(
-                f"{spec.fn}(T, ids, {weight(a['w'][1], 'const void')}, {act(a['out'][1])[0]})"
-            )
-
-    # pasted in whole (minus include guards) so the source alone determines the binary
-    prelude = "\n".join(
-        template_text(f"cpu/{h}").replace("#pragma once", "")
-        for h in ("hipc_cpu.h", "hipc_cpu_ops.h")
-    )
+    # hipc_forward() is the plan's forward list, printed as C calls
+    signature = {k.fn: k.kind.cpu_signature_of(k) for k in c.kernels}
+    nodes = {k.group: k.nodes for k in c.kernels}
+    calls = [
+        {
+            "group": lt["group"],
+            "nodes": nodes[lt["group"]],
+            "call": f"{lt['kernel']}({', '.join(map(c_arg, lt['args'], signature[lt['kernel']].args))})",
+        }
+        for lt in plan["steps"]["forward"]
+    ]
+    prelude = paste_includes("cpu/hipc_cpu.h")
     source = render(
         "cpu/program.cpp.j2",
-        name=name,
-        hipc_version=hipc_version,
-        target=target,
+        name=c.model.name,
+        hipc_version=HIPC_VERSION,
+        target=target.name,
         prelude=prelude,
         kernels=list(kernels.values()),
         max_tokens=memory.max_tokens,
-        max_ctx=max_ctx,
-        vocab=vocab,
+        max_ctx=c.max_ctx,
+        vocab=c.model.config.vocab_size,
         arena_floats_per_token=memory.arena_cols,
         abi_version=ABI_VERSION,
-        launches=[
-            {"group": lt.group, "nodes": lt.nodes, "call": c}
-            for lt, c in zip(launches, calls, strict=True)
-        ],
+        launches=calls,
     )
-    return Program(source, weights, states)
+    return CpuProgram(source, plan)
+
+
+def c_arg(b: Binding, arg: Arg) -> str:
+    """A launch-plan binding as the C expression hipc_forward() passes for `arg`."""
+    kind = b["kind"]
+    if kind == "arena":
+        expr = f"A + {b['offset'] // 4}"
+        if b.get("row_skip"):
+            expr += f" + (size_t)(T - rows) * {b['row_skip']}"
+        return expr
+    if kind == "output":
+        return "logits"
+    if kind == "weight":
+        return f"({arg.pointer_type})W[{b['index']}]"
+    if kind == "state":
+        return f"KV[{b['index']}]"
+    if kind == "input":
+        return b["name"]  # hipc_forward's own ids / start
+    if kind == "int":
+        return str(b["value"])
+    if kind == "null":
+        return "nullptr"
+    raise ValueError(f"no CPU form for a {kind} argument")

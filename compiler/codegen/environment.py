@@ -28,7 +28,34 @@ WEIGHT_SUFFIX = {
     "q5_k": "q5_k",
 }
 # the weight types the CPU kernels read (GPU kernels read every WEIGHT_SUFFIX type)
-CPU_WTYPES = ("float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0")
+CPU_WTYPES = (
+    "float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"
+)  # fmt: skip
+
+
+# Weight storage types each target family has linear and embedding kernels for. A model
+# with any other type is refused before rendering (check_weight_types), naming the tensor.
+KERNEL_WTYPES = {"cpu": CPU_WTYPES, "hip": tuple(WEIGHT_SUFFIX)}
+
+
+def check_weight_types(kernels, initializers: dict, target_family: str) -> None:
+    """Refuse the first weight whose type the target family ("cpu", "nvidia", "amd") has no
+    kernel for, in one line naming the tensor(s) as the model file does, its type and the
+    supported types."""
+    family = "cpu" if target_family == "cpu" else "hip"
+    supported = KERNEL_WTYPES[family]
+    for k in kernels:
+        wtype = getattr(k.params, "wtype", None)
+        if wtype is None or wtype in supported:
+            continue
+        ref = k.refs["w"][1]
+        init = initializers.get(ref)
+        parts = getattr(init, "parts", None) or (init,)
+        names = ", ".join(getattr(r, "name", ref) for r in parts)
+        raise HipcError(
+            f"{names}: weight type {wtype} has no {family.upper()} kernel "
+            f"(supported: {', '.join(supported)})"
+        )
 
 
 def c_float(x: float) -> str:

@@ -6,6 +6,7 @@ re-exported here because every layer above spells them `hipc.compiler.ir.Graph`.
 """
 
 from hipc.compiler.ir.graph import (
+    QUANT_BLOCKS,
     QUANT_DTYPES,
     Constant,
     Dim,
@@ -13,12 +14,14 @@ from hipc.compiler.ir.graph import (
     Initializer,
     Node,
     PackedWeight,
+    StackedWeight,
     TensorType,
     WeightRef,
     initializer_type,
 )
 
 __all__ = [
+    "QUANT_BLOCKS",
     "QUANT_DTYPES",
     "Constant",
     "Dim",
@@ -26,6 +29,7 @@ __all__ = [
     "Initializer",
     "Node",
     "PackedWeight",
+    "StackedWeight",
     "TensorType",
     "WeightRef",
     "initializer_type",

@@ -23,19 +23,22 @@ import numpy as np
 
 Dim = int | str
 
-QUANT_DTYPES = (
-    "q4_0",
-    "q4_1",
-    "q8_0",
-    "q4_k",
-    "q5_0",
-    "q5_1",
-    "q5_k",
-    "q6_k",
-    "q8_k",
-    "q2_k",
-    "q3_k",
-)
+# GGUF block types: dtype -> (elements per block, bytes per block). Every target reads
+# these sizes; which types a target has kernels for is the target's own table.
+QUANT_BLOCKS = {
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "q8_0": (32, 34),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+    "q4_k": (256, 144),
+    "q5_k": (256, 176),
+    "q6_k": (256, 210),
+    "q8_k": (256, 292),
+    "q2_k": (256, 84),
+    "q3_k": (256, 110),
+}
+QUANT_DTYPES = tuple(QUANT_BLOCKS)
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,28 @@ class PackedWeight:
         return (*first[: self.axis], total, *first[self.axis + 1 :])
 
 
-Initializer = WeightRef | Constant | PackedWeight
+@dataclass(frozen=True)
+class StackedWeight:
+    """Equal-shaped weights stacked on a new leading axis: one tensor per expert in the
+    file (HF MoE checkpoints), seen as the [experts, out, in] tensor GGUF stores.
+
+    Lazy like PackedWeight, so a kernel that reads only the routed experts never has
+    the others read for it.
+    """
+
+    name: str
+    parts: tuple[WeightRef, ...]
+
+    @property
+    def dtype(self) -> str:
+        return self.parts[0].dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.parts), *self.parts[0].shape)
+
+
+Initializer = WeightRef | Constant | PackedWeight | StackedWeight
 
 
 def initializer_type(init: Initializer) -> TensorType:
@@ -203,7 +227,7 @@ class Graph:
         """Every source tensor the graph reads, packed ones included, by tensor name."""
         refs: dict[str, WeightRef] = {}
         for init in self.initializers.values():
-            for ref in init.parts if isinstance(init, PackedWeight) else (init,):
+            for ref in init.parts if isinstance(init, (PackedWeight, StackedWeight)) else (init,):
                 if isinstance(ref, WeightRef):
                     refs[ref.name] = ref
         return refs
@@ -232,6 +256,8 @@ class Graph:
                 }
             if isinstance(init, PackedWeight):
                 return {"kind": "packed", "axis": init.axis, "parts": [p.name for p in init.parts]}
+            if isinstance(init, StackedWeight):
+                return {"kind": "stacked", "parts": [p.name for p in init.parts]}
             arr = init.array
             return {"kind": "constant", "dtype": str(arr.dtype), "shape": list(arr.shape)}
 

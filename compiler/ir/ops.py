@@ -73,6 +73,14 @@ def _gelu(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
     return [ins[0]]
 
 
+@rule("Clip")
+def _clip(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    """ONNX Clip: min and max are scalar inputs."""
+    for bound in ins[1:]:
+        _check(bound.shape == (), node, f"min/max must be scalars, got {bound.shape}")
+    return [ins[0]]
+
+
 @rule("Cast")
 def _cast(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
     return [TensorType(node.attrs["to"], ins[0].shape)]
@@ -153,6 +161,48 @@ def _cached_attention(node: Node, ins: Sequence[TensorType], g: Graph) -> list[T
     _check(v.shape[1:] == v_cache.shape[1:], node, f"v {v.shape} vs cache {v_cache.shape}")
     _check(q.shape[1] % k.shape[1] == 0, node, "query heads must be a multiple of KV heads")
     return [TensorType(q.dtype, (q.shape[0], q.shape[1], v.shape[2]))]
+
+
+@rule("hipc::MoERouter")
+def _moe_router(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    """Router logits [tokens, experts] -> (expert ids int64, weights) [tokens, top_k].
+
+    softmax over all experts, the top_k largest probabilities (ties as torch.topk on the
+    CPU breaks them), renormalised to sum 1 when `normalize`.
+    """
+    (logits,) = ins
+    k = node.attrs["top_k"]
+    _check(len(logits.shape) == 2, node, f"logits must be [tokens, experts], got {logits.shape}")
+    experts = logits.shape[1]
+    _check(isinstance(experts, int) and 1 <= k <= experts, node, f"top_k {k} of {experts}")
+    return [
+        TensorType("int64", (logits.shape[0], k)),
+        TensorType(logits.dtype, (logits.shape[0], k)),
+    ]
+
+
+@rule("hipc::Experts")
+def _experts(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    """sum_j w[t,j] * down[e](silu(gate[e] x) * up[e] x), e = ids[t,j], over stacked weights.
+
+    Inputs: x [tokens, H], ids and weights [tokens, k], then either gate [E, F, H],
+    up [E, F, H], down [E, H, F], or gate_up [E, 2F, H] (gate rows first) and down.
+    """
+    x, ids, weights, *w = ins
+    _check(len(w) in (2, 3), node, f"expects 5 or 6 inputs, got {len(ins)}")
+    _check(ids.dtype in ("int64", "int32"), node, f"ids must be integers, got {ids.dtype}")
+    _check(ids.shape == weights.shape, node, f"ids {ids.shape} vs weights {weights.shape}")
+    _check(ids.shape[0] == x.shape[0], node, f"ids {ids.shape} vs input {x.shape}")
+    _check(all(len(t.shape) == 3 for t in w), node, "expert weights must be 3-D [E, out, in]")
+    down = w[-1]
+    E, H, F = down.shape
+    _check(x.shape[-1] == H, node, f"input width {x.shape[-1]} vs down {down.shape}")
+    if len(w) == 3:
+        gate, up = w[0], w[1]
+        _check(gate.shape == up.shape == (E, F, H), node, f"gate {gate.shape} up {up.shape}")
+    else:
+        _check(w[0].shape == (E, 2 * F, H), node, f"gate_up {w[0].shape} vs down {down.shape}")
+    return [TensorType(x.dtype, x.shape)]
 
 
 # -- ops introduced by the compiler's passes ------------------------------------------

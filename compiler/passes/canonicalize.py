@@ -4,6 +4,7 @@
   Gather(Dequantize|Cast(W), ids)                       ->  hipc::Embedding(W, ids)
   Mul(x, Sigmoid(x))                                    ->  hipc::SiLU(x)
   Mul(Tanh(Div(x, c)), c)                               ->  hipc::SoftCap(x, cap=c)
+  hipc::Experts(x, ids, w, Dequantize|Cast(W)...)       ->  hipc::Experts(x, ids, w, W...)
   Cast(w) of a 1-D weight (norm scales, biases)         ->  float32 constant
   Add/Mul of 1-D weights and constants (Gemma's 1 + w)  ->  float32 constant
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hipc.compiler.ir import Constant, Graph, Node, WeightRef
+from hipc.compiler.ir import Constant, Graph, Node, StackedWeight, WeightRef
 from hipc.compiler.passes.rewrite import Rewriter
 from hipc.compiler.source.reader import WeightReader
 
@@ -40,7 +41,7 @@ def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
         return vectors.get(value)
 
     for name, init in graph.initializers.items():
-        if isinstance(init, WeightRef) and init.dtype == "float32":
+        if isinstance(init, (WeightRef, StackedWeight)) and init.dtype == "float32":
             storage[name] = name
 
     def weight(value: str) -> str | None:
@@ -89,16 +90,22 @@ def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
             continue
         if op == "Add" and any(node is a for a, _ in bias_add.values()):
             continue
+        if op == "hipc::Experts" and all(weight(i) for i in ins[3:]):
+            stored = [weight(i) for i in ins[3:]]
+            rw.emit("Experts", [*ins[:3], *stored], node.outputs, node.name, domain="hipc")
+            continue
         if op == "Gather" and weight(ins[0]):
             rw.emit("Embedding", [weight(ins[0]), ins[1]], node.outputs, node.name, domain="hipc")
             continue
         if op == "Sigmoid" and rw.uses[node.outputs[0]] == 1:
-            sigmoid_of[node.outputs[0]] = ins[0]
-            continue
+            (user,) = graph.consumers(node.outputs[0])
+            # only x * sigmoid(x) becomes SiLU; a gate (sigmoid(g) * y) stays as it is
+            if user.op == "Mul" and ins[0] in user.inputs:
+                sigmoid_of[node.outputs[0]] = ins[0]
+                continue
         if op == "Mul" and _is_silu(ins, sigmoid_of):
-            rw.emit(
-                "SiLU", [sigmoid_of.get(ins[1], ins[0])], node.outputs, node.name, domain="hipc"
-            )
+            x = ins[0] if sigmoid_of.get(ins[1]) == ins[0] else ins[1]
+            rw.emit("SiLU", [x], node.outputs, node.name, domain="hipc")
             continue
         rw.copy(node)
     return rw.finish()

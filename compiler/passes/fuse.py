@@ -1,19 +1,16 @@
 """fuse: group the canonical graph's nodes into the kernels that will run.
 
-Every node starts as its own group. Candidate fusions are edges between a group and a
-neighbouring node; each is checked for legality (`can_fuse`) and scored by the bytes
-per token it saves (the intermediate is neither written nor read back). Legal
-candidates are taken best score first; every refusal is kept with its reason, which
-`hipc compile --explain` prints.
+Every node the registered kernel kinds anchor on (compiler/kernels) starts a group. Each
+kind proposes fusions around its anchors: a neighbouring node, the role it would play
+(prologue or epilogue), and whether that is legal. Each proposal is scored by the bytes per
+token it saves (the intermediate is neither written nor read back); legal ones are taken
+best score first, and every refusal is kept with its reason (`hipc compile --explain`).
 
 Fusions an LLM decoder step needs:
   prologue  RMSNorm -> Linear                 (the norm is applied while loading rows)
   epilogue  Linear -> Add(residual)           (written in place into the residual stream)
-            Linear -> RMSNorm -> Add(residual) (Gemma's post-norms: the row is normalized first)
-            Linear -> Split -> act*Mul        (gate/up, act SiLU or tanh-GELU: only the product is written)
+            Linear -> Split -> SiLU*Mul       (gate/up: only the product is written)
             Linear -> Split                   (q/k/v stay column views of one buffer)
-            Linear -> SoftCap                 (Gemma-2's final logits)
-            Embedding -> Mul(scalar)          (Gemma's sqrt(hidden) multiplier)
   attention Reshape/RMSNorm/RoPE -> CachedAttention -> Reshape (RoPE + KV write + attention)
   residual  Add -> RMSNorm                    (refused when the Add already went to a Linear)
 """
@@ -22,20 +19,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hipc.base.errors import HipcError
 from hipc.compiler.ir import Graph, Node
+from hipc.compiler.kernels import BY_ANCHOR, BY_NAME
+from hipc.compiler.kernels.base import FusionError
 
-ATTENTION_FEEDERS = {"Reshape", "RMSNormalization", "RotaryEmbedding"}
-GLU_ACTIVATIONS = {"hipc::SiLU", "Gelu"}  # act(gate) * up epilogues the linear kernels have
+__all__ = ["Decision", "FusedGroup", "Fusion", "FusionError", "Proposals", "fuse"]
 
 
 @dataclass
 class FusedGroup:
     name: str
-    kind: str  # "linear" | "attention" | "embedding" | "rmsnorm"
+    kind: str  # a registered kernel kind's name (compiler/kernels)
     anchor: Node
     prologue: list[Node] = field(default_factory=list)
     epilogue: list[Node] = field(default_factory=list)
+    roles: dict[str, str] = field(default_factory=dict)  # fused node -> the role it took
 
     @property
     def nodes(self) -> list[Node]:
@@ -44,6 +42,9 @@ class FusedGroup:
     @property
     def node_names(self) -> list[str]:
         return [n.name for n in self.nodes]
+
+    def node_with_role(self, role: str) -> Node | None:
+        return next((n for n in self.nodes if self.roles.get(n.name) == role), None)
 
 
 @dataclass(frozen=True)
@@ -63,206 +64,111 @@ class Fusion:
     decisions: list[Decision]
 
 
-KIND_OF = {
-    "hipc::Linear": "linear",
-    "hipc::CachedAttention": "attention",
-    "hipc::Embedding": "embedding",
-    "RMSNormalization": "rmsnorm",
-}
+@dataclass(frozen=True)
+class Candidate:
+    score: int
+    nearness: int  # minus the distance between anchor and node in graph order
+    anchor: str
+    node: Node
+    role: str
+    why: str | None  # None: legal
+    side: str  # "prologue" | "epilogue"
+    brings: tuple[Node, ...]  # nodes that come along (the SiLU and Mul after a GLU's Split)
 
 
-def fuse(graph: Graph) -> Fusion:
-    consumers: dict[str, list[Node]] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            consumers.setdefault(i, []).append(n)
-    for o in graph.outputs:
-        consumers.setdefault(o, [])
+class Proposals:
+    """What kinds see of the graph while proposing, and where their proposals go."""
 
-    def only_user(value: str) -> Node | None:
-        users = consumers.get(value, [])
-        return users[0] if len(users) == 1 and value not in graph.outputs else None
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.consumers: dict[str, list[Node]] = {}
+        for n in graph.nodes:
+            for i in n.inputs:
+                self.consumers.setdefault(i, []).append(n)
+        for o in graph.outputs:
+            self.consumers.setdefault(o, [])
+        self.order = {n.name: i for i, n in enumerate(graph.nodes)}
+        self.candidates: list[Candidate] = []
 
-    def row_bytes(value: str) -> int:
-        t = graph.values[value]
-        n = 1
-        for d in t.shape[1:]:
-            n *= int(d)
-        return 2 * 4 * n  # one write + one read of a float32 row
+    def users(self, value: str) -> list[Node]:
+        return self.consumers.get(value, [])
 
-    candidates: list[tuple[int, int, str, Node, str, str | None]] = []
-    # (score, order, anchor, node, role, reason-if-illegal)
-    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    def only_user(self, value: str) -> Node | None:
+        users = self.users(value)
+        return users[0] if len(users) == 1 and value not in self.graph.outputs else None
 
-    def propose(anchor: Node, node: Node, role: str, value: str, legal: str | None) -> None:
-        candidates.append(
-            (
-                row_bytes(value),
-                -abs(order[anchor.name] - order[node.name]),
-                anchor.name,
-                node,
-                role,
-                legal,
+    def propose(
+        self,
+        anchor: Node,
+        node: Node,
+        role: str,
+        value: str,
+        why: str | None = None,
+        *,
+        side: str = "epilogue",
+        brings: list[Node] | tuple[Node, ...] = (),
+    ) -> None:
+        """Fuse `node` into `anchor`'s group as `role`, saving `value`'s round trip;
+        `why`: the reason it is illegal (None: legal)."""
+        near = -abs(self.order[anchor.name] - self.order[node.name])
+        self.candidates.append(
+            Candidate(
+                self._row_bytes(value), near, anchor.name, node, role, why, side, tuple(brings)
             )
         )
 
-    for n in graph.nodes:
-        if n.op == "hipc::Linear":
-            x = graph.producer(n.inputs[0])
-            if x is not None and x.op == "RMSNormalization":
-                users = consumers[x.outputs[0]]
-                why = (
-                    None
-                    if len(users) == 1
-                    else f"its output is also read by {', '.join(u.name for u in users if u is not n)}"
-                )
-                propose(n, x, "prologue:rmsnorm", x.outputs[0], why)
-            user = only_user(n.outputs[0])
-            if user is None:
-                users = consumers.get(n.outputs[0], [])
-                if users:
-                    propose(
-                        n,
-                        users[0],
-                        "epilogue",
-                        n.outputs[0],
-                        f"{n.outputs[0]} has {len(users)} readers",
-                    )
-            elif user.op == "Add":
-                propose(n, user, "epilogue:residual", n.outputs[0], None)
-            elif user.op == "Split":
-                propose(n, user, _split_role(graph, user, only_user), n.outputs[0], None)
-            elif user.op == "hipc::SoftCap":
-                propose(n, user, "epilogue:softcap", n.outputs[0], None)
-            elif user.op == "RMSNormalization":
-                add = only_user(user.outputs[0])
-                why = None if add is not None and add.op == "Add" else "no residual Add after it"
-                propose(n, user, "epilogue:norm-residual", n.outputs[0], why)
-            else:
-                propose(
-                    n,
-                    user,
-                    "epilogue",
-                    n.outputs[0],
-                    f"no {user.op} epilogue in the linear kernels",
-                )
-        elif n.op == "hipc::CachedAttention":
-            for v in n.inputs[:3]:
-                chain = _feeder_chain(graph, v, only_user)
-                for node, why in chain:
-                    propose(n, node, "attention:feeder", node.outputs[0], why)
-            user = only_user(n.outputs[0])
-            if user is not None and user.op == "Reshape":
-                propose(n, user, "attention:flatten", n.outputs[0], None)
-        elif n.op == "hipc::Embedding":
-            user = only_user(n.outputs[0])
-            if user is not None and user.op == "Mul":
-                other = [i for i in user.inputs if i != n.outputs[0]]
-                scalar = len(other) == 1 and graph.values[other[0]].shape == ()
-                why = None if scalar and other[0] in graph.initializers else "not a constant scalar"
-                propose(n, user, "epilogue:scale", n.outputs[0], why)
-        elif n.op == "Add":
-            user = only_user(n.outputs[0])
-            norm_users = [u for u in consumers.get(n.outputs[0], []) if u.op == "RMSNormalization"]
-            for u in norm_users:
-                propose(
-                    u,
-                    n,
-                    "prologue:residual-add",
-                    n.outputs[0],
-                    None if user is not None else "the residual stream is read again later",
-                )
+    def _row_bytes(self, value: str) -> int:
+        n = 1
+        for d in self.graph.values[value].shape[1:]:
+            n *= int(d)
+        return 2 * 4 * n  # one write + one read of a float32 row
 
+
+def fuse(graph: Graph) -> Fusion:
+    p = Proposals(graph)
     groups: dict[str, FusedGroup] = {}
     owner: dict[str, str] = {}  # node -> anchor name
-    decisions: list[Decision] = []
     for n in graph.nodes:
-        if n.op in KIND_OF:
-            groups[n.name] = FusedGroup(n.name, KIND_OF[n.op], n)
+        kind = BY_ANCHOR.get(n.op)
+        if kind is not None:
+            kind.propose(graph, n, p)
+            groups[n.name] = FusedGroup(n.name, kind.name, n)
             owner[n.name] = n.name
 
-    for score, _, anchor, node, role, why in sorted(candidates, key=lambda c: (-c[0], -c[1])):
+    decisions: list[Decision] = []
+    for c in sorted(p.candidates, key=lambda c: (-c.score, -c.nearness)):
+        node, anchor, why = c.node, c.anchor, c.why
         if why is None and node.name in owner and owner[node.name] != anchor:
             why = f"already fused into {owner[node.name]}"
             if (
-                node.op in KIND_OF
-                and node.name in groups
+                node.name in groups
                 and not groups[node.name].prologue
                 and not groups[node.name].epilogue
             ):
                 why = None  # an anchor with nothing attached may still be absorbed
         if why is None and anchor not in groups:
             why = f"{anchor} was itself fused into {owner.get(anchor)}"
-        if why is None and role == "prologue:residual-add":
-            why = "the norm's kernel has no residual-add prologue; the Add goes to the Linear before it"
+        if why is None and c.role not in BY_NAME[groups[anchor].kind].roles:
+            kind = BY_NAME[groups[anchor].kind]
+            why = kind.refusals.get(c.role, f"{kind.name} kernels take no {c.role}")
         accepted = why is None
-        decisions.append(Decision(anchor, node.name, role, score, accepted, why or "legal"))
+        decisions.append(Decision(anchor, node.name, c.role, c.score, accepted, why or "legal"))
         if not accepted:
             continue
         g = groups[anchor]
         if node.name in groups and node.name != anchor:
             del groups[node.name]
-        owner[node.name] = anchor
-        if role.startswith("prologue") or role == "attention:feeder":
-            g.prologue.append(node)
-        else:
-            g.epilogue.append(node)
-        # the glu epilogue brings the activation and Mul after the Split
-        if role == "epilogue:glu":
-            act = only_user(node.outputs[0])
-            g.epilogue += [act, only_user(act.outputs[0])]
-            owner[act.name] = owner[only_user(act.outputs[0]).name] = anchor
-        # the post-norm brings the residual Add after it
-        if role == "epilogue:norm-residual":
-            add = only_user(node.outputs[0])
-            g.epilogue.append(add)
-            owner[add.name] = anchor
+        for m in (node, *c.brings):
+            owner[m.name] = anchor
+            g.roles[m.name] = c.role
+        (g.prologue if c.side == "prologue" else g.epilogue).extend((node, *c.brings))
 
-    ordered = sorted(groups.values(), key=lambda g: order[g.anchor.name])
+    ordered = sorted(groups.values(), key=lambda g: p.order[g.anchor.name])
     for g in ordered:
-        g.prologue.sort(key=lambda n: order[n.name])
+        g.prologue.sort(key=lambda n: p.order[n.name])
     covered = {n for g in ordered for n in g.node_names}
     for n in graph.nodes:
         if n.name not in covered:
             # NOTE: no kernel template exists for a lone op of this kind; say which.
             raise FusionError(f"node {n.name!r} ({n.op}) could not be placed in any kernel")
     return Fusion(graph, ordered, decisions)
-
-
-class FusionError(HipcError):
-    """A graph the kernel templates cannot cover (reported to the user, one line)."""
-
-
-def _split_role(graph: Graph, split: Node, only_user) -> str:
-    """'epilogue:glu' for Split -> act(a) * b with equal halves, else 'epilogue:split'."""
-    sizes = list(split.attrs["split"])
-    if len(sizes) == 2 and sizes[0] == sizes[1]:
-        a, b = split.outputs
-        act = only_user(a)
-        if act is not None and act.op in GLU_ACTIVATIONS:
-            mul = only_user(act.outputs[0])
-            if (
-                mul is not None
-                and mul.op == "Mul"
-                and set(mul.inputs) == {act.outputs[0], b}
-                and only_user(b) is mul
-            ):
-                return "epilogue:glu"
-    return "epilogue:split"
-
-
-def _feeder_chain(graph: Graph, value: str, only_user) -> list[tuple[Node, str | None]]:
-    """Nodes between a Split view (or any producer) and an attention input."""
-    chain: list[tuple[Node, str | None]] = []
-    node = graph.producer(value)
-    while node is not None and node.op in ATTENTION_FEEDERS:
-        why = (
-            None
-            if only_user(node.outputs[0]) is not None
-            else f"{node.outputs[0]} has several readers"
-        )
-        if node.op == "RMSNormalization" and len(graph.values[node.inputs[1]].shape) != 1:
-            why = "only per-head norms (scale [head_dim]) fuse into attention"
-        chain.append((node, why))
-        node = graph.producer(node.inputs[0])
-    return chain

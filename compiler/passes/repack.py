@@ -4,6 +4,10 @@ q, k, v (and gate, up) each read the same normalized activations; one Linear ove
 their weights concatenated by rows reads those activations once, is one kernel
 instead of three, and a Split names the parts again. Rows of quantized weights are
 independent, so concatenating them keeps the blocks as they are.
+
+Only weights of one storage type merge (a kernel reads one block format). Mixed files
+(llama.cpp's Q4_K_M keeps v in another type than q and k) leave a norm read by several
+Linears; split_shared_norms gives each its own copy to fuse as a prologue.
 """
 
 from __future__ import annotations
@@ -62,6 +66,46 @@ def merge_parallel_linears(graph: Graph, reader: WeightReader | None = None) -> 
             f"{name}.split",
             {"axis": -1, "split": sizes},
         )
+    return split_shared_norms(rw.finish())
+
+
+def split_shared_norms(graph: Graph) -> Graph:
+    """An RMSNormalization read only by several Linears -> one copy per Linear.
+
+    Each copy then fuses into its Linear as the prologue: recomputing the norm of T x K
+    values costs less than writing and re-reading them, and no target needs a kernel
+    for a norm on its own.
+    """
+    readers: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        users = graph.consumers(n.outputs[0]) if n.op == "RMSNormalization" else []
+        if (
+            len(users) > 1
+            and n.outputs[0] not in graph.outputs
+            and all(
+                u.op == "hipc::Linear" and list(u.inputs).count(n.outputs[0]) == 1 for u in users
+            )
+            and all(u.inputs[0] == n.outputs[0] for u in users)
+        ):
+            readers[n.name] = users
+    if not readers:
+        return graph
+    reads: dict[str, str] = {}  # Linear -> the copy it reads
+    rw = Rewriter(graph)
+    for node in graph.nodes:
+        if node.name in readers:
+            for i, user in enumerate(readers[node.name]):
+                tag = "" if i == 0 else f"@{user.name}"
+                out = f"{node.outputs[0]}{tag}"
+                rw.emit(
+                    node.op_type, node.inputs, [out], f"{node.name}{tag}", node.attrs, node.domain
+                )
+                reads[user.name] = out
+        elif node.name in reads:
+            inputs = [reads[node.name], *node.inputs[1:]]
+            rw.emit(node.op_type, inputs, node.outputs, node.name, dict(node.attrs), node.domain)
+        else:
+            rw.copy(node)
     return rw.finish()
 
 

@@ -17,9 +17,13 @@ class ReferenceEngine:
         max_ctx: int | None = None,
         dtype: str = "float32",
         kv_storage: str = "float32",
+        quant: str | None = None,
     ) -> None:
+        from hipc.compiler.passes.quantize import quantize_weights
+
         self.model = model
-        self.graph = build_graph(model, max_ctx)
+        # --quant: the same quantized weights a compiled artifact holds (from the same store)
+        self.graph = quantize_weights(build_graph(model, max_ctx), quant)
         self.executor = ReferenceExecutor(self.graph, dtype, kv_storage)
         self.max_context = self.executor.max_ctx
         self.vocab_size = model.config.vocab_size

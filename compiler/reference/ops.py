@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from hipc.compiler.ir import Node
+from hipc.compiler.reference.topk import topk_torch_cpu
 
 Impl = Callable[[Node, Sequence[np.ndarray], Any], list[np.ndarray]]
 IMPLS: dict[str, Impl] = {}
@@ -70,6 +71,12 @@ def _sigmoid(node, ins, ctx):
     # NOTE: split by sign so exp never overflows.
     e = np.exp(-np.abs(x))
     return [np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)]
+
+
+@impl("Clip")
+def _clip(node, ins, ctx):
+    x, lo, hi = ins
+    return [np.clip(x, lo.astype(x.dtype), hi.astype(x.dtype))]
 
 
 @impl("Cast")
@@ -159,6 +166,51 @@ def _cached_attention(node, ins, ctx):
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
     return [np.einsum("htc,chd->thd", p, vals).astype(q.dtype)]
+
+
+@impl("hipc::MoERouter")
+def _moe_router(node, ins, ctx):
+    """Softmax over all experts, the top_k largest, optionally renormalised to sum 1.
+
+    Rows whose top-k set or order holds a tie take torch's CPU tie order (topk.py); the
+    others have one answer, found by a sort.
+    """
+    logits = ins[0]
+    k = node.attrs["top_k"]
+    z = logits - logits.max(axis=-1, keepdims=True)
+    probs = np.exp(z)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    ids = order[:, :k].copy()
+    head = np.take_along_axis(probs, order[:, : k + 1], axis=-1)
+    for t in np.nonzero((np.diff(head, axis=-1) == 0).any(axis=-1))[0]:
+        ids[t] = topk_torch_cpu(probs[t].tolist(), k)
+    weights = np.take_along_axis(probs, ids, axis=-1)
+    if node.attrs.get("normalize"):
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    return [ids.astype(np.int64), weights.astype(logits.dtype)]
+
+
+@impl("hipc::Experts")
+def _experts(node, ins, ctx):
+    """Each token through its routed experts' SwiGLU MLPs, summed with the router weights."""
+    x, ids, weights, *w = ins
+    if len(w) == 3:
+        gate, up, down = w
+    else:
+        gate_up, down = w
+        F = down.shape[2]
+        gate, up = gate_up[:, :F], gate_up[:, F:]
+    out = np.zeros_like(x)
+    for e in np.unique(ids):
+        tok, slot = np.nonzero(ids == e)
+        h = x[tok]
+        g = h @ gate[e].T.astype(x.dtype, copy=False)
+        u = h @ up[e].T.astype(x.dtype, copy=False)
+        act = g * _sigmoid(node, [g], ctx)[0] * u
+        y = act @ down[e].T.astype(x.dtype, copy=False)
+        np.add.at(out, tok, y * weights[tok, slot, None].astype(x.dtype))
+    return [out]
 
 
 @impl("hipc::Linear")

@@ -82,6 +82,11 @@ class GGUFFile:
             self._meta = meta
         return self._meta
 
+    @property
+    def fields(self) -> dict[str, Any]:
+        """gguf-py's metadata fields (value and GGUF types), for copying them verbatim."""
+        return dict(self._reader.fields)
+
     def raw(self, name: str) -> np.ndarray:
         """The tensor as stored: quantized types as uint8 blocks, one row per output row."""
         return self._reader.tensors[self.entries[name].index].data

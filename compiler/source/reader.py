@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hipc.base.safetensors_file import SafetensorsFile
-from hipc.compiler.ir import Constant, Initializer, PackedWeight, WeightRef
+from hipc.compiler.ir import Constant, Initializer, PackedWeight, StackedWeight, WeightRef
 from hipc.compiler.source.gguf_file import GGUFFile
 
 
@@ -26,10 +26,14 @@ class WeightReader:
             return init.array
         if isinstance(init, PackedWeight):
             return np.concatenate([self.value(p) for p in init.parts], axis=init.axis)
+        if isinstance(init, StackedWeight):
+            return np.stack([self.value(p) for p in init.parts])
         return self._file(init).load(init.name)
 
-    def stored(self, init: WeightRef | PackedWeight) -> np.ndarray:
+    def stored(self, init: WeightRef | PackedWeight | StackedWeight) -> np.ndarray:
         """The bytes as stored: quantized rows as uint8 blocks, bf16 as uint16, else its dtype."""
         if isinstance(init, PackedWeight):
             return np.concatenate([self.stored(p) for p in init.parts], axis=init.axis)
+        if isinstance(init, StackedWeight):
+            return np.stack([self.stored(p) for p in init.parts])
         return np.asarray(self._file(init).raw(init.name))

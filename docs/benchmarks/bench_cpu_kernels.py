@@ -33,7 +33,6 @@ HEADER_DIR = REPO / "templates" / "cpu"
 
 SHIM = r"""
 #include "hipc_cpu.h"
-#include "hipc_cpu_ops.h"
 #include <chrono>
 #include <algorithm>
 #include <cstdlib>

@@ -23,7 +23,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from hipc.compiler.codegen.hip_kernels import QuantGemv, decode_gemv  # noqa: E402
+from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv  # noqa: E402
+from hipc.compiler.targets import GpuTarget  # noqa: E402
 from hipc.runtime.backends.gpu_common import PackedArgs  # noqa: E402
 
 from gpu_kernels import DeviceKernels, pack  # noqa: E402
@@ -65,12 +66,12 @@ def main() -> None:
     def build(arch):
         for si, s in enumerate(shapes):
             wtype, N, K, epilogue, norm = SHAPES[s]
-            p = dict(wtype=wtype, N=N, K=K, norm_eps=1e-5 if norm else 0.0, epilogue=epilogue)
+            p = LinearParams(wtype, N, K, 1e-5 if norm else 0.0, epilogue, bias=False)
             for gi, g in enumerate(geoms):
                 geo = GEOMETRIES[g]
                 if geo and wtype == "q8_0" and geo.unroll > 1:  # the same bytes in flight
                     geo = replace(geo, unroll=geo.unroll // 2)
-                specs[s, g] = decode_gemv(f"s{si}g{gi}", {**p, "bias": False}, arch, [s], geo)
+                specs[s, g] = decode_gemv(f"s{si}g{gi}", p, GpuTarget(arch), [s], geo)
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build)

@@ -24,6 +24,7 @@ import numpy as np
 
 from hipc.base.cpu_features import cpu_features
 from hipc.base.errors import HipcError
+from hipc.base.launch_plan import TargetPlan, states
 from hipc.base.safetensors_file import SafetensorsFile
 from hipc.base.version import ABI_VERSION
 from hipc.runtime.artifact import Artifact
@@ -81,6 +82,12 @@ class CpuBackend:
         self._forward = f
 
         plan = artifact.plan
+        cpu = TargetPlan.from_json(plan, "cpu")
+        if cpu.entry != "hipc_forward" or cpu.abi_version != ABI_VERSION:
+            raise HipcError(
+                f"{artifact.path}/plan.json: cpu entry {cpu.entry!r} ABI {cpu.abi_version}, "
+                f"this runtime calls hipc_forward ABI {ABI_VERSION} (recompile the artifact)"
+            )
         st = SafetensorsFile(artifact.file("weights.safetensors"))
         self.weights = []
         for w in plan["weights"]:
@@ -90,20 +97,25 @@ class CpuBackend:
         self._W = (ctypes.c_void_p * len(self.weights))(*[a.ctypes.data for a in self.weights])
         self.max_tokens = plan["max_tokens"]
         self.vocab = plan["vocab_size"]
-        self.arena = np.zeros(
-            plan["memory"]["arena_floats_per_token"] * self.max_tokens, np.float32
-        )
+        self.arena = np.zeros(cpu.arena_bytes // 4, np.float32)
         # attention reads only positions the sequence wrote, so a shorter cache is safe as
         # long as the engine admits no more than it holds
         self.max_context = max_context or int(plan["max_context"])
-        self.kv = [
-            np.zeros([self.max_context, *s["shape"][1:]], np.float32) for s in plan["states"]
-        ]
+        self.states = states(plan)
+        # the cpu program's states are float32 whatever the kind (one layout per artifact)
+        self.kv = [np.zeros(s.shape_for(self.max_context), np.float32) for s in self.states]
         self._KV = (ctypes.c_void_p * len(self.kv))(*[a.ctypes.data for a in self.kv])
 
     @property
     def kv_bytes(self) -> int:
         return sum(a.nbytes for a in self.kv)
+
+    def reset(self) -> None:
+        """A new sequence: apply each state's reset rule (zero the recurrent ones; a KV
+        cache's positions are written before they are read, so it is left as it is)."""
+        for spec, a in zip(self.states, self.kv, strict=True):
+            if spec.needs_reset:
+                a.fill(0)
 
     def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
         ids = np.ascontiguousarray(ids, dtype=np.int64)

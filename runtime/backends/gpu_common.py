@@ -7,7 +7,7 @@ memory-mapped safetensors file, tensors at 256-byte offsets), the KV-cache state
 (one zeroed block), the activation arena, the scratch buffer, ids (int64 x
 max_tokens), start (int32) and logits (float32 x max_tokens x vocab); and pinned host
 buffers for ids, start and logits. A step copies ids/start in, runs the launch list
-(plan["gpu"][arch], see runtime/gpu_plan.py) on one stream, copies the logits rows
+(the plan's targets[arch] steps, see hipc.base.launch_plan) on one stream, copies the logits rows
 out and synchronizes. The one-token decode list is captured once as a graph and
 replayed: its kernels read ids and start from device memory, so one graph serves
 every position.
@@ -39,9 +39,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from hipc.base.errors import HipcError
+from hipc.base.launch_plan import Bases, Launch, StateSpec, TargetPlan, states
+from hipc.base.progress import byte_bar
 from hipc.base.safetensors_file import SafetensorsFile
 from hipc.runtime.artifact import Artifact
-from hipc.runtime.gpu_plan import Bases, GpuPlan, Launch
 
 SYNC_ENV = "HIPC_SYNC_LAUNCHES"
 ALIGN = 256  # offsets of tensors inside one allocation: cudaMalloc's own guarantee
@@ -49,7 +50,6 @@ DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory above this needs an op
 UPLOAD_CHUNK = 64 << 20
 PROGRESS_MIN_BYTES = 10**9
 
-_STATE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _ARG_CTYPES = {"u64": ctypes.c_uint64, "i32": ctypes.c_int32}
 
 
@@ -141,7 +141,7 @@ def aligned_offsets(sizes: Sequence[int], align: int = ALIGN) -> tuple[tuple[int
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
+class DeviceMemory:
     """Bytes of every device allocation of one engine."""
 
     weight_offsets: tuple[int, ...]
@@ -168,20 +168,18 @@ class MemoryPlan:
         )
 
 
-def plan_memory(
-    plan: dict[str, Any], gpu: GpuPlan, weight_nbytes: Sequence[int], positions: int | None = None
-) -> MemoryPlan:
-    """Device bytes per buffer; `positions` sizes the KV cache (default: as compiled)."""
-    state_sizes = []
-    for s in plan["states"]:
-        itemsize = _STATE_ITEMSIZE.get(s.get("dtype", "float32"))
-        if itemsize is None:
-            raise HipcError(f"state {s['name']}: unsupported dtype {s['dtype']}")
-        shape = [positions or s["shape"][0], *s["shape"][1:]]
-        state_sizes.append(int(np.prod(shape, dtype=np.int64)) * itemsize)
+def device_memory(
+    plan: dict[str, Any],
+    gpu: TargetPlan,
+    weight_nbytes: Sequence[int],
+    positions: int | None = None,
+) -> DeviceMemory:
+    """Device bytes per buffer; `positions` sizes the KV states (default: as compiled)."""
+    specs = states(plan)
+    state_sizes = [s.nbytes(positions) for s in specs]
     w_off, w_total = aligned_offsets(weight_nbytes)
     s_off, s_total = aligned_offsets(state_sizes)
-    return MemoryPlan(
+    return DeviceMemory(
         weight_offsets=w_off,
         weights=w_total,
         state_offsets=s_off,
@@ -196,7 +194,7 @@ def plan_memory(
 
 
 def fit_positions(
-    plan: dict[str, Any], gpu: GpuPlan, weight_nbytes: Sequence[int], free: int, most: int
+    plan: dict[str, Any], gpu: TargetPlan, weight_nbytes: Sequence[int], free: int, most: int
 ) -> int:
     """The most KV positions (<= most) whose allocations fit in 95% of `free` (0 if none do).
 
@@ -206,7 +204,7 @@ def fit_positions(
     lo, hi = 0, most
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if plan_memory(plan, gpu, weight_nbytes, mid).total <= budget:
+        if device_memory(plan, gpu, weight_nbytes, mid).total <= budget:
             lo = mid
         else:
             hi = mid - 1
@@ -266,9 +264,9 @@ class GpuBackend:
                 f"the artifact has: {', '.join(artifact.targets) or 'none'}; "
                 f"compile for it with: hipc compile MODEL --target {self.arch}"
             )
-        sections = plan.get("gpu") or {}
+        sections = plan.get("targets") or {}
         try:
-            self.gpu = GpuPlan.from_json(plan, self.arch if self.arch in sections else None)
+            self.gpu = TargetPlan.from_json(plan, self.arch if self.arch in sections else None)
         except (KeyError, ValueError, TypeError) as e:
             raise HipcError(
                 f"{artifact.path}: plan.json has no GPU launch plan for {self.arch} ({e!r}); "
@@ -276,6 +274,7 @@ class GpuBackend:
             ) from None
         self.max_tokens = self.gpu.max_tokens
         self.vocab = self.gpu.vocab
+        self._states: tuple[StateSpec, ...] = states(plan)
         self.max_context = int(plan["max_context"])
 
         code_object = artifact.file(info["code_object"])
@@ -290,14 +289,14 @@ class GpuBackend:
         weights = self._open_weights(artifact)
         nbytes = [a.nbytes for a in weights]
         positions = self._requested_context or self.max_context
-        self._mem = mem = plan_memory(plan, self.gpu, nbytes, positions)
+        self._mem = mem = device_memory(plan, self.gpu, nbytes, positions)
         free, total = d.mem_info()
         if mem.total > free and self._requested_context is None:
             # Auto-size: keep the compiled context if it fits, else the most that does
             fits = fit_positions(plan, self.gpu, nbytes, free, self.max_context)
             if fits >= 2:
                 positions = fits
-                self._mem = mem = plan_memory(plan, self.gpu, nbytes, positions)
+                self._mem = mem = device_memory(plan, self.gpu, nbytes, positions)
                 print(
                     f"hipc: KV cache sized for {positions} of {self.max_context} positions "
                     f"to fit {gib(free)} free on {self.device_name}",
@@ -395,25 +394,15 @@ class GpuBackend:
 
     def _upload(self, arrays: list[np.ndarray], dsts: Sequence[int]) -> None:
         total = sum(a.nbytes for a in arrays)
-        show = total > PROGRESS_MIN_BYTES and sys.stderr.isatty()
-        done = 0
-        for a, dst in zip(arrays, dsts, strict=True):
-            src = np.ascontiguousarray(a)
-            addr = src.ctypes.data
-            for pos in range(0, src.nbytes, UPLOAD_CHUNK):
-                n = min(UPLOAD_CHUNK, src.nbytes - pos)
-                self._driver.h2d(dst + pos, addr + pos, n)
-                done += n
-                if show:
-                    print(
-                        f"\rhipc: uploading weights to {self.device_name}: "
-                        f"{done / 1e9:.1f}/{total / 1e9:.1f} GB ({100 * done // total}%)",
-                        end="",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-        if show:
-            print(file=sys.stderr)
+        label = f"uploading weights to {self.device_name}"
+        with byte_bar(label, total, show=total > PROGRESS_MIN_BYTES) as bar:
+            for a, dst in zip(arrays, dsts, strict=True):
+                src = np.ascontiguousarray(a)
+                addr = src.ctypes.data
+                for pos in range(0, src.nbytes, UPLOAD_CHUNK):
+                    n = min(UPLOAD_CHUNK, src.nbytes - pos)
+                    self._driver.h2d(dst + pos, addr + pos, n)
+                    bar.update(n)
 
     def _pinned(self, dtype, count: int) -> np.ndarray:
         nbytes = np.dtype(dtype).itemsize * count
@@ -449,6 +438,18 @@ class GpuBackend:
     @property
     def graph_captured(self) -> bool:
         return self._graph_exec is not None
+
+    def reset(self) -> None:
+        """A new sequence: apply each state's reset rule (zero the recurrent ones; a KV
+        cache's positions are written before they are read, so it is left as it is)."""
+        if self._closed:
+            raise HipcError(f"{self.name} backend: used after close()")
+        try:
+            for spec, base in zip(self._states, self.bases.states, strict=True):
+                if spec.needs_reset:
+                    self._driver.memset0(base, spec.nbytes(self.max_context))
+        except DriverError as e:
+            raise self._step_error(e, "resetting the states") from None
 
     def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
         if self._closed:

@@ -23,10 +23,14 @@ def create_app(engine, config: Config | None = None, service: Service | None = N
     middleware: list = [RequestLog(service.metrics)]
     if config.api_key:
         middleware.append(BearerAuth(config.api_key))
-    app = falcon.App(middleware=middleware)
+    router = falcon.routing.CompiledRouter()
+    app = falcon.App(middleware=middleware, router=router)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/health", resources.Health(service))
+    app.add_route("/ready", resources.Ready(service))
     app.add_route("/metrics", resources.Metrics(service))
+    # the document lists the routes the router finds, so a new route needs its entry
+    app.add_route("/openapi.json", resources.OpenAPI(service, bool(config.api_key), router))
     app.add_route("/v1/models", resources.Models(service))
     app.add_route("/v1/models/{model_id}", resources.Model(service))
     app.add_route("/v1/completions", resources.Completions(service))
@@ -54,7 +58,7 @@ class RequestLog:
         # NOTE: route templates, never raw paths: label values stay a bounded set
         endpoint = req.uri_template if resource is not None and req.uri_template else "unmatched"
         status = str(resp.status_code)
-        self.metrics.requests.inc(1, endpoint, status)
+        self.metrics.requests.labels(endpoint, status).inc()
         t0 = getattr(req.context, "t0", time.perf_counter())
         if resp.stream is not None and not hasattr(resp.stream, "read"):
             resp.stream = _LoggedStream(resp.stream, req.method, endpoint, status, t0)

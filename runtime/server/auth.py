@@ -6,7 +6,7 @@ import hmac
 
 from hipc.runtime.server.errors import APIError
 
-PUBLIC_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/health", "/ready"})  # probes carry no key
 
 
 class BearerAuth:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hipc.runtime.server.metrics import CONTENT_TYPE
 from hipc.runtime.server.service import Service
 from hipc.runtime.server.validation import parse_chat, parse_completion, read_json
 
@@ -34,6 +33,25 @@ class Health:
         else:
             resp.status = 503
             resp.media = {"status": "shutting_down"}
+
+
+class Ready:
+    """Readiness, as Kubernetes probes it: 200 only when new traffic would be served now
+    (loaded, warmed, not draining); /health stays the liveness probe."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def on_get(self, req, resp) -> None:
+        if not self.service.accepting:
+            status = "shutting_down"
+        elif not self.service.warm:
+            status = "warming_up"
+        else:
+            status = "ok"
+        resp.media = {"status": status}
+        if status != "ok":
+            resp.status = 503
 
 
 class Models:
@@ -77,5 +95,25 @@ class Metrics:
         self.service = service
 
     def on_get(self, req, resp) -> None:
-        resp.content_type = CONTENT_TYPE
-        resp.text = self.service.metrics.render()
+        resp.data, resp.content_type = self.service.metrics.render(req.get_header("Accept"))
+
+
+class OpenAPI:
+    """The document is built once, on the first request: pydantic's schema generation takes
+    tens of milliseconds and the server's limits do not change while it runs."""
+
+    def __init__(self, service: Service, api_key: bool, router) -> None:
+        self.service, self.api_key, self.router = service, api_key, router
+        self._doc: dict | None = None
+
+    def on_get(self, req, resp) -> None:
+        from hipc.runtime.server.openapi import openapi_document
+
+        if self._doc is None:
+            self._doc = openapi_document(
+                self.service.limits,
+                self.service.model_name,
+                self.api_key,
+                routed=lambda path: self.router.find(path) is not None,
+            )
+        resp.media = self._doc

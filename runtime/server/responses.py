@@ -16,6 +16,7 @@ from hipc.runtime.server import openai_format as fmt
 from hipc.runtime.server.errors import APIError
 from hipc.runtime.server.reasoning import ReasoningSplitter, split_reasoning
 from hipc.runtime.server.runner import ChoiceSpec
+from hipc.runtime.server.tools import HERMES, StreamFilter, ToolSpec, parse_reply
 from hipc.runtime.server.validation import Common
 
 
@@ -30,6 +31,8 @@ class Plan:
     choices: list[ChoiceSpec]
     prefixes: dict[int, str]  # echo text per choice index
     opens_think: bool = False  # the chat template left a <think> block open
+    tools: ToolSpec | None = None
+    tool_syntax: str = HERMES
 
     @property
     def prompt_tokens(self) -> int:
@@ -59,7 +62,14 @@ class Responder:
             lps = None
             if plan.common.logprobs is not None:
                 lps = [self._chat_logprob(lp) for lp in res.logprobs]
-            choices.append(fmt.chat_choice(index, content, reasoning, res.finish_reason, lps))
+            finish, calls = res.finish_reason, []
+            if plan.tools is not None:
+                content, calls = parse_reply(content, plan.tools, plan.tool_syntax)
+                finish = _tool_finish(finish, calls)
+            choice = fmt.chat_choice(index, content, reasoning, finish, lps)
+            if calls:
+                choice["message"]["tool_calls"] = calls
+            choices.append(choice)
         usage = fmt.usage(plan.prompt_tokens, completion_tokens)
         return fmt.chat_completion(plan.id, self.model_name, plan.created, choices, usage)
 
@@ -91,18 +101,23 @@ class Responder:
             )  # fmt: skip
 
         splitter: ReasoningSplitter | None = None
+        calls: StreamFilter | None = None
         pending: list[TokenLogprob] = []  # logprobs ride on the next chunk that has text
         completion_tokens = 0
         for event in events:
             kind = event[0]
             if kind == "start":
                 splitter = ReasoningSplitter(plan.opens_think) if self.reasoning else None
+                if plan.tools is not None:
+                    calls = StreamFilter(plan.tools, plan.tool_syntax)
                 yield chunk(event[1], {"role": "assistant", "content": ""})
             elif kind == "step":
                 index, step = event[1], event[2]
                 pending.extend(step.logprobs)
                 if step.text:
                     r, c = splitter.feed(step.text) if splitter else ("", step.text)
+                    if calls is not None:
+                        c = calls.feed(c)
                     for key, piece in (("reasoning_content", r), ("content", c)):
                         if piece:
                             yield chunk(index, {key: piece}, None, pending)
@@ -111,11 +126,24 @@ class Responder:
                 index, res = event[1], event[2]
                 completion_tokens += len(res.token_ids)
                 r, c = splitter.finish() if splitter else ("", "")
+                finish, found = res.finish_reason, []
+                if calls is not None:
+                    c = calls.feed(c)
+                    tail, found = calls.finish()
+                    c += tail
+                    finish = _tool_finish(finish, found)
                 for key, piece in (("reasoning_content", r), ("content", c)):
                     if piece:
                         yield chunk(index, {key: piece}, None, pending)
                         pending = []
-                yield chunk(index, {}, res.finish_reason, pending)
+                for i, call in enumerate(found):
+                    # the call's head first, then its arguments: the shape clients assemble
+                    head = {**call, "function": {"name": call["function"]["name"], "arguments": ""}}
+                    yield chunk(index, {"tool_calls": [{"index": i, **head}]}, None, pending)
+                    pending = []
+                    args = {"arguments": call["function"]["arguments"]}
+                    yield chunk(index, {"tool_calls": [{"index": i, "function": args}]})
+                yield chunk(index, {}, finish, pending)
                 pending = []
         yield from self._tail(plan, "chat.completion.chunk", completion_tokens, failure())
 
@@ -178,6 +206,11 @@ class Responder:
         if lps and lps[0].top:
             tops = [{self.token_text(t)[0]: v for t, v in lp.top} for lp in lps]
         return fmt.completion_logprobs(tokens, [lp.logprob for lp in lps], tops, offsets)
+
+
+def _tool_finish(finish: str, calls: list) -> str:
+    # a reply cut by max_tokens stays "length" even if a call was parsed from it
+    return "tool_calls" if calls and finish != "length" else finish
 
 
 class TokenText:

@@ -1,11 +1,13 @@
 """Generation on the engine thread: a job's choices, one after another, token by token.
 
 The engine is wrapped once in an EngineSlot: it admits `max_context` positions (which may
-be fewer than the engine holds) and keeps the last prompt's logits. Compiled engines
-address the KV cache by position and decoding only writes positions after the prompt, so a
-request with exactly the same prompt as the last prefill (the n choices of one request, a
-retried request) skips the prefill: the cache still holds it and the logits are the same
-numbers recomputing would give.
+be fewer than the engine holds) and keeps the last prompt's logits. When the engine's
+states allow it (`prefix_reuse`: every state a position-indexed KV cache, which decoding
+only writes after the prompt), a request with exactly the same prompt as the last prefill
+(the n choices of one request, a retried request) skips the prefill: the cache still holds
+it and the logits are the same numbers recomputing would give. A recurrent state holds only
+the state after the last token decoded, so with one the prefill always runs again (after
+engine.reset(), which zeroes it).
 """
 
 from __future__ import annotations
@@ -14,23 +16,26 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hipc.base.errors import HipcError
 from hipc.runtime.generate import Generation, GenerationRequest
 from hipc.runtime.server.errors import bad_request, internal_error
-from hipc.runtime.server.metrics import ServerMetrics
 from hipc.runtime.server.scheduler import Job
+
+if TYPE_CHECKING:  # `hipc chat` imports this module without the server extra
+    from hipc.runtime.server.metrics import ServerMetrics
 
 log = logging.getLogger("hipc.server")
 
 
-def positional_kv(engine) -> bool:
-    """Whether the engine's KV cache is addressed by position (so a prefill can be reused)."""
-    from hipc.runtime.engine import CompiledEngine
-
-    return isinstance(engine, CompiledEngine) or bool(getattr(engine, "positional_kv", False))
+def prefix_reuse(engine) -> bool:
+    """Whether the engine's states allow a prefill to be reused: compiled engines answer from
+    their plan's state kinds (position-indexed KV: yes; a recurrent state: no, it would need a
+    snapshot at the end of the prompt). Engines that do not say are not reused."""
+    return bool(getattr(engine, "prefix_reuse", False))
 
 
 class EngineSlot:
@@ -40,7 +45,7 @@ class EngineSlot:
         self.engine = engine
         self.max_context = max_context
         self.vocab_size = engine.vocab_size
-        self._reuse = positional_kv(engine)
+        self._reuse = prefix_reuse(engine)
         self._metrics = metrics
         self._prompt: tuple[int, ...] | None = None
         self._logits: np.ndarray | None = None
@@ -122,7 +127,7 @@ class Runner:
                     steps.close()
                 if job.cancelled:
                     break
-                m.finished.inc(1, gen.result.finish_reason)
+                m.finished.labels(gen.result.finish_reason).inc()
                 job.results.append((spec.index, gen.result))
                 if stream:
                     job.emit(("end", spec.index, gen.result))

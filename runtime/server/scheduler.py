@@ -60,7 +60,14 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, max_queued: int, on_cancel: Callable[[Job], None] | None = None) -> None:
+    def __init__(
+        self,
+        max_queued: int,
+        on_cancel: Callable[[Job], None] | None = None,
+        on_change: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """on_change(depth, running) is called under the lock after every move of the queue,
+        so its calls arrive in order (the metrics' gauges are set from it)."""
         self.max_queued = max_queued
         self._waiting: collections.deque[Job] = collections.deque()
         self._cv = threading.Condition()
@@ -69,6 +76,7 @@ class Scheduler:
         self._stop = False
         self._deadline = float("inf")
         self._on_cancel = on_cancel
+        self._on_change = on_change
         self._thread = threading.Thread(target=self._loop, name="hipc-engine", daemon=True)
         self._thread.start()
 
@@ -92,6 +100,7 @@ class Scheduler:
                 raise QueueFull
             job._on_cancel = self._cancelled
             self._waiting.append(job)
+            self._changed()
             self._cv.notify_all()
 
     def _cancelled(self, job: Job) -> None:
@@ -100,6 +109,7 @@ class Scheduler:
                 self._waiting.remove(job)
             except ValueError:
                 return  # running (it will notice) or already gone
+            self._changed()
             job.done.set()
             self._cv.notify_all()
         if self._on_cancel is not None:
@@ -114,6 +124,7 @@ class Scheduler:
                     return
                 job = self._waiting.popleft()
                 self._running = job
+                self._changed()
             job.started_at = time.monotonic()
             job.started.set()
             try:
@@ -124,10 +135,15 @@ class Scheduler:
             finally:
                 with self._cv:
                     self._running = None
+                    self._changed()
                     job.done.set()
                     self._cv.notify_all()
                 if job.cancelled and self._on_cancel is not None:
                     self._on_cancel(job)
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(len(self._waiting), self.running)
 
     def hurry(self) -> None:
         """Make a close() in progress cancel now instead of waiting out its grace."""

@@ -19,7 +19,7 @@ from hipc.runtime.server.config import Config
 
 log = logging.getLogger("hipc.server")
 
-SPARE_HTTP_THREADS = 4  # /health, /metrics and 429s still answer with the queue full
+SPARE_HTTP_THREADS = 4  # /health, /ready, /metrics and 429s still answer with the queue full
 MAX_HTTP_THREADS = 512
 
 
@@ -57,9 +57,11 @@ def load(config: Config):
 def serve(config: Config) -> int:
     setup_logging(config.log_level)
     from hipc.runtime.server.app import create_app
+    from hipc.runtime.server.metrics import multiprocess_dir
     from hipc.runtime.server.service import Service
 
     _check_port(config.host, config.port)  # before a load that can take minutes
+    multiprocess_dir()  # a bad PROMETHEUS_MULTIPROC_DIR, likewise
     t0 = time.perf_counter()
     engine = load(config)
     service = Service(engine, config)
@@ -88,6 +90,7 @@ def serve(config: Config) -> int:
         log.warning("listening on %s without --api-key: anyone who can reach it can use it", host)
     log.info("ready: http://%s:%s (model %s)", host, port, service.model_name)
     code = _run(server, app, service, config)
+    service.metrics.close()
     close = getattr(engine, "close", None)
     if close is not None:
         close()

@@ -24,11 +24,11 @@ from hipc.runtime.generate import Generation, GenerationRequest, GenerationResul
 from hipc.runtime.server import openai_format as fmt
 from hipc.runtime.server.config import Config
 from hipc.runtime.server.errors import APIError, bad_request, server_busy, unavailable
-from hipc.runtime.server.metrics import ServerMetrics
 from hipc.runtime.server.reasoning import prompt_opens_think
 from hipc.runtime.server.responses import Plan, Responder
 from hipc.runtime.server.runner import ChoiceSpec, EngineSlot, Runner
 from hipc.runtime.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown
+from hipc.runtime.server.tools import forced_call_grammar, prepare_messages, syntax_of
 from hipc.runtime.server.validation import ChatParams, Common, CompletionParams, Limits
 
 log = logging.getLogger("hipc.server")
@@ -160,13 +160,16 @@ class Service:
         self.max_context = admitted_context(engine, config.max_context_tokens)
         self.kv_storage = check_kv_storage(engine, config.kv_storage)
         self.created = fmt.now()
-        self.scheduler = Scheduler(config.max_queued_requests, on_cancel=self._count_cancel)
+        # NOTE: imported here: `hipc chat` uses this module's prompt helpers, and it needs
+        # no server extra (prometheus-client)
+        from hipc.runtime.server.metrics import ServerMetrics
+
         backend = getattr(engine, "backend", None)
-        self.metrics = ServerMetrics(
-            queue_depth=lambda: self.scheduler.depth,
-            running=lambda: self.scheduler.running,
-            kv_bytes=getattr(backend, "kv_bytes", 0),
-            max_context=self.max_context,
+        self.metrics = ServerMetrics(getattr(backend, "kv_bytes", 0), self.max_context)
+        self.scheduler = Scheduler(
+            config.max_queued_requests,
+            on_cancel=self._count_cancel,
+            on_change=self.metrics.set_load,
         )
         self.slot = EngineSlot(engine, self.max_context, self.metrics)
         self.runner = Runner(self.slot, self.tokenizer, self.metrics)
@@ -197,6 +200,8 @@ class Service:
         longest = longest_token_bytes(self.tokenizer)
         self.max_prompt_bytes = None if longest is None else self.max_context * longest
         self.responder = Responder(self.model_name, self.tokenizer, self.reasoning)
+        # /ready: with --eager-load the server is ready once warmup() has run
+        self.warm = not config.eager_load
 
     # ------------------------------------------------------------ lifecycle
 
@@ -208,6 +213,7 @@ class Service:
         request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=max_tokens)
         for _ in Generation(self.slot, self.tokenizer, request).steps():
             pass
+        self.warm = True
         return time.perf_counter() - t0
 
     def close(self, grace: float) -> None:
@@ -218,7 +224,7 @@ class Service:
         return self.scheduler.accepting
 
     def _count_cancel(self, job: Job) -> None:
-        self.metrics.cancelled.inc(1, job.cancel_reason or "unknown")
+        self.metrics.cancelled.labels(job.cancel_reason or "unknown").inc()
 
     # ------------------------------------------------------------ /v1/models, /health
 
@@ -279,6 +285,12 @@ class Service:
             )
 
     def _choices(self, common: Common, prompts: list[list[int]]) -> list[ChoiceSpec]:
+        if common.grammar is not None:
+            # the grammar library's token trie (~1 s once per tokenizer) is built here,
+            # on the HTTP thread, not on the engine thread where it would stall the queue
+            from hipc.runtime.constraint import ll_tokenizer
+
+            ll_tokenizer(self.tokenizer)
         out = []
         for pi, ids in enumerate(prompts):
             for j in range(common.n):
@@ -298,6 +310,7 @@ class Service:
                             stop_token_ids=common.stop_token_ids,
                             ignore_eos=common.ignore_eos,
                             logprobs=common.logprobs,
+                            grammar=common.grammar,
                         ),
                     )
                 )
@@ -312,10 +325,21 @@ class Service:
     def plan_chat(self, p: ChatParams) -> Plan:
         if p.common.model != self.model_name:
             raise self._no_model(p.common.model)
+        messages, tools = prepare_messages(
+            [dict(m) for m in p.messages], p.tools, self.chat_template
+        )
+        kwargs = {**p.template_kwargs, "tools": tools} if tools else p.template_kwargs
         try:  # the template is the model's own code: anything it raises is the request's 400
-            text = self._chat_text([dict(m) for m in p.messages], p.template_kwargs)
+            text = self._chat_text(messages, kwargs)
         except HipcError as e:
             raise bad_request(str(e), param="messages", code="chat_template_error") from None
+        common, syntax = p.common, syntax_of(self.chat_template)
+        if p.tools is not None and p.tools.forced:
+            try:
+                grammar = forced_call_grammar(p.tools, syntax, self.tokenizer)
+            except HipcError as e:
+                raise bad_request(f"tools: {e}", param="tools", code="invalid_schema") from None
+            common = replace(common, grammar=grammar)
         self._check_text_size(text, "messages")
         ids = encode(self.tokenizer, text, False)
         if not ids:
@@ -324,11 +348,13 @@ class Service:
         return Plan(
             id=fmt.new_id("chatcmpl"),
             created=fmt.now(),
-            common=p.common,
+            common=common,
             prompts=[ids],
-            choices=self._choices(p.common, [ids]),
+            choices=self._choices(common, [ids]),
             prefixes={},
             opens_think=self.reasoning and prompt_opens_think(text),
+            tools=p.tools,
+            tool_syntax=syntax,
         )
 
     def plan_completion(self, p: CompletionParams) -> Plan:
@@ -369,13 +395,13 @@ class Service:
         try:
             self.scheduler.submit(job)
         except QueueFull:
-            self.metrics.rejected.inc(1, "queue_full")
+            self.metrics.rejected.labels("queue_full").inc()
             raise server_busy(
                 f"The server is busy: {self.scheduler.max_queued} requests are already waiting "
                 "for the engine (--max-queued-requests). Retry later."
             ) from None
         except ShuttingDown:
-            self.metrics.rejected.inc(1, "shutting_down")
+            self.metrics.rejected.labels("shutting_down").inc()
             raise unavailable("The server is shutting down.") from None
         self._wait(job, lambda: job.started.is_set() or job.done.is_set(), disconnected)
         if not job.started.is_set():

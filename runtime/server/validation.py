@@ -1,22 +1,31 @@
 """Every check on what a client sends, in one place.
 
 The body is read under a size limit, parsed, walked once for nesting depth and unencodable
-strings, and then each field is checked for type and range. Fields OpenAI defines but this
-server cannot honour (tools, images, JSON mode ...) are refused by name; fields nobody
+strings; then the request's pydantic model (models.py, the same one /openapi.json is
+generated from) checks which fields exist and the type and bounds of every scalar, and the
+code below checks the rest: the nested fields (messages, tools, prompts, response_format)
+and every rule that needs the loaded model (vocabulary, --max-n, the grammar library's
+JSON-schema keywords). Fields OpenAI defines but this server cannot honour (images, audio,
+JSON-schema keywords the grammar library lacks ...) are refused by name; fields nobody
 defines get OpenAI's own answer, "Unrecognized request argument supplied". Every failure is
 an APIError with the field named in `param`, never an exception deeper in.
+
+NOTE: pydantic's errors are mapped back to the wording below (`_from_pydantic`), which
+clients and tests already know. The nested fields stay hand-checked because their messages
+name the exact element (`messages[2].content[0].type`) and refuse unsupported OpenAI
+features with a reason, where pydantic would report every member of a union.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hipc.base.chat_template import RESERVED_NAMES
 from hipc.runtime.sampler import SamplingParams
 from hipc.runtime.server.errors import APIError, bad_request
+from hipc.runtime.server.tools import ToolSpec, parse_tool_calls, parse_tools
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 1000
@@ -25,6 +34,31 @@ MAX_LOGIT_BIAS = 300
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
 MAX_TOP_LOGPROBS = 20  # and for chat
 SEED_RANGE = (-(2**63), 2**64 - 1)
+INT32 = 2**31 - 1
+
+# The scalar fields the request models (models.py) check, with their bounds: (lo, hi, lo_open)
+# for numbers, (lo, hi) for integers, hi None where a server flag sets it (--max-n).
+NUMBERS = {
+    "temperature": (0.0, 2.0, False),
+    "top_p": (0.0, 1.0, True),
+    "min_p": (0.0, 1.0, False),
+    "repetition_penalty": (0.0, 10.0, True),
+    "presence_penalty": (-2.0, 2.0, False),
+    "frequency_penalty": (-2.0, 2.0, False),
+}
+INTEGERS = {
+    "n": (1, None),
+    "best_of": (1, None),
+    "max_tokens": (1, INT32),
+    "max_completion_tokens": (1, INT32),
+    "top_k": (-1, INT32),
+    "seed": SEED_RANGE,
+    "logprobs": (0, MAX_COMPLETION_LOGPROBS),  # /v1/completions; chat's is a boolean
+    "top_logprobs": (0, MAX_TOP_LOGPROBS),
+}
+BOOLEANS = {"stream", "ignore_eos", "echo", "logprobs", "parallel_tool_calls"}
+STRINGS = {"model", "reasoning_effort", "verbosity"}
+SCALARS = set(NUMBERS) | set(INTEGERS) | BOOLEANS | STRINGS
 
 
 @dataclass(frozen=True)
@@ -51,6 +85,7 @@ class Common:
     stop_token_ids: tuple[int, ...]
     ignore_eos: bool
     logprobs: int | None  # None: off; k: the chosen token and the k most likely
+    grammar: str | None = None  # from response_format: what the output must match
 
 
 @dataclass(frozen=True)
@@ -63,13 +98,18 @@ class CompletionParams:
 @dataclass(frozen=True)
 class ChatParams:
     common: Common
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     template_kwargs: dict[str, Any]
+    tools: ToolSpec | None = None  # None: no tools, or tool_choice "none"
 
 
 # ------------------------------------------------------------------ the body
 
 
+# NOTE: the body-size limit and the depth walk stay hand-written: they must hold before any
+# parser or model sees the bytes (pydantic validates an already-built Python object, and
+# json.loads of a 100k-deep array is a RecursionError, not a clean error), and the walk is
+# iterative, so no input can exhaust the stack.
 def read_json(stream, content_length: int | None, limits: Limits) -> dict[str, Any]:
     """The request body as a JSON object, or an APIError (400, 413)."""
     limit = limits.max_body_bytes
@@ -183,61 +223,109 @@ def _range_error(name: str, rule: str, value: Any) -> APIError:
     )
 
 
+_EXPECTED = {
+    "float_type": "a number",
+    "int_type": "an integer",
+    "bool_type": "a boolean",
+    "string_type": "a string",
+}
+
+
+def _check_fields(body: dict[str, Any], route: str, limits: Limits) -> dict[str, APIError]:
+    """Unknown fields (raised at once), then each scalar's type and bounds, by the request's
+    pydantic model. The scalars' errors are handed to _Fields, which raises each when the
+    checks below reach its field, so a request with several faults is told of the same one
+    first as before. Errors in nested fields are left to the hand-written checks."""
+    # NOTE: imported here, so `hipc chat` (which shares service.py) needs no pydantic
+    from pydantic import ValidationError
+
+    from hipc.runtime.server import models
+
+    model = models.CompletionRequest if route == "completion" else models.ChatCompletionRequest
+    try:
+        model.model_validate(body)
+    except ValidationError as e:
+        errors = e.errors(include_url=False, include_context=False)
+        for x in errors:
+            if x["type"] == "extra_forbidden" and len(x["loc"]) == 1:
+                raise _from_pydantic(x, limits) from None
+        scalar = {}
+        for x in errors:
+            name = x["loc"][0]
+            if len(x["loc"]) == 1 and name in SCALARS and name not in scalar:
+                scalar[name] = _from_pydantic(x, limits)
+        return scalar
+    return {}
+
+
+def _from_pydantic(error: dict[str, Any], limits: Limits) -> APIError:
+    """One pydantic error in this server's (OpenAI's) wording."""
+    name, kind, v = str(error["loc"][0]), error["type"], error.get("input")
+    if kind == "extra_forbidden":
+        return bad_request(
+            f"Unrecognized request argument supplied: {name}",
+            param=name,
+            code="unrecognized_argument",
+        )
+    if kind == "missing" or (v is None and name == "model"):
+        return bad_request(
+            f"Missing required parameter: '{name}'.",
+            param=name,
+            code="missing_required_parameter",
+        )
+    if kind == "string_too_short":
+        return bad_request(f"'{name}' must not be empty.", param=name)
+    if kind == "float_type" and isinstance(v, int) and not isinstance(v, bool):
+        kind = "out_of_range"  # an integer too large for a float is out of range, not mistyped
+    if kind in _EXPECTED:
+        return _type_error(name, _EXPECTED[kind], v)
+    if isinstance(v, float) and v.is_integer() and name in INTEGERS:
+        v = int(v)
+    return _range_error(name, _rule(name, limits), v)
+
+
+def _rule(name: str, limits: Limits) -> str:
+    if name in NUMBERS:
+        lo, hi, lo_open = NUMBERS[name]
+        return f"a number {'>' if lo_open else '>='} {lo} and <= {hi}"
+    lo, hi = INTEGERS[name]
+    return f"an integer from {lo} to {limits.max_n if hi is None else hi}"
+
+
 class _Fields:
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
+    """A body's values, or their defaults, read in the order the checks below need them;
+    reading a scalar whose check failed raises that failure."""
+
+    def __init__(self, body: dict[str, Any], errors: dict[str, APIError], limits: Limits) -> None:
+        self.body, self.errors, self.limits = body, errors, limits
 
     def get(self, name: str) -> Any:
         return self.body.get(name)
 
-    def number(
-        self, name: str, default: float, lo: float, hi: float, lo_open: bool = False
-    ) -> float:
-        v = self.body.get(name)
-        if v is None:
-            return default
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise _type_error(name, "a number", v)
-        # NOTE: an int is compared exactly (math.isfinite on a 309-digit int overflows)
-        finite = isinstance(v, int) or math.isfinite(v)
-        if not finite or (v <= lo if lo_open else v < lo) or v > hi:
-            rule = f"a number {'>' if lo_open else '>='} {lo} and <= {hi}"
-            raise _range_error(name, rule, v)
-        return float(v)
+    def _checked(self, name: str) -> Any:
+        if name in self.errors:
+            raise self.errors[name]
+        return self.body.get(name)
 
-    def integer(self, name: str, default: int | None, lo: int, hi: int) -> int | None:
-        v = self.body.get(name)
+    def number(self, name: str, default: float) -> float:
+        v = self._checked(name)
+        return default if v is None else float(v)
+
+    def integer(self, name: str, default: int | None) -> int | None:
+        v = self._checked(name)
         if v is None:
             return default
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)  # JSON has one number type; 2.0 is 2
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise _type_error(name, "an integer", v)
-        if not lo <= v <= hi:
-            raise _range_error(name, f"an integer from {lo} to {hi}", v)
+        v = int(v)
+        if INTEGERS[name][1] is None and v > self.limits.max_n:  # a bound set by --max-n
+            raise _range_error(name, _rule(name, self.limits), v)
         return v
 
     def boolean(self, name: str, default: bool) -> bool:
-        v = self.body.get(name)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise _type_error(name, "a boolean", v)
-        return v
+        v = self._checked(name)
+        return default if v is None else v
 
-    def string(self, name: str, required: bool = False) -> str | None:
-        v = self.body.get(name)
-        if v is None:
-            if required:
-                raise bad_request(
-                    f"Missing required parameter: '{name}'.",
-                    param=name,
-                    code="missing_required_parameter",
-                )
-            return None
-        if not isinstance(v, str):
-            raise _type_error(name, "a string", v)
-        return v
+    def string(self, name: str) -> str | None:
+        return self._checked(name)
 
     def null_only(self, name: str, why: str, allowed: tuple[Any, ...] = ()) -> None:
         v = self.body.get(name)
@@ -248,33 +336,6 @@ class _Fields:
             param=name,
             code="unsupported_parameter",
         )
-
-
-# Fields OpenAI defines that change nothing here (bookkeeping, routing, caching hints).
-_IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
-
-_COMMON_FIELDS = {
-    "model", "n", "max_tokens", "stream", "stream_options", "temperature", "top_p",
-    "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "seed", "stop", "stop_token_ids", "ignore_eos", "logit_bias", "logprobs",
-}  # fmt: skip
-_COMPLETION_FIELDS = _COMMON_FIELDS | _IGNORED | {"prompt", "echo", "suffix", "best_of"}
-_CHAT_FIELDS = _COMMON_FIELDS | _IGNORED | {
-    "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
-    "tool_choice", "parallel_tool_calls", "functions", "function_call", "modalities",
-    "audio", "prediction", "web_search_options", "reasoning_effort", "verbosity",
-    "chat_template_kwargs",
-}  # fmt: skip
-
-
-def _unknown(body: dict[str, Any], known: set[str]) -> None:
-    for name in body:
-        if name not in known:
-            raise bad_request(
-                f"Unrecognized request argument supplied: {name}",
-                param=name,
-                code="unrecognized_argument",
-            )
 
 
 def _stop(f: _Fields) -> tuple[str, ...]:
@@ -357,28 +418,24 @@ def _stream_options(f: _Fields, stream: bool) -> bool:
 
 def _common(f: _Fields, limits: Limits, max_tokens_field: str, logprobs: int | None) -> Common:
     d = limits.defaults
-    model = f.string("model", required=True)
-    if not model:
-        raise bad_request("'model' must not be empty.", param="model")
+    model = f.string("model")
     stream = f.boolean("stream", False)
-    top_k = f.integer("top_k", int(d.get("top_k", 0)), -1, 2**31 - 1)
-    seed = f.integer("seed", None, *SEED_RANGE)
+    top_k = f.integer("top_k", int(d.get("top_k", 0)))
+    seed = f.integer("seed", None)
     sampling = SamplingParams(
-        temperature=f.number("temperature", float(d.get("temperature", 1.0)), 0.0, 2.0),
-        top_p=f.number("top_p", float(d.get("top_p", 1.0)), 0.0, 1.0, lo_open=True),
+        temperature=f.number("temperature", float(d.get("temperature", 1.0))),
+        top_p=f.number("top_p", float(d.get("top_p", 1.0))),
         top_k=max(top_k, 0),  # -1 (vLLM's "off") is 0 here
-        min_p=f.number("min_p", float(d.get("min_p", 0.0)), 0.0, 1.0),
-        repetition_penalty=f.number(
-            "repetition_penalty", float(d.get("repetition_penalty", 1.0)), 0.0, 10.0, lo_open=True
-        ),
-        presence_penalty=f.number("presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=f.number("frequency_penalty", 0.0, -2.0, 2.0),
+        min_p=f.number("min_p", float(d.get("min_p", 0.0))),
+        repetition_penalty=f.number("repetition_penalty", float(d.get("repetition_penalty", 1.0))),
+        presence_penalty=f.number("presence_penalty", 0.0),
+        frequency_penalty=f.number("frequency_penalty", 0.0),
         logit_bias=_logit_bias(f, limits.vocab_size),
     )
     return Common(
         model=model,
-        n=f.integer("n", 1, 1, limits.max_n),
-        max_tokens=f.integer(max_tokens_field, None, 1, 2**31 - 1),
+        n=f.integer("n", 1),
+        max_tokens=f.integer(max_tokens_field, None),
         stream=stream,
         include_usage=_stream_options(f, stream),
         sampling=sampling,
@@ -394,10 +451,9 @@ def _common(f: _Fields, limits: Limits, max_tokens_field: str, logprobs: int | N
 
 
 def parse_completion(body: dict[str, Any], limits: Limits) -> CompletionParams:
-    _unknown(body, _COMPLETION_FIELDS)
-    f = _Fields(body)
+    f = _Fields(body, _check_fields(body, "completion", limits), limits)
     f.null_only("suffix", "insertion (fill in the middle) is not implemented", ("",))
-    logprobs = f.integer("logprobs", None, 0, MAX_COMPLETION_LOGPROBS)
+    logprobs = f.integer("logprobs", None)
     echo = f.boolean("echo", False)
     if echo and logprobs is not None:
         raise bad_request(
@@ -406,7 +462,8 @@ def parse_completion(body: dict[str, Any], limits: Limits) -> CompletionParams:
             code="unsupported_parameter",
         )
     common = _common(f, limits, "max_tokens", logprobs)
-    best_of = f.integer("best_of", None, 1, limits.max_n)
+    common = replace(common, grammar=response_format(f.get("response_format")))
+    best_of = f.integer("best_of", None)
     if best_of is not None and best_of != common.n:
         raise bad_request(
             "'best_of' other than n is not supported (every generated choice is returned).",
@@ -468,16 +525,13 @@ _MESSAGE_FIELDS = {
 
 
 def parse_chat(body: dict[str, Any], limits: Limits) -> ChatParams:
-    _unknown(body, _CHAT_FIELDS)
-    f = _Fields(body)
-    f.null_only("tools", "tool calling is not implemented", ([],))
-    f.null_only("tool_choice", "tool calling is not implemented", ("none", "auto"))
-    f.null_only("functions", "function calling is not implemented", ([],))
-    f.null_only("function_call", "function calling is not implemented", ("none", "auto"))
+    f = _Fields(body, _check_fields(body, "chat", limits), limits)
+    f.null_only("functions", "use 'tools' (function calling is its older form)", ([],))
+    f.null_only("function_call", "use 'tool_choice'", ("none", "auto"))
     f.null_only("audio", "the model produces text only")
     f.null_only("prediction", "predicted outputs are not implemented")
     f.null_only("web_search_options", "there is no web search")
-    f.boolean("parallel_tool_calls", True)
+    parallel = f.boolean("parallel_tool_calls", True)
     f.string("reasoning_effort")
     f.string("verbosity")
     modalities = f.get("modalities")
@@ -487,34 +541,80 @@ def parse_chat(body: dict[str, Any], limits: Limits) -> ChatParams:
             param="modalities",
             code="unsupported_parameter",
         )
-    fmt = f.get("response_format")
-    if fmt is not None:
-        if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
-            raise _type_error("response_format", "an object with a 'type'", fmt)
-        if fmt["type"] != "text":
-            raise bad_request(
-                f"response_format type {fmt['type']!r} is not supported (only 'text').",
-                param="response_format",
-                code="unsupported_parameter",
-            )
+    grammar = response_format(f.get("response_format"))
+    tools = parse_tools(f.get("tools"), f.get("tool_choice"), parallel)
+    if tools is not None and tools.forced and grammar is not None:
+        raise bad_request(
+            "'response_format' cannot be combined with a 'tool_choice' that forces a call.",
+            param="response_format",
+        )
     want_logprobs = f.boolean("logprobs", False)
-    top = f.integer("top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    top = f.integer("top_logprobs", None)
     if top is not None and not want_logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
     body_max = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
     if body_max == "max_completion_tokens":
-        f.integer("max_tokens", None, 1, 2**31 - 1)  # still checked, then superseded
+        f.integer("max_tokens", None)  # still checked, then superseded
     common = _common(f, limits, body_max, (top or 0) if want_logprobs else None)
     return ChatParams(
-        common=common,
+        common=replace(common, grammar=grammar),
         messages=_messages(body.get("messages")),
         template_kwargs=_template_kwargs(f.get("chat_template_kwargs")),
+        tools=tools,
     )
 
 
-def _messages(v: Any) -> tuple[dict[str, str], ...]:
+def response_format(v: Any) -> str | None:
+    """The grammar `response_format` asks for (None for plain text)."""
+    from hipc.runtime import constraint
+
+    if v is None:
+        return None
+    if not isinstance(v, dict) or not isinstance(v.get("type"), str):
+        raise _type_error("response_format", "an object with a 'type'", v)
+    kind = v["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _grammar(constraint.json_schema_grammar, {"type": "object"}, "response_format")
+    if kind != "json_schema":
+        raise _range_error("response_format.type", "'text', 'json_object' or 'json_schema'", kind)
+    spec = v.get("json_schema")
+    if not isinstance(spec, dict):
+        raise _type_error("response_format.json_schema", "an object", spec)
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad_request(
+            "Missing required parameter: 'response_format.json_schema.name'.",
+            param="response_format.json_schema.name",
+            code="missing_required_parameter",
+        )
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise _type_error("response_format.json_schema.strict", "a boolean", strict)
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise _type_error("response_format.json_schema.schema", "an object", schema)
+    return _grammar(constraint.json_schema_grammar, schema, "response_format.json_schema.schema")
+
+
+def _grammar(build, schema: dict[str, Any], param: str) -> str:
+    from hipc.base.errors import HipcError
+    from hipc.runtime import constraint
+
+    if not constraint.available():
+        raise bad_request(constraint.MISSING + ".", param=param, code="unsupported_parameter")
+    try:
+        return build(schema)
+    except HipcError as e:
+        raise bad_request(
+            f"Invalid schema in '{param}': {e}.", param=param, code="invalid_schema"
+        ) from None
+
+
+def _messages(v: Any) -> tuple[dict[str, Any], ...]:
     if v is None:
         raise bad_request(
             "Missing required parameter: 'messages'.",
@@ -542,10 +642,10 @@ def _messages(v: Any) -> tuple[dict[str, str], ...]:
             raise _type_error(f"{where}.role", "a string", role)
         if role not in _ROLES:
             raise _range_error(f"{where}.role", "one of " + ", ".join(sorted(_ROLES)), role)
-        if m.get("tool_calls") not in (None, []) or m.get("function_call") is not None:
+        if m.get("function_call") is not None:
             raise bad_request(
-                f"{where}: tool calls are not supported by this server.",
-                param=f"{where}.tool_calls",
+                f"{where}: 'function_call' is not supported; send 'tool_calls'.",
+                param=f"{where}.function_call",
                 code="unsupported_parameter",
             )
         if m.get("audio") is not None:
@@ -559,6 +659,19 @@ def _messages(v: Any) -> tuple[dict[str, str], ...]:
                 if not isinstance(m[key], str):
                     raise _type_error(f"{where}.{key}", "a string", m[key])
                 message[key] = m[key]
+        if m.get("tool_calls") not in (None, []):
+            if role != "assistant":
+                raise bad_request(
+                    f"{where}: only assistant messages carry 'tool_calls'.",
+                    param=f"{where}.tool_calls",
+                )
+            message["tool_calls"] = parse_tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        if role == "tool" and "tool_call_id" not in message:
+            raise bad_request(
+                f"Missing required parameter: '{where}.tool_call_id'.",
+                param=f"{where}.tool_call_id",
+                code="missing_required_parameter",
+            )
         out.append(message)
     return tuple(out)
 

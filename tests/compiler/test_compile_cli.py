@@ -273,10 +273,17 @@ def test_explain_and_dump(tiny, tmp_path, capsys):
         "1-canonical.graph.json",
         "2-repacked.graph.json",
         "3-fusion.txt",
-        "4-cpu.cpp",
+        "4-memory.json",
+        "5-kernels.json",
+        "6-cpu.cpp",
+        "7-plan.json",
     } <= names
-    source = (dump / "4-cpu.cpp").read_text()
+    source = (dump / "6-cpu.cpp").read_text()
     assert "// l0.q+k+v: l0.attn_norm, l0.q+k+v, l0.q+k+v.split" in source
+    # the memory plan and the launch plan as the artifact has them
+    memory = json.loads((dump / "4-memory.json").read_text())
+    plan = json.loads((tmp_path / "a.hipc" / "plan.json").read_text())
+    assert memory == plan["memory"] and json.loads((dump / "7-plan.json").read_text()) == plan
 
 
 def test_every_dumped_onnx_passes_the_checker(tiny, tmp_path):

@@ -142,3 +142,79 @@ def test_admitted_context_smaller_than_compiled(tmp_path):
         short.logits(list(range(3, 20)))
     with pytest.raises(HipcError, match="holds 64 positions"):
         load_engine(tmp_path / "m.hipc", max_context=65)
+
+
+def _mixed_types(name: str) -> str:
+    """A Q4_K_M-style mix: v and down in Q6_K, q/k/gate/up in Q4_K, the output in Q5_0,
+    the embedding in Q8_0 -- so q+k and v cannot merge (the norm before them is split)."""
+    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+        return "q6_k"
+    if name == "output.weight":
+        return "q5_0"
+    if name == "token_embd.weight":
+        return "q8_0"
+    if name.endswith("attn_output.weight"):
+        return "q5_1"
+    return "q4_k"
+
+
+@pytest.mark.parametrize("activations", ["int16", "int8"])
+@pytest.mark.parametrize("mix", ["mixed", "q6_k", "q5_k", "q5_0"])
+def test_kquant_and_5bit_weights(mix, activations, tmp_path):
+    """Q4_K/Q5_K/Q6_K/Q5_0/Q5_1 GGUF files (hipc's quantizer) against the reference, which
+    dequantizes them with gguf-py; one file mixes types per tensor."""
+    gguf_writer = pytest.importorskip("gguf_writer")
+    types = _mixed_types if mix == "mixed" else (lambda name: mix)
+    path = gguf_writer.write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=types)
+    compile_model(
+        path,
+        tmp_path / "m.hipc",
+        CompileOptions(max_context=32, max_tokens=8, activations=activations),
+        verbose=False,
+    )
+    compiled = load_engine(tmp_path / "m.hipc")
+    stored = {w["dtype"] for w in compiled.artifact.plan["weights"]}
+    assert stored >= ({"q4_k", "q6_k", "q5_0", "q5_1", "q8_0"} if mix == "mixed" else {mix})
+    tokens = np.random.default_rng(4).integers(0, compiled.vocab_size, 12).tolist()
+    got = compiled.logits(tokens)  # 12 tokens in chunks of 8: prefill GEMM tiles and tails
+    reference = ReferenceEngine(load_model(path), 32)
+    want = reference.logits(tokens, 0)
+    if activations == "int16":
+        assert rel_err(got, want) <= 1e-3
+        assert greedy(compiled, tokens[:4], 12) == greedy(reference, tokens[:4], 12)
+    else:  # int8 rounding (~4e-3 per block) grows through a random 256-wide model
+        assert rel_err(got, want) <= 0.15
+        assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.75
+
+
+@pytest.mark.parametrize("target, label", [("cpu", "CPU"), ("sm_90", "HIP")])
+def test_weight_type_without_kernel_is_refused_naming_the_tensor(
+    target, label, tmp_path, monkeypatch
+):
+    """One line, before any rendering: the tensor as the file names it, its type, the
+    supported types. (Q3_K blocks are random bytes: only the type matters here.)"""
+    from hipc.base.errors import HipcError
+    from hipc.compiler import quantize
+
+    gguf_writer = pytest.importorskip("gguf_writer")
+    monkeypatch.setitem(
+        quantize._QUANTIZERS,
+        "q3_k",
+        lambda b: np.random.default_rng(0).integers(0, 256, (len(b), 110), dtype=np.uint8),
+    )
+    path = gguf_writer.write_numpy_gguf(
+        tmp_path / "m.gguf",
+        hidden=256,
+        ffn=512,
+        types=lambda n: "q3_k" if n == "blk.1.ffn_down.weight" else "q8_0",
+    )
+    with pytest.raises(HipcError) as e:
+        compile_model(
+            path,
+            tmp_path / "m.hipc",
+            CompileOptions(max_context=32, targets=(target,)),
+            verbose=False,
+        )
+    msg = str(e.value)
+    assert msg.startswith(f"blk.1.ffn_down.weight: weight type q3_k has no {label} kernel")
+    assert "(supported: float32, " in msg and "\n" not in msg

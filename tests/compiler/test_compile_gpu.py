@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from hipc.base.errors import HipcError
-from hipc.compiler.codegen.hip_kernels import MMA_TILES
+from hipc.compiler.kernels.linear import MMA_TILES
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.gpu import NvccToolchain
@@ -101,7 +101,7 @@ def kernel_code(artifact, target) -> dict[str, str]:
 
 
 def prefill_linears(artifact, target) -> list[dict]:
-    plan = json.loads((artifact / "plan.json").read_text())["gpu"][target]
+    plan = json.loads((artifact / "plan.json").read_text())["targets"][target]["steps"]
     return [x for x in plan["prefill"] if x["kernel"].endswith(("_gemm", "_mma"))]
 
 
@@ -153,8 +153,8 @@ def test_quantized_gemv_multiplies_int8(q8_artifact, target):
 
 def launched_kernels(artifact, target):
     plan = json.loads((artifact / "plan.json").read_text())
-    gpu = plan["gpu"][target]
-    return {launch["kernel"] for launch in gpu["decode"] + gpu["prefill"]}
+    steps = plan["targets"][target]["steps"]
+    return {launch["kernel"] for launch in steps["decode"] + steps["prefill"]}
 
 
 def test_nvidia_fatbin_holds_every_kernel(artifact):
@@ -175,17 +175,17 @@ def test_amd_code_object_holds_every_kernel(artifact, target):
     defined = {line.split("<")[1].rstrip(">:") for line in dis.splitlines() if line.endswith(">:")}
     assert launched_kernels(artifact, target) <= defined
     # wave64 on CDNA, wave32 on RDNA: the attention block is 8 waves of either
-    plan = json.loads((artifact / "plan.json").read_text())["gpu"][target]
-    attn = next(x for x in plan["prefill"] if x["kernel"].endswith("_attn"))
+    steps = json.loads((artifact / "plan.json").read_text())["targets"][target]["steps"]
+    attn = next(x for x in steps["prefill"] if x["kernel"].endswith("_attn"))
     assert attn["block"] == [8 * (64 if target == "gfx942" else 32)]
     assert "v_exp_f32" in dis  # the softmax uses the hardware exp, not a library call
 
 
 def test_gpu_plan_matches_the_runtime_reader(artifact):
-    from hipc.runtime.gpu_plan import Bases, GpuPlan
+    from hipc.base.launch_plan import Bases, TargetPlan
 
     plan = json.loads((artifact / "plan.json").read_text())
-    gp = GpuPlan.from_json(plan, "sm_90")
+    gp = TargetPlan.from_json(plan, "sm_90")
     bases = Bases(
         arena=1 << 32,
         scratch=2 << 32,
@@ -259,40 +259,26 @@ def test_quantized_blocks_split_for_gpu_targets(tmp_path, targets):
     np.testing.assert_array_equal(got.reshape(want.shape), want)
 
 
-def test_q6_k_output_compiles_for_gpus_and_is_refused_on_cpu(tmp_path):
+def test_q6_k_output_compiles_for_gpus_and_cpu(tmp_path):
     """llama-quantize's Q4_0 files keep the output matrix in Q6_K: GPU targets have a kernel
-    for it (stored split like the others), the cpu target refuses it in one line."""
+    for it (stored split like the others), and so has the cpu target (in GGUF order)."""
     model = write_q6k_head_gguf(tmp_path / "m.gguf")
     art = compiled(tmp_path, model, ("sm_90", "gfx942"))
     plan = json.loads((art / "plan.json").read_text())
     spec = next(w for w in plan["weights"] if w["name"] == "output.weight")
     assert spec["dtype"] == "q6_k" and spec["layout"] == "split"
-    kernels = {x["kernel"] for x in plan["gpu"]["sm_90"]["decode"]}
+    kernels = {x["kernel"] for x in plan["targets"]["sm_90"]["steps"]["decode"]}
     assert any(k.startswith("linear_q6_k_") and k.endswith("_gemv") for k in kernels)
-    with pytest.raises(HipcError, match=r"weight type q6_k has no CPU kernel"):
-        compile_model(model, tmp_path / "c.hipc", CompileOptions(targets=("cpu",)), verbose=False)
+    compile_model(model, tmp_path / "c.hipc", CompileOptions(targets=("cpu",)), verbose=False)
+    cpu_plan = json.loads((tmp_path / "c.hipc" / "plan.json").read_text())
+    cpu_spec = next(w for w in cpu_plan["weights"] if w["name"] == "output.weight")
+    assert cpu_spec["dtype"] == "q6_k" and cpu_spec.get("layout") == "gguf"
 
 
-def test_gemma_params_refused_on_gpu(tmp_path):
-    # the GPU templates lack GeGLU, post-norms and soft-caps: one line naming them, before
-    # any toolchain runs, never a kernel that silently ignores them
-    from hipc.compiler.codegen.hip import render_hip_program
-    from hipc.compiler.passes.canonicalize import canonicalize
-    from hipc.compiler.passes.fuse import fuse
-    from hipc.compiler.passes.memory import plan_memory
-    from hipc.compiler.passes.repack import merge_parallel_linears
-    from hipc.compiler.passes.select import select_kernels
-    from hipc.graphs import build_graph, load_model
-
-    graph = build_graph(load_model(write_tiny_hf(tmp_path / "g", **TINY_GEMMA["gemma2"])), 32)
-    fusion = fuse(merge_parallel_linears(canonicalize(graph)))
-    with pytest.raises(HipcError, match="GPU embedding kernels have no scale"):
-        render_hip_program(
-            "g",
-            select_kernels(fusion),
-            plan_memory(fusion, 8),
-            list(graph.states),
-            "x",
-            "sm_90",
-            32,
-        )
+@pytest.mark.parametrize("family", sorted(TINY_GEMMA))
+def test_gemma_params_refused_on_gpu(tmp_path, family):
+    # the GPU templates lack GeGLU, post-norms, soft-caps and the embedding scale: one line
+    # naming them, before any toolchain runs, never a kernel that silently ignores them
+    model = write_tiny_hf(tmp_path / "g", **TINY_GEMMA[family])
+    with pytest.raises(HipcError, match=r"the GPU (embedding|linear|attention) kernels have no"):
+        compile_model(model, tmp_path / "g.hipc", CompileOptions(targets=("sm_90",)), verbose=False)

@@ -51,6 +51,9 @@ GGML_TYPE = {
     "bf16": gguf.GGMLQuantizationType.BF16,
 }
 
+# Q5_0, Q5_1 and the K-quants: tested on random blocks below (test_kquant_*)
+KTYPES = ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
+
 # name -> (extra g++ flags, /proc/cpuinfo flags the host needs to run it)
 VARIANTS = {
     "native": (["-march=native"], set()),
@@ -71,7 +74,6 @@ EXPECTED_ISA = {
 
 SHIM = r"""
 #include "hipc_cpu.h"
-#include "hipc_cpu_ops.h"
 extern "C" {
 #define HIPC_WRAP(w)                                                                          \
   void t_matmul_##w(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
@@ -91,6 +93,13 @@ HIPC_WRAP(q4_0) HIPC_WRAP(q4_1) HIPC_WRAP(q8_0) HIPC_WRAP(f32) HIPC_WRAP(f16) HI
     hipc::matmul_deq<hipc::block_##w>(x, T, K, W, N, y, ldy);                                  \
   }
 HIPC_WRAP16(q4_0) HIPC_WRAP16(q4_1) HIPC_WRAP16(q8_0)
+// Q5_0, Q5_1 and the K-quants (linear_kquant.h): int8 and int16 activations, embedding
+#define HIPC_WRAPK(w)                                                                           \
+  HIPC_WRAP(w)                                                                                  \
+  void t_matmul_a16_##w(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
+    hipc::matmul_a16_##w(x, T, K, W, N, y, ldy);                                                \
+  }
+HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(q4_k) HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
 const char* t_isa() { return hipc::cpu_isa(); }
 void t_quantize_row_q8a(const float* x, int K, void* out) {
   hipc::quantize_row_q8a(x, K, (hipc::block_q8a*)out);
@@ -173,6 +182,12 @@ def _load(path: Path) -> ctypes.CDLL:
         for kind in ("a16", "deq"):
             getattr(lib, f"t_matmul_{kind}_{w}").argtypes = [P, Int, Int, P, Int, P, Int]
             getattr(lib, f"t_matmul_{kind}_{w}").restype = None
+    for w in KTYPES:
+        for kind in ("", "a16_"):
+            getattr(lib, f"t_matmul_{kind}{w}").argtypes = [P, Int, Int, P, Int, P, Int]
+            getattr(lib, f"t_matmul_{kind}{w}").restype = None
+        getattr(lib, f"t_embed_row_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
+        getattr(lib, f"t_embed_row_{w}").restype = None
     lib.t_isa.restype = ctypes.c_char_p
     lib.t_quantize_row_q8a.argtypes = [P, Int, P]
     for f in ("t_f32_to_f16", "t_f16_to_f32", "t_f32_to_bf16", "t_bf16_to_f32"):
@@ -518,3 +533,139 @@ def test_matmul_a16_integer_sums_exact(libs, variant, wtype):
             for kind in ("a16", "deq"):
                 y = _run_matmul(lib, f"{kind}_{wtype}", x, wq, N, N)
                 np.testing.assert_array_equal(y, want, err_msg=f"{kind} {wtype} T={T} nb={nb}")
+
+
+# ---- Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (linear_kquant.h) -----------------------------------
+#
+# Random block bytes (every bit pattern of values, packed scales and high bits), with
+# float16 scales drawn over a wide range and some blocks at the extremes (f16 max and
+# subnormal scales, 6-bit scales 0 and 63, int8 scales -128 and 127). The weights the
+# kernels must multiply by are gguf-py's `quants.dequantize` of those bytes; the offsets
+# (Q5_1's m, the K-quants' -dmin * mn) are read from the bytes with gguf-py's own field
+# layout so the reference can apply them to x's exact sum, as the kernels do.
+
+KBLOCK = {
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+    "q4_k": (256, 144),
+    "q5_k": (256, 176),
+    "q6_k": (256, 210),
+}
+
+
+def _f16(rng, n: int, extreme: bool) -> np.ndarray:
+    v = (rng.random(n) * 2.0 ** rng.integers(-14, 4, n)).astype(np.float16)
+    if extreme:
+        v[::3] = np.float16(65504.0)
+        v[1::3] = np.float16(6e-8)  # subnormal
+    return v
+
+
+def _kblocks(wtype: str, N: int, K: int, seed: int, extreme: bool = False) -> np.ndarray:
+    """Random blocks [N, K/QK * bytes] of `wtype` as uint8."""
+    qk, nbytes = KBLOCK[wtype]
+    rng = np.random.default_rng(seed)
+    n = N * K // qk
+    raw = rng.integers(0, 256, (n, nbytes), dtype=np.uint8)
+    if extreme:
+        raw[::4, :] = 0xFF  # all values and scales at their top
+        raw[1::4, :] = 0x00
+    if wtype == "q6_k":
+        raw[:, 208:210] = _f16(rng, n, extreme).reshape(-1, 1).view(np.uint8)
+        if extreme:
+            raw[2::4, 192:208] = np.array([0x80, 0x7F] * 8, np.uint8)  # int8 -128 / 127
+    else:
+        nf = 2 if wtype in ("q5_1", "q4_k", "q5_k") else 1
+        for f in range(nf):
+            raw[:, 2 * f : 2 * f + 2] = _f16(rng, n, extreme).reshape(-1, 1).view(np.uint8)
+        if wtype == "q5_1":
+            raw[::2, 2:4] = (-_f16(rng, (n + 1) // 2, False)).reshape(-1, 1).view(np.uint8)
+    return np.ascontiguousarray(raw.reshape(N, -1))
+
+
+def _koffsets(wtype: str, blocks: np.ndarray, N: int, K: int) -> np.ndarray:
+    """Per 32-unit offset m of w = (integer part) + m, [N, K/32] f64 (0 for Q5_0/Q6_K)."""
+    nbytes = KBLOCK[wtype][1]
+    b = blocks.reshape(-1, nbytes)
+    if wtype in ("q5_0", "q6_k"):
+        return np.zeros((N, K // 32))
+    if wtype == "q5_1":
+        return b[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(N, K // 32)
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float64)
+    _, mn = quants.Q4_K.get_scale_min(b[:, 4:16].copy())
+    return (-(dmin * mn.astype(np.float64))).reshape(N, K // 32)
+
+
+def _act_ref(x: np.ndarray, qmax: float):
+    """quantize_act16 with qmax (32767 or 127): rounded x, and x's exact block sums."""
+    T, K = x.shape
+    xb = x.reshape(T, K // 32, 32)
+    amax = np.abs(xb).max(axis=-1)
+    inv = (np.float32(qmax) / np.where(amax > 0, amax, np.float32(1))).astype(np.float32)
+    inv = np.where(amax > 0, inv, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[..., None])
+    scale = (amax / np.float32(qmax)).astype(np.float64)
+    xq = (q * scale[..., None]).reshape(T, K)
+    return xq, xb.astype(np.float64).sum(-1)
+
+
+def _kref(wtype: str, x: np.ndarray, blocks: np.ndarray, N: int, K: int, qmax: float):
+    """(the kernel's math in f64, x @ W.T in f64, a norm floor for relative errors)."""
+    qt = getattr(gguf.GGMLQuantizationType, wtype.upper())
+    wd = quants.dequantize(blocks, qt).reshape(N, K).astype(np.float64)
+    m = _koffsets(wtype, blocks, N, K)
+    xq, xsum = _act_ref(x, qmax)
+    exact = xq @ (wd - np.repeat(m, 32, axis=1)).T + xsum @ m.T
+    return exact, x.astype(np.float64) @ wd.T, _typical_norm(x, wd)
+
+
+# T < 8: integer activations (int16 or int8); T >= 8 (kDequantMinT): the prefill paths,
+# f32 against dequantized rows (x unrounded), or the same integer math (Q5_0/Q5_1, AVX512)
+KQ_DEQUANT_MIN_T = 8
+K_SHAPES = [(T, K, N) for T in (1, 2, 5, 8, 17) for K in (256, 768) for N in (1, 6, 9)]
+
+
+def _check_kquant(lib, wtype: str, shapes, extreme: bool) -> None:
+    rng = np.random.default_rng(31)
+    for T, K, N in shapes:
+        blocks = _kblocks(wtype, N, K, seed=T * 1000 + K + N, extreme=extreme)
+        x = rng.standard_normal((T, K), dtype=np.float32) * np.float32(3)
+        x[0, :32] = 0.0  # an all-zero activation block
+        for kind, qmax, tol in (("a16_", 32767.0, 2e-6), ("", 127.0, 1e-5)):
+            exact, ref, floor = _kref(wtype, x, blocks, N, K, qmax)
+            y = _run_matmul(lib, f"{kind}{wtype}", x, blocks, N, N + 2).astype(np.float64)
+            where = f"{kind}{wtype} T={T} K={K} N={N} extreme={extreme}"
+            assert np.isfinite(y).all(), where
+            if T >= KQ_DEQUANT_MIN_T:  # prefill: f32 against the dequantized rows, or
+                # (Q5_0/Q5_1 on AVX512) the integer math with all rows at once
+                err = min(_rel(y, ref, floor) / 1e-5, _rel(y, exact, floor) / tol)
+                assert err <= 1, f"{where}: vs f32 and integer refs {err:.3g} x tolerance"
+                continue
+            err = _rel(y, exact, floor)
+            assert err <= tol, f"{where}: vs its integer math {err:.3g}"
+            if not extreme:  # then also near the float matmul (int8: random offsets cancel)
+                err = _rel(y, ref, floor)
+                assert err <= (1e-4 if kind else 5e-2), f"{where}: vs f32 ref {err:.3g}"
+
+
+@pytest.mark.parametrize("extreme", [False, True])
+@pytest.mark.parametrize("wtype", KTYPES)
+@pytest.mark.parametrize("variant", ["native", "avx512-novbmi", "avx2", "scalar"])
+def test_kquant_matmul(libs, variant, wtype, extreme):
+    lib = _get(libs, variant)
+    shapes = K_SHAPES if variant == "native" else K_SHAPES[::3]
+    _check_kquant(lib, wtype, shapes, extreme)
+
+
+@pytest.mark.parametrize("variant", ["native", "scalar"])
+@pytest.mark.parametrize("wtype", KTYPES)
+def test_kquant_embed_row(libs, variant, wtype):
+    lib = _get(libs, variant)
+    N, K = 9, 512
+    blocks = _kblocks(wtype, N, K, seed=5, extreme=True)
+    qt = getattr(gguf.GGMLQuantizationType, wtype.upper())
+    wd = quants.dequantize(blocks, qt).reshape(N, K)
+    for row in (0, 4, N - 1):
+        out = np.full(K, np.nan, np.float32)
+        getattr(lib, f"t_embed_row_{wtype}")(blocks.ctypes.data, K, row, out.ctypes.data)
+        np.testing.assert_allclose(out, wd[row], rtol=2e-7, atol=0)

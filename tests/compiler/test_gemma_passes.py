@@ -41,7 +41,7 @@ def test_fusion_and_memory(built):
     fusion = fuse(merge_parallel_linears(canonicalize(built)))
     # embedding, then per layer qkv, attention, o (+post-norm), gate/up, down (+post-norm)
     assert len(fusion.groups) == 1 + 5 * 2 + 1
-    kernels = {launch.group: launch.kernel.param_dict for launch in select_kernels(fusion)}
+    kernels = {k.group: k.params.context() for k in select_kernels(fusion)}
     assert kernels["embed.rows"]["scale"] == pytest.approx(48**0.5)
     o, down, gate_up = kernels["l0.o"], kernels["l1.down"], kernels["l0.gate+up"]
     assert o["epilogue"] == down["epilogue"] == "residual"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hipc.compiler.codegen.environment import template_text
-from hipc.compiler.codegen.hip_kernels import QUANT_TYPES
+from hipc.compiler.kernels.linear import QUANT_TYPES
 from hipc.compiler.passes.repack import split_quant_blocks
 
 gguf = pytest.importorskip("gguf")

@@ -1,7 +1,8 @@
 """The decode kernels alone on a real GPU, against NumPy in float64.
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each kernel is
-rendered as codegen/hip.py renders it (decode_gemv, decode_attention, the embedding), for
+rendered as codegen/hip.py renders it (compiler/kernels: decode_gemv, decode_attention,
+the embedding's gpu_kernel), for
 the device's arch, with random inputs and outputs poisoned with NaN, so a value a kernel
 forgot to write, or a row it should not have read, shows. Weights of every storage type
 are packed here the way GGUF / safetensors store them.
@@ -12,15 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
-from hipc.compiler.codegen.hip_kernels import (
-    QuantGemv,
-    decode_attention,
-    decode_gemv,
-    prefill_gemm,
-    wave_size,
-)
+from hipc.compiler.kernels.attention import AttentionParams, decode_attention
+from hipc.compiler.kernels.embedding import EmbeddingParams
+from hipc.compiler.kernels.embedding import gpu_kernel as embedding_kernel
+from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv, prefill_gemm
 from hipc.compiler.reference.executor import round_bf16
+from hipc.compiler.targets import GpuTarget
 
 from gpu_kernels import DeviceKernels, pack
 from support import rel_err
@@ -68,9 +66,11 @@ STREAMED = {
 QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
 
 
-def gemv_params(case) -> dict:
+def gemv_params(case) -> LinearParams:
     wtype, N, K, epilogue, norm, bias = case
-    return dict(wtype=wtype, N=N, K=K, norm_eps=EPS if norm else 0.0, epilogue=epilogue, bias=bias)
+    return LinearParams(
+        wtype=wtype, N=N, K=K, norm_eps=EPS if norm else 0.0, epilogue=epilogue, bias=bias
+    )
 
 
 @pytest.fixture(scope="module", params=["split", "gguf"])
@@ -80,7 +80,9 @@ def gemvs(request):
 
     def build(arch):
         for i, (name, case) in enumerate(GEMVS.items()):
-            specs[name] = decode_gemv(f"g{i}", gemv_params(case), arch, [name], STREAMED.get(name))
+            specs[name] = decode_gemv(
+                f"g{i}", gemv_params(case), GpuTarget(arch), [name], STREAMED.get(name)
+            )
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build, quant_layout=request.param)
@@ -148,9 +150,9 @@ ATTENTIONS = {
 }
 
 
-def attention_params(case) -> dict:
+def attention_params(case) -> AttentionParams:
     NH, NKV, D, window, norm, interleaved, *_ = case
-    return dict(
+    return AttentionParams(
         NH=NH,
         NKV=NKV,
         D=D,
@@ -168,7 +170,9 @@ def attentions():
     def build(arch):
         for i, (name, case) in enumerate(ATTENTIONS.items()):
             ctx, kv = case[7], case[6]
-            specs[name] = decode_attention(f"a{i}", attention_params(case), arch, [name], ctx, kv)
+            specs[name] = decode_attention(
+                f"a{i}", attention_params(case), GpuTarget(arch), [name], ctx, kv
+            )
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build)
@@ -304,15 +308,8 @@ def test_embedding_rows(wtype, layout):
     raw, w = pack(0.1 * rng.standard_normal((V, K)), wtype, layout)
 
     def build(arch):
-        ctx = dict(
-            nodes=["embed"],
-            wave=wave_size(arch),
-            wsuffix=WEIGHT_SUFFIX[wtype],
-            wtype=wtype,
-            K=K,
-            V=V,
-        )
-        return [("emb", "embedding", ctx, 0)]
+        k = embedding_kernel("emb", EmbeddingParams(wtype, K, V), GpuTarget(arch).wave, ["embed"])
+        return [(k.fn, k.template, k.ctx, 0)]
 
     dev = DeviceKernels(build, quant_layout=layout)
     try:
@@ -336,15 +333,15 @@ def test_quantized_prefill_gemm(wtype, layout):
     raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype, layout)
     x = rng.standard_normal((T, K)).astype(np.float32)
     r = rng.standard_normal((T, N)).astype(np.float32)
-    p = dict(wtype=wtype, N=N, K=K, norm_eps=0.0, epilogue="residual", bias=False)
+    p = LinearParams(wtype=wtype, N=N, K=K, norm_eps=0.0, epilogue="residual", bias=False)
 
     def build(arch):
-        g = prefill_gemm("qg", p, arch, ["gemm"])
+        g = prefill_gemm("qg", p, GpuTarget(arch), ["gemm"])
         return [(g.fn, g.template, g.ctx, g.shared)]
 
     dev = DeviceKernels(build, quant_layout=layout)
     try:
-        g = prefill_gemm("qg", p, dev.arch, ["gemm"])
+        g = prefill_gemm("qg", p, GpuTarget(dev.arch), ["gemm"])
         y = dev.upload(r)  # the residual is added in place, as the plans bind it
         args = [("u64", dev.upload(x)), ("i32", T), ("u64", dev.upload(raw)), ("u64", 0)]
         args += [("u64", 0), ("u64", 0), ("u64", y), ("u64", y)]

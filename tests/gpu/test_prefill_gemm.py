@@ -2,7 +2,7 @@
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each case is
 rendered the way codegen/hip.py renders a linear's prefill kernel for the device's arch
-(prefill_gemm + program_source), every case's kernels go into one code object built by the
+(compiler/kernels/linear.py's prefill_gemm + program_source), every case's kernels go into one code object built by the
 arch's toolchain, and they are launched through the backends' driver layer with
 gpu_common.PackedArgs: no model, no plan. The cases cover partial tiles in T and N, K that is
 and is not a multiple of the K slice (576, 1536, 4096; 48), and every epilogue, for the
@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipc.compiler.codegen.hip_kernels import prefill_gemm
+from hipc.compiler.kernels.linear import LinearParams, prefill_gemm
+from hipc.compiler.targets import GpuTarget
 from hipc.runtime.backends.gpu_common import PackedArgs
 
 from gpu_kernels import DeviceKernels
@@ -37,9 +38,9 @@ CASES = {
 EPS = 1e-5
 
 
-def _params(case) -> dict:
+def _params(case) -> LinearParams:
     _, N, K, epilogue, norm, bias = case
-    return dict(
+    return LinearParams(
         wtype="bfloat16", N=N, K=K, norm_eps=EPS if norm else 0.0, epilogue=epilogue, bias=bias
     )
 
@@ -54,7 +55,11 @@ class Kernels(DeviceKernels):
             for i, (name, case) in enumerate(cases.items()):
                 for simt in (False, True):
                     g = prefill_gemm(
-                        f"case{i}{'s' if simt else 'm'}", _params(case), arch, [name], simt
+                        f"case{i}{'s' if simt else 'm'}",
+                        _params(case),
+                        GpuTarget(arch),
+                        [name],
+                        simt,
                     )
                     self.gemms[name, simt] = g
             return [(g.fn, g.template, g.ctx, g.shared) for g in self.gemms.values()]

@@ -180,11 +180,11 @@ PLAN_EDITS = {
         lambda p: p["weights"][1].update(stored_shape=[p["weights"][1]["stored_shape"][0] - 1]),
         "weights.safetensors holds",
     ),
-    "unknown kernel": (lambda p: p["launches"][0].update(kernel="nope"), "not in plan.kernels"),
+    "unknown kernel": (lambda p: p["groups"][0].update(kernel="nope"), "not in plan.kernels"),
     "unknown state": (
         lambda p: next(
             a.update(ref="kv.99.k")
-            for launch in p["launches"]
+            for launch in p["groups"]
             for a in launch["args"].values()
             if a["kind"] == "state"
         ),
@@ -475,11 +475,11 @@ def gpu_built(source, tmp_path_factory) -> Path:
 
 
 GPU_PLAN_EDITS = {
-    "no section": (lambda p: p["gpu"].pop("gfx1100"), "no gpu.gfx1100 launch plan"),
+    "no section": (lambda p: p["targets"].pop("gfx1100"), "no targets.gfx1100 launch plan"),
     "weight index": (
         lambda p: next(
             a.update(index=999)
-            for launch in p["gpu"]["gfx1100"]["decode"]
+            for launch in p["targets"]["gfx1100"]["steps"]["decode"]
             for a in launch["args"]
             if a["kind"] == "weight"
         ),
@@ -488,7 +488,7 @@ GPU_PLAN_EDITS = {
     "state index": (
         lambda p: next(
             a.update(index=-1)
-            for launch in p["gpu"]["gfx1100"]["prefill"]
+            for launch in p["targets"]["gfx1100"]["steps"]["prefill"]
             for a in launch["args"]
             if a["kind"] == "state"
         ),

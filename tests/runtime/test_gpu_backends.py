@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from hipc.base.errors import HipcError
+from hipc.base.launch_plan import LAUNCH_PLAN_FORMAT, LAUNCH_PLAN_VERSION, Bases, Launch
 from hipc.base.safetensors_file import LazyTensor, write_safetensors
 from hipc.base.version import ARTIFACT_FORMAT_VERSION
 from hipc.runtime import engine as engine_mod
@@ -37,7 +38,6 @@ from hipc.runtime.backends import hip as hip_mod
 from hipc.runtime.backends.cuda import CudaBackend
 from hipc.runtime.backends.gpu_common import PackedArgs, aligned_offsets
 from hipc.runtime.backends.hip import HipBackend
-from hipc.runtime.gpu_plan import Bases, Launch
 
 V, H, MAX_TOKENS, MAX_CTX = 5, 4, 4, 16
 SIGNATURES = {
@@ -615,8 +615,10 @@ def section(big_shared: int = 64 * 1024) -> dict:
         "arena_bytes": 4 * H * MAX_TOKENS,
         "scratch_bytes": 64,
         "wave": 32,
-        "decode": [{**x, "overlap": x["kernel"] == "addpos"} for x in launches(1)],
-        "prefill": prefill,
+        "steps": {
+            "decode": [{**x, "overlap": x["kernel"] == "addpos"} for x in launches(1)],
+            "prefill": prefill,
+        },
     }
 
 
@@ -646,6 +648,8 @@ def write_artifact(
     ]
     write_safetensors(path / "weights.safetensors", tensors)
     plan = {
+        "format": LAUNCH_PLAN_FORMAT,
+        "version": LAUNCH_PLAN_VERSION,
         "max_context": MAX_CTX,
         "max_tokens": MAX_TOKENS,
         "vocab_size": V,
@@ -654,10 +658,10 @@ def write_artifact(
             {"name": "w", "dtype": "float32", "shape": [V, H], "stored_shape": [V, H]},
         ],
         "states": [
-            {"name": "k0", "dtype": "float32", "shape": [MAX_CTX, 1, 3]},
-            {"name": "v0", "dtype": "float32", "shape": [MAX_CTX, 1, H]},
+            {"name": "k0", "kind": "kv", "dtype": "float32", "shape": [MAX_CTX, 1, 3]},
+            {"name": "v0", "kind": "kv", "dtype": "float32", "shape": [MAX_CTX, 1, H]},
         ],
-        "gpu": {t: section(big_shared) for t in targets},
+        "targets": {t: section(big_shared) for t in targets},
     }
     if edit is not None:
         edit(plan)
@@ -725,7 +729,7 @@ def test_packed_args_are_kernel_params():
 
 
 def test_resolved_pointers_and_row_skip():
-    launch = Launch.from_json(section()["prefill"][3])  # head
+    launch = Launch.from_json(section()["steps"]["prefill"][3])  # head
     bases = Bases(1000, 2000, (3000, 4000), (5000, 6000), 7000, 8000, 9000)
     # 3 tokens, last row only: the x argument skips (T - rows) rows of H floats
     assert launch.resolve(bases, 3, 1) == [
@@ -753,6 +757,27 @@ def test_load_uploads_weights_and_zeroes_kv(api, artifact):
     # the KV cache, and the scratch buffer (counters kernels reset after use start at 0)
     assert memsets == [("memset", b.bases.states[0], 0, 512), ("memset", b.bases.scratch, 0, 64)]
     b.close()
+
+
+def test_weight_upload_draws_a_bar_on_a_terminal_only(api, artifact, monkeypatch, capsys):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    weights = EMB.nbytes + W.nbytes  # under 1000: tqdm writes plain bytes
+    monkeypatch.setattr(gpu_common, "PROGRESS_MIN_BYTES", 0)
+    backend(api, artifact, FakeGpu()).close()
+    assert "uploading" not in capsys.readouterr().err  # not a terminal: no bar
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    b = backend(api, artifact, FakeGpu())
+    b.close()
+    out = term.getvalue()
+    assert f"hipc: uploading weights to {b.device_name}" in out and "100%" in out
+    assert f"{weights}/{weights}" in out
 
 
 def test_prefill_runs_eagerly_with_T(api, artifact):
@@ -874,13 +899,13 @@ def test_fit_positions_sizes_the_kv_cache_to_free_memory():
     }
     gpu = SimpleNamespace(arena_bytes=1 << 20, scratch_bytes=4096, max_tokens=8, vocab=1000)
     weights = [50 << 20]
-    full = gpu_common.plan_memory(plan, gpu, weights).total
+    full = gpu_common.device_memory(plan, gpu, weights).total
     assert gpu_common.fit_positions(plan, gpu, weights, int(full / 0.95) + 1, 4096) == 4096
     half_kv = full - 4 * 2048 * 2048  # room for about half the positions
     n = gpu_common.fit_positions(plan, gpu, weights, int(half_kv / 0.95), 4096)
     assert 2000 <= n < 2048
-    assert gpu_common.plan_memory(plan, gpu, weights, n).total <= 0.95 * int(half_kv / 0.95)
-    assert gpu_common.plan_memory(plan, gpu, weights, n + 1).total > 0.95 * int(half_kv / 0.95)
+    assert gpu_common.device_memory(plan, gpu, weights, n).total <= 0.95 * int(half_kv / 0.95)
+    assert gpu_common.device_memory(plan, gpu, weights, n + 1).total > 0.95 * int(half_kv / 0.95)
     assert gpu_common.fit_positions(plan, gpu, weights, 1000, 4096) == 0
 
 
@@ -1083,3 +1108,28 @@ def test_auto_target(tmp_path, monkeypatch, capsys):
 
     with pytest.raises(HipcError, match="choose auto, cpu, cuda or hip"):
         engine_mod.load_engine(gpu_only, target="tpu")
+
+
+def test_reset_zeroes_recurrent_states_only(api, tmp_path):
+    def add_recurrent(plan):
+        plan["states"].append(
+            {"name": "conv", "kind": "recurrent", "dtype": "float32", "shape": [3, 4]}
+        )
+
+    art = load_artifact(write_artifact(tmp_path / "r.hipc", edit=add_recurrent))
+    gpu = FakeGpu()
+    b = backend(api, art, gpu, max_context=8)
+    try:
+        b.forward(np.array([1, 2, 3]), 0, False)
+        conv = gpu.view(b.bases.states[2], np.float32, 12)
+        kv = gpu.view(b.bases.states[1], np.float32, 8 * H)
+        buf, off = gpu.find(b.bases.states[2])
+        buf[off : off + 48] = np.ones(12, np.float32).tobytes()
+        kv_before = kv.copy()
+        assert kv_before.any() and conv.all()
+        b.reset()
+        assert not conv.any()  # the recurrent state: 3 x 4 floats, whatever the context
+        np.testing.assert_array_equal(kv, kv_before)  # a KV cache is left as it is
+        assert ("memset", b.bases.states[2], 0, 48) in gpu.calls
+    finally:
+        b.close()

@@ -70,3 +70,27 @@ def test_presence_and_frequency_penalties():
 def test_out_of_range_is_an_error(field, value):
     with pytest.raises(HipcError, match=field):
         SamplingParams(**{field: value})
+
+
+def test_allowed_mask_excludes_every_other_token():
+    """A grammar's mask: whatever the settings, only allowed tokens come out, and a
+    positive logit_bias cannot bring a masked one back."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(300).astype(np.float32)
+    allowed = np.zeros(300, dtype=bool)
+    allowed[rng.choice(300, 7, replace=False)] = True
+    best_masked = int(np.argmax(np.where(allowed, -np.inf, logits)))
+    settings = [
+        SamplingParams(),
+        SamplingParams(logit_bias=((best_masked, 100.0),)),
+        SamplingParams(temperature=1.5, top_k=3, seed=1),
+        SamplingParams(temperature=1.0, top_p=0.5, repetition_penalty=1.3, seed=2),
+        SamplingParams(temperature=2.0, min_p=0.01, logit_bias=((best_masked, 100.0),), seed=3),
+    ]
+    for params in settings:
+        s = Sampler(params)
+        picks = {s(logits, [1, 2], [3], allowed) for _ in range(50)}
+        assert picks <= set(np.flatnonzero(allowed).tolist()), params
+    assert Sampler(SamplingParams())(logits, allowed=allowed) == int(
+        np.flatnonzero(allowed)[np.argmax(logits[allowed])]
+    )

@@ -186,7 +186,7 @@ class ScriptedEngine:
     forward wait, `delay` sleeps in it, `fail_at` raises a bug at that step.
     """
 
-    positional_kv = True
+    prefix_reuse = True
 
     def __init__(
         self,

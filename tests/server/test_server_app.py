@@ -204,7 +204,7 @@ def test_stop_token_ids_and_ignore_eos(tok):
 
 def test_n_choices_share_one_prefill(tok):
     engine = ScriptedEngine(tok, script(tok, "same"))
-    client, service = make(engine)
+    client, _ = make(engine)
     r = chat(client, n=3)
     assert [c["index"] for c in r.json["choices"]] == [0, 1, 2]
     assert {c["message"]["content"] for c in r.json["choices"]} == {"same"}
@@ -216,7 +216,8 @@ def test_n_choices_share_one_prefill(tok):
     assert [stream_text(events, index=i) for i in (0, 1)] == ["same", "same"]
     roles = [e["choices"][0]["index"] for e in events[:-1] if "role" in e["choices"][0]["delta"]]
     assert roles == [0, 1]
-    assert service.metrics.prompt_reuse.value() >= 3
+    reused = parse_metrics(client.simulate_get("/metrics").text)["hipc_prompt_reuse_total"]
+    assert reused >= 3
 
 
 def test_batch_prompts_and_token_prompts(tok):
@@ -381,10 +382,30 @@ def test_engine_bug_is_a_500_and_the_server_goes_on(tok):
 
 def test_shutdown_refuses_new_work_with_503(tok):
     client, service = make(ScriptedEngine(tok, script(tok, "x")))
+    service.warmup("Hello", 2)
     service.close(grace=1)
     r = chat(client)
     assert r.status_code == 503
     assert client.simulate_get("/health").json == {"status": "shutting_down"}
+    r = client.simulate_get("/ready")
+    assert r.status_code == 503 and r.json == {"status": "shutting_down"}
+
+
+def test_ready_only_once_warm_and_without_a_key(tok):
+    engine = ScriptedEngine(tok, script(tok, "warm"))
+    client, service = make(engine)
+    none = {"Authorization": ""}
+    r = client.simulate_get("/ready", headers=none)
+    assert r.status_code == 503 and r.json == {"status": "warming_up"}
+    assert r.headers["content-type"].startswith("application/json")
+    assert client.simulate_get("/health", headers=none).status_code == 200  # alive meanwhile
+    before = engine.forwards
+    service.warmup("Hello", 2)
+    assert engine.forwards > before  # the warmup ran on the engine
+    r = client.simulate_get("/ready", headers=none)
+    assert r.status_code == 200 and r.json == {"status": "ok"}
+    cold, _ = make(ScriptedEngine(tok, script(tok, "x")), eager_load=False)
+    assert cold.simulate_get("/ready").json == {"status": "ok"}  # no warmup was asked for
 
 
 def test_metrics_count_requests_tokens_and_latencies(tok):
@@ -405,6 +426,10 @@ def test_metrics_count_requests_tokens_and_latencies(tok):
     assert m['hipc_time_to_first_token_seconds_bucket{le="+Inf"}'] == 4
     assert m["hipc_queue_depth"] == 0 and m["hipc_requests_running"] == 0
     assert m["process_resident_memory_bytes"] > 0
+    r = client.simulate_get("/metrics", headers={"Accept": "application/openmetrics-text"})
+    assert r.headers["content-type"].startswith("application/openmetrics-text")
+    assert r.text.endswith("# EOF\n")
+    assert parse_metrics(r.text)['hipc_requests_total{endpoint="/metrics",status="200"}'] == 1
 
 
 def test_a_streams_log_line_times_the_whole_stream(tok, caplog):

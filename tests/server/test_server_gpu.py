@@ -70,3 +70,41 @@ def test_server_on_the_gpu_matches_the_gpu_engine(gpu_artifact, tmp_path):
 def test_kv_storage_on_the_gpu_target(gpu_artifact, capsys):
     assert main(["serve", str(gpu_artifact), "--kv-storage", "int8", "--no-eager-load"]) == 2
     assert "--kv-storage int8: this artifact's KV cache is bfloat16" in capsys.readouterr().err
+
+
+def test_structured_outputs_on_the_gpu(gpu_artifact, tmp_path):
+    """The grammar mask acts on the host copy of the logits, so a GPU target's output is
+    held to the schema the same way (checked with jsonschema, independent of llguidance)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+    schema = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": 1, "maximum": 999},
+            "kind": {"enum": ["cat", "dog"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+        },
+        "required": ["id", "kind", "tags"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": schema}}
+    with running(gpu_artifact, "--served-model-name", "g", log_dir=tmp_path) as server:
+        body = {"model": "g", "messages": [{"role": "user", "content": "Hi"}],
+                "response_format": fmt, "temperature": 1.0, "seed": 5, "n": 4,
+                "max_tokens": 120}  # fmt: skip
+        status, _, raw = server.request("POST", "/v1/chat/completions", body)
+        assert status == 200, raw
+        choices = json.loads(raw)["choices"]
+        done = [c for c in choices if c["finish_reason"] == "stop"]
+        assert done, choices
+        for c in done:
+            jsonschema.validate(json.loads(c["message"]["content"]), schema)
+        one = {**body, "n": 1}
+        status, _, raw = server.request("POST", "/v1/chat/completions", one)
+        whole = json.loads(raw)["choices"][0]["message"]["content"]
+        status, _, raw = server.request("POST", "/v1/chat/completions", {**one, "stream": True})
+        events = sse_events(raw)
+        streamed = "".join(
+            e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"]
+        )
+        assert streamed == whole

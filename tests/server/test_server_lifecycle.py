@@ -78,6 +78,21 @@ def test_port_in_use(tiny_artifact, capsys, monkeypatch):
     assert loads == []  # refused before loading the model, not after warming it
 
 
+def test_a_missing_prometheus_multiproc_dir_is_refused_before_loading(
+    tiny_artifact, tmp_path, capsys, monkeypatch
+):
+    from hipc.runtime.server import serve
+
+    loads = []
+    monkeypatch.setattr(serve, "load", lambda config: loads.append(config))
+    missing = tmp_path / "metrics"
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(missing)}
+    err = serve_error(capsys, str(tiny_artifact), "--port", "0", env=env, monkeypatch=monkeypatch)
+    line = f"hipc: error: PROMETHEUS_MULTIPROC_DIR={missing}: not a directory (create it first)"
+    assert err.strip().splitlines() == [line]
+    assert "Traceback" not in err and loads == []
+
+
 def refused(server) -> bool:
     try:
         socket.create_connection((server.host, server.port), timeout=1).close()
@@ -89,6 +104,8 @@ def refused(server) -> bool:
 @pytest.mark.slow
 def test_sigterm_lets_the_running_stream_finish(smol_artifact, server_logs):
     server = ServerProcess(smol_artifact, "--served-model-name", "smol", log_dir=server_logs)
+    # the port opened after the warmup: ready from the first connection
+    assert server.request("GET", "/ready", auth=False)[:1] == (200,)
     client = server.client()
     stream = client.chat.completions.create(
         model="smol",

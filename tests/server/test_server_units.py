@@ -86,12 +86,15 @@ def test_every_option_is_a_config_field_with_an_env_var():
 
 
 def test_metrics_text_format():
-    m = ServerMetrics(queue_depth=lambda: 3, kv_bytes=1024, max_context=64)
-    m.requests.inc(1, "/v1/completions", "200")
-    m.requests.inc(1, "/v1/completions", "200")
+    m = ServerMetrics(kv_bytes=1024, max_context=64)
+    m.set_load(3, 1)
+    m.requests.labels("/v1/completions", "200").inc()
+    m.requests.labels("/v1/completions", "200").inc()
     m.ttft.observe(0.003)
     m.ttft.observe(100)
-    text = m.render()
+    body, content_type = m.render()
+    text = body.decode()
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
     parsed = parse_metrics(text)
     assert parsed['hipc_requests_total{endpoint="/v1/completions",status="200"}'] == 2
     assert parsed['hipc_time_to_first_token_seconds_bucket{le="0.0025"}'] == 0
@@ -101,6 +104,64 @@ def test_metrics_text_format():
     assert parsed["hipc_time_to_first_token_seconds_sum"] == pytest.approx(100.003)
     assert parsed["hipc_queue_depth"] == 3 and parsed["hipc_kv_cache_bytes"] == 1024
     assert "# TYPE hipc_time_to_first_token_seconds histogram" in text
+    assert parsed["hipc_requests_running"] == 1 and parsed["hipc_max_context_tokens"] == 64
+    other = ServerMetrics()  # a second app in the same process keeps its own registry
+    assert 'hipc_requests_total{endpoint="/v1/completions"' not in other.render()[0].decode()
+
+
+MULTIPROCESS_WORKER = """
+import sys
+from hipc.runtime.server.metrics import ServerMetrics
+m = ServerMetrics(kv_bytes=100, max_context=64)
+m.requests.labels("/v1/completions", "200").inc(int(sys.argv[1]))
+m.generation_tokens.inc(int(sys.argv[1]))
+m.ttft.observe(0.003)
+m.set_load(int(sys.argv[1]), 1)
+if sys.argv[2] == "exit":
+    m.close()
+sys.stdout.write(m.render()[0].decode())
+"""
+
+
+def test_metrics_add_up_across_processes_with_prometheus_multiproc_dir(tmp_path):
+    """Three worker processes, as gunicorn-style workers would be: counters and histograms
+    add up whatever became of the process; a closed worker's live gauges no longer count."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+
+    def worker(n: int, how: str) -> dict[str, float]:
+        cmd = [sys.executable, "-c", MULTIPROCESS_WORKER, str(n), how]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return parse_metrics(done.stdout)
+
+    worker(2, "stay")
+    worker(5, "exit")
+    m = worker(3, "stay")
+    assert m['hipc_requests_total{endpoint="/v1/completions",status="200"}'] == 10
+    assert m["hipc_generation_tokens_total"] == 10
+    assert m["hipc_time_to_first_token_seconds_count"] == 3
+    assert m['hipc_time_to_first_token_seconds_bucket{le="0.005"}'] == 3
+    assert m["hipc_queue_depth"] == 2 + 3 and m["hipc_requests_running"] == 2
+    assert m["hipc_kv_cache_bytes"] == 200 and m["hipc_max_context_tokens"] == 64
+    assert not any(k.startswith("process_") for k in m)  # only the answering process's
+
+
+def test_hipc_chat_needs_no_server_extra():
+    """`hipc chat` shares the prompt helpers of service.py: without prometheus-client (or
+    falcon) installed it still imports."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules.update(prometheus_client=None, falcon=None, waitress=None)\n"
+        "import hipc.runtime.server.terminal_chat"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_scheduler_runs_one_at_a_time_in_order_and_cancels():
@@ -116,7 +177,12 @@ def test_scheduler_runs_one_at_a_time_in_order_and_cancels():
 
         return run
 
-    s = Scheduler(max_queued=2, on_cancel=lambda job: cancelled.append(job.cancel_reason))
+    loads = []
+    s = Scheduler(
+        max_queued=2,
+        on_cancel=lambda job: cancelled.append(job.cancel_reason),
+        on_change=lambda depth, running: loads.append((depth, running)),
+    )
     jobs = [Job(work(i)) for i in range(3)]
     for job in jobs:
         s.submit(job)
@@ -131,6 +197,10 @@ def test_scheduler_runs_one_at_a_time_in_order_and_cancels():
         assert job.done.wait(5)
     assert order == [0, 1]
     assert cancelled == ["client_disconnected"]
+    # every move of the queue, in order: what the metrics' gauges were set to
+    full = loads.index((2, 1))  # two waiting behind the running one
+    assert loads[full + 1] == (1, 1)  # the cancelled one left the queue
+    assert loads[-1] == (0, 0) and max(d + r for d, r in loads) == 3
     s.close(grace=1)
     with pytest.raises(ShuttingDown):
         s.submit(Job(work(5)))

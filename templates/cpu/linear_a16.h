@@ -1,60 +1,14 @@
-// hipc_cpu_ops.h -- the small row operations hipc's CPU kernels share: scratch
-// buffers, RMSNorm, RoPE. Matrix products live in hipc_cpu.h.
+// linear_a16.h -- the public matmul_a16_<type> entry points (int16 activations, the
+// default). Apart from linear.h because they are a second rounding of x, with their own
+// portable kernel (matmul_deq); on AVX512 they reuse linear_vnni.h's kernels.
 #pragma once
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <vector>
 
 namespace hipc {
 
-// Per-thread scratch, grown on demand and kept: kernels run every step, so
-// allocating once and reusing keeps malloc out of the decode loop.
-inline float* scratch_f32(int slot, size_t n) {
-  thread_local std::vector<float> buf[4];
-  std::vector<float>& v = buf[slot];
-  if (v.size() < n + 16) v.resize(n + 16);
-  return v.data();
-}
-
-// y = x / sqrt(mean(x^2) + eps) * w over one row of n.
-inline void rmsnorm_row(const float* x, const float* w, int n, float eps, float* y) {
-  float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
-  const float r = 1.f / std::sqrt(ss / n + eps);
-#pragma omp simd
-  for (int i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
-}
-
-// RoPE on one head of D values at one position; cs/sn hold D/2 angles' cos/sin.
-// "half": pairs (i, i + D/2) as in HF Llama. "interleaved": pairs (2i, 2i+1), the
-// layout GGUF llama files are permuted for.
-inline void rope_half(float* x, int D, const float* cs, const float* sn) {
-  const int h = D / 2;
-  for (int i = 0; i < h; ++i) {
-    const float a = x[i], b = x[i + h];
-    x[i] = a * cs[i] - b * sn[i];
-    x[i + h] = b * cs[i] + a * sn[i];
-  }
-}
-
-inline void rope_interleaved(float* x, int D, const float* cs, const float* sn) {
-  for (int i = 0; i < D / 2; ++i) {
-    const float a = x[2 * i], b = x[2 * i + 1];
-    x[2 * i] = a * cs[i] - b * sn[i];
-    x[2 * i + 1] = b * cs[i] + a * sn[i];
-  }
-}
-
-// ---- int16-activation matmuls against quantized weights ----------------------------
-//
 // y[t, n] = sum_k x[t, k] * W[n, k] for W in GGUF blocks. The activations are rounded
 // to int16 per 32-element block (below), which keeps the result within ~1e-5 of a
 // float32 matmul against the dequantized weights; the int8-activation kernels in
-// hipc_cpu.h trade more accuracy for speed. Threads split the N output rows.
+// linear.h trade more accuracy for speed. Threads split the N output rows.
 
 inline void dequant_block(const block_q4_0& b, float* w) {
   const float d = fp16_to_fp32(b.d);
@@ -91,7 +45,8 @@ struct Act16 {
   float* sum = nullptr;  // [T][nb]
 };
 
-inline Act16 quantize_act16(const float* x, int T, int K) {
+// qmax: 32767 (int16); linear_kquant.h also asks for 127 (int8 activations).
+inline Act16 quantize_act16(const float* x, int T, int K, float qmax = 32767.f) {
   Act16 a;
   a.nb = K / 32;
   const size_t nblk = (size_t)T * a.nb;
@@ -105,9 +60,9 @@ inline Act16 quantize_act16(const float* x, int T, int K) {
       amax = std::max(amax, std::fabs(xb[j]));
       s += xb[j];
     }
-    const float inv = amax > 0.f ? 32767.f / amax : 0.f;
+    const float inv = amax > 0.f ? qmax / amax : 0.f;
     for (int j = 0; j < 32; ++j) a.q[i * 32 + j] = (int16_t)std::lrint(xb[j] * inv);
-    a.scale[i] = amax / 32767.f;
+    a.scale[i] = amax / qmax;
     a.sum[i] = s;
   }
   return a;
@@ -210,7 +165,7 @@ inline void matmul_deq(const float* x, int T, int K, const void* W, int N, float
 }
 
 // With AVX512-VNNI the int16 values run through the int8 kernels as two byte planes
-// (hipc_cpu.h, quantize_block16): the same integer block sums as matmul_deq, from
+// (linear_vnni.h, quantize_block16): the same integer block sums as matmul_deq, from
 // vpdpbusd instead of vpmaddwd, against the weight bytes those kernels already prepare.
 #if defined(HIPC_ISA_AVX512)
 inline void matmul_a16_q4_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {

@@ -1,0 +1,306 @@
+"""The launch plan (an artifact's plan.json): what to allocate and what to launch, for
+every target. The runtime owns this format; the compiler writes it. docs/LAUNCH_PLAN.md
+describes it field by field.
+
+  format, version          "hipc-launch-plan", LAUNCH_PLAN_VERSION (refused otherwise)
+  max_context, max_tokens  compiled KV positions; tokens per step (the prefill chunk)
+  vocab_size
+  weights  [{name, dtype, shape, stored_shape}]   W[i] order (weights.safetensors)
+  states   [{name, kind, dtype, shape, reset, reuse}]  state j (StateSpec: sizing, reset,
+                                                      prefix-reuse rule per kind)
+  memory   the compiler's arena layout (for inspection; targets carry arena_bytes)
+  kernels  {function: {kind, params}}
+  groups   [{group, kernel, nodes, args: {name: {kind, ref}}}]  the kernel selection, by
+           graph value (runtime/integrity.py checks states and weights against it)
+  targets  {name: {entry, abi_version, wave, arena_bytes, scratch_bytes,
+                   steps: {step: [launch]}}}
+
+A target's steps are launch lists over the same buffers: the cpu target has one,
+"forward" (any T; its C entry point hipc_forward is rendered from it), GPU targets have
+"decode" (one token; captured once as a graph and replayed) and "prefill" (up to
+max_tokens tokens). A launch names a kernel, its grid/block and dynamic shared memory (GPU
+only), and its arguments:
+
+  {"kind": "arena",  "offset": BYTES, "row_skip": LD}   arena base + offset
+                                                        (+ (T - rows) * LD * 4 when row_skip)
+  {"kind": "scratch", "offset": BYTES}                  scratch base + offset
+  {"kind": "weight", "index": I}                        weight I
+  {"kind": "state",  "index": J}                        state J
+  {"kind": "input",  "name": "ids" | "start"}           int64 ids[T] / the first position
+  {"kind": "output", "name": "logits"}                  logits [rows, vocab] float32
+  {"kind": "int",    "value": N | "T" | "rows"}         a 32-bit int argument
+  {"kind": "null"}                                      a null pointer
+
+A launch marked "overlap": true waits in-kernel for the kernels before it (hipc_wait_prior)
+before it reads or writes anything they touch, so a backend may launch it to start early
+(CUDA programmatic dependent launch, sm_90+).
+
+Grid dims are ints or the expressions "T", "rows", "cdiv(T,N)", "cdiv(rows,N)", "N*T".
+`rows` is T when every token's logits are wanted, else 1 (only the last token's).
+On a GPU, pointers are passed as 64-bit device addresses and ints as 32-bit.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from hipc.base.errors import HipcError
+
+LAUNCH_PLAN_FORMAT = "hipc-launch-plan"
+# 1: plan.json before it was versioned (launch lists under "gpu", no state kinds)
+LAUNCH_PLAN_VERSION = 2
+
+ARG_KINDS = ("arena", "scratch", "weight", "state", "input", "output", "int", "null")
+STEP_INPUTS = ("ids", "start")
+
+_CDIV = re.compile(r"^cdiv\((T|rows),(\d+)\)$")
+_MUL = re.compile(r"^(\d+)\*(T|rows)$")
+
+
+def eval_dim(expr: int | str, T: int, rows: int) -> int:
+    if isinstance(expr, int):
+        return expr
+    e = expr.replace(" ", "")
+    env = {"T": T, "rows": rows}
+    if e in env:
+        return env[e]
+    m = _CDIV.match(e)
+    if m:
+        n = int(m.group(2))
+        return (env[m.group(1)] + n - 1) // n
+    m = _MUL.match(e)
+    if m:
+        return int(m.group(1)) * env[m.group(2)]
+    raise ValueError(f"bad grid expression {expr!r}")
+
+
+# -- states ------------------------------------------------------------------------------
+
+# kind -> (how it is sized, what reset does, what prefix reuse requires)
+STATE_KINDS = {
+    # [positions, ...]: written at a token's position, read at positions <= the current one
+    # by this sequence only. Positions past the current sequence are never read, so reset
+    # has nothing to clear, and a prefix of equal tokens may be kept as it is.
+    "kv": ("positions", "none", "prefix"),
+    # a fixed-size per-sequence state every token updates (a convolution window, a
+    # linear-attention matrix): reset zeroes it, and it holds the state after the last token
+    # only, so a prefix can be reused only from a snapshot taken at the end of that prefix.
+    "recurrent": ("fixed", "zero", "snapshot"),
+}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A persistent per-sequence buffer the kernels read and update in place."""
+
+    name: str
+    kind: str  # a STATE_KINDS key
+    dtype: str
+    shape: tuple[int, ...]  # kv: at the compiled context (shape[0] = max_context)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StateSpec:
+        kind = d.get("kind", "kv")
+        if kind not in STATE_KINDS:
+            raise ValueError(f"state {d.get('name')!r}: unknown kind {kind!r}")
+        if d.get("dtype", "float32") not in _ITEMSIZE:
+            raise ValueError(f"state {d.get('name')!r}: unsupported dtype {d.get('dtype')!r}")
+        return cls(d["name"], kind, d.get("dtype", "float32"), tuple(int(x) for x in d["shape"]))
+
+    def to_json(self) -> dict[str, Any]:
+        sizing, reset, reuse = STATE_KINDS[self.kind]
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "sizing": sizing,
+            "reset": reset,
+            "reuse": reuse,
+        }
+
+    @property
+    def positional(self) -> bool:
+        return STATE_KINDS[self.kind][0] == "positions"
+
+    def shape_for(self, positions: int | None = None) -> tuple[int, ...]:
+        """The shape one sequence needs when it may hold `positions` tokens (None: as
+        compiled)."""
+        return (positions, *self.shape[1:]) if self.positional and positions else self.shape
+
+    def nbytes(self, positions: int | None = None) -> int:
+        n = _ITEMSIZE[self.dtype]
+        for d in self.shape_for(positions):
+            n *= d
+        return n
+
+    @property
+    def needs_reset(self) -> bool:
+        """Whether a new sequence must clear it (reset "zero")."""
+        return STATE_KINDS[self.kind][1] == "zero"
+
+    @property
+    def reuse(self) -> str:
+        """ "prefix": a cached prefix of equal tokens stays valid; "snapshot": only a copy taken
+        at the end of that prefix is."""
+        return STATE_KINDS[self.kind][2]
+
+
+def prefix_reuse(states: list[StateSpec] | tuple[StateSpec, ...]) -> bool:
+    """Whether a sequence's states after a prompt stay valid for a later sequence that starts
+    with the same prompt: only when every state is position-indexed (a recurrent state
+    would need a snapshot at the end of the prompt, which the runtime does not take)."""
+    return all(s.reuse == "prefix" for s in states)
+
+
+# -- launches ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bases:
+    """Device addresses a backend allocated for one engine."""
+
+    arena: int
+    scratch: int
+    weights: tuple[int, ...]
+    states: tuple[int, ...]
+    ids: int
+    start: int
+    logits: int
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a target's step."""
+
+    kernel: str
+    grid: tuple[int | str, ...]
+    block: tuple[int, ...]
+    shared: int
+    args: tuple[dict[str, Any], ...]
+    group: str = ""
+    overlap: bool = False  # may start before the previous kernel ends (it waits in-kernel)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Launch:
+        grid = tuple(d.get("grid", [])) + (1,) * (3 - len(d.get("grid", [])))
+        block = tuple(d.get("block", [])) + (1,) * (3 - len(d.get("block", [])))
+        for a in d["args"]:
+            if a.get("kind") not in ARG_KINDS:
+                raise ValueError(f"{d['kernel']}: unknown argument kind {a.get('kind')!r}")
+        return cls(
+            d["kernel"],
+            grid,
+            block,
+            int(d.get("shared", 0)),
+            tuple(d["args"]),
+            d.get("group", ""),
+            bool(d.get("overlap", False)),
+        )
+
+    def grid_dims(self, T: int, rows: int) -> tuple[int, int, int]:
+        return tuple(eval_dim(g, T, rows) for g in self.grid)  # type: ignore[return-value]
+
+    def resolve(self, bases: Bases, T: int, rows: int) -> list[tuple[str, int]]:
+        """[(ctype, value)]: ctype "u64" for pointers, "i32" for ints."""
+        out: list[tuple[str, int]] = []
+        for a in self.args:
+            kind = a["kind"]
+            if kind == "arena":
+                skip = (T - rows) * int(a["row_skip"]) * 4 if a.get("row_skip") else 0
+                out.append(("u64", bases.arena + int(a["offset"]) + skip))
+            elif kind == "scratch":
+                out.append(("u64", bases.scratch + int(a["offset"])))
+            elif kind == "weight":
+                out.append(("u64", bases.weights[a["index"]]))
+            elif kind == "state":
+                out.append(("u64", bases.states[a["index"]]))
+            elif kind == "input":
+                out.append(("u64", {"ids": bases.ids, "start": bases.start}[a["name"]]))
+            elif kind == "output":
+                out.append(("u64", bases.logits))
+            elif kind == "int":
+                out.append(("i32", eval_dim(a["value"], T, rows)))
+            elif kind == "null":
+                out.append(("u64", 0))
+            else:
+                raise ValueError(f"unknown argument kind {kind!r}")
+        return out
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    """One target's part of the plan, with the shared sizes the runtime needs."""
+
+    target: str
+    max_tokens: int
+    vocab: int
+    arena_bytes: int
+    scratch_bytes: int
+    steps: dict[str, tuple[Launch, ...]]
+    entry: str | None = None  # the cpu program's C entry point
+    abi_version: int | None = None
+    wave: int | None = None
+
+    @property
+    def decode(self) -> tuple[Launch, ...]:
+        return self.steps.get("decode", ())
+
+    @property
+    def prefill(self) -> tuple[Launch, ...]:
+        return self.steps.get("prefill", ())
+
+    def launches(self, T: int) -> tuple[Launch, ...]:
+        if "forward" in self.steps:
+            return self.steps["forward"]
+        return self.decode if T == 1 else self.prefill
+
+    @classmethod
+    def from_json(cls, plan: dict[str, Any], target: str | None = None) -> TargetPlan:
+        """`target` None: the plan's only GPU target."""
+        sections = plan["targets"]
+        if target is None:
+            gpus = [t for t, s in sections.items() if "decode" in s.get("steps", {})]
+            if len(gpus) != 1:
+                raise ValueError(f"plan has GPU sections for {sorted(gpus)}; name one")
+            target = gpus[0]
+        s = sections[target]
+        return cls(
+            target=target,
+            max_tokens=int(plan["max_tokens"]),
+            vocab=int(plan["vocab_size"]),
+            arena_bytes=int(s["arena_bytes"]),
+            scratch_bytes=int(s.get("scratch_bytes", 0)),
+            steps={k: tuple(Launch.from_json(x) for x in v) for k, v in s["steps"].items()},
+            entry=s.get("entry"),
+            abi_version=s.get("abi_version"),
+            wave=s.get("wave"),
+        )
+
+
+def check_launch_plan(plan: Any, where: str) -> None:
+    """Refuse a plan.json of another format or version (one line naming `where`)."""
+    if not isinstance(plan, dict) or plan.get("format") != LAUNCH_PLAN_FORMAT:
+        raise HipcError(
+            f'{where}: not a launch plan this hipc reads (no "format": "{LAUNCH_PLAN_FORMAT}"; '
+            "an older hipc wrote it?); recompile the artifact with this hipc (hipc compile)"
+        )
+    version = plan.get("version")
+    if version != LAUNCH_PLAN_VERSION:
+        raise HipcError(
+            f"{where}: launch plan version {version}, this hipc reads version "
+            f"{LAUNCH_PLAN_VERSION}; recompile the artifact with this hipc (hipc compile)"
+        )
+    try:
+        states(plan)
+        for name in plan["targets"]:
+            TargetPlan.from_json(plan, name)
+    except (KeyError, ValueError, TypeError) as e:
+        raise HipcError(f"{where}: malformed launch plan ({e!r})") from None
+
+
+def states(plan: dict[str, Any]) -> tuple[StateSpec, ...]:
+    return tuple(StateSpec.from_json(s) for s in plan.get("states", []))

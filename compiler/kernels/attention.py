@@ -1,0 +1,299 @@
+"""attention: RoPE (+ per-head q/k RMSNorm) + KV-cache write + causal softmax attention.
+
+Anchors on hipc::CachedAttention. Absorbs its feeders (Reshape, per-head RMSNorm, RoPE
+between the q/k/v projections and the attention) and the Reshape that flattens its output.
+The KV cache is a position-indexed state: the kernel writes the step's keys and values at
+their positions and reads positions 0..p (or a sliding window).
+
+CPU: one function, both phases (templates/cpu/attention.cpp.j2). GPU: prefill as two
+kernels (rope_kv.hip.j2 writes the cache, attention.hip.j2 attends: keys one block writes
+are read by others), decode as one split-K kernel (attention_decode.hip.j2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hipc.compiler.ir import Graph, Node
+from hipc.compiler.kernels.base import (
+    CPU_INDENT,
+    GPU_INDENT,
+    FusionError,
+    GpuKernel,
+    KernelKind,
+    Params,
+    SelectedKernel,
+    Signature,
+)
+
+if TYPE_CHECKING:
+    from hipc.compiler.codegen.bindings import Binder
+    from hipc.compiler.codegen.hip import GpuProgramBuilder
+    from hipc.compiler.passes.fuse import FusedGroup, Proposals
+    from hipc.compiler.targets import GpuTarget
+
+FEEDERS = {"Reshape", "RMSNormalization", "RotaryEmbedding"}
+
+
+@dataclass(frozen=True)
+class AttentionParams(Params):
+    NH: int  # query heads
+    NKV: int  # key/value heads (grouped-query: NH / NKV queries share one)
+    D: int  # head dim
+    scale: float
+    window: int  # sliding window (0: none)
+    interleaved: bool  # RoPE pairs (2i, 2i+1) instead of (i, i + D/2)
+    norm_eps: float  # per-head q/k RMSNorm's epsilon; 0.0: none
+    softcap: float = 0.0  # scores -> cap * tanh(scores / cap) before the softmax (Gemma-2)
+
+    def tag(self) -> str:
+        return f"h{self.NH}kv{self.NKV}d{self.D}"
+
+
+CPU = Signature.parse("""
+int T, int start, const float* q, int ldq, const float* k, int ldk, const float* v,
+int ldv, const float* q_norm_w, const float* k_norm_w, const float* cos_t,
+const float* sin_t, float* k_cache, float* v_cache, float* out
+""")
+
+
+def rope_kv_signature(kv: str) -> Signature:
+    return Signature.parse(f"""
+const float* __restrict__ k, int ldk, const float* __restrict__ v, int ldv, const int* start,
+const float* __restrict__ k_norm_w, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+{kv}* k_cache, {kv}* v_cache
+""")
+
+
+def prefill_signature(kv: str) -> Signature:
+    return Signature.parse(f"""
+const float* __restrict__ q, int ldq, const int* start, const float* __restrict__ q_norm_w,
+const float* __restrict__ cos_t, const float* __restrict__ sin_t, const {kv}* __restrict__ k_cache,
+const {kv}* __restrict__ v_cache, float* out
+""")
+
+
+def decode_signature(kv: str) -> Signature:
+    return Signature.parse(f"""
+const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const int* start,
+const float* __restrict__ q_norm_w, const float* __restrict__ k_norm_w, const float* __restrict__ cos_t,
+const float* __restrict__ sin_t, {kv}* k_cache, {kv}* v_cache, float* partial,
+unsigned* counters, float* __restrict__ out
+""")
+
+
+class Attention(KernelKind):
+    name = "attention"
+    anchors = frozenset({"hipc::CachedAttention"})
+    roles = frozenset({"attention:feeder", "attention:flatten"})
+    cpu_signature = CPU
+    gpu_lacks = frozenset({"softcap"})
+
+    def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
+        for v in n.inputs[:3]:
+            for node, why in _feeder_chain(graph, v, p):
+                p.propose(n, node, "attention:feeder", node.outputs[0], why, side="prologue")
+        user = p.only_user(n.outputs[0])
+        if user is not None and user.op == "Reshape":
+            p.propose(n, user, "attention:flatten", n.outputs[0])
+
+    def select(self, g: Graph, grp: FusedGroup) -> SelectedKernel:
+        att = grp.anchor
+        q, k, v, pos, kc, vc = att.inputs
+        q_src, q_norm, q_rope = _chain(q, grp.prologue)
+        k_src, k_norm, k_rope = _chain(k, grp.prologue)
+        v_src, v_norm, v_rope = _chain(v, grp.prologue)
+        if q_rope is None or k_rope is None or v_norm or v_rope:
+            raise FusionError(f"attention kernel needs RoPE on q and k only ({grp.name})")
+        if bool(q_norm) != bool(k_norm):
+            raise FusionError(f"attention kernel needs q and k norms together ({grp.name})")
+        _, NH, D = g.values[q].shape
+        NKV = g.values[k].shape[1]
+        out = grp.epilogue[0].outputs[0] if grp.epilogue else att.outputs[0]
+        refs: dict[str, Any] = {
+            "q": ("act", q_src),
+            "k": ("act", k_src),
+            "v": ("act", v_src),
+            "q_norm_w": ("weight", q_norm.inputs[1]) if q_norm else ("none", None),
+            "k_norm_w": ("weight", k_norm.inputs[1]) if k_norm else ("none", None),
+            "cos": ("weight", q_rope.inputs[1]),
+            "sin": ("weight", q_rope.inputs[2]),
+            "pos": ("input", pos),
+            "k_cache": ("state", kc),
+            "v_cache": ("state", vc),
+            "out": ("act", out),
+        }
+        params = AttentionParams(
+            NH=int(NH),
+            NKV=int(NKV),
+            D=int(D),
+            scale=float(att.attrs["scale"]),
+            window=int(att.attrs.get("sliding_window") or 0),
+            interleaved=bool(q_rope.attrs.get("interleaved")),
+            norm_eps=float(q_norm.attrs["epsilon"]) if q_norm else 0.0,
+            softcap=float(att.attrs.get("softcap") or 0.0),
+        )
+        return SelectedKernel(grp.name, grp.node_names, self, params, refs)
+
+    # -- CPU --
+
+    def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
+        return "cpu/attention.cpp.j2", dict(params=CPU.render(CPU_INDENT))
+
+    def cpu_call(self, k: SelectedKernel, b: Binder) -> dict[str, Any]:
+        r = k.refs
+        return {
+            "T": b.int("T"),
+            "start": b.ref(r["pos"]),
+            **{n: b.act(r[n][1]) for n in ("q", "k", "v", "out")},
+            **{f"ld{n}": b.int(b.ld(r[n][1])) for n in ("q", "k", "v")},
+            **{n: b.ref(r[n]) for n in ("q_norm_w", "k_norm_w", "k_cache", "v_cache")},
+            "cos_t": b.ref(r["cos"]),
+            "sin_t": b.ref(r["sin"]),
+        }
+
+    # -- GPU --
+
+    def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
+        # the decode kernel's per-block partials (max, sum, acc[D]), then a counter per head
+        p: AttentionParams = k.params
+        splits = decode_splits(p.NH, g.max_ctx, g.target.wave)
+        return {"attention": 4 * p.NH * splits * (p.D + 2) + 4 * p.NH}
+
+    def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
+        p: AttentionParams = k.params
+        r = k.refs
+        D, wave = p.D, g.target.wave
+        kv_ctx = kv_context(g.kv_storage)
+        kv = kv_ctx["kv_type"]
+        rope_sig, attn_sig = rope_kv_signature(kv), prefill_signature(kv)
+        block = max(D // 2, wave)
+        rope = g.kernel(
+            GpuKernel(f"{k.fn}_rope_kv", "rope_kv", dict(nodes=k.nodes, block=block,
+                      params=rope_sig.render(GPU_INDENT), **kv_ctx, **p.to_json()), [], block)
+        )  # fmt: skip
+        attn = g.kernel(
+            GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
+                      params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.to_json()), [], 0)
+        )  # fmt: skip
+        if DECODE_WAVES * wave < D // 2:
+            raise FusionError(f"{k.group}: head dim {D} is too wide for the decode block")
+        dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
+        attn_decode = g.kernel(dk)
+        splits = dk.grid[1]
+        partial_at = g.scratch("attention")
+        counters_at = partial_at + 4 * p.NH * splits * (D + 2)
+        shared = {
+            "start": b.input("start"),
+            "cos_t": b.ref(r["cos"]),
+            "sin_t": b.ref(r["sin"]),
+            "k_cache": b.ref(r["k_cache"]),
+            "v_cache": b.ref(r["v_cache"]),
+        }
+        q, kk, v = b.act(r["q"][1]), b.act(r["k"][1]), b.act(r["v"][1])
+        g.launch("prefill", k.group, rope, ["T", p.NKV], [block], rope_sig,
+                 {**shared, "k": kk, "ldk": b.int(b.ld(r["k"][1])), "v": v,
+                  "ldv": b.int(b.ld(r["v"][1])), "k_norm_w": b.ref(r["k_norm_w"])})  # fmt: skip
+        g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig,
+                 {**shared, "q": q, "ldq": b.int(b.ld(r["q"][1])),
+                  "q_norm_w": b.ref(r["q_norm_w"]), "out": b.act(r["out"][1])})  # fmt: skip
+        g.launch(
+            "decode",
+            k.group,
+            attn_decode,
+            dk.grid,
+            [dk.threads],
+            decode_signature(kv),
+            {
+                **shared,
+                "q": q,
+                "k": kk,
+                "v": v,
+                "q_norm_w": b.ref(r["q_norm_w"]),
+                "k_norm_w": b.ref(r["k_norm_w"]),
+                "partial": b.scratch(partial_at),
+                "counters": b.scratch(counters_at),
+                "out": b.act(r["out"][1]),
+            },
+            overlap=True,
+        )
+
+
+def _feeder_chain(graph: Graph, value: str, p: Proposals) -> list[tuple[Node, str | None]]:
+    """Nodes between a Split view (or any producer) and an attention input."""
+    chain: list[tuple[Node, str | None]] = []
+    node = graph.producer(value)
+    while node is not None and node.op in FEEDERS:
+        why = (
+            None
+            if p.only_user(node.outputs[0]) is not None
+            else f"{node.outputs[0]} has several readers"
+        )
+        if node.op == "RMSNormalization" and len(graph.values[node.inputs[1]].shape) != 1:
+            why = "only per-head norms (scale [head_dim]) fuse into attention"
+        chain.append((node, why))
+        node = graph.producer(node.inputs[0])
+    return chain
+
+
+def _chain(value: str, prologue: list[Node]) -> tuple[str, Node | None, Node | None]:
+    """Walk an attention input back through Reshape/RMSNorm/RoPE to its source view."""
+    mine = {n.outputs[0]: n for n in prologue}
+    rope = norm = None
+    while value in mine:
+        n = mine[value]
+        if n.op == "RotaryEmbedding":
+            rope = n
+        elif n.op == "RMSNormalization":
+            if rope is None:
+                raise FusionError(
+                    f"attention kernel applies the q/k norm before RoPE, not after ({n.name})"
+                )
+            norm = n
+        value = n.inputs[0]
+    return value, norm, rope
+
+
+KIND = Attention()
+
+
+# -- GPU geometry --------------------------------------------------------------------------
+
+ATTN_WAVES = 8
+DECODE_WAVES = 4  # decode attention: a chunk of 4 waves x one 32/64-key tile each per block
+DECODE_BLOCKS = 256  # decode attention blocks per layer (heads x splits): ~2 per SM of an H200
+KV_TYPES = {"float32": ("float", "f32"), "bfloat16": ("uint16_t", "bf16")}
+
+
+def kv_context(kv_storage: str) -> dict[str, str]:
+    """The attention templates' KV element type and the suffix of its prelude helpers."""
+    kv_type, kv_suffix = KV_TYPES[kv_storage]
+    return dict(kv_type=kv_type, kv_suffix=kv_suffix)
+
+
+def decode_attention(
+    fn: str, p: AttentionParams, target: GpuTarget, nodes: list[str], max_ctx: int, kv_storage: str
+) -> GpuKernel:
+    """The decode attention of one layer."""
+    wave = target.wave
+    splits = decode_splits(p.NH, max_ctx, wave)
+    kv_ctx = kv_context(kv_storage)
+    ctx = dict(
+        nodes=nodes,
+        wave=wave,
+        waves=DECODE_WAVES,
+        splits=splits,
+        params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+        **kv_ctx,
+        **p.to_json(),
+    )
+    return GpuKernel(f"{fn}_decode", "attention_decode", ctx, [p.NH, splits], DECODE_WAVES * wave)
+
+
+def decode_splits(heads: int, max_ctx: int, wave: int) -> int:
+    """Blocks per head of the decode attention: ~DECODE_BLOCKS in all, never more than
+    the context has chunks. Fixed at compile time (the decode graph is captured once);
+    each block loops over every SPLITS-th chunk, so any context length runs."""
+    chunks = -(-max_ctx // (DECODE_WAVES * wave))
+    return max(1, min(chunks, -(-DECODE_BLOCKS // heads)))

@@ -1,0 +1,554 @@
+"""linear: y = [norm](x) W^T [+ b], with a residual, GLU, split or soft-cap epilogue.
+
+Anchors on hipc::Linear. Accepts an RMSNorm prologue (applied while rows are loaded) and
+one epilogue: residual Add (written in place into the residual stream), RMSNorm -> residual
+Add (Gemma's post-norms: the row is normalized first), Split -> act * Mul with equal halves
+(gate/up, act SiLU or tanh-GELU: only the product is written), Split (q/k/v stay column
+views of one buffer), or SoftCap (Gemma-2's final logits).
+
+CPU: one function over T tokens (templates/cpu/linear.cpp.j2). GPU: a GEMV for decode
+(templates/hip/linear_gemv.hip.j2) and, for prefill, a tiled SIMT GEMM
+(linear_gemm.hip.j2) or the matrix-instruction GEMM for bf16 weights (linear_mma.hip.j2),
+preceded by a one-value-per-token `_stats` kernel when there is a norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
+from hipc.compiler.ir import Graph, Node
+from hipc.compiler.kernels.base import (
+    CPU_INDENT,
+    GPU_INDENT,
+    FusionError,
+    GpuKernel,
+    KernelKind,
+    Params,
+    SelectedKernel,
+    Signature,
+    weight_suffix,
+)
+
+if TYPE_CHECKING:
+    from hipc.compiler.codegen.bindings import Binder
+    from hipc.compiler.codegen.hip import GpuProgramBuilder
+    from hipc.compiler.passes.fuse import FusedGroup, Proposals
+    from hipc.compiler.targets import GpuTarget
+
+
+@dataclass(frozen=True)
+class LinearParams(Params):
+    wtype: str  # the weight's storage type (float32, bfloat16, q4_1 ...)
+    N: int  # weight rows (outputs; gate + up rows with the GLU epilogue)
+    K: int  # inputs
+    norm_eps: float  # RMSNorm prologue's epsilon; 0.0: no norm
+    epilogue: str  # "none" | "residual" | "glu"
+    bias: bool
+    # switches (left out of the kernel's name and plan at their default; see Params.items)
+    act: str = "silu"  # the GLU's activation: "silu" | "gelu_tanh" (Gemma's GeGLU)
+    post_norm_eps: float = 0.0  # RMSNorm of the row before the residual add; 0.0: none
+    softcap: float = 0.0  # y = cap * tanh(y / cap); 0.0: none
+
+    def tag(self) -> str:
+        return (
+            f"{self.wtype}_{self.N}x{self.K}_{self.epilogue}"
+            + ("_rms" if self.norm_eps else "")
+            + ("_gelu" if self.act == "gelu_tanh" else "")
+            + ("_postrms" if self.post_norm_eps else "")
+            + ("_cap" if self.softcap else "")
+        )
+
+    @property
+    def n_out(self) -> int:
+        """Outputs written: half the rows with the GLU epilogue."""
+        return self.N // 2 if self.epilogue == "glu" else self.N
+
+
+CPU = Signature.parse("""
+int T, const float* x, const void* w, const float* norm_w, const float* bias,
+const float* res, float* y
+""")
+# with a post-norm: its scale after the others (the functions without one keep their list)
+CPU_POST_NORM = Signature.parse("""
+int T, const float* x, const void* w, const float* norm_w, const float* bias,
+const float* res, float* y, const float* post_norm_w
+""")
+GEMV = Signature.parse("""
+const float* __restrict__ x, const void* __restrict__ W, const float* __restrict__ norm_w,
+const float* __restrict__ bias, const float* res, float* y
+""")
+# the SIMT and the matrix-instruction GEMM take the same arguments
+GEMM = Signature.parse("""
+const float* __restrict__ x, int T, const void* __restrict__ W, const float* __restrict__ norm_w,
+const float* __restrict__ inv_rms, const float* __restrict__ bias, const float* res, float* y
+""")
+STATS = Signature.parse("const float* __restrict__ x, int T, float* inv_rms")
+
+
+class Linear(KernelKind):
+    name = "linear"
+    anchors = frozenset({"hipc::Linear"})
+    roles = frozenset(
+        {
+            "prologue:rmsnorm",
+            "epilogue:residual",
+            "epilogue:norm-residual",
+            "epilogue:glu",
+            "epilogue:split",
+            "epilogue:softcap",
+        }
+    )
+    cpu_signature = CPU
+    gpu_lacks = frozenset({"act", "post_norm_eps", "softcap"})
+
+    def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
+        x = graph.producer(n.inputs[0])
+        if x is not None and x.op == "RMSNormalization":
+            users = p.users(x.outputs[0])
+            why = (
+                None
+                if len(users) == 1
+                else f"its output is also read by {', '.join(u.name for u in users if u is not n)}"
+            )
+            p.propose(n, x, "prologue:rmsnorm", x.outputs[0], why, side="prologue")
+        user = p.only_user(n.outputs[0])
+        if user is None:
+            users = p.users(n.outputs[0])
+            if users:
+                p.propose(
+                    n,
+                    users[0],
+                    "epilogue",
+                    n.outputs[0],
+                    f"{n.outputs[0]} has {len(users)} readers",
+                )
+        elif user.op == "Add":
+            p.propose(n, user, "epilogue:residual", n.outputs[0])
+        elif user.op == "RMSNormalization":
+            add = p.only_user(user.outputs[0])
+            if add is not None and add.op == "Add":
+                p.propose(n, user, "epilogue:norm-residual", n.outputs[0], brings=[add])
+            else:
+                p.propose(
+                    n, user, "epilogue:norm-residual", n.outputs[0], "no residual Add after it"
+                )
+        elif user.op == "hipc::SoftCap":
+            p.propose(n, user, "epilogue:softcap", n.outputs[0])
+        elif user.op == "Split":
+            glu = _glu_after(user, p)
+            if glu:
+                p.propose(n, user, "epilogue:glu", n.outputs[0], brings=glu)
+            else:
+                p.propose(n, user, "epilogue:split", n.outputs[0])
+        else:
+            p.propose(
+                n, user, "epilogue", n.outputs[0], f"no {user.op} epilogue in the linear kernels"
+            )
+
+    def select(self, g: Graph, grp: FusedGroup) -> SelectedKernel:
+        lin = grp.anchor
+        x, w = lin.inputs[0], lin.inputs[1]
+        N, K = g.values[w].shape
+        refs: dict[str, Any] = {
+            "w": ("weight", w),
+            "norm_w": ("none", None),
+            "bias": ("none", None),
+            "res": ("none", None),
+        }
+        eps = 0.0
+        norm = grp.node_with_role("prologue:rmsnorm")
+        if norm is not None:
+            x, eps = norm.inputs[0], float(norm.attrs["epsilon"])
+            refs["norm_w"] = ("weight", norm.inputs[1])
+        refs["x"] = ("act", x)
+        if len(lin.inputs) > 2:
+            refs["bias"] = ("weight", lin.inputs[2])
+        y = lin.outputs[0]
+        epilogue = "none"  # also with a split: the parts are column views of y
+        act, post_eps, softcap = "silu", 0.0, 0.0
+        post = [n for n in grp.epilogue if grp.roles.get(n.name) == "epilogue:norm-residual"]
+        if (add := grp.node_with_role("epilogue:residual")) is not None:
+            epilogue, y = "residual", add.outputs[0]
+            refs["res"] = ("act", next(i for i in add.inputs if i != lin.outputs[0]))
+        elif post:
+            norm_after, add = post
+            epilogue, y = "residual", add.outputs[0]
+            refs["res"] = ("act", next(i for i in add.inputs if i != norm_after.outputs[0]))
+            post_eps = float(norm_after.attrs["epsilon"])
+            refs["post_norm_w"] = ("weight", norm_after.inputs[1])
+        elif grp.node_with_role("epilogue:glu") is not None:
+            epilogue, y = "glu", grp.epilogue[-1].outputs[0]
+            act = _glu_activation(grp.epilogue[-2], grp.name)
+        elif (cap := grp.node_with_role("epilogue:softcap")) is not None:
+            y, softcap = cap.outputs[0], float(cap.attrs["cap"])
+        refs["y"] = ("act", y)
+        params = LinearParams(
+            wtype=g.values[w].dtype,
+            N=int(N),
+            K=int(K),
+            norm_eps=eps,
+            epilogue=epilogue,
+            bias=len(lin.inputs) > 2,
+            act=act,
+            post_norm_eps=post_eps,
+            softcap=softcap,
+        )
+        return SelectedKernel(grp.name, grp.node_names, self, params, refs)
+
+    # -- CPU --
+
+    def cpu_signature_of(self, k: SelectedKernel) -> Signature:
+        return CPU_POST_NORM if k.params.post_norm_eps else CPU
+
+    def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
+        ws = weight_suffix(k, "CPU")
+        mm = ("a16_" if activations == "int16" else "") + ws
+        params = self.cpu_signature_of(k).render(CPU_INDENT)
+        return "cpu/linear.cpp.j2", dict(wsuffix=ws, mm=mm, params=params)
+
+    def cpu_call(self, k: SelectedKernel, b: Binder) -> dict[str, Any]:
+        p: LinearParams = k.params
+        r = k.refs
+        last_only = b.is_output(r["y"][1])
+        if b.ld(r["x"][1]) != p.K:
+            raise FusionError(f"{k.group}: input rows are strided ({b.ld(r['x'][1])} != {p.K})")
+        args = {
+            "T": b.int("rows" if last_only else "T"),
+            "x": b.act(r["x"][1], row_skip=last_only),
+            "w": b.ref(r["w"]),
+            "norm_w": b.ref(r["norm_w"]),
+            "bias": b.ref(r["bias"]),
+            "res": b.ref(r["res"]),
+            "y": b.act(r["y"][1]),
+        }
+        if p.post_norm_eps:
+            args["post_norm_w"] = b.ref(r["post_norm_w"])
+        return args
+
+    # -- GPU --
+
+    def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
+        # the prefill GEMM's norm: 1 / rms per token, from the _stats kernel before it
+        return {"inv_rms": 4 * g.max_tokens} if k.params.norm_eps else {}
+
+    def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
+        p: LinearParams = k.params
+        r = k.refs
+        weight_suffix(k, "HIP")
+        if p.K > MAX_GEMV_K:
+            raise FusionError(
+                f"{k.group}: K={p.K} exceeds the GEMV's shared-memory row ({MAX_GEMV_K})"
+            )
+        last_only = b.is_output(r["y"][1])
+        x = b.act(r["x"][1], row_skip=last_only)
+        common = {
+            "x": x,
+            "W": b.ref(r["w"]),
+            "norm_w": b.ref(r["norm_w"]),
+            "bias": b.ref(r["bias"]),
+            "res": b.ref(r["res"]),
+            "y": b.act(r["y"][1]),
+        }
+        dk = decode_gemv(k.fn, p, g.target, k.nodes)
+        g.launch("decode", k.group, g.kernel(dk), dk.grid, [dk.threads], GEMV, common,
+                 shared=dk.shared, overlap=True)  # fmt: skip
+        pg = prefill_gemm(k.fn, p, g.target, k.nodes)
+        gemm = g.kernel(pg)
+        rows = "rows" if last_only else "T"
+        inv_rms = b.scratch(g.scratch("inv_rms")) if p.norm_eps else b.null()
+        if p.norm_eps:
+            g.launch("prefill", k.group, f"{gemm}_stats", [rows], [256], STATS,
+                     {"x": x, "T": b.int(rows), "inv_rms": inv_rms})  # fmt: skip
+        g.launch(
+            "prefill",
+            k.group,
+            gemm,
+            [-(-p.n_out // pg.block_outputs), f"cdiv({rows},{pg.block_tokens})"],
+            [pg.threads],
+            GEMM,
+            {**common, "T": b.int(rows), "inv_rms": inv_rms},
+            shared=pg.shared,
+        )
+
+
+GLU_ACTIVATIONS = {"hipc::SiLU", "Gelu"}  # act(gate) * up epilogues the templates have
+
+
+def _glu_after(split: Node, p: Proposals) -> list[Node]:
+    """[act, Mul] for Split -> act(a) * b with equal halves, else []."""
+    sizes = list(split.attrs["split"])
+    if len(sizes) == 2 and sizes[0] == sizes[1]:
+        a, b = split.outputs
+        act = p.only_user(a)
+        if act is not None and act.op in GLU_ACTIVATIONS:
+            mul = p.only_user(act.outputs[0])
+            if (
+                mul is not None
+                and mul.op == "Mul"
+                and set(mul.inputs) == {act.outputs[0], b}
+                and p.only_user(b) is mul
+            ):
+                return [act, mul]
+    return []
+
+
+def _glu_activation(node: Node, group: str) -> str:
+    if node.op == "hipc::SiLU":
+        return "silu"
+    if node.op == "Gelu" and node.attrs.get("approximate") == "tanh":
+        return "gelu_tanh"
+    raise FusionError(f"no GLU epilogue with {node.op} {dict(node.attrs)} ({group})")
+
+
+KIND = Linear()
+
+
+# -- GPU geometry --------------------------------------------------------------------------
+
+GEMV_WAVES = 8  # 8 waves: more rows in flight per SM when x (K floats) fills shared memory
+# Before its wait a small GEMV (latency-bound: SmolLM2's) pulls its rows towards L2, so
+# the loads after the wait hit L2. Big ones stream at bandwidth anyway: on the H200
+# prefetching their row heads cost 4-7% of an 8B decode step.
+GEMV_PREFETCH_MAX = 16 << 20
+MAX_GEMV_K = 16384  # the GEMV stages x in shared memory: 64 KiB, the smallest limit (AMD LDS)
+SIMT_TILE = 64  # the SIMT GEMM's tokens and outputs per block
+
+
+@dataclass(frozen=True)
+class MmaTile:
+    """One platform's matrix instruction and the prefill GEMM geometry built on it."""
+
+    macro: str  # HIPC_MMA_* defined for the prelude
+    instruction: str  # as the disassembly names it (for the kernel's header comment)
+    bm: int  # tokens per block
+    bn: int  # weight rows per block (outputs, or gate + up rows with the GLU epilogue)
+    bk: int  # K per shared-memory stage
+    wm: int  # waves along tokens
+    wn: int  # waves along outputs
+    min_blocks: int = 1  # NVIDIA: blocks per SM to fit registers for (__launch_bounds__)
+
+    def shared_bytes(self) -> int:
+        """Two stages of x hi, x lo (bm rows each) and W (bn rows), bf16, rows padded by 8."""
+        return 2 * (2 * self.bm + self.bn) * (self.bk + 8) * 2
+
+
+# 128 x 128 blocks of 256 threads everywhere: 8 warps of 64 x 32 on NVIDIA and RDNA, 4 wave64s of
+# 64 x 64 on CDNA (64 accumulator floats per lane in every case), within AMD's 64 KiB of LDS. RDNA
+# stages 16 deep, not 32: its A/B fragments are 8 VGPRs each, and with two k steps in flight clang
+# spills past 256 VGPRs. gfx12 (gfx1201) has WMMA with another operand layout: SIMT there for now.
+# On the H200 (bf16 GLU, T=512, 8000 x 4080, TFLOP/s of useful work): 70 for one 128 x 128 block
+# per SM, 90 with registers capped for two (a few bytes spill), 74 staging 64 deep, 102 for
+# 128 x 256 blocks (warps of 64 x 64) -- which leave SMs idle when there are few output blocks, so
+# they are only taken for wide layers (WIDE_BLOCKS or more column blocks: gate/up, the LM head).
+_NV = MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 128, 128, 32, 2, 4, min_blocks=2)
+_NV_WIDE = MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 128, 256, 32, 2, 4)
+_WMMA = MmaTile("HIPC_MMA_WMMA", "v_wmma_f32_16x16x16_bf16", 128, 128, 16, 2, 4)
+_MFMA = MmaTile("HIPC_MMA_MFMA", "v_mfma_f32_16x16x16_bf16", 128, 128, 32, 2, 2)
+MMA_TILES = {
+    "sm_80": _NV,
+    "sm_89": _NV,
+    "sm_90": _NV,
+    "gfx1100": _WMMA,
+    "gfx1101": _WMMA,
+    "gfx1151": _WMMA,
+    "gfx90a": _MFMA,
+    "gfx942": _MFMA,
+}
+MMA_WIDE_TILES = {"sm_80": _NV_WIDE, "sm_89": _NV_WIDE, "sm_90": _NV_WIDE}
+WIDE_BLOCKS = 64
+
+
+def mma_tile(target: GpuTarget, p: LinearParams) -> MmaTile | None:
+    """The matrix-instruction GEMM for a linear's prefill, or None for the SIMT one.
+
+    Dense bf16 weights only: they feed the instruction as stored. f16 would need x split in f16,
+    whose range (65504) activations can exceed; quantized types dequantize in the SIMT tile.
+    K % 8 == 0 because W is loaded 16 bytes at a time.
+    """
+    tile = MMA_TILES.get(target.arch)
+    if tile is None or p.wtype != "bfloat16" or p.K % 8:
+        return None
+    wide = MMA_WIDE_TILES.get(target.arch)
+    glu = p.epilogue == "glu"
+    if wide and -(-p.n_out // (wide.bn // 2 if glu else wide.bn)) >= WIDE_BLOCKS:
+        return wide
+    return tile
+
+
+def prefill_gemm(
+    fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], simt: bool = False
+) -> GpuKernel:
+    """`fn`: the linear's kernel stem. `simt` forces the SIMT kernel (the GPU tests time one
+    against the other)."""
+    wave = target.wave
+    common = dict(
+        nodes=nodes,
+        wsuffix=WEIGHT_SUFFIX[p.wtype],
+        n_out=p.n_out,
+        wave=wave,
+        params=GEMM.render(GPU_INDENT),
+        stats_params=STATS.render(0),
+        **p.to_json(),
+    )
+    tile = None if simt else mma_tile(target, p)
+    if tile is None:
+        return GpuKernel(f"{fn}_gemm", "linear_gemm", common, [], 256, 0, SIMT_TILE, SIMT_TILE)
+    bn_out = tile.bn // 2 if p.epilogue == "glu" else tile.bn
+    ctx = dict(
+        common,
+        instruction=tile.instruction,
+        bm=tile.bm,
+        bn=tile.bn,
+        bk=tile.bk,
+        wm=tile.wm,
+        wn=tile.wn,
+        min_blocks=tile.min_blocks,
+        bn_out=bn_out,
+        shared=tile.shared_bytes(),
+    )
+    threads = tile.wm * tile.wn * wave
+    return GpuKernel(
+        f"{fn}_mma", "linear_mma", ctx, [], threads, tile.shared_bytes(), bn_out, tile.bm
+    )
+
+
+@dataclass(frozen=True)
+class QuantGemv:
+    """A quantized GEMV's geometry: waves per block, weight rows per wave and group (with
+    the GLU epilogue gate and up rows: rows // 2 outputs), the 32-weight blocks per lane
+    and row whose loads are in flight together (16 bytes of quants each, 32 for q8_0), and
+    at most how many blocks: each stages x once, then its waves stream group after group,
+    so fewer blocks stage x fewer times; registers are capped for min_blocks blocks per SM
+    (NVIDIA), so that max_blocks of them are resident at once on an H200's 132 SMs."""
+
+    waves: int = 8
+    rows: int = 2
+    unroll: int = 4
+    max_blocks: int = 256
+    min_blocks: int = 2
+    # pull the first group's rows towards L2 while x is staged (when it takes several
+    # batches): on the H200 it cost the 8B down GEMV 15.2 -> 18.1 us, so it is off
+    prefetch: bool = False
+
+
+# Small matrices (SmolLM2's, latency-bound): 8-wave blocks, two per SM. Large ones
+# (QUANT_GEMV_LARGE_BYTES and up): 16-wave blocks of 4-row groups, one per SM. On the H200
+# (bench_gpu_gemv.py, 8B Q4_0 shapes, per layer) the large geometry took 46.7 us where the
+# small one took 48.4 (SmolLM2 shapes: 8.6 us small, 10.5 large). q8_0 blocks are twice
+# the bytes: half the unroll.
+QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2)
+QUANT_GEMV_LARGE = QuantGemv(16, 4, 2, 128, 1)
+QUANT_GEMV_LARGE_BYTES = 4 << 20
+XQ_BLOCK_BYTES = 80  # x staged per 32 values (prelude: HIPC_XQ_INTS * 4)
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """A quantized type as the GPU kernels see it (prelude: hipc_qmat_*, hipc_unit_*)."""
+
+    block_values: int  # weights per block
+    block_bytes: int
+    quant_bytes: int  # of which quants (the split layout's first region)
+    unit_values: int  # weights a GEMV lane takes per step and row
+
+
+QUANT_TYPES = {
+    "q4_0": QuantType(32, 18, 16, 32),
+    "q4_1": QuantType(32, 20, 16, 32),
+    "q8_0": QuantType(32, 34, 32, 32),
+    "q6_k": QuantType(256, 210, 192, 128),
+    "q5_0": QuantType(32, 22, 16, 32),
+    "q5_1": QuantType(32, 24, 16, 32),
+    "q4_k": QuantType(256, 144, 128, 128),
+    "q5_k": QuantType(256, 176, 160, 128),
+}
+# a K-quant unit is 21-27 registers (64-96 bytes of quants): a row pair, one unit each in flight
+QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 128, 1)
+
+
+def quant_gemv(wsuffix: str, N: int, K: int) -> QuantGemv:
+    if QUANT_TYPES[wsuffix].unit_values > 32:  # the K-quants' units of 128
+        return QUANT_GEMV_Q6_K
+    qt = QUANT_TYPES[wsuffix]
+    big = N * (K // qt.block_values) * qt.block_bytes >= QUANT_GEMV_LARGE_BYTES
+    g = QUANT_GEMV_LARGE if big else QUANT_GEMV_SMALL
+    if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
+        g = replace(g, rows=2, unroll=2)
+    if wsuffix == "q8_0":
+        g = replace(g, unroll=max(1, g.unroll // 2))
+    return g
+
+
+def stream_blocks(groups: int, waves: int, max_blocks: int) -> int:
+    """Blocks for `groups` units of work streamed by `waves` waves a block: as few groups per
+    wave as max_blocks allows, then as few blocks as give every wave that many."""
+    per_wave = -(-groups // (waves * max_blocks))
+    return -(-groups // (waves * per_wave))
+
+
+def decode_gemv(
+    fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], quant: QuantGemv | None = None
+) -> GpuKernel:
+    """The GEMV of one linear. `quant` overrides quant_gemv's geometry (bench_gpu_gemv.py
+    times several)."""
+    wave = target.wave
+    ws = WEIGHT_SUFFIX[p.wtype]
+    glu = p.epilogue == "glu"
+    rows_per_block = GEMV_WAVES * (1 if glu else 2)
+    if ws in QUANT_TYPES:
+        qt = QUANT_TYPES[ws]
+        g = quant or quant_gemv(ws, p.N, p.K)
+        groups = -(-p.n_out // (g.rows // 2 if glu else g.rows))
+        steps = -(-(p.K // qt.unit_values) // wave)
+        blocks = stream_blocks(groups, g.waves, g.max_blocks)
+        ctx = dict(
+            nodes=nodes,
+            wave=wave,
+            wsuffix=ws,
+            n_out=p.n_out,
+            waves=g.waves,
+            rows=g.rows,
+            unroll=g.unroll,
+            blocks=blocks,
+            min_blocks=g.min_blocks,
+            prefetch=g.prefetch and steps > g.unroll,
+            params=GEMV.render(GPU_INDENT),
+            **qt.__dict__,
+            **p.to_json(),
+        )
+        shared = p.K // 32 * XQ_BLOCK_BYTES
+        return GpuKernel(f"{fn}_gemv", "linear_gemv_q", ctx, [blocks], g.waves * wave, shared)
+    ctx = dict(
+        nodes=nodes,
+        wave=wave,
+        wsuffix=ws,
+        n_out=p.n_out,
+        waves=GEMV_WAVES,
+        rows_per_block=rows_per_block,
+        prefetch=gemv_prefetch(row_bytes(ws, p.K), p.N),
+        params=GEMV.render(GPU_INDENT),
+        **p.to_json(),
+    )
+    shared = 4 * p.K if p.norm_eps else 0  # the normalized x, staged
+    return GpuKernel(
+        f"{fn}_gemv",
+        "linear_gemv",
+        ctx,
+        [-(-p.n_out // rows_per_block)],
+        GEMV_WAVES * wave,
+        shared,
+    )
+
+
+def gemv_prefetch(row: int, rows: int) -> int:
+    """Bytes of each weight row a GEMV prefetches before its wait: all or nothing."""
+    return row if row * rows <= GEMV_PREFETCH_MAX else 0
+
+
+def row_bytes(wsuffix: str, K: int) -> int:
+    if wsuffix in QUANT_TYPES:
+        qt = QUANT_TYPES[wsuffix]
+        return K // qt.block_values * qt.block_bytes
+    return K * {"f32": 4, "f16": 2, "bf16": 2}[wsuffix]

@@ -1,0 +1,159 @@
+"""Which GGML type each weight matrix gets under `--quant RECIPE`.
+
+Each recipe is llama-quantize's file type of that name as its llama_tensor_get_type
+picks types without an importance matrix (facts, not code, taken from llama.cpp's
+src/llama-quant.cpp): a base type for every matrix, the exceptions in RULES below, then
+the row-length fallback. `q4_k` and `q5_k` are the *_S file types minus Q4_K_S's few
+Q5_K layers. Only matrices (2-D float weights) are quantized; norms and biases stay.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hipc.base.errors import HipcError
+from hipc.compiler.ir import QUANT_BLOCKS, QUANT_DTYPES, Graph, WeightRef
+from hipc.graphs.names import NAME_TABLES
+
+# recipe -> the type of every matrix no rule below picks for
+BASE = {
+    "q8_0": "q8_0",
+    "q4_0": "q4_0",
+    "q4_1": "q4_1",
+    "q5_0": "q5_0",
+    "q5_1": "q5_1",
+    "q4_k": "q4_k",
+    "q5_k": "q5_k",
+    "q6_k": "q6_k",
+    "q4_k_m": "q4_k",
+    "q5_k_m": "q5_k",
+}
+RECIPES = tuple(BASE)
+_FLOATS = ("float32", "float16", "bfloat16", "float64")
+_ALL = RECIPES
+_MIXES = ("q4_k_m", "q5_k_m")
+
+# The exceptions to the base type, first match wins:
+#   (recipes, roles, on which layers, type, why)
+# "output" is the LM head, or the embedding when it is tied (it is the LM head then).
+RULES = (
+    # The output matrix's error lands directly on the logits, and it is one matrix, so
+    # 6 bits cost little (a Q8_0 recipe keeps Q8_0).
+    (_ALL, ("output",), "base is not q8_0", "q6_k", "output matrix"),
+    # attn_v is small under GQA and feeds every head's output; ffn_down is the matmul
+    # most sensitive to quantization. Both get 6 bits on the "more bits" layers: the
+    # first and last eighth of the layers and every third layer between them.
+    (_MIXES, ("v", "down"), "more-bits layer", "q6_k", "on a more-bits layer"),
+    # 70B-class models (80 layers, GQA): 8 query heads share each v head, so v is 8x
+    # smaller than q and 5 bits cost almost nothing (llama.cpp's LLM_TYPE_70B rule,
+    # which lifts only 3- and 4-bit types).
+    (("q4_k_m", "q4_k"), ("v",), "80 layers with GQA", "q5_k", "80-layer GQA model"),
+)
+
+# A row whose length is not a multiple of 256 cannot hold K-quant super-blocks; these
+# are llama.cpp's substitutes (32-element blocks, about as many bits). A row that is not
+# a multiple of 32 either stays in its float type (llama.cpp would write F16).
+K_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+
+
+@dataclass(frozen=True)
+class TensorChoice:
+    ref: WeightRef
+    role: str | None  # "q", "down", "embed" ... (graphs/names.py), None if unknown
+    layer: int | None
+    dtype: str  # the type it will be stored in (its own float type if left alone)
+    why: str
+
+
+def use_more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's choice of layers that get more bits in the *_M mixes."""
+    eighth = n_layers // 8
+    return layer < eighth or layer >= 7 * n_layers // 8 or (layer - eighth) % 3 == 2
+
+
+def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
+    """Initializer name -> the type the recipe gives it, for every 2-D weight from a file."""
+    if recipe not in RECIPES:
+        raise HipcError(f"--quant: unknown recipe {recipe!r} (known: {', '.join(RECIPES)})")
+    mats = {
+        name: init
+        for name, init in graph.initializers.items()
+        if isinstance(init, WeightRef) and len(init.shape) == 2
+    }
+    for init in mats.values():
+        if init.dtype in QUANT_DTYPES:
+            raise HipcError(
+                f"--quant: {init.path}: tensor {init.name!r} is already {init.dtype}; "
+                "--quant needs float weights (a bf16/f16/f32 model)"
+            )
+    roles = {name: _role(init) for name, init in mats.items()}
+    has_lm_head = any(r == "lm_head" for r, _ in roles.values())
+    layers = [i for _, i in roles.values() if i is not None]
+    n_layers = max(layers) + 1 if layers else 0
+    big_gqa = n_layers == 80 and _is_gqa(mats, roles)
+
+    out = {}
+    for name, init in mats.items():
+        role, layer = roles[name]
+        if init.dtype not in _FLOATS:
+            continue
+        if role == "lm_head" or (role == "embed" and not has_lm_head):
+            role = "output"
+        when = {
+            "base is not q8_0": BASE[recipe] != "q8_0",
+            "more-bits layer": layer is not None and use_more_bits(layer, n_layers),
+            "80 layers with GQA": big_gqa,
+        }
+        dtype, why = BASE[recipe], "base type"
+        for recipes, roles_, on, rule_type, rule_why in RULES:
+            if recipe in recipes and role in roles_ and when[on]:
+                dtype, why = rule_type, f"{role}: {rule_why}"
+                break
+        dtype, why = _fit(dtype, why, init)
+        out[name] = TensorChoice(init, role, layer, dtype, why)
+    return out
+
+
+def _fit(dtype: str, why: str, init: WeightRef) -> tuple[str, str]:
+    """The row-length fallback: K-quants need 256-element rows, the others 32."""
+    k = init.shape[1]
+    if k % QUANT_BLOCKS[dtype][0] and dtype in K_FALLBACK:
+        why = f"{why}; rows of {k} are not whole 256-blocks: {K_FALLBACK[dtype]} for {dtype}"
+        dtype = K_FALLBACK[dtype]
+    if k % QUANT_BLOCKS[dtype][0]:
+        return init.dtype, f"{why}; rows of {k} are not whole 32-blocks: kept {init.dtype}"
+    return dtype, why
+
+
+def _is_gqa(mats: dict[str, WeightRef], roles: dict[str, tuple[str | None, int | None]]) -> bool:
+    rows = {roles[n]: w.shape[0] for n, w in mats.items() if roles[n][1] == 0}
+    return ("q", 0) in rows and ("v", 0) in rows and rows[("v", 0)] < rows[("q", 0)]
+
+
+_PATTERNS: dict[str, list[tuple[re.Pattern, str]]] = {}
+
+
+def _role(ref: WeightRef) -> tuple[str | None, int | None]:
+    """(role, layer) of a source tensor, by its file format's name table."""
+    patterns = _PATTERNS.get(ref.format)
+    if patterns is None:
+        # a role may list alternative names; {e} (an expert's index) is not captured
+        patterns = _PATTERNS[ref.format] = [
+            (
+                re.compile(
+                    re.escape(t)
+                    .replace(re.escape("{i}"), r"(\d+)")
+                    .replace(re.escape("{e}"), r"\d+")
+                    + "$"
+                ),
+                role,
+            )
+            for role, names in NAME_TABLES.get(ref.format, {}).items()
+            for t in (names if isinstance(names, tuple) else (names,))
+        ]
+    for pattern, role in patterns:
+        m = pattern.match(ref.name)
+        if m:
+            return role, int(m.group(1)) if m.groups() else None
+    return None, None

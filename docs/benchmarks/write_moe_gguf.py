@@ -1,0 +1,181 @@
+"""Write a random-weight MoE GGUF of any shape, straight in its storage type.
+
+For benchmarks that put hipc beside llama.cpp on one file: the GPU machine's disk has no
+room for an F32/F16 copy of a 30B model, so the weights are drawn directly as Q4_0 /
+Q8_0 blocks (random quants, random f16 scales around `--scale`), never as floats, one
+tensor at a time (memory: the largest tensor). Norms and routers stay F32 as llama.cpp's
+converter keeps them. Architecture names, tensor names and metadata keys are llama.cpp's
+(gguf-py constants), so llama.cpp and hipc read the same file.
+
+  python docs/benchmarks/write_moe_gguf.py --preset qwen3-30b-a3b --type q4_0 out.gguf
+  python docs/benchmarks/write_moe_gguf.py --preset tiny --type q8_0 tiny.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+PRESETS = {
+    # Qwen3-30B-A3B (config.json of Qwen/Qwen3-30B-A3B)
+    "qwen3-30b-a3b": dict(
+        arch="qwen3moe",
+        layers=48,
+        hidden=2048,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        experts=128,
+        active=8,
+        expert_ffn=768,
+        vocab=151936,
+    ),
+    # OLMoE-1B-7B (config.json of allenai/OLMoE-1B-7B-0924)
+    "olmoe-1b-7b": dict(
+        arch="olmoe",
+        layers=16,
+        hidden=2048,
+        heads=16,
+        kv_heads=16,
+        head_dim=128,
+        experts=64,
+        active=8,
+        expert_ffn=1024,
+        vocab=50304,
+    ),
+    # a CPU-sized model of the same structure
+    "tiny": dict(
+        arch="qwen3moe",
+        layers=4,
+        hidden=256,
+        heads=8,
+        kv_heads=2,
+        head_dim=32,
+        experts=16,
+        active=4,
+        expert_ffn=128,
+        vocab=2048,
+    ),
+}
+BLOCK = {"q4_0": (18, 32), "q8_0": (34, 32)}  # bytes per block, weights per block
+
+
+def random_blocks(rng: np.random.Generator, qtype: str, shape: tuple[int, ...], scale: float):
+    """uint8 [..., rows, blocks * bytes] of valid blocks: f16 scale, then random quants."""
+    nbytes, per = BLOCK[qtype]
+    *lead, cols = shape
+    if cols % per:
+        raise SystemExit(f"{qtype}: row width {cols} is not a multiple of {per}")
+    nblocks = int(np.prod(lead)) * (cols // per)
+    out = rng.integers(0, 256, size=(nblocks, nbytes), dtype=np.uint8)
+    # Q8_0's int8 quants span [-128, 127] and Q4_0's nibbles [-8, 7] (x scale), so the
+    # scale keeps weights near +-`scale`.
+    q = 127 if qtype == "q8_0" else 7
+    d = (scale / q * (0.5 + rng.random(nblocks))).astype(np.float16)
+    out[:, :2] = d.view(np.uint8).reshape(nblocks, 2)
+    return out.reshape(*lead, (cols // per) * nbytes)
+
+
+def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05) -> Path:
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    arch, L, H = cfg["arch"], cfg["layers"], cfg["hidden"]
+    NH, NKV, D, E, F, V = (cfg[k] for k in ("heads", "kv_heads", "head_dim", "experts",
+                                             "expert_ffn", "vocab"))  # fmt: skip
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(4096)
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(F)
+    w.add_head_count(NH)
+    w.add_head_count_kv(NKV)
+    w.add_key_length(D)
+    w.add_value_length(D)
+    w.add_rope_dimension_count(D)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(E)
+    w.add_expert_used_count(cfg["active"])
+    w.add_expert_feed_forward_length(F)
+    w.add_file_type(
+        gguf.LlamaFileType.MOSTLY_Q4_0 if qtype == "q4_0" else gguf.LlamaFileType.MOSTLY_Q8_0
+    )
+    # byte-level symbols then filler tokens: llama.cpp needs a vocabulary to load
+    tokens = [bytes([i]).decode("latin-1") if i < 256 else f"<t{i}>" for i in range(V)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * V)
+    w.add_token_merges([])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    qt = getattr(gguf.GGMLQuantizationType, qtype.upper())
+
+    tensors: list[tuple[str, tuple[int, ...], str]] = [
+        ("token_embd.weight", (V, H), qtype),
+        ("output_norm.weight", (H,), "f32"),
+        ("output.weight", (V, H), qtype),
+    ]
+    for i in range(L):
+        b = f"blk.{i}."
+        tensors += [
+            (b + "attn_norm.weight", (H,), "f32"),
+            (b + "attn_q.weight", (NH * D, H), qtype),
+            (b + "attn_k.weight", (NKV * D, H), qtype),
+            (b + "attn_v.weight", (NKV * D, H), qtype),
+            (b + "attn_output.weight", (H, NH * D), qtype),
+            (b + "attn_q_norm.weight", (D if arch == "qwen3moe" else NH * D,), "f32"),
+            (b + "attn_k_norm.weight", (D if arch == "qwen3moe" else NKV * D,), "f32"),
+            (b + "ffn_norm.weight", (H,), "f32"),
+            (b + "ffn_gate_inp.weight", (E, H), "f32"),
+            (b + "ffn_gate_exps.weight", (E, F, H), qtype),
+            (b + "ffn_up_exps.weight", (E, F, H), qtype),
+            (b + "ffn_down_exps.weight", (E, H, F), qtype),
+        ]
+
+    def data(shape: tuple[int, ...], kind: str, name: str) -> np.ndarray:
+        if kind == "f32" and "norm" in name:
+            return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        if kind == "f32":
+            return (scale * rng.standard_normal(shape)).astype(np.float32)
+        return random_blocks(rng, kind, shape, scale)
+
+    # header first, then one tensor at a time: only the largest is ever in memory
+    for name, shape, kind in tensors:
+        if kind == "f32":
+            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+        else:  # numpy-order byte shape: the writer turns it into GGUF's dims
+            nbytes, per = BLOCK[kind]
+            byte_shape = (*shape[:-1], shape[-1] // per * nbytes)
+            size = int(np.prod(byte_shape))
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), size, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, kind in tensors:
+        w.write_tensor_data(data(shape, kind, name))
+    w.close()
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--type", choices=sorted(BLOCK), default="q4_0")
+    ap.add_argument("--layers", type=int, help="override the preset's layer count")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scale", type=float, default=0.05, help="typical weight magnitude")
+    args = ap.parse_args()
+    cfg = dict(PRESETS[args.preset])
+    if args.layers:
+        cfg["layers"] = args.layers
+    path = write(args.out, cfg, args.type, args.seed, args.scale)
+    print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+// blocks.h -- GGUF block structs, the byte layouts the weight files store.
+// Apart because the matmuls, the int16-activation kernels and the embedding gather
+// all read the same blocks.
+#pragma once
+
+namespace hipc {
+
+// ------------------------------------------------------------------------------------
+// GGUF block layouts (little-endian, no padding); 32 elements per block:
+//
+//   Q4_0 (18 B): f16 d; u8 qs[16]          w[j] = ((qs[j] & 15) - 8) * d,  w[j+16] = ((qs[j] >> 4) - 8) * d
+//   Q4_1 (20 B): f16 d; f16 m; u8 qs[16]   w[j] = (qs[j] & 15) * d + m,    w[j+16] = (qs[j] >> 4) * d + m
+//   Q8_0 (34 B): f16 d; i8 qs[32]          w[j] = qs[j] * d
+//
+//   Q5_0 (22 B): f16 d; u8 qh[4]; u8 qs[16]        q = nibble | (bit j of qh) << 4, w = (q - 16) * d
+//   Q5_1 (24 B): f16 d; f16 m; u8 qh[4]; u8 qs[16]  the same q, w = q * d + m
+//     (nibbles as Q4_0: element j < 16 is qs[j] & 15, element j + 16 is qs[j] >> 4)
+//
+// K-quants: super-blocks of 256 elements (K % 256 == 0)
+//   Q4_K (144 B): f16 d; f16 dmin; u8 scales[12]; u8 qs[128]
+//     8 sub-blocks of 32, each with a 6-bit scale sc and min mn packed in scales[12]:
+//     j < 4: sc = scales[j] & 63, mn = scales[j+4] & 63; j >= 4: the low 4 bits come from
+//     scales[j+4] (sc: low nibble, mn: high nibble), the top 2 from scales[j-4] >> 6 (sc)
+//     and scales[j] >> 6 (mn). Sub-block j = 2c + h is nibble h of qs[32c .. 32c+31].
+//     w = d * sc * q - dmin * mn
+//   Q5_K (176 B): f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
+//     as Q4_K, plus bit j of qh[i] as the fifth bit of element i of sub-block j
+//   Q6_K (210 B): u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d
+//     16 sub-blocks of 16, w = d * scales[e / 16] * (q - 32) with q = lo | hi << 4; in each
+//     half h of 128 elements, element r takes lo = nibble (r / 64) of ql[64h + r % 64]
+//     and hi = bits 2 * (r / 32) of qh[32h + r % 32]
+//
+// A weight matrix W[N, K] is N rows of K/QK consecutive blocks (K % QK == 0).
+// ------------------------------------------------------------------------------------
+struct block_q4_0 {
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct block_q4_1 {
+  uint16_t d, m;
+  uint8_t qs[16];
+};
+struct block_q8_0 {
+  uint16_t d;
+  int8_t qs[32];
+};
+static_assert(sizeof(block_q4_0) == 18, "Q4_0 block must be 18 bytes");
+static_assert(sizeof(block_q4_1) == 20, "Q4_1 block must be 20 bytes");
+static_assert(sizeof(block_q8_0) == 34, "Q8_0 block must be 34 bytes");
+struct block_q5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+struct block_q5_1 {
+  uint16_t d, m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+struct block_q4_k {
+  uint16_t d, dmin;
+  uint8_t scales[12];
+  uint8_t qs[128];
+};
+struct block_q5_k {
+  uint16_t d, dmin;
+  uint8_t scales[12];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
+struct block_q6_k {
+  uint8_t ql[128];
+  uint8_t qh[64];
+  int8_t scales[16];
+  uint16_t d;
+};
+static_assert(sizeof(block_q5_0) == 22, "Q5_0 block must be 22 bytes");
+static_assert(sizeof(block_q5_1) == 24, "Q5_1 block must be 24 bytes");
+static_assert(sizeof(block_q4_k) == 144, "Q4_K block must be 144 bytes");
+static_assert(sizeof(block_q5_k) == 176, "Q5_K block must be 176 bytes");
+static_assert(sizeof(block_q6_k) == 210, "Q6_K block must be 210 bytes");
+
+}  // namespace hipc
