@@ -26,9 +26,11 @@ def test_every_known_target_is_an_object(name):
 
 def test_stages_are_named_in_order_with_render_and_compile_per_target():
     names = [s.name for s in stages([target("cpu"), target("sm_90")])]
-    assert names[:8] == [
+    assert names[:10] == [
         "load model",
         "build graph",
+        "quantize",
+        "export gguf",
         "canonicalize",
         "repack weights",
         "fuse",
@@ -36,7 +38,7 @@ def test_stages_are_named_in_order_with_render_and_compile_per_target():
         "plan states",
         "select kernels",
     ]
-    assert names[8:] == [
+    assert names[10:] == [
         "render cpu",
         "compile cpu",
         "render sm_90",

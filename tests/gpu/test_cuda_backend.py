@@ -8,17 +8,18 @@ cannot show: that the calls and return conventions match cuda-bindings and the d
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 
 import numpy as np
 import pytest
 
 from hipc.base.errors import HipcError
-from hipc.base.version import ARTIFACT_FORMAT_VERSION
+from hipc.compiler.options import CompileOptions
+from hipc.compiler.pipeline import compile_model
 from hipc.runtime.artifact import load_artifact
 from hipc.runtime.backends import cuda
 from hipc.runtime.backends.gpu_common import DriverError
+
+from support import write_tiny_hf
 
 pytestmark = pytest.mark.gpu
 
@@ -98,24 +99,13 @@ def test_bad_code_object(driver):
 
 
 def test_missing_arch_names_targets_and_command(tmp_path):
+    """A whole, verified artifact compiled for another arch: the backend names this GPU, the
+    artifact's targets and the command that would compile for it."""
+
     other = "sm_80" if ARCH != "sm_80" else "sm_90"
     art = tmp_path / "a.hipc"
-    (art / "kernels").mkdir(parents=True)
-    (art / "kernels" / f"{other}.fatbin").write_bytes(b"x")
-    (art / "plan.json").write_text(
-        json.dumps(
-            {"max_context": 8, "max_tokens": 1, "vocab_size": 2, "weights": [], "states": []}
-        )
-    )
-    rel = f"kernels/{other}.fatbin"
-    manifest = {
-        "format": "hipc-artifact",
-        "format_version": ARTIFACT_FORMAT_VERSION,
-        "config": {},
-        "targets": {other: {"code_object": rel}},
-        "files": {rel: {"size": 1, "sha256": hashlib.sha256(b"x").hexdigest()}},
-    }
-    (art / "manifest.json").write_text(json.dumps(manifest))
+    model = write_tiny_hf(tmp_path / "m")
+    compile_model(model, art, CompileOptions(max_context=32, targets=(other,)), verbose=False)
     with pytest.raises(HipcError) as e:
         cuda.CudaBackend(load_artifact(art))
     msg = str(e.value)
