@@ -54,3 +54,18 @@ def test_fusion_and_memory(built):
     # the post-normed residual adds write into one residual buffer
     streams = {memory.views[f"l{i}.{s}.residual"].buffer for i in range(2) for s in ("attn", "ffn")}
     assert streams == {memory.views["embed"].buffer}
+
+
+def test_switches_at_their_default_leave_the_kernel_name_alone():
+    # the Params fields other families never set must not reach the name digest or the
+    # plan, or every existing model's kernels would be renamed (and caches missed)
+    from hipc.compiler.kernels.base import kernel_name
+    from hipc.compiler.kernels.linear import LinearParams
+
+    base = dict(wtype="float32", N=64, K=48, norm_eps=1e-5, epilogue="residual", bias=False)
+    plain = LinearParams(**base)
+    assert set(plain.to_json()) == set(base) and plain.switched_on() == []
+    capped = LinearParams(**base, post_norm_eps=1e-6)
+    assert capped.switched_on() == ["post_norm_eps"] and "post_norm_eps" in capped.to_json()
+    assert kernel_name("linear", capped) != kernel_name("linear", plain)
+    assert plain.context()["act"] == "silu"
