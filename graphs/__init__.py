@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from hipc.compiler.ir import Graph
 from hipc.compiler.ir.verify import verify
+from hipc.graphs.gemma import build_gemma
 from hipc.graphs.llama import build_llama
 from hipc.graphs.model import Model, load_model
 from hipc.graphs.moe import build_moe
@@ -16,6 +17,8 @@ BUILDERS: dict[str, Callable[[Model, int], Graph]] = {
     "mistral": build_llama,
     "qwen2": build_llama,
     "qwen3": build_llama,
+    "gemma2": build_gemma,
+    "gemma3": build_gemma,
     "qwen3_moe": build_moe,
     "qwen2_moe": build_moe,
     "mixtral": build_moe,

@@ -1,16 +1,20 @@
 """One config record for every supported model, from HF config.json or GGUF metadata.
 
 Families differ in a handful of switches (q/k/v bias, q/k norm, tied embeddings,
-RoPE layout and scaling, Mixture-of-Experts routing); the builder reads only this
-record, never the raw config.
+RoPE layout and scaling, Mixture-of-Experts routing; Gemma's sandwich norms, GeGLU,
+soft-capping, scaled embeddings and alternating sliding-window layers); the builders
+read only this record, never the raw config.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from hipc.base.errors import HipcError
 
@@ -20,6 +24,8 @@ HF_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "MixtralForCausalLM": "mixtral",
@@ -30,6 +36,8 @@ HF_MODEL_TYPES = {
     "mistral": "mistral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
     "qwen3_moe": "qwen3_moe",
     "qwen2_moe": "qwen2_moe",
     "mixtral": "mixtral",
@@ -41,10 +49,14 @@ GGUF_ARCHITECTURES = {
     "mistral": "mistral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
     "qwen3moe": "qwen3_moe",
     "qwen2moe": "qwen2_moe",
     "olmoe": "olmoe",
 }
+GEMMA = ("gemma2", "gemma3")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 SUPPORTED = sorted(set(HF_ARCHITECTURES) | set(GGUF_ARCHITECTURES.values()) | {"mixtral"})
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 # llama.cpp renormalises the routed weights per architecture (its build_moe_ffn norm_w),
@@ -52,6 +64,12 @@ MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 GGUF_MOE_NORM = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": True}
 
 ROPE_SCALING_TYPES = ("default", "linear", "dynamic", "llama3")
+# transformers' config-class defaults where a family's differ from Llama's
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma2": {"max_position_embeddings": 8192},
+    "gemma3": {"max_position_embeddings": 131072, "rope_theta": 1_000_000.0},
+}
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +93,18 @@ class ModelConfig:
     # interleaved (GPT-J) RoPE; applying RoPE interleaved is exact for them.
     rope_interleaved: bool = False
     sliding_window: int | None = None
+    hidden_act: str = "silu"  # the GLU's activation: "silu" or "gelu_tanh" (Gemma's GeGLU)
+    # Gemma's RMSNorm scales by (1 + w). HF files store w (offset 1); llama.cpp's converter
+    # stores 1 + w in the GGUF (offset 0).
+    norm_weight_offset: float = 0.0
+    embedding_multiplier: float = 1.0  # Gemma: sqrt(hidden), rounded to the model's dtype
+    post_norms: bool = False  # Gemma: RMSNorm on the attention and feed-forward outputs too
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power (Gemma)
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma-2)
+    final_softcap: float | None = None  # the same on the logits
+    # per layer "full_attention" | "sliding_attention"; empty: every layer follows sliding_window
+    layer_types: tuple[str, ...] = ()
+    rope_local_theta: float | None = None  # Gemma-3: RoPE base of sliding layers (unscaled)
     # OLMoE: q/k RMSNorm over the whole projection instead of per head, and q/k/v clamping
     qk_norm_full: bool = False
     clip_qkv: float | None = None
@@ -106,6 +136,16 @@ class ModelConfig:
         if self.head_dim <= 0 or self.head_dim % 2:
             raise HipcError(
                 f"config field head_dim must be a positive even number, got {self.head_dim}"
+            )
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise HipcError(f"config: activation {self.hidden_act!r} is not supported")
+        if self.layer_types and (
+            len(self.layer_types) != self.num_layers
+            or any(t not in LAYER_TYPES for t in self.layer_types)
+        ):
+            raise HipcError(
+                f"config field layer_types must list {self.num_layers} of "
+                f"{', '.join(LAYER_TYPES)}, got {list(self.layer_types)}"
             )
         if self.num_experts:
             if not 1 <= self.experts_per_token <= self.num_experts:
@@ -139,6 +179,16 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def attention_scale(self) -> float:
+        return 1.0 / math.sqrt(self.query_pre_attn_scalar or self.head_dim)
+
+    def window(self, layer: int) -> int:
+        """The sliding window of one layer; 0 for full attention."""
+        if self.layer_types and self.layer_types[layer] == "full_attention":
+            return 0
+        return self.sliding_window or 0
+
+    @property
     def is_moe(self) -> bool:
         return bool(self.num_experts and self.moe_layers)
 
@@ -146,6 +196,7 @@ class ModelConfig:
         d = dataclasses.asdict(self)
         d["rope_scaling"] = dict(self.rope_scaling) if self.rope_scaling else None
         d["eos_token_ids"] = list(self.eos_token_ids)
+        d["layer_types"] = list(self.layer_types)
         d["moe_layers"] = list(self.moe_layers)
         d["extra"] = dict(self.extra)
         return d
@@ -154,6 +205,7 @@ class ModelConfig:
     def from_json(cls, d: Mapping[str, Any]) -> ModelConfig:
         d = dict(d)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        d["layer_types"] = tuple(d.get("layer_types", ()))
         d["moe_layers"] = tuple(d.get("moe_layers", ()))
         return cls(**d)
 
@@ -187,9 +239,11 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
         family = HF_MODEL_TYPES.get(cfg.get("model_type", ""))
         if family is None:
             raise _unsupported(str(cfg.get("model_type", "<missing model_type>")))
-    act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
-    if act not in ("silu", "swish"):
-        raise HipcError(f"{source}: hidden_act {act!r} is not supported (only silu)")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
+    if act not in HF_ACTIVATIONS:
+        raise HipcError(
+            f"{source}: hidden_act {act!r} is not supported (supported: {', '.join(HF_ACTIVATIONS)})"
+        )
 
     def need(key: str) -> Any:
         if key not in cfg:
@@ -200,13 +254,23 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
     heads = need("num_attention_heads")
     head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) else 0)
     rope_params = cfg.get("rope_parameters") or {}
-    rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+    local_rope: Mapping[str, Any] = {}
+    if isinstance(rope_params.get("full_attention"), Mapping):
+        # per layer type (Gemma-3 in transformers 5): global layers' RoPE, then local ones'
+        local_rope = rope_params.get("sliding_attention") or {}
+        rope_params = rope_params["full_attention"]
+    defaults = HF_DEFAULTS.get(family, {})
+    rope_theta = cfg.get(
+        "rope_theta", rope_params.get("rope_theta", defaults.get("rope_theta", 10000.0))
+    )
     scaling = cfg.get("rope_scaling")
     if scaling is None and rope_params and rope_type(rope_params) != "default":
         scaling = rope_params
     if scaling is not None and rope_type(scaling) == "default":
         scaling = None
     window = cfg.get("sliding_window") if family in ("mistral", "mixtral") else None
+    if family in GEMMA:
+        window = cfg.get("sliding_window", 4096)
     if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and cfg.get("use_sliding_window"):
         raise HipcError(f"{source}: use_sliding_window=true is not supported for {family}")
     try:
@@ -222,24 +286,77 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
             head_dim=int(head_dim),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(
+                cfg.get("max_position_embeddings", defaults.get("max_position_embeddings", 2048))
+            ),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family in GEMMA)),
             attention_bias=bool(
                 cfg.get("qkv_bias", True)
                 if family == "qwen2_moe"
                 else cfg.get("attention_bias", family == "qwen2")
             ),
-            qk_norm=family in ("qwen3", "qwen3_moe", "olmoe"),
+            qk_norm=family in ("qwen3", "qwen3_moe", "olmoe", "gemma3"),
             qk_norm_full=family == "olmoe",
             clip_qkv=float(cfg["clip_qkv"]) if cfg.get("clip_qkv") is not None else None,
             rope_scaling=dict(scaling) if scaling else None,
             sliding_window=int(window) if window else None,
+            hidden_act=HF_ACTIVATIONS[act],
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_as_ids(cfg.get("eos_token_id")),
+            **(_gemma_hf(cfg, family, local_rope, source) if family in GEMMA else {}),
             **moe,
         )
     except (TypeError, ValueError) as e:
         raise HipcError(f"{source}: malformed config ({e})") from None
+
+
+def _gemma_hf(
+    cfg: Mapping[str, Any], family: str, local_rope: Mapping[str, Any], source: str
+) -> dict[str, Any]:
+    """The Gemma-2/3 switches of an HF config; a missing key takes transformers' default."""
+    layers = int(cfg["num_hidden_layers"])
+    pattern = 2 if family == "gemma2" else int(cfg.get("sliding_window_pattern") or 6)
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+    ]
+    extra: dict[str, Any] = {}
+
+    def gemma2_cap(value: float) -> float | None:
+        return value if family == "gemma2" else None
+
+    if family == "gemma3":
+        if rope_type(local_rope) != "default":
+            raise HipcError(f"{source}: RoPE scaling on sliding layers is not supported")
+        extra["rope_local_theta"] = float(
+            local_rope.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))
+        )
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype")
+    return dict(
+        norm_weight_offset=1.0,
+        embedding_multiplier=in_dtype(math.sqrt(int(cfg["hidden_size"])), dtype),
+        post_norms=True,
+        query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
+        attn_softcap=_positive_or_none(cfg.get("attn_logit_softcapping", gemma2_cap(50.0))),
+        final_softcap=_positive_or_none(cfg.get("final_logit_softcapping", gemma2_cap(30.0))),
+        layer_types=tuple(types),
+        **extra,
+    )
+
+
+def in_dtype(value: float, dtype: str | None) -> float:
+    """`value` as a scalar of the model's dtype holds it: transformers multiplies Gemma's
+    embeddings by sqrt(hidden) cast to the weights' dtype (48.0 stays, 59.87 -> 60.0 in bf16)."""
+    if dtype == "bfloat16":
+        # 8 significant bits, ties to even (Python's round)
+        m, e = math.frexp(value)
+        return math.ldexp(round(m * 256) / 256, e)
+    if dtype == "float16":
+        return float(np.float16(value))
+    return float(np.float32(value))
+
+
+def _positive_or_none(value: Any) -> float | None:
+    return float(value) if value else None
 
 
 def _hf_moe(family: str, cfg: Mapping[str, Any], need: Any) -> dict[str, Any]:
@@ -302,6 +419,7 @@ def from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "gguf") ->
     elif scale_type not in (None, "none"):
         raise HipcError(f"{source}: rope scaling type {scale_type!r} is not supported")
     kv_heads = key("attention.head_count_kv", heads)
+    gemma = _gemma_gguf(meta, arch, int(key("block_count")), hidden, heads, head_dim)
     moe: dict[str, Any] = {}
     if family in MOE_FAMILIES:
         if not experts:
@@ -332,12 +450,42 @@ def from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "gguf") ->
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(key("rope.freq_base", 10000.0)),
         max_position_embeddings=int(key("context_length", 2048)),
-        qk_norm=family in ("qwen3", "qwen3_moe", "olmoe"),
+        qk_norm=family in ("qwen3", "qwen3_moe", "olmoe", "gemma3"),
         qk_norm_full=family == "olmoe",
         clip_qkv=float(clamp) if clamp else None,
         rope_scaling=scaling,
         rope_interleaved=arch in ("llama", "mistral"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=_as_ids(meta.get("tokenizer.ggml.eos_token_id")),
+        **gemma,
         **moe,
+    )
+
+
+def _gemma_gguf(
+    meta: Mapping[str, Any], arch: str, layers: int, hidden: int, heads: int, head_dim: int
+) -> dict[str, Any]:
+    """The Gemma-2/3 switches as llama.cpp reads them from a GGUF file."""
+    if arch not in GEMMA:
+        return {}
+    window = meta.get(f"{arch}.attention.sliding_window")
+    pattern = 2 if arch == "gemma2" else 6
+    types = tuple(
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+    )
+    # No key holds the attention scale: llama.cpp takes hidden/heads for the 27B models
+    # (46 layers of Gemma-2, 62 of Gemma-3), head_dim otherwise.
+    big = layers == (46 if arch == "gemma2" else 62)
+    extra: dict[str, Any] = {"rope_local_theta": 10000.0} if arch == "gemma3" else {}
+    return dict(
+        hidden_act="gelu_tanh",
+        norm_weight_offset=0.0,  # the converter stored 1 + w
+        embedding_multiplier=float(np.float32(math.sqrt(hidden))),
+        post_norms=True,
+        query_pre_attn_scalar=float(hidden // heads if big else head_dim),
+        attn_softcap=_positive_or_none(meta.get(f"{arch}.attn_logit_softcapping")),
+        final_softcap=_positive_or_none(meta.get(f"{arch}.final_logit_softcapping")),
+        sliding_window=int(window) if window else None,
+        layer_types=types if window else (),
+        **extra,
     )

@@ -10,7 +10,7 @@ from hipc.base.errors import HipcError
 from hipc.compiler.ir import StackedWeight, WeightRef
 from hipc.compiler.source.model import ModelSource, open_model
 from hipc.graphs import config as configs
-from hipc.graphs.names import NAME_TABLES
+from hipc.graphs.names import NAME_TABLES, name_table
 
 
 @dataclass
@@ -27,14 +27,14 @@ class Model:
     ) -> str:
         """The file's name for `role`: the first alternative the file has, else the first
         (expert "*" names all experts of the alternative expert 0 matches)."""
-        names = NAME_TABLES[self.source.format].get(role, ())
+        names = name_table(self.config.family, self.source.format).get(role, ())
         names = (names,) if isinstance(names, str) else names
         probe = 0 if expert == "*" else expert
         found = next((n for n in names if self.source.has(n.format(i=layer, e=probe))), names[0])
         return found.format(i=layer, e=expert)
 
     def has(self, role: str, layer: int | None = None) -> bool:
-        if role not in NAME_TABLES[self.source.format]:
+        if role not in name_table(self.config.family, self.source.format):
             return False
         return self.source.has(self.tensor_name(role, layer, 0))
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from hipc.compiler.ir import Graph
+from hipc.graphs.blocks import gated_mlp
 from hipc.graphs.builder import GraphBuilder
 from hipc.graphs.config import ModelConfig
-from hipc.graphs.llama import build_llama, dense_mlp, swiglu
+from hipc.graphs.llama import build_llama, dense_mlp
 from hipc.graphs.model import Model
 
 
@@ -42,7 +43,7 @@ def moe_mlp(b: GraphBuilder, model: Model, i: int, h: str) -> str:
     if cfg.shared_expert_intermediate_size and model.has("shared_gate", i):
         width = cfg.shared_expert_intermediate_size
         roles3 = ("shared_gate", "shared_up", "shared_down")
-        shared = swiglu(b, model, i, h, roles3, width, p + "shared.")
+        shared = gated_mlp(b, model, i, h, roles3, width, p + "shared.")
         y = b.op("Add", [y, _shared_gate(b, model, i, h, shared)], p + "moe.shared")
     return y
 

@@ -9,6 +9,9 @@ order; the first the file has wins): HF MoE checkpoints store experts one tensor
 (`mlp.experts.gate_up_proj` [E, 2F, H], `mlp.experts.down_proj` [E, H, F]). GGUF stores
 them stacked, `blk.N.ffn_{gate,up,down}_exps` [E, F, H] / [E, H, F] (early Mixtral files: one
 `blk.N.ffn_gate.E.weight` per expert).
+Gemma-2/3 add sandwich norms and give HF's `post_attention_layernorm` another meaning
+(the norm *after* attention, where Llama's is the one before the feed-forward), so they
+have tables of their own (name_table picks a family's).
 """
 
 HF_LLAMA = {
@@ -87,4 +90,27 @@ GGUF_LLAMA = {
     "shared_expert_gate": "blk.{i}.ffn_gate_inp_shexp.weight",
 }
 
+HF_GEMMA = {
+    **HF_LLAMA,
+    "post_attn_norm": "model.layers.{i}.post_attention_layernorm.weight",
+    "ffn_norm": "model.layers.{i}.pre_feedforward_layernorm.weight",
+    "post_ffn_norm": "model.layers.{i}.post_feedforward_layernorm.weight",
+}
+
+# gguf-py's MODEL_TENSOR names for MODEL_ARCH.GEMMA2 / GEMMA3
+GGUF_GEMMA = {
+    **GGUF_LLAMA,
+    "post_attn_norm": "blk.{i}.post_attention_norm.weight",
+    "post_ffn_norm": "blk.{i}.post_ffw_norm.weight",
+}
+
 NAME_TABLES = {"safetensors": HF_LLAMA, "gguf": GGUF_LLAMA}
+FAMILY_NAME_TABLES = {
+    "gemma2": {"safetensors": HF_GEMMA, "gguf": GGUF_GEMMA},
+    "gemma3": {"safetensors": HF_GEMMA, "gguf": GGUF_GEMMA},
+}
+
+
+def name_table(family: str, fmt: str) -> dict[str, str | tuple[str, ...]]:
+    """role -> tensor-name template(s) for one family in one file format."""
+    return FAMILY_NAME_TABLES.get(family, NAME_TABLES)[fmt]

@@ -6,6 +6,7 @@ and stored as float32, so every executor and kernel reads the same numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -39,7 +40,13 @@ def _llama3(freq: np.ndarray, s: dict) -> np.ndarray:
     return np.where(medium, smoothed, scaled)
 
 
-def cos_sin_tables(config: ModelConfig, positions: int) -> tuple[np.ndarray, np.ndarray]:
+def cos_sin_tables(
+    config: ModelConfig, positions: int, local: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """local: the tables of sliding-window layers where they have their own base (Gemma-3),
+    which transformers never scales."""
+    if local:
+        config = dataclasses.replace(config, rope_theta=config.rope_local_theta, rope_scaling=None)
     angles = np.outer(np.arange(positions, dtype=np.float64), inv_freq(config))
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 

@@ -2,7 +2,8 @@
 
 Used to check the GGUF path against transformers reading the same file: Q/K rows of
 the llama architecture permuted for llama.cpp's RoPE, tied embeddings as a missing
-output.weight, and quantized tensor types.
+output.weight, quantized tensor types, and Gemma's conventions (norm weights stored as
+1 + w, sandwich-norm names, soft-capping and sliding-window keys).
 """
 
 from __future__ import annotations
@@ -51,11 +52,23 @@ EXPERT = {
 }
 
 
-def gguf_name(hf: str) -> str:
+# gguf-py's tensor names for MODEL_ARCH.GEMMA2/GEMMA3: HF's post_attention_layernorm is the
+# norm after attention there, pre_feedforward_layernorm the one before the MLP
+GEMMA_LAYER = {
+    **LAYER,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+GEMMA_ARCHS = ("gemma2", "gemma3")
+
+
+def gguf_name(hf: str, arch: str = "llama") -> str:
     if hf in HF_TO_GGUF:
         return HF_TO_GGUF[hf]
     parts = hf.split(".")
-    return f"blk.{parts[2]}.{LAYER['.'.join(parts[3:])]}"
+    table = GEMMA_LAYER if arch in GEMMA_ARCHS else LAYER
+    return f"blk.{parts[2]}.{table['.'.join(parts[3:])]}"
 
 
 def permute_for_llamacpp(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -135,21 +148,29 @@ def write_gguf(
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(
-        float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"])
-    )
+    rope = cfg.rope_parameters or {}
+    rope = rope.get("full_attention", rope)  # Gemma-3: the global layers' base
+    w.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or rope["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
+    if arch in GEMMA_ARCHS:
+        # the keys llama.cpp's converter writes for Gemma (none holds query_pre_attn_scalar)
+        if cfg.attn_logit_softcapping:
+            w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        if cfg.final_logit_softcapping:
+            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        w.add_sliding_window(cfg.sliding_window)
     _add_moe_metadata(w, cfg, arch)
     # a byte-level vocabulary of the right size: single characters, then filler tokens
     tokens = [
         chr(0x100 + i) if i >= 256 else bytes([i]).decode("latin-1") for i in range(cfg.vocab_size)
     ]
+    tokens[-1] = "ab"  # one merge: a vocabulary hipc can build a tokenizer from
     w.add_tokenizer_model("gpt2" if tokenizer else "none")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types([1] * cfg.vocab_size)
-    w.add_token_merges([])
+    w.add_token_merges(["a b"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     qt = getattr(gguf.GGMLQuantizationType, qtype)
@@ -167,7 +188,9 @@ def write_gguf(
             arr = permute_for_llamacpp(arr, cfg.num_attention_heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             arr = permute_for_llamacpp(arr, cfg.num_key_value_heads)
-        gname = name if name.startswith("blk.") else gguf_name(name)
+        elif arch in GEMMA_ARCHS and name.endswith("norm.weight"):
+            arr = arr + 1  # the converter stores Gemma's (1 + w) scale
+        gname = name if name.startswith("blk.") else gguf_name(name, arch)
         if gname.endswith("ffn_gate_inp_shexp.weight"):
             arr = arr.reshape(-1)  # llama.cpp holds the shared expert's gate as [H]
         if arr.ndim >= 2 and qtype != "F32" and "ffn_gate_inp" not in gname:

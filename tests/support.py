@@ -94,10 +94,46 @@ TINY_FAMILIES = {
 }
 
 
+# Gemma-2/3 (the GPU kernels lack their soft-caps and post-norms, so apart from
+# TINY_FAMILIES): soft-caps small enough that tanh bends, windows shorter than the prompt.
+TINY_GEMMA = {
+    "gemma2": dict(
+        architectures=["Gemma2ForCausalLM"],
+        model_type="gemma2",
+        hidden_activation="gelu_pytorch_tanh",
+        hidden_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=14,
+        sliding_window=5,
+        query_pre_attn_scalar=20,
+        attn_logit_softcapping=2.5,
+        final_logit_softcapping=4.0,
+        tie_word_embeddings=True,
+    ),
+    "gemma3-untied": dict(
+        architectures=["Gemma3ForCausalLM"],
+        model_type="gemma3_text",
+        hidden_activation="gelu_pytorch_tanh",
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=12,
+        sliding_window=4,
+        query_pre_attn_scalar=12,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        },
+    ),
+}
+
+
 def write_tiny_hf(
     folder: Path, config: dict | None = None, seed: int = 0, dtype: str = "float32", **overrides
 ) -> Path:
-    """A random Llama-family model as an HF folder, written with numpy + safetensors only."""
+    """A random Llama- or Gemma-family model as an HF folder, written with numpy +
+    safetensors only."""
     import json
 
     import numpy as np
@@ -114,7 +150,8 @@ def write_tiny_hf(
 
     arch = cfg["architectures"][0]
     bias = arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False)
-    qk_norm = arch == "Qwen3ForCausalLM"
+    qk_norm = arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM")
+    gemma = arch.startswith("Gemma")
     tensors = {"model.embed_tokens.weight": w(V, H), "model.norm.weight": 1 + w(H)}
     if not cfg["tie_word_embeddings"]:
         tensors["lm_head.weight"] = w(V, H)
@@ -136,6 +173,9 @@ def write_tiny_hf(
         if bias:
             for name, n in (("q", NQ), ("k", NKV), ("v", NKV)):
                 tensors[p + f"self_attn.{name}_proj.bias"] = w(n)
+        if gemma:  # sandwich norms: post_attention_layernorm follows attention here
+            tensors[p + "pre_feedforward_layernorm.weight"] = 1 + w(H)
+            tensors[p + "post_feedforward_layernorm.weight"] = 1 + w(H)
         if qk_norm:
             tensors[p + "self_attn.q_norm.weight"] = 1 + w(D)
             tensors[p + "self_attn.k_norm.weight"] = 1 + w(D)

@@ -56,8 +56,8 @@ def render_cpu_program(c: Compilation, target: Target) -> CpuProgram:
         kind = k.kind
         template, ctx = kind.cpu_kernel(k, c.options.activations)
         if k.fn not in kernels:
-            kernels[k.fn] = render(template, fn=k.fn, nodes=k.nodes, **ctx, **k.params.to_json())
-        args = kind.cpu_signature.order(kind.cpu_call(k, binder), k.fn)
+            kernels[k.fn] = render(template, fn=k.fn, nodes=k.nodes, **ctx, **k.params.context())
+        args = kind.cpu_signature_of(k).order(kind.cpu_call(k, binder), k.fn)
         forward.append({"group": k.group, "kernel": k.fn, "args": args})
     plan = {
         "entry": "hipc_forward",
@@ -68,7 +68,7 @@ def render_cpu_program(c: Compilation, target: Target) -> CpuProgram:
     }
 
     # hipc_forward() is the plan's forward list, printed as C calls
-    signature = {k.fn: k.kind.cpu_signature for k in c.kernels}
+    signature = {k.fn: k.kind.cpu_signature_of(k) for k in c.kernels}
     nodes = {k.group: k.nodes for k in c.kernels}
     calls = [
         {

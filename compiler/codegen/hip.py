@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
 from hipc.compiler.codegen.environment import render, template_text
-from hipc.compiler.kernels.base import Signature
+from hipc.compiler.kernels.base import FusionError, Signature
 from hipc.compiler.kernels.linear import MMA_TILES
 from hipc.compiler.passes.select import weight_order
 
@@ -100,6 +100,12 @@ class GpuProgramBuilder:
 
 
 def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
+    for k in c.kernels:
+        if lacks := [s for s in k.params.switched_on() if s in k.kind.gpu_lacks]:
+            raise FusionError(
+                f"{k.group}: the GPU {k.kind.name} kernels have no {', '.join(lacks)} yet "
+                "(the cpu target has)"
+            )
     memory = c.memory
     binder = Binder(memory, weight_order(c.kernels), [s.name for s in c.states])
     g = GpuProgramBuilder(gpu, memory.max_tokens, c.max_ctx, c.kv_storage, c.kernels)

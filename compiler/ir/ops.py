@@ -50,7 +50,7 @@ def broadcast(a: Sequence[Dim], b: Sequence[Dim]) -> tuple[Dim, ...] | None:
     return tuple(reversed(out))
 
 
-@rule("Add", "Mul")
+@rule("Add", "Mul", "Div")
 def _binary(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
     a, b = ins
     _check(a.dtype == b.dtype, node, f"dtype mismatch {a.dtype} vs {b.dtype}")
@@ -59,8 +59,17 @@ def _binary(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]
     return [TensorType(a.dtype, shape)]
 
 
-@rule("Sigmoid")
+@rule("Sigmoid", "Tanh")
 def _unary(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    return [ins[0]]
+
+
+@rule("Gelu")
+def _gelu(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    approx = node.attrs.get("approximate", "none")
+    _check(
+        approx in ("none", "tanh"), node, f"approximate must be 'none' or 'tanh', got {approx!r}"
+    )
     return [ins[0]]
 
 
@@ -208,6 +217,13 @@ def _linear(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]
     if len(ins) > 2:
         _check(ins[2].shape == (w.shape[0],), node, f"bias {ins[2].shape} vs weight {w.shape}")
     return [TensorType("float32", (*x.shape[:-1], w.shape[0]))]
+
+
+@rule("hipc::SoftCap")
+def _softcap(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    """cap * tanh(x / cap): Gemma's attention and logit soft-capping, as canonicalize spells it."""
+    _check(float(node.attrs.get("cap", 0)) > 0, node, "cap must be positive")
+    return [ins[0]]
 
 
 @rule("hipc::SiLU")

@@ -45,6 +45,7 @@ class AttentionParams(Params):
     window: int  # sliding window (0: none)
     interleaved: bool  # RoPE pairs (2i, 2i+1) instead of (i, i + D/2)
     norm_eps: float  # per-head q/k RMSNorm's epsilon; 0.0: none
+    softcap: float = 0.0  # scores -> cap * tanh(scores / cap) before the softmax (Gemma-2)
 
     def tag(self) -> str:
         return f"h{self.NH}kv{self.NKV}d{self.D}"
@@ -87,6 +88,7 @@ class Attention(KernelKind):
     anchors = frozenset({"hipc::CachedAttention"})
     roles = frozenset({"attention:feeder", "attention:flatten"})
     cpu_signature = CPU
+    gpu_lacks = frozenset({"softcap"})
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
         for v in n.inputs[:3]:
@@ -130,6 +132,7 @@ class Attention(KernelKind):
             window=int(att.attrs.get("sliding_window") or 0),
             interleaved=bool(q_rope.attrs.get("interleaved")),
             norm_eps=float(q_norm.attrs["epsilon"]) if q_norm else 0.0,
+            softcap=float(att.attrs.get("softcap") or 0.0),
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hipc.base.errors import HipcError
@@ -44,10 +44,31 @@ class Params:
         raise NotImplementedError
 
     def items(self) -> tuple[tuple[str, Any], ...]:
-        return tuple(sorted(asdict(self).items()))
+        """The fields that name the kernel. A field declared with a default is a switch some
+        families turn on (Gemma's soft-caps ...): at its default it is left out, so the kernels
+        of models without it keep their names, sources and plans."""
+        return tuple(
+            sorted(
+                (f.name, getattr(self, f.name))
+                for f in fields(self)
+                if f.default is MISSING or getattr(self, f.name) != f.default
+            )
+        )
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.items())
+
+    def context(self) -> dict[str, Any]:
+        """Every field, switches at their default included: what templates read."""
+        return asdict(self)
+
+    def switched_on(self) -> list[str]:
+        """The switches (fields declared with a default) not at their default."""
+        return [
+            f.name
+            for f in fields(self)
+            if f.default is not MISSING and getattr(self, f.name) != f.default
+        ]
 
 
 def kernel_name(kind: str, params: Params) -> str:
@@ -208,7 +229,15 @@ class KernelKind:
 
     cpu_signature: ClassVar[Signature]
 
+    def cpu_signature_of(self, k: SelectedKernel) -> Signature:
+        """The CPU function's parameters for this kernel (a switch may add one)."""
+        return self.cpu_signature
+
     # -- GPU targets --
+
+    # parameter switches (Params fields with a default) the GPU templates do not implement:
+    # a kernel with one on is refused in one line instead of rendered without it
+    gpu_lacks: ClassVar[frozenset[str]] = frozenset()
 
     def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
         """Scratch regions this kernel needs on a GPU: {name: bytes}; g.scratch(name) is the

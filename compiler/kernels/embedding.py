@@ -1,6 +1,6 @@
-"""embedding: out[t, :] = W[ids[t], :] as float32, rows dequantized on read.
+"""embedding: out[t, :] = W[ids[t], :] [* scale] as float32, rows dequantized on read.
 
-Anchors on hipc::Embedding; fuses nothing. One kernel on every target, the same for
+Anchors on hipc::Embedding; fuses a Mul by a constant scalar after it (Gemma's sqrt(hidden)). One kernel on every target, the same for
 decode and prefill (templates/cpu/embedding.cpp.j2, templates/hip/embedding.hip.j2).
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
-from hipc.compiler.ir import Graph
+from hipc.compiler.ir import Constant, Graph, Node
 from hipc.compiler.kernels.base import (
     GpuKernel,
     KernelKind,
@@ -23,7 +23,7 @@ from hipc.compiler.kernels.base import (
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
     from hipc.compiler.codegen.hip import GpuProgramBuilder
-    from hipc.compiler.passes.fuse import FusedGroup
+    from hipc.compiler.passes.fuse import FusedGroup, Proposals
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class EmbeddingParams(Params):
     wtype: str  # the table's storage type
     K: int  # row width
     V: int  # rows (the vocabulary)
+    scale: float = 1.0  # the rows' multiplier (a switch: left out of the name at 1.0)
 
     def tag(self) -> str:
         return f"{self.wtype}_{self.K}"
@@ -44,15 +45,29 @@ GPU_BLOCK = 256
 class Embedding(KernelKind):
     name = "embedding"
     anchors = frozenset({"hipc::Embedding"})
-    roles = frozenset()
+    roles = frozenset({"epilogue:scale"})
     cpu_signature = CPU
+    gpu_lacks = frozenset({"scale"})
+
+    def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
+        user = p.only_user(n.outputs[0])
+        if user is not None and user.op == "Mul":
+            other = [i for i in user.inputs if i != n.outputs[0]]
+            scalar = len(other) == 1 and graph.values[other[0]].shape == ()
+            constant = scalar and isinstance(graph.initializers.get(other[0]), Constant)
+            why = None if constant else "not a constant scalar"
+            p.propose(n, user, "epilogue:scale", n.outputs[0], why)
 
     def select(self, g: Graph, grp: FusedGroup) -> SelectedKernel:
         emb = grp.anchor
         w, ids = emb.inputs
         V, K = (int(d) for d in g.values[w].shape)
-        params = EmbeddingParams(wtype=g.values[w].dtype, K=K, V=V)
-        refs = {"w": ("weight", w), "ids": ("input", ids), "out": ("act", emb.outputs[0])}
+        scale, out = 1.0, emb.outputs[0]
+        if (mul := grp.node_with_role("epilogue:scale")) is not None:
+            factor = next(i for i in mul.inputs if i != out)
+            scale, out = float(g.initializers[factor].array.reshape(())), mul.outputs[0]
+        params = EmbeddingParams(wtype=g.values[w].dtype, K=K, V=V, scale=scale)
+        refs = {"w": ("weight", w), "ids": ("input", ids), "out": ("act", out)}
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:

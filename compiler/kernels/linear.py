@@ -1,9 +1,10 @@
-"""linear: y = [norm](x) W^T [+ b], with a residual, GLU or split epilogue.
+"""linear: y = [norm](x) W^T [+ b], with a residual, GLU, split or soft-cap epilogue.
 
 Anchors on hipc::Linear. Accepts an RMSNorm prologue (applied while rows are loaded) and
-one epilogue: residual Add (written in place into the residual stream), Split -> SiLU * Mul
-with equal halves (gate/up: only the product is written), or Split (q/k/v stay column
-views of one buffer).
+one epilogue: residual Add (written in place into the residual stream), RMSNorm -> residual
+Add (Gemma's post-norms: the row is normalized first), Split -> act * Mul with equal halves
+(gate/up, act SiLU or tanh-GELU: only the product is written), Split (q/k/v stay column
+views of one buffer), or SoftCap (Gemma-2's final logits).
 
 CPU: one function over T tokens (templates/cpu/linear.cpp.j2). GPU: a GEMV for decode
 (templates/hip/linear_gemv.hip.j2) and, for prefill, a tiled SIMT GEMM
@@ -45,9 +46,19 @@ class LinearParams(Params):
     norm_eps: float  # RMSNorm prologue's epsilon; 0.0: no norm
     epilogue: str  # "none" | "residual" | "glu"
     bias: bool
+    # switches (left out of the kernel's name and plan at their default; see Params.items)
+    act: str = "silu"  # the GLU's activation: "silu" | "gelu_tanh" (Gemma's GeGLU)
+    post_norm_eps: float = 0.0  # RMSNorm of the row before the residual add; 0.0: none
+    softcap: float = 0.0  # y = cap * tanh(y / cap); 0.0: none
 
     def tag(self) -> str:
-        return f"{self.wtype}_{self.N}x{self.K}_{self.epilogue}" + ("_rms" if self.norm_eps else "")
+        return (
+            f"{self.wtype}_{self.N}x{self.K}_{self.epilogue}"
+            + ("_rms" if self.norm_eps else "")
+            + ("_gelu" if self.act == "gelu_tanh" else "")
+            + ("_postrms" if self.post_norm_eps else "")
+            + ("_cap" if self.softcap else "")
+        )
 
     @property
     def n_out(self) -> int:
@@ -58,6 +69,11 @@ class LinearParams(Params):
 CPU = Signature.parse("""
 int T, const float* x, const void* w, const float* norm_w, const float* bias,
 const float* res, float* y
+""")
+# with a post-norm: its scale after the others (the functions without one keep their list)
+CPU_POST_NORM = Signature.parse("""
+int T, const float* x, const void* w, const float* norm_w, const float* bias,
+const float* res, float* y, const float* post_norm_w
 """)
 GEMV = Signature.parse("""
 const float* __restrict__ x, const void* __restrict__ W, const float* __restrict__ norm_w,
@@ -74,8 +90,18 @@ STATS = Signature.parse("const float* __restrict__ x, int T, float* inv_rms")
 class Linear(KernelKind):
     name = "linear"
     anchors = frozenset({"hipc::Linear"})
-    roles = frozenset({"prologue:rmsnorm", "epilogue:residual", "epilogue:glu", "epilogue:split"})
+    roles = frozenset(
+        {
+            "prologue:rmsnorm",
+            "epilogue:residual",
+            "epilogue:norm-residual",
+            "epilogue:glu",
+            "epilogue:split",
+            "epilogue:softcap",
+        }
+    )
     cpu_signature = CPU
+    gpu_lacks = frozenset({"act", "post_norm_eps", "softcap"})
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
         x = graph.producer(n.inputs[0])
@@ -100,6 +126,16 @@ class Linear(KernelKind):
                 )
         elif user.op == "Add":
             p.propose(n, user, "epilogue:residual", n.outputs[0])
+        elif user.op == "RMSNormalization":
+            add = p.only_user(user.outputs[0])
+            if add is not None and add.op == "Add":
+                p.propose(n, user, "epilogue:norm-residual", n.outputs[0], brings=[add])
+            else:
+                p.propose(
+                    n, user, "epilogue:norm-residual", n.outputs[0], "no residual Add after it"
+                )
+        elif user.op == "hipc::SoftCap":
+            p.propose(n, user, "epilogue:softcap", n.outputs[0])
         elif user.op == "Split":
             glu = _glu_after(user, p)
             if glu:
@@ -131,11 +167,22 @@ class Linear(KernelKind):
             refs["bias"] = ("weight", lin.inputs[2])
         y = lin.outputs[0]
         epilogue = "none"  # also with a split: the parts are column views of y
+        act, post_eps, softcap = "silu", 0.0, 0.0
+        post = [n for n in grp.epilogue if grp.roles.get(n.name) == "epilogue:norm-residual"]
         if (add := grp.node_with_role("epilogue:residual")) is not None:
             epilogue, y = "residual", add.outputs[0]
             refs["res"] = ("act", next(i for i in add.inputs if i != lin.outputs[0]))
+        elif post:
+            norm_after, add = post
+            epilogue, y = "residual", add.outputs[0]
+            refs["res"] = ("act", next(i for i in add.inputs if i != norm_after.outputs[0]))
+            post_eps = float(norm_after.attrs["epsilon"])
+            refs["post_norm_w"] = ("weight", norm_after.inputs[1])
         elif grp.node_with_role("epilogue:glu") is not None:
             epilogue, y = "glu", grp.epilogue[-1].outputs[0]
+            act = _glu_activation(grp.epilogue[-2], grp.name)
+        elif (cap := grp.node_with_role("epilogue:softcap")) is not None:
+            y, softcap = cap.outputs[0], float(cap.attrs["cap"])
         refs["y"] = ("act", y)
         params = LinearParams(
             wtype=g.values[w].dtype,
@@ -144,15 +191,22 @@ class Linear(KernelKind):
             norm_eps=eps,
             epilogue=epilogue,
             bias=len(lin.inputs) > 2,
+            act=act,
+            post_norm_eps=post_eps,
+            softcap=softcap,
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
     # -- CPU --
 
+    def cpu_signature_of(self, k: SelectedKernel) -> Signature:
+        return CPU_POST_NORM if k.params.post_norm_eps else CPU
+
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
         ws = weight_suffix(k, "CPU")
         mm = ("a16_" if activations == "int16" else "") + ws
-        return "cpu/linear.cpp.j2", dict(wsuffix=ws, mm=mm, params=CPU.render(CPU_INDENT))
+        params = self.cpu_signature_of(k).render(CPU_INDENT)
+        return "cpu/linear.cpp.j2", dict(wsuffix=ws, mm=mm, params=params)
 
     def cpu_call(self, k: SelectedKernel, b: Binder) -> dict[str, Any]:
         p: LinearParams = k.params
@@ -160,7 +214,7 @@ class Linear(KernelKind):
         last_only = b.is_output(r["y"][1])
         if b.ld(r["x"][1]) != p.K:
             raise FusionError(f"{k.group}: input rows are strided ({b.ld(r['x'][1])} != {p.K})")
-        return {
+        args = {
             "T": b.int("rows" if last_only else "T"),
             "x": b.act(r["x"][1], row_skip=last_only),
             "w": b.ref(r["w"]),
@@ -169,6 +223,9 @@ class Linear(KernelKind):
             "res": b.ref(r["res"]),
             "y": b.act(r["y"][1]),
         }
+        if p.post_norm_eps:
+            args["post_norm_w"] = b.ref(r["post_norm_w"])
+        return args
 
     # -- GPU --
 
@@ -216,22 +273,33 @@ class Linear(KernelKind):
         )
 
 
+GLU_ACTIVATIONS = {"hipc::SiLU", "Gelu"}  # act(gate) * up epilogues the templates have
+
+
 def _glu_after(split: Node, p: Proposals) -> list[Node]:
-    """[SiLU, Mul] for Split -> SiLU(a) * b with equal halves, else []."""
+    """[act, Mul] for Split -> act(a) * b with equal halves, else []."""
     sizes = list(split.attrs["split"])
     if len(sizes) == 2 and sizes[0] == sizes[1]:
         a, b = split.outputs
-        silu = p.only_user(a)
-        if silu is not None and silu.op == "hipc::SiLU":
-            mul = p.only_user(silu.outputs[0])
+        act = p.only_user(a)
+        if act is not None and act.op in GLU_ACTIVATIONS:
+            mul = p.only_user(act.outputs[0])
             if (
                 mul is not None
                 and mul.op == "Mul"
-                and set(mul.inputs) == {silu.outputs[0], b}
+                and set(mul.inputs) == {act.outputs[0], b}
                 and p.only_user(b) is mul
             ):
-                return [silu, mul]
+                return [act, mul]
     return []
+
+
+def _glu_activation(node: Node, group: str) -> str:
+    if node.op == "hipc::SiLU":
+        return "silu"
+    if node.op == "Gelu" and node.attrs.get("approximate") == "tanh":
+        return "gelu_tanh"
+    raise FusionError(f"no GLU epilogue with {node.op} {dict(node.attrs)} ({group})")
 
 
 KIND = Linear()

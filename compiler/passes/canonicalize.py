@@ -3,8 +3,10 @@
   MatMul(x, Transpose(Dequantize|Cast(W))) [+ Add(b)]  ->  hipc::Linear(x, W[, b])
   Gather(Dequantize|Cast(W), ids)                       ->  hipc::Embedding(W, ids)
   Mul(x, Sigmoid(x))                                    ->  hipc::SiLU(x)
+  Mul(Tanh(Div(x, c)), c)                               ->  hipc::SoftCap(x, cap=c)
   hipc::Experts(x, ids, w, Dequantize|Cast(W)...)       ->  hipc::Experts(x, ids, w, W...)
   Cast(w) of a 1-D weight (norm scales, biases)         ->  float32 constant
+  Add/Mul of 1-D weights and constants (Gemma's 1 + w)  ->  float32 constant
 
 Kernels then read weights in their storage type (quantized blocks stay quantized),
 and the dequantize/transposed float copies of the unfused graph never exist.
@@ -19,6 +21,7 @@ from hipc.compiler.passes.rewrite import Rewriter
 from hipc.compiler.source.reader import WeightReader
 
 _VIEWS = ("Cast", "hipc::Dequantize")
+_FOLDABLE = {"Add": np.add, "Mul": np.multiply}
 
 
 def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
@@ -28,6 +31,14 @@ def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
     transposed: dict[str, str] = {}  # Transpose of such a view -> the stored initializer
     sigmoid_of: dict[str, str] = {}  # Sigmoid output -> its input
     bias_add = _bias_adds(graph)
+    softcaps, softcap_parts = _softcaps(graph)
+    vectors: dict[str, np.ndarray] = {}  # weight-only values of <= 1 dims, as float32
+
+    def vector(value: str) -> np.ndarray | None:
+        init = graph.initializers.get(value)
+        if value not in vectors and init is not None and len(graph.values[value].shape) <= 1:
+            vectors[value] = reader.value(init).astype(np.float32)
+        return vectors.get(value)
 
     for name, init in graph.initializers.items():
         if isinstance(init, (WeightRef, StackedWeight)) and init.dtype == "float32":
@@ -42,14 +53,25 @@ def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
             storage[node.outputs[0]] = node.inputs[0]
             if len(graph.values[node.inputs[0]].shape) == 1:
                 # small vectors become float32 constants: no Cast at run time
-                rw.keep_initializer(
-                    node.outputs[0],
-                    Constant(reader.value(graph.initializers[node.inputs[0]]).astype(np.float32)),
-                )
+                vectors[node.outputs[0]] = vector(node.inputs[0])
+                rw.keep_initializer(node.outputs[0], Constant(vectors[node.outputs[0]]))
+        elif (
+            node.op in _FOLDABLE
+            and len(graph.values[node.outputs[0]].shape) == 1
+            and all(vector(i) is not None for i in node.inputs)
+        ):
+            vectors[node.outputs[0]] = _FOLDABLE[node.op](*(vectors[i] for i in node.inputs))
+            rw.keep_initializer(node.outputs[0], Constant(vectors[node.outputs[0]]))
 
     for node in graph.nodes:
         op, ins = node.op, node.inputs
-        if op in _VIEWS and ins[0] in graph.initializers:
+        if (op in _VIEWS and ins[0] in graph.initializers) or node.outputs[0] in vectors:
+            continue
+        if node.name in softcaps:
+            mul, cap = softcaps[node.name]
+            rw.emit("SoftCap", [ins[0]], mul.outputs, mul.name, {"cap": cap}, domain="hipc")
+            continue
+        if node.name in softcap_parts:
             continue
         if op == "Transpose" and weight(ins[0]) and list(node.attrs.get("perm", [1, 0])) == [1, 0]:
             transposed[node.outputs[0]] = weight(ins[0])
@@ -87,6 +109,36 @@ def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
             continue
         rw.copy(node)
     return rw.finish()
+
+
+def _softcaps(graph: Graph) -> tuple[dict[str, tuple[Node, float]], set[str]]:
+    """Div(x, c) -> Tanh -> Mul(., c) chains, c one scalar constant: the Div's name ->
+    (the Mul, c), and the names of the Tanh and Mul nodes the SoftCap replaces."""
+    found: dict[str, tuple[Node, float]] = {}
+    parts: set[str] = set()
+    for div in graph.nodes:
+        if div.op != "Div" or (cap := _scalar(graph, div.inputs[1])) is None:
+            continue
+        tanh = _only_user(graph, div.outputs[0], "Tanh")
+        mul = tanh and _only_user(graph, tanh.outputs[0], "Mul")
+        if mul and cap > 0 and any(_scalar(graph, i) == cap for i in mul.inputs):
+            found[div.name] = (mul, cap)
+            parts |= {tanh.name, mul.name}
+    return found, parts
+
+
+def _scalar(graph: Graph, value: str) -> float | None:
+    init = graph.initializers.get(value)
+    if isinstance(init, Constant) and init.array.size == 1:
+        return float(init.array.reshape(()))
+    return None
+
+
+def _only_user(graph: Graph, value: str, op: str) -> Node | None:
+    users = graph.consumers(value)
+    if len(users) == 1 and users[0].op == op and value not in graph.outputs:
+        return users[0]
+    return None
 
 
 def _is_silu(ins: tuple[str, ...], sigmoid_of: dict[str, str]) -> bool:

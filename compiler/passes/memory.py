@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 
 from hipc.compiler.passes.fuse import Fusion
 
+# epilogues whose Add writes the residual stream (in place when it is not read again);
+# norm-residual: the linear's row is normalized first (Gemma's post-norms)
+RESIDUAL_ROLES = ("epilogue:residual", "epilogue:norm-residual")
+
 
 @dataclass(frozen=True)
 class View:
@@ -109,8 +113,9 @@ def plan_memory(fusion: Fusion, max_tokens: int) -> MemoryPlan:
     alias: dict[str, str] = {}
     for i, grp in enumerate(fusion.groups):
         for n in grp.epilogue:
-            if grp.roles.get(n.name) == "epilogue:residual":
-                res = next(x for x in n.inputs if x != grp.anchor.outputs[0])
+            if n.op == "Add" and grp.roles.get(n.name) in RESIDUAL_ROLES:
+                inside = {o for m in grp.nodes for o in m.outputs}
+                res = next(x for x in n.inputs if x not in inside)
                 out = n.outputs[0]
                 if out in backing and res in plan.views and last_use.get(res) == i:
                     alias[out] = plan.views[res].buffer

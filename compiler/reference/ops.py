@@ -6,6 +6,7 @@ kernels are checked against them, never the other way round.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +36,33 @@ def _add(node, ins, ctx):
 @impl("Mul")
 def _mul(node, ins, ctx):
     return [ins[0] * ins[1]]
+
+
+@impl("Div")
+def _div(node, ins, ctx):
+    return [ins[0] / ins[1]]
+
+
+@impl("Tanh")
+def _tanh(node, ins, ctx):
+    return [np.tanh(ins[0])]
+
+
+@impl("Gelu")
+def _gelu(node, ins, ctx):
+    x = ins[0]
+    if node.attrs.get("approximate", "none") == "tanh":
+        # transformers' gelu_pytorch_tanh (Gemma's GeGLU)
+        inner = np.sqrt(2.0 / np.pi).astype(x.dtype) * (x + x.dtype.type(0.044715) * x**3)
+        return [(0.5 * x * (1.0 + np.tanh(inner))).astype(x.dtype)]
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return [(0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(x.dtype)]
+
+
+@impl("hipc::SoftCap")
+def _softcap(node, ins, ctx):
+    cap = ins[0].dtype.type(node.attrs["cap"])
+    return [np.tanh(ins[0] / cap) * cap]
 
 
 @impl("Sigmoid")
@@ -113,7 +141,7 @@ def _cached_attention(node, ins, ctx):
     """Write k, v at `positions` into the caches, then causal attention over the cache.
 
     Query i (at position p_i) sees cached keys at positions <= p_i, and with a
-    sliding window W only those > p_i - W. Grouped-query: query head h reads KV head
+    sliding window W only those > p_i - W. A `softcap` attribute caps the scaled scores. Grouped-query: query head h reads KV head
     h // (heads / kv_heads).
     """
     q, k, v, pos, k_cache, v_cache = ins
@@ -125,6 +153,9 @@ def _cached_attention(node, ins, ctx):
     keys = np.repeat(keys, group, axis=1)
     vals = np.repeat(vals, group, axis=1)
     scores = np.einsum("thd,chd->htc", q, keys) * node.attrs["scale"]
+    cap = node.attrs.get("softcap") or 0.0
+    if cap:  # Gemma-2: scores -> cap * tanh(scores / cap), before the mask
+        scores = np.tanh(scores / cap) * cap
     key_pos = np.arange(n_ctx)
     visible = key_pos[None, :] <= pos[:, None]
     window = node.attrs.get("sliding_window") or 0

@@ -15,12 +15,14 @@ from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
-from support import TINY_FAMILIES, greedy, rel_err, write_tiny_hf
+from support import TINY_FAMILIES, TINY_GEMMA, greedy, rel_err, require, write_tiny_hf
+
+CPU_FAMILIES = {**TINY_FAMILIES, **TINY_GEMMA}
 
 
-@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+@pytest.mark.parametrize("family", sorted(CPU_FAMILIES))
 def test_compiled_matches_reference(family, tmp_path):
-    folder = write_tiny_hf(tmp_path / family, **TINY_FAMILIES[family])
+    folder = write_tiny_hf(tmp_path / family, **CPU_FAMILIES[family])
     # max_tokens 8 makes the 19-token prompt run as three prefill chunks
     compile_model(
         folder, tmp_path / "m.hipc", CompileOptions(max_context=48, max_tokens=8), verbose=False
@@ -66,12 +68,58 @@ def test_quantized_weights_stay_quantized(qtype, activations, tmp_path):
     assert np.mean(got.argmax(-1) == want.argmax(-1)) >= (1.0 if activations == "int16" else 0.75)
 
 
+@pytest.mark.parametrize("arch, qtype", [("gemma2", "F32"), ("gemma2", "Q8_0"), ("gemma3", "Q8_0")])
+def test_gemma_gguf(arch, qtype, tmp_path):
+    # llama.cpp's layout: norms stored as 1 + w (no Add in the graph), soft-caps from keys;
+    # Gemma-3: q/k norms, layers 0-4 sliding on the local RoPE base, layer 5 global
+    transformers, torch = require("transformers"), require("torch")
+    gguf_writer = pytest.importorskip("gguf_writer")
+    shape = dict(
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        vocab_size=160,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        sliding_window=5,
+    )
+    if arch == "gemma2":
+        config = transformers.Gemma2Config(
+            num_hidden_layers=2, attn_logit_softcapping=3.0, final_logit_softcapping=5.0, **shape
+        )
+    else:
+        config = transformers.Gemma3TextConfig(num_hidden_layers=6, **shape)
+    torch.manual_seed(5)
+    src = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    with torch.no_grad():
+        for p in src.parameters():
+            p.copy_(0.2 * torch.randn_like(p))
+    path = gguf_writer.write_gguf(src, tmp_path / "m.gguf", arch, qtype)
+    compile_model(
+        path, tmp_path / "m.hipc", CompileOptions(max_context=32, max_tokens=8), verbose=False
+    )
+    compiled = load_engine(tmp_path / "m.hipc")
+    reference = ReferenceEngine(load_model(path), 32)
+    tokens = np.random.default_rng(7).integers(0, 160, 14).tolist()
+    assert rel_err(compiled.logits(tokens), reference.logits(tokens, 0)) <= 1e-3
+    assert greedy(compiled, tokens[:4], 20) == greedy(reference, tokens[:4], 20)
+
+
 @pytest.mark.parametrize(
-    "dtype, family", [("bfloat16", "llama"), ("float16", "llama"), ("bfloat16", "qwen2-bias")]
+    "dtype, family",
+    [
+        ("bfloat16", "llama"),
+        ("float16", "llama"),
+        ("bfloat16", "qwen2-bias"),
+        ("bfloat16", "gemma2"),
+    ],
 )
 def test_half_precision_hf_weights(dtype, family, tmp_path):
-    # qwen2-bias: each bias's float view follows the MatMul that adds it in the graph
-    cfg = {**TINY_FAMILIES[family], "hidden_size": 64, "intermediate_size": 128}
+    # qwen2-bias: each bias's float view follows the MatMul that adds it in the graph;
+    # gemma2: its (1 + w) norm scales fold from bf16 vectors
+    cfg = {**CPU_FAMILIES[family], "hidden_size": 64, "intermediate_size": 128}
     folder = write_tiny_hf(tmp_path / dtype, dtype=dtype, **cfg)
     compile_model(folder, tmp_path / "m.hipc", CompileOptions(max_context=32), verbose=False)
     compiled = load_engine(tmp_path / "m.hipc")

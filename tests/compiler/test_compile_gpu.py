@@ -21,7 +21,7 @@ from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.gpu import NvccToolchain
 
 from gguf_writer import write_numpy_gguf, write_q6k_head_gguf
-from support import IN_CI, TINY_FAMILIES, write_tiny_hf
+from support import IN_CI, TINY_FAMILIES, TINY_GEMMA, write_tiny_hf
 
 CLANG = shutil.which("clang++-19") or shutil.which("clang++")
 OBJDUMP = shutil.which("llvm-objdump-19") or shutil.which("llvm-objdump")
@@ -273,3 +273,12 @@ def test_q6_k_output_compiles_for_gpus_and_cpu(tmp_path):
     cpu_plan = json.loads((tmp_path / "c.hipc" / "plan.json").read_text())
     cpu_spec = next(w for w in cpu_plan["weights"] if w["name"] == "output.weight")
     assert cpu_spec["dtype"] == "q6_k" and cpu_spec.get("layout") == "gguf"
+
+
+@pytest.mark.parametrize("family", sorted(TINY_GEMMA))
+def test_gemma_params_refused_on_gpu(tmp_path, family):
+    # the GPU templates lack GeGLU, post-norms, soft-caps and the embedding scale: one line
+    # naming them, before any toolchain runs, never a kernel that silently ignores them
+    model = write_tiny_hf(tmp_path / "g", **TINY_GEMMA[family])
+    with pytest.raises(HipcError, match=r"the GPU (embedding|linear|attention) kernels have no"):
+        compile_model(model, tmp_path / "g.hipc", CompileOptions(targets=("sm_90",)), verbose=False)

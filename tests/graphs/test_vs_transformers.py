@@ -93,6 +93,57 @@ FAMILIES = {
             vocab_size=211,
         ),
     ),
+    # soft-caps small enough that tanh bends; head_dim != hidden/heads; window < prompt
+    "gemma2-softcap-window-tied": (
+        "Gemma2Config",
+        dict(
+            hidden_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=14,
+            intermediate_size=72,
+            vocab_size=263,
+            sliding_window=5,
+            query_pre_attn_scalar=20,
+            attn_logit_softcapping=2.5,
+            final_logit_softcapping=4.0,
+        ),
+    ),
+    "gemma2-mqa-untied-nocap": (
+        "Gemma2Config",
+        dict(
+            hidden_size=36,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=10,
+            intermediate_size=50,
+            vocab_size=199,
+            sliding_window=7,
+            query_pre_attn_scalar=10,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "gemma3-qknorm-localrope": (
+        "Gemma3TextConfig",
+        dict(
+            hidden_size=40,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=12,
+            intermediate_size=64,
+            vocab_size=227,
+            sliding_window=4,
+            query_pre_attn_scalar=16,
+            final_logit_softcapping=6.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            },
+        ),
+    ),
 }
 COMMON = dict(num_hidden_layers=3, max_position_embeddings=64, rms_norm_eps=1e-5)
 
