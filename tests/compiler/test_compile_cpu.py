@@ -15,7 +15,15 @@ from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
-from support import TINY_FAMILIES, TINY_GEMMA, greedy, rel_err, require, write_tiny_hf
+from support import (
+    TINY_FAMILIES,
+    TINY_GEMMA,
+    check_compiled_against_reference,
+    greedy,
+    rel_err,
+    require,
+    write_tiny_hf,
+)
 
 CPU_FAMILIES = {**TINY_FAMILIES, **TINY_GEMMA}
 
@@ -27,23 +35,8 @@ def test_compiled_matches_reference(family, tmp_path):
     compile_model(
         folder, tmp_path / "m.hipc", CompileOptions(max_context=48, max_tokens=8), verbose=False
     )
-    compiled = load_engine(tmp_path / "m.hipc")
-    reference = ReferenceEngine(load_model(folder), 48)
-    tokens = np.random.default_rng(3).integers(0, compiled.vocab_size, 19).tolist()
-
-    assert rel_err(compiled.logits(tokens), reference.logits(tokens, 0)) <= 1e-3
-    # token-by-token decode after a prefill extends the same KV cache correctly
-    reference.reset()
-    want = np.stack(
-        [reference.logits(tokens[:5], 0)[-1]]
-        + [reference.logits([t], 5 + i)[-1] for i, t in enumerate(tokens[5:])]
-    )
-    got = np.stack(
-        [compiled.forward(tokens[:5], 0)]
-        + [compiled.forward([t], 5 + i) for i, t in enumerate(tokens[5:])]
-    )
-    assert rel_err(got, want) <= 1e-3
-    assert greedy(compiled, tokens[:4], 20) == greedy(reference, tokens[:4], 20)
+    # prefill, then token-by-token decode extending the same KV cache
+    check_compiled_against_reference(tmp_path / "m.hipc", folder)
 
 
 @pytest.mark.parametrize("activations", ["int16", "int8"])

@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hipc.base.cpu_features import cpu_features
+
 gguf = pytest.importorskip("gguf")
 from gguf import quants  # noqa: E402
 
@@ -122,23 +124,13 @@ int t_set_threads(int n) {
 """
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory) -> dict[str, ctypes.CDLL | str]:
     """Compile every runnable variant in parallel; name -> CDLL (or a skip reason)."""
     d = tmp_path_factory.mktemp("hipc_cpu_shim")
     src = d / "shim.cpp"
     src.write_text(SHIM)
-    flags = _cpu_flags()
+    flags = cpu_features()
     procs = {}
     out: dict[str, ctypes.CDLL | str] = {}
     for name, (march, need) in VARIANTS.items():

@@ -8,18 +8,15 @@ equal. Qwen2-MoE's gated shared expert and every GPU target are refused in one l
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from test_moe import make_moe_model
 
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
-from hipc.compiler.reference.engine import ReferenceEngine
-from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
 from gguf_writer import write_gguf
-from support import greedy, rel_err
+from support import check_compiled_against_reference
 
 pytestmark = pytest.mark.oracle
 
@@ -32,31 +29,13 @@ FAMILIES = [
 ]
 
 
-def check_compiled(folder_or_gguf, artifact) -> None:
-    compiled = load_engine(artifact)
-    reference = ReferenceEngine(load_model(folder_or_gguf), 48)
-    tokens = np.random.default_rng(3).integers(0, compiled.vocab_size, 19).tolist()
-    assert rel_err(compiled.logits(tokens), reference.logits(tokens, 0)) <= 1e-3
-    reference.reset()
-    want = np.stack(
-        [reference.logits(tokens[:5], 0)[-1]]
-        + [reference.logits([t], 5 + i)[-1] for i, t in enumerate(tokens[5:])]
-    )
-    got = np.stack(
-        [compiled.forward(tokens[:5], 0)]
-        + [compiled.forward([t], 5 + i) for i, t in enumerate(tokens[5:])]
-    )
-    assert rel_err(got, want) <= 1e-3
-    assert greedy(compiled, tokens[:4], 20) == greedy(reference, tokens[:4], 20)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_compiled_moe_matches_reference(family, tmp_path):
     make_moe_model(family).save_pretrained(tmp_path / "m")
     # max_tokens 8: the 19-token prompt runs as three prefill chunks
     options = CompileOptions(max_context=48, max_tokens=8)
     compile_model(tmp_path / "m", tmp_path / "m.hipc", options, verbose=False)
-    check_compiled(tmp_path / "m", tmp_path / "m.hipc")
+    check_compiled_against_reference(tmp_path / "m.hipc", tmp_path / "m")
 
 
 def test_bf16_experts_and_one_expert_at_a_time(tmp_path, monkeypatch):
@@ -80,7 +59,7 @@ def test_bf16_experts_and_one_expert_at_a_time(tmp_path, monkeypatch):
     plan = load_engine(tmp_path / "m.hipc").artifact.plan
     experts = [w for w in plan["weights"] if len(w["shape"]) == 3]
     assert experts and all(w["dtype"] == "bfloat16" for w in experts)
-    check_compiled(tmp_path / "m", tmp_path / "m.hipc")
+    check_compiled_against_reference(tmp_path / "m.hipc", tmp_path / "m")
 
 
 # Q4 experts: compiled vs reference measured 1.2e-3 to 2.9e-3 relative over six seeds,
@@ -118,7 +97,7 @@ def test_quantized_gguf_experts_stay_quantized(qtype, tmp_path, capsys):
     experts = [w for w in plan["weights"] if w["name"].endswith("ffn_gate_exps.weight")]
     assert experts and all(w["dtype"] == qtype.lower() and len(w["shape"]) == 3 for w in experts)
     assert any(k["kind"] == "moe" for k in plan["kernels"].values())
-    check_compiled(path, out)
+    check_compiled_against_reference(out, path)
 
 
 @pytest.mark.parametrize("target", ["cpu", "gfx1100"])
