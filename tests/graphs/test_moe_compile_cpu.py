@@ -120,15 +120,17 @@ def _run(engine, tokens):
 
 
 def check_error_is_the_int16_rounding(artifact, model, qtype, monkeypatch) -> None:
-    """Quantized matmuls round their activations to int16 per 32-block. Through a stack of
-    MoE layers whose routers are far from uniform (test_moe.make_moe_model), that rounding
-    alone moves these tiny models' logits by 1.7e-4..1.4e-3 relative (Q4_1 most: its offset
-    term multiplies the rounding by d*q rather than by the weight), measured with a NumPy
-    model of the rounding (_int16_matmul) in the reference executor. The compiled program
-    must stay within twice what that model moves (its own roundings land elsewhere in
-    the same chaos: 0.6-1.7x over seeds 0-5), route every token to the same experts as
-    the reference, and pick the same greedy tokens. (Routing can flip on a near-tie: seed 2's
-    Q4_0 model, whose 8th and 9th router logits come within 5e-3, flips two tokens.)"""
+    """Quantized matmuls round their activations to int16 per 32-block. Through a stack of MoE
+    layers whose routers are far from uniform (test_moe.make_moe_model), that rounding alone
+    moves these tiny models' logits by 1.7e-4..1.4e-3 relative (Q4_1 most: its offset term
+    multiplies the rounding by d*q rather than by the weight), measured with a NumPy model
+    of the rounding (_int16_matmul) in the reference executor; routers scaled by 0.1 bring
+    Q4_1's 1.1e-3 down to 2e-4 (dense models stay far below 1e-3 for that reason). The
+    compiled program must stay within twice what that model moves (its own roundings land
+    elsewhere in the same chaos: 0.6-1.7x over seeds 0-5), route every token to the same
+    experts as the reference, and pick the same greedy tokens. (Routing can flip on a near-
+    tie: seed 2's Q4_0 model, whose 8th and 9th router logits come within 5e-3, flips two
+    tokens.)"""
     from hipc.compiler.reference import ops
     from hipc.compiler.reference.engine import ReferenceEngine
     from hipc.graphs import load_model
