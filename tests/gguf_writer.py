@@ -204,6 +204,33 @@ def write_gguf(
     return path
 
 
+def _tiny_llama_writer(path: Path, H: int, F: int, V: int, L: int, NH: int, NKV: int):
+    """A GGUFWriter holding a tiny llama's metadata and a tokenizer hipc can build: byte-level
+    symbols for the first ids, then one merged token (no byte needs more)."""
+    import gguf
+
+    D = H // NH
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64)
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(F)
+    w.add_head_count(NH)
+    w.add_head_count_kv(NKV)
+    w.add_rope_dimension_count(D)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    symbols = [chr(c) for c in range(ord("!"), ord("!") + V - 1)]
+    w.add_token_list([*symbols, '!"'])
+    w.add_token_types([1] * V)
+    w.add_token_merges(['! "'])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    return w
+
+
 def write_numpy_gguf(
     path: Path,
     qtype: str = "F32",
@@ -225,25 +252,7 @@ def write_numpy_gguf(
     rng = np.random.default_rng(seed)
     H, F, V, L, NH, NKV = hidden, ffn, 160, 2, 4, 2
     D = H // NH
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_context_length(64)
-    w.add_embedding_length(H)
-    w.add_block_count(L)
-    w.add_feed_forward_length(F)
-    w.add_head_count(NH)
-    w.add_head_count_kv(NKV)
-    w.add_rope_dimension_count(D)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    # byte-level symbols for the first ids, then one merged token; no byte needs more
-    symbols = [chr(c) for c in range(ord("!"), ord("!") + V - 1)]
-    w.add_token_list([*symbols, '!"'])
-    w.add_token_types([1] * V)
-    w.add_token_merges(['! "'])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w = _tiny_llama_writer(path, H, F, V, L, NH, NKV)
     qt = getattr(gguf.GGMLQuantizationType, qtype)
 
     def mat(name: str, *shape: int) -> None:
@@ -328,24 +337,7 @@ def write_q6k_head_gguf(path: Path, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     H, F, V, L, NH, NKV = 256, 96, 160, 1, 4, 2
     D = H // NH
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_context_length(64)
-    w.add_embedding_length(H)
-    w.add_block_count(L)
-    w.add_feed_forward_length(F)
-    w.add_head_count(NH)
-    w.add_head_count_kv(NKV)
-    w.add_rope_dimension_count(D)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    symbols = [chr(c) for c in range(ord("!"), ord("!") + V - 1)]
-    w.add_token_list([*symbols, '!"'])
-    w.add_token_types([1] * V)
-    w.add_token_merges(['! "'])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w = _tiny_llama_writer(path, H, F, V, L, NH, NKV)
     q4 = gguf.GGMLQuantizationType.Q4_0
 
     def mat(name: str, *shape: int) -> None:
