@@ -74,6 +74,33 @@ def test_compiled_shared_expert_matches_transformers(family, tmp_path, capsys):
     assert rel_err(np.concatenate(steps), hf_logits_incremental(hf, tokens, 8)) <= 1e-3
 
 
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_qwen2moe_gguf_shared_expert(qtype, tmp_path):
+    """A qwen2moe GGUF with llama.cpp's names (ffn_*_shexp, ffn_gate_inp_shexp stored 1-D)
+    compiled: against the reference on the same file, and for F32 against transformers
+    reading the same file (its GGUF loader maps qwen2moe's shared expert, not the widths)."""
+    transformers = require("transformers")
+    torch = require("torch")
+    src = make_moe_model(
+        "qwen2_moe-e5-k1-shared",
+        hidden_size=64,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=64,
+    )
+    path = write_gguf(src, tmp_path / "m.gguf", "qwen2moe", qtype, tokenizer=False)
+    out = tmp_path / "m.hipc"
+    compile_model(path, out, CompileOptions(max_context=48, max_tokens=8), verbose=False)
+    check_compiled_against_reference(out, path)
+    if qtype == "F32":
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path, gguf_file="m.gguf", config=src.config, dtype=torch.float32
+        )
+        tokens = np.random.default_rng(5).integers(0, src.config.vocab_size, size=17).tolist()
+        with torch.no_grad():
+            want = hf(torch.tensor([tokens])).logits[0].numpy()
+        assert rel_err(load_engine(out).logits(tokens), want) <= 1e-3
+
+
 def test_bf16_experts_and_one_expert_at_a_time(tmp_path, monkeypatch):
     """A bf16 checkpoint's per-expert tensors go into the artifact as bf16, one expert at a
     time: the whole stacked tensor is never asked of the reader."""
