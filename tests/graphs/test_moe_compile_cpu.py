@@ -76,10 +76,19 @@ def test_compiled_shared_expert_matches_transformers(family, tmp_path, capsys):
     assert rel_err(np.concatenate(steps), hf_logits_incremental(hf, tokens, 8)) <= 1e-3
 
 
-# (test_moe family, GGUF arch, tensor type, overrides); transformers reads qwen2moe files
+# (test_moe family, GGUF arch, tensor type, overrides). transformers 5's GGUF loader reads
+# MoE only under qwen2moe and qwen3moe (and gpt-oss, minimax-m2): not Mixtral's experts
+# under "llama", nor olmoe; test_moe_gguf.py checks those files' reference against the
+# transformers model they were written from.
 GGUF_CASES = {
     "qwen2moe-shared-f32": ("qwen2_moe-e5-k1-shared", "qwen2moe", "F32", {}),
     "qwen2moe-shared-q8_0": ("qwen2_moe-e5-k1-shared", "qwen2moe", "Q8_0", {}),
+    "mixtral-llama-q8_0": (
+        "mixtral-e3-k2-sliding",
+        "llama",
+        "Q8_0",
+        dict(intermediate_size=32, sliding_window=None),
+    ),
     "olmoe-clip-f32": ("olmoe-e5-k2-norm-clip", "olmoe", "F32", dict(intermediate_size=32)),
     "olmoe-clip-q8_0": ("olmoe-e5-k2-norm-clip", "olmoe", "Q8_0", dict(intermediate_size=32)),
 }
