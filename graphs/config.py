@@ -303,7 +303,8 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
             raise _unsupported(str(cfg.get("model_type", "<missing model_type>")))
     if family in HYBRID and isinstance(cfg.get("text_config"), Mapping):
         # a multimodal checkpoint (Qwen3.5 with its vision tower): its text model only
-        cfg = {**cfg["text_config"], "architectures": archs, "vision_skipped": True}
+        top = {k: cfg[k] for k in ("tie_word_embeddings",) if k in cfg}
+        cfg = {**cfg["text_config"], **top, "architectures": archs, "vision_skipped": True}
     act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
     if act not in HF_ACTIVATIONS:
         raise HipcError(

@@ -18,9 +18,12 @@ the delta-rule matrix), each full layer its KV cache.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hipc.compiler.ir import Graph, TensorType
 from hipc.graphs.blocks import self_attention
 from hipc.graphs.builder import GraphBuilder
+from hipc.graphs.config import ModelConfig
 from hipc.graphs.llama import build_llama, dense_mlp
 from hipc.graphs.model import Model
 from hipc.graphs.moe import moe_mlp
@@ -129,3 +132,20 @@ def gated_delta_net(b: GraphBuilder, model: Model, i: int, h: str) -> str:
 def build_hybrid(model: Model, max_ctx: int) -> Graph:
     mlp = moe_mlp if model.config.is_moe else dense_mlp
     return build_llama(model, max_ctx, mlp=mlp, mixer=mixer)
+
+
+def hybrid_summary(cfg: ModelConfig) -> dict[str, Any]:
+    """What `hipc info` says about a hybrid: its layer mix, the per-sequence state, and
+    what of the checkpoint is not read (a multimodal checkpoint's vision tower)."""
+    linear = [i for i in range(cfg.num_layers) if cfg.is_linear(i)]
+    K, C = cfg.linear_conv_kernel, 2 * cfg.linear_key_heads * cfg.linear_key_head_dim
+    C += cfg.linear_value_heads * cfg.linear_value_head_dim
+    per_layer = (K - 1) * C + cfg.linear_value_heads * cfg.linear_key_head_dim * (
+        cfg.linear_value_head_dim
+    )
+    return {
+        "linear_attention_layers": linear,
+        "full_attention_layers": [i for i in range(cfg.num_layers) if i not in linear],
+        "recurrent_state_floats_per_sequence": per_layer * len(linear),
+        "vision_tower": cfg.extra.get("vision", "none in the checkpoint"),
+    }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -138,3 +139,55 @@ def test_every_switch_is_exercised(hybrid):
         model.config = dataclasses.replace(cfg, **change)
         got = ReferenceExecutor(build_graph(model, max_ctx=32)).logits(tokens)
         assert rel_err(got, want) > 1e-2, change
+
+
+@pytest.mark.oracle
+def test_multimodal_checkpoint_text_model(tmp_path, capsys):
+    """A Qwen3.5 image-text checkpoint: its language model is read (tensors under
+    model.language_model., config under text_config), the vision tower is not, and
+    `hipc info` says so."""
+    transformers = require("transformers")
+    torch = require("torch")
+    from hipc.cli.main import main
+
+    text = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        vocab_size=97,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        intermediate_size=40,
+        layer_types=["linear_attention", "full_attention"],
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        num_heads=2,
+        intermediate_size=32,
+        out_hidden_size=32,
+        patch_size=4,
+        spatial_merge_size=2,
+        num_position_embeddings=16,
+    )
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
+    torch.manual_seed(2)
+    hf = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "language_model" in name and "norm" in name:
+                p.add_(0.5 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path)
+    tokens = np.random.default_rng(0).integers(0, 97, size=12).tolist()
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor([tokens])).logits[0].numpy()
+    got = ReferenceExecutor(build_graph(load_model(tmp_path), max_ctx=32)).logits(tokens)
+    assert rel_err(got, want) <= 1e-4
+    assert main(["info", str(tmp_path)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["hybrid"]["vision_tower"].startswith("skipped")
+    assert info["hybrid"]["linear_attention_layers"] == [0]
