@@ -415,14 +415,14 @@ HYBRID_FAMILIES = {
 }
 
 
-def make_hybrid_hf(family: str, folder: Path, seed: int = 0):
+def make_hybrid_hf(family: str, folder: Path, seed: int = 0, **overrides):
     """A random-init transformers hybrid saved to folder; returns the (eval, float32) model.
     Values that make every switch matter: (1 + w) norms with w far from 0, decay rates
     (A_log, dt_bias) that keep the state across tens of tokens, a gate that bends."""
     transformers = require("transformers")
     torch = require("torch")
     cls_name, kwargs = HYBRID_FAMILIES[family]
-    config = getattr(transformers, cls_name)(**_HYBRID_SHAPES, **kwargs)
+    config = getattr(transformers, cls_name)(**{**_HYBRID_SHAPES, **kwargs, **overrides})
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
