@@ -227,8 +227,10 @@ def _causal_conv1d(node: Node, ins: Sequence[TensorType], g: Graph) -> list[Tens
     y[t, c] = sum_j w[c, j] * x'[t + j - (K - 1), c] over x' = the state's K - 1 previous
     inputs [K - 1, C] followed by x. The state is updated to the last K - 1 inputs."""
     x, w, state = ins
-    _check(len(x.shape) == 2 and len(w.shape) == 2, node, "x [tokens, C] and weight [C, K]")
-    C, K = w.shape
+    # the weight [C, K], or [C, 1, K] as HF stores it (the same bytes)
+    squeezed = (w.shape[0], w.shape[-1]) if len(w.shape) == 3 and w.shape[1] == 1 else w.shape
+    _check(len(x.shape) == 2 and len(squeezed) == 2, node, "x [tokens, C] and weight [C, K]")
+    C, K = squeezed
     _check(x.shape[1] == C, node, f"x {x.shape} vs weight {w.shape}")
     _check(state.shape == (K - 1, C), node, f"state {state.shape}, expected {(K - 1, C)}")
     return [x]

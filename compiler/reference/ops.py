@@ -99,6 +99,7 @@ def _concat(node, ins, ctx):
 @impl("hipc::CausalConv1d")
 def _causal_conv1d(node, ins, ctx):
     x, w, state = ins
+    w = w.reshape(w.shape[0], w.shape[-1])
     K = w.shape[1]
     window = np.concatenate([state.astype(x.dtype), x], axis=0)  # [K - 1 + T, C]
     T = x.shape[0]
