@@ -320,6 +320,7 @@ def cmd_compile(args) -> int:
         activations=args.activations,
         kv_storage=args.kv_storage,
         quant=args.quant,
+        prefill_precision=args.prefill_precision,
     )
     out = args.output or f"{_default_name(args.model)}.hipc"
     result = compile_model(
@@ -359,6 +360,7 @@ def cmd_verify(args) -> int:
         rtol=args.rtol,
         min_top1=args.min_top1,
         quant=args.quant,
+        prefill_precision=args.prefill_precision,
     )
     print(report.table())
     return 0 if report.ok else 1
@@ -507,6 +509,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV-cache element type (default auto: bfloat16 for GPU targets, float32 for cpu)",
     )
     sp.add_argument(
+        "--prefill-precision",
+        choices=["bf16", "split"],
+        default="bf16",
+        help="GPU prefill GEMMs on bf16 weights: activations rounded to bf16 once (default, "
+        "as peers do) or split into bf16 hi + lo (twice the matrix work, float32-class logits)",
+    )
+    sp.add_argument(
         "--quant",
         metavar="RECIPE",
         default=None,
@@ -531,6 +540,13 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", "compile MODEL and compare its logits with the reference executor", cmd_verify
     )
     sp.add_argument("--target", default="cpu", help="the target to compile and run (default cpu)")
+    sp.add_argument(
+        "--prefill-precision",
+        choices=["bf16", "split"],
+        default="bf16",
+        help="GPU prefill GEMMs on bf16 weights: activations rounded to bf16 once (default, "
+        "as peers do) or split into bf16 hi + lo (twice the matrix work, float32-class logits)",
+    )
     sp.add_argument(
         "--quant",
         metavar="RECIPE",

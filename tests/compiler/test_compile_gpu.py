@@ -50,17 +50,18 @@ def artifact(tmp_path_factory):
     return out
 
 
-def compiled(root, model, targets):
+def compiled(root, model, targets, **options):
     need(shutil.which("nvcc"), "nvcc")
     need(CLANG, "clang++-19")
     out = root / "m.hipc"
-    compile_model(model, out, CompileOptions(targets=targets, max_context=64), verbose=False)
+    opts = CompileOptions(targets=targets, max_context=64, **options)
+    compile_model(model, out, opts, verbose=False)
     return out
 
 
-# the instruction each target's prefill GEMM must show for bf16 weights
+# the instruction each target's prefill GEMM must show for bf16 weights (sm_90: see the wgmma test)
 MMA_INSTRUCTION = {
-    "sm_90": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+    "sm_80": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
     "gfx1100": "v_wmma_f32_16x16x16_bf16",
     "gfx942": "v_mfma_f32_16x16x16_bf16",
     "gfx90a": "v_mfma_f32_16x16x16bf16_1k",  # CDNA2's spelling of the same operation
@@ -102,7 +103,44 @@ def kernel_code(artifact, target) -> dict[str, str]:
 
 def prefill_linears(artifact, target) -> list[dict]:
     plan = json.loads((artifact / "plan.json").read_text())["targets"][target]["steps"]
-    return [x for x in plan["prefill"] if x["kernel"].endswith(("_gemm", "_mma"))]
+    return [x for x in plan["prefill"] if x["kernel"].endswith(("_gemm", "_mma", "_mma_split"))]
+
+
+def test_bf16_prefill_on_wgmma_sm90(tmp_path):
+    """sm_90: each bf16 linear's prefill is an _xb kernel (x -> bf16 in scratch) and the wgmma
+    GEMM reading it and W through tensor maps; --prefill-precision split keeps mma.sync."""
+    model = write_tiny_hf(tmp_path / "m", dtype="bfloat16", hidden_size=64, intermediate_size=96)
+    art = compiled(tmp_path, model, ("sm_90",))
+    plan = json.loads((art / "plan.json").read_text())
+    steps = plan["targets"]["sm_90"]["steps"]["prefill"]
+    code = kernel_code(art, "sm_90")
+    gemms = [i for i, x in enumerate(steps) if "_wg" in x["kernel"] and "_xb" not in x["kernel"]]
+    assert len(gemms) == 2 * 4 + 1  # per layer qkv, o, gate/up, down; then the lm head
+    shapes = {w["name"]: w["shape"] for w in plan["weights"]}
+    for i in gemms:
+        launch, before = steps[i], steps[i - 1]
+        assert before["kernel"] == launch["kernel"] + "_xb"
+        assert before["args"][2] == launch["args"][0]["of"]  # xb written, then mapped
+        xmap, wmap = launch["args"][0], launch["args"][1]
+        assert xmap["kind"] == wmap["kind"] == "tmap" and xmap["of"]["kind"] == "scratch"
+        assert wmap["of"]["kind"] == "weight"
+        n, k = shapes[plan["weights"][wmap["of"]["index"]]["name"]]
+        assert wmap["dims"] == [k, n] and xmap["dims"] == [k, plan["max_tokens"]]
+        ptx = code[launch["kernel"]]
+        assert "wgmma.mma_async.sync.aligned.m64n" in ptx
+        assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile" in ptx
+        assert "mma.sync" not in ptx
+    (tmp_path / "s").mkdir()
+    (tmp_path / "o").mkdir()
+    split = compiled(tmp_path / "s", model, ("sm_90",), prefill_precision="split")
+    linears = prefill_linears(split, "sm_90")
+    assert len(linears) == 9 and all(x["kernel"].endswith("_mma_split") for x in linears)
+    split_code = kernel_code(split, "sm_90")
+    mma = MMA_INSTRUCTION["sm_80"]
+    one = kernel_code(compiled(tmp_path / "o", model, ("sm_80",)), "sm_80")
+    name = linears[0]["kernel"]
+    # hi and lo: twice the matrix instructions of the bf16 kernel
+    assert split_code[name].count(mma) == 2 * one[name.removesuffix("_split")].count(mma)
 
 
 @pytest.mark.parametrize("target", sorted(MMA_INSTRUCTION))
@@ -114,7 +152,7 @@ def test_bf16_prefill_on_matrix_instructions(bf16_artifact, target):
     for launch in linears:
         name = launch["kernel"]
         assert name.endswith("_mma"), name
-        assert launch["block"] == [256] and launch["shared"] == tile.shared_bytes()
+        assert launch["block"] == [256] and launch["shared"] == tile.shared_bytes(split=False)
         assert launch["grid"][1] in (f"cdiv(T,{tile.bm})", f"cdiv(rows,{tile.bm})")
         assert MMA_INSTRUCTION[target] in code[name], name
         if target.startswith("sm_"):
