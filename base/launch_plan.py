@@ -37,6 +37,9 @@ only), and its arguments:
                                                         bytes apart, copied in BC x BR boxes with
                                                         the 128-byte swizzle
 
+A launch with "tokens": [LO, HI] runs only in steps of LO..HI tokens (a prefill kernel
+specialised for short or long steps; the others always run).
+
 A launch marked "overlap": true waits in-kernel for the kernels before it (hipc_wait_prior)
 before it reads or writes anything they touch, so a backend may launch it to start early
 (CUDA programmatic dependent launch, sm_90+).
@@ -189,6 +192,10 @@ class Launch:
     args: tuple[dict[str, Any], ...]
     group: str = ""
     overlap: bool = False  # may start before the previous kernel ends (it waits in-kernel)
+    tokens: tuple[int, int] | None = None  # runs only in steps of lo..hi tokens
+
+    def runs_at(self, T: int) -> bool:
+        return self.tokens is None or self.tokens[0] <= T <= self.tokens[1]
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Launch:
@@ -205,6 +212,7 @@ class Launch:
             tuple(d["args"]),
             d.get("group", ""),
             bool(d.get("overlap", False)),
+            (int(d["tokens"][0]), int(d["tokens"][1])) if d.get("tokens") else None,
         )
 
     def grid_dims(self, T: int, rows: int) -> tuple[int, int, int]:
@@ -268,7 +276,7 @@ class TargetPlan:
     def launches(self, T: int) -> tuple[Launch, ...]:
         if "forward" in self.steps:
             return self.steps["forward"]
-        return self.decode if T == 1 else self.prefill
+        return self.decode if T == 1 else tuple(x for x in self.prefill if x.runs_at(T))
 
     @classmethod
     def from_json(cls, plan: dict[str, Any], target: str | None = None) -> TargetPlan:

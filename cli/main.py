@@ -492,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="tokens per forward step: longer prompts are prefilled in chunks of N "
-        "(default 256 for cpu, 512 for GPUs)",
+        "(default 256 for cpu, 2048 for GPUs)",
     )
     # NOTE: the old spelling, easy to mistake for generate's --max-tokens; kept working
     sp.add_argument("--max-tokens", dest="old_max_tokens", type=int, help=argparse.SUPPRESS)

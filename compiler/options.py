@@ -28,7 +28,10 @@ KV_STORAGE = ("auto", "float32", "bfloat16")
 # them to bf16 once, as every peer does; "split" multiplies hi = bf16(x) and lo = bf16(x - hi)
 # (twice the matrix work, float32-class logits). docs/ARCHITECTURE.md "Precision" has numbers.
 PREFILL_PRECISIONS = ("bf16", "split")
-DEFAULT_MAX_TOKENS = {"cpu": 256, **dict.fromkeys(GPU_TARGETS, 512)}
+# GPUs: 2048-token prefill steps, so a long prompt runs in a few large steps, at the matrix
+# units' long-step rate (the tiles for short steps are separate launches; the arena and the
+# logits buffer grow with it: ~1 GiB of logits for a 128k vocabulary)
+DEFAULT_MAX_TOKENS = {"cpu": 256, **dict.fromkeys(GPU_TARGETS, 2048)}
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ class GpuProgramBuilder:
         bindings: dict[str, Binding],
         shared: int = 0,
         overlap: bool = False,
+        tokens: tuple[int, int] | None = None,
     ) -> None:
         launch = {
             "group": group,
@@ -98,6 +99,8 @@ class GpuProgramBuilder:
             # the kernel waits for the one before (hipc_wait_prior) before touching its outputs,
             # so the runtime may launch it early where the GPU allows (programmatic launch)
             launch["overlap"] = True
+        if tokens is not None:
+            launch["tokens"] = list(tokens)  # only in steps of this many tokens
         self.steps[step].append(launch)
 
 

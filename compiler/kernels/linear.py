@@ -266,33 +266,20 @@ class Linear(KernelKind):
         dk = decode_gemv(k.fn, p, g.target, k.nodes)
         g.launch("decode", k.group, g.kernel(dk), dk.grid, [dk.threads], GEMV, common,
                  shared=dk.shared, overlap=True)  # fmt: skip
-        pg = prefill_gemm(
-            k.fn, p, g.target, k.nodes, split=g.prefill_precision == "split", tokens=g.max_tokens
-        )
-        gemm = g.kernel(pg)
+        split = g.prefill_precision == "split"
         rows = "rows" if last_only else "T"
-        if pg.template == "linear_wgmma":
-            xb = b.scratch(g.scratch("xb"))
-            g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
-                     {"x": x, "norm_w": common["norm_w"], "xb": xb})  # fmt: skip
-            bm, bn = pg.ctx["bm"], pg.ctx["bn"]
-            maps = {
-                "xmap": {"kind": "tmap", "of": xb, "dims": [p.K, g.max_tokens], "box": [64, bm]},
-                "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N],
-                         "box": [64, bn // 2]},
-            }  # fmt: skip
-            g.launch(
-                "prefill",
-                k.group,
-                gemm,
-                [f"cdiv({rows},{bm})", -(-p.n_out // pg.block_outputs)],
-                [pg.threads],
-                WGMMA,
-                {**maps, "T": b.int(rows), "bias": common["bias"], "res": common["res"],
-                 "y": common["y"]},
-                shared=pg.shared,
-            )  # fmt: skip
+        if wgmma_gemm(p, g.target, split, False):
+            # tiles chosen for short steps and, where the chunk is longer, for long ones
+            lo = select_wgmma(p, min(g.max_tokens, 512))
+            hi = select_wgmma(p, g.max_tokens)
+            buckets = [(lo, None)] if lo == hi else [
+                (lo, (1, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
+            for tile, tokens in buckets:
+                pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile)
+                self._wgmma_launches(k, b, g, pg, common, x, rows, tokens)
             return
+        pg = prefill_gemm(k.fn, p, g.target, k.nodes, split=split)
+        gemm = g.kernel(pg)
         inv_rms = b.scratch(g.scratch("inv_rms")) if p.norm_eps else b.null()
         if p.norm_eps:
             g.launch("prefill", k.group, f"{gemm}_stats", [rows], [256], STATS,
@@ -307,6 +294,32 @@ class Linear(KernelKind):
             {**common, "T": b.int(rows), "inv_rms": inv_rms},
             shared=pg.shared,
         )
+
+    def _wgmma_launches(self, k, b, g, pg: GpuKernel, common, x, rows: str, tokens) -> None:
+        """The sm_90a GEMM's two launches: x -> bf16 (norm applied) into scratch, then the
+        GEMM over it and W through tensor maps; `tokens`: the step sizes they run at."""
+        p: LinearParams = k.params
+        gemm = g.kernel(pg)
+        xb = b.scratch(g.scratch("xb"))
+        g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
+                 {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=tokens)  # fmt: skip
+        bm, bn = pg.ctx["bm"], pg.ctx["bn"]
+        maps = {
+            "xmap": {"kind": "tmap", "of": xb, "dims": [p.K, g.max_tokens], "box": [64, bm]},
+            "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N], "box": [64, bn // 2]},
+        }
+        g.launch(
+            "prefill",
+            k.group,
+            gemm,
+            [f"cdiv({rows},{bm})", -(-p.n_out // pg.block_outputs)],
+            [pg.threads],
+            WGMMA,
+            {**maps, "T": b.int(rows), "bias": common["bias"], "res": common["res"],
+             "y": common["y"]},
+            shared=pg.shared,
+            tokens=tokens,
+        )  # fmt: skip
 
 
 GLU_ACTIVATIONS = {"hipc::SiLU", "Gelu"}  # act(gate) * up epilogues the templates have
@@ -446,6 +459,8 @@ WGMMA_TILES = (
 )
 WGMMA_ARCHS = frozenset({"sm_90"})
 SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choice rounds to
+# Steps of up to this many tokens get their own tiles where the chunk is longer (launch "tokens")
+SHORT_STEP = 1024
 
 
 def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:

@@ -7,7 +7,7 @@ Run on the GPU machine (docs/benchmarks/README.md says how the device tool carri
 
 For each model shape (bench_gpu.py's SHAPES: random bf16 weights, written here; --layers
 keeps the first N layers, for quick development runs: the table says so):
-  1. `hipc compile --target sm_90 --prefill-chunk MAX(tokens)` (plus --compile-args).
+  1. `hipc compile --target sm_90` (its default prefill chunk, or --chunk; plus --compile-args).
   2. hipc: a T-token prompt prefilled from position 0 (engine.forward; one step when T <= the
      chunk): median of --repeats after a warm-up; tok/s = T / time, TTFT = the time itself
      (the last token's logits copied to the host included).
@@ -156,6 +156,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--work", type=Path, default=Path("/tmp/hipc-prefill"))
     ap.add_argument("--compile-args", default="", help="extra `hipc compile` flags")
+    ap.add_argument("--chunk", type=int, default=None, help="--prefill-chunk (default: hipc's)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument(
         "--check", type=int, default=0, metavar="T",
@@ -186,7 +187,9 @@ def main() -> None:
         log(f"{name}: wrote random bf16 weights in {time.perf_counter() - t:.0f} s")
         t = time.perf_counter()
         cmd = [sys.executable, "-m", "hipc.cli.main", "compile", str(folder), "--target"]
-        cmd += [args.target, "-o", str(artifact), "-q", "--prefill-chunk", str(max(tokens))]
+        cmd += [args.target, "-o", str(artifact), "-q"]
+        if args.chunk:
+            cmd += ["--prefill-chunk", str(args.chunk)]
         subprocess.run(cmd + args.compile_args.split(), check=True)
         log(f"{name}: compiled in {time.perf_counter() - t:.0f} s")
         if args.check:

@@ -880,6 +880,18 @@ HIPC_DEVICE hipc_mma_b hipc_mma_load_b(const uint16_t* s, int ld) {
                : "memory");
   return b;
 }
+// B from a [k][n] tile (n contiguous: attention's V): ldmatrix.trans hands lane l the pairs
+// (k 2q..2q+1, col g) of each 8x8 matrix, matrix j from the rows k = 8j..8j+7 (lanes 8j..8j+7)
+HIPC_DEVICE hipc_mma_b hipc_mma_load_b_t(const uint16_t* s, int ld) {
+  const int lane = hipc_thread() % 32;
+  const uint32_t p = (uint32_t)__cvta_generic_to_shared(s + (lane % 16) * ld);
+  hipc_mma_b b;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(b.r[0]), "=r"(b.r[1])
+               : "r"(p)
+               : "memory");
+  return b;
+}
 HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& b) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
