@@ -183,7 +183,12 @@ class Attention(KernelKind):
             GpuKernel(f"{k.fn}_rope_kv", "rope_kv", dict(nodes=k.nodes, block=block,
                       params=rope_sig.render(GPU_INDENT), **kv_ctx, **p.to_json()), [], block)
         )  # fmt: skip
-        fk = flash_attention(k.fn, p, g.target, k.nodes, g.kv_storage)
+        # bf16 operands like the GEMMs' (--prefill-precision split: the float32 SIMT kernel)
+        fk = (
+            flash_attention(k.fn, p, g.target, k.nodes, g.kv_storage)
+            if g.prefill_precision == "bf16"
+            else None
+        )
         if fk is None:
             attn = g.kernel(
                 GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,

@@ -135,6 +135,10 @@ def test_bf16_prefill_on_wgmma_sm90(tmp_path):
     split = compiled(tmp_path / "s", model, ("sm_90",), prefill_precision="split")
     linears = prefill_linears(split, "sm_90")
     assert len(linears) == 9 and all(x["kernel"].endswith("_mma_split") for x in linears)
+    attn = [x["kernel"] for x in json.loads((split / "plan.json").read_text())["targets"]["sm_90"]
+            ["steps"]["prefill"] if "_attn" in x["kernel"] or "_flash" in x["kernel"]]  # fmt: skip
+    assert attn and all(a.endswith("_attn") for a in attn)  # split: the float32 SIMT attention
+    assert any(x["kernel"].endswith("_flash") for x in steps)
     split_code = kernel_code(split, "sm_90")
     mma = MMA_INSTRUCTION["sm_80"]
     one = kernel_code(compiled(tmp_path / "o", model, ("sm_80",)), "sm_80")
