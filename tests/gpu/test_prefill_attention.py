@@ -51,25 +51,33 @@ def params(case) -> AttentionParams:
     return AttentionParams(NH, NKV, D, float(D) ** -0.5, window, interleaved, EPS if norm else 0.0)
 
 
+def kernel_specs(arch: str) -> dict:
+    """(case, variant) -> the GpuKernel, rendered as compiler/kernels/attention.py does."""
+    specs = {}
+    for i, (name, case) in enumerate(CASES.items()):
+        p, kv = params(case), case[6]
+        fk = flash_attention(f"f{i}", p, GpuTarget(arch), [name], kv)
+        if fk is not None:
+            specs[name, "flash"] = fk
+        kv_ctx = kv_context(kv)
+        ctx = dict(
+            nodes=[name],
+            wave=GpuTarget(arch).wave,
+            waves=ATTN_WAVES,
+            params=prefill_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+            **kv_ctx,
+            **p.to_json(),
+        )
+        specs[name, "simt"] = GpuKernel(f"s{i}", "attention", ctx, [], 0)
+    return specs
+
+
 @pytest.fixture(scope="module")
 def kernels():
     specs = {}
 
     def build(arch):
-        for i, (name, case) in enumerate(CASES.items()):
-            p, kv = params(case), case[6]
-            fk = flash_attention(f"f{i}", p, GpuTarget(arch), [name], kv)
-            if fk is not None:
-                specs[name, "flash"] = fk
-            kv_ctx = kv_context(kv)
-            ctx = dict(
-                nodes=[name],
-                waves=ATTN_WAVES,
-                params=prefill_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
-                **kv_ctx,
-                **p.to_json(),
-            )
-            specs[name, "simt"] = GpuKernel(f"s{i}", "attention", ctx, [], 0)
+        specs.update(kernel_specs(arch))
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build)
