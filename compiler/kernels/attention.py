@@ -304,21 +304,31 @@ FLASH_ARCHS = frozenset({"sm_80", "sm_89", "sm_90"})
 
 
 def flash_attention(
-    fn: str, p: AttentionParams, target: GpuTarget, nodes: list[str], kv_storage: str
+    fn: str,
+    p: AttentionParams,
+    target: GpuTarget,
+    nodes: list[str],
+    kv_storage: str,
+    pipelined: bool | None = None,
 ) -> GpuKernel | None:
     """The matrix-instruction prefill attention (templates/hip/attention_flash.hip.j2), or None
     for the SIMT one: NVIDIA mma.sync only for now, head dims of whole k steps up to 128 (the
-    accumulators of 16 rows x D stay in registers)."""
+    accumulators of 16 rows x D stay in registers). `pipelined` (default: a bfloat16 cache,
+    which cp.async copies as stored) double-buffers the key/value blocks."""
     if target.arch not in FLASH_ARCHS or p.D % 16 or p.D > 128:
         return None
+    if pipelined is None:
+        pipelined = kv_storage == "bfloat16"
     kv_ctx = kv_context(kv_storage)
     ctx = dict(
         nodes=nodes,
+        pipelined=pipelined,
         params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
         **kv_ctx,
         **p.to_json(),
     )
-    shared = (FLASH_BQ + 2 * 64) * (p.D + 8) * 2  # q (then P), K, V in bf16, rows padded
+    # q (then P), and K and V (twice, pipelined) in bf16, rows padded
+    shared = (FLASH_BQ + (4 if pipelined else 2) * 64) * (p.D + 8) * 2
     return GpuKernel(f"{fn}_flash", "attention_flash", ctx, [], 128, shared)
 
 

@@ -250,6 +250,7 @@ class GpuBackend:
         self._graph_exec: Any = None
         self._decode_args: list[PackedArgs] = []
         self._tmaps: dict[tuple[int, ...], Any] = {}
+        self._packed: dict[tuple[int, int, int], list] = {}
         self._broken: str | None = None
         self.sync_launches = sync_launches_from_env()
         try:
@@ -538,9 +539,18 @@ class GpuBackend:
         return self._tmaps[spec]
 
     def _run(self, launches: Sequence[Launch], T: int, rows: int, sync_each: bool) -> None:
-        for launch in launches:
-            args = self._pack(launch, T, rows)
-            self._launch(launch, launch.grid_dims(T, rows), args)
+        # Packed once per step shape (the launch list and arguments are fixed for a given T):
+        # resolving every launch in Python each step is host time a short step's kernels
+        # may not cover
+        key = (T, rows, len(launches))
+        packed = self._packed.get(key)
+        if packed is None:
+            if len(self._packed) >= 32:
+                self._packed.clear()
+            packed = [(x, x.grid_dims(T, rows), self._pack(x, T, rows)) for x in launches]
+            self._packed[key] = packed
+        for launch, grid, args in packed:
+            self._launch(launch, grid, args)
             if sync_each:
                 try:
                     self._driver.synchronize()
