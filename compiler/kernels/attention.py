@@ -309,16 +309,16 @@ def flash_attention(
     target: GpuTarget,
     nodes: list[str],
     kv_storage: str,
-    pipelined: bool | None = None,
+    pipelined: bool = False,
 ) -> GpuKernel | None:
     """The matrix-instruction prefill attention (templates/hip/attention_flash.hip.j2), or None
     for the SIMT one: NVIDIA mma.sync only for now, head dims of whole k steps up to 128 (the
-    accumulators of 16 rows x D stay in registers). `pipelined` (default: a bfloat16 cache,
-    which cp.async copies as stored) double-buffers the key/value blocks."""
+    accumulators of 16 rows x D stay in registers). `pipelined` double-buffers the key/value
+    blocks with cp.async (a bfloat16 cache only: it copies them as stored). Off by default: it
+    compiles and tests/gpu covers it, but it has not run on a GPU yet (the plain form has)."""
     if target.arch not in FLASH_ARCHS or p.D % 16 or p.D > 128:
         return None
-    if pipelined is None:
-        pipelined = kv_storage == "bfloat16"
+    pipelined = bool(pipelined) and kv_storage == "bfloat16"
     kv_ctx = kv_context(kv_storage)
     ctx = dict(
         nodes=nodes,
