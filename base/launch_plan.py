@@ -59,7 +59,9 @@ from hipc.base.errors import HipcError
 
 LAUNCH_PLAN_FORMAT = "hipc-launch-plan"
 # 1: plan.json before it was versioned (launch lists under "gpu", no state kinds)
-LAUNCH_PLAN_VERSION = 2
+# 3: "tmap" arguments and launches limited to step sizes ("tokens"): a version-2 runtime would
+#    refuse the first and run every step-size variant of a GEMM (adding residuals twice)
+LAUNCH_PLAN_VERSION = 3
 
 ARG_KINDS = ("arena", "scratch", "weight", "state", "input", "output", "int", "null", "tmap")
 STEP_INPUTS = ("ids", "start")
