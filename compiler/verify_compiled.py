@@ -19,9 +19,10 @@ from hipc.base.errors import HipcError
 from hipc.compiler.ir import QUANT_DTYPES
 from hipc.compiler.options import CompileOptions
 
-# Activations rounded to bf16 (8 significant bits) before every bf16-weight GEMM of prefill.
-# Measured: see docs/ARCHITECTURE.md "Precision"; the bar leaves ~2x headroom over that.
-BF16_PREFILL_RTOL = 3e-2
+# Operands rounded to bf16 (8 significant bits) in prefill's GEMMs and attention. Measured
+# (docs/ARCHITECTURE.md "Precision"): 6e-3 (SmolLM2 shape, H200) to 1.8e-2 (SmolLM2's weights,
+# NumPy emulation of the GEMM rounding); the bar leaves ~3x over the larger.
+BF16_PREFILL_RTOL = 5e-2
 BF16_PREFILL_TOP1 = 0.95
 
 DEFAULT_TEXT = (
