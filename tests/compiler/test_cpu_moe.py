@@ -30,6 +30,7 @@ SHIM = r"""
 #include "hipc_cpu.h"
 #include "hipc_cpu_moe.h"
 extern "C" {
+void t_threads(int n) { omp_set_num_threads(n); }
 void t_route(const float* logits, int T, int E, int k, int normalize, int* ids, float* w) {
   for (int t = 0; t < T; ++t)
     hipc::moe_route(logits + (size_t)t * E, E, k, normalize != 0, ids + (size_t)t * k, w + (size_t)t * k);
@@ -113,11 +114,15 @@ def _stack(wtype: str, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return q, quants.dequantize(q, QTYPE[wtype]).reshape(arr.shape), q[0].nbytes
 
 
-# (k, F): F = 32 is one GGUF block per down row (the tiny MoE test models' expert width)
+# (k, F): F = 32 is one GGUF block per down row (the tiny MoE test models' expert width).
+# threads 2: experts over threads where they balance (T = 9; T = 1, k = 2 is too little
+# work for a parallel region), else threads inside the matmuls.
 @pytest.mark.parametrize("wtype", ["f32", "q8_0", "q4_0", "q4_1"])
 @pytest.mark.parametrize("T", [1, 9])
 @pytest.mark.parametrize("k,F", [(2, 96), (8, 32)])
-def test_experts_match_reference_and_read_only_routed(lib, wtype, T, k, F):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_experts_match_reference_and_read_only_routed(lib, wtype, T, k, F, threads):
+    lib.t_threads(threads)
     rng = np.random.default_rng(T)
     E, H = 9, 64
     x = rng.standard_normal((T, H)).astype(np.float32)
