@@ -1,5 +1,5 @@
 """templates/cpu/hipc_cpu_moe.h against the NumPy reference ops (hipc::MoERouter,
-hipc::Experts in compiler/reference/ops.py), compiled with g++ -march=native.
+hipc::Experts in compiler/reference/ops.py), compiled with g++ -march=native and for AVX2.
 
 Weights are quantized with gguf-py and the reference reads them dequantized by gguf-py.
 The unrouted experts' weights are NaN, so a kernel that touched them would return NaN:
@@ -57,12 +57,19 @@ F32P = ctypes.POINTER(ctypes.c_float)
 I32P = ctypes.POINTER(ctypes.c_int)
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory) -> ctypes.CDLL:
+# the experts call the dense kernels of their ISA: AVX512-VNNI (native here) and AVX2
+ISAS = {"native": ("-march=native", set()), "avx2": ("-march=haswell", {"avx2", "fma", "f16c"})}
+
+
+@pytest.fixture(scope="module", params=sorted(ISAS))
+def lib(request, tmp_path_factory) -> ctypes.CDLL:
+    march, needs = ISAS[request.param]
+    if needs - set(Path("/proc/cpuinfo").read_text().split()):
+        pytest.skip(f"this CPU cannot run {march}")
     d = tmp_path_factory.mktemp("moe")
     (d / "shim.cpp").write_text(SHIM)
     so = d / "shim.so"
-    cmd = [CXX, "-O2", "-std=c++17", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+    cmd = [CXX, "-O2", "-std=c++17", march, "-fopenmp", "-shared", "-fPIC"]
     subprocess.run([*cmd, f"-I{HEADER_DIR}", str(d / "shim.cpp"), "-o", str(so)], check=True)
     return ctypes.CDLL(str(so))
 
