@@ -2,7 +2,8 @@
 
     python docs/benchmarks/bench_cpu_moe.py --llama-bench /path/to/llama-bench \
         [--gguf FILE | --preset cpu-0.7b --type q4_0] [--artifact PATH] \
-        [--threads 2] [--tokens 64] [--rounds 5] [--out docs/benchmarks/cpu-moe.md]
+        [--threads 2] [--tokens 64] [--rounds 5] [--prefill-tokens 128]
+        [--out docs/benchmarks/cpu-moe.md]
 
 The model is a random-weight GGUF (write_moe_gguf.py writes it when --gguf is not given);
 hipc compiles that same file for the CPU target (unless --artifact names a compiled one).
@@ -12,6 +13,10 @@ Each round runs, one after the other (A B A B ..., so both see the same backgrou
     one-token warm-up, then TOKENS single-token decode steps from an empty context);
   * hipc: the compiled engine in this process, TOKENS single-token forward calls from
     position 0, the argmax fed back (one warm-up pass before the first round).
+With --prefill-tokens P each round also times one P-token forward: llama-bench `-p P -n 0
+--repack 0` (its default weight repacking dies of SIGILL in prompt processing on this AMX
+machine; decode runs with the repacking, its faster setting here) and hipc's forward of P
+random token ids from position 0.
 Reported: decode tokens/s by the wall clock (median and best over rounds), and by CPU
 time: tokens per second of the process's CPU time, for llama.cpp the difference of the
 CPU time of a `-n TOKENS+1` and a `-n 1` run (load and warm-up cancel). With --threads 1
@@ -43,9 +48,14 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def llama_bench(binary: str, gguf: Path, tokens: int, threads: int) -> tuple[float, float]:
-    """(decode tok/s as llama-bench reports it, CPU seconds of the whole run)."""
-    cmd = [binary, "-m", str(gguf), "-p", "0", "-n", str(tokens), "-t", str(threads)]
+def llama_bench(
+    binary: str, gguf: Path, tokens: int, threads: int, prompt: int = 0
+) -> tuple[float, float]:
+    """(tok/s as llama-bench reports it, CPU seconds of the whole run): decode `tokens`
+    steps, or with `prompt` one prompt of that many tokens (weight repacking off)."""
+    cmd = [binary, "-m", str(gguf), "-p", str(prompt), "-n", str(tokens), "-t", str(threads)]
+    if prompt:
+        cmd += ["--repack", "0"]
     c0 = children_cpu()
     proc = subprocess.run([*cmd, "-r", "1", "-o", "json"], capture_output=True, text=True)
     cpu = children_cpu() - c0
@@ -65,6 +75,17 @@ def hipc_decode(engine, tokens: int) -> tuple[float, float]:
     for pos in range(tokens):
         tok = int(np.argmax(engine.forward([tok], pos)))
     return time.perf_counter() - t0, time.process_time() - c0
+
+
+def hipc_prefill(engine, tokens: int) -> float:
+    """Seconds of one forward over `tokens` random ids from position 0."""
+    import numpy as np
+
+    ids = np.random.default_rng(0).integers(3, engine.vocab_size, tokens).tolist()
+    engine.reset()
+    t0 = time.perf_counter()
+    engine.forward(ids, 0)
+    return time.perf_counter() - t0
 
 
 def write_model(preset: str, qtype: str, out: Path) -> Path:
@@ -87,6 +108,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prefill-tokens", type=int, default=0, help="also time a prompt (0: no)")
     ap.add_argument("--out", type=Path, help="append the Markdown table to this file")
     args = ap.parse_args()
     if not os.access(args.llama_bench, os.X_OK):
@@ -112,6 +134,7 @@ def main() -> None:
     hipc_decode(engine, min(args.tokens, 8))  # pages the weights in, warms the caches
     llama_bench(args.llama_bench, gguf, 1, args.threads)  # the same for llama.cpp's mmap
     rows = {"llama.cpp": [], "hipc": []}  # (wall tok/s, cpu tok/s) per round
+    pre = {"llama.cpp": [], "hipc": []}  # prefill tok/s per round
     load0 = os.getloadavg()
     for r in range(args.rounds):
         tps, cpu_long = llama_bench(args.llama_bench, gguf, args.tokens + 1, args.threads)
@@ -119,6 +142,10 @@ def main() -> None:
         rows["llama.cpp"].append((tps, args.tokens / max(cpu_long - cpu_short, 1e-9)))
         wall, cpu = hipc_decode(engine, args.tokens)
         rows["hipc"].append((args.tokens / wall, args.tokens / cpu))
+        if args.prefill_tokens:
+            n = args.prefill_tokens
+            pre["llama.cpp"].append(llama_bench(args.llama_bench, gguf, 0, args.threads, n)[0])
+            pre["hipc"].append(n / hipc_prefill(engine, n))
         print(f"round {r}: " + ", ".join(f"{k} {v[-1][0]:.1f} tok/s" for k, v in rows.items()),
               flush=True)  # fmt: skip
     load1 = os.getloadavg()
@@ -150,6 +177,17 @@ def main() -> None:
         f"| llama.cpp (llama-bench) | {lw:.1f} | {lb:.1f} | {lc:.1f} |",
         f"| hipc (compiled, cpu) | {hw:.1f} | {hb:.1f} | {hc:.1f} |",
         f"| hipc / llama.cpp | {hw / lw:.2f}x | {hb / lb:.2f}x | {hc / lc:.2f}x |",
+        *(
+            [
+                "",
+                f"Prefill, one {args.prefill_tokens}-token prompt (median tok/s, wall): "
+                f"llama.cpp {statistics.median(pre['llama.cpp']):.1f}, hipc "
+                f"{statistics.median(pre['hipc']):.1f} "
+                f"({statistics.median(pre['hipc']) / statistics.median(pre['llama.cpp']):.2f}x).",
+            ]
+            if args.prefill_tokens
+            else []
+        ),
         "",
         "Rounds (wall tok/s, llama.cpp / hipc): "
         + ", ".join(
