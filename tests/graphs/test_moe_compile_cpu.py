@@ -124,6 +124,34 @@ def test_moe_gguf_compiled(case, tmp_path, monkeypatch):
         assert rel_err(load_engine(out).logits(tokens), want) <= 1e-3
 
 
+def test_quant_recipe_quantizes_experts(tmp_path, capsys):
+    """`--quant q8_0` on a bf16 HF MoE: the per-expert tensors become one quantized 3-D
+    tensor per layer, the router and the shared-expert gate stay bf16 (llama-quantize
+    keeps them), and `hipc verify --quant` passes against the reference on the same store."""
+    torch = require("torch")
+    from hipc.cli.main import main
+
+    src = make_moe_model(
+        "qwen2_moe-e5-k1-shared", hidden_size=64, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64,
+    ).to(torch.bfloat16)  # fmt: skip
+    src.save_pretrained(tmp_path / "m")
+    out = tmp_path / "m.hipc"
+    argv = ["--target", "cpu", "--max-context", "48", "--quant", "q8_0"]
+    assert main(["compile", str(tmp_path / "m"), "-o", str(out), "-q", *argv]) == 0
+    types = {
+        w["name"]: (w["dtype"], len(w["shape"])) for w in load_engine(out).artifact.plan["weights"]
+    }
+    experts = {t for n, t in types.items() if ".experts." in n}
+    assert experts == {("q8_0", 3)}
+    assert {
+        t for n, t in types.items() if n.endswith(("mlp.gate.weight", "expert_gate.weight"))
+    } == {("bfloat16", 2)}  # as stored
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "m"), *argv]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "PASS"
+
+
 def test_bf16_experts_and_one_expert_at_a_time(tmp_path, monkeypatch):
     """A bf16 checkpoint's per-expert tensors go into the artifact as bf16, one expert at a
     time: the whole stacked tensor is never asked of the reader."""
