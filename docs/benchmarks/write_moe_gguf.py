@@ -45,6 +45,20 @@ PRESETS = {
         expert_ffn=1024,
         vocab=50304,
     ),
+    # Qwen3-MoE's structure (many narrow experts, 8 routed) at 0.70B parameters, 140M read
+    # per token: the CPU benchmark's model (2 cores, docs/benchmarks/cpu-moe.md)
+    "cpu-0.7b": dict(
+        arch="qwen3moe",
+        layers=12,
+        hidden=1024,
+        heads=16,
+        kv_heads=4,
+        head_dim=64,
+        experts=64,
+        active=8,
+        expert_ffn=256,
+        vocab=32000,
+    ),
     # a CPU-sized model of the same structure
     "tiny": dict(
         arch="qwen3moe",
@@ -103,13 +117,15 @@ def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05)
     w.add_file_type(
         gguf.LlamaFileType.MOSTLY_Q4_0 if qtype == "q4_0" else gguf.LlamaFileType.MOSTLY_Q8_0
     )
-    # byte-level symbols then filler tokens: llama.cpp needs a vocabulary to load
+    # byte-level symbols, one merge ("a b" -> "ab": llama.cpp refuses a BPE vocabulary
+    # without merges, and a merge must make a token of the vocabulary), filler tokens
     tokens = [bytes([i]).decode("latin-1") if i < 256 else f"<t{i}>" for i in range(V)]
+    tokens[256] = "ab"
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types([1] * V)
-    w.add_token_merges([])
+    w.add_token_merges(["a b"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     qt = getattr(gguf.GGMLQuantizationType, qtype.upper())
