@@ -65,6 +65,7 @@ class _Work:
     shown: int = 0  # choices whose events have been released, in order
     held: dict[int, list[Any]] = field(default_factory=lambda: collections.defaultdict(list))
     last_token: float | None = None
+    metrics: Any = None  # the server's, or _Quiet for the warmup
 
     @property
     def done(self) -> bool:
@@ -98,11 +99,15 @@ class BatchScheduler:
 
     # ------------------------------------------------------------ the HTTP side
 
-    def job(self, choices: list[ChoiceSpec], stream: bool, prompt_tokens: int) -> Job:
-        """A job for these choices (validated already: each fits the admitted context)."""
+    def job(
+        self, choices: list[ChoiceSpec], stream: bool, prompt_tokens: int, counted: bool = True
+    ) -> Job:
+        """A job for these choices (validated already: each fits the admitted context);
+        `counted` False keeps it out of the request metrics (the warmup)."""
         job = Job(_no_work)
         work = [_Choice(c, Generation(self.admitted, self.tokenizer, c.request)) for c in choices]
-        self._work[job] = _Work(job, work, stream, prompt_tokens)
+        metrics = self.metrics if counted else _Quiet()
+        self._work[job] = _Work(job, work, stream, prompt_tokens, metrics=metrics)
         return job
 
     @property
@@ -122,8 +127,10 @@ class BatchScheduler:
             if self._closed:
                 self._work.pop(job, None)
                 raise ShuttingDown
+            # what is waiting beyond the free slots is the queue (at batch 1 with one request
+            # running: exactly the one-at-a-time scheduler's rule)
             free = max(self.batch.max_batch - len(self.batch.running), 0)
-            if len(self._waiting) >= self.max_queued + max(free, 1):
+            if len(self._waiting) >= self.max_queued + free:
                 self._work.pop(job, None)
                 raise QueueFull
             job._on_cancel = self._cancelled
@@ -214,8 +221,8 @@ class BatchScheduler:
             self._waiting.popleft()
             self._active.append(w)
             job.started_at = time.monotonic()
-            self.metrics.queue_wait.observe(job.started_at - job.arrived)
-            self.metrics.prompt_tokens.inc(w.prompt_tokens)
+            w.metrics.queue_wait.observe(job.started_at - job.arrived)
+            w.metrics.prompt_tokens.inc(w.prompt_tokens)
             job.started.set()
             self._changed()
             if not complete:
@@ -238,7 +245,7 @@ class BatchScheduler:
             if seq is None:
                 return False
             if seq.cached:
-                self.metrics.prompt_reuse.inc()
+                w.metrics.prompt_reuse.inc()
             c.seq, c.decoding, c.t0 = seq, c.gen.decoding(), time.perf_counter()
             w.next_admit += 1
             if w.stream:
@@ -283,7 +290,7 @@ class BatchScheduler:
             self._count_tokens(w, len(last.token_ids))
             if w.stream:
                 self._emit(w, c.spec.index, ("step", c.spec.index, last))
-        self.metrics.finished.labels(res.finish_reason).inc()
+        w.metrics.finished.labels(res.finish_reason).inc()
         w.job.results.append((c.spec.index, res))
         c.ended = True  # before its "end" event: the next choice's held events follow it
         if w.stream:
@@ -292,7 +299,7 @@ class BatchScheduler:
     def _count_tokens(self, w: _Work, n: int) -> None:
         if not n:
             return
-        m, now = self.metrics, time.monotonic()
+        m, now = w.metrics, time.monotonic()
         if w.last_token is None:
             m.ttft.observe(now - w.job.arrived)
         else:
@@ -318,7 +325,7 @@ class BatchScheduler:
         for c in w.choices:
             if c.seq is not None:
                 self.batch.release(c.seq)
-        self.metrics.e2e.observe(time.monotonic() - w.job.arrived)
+        w.metrics.e2e.observe(time.monotonic() - w.job.arrived)
         w.job.emit(("done",))
         with self._cv:
             if w in self._active:
@@ -344,6 +351,16 @@ class BatchScheduler:
 
     def _publish_pool(self) -> None:
         self.metrics.set_pool(self.batch.pool)
+
+
+class _Quiet:
+    """Swallows metric updates: `m.finished.labels("stop").inc()` does nothing."""
+
+    def __getattr__(self, name: str) -> _Quiet:
+        return self
+
+    def __call__(self, *args: Any, **kw: Any) -> _Quiet:
+        return self
 
 
 def _no_work(job: Job) -> None:  # a batch job's work is done by the scheduler's loop

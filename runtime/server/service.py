@@ -228,7 +228,7 @@ class Service:
         ids = ids[: max(self.max_context - 1, 1)]
         request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=max_tokens)
         if isinstance(self.scheduler, BatchScheduler):
-            job = self.scheduler.job([ChoiceSpec(0, request)], False, len(ids))
+            job = self.scheduler.job([ChoiceSpec(0, request)], False, len(ids), counted=False)
             self.scheduler.submit(job)
             job.done.wait()
             if job.error is not None:
