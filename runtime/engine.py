@@ -103,11 +103,10 @@ def load_engine(
 def _cpu_backend(artifact, threads, max_context, kv_pool_tokens):
     from hipc.runtime.backends.cpu import CpuBackend
 
-    blocks = None
-    if kv_pool_tokens is not None:
-        block = int(artifact.plan["targets"]["cpu"].get("kv_block") or 1)
-        blocks = -(-kv_pool_tokens // block)
-    return CpuBackend(artifact, threads, max_context, blocks)
+    if kv_pool_tokens is None:
+        return CpuBackend(artifact, threads, max_context)
+    block = int(artifact.plan["targets"]["cpu"].get("kv_block") or 1)
+    return CpuBackend(artifact, threads, max_context, kv_blocks=-(-kv_pool_tokens // block))
 
 
 def _backend(
