@@ -68,9 +68,10 @@ class BatchEngine:
         # a recurrent state is one sequence's and can be reused only from a snapshot (the
         # state-kind rule): with one, sequences run one at a time and nothing is shared
         self.recurrent = not engine.prefix_reuse
-        self.max_batch = 1 if self.recurrent else max_batch
-        if self.max_batch < 1:
+        if max_batch < 1:
             raise HipcError(f"--max-batch {max_batch}: at least 1")
+        # every decoding sequence takes a row of each step, and a step holds step_rows rows
+        self.max_batch = 1 if self.recurrent else min(max_batch, self.step_rows)
         self.block = backend.kv_block
         self.pool = KVPool(backend.kv_blocks, self.block, caching=not self.recurrent)
         self.tables = np.zeros((self.max_batch, backend.kv_table), np.int32)
