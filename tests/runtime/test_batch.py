@@ -205,3 +205,34 @@ def test_a_recurrent_state_runs_one_sequence_at_a_time(artifact, tmp_path):
         assert not engine.backend.kv[-1].any()  # zeroed for the new sequence
     finally:
         engine.close()
+
+
+def test_a_hybrid_model_batches_one_sequence_at_a_time(tmp_path):
+    """Qwen3.5's Gated DeltaNet layers keep a recurrent state in place: the batch engine
+    runs its sequences one after another (each starting from a zeroed state), shares no
+    prefix, and gives each the greedy tokens of the one-sequence engine."""
+    from support import make_hybrid_hf
+
+    out = tmp_path / "hybrid.hipc"
+    make_hybrid_hf("qwen3_5", tmp_path / "hf", seed=3)
+    compile_model(tmp_path / "hf", out, CompileOptions(max_context=CONTEXT, max_tokens=STEP),
+                  verbose=False)  # fmt: skip
+    engine = load_engine(out, target="cpu", threads=1, kv_pool_tokens=4 * CONTEXT)
+    try:
+        prompts = [PROMPTS[2], PROMPTS[2], PROMPTS[4]]  # a repeated prompt: not shared
+        want = []
+        for p in prompts:
+            engine.reset()
+            logits, tokens = engine.forward(p, 0), []
+            for k in range(6):
+                tokens.append(int(np.argmax(logits)))
+                logits = engine.forward([tokens[-1]], len(p) + k)
+            want.append(tokens)
+        be = BatchEngine(engine, max_batch=4, prefill_chunk=8)
+        assert be.max_batch == 1 and not be.pool.caching
+        got = run(be, [0, 0, 0], [6, 6, 6], prompts)
+        assert [got[i][0] for i in range(3)] == want
+        assert be.pool.hit_tokens == 0
+        assert_pool_full(be)
+    finally:
+        engine.close()
