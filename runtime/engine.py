@@ -79,11 +79,14 @@ def load_engine(
     threads: int | None = None,
     device: int = 0,
     max_context: int | None = None,
+    kv_pool_tokens: int | None = None,
 ) -> CompiledEngine:
     """The artifact at `path` on a backend: `target` "auto" (default), "cpu", "cuda" or "hip"
     (an arch name, "sm_90" or "gfx942", picks its backend). `threads` is the cpu backend's,
     `device` the GPU's ordinal. `max_context` allocates the KV cache for fewer positions than
-    the artifact was compiled for (default: all of them; on a GPU, as many as fit)."""
+    the artifact was compiled for (default: all of them; on a GPU, as many as fit).
+    `kv_pool_tokens`: positions in the cpu backend's paged KV pool, shared by the sequences
+    of a batch (default and minimum: one sequence of max_context; GPU backends hold one)."""
     artifact = load_artifact(path)
     compiled = int(artifact.plan["max_context"])
     if max_context is not None and not 2 <= max_context <= compiled:
@@ -91,16 +94,31 @@ def load_engine(
             f"max context {max_context}: the artifact's KV cache holds {compiled} positions "
             "(at least 2 are needed); admit fewer, or recompile with a larger --max-context"
         )
-    return CompiledEngine(artifact, _backend(artifact, target, threads, device, max_context))
+    if kv_pool_tokens is not None and kv_pool_tokens < 1:
+        raise HipcError(f"KV pool of {kv_pool_tokens} positions: at least 1")
+    backend = _backend(artifact, target, threads, device, max_context, kv_pool_tokens)
+    return CompiledEngine(artifact, backend)
+
+
+def _cpu_backend(artifact, threads, max_context, kv_pool_tokens):
+    from hipc.runtime.backends.cpu import CpuBackend
+
+    if kv_pool_tokens is None:
+        return CpuBackend(artifact, threads, max_context)
+    block = int(artifact.plan["targets"]["cpu"].get("kv_block") or 1)
+    return CpuBackend(artifact, threads, max_context, kv_blocks=-(-kv_pool_tokens // block))
 
 
 def _backend(
-    artifact: Artifact, target: str, threads: int | None, device: int, max_context: int | None
+    artifact: Artifact,
+    target: str,
+    threads: int | None,
+    device: int,
+    max_context: int | None,
+    kv_pool_tokens: int | None = None,
 ):
     if target == "cpu":
-        from hipc.runtime.backends.cpu import CpuBackend
-
-        return CpuBackend(artifact, threads, max_context)
+        return _cpu_backend(artifact, threads, max_context, kv_pool_tokens)
     if target == "cuda" or target.startswith("sm_"):
         from hipc.runtime.backends.cuda import CudaBackend
 
@@ -111,10 +129,16 @@ def _backend(
         return HipBackend(artifact, device, max_context=max_context)
     if target != "auto":
         raise HipcError(f"--target {target}: choose auto, cpu, cuda or hip")
-    return _auto_backend(artifact, threads, device, max_context)
+    return _auto_backend(artifact, threads, device, max_context, kv_pool_tokens)
 
 
-def _auto_backend(artifact: Artifact, threads: int | None, device: int, max_context: int | None):
+def _auto_backend(
+    artifact: Artifact,
+    threads: int | None,
+    device: int,
+    max_context: int | None,
+    kv_pool_tokens: int | None = None,
+):
     """cuda if an NVIDIA GPU and its sm_XX code object are there, else hip likewise, else cpu.
 
     Falling back to the CPU is said on stderr when it is a surprise: a GPU was found
@@ -146,6 +170,4 @@ def _auto_backend(artifact: Artifact, threads: int | None, device: int, max_cont
         )
     if notes:
         print(f"hipc: running on the CPU: {'; '.join(notes)}", file=sys.stderr)
-    from hipc.runtime.backends.cpu import CpuBackend
-
-    return CpuBackend(artifact, threads, max_context)
+    return _cpu_backend(artifact, threads, max_context, kv_pool_tokens)
