@@ -97,7 +97,10 @@ const float* res, float* y
 
 GPU_WTYPES = ("float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0")
 MOE_WAVES = 8  # waves per decode block
-MOE_ROWS = 2  # outputs per wave (decode)
+MOE_ROWS = 2  # outputs per wave in _up, and in _down for dense types (two rows per dot)
+# _down of quantized experts: one output per wave, so that H / 8 blocks cover the GPU, with up
+# to this many 32-weight blocks per lane in flight (q8_0 blocks are twice the bytes)
+MOE_DOWN_UNITS = {"q4_0": 8, "q4_1": 8, "q8_0": 4}
 TILE = 64  # the prefill GEMM's rows (token, slot pairs) and outputs per tile
 XQ_BLOCK_BYTES = 80  # x staged per 32 values (prelude: HIPC_XQ_INTS * 4)
 
@@ -151,8 +154,10 @@ def gpu_kernels(
     tiles = max_tiles(max_tokens, p)
     common = dict(nodes=nodes, wave=wave, wsuffix=ws, quant=quant, **p.context())
     threads = MOE_WAVES * wave
+    p_down = 1 if quant else MOE_ROWS
     up_blocks = -(-p.top_k * p.F // (MOE_WAVES * MOE_ROWS))
-    down_blocks = -(-p.H // (MOE_WAVES * MOE_ROWS))
+    down_blocks = -(-p.H // (MOE_WAVES * p_down))
+    down_steps = -(-(p.top_k * p.F // 32) // wave)  # blocks per lane of a quantized _down row
     decode = GpuKernel(
         f"{fn}_decode",
         "moe_decode",
@@ -160,7 +165,8 @@ def gpu_kernels(
             common,
             waves=MOE_WAVES,
             P=MOE_ROWS,
-            unroll=2 if p.wtype == "q8_0" else 4,
+            P_down=p_down,
+            unroll=min(down_steps, MOE_DOWN_UNITS.get(p.wtype, 1)),
             up_blocks=up_blocks,
             down_blocks=down_blocks,
             up_params=UP.render(GPU_INDENT + 3),
