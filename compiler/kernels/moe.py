@@ -192,15 +192,14 @@ def gpu_kernels(
         [],
         256,
     )
-    shared = XQ_BLOCK_BYTES // 32
     return MoEGpu(
         decode,
         prefill,
         up_blocks,
         down_blocks,
         threads,
-        p.H * shared if quant else 0,
-        p.top_k * p.F * shared if quant else 0,
+        p.H // 32 * XQ_BLOCK_BYTES if quant else 0,
+        p.top_k * p.F // 32 * XQ_BLOCK_BYTES if quant else 0,
         tiles,
     )
 
