@@ -4,7 +4,8 @@ gfx942 (compiler/kernels/moe.py's GPU half, templates/hip/moe_*.hip.j2).
 The code objects must hold every kernel the plans launch; a sparse layer's decode is the lone
 norm, the router GEMV and two expert kernels (routing happens on the device, inside the
 captured graph), its prefill the device-side grouping chain; Q4_0 experts stay quantized and
-their decode kernels multiply int8 (dp4a / v_dot4). The routing's tie order is checked on
+their decode kernels multiply int8 (dp4a / v_dot4); Qwen2-MoE's shared expert follows as a
+GLU GEMV and a down GEMV with the gated residual (sigmoid of the router's extra column). The routing's tie order is checked on
 the host (test_moe_route_host.py) and the kernels run on the GPU machine (tests/gpu).
 """
 
@@ -45,24 +46,48 @@ def q4(tmp_path_factory):
     return compiled(root, path, TARGETS)
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shared")
+    make_moe_model("qwen2_moe-e11-k3-shared-norm-step2").save_pretrained(root / "src")
+    return compiled(root, root / "src", TARGETS)
+
+
 def steps(artifact, target):
     return json.loads((artifact / "plan.json").read_text())["targets"][target]["steps"]
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_moe_kernels_in_every_code_object(olmoe, q4, target):
-    for art in (olmoe, q4):
+def test_moe_kernels_in_every_code_object(olmoe, q4, shared, target):
+    for art, layer in ((olmoe, "l0"), (q4, "l0"), (shared, "l1")):
         code = kernel_code(art, target)
         assert launched_kernels(art, target) <= set(code)
-        decode = [x["kernel"] for x in steps(art, target)["decode"] if x["group"] == "l0.moe"]
+        group = f"{layer}.moe"
+        decode = [x["kernel"] for x in steps(art, target)["decode"] if x["group"] == group]
         assert [k.rsplit("_", 1)[-1] for k in decode] == ["up", "down"]
-        prefill = [x["kernel"] for x in steps(art, target)["prefill"] if x["group"] == "l0.moe"]
+        prefill = [x["kernel"] for x in steps(art, target)["prefill"] if x["group"] == group]
         assert [k.split("_prefill_")[-1] for k in prefill] == [
             "route", "group", "gate_up", "down", "combine"
         ]  # fmt: skip
         groups = [x["group"] for x in steps(art, target)["decode"]]
-        i = groups.index("l0.moe")
-        assert groups[i - 2 : i] == ["l0.ffn_norm", "l0.router"]
+        router = f"{layer}.router" + ("+shared.expert_gate" if art is shared else "")
+        i = groups.index(group)
+        assert groups[i - 2 : i] == [f"{layer}.ffn_norm", router]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_shared_expert_after_the_experts(shared, target):
+    """moe adds the routed sum in place, then the shared expert: its gate+up GLU GEMV and its
+    down GEMV adding sigmoid(gate logit) * row, the logit read from the router's last column."""
+    plan = json.loads((shared / "plan.json").read_text())
+    decode = plan["targets"][target]["steps"]["decode"]
+    groups = [x["group"] for x in decode]
+    i = groups.index("l1.moe")
+    assert groups[i : i + 4] == ["l1.moe", "l1.moe", "l1.shared.gate+up", "l1.shared.down"]
+    down = decode[i + 3]
+    assert "_residual_sig_" in down["kernel"]
+    assert down["args"][-1] == {"kind": "int", "value": 12}  # ldg: the router's 11 + the gate
+    assert launched_kernels(shared, target) <= set(kernel_code(shared, target))
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -2,8 +2,8 @@
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). The tiny
 random-init families of tests/graphs/test_moe.py (odd expert counts, top-k of 1, 2 and 8,
-renormalisation on and off, dense layers mixed in, Mixtral's sliding window, OLMoE's q/k
-norm over the whole projection), from Hugging Face folders in float32 and bf16 and from
+renormalisation on and off, dense layers mixed in, Qwen2-MoE's gated shared expert,
+Mixtral's sliding window, OLMoE's q/k norm over the whole projection), from Hugging Face folders in float32 and bf16 and from
 GGUF files with llama.cpp's stacked expert tensors in Q8_0 / Q4_0 / Q4_1: relative logit
 error <= 2e-3 over a prefill in chunks and token-by-token decode, greedy tokens equal
 (test_compiled_gpu.check).
@@ -25,6 +25,8 @@ from test_moe import make_moe_model
 pytestmark = pytest.mark.gpu
 
 FAMILIES = [
+    "qwen2_moe-e5-k1-shared",  # the sigmoid-gated shared expert
+    "qwen2_moe-e11-k3-shared-norm-step2",
     "qwen3_moe-e7-k2-norm-mlp_only",
     "qwen3_moe-e9-k8-step2",
     "mixtral-e3-k2-sliding",

@@ -188,3 +188,69 @@ def test_prefill_matches_numpy(moe, name, T):
     assert n_tiles == sum(-(-c // 64) for c in counts) <= m.max_tiles
     assert np.isfinite(got).all()
     assert rel_err(got, want) <= 1e-5, rel_err(got, want)
+
+
+# -- Qwen2-MoE's shared expert: the linear kernels' gated residual -------------------------
+
+# name: (wtype, N, K); y[t] = res[t] + sigmoid(gate[t * ldg]) * (W x[t] + b)
+GATED = {
+    "gated_bf16": ("bfloat16", 48, 256),
+    "gated_q4_0": ("q4_0", 64, 256),
+    "gated_f32_odd": ("float32", 37, 96),
+}
+LDG = 5  # the gate logit is a column of a wider buffer (the router's logits + 1)
+
+
+@pytest.fixture(scope="module")
+def gated():
+    from hipc.compiler.kernels.linear import LinearParams, decode_gemv, prefill_gemm
+
+    kernels = {}
+
+    def build(arch):
+        specs = []
+        for i, (name, (wtype, N, K)) in enumerate(GATED.items()):
+            p = LinearParams(wtype, N, K, 0.0, "residual", True, gated=True)
+            dk = decode_gemv(f"gv{i}", p, GpuTarget(arch), [name])
+            pk = prefill_gemm(f"gm{i}", p, GpuTarget(arch), [name])
+            kernels[name] = (dk, pk)
+            specs += [(k.fn, k.template, k.ctx, k.shared) for k in (dk, pk)]
+        return specs
+
+    dev = DeviceKernels(build)
+    dev.kernels = kernels
+    yield dev
+    dev.close()
+
+
+@pytest.mark.parametrize("T", [1, 9])
+@pytest.mark.parametrize("name", sorted(GATED))
+def test_gated_residual_matches_numpy(gated, name, T):
+    wtype, N, K = GATED[name]
+    rng = np.random.default_rng(sorted(GATED).index(name) + 10 * T)
+    raw, w = pack(0.1 * rng.standard_normal((N, K)), wtype)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    res = rng.standard_normal((T, N)).astype(np.float32)
+    g = (2 * rng.standard_normal((T, LDG))).astype(np.float32)
+    s = 1 / (1 + np.exp(-g[:, LDG - 1 : LDG].astype(np.float64)))
+    want = res + s * (x.astype(np.float64) @ w.T + b)
+    dk, pk = gated.kernels[name]
+    dev = gated
+    try:
+        xs, ws, bs, gs = dev.upload(x), dev.upload(raw), dev.upload(b), dev.upload(g)
+        gate = gs + 4 * (LDG - 1)
+        y = dev.upload(res)  # in place, as the residual stream is updated
+        if T == 1:
+            args = [*u64(xs, ws, 0, bs, y, y, gate), ("i32", LDG)]
+            dev.launch(dk.fn, dk.grid, dk.threads, args, dk.shared)
+        else:
+            args = [("u64", xs), ("i32", T), *u64(ws, 0, 0, bs, y, y, gate), ("i32", LDG)]
+            grid = [-(-N // pk.block_outputs), -(-T // pk.block_tokens)]
+            dev.launch(pk.fn, grid, pk.threads, args, pk.shared)
+        got = dev.read(y, (T, N))
+    finally:
+        dev.free()
+    # q4_0 decode: x staged as int8 hi + lo planes; bf16 prefill: x split into bf16 hi + lo
+    tol = 1e-4 if (wtype, T) in (("q4_0", 1), ("bfloat16", 9)) else 1e-5
+    assert rel_err(got, want) <= tol, rel_err(got, want)
