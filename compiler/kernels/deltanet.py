@@ -9,8 +9,9 @@ epilogue (`deltanet:gate`). The kernel reads the projections' outputs (q/k/v con
 [value heads, dk, dv] matrices), and writes the gated output rows for the out-projection.
 
 CPU: templates/cpu/deltanet.cpp.j2, token by token (the recurrence; value heads in
-parallel). Qwen3-Next's per-key-head packed projections (HF files) are not read by it yet;
-no GPU kernel yet (pipeline.NO_KERNEL_YET stops GPU targets first).
+parallel). Qwen3-Next's b and a packed per key head in one projection are read as they
+are; its q/k/v/z packed per key head (HF files, undone by a Concat in the graph) are not
+(the pipeline refuses them first), nor does any GPU target have this kernel yet.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class DeltaNetParams(Params):
     norm_eps: float
     v_tiled: bool  # value head h reads key head h % NK (else h / (NV / NK))
     dt_bias: bool  # a separate dt bias (else the a projection added it)
+    # Qwen3-Next's in_proj_ba: per key head [b (NV/NK) | a (NV/NK)] in one projection
+    ba_packed: bool
     conv_wtype: str  # the conv weight's storage type (widened to float32 per call)
 
     def tag(self) -> str:
@@ -97,6 +100,16 @@ def _feeders(graph: Graph, anchor: Node) -> list[Node]:
         found[p.name] = p
         stack.extend(i for i in p.inputs if i not in graph.initializers and i not in graph.states)
     return list(found.values())
+
+
+def _packed_half(graph: Graph, value: str) -> tuple[str, int] | None:
+    """Reshape(Split(Reshape(projection)).out[i]): (the projection, i), else None."""
+    flat = graph.producer(value)
+    split = flat and flat.op == "Reshape" and graph.producer(flat.inputs[0])
+    heads = split and split.op == "Split" and graph.producer(split.inputs[0])
+    if not heads or heads.op != "Reshape" or not _is_projection(graph, heads.inputs[0]):
+        return None
+    return heads.inputs[0], split.outputs.index(flat.inputs[0])
 
 
 def _gate_epilogue(graph: Graph, anchor: Node, p: Proposals) -> list[Node] | None:
@@ -168,8 +181,21 @@ class DeltaNet(KernelKind):
         a, dt = soft.inputs[0], ("none", None)
         add = g.producer(a)
         if add is not None and add.op == "Add":
-            a, bias = (add.inputs if _is_projection(g, add.inputs[0]) else add.inputs[::-1])[:2]
+            bias = next((i for i in add.inputs if i in g.initializers), None)
+            if bias is None:
+                raise FusionError(f"{grp.name}: dt_bias must be a weight")
+            a = next(i for i in add.inputs if i != bias)
             dt = ("weight", bias)
+        b_src, packed = beta.inputs[0], None
+        if not _is_projection(g, a):
+            packed = (_packed_half(g, b_src), _packed_half(g, a))
+            if (
+                None in packed
+                or packed[0][0] != packed[1][0]
+                or (packed[0][1], packed[1][1]) != (0, 1)
+            ):
+                raise FusionError(f"{grp.name}: b and a must be projections, or [b | a] packed")
+            b_src = a = packed[0][0]
         silu_z = next(n for n in grp.epilogue if n.op == "hipc::SiLU")
         z = g.producer(silu_z.inputs[0]).inputs[0]
         flat = grp.epilogue[-1]
@@ -178,14 +204,14 @@ class DeltaNet(KernelKind):
         C, KC = g.values[conv.inputs[1]].shape[0], g.values[conv.inputs[1]].shape[-1]
         if C != 2 * NK * DK + NV * DV:
             raise FusionError(f"{grp.name}: conv channels {C} are not q, k, v")
-        for v in (a, beta.inputs[0], z):
+        for v in (a, b_src, z):
             if not _is_projection(g, v):
                 raise FusionError(f"{grp.name}: {v} must be a projection's output")
         l2 = by_op.get("hipc::L2Normalization", [])
         refs: dict[str, Any] = {
             "x": ("act", x),
             "z": ("act", z),
-            "b": ("act", beta.inputs[0]),
+            "b": ("act", b_src),
             "a": ("act", a),
             "conv_w": ("weight", conv.inputs[1]),
             "A": ("weight", A),
@@ -207,6 +233,7 @@ class DeltaNet(KernelKind):
             v_tiled=bool(d.attrs.get("v_tiled")),
             dt_bias=dt[0] == "weight",
             conv_wtype=conv_wtype,
+            ba_packed=packed is not None,
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
