@@ -8,8 +8,8 @@ epilogue (`deltanet:gate`). The kernel reads the projections' outputs (q/k/v con
 [T, C], z, b, a as column views) and its two recurrent states (the conv window and the
 [value heads, dk, dv] matrices), and writes the gated output rows for the out-projection.
 
-CPU: templates/cpu/deltanet.cpp.j2, token by token (the recurrence; value heads in
-parallel). Qwen3-Next's b and a packed per key head in one projection are read as they
+CPU: templates/cpu/deltanet.cpp.j2: the conv for all tokens, then per value head (in
+parallel) the recurrence for one token (decode) or the chunked form for several (prefill). Qwen3-Next's b and a packed per key head in one projection are read as they
 are; its q/k/v/z packed per key head (HF files, undone by a Concat in the graph) are not
 (the pipeline refuses them first), nor does any GPU target have this kernel yet.
 """
@@ -63,6 +63,7 @@ class DeltaNetParams(Params):
     dt_bias: bool  # a separate dt bias (else the a projection added it)
     # Qwen3-Next's in_proj_ba: per key head [b (NV/NK) | a (NV/NK)] in one projection
     ba_packed: bool
+    chunk: int  # prefill tokens per chunk of the delta rule
     conv_wtype: str  # the conv weight's storage type (widened to float32 per call)
 
     def tag(self) -> str:
@@ -234,6 +235,7 @@ class DeltaNet(KernelKind):
             dt_bias=dt[0] == "weight",
             conv_wtype=conv_wtype,
             ba_packed=packed is not None,
+            chunk=int(d.attrs.get("chunk_size") or 64),
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
