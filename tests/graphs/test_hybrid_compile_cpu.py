@@ -102,3 +102,4 @@ def test_qwen3_next_hf_packing_refused_in_one_line(tmp_path, capsys):
     rc = main(["compile", str(tmp_path / "hf"), "--target", "cpu", "-o", str(tmp_path / "m")])
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert rc == 2 and len(err) == 1 and "in_proj_qkvz packed per key head" in err[0]
+    assert not (tmp_path / "m").exists()
