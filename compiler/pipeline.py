@@ -161,11 +161,6 @@ def refuse_ops_without_kernels(graph: Graph, targets: tuple[str, ...]) -> None:
     for node in graph.nodes:
         if node.op in NO_KERNEL_YET and not cpu_only:
             raise HipcError(f"{node.name}: {NO_KERNEL_YET[node.op]}")
-        if node.op == "hipc::CausalConv1d" and graph.producer(node.inputs[0]).op == "Concat":
-            raise HipcError(
-                f"{node.name}: Qwen3-Next's in_proj_qkvz packed per key head (HF files) has no "
-                "kernel yet; llama.cpp's GGUF of the model (attn_qkv, attn_gate) compiles"
-            )
         if node.op in NO_GPU_KERNEL_YET and not cpu_only:
             raise HipcError(f"{node.name}: {NO_GPU_KERNEL_YET[node.op]} have no GPU kernel yet")
 

@@ -9,9 +9,9 @@ epilogue (`deltanet:gate`). The kernel reads the projections' outputs (q/k/v con
 [value heads, dk, dv] matrices), and writes the gated output rows for the out-projection.
 
 CPU: templates/cpu/deltanet.cpp.j2: the conv for all tokens, then per value head (in
-parallel) the recurrence for one token (decode) or the chunked form for several (prefill). Qwen3-Next's b and a packed per key head in one projection are read as they
-are; its q/k/v/z packed per key head (HF files, undone by a Concat in the graph) are not
-(the pipeline refuses them first), nor does any GPU target have this kernel yet.
+parallel) the recurrence for one token (decode) or the chunked form for several (prefill).
+Qwen3-Next's projections packed per key head (HF's in_proj_qkvz and in_proj_ba, which the
+graph unpacks with Reshape/Split/Concat) are read where they are. No GPU kernel yet.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ FEEDERS = frozenset(
         "Softplus",
         "Mul",
         "Add",
+        "Concat",
     }
 )
 
@@ -63,6 +64,8 @@ class DeltaNetParams(Params):
     dt_bias: bool  # a separate dt bias (else the a projection added it)
     # Qwen3-Next's in_proj_ba: per key head [b (NV/NK) | a (NV/NK)] in one projection
     ba_packed: bool
+    # Qwen3-Next's in_proj_qkvz (HF): per key head [q DK | k DK | v R*DV | z R*DV]
+    qkvz_packed: bool
     chunk: int  # prefill tokens per chunk of the delta rule
     conv_wtype: str  # the conv weight's storage type (widened to float32 per call)
 
@@ -113,6 +116,27 @@ def _packed_half(graph: Graph, value: str) -> tuple[str, int] | None:
     return heads.inputs[0], split.outputs.index(flat.inputs[0])
 
 
+def _qkvz_source(graph: Graph, value: str) -> tuple[str, Node] | None:
+    """Concat(Reshape(s.0), Reshape(s.1), Reshape(s.2)) with s = Split(Reshape(projection)) in
+    four parts (graphs/hybrid.py undoing Qwen3-Next's per-key-head packing): (the
+    projection, s), else None."""
+    cat = graph.producer(value)
+    if cat is None or cat.op != "Concat" or len(cat.inputs) != 3:
+        return None
+    parts = [graph.producer(i) for i in cat.inputs]
+    if any(r is None or r.op != "Reshape" for r in parts):
+        return None
+    split = graph.producer(parts[0].inputs[0])
+    if split is None or split.op != "Split" or len(split.outputs) != 4:
+        return None
+    if [r.inputs[0] for r in parts] != list(split.outputs[:3]):
+        return None
+    heads = graph.producer(split.inputs[0])
+    if heads is None or heads.op != "Reshape" or not _is_projection(graph, heads.inputs[0]):
+        return None
+    return heads.inputs[0], split
+
+
 def _gate_epilogue(graph: Graph, anchor: Node, p: Proposals) -> list[Node] | None:
     """RMSNormalization(o) * SiLU(Reshape(z)) -> Reshape(flat): the nodes, or None."""
     norm = p.only_user(anchor.outputs[0])
@@ -157,12 +181,15 @@ class DeltaNet(KernelKind):
                 "(a layout it does not read: Qwen3-Next's per-key-head packed projections?)"
             )
         conv, norm = convs[0], norms[0]
-        x = conv.inputs[0]
+        x, qkvz = conv.inputs[0], None
         if not _is_projection(g, x):
-            raise FusionError(
-                f"{grp.name}: q/k/v must come from one projection (Qwen3-Next's per-key-head "
-                "packing of HF files has no CPU kernel yet)"
-            )
+            qkvz = _qkvz_source(g, x)
+            if qkvz is None:
+                raise FusionError(
+                    f"{grp.name}: q/k/v must come from one projection, or packed per key head "
+                    "as Qwen3-Next's in_proj_qkvz"
+                )
+            x = qkvz[0]
         conv_wtype = g.values[conv.inputs[1]].dtype
         if conv_wtype not in CONV_WTYPES:
             raise FusionError(
@@ -199,6 +226,10 @@ class DeltaNet(KernelKind):
             b_src = a = packed[0][0]
         silu_z = next(n for n in grp.epilogue if n.op == "hipc::SiLU")
         z = g.producer(silu_z.inputs[0]).inputs[0]
+        if qkvz is not None:
+            if z != qkvz[1].outputs[3]:
+                raise FusionError(f"{grp.name}: z must be the packed projection's fourth part")
+            z = x
         flat = grp.epilogue[-1]
         _, NK, DK = g.values[d.inputs[0]].shape
         _, NV, DV = g.values[d.inputs[2]].shape
@@ -235,6 +266,7 @@ class DeltaNet(KernelKind):
             dt_bias=dt[0] == "weight",
             conv_wtype=conv_wtype,
             ba_packed=packed is not None,
+            qkvz_packed=qkvz is not None,
             chunk=int(d.attrs.get("chunk_size") or 64),
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)

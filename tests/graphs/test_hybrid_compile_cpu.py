@@ -4,7 +4,7 @@ attention) against the reference executor, itself checked against transformers
 in prefill calls of max_tokens (the kernel's chunked form) then token by token (its
 recurrence), <= 1e-3 relative, 32 greedy tokens
 equal; float32 and bf16 HF weights, F32 and Q8_0 GGUF files (value heads in llama.cpp's
-tiled order); Qwen3.5-MoE and Qwen3-Next (its GGUF) with routed and shared experts.
+tiled order); Qwen3.5-MoE and Qwen3-Next (HF and GGUF) with routed and shared experts.
 """
 
 from __future__ import annotations
@@ -85,21 +85,13 @@ def test_compiled_qwen35_gguf(qtype, bound, tmp_path):
 
 
 def test_compiled_moe_hybrids_match_reference(tmp_path):
-    """Routed experts plus the sigmoid-gated shared expert (the moe and linear kinds):
-    Qwen3.5-MoE from its HF folder, Qwen3-Next from llama.cpp's GGUF (q/k/v and z split by
-    the converter, b and a still packed per key head: the deltanet kernel reads them so)."""
+    """Routed experts plus the sigmoid-gated shared expert (the moe and linear kinds), and
+    Qwen3-Next's projections packed per key head: its HF in_proj_qkvz and in_proj_ba read
+    where they are, and its GGUF (q/k/v and z split by llama.cpp's converter, b and a still
+    packed). Qwen3.5-MoE from its HF folder."""
     make_hybrid_hf("qwen3_5_moe", tmp_path / "moe", seed=12)
     _check(_compile(tmp_path / "moe", tmp_path / "moe.hipc"), tmp_path / "moe")
     hf = make_hybrid_hf("qwen3_next", tmp_path / "next")
+    _check(_compile(tmp_path / "next", tmp_path / "next.hipc", 64), tmp_path / "next")
     path = write_hybrid_gguf(hf, tmp_path / "n.gguf", "qwen3next")
     _check(_compile(path, tmp_path / "n.hipc"), path)
-
-
-def test_qwen3_next_hf_packing_refused_in_one_line(tmp_path, capsys):
-    from hipc.cli.main import main
-
-    make_hybrid_hf("qwen3_next", tmp_path / "hf")
-    rc = main(["compile", str(tmp_path / "hf"), "--target", "cpu", "-o", str(tmp_path / "m")])
-    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert rc == 2 and len(err) == 1 and "in_proj_qkvz packed per key head" in err[0]
-    assert not (tmp_path / "m").exists()
