@@ -82,6 +82,16 @@ const {kv}* __restrict__ v_cache, float* out
 """)
 
 
+def flash_signature(kv: str) -> Signature:
+    """The matrix-instruction prefill attention: the SIMT one's arguments and T (its grid
+    covers query blocks, so rows past T are skipped in-kernel)."""
+    return Signature.parse(f"""
+const float* __restrict__ q, int ldq, int T, const int* start, const float* __restrict__ q_norm_w,
+const float* __restrict__ cos_t, const float* __restrict__ sin_t, const {kv}* __restrict__ k_cache,
+const {kv}* __restrict__ v_cache, float* out
+""")
+
+
 def decode_signature(kv: str) -> Signature:
     return Signature.parse(f"""
 const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const int* start,
@@ -200,10 +210,19 @@ class Attention(KernelKind):
             GpuKernel(f"{k.fn}_rope_kv", "rope_kv", dict(nodes=k.nodes, block=block,
                       params=rope_sig.render(GPU_INDENT), **kv_ctx, **p.to_json()), [], block)
         )  # fmt: skip
-        attn = g.kernel(
-            GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
-                      params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.to_json()), [], 0)
-        )  # fmt: skip
+        # bf16 operands like the GEMMs' (--prefill-precision split: the float32 SIMT kernel)
+        fk = (
+            flash_attention(k.fn, p, g.target, k.nodes, g.kv_storage)
+            if g.prefill_precision == "bf16"
+            else None
+        )
+        if fk is None:
+            attn = g.kernel(
+                GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
+                          params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.to_json()), [], 0)
+            )  # fmt: skip
+        else:
+            attn, attn_sig = g.kernel(fk), flash_signature(kv)
         if DECODE_WAVES * wave < D // 2:
             raise FusionError(f"{k.group}: head dim {D} is too wide for the decode block")
         dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
@@ -222,9 +241,13 @@ class Attention(KernelKind):
         g.launch("prefill", k.group, rope, ["T", p.NKV], [block], rope_sig,
                  {**shared, "k": kk, "ldk": b.int(b.ld(r["k"][1])), "v": v,
                   "ldv": b.int(b.ld(r["v"][1])), "k_norm_w": b.ref(r["k_norm_w"])})  # fmt: skip
-        g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig,
-                 {**shared, "q": q, "ldq": b.int(b.ld(r["q"][1])),
-                  "q_norm_w": b.ref(r["q_norm_w"]), "out": b.act(r["out"][1])})  # fmt: skip
+        q_args = {**shared, "q": q, "ldq": b.int(b.ld(r["q"][1])),
+                  "q_norm_w": b.ref(r["q_norm_w"]), "out": b.act(r["out"][1])}  # fmt: skip
+        if fk is None:
+            g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
+        else:
+            g.launch("prefill", k.group, attn, [f"cdiv(T,{FLASH_BQ})", p.NH], [fk.threads],
+                     attn_sig, {**q_args, "T": b.int("T")}, shared=fk.shared)  # fmt: skip
         g.launch(
             "decode",
             k.group,
@@ -353,6 +376,39 @@ def kv_context(kv_storage: str) -> dict[str, str]:
     """The attention templates' KV element type and the suffix of its prelude helpers."""
     kv_type, kv_suffix = KV_TYPES[kv_storage]
     return dict(kv_type=kv_type, kv_suffix=kv_suffix)
+
+
+FLASH_BQ = 64  # the flash kernel's query rows per block (4 warps of 16); keys go 64 at a time
+FLASH_ARCHS = frozenset({"sm_80", "sm_89", "sm_90"})
+
+
+def flash_attention(
+    fn: str,
+    p: AttentionParams,
+    target: GpuTarget,
+    nodes: list[str],
+    kv_storage: str,
+    pipelined: bool = False,
+) -> GpuKernel | None:
+    """The matrix-instruction prefill attention (templates/hip/attention_flash.hip.j2), or None
+    for the SIMT one: NVIDIA mma.sync only for now, head dims of whole k steps up to 128 (the
+    accumulators of 16 rows x D stay in registers). `pipelined` double-buffers the key/value
+    blocks with cp.async (a bfloat16 cache only: it copies them as stored). Off by default: it
+    compiles and tests/gpu covers it, but it has not run on a GPU yet (the plain form has)."""
+    if target.arch not in FLASH_ARCHS or p.D % 16 or p.D > 128:
+        return None
+    pipelined = bool(pipelined) and kv_storage == "bfloat16"
+    kv_ctx = kv_context(kv_storage)
+    ctx = dict(
+        nodes=nodes,
+        pipelined=pipelined,
+        params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+        **kv_ctx,
+        **p.to_json(),
+    )
+    # q (then P), and K and V (twice, pipelined) in bf16, rows padded
+    shared = (FLASH_BQ + (4 if pipelined else 2) * 64) * (p.D + 8) * 2
+    return GpuKernel(f"{fn}_flash", "attention_flash", ctx, [], 128, shared)
 
 
 def decode_attention(
