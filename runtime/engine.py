@@ -14,6 +14,7 @@ import numpy as np
 
 from hipc.base.errors import HipcError
 from hipc.runtime.artifact import Artifact, load_artifact
+from hipc.runtime.recurrent import RecurrentSequence
 
 
 class CompiledEngine:
@@ -23,6 +24,10 @@ class CompiledEngine:
         self.max_context = backend.max_context
         self.vocab_size = artifact.plan["vocab_size"]
         self._tokenizer = None
+        # recurrent states: prefix reuse from snapshots, where the backend can copy them
+        self.sequence = None
+        if any(s.kind == "recurrent" for s in artifact.states) and hasattr(backend, "snapshot"):
+            self.sequence = RecurrentSequence(self._step, backend, self.max_context)
 
     @property
     def tokenizer(self):
@@ -35,10 +40,28 @@ class CompiledEngine:
         """Whether states left by a prompt may be reused by a sequence starting with it."""
         return self.artifact.prefix_reuse
 
+    @property
+    def reused(self) -> int:
+        """Positions the last prompt took from a snapshot of the recurrent states."""
+        return self.sequence.reused if self.sequence else 0
+
     def reset(self) -> None:
         """Start a new sequence: each state follows its kind's reset rule (a recurrent state
         is zeroed; a KV cache is not: attention reads only positions this sequence wrote)."""
-        self.backend.reset()
+        if self.sequence:
+            self.sequence.reset()
+        else:
+            self.backend.reset()
+
+    def _step(self, tokens: list[int], start: int, all_rows: bool) -> np.ndarray:
+        return self._run(tokens, start, all_rows)  # [1, vocab] unless all rows
+
+    def _check(self, tokens: Sequence[int], start: int) -> None:
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.size == 0:
+            raise HipcError("no tokens to run")
+        if ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
 
     def _run(self, tokens: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)
@@ -63,10 +86,16 @@ class CompiledEngine:
 
     def forward(self, tokens: Sequence[int], start: int) -> np.ndarray:
         """Logits of the last token [vocab]."""
+        if self.sequence:
+            self._check(tokens, start)
+            return self.sequence.forward(list(tokens), start)
         return self._run(tokens, start, False)[-1]
 
     def logits(self, tokens: Sequence[int], start: int = 0) -> np.ndarray:
         """Logits of every token [len(tokens), vocab]."""
+        if self.sequence:
+            self._check(tokens, start)
+            return self.sequence.logits(list(tokens), start)
         return self._run(tokens, start, True)
 
     def close(self) -> None:

@@ -148,6 +148,19 @@ class CpuBackend:
             if spec.needs_reset:
                 a.fill(0)
 
+    # -- recurrent states (runtime/recurrent.py takes and restores snapshots) --
+
+    def reset_recurrent(self) -> None:
+        self.reset()
+
+    def snapshot(self) -> list[np.ndarray]:
+        return [a.copy() for spec, a in zip(self.states, self.kv, strict=True) if spec.needs_reset]
+
+    def restore(self, snapshot: list[np.ndarray]) -> None:
+        recurrent = [a for spec, a in zip(self.states, self.kv, strict=True) if spec.needs_reset]
+        for dst, src in zip(recurrent, snapshot, strict=True):
+            np.copyto(dst, src)  # in place: hipc_forward holds these pointers
+
     def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
         """One sequence's tokens at start..: its block b is pool block b."""
         T = len(ids)
