@@ -95,11 +95,33 @@ const float* __restrict__ A, const float* __restrict__ dt_bias, const float* __r
 float* conv_state, float* ssm_state, float* __restrict__ y, int ldy
 """)
 MAX_GPU_THREADS = 1024
+MAX_GPU_ROWS = 64  # state rows a lane holds in registers
+
+
+def gpu_lanes(p: DeltaNetParams) -> int:
+    """Lanes per state column: split while a lane would hold more than MAX_GPU_ROWS rows and
+    the block stays within MAX_GPU_THREADS."""
+    lanes, cols = 1, (p.NV // p.NK) * p.DV
+    while p.DK // lanes > MAX_GPU_ROWS and p.DK % (2 * lanes) == 0:
+        if cols * 2 * lanes > MAX_GPU_THREADS:
+            break
+        lanes *= 2
+    return lanes
 
 
 def gpu_threads(p: DeltaNetParams, wave: int) -> int:
-    """The GPU block: a thread per state column of the key head's value heads, whole waves."""
-    return -(-(p.NV // p.NK) * p.DV // wave) * wave
+    """The GPU block: `gpu_lanes` per state column of the key head's value heads, whole waves."""
+    return -(-(p.NV // p.NK) * p.DV * gpu_lanes(p) // wave) * wave
+
+
+def gpu_kernel(fn: str, p: DeltaNetParams, wave: int, nodes: list[str]) -> GpuKernel:
+    """The layer's one GPU kernel (templates/hip/deltanet.hip.j2): grid = key heads."""
+    threads = gpu_threads(p, wave)
+    ctx = dict(
+        nodes=nodes, threads=threads, lanes=gpu_lanes(p), params=GPU.render(GPU_INDENT),
+        **p.context(),
+    )  # fmt: skip
+    return GpuKernel(fn, "deltanet", ctx, [p.NK], threads)
 
 
 def _is_projection(graph: Graph, value: str) -> bool:
@@ -309,17 +331,16 @@ class DeltaNet(KernelKind):
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: DeltaNetParams = k.params
-        threads = gpu_threads(p, g.target.wave)
-        if threads > MAX_GPU_THREADS:
+        dk = gpu_kernel(k.fn, p, g.target.wave, k.nodes)
+        if dk.threads > MAX_GPU_THREADS:
             raise FusionError(
-                f"{k.group}: {p.NV // p.NK} value heads x {p.DV} per key head need {threads} "
+                f"{k.group}: {p.NV // p.NK} value heads x {p.DV} per key head need {dk.threads} "
                 f"threads, over the GPU deltanet block's {MAX_GPU_THREADS}"
             )
-        ctx = dict(nodes=k.nodes, threads=threads, params=GPU.render(GPU_INDENT), **p.context())
-        fn = g.kernel(GpuKernel(k.fn, "deltanet", ctx, [p.NK], threads))
+        fn = g.kernel(dk)
         args = self.cpu_call(k, b)
         for step in ("decode", "prefill"):
-            g.launch(step, k.group, fn, [p.NK], [threads], GPU, args, overlap=step == "decode")
+            g.launch(step, k.group, fn, dk.grid, [dk.threads], GPU, args, overlap=step == "decode")
 
 
 KIND = DeltaNet()

@@ -8,7 +8,7 @@ states after each step against NumPy in float64 -- the causal conv, L2 norms and
 rule's recurrence from compiler/reference (delta_rule.recurrent, expand_heads), the gates and
 the gated RMSNorm written out here. Cases: grouped and tiled value heads, odd head counts, the
 three conv weight types, Qwen3-Next's projections packed per key head, and the Qwen3.5-35B
-shape (16 key / 32 value heads of 128).
+shape (16 key / 32 value heads of 128), where 2 lanes share a state column (4 for dk 256).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipc.compiler.kernels.base import GPU_INDENT
-from hipc.compiler.kernels.deltanet import GPU, DeltaNetParams, gpu_threads
+from hipc.compiler.kernels.deltanet import DeltaNetParams, gpu_kernel
 from hipc.compiler.reference import delta_rule
 from hipc.compiler.targets import GpuTarget
 
@@ -32,7 +31,8 @@ CASES = {
     "tiled_bf16": (2, 6, 32, 16, 4, True, False, False, "bfloat16", (1, 5, 1, 64)),
     "next_packed_f16": (3, 6, 8, 12, 3, False, True, True, "float16", (9, 1, 1, 33)),
     "one_tap": (1, 1, 8, 8, 2, False, True, False, "float32", (3, 1)),
-    "qwen35_35b": (16, 32, 128, 128, 4, False, True, False, "bfloat16", (6, 1, 1)),
+    "qwen35_35b": (16, 32, 128, 128, 4, False, True, False, "bfloat16", (6, 1, 1)),  # 2 lanes
+    "dk256_four_lanes": (1, 2, 256, 40, 4, False, True, False, "float32", (5, 1)),
 }
 SCALE_EPS = dict(l2_eps=1e-6, norm_eps=1e-6)
 
@@ -50,13 +50,10 @@ def kernels():
     specs = {}
 
     def build(arch):
-        wave = GpuTarget(arch).wave
         for name, case in CASES.items():
-            p = params(case)
-            threads = gpu_threads(p, wave)
-            ctx = dict(nodes=[name], threads=threads, params=GPU.render(GPU_INDENT), **p.context())
-            specs[name] = (f"dn_{name}", threads)
-            yield (f"dn_{name}", "deltanet", ctx, 0)
+            k = gpu_kernel(f"dn_{name}", params(case), GpuTarget(arch).wave, [name])
+            specs[name] = (k.fn, k.threads)
+            yield (k.fn, k.template, k.ctx, 0)
 
     dev = DeviceKernels(lambda arch: list(build(arch)))
     dev.specs = specs
