@@ -8,8 +8,8 @@ kernel carrying its states across steps) and then token by token (decode), with
 `--prefill-precision split` (float32-grade GEMMs and the SIMT attention): <= 2e-3 relative,
 32 greedy tokens equal. HF folders in float32 and bf16, llama.cpp-named GGUF files (tiled
 value heads; Qwen3-Next's packed b/a), routed and shared experts. The default bf16 policy
-(the flash attention with the output gate and partial RoPE) is held to the bar of
-test_compiled_gpu.py's test_bf16_prefill_policy_on_gpu.
+(the flash attention with the output gate and partial RoPE) is held to a looser bar than
+test_compiled_gpu.py's test_bf16_prefill_policy_on_gpu (see that test).
 
 The models need a transformers with the hybrids (5.x). Where the GPU machine's lacks them,
 write them ahead on one that has them and point HIPC_HYBRID_MODELS at the folder:
@@ -151,8 +151,12 @@ def test_qwen3_next_on_gpu(source, tmp_path):
 
 def test_qwen3_5_bf16_prefill_policy_on_gpu(tmp_path):
     """The default policy: bf16 operands in the prefill GEMMs and the flash attention (with
-    the output gate and partial RoPE, head dim 32). Bar as test_bf16_prefill_policy_on_gpu:
-    0.1 relative and 90% top-1, which a wrong gate or rotation (O(1) errors) cannot meet."""
+    the output gate and partial RoPE, head dim 32). bf16 rounding of the GEMM operands moves
+    the dense tiny models' logits by up to 5e-2 (test_bf16_prefill_policy_on_gpu); these
+    hybrids carry rounding through their recurrent state (Q8_0 weights alone move them
+    0.4-10%, tests/graphs/test_hybrid_gguf.py), so the bar is 0.25 and 85% top-1 (not
+    measured on a GPU yet): a missing gate or a wrong rotation is an O(1) change. The tight
+    check of the flash kernel's gate and rotation is test_prefill_attention.py's."""
     src = model("qwen3_5-bfloat16-d32", tmp_path)
     gpu = _compile(src, tmp_path / "m.hipc", 64, prefill_precision="bf16")
     kinds = {
@@ -165,11 +169,11 @@ def test_qwen3_5_bf16_prefill_policy_on_gpu(tmp_path):
         tokens = np.random.default_rng(9).integers(0, gpu.vocab_size, 164).tolist()
         gpu.reset()
         got, want = gpu.logits(tokens[:160]), ref.logits(tokens[:160], 0)
-        assert rel_err(got, want) <= 0.1, rel_err(got, want)
-        assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9
+        assert rel_err(got, want) <= 0.25, rel_err(got, want)
+        assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.85
         steps = [gpu.forward([t], 160 + i) for i, t in enumerate(tokens[160:])]
         refs = [ref.logits([t], 160 + i)[-1] for i, t in enumerate(tokens[160:])]
-        assert rel_err(np.stack(steps), np.stack(refs)) <= 0.1
+        assert rel_err(np.stack(steps), np.stack(refs)) <= 0.25
     finally:
         gpu.close()
 
