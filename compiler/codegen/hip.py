@@ -41,8 +41,10 @@ class GpuProgramBuilder:
         max_ctx: int,
         kv_storage: str,
         kernels: list[SelectedKernel],
+        activations: str = "int16",
     ) -> None:
         self.target, self.max_tokens = target, max_tokens
+        self.activations = activations  # how quantized GEMVs round x (CompileOptions)
         self.max_ctx, self.kv_storage = max_ctx, kv_storage
         self.kernels: dict[str, str] = {}
         self.steps: dict[str, list[dict]] = {"decode": [], "prefill": []}
@@ -108,7 +110,9 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
             )
     memory = c.memory
     binder = Binder(memory, weight_order(c.kernels), [s.name for s in c.states])
-    g = GpuProgramBuilder(gpu, memory.max_tokens, c.max_ctx, c.kv_storage, c.kernels)
+    g = GpuProgramBuilder(
+        gpu, memory.max_tokens, c.max_ctx, c.kv_storage, c.kernels, c.options.activations
+    )
     for k in c.kernels:
         k.kind.gpu(k, binder, g)
     source = program_source(

@@ -251,7 +251,7 @@ class Linear(KernelKind):
             "res": b.ref(r["res"]),
             "y": b.act(r["y"][1]),
         }
-        dk = decode_gemv(k.fn, p, g.target, k.nodes)
+        dk = decode_gemv(k.fn, p, g.target, k.nodes, activations=g.activations)
         g.launch("decode", k.group, g.kernel(dk), dk.grid, [dk.threads], GEMV, common,
                  shared=dk.shared, overlap=True)  # fmt: skip
         pg = prefill_gemm(k.fn, p, g.target, k.nodes)
@@ -441,7 +441,9 @@ class QuantGemv:
 QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2)
 QUANT_GEMV_LARGE = QuantGemv(16, 4, 2, 128, 1)
 QUANT_GEMV_LARGE_BYTES = 4 << 20
-XQ_BLOCK_BYTES = 80  # x staged per 32 values (prelude: HIPC_XQ_INTS * 4)
+# x staged per 32 values (prelude: hipc_xq<LO>::INTS * 4): int16 activations as int8 hi + lo
+# planes, int8 activations as one plane
+XQ_BLOCK_BYTES = {"int16": 80, "int8": 48}
 
 
 @dataclass(frozen=True)
@@ -489,10 +491,16 @@ def stream_blocks(groups: int, waves: int, max_blocks: int) -> int:
 
 
 def decode_gemv(
-    fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], quant: QuantGemv | None = None
+    fn: str,
+    p: LinearParams,
+    target: GpuTarget,
+    nodes: list[str],
+    quant: QuantGemv | None = None,
+    activations: str = "int16",
 ) -> GpuKernel:
     """The GEMV of one linear. `quant` overrides quant_gemv's geometry (bench_gpu_gemv.py
-    times several)."""
+    times several); `activations` (CompileOptions.activations) is how a quantized GEMV
+    rounds x: int16 (int8 hi + lo planes) or int8 (one plane)."""
     wave = target.wave
     ws = WEIGHT_SUFFIX[p.wtype]
     glu = p.epilogue == "glu"
@@ -514,11 +522,12 @@ def decode_gemv(
             blocks=blocks,
             min_blocks=g.min_blocks,
             prefetch=g.prefetch and steps > g.unroll,
+            lo=activations == "int16",
             params=GEMV.render(GPU_INDENT),
             **qt.__dict__,
             **p.to_json(),
         )
-        shared = p.K // 32 * XQ_BLOCK_BYTES
+        shared = p.K // 32 * XQ_BLOCK_BYTES[activations]
         return GpuKernel(f"{fn}_gemv", "linear_gemv_q", ctx, [blocks], g.waves * wave, shared)
     ctx = dict(
         nodes=nodes,

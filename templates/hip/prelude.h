@@ -439,15 +439,22 @@ HIPC_DEVICE float hipc_w_q5_k(const void* W, int N, int K, int n, int k) {
   return hipc_f16_to_f32(dd[0]) * (float)(sc * v) - hipc_f16_to_f32(dd[1]) * (float)mn;
 }
 
-// The quantized GEMV multiplies integers: x is staged in shared memory as two int8 planes
-// per 32-value block, x ~= dq * (254 * hi + lo) with dq = max|x| / (127 * 254): hi is x
-// rounded to int8 on the block's scale, lo the remainder rounded on a 254x finer one. The
-// representation error is at most max|x| / 64516 per value (about 16 significant bits,
-// the class of a bf16 hi + lo split), and every product sums exactly in int32 (dp4a).
-// One staged block: hi[32], lo[32] as int8, then dq (float bits), the block's sum of
-// 254 * hi + lo and that sum over its first 16 values, padded to 80 bytes so that 8 lanes
-// reading 8 blocks hit distinct banks.
-#define HIPC_XQ_INTS 20
+// The quantized GEMV multiplies integers: x is staged in shared memory per 32-value block,
+// rounded on the block's scale d = max|x| / 127 to int8 q (hi). With int16 activations
+// (LO, the default) the remainder is rounded on a 254x finer scale to a second int8 plane
+// (lo): x ~= dq * (254 * hi + lo) with dq = d / 254, at most max|x| / 64516 off per value
+// (about 16 significant bits, the class of a bf16 hi + lo split). With int8 activations
+// (--activations int8, llama.cpp's q8_1 numerics) x ~= d * hi: half the dot products and
+// half the shared-memory reads, at most max|x| / 254 off per value. Every product sums
+// exactly in int32 (dp4a).
+// One staged block: hi[32] (and lo[32]) as int8, then meta = {dq or d (float bits), the
+// block's sum of 254 * hi + lo (or of hi), that sum over its first 16 values, 0}: 80 (48)
+// bytes, so that 8 lanes reading 8 consecutive blocks with 16-byte loads hit distinct banks.
+template <bool LO>
+struct hipc_xq {
+  static constexpr int INTS = LO ? 20 : 12;  // ints per staged block
+  static constexpr int META = LO ? 16 : 8;   // the meta int4's first int
+};
 // 4 int8 products summed into c: __dp4a on NVIDIA, v_dot4 on AMD where the arch has it.
 HIPC_DEVICE int hipc_dot4_i8(int a, int b, int c) {
 #if defined(__CUDACC__)
@@ -475,11 +482,12 @@ HIPC_DEVICE float hipc_fabs(float a) { return a < 0.f ? -a : a; }
 HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
   return ((int)a & 255) | ((int)b & 255) << 8 | ((int)c & 255) << 16 | (int)d << 24;
 }
-// Stage x[0..K) (times g[k] when g is given) into xq (K / 32 blocks of HIPC_XQ_INTS ints)
-// and return sum_k x[k]^2 to every thread: the RMSNorm's 1 / rms is one positive factor
-// common to every product, so a norm GEMV quantizes x * g and scales its sums at the end,
-// and the whole prologue is one pass over x and one barrier. Every thread of the block
-// calls it; 8 lanes share a 32-value block, 4 values each. `red`: __shared__ float[32].
+// Stage x[0..K) (times g[k] when g is given) into xq (K / 32 blocks of hipc_xq<LO>::INTS
+// ints) and return sum_k x[k]^2 to every thread: the RMSNorm's 1 / rms is one positive
+// factor common to every product, so a norm GEMV quantizes x * g and scales its sums at
+// the end, and the whole prologue is one pass over x and one barrier. Every thread of the
+// block calls it; 8 lanes share a 32-value block, 4 values each. `red`: __shared__ float[32].
+template <bool LO>
 HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red) {
   const int n4 = K / 4, stride = hipc_block_dim();
   // every lane runs the same number of rounds: the shuffles below need whole waves
@@ -505,21 +513,26 @@ HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, 
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       hi[e] = hipc_rint(xs[e] * id);
-      lo[e] = -hipc_fmax(-hipc_fmax(hipc_rint((xs[e] - hi[e] * d) * id * 254.f), -127.f), -127.f);
-      sum += 254 * (int)hi[e] + (int)lo[e];
+      if constexpr (LO) {
+        lo[e] = -hipc_fmax(-hipc_fmax(hipc_rint((xs[e] - hi[e] * d) * id * 254.f), -127.f), -127.f);
+        sum += 254 * (int)hi[e] + (int)lo[e];
+      } else {
+        sum += (int)hi[e];
+      }
     }
     sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 1));
     sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 2));
     const int sum16 = sum;  // lanes 0..3 of the 8: the block's first 16 values
     sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 4));
     if (ok) {
-      int* blk = xq + (i / 8) * HIPC_XQ_INTS;
+      int* blk = xq + (i / 8) * hipc_xq<LO>::INTS;
       blk[part] = hipc_pack4_i8(hi[0], hi[1], hi[2], hi[3]);
-      blk[8 + part] = hipc_pack4_i8(lo[0], lo[1], lo[2], lo[3]);
+      if constexpr (LO) blk[8 + part] = hipc_pack4_i8(lo[0], lo[1], lo[2], lo[3]);
       if (part == 0) {
-        blk[16] = __builtin_bit_cast(int, d / 254.f);
-        blk[17] = sum;
-        blk[18] = sum16;
+        int* meta = blk + hipc_xq<LO>::META;
+        meta[0] = __builtin_bit_cast(int, LO ? d / 254.f : d);
+        meta[1] = sum;
+        meta[2] = sum16;
       }
     }
   }
@@ -530,41 +543,65 @@ HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, 
   for (int w = 0; w < hipc_block_dim() / HIPC_WAVE; ++w) ss += red[w];
   return ss;
 }
-// One 32-weight block of a row against a staged x block: the exact integer
-// sum_k q[k] * (254 * hi[k] + lo[k]) of its (unsigned 4-bit or signed 8-bit) quants.
-HIPC_DEVICE int hipc_idot_q4(uint4 q, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+// One staged x block in registers: hi (and lo) as 8 words of 4 int8 each, and its meta
+// (without LO, L is never touched and takes no registers).
+template <bool LO>
+struct hipc_xb {
+  int H[8], L[8];
+  int4 meta;
+  HIPC_DEVICE float scale() const { return __builtin_bit_cast(float, meta.x); }
+};
+template <bool LO>
+HIPC_DEVICE hipc_xb<LO> hipc_load_xb(const int* xq, int blk) {
+  const int4* p = (const int4*)(xq + blk * hipc_xq<LO>::INTS);
+  hipc_xb<LO> r;
+  const int4 h0 = p[0], h1 = p[1];
+  r.H[0] = h0.x, r.H[1] = h0.y, r.H[2] = h0.z, r.H[3] = h0.w;
+  r.H[4] = h1.x, r.H[5] = h1.y, r.H[6] = h1.z, r.H[7] = h1.w;
+  if constexpr (LO) {
+    const int4 l0 = p[2], l1 = p[3];
+    r.L[0] = l0.x, r.L[1] = l0.y, r.L[2] = l0.z, r.L[3] = l0.w;
+    r.L[4] = l1.x, r.L[5] = l1.y, r.L[6] = l1.z, r.L[7] = l1.w;
+  }
+  r.meta = p[hipc_xq<LO>::META / 4];
+  return r;
+}
+// sum_k q[k] * x[k] over words w0 .. w0 + n of a staged block (x in units of dq / d), the
+// quants as words of 4 signed bytes: 254 * (q . hi) + q . lo, or q . hi.
+template <bool LO, int N>
+HIPC_DEVICE int hipc_idot_words(const int* q, const hipc_xb<LO>& x, int w0) {
   int sh = 0, sl = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    sh = hipc_dot4_i8(q[i], x.H[w0 + i], sh);
+    if constexpr (LO) sl = hipc_dot4_i8(q[i], x.L[w0 + i], sl);
+  }
+  return LO ? 254 * sh + sl : sh;
+}
+// One 32-weight block of a row against a staged x block: the exact integer sum_k q[k] x[k]
+// of its unsigned 4-bit quants (nibbles 0..15 are the same as signed bytes, so the signed
+// dot product serves). Byte j holds weight j (low nibble) and weight j + 16 (high).
+template <bool LO>
+HIPC_DEVICE int hipc_idot_q4(uint4 q, const hipc_xb<LO>& x) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  int b[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    // nibbles 0..15 are the same as signed bytes, so the signed dot product serves
-    const int a = (int)(w[i] & 0x0f0f0f0fu), c = (int)((w[i] >> 4) & 0x0f0f0f0fu);
-    sh = hipc_dot4_i8(a, H[i], sh);
-    sh = hipc_dot4_i8(c, H[4 + i], sh);
-    sl = hipc_dot4_i8(a, L[i], sl);
-    sl = hipc_dot4_i8(c, L[4 + i], sl);
+    b[i] = (int)(w[i] & 0x0f0f0f0fu);
+    b[4 + i] = (int)((w[i] >> 4) & 0x0f0f0f0fu);
   }
-  return 254 * sh + sl;
+  return hipc_idot_words<LO, 8>(b, x, 0);
 }
-HIPC_DEVICE int hipc_idot_q8(uint4 qa, uint4 qb, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
+template <bool LO>
+HIPC_DEVICE int hipc_idot_q8(uint4 qa, uint4 qb, const hipc_xb<LO>& x) {
   const int w[8] = {(int)qa.x, (int)qa.y, (int)qa.z, (int)qa.w, (int)qb.x, (int)qb.y, (int)qb.z, (int)qb.w};
-  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-  int sh = 0, sl = 0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    sh = hipc_dot4_i8(w[i], H[i], sh);
-    sl = hipc_dot4_i8(w[i], L[i], sl);
-  }
-  return 254 * sh + sl;
+  return hipc_idot_words<LO, 8>(w, x, 0);
 }
 
 // ---- GEMV units: what a lane loads and multiplies per step and row ---------------------
 // A unit is one 32-weight block (q4_0, q4_1, q8_0) or half a Q6_K super-block (128
 // weights). hipc_load_unit reads unit `u` of the matrix (counted over all rows);
-// hipc_dot_unit multiplies it with the staged x of the row's unit `i` (x blocks
+// hipc_dot_unit<LO> multiplies it with the staged x of the row's unit `i` (x blocks
 // i * values / 32 ...).
 struct hipc_unit_q4_0 { uint4 q; uint16_t d; };
 struct hipc_unit_q4_1 { uint4 q; uint32_t dm; };
@@ -596,25 +633,26 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k& v, const hipc_qmat_q6_k& m, size
   v.sc[1] = sc[2] | (uint32_t)sc[3] << 16;
   v.d = *(const uint16_t*)m.d(b);
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_0& v, const int* xq, int i) {
-  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
-  const int4 meta = xb[4];
+  const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   // quants are stored + 8: subtract 8 * sum(x) in integers
-  const int t = hipc_idot_q4(v.q, xb[0], xb[1], xb[2], xb[3]) - 8 * meta.y;
-  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, meta.x) * (float)t;
+  const int t = hipc_idot_q4<LO>(v.q, x) - 8 * x.meta.y;
+  return hipc_f16_to_f32(v.d) * x.scale() * (float)t;
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_1& v, const int* xq, int i) {
-  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
-  const int4 meta = xb[4];
-  const float dq = __builtin_bit_cast(float, meta.x), t = (float)hipc_idot_q4(v.q, xb[0], xb[1], xb[2], xb[3]);
+  const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
+  const float t = (float)hipc_idot_q4<LO>(v.q, x);
   // w = d * q + m: d * sum(q x) + m * sum(x)
-  return dq * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)meta.y);
+  return x.scale() * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)x.meta.y);
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q8_0& v, const int* xq, int i) {
-  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
-  const int t = hipc_idot_q8(v.qa, v.qb, xb[0], xb[1], xb[2], xb[3]);
-  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, xb[4].x) * (float)t;
+  const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
+  return hipc_f16_to_f32(v.d) * x.scale() * (float)hipc_idot_q8<LO>(v.qa, v.qb, x);
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, const int* xq, int i) {
   const uint32_t QL[16] = {v.ql[0].x, v.ql[0].y, v.ql[0].z, v.ql[0].w, v.ql[1].x, v.ql[1].y, v.ql[1].z, v.ql[1].w,
                            v.ql[2].x, v.ql[2].y, v.ql[2].z, v.ql[2].w, v.ql[3].x, v.ql[3].y, v.ql[3].z, v.ql[3].w};
@@ -622,22 +660,16 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, const int* xq, int i) {
   float acc = 0.f;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {  // the 32 weights of x block 4i + c (hipc_w_q6_k's chunk c)
-    const int4* xb = (const int4*)(xq + (4 * i + c) * HIPC_XQ_INTS);
-    const int4 h0 = xb[0], h1 = xb[1], l0 = xb[2], l1 = xb[3], meta = xb[4];
-    const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-    const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-    int sh[2] = {0, 0}, sl[2] = {0, 0};
+    const hipc_xb<LO> x = hipc_load_xb<LO>(xq, 4 * i + c);
+    int q[8];
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      // 4 quants 0..63 as bytes (signed bytes alike), one per weight
-      const int q = (int)(((QL[8 * (c % 2) + w] >> (4 * (c / 2))) & 0x0f0f0f0fu) | (((QH[w] >> (2 * c)) & 0x03030303u) << 4));
-      sh[w / 4] = hipc_dot4_i8(q, H[w], sh[w / 4]);
-      sl[w / 4] = hipc_dot4_i8(q, L[w], sl[w / 4]);
-    }
+    for (int w = 0; w < 8; ++w)  // 4 quants 0..63 as bytes (signed bytes alike), one per weight
+      q[w] = (int)(((QL[8 * (c % 2) + w] >> (4 * (c / 2))) & 0x0f0f0f0fu) | (((QH[w] >> (2 * c)) & 0x03030303u) << 4));
     // q - 32: subtract 32 * sum(x) over each 16 (exact in float: |t| < 2^24)
-    const int t0 = 254 * sh[0] + sl[0] - 32 * meta.z, t1 = 254 * sh[1] + sl[1] - 32 * (meta.y - meta.z);
+    const int t0 = hipc_idot_words<LO, 4>(q, x, 0) - 32 * x.meta.z;
+    const int t1 = hipc_idot_words<LO, 4>(q + 4, x, 4) - 32 * (x.meta.y - x.meta.z);
     const float s0 = (float)(int8_t)(v.sc[c / 2] >> (16 * (c % 2))), s1 = (float)(int8_t)(v.sc[c / 2] >> (16 * (c % 2) + 8));
-    acc += __builtin_bit_cast(float, meta.x) * (s0 * (float)t0 + s1 * (float)t1);
+    acc += x.scale() * (s0 * (float)t0 + s1 * (float)t1);
   }
   return hipc_f16_to_f32(v.d) * acc;
 }
@@ -659,33 +691,28 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_1& v, const hipc_qmat_q5_1& m, size
 }
 // bits 0..3 of b to bit 4 of bytes 0..3
 HIPC_DEVICE uint32_t hipc_bits_to_bytes4(uint32_t b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
-HIPC_DEVICE int hipc_idot_q5(uint4 q, uint32_t qh, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
+template <bool LO>
+HIPC_DEVICE int hipc_idot_q5(uint4 q, uint32_t qh, const hipc_xb<LO>& x) {
   const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-  int sh = 0, sl = 0;
+  int b[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int a = (int)((w[i] & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (4 * i)) & 15));
-    const int c = (int)(((w[i] >> 4) & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (16 + 4 * i)) & 15));
-    sh = hipc_dot4_i8(a, H[i], sh);
-    sh = hipc_dot4_i8(c, H[4 + i], sh);
-    sl = hipc_dot4_i8(a, L[i], sl);
-    sl = hipc_dot4_i8(c, L[4 + i], sl);
+    b[i] = (int)((w[i] & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (4 * i)) & 15));
+    b[4 + i] = (int)(((w[i] >> 4) & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (16 + 4 * i)) & 15));
   }
-  return 254 * sh + sl;
+  return hipc_idot_words<LO, 8>(b, x, 0);
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_0& v, const int* xq, int i) {
-  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
-  const int4 meta = xb[4];
-  const int t = hipc_idot_q5(v.q, v.qh, xb[0], xb[1], xb[2], xb[3]) - 16 * meta.y;  // quants stored + 16
-  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, meta.x) * (float)t;
+  const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
+  const int t = hipc_idot_q5<LO>(v.q, v.qh, x) - 16 * x.meta.y;  // quants stored + 16
+  return hipc_f16_to_f32(v.d) * x.scale() * (float)t;
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_1& v, const int* xq, int i) {
-  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
-  const int4 meta = xb[4];
-  const float dq = __builtin_bit_cast(float, meta.x), t = (float)hipc_idot_q5(v.q, v.qh, xb[0], xb[1], xb[2], xb[3]);
-  return dq * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)meta.y);
+  const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
+  const float t = (float)hipc_idot_q5<LO>(v.q, v.qh, x);
+  return x.scale() * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)x.meta.y);
 }
 // Q4_K / Q5_K: half a super-block (128 weights: 4 sub-blocks of 32, x blocks 4i ..).
 struct hipc_unit_q4_k { uint4 q[4]; uint32_t sc[3], dd; int h; };
@@ -712,7 +739,7 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_k& v, const hipc_qmat_q5_k& m, size
   hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
 }
 // sum over sub-blocks s = 4h + k of d * scale(s) * sum(q x) - dmin * min(s) * sum(x)
-template <bool Q5>
+template <bool LO, bool Q5>
 HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint32_t* sc3, uint32_t dd, int h,
                                    const int* xq, int i) {
   const uint32_t Q[16] = {q4[0].x, q4[0].y, q4[0].z, q4[0].w, q4[1].x, q4[1].y, q4[1].z, q4[1].w,
@@ -723,12 +750,9 @@ HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint3
   float dsum = 0.f, msum = 0.f;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const int4* xb = (const int4*)(xq + (4 * i + k) * HIPC_XQ_INTS);
-    const int4 h0 = xb[0], h1 = xb[1], l0 = xb[2], l1 = xb[3], meta = xb[4];
-    const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-    const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    const hipc_xb<LO> x = hipc_load_xb<LO>(xq, 4 * i + k);
     const int s = 4 * h + k;
-    int sh = 0, sl = 0;
+    int q[8];
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
       uint32_t v = (Q[8 * (k / 2) + w] >> (4 * (k % 2))) & 0x0f0f0f0fu;
@@ -737,22 +761,25 @@ HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint3
         const uint32_t hw = (w % 4 == 0 ? hv.x : w % 4 == 1 ? hv.y : w % 4 == 2 ? hv.z : hv.w);
         v |= ((hw >> s) & 0x01010101u) << 4;
       }
-      sh = hipc_dot4_i8((int)v, H[w], sh);
-      sl = hipc_dot4_i8((int)v, L[w], sl);
+      q[w] = (int)v;
     }
-    int sc, mn;
-    hipc_kscale(scales, s, sc, mn);
-    const float dq = __builtin_bit_cast(float, meta.x);
-    dsum += dq * (float)sc * (float)(254 * sh + sl);
-    msum += dq * (float)mn * (float)meta.y;
+    // hipc_kscale(scales, 4h + k) with only constant indices (h is the lane's, at run time):
+    // an indexed byte array would live in local memory
+    const int a = scales[k], b = scales[k + 4], c = scales[k + 8];
+    const int sc = h ? (c & 15) | (a >> 6) << 4 : a & 63, mn = h ? c >> 4 | (b >> 6) << 4 : b & 63;
+    const float dq = x.scale();
+    dsum += dq * (float)sc * (float)hipc_idot_words<LO, 8>(q, x, 0);
+    msum += dq * (float)mn * (float)x.meta.y;
   }
   return hipc_f16_to_f32((uint16_t)dd) * dsum - hipc_f16_to_f32((uint16_t)(dd >> 16)) * msum;
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k& v, const int* xq, int i) {
-  return hipc_dot_kquant<false>(v.q, nullptr, v.sc, v.dd, v.h, xq, i);
+  return hipc_dot_kquant<LO, false>(v.q, nullptr, v.sc, v.dd, v.h, xq, i);
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, const int* xq, int i) {
-  return hipc_dot_kquant<true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
+  return hipc_dot_kquant<LO, true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
 }
 
 // The GEMV inner loops, one per storage type: lane `lane` of a wave takes every

@@ -1,7 +1,8 @@
 """The GPU prelude's quantized-weight code, compiled for the host (HIPC_HOST) and checked
 against gguf-py on a machine with no GPU: each type's one-weight decoder (hipc_w_*: the
 SIMT GEMM and the embedding) and its GEMV unit (hipc_load_unit + hipc_dot_unit: the
-integer dot products against x staged as int8 hi + lo planes), in both block layouts.
+integer dot products against x staged as int8 hi + lo planes, or one int8 plane with
+--activations int8), in both block layouts.
 tests/gpu runs the same code inside the kernels on a GPU.
 """
 
@@ -30,14 +31,17 @@ WRAPPERS = """
     for (int n = 0; n < N; ++n)                                                               \\
       for (int k = 0; k < K; ++k) out[(size_t)n * K + k] = hipc_w_##T(W, N, K, n, k);        \\
   }                                                                                           \\
-  extern "C" float row_##T(const void* W, int N, int K, int n, const int* xq, int uv, int bv) { \\
+  ROW(T, int16, true)                                                                         \\
+  ROW(T, int8, false)
+#define ROW(T, A, LO)                                                                           \\
+  extern "C" float row_##T##_##A(const void* W, int N, int K, int n, const int* xq, int uv, int bv) { \\
     const hipc_qmat_##T m{(const char*)W, (size_t)N * (K / bv)};                              \\
     const int units = K / uv;                                                                 \\
     float acc = 0.f;                                                                          \\
     for (int u = 0; u < units; ++u) {                                                         \\
       hipc_unit_##T v;                                                                        \\
       hipc_load_unit(v, m, (size_t)n * units + u);                                            \\
-      acc += hipc_dot_unit(v, xq, u);                                                         \\
+      acc += hipc_dot_unit<LO>(v, xq, u);                                                     \\
     }                                                                                         \\
     return acc;                                                                               \\
   }
@@ -94,23 +98,30 @@ def aligned(a: np.ndarray) -> tuple[np.ndarray, int]:
     return buf, view.ctypes.data
 
 
-def stage_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def stage_x(x: np.ndarray, activations: str = "int16") -> tuple[np.ndarray, np.ndarray]:
     """x as the GEMV stages it (prelude: hipc_stage_xq): per 32 values int8 hi and lo planes,
-    dq, the sum of 254 hi + lo and that sum over the first 16. Returns (ints, x as held)."""
+    dq, the sum of 254 hi + lo and that sum over the first 16 (int16 activations), or the hi
+    plane alone, d and the sums of hi (int8). Returns (ints, x as held)."""
     xb = x.astype(np.float32).reshape(-1, 32)
     am = np.abs(xb).max(1, keepdims=True)
     d = am / np.float32(127)
     inv = np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0).astype(np.float32)
     hi = np.rint(xb * inv)
     lo = np.clip(np.rint((xb - hi * d) * inv * np.float32(254)), -127, 127)
-    q = (254 * hi + lo).astype(np.int64)
-    dq = (d / np.float32(254)).astype(np.float32)
-    ints = np.zeros((len(xb), 20), np.int32)
+    if activations == "int8":
+        q, dq = hi.astype(np.int64), d.astype(np.float32)
+        ints = np.zeros((len(xb), 12), np.int32)
+        meta = 8
+    else:
+        q = (254 * hi + lo).astype(np.int64)
+        dq = (d / np.float32(254)).astype(np.float32)
+        ints = np.zeros((len(xb), 20), np.int32)
+        ints[:, 8:16] = lo.astype(np.int8).view(np.int32)
+        meta = 16
     ints[:, 0:8] = hi.astype(np.int8).view(np.int32)
-    ints[:, 8:16] = lo.astype(np.int8).view(np.int32)
-    ints[:, 16] = dq[:, 0].view(np.int32)
-    ints[:, 17] = q.sum(1)
-    ints[:, 18] = q[:, :16].sum(1)
+    ints[:, meta] = dq[:, 0].view(np.int32)
+    ints[:, meta + 1] = q.sum(1)
+    ints[:, meta + 2] = q[:, :16].sum(1)
     return ints, (dq.astype(np.float64) * q).reshape(-1)
 
 
@@ -126,22 +137,32 @@ def test_one_weight_decoder_matches_gguf(lib, wtype):
     np.testing.assert_array_equal(out, want.astype(np.float32))
 
 
+@pytest.mark.parametrize("activations", ["int16", "int8"])
 @pytest.mark.parametrize("wtype", TYPES)
-def test_gemv_unit_dot_matches_numpy(lib, wtype):
+def test_gemv_unit_dot_matches_numpy(lib, wtype, activations):
     N, K = 6, 1024
     rng = np.random.default_rng(10 + TYPES.index(wtype))
     raw = blocks(wtype, N, K, rng)
     w = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, wtype.upper()))
     x = rng.standard_normal(K) * 3
     x[rng.integers(0, K, 4)] *= 30
-    xq, held = stage_x(x)
+    xq, held = stage_x(x, activations)
     stored = split_quant_blocks(raw, wtype) if lib.layout == "split" else raw
     _buf, ptr = aligned(stored)  # _buf keeps the memory alive
     qt = QUANT_TYPES[wtype]
-    fn = getattr(lib, f"row_{wtype}")
+    fn = getattr(lib, f"row_{wtype}_{activations}")
     fn.restype = ctypes.c_float
     args = (qt.unit_values, qt.block_values)
     xp = xq.ctypes.data_as(ctypes.c_void_p)
     got = np.array([fn(ctypes.c_void_p(ptr), N, K, n, xp, *args) for n in range(N)])
     want = w.astype(np.float64) @ held
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    # and against x itself: x as held is within max|x| / 64516 (int16) or / 254 (int8) of
+    # each value of its block (the prelude's rounding bound), so each sum is within that
+    # times sum |w|
+    amax = np.repeat(np.abs(x.reshape(-1, 32)).max(1), 32)
+    step = amax / (64516 if activations == "int16" else 254)
+    bound = np.abs(w.astype(np.float64)) @ step
+    assert np.all(
+        np.abs(got - w.astype(np.float64) @ x) <= bound * 1.001 + 1e-5 * np.abs(want).max()
+    )

@@ -83,6 +83,15 @@ def gemvs(request):
             specs[name] = decode_gemv(
                 f"g{i}", gemv_params(case), GpuTarget(arch), [name], STREAMED.get(name)
             )
+            if case[0] in QUANT:  # and with --activations int8: x as one int8 plane
+                specs[name, "int8"] = decode_gemv(
+                    f"g{i}_a8",
+                    gemv_params(case),
+                    GpuTarget(arch),
+                    [name],
+                    STREAMED.get(name),
+                    activations="int8",
+                )
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build, quant_layout=request.param)
@@ -92,11 +101,17 @@ def gemvs(request):
     dev.close()
 
 
-@pytest.mark.parametrize("name", sorted(GEMVS))
-def test_gemv_matches_numpy(gemvs, name):
+def int8_held(x: np.ndarray) -> np.ndarray:
+    """x (float32) as an int8-activation GEMV holds it (prelude: hipc_stage_xq<false>): per
+    32 values d * rint(x * 127 / max|x|), d = max|x| / 127, in float32 as the kernel rounds."""
+    xb = x.astype(np.float32).reshape(-1, 32)
+    am = np.abs(xb).max(1, keepdims=True)
+    inv = np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0).astype(np.float32)
+    return ((am / np.float32(127)).astype(np.float64) * np.rint(xb * inv)).reshape(-1)
+
+
+def run_gemv(gemvs, name, activations):
     wtype, N, K, epilogue, norm, bias = GEMVS[name]
-    if gemvs.layout != "split" and wtype not in QUANT:
-        pytest.skip("the layout is that of quantized blocks")
     n_out = N // 2 if epilogue == "glu" else N
     rng = np.random.default_rng(sorted(GEMVS).index(name))
     raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype, gemvs.layout)
@@ -108,7 +123,12 @@ def test_gemv_matches_numpy(gemvs, name):
     b = rng.standard_normal(N).astype(np.float32)
     r = rng.standard_normal(n_out).astype(np.float32)
     xn = x.astype(np.float64)
-    if norm:
+    if activations == "int8":
+        # the kernel rounds x * g (the norm's 1 / rms scales the sums afterwards)
+        xn = int8_held(x * g if norm else x)
+        if norm:
+            xn = xn / np.sqrt(np.mean(x.astype(np.float64) ** 2) + EPS)
+    elif norm:
         xn = xn / np.sqrt(np.mean(xn * xn) + EPS) * g
     acc = w @ xn + (b if bias else 0.0)
     if epilogue == "glu":
@@ -116,7 +136,7 @@ def test_gemv_matches_numpy(gemvs, name):
     else:
         want = acc + (r if epilogue == "residual" else 0.0)
 
-    k = gemvs.specs[name]
+    k = gemvs.specs[name] if activations == "int16" else gemvs.specs[name, activations]
     dev = gemvs
     try:
         y = dev.poisoned(n_out)
@@ -132,9 +152,26 @@ def test_gemv_matches_numpy(gemvs, name):
         got = dev.read(y, n_out)
     finally:
         dev.free()
+    return got, want
+
+
+@pytest.mark.parametrize("name", sorted(GEMVS))
+def test_gemv_matches_numpy(gemvs, name):
+    wtype = GEMVS[name][0]
+    if gemvs.layout != "split" and wtype not in QUANT:
+        pytest.skip("the layout is that of quantized blocks")
+    got, want = run_gemv(gemvs, name, "int16")
     # quantized GEMVs hold x as int8 hi + lo planes: ~16 significant bits (prelude)
     tol = 1e-4 if wtype in QUANT else 1e-5
     assert rel_err(got, want) <= tol, (name, rel_err(got, want))
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in GEMVS.items() if c[0] in QUANT))
+def test_gemv_int8_activations_match_numpy(gemvs, name):
+    """--activations int8: against float64 NumPy on x rounded as the kernel holds it (one
+    int8 plane per 32 values), so only the kernel's own arithmetic is in the bound."""
+    got, want = run_gemv(gemvs, name, "int8")
+    assert rel_err(got, want) <= 1e-4, (name, rel_err(got, want))
 
 
 # -- decode attention --------------------------------------------------------------------
