@@ -9,6 +9,7 @@ runtime does. Buffers it uploads are freed by `free()`.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,10 @@ class DeviceKernels:
     def __init__(self, build, quant_layout: str = "split", cache: Path | None = None) -> None:
         """`build(arch)` -> [(fn, template, ctx, dynamic shared bytes)] to compile;
         `quant_layout`: how the weights uploaded store quantized blocks (see pack);
-        `cache`: a folder of code objects by source hash (see compiled)."""
+        `cache`: a folder of code objects by source hash (see compiled; default: the
+        HIPC_KERNEL_CACHE environment variable's, else none)."""
+        if cache is None and os.environ.get("HIPC_KERNEL_CACHE"):
+            cache = Path(os.environ["HIPC_KERNEL_CACHE"])
         self.d = open_driver()
         self.arch = self.d.arch
         specs = build(self.arch)

@@ -287,6 +287,7 @@ def main() -> None:
                     help="folder with mkgguf.py (the F16 GGUF llama-quantize starts from)")  # fmt: skip
     ap.add_argument("--no-generate", action="store_true")
     ap.add_argument("--profile", default="l8_q4_0,l8_q4_k_m", help="models to profile per kernel")
+    ap.add_argument("--copy-bw", type=float, help="TB/s: the copy ceiling, if measured already")
     ap.add_argument("--work", type=Path, default=Path("/tmp/hipc-quant"))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -296,8 +297,7 @@ def main() -> None:
     from bench_gpu import bench_hipc, ceilings
 
     args.work.mkdir(parents=True, exist_ok=True)
-    ceil = ceilings()
-    bw = ceil["copy_bytes_per_s"]
+    bw = args.copy_bw * 1e12 if args.copy_bw else ceilings()["copy_bytes_per_s"]
     log(f"copy ceiling {bw / 1e12:.2f} TB/s")
     rows, notes = [], []
     for model in args.models.split(","):
@@ -320,6 +320,7 @@ def main() -> None:
                 f"{r['kernels']} kernels per decode step, generate {gen} tok/s"
             )
             log(" | ".join(rows[-1]))
+            write(args.out, bw, rows, notes)
             if model in args.profile.split(","):
                 prof = profile(art)
                 log(prof)
@@ -335,14 +336,19 @@ def main() -> None:
                 )  # fmt: skip
                 log(" | ".join(rows[-1]))
         path.unlink()
+        write(args.out, bw, rows, notes)  # so far: a run cut short keeps what it measured
     (args.work / "llama3-8b-f16.gguf").unlink(missing_ok=True)
+    write(args.out, bw, rows, notes)
+
+
+def write(out: Path | None, bw: float, rows: list, notes: list) -> None:
     head = "| model | engine | prefill 512 tok/s | decode tok/s | generate tok/s | decode GB/s | % of copy |"
     lines = [f"ceilings: device copy {bw / 1e12:.2f} TB/s (read+write)", "", head]
     lines.append("|---|---|---:|---:|---:|---:|---:|")
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     text = "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
-    if args.out:
-        args.out.write_text(text)
+    if out:
+        out.write_text(text)
     print("\n".join(lines))
 
 

@@ -73,25 +73,32 @@ def gemv_params(case) -> LinearParams:
     )
 
 
+def gemv_specs(arch: str) -> dict:
+    """Every GEMV case, and each quantized one again with --activations int8."""
+    specs = {}
+    for i, (name, case) in enumerate(GEMVS.items()):
+        specs[name] = decode_gemv(
+            f"g{i}", gemv_params(case), GpuTarget(arch), [name], STREAMED.get(name)
+        )
+        if case[0] in QUANT:  # and with --activations int8: x as one int8 plane
+            specs[name, "int8"] = decode_gemv(
+                f"g{i}_a8",
+                gemv_params(case),
+                GpuTarget(arch),
+                [name],
+                STREAMED.get(name),
+                activations="int8",
+            )
+    return specs
+
+
 @pytest.fixture(scope="module", params=["split", "gguf"])
 def gemvs(request):
     """Every GEMV in one code object, for the quantized-block layout `request.param`."""
     specs = {}
 
     def build(arch):
-        for i, (name, case) in enumerate(GEMVS.items()):
-            specs[name] = decode_gemv(
-                f"g{i}", gemv_params(case), GpuTarget(arch), [name], STREAMED.get(name)
-            )
-            if case[0] in QUANT:  # and with --activations int8: x as one int8 plane
-                specs[name, "int8"] = decode_gemv(
-                    f"g{i}_a8",
-                    gemv_params(case),
-                    GpuTarget(arch),
-                    [name],
-                    STREAMED.get(name),
-                    activations="int8",
-                )
+        specs.update(gemv_specs(arch))
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build, quant_layout=request.param)
