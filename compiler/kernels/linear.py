@@ -329,9 +329,13 @@ class MmaTile:
     wn: int  # waves along outputs
     min_blocks: int = 1  # NVIDIA: blocks per SM to fit registers for (__launch_bounds__)
 
-    def shared_bytes(self) -> int:
-        """Two stages of x hi, x lo (bm rows each) and W (bn rows), bf16, rows padded by 8."""
-        return 2 * (2 * self.bm + self.bn) * (self.bk + 8) * 2
+    def shared_bytes(self, quant: bool = False) -> int:
+        """Two stages of x hi, x lo (bm rows each) and W (bn rows), bf16, rows padded by 8;
+        quantized weights add each stage's 16-weight groups: (scale, offset) per W row and
+        the sum of x per token, float32."""
+        groups = self.bk // 16
+        extra = 2 * (2 * self.bn + self.bm) * groups * 4 if quant else 0
+        return 2 * (2 * self.bm + self.bn) * (self.bk + 8) * 2 + extra
 
 
 # 128 x 128 blocks of 256 threads everywhere: 8 warps of 64 x 32 on NVIDIA and RDNA, 4 wave64s of
@@ -363,13 +367,23 @@ WIDE_BLOCKS = 64
 def mma_tile(target: GpuTarget, p: LinearParams) -> MmaTile | None:
     """The matrix-instruction GEMM for a linear's prefill, or None for the SIMT one.
 
-    Dense bf16 weights only: they feed the instruction as stored. f16 would need x split in f16,
-    whose range (65504) activations can exceed; quantized types dequantize in the SIMT tile.
-    K % 8 == 0 because W is loaded 16 bytes at a time.
+    bf16 weights feed the instruction as stored; quantized ones as their integer quants (exact
+    in bf16), each 16-deep partial product scaled in float32 (linear_mma.hip.j2). f16 would
+    need x split in f16, whose range (65504) activations can exceed. K % 8 == 0 because W is
+    loaded 8 weights at a time. AMD's 64 KiB of LDS leaves no room for the quantized tiles'
+    scales beside CDNA's 32-deep stages: SIMT there.
     """
     tile = MMA_TILES.get(target.arch)
-    if tile is None or p.wtype != "bfloat16" or p.K % 8:
+    quant = WEIGHT_SUFFIX.get(p.wtype) in QUANT_TYPES
+    if tile is None or (p.wtype != "bfloat16" and not quant) or p.K % 8:
         return None
+    if quant:
+        # the groups' scales and partial products take registers: the narrow tile (the wide
+        # one's 128 accumulators per lane spill beside them), one block per SM
+        tile = replace(tile, min_blocks=1)
+        if not target.arch.startswith("sm_") and tile.shared_bytes(quant=True) > 64 << 10:
+            return None
+        return tile
     wide = MMA_WIDE_TILES.get(target.arch)
     glu = p.epilogue == "glu"
     if wide and -(-p.n_out // (wide.bn // 2 if glu else wide.bn)) >= WIDE_BLOCKS:
@@ -396,8 +410,14 @@ def prefill_gemm(
     if tile is None:
         return GpuKernel(f"{fn}_gemm", "linear_gemm", common, [], 256, 0, SIMT_TILE, SIMT_TILE)
     bn_out = tile.bn // 2 if p.epilogue == "glu" else tile.bn
+    ws = WEIGHT_SUFFIX[p.wtype]
+    quant = ws in QUANT_TYPES
+    shared = tile.shared_bytes(quant)
     ctx = dict(
         common,
+        quant=quant,
+        has_offset=ws in ("q4_1", "q5_1", "q4_k", "q5_k"),
+        block_values=QUANT_TYPES[ws].block_values if quant else 0,
         instruction=tile.instruction,
         bm=tile.bm,
         bn=tile.bn,
@@ -406,12 +426,10 @@ def prefill_gemm(
         wn=tile.wn,
         min_blocks=tile.min_blocks,
         bn_out=bn_out,
-        shared=tile.shared_bytes(),
+        shared=shared,
     )
     threads = tile.wm * tile.wn * wave
-    return GpuKernel(
-        f"{fn}_mma", "linear_mma", ctx, [], threads, tile.shared_bytes(), bn_out, tile.bm
-    )
+    return GpuKernel(f"{fn}_mma", "linear_mma", ctx, [], threads, shared, bn_out, tile.bm)
 
 
 @dataclass(frozen=True)

@@ -782,6 +782,119 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, const int* xq, int i) {
   return hipc_dot_kquant<LO, true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
 }
 
+// ---- quantized weights in the matrix-instruction GEMM ----------------------------------
+// hipc_qchunk8: 8 consecutive weights k .. k + 7 (k % 8 == 0) of row n as small integers q
+// (as bf16 bit pairs: exact, |q| < 256), and the scale s and offset o of the 16 weights their
+// group k / 16 belongs to, so that w = s * q + o exactly as gguf-py dequantizes. The GEMM
+// multiplies x by q on the matrix instructions and applies s (and o times the sum of x over
+// the group) to each 16-deep partial product in float32: the weights are never rounded.
+HIPC_DEVICE uint32_t hipc_bf16_ints(int a, int b) {
+  return __builtin_bit_cast(uint32_t, (float)a) >> 16 | (__builtin_bit_cast(uint32_t, (float)b) & 0xffff0000u);
+}
+// 8 bytes at p (2-byte aligned: GGUF's order; 8-byte when split)
+HIPC_DEVICE uint2 hipc_load_bytes8(const char* p) { return uint2{hipc_load_u32(p), hipc_load_u32(p + 4)}; }
+// 8 integers from 8 bytes: (byte >> shift) & mask (+ bit `hb` of the matching byte of h as
+// 1 << hshift when h is given) + add
+HIPC_DEVICE uint4 hipc_ints8(uint2 v, int shift, uint32_t mask, int add, const uint2* h = nullptr, int hb = 0, int hshift = 0,
+                             uint32_t hmask = 1) {
+  int q[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t byte = ((i < 4 ? v.x : v.y) >> (8 * (i % 4))) & 255;
+    int val = (int)((byte >> shift) & mask);
+    if (h) val |= (int)((((i < 4 ? h->x : h->y) >> (8 * (i % 4) + hb)) & hmask) << hshift);
+    q[i] = val + add;
+  }
+  return uint4{hipc_bf16_ints(q[0], q[1]), hipc_bf16_ints(q[2], q[3]), hipc_bf16_ints(q[4], q[5]), hipc_bf16_ints(q[6], q[7])};
+}
+// byte i of 12 held as 3 words (no indexed local array)
+HIPC_DEVICE int hipc_byte12(const uint32_t* w, int i) {
+  return (int)(((i < 4 ? w[0] : i < 8 ? w[1] : w[2]) >> (8 * (i & 3))) & 255);
+}
+HIPC_DEVICE void hipc_kscale_w(const uint32_t* w, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = hipc_byte12(w, j) & 63;
+    mn = hipc_byte12(w, j + 4) & 63;
+  } else {
+    sc = (hipc_byte12(w, j + 4) & 15) | ((hipc_byte12(w, j - 4) >> 6) << 4);
+    mn = (hipc_byte12(w, j + 4) >> 4) | ((hipc_byte12(w, j) >> 6) << 4);
+  }
+}
+// 32-weight blocks: weight j < 16 is the low nibble of byte j, j >= 16 the high one of j - 16
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q4_0& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const int j = k % 32;
+  q = hipc_ints8(hipc_load_bytes8(m.qs(b) + j % 16), 4 * (j / 16), 15, -8);
+  s = hipc_f16_to_f32(*(const uint16_t*)m.sc(b)), o = 0.f;
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q4_1& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const int j = k % 32;
+  q = hipc_ints8(hipc_load_bytes8(m.qs(b) + j % 16), 4 * (j / 16), 15, 0);
+  const uint16_t* dm = (const uint16_t*)m.sc(b);
+  s = hipc_f16_to_f32(dm[0]), o = hipc_f16_to_f32(dm[1]);
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q8_0& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const uint2 v = hipc_load_bytes8(m.qs(b) + k % 32);
+  int8_t t[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) t[i] = (int8_t)(((i < 4 ? v.x : v.y) >> (8 * (i % 4))) & 255);
+  q = uint4{hipc_bf16_ints(t[0], t[1]), hipc_bf16_ints(t[2], t[3]), hipc_bf16_ints(t[4], t[5]), hipc_bf16_ints(t[6], t[7])};
+  s = hipc_f16_to_f32(*(const uint16_t*)m.sc(b)), o = 0.f;
+}
+// Q5_0 / Q5_1: bit j of the block's qh is weight j's fifth bit
+HIPC_DEVICE void hipc_q5chunk8(const char* qs, uint32_t qh, int j, int add, uint4& q) {
+  const uint32_t bits = (qh >> j) & 255;  // weights j .. j + 7
+  const uint2 h{hipc_bits_to_bytes4(bits & 15) >> 4, hipc_bits_to_bytes4(bits >> 4) >> 4};
+  q = hipc_ints8(hipc_load_bytes8(qs + j % 16), 4 * (j / 16), 15, add, &h, 0, 4);
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q5_0& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  hipc_q5chunk8(m.qs(b), hipc_load_u32(m.f2(b)), k % 32, -16, q);
+  s = hipc_f16_to_f32(*(const uint16_t*)m.f3(b)), o = 0.f;
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q5_1& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  hipc_q5chunk8(m.qs(b), hipc_load_u32(m.f2(b)), k % 32, 0, q);
+  const uint16_t* dm = (const uint16_t*)m.f3(b);
+  s = hipc_f16_to_f32(dm[0]), o = hipc_f16_to_f32(dm[1]);
+}
+// Q4_K / Q5_K: sub-block sb = j / 32 of a super-block: w = d * scale(sb) * q - dmin * min(sb)
+template <bool Q5, class M>
+HIPC_DEVICE void hipc_kchunk8(const M& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, sb = j / 32, l = j % 32;
+  const char* qs = m.qs(b) + (Q5 ? 32 : 0);
+  const uint2 v = hipc_load_bytes8(qs + 32 * (sb / 2) + l);
+  if (Q5) {
+    const uint2 h = hipc_load_bytes8(m.qs(b) + l);
+    q = hipc_ints8(v, 4 * (sb % 2), 15, 0, &h, sb, 4);
+  } else {
+    q = hipc_ints8(v, 4 * (sb % 2), 15, 0);
+  }
+  const uint32_t w[3] = {hipc_load_u32(m.f2(b)), hipc_load_u32(m.f2(b) + 4), hipc_load_u32(m.f2(b) + 8)};
+  int sc, mn;
+  hipc_kscale_w(w, sb, sc, mn);
+  const uint16_t* dd = (const uint16_t*)m.f3(b);
+  s = hipc_f16_to_f32(dd[0]) * (float)sc, o = -(hipc_f16_to_f32(dd[1]) * (float)mn);
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q4_k& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  hipc_kchunk8<false>(m, K, n, k, q, s, o);
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q5_k& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  hipc_kchunk8<true>(m, K, n, k, q, s, o);
+}
+// Q6_K (hipc_w_q6_k's indexing): an int8 scale per 16 weights, w = d * scale * (q - 32)
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q6_k& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, h = j / 128, c = (j % 128) / 32, l = j % 32;
+  const char* base = m.qs(b);
+  const uint2 lo = hipc_load_bytes8(base + 64 * h + 32 * (c % 2) + l), hi = hipc_load_bytes8(base + 128 + 32 * h + l);
+  q = hipc_ints8(lo, 4 * (c / 2), 15, -32, &hi, 2 * c, 4, 3);
+  s = hipc_f16_to_f32(*(const uint16_t*)m.d(b)) * (float)((const int8_t*)m.sc(b))[8 * h + 2 * c + l / 16], o = 0.f;
+}
+
 // The GEMV inner loops, one per storage type: lane `lane` of a wave takes every
 // HIPC_WAVE-th step of a weight row against x. Dense types read 8 values (16 bytes) per
 // step; quantized types one 32-weight block. The kernels call the two-row hipc_dot2_*.
@@ -915,6 +1028,10 @@ HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& 
 }
 HIPC_DEVICE int hipc_mma_row(int lane, int i) { return lane / 4 + 8 * (i / 2); }
 HIPC_DEVICE int hipc_mma_col(int lane, int i) { return 2 * (lane % 4) + i % 2; }
+// a lane's accumulator elements span HIPC_MMA_COLS columns; element i is in column slot
+// hipc_mma_colslot(i), column hipc_mma_col(lane, slot)
+#define HIPC_MMA_COLS 2
+HIPC_DEVICE int hipc_mma_colslot(int i) { return i % 2; }
 
 #elif defined(HIPC_MMA_WMMA)
 // v_wmma_f32_16x16x16_bf16, wave32 (gfx11: RDNA3/3.5). Layouts (RDNA3 ISA guide; AMD's matrix
@@ -939,6 +1056,8 @@ HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& 
 }
 HIPC_DEVICE int hipc_mma_row(int lane, int i) { return 2 * i + lane / 16; }
 HIPC_DEVICE int hipc_mma_col(int lane, int i) { return lane % 16; }
+#define HIPC_MMA_COLS 1
+HIPC_DEVICE int hipc_mma_colslot(int) { return 0; }
 
 #elif defined(HIPC_MMA_MFMA)
 // v_mfma_f32_16x16x16_bf16 (gfx942; gfx90a's v_mfma_f32_16x16x16bf16_1k), wave64. Layouts
@@ -962,4 +1081,6 @@ HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& 
 }
 HIPC_DEVICE int hipc_mma_row(int lane, int i) { return 4 * (lane / 16) + i; }
 HIPC_DEVICE int hipc_mma_col(int lane, int i) { return lane % 16; }
+#define HIPC_MMA_COLS 1
+HIPC_DEVICE int hipc_mma_colslot(int) { return 0; }
 #endif

@@ -31,6 +31,20 @@ WRAPPERS = """
     for (int n = 0; n < N; ++n)                                                               \\
       for (int k = 0; k < K; ++k) out[(size_t)n * K + k] = hipc_w_##T(W, N, K, n, k);        \\
   }                                                                                           \\
+  extern "C" void chunk_##T(const void* W, int N, int K, int bv, float* out) {                 \\
+    const hipc_qmat_##T m{(const char*)W, (size_t)N * (K / bv)};                              \\
+    for (int n = 0; n < N; ++n)                                                               \\
+      for (int k = 0; k < K; k += 8) {                                                        \\
+        uint4 q;                                                                              \\
+        float s, o;                                                                           \\
+        hipc_qchunk8(m, K, n, k, q, s, o);                                                    \\
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};                                           \\
+        for (int i = 0; i < 8; ++i) {                                                         \\
+          const float v = hipc_bf16_to_f32((uint16_t)(w[i / 2] >> (16 * (i % 2))));           \\
+          out[(size_t)n * K + k + i] = s * v + o;                                             \\
+        }                                                                                     \\
+      }                                                                                       \\
+  }                                                                                           \\
   ROW(T, int16, true)                                                                         \\
   ROW(T, int8, false)
 #define ROW(T, A, LO)                                                                           \\
@@ -135,6 +149,21 @@ def test_one_weight_decoder_matches_gguf(lib, wtype):
     out = np.full((N, K), np.nan, np.float32)
     getattr(lib, f"w_{wtype}")(ctypes.c_void_p(ptr), N, K, out.ctypes.data_as(ctypes.c_void_p))
     np.testing.assert_array_equal(out, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("wtype", TYPES)
+def test_mma_chunks_match_gguf(lib, wtype):
+    """hipc_qchunk8 (the matrix-instruction GEMM's weight tiles): integer quants exact in bf16
+    and their group's scale and offset give gguf-py's dequantized weights."""
+    N, K = 5, 512
+    raw = blocks(wtype, N, K, np.random.default_rng(20 + TYPES.index(wtype)))
+    want = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, wtype.upper()))
+    stored = split_quant_blocks(raw, wtype) if lib.layout == "split" else raw
+    _buf, ptr = aligned(stored)  # _buf keeps the memory alive
+    out = np.full((N, K), np.nan, np.float32)
+    bv = QUANT_TYPES[wtype].block_values
+    lib[f"chunk_{wtype}"](ctypes.c_void_p(ptr), N, K, bv, out.ctypes.data_as(ctypes.c_void_p))
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("activations", ["int16", "int8"])

@@ -366,33 +366,79 @@ def test_embedding_rows(wtype, layout):
     np.testing.assert_allclose(got, w[ids], rtol=1e-6, atol=1e-7)
 
 
-# -- quantized weights in the prefill (SIMT) GEMM -----------------------------------------
+# -- quantized weights in the prefill GEMMs -------------------------------------------------
+
+QGEMM_TYPES = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+# name: (T, N weight rows, K, epilogue, bias)
+QGEMM_CASES = {
+    "residual": (70, 100, 512, "residual", False),
+    "glu_bias": (130, 2 * 72, 768, "glu", True),
+}
 
 
-@pytest.mark.parametrize("layout", ["split", "gguf"])
-@pytest.mark.parametrize("wtype", ["q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"])
-def test_quantized_prefill_gemm(wtype, layout):
-    T, N, K = 70, 100, 512
-    rng = np.random.default_rng(11)
-    raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype, layout)
-    x = rng.standard_normal((T, K)).astype(np.float32)
-    r = rng.standard_normal((T, N)).astype(np.float32)
-    p = LinearParams(wtype=wtype, N=N, K=K, norm_eps=0.0, epilogue="residual", bias=False)
+def qgemm_specs(arch: str) -> dict:
+    """Each type x case on the matrix-instruction GEMM (where the arch has one) and SIMT."""
+    specs = {}
+    for ti, wtype in enumerate(QGEMM_TYPES):
+        for ci, (case, (_, N, K, epilogue, bias)) in enumerate(QGEMM_CASES.items()):
+            p = LinearParams(wtype=wtype, N=N, K=K, norm_eps=0.0, epilogue=epilogue, bias=bias)
+            for simt in (False, True):
+                fn = f"qg{ti}_{ci}{'s' if simt else 'm'}"
+                specs[wtype, case, simt] = prefill_gemm(fn, p, GpuTarget(arch), [case], simt)
+    return specs
+
+
+@pytest.fixture(scope="module", params=["split", "gguf"])
+def qgemms(request):
+    specs = {}
 
     def build(arch):
-        g = prefill_gemm("qg", p, GpuTarget(arch), ["gemm"])
-        return [(g.fn, g.template, g.ctx, g.shared)]
+        specs.update(qgemm_specs(arch))
+        return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
-    dev = DeviceKernels(build, quant_layout=layout)
+    dev = DeviceKernels(build, quant_layout=request.param)
+    dev.specs = specs
+    dev.layout = request.param
+    yield dev
+    dev.close()
+
+
+@pytest.mark.parametrize("simt", [False, True], ids=["mma", "simt"])
+@pytest.mark.parametrize("case", sorted(QGEMM_CASES))
+@pytest.mark.parametrize("wtype", QGEMM_TYPES)
+def test_quantized_prefill_gemm(qgemms, wtype, case, simt):
+    """Against float64 NumPy on gguf-py's dequantized weights: the matrix-instruction kernel
+    multiplies the integer quants and scales each 16-deep group in float32 (x as bf16 hi +
+    lo), the SIMT one dequantizes each weight."""
+    T, N, K, epilogue, bias = QGEMM_CASES[case]
+    g = qgemms.specs[wtype, case, simt]
+    if not simt and g.template != "linear_mma":
+        pytest.skip(f"no matrix-instruction GEMM for {wtype} on {qgemms.arch}")
+    n_out = N // 2 if epilogue == "glu" else N
+    rng = np.random.default_rng(11 + QGEMM_TYPES.index(wtype))
+    raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype, qgemms.layout)
+    # activations over four decades, a few outlier channels (the bf16 hi/lo split)
+    x = rng.standard_normal((T, K)) * 10.0 ** rng.uniform(-2, 2, (T, 1))
+    x[:, rng.integers(0, K, 3)] *= 30
+    x = x.astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    r = rng.standard_normal((T, n_out)).astype(np.float32)
+    dev = qgemms
     try:
-        g = prefill_gemm("qg", p, GpuTarget(dev.arch), ["gemm"])
-        y = dev.upload(r)  # the residual is added in place, as the plans bind it
+        # the residual is added in place, as the plans bind it; elsewhere y starts as NaN
+        y = dev.upload(r) if epilogue == "residual" else dev.poisoned((T, n_out))
         args = [("u64", dev.upload(x)), ("i32", T), ("u64", dev.upload(raw)), ("u64", 0)]
-        args += [("u64", 0), ("u64", 0), ("u64", y), ("u64", y)]
-        grid = [-(-N // g.block_outputs), -(-T // g.block_tokens)]
+        args += [("u64", 0), ("u64", dev.upload(b) if bias else 0)]
+        args += [("u64", y if epilogue == "residual" else 0), ("u64", y)]
+        grid = [-(-n_out // g.block_outputs), -(-T // g.block_tokens)]
         dev.launch(g.fn, grid, g.threads, args, g.shared)
-        got = dev.read(y, (T, N))
+        got = dev.read(y, (T, n_out))
     finally:
-        dev.close()
-    want = x.astype(np.float64) @ w.T + r
-    assert rel_err(got, want) <= 1e-5, (wtype, rel_err(got, want))
+        dev.free()
+    acc = x.astype(np.float64) @ w.T + (b if bias else 0.0)
+    if epilogue == "glu":
+        want = acc[:, :n_out] / (1 + np.exp(-acc[:, :n_out])) * acc[:, n_out:]
+    else:
+        want = acc + r
+    # the matrix instructions see x as bf16 hi + lo (~16 bits): test_prefill_gemm's bar
+    assert rel_err(got, want) <= (1e-5 if simt else 1e-4), (wtype, case, simt, rel_err(got, want))
