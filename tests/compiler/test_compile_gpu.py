@@ -125,14 +125,24 @@ def test_bf16_prefill_on_matrix_instructions(bf16_artifact, target):
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx942"])
-def test_other_weight_types_prefill_on_the_simt_gemm(artifact, q8_artifact, target):
-    for art in (artifact, q8_artifact):  # float32 and q8_0 weights
-        linears = prefill_linears(art, target)
-        assert linears and all(x["kernel"].endswith("_gemm") for x in linears)
-        assert all(x["block"] == [256] and x["shared"] == 0 for x in linears)
-    assert not any(
-        "mfma" in c or "mma.sync" in c for c in kernel_code(q8_artifact, target).values()
-    )
+def test_other_weight_types_prefill_on_the_simt_gemm(artifact, target):
+    linears = prefill_linears(artifact, target)  # float32 weights
+    assert linears and all(x["kernel"].endswith("_gemm") for x in linears)
+    assert all(x["block"] == [256] and x["shared"] == 0 for x in linears)
+
+
+def test_quantized_prefill_on_matrix_instructions_where_they_fit(q8_artifact):
+    """Q8_0 prefill: NVIDIA's mma.sync GEMM (integer quants in the tiles, scales in float32);
+    CDNA's 64 KiB of LDS cannot hold its 32-deep stages with the scales: SIMT there."""
+    linears = prefill_linears(q8_artifact, "sm_90")
+    tile = MMA_TILES["sm_90"]
+    assert linears and all(x["kernel"].endswith("_mma") for x in linears)
+    assert all(x["shared"] == tile.shared_bytes(quant=True) for x in linears)
+    code = kernel_code(q8_artifact, "sm_90")
+    assert all("mma.sync" in code[x["kernel"]] for x in linears)
+    linears = prefill_linears(q8_artifact, "gfx942")
+    assert linears and all(x["kernel"].endswith("_gemm") for x in linears)
+    assert not any("mfma" in c for c in kernel_code(q8_artifact, "gfx942").values())
 
 
 # the integer dot product each target's quantized GEMV must show (PTX / AMD disassembly)
