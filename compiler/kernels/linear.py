@@ -451,16 +451,17 @@ class QuantGemv:
     prefetch: bool = False
 
 
-# Small matrices (SmolLM2's, latency-bound): 8-wave blocks, two per SM. Large ones
-# (QUANT_GEMV_LARGE_BYTES and up): 16-wave blocks of 4-row groups, one per SM. On the H200
-# (bench_gpu_gemv.py, 8B Q4_0 shapes, per layer) the large geometry took 46.7 us where the
-# small one took 48.4 (SmolLM2 shapes: 8.6 us small, 10.5 large). q8_0 blocks are twice
-# the bytes: half the unroll.
+# Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM. Large
+# ones (QUANT_GEMV_LARGE_BYTES and up) and long rows (K >= QUANT_GEMV_LONG_K): 16-wave blocks
+# of 2-row groups, one per SM. On the H200 (bench_gpu_gemv.py, docs/benchmarks/gpu-h200.md:
+# int8 activations, us per 8B Q4_0 layer) 16 x 2 took qkv 6.0, o 4.4, gate/up 18.3, down 12.7
+# where 16 x 4 (the geometry before) took 6.0, 4.9, 18.7, 13.7 and 8 x 2 7.0, 5.1, 18.8,
+# 16.1; SmolLM2's down (K 1536) 1.8 us where 8 x 2 took 2.1, its other shapes 1.6-2.1 us
+# with 8 x 2, 1.7-2.1 with 16 x 2. q8_0 blocks are twice the bytes: half the unroll.
 QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2)
-QUANT_GEMV_LARGE = QuantGemv(16, 4, 2, 128, 1)
+QUANT_GEMV_LARGE = QuantGemv(16, 2, 4, 128, 1)
 QUANT_GEMV_LARGE_BYTES = 4 << 20
-# x staged per 32 values (prelude: hipc_xq<LO>::INTS * 4): int16 activations as int8 hi + lo
-# planes, int8 activations as one plane
+QUANT_GEMV_LONG_K = 1536
 XQ_BLOCK_BYTES = {"int16": 80, "int8": 48}
 
 
@@ -484,16 +485,19 @@ QUANT_TYPES = {
     "q4_k": QuantType(256, 144, 128, 128),
     "q5_k": QuantType(256, 176, 160, 128),
 }
-# a K-quant unit is 21-27 registers (64-96 bytes of quants): a row pair, one unit each in flight
-QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 128, 1)
+# A K-quant unit is 21-27 registers (64-96 bytes of quants): groups of 4 rows, one unit each
+# in flight, 8 waves a block, one block per SM. On the H200 (bench_gpu_gemv.py, int8
+# activations) 8B Q4_K gate/up took 22.3 us, down 19.9, the Q6_K LM head 105.9 (4.07 TB/s)
+# where row pairs (the geometry before) took 27.7, 21.0 and 114.4.
+QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1)
 
 
 def quant_gemv(wsuffix: str, N: int, K: int) -> QuantGemv:
     if QUANT_TYPES[wsuffix].unit_values > 32:  # the K-quants' units of 128
-        return QUANT_GEMV_Q6_K
+        return QUANT_GEMV_KQUANT
     qt = QUANT_TYPES[wsuffix]
     big = N * (K // qt.block_values) * qt.block_bytes >= QUANT_GEMV_LARGE_BYTES
-    g = QUANT_GEMV_LARGE if big else QUANT_GEMV_SMALL
+    g = QUANT_GEMV_LARGE if big or K >= QUANT_GEMV_LONG_K else QUANT_GEMV_SMALL
     if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
         g = replace(g, rows=2, unroll=2)
     if wsuffix == "q8_0":
