@@ -23,6 +23,7 @@ class CompiledEngine:
         self.max_context = backend.max_context
         self.vocab_size = artifact.plan["vocab_size"]
         self._tokenizer = None
+        self._queued: tuple | None = None  # (ids, start) of a submitted step
 
     @property
     def tokenizer(self):
@@ -38,9 +39,10 @@ class CompiledEngine:
     def reset(self) -> None:
         """Start a new sequence: each state follows its kind's reset rule (a recurrent state
         is zeroed; a KV cache is not: attention reads only positions this sequence wrote)."""
+        self._drain()
         self.backend.reset()
 
-    def _run(self, tokens: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
+    def _check(self, tokens: Sequence[int], start: int) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)
         if ids.size == 0:
             raise HipcError("no tokens to run")
@@ -50,6 +52,10 @@ class CompiledEngine:
             )
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
+        return ids
+
+    def _run(self, tokens: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
+        ids = self._check(tokens, start)
         step = self.backend.max_tokens
         outs = []
         for i in range(0, ids.size, step):
@@ -63,13 +69,45 @@ class CompiledEngine:
 
     def forward(self, tokens: Sequence[int], start: int) -> np.ndarray:
         """Logits of the last token [vocab]."""
+        self._drain()
         return self._run(tokens, start, False)[-1]
+
+    def submit(self, tokens: Sequence[int], start: int) -> None:
+        """Start the step of `tokens` (at most one step's worth) and return before it ends;
+        `collect()` gives its last token's logits. On a GPU the host is free meanwhile (the
+        generation loop detokenizes the token before while the next step runs); the CPU
+        backend runs the step in `collect()`. A step left uncollected is waited for by the
+        next call."""
+        self._drain()
+        ids = self._check(tokens, start)
+        if ids.size > self.backend.max_tokens:
+            raise HipcError(f"submit runs one step: at most {self.backend.max_tokens} tokens")
+        self._queued = (ids, start)
+        if hasattr(self.backend, "submit"):
+            self.backend.submit(ids, start, False)
+
+    def collect(self) -> np.ndarray:
+        """Logits of the last token [vocab] of the step `submit` started."""
+        if self._queued is None:
+            raise HipcError("no step in flight")
+        ids, start = self._queued
+        self._queued = None
+        if hasattr(self.backend, "submit"):
+            return self.backend.collect()[-1]
+        return self.backend.forward(ids, start, False)[-1]
+
+    def _drain(self) -> None:
+        """Wait for (and drop) a step submitted and never collected."""
+        if self._queued is not None:
+            self.collect()
 
     def logits(self, tokens: Sequence[int], start: int = 0) -> np.ndarray:
         """Logits of every token [len(tokens), vocab]."""
+        self._drain()
         return self._run(tokens, start, True)
 
     def close(self) -> None:
+        self._queued = None  # closing the backend ends whatever it was running
         self.backend.close()
 
 

@@ -140,6 +140,11 @@ class Generation:
         res.prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         pos = len(res.prompt_token_ids)
+        # An engine that can start a step and collect it later (CompiledEngine) runs the next
+        # step on the GPU while this token is detokenized, checked for stop strings and
+        # handed to the consumer; a step started for a sequence that then stops is collected
+        # and dropped.
+        submit = getattr(self.engine, "submit", None)
         while self.max_tokens > 0:
             allowed = None if constraint is None else constraint.allowed(logits.size)
             token = sampler(logits, res.prompt_token_ids, res.token_ids, allowed)
@@ -154,16 +159,21 @@ class Generation:
                 lp, top = token_logprobs(logits, token, req.logprobs)
                 pending_lp.append(TokenLogprob(token, lp, top))
                 res.logprobs.append(pending_lp[-1])
+            running = False
+            if submit is not None and len(res.token_ids) < self.max_tokens:
+                submit([token], pos)
+                running = True
             text += decoder.feed(token)
             cut = _find_stop(text, req.stop, emitted)
             if cut is not None:
                 text, res.finish_reason = text[:cut], "stop"
-                break
-            if constraint is not None and constraint.done:
+            elif constraint is not None and constraint.done:
                 res.finish_reason = "stop"
-                break
-            if len(res.token_ids) >= self.max_tokens:
+            elif len(res.token_ids) >= self.max_tokens:
                 res.finish_reason = "length"
+            if res.finish_reason is not None:
+                if running:
+                    self.engine.collect()
                 break
             delta = ""
             if len(text) - hold > emitted:
@@ -172,7 +182,7 @@ class Generation:
             yield Step(delta, tuple(pending), tuple(pending_lp))
             pending.clear()
             pending_lp.clear()
-            logits = self.engine.forward([token], pos)
+            logits = self.engine.collect() if running else self.engine.forward([token], pos)
             pos += 1
         res.decode_s = time.perf_counter() - t0
         if res.finish_reason == "length" or res.finish_reason is None:
