@@ -1,7 +1,8 @@
 """attention: RoPE (+ per-head q/k RMSNorm) + KV-cache write + causal softmax attention.
 
-Anchors on hipc::CachedAttention. Absorbs its feeders (Reshape, per-head RMSNorm, RoPE
-between the q/k/v projections and the attention) and the Reshape that flattens its output.
+Anchors on hipc::CachedAttention. Absorbs its feeders (Reshape, a symmetric Clip of q, k
+and v alike (OLMoE's clip_qkv), per-head RMSNorm, RoPE between the q/k/v projections and
+the attention) and the Reshape that flattens its output.
 The KV cache is a position-indexed state: the kernel writes the step's keys and values at
 their positions and reads positions 0..p (or a sliding window).
 
@@ -15,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hipc.compiler.ir import Graph, Node
+import numpy as np
+
+from hipc.compiler.ir import Constant, Graph, Node
 from hipc.compiler.kernels.base import (
     CPU_INDENT,
     GPU_INDENT,
@@ -33,7 +36,7 @@ if TYPE_CHECKING:
     from hipc.compiler.passes.fuse import FusedGroup, Proposals
     from hipc.compiler.targets import GpuTarget
 
-FEEDERS = {"Reshape", "RMSNormalization", "RotaryEmbedding"}
+FEEDERS = {"Reshape", "Clip", "RMSNormalization", "RotaryEmbedding"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class AttentionParams(Params):
     interleaved: bool  # RoPE pairs (2i, 2i+1) instead of (i, i + D/2)
     norm_eps: float  # per-head q/k RMSNorm's epsilon; 0.0: none
     softcap: float = 0.0  # scores -> cap * tanh(scores / cap) before the softmax (Gemma-2)
+    clip: float = 0.0  # q, k, v clamped to [-clip, clip] as they are read (OLMoE); 0.0: none
 
     def tag(self) -> str:
         return f"h{self.NH}kv{self.NKV}d{self.D}"
@@ -88,7 +92,7 @@ class Attention(KernelKind):
     anchors = frozenset({"hipc::CachedAttention"})
     roles = frozenset({"attention:feeder", "attention:flatten"})
     cpu_signature = CPU
-    gpu_lacks = frozenset({"softcap"})
+    gpu_lacks = frozenset({"softcap", "clip"})
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
         for v in n.inputs[:3]:
@@ -101,13 +105,17 @@ class Attention(KernelKind):
     def select(self, g: Graph, grp: FusedGroup) -> SelectedKernel:
         att = grp.anchor
         q, k, v, pos, kc, vc = att.inputs
-        q_src, q_norm, q_rope = _chain(q, grp.prologue)
-        k_src, k_norm, k_rope = _chain(k, grp.prologue)
-        v_src, v_norm, v_rope = _chain(v, grp.prologue)
+        q_src, q_norm, q_rope, q_clip = _chain(q, grp.prologue)
+        k_src, k_norm, k_rope, k_clip = _chain(k, grp.prologue)
+        v_src, v_norm, v_rope, v_clip = _chain(v, grp.prologue)
         if q_rope is None or k_rope is None or v_norm or v_rope:
             raise FusionError(f"attention kernel needs RoPE on q and k only ({grp.name})")
         if bool(q_norm) != bool(k_norm):
             raise FusionError(f"attention kernel needs q and k norms together ({grp.name})")
+        clips = {_clip_bound(g, c) if c else None for c in (q_clip, k_clip, v_clip)}
+        if len(clips) != 1:
+            raise FusionError(f"attention kernel clips q, k and v alike or not at all ({grp.name})")
+        clip = clips.pop() or 0.0
         _, NH, D = g.values[q].shape
         NKV = g.values[k].shape[1]
         out = grp.epilogue[0].outputs[0] if grp.epilogue else att.outputs[0]
@@ -133,6 +141,7 @@ class Attention(KernelKind):
             interleaved=bool(q_rope.attrs.get("interleaved")),
             norm_eps=float(q_norm.attrs["epsilon"]) if q_norm else 0.0,
             softcap=float(att.attrs.get("softcap") or 0.0),
+            clip=clip,
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
@@ -241,12 +250,17 @@ def _feeder_chain(graph: Graph, value: str, p: Proposals) -> list[tuple[Node, st
     return chain
 
 
-def _chain(value: str, prologue: list[Node]) -> tuple[str, Node | None, Node | None]:
-    """Walk an attention input back through Reshape/RMSNorm/RoPE to its source view."""
+def _chain(value: str, prologue: list[Node]) -> tuple[str, Node | None, Node | None, Node | None]:
+    """Walk an attention input back through Reshape/Clip/RMSNorm/RoPE to its source view:
+    (source, norm, rope, clip), the kernel applying clip, norm, RoPE in that order."""
     mine = {n.outputs[0]: n for n in prologue}
-    rope = norm = None
+    rope = norm = clip = None
     while value in mine:
         n = mine[value]
+        if n.op in ("RotaryEmbedding", "RMSNormalization") and clip is not None:
+            raise FusionError(
+                f"attention kernel clips before the q/k norm and RoPE, not after ({clip.name})"
+            )
         if n.op == "RotaryEmbedding":
             rope = n
         elif n.op == "RMSNormalization":
@@ -255,8 +269,23 @@ def _chain(value: str, prologue: list[Node]) -> tuple[str, Node | None, Node | N
                     f"attention kernel applies the q/k norm before RoPE, not after ({n.name})"
                 )
             norm = n
+        elif n.op == "Clip":
+            if clip is not None:
+                raise FusionError(f"attention kernel clips once ({n.name})")
+            clip = n
         value = n.inputs[0]
-    return value, norm, rope
+    return value, norm, rope, clip
+
+
+def _clip_bound(g: Graph, clip: Node) -> float:
+    """c of a Clip to [-c, c] with constant bounds (OLMoE's clip_qkv)."""
+    bounds = [g.initializers.get(i) for i in clip.inputs[1:3]]
+    if len(bounds) != 2 or not all(isinstance(b, Constant) for b in bounds):
+        raise FusionError(f"attention kernel clips to constant bounds only ({clip.name})")
+    lo, hi = (float(np.asarray(b.array).reshape(())) for b in bounds)
+    if lo != -hi or hi <= 0:
+        raise FusionError(f"attention kernel clips to [-c, c] only ({clip.name}: [{lo}, {hi}])")
+    return hi
 
 
 KIND = Attention()

@@ -2,9 +2,10 @@
 
 Anchors on hipc::Linear. Accepts an RMSNorm prologue (applied while rows are loaded) and
 one epilogue: residual Add (written in place into the residual stream), RMSNorm -> residual
-Add (Gemma's post-norms: the row is normalized first), Split -> act * Mul with equal halves
-(gate/up, act SiLU or tanh-GELU: only the product is written), Split (q/k/v stay column
-views of one buffer), or SoftCap (Gemma-2's final logits).
+Add (Gemma's post-norms: the row is normalized first), Mul by Sigmoid(g) -> residual Add
+(Qwen2-MoE's gated shared expert: res + sigmoid(g[t]) * row, g one value per token),
+Split -> act * Mul with equal halves (gate/up, act SiLU or tanh-GELU: only the product is
+written), Split (q/k/v stay column views of one buffer), or SoftCap (Gemma-2's final logits).
 
 CPU: one function over T tokens (templates/cpu/linear.cpp.j2). GPU: a GEMV for decode
 (templates/hip/linear_gemv.hip.j2) and, for prefill, a tiled SIMT GEMM
@@ -50,11 +51,13 @@ class LinearParams(Params):
     act: str = "silu"  # the GLU's activation: "silu" | "gelu_tanh" (Gemma's GeGLU)
     post_norm_eps: float = 0.0  # RMSNorm of the row before the residual add; 0.0: none
     softcap: float = 0.0  # y = cap * tanh(y / cap); 0.0: none
+    gated: bool = False  # residual epilogue scaled per token: res + sigmoid(gate[t]) * row
 
     def tag(self) -> str:
         return (
             f"{self.wtype}_{self.N}x{self.K}_{self.epilogue}"
             + ("_rms" if self.norm_eps else "")
+            + ("_sig" if self.gated else "")
             + ("_gelu" if self.act == "gelu_tanh" else "")
             + ("_postrms" if self.post_norm_eps else "")
             + ("_cap" if self.softcap else "")
@@ -74,6 +77,11 @@ const float* res, float* y
 CPU_POST_NORM = Signature.parse("""
 int T, const float* x, const void* w, const float* norm_w, const float* bias,
 const float* res, float* y, const float* post_norm_w
+""")
+# with a sigmoid gate: one logit per token, `ldg` floats apart (a column of a wider Linear)
+CPU_GATED = Signature.parse("""
+int T, const float* x, const void* w, const float* norm_w, const float* bias,
+const float* res, float* y, const float* gate, int ldg
 """)
 GEMV = Signature.parse("""
 const float* __restrict__ x, const void* __restrict__ W, const float* __restrict__ norm_w,
@@ -95,13 +103,14 @@ class Linear(KernelKind):
             "prologue:rmsnorm",
             "epilogue:residual",
             "epilogue:norm-residual",
+            "epilogue:gated-residual",
             "epilogue:glu",
             "epilogue:split",
             "epilogue:softcap",
         }
     )
     cpu_signature = CPU
-    gpu_lacks = frozenset({"act", "post_norm_eps", "softcap"})
+    gpu_lacks = frozenset({"act", "post_norm_eps", "softcap", "gated"})
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
         x = graph.producer(n.inputs[0])
@@ -136,6 +145,14 @@ class Linear(KernelKind):
                 )
         elif user.op == "hipc::SoftCap":
             p.propose(n, user, "epilogue:softcap", n.outputs[0])
+        elif user.op == "Mul":
+            gate = _sigmoid_gate(user, n.outputs[0], p)
+            add = p.only_user(user.outputs[0])
+            if gate is not None and add is not None and add.op == "Add":
+                p.propose(n, user, "epilogue:gated-residual", n.outputs[0], brings=[gate, add])
+            else:
+                why = "only sigmoid(g) * y followed by a residual Add fuses as a Mul epilogue"
+                p.propose(n, user, "epilogue", n.outputs[0], why)
         elif user.op == "Split":
             glu = _glu_after(user, p)
             if glu:
@@ -167,7 +184,7 @@ class Linear(KernelKind):
             refs["bias"] = ("weight", lin.inputs[2])
         y = lin.outputs[0]
         epilogue = "none"  # also with a split: the parts are column views of y
-        act, post_eps, softcap = "silu", 0.0, 0.0
+        act, post_eps, softcap, gated = "silu", 0.0, 0.0, False
         post = [n for n in grp.epilogue if grp.roles.get(n.name) == "epilogue:norm-residual"]
         if (add := grp.node_with_role("epilogue:residual")) is not None:
             epilogue, y = "residual", add.outputs[0]
@@ -178,6 +195,11 @@ class Linear(KernelKind):
             refs["res"] = ("act", next(i for i in add.inputs if i != norm_after.outputs[0]))
             post_eps = float(norm_after.attrs["epsilon"])
             refs["post_norm_w"] = ("weight", norm_after.inputs[1])
+        elif (mul := grp.node_with_role("epilogue:gated-residual")) is not None:
+            sig, add = (next(n for n in grp.epilogue if n.op == op) for op in ("Sigmoid", "Add"))
+            epilogue, y, gated = "residual", add.outputs[0], True
+            refs["res"] = ("act", next(i for i in add.inputs if i != mul.outputs[0]))
+            refs["gate"] = ("act", sig.inputs[0])
         elif grp.node_with_role("epilogue:glu") is not None:
             epilogue, y = "glu", grp.epilogue[-1].outputs[0]
             act = _glu_activation(grp.epilogue[-2], grp.name)
@@ -194,12 +216,15 @@ class Linear(KernelKind):
             act=act,
             post_norm_eps=post_eps,
             softcap=softcap,
+            gated=gated,
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
     # -- CPU --
 
     def cpu_signature_of(self, k: SelectedKernel) -> Signature:
+        if k.params.gated:
+            return CPU_GATED
         return CPU_POST_NORM if k.params.post_norm_eps else CPU
 
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
@@ -225,6 +250,9 @@ class Linear(KernelKind):
         }
         if p.post_norm_eps:
             args["post_norm_w"] = b.ref(r["post_norm_w"])
+        if p.gated:
+            args["gate"] = b.act(r["gate"][1])
+            args["ldg"] = b.int(b.ld(r["gate"][1]))
         return args
 
     # -- GPU --
@@ -292,6 +320,17 @@ def _glu_after(split: Node, p: Proposals) -> list[Node]:
             ):
                 return [act, mul]
     return []
+
+
+def _sigmoid_gate(mul: Node, y: str, p: Proposals) -> Node | None:
+    """The Sigmoid in Mul(Sigmoid(g), y) when the Mul is its only reader and g is one value
+    per token ([tokens, 1]: Qwen2-MoE's shared-expert gate), else None."""
+    other = next((i for i in mul.inputs if i != y), None)
+    sig = p.graph.producer(other) if other is not None and list(mul.inputs).count(y) == 1 else None
+    if sig is None or sig.op != "Sigmoid" or p.only_user(sig.outputs[0]) is not mul:
+        return None
+    shape = p.graph.values[sig.inputs[0]].shape
+    return sig if len(shape) == 2 and shape[1] == 1 else None
 
 
 def _glu_activation(node: Node, group: str) -> str:
