@@ -236,21 +236,23 @@ HIPC_DEVICE uint16_t hipc_kv_store_bf16(float v) {
 HIPC_DEVICE float hipc_kv_round_f32(float v) { return v; }
 HIPC_DEVICE float hipc_kv_round_bf16(float v) { return hipc_bf16_to_f32(hipc_kv_store_bf16(v)); }
 // q . k for one cached key row; q (float) is in shared memory
+// (four partial sums: one chain of D dependent FMAs is the longest latency of a decode
+// attention block)
 HIPC_DEVICE float hipc_kv_dot_f32(const float* q, const float* k, int D) {
-  float dot = 0.f;
+  float dot[4] = {0.f, 0.f, 0.f, 0.f};
   if (D % 4 == 0) {
 #pragma unroll
     for (int d = 0; d < D; d += 4) {
       const float4 kv = *(const float4*)(k + d);
-      dot += q[d] * kv.x + q[d + 1] * kv.y + q[d + 2] * kv.z + q[d + 3] * kv.w;
+      dot[0] += q[d] * kv.x, dot[1] += q[d + 1] * kv.y, dot[2] += q[d + 2] * kv.z, dot[3] += q[d + 3] * kv.w;
     }
   } else {
-    for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+    for (int d = 0; d < D; ++d) dot[0] += q[d] * k[d];
   }
-  return dot;
+  return (dot[0] + dot[1]) + (dot[2] + dot[3]);
 }
 HIPC_DEVICE float hipc_kv_dot_bf16(const float* q, const uint16_t* k, int D) {
-  float dot = 0.f;
+  float dot[4] = {0.f, 0.f, 0.f, 0.f};
   if (D % 8 == 0) {
 #pragma unroll
     for (int d = 0; d < D; d += 8) {
@@ -258,13 +260,41 @@ HIPC_DEVICE float hipc_kv_dot_bf16(const float* q, const uint16_t* k, int D) {
       const uint32_t w[4] = {kv.x, kv.y, kv.z, kv.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        dot += q[d + 2 * e] * __builtin_bit_cast(float, w[e] << 16) +
-               q[d + 2 * e + 1] * __builtin_bit_cast(float, w[e] & 0xffff0000u);
+        dot[e] += q[d + 2 * e] * __builtin_bit_cast(float, w[e] << 16) +
+                  q[d + 2 * e + 1] * __builtin_bit_cast(float, w[e] & 0xffff0000u);
     }
   } else {
-    for (int d = 0; d < D; ++d) dot += q[d] * hipc_bf16_to_f32(k[d]);
+    for (int d = 0; d < D; ++d) dot[0] += q[d] * hipc_bf16_to_f32(k[d]);
   }
-  return dot;
+  return (dot[0] + dot[1]) + (dot[2] + dot[3]);
+}
+// PER consecutive cached values from p (p is PER-element aligned): one vector load
+template <int PER>
+HIPC_DEVICE void hipc_kv_load_vec(const float* p, float* out) {
+  if constexpr (PER == 4) {
+    const float4 v = *(const float4*)p;
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  } else if constexpr (PER == 2) {
+    const uint2 v = *(const uint2*)p;
+    out[0] = __builtin_bit_cast(float, v.x), out[1] = __builtin_bit_cast(float, v.y);
+  } else {
+#pragma unroll
+    for (int d = 0; d < PER; ++d) out[d] = p[d];
+  }
+}
+template <int PER>
+HIPC_DEVICE void hipc_kv_load_vec(const uint16_t* p, float* out) {
+  if constexpr (PER == 4) {
+    const uint2 v = *(const uint2*)p;
+    out[0] = __builtin_bit_cast(float, v.x << 16), out[1] = __builtin_bit_cast(float, v.x & 0xffff0000u);
+    out[2] = __builtin_bit_cast(float, v.y << 16), out[3] = __builtin_bit_cast(float, v.y & 0xffff0000u);
+  } else if constexpr (PER == 2) {
+    const uint32_t v = *(const uint32_t*)p;
+    out[0] = __builtin_bit_cast(float, v << 16), out[1] = __builtin_bit_cast(float, v & 0xffff0000u);
+  } else {
+#pragma unroll
+    for (int d = 0; d < PER; ++d) out[d] = hipc_bf16_to_f32(p[d]);
+  }
 }
 
 // ---- quantized weights ----------------------------------------------------------------
