@@ -63,10 +63,18 @@ struct uint2 { uint32_t x, y; };
 struct alignas(16) uint4 { uint32_t x, y, z, w; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(16) float4 { float x, y, z, w; };
+#ifdef HIPC_HOST_SIMT
+// a host test runs a block as threads in step (tests/compiler/test_gpu_prelude_host.py)
+int hipc_thread();
+int hipc_block_dim();
+void hipc_sync();
+float hipc_shfl_xor(float v, int m);
+#else
 HIPC_DEVICE int hipc_thread() { return 0; }
 HIPC_DEVICE int hipc_block_dim() { return 1; }
 HIPC_DEVICE void hipc_sync() {}
 HIPC_DEVICE float hipc_shfl_xor(float v, int) { return v; }
+#endif
 HIPC_DEVICE float hipc_exp(float x) { return expf(x); }
 HIPC_DEVICE float hipc_rsqrt(float x) { return 1.f / sqrtf(x); }
 
@@ -516,53 +524,64 @@ HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
 // ints) and return sum_k x[k]^2 to every thread: the RMSNorm's 1 / rms is one positive
 // factor common to every product, so a norm GEMV quantizes x * g and scales its sums at
 // the end, and the whole prologue is one pass over x and one barrier. Every thread of the
-// block calls it; 8 lanes share a 32-value block, 4 values each. `red`: __shared__ float[32].
-template <bool LO>
+// block calls it; 8 lanes share a 32-value block, 4 values each, ROUNDS = ceil(K / 4 /
+// threads) rounds. The loads of HIPC_XQ_CHUNK rounds are issued before any is used: x was
+// just written by the kernel before, and one L2 round trip per round was most of a
+// long-row GEMV's prologue. `red`: __shared__ float[32].
+#define HIPC_XQ_CHUNK 4
+template <bool LO, int ROUNDS>
 HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red) {
   const int n4 = K / 4, stride = hipc_block_dim();
-  // every lane runs the same number of rounds: the shuffles below need whole waves
-  const int rounds = (n4 + stride - 1) / stride;
   float ss = 0.f;
-  for (int r = 0; r < rounds; ++r) {
-    const int i = r * stride + hipc_thread(), part = i % 8;
-    const bool ok = i < n4;  // the same for all 8 lanes of a block (K % 32 == 0)
-    float4 v = ok ? *(const float4*)(x + 4 * i) : float4{0.f, 0.f, 0.f, 0.f};
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    if (g && ok) {
-      const float4 gv = *(const float4*)(g + 4 * i);
-      v.x *= gv.x, v.y *= gv.y, v.z *= gv.z, v.w *= gv.w;
-    }
-    float am = hipc_fmax(hipc_fmax(hipc_fabs(v.x), hipc_fabs(v.y)), hipc_fmax(hipc_fabs(v.z), hipc_fabs(v.w)));
-    am = hipc_fmax(am, hipc_shfl_xor(am, 1));
-    am = hipc_fmax(am, hipc_shfl_xor(am, 2));
-    am = hipc_fmax(am, hipc_shfl_xor(am, 4));
-    const float d = am / 127.f, id = am > 0.f ? 127.f / am : 0.f;
-    const float xs[4] = {v.x, v.y, v.z, v.w};
-    float hi[4], lo[4];
-    int sum = 0;
+  for (int r0 = 0; r0 < ROUNDS; r0 += HIPC_XQ_CHUNK) {
+    float4 vs[HIPC_XQ_CHUNK], gs[HIPC_XQ_CHUNK];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      hi[e] = hipc_rint(xs[e] * id);
-      if constexpr (LO) {
-        lo[e] = -hipc_fmax(-hipc_fmax(hipc_rint((xs[e] - hi[e] * d) * id * 254.f), -127.f), -127.f);
-        sum += 254 * (int)hi[e] + (int)lo[e];
-      } else {
-        sum += (int)hi[e];
-      }
+    for (int c = 0; c < HIPC_XQ_CHUNK; ++c) {
+      const int i = (r0 + c) * stride + hipc_thread();
+      const bool ok = r0 + c < ROUNDS && i < n4;
+      vs[c] = ok ? *(const float4*)(x + 4 * i) : float4{0.f, 0.f, 0.f, 0.f};
+      gs[c] = g && ok ? *(const float4*)(g + 4 * i) : float4{1.f, 1.f, 1.f, 1.f};
     }
-    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 1));
-    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 2));
-    const int sum16 = sum;  // lanes 0..3 of the 8: the block's first 16 values
-    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 4));
-    if (ok) {
-      int* blk = xq + (i / 8) * hipc_xq<LO>::INTS;
-      blk[part] = hipc_pack4_i8(hi[0], hi[1], hi[2], hi[3]);
-      if constexpr (LO) blk[8 + part] = hipc_pack4_i8(lo[0], lo[1], lo[2], lo[3]);
-      if (part == 0) {
-        int* meta = blk + hipc_xq<LO>::META;
-        meta[0] = __builtin_bit_cast(int, LO ? d / 254.f : d);
-        meta[1] = sum;
-        meta[2] = sum16;
+#pragma unroll
+    for (int c = 0; c < HIPC_XQ_CHUNK; ++c) {
+      if (r0 + c >= ROUNDS) break;  // the same for every lane: the shuffles need whole waves
+      const int i = (r0 + c) * stride + hipc_thread(), part = i % 8;
+      const bool ok = i < n4;  // the same for all 8 lanes of a block (K % 32 == 0)
+      float4 v = vs[c];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      v.x *= gs[c].x, v.y *= gs[c].y, v.z *= gs[c].z, v.w *= gs[c].w;
+      float am = hipc_fmax(hipc_fmax(hipc_fabs(v.x), hipc_fabs(v.y)), hipc_fmax(hipc_fabs(v.z), hipc_fabs(v.w)));
+      am = hipc_fmax(am, hipc_shfl_xor(am, 1));
+      am = hipc_fmax(am, hipc_shfl_xor(am, 2));
+      am = hipc_fmax(am, hipc_shfl_xor(am, 4));
+      const float d = am / 127.f, id = am > 0.f ? 127.f / am : 0.f;
+      const float xs[4] = {v.x, v.y, v.z, v.w};
+      float hi[4], lo[4];
+      int sum = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        hi[e] = hipc_rint(xs[e] * id);
+        if constexpr (LO) {
+          lo[e] = -hipc_fmax(-hipc_fmax(hipc_rint((xs[e] - hi[e] * d) * id * 254.f), -127.f), -127.f);
+          sum += 254 * (int)hi[e] + (int)lo[e];
+        } else {
+          sum += (int)hi[e];
+        }
+      }
+      sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 1));
+      sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 2));
+      const int sum16 = sum;  // lanes 0..3 of the 8: the block's first 16 values
+      sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 4));
+      if (ok) {
+        int* blk = xq + (i / 8) * hipc_xq<LO>::INTS;
+        blk[part] = hipc_pack4_i8(hi[0], hi[1], hi[2], hi[3]);
+        if constexpr (LO) blk[8 + part] = hipc_pack4_i8(lo[0], lo[1], lo[2], lo[3]);
+        if (part == 0) {
+          int* meta = blk + hipc_xq<LO>::META;
+          meta[0] = __builtin_bit_cast(int, LO ? d / 254.f : d);
+          meta[1] = sum;
+          meta[2] = sum16;
+        }
       }
     }
   }

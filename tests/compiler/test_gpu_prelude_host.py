@@ -2,7 +2,8 @@
 against gguf-py on a machine with no GPU: each type's one-weight decoder (hipc_w_*: the
 SIMT GEMM and the embedding) and its GEMV unit (hipc_load_unit + hipc_dot_unit: the
 integer dot products against x staged as int8 hi + lo planes, or one int8 plane with
---activations int8), in both block layouts.
+--activations int8), in both block layouts; and the GEMV prologue that stages x
+(hipc_stage_xq) with a block's threads run in step as host threads (HIPC_HOST_SIMT).
 tests/gpu runs the same code inside the kernels on a GPU.
 """
 
@@ -68,6 +69,91 @@ TYPE(q5_1)
 TYPE(q4_k)
 TYPE(q5_k)
 """
+
+
+SIMT_HARNESS = """
+#include <barrier>
+#include <thread>
+#include <vector>
+static thread_local int t_id;
+static int g_dim;
+static std::barrier<>* g_bar;
+static float g_slots[1024];
+int hipc_thread() { return t_id; }
+int hipc_block_dim() { return g_dim; }
+void hipc_sync() { g_bar->arrive_and_wait(); }
+float hipc_shfl_xor(float v, int m) {
+  g_slots[t_id] = v;
+  g_bar->arrive_and_wait();
+  const float r = g_slots[t_id ^ m];
+  g_bar->arrive_and_wait();
+  return r;
+}
+template <bool LO, int R>
+void stage_run(const float* x, const float* g, int K, int threads, int* xq, float* ss_out) {
+  std::barrier<> bar(threads);
+  g_bar = &bar, g_dim = threads;
+  static float red[32];
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([=] {
+      t_id = t;
+      const float ss = hipc_stage_xq<LO, R>(x, g, K, xq, red);
+      if (t == 0) *ss_out = ss;
+    });
+  for (auto& th : ts) th.join();
+}
+#define STAGE(K, T)                                                                   \\
+  extern "C" void stage_##K##_##T##_int16(const float* x, const float* g, int* xq, float* ss) { \\
+    stage_run<true, (K / 4 + T - 1) / T>(x, g, K, T, xq, ss);                              \\
+  }                                                                                 \\
+  extern "C" void stage_##K##_##T##_int8(const float* x, const float* g, int* xq, float* ss) { \\
+    stage_run<false, (K / 4 + T - 1) / T>(x, g, K, T, xq, ss);                             \\
+  }
+STAGE(576, 256)
+STAGE(1024, 64)
+STAGE(4096, 64)
+STAGE(14336, 512)
+"""
+# (K, threads) pairs the harness instantiates: 1, 4 (one chunk), 16 and 7 rounds per thread
+STAGE_SHAPES = [(576, 256), (1024, 64), (4096, 64), (14336, 512)]
+
+
+@pytest.fixture(scope="module")
+def simt(tmp_path_factory):
+    if CXX is None:
+        pytest.skip("no C++ compiler")
+    root = tmp_path_factory.mktemp("simt")
+    src = root / "stage_host.cpp"
+    prelude = template_text("hip/prelude.h").replace("#pragma once", "")
+    src.write_text(f"#define HIPC_WAVE 32\n#define HIPC_HOST_SIMT\n{prelude}\n{SIMT_HARNESS}")
+    so = root / "stage_host.so"
+    cmd = [CXX, "-std=c++20", "-O1", "-DHIPC_HOST", "-shared", "-fPIC", "-pthread", str(src)]
+    subprocess.run([*cmd, "-o", str(so)], check=True, capture_output=True, text=True)
+    return ctypes.CDLL(str(so))
+
+
+@pytest.mark.parametrize("activations", ["int16", "int8"])
+@pytest.mark.parametrize("K,threads", STAGE_SHAPES)
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "norm"])
+def test_stage_xq_matches_numpy(simt, K, threads, activations, norm):
+    """The GEMV prologue run by `threads` host threads in step: x (times g) staged exactly
+    as the NumPy model (stage_x) rounds it, every block written, and sum(x^2) returned."""
+    rng = np.random.default_rng(K + threads)
+    x = (rng.standard_normal(K) * 3).astype(np.float32)
+    x[rng.integers(0, K, 4)] *= 30
+    g = (1 + 0.2 * rng.standard_normal(K)).astype(np.float32)
+    want, _ = stage_x(x * g if norm else x, activations)
+    got = np.full(want.shape, -(2**31), np.int32)  # poison: every int of a block is written
+    ss = np.zeros(1, np.float32)
+    fn = getattr(simt, f"stage_{K}_{threads}_{activations}")
+    ptr = ctypes.c_void_p
+    fn(x.ctypes.data_as(ptr), g.ctypes.data_as(ptr) if norm else None,
+       got.ctypes.data_as(ptr), ss.ctypes.data_as(ptr))  # fmt: skip
+    meta = 8 if activations == "int8" else 16
+    written = np.r_[0:meta, meta : meta + 3]  # the meta int4's last int is padding
+    np.testing.assert_array_equal(got[:, written], want[:, written])
+    assert ss[0] == pytest.approx(float(np.sum(x.astype(np.float64) ** 2)), rel=1e-5)
 
 
 @pytest.fixture(scope="module", params=["split", "gguf"])
