@@ -21,10 +21,12 @@ Without --llamacpp-bin the 8B files are written here directly with those types (
 blocks, sane f16 scales); decode speed does not depend on the values.
 
 Each file is compiled with `hipc compile --target` once per --activations rounding of the
-quantized GEMVs (int16: x as int8 hi + lo planes, the default; int8: one plane, llama.cpp's
-q8_1 numerics), then timed: 512-token prefill and 128-token decode through the engine's
+quantized GEMVs (int8, the script's default: one plane, llama.cpp's q8_1 numerics; int16:
+x as int8 hi + lo planes, hipc's default), then timed: 512-token prefill and 128-token decode through the engine's
 `forward()` loop (median of --repeats), `hipc generate --json` decode (a chat prompt, 128
 tokens, EOS ignored), and the per-kernel decode profile (profile_gpu_decode.py, --profile).
+On the H200 one model took 40-75 s of hipc (write, compile, time) and the llama.cpp path
+adds the 16 GB F16 file and two llama-quantize runs.
 llama.cpp: `llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3` on the same file. The
 device-to-device copy ceiling is measured in the same run (bench_gpu.ceilings).
 """
@@ -279,14 +281,18 @@ def main() -> None:
     ap.add_argument("--prep-smol", type=Path, help="write the SmolLM2 metadata folder and exit")
     ap.add_argument("--meta", type=Path, help="the folder --prep-smol wrote")
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--activations", default="int8,int16", help="hipc compiles, comma-separated")
+    ap.add_argument(
+        "--activations",
+        default="int8",
+        help="hipc compiles, comma-separated: int8 (llama.cpp's q8_1 numerics), int16 (the default)",
+    )
     ap.add_argument("--target", default="sm_90")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--llamacpp-bin", type=Path, help="folder with llama-bench, llama-quantize")
     ap.add_argument("--peers", type=Path, default=HERE.parents[1] / ".work" / "peers",
                     help="folder with mkgguf.py (the F16 GGUF llama-quantize starts from)")  # fmt: skip
     ap.add_argument("--no-generate", action="store_true")
-    ap.add_argument("--profile", default="l8_q4_0,l8_q4_k_m", help="models to profile per kernel")
+    ap.add_argument("--profile", default="", help="models to profile per kernel (comma-separated)")
     ap.add_argument("--copy-bw", type=float, help="TB/s: the copy ceiling, if measured already")
     ap.add_argument("--work", type=Path, default=Path("/tmp/hipc-quant"))
     ap.add_argument("--out", type=Path)
