@@ -374,6 +374,9 @@ HIPC_DEVICE uint4 hipc_load_quants16(const char* p) {
 // the scale pair (d, m) of a q4_1 block as one word: d low, m high
 HIPC_DEVICE uint32_t hipc_load_scales32(const char* p) {
 #if HIPC_QSPLIT
+#ifdef HIPC_HOST
+  if ((size_t)p % 4) __builtin_trap();  // the host tests hold the layout to it
+#endif
   return *(const uint32_t*)p;
 #else
   return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
@@ -725,8 +728,18 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, const int* xq, int i) {
 // Q5_0 / Q5_1: a 32-weight block; qh's 32 bits become bit 4 of each quant byte.
 struct hipc_unit_q5_0 { uint4 q; uint32_t qh; uint16_t d; };
 struct hipc_unit_q5_1 { uint4 q; uint32_t qh, dm; };
-HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {  // 2-byte aligned (GGUF order) or better
+// 4 bytes of a block: 2-byte aligned in GGUF's order; in the split layout every field a
+// kernel reads this way is 4-byte aligned (regions of 4-, 12-, 16-byte fields, 8-byte
+// chunks of quants), so one load
+HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {
+#if HIPC_QSPLIT
+#ifdef HIPC_HOST
+  if ((size_t)p % 4) __builtin_trap();  // the host tests hold the layout to it
+#endif
+  return *(const uint32_t*)p;
+#else
   return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
+#endif
 }
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_0& v, const hipc_qmat_q5_0& m, size_t u) {
   v.q = hipc_load_quants16(m.qs(u));
