@@ -93,6 +93,14 @@ const float* __restrict__ x, int T, const void* __restrict__ W, const float* __r
 const float* __restrict__ inv_rms, const float* __restrict__ bias, const float* res, float* y
 """)
 STATS = Signature.parse("const float* __restrict__ x, int T, float* inv_rms")
+# sm_90a: x rounded to bf16 (norm applied) into scratch, then the GEMM reads it and W by TMA
+XB = Signature.parse(
+    "const float* __restrict__ x, const float* __restrict__ norm_w, uint16_t* __restrict__ xb"
+)
+WGMMA = Signature.parse("""
+const __grid_constant__ hipc_tmap xmap, const __grid_constant__ hipc_tmap wmap, int T,
+const float* __restrict__ bias, const float* res, float* y
+""")
 
 
 class Linear(KernelKind):
@@ -258,8 +266,12 @@ class Linear(KernelKind):
     # -- GPU --
 
     def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
+        p: LinearParams = k.params
+        if wgmma_gemm(p, g.target, g.prefill_precision == "split", False):
+            # the sm_90a GEMM's input: x (normalized) in bf16, rows of K, from its _xb kernel
+            return {"xb": 2 * g.max_tokens * p.K}
         # the prefill GEMM's norm: 1 / rms per token, from the _stats kernel before it
-        return {"inv_rms": 4 * g.max_tokens} if k.params.norm_eps else {}
+        return {"inv_rms": 4 * g.max_tokens} if p.norm_eps else {}
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: LinearParams = k.params
@@ -282,9 +294,20 @@ class Linear(KernelKind):
         dk = decode_gemv(k.fn, p, g.target, k.nodes, activations=g.activations)
         g.launch("decode", k.group, g.kernel(dk), dk.grid, [dk.threads], GEMV, common,
                  shared=dk.shared, overlap=True)  # fmt: skip
-        pg = prefill_gemm(k.fn, p, g.target, k.nodes)
-        gemm = g.kernel(pg)
+        split = g.prefill_precision == "split"
         rows = "rows" if last_only else "T"
+        if wgmma_gemm(p, g.target, split, False):
+            # tiles chosen for short steps and, where the chunk is longer, for long ones
+            lo = select_wgmma(p, min(g.max_tokens, 512))
+            hi = select_wgmma(p, g.max_tokens)
+            buckets = [(lo, None)] if lo == hi else [
+                (lo, (1, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
+            for tile, tokens in buckets:
+                pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile)
+                self._wgmma_launches(k, b, g, pg, common, x, rows, tokens)
+            return
+        pg = prefill_gemm(k.fn, p, g.target, k.nodes, split=split)
+        gemm = g.kernel(pg)
         inv_rms = b.scratch(g.scratch("inv_rms")) if p.norm_eps else b.null()
         if p.norm_eps:
             g.launch("prefill", k.group, f"{gemm}_stats", [rows], [256], STATS,
@@ -299,6 +322,32 @@ class Linear(KernelKind):
             {**common, "T": b.int(rows), "inv_rms": inv_rms},
             shared=pg.shared,
         )
+
+    def _wgmma_launches(self, k, b, g, pg: GpuKernel, common, x, rows: str, tokens) -> None:
+        """The sm_90a GEMM's two launches: x -> bf16 (norm applied) into scratch, then the
+        GEMM over it and W through tensor maps; `tokens`: the step sizes they run at."""
+        p: LinearParams = k.params
+        gemm = g.kernel(pg)
+        xb = b.scratch(g.scratch("xb"))
+        g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
+                 {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=tokens)  # fmt: skip
+        bm, bn = pg.ctx["bm"], pg.ctx["bn"]
+        maps = {
+            "xmap": {"kind": "tmap", "of": xb, "dims": [p.K, g.max_tokens], "box": [64, bm]},
+            "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N], "box": [64, bn // 2]},
+        }
+        g.launch(
+            "prefill",
+            k.group,
+            gemm,
+            [f"cdiv({rows},{bm})", -(-p.n_out // pg.block_outputs)],
+            [pg.threads],
+            WGMMA,
+            {**maps, "T": b.int(rows), "bias": common["bias"], "res": common["res"],
+             "y": common["y"]},
+            shared=pg.shared,
+            tokens=tokens,
+        )  # fmt: skip
 
 
 GLU_ACTIVATIONS = {"hipc::SiLU", "Gelu"}  # act(gate) * up epilogues the templates have
@@ -368,13 +417,13 @@ class MmaTile:
     wn: int  # waves along outputs
     min_blocks: int = 1  # NVIDIA: blocks per SM to fit registers for (__launch_bounds__)
 
-    def shared_bytes(self, quant: bool = False) -> int:
-        """Two stages of x hi, x lo (bm rows each) and W (bn rows), bf16, rows padded by 8;
-        quantized weights add each stage's 16-weight groups: (scale, offset) per W row and
-        the sum of x per token, float32."""
+    def shared_bytes(self, split: bool, quant: bool = False) -> int:
+        """Two stages of x (hi and, split, lo: bm rows each) and W (bn rows), bf16, rows
+        padded by 8; quantized weights add each stage's 16-weight groups: (scale, offset)
+        per W row and the sum of x per token, float32."""
         groups = self.bk // 16
         extra = 2 * (2 * self.bn + self.bm) * groups * 4 if quant else 0
-        return 2 * (2 * self.bm + self.bn) * (self.bk + 8) * 2 + extra
+        return 2 * ((2 if split else 1) * self.bm + self.bn) * (self.bk + 8) * 2 + extra
 
 
 # 128 x 128 blocks of 256 threads everywhere: 8 warps of 64 x 32 on NVIDIA and RDNA, 4 wave64s of
@@ -403,14 +452,14 @@ MMA_WIDE_TILES = {"sm_80": _NV_WIDE, "sm_89": _NV_WIDE, "sm_90": _NV_WIDE}
 WIDE_BLOCKS = 64
 
 
-def mma_tile(target: GpuTarget, p: LinearParams) -> MmaTile | None:
+def mma_tile(target: GpuTarget, p: LinearParams, split: bool = False) -> MmaTile | None:
     """The matrix-instruction GEMM for a linear's prefill, or None for the SIMT one.
 
     bf16 weights feed the instruction as stored; quantized ones as their integer quants (exact
     in bf16), each 16-deep partial product scaled in float32 (linear_mma.hip.j2). f16 would
     need x split in f16, whose range (65504) activations can exceed. K % 8 == 0 because W is
-    loaded 8 weights at a time. AMD's 64 KiB of LDS leaves no room for the quantized tiles'
-    scales beside CDNA's 32-deep stages: SIMT there.
+    loaded 8 weights at a time. Where AMD's 64 KiB of LDS has no room for the quantized tiles'
+    scales beside the stages (CDNA's 32-deep ones with x split), SIMT there.
     """
     tile = MMA_TILES.get(target.arch)
     quant = WEIGHT_SUFFIX.get(p.wtype) in QUANT_TYPES
@@ -420,7 +469,7 @@ def mma_tile(target: GpuTarget, p: LinearParams) -> MmaTile | None:
         # the groups' scales and partial products take registers: the narrow tile (the wide
         # one's 128 accumulators per lane spill beside them), one block per SM
         tile = replace(tile, min_blocks=1)
-        if not target.arch.startswith("sm_") and tile.shared_bytes(quant=True) > 64 << 10:
+        if not target.arch.startswith("sm_") and tile.shared_bytes(split, quant=True) > 64 << 10:
             return None
         return tile
     wide = MMA_WIDE_TILES.get(target.arch)
@@ -430,11 +479,79 @@ def mma_tile(target: GpuTarget, p: LinearParams) -> MmaTile | None:
     return tile
 
 
+@dataclass(frozen=True)
+class WgmmaTile:
+    """The sm_90a GEMM's geometry: bm tokens (64 per consumer warp group) x bn weight rows
+    (one wgmma.m64n<bn>k16 per consumer and 16-deep k step) per block, K 64 deep per stage."""
+
+    bm: int
+    bn: int
+    stages: int  # shared-memory stages: as many as fit the 227 KiB a block may have
+    regs: tuple[int, int] | None = None  # setmaxnreg: producer, consumers (None: leave them)
+    cost: float = 1.0  # time per output element relative to 128 x 256 (measured, see below)
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.bm // 64 + 1)
+
+    def shared_bytes(self) -> int:
+        # the stages, their 2 barriers each, and slack to align the first to 1024 bytes
+        return self.stages * (self.bm + self.bn) * 128 + 16 * self.stages + 1024
+
+
+# Candidates per GEMM shape: the largest tile does the least shared-memory traffic per FLOP, but
+# with few output blocks the last wave leaves SMs idle; select_wgmma picks the least estimated
+# time for the compiled prefill chunk. 3 warp groups (384 threads): registers 40 for the producer,
+# 232 for the consumers (64 x 256 accumulators are 128 floats a thread).
+WGMMA_TILES = (
+    WgmmaTile(128, 256, 4, (40, 232), 1.0),
+    WgmmaTile(128, 192, 5, (40, 232), 1.04),
+    WgmmaTile(128, 128, 6, (40, 232), 1.12),
+    WgmmaTile(64, 256, 5, None, 1.15),
+)
+WGMMA_ARCHS = frozenset({"sm_90"})
+SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choice rounds to
+# Steps of up to this many tokens get their own tiles where the chunk is longer (launch "tokens")
+SHORT_STEP = 1024
+
+
+def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
+    """The tile with the least estimated time at `tokens` tokens: waves of SMS blocks, each
+    block's time its output elements x the tile's cost."""
+    glu = p.epilogue == "glu"
+
+    def time(t: WgmmaTile) -> float:
+        blocks = -(-tokens // t.bm) * -(-p.n_out // (t.bn // 2 if glu else t.bn))
+        return -(-blocks // SMS) * t.bm * t.bn * t.cost
+
+    return min(tiles, key=time)
+
+
+def wgmma_gemm(p: LinearParams, target: GpuTarget, split: bool, simt: bool) -> bool:
+    """Whether a linear's prefill runs on the sm_90a GEMM: bf16 weights, bf16 activations,
+    rows of 16-byte multiples (TMA's global stride)."""
+    return (
+        target.arch in WGMMA_ARCHS
+        and not (split or simt)
+        and p.wtype == "bfloat16"
+        and p.K % 8 == 0
+    )
+
+
 def prefill_gemm(
-    fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], simt: bool = False
+    fn: str,
+    p: LinearParams,
+    target: GpuTarget,
+    nodes: list[str],
+    simt: bool = False,
+    split: bool = False,
+    tokens: int = 512,
+    wgmma: WgmmaTile | None = None,
 ) -> GpuKernel:
     """`fn`: the linear's kernel stem. `simt` forces the SIMT kernel (the GPU tests time one
-    against the other)."""
+    against the other). `split`: the matrix-instruction GEMM multiplies x as bf16 hi + lo
+    (--prefill-precision split) instead of bf16(x) once. `tokens`: the prefill chunk the
+    sm_90a tile is chosen for; `wgmma` forces that tile (benchmarks)."""
     wave = target.wave
     common = dict(
         nodes=nodes,
@@ -445,13 +562,37 @@ def prefill_gemm(
         stats_params=STATS.render(0),
         **p.to_json(),
     )
-    tile = None if simt else mma_tile(target, p)
+    if wgmma_gemm(p, target, split, simt):
+        t = wgmma or select_wgmma(p, tokens)
+        bn_out = t.bn // 2 if p.epilogue == "glu" else t.bn
+        ctx = dict(
+            common,
+            params=WGMMA.render(GPU_INDENT),
+            xb_params=XB.render(0),
+            bm=t.bm,
+            bn=t.bn,
+            stages=t.stages,
+            regs=t.regs,
+            threads=t.threads,
+            bn_out=bn_out,
+        )
+        return GpuKernel(
+            f"{fn}_wg{t.bm}x{t.bn}",
+            "linear_wgmma",
+            ctx,
+            [],
+            t.threads,
+            t.shared_bytes(),
+            bn_out,
+            t.bm,
+        )
+    tile = None if simt else mma_tile(target, p, split)
     if tile is None:
         return GpuKernel(f"{fn}_gemm", "linear_gemm", common, [], 256, 0, SIMT_TILE, SIMT_TILE)
     bn_out = tile.bn // 2 if p.epilogue == "glu" else tile.bn
     ws = WEIGHT_SUFFIX[p.wtype]
     quant = ws in QUANT_TYPES
-    shared = tile.shared_bytes(quant)
+    shared = tile.shared_bytes(split, quant)
     ctx = dict(
         common,
         quant=quant,
@@ -465,10 +606,12 @@ def prefill_gemm(
         wn=tile.wn,
         min_blocks=tile.min_blocks,
         bn_out=bn_out,
+        split=split,
         shared=shared,
     )
     threads = tile.wm * tile.wn * wave
-    return GpuKernel(f"{fn}_mma", "linear_mma", ctx, [], threads, shared, bn_out, tile.bm)
+    name = f"{fn}_mma_split" if split else f"{fn}_mma"
+    return GpuKernel(name, "linear_mma", ctx, [], threads, shared, bn_out, tile.bm)
 
 
 @dataclass(frozen=True)

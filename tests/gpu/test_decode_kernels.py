@@ -376,15 +376,20 @@ QGEMM_CASES = {
 }
 
 
+# variant -> (simt, split): the matrix-instruction GEMM with x rounded to bf16 (the default
+# --prefill-precision) and with x as bf16 hi + lo, and the SIMT one
+QGEMM_VARIANTS = {"mma": (False, False), "mma_split": (False, True), "simt": (True, False)}
+
+
 def qgemm_specs(arch: str) -> dict:
     """Each type x case on the matrix-instruction GEMM (where the arch has one) and SIMT."""
     specs = {}
     for ti, wtype in enumerate(QGEMM_TYPES):
         for ci, (case, (_, N, K, epilogue, bias)) in enumerate(QGEMM_CASES.items()):
             p = LinearParams(wtype=wtype, N=N, K=K, norm_eps=0.0, epilogue=epilogue, bias=bias)
-            for simt in (False, True):
-                fn = f"qg{ti}_{ci}{'s' if simt else 'm'}"
-                specs[wtype, case, simt] = prefill_gemm(fn, p, GpuTarget(arch), [case], simt)
+            for v, (simt, split) in QGEMM_VARIANTS.items():
+                fn = f"qg{ti}_{ci}_{v}"
+                specs[wtype, case, v] = prefill_gemm(fn, p, GpuTarget(arch), [case], simt, split)
     return specs
 
 
@@ -403,16 +408,17 @@ def qgemms(request):
     dev.close()
 
 
-@pytest.mark.parametrize("simt", [False, True], ids=["mma", "simt"])
+@pytest.mark.parametrize("variant", sorted(QGEMM_VARIANTS))
 @pytest.mark.parametrize("case", sorted(QGEMM_CASES))
 @pytest.mark.parametrize("wtype", QGEMM_TYPES)
-def test_quantized_prefill_gemm(qgemms, wtype, case, simt):
+def test_quantized_prefill_gemm(qgemms, wtype, case, variant):
     """Against float64 NumPy on gguf-py's dequantized weights: the matrix-instruction kernel
-    multiplies the integer quants and scales each 16-deep group in float32 (x as bf16 hi +
-    lo), the SIMT one dequantizes each weight."""
+    multiplies the integer quants and scales each 16-deep group in float32 (x rounded to
+    bf16 as the kernel does, or exact for the hi + lo split), the SIMT one dequantizes each
+    weight."""
     T, N, K, epilogue, bias = QGEMM_CASES[case]
-    g = qgemms.specs[wtype, case, simt]
-    if not simt and g.template != "linear_mma":
+    g = qgemms.specs[wtype, case, variant]
+    if variant != "simt" and g.template != "linear_mma":
         pytest.skip(f"no matrix-instruction GEMM for {wtype} on {qgemms.arch}")
     n_out = N // 2 if epilogue == "glu" else N
     rng = np.random.default_rng(11 + QGEMM_TYPES.index(wtype))
@@ -435,10 +441,12 @@ def test_quantized_prefill_gemm(qgemms, wtype, case, simt):
         got = dev.read(y, (T, n_out))
     finally:
         dev.free()
-    acc = x.astype(np.float64) @ w.T + (b if bias else 0.0)
+    xr = round_bf16(x).astype(np.float64) if variant == "mma" else x.astype(np.float64)
+    acc = xr @ w.T + (b if bias else 0.0)
     if epilogue == "glu":
         want = acc[:, :n_out] / (1 + np.exp(-acc[:, :n_out])) * acc[:, n_out:]
     else:
         want = acc + r
-    # the matrix instructions see x as bf16 hi + lo (~16 bits): test_prefill_gemm's bar
-    assert rel_err(got, want) <= (1e-5 if simt else 1e-4), (wtype, case, simt, rel_err(got, want))
+    # test_prefill_gemm's bar for the matrix instructions (float32 sums of bf16 products)
+    bar = 1e-5 if variant == "simt" else 1e-4
+    assert rel_err(got, want) <= bar, (wtype, case, variant, rel_err(got, want))
