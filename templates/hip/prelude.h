@@ -58,18 +58,23 @@ __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 #define HIPC_DEVICE inline
 #define HIPC_BOUNDS_LOADS_IN_FLIGHT(n)
 #define HIPC_BOUNDS_BLOCKS(n, b)
-#define __shared__
 struct uint2 { uint32_t x, y; };
 struct alignas(16) uint4 { uint32_t x, y, z, w; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(16) float4 { float x, y, z, w; };
 #ifdef HIPC_HOST_SIMT
-// a host test runs a block as threads in step (tests/compiler/test_gpu_prelude_host.py)
+// a host test runs a block as threads in step (tests/compiler/test_gpu_prelude_host.py):
+// a kernel's shared arrays are its function's statics, one block at a time
+#define __shared__ static
 int hipc_thread();
 int hipc_block_dim();
+int hipc_block_x();
+int hipc_block_y();
 void hipc_sync();
 float hipc_shfl_xor(float v, int m);
+float hipc_shfl(float v, int lane);
 #else
+#define __shared__
 HIPC_DEVICE int hipc_thread() { return 0; }
 HIPC_DEVICE int hipc_block_dim() { return 1; }
 HIPC_DEVICE void hipc_sync() {}
@@ -160,6 +165,9 @@ HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
 HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
 HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; }
+HIPC_DEVICE void hipc_publish() {}
+HIPC_DEVICE unsigned hipc_count(unsigned* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL); }
+HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }  // host blocks run one after another
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}

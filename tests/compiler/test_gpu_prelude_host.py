@@ -72,26 +72,54 @@ TYPE(q5_k)
 
 
 SIMT_HARNESS = """
-#include <barrier>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
+// a barrier that sleeps (std::barrier spins: hundreds of spinning threads on a few cores)
+struct Barrier {
+  explicit Barrier(int n) : n(n) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(m);
+    const unsigned gen = generation;
+    if (++count == n) {
+      count = 0, ++generation;
+      cv.notify_all();
+    } else {
+      cv.wait(lock, [&] { return generation != gen; });
+    }
+  }
+  int n, count = 0;
+  unsigned generation = 0;
+  std::mutex m;
+  std::condition_variable cv;
+};
 static thread_local int t_id;
 static int g_dim;
-static std::barrier<>* g_bar;
+static Barrier* g_bar;  // the block's (hipc_sync)
+static std::vector<Barrier*> g_wbar;  // each wave's (shuffles: waves may run apart)
 static float g_slots[1024];
 int hipc_thread() { return t_id; }
 int hipc_block_dim() { return g_dim; }
 void hipc_sync() { g_bar->arrive_and_wait(); }
 float hipc_shfl_xor(float v, int m) {
+  Barrier* w = g_wbar[t_id / HIPC_WAVE];
   g_slots[t_id] = v;
-  g_bar->arrive_and_wait();
+  w->arrive_and_wait();
   const float r = g_slots[t_id ^ m];
-  g_bar->arrive_and_wait();
+  w->arrive_and_wait();
   return r;
 }
 template <bool LO, int R>
 void stage_run(const float* x, const float* g, int K, int threads, int* xq, float* ss_out) {
-  std::barrier<> bar(threads);
+  Barrier bar(threads);
+  std::vector<std::unique_ptr<Barrier>> waves;
+  g_wbar.clear();
+  for (int w = 0; w < threads / HIPC_WAVE; ++w) {
+    waves.emplace_back(new Barrier(HIPC_WAVE));
+    g_wbar.push_back(waves.back().get());
+  }
   g_bar = &bar, g_dim = threads;
   static float red[32];
   std::vector<std::thread> ts;
