@@ -55,7 +55,8 @@ def compiled(source: str, arch: str, cache: Path | None = None) -> bytes:
 
 class DeviceKernels:
     def __init__(self, build, quant_layout: str = "split", cache: Path | None = None) -> None:
-        """`build(arch)` -> [(fn, template, ctx, dynamic shared bytes)] to compile;
+        """`build(arch)` -> [(fn, template, ctx, dynamic shared bytes or None: a template of
+        several kernels, found by name at launch)] to compile;
         `quant_layout`: how the weights uploaded store quantized blocks (see pack);
         `cache`: a folder of code objects by source hash (see compiled; default: the
         HIPC_KERNEL_CACHE environment variable's, else none)."""
@@ -68,6 +69,8 @@ class DeviceKernels:
         self.d.load_module(compiled(source, self.arch, cache))
         self.fns = {}
         for fn, _, _, shared in specs:
+            if shared is None:  # a source of several kernels (or none): looked up when launched
+                continue
             self.fns[fn] = f = self.d.get_function(fn)
             if shared > DEFAULT_SHARED_LIMIT:
                 self.d.set_dynamic_shared(f, shared)
