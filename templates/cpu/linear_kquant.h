@@ -441,6 +441,12 @@ inline void kq_matmul(const float* x, int T, int K, const void* W, int N, float*
   // NOTE: measured on SmolLM2 shapes (one core): pairs 71 vs f32 49 GMAC/s for Q5_0, but
   // 47 vs 53 for the K-quants, whose 256-wide rows make a slab spill L1
   if (T >= kDequantMinT && QK == 32) return kq_matmul_pairs<B>(x, T, K, Wb, N, y, ldy, qmax);
+  // Q5_0/Q5_1 decode with int16 activations: the Q4 byte-plane VNNI kernels (linear_vnni.h
+  // KQ5_0/KQ5_1), 4 multiply-adds per vpdpbusd instead of vpmaddwd's 2 plus a widening
+  if constexpr (std::is_same<B, block_q5_0>::value)
+    if (qmax == 32767.f) return q_matmul<KQ5_0, 2>(x, T, K, W, N, y, ldy);
+  if constexpr (std::is_same<B, block_q5_1>::value)
+    if (qmax == 32767.f) return q_matmul<KQ5_1, 2>(x, T, K, W, N, y, ldy);
 #endif
   if (T >= kDequantMinT) return kq_matmul_dequant<B>(x, T, K, Wb, N, y, ldy);
   const Act16 a = quantize_act16(x, T, K, qmax);
