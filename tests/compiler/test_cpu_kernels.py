@@ -614,13 +614,16 @@ def _kref(wtype: str, x: np.ndarray, blocks: np.ndarray, N: int, K: int, qmax: f
 # T < 8: integer activations (int16 or int8); T >= 8 (kDequantMinT): the prefill paths,
 # f32 against dequantized rows (x unrounded), or the same integer math (Q5_0/Q5_1, AVX512)
 KQ_DEQUANT_MIN_T = 8
-# K = 608: 19 blocks, a natural window then a 3-block tail (the VNNI GEMV's 4-row tail)
+# K = 608 (Q5_0/Q5_1 only): 19 blocks, a natural window then a 3-block tail (the VNNI
+# GEMV's 4-row tail)
 K_SHAPES = [(T, K, N) for T in (1, 2, 5, 8, 17) for K in (256, 608, 768) for N in (1, 6, 9)]
 
 
 def _check_kquant(lib, wtype: str, shapes, extreme: bool) -> None:
     rng = np.random.default_rng(31)
     for T, K, N in shapes:
+        if K % KBLOCK[wtype][0]:
+            continue
         blocks = _kblocks(wtype, N, K, seed=T * 1000 + K + N, extreme=extreme)
         x = rng.standard_normal((T, K), dtype=np.float32) * np.float32(3)
         x[0, :32] = 0.0  # an all-zero activation block
