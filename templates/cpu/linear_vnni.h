@@ -740,7 +740,7 @@ inline void rl_tile(const WGroup* slab, int nb, const QAct& a, int t0, int n0, i
       const __m512 dx = _mm512_set1_ps(a.d[so]);
       for (int v = 0; v < V; ++v) {
         __m512i I = acc[v][c];
-        if (Q::kOffShift) I = _mm512_sub_epi32(I, _mm512_set1_epi32(a.isum[so] << Q::kOffShift));
+        if (Q::kOffShift) I = _mm512_sub_epi32(I, _mm512_set1_epi32(a.isum[so] * (1 << Q::kOffShift)));
         facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sb[v].dw, dx), facc[v][c]);
         if (Q::kMin) facc[v][c] = _mm512_fmadd_ps(sb[v].mw, _mm512_set1_ps(a.s[so]), facc[v][c]);
       }

@@ -111,7 +111,14 @@ inline uint8_t* scratch(int slot, size_t bytes) {
   thread_local std::vector<uint8_t> buf[2];
   std::vector<uint8_t>& v = buf[slot];
   if (v.size() < bytes + 64) v.resize(bytes + 64);
-  return (uint8_t*)(((uintptr_t)v.data() + 63) & ~(uintptr_t)63);
+  uint8_t* p = (uint8_t*)(((uintptr_t)v.data() + 63) & ~(uintptr_t)63);
+#ifdef HIPC_POISON_SCRATCH
+  // tests: every call starts from garbage (NaN floats, -1 bytes), so a kernel that reads
+  // scratch it did not write this call fails at once instead of when a previous call
+  // happened to leave something nonzero there
+  std::memset(p, 0xFF, bytes);
+#endif
+  return p;
 }
 
 // Quantized activations for a [T, K] input, structure of arrays.

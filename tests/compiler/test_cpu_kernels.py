@@ -149,6 +149,9 @@ def libs(tmp_path_factory) -> dict[str, ctypes.CDLL | str]:
             "-Wall",
             "-Wextra",
             "-Werror",
+            # scratch starts as garbage on every call: a read of scratch the call did not
+            # write fails here rather than in whatever ran before it
+            "-DHIPC_POISON_SCRATCH",
         ]
         cmd += [f"-I{HEADER_DIR}", str(src), "-o", str(so)]
         procs[name] = (
@@ -406,6 +409,50 @@ def test_threads_do_not_change_results(libs, wtype):
                 np.testing.assert_array_equal(_run_matmul(lib, wtype, x, wq, 576, 576), y1)
     finally:
         lib.t_set_threads(old)
+
+
+TWO_VERSIONS_SHIM = r"""
+#include "hipc_cpu.h"
+extern "C" void t_matmul_q4_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+  hipc::matmul_q4_0(x, T, K, W, N, y, ldy);
+}
+"""
+
+
+def test_two_header_versions_in_one_process(tmp_path):
+    """Two programs built from different versions of the header, loaded in one process
+    (as a server holding two artifacts does), each compute with their own tables. The
+    other version here is the header with PrepTables' layout changed. Before the header
+    hid its symbols, GCC made kPrep STB_GNU_UNIQUE and the second library loaded read the
+    first one's tables: Q4_0 T=1 K=64 N=1 came out at 2.27 relative error."""
+    other = tmp_path / "other"
+    shutil.copytree(HEADER_DIR, other)
+    vnni = other / "linear_vnni.h"
+    text = vnni.read_text()
+    assert "struct PrepTables {\n" in text
+    vnni.write_text(
+        text.replace("struct PrepTables {\n", "struct PrepTables {\n  int32_t skew[29];\n")
+    )
+    src = tmp_path / "shim.cpp"
+    src.write_text(TWO_VERSIONS_SHIM)
+    libs = []
+    for name, inc in (("other", other), ("this", HEADER_DIR)):
+        so = tmp_path / f"{name}.so"
+        cmd = [CXX, "-std=c++17", "-O1", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+        subprocess.run([*cmd, f"-I{inc}", str(src), "-o", str(so)], check=True)
+        lib = ctypes.CDLL(str(so))
+        P, Int = ctypes.c_void_p, ctypes.c_int
+        lib.t_matmul_q4_0.argtypes = [P, Int, Int, P, Int, P, Int]
+        libs.append((name, lib))
+    rng = np.random.default_rng(29)
+    for T, K, N in ((1, 64, 1), (1, 576, 9), (5, 160, 7)):
+        wq, wd = _weights("q4_0", N, K)
+        x = rng.standard_normal((T, K), dtype=np.float32)
+        exact = _quantize_act_ref(x) @ wd.T
+        for name, lib in libs:
+            y = _run_matmul(lib, "q4_0", x, wq, N, N).astype(np.float64)
+            err = _rel(y, exact, _typical_norm(x, wd))
+            assert err <= 1e-4, f"{name} header, T={T} K={K} N={N}: {err:.3g}"
 
 
 # ---- int16 activations (matmul_a16_*) ------------------------------------------------
