@@ -90,6 +90,7 @@
 #include "embedding.h"
 #include "row_ops.h"
 #include "linear_a16.h"
+#include "linear_vnni_k.h"
 #include "linear_kquant.h"
 
 #pragma GCC visibility pop
