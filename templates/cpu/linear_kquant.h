@@ -447,10 +447,10 @@ inline void kq_matmul(const float* x, int T, int K, const void* W, int N, float*
   if constexpr (std::is_same<B, block_q5_1>::value)
     if (qmax == 32767.f) return q_matmul<KQ5_1, 2>(x, T, K, W, N, y, ldy);
   // Q4_K/Q5_K/Q6_K with int16 activations: linear_vnni_k.h
-  if (qmax == 32767.f && T == 1) {
-    if constexpr (std::is_same<B, block_q4_k>::value) return ks_gemv<KSQ4K>(x, K, W, N, y);
-    if constexpr (std::is_same<B, block_q5_k>::value) return ks_gemv<KSQ5K>(x, K, W, N, y);
-    if constexpr (std::is_same<B, block_q6_k>::value) return ks_gemv<KSQ6K>(x, K, W, N, y);
+  if (qmax == 32767.f) {
+    if constexpr (std::is_same<B, block_q4_k>::value) return ks_matmul<KSQ4K>(x, T, K, W, N, y, ldy);
+    if constexpr (std::is_same<B, block_q5_k>::value) return ks_matmul<KSQ5K>(x, T, K, W, N, y, ldy);
+    if constexpr (std::is_same<B, block_q6_k>::value) return ks_matmul<KSQ6K>(x, T, K, W, N, y, ldy);
   }
   // NOTE: measured on SmolLM2 shapes (one core): pairs 71 vs f32 49 GMAC/s for Q5_0, but
   // 47 vs 53 for the K-quants, whose 256-wide rows make a slab spill L1

@@ -98,6 +98,47 @@ inline __m512 k4_scales(const uint8_t* b) {
   return _mm512_mul_ps(v, dd);
 }
 
+// Row lanes: byte i of each 32-bit lane of every 16-row gather below is element i of a
+// 4-element chunk; chunk m of a unit (elements 4m..4m+3) is WGroup chunk j with
+// chunk_elem(j) = 4m.
+constexpr int chunk_of(int m) { return 2 * (m % 4) + m / 4; }
+
+inline __m512i lane_byte(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(255)); }
+
+// Q4_K/Q5_K row lanes: the 8 units of a super-block at b (+ ridx per row) into
+// out[0], out[stride], ... (qh: Q5_K's fifth bits, nullptr for Q4_K)
+inline void k4_rows8(const uint8_t* b, const uint8_t* qs, const uint8_t* qh, __m512i ridx, __mmask16 k, WGroup* out,
+                     int stride) {
+  __m512 D, M;
+  cvt_dm(gather32(b, ridx, k), D, M);
+  const __m512i w0 = gather32(b + 4, ridx, k), w1 = gather32(b + 8, ridx, k), w2 = gather32(b + 12, ridx, k);
+  const __m512i lo6 = _mm512_set1_epi32(0x3F3F3F3F), lo4 = _mm512_set1_epi32(0x0F0F0F0F), top2 = _mm512_set1_epi32(0x03030303);
+  const __m512i sc03 = _mm512_and_si512(w0, lo6), mn03 = _mm512_and_si512(w1, lo6);
+  const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(w2, lo4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), top2), 4));
+  const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), lo4),
+                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), top2), 4));
+  for (int j = 0; j < 8; ++j) {
+    WGroup& g = out[j * stride];
+    g.dw = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_byte(j < 4 ? sc03 : sc47, j % 4)), D);
+    g.mw = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_byte(j < 4 ? mn03 : mn47, j % 4)), _mm512_sub_ps(_mm512_setzero_ps(), M));
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int m = 0; m < 8; ++m) {
+    const __m512i h = qh ? gather32(qh + 4 * m, ridx, k) : _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m512i q = gather32(qs + 32 * c + 4 * m, ridx, k);
+      __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+      if (qh) {
+        const __m512i one = _mm512_set1_epi8(1);
+        lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * c), one), 4));
+        hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * c + 1), one), 4));
+      }
+      out[(2 * c) * stride].w[chunk_of(m)] = lo;
+      out[(2 * c + 1) * stride].w[chunk_of(m)] = hi;
+    }
+  }
+}
+
 struct KSQ4K {
   static constexpr size_t kBytes = 144;
   static constexpr bool kMin = true;
@@ -105,6 +146,9 @@ struct KSQ4K {
   static constexpr bool kHalves = false;
   static inline __m512 scales(const uint8_t* b) { return k4_scales(b); }
   static inline __m512i pair(const uint8_t* b, int p) { return k4_pair(b + 16, p); }
+  static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, int stride) {
+    k4_rows8(b, b + 16, nullptr, ridx, k, out, stride);
+  }
 };
 
 struct KSQ5K {
@@ -120,6 +164,9 @@ struct KSQ5K {
     const __m512i bit = _mm512_mask_blend_epi8((__mmask64)0xFFFFFFFF00000000ull, _mm512_set1_epi8((char)(1 << (2 * p))),
                                                _mm512_set1_epi8((char)(1 << (2 * p + 1))));
     return _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(qh, bit), v, _mm512_set1_epi8(16));
+  }
+  static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, int stride) {
+    k4_rows8(b, b + 48, b + 16, ridx, k, out, stride);
   }
 };
 
@@ -144,6 +191,36 @@ struct KSQ6K {
     const __m512i cnt = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(4 * k)), _mm512_set1_epi16((short)(4 * k + 2)));
     const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(qh, cnt), 4), _mm512_set1_epi8(0x30));
     return _mm512_or_si512(lo, hi);
+  }
+  // unit u = 4h + v: elements 32v..32v+31 of half h; dw / mw: the scales of its two
+  // 16-groups (2u, 2u+1)
+  static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, int stride) {
+    __m512 D, unused;
+    cvt_dm(gather32(b + 208, ridx, k), D, unused);
+    for (int i = 0; i < 4; ++i) {
+      const __m512i sc = gather32(b + 192 + 4 * i, ridx, k);
+      for (int e = 0; e < 4; ++e) {
+        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(sc, 24 - 8 * e), 24)), D);
+        const int g = 4 * i + e;  // 16-group
+        if (g & 1) {
+          out[(g >> 1) * stride].mw = s;
+        } else {
+          out[(g >> 1) * stride].dw = s;
+        }
+      }
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 32; i += 4) {  // elements i..i+3 of each 32-run v of half h
+        const __m512i q0 = gather32(b + 64 * h + i, ridx, k), q1 = gather32(b + 64 * h + 32 + i, ridx, k);
+        const __m512i qh = gather32(b + 128 + 32 * h + i, ridx, k);
+        for (int v = 0; v < 4; ++v) {  // run v: low nibbles of ql[64h + 32(v&1) + i] shifted by 4(v>>1)
+          const __m512i ql = (v & 1) ? q1 : q0;
+          const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(ql, 4 * (v >> 1)), m4);
+          const __m512i hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * v), m2), 4);
+          out[(4 * h + v) * stride].w[chunk_of(i / 4)] = _mm512_or_si512(lo, hi);
+        }
+      }
   }
 };
 
@@ -203,25 +280,145 @@ inline void ks_gemv_tile(const uint8_t* W, size_t rb, int nsb, int n0, const QAc
   }
 }
 
+// Prefill tile: rows n0.. (V vectors of 16) x tokens t0..t0+C-1, over the slab of
+// prepped units (slab[b * V + v]). Per unit and token: 8 chunks of vpdpbusd on each
+// activation plane, then the unit's scales (Q6_K: one per 16-group, even / odd chunks).
+template <class KS, int V, int C>
+inline void ks_rl_tile(const WGroup* slab, int nb, const QAct& a, const KAct& k, int t0, int n0, int N, float* y,
+                       int ldy) {
+  constexpr int H = KS::kHalves ? 2 : 1;
+  __m512 facc[V][C];
+  for (int v = 0; v < V; ++v)
+    for (int c = 0; c < C; ++c) facc[v][c] = _mm512_setzero_ps();
+  const size_t xstride = (size_t)a.nbp * 32;
+  for (int b = 0; b < nb; ++b) {
+    const WGroup* sb = slab + (size_t)b * V;
+    __m512i acc[H][V][C];
+    for (int h = 0; h < H; ++h)
+      for (int v = 0; v < V; ++v)
+        for (int c = 0; c < C; ++c) acc[h][v][c] = _mm512_setzero_si512();
+    const int8_t* xb = a.q + (size_t)t0 * xstride + 32 * (size_t)b;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      constexpr int hm = H - 1;
+      for (int c = 0; c < C; ++c) {
+        const __m512i xv = _mm512_set1_epi32(load_i32(xb + c * xstride + chunk_elem(j)));
+        for (int v = 0; v < V; ++v) acc[j & hm][v][c] = _mm512_dpbusd_epi32(acc[j & hm][v][c], sb[v].w[j], xv);
+      }
+    }
+    for (int h = 0; h < H; ++h)
+      for (int v = 0; v < V; ++v)
+        for (int c = 0; c < C; ++c) acc[h][v][c] = _mm512_slli_epi32(acc[h][v][c], 8);
+    const int8_t* lb = (const int8_t*)a.lo + (size_t)t0 * xstride + 32 * (size_t)b;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      constexpr int hm = H - 1;
+      for (int c = 0; c < C; ++c) {
+        const __m512i xv = _mm512_set1_epi32(load_i32(lb + c * xstride + chunk_elem(j)));
+        for (int v = 0; v < V; ++v) acc[j & hm][v][c] = _mm512_dpbusd_epi32(acc[j & hm][v][c], xv, sb[v].w[j]);
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const size_t so = (size_t)(t0 + c) * a.nbp + b;
+      const __m512 dx = _mm512_set1_ps(a.d[so]);
+      for (int v = 0; v < V; ++v) {
+        if constexpr (KS::kHalves) {
+          const int32_t* g = k.qs16 + (size_t)(t0 + c) * (k.n4 / 4) + 2 * b;
+          const __m512i i0 = _mm512_sub_epi32(acc[0][v][c], _mm512_set1_epi32(g[0] * (1 << KS::kOffShift)));
+          const __m512i i1 = _mm512_sub_epi32(acc[H - 1][v][c], _mm512_set1_epi32(g[1] * (1 << KS::kOffShift)));
+          facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(sb[v].dw, dx), facc[v][c]);
+          facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(sb[v].mw, dx), facc[v][c]);
+        } else {
+          facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[0][v][c]), _mm512_mul_ps(sb[v].dw, dx), facc[v][c]);
+          facc[v][c] = _mm512_fmadd_ps(sb[v].mw, _mm512_set1_ps(a.s[so]), facc[v][c]);
+        }
+      }
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    const int n = n0 + 16 * v;
+    const __mmask16 km = mask16(N - n);
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + (size_t)(t0 + c) * ldy + n, km, facc[v][c]);
+  }
+}
+
+template <class KS, int V>
+inline void ks_rl_prep(const uint8_t* W, size_t rb, int nsb, int n0, int N, WGroup* slab) {
+  alignas(64) int32_t idx[16];
+  for (int r = 0; r < 16; ++r) idx[r] = (int32_t)(r * rb);
+  const __m512i ridx = _mm512_load_si512(idx);
+  for (int v = 0; v < V; ++v) {
+    const __mmask16 km = mask16(N - (n0 + 16 * v));
+    const uint8_t* base = W + (size_t)(n0 + 16 * v) * rb;
+    for (int sb = 0; sb < nsb; ++sb) {
+      WGroup* out = slab + (size_t)(8 * sb) * V + v;
+      if (km) {
+        KS::rows8(base + (size_t)sb * KS::kBytes, ridx, km, out, V);
+      } else {
+        for (int u = 0; u < 8; ++u) {
+          WGroup& z = out[(size_t)u * V];
+          for (int j = 0; j < 8; ++j) z.w[j] = _mm512_setzero_si512();
+          z.dw = z.mw = _mm512_setzero_ps();
+        }
+      }
+    }
+  }
+}
+
+template <class KS, int V, int C>
+inline void ks_rl_rows(const WGroup* slab, int nb, const QAct& a, const KAct& k, int n0, int N, float* y, int ldy) {
+  int t = 0;
+  for (; t + C <= a.T; t += C) ks_rl_tile<KS, V, C>(slab, nb, a, k, t, n0, N, y, ldy);
+  switch (a.T - t) {  // token tail
+    case 3: if constexpr (C > 3) ks_rl_tile<KS, V, 3>(slab, nb, a, k, t, n0, N, y, ldy); break;
+    case 2: if constexpr (C > 2) ks_rl_tile<KS, V, 2>(slab, nb, a, k, t, n0, N, y, ldy); break;
+    case 1: if constexpr (C > 1) ks_rl_tile<KS, V, 1>(slab, nb, a, k, t, n0, N, y, ldy); break;
+    default: break;
+  }
+}
+
 // Used for quantize_act16_row: isum is the whole sum(q) (unused by these kernels).
 struct KSAct {
   static constexpr bool kLoOffset = true;
 };
 
 // K-quant matmul with int16 activations. T == 1: GEMV over tiles of kGemvRows rows.
-// (T > 1: see ks_matmul_rows.)
+// T > 1: row lanes, one OpenMP region as q_matmul's: each thread preps a slab of 16V
+// rows (K/32 * V WGroups) once and sweeps all T tokens with it.
 template <class KS>
-inline void ks_gemv(const float* x, int K, const void* Wv, int N, float* y) {
+inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
+  if (T <= 0 || N <= 0) return;
   const uint8_t* W = (const uint8_t*)Wv;
-  const int nsb = K / 256;
+  const int nsb = K / 256, nb = K / 32;
   const size_t rb = (size_t)nsb * KS::kBytes;
-  const QAct a = alloc_qact(1, K, 0, 2, kact_bytes(1, K));
-  const KAct k = kact(a, 1, K);
+  const QAct a = alloc_qact(T, K, 0, 2, kact_bytes(T, K));
+  const KAct k = kact(a, T, K);
+  const bool par = (long long)T * N * K >= kParallelMinWork;
+  if (T > 1) {
+    // Q6_K keeps two int32 sums per unit: fewer rows and tokens per tile fit the registers
+    constexpr int V = KS::kHalves ? 2 : kRlVecs, C = KS::kHalves ? 3 : kRlCols;
+    const int ntiles = (N + 16 * V - 1) / (16 * V);
+#pragma omp parallel if (par)
+    {
+#pragma omp for schedule(static)
+      for (int t = 0; t < T; ++t) {
+        quantize_act16_row<KSAct>(x, K, a, t);
+        kact_row(a, k, t);
+      }
+      WGroup* slab = (WGroup*)scratch(1, sizeof(WGroup) * (size_t)nb * V);
+#pragma omp for schedule(static)
+      for (int i = 0; i < ntiles; ++i) {
+        const int n0 = i * 16 * V;
+        ks_rl_prep<KS, V>(W, rb, nsb, n0, N, slab);
+        ks_rl_rows<KS, V, C>(slab, nb, a, k, n0, N, y, ldy);
+      }
+    }
+    return;
+  }
   quantize_act16_row<KSAct>(x, K, a, 0);
   kact_row(a, k, 0);
   constexpr int R = kGemvRows;
   const int ntiles = (N + R - 1) / R;
-  const bool par = (long long)N * K >= kParallelMinWork;
 #pragma omp parallel for schedule(static) if (par)
   for (int i = 0; i < ntiles; ++i) {
     const int n0 = i * R;
