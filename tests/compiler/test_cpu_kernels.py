@@ -102,6 +102,10 @@ HIPC_WRAP16(q4_0) HIPC_WRAP16(q4_1) HIPC_WRAP16(q8_0)
     hipc::matmul_a16_##w(x, T, K, W, N, y, ldy);                                                \
   }
 HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(q4_k) HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
+void t_attend_row64(const float* q, const float* K, const float* V, long long stride, int lo, int hi, float scale,
+                    float softcap, float* out) {
+  hipc::attend_row<64>(q, K, V, (size_t)stride, lo, hi, scale, softcap, out);
+}
 const char* t_isa() { return hipc::cpu_isa(); }
 void t_quantize_row_q8a(const float* x, int K, void* out) {
   hipc::quantize_row_q8a(x, K, (hipc::block_q8a*)out);
@@ -183,6 +187,9 @@ def _load(path: Path) -> ctypes.CDLL:
             getattr(lib, f"t_matmul_{kind}{w}").restype = None
         getattr(lib, f"t_embed_row_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
         getattr(lib, f"t_embed_row_{w}").restype = None
+    F = ctypes.c_float
+    lib.t_attend_row64.argtypes = [P, P, P, ctypes.c_longlong, Int, Int, F, F, P]
+    lib.t_attend_row64.restype = None
     lib.t_isa.restype = ctypes.c_char_p
     lib.t_quantize_row_q8a.argtypes = [P, Int, P]
     for f in ("t_f32_to_f16", "t_f16_to_f32", "t_f32_to_bf16", "t_bf16_to_f32"):
@@ -409,6 +416,49 @@ def test_threads_do_not_change_results(libs, wtype):
                 np.testing.assert_array_equal(_run_matmul(lib, wtype, x, wq, 576, 576), y1)
     finally:
         lib.t_set_threads(old)
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])
+def test_attend_row(libs, variant):
+    """One query row's attention (blocks of 16 positions, a vector exp on AVX512) against
+    NumPy's softmax in f64: context lengths around the block size, a window start, wide
+    score ranges (weights underflowing to 0) and soft-capping."""
+    lib = _get(libs, variant)
+    rng = np.random.default_rng(41)
+    D, NKV = 64, 3
+    for lo, hi, scale, cap in [
+        (0, 0, 0.125, 0.0),
+        (0, 14, 0.125, 0.0),
+        (0, 15, 0.125, 0.0),
+        (0, 16, 0.125, 0.0),
+        (5, 100, 0.125, 0.0),
+        (0, 200, 2.0, 0.0),
+        (0, 40, 40.0, 0.0),
+        (3, 57, 0.5, 30.0),
+    ]:
+        kv = rng.standard_normal((2, hi + 1, NKV, D), dtype=np.float32)
+        q = rng.standard_normal(D, dtype=np.float32)
+        out = np.full(D, np.nan, np.float32)
+        h = 1  # the middle KV head: rows interleave with the other heads
+        Kh, Vh = kv[0, :, h], kv[1, :, h]
+        lib.t_attend_row64(
+            q.ctypes.data,
+            kv[0].ctypes.data + 4 * h * D,
+            kv[1].ctypes.data + 4 * h * D,
+            NKV * D,
+            lo,
+            hi,
+            scale,
+            cap,
+            out.ctypes.data,
+        )
+        s = (Kh[lo : hi + 1].astype(np.float64) @ q) * scale
+        if cap:
+            s = cap * np.tanh(s / cap)
+        w = np.exp(s - s.max())
+        ref = (w / w.sum()) @ Vh[lo : hi + 1].astype(np.float64)
+        err = _rel(out.astype(np.float64), ref)
+        assert err <= 2e-6, f"lo={lo} hi={hi} scale={scale} cap={cap}: {err:.3g}"
 
 
 TWO_VERSIONS_SHIM = r"""
