@@ -30,6 +30,15 @@ only), and its arguments:
   {"kind": "output", "name": "logits"}                  logits [rows, vocab] float32
   {"kind": "int",    "value": N | "T" | "rows"}         a 32-bit int argument
   {"kind": "null"}                                      a null pointer
+  {"kind": "tmap", "of": ARG, "dims": [C, R], "box": [BC, BR]}
+                                                        a TMA tensor map (CUDA sm_90, 128 bytes
+                                                        by value): R rows of C bf16 at ARG (an
+                                                        arena/scratch/weight argument), rows C*2
+                                                        bytes apart, copied in BC x BR boxes with
+                                                        the 128-byte swizzle
+
+A launch with "tokens": [LO, HI] runs only in steps of LO..HI tokens (a prefill kernel
+specialised for short or long steps; the others always run).
 
 A launch marked "overlap": true waits in-kernel for the kernels before it (hipc_wait_prior)
 before it reads or writes anything they touch, so a backend may launch it to start early
@@ -50,9 +59,11 @@ from hipc.base.errors import HipcError
 
 LAUNCH_PLAN_FORMAT = "hipc-launch-plan"
 # 1: plan.json before it was versioned (launch lists under "gpu", no state kinds)
-LAUNCH_PLAN_VERSION = 2
+# 3: "tmap" arguments and launches limited to step sizes ("tokens"): a version-2 runtime would
+#    refuse the first and run every step-size variant of a GEMM (adding residuals twice)
+LAUNCH_PLAN_VERSION = 3
 
-ARG_KINDS = ("arena", "scratch", "weight", "state", "input", "output", "int", "null")
+ARG_KINDS = ("arena", "scratch", "weight", "state", "input", "output", "int", "null", "tmap")
 STEP_INPUTS = ("ids", "start")
 
 _CDIV = re.compile(r"^cdiv\((T|rows),(\d+)\)$")
@@ -183,6 +194,10 @@ class Launch:
     args: tuple[dict[str, Any], ...]
     group: str = ""
     overlap: bool = False  # may start before the previous kernel ends (it waits in-kernel)
+    tokens: tuple[int, int] | None = None  # runs only in steps of lo..hi tokens
+
+    def runs_at(self, T: int) -> bool:
+        return self.tokens is None or self.tokens[0] <= T <= self.tokens[1]
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Launch:
@@ -199,36 +214,43 @@ class Launch:
             tuple(d["args"]),
             d.get("group", ""),
             bool(d.get("overlap", False)),
+            (int(d["tokens"][0]), int(d["tokens"][1])) if d.get("tokens") else None,
         )
 
     def grid_dims(self, T: int, rows: int) -> tuple[int, int, int]:
         return tuple(eval_dim(g, T, rows) for g in self.grid)  # type: ignore[return-value]
 
-    def resolve(self, bases: Bases, T: int, rows: int) -> list[tuple[str, int]]:
-        """[(ctype, value)]: ctype "u64" for pointers, "i32" for ints."""
-        out: list[tuple[str, int]] = []
-        for a in self.args:
-            kind = a["kind"]
-            if kind == "arena":
-                skip = (T - rows) * int(a["row_skip"]) * 4 if a.get("row_skip") else 0
-                out.append(("u64", bases.arena + int(a["offset"]) + skip))
-            elif kind == "scratch":
-                out.append(("u64", bases.scratch + int(a["offset"])))
-            elif kind == "weight":
-                out.append(("u64", bases.weights[a["index"]]))
-            elif kind == "state":
-                out.append(("u64", bases.states[a["index"]]))
-            elif kind == "input":
-                out.append(("u64", {"ids": bases.ids, "start": bases.start}[a["name"]]))
-            elif kind == "output":
-                out.append(("u64", bases.logits))
-            elif kind == "int":
-                out.append(("i32", eval_dim(a["value"], T, rows)))
-            elif kind == "null":
-                out.append(("u64", 0))
-            else:
-                raise ValueError(f"unknown argument kind {kind!r}")
-        return out
+    def resolve(self, bases: Bases, T: int, rows: int) -> list[tuple[str, Any]]:
+        """[(ctype, value)]: ctype "u64" for pointers, "i32" for ints, "tmap" for a tensor
+        map's (address, cols, rows, box cols, box rows), which the backend encodes."""
+        return [resolve_arg(a, bases, T, rows) for a in self.args]
+
+
+def resolve_arg(a: dict[str, Any], bases: Bases, T: int, rows: int) -> tuple[str, Any]:
+    kind = a["kind"]
+    if kind == "arena":
+        skip = (T - rows) * int(a["row_skip"]) * 4 if a.get("row_skip") else 0
+        return ("u64", bases.arena + int(a["offset"]) + skip)
+    if kind == "scratch":
+        return ("u64", bases.scratch + int(a["offset"]))
+    if kind == "weight":
+        return ("u64", bases.weights[a["index"]])
+    if kind == "state":
+        return ("u64", bases.states[a["index"]])
+    if kind == "input":
+        return ("u64", {"ids": bases.ids, "start": bases.start}[a["name"]])
+    if kind == "output":
+        return ("u64", bases.logits)
+    if kind == "int":
+        return ("i32", eval_dim(a["value"], T, rows))
+    if kind == "null":
+        return ("u64", 0)
+    if kind == "tmap":
+        ctype, addr = resolve_arg(a["of"], bases, T, rows)
+        if ctype != "u64":
+            raise ValueError(f"a tensor map over a {a['of']['kind']!r} argument")
+        return ("tmap", (addr, *(int(v) for v in a["dims"]), *(int(v) for v in a["box"])))
+    raise ValueError(f"unknown argument kind {kind!r}")
 
 
 @dataclass(frozen=True)
@@ -256,7 +278,7 @@ class TargetPlan:
     def launches(self, T: int) -> tuple[Launch, ...]:
         if "forward" in self.steps:
             return self.steps["forward"]
-        return self.decode if T == 1 else self.prefill
+        return self.decode if T == 1 else tuple(x for x in self.prefill if x.runs_at(T))
 
     @classmethod
     def from_json(cls, plan: dict[str, Any], target: str | None = None) -> TargetPlan:

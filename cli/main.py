@@ -169,6 +169,10 @@ def cmd_info(args) -> int:
         from hipc.graphs.moe import moe_summary
 
         info["moe"] = moe_summary(model.config, params)
+    if "linear_attention" in model.config.layer_types:
+        from hipc.graphs.hybrid import hybrid_summary
+
+        info["hybrid"] = hybrid_summary(model.config)
     print(json.dumps(info, indent=2))
     return 0
 
@@ -320,6 +324,7 @@ def cmd_compile(args) -> int:
         activations=args.activations,
         kv_storage=args.kv_storage,
         quant=args.quant,
+        prefill_precision=args.prefill_precision,
     )
     out = args.output or f"{_default_name(args.model)}.hipc"
     result = compile_model(
@@ -359,6 +364,7 @@ def cmd_verify(args) -> int:
         rtol=args.rtol,
         min_top1=args.min_top1,
         quant=args.quant,
+        prefill_precision=args.prefill_precision,
     )
     print(report.table())
     return 0 if report.ok else 1
@@ -490,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="tokens per forward step: longer prompts are prefilled in chunks of N "
-        "(default 256 for cpu, 512 for GPUs)",
+        "(default 256 for cpu, 2048 for GPUs)",
     )
     # NOTE: the old spelling, easy to mistake for generate's --max-tokens; kept working
     sp.add_argument("--max-tokens", dest="old_max_tokens", type=int, help=argparse.SUPPRESS)
@@ -505,6 +511,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "float32", "bfloat16"],
         default="auto",
         help="KV-cache element type (default auto: bfloat16 for GPU targets, float32 for cpu)",
+    )
+    sp.add_argument(
+        "--prefill-precision",
+        choices=["bf16", "split"],
+        default="bf16",
+        help="GPU prefill GEMMs on bf16 weights: activations rounded to bf16 once (default, "
+        "as peers do) or split into bf16 hi + lo (twice the matrix work, float32-class logits)",
     )
     sp.add_argument(
         "--quant",
@@ -531,6 +544,13 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", "compile MODEL and compare its logits with the reference executor", cmd_verify
     )
     sp.add_argument("--target", default="cpu", help="the target to compile and run (default cpu)")
+    sp.add_argument(
+        "--prefill-precision",
+        choices=["bf16", "split"],
+        default="bf16",
+        help="GPU prefill GEMMs on bf16 weights: activations rounded to bf16 once (default, "
+        "as peers do) or split into bf16 hi + lo (twice the matrix work, float32-class logits)",
+    )
     sp.add_argument(
         "--quant",
         metavar="RECIPE",

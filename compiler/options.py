@@ -24,7 +24,14 @@ KNOWN_TARGETS = ("cpu", *GPU_TARGETS)
 # the model's whole context: the runtime sizes the KV cache to the device at load.
 DEFAULT_MAX_CONTEXT = {"cpu": 4096}
 KV_STORAGE = ("auto", "float32", "bfloat16")
-DEFAULT_MAX_TOKENS = {"cpu": 256, **dict.fromkeys(GPU_TARGETS, 512)}
+# How GPU prefill GEMMs feed activations to the matrix units (bf16 weights): "bf16" rounds
+# them to bf16 once, as every peer does; "split" multiplies hi = bf16(x) and lo = bf16(x - hi)
+# (twice the matrix work, float32-class logits). docs/ARCHITECTURE.md "Precision" has numbers.
+PREFILL_PRECISIONS = ("bf16", "split")
+# GPUs: 2048-token prefill steps, so a long prompt runs in a few large steps, at the matrix
+# units' long-step rate (the tiles for short steps are separate launches; the arena and the
+# logits buffer grow with it: ~1 GiB of logits for a 128k vocabulary)
+DEFAULT_MAX_TOKENS = {"cpu": 256, **dict.fromkeys(GPU_TARGETS, 2048)}
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class CompileOptions:
     activations: str = "int16"  # quantized matmuls round activations to int16 (near-exact) or int8
     kv_storage: str = "auto"  # KV-cache element type; auto: bfloat16 on GPUs, float32 on the CPU
     quant: str | None = None  # quantize float weights at compile time (a recipe name)
+    prefill_precision: str = "bf16"  # GPU prefill GEMM activations: bf16, or the hi + lo split
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -54,6 +62,11 @@ class CompileOptions:
             raise HipcError(
                 "--kv-storage bfloat16: the cpu target stores its KV cache as float32 only "
                 "(compile the cpu target separately, or with --kv-storage float32)"
+            )
+        if self.prefill_precision not in PREFILL_PRECISIONS:
+            raise HipcError(
+                f"--prefill-precision: expected one of {', '.join(PREFILL_PRECISIONS)}, "
+                f"got {self.prefill_precision!r}"
             )
         if self.quant is not None and self.quant not in RECIPES:
             raise HipcError(f"--quant: expected one of {', '.join(RECIPES)}, got {self.quant!r}")

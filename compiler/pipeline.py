@@ -32,7 +32,7 @@ from hipc.cache import CacheKey, KernelCache, max_bytes_from_env
 from hipc.compiler.artifact import TargetBuild, sha256_file, write_artifact
 from hipc.compiler.codegen.environment import check_weight_types
 from hipc.compiler.export_gguf import export_gguf as write_gguf
-from hipc.compiler.ir import Constant, Graph, Node, PackedWeight, StackedWeight
+from hipc.compiler.ir import Constant, Graph, PackedWeight, StackedWeight
 from hipc.compiler.ir.verify import verify
 from hipc.compiler.onnx_export import export_onnx, onnx_available
 from hipc.compiler.options import CompileOptions
@@ -40,7 +40,12 @@ from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.fuse import Fusion, fuse
 from hipc.compiler.passes.memory import MemoryPlan, plan_memory
 from hipc.compiler.passes.quantize import quantize_weights
-from hipc.compiler.passes.repack import SPLIT_BLOCKS, merge_parallel_linears, split_quant_blocks
+from hipc.compiler.passes.repack import (
+    SPLIT_BLOCKS,
+    merge_parallel_linears,
+    split_quant_blocks,
+    split_residual_sums,
+)
 from hipc.compiler.passes.select import SelectedKernel, select_kernels, weight_order
 from hipc.compiler.source.reader import WeightReader
 from hipc.compiler.targets import Program, Target, target
@@ -141,24 +146,23 @@ def stages(targets: list[Target]) -> list[Stage]:
 NO_GPU_KERNEL_YET = {"hipc::Experts": "Mixture-of-Experts layers"}
 
 
+# ops no target compiles yet -> what to tell the user
+NO_KERNEL_YET = {
+    "hipc::GatedDeltaRule": (
+        "Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5) has no GPU kernel yet; "
+        "compile for the cpu target, or run the model with the reference engine (--reference)"
+    )
+}
+
+
 def refuse_ops_without_kernels(graph: Graph, targets: tuple[str, ...]) -> None:
     """One clear line naming the first such node, before any pass trips over it."""
     cpu_only = all(t == "cpu" for t in targets)
     for node in graph.nodes:
+        if node.op in NO_KERNEL_YET and not cpu_only:
+            raise HipcError(f"{node.name}: {NO_KERNEL_YET[node.op]}")
         if node.op in NO_GPU_KERNEL_YET and not cpu_only:
             raise HipcError(f"{node.name}: {NO_GPU_KERNEL_YET[node.op]} have no GPU kernel yet")
-        if node.op == "hipc::Experts" and _has_shared_expert(graph, node):
-            raise HipcError(f"{node.name}: Qwen2-MoE's gated shared expert has no CPU kernel yet")
-
-
-def _has_shared_expert(graph: Graph, experts: Node) -> bool:
-    """Qwen2-MoE adds sigmoid(h w) * shared_expert(h) to the experts' sum (graphs/moe.py)."""
-    users = graph.consumers(experts.outputs[0])
-    return any(
-        u.op == "Add"
-        and any((p := graph.producer(i)) is not None and p.op == "Mul" for i in u.inputs)
-        for u in users
-    )
 
 
 def compile_model(
@@ -233,7 +237,7 @@ def _canonicalize(c: Compilation) -> None:
 
 
 def _repack(c: Compilation) -> None:
-    c.graph = verify(merge_parallel_linears(c.graph, c.reader))
+    c.graph = verify(merge_parallel_linears(verify(split_residual_sums(c.graph)), c.reader))
 
 
 def _fuse(c: Compilation) -> None:

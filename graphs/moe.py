@@ -16,6 +16,7 @@ tensors or read as GGUF stores them.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from hipc.compiler.ir import Graph
@@ -49,15 +50,14 @@ def moe_mlp(b: GraphBuilder, model: Model, i: int, h: str) -> str:
 
 
 def _shared_gate(b: GraphBuilder, model: Model, i: int, h: str, shared: str) -> str:
-    """sigmoid(h . w) * shared, w stored [1, H] (HF) or [H] (some GGUF converters)."""
+    """sigmoid(h . w) * shared, w stored [1, H] (HF) or [H] (GGUF converters), read as the
+    one row it is (a WeightRef of shape [1, H]), so it merges with the router's rows."""
     H = model.config.hidden_size
     p = f"l{i}.shared."
     name = model.tensor_name("shared_expert_gate", i)
     stored = model.source.entry(name)[1] if model.source.has(name) else (1, H)
     ref = model.weight("shared_expert_gate", i, stored if stored == (H,) else (1, H))
-    w = b.weight(ref)
-    if ref.shape == (H,):
-        w = b.reshape(w, [1, H], f"{ref.name}.row")
+    w = b.weight(dataclasses.replace(ref, shape=(1, H)))
     wt = b.op("Transpose", [w], f"{ref.name}.T", {"perm": [1, 0]})
     gate = b.op("MatMul", [h, wt], p + "expert_gate")  # [tokens, 1]
     return b.op("Mul", [b.op("Sigmoid", [gate], p + "expert_gate.sigmoid"), shared], p + "scaled")

@@ -14,7 +14,7 @@ artifact is simply hashed every time.
 (kernels named by launches exist, state shapes agree with the attention kernels and the
 context, vocabulary sizes agree), so that a plan that does not describe its code object
 and weights is one clear error, never a kernel writing out of bounds. It reads launch plan
-version 2 (hipc.base.launch_plan, which checks the format and version first): weights,
+version 3 (hipc.base.launch_plan, which checks the format and version first): weights,
 states by kind, memory, kernels, groups (the kernel selection) and targets.
 """
 

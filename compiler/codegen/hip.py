@@ -16,7 +16,7 @@ from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
 from hipc.compiler.codegen.environment import render, template_text
 from hipc.compiler.kernels.base import FusionError, Signature
-from hipc.compiler.kernels.linear import MMA_TILES
+from hipc.compiler.kernels.linear import MMA_TILES, WGMMA_ARCHS
 from hipc.compiler.passes.select import weight_order
 
 if TYPE_CHECKING:
@@ -41,8 +41,10 @@ class GpuProgramBuilder:
         max_ctx: int,
         kv_storage: str,
         kernels: list[SelectedKernel],
+        prefill_precision: str = "bf16",
     ) -> None:
         self.target, self.max_tokens = target, max_tokens
+        self.prefill_precision = prefill_precision  # CompileOptions.prefill_precision
         self.max_ctx, self.kv_storage = max_ctx, kv_storage
         self.kernels: dict[str, str] = {}
         self.steps: dict[str, list[dict]] = {"decode": [], "prefill": []}
@@ -83,6 +85,7 @@ class GpuProgramBuilder:
         bindings: dict[str, Binding],
         shared: int = 0,
         overlap: bool = False,
+        tokens: tuple[int, int] | None = None,
     ) -> None:
         launch = {
             "group": group,
@@ -96,6 +99,8 @@ class GpuProgramBuilder:
             # the kernel waits for the one before (hipc_wait_prior) before touching its outputs,
             # so the runtime may launch it early where the GPU allows (programmatic launch)
             launch["overlap"] = True
+        if tokens is not None:
+            launch["tokens"] = list(tokens)  # only in steps of this many tokens
         self.steps[step].append(launch)
 
 
@@ -108,7 +113,9 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
             )
     memory = c.memory
     binder = Binder(memory, weight_order(c.kernels), [s.name for s in c.states])
-    g = GpuProgramBuilder(gpu, memory.max_tokens, c.max_ctx, c.kv_storage, c.kernels)
+    g = GpuProgramBuilder(
+        gpu, memory.max_tokens, c.max_ctx, c.kv_storage, c.kernels, c.options.prefill_precision
+    )
     for k in c.kernels:
         k.kind.gpu(k, binder, g)
     source = program_source(
@@ -139,6 +146,7 @@ def program_source(
         target=target,
         wave=GpuTarget(target).wave,
         mma_macro=tile.macro if tile else None,
+        wgmma=target in WGMMA_ARCHS,
         prelude=template_text("hip/prelude.h").replace("#pragma once", ""),
         kernels=kernels,
     )

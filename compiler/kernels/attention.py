@@ -1,7 +1,8 @@
 """attention: RoPE (+ per-head q/k RMSNorm) + KV-cache write + causal softmax attention.
 
-Anchors on hipc::CachedAttention. Absorbs its feeders (Reshape, per-head RMSNorm, RoPE
-between the q/k/v projections and the attention) and the Reshape that flattens its output.
+Anchors on hipc::CachedAttention. Absorbs its feeders (Reshape, a symmetric Clip of q, k
+and v alike (OLMoE's clip_qkv), per-head RMSNorm, RoPE between the q/k/v projections and
+the attention) and the Reshape that flattens its output.
 The KV cache is a position-indexed state: the kernel writes the step's keys and values at
 their positions and reads positions 0..p (or a sliding window).
 
@@ -15,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hipc.compiler.ir import Graph, Node
+import numpy as np
+
+from hipc.compiler.ir import Constant, Graph, Node
 from hipc.compiler.kernels.base import (
     CPU_INDENT,
     GPU_INDENT,
@@ -33,7 +36,7 @@ if TYPE_CHECKING:
     from hipc.compiler.passes.fuse import FusedGroup, Proposals
     from hipc.compiler.targets import GpuTarget
 
-FEEDERS = {"Reshape", "RMSNormalization", "RotaryEmbedding"}
+FEEDERS = {"Reshape", "Clip", "RMSNormalization", "RotaryEmbedding", "Split"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ class AttentionParams(Params):
     interleaved: bool  # RoPE pairs (2i, 2i+1) instead of (i, i + D/2)
     norm_eps: float  # per-head q/k RMSNorm's epsilon; 0.0: none
     softcap: float = 0.0  # scores -> cap * tanh(scores / cap) before the softmax (Gemma-2)
+    clip: float = 0.0  # q, k, v clamped to [-clip, clip] as they are read (OLMoE); 0.0: none
+    rot: int = 0  # RoPE on the first `rot` dims only (Qwen3-Next/3.5's partial rotary); 0: D
+    # Qwen3-Next/3.5: q's rows hold each head's query then its output gate (head stride 2D),
+    # and the output is multiplied by sigmoid(gate)
+    out_gate: bool = False
 
     def tag(self) -> str:
         return f"h{self.NH}kv{self.NKV}d{self.D}"
@@ -74,6 +82,16 @@ const {kv}* __restrict__ v_cache, float* out
 """)
 
 
+def flash_signature(kv: str) -> Signature:
+    """The matrix-instruction prefill attention: the SIMT one's arguments and T (its grid
+    covers query blocks, so rows past T are skipped in-kernel)."""
+    return Signature.parse(f"""
+const float* __restrict__ q, int ldq, int T, const int* start, const float* __restrict__ q_norm_w,
+const float* __restrict__ cos_t, const float* __restrict__ sin_t, const {kv}* __restrict__ k_cache,
+const {kv}* __restrict__ v_cache, float* out
+""")
+
+
 def decode_signature(kv: str) -> Signature:
     return Signature.parse(f"""
 const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const int* start,
@@ -86,9 +104,9 @@ unsigned* counters, float* __restrict__ out
 class Attention(KernelKind):
     name = "attention"
     anchors = frozenset({"hipc::CachedAttention"})
-    roles = frozenset({"attention:feeder", "attention:flatten"})
+    roles = frozenset({"attention:feeder", "attention:flatten", "attention:gate"})
     cpu_signature = CPU
-    gpu_lacks = frozenset({"softcap"})
+    gpu_lacks = frozenset({"softcap", "clip", "rot", "out_gate"})
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
         for v in n.inputs[:3]:
@@ -97,20 +115,36 @@ class Attention(KernelKind):
         user = p.only_user(n.outputs[0])
         if user is not None and user.op == "Reshape":
             p.propose(n, user, "attention:flatten", n.outputs[0])
+            gate = _output_gate(graph, user, p)
+            if gate is not None:
+                p.propose(n, gate[0], "attention:gate", user.outputs[0], brings=gate[1:])
 
     def select(self, g: Graph, grp: FusedGroup) -> SelectedKernel:
         att = grp.anchor
         q, k, v, pos, kc, vc = att.inputs
-        q_src, q_norm, q_rope = _chain(q, grp.prologue)
-        k_src, k_norm, k_rope = _chain(k, grp.prologue)
-        v_src, v_norm, v_rope = _chain(v, grp.prologue)
+        q_src, q_norm, q_rope, q_clip = _chain(q, grp.prologue)
+        k_src, k_norm, k_rope, k_clip = _chain(k, grp.prologue)
+        v_src, v_norm, v_rope, v_clip = _chain(v, grp.prologue)
         if q_rope is None or k_rope is None or v_norm or v_rope:
             raise FusionError(f"attention kernel needs RoPE on q and k only ({grp.name})")
         if bool(q_norm) != bool(k_norm):
             raise FusionError(f"attention kernel needs q and k norms together ({grp.name})")
+        clips = {_clip_bound(g, c) if c else None for c in (q_clip, k_clip, v_clip)}
+        if len(clips) != 1:
+            raise FusionError(f"attention kernel clips q, k and v alike or not at all ({grp.name})")
+        clip = clips.pop() or 0.0
         _, NH, D = g.values[q].shape
         NKV = g.values[k].shape[1]
         out = grp.epilogue[0].outputs[0] if grp.epilogue else att.outputs[0]
+        gate = grp.node_with_role("attention:gate")
+        split = next((n for n in grp.prologue if n.op == "Split"), None)
+        if (gate is None) != (split is None) or (split and g.values[q_src].shape[-1] != 2 * NH * D):
+            raise FusionError(
+                f"attention kernel reads a split q only as Qwen3-Next's [query | gate] per "
+                f"head with its output gate ({grp.name})"
+            )
+        if gate is not None:
+            out = gate.outputs[0]
         refs: dict[str, Any] = {
             "q": ("act", q_src),
             "k": ("act", k_src),
@@ -133,6 +167,9 @@ class Attention(KernelKind):
             interleaved=bool(q_rope.attrs.get("interleaved")),
             norm_eps=float(q_norm.attrs["epsilon"]) if q_norm else 0.0,
             softcap=float(att.attrs.get("softcap") or 0.0),
+            clip=clip,
+            rot=_partial(q_rope, int(D)),
+            out_gate=gate is not None,
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
@@ -173,10 +210,19 @@ class Attention(KernelKind):
             GpuKernel(f"{k.fn}_rope_kv", "rope_kv", dict(nodes=k.nodes, block=block,
                       params=rope_sig.render(GPU_INDENT), **kv_ctx, **p.to_json()), [], block)
         )  # fmt: skip
-        attn = g.kernel(
-            GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
-                      params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.to_json()), [], 0)
-        )  # fmt: skip
+        # bf16 operands like the GEMMs' (--prefill-precision split: the float32 SIMT kernel)
+        fk = (
+            flash_attention(k.fn, p, g.target, k.nodes, g.kv_storage)
+            if g.prefill_precision == "bf16"
+            else None
+        )
+        if fk is None:
+            attn = g.kernel(
+                GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
+                          params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.to_json()), [], 0)
+            )  # fmt: skip
+        else:
+            attn, attn_sig = g.kernel(fk), flash_signature(kv)
         if DECODE_WAVES * wave < D // 2:
             raise FusionError(f"{k.group}: head dim {D} is too wide for the decode block")
         dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
@@ -195,9 +241,13 @@ class Attention(KernelKind):
         g.launch("prefill", k.group, rope, ["T", p.NKV], [block], rope_sig,
                  {**shared, "k": kk, "ldk": b.int(b.ld(r["k"][1])), "v": v,
                   "ldv": b.int(b.ld(r["v"][1])), "k_norm_w": b.ref(r["k_norm_w"])})  # fmt: skip
-        g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig,
-                 {**shared, "q": q, "ldq": b.int(b.ld(r["q"][1])),
-                  "q_norm_w": b.ref(r["q_norm_w"]), "out": b.act(r["out"][1])})  # fmt: skip
+        q_args = {**shared, "q": q, "ldq": b.int(b.ld(r["q"][1])),
+                  "q_norm_w": b.ref(r["q_norm_w"]), "out": b.act(r["out"][1])}  # fmt: skip
+        if fk is None:
+            g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
+        else:
+            g.launch("prefill", k.group, attn, [f"cdiv(T,{FLASH_BQ})", p.NH], [fk.threads],
+                     attn_sig, {**q_args, "T": b.int("T")}, shared=fk.shared)  # fmt: skip
         g.launch(
             "decode",
             k.group,
@@ -224,7 +274,7 @@ def _feeder_chain(graph: Graph, value: str, p: Proposals) -> list[tuple[Node, st
     """Nodes between a Split view (or any producer) and an attention input."""
     chain: list[tuple[Node, str | None]] = []
     node = graph.producer(value)
-    while node is not None and node.op in FEEDERS:
+    while node is not None and node.op in FEEDERS and not _is_projection(graph, value):
         why = (
             None
             if p.only_user(node.outputs[0]) is not None
@@ -236,17 +286,54 @@ def _feeder_chain(graph: Graph, value: str, p: Proposals) -> list[tuple[Node, st
             or len(graph.values[node.inputs[0]].shape) != 3
         ):
             why = "only per-head norms (scale [head_dim]) fuse into attention"
+        if node.op == "Split":
+            # only a split of q into [query | gate] per head: the gate goes to the epilogue
+            why = None if node.outputs[0] == value else "not the query half of a [query | gate]"
         chain.append((node, why))
-        node = graph.producer(node.inputs[0])
+        value = node.inputs[0]
+        node = graph.producer(value)
     return chain
 
 
-def _chain(value: str, prologue: list[Node]) -> tuple[str, Node | None, Node | None]:
-    """Walk an attention input back through Reshape/RMSNorm/RoPE to its source view."""
+def _partial(rope: Node, D: int) -> int:
+    rot = int(rope.attrs.get("rotary_embedding_dim") or D)
+    return 0 if rot == D else rot
+
+
+def _output_gate(graph: Graph, flat: Node, p: Proposals) -> list[Node] | None:
+    """Mul(flat, Sigmoid(Reshape(gate))) with the gate the second output of a Split that
+    feeds q (graphs/blocks.py's attn_output_gate): [the Mul, the Sigmoid, the Reshape]."""
+    mul = p.only_user(flat.outputs[0])
+    if mul is None or mul.op != "Mul":
+        return None
+    other = next((i for i in mul.inputs if i != flat.outputs[0]), None)
+    sig = graph.producer(other) if other else None
+    reshape = graph.producer(sig.inputs[0]) if sig is not None and sig.op == "Sigmoid" else None
+    split = graph.producer(reshape.inputs[0]) if reshape and reshape.op == "Reshape" else None
+    if split is None or split.op != "Split" or reshape.inputs[0] != split.outputs[-1]:
+        return None
+    return [mul, sig, reshape]
+
+
+def _is_projection(graph: Graph, value: str) -> bool:
+    """A Linear's output or a column view of one (a Split after merged projections)."""
+    p = graph.producer(value)
+    if p is not None and p.op == "Split":
+        p = graph.producer(p.inputs[0])
+    return p is not None and p.op == "hipc::Linear"
+
+
+def _chain(value: str, prologue: list[Node]) -> tuple[str, Node | None, Node | None, Node | None]:
+    """Walk an attention input back through Reshape/Clip/RMSNorm/RoPE to its source view:
+    (source, norm, rope, clip), the kernel applying clip, norm, RoPE in that order."""
     mine = {n.outputs[0]: n for n in prologue}
-    rope = norm = None
+    rope = norm = clip = None
     while value in mine:
         n = mine[value]
+        if n.op in ("RotaryEmbedding", "RMSNormalization") and clip is not None:
+            raise FusionError(
+                f"attention kernel clips before the q/k norm and RoPE, not after ({clip.name})"
+            )
         if n.op == "RotaryEmbedding":
             rope = n
         elif n.op == "RMSNormalization":
@@ -255,8 +342,23 @@ def _chain(value: str, prologue: list[Node]) -> tuple[str, Node | None, Node | N
                     f"attention kernel applies the q/k norm before RoPE, not after ({n.name})"
                 )
             norm = n
+        elif n.op == "Clip":
+            if clip is not None:
+                raise FusionError(f"attention kernel clips once ({n.name})")
+            clip = n
         value = n.inputs[0]
-    return value, norm, rope
+    return value, norm, rope, clip
+
+
+def _clip_bound(g: Graph, clip: Node) -> float:
+    """c of a Clip to [-c, c] with constant bounds (OLMoE's clip_qkv)."""
+    bounds = [g.initializers.get(i) for i in clip.inputs[1:3]]
+    if len(bounds) != 2 or not all(isinstance(b, Constant) for b in bounds):
+        raise FusionError(f"attention kernel clips to constant bounds only ({clip.name})")
+    lo, hi = (float(np.asarray(b.array).reshape(())) for b in bounds)
+    if lo != -hi or hi <= 0:
+        raise FusionError(f"attention kernel clips to [-c, c] only ({clip.name}: [{lo}, {hi}])")
+    return hi
 
 
 KIND = Attention()
@@ -274,6 +376,39 @@ def kv_context(kv_storage: str) -> dict[str, str]:
     """The attention templates' KV element type and the suffix of its prelude helpers."""
     kv_type, kv_suffix = KV_TYPES[kv_storage]
     return dict(kv_type=kv_type, kv_suffix=kv_suffix)
+
+
+FLASH_BQ = 64  # the flash kernel's query rows per block (4 warps of 16); keys go 64 at a time
+FLASH_ARCHS = frozenset({"sm_80", "sm_89", "sm_90"})
+
+
+def flash_attention(
+    fn: str,
+    p: AttentionParams,
+    target: GpuTarget,
+    nodes: list[str],
+    kv_storage: str,
+    pipelined: bool = False,
+) -> GpuKernel | None:
+    """The matrix-instruction prefill attention (templates/hip/attention_flash.hip.j2), or None
+    for the SIMT one: NVIDIA mma.sync only for now, head dims of whole k steps up to 128 (the
+    accumulators of 16 rows x D stay in registers). `pipelined` double-buffers the key/value
+    blocks with cp.async (a bfloat16 cache only: it copies them as stored). Off by default: it
+    compiles and tests/gpu covers it, but it has not run on a GPU yet (the plain form has)."""
+    if target.arch not in FLASH_ARCHS or p.D % 16 or p.D > 128:
+        return None
+    pipelined = bool(pipelined) and kv_storage == "bfloat16"
+    kv_ctx = kv_context(kv_storage)
+    ctx = dict(
+        nodes=nodes,
+        pipelined=pipelined,
+        params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+        **kv_ctx,
+        **p.to_json(),
+    )
+    # q (then P), and K and V (twice, pipelined) in bf16, rows padded
+    shared = (FLASH_BQ + (4 if pipelined else 2) * 64) * (p.D + 8) * 2
+    return GpuKernel(f"{fn}_flash", "attention_flash", ctx, [], 128, shared)
 
 
 def decode_attention(

@@ -2,9 +2,10 @@
 
 Anchors on hipc::Linear. Accepts an RMSNorm prologue (applied while rows are loaded) and
 one epilogue: residual Add (written in place into the residual stream), RMSNorm -> residual
-Add (Gemma's post-norms: the row is normalized first), Split -> act * Mul with equal halves
-(gate/up, act SiLU or tanh-GELU: only the product is written), Split (q/k/v stay column
-views of one buffer), or SoftCap (Gemma-2's final logits).
+Add (Gemma's post-norms: the row is normalized first), Mul by Sigmoid(g) -> residual Add
+(Qwen2-MoE's gated shared expert: res + sigmoid(g[t]) * row, g one value per token),
+Split -> act * Mul with equal halves (gate/up, act SiLU or tanh-GELU: only the product is
+written), Split (q/k/v stay column views of one buffer), or SoftCap (Gemma-2's final logits).
 
 CPU: one function over T tokens (templates/cpu/linear.cpp.j2). GPU: a GEMV for decode
 (templates/hip/linear_gemv.hip.j2) and, for prefill, a tiled SIMT GEMM
@@ -50,11 +51,13 @@ class LinearParams(Params):
     act: str = "silu"  # the GLU's activation: "silu" | "gelu_tanh" (Gemma's GeGLU)
     post_norm_eps: float = 0.0  # RMSNorm of the row before the residual add; 0.0: none
     softcap: float = 0.0  # y = cap * tanh(y / cap); 0.0: none
+    gated: bool = False  # residual epilogue scaled per token: res + sigmoid(gate[t]) * row
 
     def tag(self) -> str:
         return (
             f"{self.wtype}_{self.N}x{self.K}_{self.epilogue}"
             + ("_rms" if self.norm_eps else "")
+            + ("_sig" if self.gated else "")
             + ("_gelu" if self.act == "gelu_tanh" else "")
             + ("_postrms" if self.post_norm_eps else "")
             + ("_cap" if self.softcap else "")
@@ -75,6 +78,11 @@ CPU_POST_NORM = Signature.parse("""
 int T, const float* x, const void* w, const float* norm_w, const float* bias,
 const float* res, float* y, const float* post_norm_w
 """)
+# with a sigmoid gate: one logit per token, `ldg` floats apart (a column of a wider Linear)
+CPU_GATED = Signature.parse("""
+int T, const float* x, const void* w, const float* norm_w, const float* bias,
+const float* res, float* y, const float* gate, int ldg
+""")
 GEMV = Signature.parse("""
 const float* __restrict__ x, const void* __restrict__ W, const float* __restrict__ norm_w,
 const float* __restrict__ bias, const float* res, float* y
@@ -85,6 +93,14 @@ const float* __restrict__ x, int T, const void* __restrict__ W, const float* __r
 const float* __restrict__ inv_rms, const float* __restrict__ bias, const float* res, float* y
 """)
 STATS = Signature.parse("const float* __restrict__ x, int T, float* inv_rms")
+# sm_90a: x rounded to bf16 (norm applied) into scratch, then the GEMM reads it and W by TMA
+XB = Signature.parse(
+    "const float* __restrict__ x, const float* __restrict__ norm_w, uint16_t* __restrict__ xb"
+)
+WGMMA = Signature.parse("""
+const __grid_constant__ hipc_tmap xmap, const __grid_constant__ hipc_tmap wmap, int T,
+const float* __restrict__ bias, const float* res, float* y
+""")
 
 
 class Linear(KernelKind):
@@ -95,13 +111,14 @@ class Linear(KernelKind):
             "prologue:rmsnorm",
             "epilogue:residual",
             "epilogue:norm-residual",
+            "epilogue:gated-residual",
             "epilogue:glu",
             "epilogue:split",
             "epilogue:softcap",
         }
     )
     cpu_signature = CPU
-    gpu_lacks = frozenset({"act", "post_norm_eps", "softcap"})
+    gpu_lacks = frozenset({"act", "post_norm_eps", "softcap", "gated"})
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
         x = graph.producer(n.inputs[0])
@@ -136,6 +153,14 @@ class Linear(KernelKind):
                 )
         elif user.op == "hipc::SoftCap":
             p.propose(n, user, "epilogue:softcap", n.outputs[0])
+        elif user.op == "Mul":
+            gate = _sigmoid_gate(user, n.outputs[0], p)
+            add = p.only_user(user.outputs[0])
+            if gate is not None and add is not None and add.op == "Add":
+                p.propose(n, user, "epilogue:gated-residual", n.outputs[0], brings=[gate, add])
+            else:
+                why = "only sigmoid(g) * y followed by a residual Add fuses as a Mul epilogue"
+                p.propose(n, user, "epilogue", n.outputs[0], why)
         elif user.op == "Split":
             glu = _glu_after(user, p)
             if glu:
@@ -167,7 +192,7 @@ class Linear(KernelKind):
             refs["bias"] = ("weight", lin.inputs[2])
         y = lin.outputs[0]
         epilogue = "none"  # also with a split: the parts are column views of y
-        act, post_eps, softcap = "silu", 0.0, 0.0
+        act, post_eps, softcap, gated = "silu", 0.0, 0.0, False
         post = [n for n in grp.epilogue if grp.roles.get(n.name) == "epilogue:norm-residual"]
         if (add := grp.node_with_role("epilogue:residual")) is not None:
             epilogue, y = "residual", add.outputs[0]
@@ -178,6 +203,11 @@ class Linear(KernelKind):
             refs["res"] = ("act", next(i for i in add.inputs if i != norm_after.outputs[0]))
             post_eps = float(norm_after.attrs["epsilon"])
             refs["post_norm_w"] = ("weight", norm_after.inputs[1])
+        elif (mul := grp.node_with_role("epilogue:gated-residual")) is not None:
+            sig, add = (next(n for n in grp.epilogue if n.op == op) for op in ("Sigmoid", "Add"))
+            epilogue, y, gated = "residual", add.outputs[0], True
+            refs["res"] = ("act", next(i for i in add.inputs if i != mul.outputs[0]))
+            refs["gate"] = ("act", sig.inputs[0])
         elif grp.node_with_role("epilogue:glu") is not None:
             epilogue, y = "glu", grp.epilogue[-1].outputs[0]
             act = _glu_activation(grp.epilogue[-2], grp.name)
@@ -194,12 +224,15 @@ class Linear(KernelKind):
             act=act,
             post_norm_eps=post_eps,
             softcap=softcap,
+            gated=gated,
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
     # -- CPU --
 
     def cpu_signature_of(self, k: SelectedKernel) -> Signature:
+        if k.params.gated:
+            return CPU_GATED
         return CPU_POST_NORM if k.params.post_norm_eps else CPU
 
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
@@ -225,13 +258,20 @@ class Linear(KernelKind):
         }
         if p.post_norm_eps:
             args["post_norm_w"] = b.ref(r["post_norm_w"])
+        if p.gated:
+            args["gate"] = b.act(r["gate"][1])
+            args["ldg"] = b.int(b.ld(r["gate"][1]))
         return args
 
     # -- GPU --
 
     def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
+        p: LinearParams = k.params
+        if wgmma_gemm(p, g.target, g.prefill_precision == "split", False):
+            # the sm_90a GEMM's input: x (normalized) in bf16, rows of K, from its _xb kernel
+            return {"xb": 2 * g.max_tokens * p.K}
         # the prefill GEMM's norm: 1 / rms per token, from the _stats kernel before it
-        return {"inv_rms": 4 * g.max_tokens} if k.params.norm_eps else {}
+        return {"inv_rms": 4 * g.max_tokens} if p.norm_eps else {}
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: LinearParams = k.params
@@ -254,9 +294,20 @@ class Linear(KernelKind):
         dk = decode_gemv(k.fn, p, g.target, k.nodes)
         g.launch("decode", k.group, g.kernel(dk), dk.grid, [dk.threads], GEMV, common,
                  shared=dk.shared, overlap=True)  # fmt: skip
-        pg = prefill_gemm(k.fn, p, g.target, k.nodes)
-        gemm = g.kernel(pg)
+        split = g.prefill_precision == "split"
         rows = "rows" if last_only else "T"
+        if wgmma_gemm(p, g.target, split, False):
+            # tiles chosen for short steps and, where the chunk is longer, for long ones
+            lo = select_wgmma(p, min(g.max_tokens, 512))
+            hi = select_wgmma(p, g.max_tokens)
+            buckets = [(lo, None)] if lo == hi else [
+                (lo, (1, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
+            for tile, tokens in buckets:
+                pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile)
+                self._wgmma_launches(k, b, g, pg, common, x, rows, tokens)
+            return
+        pg = prefill_gemm(k.fn, p, g.target, k.nodes, split=split)
+        gemm = g.kernel(pg)
         inv_rms = b.scratch(g.scratch("inv_rms")) if p.norm_eps else b.null()
         if p.norm_eps:
             g.launch("prefill", k.group, f"{gemm}_stats", [rows], [256], STATS,
@@ -271,6 +322,32 @@ class Linear(KernelKind):
             {**common, "T": b.int(rows), "inv_rms": inv_rms},
             shared=pg.shared,
         )
+
+    def _wgmma_launches(self, k, b, g, pg: GpuKernel, common, x, rows: str, tokens) -> None:
+        """The sm_90a GEMM's two launches: x -> bf16 (norm applied) into scratch, then the
+        GEMM over it and W through tensor maps; `tokens`: the step sizes they run at."""
+        p: LinearParams = k.params
+        gemm = g.kernel(pg)
+        xb = b.scratch(g.scratch("xb"))
+        g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
+                 {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=tokens)  # fmt: skip
+        bm, bn = pg.ctx["bm"], pg.ctx["bn"]
+        maps = {
+            "xmap": {"kind": "tmap", "of": xb, "dims": [p.K, g.max_tokens], "box": [64, bm]},
+            "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N], "box": [64, bn // 2]},
+        }
+        g.launch(
+            "prefill",
+            k.group,
+            gemm,
+            [f"cdiv({rows},{bm})", -(-p.n_out // pg.block_outputs)],
+            [pg.threads],
+            WGMMA,
+            {**maps, "T": b.int(rows), "bias": common["bias"], "res": common["res"],
+             "y": common["y"]},
+            shared=pg.shared,
+            tokens=tokens,
+        )  # fmt: skip
 
 
 GLU_ACTIVATIONS = {"hipc::SiLU", "Gelu"}  # act(gate) * up epilogues the templates have
@@ -292,6 +369,17 @@ def _glu_after(split: Node, p: Proposals) -> list[Node]:
             ):
                 return [act, mul]
     return []
+
+
+def _sigmoid_gate(mul: Node, y: str, p: Proposals) -> Node | None:
+    """The Sigmoid in Mul(Sigmoid(g), y) when the Mul is its only reader and g is one value
+    per token ([tokens, 1]: Qwen2-MoE's shared-expert gate), else None."""
+    other = next((i for i in mul.inputs if i != y), None)
+    sig = p.graph.producer(other) if other is not None and list(mul.inputs).count(y) == 1 else None
+    if sig is None or sig.op != "Sigmoid" or p.only_user(sig.outputs[0]) is not mul:
+        return None
+    shape = p.graph.values[sig.inputs[0]].shape
+    return sig if len(shape) == 2 and shape[1] == 1 else None
 
 
 def _glu_activation(node: Node, group: str) -> str:
@@ -329,9 +417,10 @@ class MmaTile:
     wn: int  # waves along outputs
     min_blocks: int = 1  # NVIDIA: blocks per SM to fit registers for (__launch_bounds__)
 
-    def shared_bytes(self) -> int:
-        """Two stages of x hi, x lo (bm rows each) and W (bn rows), bf16, rows padded by 8."""
-        return 2 * (2 * self.bm + self.bn) * (self.bk + 8) * 2
+    def shared_bytes(self, split: bool) -> int:
+        """Two stages of x (hi and, split, lo: bm rows each) and W (bn rows), bf16, rows
+        padded by 8."""
+        return 2 * ((2 if split else 1) * self.bm + self.bn) * (self.bk + 8) * 2
 
 
 # 128 x 128 blocks of 256 threads everywhere: 8 warps of 64 x 32 on NVIDIA and RDNA, 4 wave64s of
@@ -377,11 +466,79 @@ def mma_tile(target: GpuTarget, p: LinearParams) -> MmaTile | None:
     return tile
 
 
+@dataclass(frozen=True)
+class WgmmaTile:
+    """The sm_90a GEMM's geometry: bm tokens (64 per consumer warp group) x bn weight rows
+    (one wgmma.m64n<bn>k16 per consumer and 16-deep k step) per block, K 64 deep per stage."""
+
+    bm: int
+    bn: int
+    stages: int  # shared-memory stages: as many as fit the 227 KiB a block may have
+    regs: tuple[int, int] | None = None  # setmaxnreg: producer, consumers (None: leave them)
+    cost: float = 1.0  # time per output element relative to 128 x 256 (measured, see below)
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.bm // 64 + 1)
+
+    def shared_bytes(self) -> int:
+        # the stages, their 2 barriers each, and slack to align the first to 1024 bytes
+        return self.stages * (self.bm + self.bn) * 128 + 16 * self.stages + 1024
+
+
+# Candidates per GEMM shape: the largest tile does the least shared-memory traffic per FLOP, but
+# with few output blocks the last wave leaves SMs idle; select_wgmma picks the least estimated
+# time for the compiled prefill chunk. 3 warp groups (384 threads): registers 40 for the producer,
+# 232 for the consumers (64 x 256 accumulators are 128 floats a thread).
+WGMMA_TILES = (
+    WgmmaTile(128, 256, 4, (40, 232), 1.0),
+    WgmmaTile(128, 192, 5, (40, 232), 1.04),
+    WgmmaTile(128, 128, 6, (40, 232), 1.12),
+    WgmmaTile(64, 256, 5, None, 1.15),
+)
+WGMMA_ARCHS = frozenset({"sm_90"})
+SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choice rounds to
+# Steps of up to this many tokens get their own tiles where the chunk is longer (launch "tokens")
+SHORT_STEP = 1024
+
+
+def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
+    """The tile with the least estimated time at `tokens` tokens: waves of SMS blocks, each
+    block's time its output elements x the tile's cost."""
+    glu = p.epilogue == "glu"
+
+    def time(t: WgmmaTile) -> float:
+        blocks = -(-tokens // t.bm) * -(-p.n_out // (t.bn // 2 if glu else t.bn))
+        return -(-blocks // SMS) * t.bm * t.bn * t.cost
+
+    return min(tiles, key=time)
+
+
+def wgmma_gemm(p: LinearParams, target: GpuTarget, split: bool, simt: bool) -> bool:
+    """Whether a linear's prefill runs on the sm_90a GEMM: bf16 weights, bf16 activations,
+    rows of 16-byte multiples (TMA's global stride)."""
+    return (
+        target.arch in WGMMA_ARCHS
+        and not (split or simt)
+        and p.wtype == "bfloat16"
+        and p.K % 8 == 0
+    )
+
+
 def prefill_gemm(
-    fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], simt: bool = False
+    fn: str,
+    p: LinearParams,
+    target: GpuTarget,
+    nodes: list[str],
+    simt: bool = False,
+    split: bool = False,
+    tokens: int = 512,
+    wgmma: WgmmaTile | None = None,
 ) -> GpuKernel:
     """`fn`: the linear's kernel stem. `simt` forces the SIMT kernel (the GPU tests time one
-    against the other)."""
+    against the other). `split`: the matrix-instruction GEMM multiplies x as bf16 hi + lo
+    (--prefill-precision split) instead of bf16(x) once. `tokens`: the prefill chunk the
+    sm_90a tile is chosen for; `wgmma` forces that tile (benchmarks)."""
     wave = target.wave
     common = dict(
         nodes=nodes,
@@ -392,6 +549,30 @@ def prefill_gemm(
         stats_params=STATS.render(0),
         **p.to_json(),
     )
+    if wgmma_gemm(p, target, split, simt):
+        t = wgmma or select_wgmma(p, tokens)
+        bn_out = t.bn // 2 if p.epilogue == "glu" else t.bn
+        ctx = dict(
+            common,
+            params=WGMMA.render(GPU_INDENT),
+            xb_params=XB.render(0),
+            bm=t.bm,
+            bn=t.bn,
+            stages=t.stages,
+            regs=t.regs,
+            threads=t.threads,
+            bn_out=bn_out,
+        )
+        return GpuKernel(
+            f"{fn}_wg{t.bm}x{t.bn}",
+            "linear_wgmma",
+            ctx,
+            [],
+            t.threads,
+            t.shared_bytes(),
+            bn_out,
+            t.bm,
+        )
     tile = None if simt else mma_tile(target, p)
     if tile is None:
         return GpuKernel(f"{fn}_gemm", "linear_gemm", common, [], 256, 0, SIMT_TILE, SIMT_TILE)
@@ -406,11 +587,13 @@ def prefill_gemm(
         wn=tile.wn,
         min_blocks=tile.min_blocks,
         bn_out=bn_out,
-        shared=tile.shared_bytes(),
+        split=split,
+        shared=tile.shared_bytes(split),
     )
     threads = tile.wm * tile.wn * wave
+    name = f"{fn}_mma_split" if split else f"{fn}_mma"
     return GpuKernel(
-        f"{fn}_mma", "linear_mma", ctx, [], threads, tile.shared_bytes(), bn_out, tile.bm
+        name, "linear_mma", ctx, [], threads, tile.shared_bytes(split), bn_out, tile.bm
     )
 
 

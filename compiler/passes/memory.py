@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from hipc.compiler.passes.fuse import Fusion
 
 # epilogues whose Add writes the residual stream (in place when it is not read again);
-# norm-residual: the linear's row is normalized first (Gemma's post-norms)
-RESIDUAL_ROLES = ("epilogue:residual", "epilogue:norm-residual")
+# norm-residual: the linear's row is normalized first (Gemma's post-norms); gated-residual:
+# scaled by a per-token sigmoid first (Qwen2-MoE's shared expert)
+RESIDUAL_ROLES = ("epilogue:residual", "epilogue:norm-residual", "epilogue:gated-residual")
 
 
 @dataclass(frozen=True)

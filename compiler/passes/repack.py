@@ -26,7 +26,13 @@ def merge_parallel_linears(graph: Graph, reader: WeightReader | None = None) -> 
         if n.op == "hipc::Linear" and isinstance(graph.initializers.get(n.inputs[1]), WeightRef):
             key = (n.inputs[0], graph.values[n.inputs[1]].dtype, len(n.inputs) > 2)
             groups.setdefault(key, []).append(n)
-    merged = {g[0].name: g for g in groups.values() if len(g) > 1}
+    readers = _readers(graph)
+    merged = {
+        part[0].name: part
+        for g in groups.values()
+        for part in _kernel_shaped(readers, g)
+        if len(part) > 1
+    }
     skip = {n.name for g in merged.values() for n in g[1:]}
 
     rw = Rewriter(graph)
@@ -67,6 +73,80 @@ def merge_parallel_linears(graph: Graph, reader: WeightReader | None = None) -> 
             {"axis": -1, "split": sizes},
         )
     return split_shared_norms(rw.finish())
+
+
+def _kernel_shaped(readers: Readers, linears: list[Node]) -> list[list[Node]]:
+    """Linears reading one input -> the sets to merge: each gate/up pair of a gated MLP on
+    its own (its Split feeds the GLU epilogue, which takes two equal halves), the rest
+    together (a Split of column views). Qwen2-MoE's sparse block reads its norm with the
+    router, the shared expert's gate and up and its sigmoid gate: [router + expert_gate]
+    and [gate + up], not one 4-way Split no epilogue can take."""
+    produced = {n.outputs[0]: n for n in linears}
+    pairs: list[list[Node]] = []
+    for n in linears:
+        act = _only(readers, n.outputs[0])
+        if act is None or act.op not in ("hipc::SiLU", "Gelu"):
+            continue
+        mul = _only(readers, act.outputs[0])
+        if mul is None or mul.op != "Mul":
+            continue
+        other = next((i for i in mul.inputs if i != act.outputs[0]), None)
+        up = produced.get(other)
+        if up is not None and up is not n and _only(readers, other) is mul:
+            pairs.append([n, up])
+    paired = {m.name for pair in pairs for m in pair}
+    return [*pairs, [n for n in linears if n.name not in paired]]
+
+
+Readers = dict[str, list[Node | None]]
+
+
+def _readers(graph: Graph) -> Readers:
+    """value -> the nodes reading it, and None for the graph's output."""
+    out: Readers = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            out.setdefault(i, []).append(n)
+    for o in graph.outputs:
+        out.setdefault(o, []).append(None)
+    return out
+
+
+def _only(readers: Readers, value: str) -> Node | None:
+    users = readers.get(value, [])
+    return users[0] if len(users) == 1 else None
+
+
+def split_residual_sums(graph: Graph) -> Graph:
+    """x + (a + b), the inner sum read only there -> (x + a) + b, a produced first.
+
+    Qwen2-MoE adds its routed experts and its gated shared expert, then the residual:
+    as two residual Adds, each branch's kernel takes one as its epilogue (the experts
+    kernel, then the shared expert's down projection), and the residual stream is updated
+    in place twice instead of a sum being written and read back."""
+    order = {o: i for i, n in enumerate(graph.nodes) for o in n.outputs}
+    readers = _readers(graph)
+    inner: dict[str, Node] = {}
+    for n in graph.nodes:
+        user = _only(readers, n.outputs[0]) if n.op == "Add" else None
+        if user is not None and user.op == "Add" and list(user.inputs).count(n.outputs[0]) == 1:
+            inner[user.name] = n
+    if not inner:
+        return graph
+    rw = Rewriter(graph)
+    drop = {n.name for n in inner.values()}
+    for node in graph.nodes:
+        if node.name in drop:
+            continue
+        if node.name not in inner:
+            rw.copy(node)
+            continue
+        sum_ = inner[node.name]
+        x = next(i for i in node.inputs if i != sum_.outputs[0])
+        a, b = sorted(sum_.inputs, key=lambda v: order.get(v, -1))
+        first = rw.emit("Add", [x, a], [f"{node.outputs[0]}.0"], f"{node.name}.0").outputs[0]
+        rw.emit("Add", [first, b], node.outputs, node.name)
+    return rw.finish()
 
 
 def split_shared_norms(graph: Graph) -> Graph:

@@ -28,7 +28,7 @@ class WeightReader:
             return np.concatenate([self.value(p) for p in init.parts], axis=init.axis)
         if isinstance(init, StackedWeight):
             return np.stack([self.value(p) for p in init.parts])
-        return self._file(init).load(init.name)
+        return _as_ref(self._file(init).load(init.name), init)
 
     def stored(self, init: WeightRef | PackedWeight | StackedWeight) -> np.ndarray:
         """The bytes as stored: quantized rows as uint8 blocks, bf16 as uint16, else its dtype."""
@@ -36,4 +36,16 @@ class WeightReader:
             return np.concatenate([self.stored(p) for p in init.parts], axis=init.axis)
         if isinstance(init, StackedWeight):
             return np.stack([self.stored(p) for p in init.parts])
-        return np.asarray(self._file(init).raw(init.name))
+        arr = np.asarray(self._file(init).raw(init.name))
+        return arr if init.dtype not in _FLOAT else _as_ref(arr, init)
+
+
+_FLOAT = ("float32", "float16", "bfloat16")
+
+
+def _as_ref(arr: np.ndarray, ref: WeightRef) -> np.ndarray:
+    """A float vector a builder reads as one row ([H] as [1, H]: Qwen2-MoE's shared-expert
+    gate, which GGUF converters store 1-D) in the shape its WeightRef gives."""
+    if arr.shape != ref.shape and arr.size == int(np.prod(ref.shape)):
+        return arr.reshape(ref.shape)
+    return arr

@@ -16,6 +16,7 @@ from hipc.base.errors import HipcError
 from hipc.compiler.scratch import tool_dir
 
 NVIDIA_TARGETS = ("sm_80", "sm_89", "sm_90")
+ARCH_SPECIFIC = {"sm_90": "sm_90a"}
 AMD_TARGETS = ("gfx90a", "gfx942", "gfx1100", "gfx1101", "gfx1151", "gfx1201")
 
 
@@ -54,7 +55,9 @@ class NvccToolchain:
             raise HipcError(
                 f"target {target} needs nvcc: install the CUDA toolkit (Debian: nvidia-cuda-toolkit)"
             )
-        cc = target.removeprefix("sm_")
+        # sm_90a: wgmma (the prefill GEMM) exists only in the arch-specific target; its code
+        # runs on sm_90 parts (H100/H200) alone, which is what the sm_90 target means here
+        cc = ARCH_SPECIFIC.get(target, target).removeprefix("sm_")
         self.flags = (
             "-fatbin",
             "-O3",
@@ -82,7 +85,7 @@ class NvccToolchain:
     def ptx(self, source: str) -> str:
         """The PTX of `source` as compile() builds it (the fatbin's copy may be compressed, and
         reading its machine code needs cuobjdump): what tests inspect for instructions."""
-        cc = self.target.removeprefix("sm_")
+        cc = ARCH_SPECIFIC.get(self.target, self.target).removeprefix("sm_")
         flags = [f for f in self.flags if f != "-fatbin" and not f.startswith("-gencode")]
         with tool_dir("hipc-nvcc-") as tmp:
             src, out = Path(tmp) / "program.cu", Path(tmp) / "program.ptx"

@@ -16,6 +16,7 @@ configured void** address"); `extra` is 0.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 from typing import Any
 
@@ -25,6 +26,14 @@ from hipc.runtime.backends.gpu_common import DriverError, GpuBackend
 
 OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
 OVERLAP_ENV = "HIPC_OVERLAP_LAUNCHES"  # "0": launch every kernel after the previous one ends
+
+
+# cuda.h: CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+_TMAP_BF16, _TMAP_SWIZZLE_128B, _TMAP_L2_256B = 9, 3, 3
+
+
+class _TensorMap(ctypes.Structure):
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]  # CUtensorMap: 128 bytes, 64-byte aligned
 
 
 def import_driver():
@@ -83,6 +92,7 @@ class CudaDriver:
         self._ctx: Any = None
         self._stream: Any = None
         self._module: Any = None
+        self._libcuda: Any = None
         try:
             self._open()
         except BaseException:
@@ -180,6 +190,29 @@ class CudaDriver:
         cfg.attrs = [self._overlap_attr]
         cfg.numAttrs = 1
         self._call("cuLaunchKernelEx", cfg, fn, params, 0)
+
+    def tensor_map(self, addr: int, cols: int, rows: int, box_cols: int, box_rows: int) -> Any:
+        # through libcuda itself: cuda-bindings' CUtensorMap would need its own packing, and the
+        # kernel argument is just the 128 bytes the driver writes
+        if self._libcuda is None:
+            self._libcuda = ctypes.CDLL("libcuda.so.1")
+        raw = (ctypes.c_uint8 * 256)()  # the driver wants the map 64-byte aligned
+        buf = _TensorMap.from_address(-(-ctypes.addressof(raw) // 64) * 64)
+        buf.keep = raw
+        dims = (ctypes.c_uint64 * 2)(cols, rows)
+        strides = (ctypes.c_uint64 * 1)(cols * 2)
+        box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
+        one = (ctypes.c_uint32 * 2)(1, 1)
+        err = self._libcuda.cuTensorMapEncodeTiled(
+            ctypes.byref(buf), _TMAP_BF16, 2, ctypes.c_void_p(addr), dims, strides, box, one,
+            0, _TMAP_SWIZZLE_128B, _TMAP_L2_256B, 0,
+        )  # fmt: skip
+        if err != 0:
+            raise DriverError(
+                f"cuTensorMapEncodeTiled({cols}x{rows} at {addr:#x}, box {box_cols}x{box_rows})",
+                f"error {err}",
+            )
+        return buf
 
     def synchronize(self) -> None:
         self._call("cuStreamSynchronize", self._stream)

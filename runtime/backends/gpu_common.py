@@ -101,6 +101,9 @@ class GpuDriver(Protocol):
         overlap: bool = False,
     ) -> None: ...
     def synchronize(self) -> None: ...
+    # a 2-D bf16 TMA tensor map (CUDA sm_90): rows x cols at addr, copied in box_cols x
+    # box_rows boxes with the 128-byte swizzle; a ctypes object holding its 128 bytes
+    def tensor_map(self, addr: int, cols: int, rows: int, box_cols: int, box_rows: int) -> Any: ...
     def begin_capture(self) -> None: ...
     def end_capture(self) -> Any: ...  # the captured graph
     def instantiate(self, graph: Any) -> Any: ...  # the executable graph
@@ -110,13 +113,17 @@ class GpuDriver(Protocol):
 
 
 class PackedArgs:
-    """One launch's arguments in `kernelParams` form (see the module docstring)."""
+    """One launch's arguments in `kernelParams` form (see the module docstring). A "tmap"
+    argument is given as its encoded 128 bytes (GpuDriver.tensor_map)."""
 
     __slots__ = ("pointers", "values")
 
-    def __init__(self, resolved: Sequence[tuple[str, int]]) -> None:
+    def __init__(self, resolved: Sequence[tuple[str, Any]]) -> None:
         values = []
         for ctype, value in resolved:
+            if ctype == "tmap":
+                values.append(value)
+                continue
             if ctype == "i32" and not -(2**31) <= value < 2**31:
                 raise HipcError(f"kernel argument {value} does not fit a 32-bit int")
             values.append(_ARG_CTYPES[ctype](value))
@@ -242,6 +249,8 @@ class GpuBackend:
         self._graph: Any = None
         self._graph_exec: Any = None
         self._decode_args: list[PackedArgs] = []
+        self._tmaps: dict[tuple[int, ...], Any] = {}
+        self._packed: dict[tuple[int, int, int], list] = {}
         self._broken: str | None = None
         self.sync_launches = sync_launches_from_env()
         try:
@@ -514,10 +523,34 @@ class GpuBackend:
         except DriverError as e:
             raise _KernelFailed(launch, e) from None
 
+    def _pack(self, launch: Launch, T: int, rows: int) -> PackedArgs:
+        resolved = launch.resolve(self.bases, T, rows)
+        if any(ctype == "tmap" for ctype, _ in resolved):
+            resolved = [(c, self._tensor_map(v) if c == "tmap" else v) for c, v in resolved]
+        return PackedArgs(resolved)
+
+    def _tensor_map(self, spec: tuple[int, ...]) -> Any:
+        """Encoded once per (address, shape, box): prefill launches reuse them every step."""
+        if spec not in self._tmaps:
+            try:
+                self._tmaps[spec] = self._driver.tensor_map(*spec)
+            except DriverError as e:
+                raise HipcError(f"{self._driver.api}: cannot encode a tensor map: {e}") from None
+        return self._tmaps[spec]
+
     def _run(self, launches: Sequence[Launch], T: int, rows: int, sync_each: bool) -> None:
-        for launch in launches:
-            args = PackedArgs(launch.resolve(self.bases, T, rows))
-            self._launch(launch, launch.grid_dims(T, rows), args)
+        # Packed once per step shape (the launch list and arguments are fixed for a given T):
+        # resolving every launch in Python each step is host time a short step's kernels
+        # may not cover
+        key = (T, rows, len(launches))
+        packed = self._packed.get(key)
+        if packed is None:
+            if len(self._packed) >= 32:
+                self._packed.clear()
+            packed = [(x, x.grid_dims(T, rows), self._pack(x, T, rows)) for x in launches]
+            self._packed[key] = packed
+        for launch, grid, args in packed:
+            self._launch(launch, grid, args)
             if sync_each:
                 try:
                     self._driver.synchronize()
@@ -527,8 +560,7 @@ class GpuBackend:
     def _capture_decode(self) -> None:
         d = self._driver
         packed = [
-            (launch, launch.grid_dims(1, 1), PackedArgs(launch.resolve(self.bases, 1, 1)))
-            for launch in self.gpu.decode
+            (launch, launch.grid_dims(1, 1), self._pack(launch, 1, 1)) for launch in self.gpu.decode
         ]
         d.begin_capture()
         try:

@@ -181,6 +181,10 @@ class HipDriver:
     def synchronize(self) -> None:
         self._call("hipStreamSynchronize", self._stream)
 
+    def tensor_map(self, addr: int, cols: int, rows: int, box_cols: int, box_rows: int) -> Any:
+        # only the sm_90 GEMM takes tensor maps; an AMD plan section never binds one
+        raise DriverError("tensor_map", "TMA tensor maps are NVIDIA sm_90 only")
+
     def begin_capture(self) -> None:
         mode = self.hip.hipStreamCaptureMode.hipStreamCaptureModeThreadLocal
         self._call("hipStreamBeginCapture", self._stream, mode)

@@ -880,6 +880,18 @@ HIPC_DEVICE hipc_mma_b hipc_mma_load_b(const uint16_t* s, int ld) {
                : "memory");
   return b;
 }
+// B from a [k][n] tile (n contiguous: attention's V): ldmatrix.trans hands lane l the pairs
+// (k 2q..2q+1, col g) of each 8x8 matrix, matrix j from the rows k = 8j..8j+7 (lanes 8j..8j+7)
+HIPC_DEVICE hipc_mma_b hipc_mma_load_b_t(const uint16_t* s, int ld) {
+  const int lane = hipc_thread() % 32;
+  const uint32_t p = (uint32_t)__cvta_generic_to_shared(s + (lane % 16) * ld);
+  hipc_mma_b b;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(b.r[0]), "=r"(b.r[1])
+               : "r"(p)
+               : "memory");
+  return b;
+}
 HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& b) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
@@ -935,4 +947,59 @@ HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& 
 }
 HIPC_DEVICE int hipc_mma_row(int lane, int i) { return 4 * (lane / 16) + i; }
 HIPC_DEVICE int hipc_mma_col(int lane, int i) { return lane % 16; }
+#endif
+
+#if defined(HIPC_WGMMA)
+// ---- sm_90a: TMA tile loads, mbarriers, wgmma (the prefill GEMM, linear_wgmma) ------------
+// A tensor map as cuTensorMapEncodeTiled writes it (the runtime encodes it at launch; the
+// kernel takes it by value as a __grid_constant__ parameter, whose address TMA reads).
+struct alignas(128) hipc_tmap { unsigned long long v[16]; };
+HIPC_DEVICE uint32_t hipc_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+HIPC_DEVICE void hipc_mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// the barriers' initialisation made visible to the copy engine (the async proxy)
+HIPC_DEVICE void hipc_mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+HIPC_DEVICE void hipc_mbar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+HIPC_DEVICE void hipc_mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+HIPC_DEVICE void hipc_mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// a 2-D box (c0: the inner coordinate, in elements; c1: the row) into shared memory at dst,
+// completing `bar`'s transaction count; parts of the box outside the tensor read as zeros
+HIPC_DEVICE void hipc_tma_load(uint32_t dst, const hipc_tmap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// A wgmma shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format") for a K-major
+// tile whose rows are 128 bytes (64 bf16) in the 128-byte swizzle TMA writes: 8-row groups
+// 1024 bytes apart (the stride byte offset), the leading byte offset unused in this mode. A
+// 16-deep k step inside the 128-byte row is the start address plus 32 bytes.
+HIPC_DEVICE unsigned long long hipc_wgmma_desc(uint32_t addr) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
+}
+HIPC_DEVICE void hipc_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+HIPC_DEVICE void hipc_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+HIPC_DEVICE void hipc_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// keeps the compiler from moving accesses to an accumulator register across the asynchronous MMAs
+HIPC_DEVICE void hipc_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 #endif

@@ -50,17 +50,18 @@ def artifact(tmp_path_factory):
     return out
 
 
-def compiled(root, model, targets):
+def compiled(root, model, targets, **options):
     need(shutil.which("nvcc"), "nvcc")
     need(CLANG, "clang++-19")
     out = root / "m.hipc"
-    compile_model(model, out, CompileOptions(targets=targets, max_context=64), verbose=False)
+    opts = CompileOptions(targets=targets, max_context=64, **options)
+    compile_model(model, out, opts, verbose=False)
     return out
 
 
-# the instruction each target's prefill GEMM must show for bf16 weights
+# the instruction each target's prefill GEMM must show for bf16 weights (sm_90: see the wgmma test)
 MMA_INSTRUCTION = {
-    "sm_90": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+    "sm_80": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
     "gfx1100": "v_wmma_f32_16x16x16_bf16",
     "gfx942": "v_mfma_f32_16x16x16_bf16",
     "gfx90a": "v_mfma_f32_16x16x16bf16_1k",  # CDNA2's spelling of the same operation
@@ -102,7 +103,48 @@ def kernel_code(artifact, target) -> dict[str, str]:
 
 def prefill_linears(artifact, target) -> list[dict]:
     plan = json.loads((artifact / "plan.json").read_text())["targets"][target]["steps"]
-    return [x for x in plan["prefill"] if x["kernel"].endswith(("_gemm", "_mma"))]
+    return [x for x in plan["prefill"] if x["kernel"].endswith(("_gemm", "_mma", "_mma_split"))]
+
+
+def test_bf16_prefill_on_wgmma_sm90(tmp_path):
+    """sm_90: each bf16 linear's prefill is an _xb kernel (x -> bf16 in scratch) and the wgmma
+    GEMM reading it and W through tensor maps; --prefill-precision split keeps mma.sync."""
+    model = write_tiny_hf(tmp_path / "m", dtype="bfloat16", hidden_size=64, intermediate_size=96)
+    art = compiled(tmp_path, model, ("sm_90",))
+    plan = json.loads((art / "plan.json").read_text())
+    steps = plan["targets"]["sm_90"]["steps"]["prefill"]
+    code = kernel_code(art, "sm_90")
+    gemms = [i for i, x in enumerate(steps) if "_wg" in x["kernel"] and "_xb" not in x["kernel"]]
+    assert len(gemms) == 2 * 4 + 1  # per layer qkv, o, gate/up, down; then the lm head
+    shapes = {w["name"]: w["shape"] for w in plan["weights"]}
+    for i in gemms:
+        launch, before = steps[i], steps[i - 1]
+        assert before["kernel"] == launch["kernel"] + "_xb"
+        assert before["args"][2] == launch["args"][0]["of"]  # xb written, then mapped
+        xmap, wmap = launch["args"][0], launch["args"][1]
+        assert xmap["kind"] == wmap["kind"] == "tmap" and xmap["of"]["kind"] == "scratch"
+        assert wmap["of"]["kind"] == "weight"
+        n, k = shapes[plan["weights"][wmap["of"]["index"]]["name"]]
+        assert wmap["dims"] == [k, n] and xmap["dims"] == [k, plan["max_tokens"]]
+        ptx = code[launch["kernel"]]
+        assert "wgmma.mma_async.sync.aligned.m64n" in ptx
+        assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile" in ptx
+        assert "mma.sync" not in ptx
+    (tmp_path / "s").mkdir()
+    (tmp_path / "o").mkdir()
+    split = compiled(tmp_path / "s", model, ("sm_90",), prefill_precision="split")
+    linears = prefill_linears(split, "sm_90")
+    assert len(linears) == 9 and all(x["kernel"].endswith("_mma_split") for x in linears)
+    attn = [x["kernel"] for x in json.loads((split / "plan.json").read_text())["targets"]["sm_90"]
+            ["steps"]["prefill"] if "_attn" in x["kernel"] or "_flash" in x["kernel"]]  # fmt: skip
+    assert attn and all(a.endswith("_attn") for a in attn)  # split: the float32 SIMT attention
+    assert any(x["kernel"].endswith("_flash") for x in steps)
+    split_code = kernel_code(split, "sm_90")
+    mma = MMA_INSTRUCTION["sm_80"]
+    one = kernel_code(compiled(tmp_path / "o", model, ("sm_80",)), "sm_80")
+    name = linears[0]["kernel"]
+    # hi and lo: twice the matrix instructions of the bf16 kernel
+    assert split_code[name].count(mma) == 2 * one[name.removesuffix("_split")].count(mma)
 
 
 @pytest.mark.parametrize("target", sorted(MMA_INSTRUCTION))
@@ -114,7 +156,7 @@ def test_bf16_prefill_on_matrix_instructions(bf16_artifact, target):
     for launch in linears:
         name = launch["kernel"]
         assert name.endswith("_mma"), name
-        assert launch["block"] == [256] and launch["shared"] == tile.shared_bytes()
+        assert launch["block"] == [256] and launch["shared"] == tile.shared_bytes(split=False)
         assert launch["grid"][1] in (f"cdiv(T,{tile.bm})", f"cdiv(rows,{tile.bm})")
         assert MMA_INSTRUCTION[target] in code[name], name
         if target.startswith("sm_"):
@@ -130,8 +172,11 @@ def test_other_weight_types_prefill_on_the_simt_gemm(artifact, q8_artifact, targ
         linears = prefill_linears(art, target)
         assert linears and all(x["kernel"].endswith("_gemm") for x in linears)
         assert all(x["block"] == [256] and x["shared"] == 0 for x in linears)
+    # (the prefill attention is on mma.sync on NVIDIA whatever the weights)
     assert not any(
-        "mfma" in c or "mma.sync" in c for c in kernel_code(q8_artifact, target).values()
+        "mfma" in c or "mma.sync" in c
+        for name, c in kernel_code(q8_artifact, target).items()
+        if not name.endswith("_flash")
     )
 
 
@@ -282,3 +327,39 @@ def test_gemma_params_refused_on_gpu(tmp_path, family):
     model = write_tiny_hf(tmp_path / "g", **TINY_GEMMA[family])
     with pytest.raises(HipcError, match=r"the GPU (embedding|linear|attention) kernels have no"):
         compile_model(model, tmp_path / "g.hipc", CompileOptions(targets=("sm_90",)), verbose=False)
+
+
+def test_wgmma_tiles_follow_the_measured_choice():
+    """select_wgmma's wave model against what bench_gpu_gemm.py measured fastest on the H200
+    (Llama-3-8B layer, docs/benchmarks/gpu-prefill.md): short steps take narrower tiles where
+    128 x 256 leaves SMs idle, 4096-token steps the widest."""
+    from hipc.compiler.kernels.linear import LinearParams, select_wgmma
+
+    shapes = {
+        "qkv": (6144, 4096, "none", (128, 192)),
+        "o": (4096, 4096, "residual", (128, 128)),
+        "gate_up": (28672, 4096, "glu", (128, 192)),
+        "down": (4096, 14336, "residual", (128, 128)),
+    }
+    for name, (N, K, ep, at512) in shapes.items():
+        p = LinearParams("bfloat16", N, K, 0.0, ep, False)
+        t = select_wgmma(p, 512)
+        assert (t.bm, t.bn) == at512, name
+        t = select_wgmma(p, 4096)
+        assert (t.bm, t.bn) == (128, 256), name
+
+
+def test_launches_by_step_size():
+    from hipc.base.launch_plan import Launch, TargetPlan
+
+    def launch(name, tokens=None):
+        d = {"kernel": name, "grid": [1], "block": [32], "args": []}
+        if tokens:
+            d["tokens"] = tokens
+        return Launch.from_json(d)
+
+    steps = (launch("a"), launch("short", [1, 1024]), launch("long", [1025, 2048]))
+    plan = TargetPlan("sm_90", 2048, 10, 0, 0, {"prefill": steps, "decode": (launch("d"),)})
+    assert [x.kernel for x in plan.launches(512)] == ["a", "short"]
+    assert [x.kernel for x in plan.launches(1025)] == ["a", "long"]
+    assert [x.kernel for x in plan.launches(1)] == ["d"]

@@ -1,10 +1,13 @@
 """Compiled GPU artifacts on a real GPU: every family against the reference executor.
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). The GPU
-kernels dequantize weights exactly and accumulate in float32, so the bar is the
-float32 one: relative logit error <= 2e-3, greedy tokens equal for 32 steps. The KV
+kernels dequantize weights exactly and accumulate in float32; compiled with
+`--prefill-precision split` (activations as bf16 hi + lo, the float32 attention) the bar is
+the float32 one: relative logit error <= 2e-3, greedy tokens equal for 32 steps. The KV
 cache is bfloat16 by default on GPUs: the reference stores its cache the same way
-(rounded to nearest even), and float32 caches are checked too.
+(rounded to nearest even), and float32 caches are checked too. The default policy
+(`bf16`: the sm_90 wgmma GEMM and the flash attention round operands to bf16) is held to a
+bar that bf16 rounding meets and a wrong kernel does not (test_bf16_prefill_policy_on_gpu).
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ TARGET = "sm_90"
 
 def check(model_path, tmp_path, ctx=64, kv_storage="auto"):
     out = tmp_path / "m.hipc"
-    compile_model(
-        model_path,
-        out,
-        CompileOptions(targets=(TARGET,), max_context=ctx, max_tokens=8, kv_storage=kv_storage),
-        verbose=False,
+    options = CompileOptions(
+        targets=(TARGET,),
+        max_context=ctx,
+        max_tokens=8,
+        kv_storage=kv_storage,
+        prefill_precision="split",
     )
+    compile_model(model_path, out, options, verbose=False)
     gpu = load_engine(out, target="cuda")
     ref = ReferenceEngine(load_model(model_path), ctx, kv_storage=gpu.artifact.kv_storage)
     tokens = np.random.default_rng(5).integers(0, gpu.vocab_size, 19).tolist()
@@ -92,12 +97,10 @@ def test_long_context_decode(family, overrides, tmp_path):
     cfg = {**TINY_FAMILIES[family], **overrides, "max_position_embeddings": 4096}
     folder = write_tiny_hf(tmp_path / family, **cfg)
     out = tmp_path / "m.hipc"
-    compile_model(
-        folder,
-        out,
-        CompileOptions(targets=(TARGET,), max_context=2048, max_tokens=256),
-        verbose=False,
+    options = CompileOptions(
+        targets=(TARGET,), max_context=2048, max_tokens=256, prefill_precision="split"
     )
+    compile_model(folder, out, options, verbose=False)
     gpu = load_engine(out, target="cuda")
     ref = ReferenceEngine(load_model(folder), 2048, kv_storage=gpu.artifact.kv_storage)
     tokens = np.random.default_rng(7).integers(0, gpu.vocab_size, 1112).tolist()
@@ -106,4 +109,39 @@ def test_long_context_decode(family, overrides, tmp_path):
     got = [gpu.forward(tokens[:1100], 0)]
     got += [gpu.forward([t], 1100 + i) for i, t in enumerate(tokens[1100:])]
     assert rel_err(np.stack(got), np.stack(want)) <= 2e-3
+    gpu.close()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3-qknorm", "mistral-window", "qwen2-bias"])
+def test_bf16_prefill_policy_on_gpu(family, tmp_path):
+    """The default policy on bf16 weights (wgmma GEMMs, flash attention): a 300-token prompt
+    in 128-token steps (the flash kernel after a cached prefix, the window past 0) and decode
+    after it. These tiny random models' logits are small, so bf16 rounding moves them by up to
+    5e-2 of the largest (NumPy emulation of the GEMM rounding alone; top-1 0.97-0.99): the bar
+    is 0.1 and 90% top-1, which a wrong fragment, mask or softmax (O(1) errors) cannot meet."""
+
+    cfg = {**TINY_FAMILIES[family], "hidden_size": 128, "intermediate_size": 256}
+    cfg["max_position_embeddings"] = 1024
+    if "head_dim" in cfg:
+        cfg["head_dim"] = 32  # whole 16s: the flash kernel (12 keeps the SIMT one)
+    folder = write_tiny_hf(tmp_path / family, dtype="bfloat16", **cfg)
+    out = tmp_path / "m.hipc"
+    compile_model(
+        folder, out, CompileOptions(targets=(TARGET,), max_context=512, max_tokens=128),
+        verbose=False,
+    )  # fmt: skip
+    gpu = load_engine(out, target="cuda")
+    kinds = {
+        x["kernel"].rsplit("_", 1)[-1]
+        for x in gpu.artifact.plan["targets"][TARGET]["steps"]["prefill"]
+    }
+    assert "flash" in kinds and any(k.startswith("wg") for k in kinds), kinds
+    ref = ReferenceEngine(load_model(folder), 512, kv_storage=gpu.artifact.kv_storage)
+    tokens = np.random.default_rng(9).integers(0, gpu.vocab_size, 304).tolist()
+    got, want = gpu.logits(tokens[:300]), ref.logits(tokens[:300], 0)
+    assert rel_err(got, want) <= 0.1, rel_err(got, want)
+    assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9
+    steps = [gpu.forward([t], 300 + i) for i, t in enumerate(tokens[300:])]
+    refs = [ref.logits([t], 300 + i)[-1] for i, t in enumerate(tokens[300:])]
+    assert rel_err(np.stack(steps), np.stack(refs)) <= 0.1
     gpu.close()

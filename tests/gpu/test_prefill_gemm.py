@@ -5,11 +5,15 @@ rendered the way codegen/hip.py renders a linear's prefill kernel for the device
 (compiler/kernels/linear.py's prefill_gemm + program_source), every case's kernels go into one code object built by the
 arch's toolchain, and they are launched through the backends' driver layer with
 gpu_common.PackedArgs: no model, no plan. The cases cover partial tiles in T and N, K that is
-and is not a multiple of the K slice (576, 1536, 4096; 48), and every epilogue, for the
-matrix-instruction kernel (bf16 weights) and, as a control, the SIMT one on the same data.
+and is not a multiple of the K slice (576, 1536, 4096; 48, 200), and every epilogue, for
+every kernel a bf16 linear may prefill on: the sm_90a wgmma GEMM (each tile of WGMMA_TILES, x
+through its _xb kernel and tensor maps), the mma GEMM with bf16 activations and with the hi + lo
+split, and, as a control, the SIMT one on the same data.
 
-The bar is 1e-4 relative (largest error over largest value): a wrong fragment layout is off
-by O(1), and activations rounded to bf16 alone (no lo half) by ~3e-3.
+The bar is 1e-4 relative (largest error over largest value), against a reference that rounds x
+(after the norm) to bf16 the way the kernel does for the bf16 variants, and exact x for the
+split and SIMT ones: a wrong fragment layout is off by O(1), and activations rounded to bf16
+where the reference does not (or the reverse) by ~3e-3.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipc.compiler.kernels.linear import LinearParams, prefill_gemm
+from hipc.compiler.kernels.linear import WGMMA_TILES, LinearParams, prefill_gemm, wgmma_gemm
+from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 from hipc.runtime.backends.gpu_common import PackedArgs
 
@@ -34,6 +39,15 @@ CASES = {
     "norm_bias_k4096": (300, 1000, 4096, "none", True, True),
     "glu_bias_k48": (5, 2 * 40, 48, "glu", False, True),
     "residual_norm_k4096": (257, 4096, 4096, "residual", True, False),
+    "glu_norm_k200": (70, 2 * 200, 200, "glu", True, True),
+    "glu_k4096_t513": (513, 2 * 1536, 4096, "glu", False, False),
+}
+# variant -> (simt, split, wgmma tile)
+VARIANTS = {
+    "simt": (True, False, None),
+    "mma": (False, False, None),
+    "mma_split": (False, True, None),
+    **{f"wg{t.bm}x{t.bn}": (False, False, t) for t in WGMMA_TILES},
 }
 EPS = 1e-5
 
@@ -52,22 +66,24 @@ class Kernels(DeviceKernels):
         self.gemms = {}
 
         def build(arch):
+            target = GpuTarget(arch)
             for i, (name, case) in enumerate(cases.items()):
-                for simt in (False, True):
-                    g = prefill_gemm(
-                        f"case{i}{'s' if simt else 'm'}",
-                        _params(case),
-                        GpuTarget(arch),
-                        [name],
-                        simt,
-                    )
-                    self.gemms[name, simt] = g
+                p = _params(case)
+                for v, (simt, split, tile) in VARIANTS.items():
+                    if tile is not None and not wgmma_gemm(p, target, False, False):
+                        continue
+                    # sm_90's bf16 linears prefill on wgmma; its mma kernel (sm_80/89's) is the
+                    # same source and runs there too, so it is tested there
+                    t = GpuTarget("sm_89") if arch == "sm_90" and tile is None else target
+                    g = prefill_gemm(f"case{i}_{v}", p, t, [name], simt, split, wgmma=tile)
+                    self.gemms[name, v] = g
             return [(g.fn, g.template, g.ctx, g.shared) for g in self.gemms.values()]
 
         super().__init__(build)
 
-    def setup(self, case, seed: int) -> tuple[dict, np.ndarray]:
-        """Device buffers for one case, and the float64 reference."""
+    def setup(self, case, seed: int, bf16: bool) -> tuple[dict, np.ndarray]:
+        """Device buffers for one case, and the float64 reference (`bf16`: with the normalized
+        x rounded to bf16, in float32 arithmetic as the kernels do)."""
         T, N, K, epilogue, norm, bias = case
         n_out = N // 2 if epilogue == "glu" else N
         rng = np.random.default_rng(seed)
@@ -85,7 +101,12 @@ class Kernels(DeviceKernels):
 
         xn = x32.astype(np.float64)
         if norm:
-            xn = xn / np.sqrt(np.mean(xn * xn, axis=1, keepdims=True) + EPS) * g32
+            inv = 1 / np.sqrt(np.mean(xn * xn, axis=1, keepdims=True) + EPS)
+            xn = xn * inv * g32
+            if bf16:
+                xn = x32 * inv.astype(np.float32) * g32
+        if bf16:
+            xn = round_bf16(xn.astype(np.float32)).astype(np.float64)
         acc = xn @ w.T + (b32 if bias else 0.0)
         if epilogue == "glu":
             gate, up = acc[:, :n_out], acc[:, n_out:]
@@ -102,18 +123,32 @@ class Kernels(DeviceKernels):
             inv=self.upload(np.zeros(T, np.float32)) if norm else 0,
             b=self.upload(b32) if bias else 0,
             y=y,
+            xb=self.upload(np.full((T, K), 0xFFFF, np.uint16)),  # bf16 NaNs until _xb writes
         )
         return bufs, want
 
-    def launches(self, name: str, case, simt: bool, bufs: dict) -> list:
-        T, N, _, epilogue, norm, _ = case
+    def launches(self, name: str, case, variant: str, bufs: dict) -> list:
+        T, N, K, epilogue, norm, _ = case
         n_out = N // 2 if epilogue == "glu" else N
-        g = self.gemms[name, simt]
+        g = self.gemms[name, variant]
         out = []
+        res = bufs["y"] if epilogue == "residual" else 0  # in place, as the plans bind it
+        if g.template == "linear_wgmma":
+            args = PackedArgs([("u64", bufs["x"]), ("u64", bufs["g"]), ("u64", bufs["xb"])])
+            out.append((self.function(f"{g.fn}_xb"), (T, 1, 1), (256, 1, 1), 0, args))
+            bm, bn = g.ctx["bm"], g.ctx["bn"]
+            xmap = self.d.tensor_map(bufs["xb"], K, T, 64, bm)
+            wmap = self.d.tensor_map(bufs["w"], K, N, 64, bn // 2)
+            ptrs = [bufs["b"], res, bufs["y"]]
+            args = PackedArgs(
+                [("tmap", xmap), ("tmap", wmap), ("i32", T), *(("u64", p) for p in ptrs)]
+            )
+            grid = (-(-T // bm), -(-n_out // g.block_outputs), 1)
+            out.append((self.function(g.fn), grid, (g.threads, 1, 1), g.shared, args))
+            return out
         if norm:
             args = PackedArgs([("u64", bufs["x"]), ("i32", T), ("u64", bufs["inv"])])
             out.append((self.function(f"{g.fn}_stats"), (T, 1, 1), (256, 1, 1), 0, args))
-        res = bufs["y"] if epilogue == "residual" else 0  # in place, as the plans bind it
         ptrs = [bufs["w"], bufs["g"], bufs["inv"], bufs["b"], res, bufs["y"]]
         args = PackedArgs([("u64", bufs["x"]), ("i32", T), *(("u64", p) for p in ptrs)])
         grid = (-(-n_out // g.block_outputs), -(-T // g.block_tokens), 1)
@@ -132,16 +167,19 @@ def kernels():
     k.close()
 
 
-@pytest.mark.parametrize("simt", [False, True], ids=["mma", "simt"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_gemm_matches_numpy(kernels, name, simt):
+def test_gemm_matches_numpy(kernels, name, variant):
     case = CASES[name]
-    if not simt and kernels.gemms[name, simt].template != "linear_mma":
-        pytest.skip(f"{kernels.d.arch} has no matrix-instruction GEMM")
-    bufs, want = kernels.setup(case, seed=sorted(CASES).index(name))
+    g = kernels.gemms.get((name, variant))
+    if g is None or (variant != "simt" and g.template == "linear_gemm"):
+        pytest.skip(f"{kernels.d.arch} has no {variant} GEMM")
+    bf16 = g.template == "linear_wgmma" or variant == "mma"
+    bufs, want = kernels.setup(case, seed=sorted(CASES).index(name), bf16=bf16)
     try:
-        kernels.run(kernels.launches(name, case, simt, bufs))
+        kernels.run(kernels.launches(name, case, variant, bufs))
         got = kernels.read(bufs["y"], want.shape)
     finally:
         kernels.free()
+    assert not np.isnan(got).any(), (name, variant, "outputs left unwritten")
     assert rel_err(got, want) <= 1e-4, (name, rel_err(got, want))

@@ -71,6 +71,17 @@ FAMILIES = {
             mlp_only_layers=[3],
         ),
     ),
+    "qwen2_moe-e6-k2-noshared-norm": (
+        "Qwen2MoeConfig",
+        dict(
+            num_experts=6,
+            num_experts_per_tok=2,
+            moe_intermediate_size=20,
+            shared_expert_intermediate_size=0,  # transformers' shared expert then adds 0
+            intermediate_size=40,
+            norm_topk_prob=True,
+        ),
+    ),
     "mixtral-e3-k2-sliding": (
         "MixtralConfig",
         dict(num_local_experts=3, num_experts_per_tok=2, intermediate_size=40, sliding_window=6),
@@ -290,18 +301,32 @@ def test_bf16_checkpoint(tmp_path):
 @pytest.mark.parametrize("family", ["qwen2_moe-e5-k1-shared", "olmoe-e5-k2-norm-clip"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_canonical_moe_graph_keeps_logits(family, dtype, tmp_path):
-    """canonicalize (Experts on the stored 3-D weights) and repack leave the logits alone."""
+    """canonicalize (Experts on the stored 3-D weights) and repack leave the logits alone.
+    Qwen2-MoE's block reads its norm with four Linears: the router merges with the shared
+    expert's sigmoid gate and the shared gate with its up (a GLU pair), not all four; and
+    the residual takes the experts' sum and the shared expert as two Adds."""
     torch = require("torch")
     from hipc.compiler.ir.verify import verify
     from hipc.compiler.passes.canonicalize import canonicalize
-    from hipc.compiler.passes.repack import merge_parallel_linears
+    from hipc.compiler.passes.repack import merge_parallel_linears, split_residual_sums
 
     make_moe_model(family).to(getattr(torch, dtype)).save_pretrained(tmp_path)
     graph = build_graph(load_model(tmp_path), max_ctx=32)
-    canonical = verify(merge_parallel_linears(verify(canonicalize(graph))))
+    canonical = verify(canonicalize(graph))
+    canonical = verify(merge_parallel_linears(verify(split_residual_sums(canonical))))
     experts = [n for n in canonical.nodes if n.op == "hipc::Experts"]
     assert experts and all(i in canonical.initializers for n in experts for i in n.inputs[3:])
     assert not any(n.op in ("Cast", "hipc::Dequantize") for n in canonical.nodes)
+    if family.startswith("qwen2"):
+        splits = {n.name: list(n.outputs) for n in canonical.nodes if n.op == "Split"}
+        assert splits["l0.router+shared.expert_gate.split"] == [
+            "l0.router",
+            "l0.shared.expert_gate",
+        ]
+        assert splits["l0.shared.gate+up.split"] == ["l0.shared.gate", "l0.shared.up"]
+        (add,) = canonical.consumers(experts[0].outputs[0])
+        (last,) = canonical.consumers(add.outputs[0])
+        assert "l0.attn.residual" in add.inputs and "l0.shared.scaled" in last.inputs
     tokens = np.random.default_rng(1).integers(0, 211, size=12).tolist()
     want = ReferenceExecutor(graph).logits(tokens)
     got = ReferenceExecutor(canonical).logits(tokens)

@@ -809,6 +809,10 @@ def test_prefill_runs_eagerly_with_T(api, artifact):
     assert head[1] == (V, 1, 1) and head[4][0] == b.bases.arena + 2 * H * 4
     d2h = [c for c in gpu.calls if c[0] == "d2h"][-1]
     assert d2h[3] == V * 4  # rows x vocab float32
+    # launches are packed once per step shape: the same shape again, and another T
+    for ids2, start in (([2, 4, 0], 0), ([3, 0], 3), ([1, 1, 2], 1)):
+        out = b.forward(np.array(ids2), start, True)
+        np.testing.assert_allclose(out, expected(ids2, start, True), rtol=1e-6)
     # the next decode step replays the graph recorded after the first prefill
     out = b.forward(np.array([1]), 5, False)
     np.testing.assert_allclose(out, expected([1], 5, False), rtol=1e-6)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 MODEL = "tiny"
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
-ROUTES = ("/health", "/metrics", "/v1/models", f"/v1/models/{MODEL}", COMP, CHAT)
+ROUTES = ("/health", "/ready", "/metrics", "/v1/models", f"/v1/models/{MODEL}", COMP, CHAT)
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 
 SAMPLING_FIELDS = (
@@ -169,8 +169,13 @@ def requests(draw, vocab: int) -> tuple[str, str, bytes | None, bool]:
 
 def check_answer(method: str, path: str, status: int, content_type: str, body: bytes) -> None:
     """No 5xx; every error in OpenAI's JSON shape; every success well-formed."""
+    if path == "/ready" and method == "GET":
+        # 503 is /ready's "not now" (a harness may serve without warming): still its shape, never a crash
+        state = json.loads(body)["status"]
+        assert (status, state) in ((200, "ok"), (503, "warming_up"), (503, "shutting_down")), body
+        return
     assert status < 500, (method, path, status, body[:500])
-    if path == "/health":
+    if path in ("/health", "/ready"):
         return
     if status >= 400:
         assert content_type.startswith("application/json"), (status, content_type, body[:200])

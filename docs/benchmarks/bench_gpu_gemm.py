@@ -1,0 +1,244 @@
+"""The prefill GEMM kernels alone at Llama-3-8B's shapes, against cuBLAS (torch) on the same GPU.
+
+Run on the GPU machine (needs torch and cuda-bindings; no model):
+
+    python docs/benchmarks/bench_gpu_gemm.py [--tokens 512,4096] [--out FILE]
+
+For each linear of one Llama-3-8B layer (qkv with the norm prologue, o with the residual,
+gate/up with norm + SiLU*mul, down with the residual) and each token count, every kernel a
+bf16 linear can prefill on is rendered as codegen renders it, built once, checked against torch
+(float32 products of the same bf16 operands; outputs NaN-poisoned first) and timed with CUDA
+events (median of --repeats runs of --iters launches): each wgmma tile (the selected one marked
+*), the mma kernel with bf16 and with split activations. The wgmma time includes its _xb kernel
+(x -> bf16, the norm). Beside them: torch's bf16 matmul of the same shape (cuBLAS: no norm, no
+epilogue) and the 8192^3 bf16 product as the matrix ceiling. TFLOP/s count 2*T*N*K.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+from pathlib import Path
+
+from hipc.base.version import HIPC_VERSION
+from hipc.compiler.codegen.environment import render
+from hipc.compiler.codegen.hip import program_source
+from hipc.compiler.kernels.linear import (
+    WGMMA_TILES,
+    LinearParams,
+    prefill_gemm,
+    select_wgmma,
+)
+from hipc.compiler.targets import GpuTarget
+from hipc.compiler.toolchains.gpu import gpu_toolchain
+from hipc.runtime.backends.cuda import CudaDriver
+from hipc.runtime.backends.gpu_common import DEFAULT_SHARED_LIMIT, PackedArgs
+
+H, F = 4096, 14336
+SHAPES = {  # name: N weight rows, K, epilogue, norm
+    "qkv": (6144, H, "none", True),
+    "o": (H, H, "residual", False),
+    "gate_up": (2 * F, H, "glu", True),
+    "down": (H, F, "residual", False),
+}
+
+
+def log(*a) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+class Events:
+    def __init__(self, d: CudaDriver) -> None:
+        self.d, self.cu = d, d.cu
+        self.a = d._call("cuEventCreate", 0)
+        self.b = d._call("cuEventCreate", 0)
+
+    def time(self, run, iters: int, repeats: int) -> float:
+        """Median seconds per run()."""
+        run()
+        self.d.synchronize()
+        out = []
+        for _ in range(repeats):
+            self.d._call("cuEventRecord", self.a, self.d._stream)
+            for _ in range(iters):
+                run()
+            self.d._call("cuEventRecord", self.b, self.d._stream)
+            self.d._call("cuEventSynchronize", self.b)
+            elapsed = (
+                "cuEventElapsedTime"
+                if hasattr(self.cu, "cuEventElapsedTime")
+                else "cuEventElapsedTime_v2"
+            )
+            out.append(self.d._call(elapsed, self.a, self.b) / 1e3 / iters)
+        return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="512,4096")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    d = CudaDriver(0)
+    arch = d.arch
+    tokens = [int(t) for t in args.tokens.split(",")]
+    shapes = {k: SHAPES[k] for k in args.shapes.split(",")}
+
+    # every variant's kernels in one code object
+    kernels = {}
+    for name, (N, K, ep, norm) in shapes.items():
+        p = LinearParams("bfloat16", N, K, 1e-5 if norm else 0.0, ep, False)
+        for t in WGMMA_TILES:
+            kernels[name, f"wg{t.bm}x{t.bn}"] = prefill_gemm(
+                f"{name}_wg", p, GpuTarget(arch), [name], wgmma=t
+            )
+        for split in (False, True):
+            v = "mma_split" if split else "mma"
+            kernels[name, v] = prefill_gemm(
+                f"{name}_{v}", p, GpuTarget("sm_89"), [name], split=split
+            )
+    sources = [render(f"hip/{g.template}.hip.j2", fn=g.fn, **g.ctx) for g in kernels.values()]
+    log(f"building {len(kernels)} kernels for {arch}")
+    d.load_module(
+        gpu_toolchain(arch).compile(program_source("gemm_bench", HIPC_VERSION, arch, sources))
+    )
+    fns = {}
+    for g in kernels.values():
+        fns[g.fn] = d.get_function(g.fn)
+        if g.shared > DEFAULT_SHARED_LIMIT:
+            d.set_dynamic_shared(fns[g.fn], g.shared)
+        for extra in ("_xb", "_stats"):
+            with contextlib.suppress(Exception):
+                fns[g.fn + extra] = d.get_function(g.fn + extra)
+    ev = Events(d)
+
+    # the ceiling: torch's 8192^3 bf16 product (random data)
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn_like(a)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a @ b
+    torch.cuda.synchronize()
+    s.record()
+    for _ in range(20):
+        a @ b
+    e.record()
+    torch.cuda.synchronize()
+    ceiling = 2 * 8192**3 * 20 / (s.elapsed_time(e) / 1e3)
+    del a, b
+    rows = [f"bf16 matrix ceiling (torch 8192^3): {ceiling / 1e12:.0f} TFLOP/s", ""]
+    rows.append("| shape | T | variant | us | TFLOP/s | % ceiling | rel err |")
+    rows.append("|---|---|---|---|---|---|---|")
+
+    def ptr(t) -> int:
+        return t.data_ptr()
+
+    for name, (N, K, ep, norm) in shapes.items():
+        n_out = N // 2 if ep == "glu" else N
+        for T in tokens:
+            p = LinearParams("bfloat16", N, K, 1e-5 if norm else 0.0, ep, False)
+            chosen = select_wgmma(p, T)
+            g_ = torch.Generator(device="cuda").manual_seed(T + N)
+            x = torch.randn(T, K, device="cuda", generator=g_)
+            w = (0.02 * torch.randn(N, K, device="cuda", generator=g_)).to(torch.bfloat16)
+            gw = 1 + 0.1 * torch.randn(K, device="cuda", generator=g_)
+            res = torch.randn(T, n_out, device="cuda", generator=g_)
+            xn = x * torch.rsqrt((x * x).mean(1, keepdim=True) + 1e-5) * gw if norm else x
+            acc = xn.to(torch.bfloat16).float() @ w.float().T
+            if ep == "glu":
+                want = torch.nn.functional.silu(acc[:, :n_out]) * acc[:, n_out:]
+            else:
+                want = acc + (res if ep == "residual" else 0)
+            y = torch.empty(T, n_out, device="cuda")
+            xb = torch.empty(T, K, dtype=torch.bfloat16, device="cuda")
+            inv = torch.empty(T, device="cuda")
+            flops = 2 * T * N * K
+            torch.cuda.synchronize()
+            for (sname, v), g in kernels.items():
+                if sname != name:
+                    continue
+                launches = []
+                if g.template == "linear_wgmma":
+                    bm, bn = g.ctx["bm"], g.ctx["bn"]
+                    xmap = d.tensor_map(ptr(xb), K, T, 64, bm)
+                    wmap = d.tensor_map(ptr(w), K, N, 64, bn // 2)
+                    a1 = PackedArgs(
+                        [("u64", ptr(x)), ("u64", ptr(gw) if norm else 0), ("u64", ptr(xb))]
+                    )
+                    launches.append((fns[g.fn + "_xb"], (T, 1, 1), (256, 1, 1), 0, a1))
+                    a2 = PackedArgs(
+                        [("tmap", xmap), ("tmap", wmap), ("i32", T), ("u64", 0),
+                         ("u64", ptr(y) if ep == "residual" else 0), ("u64", ptr(y))]
+                    )  # fmt: skip
+                    grid = (-(-T // bm), -(-n_out // g.block_outputs), 1)
+                    launches.append((fns[g.fn], grid, (g.threads, 1, 1), g.shared, a2))
+                else:
+                    if norm:
+                        a1 = PackedArgs([("u64", ptr(x)), ("i32", T), ("u64", ptr(inv))])
+                        launches.append((fns[g.fn + "_stats"], (T, 1, 1), (256, 1, 1), 0, a1))
+                    a2 = PackedArgs(
+                        [("u64", ptr(x)), ("i32", T), ("u64", ptr(w)), ("u64", ptr(gw) if norm else 0),
+                         ("u64", ptr(inv) if norm else 0), ("u64", 0),
+                         ("u64", ptr(y) if ep == "residual" else 0), ("u64", ptr(y))]
+                    )  # fmt: skip
+                    grid = (-(-n_out // g.block_outputs), -(-T // g.block_tokens), 1)
+                    launches.append((fns[g.fn], grid, (g.threads, 1, 1), g.shared, a2))
+
+                def run(launches=launches):
+                    for fn, grid, block, shared, a_ in launches:
+                        d.launch(fn, grid, block, shared, a_.address)
+
+                # correctness: poisoned output (the residual variants start from res), one run
+                if ep == "residual":
+                    y.copy_(res)
+                else:
+                    y.fill_(float("nan"))
+                torch.cuda.synchronize()
+                run()
+                d.synchronize()
+                err = float((y - want).abs().max() / want.abs().max())
+                if torch.isnan(y).any():
+                    err = float("nan")
+                sec = ev.time(run, args.iters, args.repeats)
+                mark = (
+                    "*"
+                    if g.template == "linear_wgmma"
+                    and (g.ctx["bm"], g.ctx["bn"]) == (chosen.bm, chosen.bn)
+                    else ""
+                )
+                rows.append(
+                    f"| {name} | {T} | {v}{mark} | {sec * 1e6:.1f} | {flops / sec / 1e12:.0f} | "
+                    f"{100 * flops / sec / ceiling:.0f} | {err:.1e} |"
+                )
+                log(rows[-1])
+            # cuBLAS: the bare product, bf16 in and out
+            xb16 = xn.to(torch.bfloat16)
+            xb16 @ w.T
+            torch.cuda.synchronize()
+            s.record()
+            for _ in range(args.iters * args.repeats):
+                xb16 @ w.T
+            e.record()
+            torch.cuda.synchronize()
+            sec = s.elapsed_time(e) / 1e3 / (args.iters * args.repeats)
+            rows.append(
+                f"| {name} | {T} | cuBLAS (torch) | {sec * 1e6:.1f} | {flops / sec / 1e12:.0f} | "
+                f"{100 * flops / sec / ceiling:.0f} | |"
+            )
+            log(rows[-1])
+            del x, w, y, xb, res, want, acc, xn
+            torch.cuda.empty_cache()
+    table = "\n".join(rows)
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The prefill attention kernels alone on a real GPU, against NumPy in float64.
+
+Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each case renders
+the matrix-instruction kernel (attention_flash: NVIDIA; with a bfloat16 cache also its
+double-buffered cp.async form, which is not compiled into artifacts yet) and the SIMT one (attention) as
+compiler/kernels/attention.py renders them for the device, fills the KV cache below start + T
+the way rope_kv leaves it (keys rotated, in the storage type; NaN past the prompt: nothing there
+may be read), and compares every query row's output (NaN-poisoned first) with softmax attention
+in float64: causal, sliding window, grouped-query heads, the per-head q norm, both RoPE pair
+layouts, both cache types, a prompt after a cached prefix (start > 0), T not a multiple of the
+64-row query block.
+
+Bars: the SIMT kernel computes in float32 (1e-5); the flash kernel rounds q (after RoPE and the
+scale) and the softmax weights P to bf16 for the matrix units, ~2^-9 per value, hence 5e-3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipc.compiler.kernels.attention import (
+    ATTN_WAVES,
+    AttentionParams,
+    flash_attention,
+    kv_context,
+    prefill_signature,
+)
+from hipc.compiler.kernels.base import GPU_INDENT, GpuKernel
+from hipc.compiler.reference.executor import round_bf16
+from hipc.compiler.targets import GpuTarget
+
+from gpu_kernels import DeviceKernels
+from support import rel_err
+
+pytestmark = pytest.mark.gpu
+
+EPS = 1e-6
+# name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, start, T)
+CASES = {
+    "llama8b_bf16": (32, 8, 128, 0, False, False, "bfloat16", 0, 300),
+    "prefix_start_bf16": (9, 3, 64, 0, False, False, "bfloat16", 200, 130),
+    "qknorm_interleaved_f32": (4, 2, 64, 0, True, True, "float32", 0, 77),
+    "window_bf16": (6, 3, 32, 100, False, False, "bfloat16", 50, 257),
+    "window_f32_d128": (8, 8, 128, 64, False, False, "float32", 0, 200),
+    "one_token": (4, 1, 64, 0, False, False, "bfloat16", 5, 1),
+}
+
+
+def params(case) -> AttentionParams:
+    NH, NKV, D, window, norm, interleaved, *_ = case
+    return AttentionParams(NH, NKV, D, float(D) ** -0.5, window, interleaved, EPS if norm else 0.0)
+
+
+def kernel_specs(arch: str) -> dict:
+    """(case, variant) -> the GpuKernel, rendered as compiler/kernels/attention.py does."""
+    specs = {}
+    for i, (name, case) in enumerate(CASES.items()):
+        p, kv = params(case), case[6]
+        fk = flash_attention(f"f{i}", p, GpuTarget(arch), [name], kv)
+        if fk is not None:
+            specs[name, "flash"] = fk  # as compiled: K/V loaded, then used
+        if kv == "bfloat16":
+            fk = flash_attention(f"g{i}", p, GpuTarget(arch), [name], kv, pipelined=True)
+            if fk is not None:
+                specs[name, "flash_pipelined"] = fk  # double-buffered with cp.async
+        kv_ctx = kv_context(kv)
+        ctx = dict(
+            nodes=[name],
+            wave=GpuTarget(arch).wave,
+            waves=ATTN_WAVES,
+            params=prefill_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+            **kv_ctx,
+            **p.to_json(),
+        )
+        specs[name, "simt"] = GpuKernel(f"s{i}", "attention", ctx, [], 0)
+    return specs
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    specs = {}
+
+    def build(arch):
+        specs.update(kernel_specs(arch))
+        return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
+
+    dev = DeviceKernels(build)
+    dev.specs = specs
+    yield dev
+    dev.close()
+
+
+def rope(x, c, s, interleaved):
+    h = x.shape[-1] // 2
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
+    ra, rb = a * c - b * s, b * c + a * s
+    out = np.empty_like(x)
+    if interleaved:
+        out[..., 0::2], out[..., 1::2] = ra, rb
+    else:
+        out[..., :h], out[..., h:] = ra, rb
+    return out
+
+
+@pytest.mark.parametrize("variant", ["flash", "flash_pipelined", "simt"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_prefill_attention_matches_numpy(kernels, name, variant):
+    NH, NKV, D, window, norm, interleaved, kv, start, T = CASES[name]
+    spec = kernels.specs.get((name, variant))
+    if spec is None:
+        pytest.skip(f"{kernels.arch}: no {variant} prefill attention for this shape")
+    rng = np.random.default_rng(300 + sorted(CASES).index(name))
+    ctx = start + T + 70
+    ldq = NH * D + 40  # q is a column view of the qkv projection's output
+    q = rng.standard_normal((T, ldq)).astype(np.float32) * 2
+    qw = (1 + 0.2 * rng.standard_normal(D)).astype(np.float32)
+    ang = rng.uniform(0, 2 * np.pi, (ctx, D // 2))
+    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
+    kc, vc = (store(rng.standard_normal((ctx, NKV, D)).astype(np.float32) * 2) for _ in range(2))
+    kc[start + T :] = np.nan
+    vc[start + T :] = np.nan
+    as_stored = (
+        (lambda a: (a.view(np.uint32) >> 16).astype(np.uint16))
+        if kv == "bfloat16"
+        else (lambda a: a)
+    )
+    try:
+        out = kernels.poisoned((T, NH * D))
+        args = [
+            ("u64", kernels.upload(q)),
+            ("i32", ldq),
+            *([("i32", T)] if variant != "simt" else []),
+            ("u64", kernels.upload(np.array([start], np.int32))),
+            ("u64", kernels.upload(qw) if norm else 0),
+            ("u64", kernels.upload(cos_t)),
+            ("u64", kernels.upload(sin_t)),
+            ("u64", kernels.upload(as_stored(kc))),
+            ("u64", kernels.upload(as_stored(vc))),
+            ("u64", out),
+        ]
+        if variant != "simt":
+            grid, threads = (-(-T // 64), NH), spec.threads
+        else:
+            grid, threads = (T, NH), ATTN_WAVES * GpuTarget(kernels.arch).wave
+        kernels.launch(spec.fn, grid, threads, args, spec.shared)
+        got = kernels.read(out, (T, NH * D))
+    finally:
+        kernels.free()
+
+    qh = q[:, : NH * D].reshape(T, NH, D).astype(np.float64)
+    if norm:
+        qh = qh / np.sqrt(np.mean(qh * qh, -1, keepdims=True) + EPS) * qw
+    pos = start + np.arange(T)
+    qh = rope(qh, cos_t[pos][:, None], sin_t[pos][:, None], interleaved)
+    want = np.empty((T, NH, D))
+    group = NH // NKV
+    for t in range(T):
+        p = start + t
+        lo = max(0, p - window + 1) if window else 0
+        keys, vals = kc[lo : p + 1].astype(np.float64), vc[lo : p + 1].astype(np.float64)
+        for h in range(NH):
+            sc = keys[:, h // group] @ qh[t, h] * D**-0.5
+            e = np.exp(sc - sc.max())
+            want[t, h] = e @ vals[:, h // group] / e.sum()
+    want = want.reshape(T, NH * D)
+    assert not np.isnan(got).any(), (name, variant, "outputs left unwritten")
+    bar = 1e-5 if variant == "simt" else 5e-3
+    assert rel_err(got, want) <= bar, (name, variant, rel_err(got, want))
