@@ -12,7 +12,7 @@ describes it field by field.
   kernels  {function: {kind, params}}
   groups   [{group, kernel, nodes, args: {name: {kind, ref}}}]  the kernel selection, by
            graph value (runtime/integrity.py checks states and weights against it)
-  targets  {name: {entry, abi_version, wave, arena_bytes, scratch_bytes,
+  targets  {name: {entry, abi_version, wave, arena_bytes, scratch_bytes, kv_block,
                    steps: {step: [launch]}}}
 
 A target's steps are launch lists over the same buffers: the cpu target has one,
@@ -27,6 +27,8 @@ only), and its arguments:
   {"kind": "weight", "index": I}                        weight I
   {"kind": "state",  "index": J}                        state J
   {"kind": "input",  "name": "ids" | "start"}           int64 ids[T] / the first position
+  {"kind": "input",  "name": "pos" | "seq" | "blocks"}  cpu: int32 per row position / per row
+                                                        block-table row / the block tables
   {"kind": "output", "name": "logits"}                  logits [rows, vocab] float32
   {"kind": "int",    "value": N | "T" | "rows"}         a 32-bit int argument
   {"kind": "null"}                                      a null pointer
@@ -45,7 +47,12 @@ before it reads or writes anything they touch, so a backend may launch it to sta
 (CUDA programmatic dependent launch, sm_90+).
 
 Grid dims are ints or the expressions "T", "rows", "cdiv(T,N)", "cdiv(rows,N)", "N*T".
-`rows` is T when every token's logits are wanted, else 1 (only the last token's).
+`rows` is T when every token's logits are wanted, else 1 (only the last token's); on the cpu
+target it is the number of rows whose logits are wanted (one per sequence that needs them).
+
+The cpu target's KV states are paged (kv_block positions per block): a runtime allocates a
+pool of blocks per kv state, and each row of a step finds its position's block through its
+sequence's block table (`blocks[seq[t] * ceil(max_context / kv_block) + pos[t] / kv_block]`).
 On a GPU, pointers are passed as 64-bit device addresses and ints as 32-bit.
 """
 
@@ -59,12 +66,19 @@ from hipc.base.errors import HipcError
 
 LAUNCH_PLAN_FORMAT = "hipc-launch-plan"
 # 1: plan.json before it was versioned (launch lists under "gpu", no state kinds)
+# 2: versioned, state kinds
 # 3: "tmap" arguments and launches limited to step sizes ("tokens"): a version-2 runtime would
 #    refuse the first and run every step-size variant of a GEMM (adding residuals twice)
-LAUNCH_PLAN_VERSION = 3
+# 4: the cpu target steps rows of many sequences over a paged KV pool (kv_block, the
+#    pos/seq/blocks inputs, ABI 2)
+LAUNCH_PLAN_VERSION = 4
+# positions per KV block on the cpu target: small enough that a shared prefix is found at
+# a fine grain and a sequence wastes under one block, large enough that a block is a few
+# contiguous KiB per head (vLLM's default is 16 too)
+CPU_KV_BLOCK = 16
 
 ARG_KINDS = ("arena", "scratch", "weight", "state", "input", "output", "int", "null", "tmap")
-STEP_INPUTS = ("ids", "start")
+STEP_INPUTS = ("ids", "start", "pos", "seq", "blocks")
 
 _CDIV = re.compile(r"^cdiv\((T|rows),(\d+)\)$")
 _MUL = re.compile(r"^(\d+)\*(T|rows)$")
@@ -266,6 +280,7 @@ class TargetPlan:
     entry: str | None = None  # the cpu program's C entry point
     abi_version: int | None = None
     wave: int | None = None
+    kv_block: int = 0  # positions per KV block (cpu: paged pool; 0: one contiguous cache)
 
     @property
     def decode(self) -> tuple[Launch, ...]:
@@ -300,6 +315,7 @@ class TargetPlan:
             entry=s.get("entry"),
             abi_version=s.get("abi_version"),
             wave=s.get("wave"),
+            kv_block=int(s.get("kv_block", 0)),
         )
 
 

@@ -142,10 +142,6 @@ def stages(targets: list[Target]) -> list[Stage]:
     ]
 
 
-# ops the reference executor runs but GPU targets have no kernel kind for yet (the CPU has)
-NO_GPU_KERNEL_YET = {"hipc::Experts": "Mixture-of-Experts layers"}
-
-
 # ops no target compiles yet -> what to tell the user
 NO_KERNEL_YET = {
     "hipc::GatedDeltaRule": (
@@ -161,8 +157,6 @@ def refuse_ops_without_kernels(graph: Graph, targets: tuple[str, ...]) -> None:
     for node in graph.nodes:
         if node.op in NO_KERNEL_YET and not cpu_only:
             raise HipcError(f"{node.name}: {NO_KERNEL_YET[node.op]}")
-        if node.op in NO_GPU_KERNEL_YET and not cpu_only:
-            raise HipcError(f"{node.name}: {NO_GPU_KERNEL_YET[node.op]} have no GPU kernel yet")
 
 
 def compile_model(

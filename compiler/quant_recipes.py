@@ -4,7 +4,9 @@ Each recipe is llama-quantize's file type of that name as its llama_tensor_get_t
 picks types without an importance matrix (facts, not code, taken from llama.cpp's
 src/llama-quant.cpp): a base type for every matrix, the exceptions in RULES below, then
 the row-length fallback. `q4_k` and `q5_k` are the *_S file types minus Q4_K_S's few
-Q5_K layers. Only matrices (2-D float weights) are quantized; norms and biases stay.
+Q5_K layers. Only matrices (2-D float weights) and MoE experts (3-D: GGUF's stacked
+tensors, HF's per-expert ones as a StackedWeight) are quantized; norms, biases and the
+routers (llama-quantize keeps every ffn_gate_inp as it is) stay.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from hipc.base.errors import HipcError
-from hipc.compiler.ir import QUANT_BLOCKS, QUANT_DTYPES, Graph, WeightRef
+from hipc.compiler.ir import QUANT_BLOCKS, QUANT_DTYPES, Graph, StackedWeight, WeightRef
 from hipc.graphs.names import NAME_TABLES
 
 # recipe -> the type of every matrix no rule below picks for
@@ -41,6 +43,11 @@ RULES = (
     # The output matrix's error lands directly on the logits, and it is one matrix, so
     # 6 bits cost little (a Q8_0 recipe keeps Q8_0).
     (_ALL, ("output",), "base is not q8_0", "q6_k", "output matrix"),
+    # 8 experts (Mixtral): attention is a small part of the model, so k and v get 8 bits
+    # (over any other rule for them) and Q4_K_M's output projection 5 (llama.cpp's
+    # n_expert == 8 rules)
+    (_ALL, ("v", "k"), "8 experts", "q8_0", "8-expert model"),
+    (("q4_k_m",), ("o",), "8 experts", "q5_k", "8-expert model"),
     # attn_v is small under GQA and feeds every head's output; ffn_down is the matmul
     # most sensitive to quantization. Both get 6 bits on the "more bits" layers: the
     # first and last eighth of the layers and every third layer between them.
@@ -50,6 +57,22 @@ RULES = (
     # which lifts only 3- and 4-bit types).
     (("q4_k_m", "q4_k"), ("v",), "80 layers with GQA", "q5_k", "80-layer GQA model"),
 )
+# roles llama-quantize never quantizes: the routers (and Qwen2-MoE's shared-expert gate,
+# a 1-D tensor in its GGUF files)
+KEEP = ("router", "shared_expert_gate")
+# expert and shared-expert roles -> the dense role whose rules they follow (llama.cpp
+# matches tensor names by substring: ffn_down_exps and ffn_down_shexp are "ffn_down")
+AS_ROLE = {
+    "down_exp": "down",
+    "down_exps": "down",
+    "shared_down": "down",
+    "gate_exp": "gate",
+    "gate_exps": "gate",
+    "shared_gate": "gate",
+    "up_exp": "up",
+    "up_exps": "up",
+    "shared_up": "up",
+}
 
 # A row whose length is not a multiple of 256 cannot hold K-quant super-blocks; these
 # are llama.cpp's substitutes (32-element blocks, about as many bits). A row that is not
@@ -59,7 +82,7 @@ K_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
 
 @dataclass(frozen=True)
 class TensorChoice:
-    ref: WeightRef
+    ref: WeightRef | StackedWeight
     role: str | None  # "q", "down", "embed" ... (graphs/names.py), None if unknown
     layer: int | None
     dtype: str  # the type it will be stored in (its own float type if left alone)
@@ -73,21 +96,29 @@ def use_more_bits(layer: int, n_layers: int) -> bool:
 
 
 def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
-    """Initializer name -> the type the recipe gives it, for every 2-D weight from a file."""
+    """Initializer name -> the type the recipe gives it, for every 2-D weight and every
+    3-D expert tensor from a file."""
     if recipe not in RECIPES:
         raise HipcError(f"--quant: unknown recipe {recipe!r} (known: {', '.join(RECIPES)})")
-    mats = {
+    mats: dict[str, WeightRef | StackedWeight] = {
         name: init
         for name, init in graph.initializers.items()
-        if isinstance(init, WeightRef) and len(init.shape) == 2
+        if (isinstance(init, WeightRef) and len(init.shape) in (2, 3))
+        or isinstance(init, StackedWeight)
     }
     for init in mats.values():
         if init.dtype in QUANT_DTYPES:
+            ref = init.parts[0] if isinstance(init, StackedWeight) else init
             raise HipcError(
-                f"--quant: {init.path}: tensor {init.name!r} is already {init.dtype}; "
+                f"--quant: {ref.path}: tensor {ref.name!r} is already {init.dtype}; "
                 "--quant needs float weights (a bf16/f16/f32 model)"
             )
-    roles = {name: _role(init) for name, init in mats.items()}
+    roles = {
+        name: _role(init.parts[0] if isinstance(init, StackedWeight) else init)
+        for name, init in mats.items()
+    }
+    mats = {n: w for n, w in mats.items() if roles[n][0] not in KEEP}
+    experts = {w.shape[0] for w in mats.values() if len(w.shape) == 3}
     has_lm_head = any(r == "lm_head" for r, _ in roles.values())
     layers = [i for _, i in roles.values() if i is not None]
     n_layers = max(layers) + 1 if layers else 0
@@ -100,10 +131,12 @@ def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
             continue
         if role == "lm_head" or (role == "embed" and not has_lm_head):
             role = "output"
+        role = AS_ROLE.get(role, role)
         when = {
             "base is not q8_0": BASE[recipe] != "q8_0",
             "more-bits layer": layer is not None and use_more_bits(layer, n_layers),
             "80 layers with GQA": big_gqa,
+            "8 experts": experts == {8},
         }
         dtype, why = BASE[recipe], "base type"
         for recipes, roles_, on, rule_type, rule_why in RULES:
@@ -115,9 +148,9 @@ def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
     return out
 
 
-def _fit(dtype: str, why: str, init: WeightRef) -> tuple[str, str]:
+def _fit(dtype: str, why: str, init: WeightRef | StackedWeight) -> tuple[str, str]:
     """The row-length fallback: K-quants need 256-element rows, the others 32."""
-    k = init.shape[1]
+    k = init.shape[-1]
     if k % QUANT_BLOCKS[dtype][0] and dtype in K_FALLBACK:
         why = f"{why}; rows of {k} are not whole 256-blocks: {K_FALLBACK[dtype]} for {dtype}"
         dtype = K_FALLBACK[dtype]
@@ -126,7 +159,9 @@ def _fit(dtype: str, why: str, init: WeightRef) -> tuple[str, str]:
     return dtype, why
 
 
-def _is_gqa(mats: dict[str, WeightRef], roles: dict[str, tuple[str | None, int | None]]) -> bool:
+def _is_gqa(
+    mats: dict[str, WeightRef | StackedWeight], roles: dict[str, tuple[str | None, int | None]]
+) -> bool:
     rows = {roles[n]: w.shape[0] for n, w in mats.items() if roles[n][1] == 0}
     return ("q", 0) in rows and ("v", 0) in rows and rows[("v", 0)] < rows[("q", 0)]
 

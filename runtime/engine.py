@@ -14,6 +14,7 @@ import numpy as np
 
 from hipc.base.errors import HipcError
 from hipc.runtime.artifact import Artifact, load_artifact
+from hipc.runtime.recurrent import RecurrentSequence
 
 
 class CompiledEngine:
@@ -23,6 +24,10 @@ class CompiledEngine:
         self.max_context = backend.max_context
         self.vocab_size = artifact.plan["vocab_size"]
         self._tokenizer = None
+        # recurrent states: prefix reuse from snapshots, where the backend can copy them
+        self.sequence = None
+        if any(s.kind == "recurrent" for s in artifact.states) and hasattr(backend, "snapshot"):
+            self.sequence = RecurrentSequence(self._step, backend, self.max_context)
 
     @property
     def tokenizer(self):
@@ -35,10 +40,28 @@ class CompiledEngine:
         """Whether states left by a prompt may be reused by a sequence starting with it."""
         return self.artifact.prefix_reuse
 
+    @property
+    def reused(self) -> int:
+        """Positions the last prompt took from a snapshot of the recurrent states."""
+        return self.sequence.reused if self.sequence else 0
+
     def reset(self) -> None:
         """Start a new sequence: each state follows its kind's reset rule (a recurrent state
         is zeroed; a KV cache is not: attention reads only positions this sequence wrote)."""
-        self.backend.reset()
+        if self.sequence:
+            self.sequence.reset()
+        else:
+            self.backend.reset()
+
+    def _step(self, tokens: list[int], start: int, all_rows: bool) -> np.ndarray:
+        return self._run(tokens, start, all_rows)  # [1, vocab] unless all rows
+
+    def _check(self, tokens: Sequence[int], start: int) -> None:
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.size == 0:
+            raise HipcError("no tokens to run")
+        if ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
 
     def _run(self, tokens: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)
@@ -63,10 +86,16 @@ class CompiledEngine:
 
     def forward(self, tokens: Sequence[int], start: int) -> np.ndarray:
         """Logits of the last token [vocab]."""
+        if self.sequence:
+            self._check(tokens, start)
+            return self.sequence.forward(list(tokens), start)
         return self._run(tokens, start, False)[-1]
 
     def logits(self, tokens: Sequence[int], start: int = 0) -> np.ndarray:
         """Logits of every token [len(tokens), vocab]."""
+        if self.sequence:
+            self._check(tokens, start)
+            return self.sequence.logits(list(tokens), start)
         return self._run(tokens, start, True)
 
     def close(self) -> None:
@@ -79,11 +108,14 @@ def load_engine(
     threads: int | None = None,
     device: int = 0,
     max_context: int | None = None,
+    kv_pool_tokens: int | None = None,
 ) -> CompiledEngine:
     """The artifact at `path` on a backend: `target` "auto" (default), "cpu", "cuda" or "hip"
     (an arch name, "sm_90" or "gfx942", picks its backend). `threads` is the cpu backend's,
     `device` the GPU's ordinal. `max_context` allocates the KV cache for fewer positions than
-    the artifact was compiled for (default: all of them; on a GPU, as many as fit)."""
+    the artifact was compiled for (default: all of them; on a GPU, as many as fit).
+    `kv_pool_tokens`: positions in the cpu backend's paged KV pool, shared by the sequences
+    of a batch (default and minimum: one sequence of max_context; GPU backends hold one)."""
     artifact = load_artifact(path)
     compiled = int(artifact.plan["max_context"])
     if max_context is not None and not 2 <= max_context <= compiled:
@@ -91,16 +123,31 @@ def load_engine(
             f"max context {max_context}: the artifact's KV cache holds {compiled} positions "
             "(at least 2 are needed); admit fewer, or recompile with a larger --max-context"
         )
-    return CompiledEngine(artifact, _backend(artifact, target, threads, device, max_context))
+    if kv_pool_tokens is not None and kv_pool_tokens < 1:
+        raise HipcError(f"KV pool of {kv_pool_tokens} positions: at least 1")
+    backend = _backend(artifact, target, threads, device, max_context, kv_pool_tokens)
+    return CompiledEngine(artifact, backend)
+
+
+def _cpu_backend(artifact, threads, max_context, kv_pool_tokens):
+    from hipc.runtime.backends.cpu import CpuBackend
+
+    if kv_pool_tokens is None:
+        return CpuBackend(artifact, threads, max_context)
+    block = int(artifact.plan["targets"]["cpu"].get("kv_block") or 1)
+    return CpuBackend(artifact, threads, max_context, kv_blocks=-(-kv_pool_tokens // block))
 
 
 def _backend(
-    artifact: Artifact, target: str, threads: int | None, device: int, max_context: int | None
+    artifact: Artifact,
+    target: str,
+    threads: int | None,
+    device: int,
+    max_context: int | None,
+    kv_pool_tokens: int | None = None,
 ):
     if target == "cpu":
-        from hipc.runtime.backends.cpu import CpuBackend
-
-        return CpuBackend(artifact, threads, max_context)
+        return _cpu_backend(artifact, threads, max_context, kv_pool_tokens)
     if target == "cuda" or target.startswith("sm_"):
         from hipc.runtime.backends.cuda import CudaBackend
 
@@ -111,10 +158,16 @@ def _backend(
         return HipBackend(artifact, device, max_context=max_context)
     if target != "auto":
         raise HipcError(f"--target {target}: choose auto, cpu, cuda or hip")
-    return _auto_backend(artifact, threads, device, max_context)
+    return _auto_backend(artifact, threads, device, max_context, kv_pool_tokens)
 
 
-def _auto_backend(artifact: Artifact, threads: int | None, device: int, max_context: int | None):
+def _auto_backend(
+    artifact: Artifact,
+    threads: int | None,
+    device: int,
+    max_context: int | None,
+    kv_pool_tokens: int | None = None,
+):
     """cuda if an NVIDIA GPU and its sm_XX code object are there, else hip likewise, else cpu.
 
     Falling back to the CPU is said on stderr when it is a surprise: a GPU was found
@@ -146,6 +199,4 @@ def _auto_backend(artifact: Artifact, threads: int | None, device: int, max_cont
         )
     if notes:
         print(f"hipc: running on the CPU: {'; '.join(notes)}", file=sys.stderr)
-    from hipc.runtime.backends.cpu import CpuBackend
-
-    return CpuBackend(artifact, threads, max_context)
+    return _cpu_backend(artifact, threads, max_context, kv_pool_tokens)

@@ -120,70 +120,110 @@ class Generation:
                 yield step.text
 
     def steps(self) -> Iterator[Step]:
-        req, res = self.request, self.result
-        sampler = Sampler(req.sampling)
-        decoder = IncrementalDecoder(
-            self.tokenizer, skip_special_tokens=True, context=res.prompt_token_ids
-        )
-        text, emitted = "", 0
-        hold = max((len(s) for s in req.stop), default=1) - 1
-        pending: list[int] = []
-        pending_lp: list[TokenLogprob] = []
-        constraint = None
-        if req.grammar is not None:
-            from hipc.runtime.constraint import Constraint
-
-            constraint = Constraint(self.tokenizer, req.grammar)
+        res = self.result
+        decoding = self.decoding()
         self.engine.reset()
         t0 = time.perf_counter()
         logits = self.engine.forward(res.prompt_token_ids, 0)
         res.prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         pos = len(res.prompt_token_ids)
-        while self.max_tokens > 0:
-            allowed = None if constraint is None else constraint.allowed(logits.size)
-            token = sampler(logits, res.prompt_token_ids, res.token_ids, allowed)
-            if token in self._stop_ids:
-                res.finish_reason = "stop"
-                break
-            if constraint is not None:
-                constraint.advance(token)
-            res.token_ids.append(token)
-            pending.append(token)
-            if req.logprobs is not None:
-                lp, top = token_logprobs(logits, token, req.logprobs)
-                pending_lp.append(TokenLogprob(token, lp, top))
-                res.logprobs.append(pending_lp[-1])
-            text += decoder.feed(token)
-            cut = _find_stop(text, req.stop, emitted)
-            if cut is not None:
-                text, res.finish_reason = text[:cut], "stop"
-                break
-            if constraint is not None and constraint.done:
-                res.finish_reason = "stop"
-                break
-            if len(res.token_ids) >= self.max_tokens:
-                res.finish_reason = "length"
-                break
-            delta = ""
-            if len(text) - hold > emitted:
-                delta = text[emitted : len(text) - hold]
-                emitted = len(text) - hold
-            yield Step(delta, tuple(pending), tuple(pending_lp))
-            pending.clear()
-            pending_lp.clear()
-            logits = self.engine.forward([token], pos)
+        while (step := decoding.advance(logits)) is not None:
+            yield step
+            logits = self.engine.forward([decoding.next_token], pos)
             pos += 1
         res.decode_s = time.perf_counter() - t0
+        last = decoding.finish()
+        if last is not None:
+            yield last
+
+    def decoding(self) -> Decoding:
+        """The per-token half of this generation, driven by whoever computes the logits (a
+        batch engine steps many of them at once)."""
+        return Decoding(self)
+
+
+class Decoding:
+    """One sequence after its prompt: `advance(logits)` samples the next token and says what
+    to stream; it returns None once the sequence has finished (then `finish()` gives the last
+    Step, if any). Sampler, stop conditions, logprobs and grammar are this sequence's own."""
+
+    def __init__(self, gen: Generation) -> None:
+        self.gen, self.request, self.result = gen, gen.request, gen.result
+        req = gen.request
+        self.sampler = Sampler(req.sampling)
+        self.decoder = IncrementalDecoder(
+            gen.tokenizer, skip_special_tokens=True, context=gen.result.prompt_token_ids
+        )
+        self.text, self.emitted = "", 0
+        self.hold = max((len(s) for s in req.stop), default=1) - 1
+        self.pending: list[int] = []
+        self.pending_lp: list[TokenLogprob] = []
+        self.constraint = None
+        if req.grammar is not None:
+            from hipc.runtime.constraint import Constraint
+
+            self.constraint = Constraint(gen.tokenizer, req.grammar)
+        self.next_token: int | None = None
+        self.done = gen.max_tokens <= 0
+
+    def advance(self, logits: np.ndarray) -> Step | None:
+        """The Step to stream after sampling from `logits` (then feed `next_token`), or None
+        when this token ended the sequence."""
+        if self.done:
+            return None
+        gen, req, res = self.gen, self.request, self.result
+        constraint = self.constraint
+        allowed = None if constraint is None else constraint.allowed(logits.size)
+        token = self.sampler(logits, res.prompt_token_ids, res.token_ids, allowed)
+        self.done = True
+        if token in gen._stop_ids:
+            res.finish_reason = "stop"
+            return None
+        if constraint is not None:
+            constraint.advance(token)
+        res.token_ids.append(token)
+        self.pending.append(token)
+        if req.logprobs is not None:
+            lp, top = token_logprobs(logits, token, req.logprobs)
+            self.pending_lp.append(TokenLogprob(token, lp, top))
+            res.logprobs.append(self.pending_lp[-1])
+        self.text += self.decoder.feed(token)
+        cut = _find_stop(self.text, req.stop, self.emitted)
+        if cut is not None:
+            self.text, res.finish_reason = self.text[:cut], "stop"
+            return None
+        if constraint is not None and constraint.done:
+            res.finish_reason = "stop"
+            return None
+        if len(res.token_ids) >= gen.max_tokens:
+            res.finish_reason = "length"
+            return None
+        self.done = False
+        delta = ""
+        if len(self.text) - self.hold > self.emitted:
+            delta = self.text[self.emitted : len(self.text) - self.hold]
+            self.emitted = len(self.text) - self.hold
+        step = Step(delta, tuple(self.pending), tuple(self.pending_lp))
+        self.pending.clear()
+        self.pending_lp.clear()
+        self.next_token = token
+        return step
+
+    def finish(self) -> Step | None:
+        """Flush held-back text once the sequence has ended: the last Step, if any."""
+        req, res = self.request, self.result
+        text = self.text
         if res.finish_reason == "length" or res.finish_reason is None:
-            text += decoder.flush()
-            cut = _find_stop(text, req.stop, emitted)
+            text += self.decoder.flush()
+            cut = _find_stop(text, req.stop, self.emitted)
             if cut is not None:
                 text, res.finish_reason = text[:cut], "stop"
         res.finish_reason = res.finish_reason or "length"
-        res.text = text
-        if len(text) > emitted or pending:
-            yield Step(text[emitted:], tuple(pending), tuple(pending_lp))
+        res.text = self.text = text
+        if len(text) > self.emitted or self.pending:
+            return Step(text[self.emitted :], tuple(self.pending), tuple(self.pending_lp))
+        return None
 
 
 def _find_stop(text: str, stops: Sequence[str], emitted: int) -> int | None:

@@ -32,7 +32,8 @@ def open_driver():
 
 class DeviceKernels:
     def __init__(self, build, quant_layout: str = "split") -> None:
-        """`build(arch)` -> [(fn, template, ctx, dynamic shared bytes)] to compile;
+        """`build(arch)` -> [(fn, template, ctx, dynamic shared bytes or None: a template of
+        several kernels, found by name at launch)] to compile;
         `quant_layout`: how the weights uploaded store quantized blocks (see pack)."""
         self.d = open_driver()
         self.arch = self.d.arch
@@ -42,6 +43,8 @@ class DeviceKernels:
         self.d.load_module(gpu_toolchain(self.arch).compile(source))
         self.fns = {}
         for fn, _, _, shared in specs:
+            if shared is None:  # a source of several kernels (or none): looked up when launched
+                continue
             self.fns[fn] = f = self.d.get_function(fn)
             if shared > DEFAULT_SHARED_LIMIT:
                 self.d.set_dynamic_shared(f, shared)

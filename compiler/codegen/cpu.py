@@ -1,5 +1,6 @@
 """Render the CPU program: each kernel from its kind's template, and hipc_forward(), whose
-body is the launch list printed as C calls.
+body is the launch list printed as C calls. A step is T rows of any sequences (each row its
+own position and block table over the paged KV pools), so one call advances a batch.
 
 Each call's arguments are the launch plan's bindings (codegen/bindings.py) in the order of
 the kind's declared signature, printed as C expressions. Python decides every name, pointer
@@ -14,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hipc.base.launch_plan import CPU_KV_BLOCK
 from hipc.base.version import ABI_VERSION, HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
 from hipc.compiler.codegen.environment import render, template_text
@@ -64,8 +66,13 @@ def render_cpu_program(c: Compilation, target: Target) -> CpuProgram:
         "abi_version": ABI_VERSION,
         "arena_bytes": memory.arena_bytes,
         "scratch_bytes": 0,
+        "kv_block": CPU_KV_BLOCK,
         "steps": {"forward": forward},
     }
+    gathered = [a["offset"] for lt in forward for a in lt["args"] if a.get("row_skip")]
+    if len(gathered) != len(set(gathered)):
+        # hipc_rows compacts the rows in place: a second reader would see them moved
+        raise ValueError("two launches read the logits rows of one buffer")
 
     # hipc_forward() is the plan's forward list, printed as C calls
     signature = {k.fn: k.kind.cpu_signature_of(k) for k in c.kernels}
@@ -92,6 +99,8 @@ def render_cpu_program(c: Compilation, target: Target) -> CpuProgram:
         kernels=list(kernels.values()),
         max_tokens=memory.max_tokens,
         max_ctx=c.max_ctx,
+        kv_block=CPU_KV_BLOCK,
+        kv_table=-(-c.max_ctx // CPU_KV_BLOCK),
         vocab=c.model.config.vocab_size,
         arena_floats_per_token=memory.arena_cols,
         abi_version=ABI_VERSION,
@@ -106,7 +115,8 @@ def c_arg(b: Binding, arg: Arg) -> str:
     if kind == "arena":
         expr = f"A + {b['offset'] // 4}"
         if b.get("row_skip"):
-            expr += f" + (size_t)(T - rows) * {b['row_skip']}"
+            # the rows whose logits are wanted, gathered to the front: one per sequence
+            expr = f"hipc_rows({expr}, {b['row_skip']}, out_rows, n_out)"
         return expr
     if kind == "output":
         return "logits"
@@ -115,7 +125,7 @@ def c_arg(b: Binding, arg: Arg) -> str:
     if kind == "state":
         return f"KV[{b['index']}]"
     if kind == "input":
-        return b["name"]  # hipc_forward's own ids / start
+        return b["name"]  # hipc_forward's own ids / pos / seq / blocks
     if kind == "int":
         return str(b["value"])
     if kind == "null":

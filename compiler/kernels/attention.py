@@ -60,7 +60,7 @@ class AttentionParams(Params):
 
 
 CPU = Signature.parse("""
-int T, int start, const float* q, int ldq, const float* k, int ldk, const float* v,
+int T, const int32_t* pos, const int32_t* seq, const int32_t* blocks, const float* q, int ldq, const float* k, int ldk, const float* v,
 int ldv, const float* q_norm_w, const float* k_norm_w, const float* cos_t,
 const float* sin_t, float* k_cache, float* v_cache, float* out
 """)
@@ -182,7 +182,9 @@ class Attention(KernelKind):
         r = k.refs
         return {
             "T": b.int("T"),
-            "start": b.ref(r["pos"]),
+            "pos": b.input("pos"),
+            "seq": b.input("seq"),
+            "blocks": b.input("blocks"),
             **{n: b.act(r[n][1]) for n in ("q", "k", "v", "out")},
             **{f"ld{n}": b.int(b.ld(r[n][1])) for n in ("q", "k", "v")},
             **{n: b.ref(r[n]) for n in ("q_norm_w", "k_norm_w", "k_cache", "v_cache")},

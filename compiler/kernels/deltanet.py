@@ -8,9 +8,10 @@ epilogue (`deltanet:gate`). The kernel reads the projections' outputs (q/k/v con
 [T, C], z, b, a as column views) and its two recurrent states (the conv window and the
 [value heads, dk, dv] matrices), and writes the gated output rows for the out-projection.
 
-CPU: templates/cpu/deltanet.cpp.j2, token by token (the recurrence; value heads in
-parallel). Qwen3-Next's per-key-head packed projections (HF files) are not read by it yet;
-no GPU kernel yet (pipeline.NO_KERNEL_YET stops GPU targets first).
+CPU: templates/cpu/deltanet.cpp.j2: the conv for all tokens, then per value head (in
+parallel) the recurrence for one token (decode) or the chunked form for several (prefill).
+Qwen3-Next's projections packed per key head (HF's in_proj_qkvz and in_proj_ba, which the
+graph unpacks with Reshape/Split/Concat) are read where they are. No GPU kernel yet.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ FEEDERS = frozenset(
         "Softplus",
         "Mul",
         "Add",
+        "Concat",
     }
 )
 
@@ -60,6 +62,11 @@ class DeltaNetParams(Params):
     norm_eps: float
     v_tiled: bool  # value head h reads key head h % NK (else h / (NV / NK))
     dt_bias: bool  # a separate dt bias (else the a projection added it)
+    # Qwen3-Next's in_proj_ba: per key head [b (NV/NK) | a (NV/NK)] in one projection
+    ba_packed: bool
+    # Qwen3-Next's in_proj_qkvz (HF): per key head [q DK | k DK | v R*DV | z R*DV]
+    qkvz_packed: bool
+    chunk: int  # prefill tokens per chunk of the delta rule
     conv_wtype: str  # the conv weight's storage type (widened to float32 per call)
 
     def tag(self) -> str:
@@ -97,6 +104,37 @@ def _feeders(graph: Graph, anchor: Node) -> list[Node]:
         found[p.name] = p
         stack.extend(i for i in p.inputs if i not in graph.initializers and i not in graph.states)
     return list(found.values())
+
+
+def _packed_half(graph: Graph, value: str) -> tuple[str, int] | None:
+    """Reshape(Split(Reshape(projection)).out[i]): (the projection, i), else None."""
+    flat = graph.producer(value)
+    split = flat and flat.op == "Reshape" and graph.producer(flat.inputs[0])
+    heads = split and split.op == "Split" and graph.producer(split.inputs[0])
+    if not heads or heads.op != "Reshape" or not _is_projection(graph, heads.inputs[0]):
+        return None
+    return heads.inputs[0], split.outputs.index(flat.inputs[0])
+
+
+def _qkvz_source(graph: Graph, value: str) -> tuple[str, Node] | None:
+    """Concat(Reshape(s.0), Reshape(s.1), Reshape(s.2)) with s = Split(Reshape(projection)) in
+    four parts (graphs/hybrid.py undoing Qwen3-Next's per-key-head packing): (the
+    projection, s), else None."""
+    cat = graph.producer(value)
+    if cat is None or cat.op != "Concat" or len(cat.inputs) != 3:
+        return None
+    parts = [graph.producer(i) for i in cat.inputs]
+    if any(r is None or r.op != "Reshape" for r in parts):
+        return None
+    split = graph.producer(parts[0].inputs[0])
+    if split is None or split.op != "Split" or len(split.outputs) != 4:
+        return None
+    if [r.inputs[0] for r in parts] != list(split.outputs[:3]):
+        return None
+    heads = graph.producer(split.inputs[0])
+    if heads is None or heads.op != "Reshape" or not _is_projection(graph, heads.inputs[0]):
+        return None
+    return heads.inputs[0], split
 
 
 def _gate_epilogue(graph: Graph, anchor: Node, p: Proposals) -> list[Node] | None:
@@ -143,12 +181,15 @@ class DeltaNet(KernelKind):
                 "(a layout it does not read: Qwen3-Next's per-key-head packed projections?)"
             )
         conv, norm = convs[0], norms[0]
-        x = conv.inputs[0]
+        x, qkvz = conv.inputs[0], None
         if not _is_projection(g, x):
-            raise FusionError(
-                f"{grp.name}: q/k/v must come from one projection (Qwen3-Next's per-key-head "
-                "packing of HF files has no CPU kernel yet)"
-            )
+            qkvz = _qkvz_source(g, x)
+            if qkvz is None:
+                raise FusionError(
+                    f"{grp.name}: q/k/v must come from one projection, or packed per key head "
+                    "as Qwen3-Next's in_proj_qkvz"
+                )
+            x = qkvz[0]
         conv_wtype = g.values[conv.inputs[1]].dtype
         if conv_wtype not in CONV_WTYPES:
             raise FusionError(
@@ -168,24 +209,41 @@ class DeltaNet(KernelKind):
         a, dt = soft.inputs[0], ("none", None)
         add = g.producer(a)
         if add is not None and add.op == "Add":
-            a, bias = (add.inputs if _is_projection(g, add.inputs[0]) else add.inputs[::-1])[:2]
+            bias = next((i for i in add.inputs if i in g.initializers), None)
+            if bias is None:
+                raise FusionError(f"{grp.name}: dt_bias must be a weight")
+            a = next(i for i in add.inputs if i != bias)
             dt = ("weight", bias)
+        b_src, packed = beta.inputs[0], None
+        if not _is_projection(g, a):
+            packed = (_packed_half(g, b_src), _packed_half(g, a))
+            if (
+                None in packed
+                or packed[0][0] != packed[1][0]
+                or (packed[0][1], packed[1][1]) != (0, 1)
+            ):
+                raise FusionError(f"{grp.name}: b and a must be projections, or [b | a] packed")
+            b_src = a = packed[0][0]
         silu_z = next(n for n in grp.epilogue if n.op == "hipc::SiLU")
         z = g.producer(silu_z.inputs[0]).inputs[0]
+        if qkvz is not None:
+            if z != qkvz[1].outputs[3]:
+                raise FusionError(f"{grp.name}: z must be the packed projection's fourth part")
+            z = x
         flat = grp.epilogue[-1]
         _, NK, DK = g.values[d.inputs[0]].shape
         _, NV, DV = g.values[d.inputs[2]].shape
         C, KC = g.values[conv.inputs[1]].shape[0], g.values[conv.inputs[1]].shape[-1]
         if C != 2 * NK * DK + NV * DV:
             raise FusionError(f"{grp.name}: conv channels {C} are not q, k, v")
-        for v in (a, beta.inputs[0], z):
+        for v in (a, b_src, z):
             if not _is_projection(g, v):
                 raise FusionError(f"{grp.name}: {v} must be a projection's output")
         l2 = by_op.get("hipc::L2Normalization", [])
         refs: dict[str, Any] = {
             "x": ("act", x),
             "z": ("act", z),
-            "b": ("act", beta.inputs[0]),
+            "b": ("act", b_src),
             "a": ("act", a),
             "conv_w": ("weight", conv.inputs[1]),
             "A": ("weight", A),
@@ -207,6 +265,9 @@ class DeltaNet(KernelKind):
             v_tiled=bool(d.attrs.get("v_tiled")),
             dt_bias=dt[0] == "weight",
             conv_wtype=conv_wtype,
+            ba_packed=packed is not None,
+            qkvz_packed=qkvz is not None,
+            chunk=int(d.attrs.get("chunk_size") or 64),
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 

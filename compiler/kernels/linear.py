@@ -92,6 +92,20 @@ GEMM = Signature.parse("""
 const float* __restrict__ x, int T, const void* __restrict__ W, const float* __restrict__ norm_w,
 const float* __restrict__ inv_rms, const float* __restrict__ bias, const float* res, float* y
 """)
+# with the gated residual: the per-token gate logits, `ldg` floats apart, after the others
+_GATE = "\nconst float* __restrict__ gate, int ldg"
+GEMV_GATED = Signature.parse(
+    """
+const float* __restrict__ x, const void* __restrict__ W, const float* __restrict__ norm_w,
+const float* __restrict__ bias, const float* res, float* y"""
+    + _GATE
+)
+GEMM_GATED = Signature.parse(
+    """
+const float* __restrict__ x, int T, const void* __restrict__ W, const float* __restrict__ norm_w,
+const float* __restrict__ inv_rms, const float* __restrict__ bias, const float* res, float* y"""
+    + _GATE
+)
 STATS = Signature.parse("const float* __restrict__ x, int T, float* inv_rms")
 # sm_90a: x rounded to bf16 (norm applied) into scratch, then the GEMM reads it and W by TMA
 XB = Signature.parse(
@@ -118,7 +132,7 @@ class Linear(KernelKind):
         }
     )
     cpu_signature = CPU
-    gpu_lacks = frozenset({"act", "post_norm_eps", "softcap", "gated"})
+    gpu_lacks = frozenset({"act", "post_norm_eps", "softcap"})
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
         x = graph.producer(n.inputs[0])
@@ -291,9 +305,12 @@ class Linear(KernelKind):
             "res": b.ref(r["res"]),
             "y": b.act(r["y"][1]),
         }
+        if p.gated:
+            common["gate"] = b.act(r["gate"][1])
+            common["ldg"] = b.int(b.ld(r["gate"][1]))
         dk = decode_gemv(k.fn, p, g.target, k.nodes)
-        g.launch("decode", k.group, g.kernel(dk), dk.grid, [dk.threads], GEMV, common,
-                 shared=dk.shared, overlap=True)  # fmt: skip
+        g.launch("decode", k.group, g.kernel(dk), dk.grid, [dk.threads], gemv_signature(p),
+                 common, shared=dk.shared, overlap=True)  # fmt: skip
         split = g.prefill_precision == "split"
         rows = "rows" if last_only else "T"
         if wgmma_gemm(p, g.target, split, False):
@@ -318,7 +335,7 @@ class Linear(KernelKind):
             gemm,
             [-(-p.n_out // pg.block_outputs), f"cdiv({rows},{pg.block_tokens})"],
             [pg.threads],
-            GEMM,
+            gemm_signature(p),
             {**common, "T": b.int(rows), "inv_rms": inv_rms},
             shared=pg.shared,
         )
@@ -348,6 +365,14 @@ class Linear(KernelKind):
             shared=pg.shared,
             tokens=tokens,
         )  # fmt: skip
+
+
+def gemv_signature(p: LinearParams) -> Signature:
+    return GEMV_GATED if p.gated else GEMV
+
+
+def gemm_signature(p: LinearParams) -> Signature:
+    return GEMM_GATED if p.gated else GEMM
 
 
 GLU_ACTIVATIONS = {"hipc::SiLU", "Gelu"}  # act(gate) * up epilogues the templates have
@@ -516,10 +541,10 @@ def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
 
 def wgmma_gemm(p: LinearParams, target: GpuTarget, split: bool, simt: bool) -> bool:
     """Whether a linear's prefill runs on the sm_90a GEMM: bf16 weights, bf16 activations,
-    rows of 16-byte multiples (TMA's global stride)."""
+    rows of 16-byte multiples (TMA's global stride); its epilogue has no gated residual."""
     return (
         target.arch in WGMMA_ARCHS
-        and not (split or simt)
+        and not (split or simt or p.gated)
         and p.wtype == "bfloat16"
         and p.K % 8 == 0
     )
@@ -545,9 +570,9 @@ def prefill_gemm(
         wsuffix=WEIGHT_SUFFIX[p.wtype],
         n_out=p.n_out,
         wave=wave,
-        params=GEMM.render(GPU_INDENT),
+        params=gemm_signature(p).render(GPU_INDENT),
         stats_params=STATS.render(0),
-        **p.to_json(),
+        **p.context(),
     )
     if wgmma_gemm(p, target, split, simt):
         t = wgmma or select_wgmma(p, tokens)
@@ -697,9 +722,9 @@ def decode_gemv(
             blocks=blocks,
             min_blocks=g.min_blocks,
             prefetch=g.prefetch and steps > g.unroll,
-            params=GEMV.render(GPU_INDENT),
+            params=gemv_signature(p).render(GPU_INDENT),
             **qt.__dict__,
-            **p.to_json(),
+            **p.context(),
         )
         shared = p.K // 32 * XQ_BLOCK_BYTES
         return GpuKernel(f"{fn}_gemv", "linear_gemv_q", ctx, [blocks], g.waves * wave, shared)
@@ -711,8 +736,8 @@ def decode_gemv(
         waves=GEMV_WAVES,
         rows_per_block=rows_per_block,
         prefetch=gemv_prefetch(row_bytes(ws, p.K), p.N),
-        params=GEMV.render(GPU_INDENT),
-        **p.to_json(),
+        params=gemv_signature(p).render(GPU_INDENT),
+        **p.context(),
     )
     shared = 4 * p.K if p.norm_eps else 0  # the normalized x, staged
     return GpuKernel(

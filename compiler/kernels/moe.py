@@ -4,8 +4,16 @@ Anchors on hipc::Experts. Takes its hipc::MoERouter as a prologue (the expert id
 weights never leave the kernel) and a residual Add as its epilogue (the residual stream
 updated in place). CPU: templates/cpu/moe.cpp.j2 over hipc_cpu_moe.h: routing as
 torch.topk orders ties, tokens grouped by expert, three matmuls per routed expert over
-its tokens (decode: k GEMVs of each; prefill: one GEMM per routed expert). No GPU kernel
-yet: a GPU target stops with one line.
+its tokens (decode: k GEMVs of each; prefill: one GEMM per routed expert).
+
+GPU (templates/hip/moe_*.hip.j2): routing on the device, inside the captured decode graph.
+Decode is two kernels: `_up` routes the token in every block (E logits, cheaper than a
+launch) and computes silu(gate) * up for the k routed experts' rows only; `_down` multiplies
+each output's k expert rows as one row against the k activations, scales each expert's part
+by its weight, and adds the residual (the sum is complete in one lane: no atomics). Prefill
+groups the (token, slot) pairs by expert on the device (count, prefix sum, scatter) and runs
+a grouped SIMT GEMM over tiles that never straddle two experts, then a combine kernel adds
+each token's k rows in a fixed order.
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
 from hipc.compiler.ir import Graph, Node
 from hipc.compiler.kernels.base import (
     CPU_INDENT,
+    GPU_INDENT,
     FusionError,
+    GpuKernel,
     KernelKind,
     Params,
     SelectedKernel,
@@ -26,7 +36,9 @@ from hipc.compiler.kernels.base import (
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
+    from hipc.compiler.codegen.hip import GpuProgramBuilder
     from hipc.compiler.passes.fuse import FusedGroup, Proposals
+    from hipc.compiler.targets import GpuTarget
 
 # bytes of one row of `n` inputs per storage type (GGUF blocks of 32)
 _BLOCK = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
@@ -58,6 +70,141 @@ CPU = Signature.parse("""
 int T, const float* x, const float* logits, int ldl, const void* gate, const void* up,
 const void* down, const float* res, float* y
 """)
+
+# the GPU kernels (templates/hip/moe_decode.hip.j2, moe_prefill.hip.j2)
+UP = Signature.parse("""
+const float* __restrict__ x, const float* __restrict__ logits, const void* __restrict__ gate,
+const void* __restrict__ up, float* __restrict__ act, int* route_ids, float* route_w
+""")
+DOWN = Signature.parse("""
+const float* __restrict__ act, const int* __restrict__ route_ids,
+const float* __restrict__ route_w, const void* __restrict__ down, const float* res, float* y
+""")
+ROUTE = Signature.parse("const float* __restrict__ logits, int ldl, int* route_ids, float* route_w")
+GROUP = Signature.parse("const int* __restrict__ route_ids, int T, int* src, int* pos, int* tiles")
+GATE_UP = Signature.parse("""
+const float* __restrict__ x, const int* __restrict__ src, const int* __restrict__ tiles,
+const void* __restrict__ gate, const void* __restrict__ up, float* __restrict__ act
+""")
+PREFILL_DOWN = Signature.parse("""
+const float* __restrict__ act, const int* __restrict__ tiles, const void* __restrict__ down,
+float* __restrict__ out
+""")
+COMBINE = Signature.parse("""
+const float* __restrict__ out, const int* __restrict__ pos, const float* __restrict__ route_w,
+const float* res, float* y
+""")
+
+GPU_WTYPES = ("float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0")
+MOE_WAVES = 8  # waves per decode block
+MOE_ROWS = 2  # outputs per wave in _up, and in _down for dense types (two rows per dot)
+# _down of quantized experts: one output per wave, so that H / 8 blocks cover the GPU, with up
+# to this many 32-weight blocks per lane in flight (q8_0 blocks are twice the bytes)
+MOE_DOWN_UNITS = {"q4_0": 8, "q4_1": 8, "q8_0": 4}
+TILE = 64  # the prefill GEMM's rows (token, slot pairs) and outputs per tile
+XQ_BLOCK_BYTES = 80  # x staged per 32 values (prelude: HIPC_XQ_INTS * 4)
+
+
+@dataclass(frozen=True)
+class MoEGpu:
+    """The GPU kernels of one moe kernel and their launch geometry."""
+
+    decode: GpuKernel  # renders {fn}_up and {fn}_down
+    prefill: GpuKernel  # renders {fn}_route, _group, _gate_up, _down, _combine
+    up_blocks: int
+    down_blocks: int
+    threads: int
+    up_shared: int  # dynamic shared bytes of _up / _down (x / act staged, quantized types)
+    down_shared: int
+    max_tiles: int  # the prefill GEMMs' grid.y: tiles there can be for max_tokens tokens
+
+    def scratch(self, max_tokens: int, p: MoEParams) -> dict[str, int]:
+        pairs = max_tokens * p.top_k
+        return {
+            "moe_ids": 4 * pairs,
+            "moe_w": 4 * pairs,
+            "moe_src": 4 * pairs,
+            "moe_pos": 4 * pairs,
+            "moe_tiles": 4 * (3 * self.max_tiles + 1),
+            "moe_act": 4 * pairs * p.F,
+            "moe_out": 4 * pairs * p.H,
+        }
+
+
+def max_tiles(max_tokens: int, p: MoEParams) -> int:
+    """Tiles of TILE rows, none straddling two experts: each expert with rows adds at most one
+    partial tile to the full ones."""
+    pairs = max_tokens * p.top_k
+    return pairs // TILE + min(p.E, pairs)
+
+
+def gpu_kernels(
+    fn: str, p: MoEParams, target: GpuTarget, nodes: list[str], max_tokens: int
+) -> MoEGpu:
+    wave = target.wave
+    ws = WEIGHT_SUFFIX[p.wtype]
+    quant = p.wtype in _BLOCK
+    # quantized: whole 32-weight blocks; dense: the GEMVs' 16-byte loads
+    unit = 32 if quant else 16 // _DENSE[p.wtype]
+    if p.H % unit or p.F % unit:
+        raise FusionError(
+            f"{nodes[0]}: the GPU experts kernels need widths in multiples of {unit} "
+            f"(hidden {p.H}, expert {p.F})"
+        )
+    tiles = max_tiles(max_tokens, p)
+    common = dict(nodes=nodes, wave=wave, wsuffix=ws, quant=quant, **p.context())
+    threads = MOE_WAVES * wave
+    p_down = 1 if quant else MOE_ROWS
+    up_blocks = -(-p.top_k * p.F // (MOE_WAVES * MOE_ROWS))
+    down_blocks = -(-p.H // (MOE_WAVES * p_down))
+    down_steps = -(-(p.top_k * p.F // 32) // wave)  # blocks per lane of a quantized _down row
+    decode = GpuKernel(
+        f"{fn}_decode",
+        "moe_decode",
+        dict(
+            common,
+            waves=MOE_WAVES,
+            P=MOE_ROWS,
+            P_down=p_down,
+            unroll=min(down_steps, MOE_DOWN_UNITS.get(p.wtype, 1)),
+            up_blocks=up_blocks,
+            down_blocks=down_blocks,
+            up_params=UP.render(GPU_INDENT + 3),
+            down_params=DOWN.render(GPU_INDENT + 5),
+        ),
+        [up_blocks],
+        threads,
+    )
+    prefill = GpuKernel(
+        f"{fn}_prefill",
+        "moe_prefill",
+        dict(
+            common,
+            bm=TILE,
+            bn=TILE,
+            max_tiles=tiles,
+            route_params=ROUTE.render(0),
+            group_params=GROUP.render(0),
+            gate_up_params=GATE_UP.render(GPU_INDENT + 8),
+            down_params=PREFILL_DOWN.render(GPU_INDENT + 5),
+            combine_params=COMBINE.render(GPU_INDENT + 8),
+        ),
+        [],
+        256,
+    )
+    return MoEGpu(
+        decode,
+        prefill,
+        up_blocks,
+        down_blocks,
+        threads,
+        p.H // 32 * XQ_BLOCK_BYTES if quant else 0,
+        p.top_k * p.F // 32 * XQ_BLOCK_BYTES if quant else 0,
+        tiles,
+    )
+
+
+ROUTING = GpuKernel("hipc_moe_routing", "moe_route", {}, [], 0)  # device functions, once
 
 
 class MoE(KernelKind):
@@ -153,6 +300,55 @@ class MoE(KernelKind):
             "res": b.ref(r["res"]),
             "y": b.act(r["y"][1]),
         }
+
+    def _gpu(self, k: SelectedKernel, g: GpuProgramBuilder) -> MoEGpu:
+        p: MoEParams = k.params
+        if p.wtype not in GPU_WTYPES:
+            raise FusionError(
+                f"{k.refs['gate'][1]}: expert weight type {p.wtype} has no GPU MoE kernel "
+                f"(supported: {', '.join(GPU_WTYPES)})"
+            )
+        return gpu_kernels(k.fn, p, g.target, k.nodes, g.max_tokens)
+
+    def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
+        return self._gpu(k, g).scratch(g.max_tokens, k.params)
+
+    def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
+        p: MoEParams = k.params
+        r = k.refs
+        if b.ld(r["x"][1]) != p.H or b.ld(r["y"][1]) != p.H:
+            raise FusionError(f"{k.group}: the experts' rows are strided")
+        m = self._gpu(k, g)
+        g.kernel(ROUTING)
+        dec, pre = g.kernel(m.decode), g.kernel(m.prefill)
+        s = {name: b.scratch(g.scratch(name)) for name in m.scratch(g.max_tokens, p)}
+        x, y, res = b.act(r["x"][1]), b.act(r["y"][1]), b.ref(r["res"])
+        logits = b.act(r["logits"][1])
+        gate, up, down = b.ref(r["gate"]), b.ref(r["up"]), b.ref(r["down"])
+        block = [m.threads]
+        g.launch("decode", k.group, f"{dec}_up", [m.up_blocks], block, UP,
+                 {"x": x, "logits": logits, "gate": gate, "up": up, "act": s["moe_act"],
+                  "route_ids": s["moe_ids"], "route_w": s["moe_w"]},
+                 shared=m.up_shared, overlap=True)  # fmt: skip
+        g.launch("decode", k.group, f"{dec}_down", [m.down_blocks], block, DOWN,
+                 {"act": s["moe_act"], "route_ids": s["moe_ids"], "route_w": s["moe_w"],
+                  "down": down, "res": res, "y": y},
+                 shared=m.down_shared, overlap=True)  # fmt: skip
+        g.launch("prefill", k.group, f"{pre}_route", ["T"], [256], ROUTE,
+                 {"logits": logits, "ldl": b.int(b.ld(r["logits"][1])),
+                  "route_ids": s["moe_ids"], "route_w": s["moe_w"]})  # fmt: skip
+        g.launch("prefill", k.group, f"{pre}_group", [1], [1024], GROUP,
+                 {"route_ids": s["moe_ids"], "T": b.int("T"), "src": s["moe_src"],
+                  "pos": s["moe_pos"], "tiles": s["moe_tiles"]})  # fmt: skip
+        g.launch("prefill", k.group, f"{pre}_gate_up", [-(-p.F // TILE), m.max_tiles], [256],
+                 GATE_UP, {"x": x, "src": s["moe_src"], "tiles": s["moe_tiles"], "gate": gate,
+                           "up": up, "act": s["moe_act"]})  # fmt: skip
+        g.launch("prefill", k.group, f"{pre}_down", [-(-p.H // TILE), m.max_tiles], [256],
+                 PREFILL_DOWN, {"act": s["moe_act"], "tiles": s["moe_tiles"], "down": down,
+                                "out": s["moe_out"]})  # fmt: skip
+        g.launch("prefill", k.group, f"{pre}_combine", ["T"], [256], COMBINE,
+                 {"out": s["moe_out"], "pos": s["moe_pos"], "route_w": s["moe_w"], "res": res,
+                  "y": y})  # fmt: skip
 
 
 KIND = MoE()

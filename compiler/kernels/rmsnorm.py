@@ -4,8 +4,8 @@ Anchors on RMSNormalization so that a norm is a group of its own until a Linear 
 a prologue (or attention as a per-head feeder). It proposes the residual Add before it and
 refuses it (no kernel applies a residual-add prologue; the Add goes to the Linear before
 it). A norm left alone (its output read by several kernels: a MoE layer's router, experts
-and shared expert) is its own kernel on the CPU (templates/cpu/rmsnorm.cpp.j2); GPU
-targets have none yet, a FusionError naming it.
+and shared expert) is its own kernel: templates/cpu/rmsnorm.cpp.j2 on the CPU,
+templates/hip/rmsnorm.hip.j2 on GPUs (a block per token, decode and prefill alike).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hipc.compiler.ir import Graph, Node
 from hipc.compiler.kernels.base import (
     CPU_INDENT,
+    GpuKernel,
     KernelKind,
     Params,
     SelectedKernel,
@@ -24,6 +25,7 @@ from hipc.compiler.kernels.base import (
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
+    from hipc.compiler.codegen.hip import GpuProgramBuilder
     from hipc.compiler.passes.fuse import FusedGroup, Proposals
 
 
@@ -37,6 +39,7 @@ class RmsNormParams(Params):
 
 
 CPU = Signature.parse("int T, const float* x, int ldx, const float* w, float* y, int ldy")
+GPU = Signature.parse("const float* x, int ldx, const float* __restrict__ w, float* y, int ldy")
 
 
 class RmsNorm(KernelKind):
@@ -80,6 +83,20 @@ class RmsNorm(KernelKind):
             "y": b.act(r["y"][1]),
             "ldy": b.int(b.ld(r["y"][1])),
         }
+
+    def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
+        r = k.refs
+        ctx = dict(nodes=k.nodes, params=GPU.render(0), **k.params.context())
+        fn = g.kernel(GpuKernel(k.fn, "rmsnorm", ctx, [], 256))
+        args = {
+            "x": b.act(r["x"][1]),
+            "ldx": b.int(b.ld(r["x"][1])),
+            "w": b.ref(r["w"]),
+            "y": b.act(r["y"][1]),
+            "ldy": b.int(b.ld(r["y"][1])),
+        }
+        for step in ("decode", "prefill"):
+            g.launch(step, k.group, fn, ["T"], [256], GPU, args, overlap=step == "decode")
 
 
 KIND = RmsNorm()

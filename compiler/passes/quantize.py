@@ -6,7 +6,9 @@ folder and keyed by the source tensors and the recipe, so `hipc verify` and a re
 reuse it) and points the graph's initializers at it. From here on the graph is an
 ordinary quantized graph: the reference executor dequantizes the stored blocks with
 gguf-py, repack and the kernels read them as they read a GGUF's, and the artifact holds
-the same bytes. Norms, biases and other 1-D weights stay as they are.
+the same bytes. Norms, biases and other 1-D weights stay as they are. MoE experts become
+one 3-D tensor each ([E, rows, row bytes], GGUF's stacked layout), quantized one expert at
+a time.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from hipc.base.errors import HipcError
 from hipc.cache import default_cache_dir
 from hipc.compiler.codegen.environment import KERNEL_WTYPES
-from hipc.compiler.ir import QUANT_BLOCKS, Graph, WeightRef
+from hipc.compiler.ir import QUANT_BLOCKS, Graph, StackedWeight, WeightRef
 from hipc.compiler.passes.rewrite import Rewriter
 from hipc.compiler.quant_recipes import TensorChoice, choose_types
 from hipc.compiler.quantize import QUANTIZABLE, quantize
@@ -98,8 +100,9 @@ def _store_path(store_dir: Path, recipe: str, todo: dict[str, TensorChoice]) -> 
     """A name that changes with any source tensor's file, the chosen types or the quantizers."""
     stamp = []
     for name, c in sorted(todo.items()):
-        st = os.stat(c.ref.path)
-        stamp.append([name, c.ref.path, st.st_size, st.st_mtime_ns, c.ref.dtype, c.dtype])
+        for ref in _parts(c.ref):
+            st = os.stat(ref.path)
+            stamp.append([name, ref.path, st.st_size, st.st_mtime_ns, c.ref.dtype, c.dtype])
     blob = json.dumps([_quantizer_digest(), recipe, stamp]).encode()
     return store_dir / f"{recipe}-{hashlib.sha256(blob).hexdigest()[:24]}.gguf"
 
@@ -136,24 +139,31 @@ def _write_store(
     tmp = store.with_name(f".{store.name}.{os.getpid()}.tmp")
     writer = gguf.GGUFWriter(str(tmp), "hipc-quantized")
     order = sorted(todo)
-    total = sum(reader.stored(todo[n].ref).nbytes for n in order)
+    total = sum(_nbytes(todo[n].ref, reader) for n in order)
     done = 0
     for name in order:
         c = todo[name]
-        rows, k = c.ref.shape
+        *lead, rows, k = c.ref.shape
         qt = gguf.GGMLQuantizationType[c.dtype.upper()]
         elems, block_bytes = QUANT_BLOCKS[c.dtype]
-        nbytes = rows * k // elems * block_bytes
-        writer.add_tensor_info(c.ref.name, (rows, nbytes // rows), np.dtype(np.uint8), nbytes, qt)
+        row_bytes = k // elems * block_bytes
+        shape = (*lead, rows, row_bytes)
+        nbytes = int(np.prod(shape))
+        writer.add_tensor_info(c.ref.name, shape, np.dtype(np.uint8), nbytes, qt)
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for name in order:
             c = todo[name]
-            blocks = quantize(reader.value(c.ref), c.dtype)
-            writer.write_tensor_data(np.frombuffer(blocks, np.uint8).reshape(c.ref.shape[0], -1))
-            done += reader.stored(c.ref).nbytes
+            rows = c.ref.shape[-2]
+            blocks = [
+                np.frombuffer(quantize(m, c.dtype), np.uint8).reshape(rows, -1)
+                for m in _matrices(c.ref, reader)
+            ]
+            data = blocks[0] if len(c.ref.shape) == 2 else np.stack(blocks)
+            writer.write_tensor_data(data)
+            done += _nbytes(c.ref, reader)
             if on_progress:
                 on_progress(done, total)
         writer.close()
@@ -162,6 +172,26 @@ def _write_store(
         writer.close()
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _parts(init: WeightRef | StackedWeight) -> tuple[WeightRef, ...]:
+    return init.parts if isinstance(init, StackedWeight) else (init,)
+
+
+def _nbytes(init: WeightRef | StackedWeight, reader: WeightReader) -> int:
+    """Stored bytes, without reading them (each part is memory-mapped)."""
+    return sum(reader.stored(p).nbytes for p in _parts(init))
+
+
+def _matrices(init: WeightRef | StackedWeight, reader: WeightReader):
+    """A weight's 2-D matrices, one expert at a time for a 3-D one (read lazily)."""
+    if isinstance(init, StackedWeight):
+        yield from (reader.value(p) for p in init.parts)
+    elif len(init.shape) == 3:
+        whole = reader.value(init)  # GGUF tensors are memory-mapped: a slice reads its expert
+        yield from (whole[e] for e in range(init.shape[0]))
+    else:
+        yield reader.value(init)
 
 
 def _point_at(graph: Graph, refs: dict[str, WeightRef]) -> Graph:

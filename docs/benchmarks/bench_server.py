@@ -3,8 +3,15 @@
 Run:
     python docs/benchmarks/bench_server.py [--artifact PATH | --model smollm2-135m]
         [--requests 200] [--clients 16] [--max-tokens 32] [--threads N]
+        [--max-batch N] [--max-context-tokens N] [--ignore-eos]
         [--time-limit 600] [--max-rss-growth-mib 16] [--out docs/benchmarks/server-load.md]
         [--json]
+
+--max-batch and --max-context-tokens are passed to `hipc serve` (the batch the engine steps
+and the context each request may use; the KV pool is their product). --ignore-eos makes
+every request generate --max-tokens tokens, so runs at different client counts decode the
+same number of tokens. Streams also give the inter-token latency (the gaps between a
+stream's text chunks after its first).
 
 Starts `hipc serve` on 127.0.0.1 with a free port (the server process is this script's
 child and is stopped with SIGTERM at the end; its exit status is checked). Without
@@ -67,6 +74,7 @@ class Outcome:
     latency_s: float
     ttft_s: float | None = None
     completion_tokens: int = 0
+    gaps_s: list[float] = field(default_factory=list)  # between a stream's text chunks
     error: str = ""
 
 
@@ -102,6 +110,10 @@ def start_server(artifact: str, args) -> tuple[subprocess.Popen, int, Path]:
            "--max-queued-requests", str(max(args.clients, 1))]  # fmt: skip
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.max_batch:
+        cmd += ["--max-batch", str(args.max_batch)]
+    if args.max_context_tokens:
+        cmd += ["--max-context-tokens", str(args.max_context_tokens)]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
@@ -116,10 +128,12 @@ def start_server(artifact: str, args) -> tuple[subprocess.Popen, int, Path]:
     sys.exit(f"hipc serve did not start:\n{log.read_text(errors='replace')}")
 
 
-def request_for(i: int, max_tokens: int) -> tuple[str, str, dict]:
+def request_for(i: int, max_tokens: int, ignore_eos: bool = False) -> tuple[str, str, dict]:
     kind = ("chat", "chat-stream", "completion", "completion-stream")[i % 4]
     topic = TOPICS[i % len(TOPICS)]
     body: dict = {"model": "bench", "max_tokens": max_tokens, "temperature": 0.7, "seed": i}
+    if ignore_eos:
+        body["ignore_eos"] = True
     if kind.startswith("chat"):
         path = "/v1/chat/completions"
         body["messages"] = [{"role": "user", "content": f"Request {i}: tell me about {topic}."}]
@@ -132,8 +146,10 @@ def request_for(i: int, max_tokens: int) -> tuple[str, str, dict]:
     return kind, path, body
 
 
-def send(conn: http.client.HTTPConnection, i: int, max_tokens: int) -> Outcome:
-    kind, path, body = request_for(i, max_tokens)
+def send(
+    conn: http.client.HTTPConnection, i: int, max_tokens: int, ignore_eos: bool = False
+) -> Outcome:
+    kind, path, body = request_for(i, max_tokens, ignore_eos)
     t0 = time.perf_counter()
     try:
         conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
@@ -153,6 +169,8 @@ def send(conn: http.client.HTTPConnection, i: int, max_tokens: int) -> Outcome:
             tokens = data["usage"]["completion_tokens"]
             return Outcome(i, kind, True, time.perf_counter() - t0, completion_tokens=tokens)
         ttft, usage, finish, done = None, None, None, False
+        gaps: list[float] = []
+        last = None
         buf = b""
         while not done:
             line = resp.readline()
@@ -174,12 +192,19 @@ def send(conn: http.client.HTTPConnection, i: int, max_tokens: int) -> Outcome:
                 usage = chunk["usage"]
             for c in chunk["choices"]:
                 text = c.get("text") or (c.get("delta") or {}).get("content")
-                if text and ttft is None:
-                    ttft = time.perf_counter() - t0
+                if text:
+                    now = time.perf_counter()
+                    if ttft is None:
+                        ttft = now - t0
+                    else:
+                        gaps.append(now - last)
+                    last = now
                 finish = c.get("finish_reason") or finish
         resp.read()
         assert done and usage and finish in ("stop", "length"), (done, usage, finish)
-        return Outcome(i, kind, True, time.perf_counter() - t0, ttft, usage["completion_tokens"])
+        return Outcome(
+            i, kind, True, time.perf_counter() - t0, ttft, usage["completion_tokens"], gaps
+        )
     except Exception as e:
         conn.close()
         return Outcome(i, kind, False, time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
@@ -198,7 +223,7 @@ def run_load(port: int, pid: int, args) -> tuple[Run, float]:
                 i = next(counter, None)
             if i is None:
                 break
-            out = send(conn, i, args.max_tokens)
+            out = send(conn, i, args.max_tokens, args.ignore_eos)
             with run.lock:
                 run.outcomes.append(out)
                 done = len(run.outcomes)
@@ -239,6 +264,7 @@ def summarize(run: Run, wall: float, m: dict[str, float], args, artifact: str) -
     ok = [o for o in run.outcomes if o.ok]
     lat = [o.latency_s for o in ok]
     ttft = [o.ttft_s for o in ok if o.ttft_s is not None]
+    gaps = [g for o in ok for g in o.gaps_s]
     tokens = sum(o.completion_tokens for o in ok)
     served = sum(
         v
@@ -266,6 +292,11 @@ def summarize(run: Run, wall: float, m: dict[str, float], args, artifact: str) -
             "max": max(lat, default=float("nan")),
         },
         "ttft_s": {"p50": pct(ttft, 50), "p95": pct(ttft, 95)},
+        "inter_token_s": {"p50": pct(gaps, 50), "p95": pct(gaps, 95)},
+        "max_batch": args.max_batch or 1,
+        "server_mean_batch": m.get("hipc_batch_size_sum", 0) / m["hipc_batch_size_count"]
+        if m.get("hipc_batch_size_count")
+        else None,
         "rss_mib": run.rss_mib,
         "rss_growth_mib": last - warm,
         "metrics_agree": served == len(ok) + args.warm_requests
@@ -302,8 +333,9 @@ Growth from the second reading (warm) to the last: **{s["rss_growth_mib"]:+.1f} 
 
 Server /metrics agree with the clients (200s counted, tokens generated): {s["metrics_agree"]}
 ({s["completion_tokens"]} completion tokens seen by clients, {s["server_generated_tokens"]:.0f} generated by the server).
-Latency includes queueing: one engine serves the requests one at a time (no batching yet),
-so with {s["clients"]} clients a request waits for up to {s["clients"] - 1} others.
+Latency includes queueing: the engine steps up to {s["max_batch"]} sequences together
+(`--max-batch`); beyond that a request waits for others to finish. Inter-token latency
+(streams) p50 / p95: {s["inter_token_s"]["p50"] * 1e3:.1f} / {s["inter_token_s"]["p95"] * 1e3:.1f} ms.
 
 Server log tail:
 
@@ -321,6 +353,9 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="engine CPU threads")
+    p.add_argument("--max-batch", type=int, default=None, help="hipc serve --max-batch")
+    p.add_argument("--max-context-tokens", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true", help="every request: --max-tokens")
     p.add_argument("--time-limit", type=float, default=600, help="stop sending after this")
     p.add_argument("--max-rss-growth-mib", type=float, default=16.0)
     p.add_argument("--out", help="write the Markdown report here")

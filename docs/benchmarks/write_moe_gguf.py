@@ -2,13 +2,15 @@
 
 For benchmarks that put hipc beside llama.cpp on one file: the GPU machine's disk has no
 room for an F32/F16 copy of a 30B model, so the weights are drawn directly as Q4_0 /
-Q8_0 blocks (random quants, random f16 scales around `--scale`), never as floats, one
-tensor at a time (memory: the largest tensor). Norms and routers stay F32 as llama.cpp's
+Q8_0 blocks (random quants, random f16 scales around `--scale`), never as floats, or as
+F16 values tiled from one random block (fast enough for a 14 GB file), one tensor at a
+time (memory: the largest tensor). Norms and routers stay F32 as llama.cpp's
 converter keeps them. Architecture names, tensor names and metadata keys are llama.cpp's
 (gguf-py constants), so llama.cpp and hipc read the same file.
 
   python docs/benchmarks/write_moe_gguf.py --preset qwen3-30b-a3b --type q4_0 out.gguf
   python docs/benchmarks/write_moe_gguf.py --preset tiny --type q8_0 tiny.gguf
+  python docs/benchmarks/write_moe_gguf.py --preset olmoe-1b-7b --type f16 olmoe.gguf
 """
 
 from __future__ import annotations
@@ -45,6 +47,20 @@ PRESETS = {
         expert_ffn=1024,
         vocab=50304,
     ),
+    # Qwen3-MoE's structure (many narrow experts, 8 routed) at 0.70B parameters, 140M read
+    # per token: the CPU benchmark's model (2 cores, docs/benchmarks/cpu-moe.md)
+    "cpu-0.7b": dict(
+        arch="qwen3moe",
+        layers=12,
+        hidden=1024,
+        heads=16,
+        kv_heads=4,
+        head_dim=64,
+        experts=64,
+        active=8,
+        expert_ffn=256,
+        vocab=32000,
+    ),
     # a CPU-sized model of the same structure
     "tiny": dict(
         arch="qwen3moe",
@@ -60,6 +76,16 @@ PRESETS = {
     ),
 }
 BLOCK = {"q4_0": (18, 32), "q8_0": (34, 32)}  # bytes per block, weights per block
+TYPES = (*BLOCK, "f16")
+FILE_TYPE = {"q4_0": "MOSTLY_Q4_0", "q8_0": "MOSTLY_Q8_0", "f16": "MOSTLY_F16"}
+
+
+def tiled_f16(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    """Random-looking f16 values: one random block of 2^20 repeated from a random offset
+    (drawing 7 billion normals one by one would take minutes)."""
+    base = (scale * rng.standard_normal(1 << 20)).astype(np.float16)
+    n, off = int(np.prod(shape)), int(rng.integers(0, 1 << 19))
+    return np.tile(base, -(-(n + off) // base.size))[off : off + n].reshape(shape)
 
 
 def random_blocks(rng: np.random.Generator, qtype: str, shape: tuple[int, ...], scale: float):
@@ -100,16 +126,15 @@ def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05)
     w.add_expert_count(E)
     w.add_expert_used_count(cfg["active"])
     w.add_expert_feed_forward_length(F)
-    w.add_file_type(
-        gguf.LlamaFileType.MOSTLY_Q4_0 if qtype == "q4_0" else gguf.LlamaFileType.MOSTLY_Q8_0
-    )
+    w.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPE[qtype]))
     # byte-level symbols then filler tokens: llama.cpp needs a vocabulary to load
     tokens = [bytes([i]).decode("latin-1") if i < 256 else f"<t{i}>" for i in range(V)]
+    tokens[256] = "ab"  # one merge: a BPE vocabulary with none is refused (hipc: merges missing)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types([1] * V)
-    w.add_token_merges([])
+    w.add_token_merges(["a b"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     qt = getattr(gguf.GGMLQuantizationType, qtype.upper())
@@ -141,12 +166,15 @@ def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05)
             return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         if kind == "f32":
             return (scale * rng.standard_normal(shape)).astype(np.float32)
+        if kind == "f16":
+            return tiled_f16(rng, shape, scale)
         return random_blocks(rng, kind, shape, scale)
 
     # header first, then one tensor at a time: only the largest is ever in memory
     for name, shape, kind in tensors:
-        if kind == "f32":
-            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+        if kind in ("f32", "f16"):
+            dt = np.dtype(np.float32 if kind == "f32" else np.float16)
+            w.add_tensor_info(name, shape, dt, int(np.prod(shape)) * dt.itemsize)
         else:  # numpy-order byte shape: the writer turns it into GGUF's dims
             nbytes, per = BLOCK[kind]
             byte_shape = (*shape[:-1], shape[-1] // per * nbytes)
@@ -165,7 +193,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("out", type=Path)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    ap.add_argument("--type", choices=sorted(BLOCK), default="q4_0")
+    ap.add_argument("--type", choices=sorted(TYPES), default="q4_0")
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scale", type=float, default=0.05, help="typical weight magnitude")

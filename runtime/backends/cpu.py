@@ -1,7 +1,12 @@
 """The cpu backend: the artifact's shared library through ctypes, buffers in NumPy.
 
 Weights stay memory-mapped from weights.safetensors (the OS pages them in once);
-the activation arena and the KV cache are allocated once per engine.
+the activation arena and the KV pools are allocated once per engine.
+
+KV states are pools of `kv_block`-position blocks ([n_blocks * kv_block, heads, dim] per
+layer). `step()` runs rows of many sequences, each row with its position and its sequence's
+block table; `forward()` is the one-sequence view over it (block b of the sequence is pool
+block b), which `hipc generate`, `hipc verify` and the GPU-shaped engine interface use.
 
 Threads: `threads`, else $OMP_NUM_THREADS, else every core this process may run on.
 A decode step is ~200 OpenMP parallel regions, each ending in a barrier. libgomp's
@@ -37,8 +42,14 @@ class CpuBackend:
     name = "cpu"
 
     def __init__(
-        self, artifact: Artifact, threads: int | None = None, max_context: int | None = None
+        self,
+        artifact: Artifact,
+        threads: int | None = None,
+        max_context: int | None = None,
+        kv_blocks: int | None = None,
     ) -> None:
+        """kv_blocks: blocks in each KV pool (default and minimum: one sequence of
+        max_context positions)."""
         info = artifact.manifest["targets"].get("cpu")
         if info is None:
             raise HipcError(
@@ -62,7 +73,7 @@ class CpuBackend:
             self.lib = ctypes.CDLL(str(artifact.file(info["code_object"])))
         except OSError as e:
             raise HipcError(f"{artifact.file(info['code_object'])}: cannot load ({e})") from None
-        for symbol in ("hipc_abi_version", "hipc_isa", "hipc_forward"):
+        for symbol in ("hipc_abi_version", "hipc_isa", "hipc_forward", "hipc_kv_block"):
             if not hasattr(self.lib, symbol):
                 raise HipcError(
                     f"{artifact.file(info['code_object'])}: no {symbol} in the code object; "
@@ -75,9 +86,8 @@ class CpuBackend:
         self.lib.hipc_isa.restype = ctypes.c_char_p
         self.isa = self.lib.hipc_isa().decode()
         f = self.lib.hipc_forward
-        f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int] + [
-            ctypes.c_void_p
-        ] * 4
+        p, i = ctypes.c_void_p, ctypes.c_int
+        f.argtypes = [p, i, p, p, p, p, i, p, p, p, p]
         f.restype = ctypes.c_int
         self._forward = f
 
@@ -101,14 +111,35 @@ class CpuBackend:
         # attention reads only positions the sequence wrote, so a shorter cache is safe as
         # long as the engine admits no more than it holds
         self.max_context = max_context or int(plan["max_context"])
+        self.kv_block = int(self.lib.hipc_kv_block())
+        if cpu.kv_block != self.kv_block:
+            raise HipcError(
+                f"{artifact.path}/plan.json: KV block {cpu.kv_block}, the code object's is "
+                f"{self.kv_block} (recompile the artifact)"
+            )
+        # block-table entries per sequence: the compiled context's (the kernels' stride)
+        self.kv_table = -(-int(plan["max_context"]) // self.kv_block)
+        one_sequence = -(-self.max_context // self.kv_block)
+        self.kv_blocks = max(kv_blocks or one_sequence, one_sequence)
         self.states = states(plan)
-        # the cpu program's states are float32 whatever the kind (one layout per artifact)
-        self.kv = [np.zeros(s.shape_for(self.max_context), np.float32) for s in self.states]
+        # the cpu program's states are float32 whatever the kind (one layout per artifact);
+        # a KV state is a pool of blocks, a recurrent one is one sequence's
+        self.kv = [
+            np.zeros(s.shape_for(self.kv_blocks * self.kv_block), np.float32) for s in self.states
+        ]
         self._KV = (ctypes.c_void_p * len(self.kv))(*[a.ctypes.data for a in self.kv])
+        self._solo = np.arange(self.kv_table, dtype=np.int32) % self.kv_blocks
 
     @property
     def kv_bytes(self) -> int:
         return sum(a.nbytes for a in self.kv)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes one KV block takes over every layer's pools."""
+        return sum(a.nbytes for s, a in zip(self.states, self.kv, strict=True) if s.positional) // (
+            self.kv_blocks
+        )
 
     def reset(self) -> None:
         """A new sequence: apply each state's reset rule (zero the recurrent ones; a KV
@@ -117,14 +148,63 @@ class CpuBackend:
             if spec.needs_reset:
                 a.fill(0)
 
+    # -- recurrent states (runtime/recurrent.py takes and restores snapshots) --
+
+    def reset_recurrent(self) -> None:
+        self.reset()
+
+    def snapshot(self) -> list[np.ndarray]:
+        return [a.copy() for spec, a in zip(self.states, self.kv, strict=True) if spec.needs_reset]
+
+    def restore(self, snapshot: list[np.ndarray]) -> None:
+        recurrent = [a for spec, a in zip(self.states, self.kv, strict=True) if spec.needs_reset]
+        for dst, src in zip(recurrent, snapshot, strict=True):
+            np.copyto(dst, src)  # in place: hipc_forward holds these pointers
+
     def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
+        """One sequence's tokens at start..: its block b is pool block b."""
+        T = len(ids)
+        pos = np.arange(start, start + T, dtype=np.int32)
+        rows = np.arange(T, dtype=np.int32) if all_logits else np.array([T - 1], np.int32)
+        return self.step(ids, pos, np.zeros(T, np.int32), self._solo[None, :], rows)
+
+    def step(
+        self,
+        ids: np.ndarray,
+        pos: np.ndarray,
+        seq: np.ndarray,
+        tables: np.ndarray,
+        out_rows: np.ndarray,
+    ) -> np.ndarray:
+        """Rows of many sequences: row t is token ids[t] at position pos[t] of the sequence
+        whose block table is tables[seq[t]] ([sequences, kv_table] pool block ids). Returns
+        the logits of out_rows (ascending), [len(out_rows), vocab]."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        out = np.empty((len(ids) if all_logits else 1, self.vocab), np.float32)
+        pos = np.ascontiguousarray(pos, dtype=np.int32)
+        seq = np.ascontiguousarray(seq, dtype=np.int32)
+        tables = np.ascontiguousarray(tables, dtype=np.int32)
+        out_rows = np.ascontiguousarray(out_rows, dtype=np.int32)
+        T = len(ids)
+        if tables.ndim != 2 or tables.shape[1] != self.kv_table:
+            raise HipcError(f"block tables must be [sequences, {self.kv_table}]")
+        if T and (pos.max() >= self.max_context or seq.max() >= len(tables)):
+            raise HipcError(f"a step row is past the {self.max_context} positions or the tables")
+        # the kernels trust the tables: a block id outside the pool would be read or written
+        # out of bounds, so every entry a row reads (its blocks up to its position) is checked
+        last = np.full(len(tables), -1, np.int64)
+        np.maximum.at(last, seq, pos // self.kv_block)
+        used = tables[np.arange(self.kv_table)[None, :] <= last[:, None]]
+        if used.size and (used.min() < 0 or used.max() >= self.kv_blocks):
+            raise HipcError(f"a block table names a block outside the pool of {self.kv_blocks}")
+        out = np.empty((len(out_rows), self.vocab), np.float32)
         rc = self._forward(
             ids.ctypes.data,
-            len(ids),
-            start,
-            int(all_logits),
+            T,
+            pos.ctypes.data,
+            seq.ctypes.data,
+            tables.ctypes.data,
+            out_rows.ctypes.data,
+            len(out_rows),
             self._W,
             self.arena.ctypes.data,
             self._KV,
@@ -132,7 +212,8 @@ class CpuBackend:
         )
         if rc != 0:
             raise HipcError(
-                f"hipc_forward rejected a step of {len(ids)} tokens at position {start}"
+                f"hipc_forward rejected a step of {T} rows at positions "
+                f"{int(pos.min()) if T else 0}..{int(pos.max()) if T else 0}"
             )
         return out
 

@@ -60,6 +60,8 @@ class Config:
     max_context_tokens: int | None = None  # default: all the engine holds
     kv_storage: str | None = None  # default: the target's native type
     max_queued_requests: int = 64
+    max_batch: int = 1  # sequences stepped together (cpu target; GPU targets run 1)
+    kv_pool_tokens: int | None = None  # default: max_batch x the admitted context, RAM allowing
     max_body_bytes: int = 4 << 20
     max_json_depth: int = 32
     max_n: int = 8
@@ -81,6 +83,12 @@ class Config:
                 "must be at least 2",
             ),
             ("max_queued_requests", self.max_queued_requests >= 0, "must be 0 or more"),
+            ("max_batch", 1 <= self.max_batch <= 256, "must be 1..256"),
+            (
+                "kv_pool_tokens",
+                self.kv_pool_tokens is None or self.kv_pool_tokens >= 2,
+                "must be at least 2",
+            ),
             ("max_body_bytes", self.max_body_bytes >= 1024, "must be at least 1024"),
             ("max_json_depth", 2 <= self.max_json_depth <= 1000, "must be 2..1000"),
             ("max_n", 1 <= self.max_n <= 128, "must be 1..128"),
@@ -156,6 +164,20 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "max_queued_requests", int, "requests that may wait for the engine; one more is a 429", "N"
+    ),
+    Option(
+        "max_batch",
+        int,
+        "sequences (requests' choices) decoded together, one step for all (cpu target; "
+        "GPU targets run one)",
+        "N",
+    ),
+    Option(
+        "kv_pool_tokens",
+        int,
+        "positions in the paged KV pool the batch shares (default: max-batch x the admitted "
+        "context, at most half the free RAM, at least one context)",
+        "N",
     ),
     Option("max_body_bytes", int, "largest request body accepted (413 beyond)", "BYTES"),
     Option("max_json_depth", int, "deepest JSON nesting accepted", "N"),

@@ -123,6 +123,55 @@ class ServerMetrics:
             registry=r,
             multiprocess_mode="livemax",
         ).set(max_context)
+        # continuous batching (the cpu target): sequences are the choices of requests
+        self.sequences_running = Gauge(
+            "hipc_sequences_running",
+            "sequences in the batch now",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.sequences_waiting = Gauge(
+            "hipc_sequences_waiting",
+            "sequences waiting for a batch slot or KV blocks",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.batch_size = Histogram(
+            "hipc_batch_size",
+            "sequences advanced per engine step",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+            registry=r,
+        )
+        self.kv_blocks_used = Gauge(
+            "hipc_kv_blocks_used",
+            "KV pool blocks held by sequences",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.kv_blocks_free = Gauge(
+            "hipc_kv_blocks_free",
+            "KV pool blocks held by no sequence (prefix-cached ones included)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.prefix_queried = Gauge(
+            "hipc_prefix_cache_queried_tokens",
+            "prompt tokens looked up in the prefix cache since start",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.prefix_hits = Gauge(
+            "hipc_prefix_cache_hit_tokens",
+            "prompt tokens found in the prefix cache (not computed) since start",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.prefix_hit_rate = Gauge(
+            "hipc_prefix_cache_hit_rate",
+            "share of prompt tokens found in the prefix cache since start",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
         if self.multiprocess:
             self._scraped = CollectorRegistry()
             _multiprocess.MultiProcessCollector(self._scraped)
@@ -134,6 +183,20 @@ class ServerMetrics:
         """The scheduler's on_change: called (under its lock) whenever the queue moves."""
         self.queue_depth.set(depth)
         self.running.set(running)
+
+    def set_sequences(self, running: int, waiting: int) -> None:
+        self.sequences_running.set(running)
+        self.sequences_waiting.set(waiting)
+
+    def set_pool(self, pool) -> None:
+        """The KV pool's blocks and prefix-cache counts (a runtime.kv_pool.KVPool)."""
+        self.kv_blocks_used.set(pool.used)
+        self.kv_blocks_free.set(pool.free)
+        self.prefix_queried.set(pool.queried_tokens)
+        self.prefix_hits.set(pool.hit_tokens)
+        self.prefix_hit_rate.set(
+            pool.hit_tokens / pool.queried_tokens if pool.queried_tokens else 0
+        )
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """The /metrics body and its content type: the classic text format, or OpenMetrics

@@ -9,6 +9,7 @@ exits 0; a second signal cancels at once.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import sys
 import threading
@@ -50,8 +51,41 @@ def load(config: Config):
             "prompts and write text (compile a model that ships tokenizer.json, or a GGUF file)"
         )
     return load_engine(
-        config.artifact, threads=config.threads, max_context=config.max_context_tokens
+        config.artifact,
+        threads=config.threads,
+        max_context=config.max_context_tokens,
+        kv_pool_tokens=kv_pool_tokens(config),
     )
+
+
+def kv_pool_tokens(config: Config) -> int:
+    """Positions in the cpu backend's KV pool: --kv-pool-tokens, else max-batch sequences of
+    the admitted context, as far as half the available RAM allows (at least one context:
+    every admitted request must fit an empty pool). GPU backends hold one sequence and
+    ignore it."""
+    from hipc.base.launch_plan import states
+    from hipc.runtime.artifact import load_artifact
+
+    plan = load_artifact(config.artifact).plan
+    context = int(config.max_context_tokens or plan["max_context"])
+    if config.kv_pool_tokens is not None:
+        return max(config.kv_pool_tokens, context)
+    # the cpu program's pools are float32 whatever the plan's dtype
+    per_position = sum(4 * math.prod(s.shape[1:]) for s in states(plan) if s.positional)
+    want = config.max_batch * context
+    room = _available_ram() // 2 // max(per_position, 1)
+    return max(min(want, room), context)
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62  # unknown: the flag's value decides
 
 
 def serve(config: Config) -> int:
@@ -79,6 +113,7 @@ def serve(config: Config) -> int:
         service.max_context,
         time.perf_counter() - t0,
     )
+    _log_batch(service, backend)
     _commit_kv(backend)
     if config.eager_load:
         seconds = service.warmup(config.eager_load_prompt, config.eager_load_max_tokens)
@@ -118,6 +153,27 @@ def _check_port(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as e:
             raise HipcError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
+def _log_batch(service, backend) -> None:
+    batch = service.batch
+    if batch is None:
+        log.info(
+            "batch: 1 sequence at a time (the %s backend has no paged KV pool)",
+            getattr(backend, "name", "?"),
+        )
+        return
+    pool = batch.pool
+    log.info(
+        "KV pool: %d blocks of %d positions = %d positions, %.1f MiB; up to %d sequences per "
+        "step, %d tokens per step",
+        pool.n_blocks,
+        pool.block,
+        pool.n_blocks * pool.block,
+        backend.kv_bytes / 2**20,
+        batch.max_batch,
+        batch.step_rows,
+    )
 
 
 def _commit_kv(backend) -> None:

@@ -20,8 +20,10 @@ from typing import Any
 
 from hipc.base.errors import HipcError
 from hipc.runtime.artifact import plan_kv_storage
+from hipc.runtime.batch import BatchEngine, batchable
 from hipc.runtime.generate import Generation, GenerationRequest, GenerationResult
 from hipc.runtime.server import openai_format as fmt
+from hipc.runtime.server.batching import BatchScheduler
 from hipc.runtime.server.config import Config
 from hipc.runtime.server.errors import APIError, bad_request, server_busy, unavailable
 from hipc.runtime.server.reasoning import prompt_opens_think
@@ -166,13 +168,27 @@ class Service:
 
         backend = getattr(engine, "backend", None)
         self.metrics = ServerMetrics(getattr(backend, "kv_bytes", 0), self.max_context)
-        self.scheduler = Scheduler(
-            config.max_queued_requests,
-            on_cancel=self._count_cancel,
-            on_change=self.metrics.set_load,
-        )
         self.slot = EngineSlot(engine, self.max_context, self.metrics)
         self.runner = Runner(self.slot, self.tokenizer, self.metrics)
+        # a backend that steps many sequences gets the batch loop; others (GPU backends,
+        # engines without a paged pool) run one request at a time behind the same queue
+        self.batch = BatchEngine(engine, config.max_batch) if batchable(engine) else None
+        if self.batch is not None:
+            self.scheduler: Scheduler | BatchScheduler = BatchScheduler(
+                self.batch,
+                self.tokenizer,
+                self.metrics,
+                self.max_context,
+                config.max_queued_requests,
+                on_cancel=self._count_cancel,
+                on_change=self.metrics.set_load,
+            )
+        else:
+            self.scheduler = Scheduler(
+                config.max_queued_requests,
+                on_cancel=self._count_cancel,
+                on_change=self.metrics.set_load,
+            )
         defaults = {}
         artifact = getattr(engine, "artifact", None)
         if artifact is not None and hasattr(artifact, "generation_defaults"):
@@ -211,8 +227,15 @@ class Service:
         ids = self._chat_prompt([{"role": "user", "content": prompt}], {})[0]
         ids = ids[: max(self.max_context - 1, 1)]
         request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=max_tokens)
-        for _ in Generation(self.slot, self.tokenizer, request).steps():
-            pass
+        if isinstance(self.scheduler, BatchScheduler):
+            job = self.scheduler.job([ChoiceSpec(0, request)], False, len(ids), counted=False)
+            self.scheduler.submit(job)
+            job.done.wait()
+            if job.error is not None:
+                raise HipcError(f"warmup failed: {job.error}")
+        else:
+            for _ in Generation(self.slot, self.tokenizer, request).steps():
+                pass
         self.warm = True
         return time.perf_counter() - t0
 
@@ -391,7 +414,10 @@ class Service:
     # ------------------------------------------------------------ running
 
     def _submit(self, plan: Plan, disconnected: Disconnected) -> Job:
-        job = Job(self.runner.work(plan.choices, plan.common.stream, plan.prompt_tokens))
+        if isinstance(self.scheduler, BatchScheduler):
+            job = self.scheduler.job(plan.choices, plan.common.stream, plan.prompt_tokens)
+        else:
+            job = Job(self.runner.work(plan.choices, plan.common.stream, plan.prompt_tokens))
         try:
             self.scheduler.submit(job)
         except QueueFull:

@@ -41,7 +41,9 @@ def one_line_error(proc, *needles):
         assert n in last, last
 
 
-def test_second_compile_is_a_fast_cache_hit(tiny, tmp_path, capsys):
+def test_second_compile_is_a_fast_cache_hit(tiny, tmp_path, capsys, monkeypatch):
+    # a cache of its own: the session's may already hold this model's kernels
+    monkeypatch.setenv("HIPC_CACHE_DIR", str(tmp_path / "cache"))
     assert main(["compile", str(tiny), "-o", str(tmp_path / "a.hipc"), "-q"]) == 0
     assert "compiled" in capsys.readouterr().err
     t0 = time.perf_counter()
@@ -52,7 +54,8 @@ def test_second_compile_is_a_fast_cache_hit(tiny, tmp_path, capsys):
     assert a == (tmp_path / "b.hipc" / "kernels" / "cpu.so").read_bytes()
 
 
-def test_corrupt_cache_entry_is_rebuilt(tiny, tmp_path, capsys):
+def test_corrupt_cache_entry_is_rebuilt(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HIPC_CACHE_DIR", str(tmp_path / "cache"))
     assert main(["compile", str(tiny), "-o", str(tmp_path / "a.hipc"), "-q"]) == 0
     cache = KernelCache()
     payloads = list(cache.root.rglob("payload.bin"))

@@ -102,9 +102,15 @@ HIPC_WRAP16(q4_0) HIPC_WRAP16(q4_1) HIPC_WRAP16(q8_0)
     hipc::matmul_a16_##w(x, T, K, W, N, y, ldy);                                                \
   }
 HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(q4_k) HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
+// positions lo..hi fed in ranges of `chunk` (a paged KV cache's blocks)
 void t_attend_row64(const float* q, const float* K, const float* V, long long stride, int lo, int hi, float scale,
-                    float softcap, float* out) {
-  hipc::attend_row<64>(q, K, V, (size_t)stride, lo, hi, scale, softcap, out);
+                    float softcap, int chunk, float* out) {
+  hipc::Attend<64> a(q, scale, softcap);
+  for (int c = lo; c <= hi; c += chunk) {
+    const int n = hi + 1 - c < chunk ? hi + 1 - c : chunk;
+    a.range(K + (size_t)c * stride, V + (size_t)c * stride, (size_t)stride, n);
+  }
+  a.finish(out);
 }
 const char* t_isa() { return hipc::cpu_isa(); }
 void t_quantize_row_q8a(const float* x, int K, void* out) {
@@ -188,7 +194,7 @@ def _load(path: Path) -> ctypes.CDLL:
         getattr(lib, f"t_embed_row_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
         getattr(lib, f"t_embed_row_{w}").restype = None
     F = ctypes.c_float
-    lib.t_attend_row64.argtypes = [P, P, P, ctypes.c_longlong, Int, Int, F, F, P]
+    lib.t_attend_row64.argtypes = [P, P, P, ctypes.c_longlong, Int, Int, F, F, Int, P]
     lib.t_attend_row64.restype = None
     lib.t_isa.restype = ctypes.c_char_p
     lib.t_quantize_row_q8a.argtypes = [P, Int, P]
@@ -422,19 +428,22 @@ def test_threads_do_not_change_results(libs, wtype):
 def test_attend_row(libs, variant):
     """One query row's attention (blocks of 16 positions, a vector exp on AVX512) against
     NumPy's softmax in f64: context lengths around the block size, a window start, wide
-    score ranges (weights underflowing to 0) and soft-capping."""
+    score ranges (weights underflowing to 0), soft-capping, and the positions fed in
+    ranges (a paged cache's blocks) whose max moves between them."""
     lib = _get(libs, variant)
     rng = np.random.default_rng(41)
     D, NKV = 64, 3
-    for lo, hi, scale, cap in [
-        (0, 0, 0.125, 0.0),
-        (0, 14, 0.125, 0.0),
-        (0, 15, 0.125, 0.0),
-        (0, 16, 0.125, 0.0),
-        (5, 100, 0.125, 0.0),
-        (0, 200, 2.0, 0.0),
-        (0, 40, 40.0, 0.0),
-        (3, 57, 0.5, 30.0),
+    for lo, hi, scale, cap, chunk in [
+        (0, 0, 0.125, 0.0, 1000),
+        (0, 14, 0.125, 0.0, 1000),
+        (0, 15, 0.125, 0.0, 1000),
+        (0, 16, 0.125, 0.0, 1000),
+        (5, 100, 0.125, 0.0, 1000),
+        (5, 100, 0.125, 0.0, 7),
+        (0, 200, 2.0, 0.0, 1000),
+        (0, 200, 2.0, 0.0, 32),
+        (0, 40, 40.0, 0.0, 1000),
+        (3, 57, 0.5, 30.0, 1000),
     ]:
         kv = rng.standard_normal((2, hi + 1, NKV, D), dtype=np.float32)
         q = rng.standard_normal(D, dtype=np.float32)
@@ -450,6 +459,7 @@ def test_attend_row(libs, variant):
             hi,
             scale,
             cap,
+            chunk,
             out.ctypes.data,
         )
         s = (Kh[lo : hi + 1].astype(np.float64) @ q) * scale
@@ -458,7 +468,7 @@ def test_attend_row(libs, variant):
         w = np.exp(s - s.max())
         ref = (w / w.sum()) @ Vh[lo : hi + 1].astype(np.float64)
         err = _rel(out.astype(np.float64), ref)
-        assert err <= 2e-6, f"lo={lo} hi={hi} scale={scale} cap={cap}: {err:.3g}"
+        assert err <= 2e-6, f"lo={lo} hi={hi} scale={scale} cap={cap} chunk={chunk}: {err:.3g}"
 
 
 TWO_VERSIONS_SHIM = r"""

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from hipc.base.errors import HipcError
-from hipc.compiler.ir import Graph, TensorType, WeightRef
+from hipc.compiler.ir import Graph, StackedWeight, TensorType, WeightRef
 from hipc.compiler.quant_recipes import RECIPES, choose_types, use_more_bits
 from hipc.graphs.names import NAME_TABLES
 
@@ -134,3 +134,78 @@ def test_unknown_recipe():
     with pytest.raises(HipcError, match="unknown recipe 'q3_k_m'"):
         choose_types(shaped_graph("gguf", 2, 64, 96, 100, 64, 32, False), "q3_k_m")
     assert "q4_k_m" in RECIPES
+
+
+def moe_shaped_graph(fmt, layers, experts, hidden, expert_ffn, shared_ffn=0, vocab=1000):
+    """The initializers of a MoE model of this shape (8 layers, 4/2 heads of 64): routers,
+    3-D experts (a StackedWeight of per-expert tensors under HF names), shared expert."""
+    g, table = Graph("moe"), NAME_TABLES[fmt]
+
+    def ref(role, i, shape, e=None):
+        names = table[role]
+        name = (names if isinstance(names, str) else names[0]).format(i=i, e=e)
+        return WeightRef("/nonexistent", name, "float32", shape, fmt)
+
+    def add(init):
+        g.add_initializer(init.name, init, TensorType("float32", init.shape))
+
+    add(ref("embed", None, (vocab, hidden)))
+    add(ref("lm_head", None, (vocab, hidden)))
+    for i in range(layers):
+        for role, rows in (("q", 256), ("k", 128), ("v", 128)):
+            add(ref(role, i, (rows, hidden)))
+        add(ref("o", i, (hidden, 256)))
+        add(ref("router", i, (experts, hidden)))
+        for role, shape in (
+            ("gate", (expert_ffn, hidden)),
+            ("up", (expert_ffn, hidden)),
+            ("down", (hidden, expert_ffn)),
+        ):
+            if fmt == "gguf":
+                add(ref(f"{role}_exps", i, (experts, *shape)))
+            else:
+                parts = tuple(ref(f"{role}_exp", i, shape, e) for e in range(experts))
+                add(StackedWeight(f"l{i}.{role}_exps", parts))
+        if shared_ffn:
+            add(ref("shared_gate", i, (shared_ffn, hidden)))
+            add(ref("shared_up", i, (shared_ffn, hidden)))
+            add(ref("shared_down", i, (hidden, shared_ffn)))
+            add(ref("shared_expert_gate", i, (1, hidden)))
+    return g
+
+
+# The types llama.cpp's llama-quantize wrote for F32 GGUFs of these shapes (8 layers,
+# hidden 256, 4/2 heads of 64, experts 256 wide; Mixtral written as llama.cpp's "llama"
+# with 8 experts, Qwen2-MoE with a 512-wide shared expert), quantized tensors only.
+LLAMA_QUANTIZE_MOE = {
+    ("mixtral", "q4_0"): {"q4_0": 41, "q8_0": 16, "q6_k": 1},
+    ("mixtral", "q4_k_m"): {"q4_k": 29, "q8_0": 16, "q5_k": 8, "q6_k": 5},
+    ("mixtral", "q8_0"): {"q8_0": 58},
+    ("qwen3moe", "q4_0"): {"q4_0": 57, "q6_k": 1},
+    ("qwen3moe", "q4_k_m"): {"q4_k": 49, "q6_k": 9},
+    ("qwen2moe", "q4_0"): {"q4_0": 81, "q6_k": 1},
+    ("qwen2moe", "q4_k_m"): {"q4_k": 69, "q6_k": 13},
+}
+MOE_SHAPES = {
+    "mixtral": dict(experts=8),
+    "qwen3moe": dict(experts=9),
+    "qwen2moe": dict(experts=5, shared_ffn=512),
+}
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "safetensors"])
+@pytest.mark.parametrize("model,recipe", sorted(LLAMA_QUANTIZE_MOE))
+def test_moe_recipes_match_llama_quantize(fmt, model, recipe):
+    """Experts are quantized (3-D, or HF's per-expert tensors stacked) and follow the dense
+    roles' rules (ffn_down_exps and ffn_down_shexp are ffn_down: more bits on the *_M
+    mixes' layers); routers and the shared-expert gate are kept; 8 experts lift attn_k and
+    attn_v to Q8_0 and Q4_K_M's attn_output to Q5_K."""
+    g = moe_shaped_graph(fmt, 8, hidden=256, expert_ffn=256, **MOE_SHAPES[model])
+    types = choose_types(g, recipe)
+    assert Counter(c.dtype for c in types.values()) == LLAMA_QUANTIZE_MOE[(model, recipe)]
+    assert not {c.role for c in types.values()} & {"router", "shared_expert_gate"}
+    experts = [c for c in types.values() if len(c.ref.shape) == 3]
+    assert len(experts) == 8 * 3
+    if recipe == "q4_k_m":
+        downs = {c.layer: c.dtype for c in experts if c.role == "down"}
+        assert downs == {i: "q6_k" if use_more_bits(i, 8) else "q4_k" for i in range(8)}

@@ -19,6 +19,7 @@ from hipc.compiler.reference import delta_rule
 from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.compiler.reference.executor import ReferenceExecutor
 from hipc.graphs import build_graph, load_model
+from hipc.runtime.engine import load_engine
 
 from support import HYBRID_FAMILIES, greedy, hf_greedy, make_hybrid_hf, rel_err, require
 
@@ -144,8 +145,8 @@ def test_every_switch_is_exercised(hybrid):
 @pytest.mark.oracle
 def test_multimodal_checkpoint_text_model(tmp_path, capsys):
     """A Qwen3.5 image-text checkpoint: its language model is read (tensors under
-    model.language_model., config under text_config), the vision tower is not, and
-    `hipc info` says so."""
+    model.language_model., config under text_config), the vision tower is not (neither by
+    the reference nor into a compiled artifact), and `hipc info` says so."""
     transformers = require("transformers")
     torch = require("torch")
     from hipc.cli.main import main
@@ -191,6 +192,12 @@ def test_multimodal_checkpoint_text_model(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["hybrid"]["vision_tower"].startswith("skipped")
     assert info["hybrid"]["linear_attention_layers"] == [0]
+    # compiled for the CPU: the text model's weights only, the same logits
+    out = tmp_path / "m.hipc"
+    assert main(["compile", str(tmp_path), "--target", "cpu", "-o", str(out), "-q"]) == 0
+    engine = load_engine(out)
+    assert not any("visual" in w["name"] for w in engine.artifact.plan["weights"])
+    assert rel_err(engine.logits(tokens), got) <= 1e-3
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx1100"])

@@ -1,10 +1,10 @@
 """Qwen3.5 hybrids compiled for the CPU (compiler/kernels/deltanet.py, the gated partial-RoPE
 attention) against the reference executor, itself checked against transformers
 (test_hybrid.py): prompts shorter than, equal to and several times the 64-token chunk, run
-in prefill chunks of max_tokens then token by token, <= 1e-3 relative, 32 greedy tokens
+in prefill calls of max_tokens (the kernel's chunked form) then token by token (its
+recurrence), <= 1e-3 relative, 32 greedy tokens
 equal; float32 and bf16 HF weights, F32 and Q8_0 GGUF files (value heads in llama.cpp's
-tiled order). Qwen3.5-MoE too (its gated shared expert as the MoE issue's kernels); Qwen3-Next's
-per-key-head q/k/v/z packing stops in one line.
+tiled order); Qwen3.5-MoE and Qwen3-Next (HF and GGUF) with routed and shared experts.
 """
 
 from __future__ import annotations
@@ -51,19 +51,21 @@ def _check(artifact, model_ref, bound=1e-3):
     return max(errors)
 
 
-def _compile(src, out):
-    # max_tokens 16: the longer prompts run as several prefill chunks on one state
-    compile_model(src, out, CompileOptions(max_context=CTX, max_tokens=16), verbose=False)
+def _compile(src, out, max_tokens=16):
+    # max_tokens 16: the longer prompts run as several prefill calls on one state, each a
+    # partial delta-rule chunk; 64: whole chunks
+    options = CompileOptions(max_context=CTX, max_tokens=max_tokens)
+    compile_model(src, out, options, verbose=False)
     return out
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_compiled_qwen3_5_matches_reference(dtype, tmp_path):
+@pytest.mark.parametrize(("dtype", "max_tokens"), [("float32", 64), ("bfloat16", 16)])
+def test_compiled_qwen3_5_matches_reference(dtype, max_tokens, tmp_path):
     torch = require("torch")
     hf = make_hybrid_hf("qwen3_5", tmp_path / "hf", seed=11)
     if dtype == "bfloat16":
         hf.to(torch.bfloat16).save_pretrained(tmp_path / "hf")
-    plan = load_engine(_compile(tmp_path / "hf", tmp_path / "m.hipc")).artifact.plan
+    plan = load_engine(_compile(tmp_path / "hf", tmp_path / "m.hipc", max_tokens)).artifact.plan
     kernels = {launch["kernel"] for launch in plan["targets"]["cpu"]["steps"]["forward"]}
     assert sum(k.startswith("deltanet_") for k in kernels) == 1  # two layers, one function
     kinds = {s["kind"] for s in plan["states"]}
@@ -82,19 +84,14 @@ def test_compiled_qwen35_gguf(qtype, bound, tmp_path):
     _check(_compile(path, tmp_path / "m.hipc"), path, bound)
 
 
-def test_compiled_qwen3_5_moe_matches_reference(tmp_path):
-    """The sparse blocks' sigmoid-gated shared expert runs on the MoE kernels' shape
-    (router + shared gate as one Linear, the gated-residual epilogue)."""
-    make_hybrid_hf("qwen3_5_moe", tmp_path / "hf", seed=5)
-    _check(_compile(tmp_path / "hf", tmp_path / "m.hipc"), tmp_path / "hf")
-
-
-def test_qwen3_next_refused_on_cpu_in_one_line(tmp_path, capsys):
-    """Qwen3-Next's HF packing of q/k/v/z per key head has no CPU kernel yet."""
-    from hipc.cli.main import main
-
-    make_hybrid_hf("qwen3_next", tmp_path / "hf")
-    rc = main(["compile", str(tmp_path / "hf"), "--target", "cpu", "-o", str(tmp_path / "m")])
-    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert rc == 2 and len(err) == 1 and "qkvz" in err[0], err
-    assert not (tmp_path / "m").exists()
+def test_compiled_moe_hybrids_match_reference(tmp_path):
+    """Routed experts plus the sigmoid-gated shared expert (the moe and linear kinds), and
+    Qwen3-Next's projections packed per key head: its HF in_proj_qkvz and in_proj_ba read
+    where they are, and its GGUF (q/k/v and z split by llama.cpp's converter, b and a still
+    packed). Qwen3.5-MoE from its HF folder."""
+    make_hybrid_hf("qwen3_5_moe", tmp_path / "moe", seed=12)
+    _check(_compile(tmp_path / "moe", tmp_path / "moe.hipc"), tmp_path / "moe")
+    hf = make_hybrid_hf("qwen3_next", tmp_path / "next")
+    _check(_compile(tmp_path / "next", tmp_path / "next.hipc", 64), tmp_path / "next")
+    path = write_hybrid_gguf(hf, tmp_path / "n.gguf", "qwen3next")
+    _check(_compile(path, tmp_path / "n.hipc"), path)

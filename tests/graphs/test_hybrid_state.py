@@ -1,5 +1,6 @@
-"""Per-sequence state of the hybrids in the reference engine: recurrent states (conv window,
-delta-rule matrix) reset per sequence and reused only from snapshots, KV caches by prefix.
+"""Per-sequence state of the hybrids in the reference engine and compiled for the CPU:
+recurrent states (conv window, delta-rule matrix) reset per sequence and reused only from
+snapshots (runtime/recurrent.py), KV caches by prefix.
 
 Each sequence runs on one engine that keeps snapshots and is compared with a fresh engine
 that never reuses anything: the same prompt twice, a prompt sharing a prefix, a next turn
@@ -13,8 +14,11 @@ import numpy as np
 import pytest
 
 from hipc.base.errors import HipcError
+from hipc.compiler.options import CompileOptions
+from hipc.compiler.pipeline import compile_model
 from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
+from hipc.runtime.engine import load_engine
 
 from support import make_hybrid_hf, rel_err
 
@@ -32,12 +36,29 @@ def _run(engine, prompt, n=N):
     return out, np.stack(logits)
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_next"])
+ENGINES = [
+    ("qwen3_5", "reference"),
+    ("qwen3_next", "reference"),
+    ("qwen3_5", "compiled"),
+    ("qwen3_5_moe", "compiled"),
+]
+
+
+@pytest.fixture(scope="module", params=ENGINES, ids=["-".join(e) for e in ENGINES])
 def engines(request, tmp_path_factory):
-    folder = tmp_path_factory.mktemp(request.param)
-    make_hybrid_hf(request.param, folder, seed=3)
-    model = load_model(folder)
-    return ReferenceEngine(model, 256), ReferenceEngine(model, 256, max_snapshots=0)
+    """(an engine that keeps snapshots, a fresh one that never does)."""
+    family, kind = request.param
+    folder = tmp_path_factory.mktemp(family)
+    make_hybrid_hf(family, folder / "hf", seed=3)
+    if kind == "reference":
+        model = load_model(folder / "hf")
+        return ReferenceEngine(model, 256), ReferenceEngine(model, 256, max_snapshots=0)
+    # the cpu target; max_tokens 16: pieces of 64 positions run as 4 chunks
+    options = CompileOptions(max_context=256, max_tokens=16)
+    compile_model(folder / "hf", folder / "m.hipc", options, verbose=False)
+    engine, fresh = load_engine(folder / "m.hipc"), load_engine(folder / "m.hipc")
+    fresh.sequence.max_snapshots = 0
+    return engine, fresh
 
 
 @pytest.mark.oracle

@@ -2,11 +2,11 @@
 
 The reference executor is itself checked against transformers (test_moe.py); here the
 compiled kernels (routing, the routed experts' matmuls, the residual epilogue) are held
-to it: <= 1e-3 relative over a chunked prefill and token-by-token decode, greedy tokens
-equal; quantized GGUF experts to what their int16 activation rounding explains. OLMoE's
-clip_qkv is the attention kernel's (a feeder, applied as q, k, v are read). Qwen2-MoE's
-gated shared expert is also held to transformers directly. Every GPU target is refused in
-one line.
+to it: <= 1e-3 relative over a chunked prefill and token-by-token decode, 32 greedy
+tokens equal (as the issue asks); quantized GGUF experts to what their int16 activation
+rounding explains. OLMoE's clip_qkv is the attention kernel's (a feeder, applied as q, k, v are read). Qwen2-MoE's
+gated shared expert is also held to transformers directly. GPU targets:
+tests/compiler/test_moe_compile_gpu.py, tests/gpu/test_compiled_moe_gpu.py.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_compiled_moe_matches_reference(family, tmp_path):
     # max_tokens 8: the 19-token prompt runs as three prefill chunks
     options = CompileOptions(max_context=48, max_tokens=8)
     compile_model(tmp_path / "m", tmp_path / "m.hipc", options, verbose=False)
-    check_compiled_against_reference(tmp_path / "m.hipc", tmp_path / "m")
+    check_compiled_against_reference(tmp_path / "m.hipc", tmp_path / "m", n_greedy=32)
 
 
 @pytest.mark.parametrize("family", ["qwen2_moe-e5-k1-shared", "qwen2_moe-e11-k3-shared-norm-step2"])
@@ -113,7 +113,7 @@ def test_moe_gguf_compiled(case, tmp_path, monkeypatch):
     if arch == "olmoe" and qtype != "F32":
         check_error_is_the_int16_rounding(out, path, qtype, monkeypatch)
     else:
-        check_compiled_against_reference(out, path)
+        check_compiled_against_reference(out, path, n_greedy=32)
     if arch == "qwen2moe" and qtype == "F32":
         hf = transformers.AutoModelForCausalLM.from_pretrained(
             tmp_path, gguf_file="m.gguf", config=src.config, dtype=torch.float32
@@ -122,6 +122,34 @@ def test_moe_gguf_compiled(case, tmp_path, monkeypatch):
         with torch.no_grad():
             want = hf(torch.tensor([tokens])).logits[0].numpy()
         assert rel_err(load_engine(out).logits(tokens), want) <= 1e-3
+
+
+def test_quant_recipe_quantizes_experts(tmp_path, capsys):
+    """`--quant q8_0` on a bf16 HF MoE: the per-expert tensors become one quantized 3-D
+    tensor per layer, the router and the shared-expert gate stay bf16 (llama-quantize
+    keeps them), and `hipc verify --quant` passes against the reference on the same store."""
+    torch = require("torch")
+    from hipc.cli.main import main
+
+    src = make_moe_model(
+        "qwen2_moe-e5-k1-shared", hidden_size=64, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64,
+    ).to(torch.bfloat16)  # fmt: skip
+    src.save_pretrained(tmp_path / "m")
+    out = tmp_path / "m.hipc"
+    argv = ["--target", "cpu", "--max-context", "48", "--quant", "q8_0"]
+    assert main(["compile", str(tmp_path / "m"), "-o", str(out), "-q", *argv]) == 0
+    types = {
+        w["name"]: (w["dtype"], len(w["shape"])) for w in load_engine(out).artifact.plan["weights"]
+    }
+    experts = {t for n, t in types.items() if ".experts." in n}
+    assert experts == {("q8_0", 3)}
+    assert {
+        t for n, t in types.items() if n.endswith(("mlp.gate.weight", "expert_gate.weight"))
+    } == {("bfloat16", 2)}  # as stored
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "m"), *argv]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "PASS"
 
 
 def test_bf16_experts_and_one_expert_at_a_time(tmp_path, monkeypatch):
@@ -145,7 +173,7 @@ def test_bf16_experts_and_one_expert_at_a_time(tmp_path, monkeypatch):
     plan = load_engine(tmp_path / "m.hipc").artifact.plan
     experts = [w for w in plan["weights"] if len(w["shape"]) == 3]
     assert experts and all(w["dtype"] == "bfloat16" for w in experts)
-    check_compiled_against_reference(tmp_path / "m.hipc", tmp_path / "m")
+    check_compiled_against_reference(tmp_path / "m.hipc", tmp_path / "m", n_greedy=32)
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
@@ -174,7 +202,7 @@ def test_quantized_gguf_experts_stay_quantized(qtype, tmp_path, capsys, monkeypa
     assert experts and all(w["dtype"] == qtype.lower() and len(w["shape"]) == 3 for w in experts)
     assert any(k["kind"] == "moe" for k in plan["kernels"].values())
     if qtype == "Q8_0":
-        check_compiled_against_reference(out, path)
+        check_compiled_against_reference(out, path, n_greedy=32)
     check_error_is_the_int16_rounding(out, path, qtype, monkeypatch)
 
 
@@ -271,17 +299,4 @@ def check_error_is_the_int16_rounding(artifact, model, qtype, monkeypatch) -> No
     explained = rel_err(rounded, want)
     assert 0 < explained <= 2e-3
     assert rel_err(_run(compiled, tokens), want) <= 2 * explained
-    assert greedy(compiled, tokens[:4], 20) == greedy(reference, tokens[:4], 20)
-
-
-def test_gpu_refusal_is_one_line(tmp_path, capsys):
-    from hipc.cli.main import main
-
-    make_moe_model("mixtral-e8-k1", num_hidden_layers=1).save_pretrained(tmp_path / "m")
-    rc = main(["compile", str(tmp_path / "m"), "--target", "gfx1100", "-o", str(tmp_path / "o")])
-    err = capsys.readouterr().err.strip().splitlines()
-    want = "l0.moe: Mixture-of-Experts layers have no GPU kernel yet"
-    assert rc == 2
-    assert err[-1] == f"hipc: error: {want}"
-    assert not any("Traceback" in line for line in err)
-    assert not (tmp_path / "o").exists()
+    assert greedy(compiled, tokens[:4], 32) == greedy(reference, tokens[:4], 32)

@@ -1,0 +1,231 @@
+"""Mixture-of-Experts on the GPU: hipc beside llama.cpp on the same files, in one run.
+
+Run on the GPU machine (docs/benchmarks/README.md says how the device tool carries it):
+
+    python docs/benchmarks/bench_gpu_moe.py --out $OUT/moe.md [--llamacpp-bin DIR] \
+        [--models qwen3,olmoe] [--layers qwen3=48,olmoe=16] [--profile]
+
+Models (random weights, real shapes; --layers cuts the layer count to save disk and time):
+  qwen3  Qwen3-30B-A3B shape, Q4_0: a GGUF written directly in blocks by write_moe_gguf.py
+         (17 GB at 48 layers); hipc compiles that file and llama-bench reads the same one.
+  olmoe  OLMoE-1B-7B shape, bf16: a Hugging Face folder with per-expert tensors for hipc
+         (14 GB at 16 layers), and, with --llamacpp-bin, an F16 GGUF of the same shape for
+         llama.cpp (write_moe_gguf.py --type f16), written after hipc's files are deleted.
+For each: `hipc compile --target sm_90` (timed), a 512-token prefill and 128 greedy decode
+tokens (median of --repeats; decode is the engine's forward() per token, logits copied back
+and argmax taken on the host), and `llama-bench -p 512 -n 128 -fa 1 -ngl 99` with
+--llamacpp-bin DIR. Decode bandwidth counts the ACTIVE bytes one token reads: attention,
+norms, the router, k of the E experts, the LM head and one embedding row, against the
+device-to-device copy bandwidth measured in the same run. --profile adds each decode
+kernel's time (profile_gpu_decode.py) for the first model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_gpu import bench_hipc, ceilings, log  # noqa: E402
+from write_moe_gguf import PRESETS  # noqa: E402
+from write_moe_gguf import write as write_gguf  # noqa: E402
+
+PRESET = {"qwen3": "qwen3-30b-a3b", "olmoe": "olmoe-1b-7b"}
+FORMAT = {"qwen3": "Q4_0 GGUF", "olmoe": "bf16 safetensors (llama.cpp: F16 GGUF)"}
+
+
+def gguf_active_bytes(path: Path, cfg: dict) -> int:
+    """Bytes one decode token reads from a GGUF: k / E of each stacked expert tensor, one row
+    of the embedding table, every other tensor whole."""
+    import gguf
+
+    total = 0
+    for t in gguf.GGUFReader(str(path)).tensors:
+        n = int(t.n_bytes)
+        if "_exps." in t.name:
+            n = n * cfg["active"] // cfg["experts"]
+        elif t.name.startswith("token_embd"):
+            n //= cfg["vocab"]
+        total += n
+    return total
+
+
+def write_olmoe_hf(folder: Path, cfg: dict) -> int:
+    """An OLMoE-shaped bf16 Hugging Face folder (one tensor per expert, as allenai ships it);
+    returns the active bytes of a decode token."""
+    from hipc.base.safetensors_file import LazyTensor, write_safetensors
+
+    L, H, NH, D, E, F, V = (cfg[k] for k in ("layers", "hidden", "heads", "head_dim", "experts",
+                                              "expert_ffn", "vocab"))  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "vocab_size": V,
+        "hidden_size": H, "intermediate_size": F, "num_hidden_layers": L,
+        "num_attention_heads": NH, "num_key_value_heads": cfg["kv_heads"], "num_experts": E,
+        "num_experts_per_tok": cfg["active"], "norm_topk_prob": False, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "clip_qkv": None, "torch_dtype": "bfloat16",
+    }))  # fmt: skip
+    rng = np.random.default_rng(0)
+    base = (0.02 * rng.standard_normal(1 << 22)).astype(np.float32).view(np.uint32) >> 16
+    base = base.astype(np.uint16)
+
+    def rnd(shape):
+        def load():
+            n, off = int(np.prod(shape)), int(rng.integers(0, 1 << 20))
+            return np.tile(base, -(-(n + off) // base.size))[off : off + n].reshape(shape)
+
+        return load
+
+    def ones(n):
+        return lambda: np.full(n, 0x3F80, np.uint16)  # bf16 1.0
+
+    KV = cfg["kv_heads"] * D
+    tensors = [
+        ("model.embed_tokens.weight", (V, H), rnd((V, H))),
+        ("model.norm.weight", (H,), ones(H)),
+        ("lm_head.weight", (V, H), rnd((V, H))),
+    ]
+    active = 2 * H + 2 * V * H + 2 * H  # final norm, LM head, one embedding row
+    for i in range(L):
+        p = f"model.layers.{i}."
+        attn = [("q_proj", (NH * D, H)), ("k_proj", (KV, H)), ("v_proj", (KV, H)),
+                ("o_proj", (H, NH * D))]  # fmt: skip
+        tensors += [(p + f"self_attn.{n}.weight", s, rnd(s)) for n, s in attn]
+        tensors += [
+            (p + "self_attn.q_norm.weight", (NH * D,), ones(NH * D)),
+            (p + "self_attn.k_norm.weight", (KV,), ones(KV)),
+            (p + "input_layernorm.weight", (H,), ones(H)),
+            (p + "post_attention_layernorm.weight", (H,), ones(H)),
+            (p + "mlp.gate.weight", (E, H), rnd((E, H))),
+        ]
+        for e in range(E):
+            q = f"{p}mlp.experts.{e}."
+            tensors += [(q + "gate_proj.weight", (F, H), rnd((F, H))),
+                        (q + "up_proj.weight", (F, H), rnd((F, H))),
+                        (q + "down_proj.weight", (H, F), rnd((H, F)))]  # fmt: skip
+        active += 2 * (sum(int(np.prod(s)) for _, s in attn) + NH * D + KV + 2 * H + E * H)
+        active += 2 * cfg["active"] * 3 * F * H
+    lazy = [LazyTensor(n, np.dtype(np.uint16), s, f, code="BF16") for n, s, f in tensors]
+    write_safetensors(folder / "model.safetensors", lazy)
+    return active
+
+
+def compile_hipc(src: Path, artifact: Path, target: str) -> float:
+    t = time.perf_counter()
+    cmd = [sys.executable, "-m", "hipc.cli.main", "compile", str(src), "--target", target,
+           "-o", str(artifact), "-q", "--max-context", "1024", "--prefill-chunk", "512"]  # fmt: skip
+    subprocess.run(cmd, check=True)
+    return time.perf_counter() - t
+
+
+def llama_bench(bin_dir: Path, gguf_path: Path, repeats: int) -> dict | None:
+    bench = bin_dir / "llama-bench"
+    if not bench.exists():
+        log(f"llama.cpp: {bench} not found")
+        return None
+    cmd = [str(bench), "-m", str(gguf_path), "-ngl", "99", "-fa", "1", "-p", "512", "-n", "128",
+           "-r", str(repeats), "-o", "json"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    try:
+        rows = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        log("llama-bench failed:", proc.stderr[-800:])
+        return None
+    return {"prefill" if r["n_prompt"] else "decode": r["avg_ts"] for r in rows}
+
+
+def profile(artifact: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "profile_gpu_decode.py"), str(artifact), "--position", "512"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    return proc.stdout + proc.stderr[-2000:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--models", default="qwen3,olmoe")
+    ap.add_argument("--layers", default="", help="per-model layer counts, e.g. qwen3=8,olmoe=2")
+    ap.add_argument("--target", default="sm_90")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/hipc-moe-bench"))
+    ap.add_argument("--llamacpp-bin", type=Path, default=None, help="folder with llama-bench")
+    ap.add_argument("--profile", action="store_true", help="per-kernel decode times")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    layers = dict(kv.split("=") for kv in args.layers.split(",") if kv)
+    ceil = ceilings()
+    copy = ceil["copy_bytes_per_s"]
+    log(f"ceilings: copy {copy / 1e12:.2f} TB/s")
+    rows, notes = [], []
+    for name in args.models.split(","):
+        cfg = dict(PRESETS[PRESET[name]])
+        if name in layers:
+            cfg["layers"] = int(layers[name])
+        label = f"{name} ({cfg['layers']} layers, {FORMAT[name].split(' ')[0]})"
+        artifact = args.work / f"{name}.hipc"
+        t = time.perf_counter()
+        if name == "qwen3":
+            src = write_gguf(args.work / f"{name}.gguf", cfg, "q4_0")
+            active = gguf_active_bytes(src, cfg)
+        else:
+            src = args.work / name
+            active = write_olmoe_hf(src, cfg)
+        log(f"{name}: wrote {src} in {time.perf_counter() - t:.0f} s")
+        compile_s = compile_hipc(src, artifact, args.target)
+        r = bench_hipc(artifact, args.repeats, 512, 128)
+        rows.append((label, "hipc", r["prefill"], r["decode"], r["decode"] * active))
+        log(rows[-1])
+        notes.append(
+            f"{name}: hipc compile {compile_s:.0f} s, load {r['load_s']:.1f} s, {r['kernels']} "
+            f"kernels per decode step, {active / 1e9:.3f} GB active per decode token "
+            f"({cfg['active']} of {cfg['experts']} experts)"
+        )
+        if args.profile and len(notes) == 1:
+            notes.append("decode profile:\n```\n" + profile(artifact) + "```")
+        subprocess.run(["rm", "-rf", str(artifact)], check=True)
+        if name == "olmoe":
+            subprocess.run(["rm", "-rf", str(src)], check=True)
+        if args.llamacpp_bin:
+            if name == "olmoe":  # llama.cpp reads no safetensors: the same shape as F16
+                src = write_gguf(args.work / f"{name}-f16.gguf", cfg, "f16")
+            lc = llama_bench(args.llamacpp_bin, src, args.repeats)
+            if lc:
+                eng = "llama.cpp " + ("Q4_0" if name == "qwen3" else "F16")
+                dc = lc.get("decode", 0.0)
+                rows.append((label, eng, lc.get("prefill", 0.0), dc, dc * active))
+                log(rows[-1])
+        if isinstance(src, Path) and src.suffix == ".gguf":
+            src.unlink()
+    lines = [
+        f"ceilings: device copy {copy / 1e12:.2f} TB/s (read+write), "
+        f"bf16 matmul {ceil['bf16_flops'] / 1e12:.0f} TFLOP/s",
+        "",
+        "| model | engine | prefill 512 tok/s | decode tok/s | active GB/s | % of copy bw |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for label, eng, pf, dc, bw in rows:
+        lines.append(
+            f"| {label} | {eng} | {pf:,.0f} | {dc:,.1f} | {bw / 1e9:,.0f} | {100 * bw / copy:.0f}% |"
+        )
+    lines += ["", *[f"- {n}" for n in notes]]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        cmd = "python docs/benchmarks/bench_gpu_moe.py " + " ".join(sys.argv[1:])
+        args.out.write_text(f"# GPU MoE benchmark\n\n```\n{cmd}\n```\n\n{text}\n")
+    os.sync()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Continuous batching: one step advances every running sequence.
+
+`BatchEngine` wraps a compiled engine whose backend can step rows of many sequences (the cpu
+backend's `step`: per-row positions, block tables over paged KV pools). Sequences join with
+`admit()` and leave with `release()` between steps; each `step()` runs, in one call:
+
+- one row per decoding sequence (its last sampled token), then
+- a chunk of each prefilling sequence's prompt, in admission order, while the step has rows
+  left (`prefill_chunk` per sequence at most): a long prompt is spread over several steps
+  and the decoding sequences keep advancing meanwhile.
+
+It returns the logits of every sequence whose pending tokens are all computed; the caller
+samples (each sequence with its own Decoding: sampler, seed, stops, logprobs) and `feed()`s
+the next token. Blocks come from a KVPool: a sequence is admitted only when every block it
+may need can be promised (prompt + max_tokens), and the full blocks of its prompt that an
+earlier sequence computed are shared instead of recomputed (prefix caching by block hash).
+
+Engines without a batched backend (the GPU backends today, the reference executor) are not
+wrapped: the server runs them one sequence at a time (runtime/server/runner.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hipc.base.errors import HipcError
+from hipc.runtime.kv_pool import KVPool, block_hashes
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sequence in the batch: its tokens (prompt, then each fed token) and its blocks."""
+
+    id: int
+    tokens: list[int]
+    prompt_len: int
+    slot: int  # its row of the block tables
+    blocks: list[int] = field(default_factory=list)
+    computed: int = 0  # positions whose keys and values are in the pool
+    cached: int = 0  # prompt positions found in the prefix cache
+    quota: int = 0  # blocks promised and not allocated yet
+    hashes: list[bytes] = field(default_factory=list)  # of its full prompt blocks
+
+    @property
+    def pending(self) -> int:
+        return len(self.tokens) - self.computed
+
+
+def batchable(engine) -> bool:
+    """Whether the engine's backend steps rows of many sequences over a paged KV pool."""
+    return callable(getattr(getattr(engine, "backend", None), "step", None))
+
+
+class BatchEngine:
+    def __init__(self, engine, max_batch: int = 8, prefill_chunk: int | None = None) -> None:
+        if not batchable(engine):
+            raise HipcError(f"the {engine.backend.name} backend runs one sequence at a time")
+        self.engine = engine
+        self.backend = backend = engine.backend
+        self.max_context = engine.max_context
+        self.vocab_size = engine.vocab_size
+        self.step_rows = backend.max_tokens
+        self.prefill_chunk = min(prefill_chunk or self.step_rows, self.step_rows)
+        # a recurrent state is one sequence's and can be reused only from a snapshot (the
+        # state-kind rule): with one, sequences run one at a time and nothing is shared
+        self.recurrent = not engine.prefix_reuse
+        if max_batch < 1:
+            raise HipcError(f"--max-batch {max_batch}: at least 1")
+        # every decoding sequence takes a row of each step, and a step holds step_rows rows
+        self.max_batch = 1 if self.recurrent else min(max_batch, self.step_rows)
+        self.block = backend.kv_block
+        self.pool = KVPool(backend.kv_blocks, self.block, caching=not self.recurrent)
+        self.tables = np.zeros((self.max_batch, backend.kv_table), np.int32)
+        self._slots = list(range(self.max_batch))
+        self._ids = itertools.count()
+        self.running: list[Sequence] = []
+        # hashes of prompt blocks that running prefills will publish: a sequence sharing
+        # them waits for them rather than computing them again (the n choices of a request)
+        self._coming: dict[bytes, Sequence] = {}
+        self.steps = 0
+        self.last_batch = 0
+
+    # -------------------------------------------------------------- admission
+
+    def blocks_for(self, positions: int) -> int:
+        return -(-positions // self.block)
+
+    def fits_ever(self, positions: int) -> bool:
+        """Whether a sequence of `positions` could be admitted into an empty pool."""
+        return self.blocks_for(positions) <= self.pool.n_blocks
+
+    def admit(self, prompt: Seq[int], max_positions: int) -> Sequence | None:
+        """Start a sequence, or None if it must wait: no free batch slot, its blocks cannot
+        all be promised, or a running prefill is computing its prompt's next block.
+        `max_positions`: the most positions it may ever hold (prompt + max_tokens)."""
+        if not self._slots:
+            return None
+        prompt = [int(t) for t in prompt]
+        if not prompt or len(prompt) > max_positions or max_positions > self.max_context:
+            raise HipcError(f"a sequence of {len(prompt)}..{max_positions} positions does not fit")
+        hashes = block_hashes(prompt, self.block) if self.pool.caching else []
+        # the last prompt token is always computed (its logits are needed), so a block
+        # holding it is never shared
+        shareable = hashes[: (len(prompt) - 1) // self.block]
+        hits = self.pool.lookup(shareable)
+        if len(hits) < len(shareable) and shareable[len(hits)] in self._coming:
+            return None
+        need = self.blocks_for(max_positions)
+        if not self.pool.admit(hits, need - len(hits)):
+            return None
+        if self.recurrent:
+            self.backend.reset()  # zero the one recurrent state for the new sequence
+        slot = self._slots.pop(0)
+        seq = Sequence(next(self._ids), prompt, len(prompt), slot, list(hits))
+        seq.computed = seq.cached = len(hits) * self.block
+        seq.quota = need - len(hits)
+        seq.hashes = hashes
+        self.pool.queried_tokens += len(prompt)
+        self.pool.hit_tokens += seq.cached
+        self.tables[slot, : len(hits)] = hits
+        for h in hashes[len(hits) :]:
+            self._coming.setdefault(h, seq)
+        self.running.append(seq)
+        return seq
+
+    def feed(self, seq: Sequence, token: int) -> None:
+        """The token sampled for `seq`: computed (and its logits returned) in the next step."""
+        if seq.pending:
+            raise HipcError("a sequence was fed before its pending tokens were computed")
+        if (
+            len(seq.tokens) >= self.max_context
+            or len(seq.tokens) >= (len(seq.blocks) + seq.quota) * self.block
+        ):
+            raise HipcError("a sequence was fed past the positions it was admitted for")
+        seq.tokens.append(int(token))
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence has ended or was cancelled: its blocks go back to the pool."""
+        if seq not in self.running:
+            return
+        self.running.remove(seq)
+        for b in seq.blocks:
+            self.pool.release(b)
+        self.pool.unreserve(seq.quota)
+        seq.blocks, seq.quota = [], 0
+        for h in seq.hashes:
+            if self._coming.get(h) is seq:
+                del self._coming[h]
+        self._slots.append(seq.slot)
+        self._slots.sort()
+
+    # -------------------------------------------------------------- stepping
+
+    def step(self) -> dict[Sequence, np.ndarray]:
+        """Run one step; the logits of each sequence whose tokens are now all computed."""
+        rows: list[tuple[Sequence, int]] = []  # (sequence, tokens this step)
+        budget = self.step_rows
+        decoding = [s for s in self.running if s.pending == 1]
+        prefilling = [s for s in self.running if s.pending > 1]
+        for s in decoding:
+            rows.append((s, 1))
+            budget -= 1
+        for s in prefilling:
+            if budget <= 0:
+                break
+            n = min(s.pending, self.prefill_chunk, budget)
+            rows.append((s, n))
+            budget -= n
+        if not rows:
+            return {}
+        ids, pos, seq_rows, out_rows, wanted = [], [], [], [], []
+        for s, n in rows:
+            first = s.computed
+            self._grow(s, first + n)
+            ids.extend(s.tokens[first : first + n])
+            pos.extend(range(first, first + n))
+            seq_rows.extend([s.slot] * n)
+            if first + n == len(s.tokens):
+                out_rows.append(len(ids) - 1)
+                wanted.append(s)
+        logits = (
+            self.backend.step(
+                np.array(ids, np.int64),
+                np.array(pos, np.int32),
+                np.array(seq_rows, np.int32),
+                self.tables,
+                np.array(out_rows, np.int32),
+            )
+            if out_rows
+            else self._step_without_logits(ids, pos, seq_rows)
+        )
+        for s, n in rows:
+            self._computed(s, s.computed + n)
+        self.steps += 1
+        self.last_batch = len(rows)
+        return dict(zip(wanted, logits, strict=True))
+
+    def _step_without_logits(self, ids, pos, seq_rows) -> np.ndarray:
+        # every row is a prefill chunk that does not reach its prompt's end: the entry point
+        # always writes at least one row of logits, so the last row's are computed and dropped
+        self.backend.step(
+            np.array(ids, np.int64),
+            np.array(pos, np.int32),
+            np.array(seq_rows, np.int32),
+            self.tables,
+            np.array([len(ids) - 1], np.int32),
+        )
+        return np.empty((0, self.vocab_size), np.float32)
+
+    def _grow(self, s: Sequence, positions: int) -> None:
+        while len(s.blocks) * self.block < positions:
+            b = self.pool.allocate()
+            s.quota -= 1
+            self.tables[s.slot, len(s.blocks)] = b
+            s.blocks.append(b)
+
+    def _computed(self, s: Sequence, computed: int) -> None:
+        before = s.computed // self.block
+        s.computed = computed
+        full = computed // self.block
+        if self.pool.caching and full > before:
+            # the prompt's blocks by their known hashes; blocks past the prompt by the hash
+            # chained over every token fed so far (a chat's earlier reply, sent back as its
+            # next prompt, finds them)
+            if full > len(s.hashes):
+                parent = s.hashes[-1] if s.hashes else b""
+                tail = s.tokens[len(s.hashes) * self.block : full * self.block]
+                s.hashes.extend(block_hashes(tail, self.block, parent))
+            for i in range(before, full):
+                self.pool.publish(s.blocks[i], s.hashes[i])
+                if self._coming.get(s.hashes[i]) is s:
+                    del self._coming[s.hashes[i]]

@@ -1,0 +1,367 @@
+"""The queue in front of a batch engine: requests' choices run together, one step at a time.
+
+The engine thread loops: admit waiting choices while the batch has a free slot and the KV
+pool can promise a choice every block it may need (a request waits in the queue until then:
+it never fails mid-stream for lack of memory), drop cancelled requests (their blocks go back
+at once), run one step of every running sequence, and hand each sequence's logits to its own
+Decoding (sampler, seed, stop conditions, logprobs, grammar). A request starts when its first
+choice is admitted; its choices run side by side (their shared prompt is computed once, then
+found in the prefix cache), and their stream events are released in choice order, as the one
+at a time runner emits them.
+
+The surface is the Scheduler's (scheduler.py): submit / cancel / close / hurry / idle, jobs
+and their events, `on_change(depth, running)`; QueueFull (a 429) when more than
+`max_queued` requests wait beyond the batch's free slots.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hipc.base.errors import HipcError
+from hipc.runtime.batch import BatchEngine, Sequence
+from hipc.runtime.generate import Decoding, Generation
+from hipc.runtime.server.errors import bad_request, internal_error
+from hipc.runtime.server.scheduler import Job, QueueFull, ShuttingDown
+
+if TYPE_CHECKING:
+    from hipc.runtime.server.metrics import ServerMetrics
+    from hipc.runtime.server.runner import ChoiceSpec
+
+log = logging.getLogger("hipc.server")
+
+
+class _Admitted:
+    """The engine as Generation's constructor sees it: the context a request may use."""
+
+    def __init__(self, max_context: int) -> None:
+        self.max_context = max_context
+
+
+@dataclass(eq=False)
+class _Choice:
+    spec: ChoiceSpec
+    gen: Generation
+    decoding: Decoding | None = None
+    seq: Sequence | None = None
+    t0: float = 0.0
+    ended: bool = False
+
+
+@dataclass(eq=False)
+class _Work:
+    """A job's state on the engine thread."""
+
+    job: Job
+    choices: list[_Choice]
+    stream: bool
+    prompt_tokens: int
+    next_admit: int = 0
+    shown: int = 0  # choices whose events have been released, in order
+    held: dict[int, list[Any]] = field(default_factory=lambda: collections.defaultdict(list))
+    last_token: float | None = None
+    metrics: Any = None  # the server's, or _Quiet for the warmup
+
+    @property
+    def done(self) -> bool:
+        return all(c.ended for c in self.choices)
+
+
+class BatchScheduler:
+    def __init__(
+        self,
+        batch: BatchEngine,
+        tokenizer,
+        metrics: ServerMetrics,
+        max_context: int,
+        max_queued: int,
+        on_cancel=None,
+        on_change=None,
+    ) -> None:
+        self.batch, self.tokenizer, self.metrics = batch, tokenizer, metrics
+        self.admitted = _Admitted(max_context)
+        self.max_queued = max_queued
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._work: dict[Job, _Work] = {}  # submitted, not finished
+        self._active: list[_Work] = []  # started (at least one choice admitted)
+        self._cv = threading.Condition()
+        self._closed = self._stop = False
+        self._deadline = float("inf")
+        self._on_cancel, self._on_change = on_cancel, on_change
+        self._publish_pool()
+        self._thread = threading.Thread(target=self._loop, name="hipc-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ the HTTP side
+
+    def job(
+        self, choices: list[ChoiceSpec], stream: bool, prompt_tokens: int, counted: bool = True
+    ) -> Job:
+        """A job for these choices (validated already: each fits the admitted context);
+        `counted` False keeps it out of the request metrics (the warmup)."""
+        job = Job(_no_work)
+        work = [_Choice(c, Generation(self.admitted, self.tokenizer, c.request)) for c in choices]
+        metrics = self.metrics if counted else _Quiet()
+        self._work[job] = _Work(job, work, stream, prompt_tokens, metrics=metrics)
+        return job
+
+    @property
+    def depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._active)
+
+    @property
+    def accepting(self) -> bool:
+        return not self._closed
+
+    def submit(self, job: Job) -> None:
+        with self._cv:
+            if self._closed:
+                self._work.pop(job, None)
+                raise ShuttingDown
+            # what is waiting beyond the free slots is the queue (at batch 1 with one request
+            # running: exactly the one-at-a-time scheduler's rule)
+            free = max(self.batch.max_batch - len(self.batch.running), 0)
+            if len(self._waiting) >= self.max_queued + free:
+                self._work.pop(job, None)
+                raise QueueFull
+            job._on_cancel = self._cancelled
+            self._waiting.append(job)
+            self._changed()
+            self._cv.notify_all()
+
+    def _cancelled(self, job: Job) -> None:
+        with self._cv:
+            try:
+                self._waiting.remove(job)
+            except ValueError:
+                self._cv.notify_all()  # running: the loop drops it before the next step
+                return
+            self._work.pop(job, None)
+            self._changed()
+            job.done.set()
+            self._cv.notify_all()
+        if self._on_cancel is not None:
+            self._on_cancel(job)
+
+    def hurry(self) -> None:
+        with self._cv:
+            self._deadline = 0.0
+            self._cv.notify_all()
+
+    def idle(self) -> bool:
+        with self._cv:
+            return not self._active and not self._waiting
+
+    def close(self, grace: float) -> None:
+        """Refuse new jobs; give running and waiting ones `grace` seconds, then cancel them."""
+        with self._cv:
+            self._closed = True
+            self._deadline = min(self._deadline, time.monotonic() + grace)
+            while (self._active or self._waiting) and time.monotonic() < self._deadline:
+                self._cv.wait(0.05)
+            pending = list(self._waiting) + [w.job for w in self._active]
+        for job in pending:
+            job.cancel("shutdown")
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------ the engine thread
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._active and not self._waiting and not self._stop:
+                    self._cv.wait()
+                if self._stop and not self._active and not self._waiting:
+                    return
+                self._admit()
+                active = list(self._active)
+            for w in active:
+                if w.job.cancelled or w.job.error is not None:
+                    self._finish(w)
+            if not self.batch.running:
+                with self._cv:  # nothing admissible now: wait for a change
+                    if self._waiting and not self._active:
+                        self._cv.wait(0.05)
+                continue
+            try:
+                logits = self.batch.step()
+            except Exception:
+                log.exception("batch step failed")
+                for w in list(self._active):
+                    w.job.error = internal_error()
+                    self._finish(w)
+                continue
+            self._publish_step()
+            for w in list(self._active):
+                self._advance(w, logits)
+
+    def _admit(self) -> None:
+        """Under the lock: start choices, first come first served, while they fit."""
+        for w in self._active:
+            if not self._admit_choices(w):
+                return
+        while self._waiting:
+            job = self._waiting[0]
+            w = self._work[job]
+            complete = self._admit_choices(w)
+            if w.next_admit == 0 and job.error is None:
+                return  # not one choice fits yet: it keeps its place at the head
+            self._waiting.popleft()
+            self._active.append(w)
+            job.started_at = time.monotonic()
+            w.metrics.queue_wait.observe(job.started_at - job.arrived)
+            w.metrics.prompt_tokens.inc(w.prompt_tokens)
+            job.started.set()
+            self._changed()
+            if not complete:
+                return
+
+    def _admit_choices(self, w: _Work) -> bool:
+        """Admit w's next choices; True if all of them are in (the next job may try)."""
+        while w.next_admit < len(w.choices):
+            if w.job.cancelled:
+                return True
+            c = w.choices[w.next_admit]
+            prompt = c.gen.result.prompt_token_ids
+            if w.job.error is not None:
+                return True
+            try:
+                seq = self.batch.admit(prompt, len(prompt) + c.gen.max_tokens)
+            except HipcError as e:  # the loop finishes the job with this error
+                w.job.error = bad_request(str(e))
+                return True
+            if seq is None:
+                return False
+            if seq.cached:
+                w.metrics.prompt_reuse.inc()
+            c.seq, c.decoding, c.t0 = seq, c.gen.decoding(), time.perf_counter()
+            w.next_admit += 1
+            if w.stream:
+                self._emit(w, c.spec.index, ("start", c.spec.index))
+        return True
+
+    def _advance(self, w: _Work, logits) -> None:
+        for c in w.choices:
+            if c.seq is None or c.ended or c.seq not in logits:
+                continue
+            res = c.gen.result
+            if not res.token_ids and not res.prefill_s:
+                res.prefill_s = time.perf_counter() - c.t0
+                c.t0 = time.perf_counter()
+            try:
+                step = c.decoding.advance(logits[c.seq])
+            except HipcError as e:
+                w.job.error = bad_request(str(e))
+                self._finish(w)
+                return
+            except Exception:
+                log.exception("generation failed")
+                w.job.error = internal_error()
+                self._finish(w)
+                return
+            if step is None:
+                self._end(w, c)
+                continue
+            self._count_tokens(w, len(step.token_ids))
+            if w.stream:
+                self._emit(w, c.spec.index, ("step", c.spec.index, step))
+            self.batch.feed(c.seq, c.decoding.next_token)
+        if w.done:
+            self._finish(w)
+
+    def _end(self, w: _Work, c: _Choice) -> None:
+        self.batch.release(c.seq)
+        res = c.gen.result
+        res.decode_s = time.perf_counter() - c.t0
+        last = c.decoding.finish()
+        if last is not None:
+            self._count_tokens(w, len(last.token_ids))
+            if w.stream:
+                self._emit(w, c.spec.index, ("step", c.spec.index, last))
+        w.metrics.finished.labels(res.finish_reason).inc()
+        w.job.results.append((c.spec.index, res))
+        c.ended = True  # before its "end" event: the next choice's held events follow it
+        if w.stream:
+            self._emit(w, c.spec.index, ("end", c.spec.index, res))
+
+    def _count_tokens(self, w: _Work, n: int) -> None:
+        if not n:
+            return
+        m, now = w.metrics, time.monotonic()
+        if w.last_token is None:
+            m.ttft.observe(now - w.job.arrived)
+        else:
+            m.tpot.observe((now - w.last_token) / n)
+        w.last_token = now
+        m.generation_tokens.inc(n)
+
+    def _emit(self, w: _Work, index: int, event: tuple) -> None:
+        """Stream events in choice order: choice i's wait until every choice before it ended."""
+        order = [c.spec.index for c in w.choices]
+        if order[w.shown] == index:
+            w.job.emit(event)
+        else:
+            w.held[index].append(event)
+        while w.shown < len(order) and w.choices[w.shown].ended:
+            w.shown += 1
+            if w.shown < len(order):
+                for e in w.held.pop(order[w.shown], []):
+                    w.job.emit(e)
+
+    def _finish(self, w: _Work) -> None:
+        """The job is over (finished, cancelled or failed): free its blocks, tell its waiter."""
+        for c in w.choices:
+            if c.seq is not None:
+                self.batch.release(c.seq)
+        w.metrics.e2e.observe(time.monotonic() - w.job.arrived)
+        w.job.emit(("done",))
+        with self._cv:
+            if w in self._active:
+                self._active.remove(w)
+            self._work.pop(w.job, None)
+            self._changed()
+            w.job.done.set()
+            self._cv.notify_all()
+        self._publish_pool()
+        if w.job.cancelled and self._on_cancel is not None:
+            self._on_cancel(w.job)
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(len(self._waiting), len(self._active))
+        waiting_seqs = sum(len(self._work[j].choices) for j in self._waiting if j in self._work)
+        waiting_seqs += sum(len(w.choices) - w.next_admit for w in self._active)
+        self.metrics.set_sequences(len(self.batch.running), waiting_seqs)
+
+    def _publish_step(self) -> None:
+        self.metrics.batch_size.observe(self.batch.last_batch)
+        self._publish_pool()
+
+    def _publish_pool(self) -> None:
+        self.metrics.set_pool(self.batch.pool)
+
+
+class _Quiet:
+    """Swallows metric updates: `m.finished.labels("stop").inc()` does nothing."""
+
+    def __getattr__(self, name: str) -> _Quiet:
+        return self
+
+    def __call__(self, *args: Any, **kw: Any) -> _Quiet:
+        return self
+
+
+def _no_work(job: Job) -> None:  # a batch job's work is done by the scheduler's loop
+    raise AssertionError("batch jobs run on the BatchScheduler's loop")

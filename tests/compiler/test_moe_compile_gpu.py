@@ -1,0 +1,101 @@
+"""MoE models compiled for GPU targets without a GPU: nvcc for sm_90, clang for gfx1100 and
+gfx942 (compiler/kernels/moe.py's GPU half, templates/hip/moe_*.hip.j2).
+
+The code objects must hold every kernel the plans launch; a sparse layer's decode is the lone
+norm, the router GEMV and two expert kernels (routing happens on the device, inside the
+captured graph), its prefill the device-side grouping chain; Q4_0 experts stay quantized and
+their decode kernels multiply int8 (dp4a / v_dot4); Qwen2-MoE's shared expert follows as a
+GLU GEMV and a down GEMV with the gated residual (sigmoid of the router's extra column). The routing's tie order is checked on
+the host (test_moe_route_host.py) and the kernels run on the GPU machine (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from test_compile_gpu import DOT4_INSTRUCTION, compiled, kernel_code, launched_kernels
+
+from gguf_writer import write_gguf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
+from test_moe import make_moe_model
+
+pytestmark = pytest.mark.oracle
+TARGETS = ("sm_90", "gfx1100", "gfx942")
+
+
+@pytest.fixture(scope="module")
+def olmoe(tmp_path_factory):
+    """OLMoE: k = 8 of 13 experts, the q/k norm over the whole projection (lone norms)."""
+    root = tmp_path_factory.mktemp("olmoe")
+    make_moe_model("olmoe-e13-k8").save_pretrained(root / "src")
+    return compiled(root, root / "src", TARGETS)
+
+
+@pytest.fixture(scope="module")
+def q4(tmp_path_factory):
+    root = tmp_path_factory.mktemp("q4")
+    src = make_moe_model(
+        "qwen3_moe-e9-k8-step2", hidden_size=64, head_dim=16, decoder_sparse_step=1,
+        moe_intermediate_size=32,
+    )  # fmt: skip
+    path = write_gguf(src, root / "m.gguf", "qwen3moe", "Q4_0", tokenizer=False)
+    return compiled(root, path, TARGETS)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shared")
+    make_moe_model("qwen2_moe-e11-k3-shared-norm-step2").save_pretrained(root / "src")
+    return compiled(root, root / "src", TARGETS)
+
+
+def steps(artifact, target):
+    return json.loads((artifact / "plan.json").read_text())["targets"][target]["steps"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_moe_kernels_in_every_code_object(olmoe, q4, shared, target):
+    for art, layer in ((olmoe, "l0"), (q4, "l0"), (shared, "l1")):
+        code = kernel_code(art, target)
+        assert launched_kernels(art, target) <= set(code)
+        group = f"{layer}.moe"
+        decode = [x["kernel"] for x in steps(art, target)["decode"] if x["group"] == group]
+        assert [k.rsplit("_", 1)[-1] for k in decode] == ["up", "down"]
+        prefill = [x["kernel"] for x in steps(art, target)["prefill"] if x["group"] == group]
+        assert [k.split("_prefill_")[-1] for k in prefill] == [
+            "route", "group", "gate_up", "down", "combine"
+        ]  # fmt: skip
+        groups = [x["group"] for x in steps(art, target)["decode"]]
+        router = f"{layer}.router" + ("+shared.expert_gate" if art is shared else "")
+        i = groups.index(group)
+        assert groups[i - 2 : i] == [f"{layer}.ffn_norm", router]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_shared_expert_after_the_experts(shared, target):
+    """moe adds the routed sum in place, then the shared expert: its gate+up GLU GEMV and its
+    down GEMV adding sigmoid(gate logit) * row, the logit read from the router's last column."""
+    plan = json.loads((shared / "plan.json").read_text())
+    decode = plan["targets"][target]["steps"]["decode"]
+    groups = [x["group"] for x in decode]
+    i = groups.index("l1.moe")
+    assert groups[i : i + 4] == ["l1.moe", "l1.moe", "l1.shared.gate+up", "l1.shared.down"]
+    down = decode[i + 3]
+    assert "_residual_sig_" in down["kernel"]
+    assert down["args"][-1] == {"kind": "int", "value": 12}  # ldg: the router's 11 + the gate
+    assert launched_kernels(shared, target) <= set(kernel_code(shared, target))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_quantized_experts_decode_on_int8_dot_products(q4, target):
+    plan = json.loads((q4 / "plan.json").read_text())
+    experts = [w for w in plan["weights"] if w["name"].endswith("_exps.weight")]
+    assert experts and all(w["dtype"] == "q4_0" and len(w["shape"]) == 3 for w in experts)
+    code = kernel_code(q4, target)
+    moe = [k for k in code if k.startswith("moe_") and k.endswith(("_up", "_down"))]
+    moe = [k for k in moe if "_decode_" in k]
+    assert len(moe) == 2 and all(DOT4_INSTRUCTION[target] in code[k] for k in moe)

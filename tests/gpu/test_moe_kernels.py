@@ -1,0 +1,256 @@
+"""The GPU MoE kernels alone on a real GPU (compiler/kernels/moe.py), against NumPy.
+
+Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each case renders
+the decode pair (_up, _down) and the prefill chain (_route, _group, _gate_up, _down, _combine)
+as codegen/hip.py does, for the device's arch. Outputs and scratch start as NaN, and every
+expert no token is routed to has NaN weights (quantized: NaN f16 scales), so a value a kernel
+forgot to write, or an expert it should not have read, shows. The reference is the
+reference executor's own router and experts ops (compiler/reference/ops.py) in float64 on
+the weights' exact values; routes with exact ties are compared with torch.topk.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipc.compiler.ir import Node
+from hipc.compiler.kernels.moe import ROUTING, MoEParams, gpu_kernels
+from hipc.compiler.passes.repack import split_quant_blocks
+from hipc.compiler.reference.ops import IMPLS
+from hipc.compiler.targets import GpuTarget
+
+from gpu_kernels import DeviceKernels, pack
+from support import rel_err
+
+pytestmark = pytest.mark.gpu
+QUANT = ("q4_0", "q4_1", "q8_0")
+SCALE_BYTES = {"q4_0": 2, "q4_1": 4, "q8_0": 2}
+MAX_TOKENS = 40
+
+# name: (wtype, E, k, H, F, normalize, fused gate_up, residual)
+CASES = {
+    "f32_e9_k2_norm": ("float32", 9, 2, 64, 40, True, False, True),
+    "bf16_e13_k8_fused": ("bfloat16", 13, 8, 128, 48, False, True, True),
+    "f16_e5_k1": ("float16", 5, 1, 96, 32, False, False, False),
+    "q4_0_qwen3_like": ("q4_0", 128, 8, 256, 96, True, False, True),
+    "q4_1_e7_k2": ("q4_1", 7, 2, 128, 64, True, False, True),
+    "q8_0_e64_k8": ("q8_0", 64, 8, 256, 64, False, False, True),
+    "q8_0_e130_k1_rows_odd": ("q8_0", 130, 1, 96, 160, True, False, False),
+}
+
+
+def params(case) -> MoEParams:
+    wtype, E, k, H, F, normalize, fused, residual = case
+    return MoEParams(wtype, E, k, H, F, normalize, fused, residual)
+
+
+@pytest.fixture(scope="module")
+def moe():
+    kernels = {}
+
+    def build(arch):
+        specs = [(ROUTING.fn, ROUTING.template, ROUTING.ctx, None)]
+        for i, (name, case) in enumerate(CASES.items()):
+            m = gpu_kernels(f"m{i}", params(case), GpuTarget(arch), [name], MAX_TOKENS)
+            kernels[name] = m
+            specs += [(k.fn, k.template, k.ctx, None) for k in (m.decode, m.prefill)]
+        return specs
+
+    dev = DeviceKernels(build)
+    dev.kernels = kernels
+    yield dev
+    dev.close()
+
+
+def route(logits: np.ndarray, k: int, normalize: bool):
+    node = Node("r", "MoERouter", ("l",), ("i", "w"), {"top_k": k, "normalize": int(normalize)})
+    return IMPLS["hipc::MoERouter"](node, [logits.astype(np.float64)], None)
+
+
+def experts(x, ids, w, gate, up, down):
+    node = Node("m", "Experts", ("x", "i", "w", "g", "u", "d"), ("y",), {}, "hipc")
+    return IMPLS["hipc::Experts"](node, [x.astype(np.float64), ids, w, gate, up, down], None)[0]
+
+
+def stacked(wtype: str, w: np.ndarray, idle: np.ndarray):
+    """[E, N, K] floats -> (bytes as a GPU artifact stores the stacked tensor, exact values);
+    the experts in `idle` poisoned (NaN values, or NaN f16 scales)."""
+    E, N, K = w.shape
+    raw, vals = pack(w.reshape(E * N, K), wtype, "gguf")
+    raw = raw.reshape(E, N, -1).copy()
+    if wtype in QUANT:
+        per = raw.shape[-1] // (K // 32)
+        blocks = raw[idle].reshape(len(idle), N, K // 32, per)
+        blocks[..., : SCALE_BYTES[wtype]] = 0xFF  # f16 0xffff: NaN
+        raw[idle] = blocks.reshape(len(idle), N, -1)
+        raw = split_quant_blocks(raw.reshape(E * N, -1), wtype)
+    elif wtype == "bfloat16":  # stored as bits: 0x7fc0 is NaN
+        raw[idle] = 0x7FC0
+    else:
+        raw[idle] = np.nan
+    return raw, vals.reshape(E, N, K)
+
+
+def make(name: str, T: int, ties: bool = False):
+    wtype, E, k, H, F, normalize, fused, residual = CASES[name]
+    rng = np.random.default_rng(sorted(CASES).index(name) * 100 + T)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    if ties:  # a few levels: equal probabilities inside and across the top k
+        logits = rng.integers(0, 3, (T, E)).astype(np.float32)
+    else:
+        logits = (2 * rng.standard_normal((T, E))).astype(np.float32)
+    idle = rng.choice(E, size=max(1, E // 4) if k + 1 < E else 0, replace=False)
+    if len(idle) and not ties:
+        logits[:, idle] -= 40  # experts no token picks
+    ids, w = route(logits, k, normalize)
+    idle = np.setdiff1d(np.arange(E), ids)
+    gate_up = 0.1 * rng.standard_normal((E, 2 * F, H))
+    down = 0.1 * rng.standard_normal((E, H, F))
+    res = rng.standard_normal((T, H)).astype(np.float32)
+    if fused:
+        gu_raw, gu = stacked(wtype, gate_up, idle)
+        weights = [gu_raw, gu_raw]
+        g, u = gu[:, :F], gu[:, F:]
+    else:
+        (g_raw, g), (u_raw, u) = (stacked(wtype, a, idle) for a in (gate_up[:, :F], gate_up[:, F:]))
+        weights = [g_raw, u_raw]
+    d_raw, d = stacked(wtype, down, idle)
+    want = experts(x, ids, w, g, u, d) + (res if residual else 0.0)
+    return x, logits, [*weights, d_raw], res, ids, want
+
+
+def u64(*ptrs):
+    return [("u64", p) for p in ptrs]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_decode_matches_numpy(moe, name, ties):
+    wtype, _E, k, H, F, *_, residual = CASES[name]
+    m = moe.kernels[name]
+    x, logits, (g, u, d), res, ids, want = make(name, 1, ties)
+    dev = moe
+    try:
+        act, rid, rw = dev.poisoned(k * F), dev.poisoned(k), dev.poisoned(k)
+        y = dev.upload(res) if residual else dev.poisoned(H)
+        wg, wu, wd = dev.upload(g), dev.upload(u), dev.upload(d)
+        dec = m.decode.fn
+        dev.launch(f"{dec}_up", [m.up_blocks], m.threads,
+                   u64(dev.upload(x), dev.upload(logits), wg, wu, act, rid, rw), m.up_shared)  # fmt: skip
+        # in place, as the residual stream is updated
+        dev.launch(f"{dec}_down", [m.down_blocks], m.threads,
+                   u64(act, rid, rw, wd, y if residual else 0, y), m.down_shared)  # fmt: skip
+        got = dev.read(y, (1, H))
+        got_ids = dev.read(rid, k, np.int32)
+    finally:
+        dev.free()
+    np.testing.assert_array_equal(got_ids, ids[0])
+    if ties:
+        torch = pytest.importorskip("torch")
+        want_ids = torch.topk(torch.softmax(torch.from_numpy(logits), -1), k, -1).indices
+        np.testing.assert_array_equal(got_ids, want_ids.numpy()[0])
+    assert np.isfinite(got).all()
+    # quantized experts see x and act as int8 hi + lo planes: ~16 significant bits
+    assert rel_err(got, want) <= (1e-4 if wtype in QUANT else 1e-5), rel_err(got, want)
+
+
+@pytest.mark.parametrize("T", [1, 7, MAX_TOKENS])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_prefill_matches_numpy(moe, name, T):
+    _wtype, E, k, H, F, *_, residual = CASES[name]
+    m = moe.kernels[name]
+    x, logits, (g, u, d), res, ids, want = make(name, T, ties=T == 7)
+    pre, dev = m.prefill.fn, moe
+    pairs = MAX_TOKENS * k
+    try:
+        rid, rw = dev.poisoned(pairs), dev.poisoned(pairs)
+        src, pos = dev.poisoned(pairs), dev.poisoned(pairs)
+        tiles = dev.poisoned(3 * m.max_tiles + 1)
+        act, out = dev.poisoned(pairs * F), dev.poisoned(pairs * H)
+        y = dev.upload(res) if residual else dev.poisoned((T, H))
+        xs, ls = dev.upload(x), dev.upload(logits)
+        wg, wu, wd = dev.upload(g), dev.upload(u), dev.upload(d)
+        dev.launch(f"{pre}_route", [T], 256, [*u64(ls), ("i32", E), *u64(rid, rw)])
+        dev.launch(f"{pre}_group", [1], 1024, [*u64(rid), ("i32", T), *u64(src, pos, tiles)])
+        dev.launch(
+            f"{pre}_gate_up", [-(-F // 64), m.max_tiles], 256, u64(xs, src, tiles, wg, wu, act)
+        )
+        dev.launch(f"{pre}_down", [-(-H // 64), m.max_tiles], 256, u64(act, tiles, wd, out))
+        dev.launch(f"{pre}_combine", [T], 256, u64(out, pos, rw, y if residual else 0, y))
+        got = dev.read(y, (T, H))
+        got_ids = dev.read(rid, (T, k), np.int32)
+        n_tiles = int(dev.read(tiles, 3 * m.max_tiles + 1, np.int32)[-1])
+    finally:
+        dev.free()
+    np.testing.assert_array_equal(got_ids, ids)
+    counts = np.bincount(ids.reshape(-1), minlength=E)
+    assert n_tiles == sum(-(-c // 64) for c in counts) <= m.max_tiles
+    assert np.isfinite(got).all()
+    assert rel_err(got, want) <= 1e-5, rel_err(got, want)
+
+
+# -- Qwen2-MoE's shared expert: the linear kernels' gated residual -------------------------
+
+# name: (wtype, N, K); y[t] = res[t] + sigmoid(gate[t * ldg]) * (W x[t] + b)
+GATED = {
+    "gated_bf16": ("bfloat16", 48, 256),
+    "gated_q4_0": ("q4_0", 64, 256),
+    "gated_f32_odd": ("float32", 37, 96),
+}
+LDG = 5  # the gate logit is a column of a wider buffer (the router's logits + 1)
+
+
+@pytest.fixture(scope="module")
+def gated():
+    from hipc.compiler.kernels.linear import LinearParams, decode_gemv, prefill_gemm
+
+    kernels = {}
+
+    def build(arch):
+        specs = []
+        for i, (name, (wtype, N, K)) in enumerate(GATED.items()):
+            p = LinearParams(wtype, N, K, 0.0, "residual", True, gated=True)
+            dk = decode_gemv(f"gv{i}", p, GpuTarget(arch), [name])
+            pk = prefill_gemm(f"gm{i}", p, GpuTarget(arch), [name])
+            kernels[name] = (dk, pk)
+            specs += [(k.fn, k.template, k.ctx, k.shared) for k in (dk, pk)]
+        return specs
+
+    dev = DeviceKernels(build)
+    dev.kernels = kernels
+    yield dev
+    dev.close()
+
+
+@pytest.mark.parametrize("T", [1, 9])
+@pytest.mark.parametrize("name", sorted(GATED))
+def test_gated_residual_matches_numpy(gated, name, T):
+    wtype, N, K = GATED[name]
+    rng = np.random.default_rng(sorted(GATED).index(name) + 10 * T)
+    raw, w = pack(0.1 * rng.standard_normal((N, K)), wtype)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    res = rng.standard_normal((T, N)).astype(np.float32)
+    g = (2 * rng.standard_normal((T, LDG))).astype(np.float32)
+    s = 1 / (1 + np.exp(-g[:, LDG - 1 : LDG].astype(np.float64)))
+    want = res + s * (x.astype(np.float64) @ w.T + b)
+    dk, pk = gated.kernels[name]
+    dev = gated
+    try:
+        xs, ws, bs, gs = dev.upload(x), dev.upload(raw), dev.upload(b), dev.upload(g)
+        gate = gs + 4 * (LDG - 1)
+        y = dev.upload(res)  # in place, as the residual stream is updated
+        if T == 1:
+            args = [*u64(xs, ws, 0, bs, y, y, gate), ("i32", LDG)]
+            dev.launch(dk.fn, dk.grid, dk.threads, args, dk.shared)
+        else:
+            args = [("u64", xs), ("i32", T), *u64(ws, 0, 0, bs, y, y, gate), ("i32", LDG)]
+            grid = [-(-N // pk.block_outputs), -(-T // pk.block_tokens)]
+            dev.launch(pk.fn, grid, pk.threads, args, pk.shared)
+        got = dev.read(y, (T, N))
+    finally:
+        dev.free()
+    # q4_0 decode: x staged as int8 hi + lo planes; bf16 prefill: x split into bf16 hi + lo
+    tol = 1e-4 if (wtype, T) in (("q4_0", 1), ("bfloat16", 9)) else 1e-5
+    assert rel_err(got, want) <= tol, rel_err(got, want)
