@@ -169,6 +169,10 @@ def cmd_info(args) -> int:
         from hipc.graphs.moe import moe_summary
 
         info["moe"] = moe_summary(model.config, params)
+    if "linear_attention" in model.config.layer_types:
+        from hipc.graphs.hybrid import hybrid_summary
+
+        info["hybrid"] = hybrid_summary(model.config)
     print(json.dumps(info, indent=2))
     return 0
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from hipc.compiler.ir import Graph
 from hipc.compiler.ir.verify import verify
 from hipc.graphs.gemma import build_gemma
+from hipc.graphs.hybrid import build_hybrid
 from hipc.graphs.llama import build_llama
 from hipc.graphs.model import Model, load_model
 from hipc.graphs.moe import build_moe
@@ -23,6 +24,9 @@ BUILDERS: dict[str, Callable[[Model, int], Graph]] = {
     "qwen2_moe": build_moe,
     "mixtral": build_moe,
     "olmoe": build_moe,
+    "qwen3_next": build_hybrid,
+    "qwen3_5": build_hybrid,
+    "qwen3_5_moe": build_hybrid,
 }
 
 

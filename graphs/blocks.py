@@ -43,7 +43,16 @@ def self_attention(
     kc = g.add_state(f"kv.{i}.k", TensorType("float32", ("max_ctx", NKV, D)))
     vc = g.add_state(f"kv.{i}.v", TensorType("float32", ("max_ctx", NKV, D)))
     bias = cfg.attention_bias
-    q = b.linear(h, w("q", NH * D, H), p + "q", w("q_bias", NH * D) if bias else None)
+    gate = None
+    if cfg.attn_output_gate:
+        # Qwen3-Next/3.5: each head's rows are its query then its output gate
+        qg = b.linear(h, w("q", NH * 2 * D, H), p + "qg")
+        qg = b.reshape(qg, [-1, NH, 2 * D], p + "qg.heads")
+        q = b.op("Split", [qg], p + "qg.split", {"axis": -1, "split": [D, D]}, n_outputs=2)
+        gate = b.reshape(f"{p}qg.split.1", [-1, NH * D], p + "attn.gate")
+        q = b.reshape(q, [-1, NH * D], p + "q")
+    else:
+        q = b.linear(h, w("q", NH * D, H), p + "q", w("q_bias", NH * D) if bias else None)
     k = b.linear(h, w("k", NKV * D, H), p + "k", w("k_bias", NKV * D) if bias else None)
     v = b.linear(h, w("v", NKV * D, H), p + "v", w("v_bias", NKV * D) if bias else None)
     if cfg.qk_norm_full:  # OLMoE: one norm over all heads
@@ -60,7 +69,7 @@ def self_attention(
         q = rms_norm(b, model, q, "q_norm", i, p + "q_norm", D)
         k = rms_norm(b, model, k, "k_norm", i, p + "k_norm", D)
     cos, sin = rope
-    rot = {"interleaved": int(cfg.rope_interleaved), "rotary_embedding_dim": D}
+    rot = {"interleaved": int(cfg.rope_interleaved), "rotary_embedding_dim": cfg.rope_dim}
     q = b.op("RotaryEmbedding", [q, cos, sin, pos], p + "q.rope", rot)
     k = b.op("RotaryEmbedding", [k, cos, sin, pos], p + "k.rope", rot)
     attn = {"scale": cfg.attention_scale, "sliding_window": cfg.window(i), "layer": i}
@@ -68,6 +77,8 @@ def self_attention(
         attn["softcap"] = cfg.attn_softcap
     a = b.op("CachedAttention", [q, k, v, pos, kc, vc], p + "attn", attn, domain="hipc")
     a = b.reshape(a, [-1, NH * D], p + "attn.flat")
+    if gate is not None:
+        a = b.op("Mul", [a, b.op("Sigmoid", [gate], p + "attn.gate.sigmoid")], p + "attn.gated")
     o_bias = w("o_bias", H) if model.has("o_bias", i) else None
     return b.linear(a, w("o", H, NH * D), p + "o", o_bias)
 

@@ -30,6 +30,11 @@ HF_ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "MixtralForCausalLM": "mixtral",
     "OlmoeForCausalLM": "olmoe",
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
 }
 HF_MODEL_TYPES = {
     "llama": "llama",
@@ -42,6 +47,11 @@ HF_MODEL_TYPES = {
     "qwen2_moe": "qwen2_moe",
     "mixtral": "mixtral",
     "olmoe": "olmoe",
+    "qwen3_next": "qwen3_next",
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe",
+    "qwen3_5_moe_text": "qwen3_5_moe",
 }
 # llama.cpp writes Mixtral as "llama" with expert tensors (from_gguf tells them apart)
 GGUF_ARCHITECTURES = {
@@ -54,20 +64,35 @@ GGUF_ARCHITECTURES = {
     "qwen3moe": "qwen3_moe",
     "qwen2moe": "qwen2_moe",
     "olmoe": "olmoe",
+    "qwen3next": "qwen3_next",
+    "qwen35": "qwen3_5",
+    "qwen35moe": "qwen3_5_moe",
 }
 GEMMA = ("gemma2", "gemma3")
-LAYER_TYPES = ("full_attention", "sliding_attention")
+# Gated DeltaNet linear attention between gated full-attention layers (graphs/hybrid.py)
+HYBRID = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 SUPPORTED = sorted(set(HF_ARCHITECTURES) | set(GGUF_ARCHITECTURES.values()) | {"mixtral"})
-MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_next", "qwen3_5_moe")
 # llama.cpp renormalises the routed weights per architecture (its build_moe_ffn norm_w),
 # unless the file says otherwise with expert_weights_norm
-GGUF_MOE_NORM = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": True}
+GGUF_MOE_NORM = {
+    "qwen3moe": True,
+    "qwen2moe": False,
+    "olmoe": False,
+    "llama": True,
+    "qwen3next": True,
+    "qwen35moe": True,
+}
 
 ROPE_SCALING_TYPES = ("default", "linear", "dynamic", "llama3")
 # transformers' config-class defaults where a family's differ from Llama's
 HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma2": {"max_position_embeddings": 8192},
     "gemma3": {"max_position_embeddings": 131072, "rope_theta": 1_000_000.0},
+    "qwen3_next": {"max_position_embeddings": 32768, "head_dim": 256},
+    "qwen3_5": {"max_position_embeddings": 32768, "head_dim": 256},
+    "qwen3_5_moe": {"max_position_embeddings": 32768, "head_dim": 256},
 }
 HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -119,6 +144,21 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = False
     moe_layers: tuple[int, ...] = ()
+    # Hybrids (Qwen3-Next, Qwen3.5): layers typed "linear_attention" are Gated DeltaNet
+    # layers with these shapes; full-attention layers gate their output by sigmoid of a
+    # second half of the q projection and rotate only the first rotary_dim dims.
+    linear_conv_kernel: int = 0
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    # llama.cpp's converter reorders Qwen3.5's value heads from grouped by key head
+    # (HF: value head j reads key head j // r) to tiled (j % key heads)
+    linear_v_tiled: bool = False
+    # HF stores A_log (the decay rate is -exp(A_log)); llama.cpp stores -exp(A_log)
+    linear_a_log: bool = True
+    rotary_dim: int = 0  # 0: the whole head
+    attn_output_gate: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -163,6 +203,20 @@ class ModelConfig:
                 raise HipcError(
                     f"config: sparse layers {bad} out of range 0..{self.num_layers - 1}"
                 )
+        if "linear_attention" in self.layer_types:
+            k, v = self.linear_key_heads, self.linear_value_heads
+            dims = (k, v, self.linear_key_head_dim, self.linear_value_head_dim)
+            if min(dims) <= 0 or v % k or self.linear_conv_kernel <= 0:
+                raise HipcError(
+                    f"config: linear attention needs positive head counts and dims with value "
+                    f"heads a multiple of key heads, and a conv kernel; got key heads {k}, value "
+                    f"heads {v}, dims {dims[2]}/{dims[3]}, kernel {self.linear_conv_kernel}"
+                )
+        if self.rotary_dim and (self.rotary_dim % 2 or self.rotary_dim > self.head_dim):
+            raise HipcError(
+                f"config: rotary dim {self.rotary_dim} must be even and at most head_dim "
+                f"{self.head_dim}"
+            )
         kind = rope_type(self.rope_scaling)
         if kind not in ROPE_SCALING_TYPES:
             raise HipcError(
@@ -177,6 +231,14 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """The dims of a head RoPE rotates (the first ones; the rest pass through)."""
+        return self.rotary_dim or self.head_dim
+
+    def is_linear(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
 
     @property
     def attention_scale(self) -> float:
@@ -239,6 +301,10 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
         family = HF_MODEL_TYPES.get(cfg.get("model_type", ""))
         if family is None:
             raise _unsupported(str(cfg.get("model_type", "<missing model_type>")))
+    if family in HYBRID and isinstance(cfg.get("text_config"), Mapping):
+        # a multimodal checkpoint (Qwen3.5 with its vision tower): its text model only
+        top = {k: cfg[k] for k in ("tie_word_embeddings",) if k in cfg}
+        cfg = {**cfg["text_config"], **top, "architectures": archs, "vision_skipped": True}
     act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
     if act not in HF_ACTIVATIONS:
         raise HipcError(
@@ -252,14 +318,18 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
 
     hidden = need("hidden_size")
     heads = need("num_attention_heads")
-    head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) else 0)
+    defaults = HF_DEFAULTS.get(family, {})
+    head_dim = (
+        cfg.get("head_dim")
+        or defaults.get("head_dim")
+        or (hidden // heads if isinstance(hidden, int) else 0)
+    )
     rope_params = cfg.get("rope_parameters") or {}
     local_rope: Mapping[str, Any] = {}
     if isinstance(rope_params.get("full_attention"), Mapping):
         # per layer type (Gemma-3 in transformers 5): global layers' RoPE, then local ones'
         local_rope = rope_params.get("sliding_attention") or {}
         rope_params = rope_params["full_attention"]
-    defaults = HF_DEFAULTS.get(family, {})
     rope_theta = cfg.get(
         "rope_theta", rope_params.get("rope_theta", defaults.get("rope_theta", 10000.0))
     )
@@ -279,7 +349,9 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
             family=family,
             vocab_size=need("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=need("intermediate_size"),
+            intermediate_size=need(
+                "moe_intermediate_size" if family == "qwen3_5_moe" else "intermediate_size"
+            ),
             num_layers=need("num_hidden_layers"),
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
@@ -295,7 +367,7 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
                 if family == "qwen2_moe"
                 else cfg.get("attention_bias", family == "qwen2")
             ),
-            qk_norm=family in ("qwen3", "qwen3_moe", "olmoe", "gemma3"),
+            qk_norm=family in ("qwen3", "qwen3_moe", "olmoe", "gemma3", *HYBRID),
             qk_norm_full=family == "olmoe",
             clip_qkv=float(cfg["clip_qkv"]) if cfg.get("clip_qkv") is not None else None,
             rope_scaling=dict(scaling) if scaling else None,
@@ -304,6 +376,7 @@ def from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_as_ids(cfg.get("eos_token_id")),
             **(_gemma_hf(cfg, family, local_rope, source) if family in GEMMA else {}),
+            **(_hybrid_hf(cfg, int(head_dim), rope_params) if family in HYBRID else {}),
             **moe,
         )
     except (TypeError, ValueError) as e:
@@ -343,6 +416,29 @@ def _gemma_hf(
     )
 
 
+def _hybrid_hf(cfg: Mapping[str, Any], head_dim: int, rope: Mapping[str, Any]) -> dict[str, Any]:
+    """Qwen3-Next / Qwen3.5 switches, with transformers' config defaults."""
+    layers = int(cfg["num_hidden_layers"])
+    interval = int(cfg.get("full_attention_interval", 4))
+    types = cfg.get("layer_types") or [
+        "linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)
+    ]
+    partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25)))
+    extra = {"vision": "skipped (text model only)"} if cfg.get("vision_skipped") else {}
+    return dict(
+        layer_types=tuple(types),
+        linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+        linear_key_heads=int(cfg.get("linear_num_key_heads", 16)),
+        linear_value_heads=int(cfg.get("linear_num_value_heads", 32)),
+        linear_key_head_dim=int(cfg.get("linear_key_head_dim", 128)),
+        linear_value_head_dim=int(cfg.get("linear_value_head_dim", 128)),
+        rotary_dim=int(head_dim * partial),
+        attn_output_gate=True,
+        norm_weight_offset=1.0,  # (1 + w) RMSNorms; the gated norm keeps w
+        extra=extra,
+    )
+
+
 def in_dtype(value: float, dtype: str | None) -> float:
     """`value` as a scalar of the model's dtype holds it: transformers multiplies Gemma's
     embeddings by sqrt(hidden) cast to the weights' dtype (48.0 stays, 59.87 -> 60.0 in bf16)."""
@@ -366,7 +462,7 @@ def _hf_moe(family: str, cfg: Mapping[str, Any], need: Any) -> dict[str, Any]:
     keys = [k for k in ("num_experts", "num_local_experts") if cfg.get(k) is not None]
     experts = cfg[keys[0]] if keys else need("num_experts")
     layers = int(need("num_hidden_layers"))
-    if family in ("qwen2_moe", "qwen3_moe"):
+    if family in ("qwen2_moe", "qwen3_moe", "qwen3_next"):
         # transformers: layer i is sparse unless listed in mlp_only_layers, and only
         # every decoder_sparse_step-th layer is
         step = int(cfg.get("decoder_sparse_step", 1))
@@ -374,6 +470,9 @@ def _hf_moe(family: str, cfg: Mapping[str, Any], need: Any) -> dict[str, Any]:
             raise HipcError("config: decoder_sparse_step must be positive")
         dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
         sparse = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
+        width = int(need("moe_intermediate_size"))
+    elif family == "qwen3_5_moe":  # every layer sparse
+        sparse = tuple(range(layers))
         width = int(need("moe_intermediate_size"))
     else:  # Mixtral and OLMoE: every layer sparse, intermediate_size is the expert width
         sparse = tuple(range(layers))
@@ -383,10 +482,13 @@ def _hf_moe(family: str, cfg: Mapping[str, Any], need: Any) -> dict[str, Any]:
         experts_per_token=int(need("num_experts_per_tok")) if experts else 0,
         expert_intermediate_size=width,
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
-        if family == "qwen2_moe"
+        if family in ("qwen2_moe", "qwen3_next", "qwen3_5_moe")
         else 0,
-        # Mixtral always renormalises the top-k weights (softmax over the top-k logits)
-        norm_topk_prob=True if family == "mixtral" else bool(cfg.get("norm_topk_prob", False)),
+        # Mixtral and Qwen3.5-MoE always renormalise the top-k weights (Mixtral as a softmax
+        # over the top-k logits); Qwen3-Next's config defaults to it
+        norm_topk_prob=True
+        if family in ("mixtral", "qwen3_5_moe")
+        else bool(cfg.get("norm_topk_prob", family == "qwen3_next")),
         moe_layers=sparse if int(experts) > 0 else (),
     )
 
@@ -420,6 +522,8 @@ def from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "gguf") ->
         raise HipcError(f"{source}: rope scaling type {scale_type!r} is not supported")
     kv_heads = key("attention.head_count_kv", heads)
     gemma = _gemma_gguf(meta, arch, int(key("block_count")), hidden, heads, head_dim)
+    if family in HYBRID:
+        gemma = _hybrid_gguf(key, arch, int(key("block_count")))
     moe: dict[str, Any] = {}
     if family in MOE_FAMILIES:
         if not experts:
@@ -450,7 +554,7 @@ def from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "gguf") ->
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(key("rope.freq_base", 10000.0)),
         max_position_embeddings=int(key("context_length", 2048)),
-        qk_norm=family in ("qwen3", "qwen3_moe", "olmoe", "gemma3"),
+        qk_norm=family in ("qwen3", "qwen3_moe", "olmoe", "gemma3", *HYBRID),
         qk_norm_full=family == "olmoe",
         clip_qkv=float(clamp) if clamp else None,
         rope_scaling=scaling,
@@ -459,6 +563,29 @@ def from_gguf(meta: Mapping[str, Any], vocab_size: int, source: str = "gguf") ->
         eos_token_ids=_as_ids(meta.get("tokenizer.ggml.eos_token_id")),
         **gemma,
         **moe,
+    )
+
+
+def _hybrid_gguf(key: Any, arch: str, layers: int) -> dict[str, Any]:
+    """Qwen3-Next / Qwen3.5 as llama.cpp's converter writes them: ssm.* shapes, the
+    full-attention interval, norms stored as 1 + w, -exp(A_log), and (Qwen3.5) value heads
+    reordered to the tiled order."""
+    interval = int(key("full_attention_interval", 4))
+    value_heads = int(key("ssm.time_step_rank"))
+    return dict(
+        layer_types=tuple(
+            "linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)
+        ),
+        linear_conv_kernel=int(key("ssm.conv_kernel")),
+        linear_key_heads=int(key("ssm.group_count")),
+        linear_value_heads=value_heads,
+        linear_key_head_dim=int(key("ssm.state_size")),
+        linear_value_head_dim=int(key("ssm.inner_size")) // value_heads,
+        linear_v_tiled=arch in ("qwen35", "qwen35moe"),
+        linear_a_log=False,
+        rotary_dim=int(key("rope.dimension_count")),
+        attn_output_gate=True,
+        norm_weight_offset=0.0,
     )
 
 

@@ -23,14 +23,22 @@ from hipc.graphs.rope import cos_sin_tables
 
 # (builder, model, layer, normed input) -> the MLP's output, added to the residual
 MLPBuilder = Callable[[GraphBuilder, Model, int, str], str]
+# (builder, model, layer, normed input, positions, rope tables) -> the token mixer's output
+MixerBuilder = Callable[[GraphBuilder, Model, int, str, str, tuple[str, str]], str]
 
 
 def dense_mlp(b: GraphBuilder, model: Model, i: int, h: str) -> str:
     return gated_mlp(b, model, i, h)
 
 
-def build_llama(model: Model, max_ctx: int, mlp: MLPBuilder = dense_mlp) -> Graph:
-    """The decoder; `mlp` builds each layer's feed-forward block (MoE families swap it)."""
+def build_llama(
+    model: Model,
+    max_ctx: int,
+    mlp: MLPBuilder = dense_mlp,
+    mixer: MixerBuilder = self_attention,
+) -> Graph:
+    """The decoder; `mlp` builds each layer's feed-forward block (MoE families swap it),
+    `mixer` its attention (hybrids put linear attention in some layers)."""
     cfg = model.config
     g = Graph(model.name)
     g.metadata.update(family=cfg.family, max_ctx=max_ctx)
@@ -47,7 +55,7 @@ def build_llama(model: Model, max_ctx: int, mlp: MLPBuilder = dense_mlp) -> Grap
     for i in range(cfg.num_layers):
         p = f"l{i}."
         h = rms_norm(b, model, x, "attn_norm", i, p + "attn_norm", H)
-        x = b.op("Add", [x, self_attention(b, model, i, h, pos, rope)], p + "attn.residual")
+        x = b.op("Add", [x, mixer(b, model, i, h, pos, rope)], p + "attn.residual")
         h = rms_norm(b, model, x, "ffn_norm", i, p + "ffn_norm", H)
         x = b.op("Add", [x, mlp(b, model, i, h)], p + "ffn.residual")
 

@@ -97,6 +97,16 @@ def _gguf_config(source: ModelSource) -> configs.ModelConfig:
     config = configs.from_gguf(meta, vocab, str(source.path))
     # NOTE: GGUF has no mlp_only_layers; a layer is sparse where it holds a router.
     moe_layers = tuple(i for i in config.moe_layers if source.has(names["router"].format(i=i)))
+    if config.family in configs.HYBRID:
+        # NOTE: the file is the truth: a layer is linear attention where it holds ssm_a
+        # (full_attention_interval describes only a regular pattern)
+        config = dataclasses.replace(
+            config,
+            layer_types=tuple(
+                "linear_attention" if source.has(f"blk.{i}.ssm_a") else "full_attention"
+                for i in range(config.num_layers)
+            ),
+        )
     return dataclasses.replace(
         config,
         tie_word_embeddings=not source.has(names["lm_head"]),

@@ -104,10 +104,61 @@ GGUF_GEMMA = {
     "post_ffn_norm": "blk.{i}.post_ffw_norm.weight",
 }
 
+_HF_LINEAR_ATTN = {
+    "ssm_qkvz": "model.layers.{i}.linear_attn.in_proj_qkvz.weight",  # Qwen3-Next: per key head
+    "ssm_ba": "model.layers.{i}.linear_attn.in_proj_ba.weight",
+    "ssm_qkv": "model.layers.{i}.linear_attn.in_proj_qkv.weight",  # Qwen3.5: one tensor each
+    "ssm_z": "model.layers.{i}.linear_attn.in_proj_z.weight",
+    "ssm_beta": "model.layers.{i}.linear_attn.in_proj_b.weight",
+    "ssm_alpha": "model.layers.{i}.linear_attn.in_proj_a.weight",
+    "ssm_conv": "model.layers.{i}.linear_attn.conv1d.weight",
+    "ssm_dt_bias": "model.layers.{i}.linear_attn.dt_bias",
+    "ssm_a": "model.layers.{i}.linear_attn.A_log",
+    "ssm_norm": "model.layers.{i}.linear_attn.norm.weight",
+    "ssm_out": "model.layers.{i}.linear_attn.out_proj.weight",
+}
+
+
+def _with_language_model(table: dict) -> dict:
+    """Each `model.` name also as a multimodal checkpoint spells it (`model.language_model.`,
+    beside `model.visual.` which nothing reads)."""
+    out = {}
+    for role, names in table.items():
+        names = (names,) if isinstance(names, str) else names
+        mm = tuple(n.replace("model.", "model.language_model.", 1) for n in names)
+        out[role] = names + tuple(n for n in mm if n not in names)
+    return out
+
+
+# Qwen3-Next / Qwen3.5 (text or the text part of the multimodal checkpoints)
+HF_HYBRID = _with_language_model({**HF_LLAMA, **_HF_LINEAR_ATTN})
+
+# gguf-py's MODEL_TENSOR names for QWEN3NEXT / QWEN35 / QWEN35MOE: the norm before the
+# feed-forward is ATTN_POST_NORM there, and Qwen3-Next's in_proj_qkvz arrives split into
+# attn_qkv (q, k, v each grouped) and attn_gate (z)
+GGUF_HYBRID = {
+    **GGUF_LLAMA,
+    "ffn_norm": ("blk.{i}.post_attention_norm.weight", "blk.{i}.ffn_norm.weight"),
+    "ssm_qkv": "blk.{i}.attn_qkv.weight",
+    "ssm_z": "blk.{i}.attn_gate.weight",
+    "ssm_ba": "blk.{i}.ssm_ba.weight",
+    "ssm_beta": "blk.{i}.ssm_beta.weight",
+    "ssm_alpha": "blk.{i}.ssm_alpha.weight",
+    "ssm_conv": "blk.{i}.ssm_conv1d.weight",
+    "ssm_dt_bias": "blk.{i}.ssm_dt.bias",
+    "ssm_a": "blk.{i}.ssm_a",
+    "ssm_norm": "blk.{i}.ssm_norm.weight",
+    "ssm_out": "blk.{i}.ssm_out.weight",
+    "gate_up_exps": "blk.{i}.ffn_gate_up_exps.weight",
+}
+
 NAME_TABLES = {"safetensors": HF_LLAMA, "gguf": GGUF_LLAMA}
 FAMILY_NAME_TABLES = {
     "gemma2": {"safetensors": HF_GEMMA, "gguf": GGUF_GEMMA},
     "gemma3": {"safetensors": HF_GEMMA, "gguf": GGUF_GEMMA},
+    "qwen3_next": {"safetensors": HF_HYBRID, "gguf": GGUF_HYBRID},
+    "qwen3_5": {"safetensors": HF_HYBRID, "gguf": GGUF_HYBRID},
+    "qwen3_5_moe": {"safetensors": HF_HYBRID, "gguf": GGUF_HYBRID},
 }
 
 

@@ -15,7 +15,7 @@ from hipc.graphs.config import ModelConfig, rope_type
 
 
 def inv_freq(config: ModelConfig) -> np.ndarray:
-    dim = config.head_dim
+    dim = config.rope_dim
     base = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
     scaling = config.rope_scaling or {}
     kind = rope_type(config.rope_scaling)

@@ -368,3 +368,130 @@ def write_q6k_head_gguf(path: Path, seed: int = 0) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _tiled_v(arr: np.ndarray, axis: int, k_heads: int, ratio: int, dim: int) -> np.ndarray:
+    """Value heads from grouped by key head (HF) to tiled order (llama.cpp's Qwen3.5):
+    along `axis`, [k_heads, ratio, dim] -> [ratio, k_heads, dim]."""
+    arr = np.moveaxis(arr, axis, 0)
+    rest = arr.shape[1:]
+    arr = arr.reshape(k_heads, ratio, dim, *rest).swapaxes(0, 1).reshape(-1, *rest)
+    return np.moveaxis(arr, 0, axis)
+
+
+def hybrid_tensors(model, arch: str) -> dict[str, np.ndarray]:
+    """A Qwen3-Next / Qwen3.5 transformers model's tensors as llama.cpp's converter writes
+    them (qwen3next / qwen35 / qwen35moe): (1 + w) norms stored as 1 + w (not the gated
+    norm), -exp(A_log), the conv weight squeezed to [C, K], Qwen3-Next's per-key-head
+    in_proj_qkvz split into attn_qkv (q, k, v each whole) and attn_gate (z), Qwen3.5's value
+    heads reordered to the tiled order, experts stacked."""
+    cfg = model.config
+    nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv, r = cfg.linear_key_head_dim, cfg.linear_value_head_dim, nv // nk
+    tiled = arch in ("qwen35", "qwen35moe") and nk != nv
+    state = {k: t.detach().float().numpy() for k, t in model.state_dict().items()}
+    layer = {
+        **LAYER,
+        "post_attention_layernorm.weight": "post_attention_norm.weight",
+        "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
+        "linear_attn.in_proj_z.weight": "attn_gate.weight",
+        "linear_attn.in_proj_b.weight": "ssm_beta.weight",
+        "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
+        "linear_attn.in_proj_ba.weight": "ssm_ba.weight",
+        "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+        "linear_attn.dt_bias": "ssm_dt.bias",
+        "linear_attn.A_log": "ssm_a",
+        "linear_attn.norm.weight": "ssm_norm.weight",
+        "linear_attn.out_proj.weight": "ssm_out.weight",
+    }
+    out: dict[str, np.ndarray] = {}
+    for name, arr in moe_tensors(state).items():
+        if name.startswith("blk."):
+            out[name] = arr
+            continue
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            arr = arr + 1
+        if name.endswith("A_log"):
+            arr = -np.exp(arr)
+        if name.endswith("conv1d.weight"):
+            arr = arr.reshape(arr.shape[0], arr.shape[-1])
+        if name in HF_TO_GGUF:
+            out[HF_TO_GGUF[name]] = arr
+            continue
+        parts = name.split(".")
+        i, role = parts[2], ".".join(parts[3:])
+        if role == "linear_attn.in_proj_qkvz.weight":
+            per = arr.reshape(nk, 2 * dk + 2 * r * dv, -1)
+            q, k, v, z = np.split(per, np.cumsum([dk, dk, r * dv])[:3], axis=1)
+            flat = [x.reshape(-1, arr.shape[1]) for x in (q, k, v, z)]
+            out[f"blk.{i}.attn_qkv.weight"] = np.concatenate(flat[:3])
+            out[f"blk.{i}.attn_gate.weight"] = flat[3]
+            continue
+        if tiled and role.startswith("linear_attn."):
+            qk = 2 * nk * dk
+            if role == "linear_attn.in_proj_qkv.weight" or role == "linear_attn.conv1d.weight":
+                arr = np.concatenate([arr[:qk], _tiled_v(arr[qk:], 0, nk, r, dv)])
+            elif role == "linear_attn.in_proj_z.weight":
+                arr = _tiled_v(arr, 0, nk, r, dv)
+            elif role.split(".")[1] in ("in_proj_b", "in_proj_a", "A_log", "dt_bias"):
+                arr = _tiled_v(arr, 0, nk, r, 1)
+            elif role == "linear_attn.out_proj.weight":
+                arr = _tiled_v(arr, 1, nk, r, dv)
+        out[f"blk.{i}.{layer[role]}"] = arr
+    return out
+
+
+def write_hybrid_gguf(
+    model, path: Path, arch: str, qtype: str = "F32", tensors: dict | None = None
+) -> Path:
+    """A Qwen3-Next / Qwen3.5 transformers model as a qwen3next / qwen35 / qwen35moe GGUF;
+    2-D weights whose rows fit the block stored as `qtype` (the conv weight, routers and
+    narrower rows stay float32, as llama.cpp's quantizer leaves them). `tensors`: the
+    GGUF tensors to write instead of the model's (hybrid_tensors' names)."""
+    import gguf
+
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    width = getattr(cfg, "intermediate_size", None)
+    if isinstance(width, int):
+        w.add_feed_forward_length(width)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    rope = cfg.rope_parameters
+    w.add_rope_dimension_count(int(cfg.head_dim * rope.get("partial_rotary_factor", 0.25)))
+    w.add_rope_freq_base(float(rope["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
+    w.add_ssm_state_size(cfg.linear_key_head_dim)
+    w.add_ssm_group_count(cfg.linear_num_key_heads)
+    w.add_ssm_time_step_rank(cfg.linear_num_value_heads)
+    w.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+    w.add_full_attention_interval(4)
+    if arch != "qwen35":
+        _add_moe_metadata(w, cfg, arch)
+    tokens = [bytes([i]).decode("latin-1") if i < 256 else f"<{i}>" for i in range(cfg.vocab_size)]
+    w.add_tokenizer_model("none")
+    w.add_token_list(tokens)
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+    for name, arr in (tensors or hybrid_tensors(model, arch)).items():
+        if name == "output.weight" and cfg.tie_word_embeddings:
+            continue
+        if name.endswith("ffn_gate_inp_shexp.weight"):
+            arr = arr.reshape(-1)
+        fits = arr.ndim >= 2 and arr.shape[-1] % 32 == 0
+        plain = "ffn_gate_inp" in name or "ssm_conv1d" in name
+        if qtype != "F32" and fits and not plain:
+            w.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -356,3 +356,88 @@ def check_compiled_against_reference(artifact, model, ctx: int = 48) -> None:
     )
     assert rel_err(got, want) <= 1e-3
     assert greedy(compiled, tokens[:4], 20) == greedy(reference, tokens[:4], 20)
+
+
+# Hybrid linear/full attention (Qwen3-Next, Qwen3.5, Qwen3.5-MoE): value heads 3x the key
+# heads, dk != dv, head_dim != hidden/heads, partial RoPE, a conv kernel of 3 or 4, dense
+# layers among sparse ones, the full-attention layer in the middle or last.
+_HYBRID_SHAPES = dict(
+    hidden_size=40,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=131,
+    linear_num_key_heads=2,
+    linear_num_value_heads=6,
+    linear_key_head_dim=8,
+    linear_value_head_dim=12,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+)
+HYBRID_FAMILIES = {
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        dict(
+            num_hidden_layers=4,
+            intermediate_size=56,
+            moe_intermediate_size=20,
+            shared_expert_intermediate_size=28,
+            num_experts=5,
+            num_experts_per_tok=2,
+            mlp_only_layers=[1],
+        ),
+    ),
+    "qwen3_5": (
+        "Qwen3_5TextConfig",
+        dict(
+            num_hidden_layers=3,
+            intermediate_size=48,
+            linear_conv_kernel_dim=3,
+            layer_types=["linear_attention", "full_attention", "linear_attention"],
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 1e6,
+                "partial_rotary_factor": 0.5,
+            },
+        ),
+    ),
+    "qwen3_5_moe": (
+        "Qwen3_5MoeTextConfig",
+        dict(
+            num_hidden_layers=4,
+            moe_intermediate_size=20,
+            shared_expert_intermediate_size=24,
+            num_experts=6,
+            num_experts_per_tok=3,
+            tie_word_embeddings=True,
+        ),
+    ),
+}
+
+
+def make_hybrid_hf(family: str, folder: Path, seed: int = 0, **overrides):
+    """A random-init transformers hybrid saved to folder; returns the (eval, float32) model.
+    Values that make every switch matter: (1 + w) norms with w far from 0, decay rates
+    (A_log, dt_bias) that keep the state across tens of tokens, a gate that bends."""
+    transformers = require("transformers")
+    torch = require("torch")
+    cls_name, kwargs = HYBRID_FAMILIES[family]
+    config = getattr(transformers, cls_name)(**{**_HYBRID_SHAPES, **kwargs, **overrides})
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):  # the gated norm scales by w
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+            elif "norm" in name:  # the others by (1 + w)
+                p.copy_(0.5 * torch.randn_like(p))
+            elif name.endswith("A_log"):
+                p.copy_(-1.5 + 0.5 * torch.randn_like(p))
+            elif name.endswith("dt_bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+    model.eval()
+    model.save_pretrained(folder)
+    return model

@@ -59,7 +59,7 @@ def _binary(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]
     return [TensorType(a.dtype, shape)]
 
 
-@rule("Sigmoid", "Tanh")
+@rule("Sigmoid", "Tanh", "Exp", "Neg", "Softplus")
 def _unary(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
     return [ins[0]]
 
@@ -203,6 +203,62 @@ def _experts(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType
     else:
         _check(w[0].shape == (E, 2 * F, H), node, f"gate_up {w[0].shape} vs down {down.shape}")
     return [TensorType(x.dtype, x.shape)]
+
+
+@rule("Concat")
+def _concat(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    """ONNX Concat, here only on the last axis (columns of [tokens, ...] activations)."""
+    rank = len(ins[0].shape)
+    _check(node.attrs.get("axis", -1) in (-1, rank - 1), node, "only the last axis")
+    _check(
+        all(len(t.shape) == rank and t.shape[:-1] == ins[0].shape[:-1] for t in ins),
+        node,
+        f"shapes {[t.shape for t in ins]} differ before the last axis",
+    )
+    _check(all(t.dtype == ins[0].dtype for t in ins), node, "dtypes differ")
+    widths = [t.shape[-1] for t in ins]
+    _check(all(isinstance(w, int) for w in widths), node, "last axis must be static")
+    return [TensorType(ins[0].dtype, (*ins[0].shape[:-1], sum(widths)))]
+
+
+@rule("hipc::CausalConv1d")
+def _causal_conv1d(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    """Depthwise causal convolution along the tokens of x [tokens, C] with weight [C, K]:
+    y[t, c] = sum_j w[c, j] * x'[t + j - (K - 1), c] over x' = the state's K - 1 previous
+    inputs [K - 1, C] followed by x. The state is updated to the last K - 1 inputs."""
+    x, w, state = ins
+    # the weight [C, K], or [C, 1, K] as HF stores it (the same bytes)
+    squeezed = (w.shape[0], w.shape[-1]) if len(w.shape) == 3 and w.shape[1] == 1 else w.shape
+    _check(len(x.shape) == 2 and len(squeezed) == 2, node, "x [tokens, C] and weight [C, K]")
+    C, K = squeezed
+    _check(x.shape[1] == C, node, f"x {x.shape} vs weight {w.shape}")
+    _check(state.shape == (K - 1, C), node, f"state {state.shape}, expected {(K - 1, C)}")
+    return [x]
+
+
+@rule("hipc::L2Normalization")
+def _l2_norm(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    """x / sqrt(sum(x^2) + epsilon) over the last axis."""
+    return [ins[0]]
+
+
+@rule("hipc::GatedDeltaRule")
+def _gated_delta_rule(node: Node, ins: Sequence[TensorType], g: Graph) -> list[TensorType]:
+    """The gated delta rule over tokens, per value head h with state S [dk, dv]:
+    S <- exp(g_t) S;  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T (scale q_t).
+
+    q, k [tokens, Hk, dk], v [tokens, Hv, dv], g and beta [tokens, Hv], state [Hv, dk, dv]
+    (updated in place). Value head h reads key head h // (Hv / Hk), or h % Hk when
+    `v_tiled`. `chunk_size` > 0: several tokens run in chunks (the same numbers)."""
+    q, k, v, gate, beta, state = ins
+    T, Hk, dk = q.shape
+    _check(k.shape == q.shape, node, f"q {q.shape} vs k {k.shape}")
+    _check(v.shape[0] == T and len(v.shape) == 3, node, f"v {v.shape} vs q {q.shape}")
+    Hv, dv = v.shape[1], v.shape[2]
+    _check(isinstance(Hv, int) and Hv % Hk == 0, node, f"value heads {Hv} vs key heads {Hk}")
+    _check(gate.shape == beta.shape == (T, Hv), node, f"g {gate.shape} beta {beta.shape}")
+    _check(state.shape == (Hv, dk, dv), node, f"state {state.shape}, expected {(Hv, dk, dv)}")
+    return [v]
 
 
 # -- ops introduced by the compiler's passes ------------------------------------------

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from hipc.compiler.passes.fuse import FusedGroup, Proposals
     from hipc.compiler.targets import GpuTarget
 
-FEEDERS = {"Reshape", "Clip", "RMSNormalization", "RotaryEmbedding"}
+FEEDERS = {"Reshape", "Clip", "RMSNormalization", "RotaryEmbedding", "Split"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,10 @@ class AttentionParams(Params):
     norm_eps: float  # per-head q/k RMSNorm's epsilon; 0.0: none
     softcap: float = 0.0  # scores -> cap * tanh(scores / cap) before the softmax (Gemma-2)
     clip: float = 0.0  # q, k, v clamped to [-clip, clip] as they are read (OLMoE); 0.0: none
+    rot: int = 0  # RoPE on the first `rot` dims only (Qwen3-Next/3.5's partial rotary); 0: D
+    # Qwen3-Next/3.5: q's rows hold each head's query then its output gate (head stride 2D),
+    # and the output is multiplied by sigmoid(gate)
+    out_gate: bool = False
 
     def tag(self) -> str:
         return f"h{self.NH}kv{self.NKV}d{self.D}"
@@ -90,9 +94,9 @@ unsigned* counters, float* __restrict__ out
 class Attention(KernelKind):
     name = "attention"
     anchors = frozenset({"hipc::CachedAttention"})
-    roles = frozenset({"attention:feeder", "attention:flatten"})
+    roles = frozenset({"attention:feeder", "attention:flatten", "attention:gate"})
     cpu_signature = CPU
-    gpu_lacks = frozenset({"softcap", "clip"})
+    gpu_lacks = frozenset({"softcap", "clip", "rot", "out_gate"})
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
         for v in n.inputs[:3]:
@@ -101,6 +105,9 @@ class Attention(KernelKind):
         user = p.only_user(n.outputs[0])
         if user is not None and user.op == "Reshape":
             p.propose(n, user, "attention:flatten", n.outputs[0])
+            gate = _output_gate(graph, user, p)
+            if gate is not None:
+                p.propose(n, gate[0], "attention:gate", user.outputs[0], brings=gate[1:])
 
     def select(self, g: Graph, grp: FusedGroup) -> SelectedKernel:
         att = grp.anchor
@@ -119,6 +126,15 @@ class Attention(KernelKind):
         _, NH, D = g.values[q].shape
         NKV = g.values[k].shape[1]
         out = grp.epilogue[0].outputs[0] if grp.epilogue else att.outputs[0]
+        gate = grp.node_with_role("attention:gate")
+        split = next((n for n in grp.prologue if n.op == "Split"), None)
+        if (gate is None) != (split is None) or (split and g.values[q_src].shape[-1] != 2 * NH * D):
+            raise FusionError(
+                f"attention kernel reads a split q only as Qwen3-Next's [query | gate] per "
+                f"head with its output gate ({grp.name})"
+            )
+        if gate is not None:
+            out = gate.outputs[0]
         refs: dict[str, Any] = {
             "q": ("act", q_src),
             "k": ("act", k_src),
@@ -142,6 +158,8 @@ class Attention(KernelKind):
             norm_eps=float(q_norm.attrs["epsilon"]) if q_norm else 0.0,
             softcap=float(att.attrs.get("softcap") or 0.0),
             clip=clip,
+            rot=_partial(q_rope, int(D)),
+            out_gate=gate is not None,
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
@@ -233,7 +251,7 @@ def _feeder_chain(graph: Graph, value: str, p: Proposals) -> list[tuple[Node, st
     """Nodes between a Split view (or any producer) and an attention input."""
     chain: list[tuple[Node, str | None]] = []
     node = graph.producer(value)
-    while node is not None and node.op in FEEDERS:
+    while node is not None and node.op in FEEDERS and not _is_projection(graph, value):
         why = (
             None
             if p.only_user(node.outputs[0]) is not None
@@ -245,9 +263,41 @@ def _feeder_chain(graph: Graph, value: str, p: Proposals) -> list[tuple[Node, st
             or len(graph.values[node.inputs[0]].shape) != 3
         ):
             why = "only per-head norms (scale [head_dim]) fuse into attention"
+        if node.op == "Split":
+            # only a split of q into [query | gate] per head: the gate goes to the epilogue
+            why = None if node.outputs[0] == value else "not the query half of a [query | gate]"
         chain.append((node, why))
-        node = graph.producer(node.inputs[0])
+        value = node.inputs[0]
+        node = graph.producer(value)
     return chain
+
+
+def _partial(rope: Node, D: int) -> int:
+    rot = int(rope.attrs.get("rotary_embedding_dim") or D)
+    return 0 if rot == D else rot
+
+
+def _output_gate(graph: Graph, flat: Node, p: Proposals) -> list[Node] | None:
+    """Mul(flat, Sigmoid(Reshape(gate))) with the gate the second output of a Split that
+    feeds q (graphs/blocks.py's attn_output_gate): [the Mul, the Sigmoid, the Reshape]."""
+    mul = p.only_user(flat.outputs[0])
+    if mul is None or mul.op != "Mul":
+        return None
+    other = next((i for i in mul.inputs if i != flat.outputs[0]), None)
+    sig = graph.producer(other) if other else None
+    reshape = graph.producer(sig.inputs[0]) if sig is not None and sig.op == "Sigmoid" else None
+    split = graph.producer(reshape.inputs[0]) if reshape and reshape.op == "Reshape" else None
+    if split is None or split.op != "Split" or reshape.inputs[0] != split.outputs[-1]:
+        return None
+    return [mul, sig, reshape]
+
+
+def _is_projection(graph: Graph, value: str) -> bool:
+    """A Linear's output or a column view of one (a Split after merged projections)."""
+    p = graph.producer(value)
+    if p is not None and p.op == "Split":
+        p = graph.producer(p.inputs[0])
+    return p is not None and p.op == "hipc::Linear"
 
 
 def _chain(value: str, prologue: list[Node]) -> tuple[str, Node | None, Node | None, Node | None]:

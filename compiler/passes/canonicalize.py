@@ -7,6 +7,8 @@
   hipc::Experts(x, ids, w, Dequantize|Cast(W)...)       ->  hipc::Experts(x, ids, w, W...)
   Cast(w) of a 1-D weight (norm scales, biases)         ->  float32 constant
   Add/Mul of 1-D weights and constants (Gemma's 1 + w)  ->  float32 constant
+  Exp/Neg of 1-D weights (linear attention's -exp(A_log)) -> float32 constant
+  hipc::CausalConv1d(x, Reshape(Cast(W)), s)            ->  hipc::CausalConv1d(x, W, s)
 
 Kernels then read weights in their storage type (quantized blocks stay quantized),
 and the dequantize/transposed float copies of the unfused graph never exist.
@@ -21,7 +23,7 @@ from hipc.compiler.passes.rewrite import Rewriter
 from hipc.compiler.source.reader import WeightReader
 
 _VIEWS = ("Cast", "hipc::Dequantize")
-_FOLDABLE = {"Add": np.add, "Mul": np.multiply}
+_FOLDABLE = {"Add": np.add, "Mul": np.multiply, "Exp": np.exp, "Neg": np.negative}
 
 
 def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
@@ -94,6 +96,17 @@ def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
             stored = [weight(i) for i in ins[3:]]
             rw.emit("Experts", [*ins[:3], *stored], node.outputs, node.name, domain="hipc")
             continue
+        if (
+            op == "Reshape"
+            and _stored_through_reshapes(graph, node.outputs[0])
+            and all(u.op == "hipc::CausalConv1d" for u in graph.consumers(node.outputs[0]))
+        ):
+            continue  # the conv reads the stored weight itself (below)
+        if op == "hipc::CausalConv1d" and (stored := _stored_through_reshapes(graph, ins[1])):
+            rw.emit(
+                "CausalConv1d", [ins[0], stored, ins[2]], node.outputs, node.name, domain="hipc"
+            )
+            continue
         if op == "Gather" and weight(ins[0]):
             rw.emit("Embedding", [weight(ins[0]), ins[1]], node.outputs, node.name, domain="hipc")
             continue
@@ -109,6 +122,17 @@ def canonicalize(graph: Graph, reader: WeightReader | None = None) -> Graph:
             continue
         rw.copy(node)
     return rw.finish()
+
+
+def _stored_through_reshapes(graph: Graph, value: str) -> str | None:
+    """The stored weight behind Reshapes and a Cast/Dequantize (a reshape keeps the row-major
+    layout, so the kernel reads the file's tensor as it is)."""
+    while value not in graph.initializers:
+        producer = graph.producer(value)
+        if producer is None or producer.op not in ("Reshape", *_VIEWS):
+            return None
+        value = producer.inputs[0]
+    return value
 
 
 def _softcaps(graph: Graph) -> tuple[dict[str, tuple[Node, float]], set[str]]:

@@ -51,6 +51,26 @@ class ReferenceExecutor:
         for s in self.states.values():
             s.fill(0)
 
+    # -- per-sequence states by kind ---------------------------------------------------
+
+    @property
+    def recurrent_states(self) -> list[str]:
+        """States not indexed by position (conv windows, delta-rule matrices): they hold only
+        the sequence's latest step, so reuse needs a copy (a snapshot) taken at that step."""
+        return [n for n, t in self.graph.states.items() if "max_ctx" not in t.shape]
+
+    def reset_recurrent(self) -> None:
+        for name in self.recurrent_states:
+            self.states[name].fill(0)
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        return {name: self.states[name].copy() for name in self.recurrent_states}
+
+    def restore(self, snapshot: dict[str, np.ndarray]) -> None:
+        # in place: the arrays are the ones every run reads and writes
+        for name, value in snapshot.items():
+            np.copyto(self.states[name], value)
+
     # -- weights ---------------------------------------------------------------------
 
     def _fold_constants(self) -> dict[str, np.ndarray]:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from hipc.compiler.ir import Node
+from hipc.compiler.reference import delta_rule
 from hipc.compiler.reference.topk import topk_torch_cpu
 
 Impl = Callable[[Node, Sequence[np.ndarray], Any], list[np.ndarray]]
@@ -71,6 +72,67 @@ def _sigmoid(node, ins, ctx):
     # NOTE: split by sign so exp never overflows.
     e = np.exp(-np.abs(x))
     return [np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)]
+
+
+@impl("Exp")
+def _exp(node, ins, ctx):
+    return [np.exp(ins[0])]
+
+
+@impl("Neg")
+def _neg(node, ins, ctx):
+    return [-ins[0]]
+
+
+@impl("Softplus")
+def _softplus(node, ins, ctx):
+    # log(1 + e^x) without overflow (torch's threshold of 20 returns x there: the same
+    # number to float32 precision)
+    return [np.logaddexp(ins[0].dtype.type(0), ins[0])]
+
+
+@impl("Concat")
+def _concat(node, ins, ctx):
+    return [np.concatenate(ins, axis=-1)]
+
+
+@impl("hipc::CausalConv1d")
+def _causal_conv1d(node, ins, ctx):
+    x, w, state = ins
+    w = w.reshape(w.shape[0], w.shape[-1])
+    K = w.shape[1]
+    window = np.concatenate([state.astype(x.dtype), x], axis=0)  # [K - 1 + T, C]
+    T = x.shape[0]
+    y = np.zeros_like(x)
+    for j in range(K):
+        y += window[j : j + T] * w[:, j].astype(x.dtype)
+    state[...] = window[T:]
+    return [y]
+
+
+@impl("hipc::L2Normalization")
+def _l2_norm(node, ins, ctx):
+    x = ins[0]
+    eps = x.dtype.type(node.attrs["epsilon"])
+    return [x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)]
+
+
+@impl("hipc::GatedDeltaRule")
+def _gated_delta_rule(node, ins, ctx):
+    """One token: the recurrence; several: the chunked form (delta_rule.py), as the
+    model's own code runs decode and prefill."""
+    q, k, v, g, beta, state = ins
+    tiled = bool(node.attrs.get("v_tiled"))
+    heads = v.shape[1]
+    q = delta_rule.expand_heads(q, heads, tiled) * q.dtype.type(node.attrs["scale"])
+    k = delta_rule.expand_heads(k, heads, tiled)
+    chunk = int(node.attrs.get("chunk_size", 0))
+    if chunk and q.shape[0] > 1:
+        out, final = delta_rule.chunked(q, k, v, g, beta, state.astype(v.dtype), chunk)
+    else:
+        out, final = delta_rule.recurrent(q, k, v, g, beta, state.astype(v.dtype))
+    state[...] = final
+    return [out]
 
 
 @impl("Clip")

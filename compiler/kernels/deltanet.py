@@ -1,0 +1,228 @@
+"""deltanet: one Gated DeltaNet step per layer -- conv, gates, delta rule, gated norm.
+
+Anchors on hipc::GatedDeltaRule. Absorbs everything between the layer's in-projections and
+its out-projection (graphs/hybrid.py): the causal conv with its SiLU and the split into
+q/k/v, the L2 norms, beta = sigmoid(b), g = A * softplus(a [+ dt_bias]) as prologue
+(`deltanet:feeder`), and the per-head RMSNorm times SiLU(z) with the flattening Reshape as
+epilogue (`deltanet:gate`). The kernel reads the projections' outputs (q/k/v contiguous
+[T, C], z, b, a as column views) and its two recurrent states (the conv window and the
+[value heads, dk, dv] matrices), and writes the gated output rows for the out-projection.
+
+CPU: templates/cpu/deltanet.cpp.j2, token by token (the recurrence; value heads in
+parallel). Qwen3-Next's per-key-head packed projections (HF files) are not read by it yet;
+no GPU kernel yet (pipeline.NO_KERNEL_YET stops GPU targets first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hipc.compiler.ir import Graph, Node
+from hipc.compiler.kernels.base import (
+    CPU_INDENT,
+    FusionError,
+    KernelKind,
+    Params,
+    SelectedKernel,
+    Signature,
+)
+
+if TYPE_CHECKING:
+    from hipc.compiler.codegen.bindings import Binder
+    from hipc.compiler.passes.fuse import FusedGroup, Proposals
+
+# ops between the in-projections and the delta rule that the kernel computes
+FEEDERS = frozenset(
+    {
+        "Reshape",
+        "Split",
+        "hipc::CausalConv1d",
+        "hipc::SiLU",
+        "hipc::L2Normalization",
+        "Sigmoid",
+        "Softplus",
+        "Mul",
+        "Add",
+    }
+)
+
+
+@dataclass(frozen=True)
+class DeltaNetParams(Params):
+    NK: int  # key heads
+    NV: int  # value heads
+    DK: int
+    DV: int
+    KC: int  # conv taps
+    scale: float  # the query's
+    l2_eps: float
+    norm_eps: float
+    v_tiled: bool  # value head h reads key head h % NK (else h / (NV / NK))
+    dt_bias: bool  # a separate dt bias (else the a projection added it)
+    conv_wtype: str  # the conv weight's storage type (widened to float32 per call)
+
+    def tag(self) -> str:
+        return f"k{self.NK}v{self.NV}d{self.DK}x{self.DV}c{self.KC}"
+
+
+CONV_WTYPES = ("float32", "bfloat16", "float16")
+
+CPU = Signature.parse("""
+int T, const float* x, int ldx, const float* z, int ldz, const float* b, int ldb,
+const float* a, int lda, const void* conv_w, const float* A, const float* dt_bias,
+const float* norm_w, float* conv_state, float* ssm_state, float* y, int ldy
+""")
+
+
+def _is_projection(graph: Graph, value: str) -> bool:
+    """A Linear's output, or a column view of one (the Split after merged projections)."""
+    p = graph.producer(value)
+    if p is None:
+        return False
+    if p.op == "Split":
+        p = graph.producer(p.inputs[0])
+    return p is not None and p.op == "hipc::Linear"
+
+
+def _feeders(graph: Graph, anchor: Node) -> list[Node]:
+    """The nodes between the projections (or weights) and the delta rule, in graph order."""
+    found: dict[str, Node] = {}
+    stack = list(anchor.inputs[:5])
+    while stack:
+        v = stack.pop()
+        p = graph.producer(v)
+        if p is None or p.name in found or _is_projection(graph, v) or p.op not in FEEDERS:
+            continue
+        found[p.name] = p
+        stack.extend(i for i in p.inputs if i not in graph.initializers and i not in graph.states)
+    return list(found.values())
+
+
+def _gate_epilogue(graph: Graph, anchor: Node, p: Proposals) -> list[Node] | None:
+    """RMSNormalization(o) * SiLU(Reshape(z)) -> Reshape(flat): the nodes, or None."""
+    norm = p.only_user(anchor.outputs[0])
+    mul = norm and norm.op == "RMSNormalization" and p.only_user(norm.outputs[0])
+    if not mul or mul.op != "Mul":
+        return None
+    other = next(i for i in mul.inputs if i != norm.outputs[0])
+    silu = graph.producer(other)
+    heads = silu and silu.op == "hipc::SiLU" and graph.producer(silu.inputs[0])
+    flat = p.only_user(mul.outputs[0])
+    if not heads or heads.op != "Reshape" or not flat or flat.op != "Reshape":
+        return None
+    return [norm, heads, silu, mul, flat]
+
+
+class DeltaNet(KernelKind):
+    name = "deltanet"
+    anchors = frozenset({"hipc::GatedDeltaRule"})
+    roles = frozenset({"deltanet:feeder", "deltanet:gate"})
+    cpu_signature = CPU
+
+    def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
+        feeders = _feeders(graph, n)
+        conv = next((f for f in feeders if f.op == "hipc::CausalConv1d"), None)
+        if conv is not None:
+            rest = [f for f in feeders if f is not conv]
+            p.propose(n, conv, "deltanet:feeder", conv.outputs[0], side="prologue", brings=rest)
+        gate = _gate_epilogue(graph, n, p)
+        if gate is not None:
+            p.propose(n, gate[0], "deltanet:gate", n.outputs[0], brings=gate[1:])
+
+    def select(self, g: Graph, grp: FusedGroup) -> SelectedKernel:
+        d = grp.anchor
+        by_op: dict[str, list[Node]] = {}
+        for node in grp.nodes:
+            by_op.setdefault(node.op, []).append(node)
+        convs = by_op.get("hipc::CausalConv1d", [])
+        norms = [n for n in grp.epilogue if n.op == "RMSNormalization"]
+        if len(convs) != 1 or len(norms) != 1:
+            raise FusionError(
+                f"{grp.name}: the deltanet kernel needs its conv and its gated norm "
+                "(a layout it does not read: Qwen3-Next's per-key-head packed projections?)"
+            )
+        conv, norm = convs[0], norms[0]
+        x = conv.inputs[0]
+        if not _is_projection(g, x):
+            raise FusionError(
+                f"{grp.name}: q/k/v must come from one projection (Qwen3-Next's per-key-head "
+                "packing of HF files has no CPU kernel yet)"
+            )
+        conv_wtype = g.values[conv.inputs[1]].dtype
+        if conv_wtype not in CONV_WTYPES:
+            raise FusionError(
+                f"{grp.name}: conv weight {conv.inputs[1]} is {conv_wtype}; the deltanet "
+                f"kernel reads {', '.join(CONV_WTYPES)}"
+            )
+        beta = g.producer(d.inputs[4])
+        if beta is None or beta.op != "Sigmoid":
+            raise FusionError(f"{grp.name}: beta must be sigmoid(b)")
+        gmul = g.producer(d.inputs[3])
+        soft = gmul and next(
+            (q for i in gmul.inputs if (q := g.producer(i)) and q.op == "Softplus"), None
+        )
+        if gmul is None or gmul.op != "Mul" or soft is None:
+            raise FusionError(f"{grp.name}: the decay must be A * softplus(a + dt_bias)")
+        A = next(i for i in gmul.inputs if i != soft.outputs[0])
+        a, dt = soft.inputs[0], ("none", None)
+        add = g.producer(a)
+        if add is not None and add.op == "Add":
+            a, bias = (add.inputs if _is_projection(g, add.inputs[0]) else add.inputs[::-1])[:2]
+            dt = ("weight", bias)
+        silu_z = next(n for n in grp.epilogue if n.op == "hipc::SiLU")
+        z = g.producer(silu_z.inputs[0]).inputs[0]
+        flat = grp.epilogue[-1]
+        _, NK, DK = g.values[d.inputs[0]].shape
+        _, NV, DV = g.values[d.inputs[2]].shape
+        C, KC = g.values[conv.inputs[1]].shape[0], g.values[conv.inputs[1]].shape[-1]
+        if C != 2 * NK * DK + NV * DV:
+            raise FusionError(f"{grp.name}: conv channels {C} are not q, k, v")
+        for v in (a, beta.inputs[0], z):
+            if not _is_projection(g, v):
+                raise FusionError(f"{grp.name}: {v} must be a projection's output")
+        l2 = by_op.get("hipc::L2Normalization", [])
+        refs: dict[str, Any] = {
+            "x": ("act", x),
+            "z": ("act", z),
+            "b": ("act", beta.inputs[0]),
+            "a": ("act", a),
+            "conv_w": ("weight", conv.inputs[1]),
+            "A": ("weight", A),
+            "dt_bias": dt,
+            "norm_w": ("weight", norm.inputs[1]),
+            "conv_state": ("state", conv.inputs[2]),
+            "ssm_state": ("state", d.inputs[5]),
+            "y": ("act", flat.outputs[0]),
+        }
+        params = DeltaNetParams(
+            NK=int(NK),
+            NV=int(NV),
+            DK=int(DK),
+            DV=int(DV),
+            KC=int(KC),
+            scale=float(d.attrs["scale"]),
+            l2_eps=float(l2[0].attrs["epsilon"]) if l2 else 0.0,
+            norm_eps=float(norm.attrs["epsilon"]),
+            v_tiled=bool(d.attrs.get("v_tiled")),
+            dt_bias=dt[0] == "weight",
+            conv_wtype=conv_wtype,
+        )
+        return SelectedKernel(grp.name, grp.node_names, self, params, refs)
+
+    def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
+        return "cpu/deltanet.cpp.j2", dict(params=CPU.render(CPU_INDENT))
+
+    def cpu_call(self, k: SelectedKernel, b: Binder) -> dict[str, Any]:
+        r = k.refs
+        acts = ("x", "z", "b", "a", "y")
+        return {
+            "T": b.int("T"),
+            **{n: b.act(r[n][1]) for n in acts},
+            **{f"ld{n}": b.int(b.ld(r[n][1])) for n in acts},
+            **{n: b.ref(r[n]) for n in ("conv_w", "A", "dt_bias", "norm_w")},
+            **{n: b.ref(r[n]) for n in ("conv_state", "ssm_state")},
+        }
+
+
+KIND = DeltaNet()
