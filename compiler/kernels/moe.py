@@ -252,9 +252,10 @@ def gpu_kernels(
             ),
             [],
             tile.wm * tile.wn * wave,
-            tile.shared_bytes(),
+            tile.shared_bytes(split=True),
         )
-        threads_mma, smem = tile.wm * tile.wn * wave, tile.shared_bytes()
+        # the grouped GEMMs stage x as bf16 hi + lo (as the dense GEMM's `split` policy)
+        threads_mma, smem = tile.wm * tile.wn * wave, tile.shared_bytes(split=True)
         gate_up = GroupedGemm(f"{mma.fn}_gate_up", -(-p.F // (tile.bn // 2)), threads_mma, smem)
         down = GroupedGemm(f"{mma.fn}_down", -(-p.H // tile.bn), threads_mma, smem)
     return MoEGpu(
