@@ -9,7 +9,8 @@ epilogue (`deltanet:gate`). The kernel reads the projections' outputs (q/k/v con
 [value heads, dk, dv] matrices), and writes the gated output rows for the out-projection.
 
 CPU: templates/cpu/deltanet.cpp.j2: the conv for all tokens, then per value head (in
-parallel) the recurrence for one token (decode) or the chunked form for several (prefill).
+parallel) the recurrence over the step's tokens (for several, a block of state columns at a
+time so the block stays in L1; measured faster than the chunked form on a CPU).
 Qwen3-Next's projections packed per key head (HF's in_proj_qkvz and in_proj_ba, which the
 graph unpacks with Reshape/Split/Concat) are read where they are. No GPU kernel yet.
 """
@@ -66,7 +67,7 @@ class DeltaNetParams(Params):
     ba_packed: bool
     # Qwen3-Next's in_proj_qkvz (HF): per key head [q DK | k DK | v R*DV | z R*DV]
     qkvz_packed: bool
-    chunk: int  # prefill tokens per chunk of the delta rule
+    chunk: int  # prefill tokens staged per block (q, k, v, gates) per head
     conv_wtype: str  # the conv weight's storage type (widened to float32 per call)
 
     def tag(self) -> str:
