@@ -20,8 +20,10 @@ GPU_TARGETS = (
 )
 KNOWN_TARGETS = ("cpu", *GPU_TARGETS)
 # NOTE: the CPU's KV cache is float32 [max_ctx, kv_heads, head_dim] per layer; 4096
-# positions keep SmolLM2's at 377 MB and a Llama-3-8B's at 1 GiB. GPU targets compile
-# the model's whole context: the runtime sizes the KV cache to the device at load.
+# positions keep SmolLM2's at 377 MB and a Llama-3-8B's at 1 GiB. A hybrid whose linear-
+# attention layers hold a fixed-size state instead (Qwen3.5: 3 in 4) gets the positions
+# the same KV memory holds: 4096 x layers / KV layers (16384 for Qwen3.5). GPU targets
+# compile the model's whole context: the runtime sizes the KV cache to the device at load.
 DEFAULT_MAX_CONTEXT = {"cpu": 4096}
 KV_STORAGE = ("auto", "float32", "bfloat16")
 # How GPU prefill GEMMs feed activations to the matrix units (bf16 weights): "bf16" rounds
@@ -75,8 +77,15 @@ class CompileOptions:
         if self.max_tokens is not None and not 1 <= self.max_tokens <= 8192:
             raise HipcError(f"--prefill-chunk must be in 1..8192, got {self.max_tokens}")
 
-    def resolved_max_context(self, model_limit: int) -> int:
-        cap = min(DEFAULT_MAX_CONTEXT.get(t, model_limit) for t in self.targets)
+    def resolved_max_context(self, model_limit: int, kv_layer_share: float = 1.0) -> int:
+        """`kv_layer_share`: the fraction of layers with a KV cache (the rest recurrent)."""
+        caps = [
+            int(DEFAULT_MAX_CONTEXT[t] / max(kv_layer_share, 1e-3))
+            if t in DEFAULT_MAX_CONTEXT
+            else model_limit
+            for t in self.targets
+        ]
+        cap = min(caps)
         return min(self.max_context or cap, model_limit)
 
     def resolved_kv_storage(self) -> str:

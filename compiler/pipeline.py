@@ -191,8 +191,11 @@ def compile_model(
 
 def _load_model(c: Compilation) -> None:
     c.model = load_model(c.model_ref)
-    limit = c.model.config.max_position_embeddings
-    c.max_ctx = c.options.resolved_max_context(limit)
+    cfg = c.model.config
+    limit = cfg.max_position_embeddings
+    types = cfg.layer_types or ("full_attention",) * cfg.num_layers
+    kv_share = sum(t != "linear_attention" for t in types) / len(types)
+    c.max_ctx = c.options.resolved_max_context(limit, kv_share)
     if c.max_ctx < limit and c.options.max_context is None:
         # NOTE: said even with -q: a context shorter than the model's is a silent limit otherwise
         print(

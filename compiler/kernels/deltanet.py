@@ -9,7 +9,8 @@ epilogue (`deltanet:gate`). The kernel reads the projections' outputs (q/k/v con
 [value heads, dk, dv] matrices), and writes the gated output rows for the out-projection.
 
 CPU: templates/cpu/deltanet.cpp.j2: the conv for all tokens, then per value head (in
-parallel) the recurrence for one token (decode) or the chunked form for several (prefill).
+parallel) the recurrence over the step's tokens (for several, a block of state columns at a
+time so the block stays in L1; measured faster than the chunked form on a CPU).
 GPU: templates/hip/deltanet.hip.j2, one kernel per layer step, decode and prefill alike: a
 block per key head (its value heads share its q/k conv channels, so each conv window has one
 owner), a thread per state column held in registers, the step's tokens through the
@@ -73,7 +74,7 @@ class DeltaNetParams(Params):
     ba_packed: bool
     # Qwen3-Next's in_proj_qkvz (HF): per key head [q DK | k DK | v R*DV | z R*DV]
     qkvz_packed: bool
-    chunk: int  # prefill tokens per chunk of the delta rule
+    chunk: int  # prefill tokens staged per block (q, k, v, gates) per head
     conv_wtype: str  # the conv weight's storage type (widened to float32 per call)
 
     def tag(self) -> str:

@@ -1,11 +1,12 @@
-"""hipc vs llama.cpp decode on one MoE GGUF, CPU, same threads, rounds alternating.
+"""hipc vs llama.cpp decode on one MoE or hybrid GGUF, CPU, same threads, rounds alternating.
 
     python docs/benchmarks/bench_cpu_moe.py --llama-bench /path/to/llama-bench \
-        [--gguf FILE | --preset cpu-0.7b --type q4_0] [--artifact PATH] \
+        [--gguf FILE | [--writer hybrid] --preset cpu-0.7b --type q4_0] [--artifact PATH] \
         [--threads 2] [--tokens 64] [--rounds 5] [--prefill-tokens 128]
         [--out docs/benchmarks/cpu-moe.md]
 
-The model is a random-weight GGUF (write_moe_gguf.py writes it when --gguf is not given);
+The model is a random-weight GGUF (write_moe_gguf.py, or with --writer hybrid
+write_hybrid_gguf.py's Qwen3.5 shapes, writes it when --gguf is not given);
 hipc compiles that same file for the CPU target (unless --artifact names a compiled one).
 
 Each round runs, one after the other (A B A B ..., so both see the same background load):
@@ -88,10 +89,16 @@ def hipc_prefill(engine, tokens: int) -> float:
     return time.perf_counter() - t0
 
 
-def write_model(preset: str, qtype: str, out: Path) -> Path:
-    spec = importlib.util.spec_from_file_location("write_moe_gguf", HERE / "write_moe_gguf.py")
+WRITERS = {"moe": ("write_moe_gguf", "cpu-0.7b"), "hybrid": ("write_hybrid_gguf", "cpu-moe-0.7b")}
+
+
+def write_model(writer: str, preset: str, qtype: str, out: Path) -> Path:
+    name = WRITERS[writer][0]
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    if preset not in tool.PRESETS:
+        sys.exit(f"--preset: {preset} is not one of {name}.py's ({', '.join(tool.PRESETS)})")
     if not out.exists():
         tool.write(out, dict(tool.PRESETS[preset]), qtype)
     return out
@@ -100,8 +107,9 @@ def write_model(preset: str, qtype: str, out: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--llama-bench", required=True, help="llama.cpp's llama-bench binary")
-    ap.add_argument("--gguf", type=Path, help="the MoE GGUF (default: write --preset)")
-    ap.add_argument("--preset", default="cpu-0.7b", help="write_moe_gguf.py preset")
+    ap.add_argument("--gguf", type=Path, help="the GGUF (default: write --preset)")
+    ap.add_argument("--writer", choices=sorted(WRITERS), default="moe", help="the preset's writer")
+    ap.add_argument("--preset", help="the writer's preset (moe: cpu-0.7b, hybrid: cpu-moe-0.7b)")
     ap.add_argument("--type", default="q4_0", choices=["q4_0", "q8_0"])
     ap.add_argument("--workdir", type=Path, default=Path("bench-moe"))
     ap.add_argument("--artifact", type=Path, help="a compiled artifact of the same GGUF")
@@ -116,8 +124,9 @@ def main() -> None:
     # before libgomp loads (the runtime's backend reads it then)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     args.workdir.mkdir(parents=True, exist_ok=True)
+    preset = args.preset or WRITERS[args.writer][1]
     gguf = args.gguf or write_model(
-        args.preset, args.type, args.workdir / f"{args.preset}-{args.type}.gguf"
+        args.writer, preset, args.type, args.workdir / f"{preset}-{args.type}.gguf"
     )
     if not gguf.is_file():
         sys.exit(f"--gguf: {gguf} is not a file")

@@ -182,6 +182,10 @@ def test_kv_storage_and_context_defaults():
     assert CompileOptions().resolved_max_context(131072) == 4096
     assert CompileOptions(targets=("sm_90",)).resolved_max_context(131072) == 131072
     assert CompileOptions(targets=("sm_90",), max_context=2048).resolved_max_context(8192) == 2048
+    # a hybrid with KV in 1 layer of 4 gets the positions the same KV memory holds
+    assert CompileOptions().resolved_max_context(262144, 0.25) == 16384
+    assert CompileOptions().resolved_max_context(8192, 0.25) == 8192
+    assert CompileOptions(max_context=1000).resolved_max_context(262144, 0.25) == 1000
 
 
 def test_unwritable_output_path(tiny, tmp_path):

@@ -1,8 +1,8 @@
 """Qwen3.5 hybrids compiled for the CPU (compiler/kernels/deltanet.py, the gated partial-RoPE
 attention) against the reference executor, itself checked against transformers
 (test_hybrid.py): prompts shorter than, equal to and several times the 64-token chunk, run
-in prefill calls of max_tokens (the kernel's chunked form) then token by token (its
-recurrence), <= 1e-3 relative, 32 greedy tokens
+in prefill calls of max_tokens (the kernel's column-blocked recurrence), a 2-token step, then
+token by token (its one-step form), <= 1e-3 relative, 32 greedy tokens
 equal; float32 and bf16 HF weights, F32 and Q8_0 GGUF files (value heads in llama.cpp's
 tiled order); Qwen3.5-MoE and Qwen3-Next (HF and GGUF) with routed and shared experts.
 """
@@ -35,15 +35,18 @@ def _check(artifact, model_ref, bound=1e-3):
         compiled.reset()
         reference.reset()
         errors.append(rel_err(compiled.logits(tokens), reference.logits(tokens, 0)))
-        # a prefill, then token by token on the same states
+        # a prefill, a 2-token step (fewer tokens than the conv window holds), then token by
+        # token on the same states
         cut = T - 5
         compiled.reset()
         reference.reset()
         want = [reference.forward(tokens[:cut], 0)]
         got = [compiled.forward(tokens[:cut], 0)]
-        for i, t in enumerate(tokens[cut:]):
-            want.append(reference.forward([t], cut + i))
-            got.append(compiled.forward([t], cut + i))
+        want.append(reference.forward(tokens[cut : cut + 2], cut))
+        got.append(compiled.forward(tokens[cut : cut + 2], cut))
+        for i, t in enumerate(tokens[cut + 2 :]):
+            want.append(reference.forward([t], cut + 2 + i))
+            got.append(compiled.forward([t], cut + 2 + i))
         errors.append(rel_err(np.stack(got), np.stack(want)))
     assert max(errors) <= bound, errors
     prompt = np.random.default_rng(7).integers(0, compiled.vocab_size, 70).tolist()
