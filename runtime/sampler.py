@@ -56,11 +56,19 @@ class Sampler:
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.moves_logits = bool(
+            params.logit_bias
+            or params.repetition_penalty != 1.0
+            or params.presence_penalty
+            or params.frequency_penalty
+        )
 
     def penalize(
         self, logits: np.ndarray, prompt: Sequence[int], output: Sequence[int]
     ) -> np.ndarray:
         p = self.params
+        if not self.moves_logits:
+            return logits
         logits = logits.astype(np.float64, copy=True)
         if p.logit_bias:
             ids = np.fromiter((t for t, _ in p.logit_bias), dtype=np.int64)
@@ -86,15 +94,20 @@ class Sampler:
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         """The distribution a draw is made from, after temperature and truncation."""
         p = self.params
+        # NOTE: float32 logits stay float32 (exp over a 50k vocabulary is several times
+        # faster); probabilities are relative to the top one, so float32's 24 bits move a
+        # draw only when it lands within ~1e-7 of a boundary between two tokens
+        if logits.dtype != np.float64:
+            logits = logits.astype(np.float32, copy=False)
         with np.errstate(over="ignore"):
-            z = logits / max(p.temperature, 1e-6)
+            z = logits / logits.dtype.type(max(p.temperature, 1e-6))
         if p.top_k and p.top_k < z.size:
             kth = np.partition(z, -p.top_k)[-p.top_k]
             z = np.where(z < kth, -np.inf, z)
         top = z.max()
         # NOTE: a tiny repetition_penalty can push logits past float64; the limit of
         # softmax is then uniform over the infinite ones (exp(inf - inf) would be NaN)
-        probs = (z == top).astype(np.float64) if np.isposinf(top) else np.exp(z - top)
+        probs = (z == top).astype(z.dtype) if np.isposinf(top) else np.exp(z - top)
         probs /= probs.sum()
         if p.top_p < 1.0:
             order = np.argsort(-probs, kind="stable")
@@ -120,20 +133,25 @@ class Sampler:
         p = self.params
         if allowed is not None:
             logits = np.where(allowed, logits, -np.inf)
-        if p.greedy and not (
-            p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-        ):
+        if p.greedy and not self.moves_logits:
             # nothing moves a logit: skip penalize's float64 copy (a tenth of a small
             # model's GPU decode step on the host)
             return int(np.argmax(logits))
         logits = self.penalize(logits, prompt, output)
-        if allowed is not None:
+        if allowed is not None and self.moves_logits:
             # a positive logit_bias must not bring a masked token back
             logits = np.where(allowed, logits, -np.inf)
         if p.greedy:
             return int(np.argmax(logits))
-        probs = self.probabilities(logits)
-        return int(self.rng.choice(probs.size, p=probs))
+        return self.draw(self.probabilities(logits))
+
+    def draw(self, probs: np.ndarray) -> int:
+        """One token from `probs`: what Generator.choice(n, p=probs) draws (the same one
+        uniform number against the cumulative sum), without its validation passes over the
+        vocabulary; the cumulative sum is float64, as its rounding grows with the vocabulary."""
+        cdf = np.cumsum(probs, dtype=np.float64)
+        cdf /= cdf[-1]
+        return int(np.searchsorted(cdf, self.rng.random(), side="right"))
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

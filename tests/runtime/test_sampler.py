@@ -94,3 +94,22 @@ def test_allowed_mask_excludes_every_other_token():
     assert Sampler(SamplingParams())(logits, allowed=allowed) == int(
         np.flatnonzero(allowed)[np.argmax(logits[allowed])]
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_draws_are_numpys_choice_for_the_same_seed(dtype):
+    """The sampler's draw is Generator.choice's (one uniform against the cumulative sum):
+    a seed gives the tokens numpy's own choice gives from the same distribution."""
+    rng = np.random.default_rng(11)
+    params = SamplingParams(temperature=0.7, top_k=500, min_p=0.001, seed=42)
+    s = Sampler(params)
+    reference = np.random.default_rng(42)
+    for _ in range(200):
+        logits = (3 * rng.standard_normal(4096)).astype(dtype)
+        z = logits.astype(np.float64) / 0.7
+        kth = np.partition(z, -500)[-500]
+        want = np.where(z < kth, 0.0, np.exp(z - z.max()))
+        want = np.where(want >= 0.001 * want.max(), want, 0.0)
+        want /= want.sum()
+        got = s(logits)
+        assert got == reference.choice(want.size, p=want)
