@@ -141,7 +141,8 @@ def small_queue_server(smol_artifact, server_logs):
     with running(
         smol_artifact, "--served-model-name", "smol", "--max-queued-requests", "2",
         "--no-eager-load", "--max-batch", "1", log_dir=server_logs,
-    ) as server:  # fmt: skip  (one at a time, so that requests queue)
+    ) as server:  # fmt: skip
+        # (--max-batch 1: one at a time, so that requests queue)
         yield server
 
 
