@@ -24,6 +24,7 @@ class CompiledEngine:
         self.max_context = backend.max_context
         self.vocab_size = artifact.plan["vocab_size"]
         self._tokenizer = None
+        self._queued: tuple | None = None  # (tokens, start) of a submitted step
         # recurrent states: prefix reuse from snapshots, where the backend can copy them
         self.sequence = None
         if any(s.kind == "recurrent" for s in artifact.states) and hasattr(backend, "snapshot"):
@@ -48,6 +49,7 @@ class CompiledEngine:
     def reset(self) -> None:
         """Start a new sequence: each state follows its kind's reset rule (a recurrent state
         is zeroed; a KV cache is not: attention reads only positions this sequence wrote)."""
+        self._drain()
         if self.sequence:
             self.sequence.reset()
         else:
@@ -86,19 +88,57 @@ class CompiledEngine:
 
     def forward(self, tokens: Sequence[int], start: int) -> np.ndarray:
         """Logits of the last token [vocab]."""
+        self._drain()
         if self.sequence:
             self._check(tokens, start)
             return self.sequence.forward(list(tokens), start)
         return self._run(tokens, start, False)[-1]
 
+    def submit(self, tokens: Sequence[int], start: int) -> None:
+        """Start the step of `tokens` (at most one step's worth) and return before it ends;
+        `collect()` gives its last token's logits. On a GPU the host is free meanwhile (the
+        generation loop detokenizes the token before while the next step runs); elsewhere
+        (the CPU backend, recurrent snapshots) the step runs in `collect()`. A step left
+        uncollected is waited for by the next call."""
+        self._drain()
+        self._check(tokens, start)
+        if len(tokens) > self.backend.max_tokens or start + len(tokens) > self.max_context:
+            raise HipcError(
+                f"submit runs one step within the context: {len(tokens)} tokens at {start}"
+            )
+        self._queued = (list(tokens), start)
+        if self._async:
+            self.backend.submit(np.asarray(tokens, dtype=np.int64), start, False)
+
+    def collect(self) -> np.ndarray:
+        """Logits of the last token [vocab] of the step `submit` started."""
+        if self._queued is None:
+            raise HipcError("no step in flight")
+        tokens, start = self._queued
+        self._queued = None
+        if self._async:
+            return self.backend.collect()[-1]
+        return self.forward(tokens, start)
+
+    @property
+    def _async(self) -> bool:
+        return self.sequence is None and hasattr(self.backend, "submit")
+
+    def _drain(self) -> None:
+        """Wait for (and drop) a step submitted and never collected."""
+        if self._queued is not None:
+            self.collect()
+
     def logits(self, tokens: Sequence[int], start: int = 0) -> np.ndarray:
         """Logits of every token [len(tokens), vocab]."""
+        self._drain()
         if self.sequence:
             self._check(tokens, start)
             return self.sequence.logits(list(tokens), start)
         return self._run(tokens, start, True)
 
     def close(self) -> None:
+        self._queued = None  # closing the backend ends whatever it was running
         self.backend.close()
 
 

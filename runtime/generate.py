@@ -128,9 +128,22 @@ class Generation:
         res.prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         pos = len(res.prompt_token_ids)
-        while (step := decoding.advance(logits)) is not None:
+        # An engine that can start a step and collect it later (CompiledEngine) runs the next
+        # step on the GPU while this token is detokenized, checked for stop strings and
+        # handed to the consumer; a step started for a sequence that then stops is collected
+        # and dropped.
+        submit = getattr(self.engine, "submit", None)
+        while (token := decoding.sample(logits)) is not None:
+            running = submit is not None and decoding.continues()
+            if running:
+                submit([token], pos)
+            step = decoding.emit()
+            if step is None:
+                if running:
+                    self.engine.collect()
+                break
             yield step
-            logits = self.engine.forward([decoding.next_token], pos)
+            logits = self.engine.collect() if running else self.engine.forward([token], pos)
             pos += 1
         res.decode_s = time.perf_counter() - t0
         last = decoding.finish()
@@ -170,6 +183,12 @@ class Decoding:
     def advance(self, logits: np.ndarray) -> Step | None:
         """The Step to stream after sampling from `logits` (then feed `next_token`), or None
         when this token ended the sequence."""
+        return None if self.sample(logits) is None else self.emit()
+
+    def sample(self, logits: np.ndarray) -> int | None:
+        """advance's first half: the token sampled from `logits` (recorded), or None when it
+        ends the sequence (a stop token). `emit()` does the rest; between the two, whoever
+        runs the model may already start the step that feeds the token (`continues()`)."""
         if self.done:
             return None
         gen, req, res = self.gen, self.request, self.result
@@ -188,6 +207,19 @@ class Decoding:
             lp, top = token_logprobs(logits, token, req.logprobs)
             self.pending_lp.append(TokenLogprob(token, lp, top))
             res.logprobs.append(self.pending_lp[-1])
+        return token
+
+    def continues(self) -> bool:
+        """After `sample`: whether the length limit leaves room for a step after this token
+        (a stop string or the grammar may still end the sequence in `emit`)."""
+        return len(self.result.token_ids) < self.gen.max_tokens
+
+    def emit(self) -> Step | None:
+        """advance's second half: detokenize the sampled token and check the stop strings,
+        the grammar and the length; the Step to stream, or None when the sequence ended."""
+        gen, req, res = self.gen, self.request, self.result
+        constraint = self.constraint
+        token = res.token_ids[-1]
         self.text += self.decoder.feed(token)
         cut = _find_stop(self.text, req.stop, self.emitted)
         if cut is not None:

@@ -8,6 +8,10 @@ runtime does. Buffers it uploads are freed by `free()`.
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -30,17 +34,39 @@ def open_driver():
     pytest.skip("no GPU")
 
 
+def kernels_source(specs, arch: str, quant_layout: str = "split") -> str:
+    """One program of the rendered kernels `specs` ([(fn, template, ctx, shared)])."""
+    sources = [render(f"hip/{t}.hip.j2", fn=fn, **ctx) for fn, t, ctx, _ in specs]
+    return program_source("kernel_test", HIPC_VERSION, arch, sources, quant_layout)
+
+
+def compiled(source: str, arch: str, cache: Path | None = None) -> bytes:
+    """The code object of `source`; with `cache`, looked up there by the source's sha256 (a
+    benchmark can build its many variants ahead of time on a machine with no GPU)."""
+    key = cache / f"{hashlib.sha256(source.encode()).hexdigest()[:24]}.{arch}" if cache else None
+    if key is not None and key.exists():
+        return key.read_bytes()
+    blob = gpu_toolchain(arch).compile(source)
+    if key is not None:
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_bytes(blob)
+    return blob
+
+
 class DeviceKernels:
-    def __init__(self, build, quant_layout: str = "split") -> None:
+    def __init__(self, build, quant_layout: str = "split", cache: Path | None = None) -> None:
         """`build(arch)` -> [(fn, template, ctx, dynamic shared bytes or None: a template of
         several kernels, found by name at launch)] to compile;
-        `quant_layout`: how the weights uploaded store quantized blocks (see pack)."""
+        `quant_layout`: how the weights uploaded store quantized blocks (see pack);
+        `cache`: a folder of code objects by source hash (see compiled; default: the
+        HIPC_KERNEL_CACHE environment variable's, else none)."""
+        if cache is None and os.environ.get("HIPC_KERNEL_CACHE"):
+            cache = Path(os.environ["HIPC_KERNEL_CACHE"])
         self.d = open_driver()
         self.arch = self.d.arch
         specs = build(self.arch)
-        sources = [render(f"hip/{t}.hip.j2", fn=fn, **ctx) for fn, t, ctx, _ in specs]
-        source = program_source("kernel_test", HIPC_VERSION, self.arch, sources, quant_layout)
-        self.d.load_module(gpu_toolchain(self.arch).compile(source))
+        source = kernels_source(specs, self.arch, quant_layout)
+        self.d.load_module(compiled(source, self.arch, cache))
         self.fns = {}
         for fn, _, _, shared in specs:
             if shared is None:  # a source of several kernels (or none): looked up when launched

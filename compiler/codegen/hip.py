@@ -42,9 +42,11 @@ class GpuProgramBuilder:
         kv_storage: str,
         kernels: list[SelectedKernel],
         prefill_precision: str = "bf16",
+        activations: str = "int16",
     ) -> None:
         self.target, self.max_tokens = target, max_tokens
         self.prefill_precision = prefill_precision  # CompileOptions.prefill_precision
+        self.activations = activations  # how quantized GEMVs round x (CompileOptions)
         self.max_ctx, self.kv_storage = max_ctx, kv_storage
         self.kernels: dict[str, str] = {}
         self.steps: dict[str, list[dict]] = {"decode": [], "prefill": []}
@@ -114,7 +116,13 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
     memory = c.memory
     binder = Binder(memory, weight_order(c.kernels), [s.name for s in c.states])
     g = GpuProgramBuilder(
-        gpu, memory.max_tokens, c.max_ctx, c.kv_storage, c.kernels, c.options.prefill_precision
+        gpu,
+        memory.max_tokens,
+        c.max_ctx,
+        c.kv_storage,
+        c.kernels,
+        c.options.prefill_precision,
+        c.options.activations,
     )
     for k in c.kernels:
         k.kind.gpu(k, binder, g)

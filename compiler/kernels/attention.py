@@ -414,27 +414,37 @@ def flash_attention(
 
 
 def decode_attention(
-    fn: str, p: AttentionParams, target: GpuTarget, nodes: list[str], max_ctx: int, kv_storage: str
+    fn: str,
+    p: AttentionParams,
+    target: GpuTarget,
+    nodes: list[str],
+    max_ctx: int,
+    kv_storage: str,
+    waves: int = DECODE_WAVES,
+    blocks: int = DECODE_BLOCKS,
 ) -> GpuKernel:
-    """The decode attention of one layer."""
+    """The decode attention of one layer. `waves` and `blocks` override DECODE_WAVES and
+    DECODE_BLOCKS (bench_gpu_gemv.py times several)."""
     wave = target.wave
-    splits = decode_splits(p.NH, max_ctx, wave)
+    splits = decode_splits(p.NH, max_ctx, wave, waves, blocks)
     kv_ctx = kv_context(kv_storage)
     ctx = dict(
         nodes=nodes,
         wave=wave,
-        waves=DECODE_WAVES,
+        waves=waves,
         splits=splits,
         params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
         **kv_ctx,
         **p.to_json(),
     )
-    return GpuKernel(f"{fn}_decode", "attention_decode", ctx, [p.NH, splits], DECODE_WAVES * wave)
+    return GpuKernel(f"{fn}_decode", "attention_decode", ctx, [p.NH, splits], waves * wave)
 
 
-def decode_splits(heads: int, max_ctx: int, wave: int) -> int:
-    """Blocks per head of the decode attention: ~DECODE_BLOCKS in all, never more than
-    the context has chunks. Fixed at compile time (the decode graph is captured once);
-    each block loops over every SPLITS-th chunk, so any context length runs."""
-    chunks = -(-max_ctx // (DECODE_WAVES * wave))
-    return max(1, min(chunks, -(-DECODE_BLOCKS // heads)))
+def decode_splits(
+    heads: int, max_ctx: int, wave: int, waves: int = DECODE_WAVES, blocks: int = DECODE_BLOCKS
+) -> int:
+    """Blocks per head of the decode attention: ~`blocks` in all, never more than the
+    context has chunks. Fixed at compile time (the decode graph is captured once); each
+    block loops over every SPLITS-th chunk, so any context length runs."""
+    chunks = -(-max_ctx // (waves * wave))
+    return max(1, min(chunks, -(-blocks // heads)))

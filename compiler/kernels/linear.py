@@ -308,7 +308,7 @@ class Linear(KernelKind):
         if p.gated:
             common["gate"] = b.act(r["gate"][1])
             common["ldg"] = b.int(b.ld(r["gate"][1]))
-        dk = decode_gemv(k.fn, p, g.target, k.nodes)
+        dk = decode_gemv(k.fn, p, g.target, k.nodes, activations=g.activations)
         g.launch("decode", k.group, g.kernel(dk), dk.grid, [dk.threads], gemv_signature(p),
                  common, shared=dk.shared, overlap=True)  # fmt: skip
         split = g.prefill_precision == "split"
@@ -442,10 +442,13 @@ class MmaTile:
     wn: int  # waves along outputs
     min_blocks: int = 1  # NVIDIA: blocks per SM to fit registers for (__launch_bounds__)
 
-    def shared_bytes(self, split: bool) -> int:
+    def shared_bytes(self, split: bool, quant: bool = False) -> int:
         """Two stages of x (hi and, split, lo: bm rows each) and W (bn rows), bf16, rows
-        padded by 8."""
-        return 2 * ((2 if split else 1) * self.bm + self.bn) * (self.bk + 8) * 2
+        padded by 8; quantized weights add each stage's 16-weight groups: (scale, offset)
+        per W row and the sum of x per token, float32."""
+        groups = self.bk // 16
+        extra = 2 * (2 * self.bn + self.bm) * groups * 4 if quant else 0
+        return 2 * ((2 if split else 1) * self.bm + self.bn) * (self.bk + 8) * 2 + extra
 
 
 # 128 x 128 blocks of 256 threads everywhere: 8 warps of 64 x 32 on NVIDIA and RDNA, 4 wave64s of
@@ -474,16 +477,26 @@ MMA_WIDE_TILES = {"sm_80": _NV_WIDE, "sm_89": _NV_WIDE, "sm_90": _NV_WIDE}
 WIDE_BLOCKS = 64
 
 
-def mma_tile(target: GpuTarget, p: LinearParams) -> MmaTile | None:
+def mma_tile(target: GpuTarget, p: LinearParams, split: bool = False) -> MmaTile | None:
     """The matrix-instruction GEMM for a linear's prefill, or None for the SIMT one.
 
-    Dense bf16 weights only: they feed the instruction as stored. f16 would need x split in f16,
-    whose range (65504) activations can exceed; quantized types dequantize in the SIMT tile.
-    K % 8 == 0 because W is loaded 16 bytes at a time.
+    bf16 weights feed the instruction as stored; quantized ones as their integer quants (exact
+    in bf16), each 16-deep partial product scaled in float32 (linear_mma.hip.j2). f16 would
+    need x split in f16, whose range (65504) activations can exceed. K % 8 == 0 because W is
+    loaded 8 weights at a time. Where AMD's 64 KiB of LDS has no room for the quantized tiles'
+    scales beside the stages (CDNA's 32-deep ones with x split), SIMT there.
     """
     tile = MMA_TILES.get(target.arch)
-    if tile is None or p.wtype != "bfloat16" or p.K % 8:
+    quant = WEIGHT_SUFFIX.get(p.wtype) in QUANT_TYPES
+    if tile is None or (p.wtype != "bfloat16" and not quant) or p.K % 8:
         return None
+    if quant:
+        # the groups' scales and partial products take registers: the narrow tile (the wide
+        # one's 128 accumulators per lane spill beside them), one block per SM
+        tile = replace(tile, min_blocks=1)
+        if not target.arch.startswith("sm_") and tile.shared_bytes(split, quant=True) > 64 << 10:
+            return None
+        return tile
     wide = MMA_WIDE_TILES.get(target.arch)
     glu = p.epilogue == "glu"
     if wide and -(-p.n_out // (wide.bn // 2 if glu else wide.bn)) >= WIDE_BLOCKS:
@@ -598,12 +611,18 @@ def prefill_gemm(
             bn_out,
             t.bm,
         )
-    tile = None if simt else mma_tile(target, p)
+    tile = None if simt else mma_tile(target, p, split)
     if tile is None:
         return GpuKernel(f"{fn}_gemm", "linear_gemm", common, [], 256, 0, SIMT_TILE, SIMT_TILE)
     bn_out = tile.bn // 2 if p.epilogue == "glu" else tile.bn
+    ws = WEIGHT_SUFFIX[p.wtype]
+    quant = ws in QUANT_TYPES
+    shared = tile.shared_bytes(split, quant)
     ctx = dict(
         common,
+        quant=quant,
+        has_offset=ws in ("q4_1", "q5_1", "q4_k", "q5_k"),
+        block_values=QUANT_TYPES[ws].block_values if quant else 0,
         instruction=tile.instruction,
         bm=tile.bm,
         bn=tile.bn,
@@ -613,13 +632,11 @@ def prefill_gemm(
         min_blocks=tile.min_blocks,
         bn_out=bn_out,
         split=split,
-        shared=tile.shared_bytes(split),
+        shared=shared,
     )
     threads = tile.wm * tile.wn * wave
     name = f"{fn}_mma_split" if split else f"{fn}_mma"
-    return GpuKernel(
-        name, "linear_mma", ctx, [], threads, tile.shared_bytes(split), bn_out, tile.bm
-    )
+    return GpuKernel(name, "linear_mma", ctx, [], threads, shared, bn_out, tile.bm)
 
 
 @dataclass(frozen=True)
@@ -641,15 +658,18 @@ class QuantGemv:
     prefetch: bool = False
 
 
-# Small matrices (SmolLM2's, latency-bound): 8-wave blocks, two per SM. Large ones
-# (QUANT_GEMV_LARGE_BYTES and up): 16-wave blocks of 4-row groups, one per SM. On the H200
-# (bench_gpu_gemv.py, 8B Q4_0 shapes, per layer) the large geometry took 46.7 us where the
-# small one took 48.4 (SmolLM2 shapes: 8.6 us small, 10.5 large). q8_0 blocks are twice
-# the bytes: half the unroll.
+# Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM. Large
+# ones (QUANT_GEMV_LARGE_BYTES and up) and long rows (K >= QUANT_GEMV_LONG_K): 16-wave blocks
+# of 2-row groups, one per SM. On the H200 (bench_gpu_gemv.py, docs/benchmarks/gpu-h200.md:
+# int8 activations, us per 8B Q4_0 layer) 16 x 2 took qkv 6.0, o 4.4, gate/up 18.3, down 12.7
+# where 16 x 4 (the geometry before) took 6.0, 4.9, 18.7, 13.7 and 8 x 2 7.0, 5.1, 18.8,
+# 16.1; SmolLM2's down (K 1536) 1.8 us where 8 x 2 took 2.1, its other shapes 1.6-2.1 us
+# with 8 x 2, 1.7-2.1 with 16 x 2. q8_0 blocks are twice the bytes: half the unroll.
 QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2)
-QUANT_GEMV_LARGE = QuantGemv(16, 4, 2, 128, 1)
+QUANT_GEMV_LARGE = QuantGemv(16, 2, 4, 128, 1)
 QUANT_GEMV_LARGE_BYTES = 4 << 20
-XQ_BLOCK_BYTES = 80  # x staged per 32 values (prelude: HIPC_XQ_INTS * 4)
+QUANT_GEMV_LONG_K = 1536
+XQ_BLOCK_BYTES = {"int16": 80, "int8": 48}
 
 
 @dataclass(frozen=True)
@@ -672,16 +692,19 @@ QUANT_TYPES = {
     "q4_k": QuantType(256, 144, 128, 128),
     "q5_k": QuantType(256, 176, 160, 128),
 }
-# a K-quant unit is 21-27 registers (64-96 bytes of quants): a row pair, one unit each in flight
-QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 128, 1)
+# A K-quant unit is 21-27 registers (64-96 bytes of quants): groups of 4 rows, one unit each
+# in flight, 8 waves a block, one block per SM. On the H200 (bench_gpu_gemv.py, int8
+# activations) 8B Q4_K gate/up took 22.3 us, down 19.9, the Q6_K LM head 105.9 (4.07 TB/s)
+# where row pairs (the geometry before) took 27.7, 21.0 and 114.4.
+QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1)
 
 
 def quant_gemv(wsuffix: str, N: int, K: int) -> QuantGemv:
     if QUANT_TYPES[wsuffix].unit_values > 32:  # the K-quants' units of 128
-        return QUANT_GEMV_Q6_K
+        return QUANT_GEMV_KQUANT
     qt = QUANT_TYPES[wsuffix]
     big = N * (K // qt.block_values) * qt.block_bytes >= QUANT_GEMV_LARGE_BYTES
-    g = QUANT_GEMV_LARGE if big else QUANT_GEMV_SMALL
+    g = QUANT_GEMV_LARGE if big or K >= QUANT_GEMV_LONG_K else QUANT_GEMV_SMALL
     if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
         g = replace(g, rows=2, unroll=2)
     if wsuffix == "q8_0":
@@ -697,10 +720,16 @@ def stream_blocks(groups: int, waves: int, max_blocks: int) -> int:
 
 
 def decode_gemv(
-    fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], quant: QuantGemv | None = None
+    fn: str,
+    p: LinearParams,
+    target: GpuTarget,
+    nodes: list[str],
+    quant: QuantGemv | None = None,
+    activations: str = "int16",
 ) -> GpuKernel:
     """The GEMV of one linear. `quant` overrides quant_gemv's geometry (bench_gpu_gemv.py
-    times several)."""
+    times several); `activations` (CompileOptions.activations) is how a quantized GEMV
+    rounds x: int16 (int8 hi + lo planes) or int8 (one plane)."""
     wave = target.wave
     ws = WEIGHT_SUFFIX[p.wtype]
     glu = p.epilogue == "glu"
@@ -722,11 +751,12 @@ def decode_gemv(
             blocks=blocks,
             min_blocks=g.min_blocks,
             prefetch=g.prefetch and steps > g.unroll,
+            lo=activations == "int16",
             params=gemv_signature(p).render(GPU_INDENT),
             **qt.__dict__,
             **p.context(),
         )
-        shared = p.K // 32 * XQ_BLOCK_BYTES
+        shared = p.K // 32 * XQ_BLOCK_BYTES[activations]
         return GpuKernel(f"{fn}_gemv", "linear_gemv_q", ctx, [blocks], g.waves * wave, shared)
     ctx = dict(
         nodes=nodes,

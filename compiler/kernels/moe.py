@@ -102,7 +102,7 @@ MOE_ROWS = 2  # outputs per wave in _up, and in _down for dense types (two rows 
 # to this many 32-weight blocks per lane in flight (q8_0 blocks are twice the bytes)
 MOE_DOWN_UNITS = {"q4_0": 8, "q4_1": 8, "q8_0": 4}
 TILE = 64  # the prefill GEMM's rows (token, slot pairs) and outputs per tile
-XQ_BLOCK_BYTES = 80  # x staged per 32 values (prelude: HIPC_XQ_INTS * 4)
+XQ_BLOCK_BYTES = 80  # x staged per 32 values as int8 hi + lo (prelude: hipc_xq<true>::INTS * 4)
 
 
 @dataclass(frozen=True)

@@ -338,7 +338,15 @@ def version(dist: str) -> str:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+        pass
+    if dist == "llama-cpp-python":  # bindings on PYTHONPATH (no dist-info), e.g. a local build
+        try:
+            import llama_cpp
+
+            return f"{llama_cpp.__version__} ({Path(llama_cpp.__file__).parent})"
+        except ImportError:
+            pass
+    return "not installed"
 
 
 def table_rows(results: list[Result]) -> list[list[str]]:

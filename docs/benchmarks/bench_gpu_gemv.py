@@ -1,13 +1,21 @@
-"""Quantized decode GEMVs alone on the GPU: each model shape and geometry, timed and checked.
+"""Decode kernels alone on the GPU: quantized GEMVs and the decode attention, timed and checked.
 
-    python docs/benchmarks/bench_gpu_gemv.py [--out FILE]
+    # here (no GPU needed): build every variant's code object ahead of time
+    python docs/benchmarks/bench_gpu_gemv.py --prebuild .work/fatbins
+    # on the GPU machine
+    python docs/benchmarks/bench_gpu_gemv.py --cache .work/fatbins [--out FILE]
 
 For the Llama-3-8B and SmolLM2-135M linears (their fused forms: norm prologue, GLU,
-residual), every QuantGemv geometry listed is rendered, compiled into one code object
-(tests/gpu_kernels.DeviceKernels), checked once against NumPy in float64, and timed as a
-captured graph of back-to-back launches (overlapped as decode launches them), each
-launch reading another copy of the weights so that L2 holds none of them. GB/s counts
-the weight bytes read once per launch; the device-to-device copy rate is measured too.
+residual), every QuantGemv geometry listed is rendered with each --activations rounding
+(int16: x as int8 hi + lo planes; int8: one plane), compiled into one code object
+(tests/gpu_kernels.DeviceKernels), checked once against NumPy in float64 (x as the kernel
+holds it), and timed as a captured graph of back-to-back launches (overlapped as decode
+launches them), each launch reading another copy of the weights so that L2 holds none of
+them. GB/s counts the weight bytes read once per launch.
+
+The decode attention (Llama-3-8B heads, bf16 KV cache) is timed the same way for several
+(waves per block, blocks per layer) at a few positions, each launch on another copy of the
+cache; its outputs are checked against the default variant's.
 """
 
 from __future__ import annotations
@@ -22,12 +30,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "docs" / "benchmarks"))
 
+from hipc.compiler.kernels.attention import AttentionParams, decode_attention  # noqa: E402
 from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv  # noqa: E402
 from hipc.compiler.targets import GpuTarget  # noqa: E402
 from hipc.runtime.backends.gpu_common import PackedArgs  # noqa: E402
 
-from gpu_kernels import DeviceKernels, pack  # noqa: E402
+from gpu_kernels import DeviceKernels, compiled, kernels_source, pack  # noqa: E402
 
 # name: (wtype, N, K, epilogue, norm)
 SHAPES = {
@@ -35,7 +45,13 @@ SHAPES = {
     "l8_o": ("q4_0", 4096, 4096, "residual", False),
     "l8_gate_up": ("q4_0", 2 * 14336, 4096, "glu", True),
     "l8_down": ("q4_0", 4096, 14336, "residual", False),
-    "l8_head_q8": ("q8_0", 128256, 4096, "none", True),
+    "l8_head_q6k": ("q6_k", 128256, 4096, "none", True),
+    "l8_qk_q4k": ("q4_k", 5120, 4096, "none", True),
+    "l8_v_q6k": ("q6_k", 1024, 4096, "none", True),
+    "l8_o_q4k": ("q4_k", 4096, 4096, "residual", False),
+    "l8_gate_up_q4k": ("q4_k", 2 * 14336, 4096, "glu", True),
+    "l8_down_q6k": ("q6_k", 4096, 14336, "residual", False),
+    "l8_down_q4k": ("q4_k", 4096, 14336, "residual", False),
     "smol_qkv": ("q4_1", 960, 576, "none", True),
     "smol_o": ("q4_1", 576, 576, "residual", False),
     "smol_gate_up": ("q4_1", 2 * 1536, 576, "glu", True),
@@ -44,88 +60,253 @@ SHAPES = {
 GEOMETRIES = {
     "default": None,  # quant_gemv's choice by matrix size
     "w8r2u4": QuantGemv(8, 2, 4, 256, 2),
-    "w8r2u4_nopf": QuantGemv(8, 2, 4, 256, 2, prefetch=False),
+    "w8r4u2": QuantGemv(8, 4, 2, 256, 2),
     "w16r4u2": QuantGemv(16, 4, 2, 128, 1),
-    "w16r4u2_nopf": QuantGemv(16, 4, 2, 128, 1, prefetch=False),
     "w16r2u4": QuantGemv(16, 2, 4, 128, 1),
+    "w16r2u2": QuantGemv(16, 2, 2, 132, 1),
+    "w4r2u4": QuantGemv(4, 2, 4, 528, 4),
+    "w4r4u2": QuantGemv(4, 4, 2, 528, 4),
 }
+# the K-quants' units are 128 weights (64-96 bytes of quants): fewer of them in flight
+KQUANT_GEOMETRIES = {
+    "default": None,
+    "k_w8r2u1": QuantGemv(8, 2, 1, 128, 1),
+    "k_w8r2u1_x2": QuantGemv(8, 2, 1, 264, 2),
+    "k_w8r1u2_x2": QuantGemv(8, 1, 2, 264, 2),
+    "k_w4r2u1_x4": QuantGemv(4, 2, 1, 528, 4),
+    "k_w16r1u1": QuantGemv(16, 1, 1, 132, 1),
+    "k_w8r4u1": QuantGemv(8, 4, 1, 132, 1),
+}
+ACTIVATIONS = ("int16", "int8")
+# (waves per block, blocks per layer) of the decode attention; default first
+ATTENTION_VARIANTS = [(4, 256), (2, 512), (4, 512), (2, 1024), (4, 1024)]
+ATTENTION_POSITIONS = (512, 2000)
+L8_ATTENTION = AttentionParams(
+    NH=32, NKV=8, D=128, scale=128**-0.5, window=0, interleaved=False, norm_eps=0.0
+)
+ATTENTION_CTX = 4096
 L2_BYTES = 60 << 20
+CHECK_MAX_VALUES = 64_000_000  # larger matrices are timed, not checked (float64 NumPy)
+
+
+def geometries(wtype: str) -> dict[str, QuantGemv | None]:
+    return KQUANT_GEOMETRIES if wtype in ("q4_k", "q5_k", "q6_k") else GEOMETRIES
+
+
+def gemv_specs(arch: str, shapes: list[str]) -> dict:
+    specs = {}
+    for si, s in enumerate(shapes):
+        wtype, N, K, epilogue, norm = SHAPES[s]
+        p = LinearParams(wtype, N, K, 1e-5 if norm else 0.0, epilogue, bias=False)
+        for gi, (g, geo) in enumerate(geometries(wtype).items()):
+            if geo and wtype == "q8_0" and geo.unroll > 1:  # the same bytes in flight
+                geo = replace(geo, unroll=geo.unroll // 2)
+            if geo and epilogue == "glu" and geo.rows < 2:  # a GLU group is gate + up rows
+                continue
+            for a in ACTIVATIONS:
+                fn = f"s{si}g{gi}{a}"
+                specs[s, g, a] = decode_gemv(fn, p, GpuTarget(arch), [s], geo, activations=a)
+    return specs
+
+
+def attention_specs(arch: str) -> dict:
+    return {
+        v: decode_attention(
+            f"att_w{v[0]}b{v[1]}",
+            L8_ATTENTION,
+            GpuTarget(arch),
+            ["att"],
+            ATTENTION_CTX,
+            "bfloat16",
+            waves=v[0],
+            blocks=v[1],
+        )
+        for v in ATTENTION_VARIANTS
+    }
+
+
+def as_built(specs: dict) -> list:
+    return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
+
+
+def int8_held(x: np.ndarray) -> np.ndarray:
+    """x as an int8-activation GEMV holds it (tests/gpu/test_decode_kernels.int8_held)."""
+    xb = x.astype(np.float32).reshape(-1, 32)
+    am = np.abs(xb).max(1, keepdims=True)
+    inv = np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0).astype(np.float32)
+    return ((am / np.float32(127)).astype(np.float64) * np.rint(xb * inv)).reshape(-1)
+
+
+def random_raw(wtype: str, N: int, K: int, rng) -> np.ndarray:
+    """Split-layout bytes of random blocks with sane f16 scales (timing only)."""
+    from bench_gpu_quant import random_blocks
+
+    from hipc.compiler.passes.repack import split_quant_blocks
+
+    return split_quant_blocks(random_blocks(wtype.upper(), N, K, rng), wtype)
+
+
+def graph_time(d, fn, grid, threads, shared, packed, launches) -> float:
+    """us per launch of `launches` back-to-back launches (overlapped), cycling `packed`."""
+    d.synchronize()
+    d.begin_capture()
+    for i in range(launches):
+        p = packed[i % len(packed)]
+        d.launch(fn, grid, (threads, 1, 1), shared, p.address, overlap=True)
+    ge = d.instantiate(d.end_capture())
+    d.graph_launch(ge)
+    d.synchronize()
+    t = time.perf_counter()
+    reps = 5
+    for _ in range(reps):
+        d.graph_launch(ge)
+    d.synchronize()
+    return (time.perf_counter() - t) / (reps * launches) * 1e6
+
+
+def bench_gemvs(dev, specs, shapes, launches) -> list[str]:
+    d = dev.d
+    lines = []
+    rng = np.random.default_rng(0)
+    for s in shapes:
+        wtype, N, K, epilogue, norm = SHAPES[s]
+        n_out = N // 2 if epilogue == "glu" else N
+        check = N * K <= CHECK_MAX_VALUES
+        if check:
+            raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype)
+        else:
+            raw, w = random_raw(wtype, N, K, rng), None
+        x = (rng.standard_normal(K) * 3).astype(np.float32)
+        g = (1 + 0.2 * rng.standard_normal(K)).astype(np.float32)
+        r = rng.standard_normal(n_out).astype(np.float32)
+        want = {}
+        if check:
+            inv = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5) if norm else 1.0
+            for a in ACTIVATIONS:
+                xs = x * g if norm else x
+                held = int8_held(xs) if a == "int8" else xs.astype(np.float64)
+                acc = w @ held * inv
+                if epilogue == "glu":
+                    acc = acc[:n_out] / (1 + np.exp(-acc[:n_out])) * acc[n_out:]
+                want[a] = acc + (r if epilogue == "residual" else 0.0)
+            del w
+        copies = max(2, -(-2 * L2_BYTES // raw.nbytes))
+        wbufs = [dev.upload(raw) for _ in range(copies)]
+        xb, gb, rb, yb = dev.upload(x), dev.upload(g), dev.upload(r), dev.poisoned(n_out)
+        cells = []
+        for gname in geometries(wtype):
+            for a in ACTIVATIONS:
+                if (s, gname, a) not in specs:
+                    continue
+                k = specs[s, gname, a]
+                fn = dev.function(k.fn)
+                tail = [gb if norm else 0, 0, rb if epilogue == "residual" else 0, yb]
+                packed = [PackedArgs([("u64", p) for p in [xb, wb, *tail]]) for wb in wbufs]
+                grid = (*k.grid, 1, 1)[:3]
+                d.launch(fn, grid, (k.threads, 1, 1), k.shared, packed[0].address)
+                got = dev.read(yb, n_out)
+                if check:
+                    err = float(np.linalg.norm(got - want[a]) / np.linalg.norm(want[a]))
+                    flag = f" e={err:.0e}" + (" BAD" if not err <= 1e-4 else "")
+                else:
+                    flag = "" if np.isfinite(got).all() else " NaN"
+                us = graph_time(d, fn, grid, k.threads, k.shared, packed, launches)
+                cells.append(f"{gname}/{a}: {us:.1f} us {raw.nbytes / us / 1e3:,.0f} GB/s{flag}")
+        best = min(cells, key=lambda c: float(c.split(": ")[1].split(" us")[0]))
+        lines.append(f"| {s} | {raw.nbytes / 1e6:.1f} | best {best} | " + "; ".join(cells) + " |")
+        print(lines[-1], flush=True)
+        dev.free()
+    return lines
+
+
+def bench_attention(dev, specs, launches) -> list[str]:
+    d = dev.d
+    P = L8_ATTENTION
+    NH, NKV, D, ctx = P.NH, P.NKV, P.D, ATTENTION_CTX
+    rng = np.random.default_rng(1)
+    cache_bytes = ctx * NKV * D * 2
+    copies = max(2, -(-2 * L2_BYTES // (2 * cache_bytes)))
+    caches = []
+    for _ in range(copies):
+        kc = rng.integers(0x3C00, 0x3E00, ctx * NKV * D, dtype=np.uint16)  # bf16 in ~[0.0078,0.03]
+        caches.append((dev.upload(kc), dev.upload(kc[::-1].copy())))
+    q = rng.standard_normal(NH * D).astype(np.float32)
+    k = rng.standard_normal(NKV * D).astype(np.float32)
+    v = rng.standard_normal(NKV * D).astype(np.float32)
+    ang = np.arange(ctx)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None]
+    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    qb, kb, vb = dev.upload(q), dev.upload(k), dev.upload(v)
+    cb, sb = dev.upload(cos_t), dev.upload(sin_t)
+    lines = []
+    for pos in ATTENTION_POSITIONS:
+        start = dev.upload(np.array([pos], np.int32))
+        ref, cells = None, []
+        for var, spec in specs.items():
+            splits = spec.grid[1]
+            partial = dev.poisoned(NH * splits * (D + 2))
+            counters = dev.upload(np.zeros(NH, np.uint32))
+            out = dev.poisoned(NH * D)
+            packed = [
+                PackedArgs(
+                    [
+                        ("u64", a)
+                        for a in [qb, kb, vb, start, 0, 0, cb, sb, kc, vc, partial, counters, out]
+                    ]
+                )
+                for kc, vc in caches
+            ]
+            fn = dev.function(spec.fn)
+            grid = (NH, splits, 1)
+            d.launch(fn, grid, (spec.threads, 1, 1), spec.shared, packed[0].address)
+            got = dev.read(out, NH * D)
+            ref = got if ref is None else ref
+            err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+            us = graph_time(d, fn, grid, spec.threads, spec.shared, packed, launches)
+            cells.append(
+                f"w{var[0]}/b{var[1]} ({splits} splits): {us:.1f} us"
+                + ("" if err <= 1e-5 else f" DIFFERS {err:.0e}")
+            )
+        lines.append(f"| attention p={pos} | " + "; ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    dev.free()
+    return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--geometries", default=",".join(GEOMETRIES))
     ap.add_argument("--launches", type=int, default=64)
+    ap.add_argument("--no-attention", action="store_true")
+    ap.add_argument("--cache", type=Path, help="code objects built ahead (--prebuild)")
+    ap.add_argument("--prebuild", type=Path, help="build the code objects for --arch into DIR")
+    ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     shapes = args.shapes.split(",")
-    geoms = args.geometries.split(",")
+    if args.prebuild:
+        for specs in (gemv_specs(args.arch, shapes), attention_specs(args.arch)):
+            src = kernels_source(as_built(specs), args.arch)
+            compiled(src, args.arch, args.prebuild)
+        print(f"built into {args.prebuild}")
+        return
     specs = {}
-
-    def build(arch):
-        for si, s in enumerate(shapes):
-            wtype, N, K, epilogue, norm = SHAPES[s]
-            p = LinearParams(wtype, N, K, 1e-5 if norm else 0.0, epilogue, bias=False)
-            for gi, g in enumerate(geoms):
-                geo = GEOMETRIES[g]
-                if geo and wtype == "q8_0" and geo.unroll > 1:  # the same bytes in flight
-                    geo = replace(geo, unroll=geo.unroll // 2)
-                specs[s, g] = decode_gemv(f"s{si}g{gi}", p, GpuTarget(arch), [s], geo)
-        return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
-
-    dev = DeviceKernels(build)
-    d = dev.d
-    lines = ["| shape | MB | " + " | ".join(geoms) + " |", "|---|---:|" + "---:|" * len(geoms)]
-    rng = np.random.default_rng(0)
-    for s in shapes:
-        wtype, N, K, epilogue, norm = SHAPES[s]
-        n_out = N // 2 if epilogue == "glu" else N
-        raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype)
-        x = (rng.standard_normal(K) * 3).astype(np.float32)
-        g = (1 + 0.2 * rng.standard_normal(K)).astype(np.float32)
-        r = rng.standard_normal(n_out).astype(np.float32)
-        xn = x.astype(np.float64)
-        if norm:
-            xn = xn / np.sqrt(np.mean(xn * xn) + 1e-5) * g
-        acc = w @ xn
-        want = acc[:n_out] / (1 + np.exp(-acc[:n_out])) * acc[n_out:] if epilogue == "glu" else acc
-        if epilogue == "residual":
-            want = want + r
-        copies = max(2, -(-2 * L2_BYTES // raw.nbytes))
-        wbufs = [dev.upload(raw) for _ in range(copies)]
-        xb, gb, rb, yb = dev.upload(x), dev.upload(g), dev.upload(r), dev.poisoned(n_out)
-        cells = []
-        for gname in geoms:
-            k = specs[s, gname]
-            fn = dev.function(k.fn)
-
-            head = [xb]
-            tail = [gb if norm else 0, 0, rb if epilogue == "residual" else 0, yb]
-            packed = [PackedArgs([("u64", p) for p in [*head, wb, *tail]]) for wb in wbufs]
-            grid = (*k.grid, 1, 1)[:3]
-            d.launch(fn, grid, (k.threads, 1, 1), k.shared, packed[0].address)
-            got = dev.read(yb, n_out)
-            err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
-            d.synchronize()
-            d.begin_capture()
-            for i in range(args.launches):
-                p = packed[i % copies]
-                d.launch(fn, grid, (k.threads, 1, 1), k.shared, p.address, overlap=True)
-            ge = d.instantiate(d.end_capture())
-            d.graph_launch(ge)
-            d.synchronize()
-            t = time.perf_counter()
-            reps = 5
-            for _ in range(reps):
-                d.graph_launch(ge)
-            d.synchronize()
-            us = (time.perf_counter() - t) / (reps * args.launches) * 1e6
-            gbs = raw.nbytes / us / 1e3
-            cells.append(f"{us:.1f} us {gbs:,.0f} GB/s e={err:.0e}")
-        lines.append(f"| {s} | {raw.nbytes / 1e6:.1f} | " + " | ".join(cells) + " |")
-        print(lines[-1], flush=True)
-        dev.free()
+    dev = DeviceKernels(
+        lambda arch: as_built(specs.update(gemv_specs(arch, shapes)) or specs), cache=args.cache
+    )
+    lines = [
+        "| shape | MB | fastest | every variant (geometry/activations) |",
+        "|---|---:|---|---|",
+    ]
+    lines += bench_gemvs(dev, specs, shapes, args.launches)
+    dev.close()
+    if not args.no_attention:
+        att = {}
+        dev = DeviceKernels(
+            lambda arch: as_built(att.update(attention_specs(arch)) or att), cache=args.cache
+        )
+        lines += ["", "| decode attention, 8B heads, bf16 KV | (waves/blocks): time |", "|---|---|"]
+        lines += bench_attention(dev, att, args.launches)
+        dev.close()
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text)

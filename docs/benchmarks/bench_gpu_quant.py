@@ -1,25 +1,41 @@
-"""Quantized-weight decode on one GPU: hipc on GGUF files of real shapes, one call.
+"""Quantized-weight GGUFs on one GPU: hipc (and llama.cpp, given) on the same files, one call.
 
     # here, once: the real SmolLM2-135M-Instruct Q4_1's metadata and tensor list (no weights)
     python docs/benchmarks/bench_gpu_quant.py --prep-smol .work/gpuq-meta
-    # on the GPU machine
+    # on the GPU machine: hipc alone (GGUFs written directly)
     python docs/benchmarks/bench_gpu_quant.py --meta .work/gpuq-meta --out $OUT/quant.md
+    # with llama.cpp built (llama-bench, llama-quantize in DIR): the 8B GGUFs made by
+    # llama-quantize from a random F16 GGUF (peers/mkgguf.py), llama-bench on every file
+    python docs/benchmarks/bench_gpu_quant.py --meta .work/gpuq-meta --llamacpp-bin DIR \
+        --peers .work/peers --out $OUT/quant.md
 
-The models are written on the GPU machine with random blocks of the real types (sane f16
-scales, random quants): a Llama-3-8B shape in Q4_0 (embedding and output Q8_0) and the
-SmolLM2-135M-Instruct file's own tensor list, types (Q4_1 linears, Q8_0 embedding) and
-metadata (its tokenizer and chat template), so `hipc generate` runs on it; decode speed
-does not depend on the weights' values. Each is compiled with `hipc compile --target`,
-then timed: 512-token prefill and 128-token decode through the engine's `forward()` loop
-(median of --repeats), `hipc generate --json` decode for SmolLM2, and the per-kernel
-decode profile (profile_gpu_decode.py). The device-to-device copy ceiling is measured in
-the same run (bench_gpu.ceilings).
+Models (--models):
+  l8_q4_0    Llama-3-8B shape as `llama-quantize F16 Q4_0` makes it: Q4_0 matrices and
+             embedding, Q6_K output;
+  l8_q4_k_m  the same as `llama-quantize F16 Q4_K_M`: Q4_K, with attn_v and ffn_down Q6_K
+             on llama.cpp's more-bits layers, Q6_K output;
+  smol_q4_1  the real SmolLM2-135M-Instruct Q4_1 file's own tensor list, types (Q4_1
+             linears, tied Q8_0 embedding) and metadata (tokenizer, chat template), random
+             blocks: the real 98 MB file does not fit the 64 MiB a call carries.
+Without --llamacpp-bin the 8B files are written here directly with those types (random
+blocks, sane f16 scales); decode speed does not depend on the values.
+
+Each file is compiled with `hipc compile --target` once per --activations rounding of the
+quantized GEMVs (int8, the script's default: one plane, llama.cpp's q8_1 numerics; int16:
+x as int8 hi + lo planes, hipc's default), then timed: 512-token prefill and 128-token decode through the engine's
+`forward()` loop (median of --repeats), `hipc generate --json` decode (a chat prompt, 128
+tokens, EOS ignored), and the per-kernel decode profile (profile_gpu_decode.py, --profile).
+On the H200 one model took 40-75 s of hipc (write, compile, time) and the llama.cpp path
+adds the 16 GB F16 file and two llama-quantize runs.
+llama.cpp: `llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3` on the same file. The
+device-to-device copy ceiling is measured in the same run (bench_gpu.ceilings).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -31,8 +47,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 L8 = dict(vocab=128256, d=4096, ff=14336, L=32, h=32, kv=8, theta=500000.0)
-BLOCK = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q8_0": (34, 32)}  # bytes, weights per block
+# bytes and weights per block, and where a block's f16 scales sit (offset, count)
+BLOCK = {
+    "Q4_0": (18, 32, 0, 1),
+    "Q4_1": (20, 32, 0, 1),
+    "Q8_0": (34, 32, 0, 1),
+    "Q4_K": (144, 256, 0, 2),
+    "Q6_K": (210, 256, 208, 1),
+}
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODELS = ("l8_q4_0", "l8_q4_k_m", "smol_q4_1")
+QUANTIZE_TYPE = {"l8_q4_0": "Q4_0", "l8_q4_k_m": "Q4_K_M"}
 
 
 def log(*a) -> None:
@@ -68,24 +93,40 @@ def prep_smol(out: Path) -> None:
 
 def random_blocks(qtype: str, rows: int, cols: int, rng) -> np.ndarray:
     """[rows, bytes per row] of blocks with random quants and f16 scales near 0.02 / 8."""
-    nbytes, per = BLOCK[qtype]
+    nbytes, per, at, n_scales = BLOCK[qtype]
     n = rows * cols // per
     base_n = min(n, 1 << 20)
     base = rng.integers(0, 256, (base_n, nbytes), dtype=np.uint8)
-    d = rng.uniform(0.001, 0.004, base_n).astype(np.float16)
-    base[:, :2] = d.view(np.uint8).reshape(-1, 2)
-    if qtype == "Q4_1":
-        base[:, 2:4] = (-8 * d).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    d = rng.uniform(0.001, 0.004, (base_n, n_scales)).astype(np.float16)
+    if qtype == "Q4_1":  # d, then the block's min m = -8 d
+        d = np.concatenate([d, (-8 * d).astype(np.float16)], axis=1)
+    base[:, at : at + 2 * d.shape[1]] = d.view(np.uint8).reshape(base_n, -1)
     reps = -(-n // base_n)
     blocks = np.tile(base, (reps, 1))[:n] if reps > 1 else base[:n]
     return blocks.reshape(rows, -1)
 
 
-def write_l8(path: Path) -> int:
-    """Llama-3-8B shape, Q4_0 linears, Q8_0 embedding and output; returns decode bytes/token."""
+def l8_types(model: str) -> dict[str, str]:
+    """Tensor name -> GGML type as llama-quantize's defaults give them (compiler/quant_recipes
+    follows the same rules for --quant)."""
+    from hipc.compiler.quant_recipes import use_more_bits
+
+    base = "Q4_0" if model == "l8_q4_0" else "Q4_K"
+    out = {"token_embd.weight": base, "output.weight": "Q6_K"}
+    for i in range(L8["L"]):
+        for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            more = model == "l8_q4_k_m" and t in ("attn_v", "ffn_down")
+            more = more and use_more_bits(i, L8["L"])
+            out[f"blk.{i}.{t}.weight"] = "Q6_K" if more else base
+    return out
+
+
+def write_l8(path: Path, model: str) -> None:
+    """Llama-3-8B shape with llama-quantize's default types for `model`, random blocks."""
     import gguf
 
     s, rng = L8, np.random.default_rng(0)
+    types = l8_types(model)
     hd = s["d"] // s["h"]
     w = gguf.GGUFWriter(path, "llama")
     w.add_block_count(s["L"])
@@ -98,6 +139,9 @@ def write_l8(path: Path) -> int:
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(hd)
     w.add_vocab_size(s["vocab"])
+    w.add_file_type(
+        gguf.LlamaFileType.MOSTLY_Q4_0 if model == "l8_q4_0" else gguf.LlamaFileType.MOSTLY_Q4_K_M
+    )
     w.add_tokenizer_model("llama")
     toks = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
     toks += [f"tok{i}".encode() for i in range(s["vocab"] - len(toks))]
@@ -106,37 +150,33 @@ def write_l8(path: Path) -> int:
     w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (len(toks) - 259))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    read = 0
 
-    def quant(name, qtype, rows, cols, counted=True):
-        nonlocal read
+    def quant(name, rows, cols):
+        qtype = types[name]
         blocks = random_blocks(qtype, rows, cols, rng)
         w.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType[qtype])
-        read += blocks.nbytes if counted else 0
 
-    quant("token_embd.weight", "Q8_0", s["vocab"], s["d"], counted=False)
-    read += s["d"] // 32 * 34  # one embedding row
+    quant("token_embd.weight", s["vocab"], s["d"])
     w.add_tensor("output_norm.weight", np.ones(s["d"], np.float32))
-    quant("output.weight", "Q8_0", s["vocab"], s["d"])
+    quant("output.weight", s["vocab"], s["d"])
     for i in range(s["L"]):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", np.ones(s["d"], np.float32))
         w.add_tensor(p + "ffn_norm.weight", np.ones(s["d"], np.float32))
-        quant(p + "attn_q.weight", "Q4_0", s["h"] * hd, s["d"])
-        quant(p + "attn_k.weight", "Q4_0", s["kv"] * hd, s["d"])
-        quant(p + "attn_v.weight", "Q4_0", s["kv"] * hd, s["d"])
-        quant(p + "attn_output.weight", "Q4_0", s["d"], s["h"] * hd)
-        quant(p + "ffn_gate.weight", "Q4_0", s["ff"], s["d"])
-        quant(p + "ffn_up.weight", "Q4_0", s["ff"], s["d"])
-        quant(p + "ffn_down.weight", "Q4_0", s["d"], s["ff"])
+        quant(p + "attn_q.weight", s["h"] * hd, s["d"])
+        quant(p + "attn_k.weight", s["kv"] * hd, s["d"])
+        quant(p + "attn_v.weight", s["kv"] * hd, s["d"])
+        quant(p + "attn_output.weight", s["d"], s["h"] * hd)
+        quant(p + "ffn_gate.weight", s["ff"], s["d"])
+        quant(p + "ffn_up.weight", s["ff"], s["d"])
+        quant(p + "ffn_down.weight", s["d"], s["ff"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=False)
     w.close()
-    return read
 
 
-def write_smol(meta: Path, path: Path) -> int:
+def write_smol(meta: Path, path: Path) -> None:
     """SmolLM2-135M-Instruct's own metadata, tensor list and types, random blocks."""
     import gguf
 
@@ -148,35 +188,67 @@ def write_smol(meta: Path, path: Path) -> int:
             continue
         sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, f.contents(), f.types[0], sub)
-    read = 0
     for t in json.loads((meta / "smol-tensors.json").read_text()):
         shape = t["shape"]
         if t["type"] == "F32":
             w.add_tensor(t["name"], np.ones(shape, np.float32))
-            read += 4 * int(np.prod(shape))
             continue
         blocks = random_blocks(t["type"], shape[0], shape[1], rng)
         w.add_tensor(t["name"], blocks, raw_dtype=gguf.GGMLQuantizationType[t["type"]])
-        # the tied embedding is read whole by the LM head
-        read += blocks.nbytes
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=False)
     w.close()
-    return read
 
 
-def compile_gguf(gguf_path: Path, target: str) -> tuple[Path, float]:
-    out = gguf_path.with_suffix(".hipc")
+def decode_bytes(path: Path) -> tuple[int, str]:
+    """Bytes a decode step reads from the file's tensors (every tensor once, the embedding
+    only as one row unless it is also the LM head), and the file's type counts."""
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    names = {t.name for t in r.tensors}
+    total, counts = 0, {}
+    for t in r.tensors:
+        nbytes = int(t.n_bytes)
+        if t.name == "token_embd.weight" and "output.weight" in names:
+            nbytes //= int(t.shape[-1])  # one row
+        total += nbytes
+        if len(t.shape) == 2:
+            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return total, " ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def make_gguf(model: str, work: Path, args) -> Path:
+    path = work / f"{model}.gguf"
     t = time.perf_counter()
-    cmd = [sys.executable, "-m", "hipc.runtime.cli", "compile", str(gguf_path), "--target"]
-    subprocess.run([*cmd, target, "-o", str(out), "-q"], check=True)
+    if model == "smol_q4_1":
+        write_smol(args.meta, path)
+    elif args.llamacpp_bin:
+        f16 = work / "llama3-8b-f16.gguf"
+        if not f16.exists():
+            mk = [sys.executable, str(args.peers / "mkgguf.py"), "llama3-8b", str(f16)]
+            subprocess.run(mk, check=True, capture_output=True)
+        q = [str(args.llamacpp_bin / "llama-quantize"), str(f16), str(path), QUANTIZE_TYPE[model]]
+        subprocess.run(q, check=True, capture_output=True)
+    else:
+        write_l8(path, model)
+    log(f"{model}: {path.stat().st_size / 1e9:.2f} GB in {time.perf_counter() - t:.0f} s")
+    return path
+
+
+def compile_gguf(gguf_path: Path, target: str, activations: str) -> tuple[Path, float]:
+    out = gguf_path.with_name(f"{gguf_path.stem}-{activations}.hipc")
+    t = time.perf_counter()
+    cmd = [sys.executable, "-m", "hipc.cli.main", "compile", str(gguf_path), "--target"]
+    cmd += [target, "--activations", activations, "-o", str(out), "-q"]
+    subprocess.run(cmd, check=True)
     return out, time.perf_counter() - t
 
 
 def generate_decode(artifact: Path, tokens: int) -> float:
     """decode tok/s reported by `hipc generate --json` (a chat prompt, EOS ignored)."""
-    cmd = [sys.executable, "-m", "hipc.runtime.cli", "generate", str(artifact), "--chat"]
+    cmd = [sys.executable, "-m", "hipc.cli.main", "generate", str(artifact), "--chat"]
     cmd += ["--prompt", "What is the capital of France?", "--max-tokens", str(tokens)]
     cmd += ["--ignore-eos", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -192,13 +264,36 @@ def profile(artifact: Path) -> str:
     return proc.stdout + proc.stderr[-2000:]
 
 
+def llama_bench(binary: Path, path: Path, repeats: int) -> dict:
+    cmd = [str(binary / "llama-bench"), "-m", str(path), "-ngl", "99", "-fa", "1"]
+    cmd += ["-p", "512", "-n", "128", "-r", str(repeats), "-o", "json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    try:
+        rows = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        log("llama-bench failed:", proc.stderr[-800:])
+        return {}
+    return {("prefill" if r["n_prompt"] else "decode"): r["avg_ts"] for r in rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prep-smol", type=Path, help="write the SmolLM2 metadata folder and exit")
     ap.add_argument("--meta", type=Path, help="the folder --prep-smol wrote")
-    ap.add_argument("--models", default="smol,l8")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument(
+        "--activations",
+        default="int8",
+        help="hipc compiles, comma-separated: int8 (llama.cpp's q8_1 numerics), int16 (the default)",
+    )
     ap.add_argument("--target", default="sm_90")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--llamacpp-bin", type=Path, help="folder with llama-bench, llama-quantize")
+    ap.add_argument("--peers", type=Path, default=HERE.parents[1] / ".work" / "peers",
+                    help="folder with mkgguf.py (the F16 GGUF llama-quantize starts from)")  # fmt: skip
+    ap.add_argument("--no-generate", action="store_true")
+    ap.add_argument("--profile", default="", help="models to profile per kernel (comma-separated)")
+    ap.add_argument("--copy-bw", type=float, help="TB/s: the copy ceiling, if measured already")
     ap.add_argument("--work", type=Path, default=Path("/tmp/hipc-quant"))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -208,46 +303,58 @@ def main() -> None:
     from bench_gpu import bench_hipc, ceilings
 
     args.work.mkdir(parents=True, exist_ok=True)
-    ceil = ceilings()
-    bw = ceil["copy_bytes_per_s"]
+    bw = args.copy_bw * 1e12 if args.copy_bw else ceilings()["copy_bytes_per_s"]
     log(f"copy ceiling {bw / 1e12:.2f} TB/s")
     rows, notes = [], []
-    for name in args.models.split(","):
-        path = args.work / f"{name}.gguf"
-        t = time.perf_counter()
-        read = write_l8(path) if name == "l8" else write_smol(args.meta, path)
-        log(f"{name}: wrote {path.stat().st_size / 1e9:.2f} GB in {time.perf_counter() - t:.0f} s")
-        art, compile_s = compile_gguf(path, args.target)
-        log(f"{name}: compiled in {compile_s:.0f} s")
+    for model in args.models.split(","):
+        path = make_gguf(model, args.work, args)
+        read, types = decode_bytes(path)
+        notes.append(f"{model}: {types}; {read / 1e9:.3f} GB read per decode token")
+        for act in args.activations.split(","):
+            art, compile_s = compile_gguf(path, args.target, act)
+            r = bench_hipc(art, args.repeats, 512, 128)
+            gb = r["decode"] * read / 1e9
+            gen = []
+            if not args.no_generate:
+                gen = [generate_decode(art, 128) for _ in range(2)]
+            rows.append(
+                [model, f"hipc --activations {act}", f"{r['prefill']:,.0f}", f"{r['decode']:,.1f}",
+                 f"{max(gen):,.1f}" if gen else "", f"{gb:,.0f}", f"{100 * gb * 1e9 / bw:.0f}%"]
+            )  # fmt: skip
+            notes.append(
+                f"{model} {act}: compile {compile_s:.0f} s, load {r['load_s']:.1f} s, "
+                f"{r['kernels']} kernels per decode step, generate {gen} tok/s"
+            )
+            log(" | ".join(rows[-1]))
+            write(args.out, bw, rows, notes)
+            if model in args.profile.split(","):
+                prof = profile(art)
+                log(prof)
+                notes.append(f"{model} {act} profile:\n{prof}")
+            shutil.rmtree(art) if art.is_dir() else art.unlink()
+        if args.llamacpp_bin:
+            lc = llama_bench(args.llamacpp_bin, path, args.repeats)
+            if lc:
+                gb = lc["decode"] * read / 1e9
+                rows.append(
+                    [model, "llama.cpp", f"{lc['prefill']:,.0f}", f"{lc['decode']:,.1f}", "",
+                     f"{gb:,.0f}", f"{100 * gb * 1e9 / bw:.0f}%"]
+                )  # fmt: skip
+                log(" | ".join(rows[-1]))
         path.unlink()
-        r = bench_hipc(art, args.repeats, 512, 128)
-        gb = r["decode"] * read / 1e9
-        row = [name, f"{r['prefill']:,.0f}", f"{r['decode']:,.1f}", f"{gb:,.0f}"]
-        row.append(f"{100 * gb * 1e9 / bw:.0f}%")
-        if name == "smol":
-            gen = [generate_decode(art, 128) for _ in range(2)]
-            row.append(f"{max(gen):,.1f}")
-            notes.append(f"{name}: hipc generate decode {gen} tok/s (2 runs)")
-        else:
-            row.append("")
-        rows.append(row)
-        notes.append(
-            f"{name}: compile {compile_s:.0f} s, load {r['load_s']:.1f} s, {r['kernels']} kernels "
-            f"per decode step, {read / 1e9:.3f} GB read per decode token"
-        )
-        prof = profile(art)
-        log(prof)
-        notes.append(f"{name} profile:\n{prof}")
-    head = (
-        "| model | prefill 512 tok/s | decode tok/s | decode GB/s | % of copy bw | generate tok/s |"
-    )
+        write(args.out, bw, rows, notes)  # so far: a run cut short keeps what it measured
+    (args.work / "llama3-8b-f16.gguf").unlink(missing_ok=True)
+    write(args.out, bw, rows, notes)
+
+
+def write(out: Path | None, bw: float, rows: list, notes: list) -> None:
+    head = "| model | engine | prefill 512 tok/s | decode tok/s | generate tok/s | decode GB/s | % of copy |"
     lines = [f"ceilings: device copy {bw / 1e12:.2f} TB/s (read+write)", "", head]
-    lines.append("|---|---:|---:|---:|---:|---:|")
+    lines.append("|---|---|---:|---:|---:|---:|---:|")
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     text = "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
-    if args.out:
-        args.out.write_text(text)
-    print("\n".join(notes[-1:]))
+    if out:
+        out.write_text(text)
     print("\n".join(lines))
 
 

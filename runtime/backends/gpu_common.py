@@ -252,6 +252,7 @@ class GpuBackend:
         self._tmaps: dict[tuple[int, ...], Any] = {}
         self._packed: dict[tuple[int, int, int], list] = {}
         self._broken: str | None = None
+        self._pending: tuple | None = None  # the step submit() queued, until collect()
         self.sync_launches = sync_launches_from_env()
         try:
             self._setup(artifact)
@@ -461,12 +462,21 @@ class GpuBackend:
             raise self._step_error(e, "resetting the states") from None
 
     def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
+        self.submit(ids, start, all_logits)
+        return self.collect()
+
+    def submit(self, ids: np.ndarray, start: int, all_logits: bool = False) -> None:
+        """Queue a step (copies in, the launches, the logits' copy out) without waiting for
+        it: the host may do other work (detokenizing the last token) while the GPU runs;
+        `collect` waits and returns the logits. One step is in flight at most."""
         if self._closed:
             raise HipcError(f"{self.name} backend: used after close()")
         if self._broken:
             raise HipcError(
                 f"the GPU failed earlier ({self._broken}); restart the process to use it again"
             )
+        if self._pending is not None:
+            raise HipcError("a step is already in flight: collect() it first")
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         T = int(ids.size)
         if not 1 <= T <= self.max_tokens:
@@ -495,6 +505,15 @@ class GpuBackend:
             raise self._kernel_error(f.launch, f.err) from None
         except DriverError as e:
             raise self._step_error(e, where) from None
+        self._pending = (launches, T, rows, where)
+
+    def collect(self) -> np.ndarray:
+        """Wait for the step `submit` queued; its logits [rows, vocab]."""
+        if self._pending is None:
+            raise HipcError("no step in flight")
+        launches, T, rows, where = self._pending
+        self._pending = None
+        d = self._driver
         try:
             d.synchronize()
         except DriverError as e:

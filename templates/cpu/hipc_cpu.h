@@ -55,6 +55,30 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+// Every hipc:: symbol is hidden: the header is compiled into many shared objects
+// (each artifact's program, the tests' shims), possibly from different hipc versions,
+// and one process may load several. With default visibility GCC makes inline
+// variables and the static locals of inline functions (kPrep, the scratch buffers)
+// STB_GNU_UNIQUE, which the dynamic linker binds process-wide to the first definition
+// loaded, whatever RTLD_LOCAL says: a program then reads another version's tables.
+// The system headers come first, so that libgomp's and libm's functions stay
+// default-visibility references.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#pragma GCC visibility push(hidden)
+
 #include "isa.h"
 #include "convert.h"
 #include "blocks.h"
@@ -66,7 +90,10 @@
 #include "embedding.h"
 #include "row_ops.h"
 #include "linear_a16.h"
+#include "linear_vnni_k.h"
 #include "linear_kquant.h"
+
+#pragma GCC visibility pop
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop

@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#pragma GCC visibility push(hidden)  // see hipc_cpu.h
+
 namespace hipc {
 
 using MatmulFn = void (*)(const float* x, int T, int K, const void* W, int N, float* y, int ldy);
@@ -176,3 +178,5 @@ inline void moe_experts(MatmulFn mm, const float* x, int T, int H, int F, int E,
 }
 
 }  // namespace hipc
+
+#pragma GCC visibility pop

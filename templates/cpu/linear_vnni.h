@@ -60,6 +60,9 @@ struct PrepTables {
   alignas(64) int32_t q40_gather[5][16];
   alignas(64) int32_t q80_gather_d[16];
   alignas(64) int32_t q41_gather_dm[16];
+  // Q5_0 d, Q5_1 (d, m)
+  alignas(64) int32_t q50_gather_d[16];
+  alignas(64) int32_t q51_gather_dm[16];
   // vpermw: low 16 words <- even words (d), high 16 words <- odd words (m).
   alignas(64) int16_t dm_words[32];
   // natural pairs: lane l of pair p belongs to block 2p + (l >= 8)
@@ -104,6 +107,8 @@ constexpr PrepTables make_prep_tables() {
   for (int l = 0; l < 16; ++l) {
     t.q80_gather_d[l] = 34 * l;
     t.q41_gather_dm[l] = 20 * l;
+    t.q50_gather_d[l] = 22 * l;
+    t.q51_gather_dm[l] = 24 * l;
   }
   for (int i = 0; i < 16; ++i) {
     t.dm_words[i] = (int16_t)(2 * i);
@@ -306,6 +311,83 @@ struct KQ8_0 {
   }
   static inline void dm16(const uint8_t* g, int nv, __m512& dw, __m512& mw) {
     dm16_idx(g, mask16(nv), ld_idx(kPrep.q80_gather_d), dw, mw);
+  }
+};
+
+// Q5_0 / Q5_1: u = nibble | (bit e of qh) << 4 (0..31), folded into the weight bytes as
+// the block is unpacked, so the Q4 machinery runs unchanged on 5-bit values. Natural
+// pairs keep element order (bytes 0..15 = elements 0..15 of the first block, 16..31 its
+// elements 16..31, then the second block), so qh of two blocks is directly the byte mask.
+inline uint32_t qh_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+template <size_t kBytes, size_t kQh>
+inline __m512i q5_pair(const uint8_t* b, bool two) {
+  const __m512i v = q4_pair(b + kQh + 4, kBytes, two);
+  uint64_t hb;
+  if (two) {
+    hb = (uint64_t)qh_u32(b + kQh) | ((uint64_t)qh_u32(b + kBytes + kQh) << 32);
+  } else {
+    hb = qh_u32(b + kQh);
+  }
+  return _mm512_mask_add_epi8(v, (__mmask64)hb, v, _mm512_set1_epi8(16));  // v <= 15: + 16 sets bit 4
+}
+// Row lanes: qh dword per lane; chunk j holds elements chunk_elem(j)..+3, whose 4 high
+// bits go to bit 4 of bytes 0..3: x * 0x00204081 puts bit k of x at bit 8k (the other
+// products land on bits 7m+k, none of them at a multiple of 8 and none overlapping).
+inline void q5_rows(const uint8_t* qh, const uint8_t* qs, __m512i ridx, __mmask16 k, WGroup& out) {
+  for (int c = 0; c < 4; ++c) split_nibbles(gather32(qs + 4 * c, ridx, k), out.w[2 * c], out.w[2 * c + 1]);
+  const __m512i h = gather32(qh, ridx, k);
+  for (int j = 0; j < 8; ++j) {
+    const __m512i b4 = _mm512_and_si512(_mm512_srli_epi32(h, chunk_elem(j)), _mm512_set1_epi32(15));
+    const __m512i spread = _mm512_and_si512(_mm512_mullo_epi32(b4, _mm512_set1_epi32(0x00204081)),
+                                            _mm512_set1_epi32(0x01010101));
+    out.w[j] = _mm512_or_si512(out.w[j], _mm512_slli_epi32(spread, 4));
+  }
+}
+
+struct KQ5_0 {
+  static constexpr size_t kBlockBytes = 22;
+  static constexpr int kOffShift = 4;  // off = 16
+  static constexpr bool kMin = false;
+  static constexpr bool kGemvTransposed = false;  // natural pairs: the 5th bit is one mask op
+  static constexpr bool kLoOffset = true;  // as Q4_0: u <= 31 is its own signed view
+  static inline __m512i lo_w(__m512i u) { return u; }
+  static inline __m512i pair(const uint8_t* b, bool two) { return q5_pair<22, 2>(b, two); }
+  static inline void prep_rows(const uint8_t* p, __m512i ridx, __mmask16 k, WGroup& out) {
+    q5_rows(p + 2, p + 6, ridx, k, out);
+    cvt_dm(gather32(p, ridx, k), out.dw, out.mw);
+    out.mw = _mm512_mul_ps(out.dw, _mm512_set1_ps(-16.0f));
+  }
+  static inline void dm16_idx(const uint8_t* g, __mmask16 k, __m512i idx, __m512& dw, __m512& mw) {
+    __m512 unused;
+    cvt_dm(gather32(g, idx, k), dw, unused);
+    mw = _mm512_mul_ps(dw, _mm512_set1_ps(-16.0f));
+  }
+  static inline void dm16(const uint8_t* g, int nv, __m512& dw, __m512& mw) {
+    dm16_idx(g, mask16(nv), ld_idx(kPrep.q50_gather_d), dw, mw);
+  }
+};
+
+struct KQ5_1 {
+  static constexpr size_t kBlockBytes = 24;
+  static constexpr int kOffShift = 0;
+  static constexpr bool kMin = true;
+  static constexpr bool kGemvTransposed = false;
+  static constexpr bool kLoOffset = false;
+  static inline __m512i lo_w(__m512i u) { return u; }
+  static inline __m512i pair(const uint8_t* b, bool two) { return q5_pair<24, 4>(b, two); }
+  static inline void prep_rows(const uint8_t* p, __m512i ridx, __mmask16 k, WGroup& out) {
+    q5_rows(p + 4, p + 8, ridx, k, out);
+    cvt_dm(gather32(p, ridx, k), out.dw, out.mw);
+  }
+  static inline void dm16_idx(const uint8_t* g, __mmask16 k, __m512i idx, __m512& dw, __m512& mw) {
+    cvt_dm(gather32(g, idx, k), dw, mw);
+  }
+  static inline void dm16(const uint8_t* g, int nv, __m512& dw, __m512& mw) {
+    dm16_idx(g, mask16(nv), ld_idx(kPrep.q51_gather_dm), dw, mw);
   }
 };
 
@@ -777,7 +859,7 @@ inline void rl_tile(const WGroup* slab, int nb, const QAct& a, int t0, int n0, i
       const __m512 dx = _mm512_set1_ps(a.d[so]);
       for (int v = 0; v < V; ++v) {
         __m512i I = acc[v][c];
-        if (Q::kOffShift) I = _mm512_sub_epi32(I, _mm512_set1_epi32(a.isum[so] << Q::kOffShift));
+        if (Q::kOffShift) I = _mm512_sub_epi32(I, _mm512_set1_epi32(a.isum[so] * (1 << Q::kOffShift)));
         facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sb[v].dw, dx), facc[v][c]);
         if (Q::kMin) facc[v][c] = _mm512_fmadd_ps(sb[v].mw, _mm512_set1_ps(a.s[so]), facc[v][c]);
       }

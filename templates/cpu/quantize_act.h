@@ -111,7 +111,14 @@ inline uint8_t* scratch(int slot, size_t bytes) {
   thread_local std::vector<uint8_t> buf[2];
   std::vector<uint8_t>& v = buf[slot];
   if (v.size() < bytes + 64) v.resize(bytes + 64);
-  return (uint8_t*)(((uintptr_t)v.data() + 63) & ~(uintptr_t)63);
+  uint8_t* p = (uint8_t*)(((uintptr_t)v.data() + 63) & ~(uintptr_t)63);
+#ifdef HIPC_POISON_SCRATCH
+  // tests: every call starts from garbage (NaN floats, -1 bytes), so a kernel that reads
+  // scratch it did not write this call fails at once instead of when a previous call
+  // happened to leave something nonzero there
+  std::memset(p, 0xFF, bytes);
+#endif
+  return p;
 }
 
 // Quantized activations for a [T, K] input, structure of arrays.
@@ -128,6 +135,8 @@ inline uint8_t* scratch(int slot, size_t bytes) {
 //   d, s    : [T][nbp] f32 scale and d*sum(q).   isum: [T][nbp] int32 sum(q).
 //   lo      : int16 activations only (AVX512, see quantize_act16_row): q holds the high
 //             bytes, lo the low bytes of each int16 value, in the same layout.
+//   ext     : ext_bytes more (64-byte aligned) for what a kernel derives from the pack
+//             (the K-quant kernels' per-lane scales and sums, linear_vnni_k.h).
 struct QAct {
   int T = 0, nb = 0, nbp = 0, ntg = 0;
   int8_t* q = nullptr;
@@ -135,12 +144,13 @@ struct QAct {
   float* d = nullptr;
   float* s = nullptr;
   int32_t* isum = nullptr;
+  uint8_t* ext = nullptr;
 };
 
 inline constexpr int chunk_elem(int j) { return 16 * (j & 1) + 4 * (j >> 1); }
 
 // planes: 1 (int8 activations) or 2 (int16 activations as high and low bytes).
-inline QAct alloc_qact(int T, int K, int ntg, int planes = 1) {
+inline QAct alloc_qact(int T, int K, int ntg, int planes = 1, size_t ext_bytes = 0) {
   QAct a;
   a.T = T;
   a.nb = K / 32;
@@ -152,7 +162,8 @@ inline QAct alloc_qact(int T, int K, int ntg, int planes = 1) {
 #endif
   const size_t nq = (size_t)T * a.nbp * 32, ns = (size_t)T * a.nbp * 4;
   const size_t nqa = (nq + 63) & ~(size_t)63;
-  uint8_t* p = scratch(0, planes * nqa + 3 * ns + 3 * 64);
+  const size_t nsa = (ns + 63) & ~(size_t)63;
+  uint8_t* p = scratch(0, planes * nqa + 3 * nsa + ext_bytes + 64);
   a.q = (int8_t*)p;
   a.lo = p;  // one plane: never read, but offsets from it stay well defined
   if (planes == 2) {
@@ -161,7 +172,8 @@ inline QAct alloc_qact(int T, int K, int ntg, int planes = 1) {
   }
   a.d = (float*)(p + nqa);
   a.s = (float*)((uint8_t*)a.d + ((ns + 63) & ~(size_t)63));
-  a.isum = (int32_t*)((uint8_t*)a.s + ((ns + 63) & ~(size_t)63));
+  a.isum = (int32_t*)((uint8_t*)a.s + nsa);
+  a.ext = (uint8_t*)a.isum + nsa;
   return a;
 }
 

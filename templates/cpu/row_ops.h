@@ -49,4 +49,126 @@ inline void rope_interleaved(float* x, int D, const float* cs, const float* sn) 
   }
 }
 
+#if defined(HIPC_ISA_AVX512)
+// e^x on 16 lanes for x <= 0 (softmax weights): 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2],
+// p the degree-6 Taylor polynomial (truncation < 2e-8 relative, ~2 ulp in all). Lanes
+// below -87.3 come out as 0 or denormals; NaN stays NaN.
+inline __m512 exp_ps_nonpos(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);  // NaN: max returns its second operand
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);  // ln2 split: exact n*hi
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 q = _mm512_set1_ps(1.f / 720);
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.f / 120));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.f / 24));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.f / 6));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.5f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(q, n);
+}
+#endif
+
+// One query row's attention, fed the cached positions range by range (a KV block's
+// positions are consecutive rows K + j * stride): out[D] = sum_c softmax_c(scale * q.k_c) v_c,
+// scores soft-capped first when softcap > 0. Online softmax over blocks of 16 positions:
+// no buffer of ctx length. AVX512 (D a multiple of 16, <= 256): the output in registers,
+// the block's 16 weights by one vector exp; elsewhere one position at a time.
+template <int D>
+struct Attend {
+  static constexpr bool kVec =
+#if defined(HIPC_ISA_AVX512)
+      D % 16 == 0 && D <= 256;
+#else
+      false;
+#endif
+  const float* q;
+  float scale, softcap, m = -INFINITY, l = 0.f;
+  float acc[D];
+#if defined(HIPC_ISA_AVX512)
+  static constexpr int NV = D / 16;
+  __m512 qv[NV > 0 ? NV : 1], av[NV > 0 ? NV : 1], lsum = _mm512_setzero_ps();
+#endif
+
+  Attend(const float* q_, float scale_, float softcap_) : q(q_), scale(scale_), softcap(softcap_) {
+#if defined(HIPC_ISA_AVX512)
+    if constexpr (kVec) {
+      for (int i = 0; i < NV; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i), av[i] = _mm512_setzero_ps();
+      return;
+    }
+#endif
+    for (int d = 0; d < D; ++d) acc[d] = 0.f;
+  }
+
+  // positions K + j * stride, V + j * stride for j < n, in order
+  void range(const float* K, const float* V, size_t stride, int n) {
+#if defined(HIPC_ISA_AVX512)
+    if constexpr (kVec) {
+      alignas(64) float sc[16];
+      for (int j0 = 0; j0 < n; j0 += 16) {
+        const int nb = std::min(16, n - j0);
+        for (int j = 0; j < nb; ++j) {
+          const float* kr = K + (size_t)(j0 + j) * stride;
+          __m512 d = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+          for (int i = 1; i < NV; ++i) d = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kr + 16 * i), d);
+          float sj = _mm512_reduce_add_ps(d) * scale;
+          if (softcap > 0.f) sj = softcap * std::tanh(sj / softcap);
+          sc[j] = sj;
+        }
+        const __mmask16 valid = (__mmask16)((1u << nb) - 1);
+        const __m512 s = _mm512_maskz_load_ps(valid, sc);
+        const float bm = _mm512_mask_reduce_max_ps(valid, s);
+        if (bm > m) {  // the running max moves: rescale what is summed so far
+          const __m512 r = _mm512_set1_ps(m == -INFINITY ? 0.f : std::exp(m - bm));
+          for (int i = 0; i < NV; ++i) av[i] = _mm512_mul_ps(av[i], r);
+          lsum = _mm512_mul_ps(lsum, r);
+          m = bm;
+        }
+        const __m512 e = _mm512_maskz_mov_ps(valid, exp_ps_nonpos(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+        lsum = _mm512_add_ps(lsum, e);
+        _mm512_store_ps(sc, e);
+        for (int j = 0; j < nb; ++j) {
+          const float* vr = V + (size_t)(j0 + j) * stride;
+          const __m512 ej = _mm512_set1_ps(sc[j]);
+          for (int i = 0; i < NV; ++i) av[i] = _mm512_fmadd_ps(ej, _mm512_loadu_ps(vr + 16 * i), av[i]);
+        }
+      }
+      return;
+    }
+#endif
+    for (int j = 0; j < n; ++j) {
+      const float* kr = K + (size_t)j * stride;
+      const float* vr = V + (size_t)j * stride;
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int d = 0; d < D; ++d) s += q[d] * kr[d];
+      s *= scale;
+      if (softcap > 0.f) s = softcap * std::tanh(s / softcap);
+      if (s > m) {
+        const float r = std::exp(m - s);
+        l *= r;
+#pragma omp simd
+        for (int d = 0; d < D; ++d) acc[d] *= r;
+        m = s;
+      }
+      const float e = std::exp(s - m);
+      l += e;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) acc[d] += e * vr[d];
+    }
+  }
+
+  void finish(float* out) {
+#if defined(HIPC_ISA_AVX512)
+    if constexpr (kVec) {
+      const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(lsum));
+      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(av[i], inv));
+      return;
+    }
+#endif
+    const float inv = 1.f / l;
+    for (int d = 0; d < D; ++d) out[d] = acc[d] * inv;
+  }
+};
+
 }  // namespace hipc

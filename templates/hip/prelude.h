@@ -58,15 +58,28 @@ __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 #define HIPC_DEVICE inline
 #define HIPC_BOUNDS_LOADS_IN_FLIGHT(n)
 #define HIPC_BOUNDS_BLOCKS(n, b)
-#define __shared__
 struct uint2 { uint32_t x, y; };
 struct alignas(16) uint4 { uint32_t x, y, z, w; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(16) float4 { float x, y, z, w; };
+#ifdef HIPC_HOST_SIMT
+// a host test runs a block as threads in step (tests/compiler/test_gpu_prelude_host.py):
+// a kernel's shared arrays are its function's statics, one block at a time
+#define __shared__ static
+int hipc_thread();
+int hipc_block_dim();
+int hipc_block_x();
+int hipc_block_y();
+void hipc_sync();
+float hipc_shfl_xor(float v, int m);
+float hipc_shfl(float v, int lane);
+#else
+#define __shared__
 HIPC_DEVICE int hipc_thread() { return 0; }
 HIPC_DEVICE int hipc_block_dim() { return 1; }
 HIPC_DEVICE void hipc_sync() {}
 HIPC_DEVICE float hipc_shfl_xor(float v, int) { return v; }
+#endif
 HIPC_DEVICE float hipc_exp(float x) { return expf(x); }
 HIPC_DEVICE float hipc_rsqrt(float x) { return 1.f / sqrtf(x); }
 
@@ -152,6 +165,9 @@ HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
 HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
 HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; }
+HIPC_DEVICE void hipc_publish() {}
+HIPC_DEVICE unsigned hipc_count(unsigned* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL); }
+HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }  // host blocks run one after another
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
@@ -236,21 +252,23 @@ HIPC_DEVICE uint16_t hipc_kv_store_bf16(float v) {
 HIPC_DEVICE float hipc_kv_round_f32(float v) { return v; }
 HIPC_DEVICE float hipc_kv_round_bf16(float v) { return hipc_bf16_to_f32(hipc_kv_store_bf16(v)); }
 // q . k for one cached key row; q (float) is in shared memory
+// (four partial sums: one chain of D dependent FMAs is the longest latency of a decode
+// attention block)
 HIPC_DEVICE float hipc_kv_dot_f32(const float* q, const float* k, int D) {
-  float dot = 0.f;
+  float dot[4] = {0.f, 0.f, 0.f, 0.f};
   if (D % 4 == 0) {
 #pragma unroll
     for (int d = 0; d < D; d += 4) {
       const float4 kv = *(const float4*)(k + d);
-      dot += q[d] * kv.x + q[d + 1] * kv.y + q[d + 2] * kv.z + q[d + 3] * kv.w;
+      dot[0] += q[d] * kv.x, dot[1] += q[d + 1] * kv.y, dot[2] += q[d + 2] * kv.z, dot[3] += q[d + 3] * kv.w;
     }
   } else {
-    for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+    for (int d = 0; d < D; ++d) dot[0] += q[d] * k[d];
   }
-  return dot;
+  return (dot[0] + dot[1]) + (dot[2] + dot[3]);
 }
 HIPC_DEVICE float hipc_kv_dot_bf16(const float* q, const uint16_t* k, int D) {
-  float dot = 0.f;
+  float dot[4] = {0.f, 0.f, 0.f, 0.f};
   if (D % 8 == 0) {
 #pragma unroll
     for (int d = 0; d < D; d += 8) {
@@ -258,13 +276,41 @@ HIPC_DEVICE float hipc_kv_dot_bf16(const float* q, const uint16_t* k, int D) {
       const uint32_t w[4] = {kv.x, kv.y, kv.z, kv.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        dot += q[d + 2 * e] * __builtin_bit_cast(float, w[e] << 16) +
-               q[d + 2 * e + 1] * __builtin_bit_cast(float, w[e] & 0xffff0000u);
+        dot[e] += q[d + 2 * e] * __builtin_bit_cast(float, w[e] << 16) +
+                  q[d + 2 * e + 1] * __builtin_bit_cast(float, w[e] & 0xffff0000u);
     }
   } else {
-    for (int d = 0; d < D; ++d) dot += q[d] * hipc_bf16_to_f32(k[d]);
+    for (int d = 0; d < D; ++d) dot[0] += q[d] * hipc_bf16_to_f32(k[d]);
   }
-  return dot;
+  return (dot[0] + dot[1]) + (dot[2] + dot[3]);
+}
+// PER consecutive cached values from p (p is PER-element aligned): one vector load
+template <int PER>
+HIPC_DEVICE void hipc_kv_load_vec(const float* p, float* out) {
+  if constexpr (PER == 4) {
+    const float4 v = *(const float4*)p;
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  } else if constexpr (PER == 2) {
+    const uint2 v = *(const uint2*)p;
+    out[0] = __builtin_bit_cast(float, v.x), out[1] = __builtin_bit_cast(float, v.y);
+  } else {
+#pragma unroll
+    for (int d = 0; d < PER; ++d) out[d] = p[d];
+  }
+}
+template <int PER>
+HIPC_DEVICE void hipc_kv_load_vec(const uint16_t* p, float* out) {
+  if constexpr (PER == 4) {
+    const uint2 v = *(const uint2*)p;
+    out[0] = __builtin_bit_cast(float, v.x << 16), out[1] = __builtin_bit_cast(float, v.x & 0xffff0000u);
+    out[2] = __builtin_bit_cast(float, v.y << 16), out[3] = __builtin_bit_cast(float, v.y & 0xffff0000u);
+  } else if constexpr (PER == 2) {
+    const uint32_t v = *(const uint32_t*)p;
+    out[0] = __builtin_bit_cast(float, v << 16), out[1] = __builtin_bit_cast(float, v & 0xffff0000u);
+  } else {
+#pragma unroll
+    for (int d = 0; d < PER; ++d) out[d] = hipc_bf16_to_f32(p[d]);
+  }
 }
 
 // ---- quantized weights ----------------------------------------------------------------
@@ -336,6 +382,9 @@ HIPC_DEVICE uint4 hipc_load_quants16(const char* p) {
 // the scale pair (d, m) of a q4_1 block as one word: d low, m high
 HIPC_DEVICE uint32_t hipc_load_scales32(const char* p) {
 #if HIPC_QSPLIT
+#ifdef HIPC_HOST
+  if ((size_t)p % 4) __builtin_trap();  // the host tests hold the layout to it
+#endif
   return *(const uint32_t*)p;
 #else
   return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
@@ -439,15 +488,22 @@ HIPC_DEVICE float hipc_w_q5_k(const void* W, int N, int K, int n, int k) {
   return hipc_f16_to_f32(dd[0]) * (float)(sc * v) - hipc_f16_to_f32(dd[1]) * (float)mn;
 }
 
-// The quantized GEMV multiplies integers: x is staged in shared memory as two int8 planes
-// per 32-value block, x ~= dq * (254 * hi + lo) with dq = max|x| / (127 * 254): hi is x
-// rounded to int8 on the block's scale, lo the remainder rounded on a 254x finer one. The
-// representation error is at most max|x| / 64516 per value (about 16 significant bits,
-// the class of a bf16 hi + lo split), and every product sums exactly in int32 (dp4a).
-// One staged block: hi[32], lo[32] as int8, then dq (float bits), the block's sum of
-// 254 * hi + lo and that sum over its first 16 values, padded to 80 bytes so that 8 lanes
-// reading 8 blocks hit distinct banks.
-#define HIPC_XQ_INTS 20
+// The quantized GEMV multiplies integers: x is staged in shared memory per 32-value block,
+// rounded on the block's scale d = max|x| / 127 to int8 q (hi). With int16 activations
+// (LO, the default) the remainder is rounded on a 254x finer scale to a second int8 plane
+// (lo): x ~= dq * (254 * hi + lo) with dq = d / 254, at most max|x| / 64516 off per value
+// (about 16 significant bits, the class of a bf16 hi + lo split). With int8 activations
+// (--activations int8, llama.cpp's q8_1 numerics) x ~= d * hi: half the dot products and
+// half the shared-memory reads, at most max|x| / 254 off per value. Every product sums
+// exactly in int32 (dp4a).
+// One staged block: hi[32] (and lo[32]) as int8, then meta = {dq or d (float bits), the
+// block's sum of 254 * hi + lo (or of hi), that sum over its first 16 values, 0}: 80 (48)
+// bytes, so that 8 lanes reading 8 consecutive blocks with 16-byte loads hit distinct banks.
+template <bool LO>
+struct hipc_xq {
+  static constexpr int INTS = LO ? 20 : 12;  // ints per staged block
+  static constexpr int META = LO ? 16 : 8;   // the meta int4's first int
+};
 // 4 int8 products summed into c: __dp4a on NVIDIA, v_dot4 on AMD where the arch has it.
 HIPC_DEVICE int hipc_dot4_i8(int a, int b, int c) {
 #if defined(__CUDACC__)
@@ -475,51 +531,68 @@ HIPC_DEVICE float hipc_fabs(float a) { return a < 0.f ? -a : a; }
 HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
   return ((int)a & 255) | ((int)b & 255) << 8 | ((int)c & 255) << 16 | (int)d << 24;
 }
-// Stage x[0..K) (times g[k] when g is given) into xq (K / 32 blocks of HIPC_XQ_INTS ints)
-// and return sum_k x[k]^2 to every thread: the RMSNorm's 1 / rms is one positive factor
-// common to every product, so a norm GEMV quantizes x * g and scales its sums at the end,
-// and the whole prologue is one pass over x and one barrier. Every thread of the block
-// calls it; 8 lanes share a 32-value block, 4 values each. `red`: __shared__ float[32].
+// Stage x[0..K) (times g[k] when g is given) into xq (K / 32 blocks of hipc_xq<LO>::INTS
+// ints) and return sum_k x[k]^2 to every thread: the RMSNorm's 1 / rms is one positive
+// factor common to every product, so a norm GEMV quantizes x * g and scales its sums at
+// the end, and the whole prologue is one pass over x and one barrier. Every thread of the
+// block calls it; 8 lanes share a 32-value block, 4 values each, ROUNDS = ceil(K / 4 /
+// threads) rounds. The loads of HIPC_XQ_CHUNK rounds are issued before any is used: x was
+// just written by the kernel before, and one L2 round trip per round was most of a
+// long-row GEMV's prologue. `red`: __shared__ float[32].
+#define HIPC_XQ_CHUNK 4
+template <bool LO, int ROUNDS>
 HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red) {
   const int n4 = K / 4, stride = hipc_block_dim();
-  // every lane runs the same number of rounds: the shuffles below need whole waves
-  const int rounds = (n4 + stride - 1) / stride;
   float ss = 0.f;
-  for (int r = 0; r < rounds; ++r) {
-    const int i = r * stride + hipc_thread(), part = i % 8;
-    const bool ok = i < n4;  // the same for all 8 lanes of a block (K % 32 == 0)
-    float4 v = ok ? *(const float4*)(x + 4 * i) : float4{0.f, 0.f, 0.f, 0.f};
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    if (g && ok) {
-      const float4 gv = *(const float4*)(g + 4 * i);
-      v.x *= gv.x, v.y *= gv.y, v.z *= gv.z, v.w *= gv.w;
-    }
-    float am = hipc_fmax(hipc_fmax(hipc_fabs(v.x), hipc_fabs(v.y)), hipc_fmax(hipc_fabs(v.z), hipc_fabs(v.w)));
-    am = hipc_fmax(am, hipc_shfl_xor(am, 1));
-    am = hipc_fmax(am, hipc_shfl_xor(am, 2));
-    am = hipc_fmax(am, hipc_shfl_xor(am, 4));
-    const float d = am / 127.f, id = am > 0.f ? 127.f / am : 0.f;
-    const float xs[4] = {v.x, v.y, v.z, v.w};
-    float hi[4], lo[4];
-    int sum = 0;
+  for (int r0 = 0; r0 < ROUNDS; r0 += HIPC_XQ_CHUNK) {
+    float4 vs[HIPC_XQ_CHUNK], gs[HIPC_XQ_CHUNK];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      hi[e] = hipc_rint(xs[e] * id);
-      lo[e] = -hipc_fmax(-hipc_fmax(hipc_rint((xs[e] - hi[e] * d) * id * 254.f), -127.f), -127.f);
-      sum += 254 * (int)hi[e] + (int)lo[e];
+    for (int c = 0; c < HIPC_XQ_CHUNK; ++c) {
+      const int i = (r0 + c) * stride + hipc_thread();
+      const bool ok = r0 + c < ROUNDS && i < n4;
+      vs[c] = ok ? *(const float4*)(x + 4 * i) : float4{0.f, 0.f, 0.f, 0.f};
+      gs[c] = g && ok ? *(const float4*)(g + 4 * i) : float4{1.f, 1.f, 1.f, 1.f};
     }
-    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 1));
-    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 2));
-    const int sum16 = sum;  // lanes 0..3 of the 8: the block's first 16 values
-    sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 4));
-    if (ok) {
-      int* blk = xq + (i / 8) * HIPC_XQ_INTS;
-      blk[part] = hipc_pack4_i8(hi[0], hi[1], hi[2], hi[3]);
-      blk[8 + part] = hipc_pack4_i8(lo[0], lo[1], lo[2], lo[3]);
-      if (part == 0) {
-        blk[16] = __builtin_bit_cast(int, d / 254.f);
-        blk[17] = sum;
-        blk[18] = sum16;
+#pragma unroll
+    for (int c = 0; c < HIPC_XQ_CHUNK; ++c) {
+      if (r0 + c >= ROUNDS) break;  // the same for every lane: the shuffles need whole waves
+      const int i = (r0 + c) * stride + hipc_thread(), part = i % 8;
+      const bool ok = i < n4;  // the same for all 8 lanes of a block (K % 32 == 0)
+      float4 v = vs[c];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      v.x *= gs[c].x, v.y *= gs[c].y, v.z *= gs[c].z, v.w *= gs[c].w;
+      float am = hipc_fmax(hipc_fmax(hipc_fabs(v.x), hipc_fabs(v.y)), hipc_fmax(hipc_fabs(v.z), hipc_fabs(v.w)));
+      am = hipc_fmax(am, hipc_shfl_xor(am, 1));
+      am = hipc_fmax(am, hipc_shfl_xor(am, 2));
+      am = hipc_fmax(am, hipc_shfl_xor(am, 4));
+      const float d = am / 127.f, id = am > 0.f ? 127.f / am : 0.f;
+      const float xs[4] = {v.x, v.y, v.z, v.w};
+      float hi[4], lo[4];
+      int sum = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        hi[e] = hipc_rint(xs[e] * id);
+        if constexpr (LO) {
+          lo[e] = -hipc_fmax(-hipc_fmax(hipc_rint((xs[e] - hi[e] * d) * id * 254.f), -127.f), -127.f);
+          sum += 254 * (int)hi[e] + (int)lo[e];
+        } else {
+          sum += (int)hi[e];
+        }
+      }
+      sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 1));
+      sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 2));
+      const int sum16 = sum;  // lanes 0..3 of the 8: the block's first 16 values
+      sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 4));
+      if (ok) {
+        int* blk = xq + (i / 8) * hipc_xq<LO>::INTS;
+        blk[part] = hipc_pack4_i8(hi[0], hi[1], hi[2], hi[3]);
+        if constexpr (LO) blk[8 + part] = hipc_pack4_i8(lo[0], lo[1], lo[2], lo[3]);
+        if (part == 0) {
+          int* meta = blk + hipc_xq<LO>::META;
+          meta[0] = __builtin_bit_cast(int, LO ? d / 254.f : d);
+          meta[1] = sum;
+          meta[2] = sum16;
+        }
       }
     }
   }
@@ -530,41 +603,65 @@ HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, 
   for (int w = 0; w < hipc_block_dim() / HIPC_WAVE; ++w) ss += red[w];
   return ss;
 }
-// One 32-weight block of a row against a staged x block: the exact integer
-// sum_k q[k] * (254 * hi[k] + lo[k]) of its (unsigned 4-bit or signed 8-bit) quants.
-HIPC_DEVICE int hipc_idot_q4(uint4 q, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+// One staged x block in registers: hi (and lo) as 8 words of 4 int8 each, and its meta
+// (without LO, L is never touched and takes no registers).
+template <bool LO>
+struct hipc_xb {
+  int H[8], L[8];
+  int4 meta;
+  HIPC_DEVICE float scale() const { return __builtin_bit_cast(float, meta.x); }
+};
+template <bool LO>
+HIPC_DEVICE hipc_xb<LO> hipc_load_xb(const int* xq, int blk) {
+  const int4* p = (const int4*)(xq + blk * hipc_xq<LO>::INTS);
+  hipc_xb<LO> r;
+  const int4 h0 = p[0], h1 = p[1];
+  r.H[0] = h0.x, r.H[1] = h0.y, r.H[2] = h0.z, r.H[3] = h0.w;
+  r.H[4] = h1.x, r.H[5] = h1.y, r.H[6] = h1.z, r.H[7] = h1.w;
+  if constexpr (LO) {
+    const int4 l0 = p[2], l1 = p[3];
+    r.L[0] = l0.x, r.L[1] = l0.y, r.L[2] = l0.z, r.L[3] = l0.w;
+    r.L[4] = l1.x, r.L[5] = l1.y, r.L[6] = l1.z, r.L[7] = l1.w;
+  }
+  r.meta = p[hipc_xq<LO>::META / 4];
+  return r;
+}
+// sum_k q[k] * x[k] over words w0 .. w0 + n of a staged block (x in units of dq / d), the
+// quants as words of 4 signed bytes: 254 * (q . hi) + q . lo, or q . hi.
+template <bool LO, int N>
+HIPC_DEVICE int hipc_idot_words(const int* q, const hipc_xb<LO>& x, int w0) {
   int sh = 0, sl = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    sh = hipc_dot4_i8(q[i], x.H[w0 + i], sh);
+    if constexpr (LO) sl = hipc_dot4_i8(q[i], x.L[w0 + i], sl);
+  }
+  return LO ? 254 * sh + sl : sh;
+}
+// One 32-weight block of a row against a staged x block: the exact integer sum_k q[k] x[k]
+// of its unsigned 4-bit quants (nibbles 0..15 are the same as signed bytes, so the signed
+// dot product serves). Byte j holds weight j (low nibble) and weight j + 16 (high).
+template <bool LO>
+HIPC_DEVICE int hipc_idot_q4(uint4 q, const hipc_xb<LO>& x) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  int b[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    // nibbles 0..15 are the same as signed bytes, so the signed dot product serves
-    const int a = (int)(w[i] & 0x0f0f0f0fu), c = (int)((w[i] >> 4) & 0x0f0f0f0fu);
-    sh = hipc_dot4_i8(a, H[i], sh);
-    sh = hipc_dot4_i8(c, H[4 + i], sh);
-    sl = hipc_dot4_i8(a, L[i], sl);
-    sl = hipc_dot4_i8(c, L[4 + i], sl);
+    b[i] = (int)(w[i] & 0x0f0f0f0fu);
+    b[4 + i] = (int)((w[i] >> 4) & 0x0f0f0f0fu);
   }
-  return 254 * sh + sl;
+  return hipc_idot_words<LO, 8>(b, x, 0);
 }
-HIPC_DEVICE int hipc_idot_q8(uint4 qa, uint4 qb, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
+template <bool LO>
+HIPC_DEVICE int hipc_idot_q8(uint4 qa, uint4 qb, const hipc_xb<LO>& x) {
   const int w[8] = {(int)qa.x, (int)qa.y, (int)qa.z, (int)qa.w, (int)qb.x, (int)qb.y, (int)qb.z, (int)qb.w};
-  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-  int sh = 0, sl = 0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    sh = hipc_dot4_i8(w[i], H[i], sh);
-    sl = hipc_dot4_i8(w[i], L[i], sl);
-  }
-  return 254 * sh + sl;
+  return hipc_idot_words<LO, 8>(w, x, 0);
 }
 
 // ---- GEMV units: what a lane loads and multiplies per step and row ---------------------
 // A unit is one 32-weight block (q4_0, q4_1, q8_0) or half a Q6_K super-block (128
 // weights). hipc_load_unit reads unit `u` of the matrix (counted over all rows);
-// hipc_dot_unit multiplies it with the staged x of the row's unit `i` (x blocks
+// hipc_dot_unit<LO> multiplies it with the staged x of the row's unit `i` (x blocks
 // i * values / 32 ...).
 struct hipc_unit_q4_0 { uint4 q; uint16_t d; };
 struct hipc_unit_q4_1 { uint4 q; uint32_t dm; };
@@ -596,25 +693,26 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k& v, const hipc_qmat_q6_k& m, size
   v.sc[1] = sc[2] | (uint32_t)sc[3] << 16;
   v.d = *(const uint16_t*)m.d(b);
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_0& v, const int* xq, int i) {
-  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
-  const int4 meta = xb[4];
+  const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   // quants are stored + 8: subtract 8 * sum(x) in integers
-  const int t = hipc_idot_q4(v.q, xb[0], xb[1], xb[2], xb[3]) - 8 * meta.y;
-  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, meta.x) * (float)t;
+  const int t = hipc_idot_q4<LO>(v.q, x) - 8 * x.meta.y;
+  return hipc_f16_to_f32(v.d) * x.scale() * (float)t;
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_1& v, const int* xq, int i) {
-  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
-  const int4 meta = xb[4];
-  const float dq = __builtin_bit_cast(float, meta.x), t = (float)hipc_idot_q4(v.q, xb[0], xb[1], xb[2], xb[3]);
+  const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
+  const float t = (float)hipc_idot_q4<LO>(v.q, x);
   // w = d * q + m: d * sum(q x) + m * sum(x)
-  return dq * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)meta.y);
+  return x.scale() * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)x.meta.y);
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q8_0& v, const int* xq, int i) {
-  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
-  const int t = hipc_idot_q8(v.qa, v.qb, xb[0], xb[1], xb[2], xb[3]);
-  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, xb[4].x) * (float)t;
+  const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
+  return hipc_f16_to_f32(v.d) * x.scale() * (float)hipc_idot_q8<LO>(v.qa, v.qb, x);
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, const int* xq, int i) {
   const uint32_t QL[16] = {v.ql[0].x, v.ql[0].y, v.ql[0].z, v.ql[0].w, v.ql[1].x, v.ql[1].y, v.ql[1].z, v.ql[1].w,
                            v.ql[2].x, v.ql[2].y, v.ql[2].z, v.ql[2].w, v.ql[3].x, v.ql[3].y, v.ql[3].z, v.ql[3].w};
@@ -622,30 +720,34 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, const int* xq, int i) {
   float acc = 0.f;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {  // the 32 weights of x block 4i + c (hipc_w_q6_k's chunk c)
-    const int4* xb = (const int4*)(xq + (4 * i + c) * HIPC_XQ_INTS);
-    const int4 h0 = xb[0], h1 = xb[1], l0 = xb[2], l1 = xb[3], meta = xb[4];
-    const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-    const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-    int sh[2] = {0, 0}, sl[2] = {0, 0};
+    const hipc_xb<LO> x = hipc_load_xb<LO>(xq, 4 * i + c);
+    int q[8];
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      // 4 quants 0..63 as bytes (signed bytes alike), one per weight
-      const int q = (int)(((QL[8 * (c % 2) + w] >> (4 * (c / 2))) & 0x0f0f0f0fu) | (((QH[w] >> (2 * c)) & 0x03030303u) << 4));
-      sh[w / 4] = hipc_dot4_i8(q, H[w], sh[w / 4]);
-      sl[w / 4] = hipc_dot4_i8(q, L[w], sl[w / 4]);
-    }
+    for (int w = 0; w < 8; ++w)  // 4 quants 0..63 as bytes (signed bytes alike), one per weight
+      q[w] = (int)(((QL[8 * (c % 2) + w] >> (4 * (c / 2))) & 0x0f0f0f0fu) | (((QH[w] >> (2 * c)) & 0x03030303u) << 4));
     // q - 32: subtract 32 * sum(x) over each 16 (exact in float: |t| < 2^24)
-    const int t0 = 254 * sh[0] + sl[0] - 32 * meta.z, t1 = 254 * sh[1] + sl[1] - 32 * (meta.y - meta.z);
+    const int t0 = hipc_idot_words<LO, 4>(q, x, 0) - 32 * x.meta.z;
+    const int t1 = hipc_idot_words<LO, 4>(q + 4, x, 4) - 32 * (x.meta.y - x.meta.z);
     const float s0 = (float)(int8_t)(v.sc[c / 2] >> (16 * (c % 2))), s1 = (float)(int8_t)(v.sc[c / 2] >> (16 * (c % 2) + 8));
-    acc += __builtin_bit_cast(float, meta.x) * (s0 * (float)t0 + s1 * (float)t1);
+    acc += x.scale() * (s0 * (float)t0 + s1 * (float)t1);
   }
   return hipc_f16_to_f32(v.d) * acc;
 }
 // Q5_0 / Q5_1: a 32-weight block; qh's 32 bits become bit 4 of each quant byte.
 struct hipc_unit_q5_0 { uint4 q; uint32_t qh; uint16_t d; };
 struct hipc_unit_q5_1 { uint4 q; uint32_t qh, dm; };
-HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {  // 2-byte aligned (GGUF order) or better
+// 4 bytes of a block: 2-byte aligned in GGUF's order; in the split layout every field a
+// kernel reads this way is 4-byte aligned (regions of 4-, 12-, 16-byte fields, 8-byte
+// chunks of quants), so one load
+HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {
+#if HIPC_QSPLIT
+#ifdef HIPC_HOST
+  if ((size_t)p % 4) __builtin_trap();  // the host tests hold the layout to it
+#endif
+  return *(const uint32_t*)p;
+#else
   return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
+#endif
 }
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_0& v, const hipc_qmat_q5_0& m, size_t u) {
   v.q = hipc_load_quants16(m.qs(u));
@@ -659,33 +761,28 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_1& v, const hipc_qmat_q5_1& m, size
 }
 // bits 0..3 of b to bit 4 of bytes 0..3
 HIPC_DEVICE uint32_t hipc_bits_to_bytes4(uint32_t b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
-HIPC_DEVICE int hipc_idot_q5(uint4 q, uint32_t qh, const int4& h0, const int4& h1, const int4& l0, const int4& l1) {
+template <bool LO>
+HIPC_DEVICE int hipc_idot_q5(uint4 q, uint32_t qh, const hipc_xb<LO>& x) {
   const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-  const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-  const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-  int sh = 0, sl = 0;
+  int b[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int a = (int)((w[i] & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (4 * i)) & 15));
-    const int c = (int)(((w[i] >> 4) & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (16 + 4 * i)) & 15));
-    sh = hipc_dot4_i8(a, H[i], sh);
-    sh = hipc_dot4_i8(c, H[4 + i], sh);
-    sl = hipc_dot4_i8(a, L[i], sl);
-    sl = hipc_dot4_i8(c, L[4 + i], sl);
+    b[i] = (int)((w[i] & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (4 * i)) & 15));
+    b[4 + i] = (int)(((w[i] >> 4) & 0x0f0f0f0fu) | hipc_bits_to_bytes4((qh >> (16 + 4 * i)) & 15));
   }
-  return 254 * sh + sl;
+  return hipc_idot_words<LO, 8>(b, x, 0);
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_0& v, const int* xq, int i) {
-  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
-  const int4 meta = xb[4];
-  const int t = hipc_idot_q5(v.q, v.qh, xb[0], xb[1], xb[2], xb[3]) - 16 * meta.y;  // quants stored + 16
-  return hipc_f16_to_f32(v.d) * __builtin_bit_cast(float, meta.x) * (float)t;
+  const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
+  const int t = hipc_idot_q5<LO>(v.q, v.qh, x) - 16 * x.meta.y;  // quants stored + 16
+  return hipc_f16_to_f32(v.d) * x.scale() * (float)t;
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_1& v, const int* xq, int i) {
-  const int4* xb = (const int4*)(xq + i * HIPC_XQ_INTS);
-  const int4 meta = xb[4];
-  const float dq = __builtin_bit_cast(float, meta.x), t = (float)hipc_idot_q5(v.q, v.qh, xb[0], xb[1], xb[2], xb[3]);
-  return dq * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)meta.y);
+  const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
+  const float t = (float)hipc_idot_q5<LO>(v.q, v.qh, x);
+  return x.scale() * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)x.meta.y);
 }
 // Q4_K / Q5_K: half a super-block (128 weights: 4 sub-blocks of 32, x blocks 4i ..).
 struct hipc_unit_q4_k { uint4 q[4]; uint32_t sc[3], dd; int h; };
@@ -712,7 +809,7 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_k& v, const hipc_qmat_q5_k& m, size
   hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
 }
 // sum over sub-blocks s = 4h + k of d * scale(s) * sum(q x) - dmin * min(s) * sum(x)
-template <bool Q5>
+template <bool LO, bool Q5>
 HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint32_t* sc3, uint32_t dd, int h,
                                    const int* xq, int i) {
   const uint32_t Q[16] = {q4[0].x, q4[0].y, q4[0].z, q4[0].w, q4[1].x, q4[1].y, q4[1].z, q4[1].w,
@@ -723,12 +820,9 @@ HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint3
   float dsum = 0.f, msum = 0.f;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const int4* xb = (const int4*)(xq + (4 * i + k) * HIPC_XQ_INTS);
-    const int4 h0 = xb[0], h1 = xb[1], l0 = xb[2], l1 = xb[3], meta = xb[4];
-    const int H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-    const int L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    const hipc_xb<LO> x = hipc_load_xb<LO>(xq, 4 * i + k);
     const int s = 4 * h + k;
-    int sh = 0, sl = 0;
+    int q[8];
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
       uint32_t v = (Q[8 * (k / 2) + w] >> (4 * (k % 2))) & 0x0f0f0f0fu;
@@ -737,22 +831,138 @@ HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint3
         const uint32_t hw = (w % 4 == 0 ? hv.x : w % 4 == 1 ? hv.y : w % 4 == 2 ? hv.z : hv.w);
         v |= ((hw >> s) & 0x01010101u) << 4;
       }
-      sh = hipc_dot4_i8((int)v, H[w], sh);
-      sl = hipc_dot4_i8((int)v, L[w], sl);
+      q[w] = (int)v;
     }
-    int sc, mn;
-    hipc_kscale(scales, s, sc, mn);
-    const float dq = __builtin_bit_cast(float, meta.x);
-    dsum += dq * (float)sc * (float)(254 * sh + sl);
-    msum += dq * (float)mn * (float)meta.y;
+    // hipc_kscale(scales, 4h + k) with only constant indices (h is the lane's, at run time):
+    // an indexed byte array would live in local memory
+    const int a = scales[k], b = scales[k + 4], c = scales[k + 8];
+    const int sc = h ? (c & 15) | (a >> 6) << 4 : a & 63, mn = h ? c >> 4 | (b >> 6) << 4 : b & 63;
+    const float dq = x.scale();
+    dsum += dq * (float)sc * (float)hipc_idot_words<LO, 8>(q, x, 0);
+    msum += dq * (float)mn * (float)x.meta.y;
   }
   return hipc_f16_to_f32((uint16_t)dd) * dsum - hipc_f16_to_f32((uint16_t)(dd >> 16)) * msum;
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k& v, const int* xq, int i) {
-  return hipc_dot_kquant<false>(v.q, nullptr, v.sc, v.dd, v.h, xq, i);
+  return hipc_dot_kquant<LO, false>(v.q, nullptr, v.sc, v.dd, v.h, xq, i);
 }
+template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, const int* xq, int i) {
-  return hipc_dot_kquant<true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
+  return hipc_dot_kquant<LO, true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
+}
+
+// ---- quantized weights in the matrix-instruction GEMM ----------------------------------
+// hipc_qchunk8: 8 consecutive weights k .. k + 7 (k % 8 == 0) of row n as small integers q
+// (as bf16 bit pairs: exact, |q| < 256), and the scale s and offset o of the 16 weights their
+// group k / 16 belongs to, so that w = s * q + o exactly as gguf-py dequantizes. The GEMM
+// multiplies x by q on the matrix instructions and applies s (and o times the sum of x over
+// the group) to each 16-deep partial product in float32: the weights are never rounded.
+HIPC_DEVICE uint32_t hipc_bf16_ints(int a, int b) {
+  return __builtin_bit_cast(uint32_t, (float)a) >> 16 | (__builtin_bit_cast(uint32_t, (float)b) & 0xffff0000u);
+}
+// 8 bytes at p (2-byte aligned: GGUF's order; 8-byte when split)
+HIPC_DEVICE uint2 hipc_load_bytes8(const char* p) { return uint2{hipc_load_u32(p), hipc_load_u32(p + 4)}; }
+// 8 integers from 8 bytes: (byte >> shift) & mask (+ bit `hb` of the matching byte of h as
+// 1 << hshift when h is given) + add
+HIPC_DEVICE uint4 hipc_ints8(uint2 v, int shift, uint32_t mask, int add, const uint2* h = nullptr, int hb = 0, int hshift = 0,
+                             uint32_t hmask = 1) {
+  int q[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t byte = ((i < 4 ? v.x : v.y) >> (8 * (i % 4))) & 255;
+    int val = (int)((byte >> shift) & mask);
+    if (h) val |= (int)((((i < 4 ? h->x : h->y) >> (8 * (i % 4) + hb)) & hmask) << hshift);
+    q[i] = val + add;
+  }
+  return uint4{hipc_bf16_ints(q[0], q[1]), hipc_bf16_ints(q[2], q[3]), hipc_bf16_ints(q[4], q[5]), hipc_bf16_ints(q[6], q[7])};
+}
+// byte i of 12 held as 3 words (no indexed local array)
+HIPC_DEVICE int hipc_byte12(const uint32_t* w, int i) {
+  return (int)(((i < 4 ? w[0] : i < 8 ? w[1] : w[2]) >> (8 * (i & 3))) & 255);
+}
+HIPC_DEVICE void hipc_kscale_w(const uint32_t* w, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = hipc_byte12(w, j) & 63;
+    mn = hipc_byte12(w, j + 4) & 63;
+  } else {
+    sc = (hipc_byte12(w, j + 4) & 15) | ((hipc_byte12(w, j - 4) >> 6) << 4);
+    mn = (hipc_byte12(w, j + 4) >> 4) | ((hipc_byte12(w, j) >> 6) << 4);
+  }
+}
+// 32-weight blocks: weight j < 16 is the low nibble of byte j, j >= 16 the high one of j - 16
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q4_0& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const int j = k % 32;
+  q = hipc_ints8(hipc_load_bytes8(m.qs(b) + j % 16), 4 * (j / 16), 15, -8);
+  s = hipc_f16_to_f32(*(const uint16_t*)m.sc(b)), o = 0.f;
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q4_1& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const int j = k % 32;
+  q = hipc_ints8(hipc_load_bytes8(m.qs(b) + j % 16), 4 * (j / 16), 15, 0);
+  const uint16_t* dm = (const uint16_t*)m.sc(b);
+  s = hipc_f16_to_f32(dm[0]), o = hipc_f16_to_f32(dm[1]);
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q8_0& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const uint2 v = hipc_load_bytes8(m.qs(b) + k % 32);
+  int8_t t[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) t[i] = (int8_t)(((i < 4 ? v.x : v.y) >> (8 * (i % 4))) & 255);
+  q = uint4{hipc_bf16_ints(t[0], t[1]), hipc_bf16_ints(t[2], t[3]), hipc_bf16_ints(t[4], t[5]), hipc_bf16_ints(t[6], t[7])};
+  s = hipc_f16_to_f32(*(const uint16_t*)m.sc(b)), o = 0.f;
+}
+// Q5_0 / Q5_1: bit j of the block's qh is weight j's fifth bit
+HIPC_DEVICE void hipc_q5chunk8(const char* qs, uint32_t qh, int j, int add, uint4& q) {
+  const uint32_t bits = (qh >> j) & 255;  // weights j .. j + 7
+  const uint2 h{hipc_bits_to_bytes4(bits & 15) >> 4, hipc_bits_to_bytes4(bits >> 4) >> 4};
+  q = hipc_ints8(hipc_load_bytes8(qs + j % 16), 4 * (j / 16), 15, add, &h, 0, 4);
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q5_0& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  hipc_q5chunk8(m.qs(b), hipc_load_u32(m.f2(b)), k % 32, -16, q);
+  s = hipc_f16_to_f32(*(const uint16_t*)m.f3(b)), o = 0.f;
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q5_1& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  hipc_q5chunk8(m.qs(b), hipc_load_u32(m.f2(b)), k % 32, 0, q);
+  const uint16_t* dm = (const uint16_t*)m.f3(b);
+  s = hipc_f16_to_f32(dm[0]), o = hipc_f16_to_f32(dm[1]);
+}
+// Q4_K / Q5_K: sub-block sb = j / 32 of a super-block: w = d * scale(sb) * q - dmin * min(sb)
+template <bool Q5, class M>
+HIPC_DEVICE void hipc_kchunk8(const M& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, sb = j / 32, l = j % 32;
+  const char* qs = m.qs(b) + (Q5 ? 32 : 0);
+  const uint2 v = hipc_load_bytes8(qs + 32 * (sb / 2) + l);
+  if (Q5) {
+    const uint2 h = hipc_load_bytes8(m.qs(b) + l);
+    q = hipc_ints8(v, 4 * (sb % 2), 15, 0, &h, sb, 4);
+  } else {
+    q = hipc_ints8(v, 4 * (sb % 2), 15, 0);
+  }
+  const uint32_t w[3] = {hipc_load_u32(m.f2(b)), hipc_load_u32(m.f2(b) + 4), hipc_load_u32(m.f2(b) + 8)};
+  int sc, mn;
+  hipc_kscale_w(w, sb, sc, mn);
+  const uint16_t* dd = (const uint16_t*)m.f3(b);
+  s = hipc_f16_to_f32(dd[0]) * (float)sc, o = -(hipc_f16_to_f32(dd[1]) * (float)mn);
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q4_k& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  hipc_kchunk8<false>(m, K, n, k, q, s, o);
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q5_k& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  hipc_kchunk8<true>(m, K, n, k, q, s, o);
+}
+// Q6_K (hipc_w_q6_k's indexing): an int8 scale per 16 weights, w = d * scale * (q - 32)
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q6_k& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, h = j / 128, c = (j % 128) / 32, l = j % 32;
+  const char* base = m.qs(b);
+  const uint2 lo = hipc_load_bytes8(base + 64 * h + 32 * (c % 2) + l), hi = hipc_load_bytes8(base + 128 + 32 * h + l);
+  q = hipc_ints8(lo, 4 * (c / 2), 15, -32, &hi, 2 * c, 4, 3);
+  s = hipc_f16_to_f32(*(const uint16_t*)m.d(b)) * (float)((const int8_t*)m.sc(b))[8 * h + 2 * c + l / 16], o = 0.f;
 }
 
 // The GEMV inner loops, one per storage type: lane `lane` of a wave takes every
@@ -900,6 +1110,10 @@ HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& 
 }
 HIPC_DEVICE int hipc_mma_row(int lane, int i) { return lane / 4 + 8 * (i / 2); }
 HIPC_DEVICE int hipc_mma_col(int lane, int i) { return 2 * (lane % 4) + i % 2; }
+// a lane's accumulator elements span HIPC_MMA_COLS columns; element i is in column slot
+// hipc_mma_colslot(i), column hipc_mma_col(lane, slot)
+#define HIPC_MMA_COLS 2
+HIPC_DEVICE int hipc_mma_colslot(int i) { return i % 2; }
 
 #elif defined(HIPC_MMA_WMMA)
 // v_wmma_f32_16x16x16_bf16, wave32 (gfx11: RDNA3/3.5). Layouts (RDNA3 ISA guide; AMD's matrix
@@ -924,6 +1138,8 @@ HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& 
 }
 HIPC_DEVICE int hipc_mma_row(int lane, int i) { return 2 * i + lane / 16; }
 HIPC_DEVICE int hipc_mma_col(int lane, int i) { return lane % 16; }
+#define HIPC_MMA_COLS 1
+HIPC_DEVICE int hipc_mma_colslot(int) { return 0; }
 
 #elif defined(HIPC_MMA_MFMA)
 // v_mfma_f32_16x16x16_bf16 (gfx942; gfx90a's v_mfma_f32_16x16x16bf16_1k), wave64. Layouts
@@ -947,6 +1163,8 @@ HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& 
 }
 HIPC_DEVICE int hipc_mma_row(int lane, int i) { return 4 * (lane / 16) + i; }
 HIPC_DEVICE int hipc_mma_col(int lane, int i) { return lane % 16; }
+#define HIPC_MMA_COLS 1
+HIPC_DEVICE int hipc_mma_colslot(int) { return 0; }
 #endif
 
 #if defined(HIPC_WGMMA)

@@ -167,17 +167,23 @@ def test_bf16_prefill_on_matrix_instructions(bf16_artifact, target):
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx942"])
-def test_other_weight_types_prefill_on_the_simt_gemm(artifact, q8_artifact, target):
-    for art in (artifact, q8_artifact):  # float32 and q8_0 weights
-        linears = prefill_linears(art, target)
-        assert linears and all(x["kernel"].endswith("_gemm") for x in linears)
-        assert all(x["block"] == [256] and x["shared"] == 0 for x in linears)
-    # (the prefill attention is on mma.sync on NVIDIA whatever the weights)
-    assert not any(
-        "mfma" in c or "mma.sync" in c
-        for name, c in kernel_code(q8_artifact, target).items()
-        if not name.endswith("_flash")
-    )
+def test_other_weight_types_prefill_on_the_simt_gemm(artifact, target):
+    linears = prefill_linears(artifact, target)  # float32 weights
+    assert linears and all(x["kernel"].endswith("_gemm") for x in linears)
+    assert all(x["block"] == [256] and x["shared"] == 0 for x in linears)
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx942"])
+def test_quantized_prefill_on_matrix_instructions(q8_artifact, target):
+    """Q8_0 prefill on the mma.sync / MFMA GEMM (integer quants in the tiles, scales in
+    float32), never the wgmma one (bf16 weights only)."""
+    linears = prefill_linears(q8_artifact, target)
+    tile = MMA_TILES[target]
+    assert linears and all(x["kernel"].endswith("_mma") for x in linears)
+    assert all(x["shared"] == tile.shared_bytes(False, quant=True) for x in linears)
+    code = kernel_code(q8_artifact, target)
+    instruction = MMA_INSTRUCTION["sm_80" if target == "sm_90" else target]
+    assert all(instruction in code[x["kernel"]] for x in linears)
 
 
 # the integer dot product each target's quantized GEMV must show (PTX / AMD disassembly)

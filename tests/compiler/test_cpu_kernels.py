@@ -102,6 +102,16 @@ HIPC_WRAP16(q4_0) HIPC_WRAP16(q4_1) HIPC_WRAP16(q8_0)
     hipc::matmul_a16_##w(x, T, K, W, N, y, ldy);                                                \
   }
 HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(q4_k) HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
+// positions lo..hi fed in ranges of `chunk` (a paged KV cache's blocks)
+void t_attend_row64(const float* q, const float* K, const float* V, long long stride, int lo, int hi, float scale,
+                    float softcap, int chunk, float* out) {
+  hipc::Attend<64> a(q, scale, softcap);
+  for (int c = lo; c <= hi; c += chunk) {
+    const int n = hi + 1 - c < chunk ? hi + 1 - c : chunk;
+    a.range(K + (size_t)c * stride, V + (size_t)c * stride, (size_t)stride, n);
+  }
+  a.finish(out);
+}
 const char* t_isa() { return hipc::cpu_isa(); }
 void t_quantize_row_q8a(const float* x, int K, void* out) {
   hipc::quantize_row_q8a(x, K, (hipc::block_q8a*)out);
@@ -149,6 +159,9 @@ def libs(tmp_path_factory) -> dict[str, ctypes.CDLL | str]:
             "-Wall",
             "-Wextra",
             "-Werror",
+            # scratch starts as garbage on every call: a read of scratch the call did not
+            # write fails here rather than in whatever ran before it
+            "-DHIPC_POISON_SCRATCH",
         ]
         cmd += [f"-I{HEADER_DIR}", str(src), "-o", str(so)]
         procs[name] = (
@@ -180,6 +193,9 @@ def _load(path: Path) -> ctypes.CDLL:
             getattr(lib, f"t_matmul_{kind}{w}").restype = None
         getattr(lib, f"t_embed_row_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
         getattr(lib, f"t_embed_row_{w}").restype = None
+    F = ctypes.c_float
+    lib.t_attend_row64.argtypes = [P, P, P, ctypes.c_longlong, Int, Int, F, F, Int, P]
+    lib.t_attend_row64.restype = None
     lib.t_isa.restype = ctypes.c_char_p
     lib.t_quantize_row_q8a.argtypes = [P, Int, P]
     for f in ("t_f32_to_f16", "t_f16_to_f32", "t_f32_to_bf16", "t_bf16_to_f32"):
@@ -406,6 +422,97 @@ def test_threads_do_not_change_results(libs, wtype):
                 np.testing.assert_array_equal(_run_matmul(lib, wtype, x, wq, 576, 576), y1)
     finally:
         lib.t_set_threads(old)
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])
+def test_attend_row(libs, variant):
+    """One query row's attention (blocks of 16 positions, a vector exp on AVX512) against
+    NumPy's softmax in f64: context lengths around the block size, a window start, wide
+    score ranges (weights underflowing to 0), soft-capping, and the positions fed in
+    ranges (a paged cache's blocks) whose max moves between them."""
+    lib = _get(libs, variant)
+    rng = np.random.default_rng(41)
+    D, NKV = 64, 3
+    for lo, hi, scale, cap, chunk in [
+        (0, 0, 0.125, 0.0, 1000),
+        (0, 14, 0.125, 0.0, 1000),
+        (0, 15, 0.125, 0.0, 1000),
+        (0, 16, 0.125, 0.0, 1000),
+        (5, 100, 0.125, 0.0, 1000),
+        (5, 100, 0.125, 0.0, 7),
+        (0, 200, 2.0, 0.0, 1000),
+        (0, 200, 2.0, 0.0, 32),
+        (0, 40, 40.0, 0.0, 1000),
+        (3, 57, 0.5, 30.0, 1000),
+    ]:
+        kv = rng.standard_normal((2, hi + 1, NKV, D), dtype=np.float32)
+        q = rng.standard_normal(D, dtype=np.float32)
+        out = np.full(D, np.nan, np.float32)
+        h = 1  # the middle KV head: rows interleave with the other heads
+        Kh, Vh = kv[0, :, h], kv[1, :, h]
+        lib.t_attend_row64(
+            q.ctypes.data,
+            kv[0].ctypes.data + 4 * h * D,
+            kv[1].ctypes.data + 4 * h * D,
+            NKV * D,
+            lo,
+            hi,
+            scale,
+            cap,
+            chunk,
+            out.ctypes.data,
+        )
+        s = (Kh[lo : hi + 1].astype(np.float64) @ q) * scale
+        if cap:
+            s = cap * np.tanh(s / cap)
+        w = np.exp(s - s.max())
+        ref = (w / w.sum()) @ Vh[lo : hi + 1].astype(np.float64)
+        err = _rel(out.astype(np.float64), ref)
+        assert err <= 2e-6, f"lo={lo} hi={hi} scale={scale} cap={cap} chunk={chunk}: {err:.3g}"
+
+
+TWO_VERSIONS_SHIM = r"""
+#include "hipc_cpu.h"
+extern "C" void t_matmul_q4_0(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {
+  hipc::matmul_q4_0(x, T, K, W, N, y, ldy);
+}
+"""
+
+
+def test_two_header_versions_in_one_process(tmp_path):
+    """Two programs built from different versions of the header, loaded in one process
+    (as a server holding two artifacts does), each compute with their own tables. The
+    other version here is the header with PrepTables' layout changed. Before the header
+    hid its symbols, GCC made kPrep STB_GNU_UNIQUE and the second library loaded read the
+    first one's tables: Q4_0 T=1 K=64 N=1 came out at 2.27 relative error."""
+    other = tmp_path / "other"
+    shutil.copytree(HEADER_DIR, other)
+    vnni = other / "linear_vnni.h"
+    text = vnni.read_text()
+    assert "struct PrepTables {\n" in text
+    vnni.write_text(
+        text.replace("struct PrepTables {\n", "struct PrepTables {\n  int32_t skew[29];\n")
+    )
+    src = tmp_path / "shim.cpp"
+    src.write_text(TWO_VERSIONS_SHIM)
+    libs = []
+    for name, inc in (("other", other), ("this", HEADER_DIR)):
+        so = tmp_path / f"{name}.so"
+        cmd = [CXX, "-std=c++17", "-O1", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+        subprocess.run([*cmd, f"-I{inc}", str(src), "-o", str(so)], check=True)
+        lib = ctypes.CDLL(str(so))
+        P, Int = ctypes.c_void_p, ctypes.c_int
+        lib.t_matmul_q4_0.argtypes = [P, Int, Int, P, Int, P, Int]
+        libs.append((name, lib))
+    rng = np.random.default_rng(29)
+    for T, K, N in ((1, 64, 1), (1, 576, 9), (5, 160, 7)):
+        wq, wd = _weights("q4_0", N, K)
+        x = rng.standard_normal((T, K), dtype=np.float32)
+        exact = _quantize_act_ref(x) @ wd.T
+        for name, lib in libs:
+            y = _run_matmul(lib, "q4_0", x, wq, N, N).astype(np.float64)
+            err = _rel(y, exact, _typical_norm(x, wd))
+            assert err <= 1e-4, f"{name} header, T={T} K={K} N={N}: {err:.3g}"
 
 
 # ---- int16 activations (matmul_a16_*) ------------------------------------------------
@@ -635,12 +742,16 @@ def _kref(wtype: str, x: np.ndarray, blocks: np.ndarray, N: int, K: int, qmax: f
 # T < 8: integer activations (int16 or int8); T >= 8 (kDequantMinT): the prefill paths,
 # f32 against dequantized rows (x unrounded), or the same integer math (Q5_0/Q5_1, AVX512)
 KQ_DEQUANT_MIN_T = 8
-K_SHAPES = [(T, K, N) for T in (1, 2, 5, 8, 17) for K in (256, 768) for N in (1, 6, 9)]
+# K = 608 (Q5_0/Q5_1 only): 19 blocks, a natural window then a 3-block tail (the VNNI
+# GEMV's 4-row tail)
+K_SHAPES = [(T, K, N) for T in (1, 2, 5, 8, 17) for K in (256, 608, 768) for N in (1, 6, 9)]
 
 
 def _check_kquant(lib, wtype: str, shapes, extreme: bool) -> None:
     rng = np.random.default_rng(31)
     for T, K, N in shapes:
+        if K % KBLOCK[wtype][0]:
+            continue
         blocks = _kblocks(wtype, N, K, seed=T * 1000 + K + N, extreme=extreme)
         x = rng.standard_normal((T, K), dtype=np.float32) * np.float32(3)
         x[0, :32] = 0.0  # an all-zero activation block

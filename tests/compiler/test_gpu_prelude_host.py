@@ -1,7 +1,9 @@
 """The GPU prelude's quantized-weight code, compiled for the host (HIPC_HOST) and checked
 against gguf-py on a machine with no GPU: each type's one-weight decoder (hipc_w_*: the
 SIMT GEMM and the embedding) and its GEMV unit (hipc_load_unit + hipc_dot_unit: the
-integer dot products against x staged as int8 hi + lo planes), in both block layouts.
+integer dot products against x staged as int8 hi + lo planes, or one int8 plane with
+--activations int8), in both block layouts; and the GEMV prologue that stages x
+(hipc_stage_xq) with a block's threads run in step as host threads (HIPC_HOST_SIMT).
 tests/gpu runs the same code inside the kernels on a GPU.
 """
 
@@ -30,14 +32,31 @@ WRAPPERS = """
     for (int n = 0; n < N; ++n)                                                               \\
       for (int k = 0; k < K; ++k) out[(size_t)n * K + k] = hipc_w_##T(W, N, K, n, k);        \\
   }                                                                                           \\
-  extern "C" float row_##T(const void* W, int N, int K, int n, const int* xq, int uv, int bv) { \\
+  extern "C" void chunk_##T(const void* W, int N, int K, int bv, float* out) {                 \\
+    const hipc_qmat_##T m{(const char*)W, (size_t)N * (K / bv)};                              \\
+    for (int n = 0; n < N; ++n)                                                               \\
+      for (int k = 0; k < K; k += 8) {                                                        \\
+        uint4 q;                                                                              \\
+        float s, o;                                                                           \\
+        hipc_qchunk8(m, K, n, k, q, s, o);                                                    \\
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};                                           \\
+        for (int i = 0; i < 8; ++i) {                                                         \\
+          const float v = hipc_bf16_to_f32((uint16_t)(w[i / 2] >> (16 * (i % 2))));           \\
+          out[(size_t)n * K + k + i] = s * v + o;                                             \\
+        }                                                                                     \\
+      }                                                                                       \\
+  }                                                                                           \\
+  ROW(T, int16, true)                                                                         \\
+  ROW(T, int8, false)
+#define ROW(T, A, LO)                                                                           \\
+  extern "C" float row_##T##_##A(const void* W, int N, int K, int n, const int* xq, int uv, int bv) { \\
     const hipc_qmat_##T m{(const char*)W, (size_t)N * (K / bv)};                              \\
     const int units = K / uv;                                                                 \\
     float acc = 0.f;                                                                          \\
     for (int u = 0; u < units; ++u) {                                                         \\
       hipc_unit_##T v;                                                                        \\
       hipc_load_unit(v, m, (size_t)n * units + u);                                            \\
-      acc += hipc_dot_unit(v, xq, u);                                                         \\
+      acc += hipc_dot_unit<LO>(v, xq, u);                                                     \\
     }                                                                                         \\
     return acc;                                                                               \\
   }
@@ -50,6 +69,119 @@ TYPE(q5_1)
 TYPE(q4_k)
 TYPE(q5_k)
 """
+
+
+SIMT_HARNESS = """
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+// a barrier that sleeps (std::barrier spins: hundreds of spinning threads on a few cores)
+struct Barrier {
+  explicit Barrier(int n) : n(n) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(m);
+    const unsigned gen = generation;
+    if (++count == n) {
+      count = 0, ++generation;
+      cv.notify_all();
+    } else {
+      cv.wait(lock, [&] { return generation != gen; });
+    }
+  }
+  int n, count = 0;
+  unsigned generation = 0;
+  std::mutex m;
+  std::condition_variable cv;
+};
+static thread_local int t_id;
+static int g_dim;
+static Barrier* g_bar;  // the block's (hipc_sync)
+static std::vector<Barrier*> g_wbar;  // each wave's (shuffles: waves may run apart)
+static float g_slots[1024];
+int hipc_thread() { return t_id; }
+int hipc_block_dim() { return g_dim; }
+void hipc_sync() { g_bar->arrive_and_wait(); }
+float hipc_shfl_xor(float v, int m) {
+  Barrier* w = g_wbar[t_id / HIPC_WAVE];
+  g_slots[t_id] = v;
+  w->arrive_and_wait();
+  const float r = g_slots[t_id ^ m];
+  w->arrive_and_wait();
+  return r;
+}
+template <bool LO, int R>
+void stage_run(const float* x, const float* g, int K, int threads, int* xq, float* ss_out) {
+  Barrier bar(threads);
+  std::vector<std::unique_ptr<Barrier>> waves;
+  g_wbar.clear();
+  for (int w = 0; w < threads / HIPC_WAVE; ++w) {
+    waves.emplace_back(new Barrier(HIPC_WAVE));
+    g_wbar.push_back(waves.back().get());
+  }
+  g_bar = &bar, g_dim = threads;
+  static float red[32];
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([=] {
+      t_id = t;
+      const float ss = hipc_stage_xq<LO, R>(x, g, K, xq, red);
+      if (t == 0) *ss_out = ss;
+    });
+  for (auto& th : ts) th.join();
+}
+#define STAGE(K, T)                                                                   \\
+  extern "C" void stage_##K##_##T##_int16(const float* x, const float* g, int* xq, float* ss) { \\
+    stage_run<true, (K / 4 + T - 1) / T>(x, g, K, T, xq, ss);                              \\
+  }                                                                                 \\
+  extern "C" void stage_##K##_##T##_int8(const float* x, const float* g, int* xq, float* ss) { \\
+    stage_run<false, (K / 4 + T - 1) / T>(x, g, K, T, xq, ss);                             \\
+  }
+STAGE(576, 256)
+STAGE(1024, 64)
+STAGE(4096, 64)
+STAGE(14336, 512)
+"""
+# (K, threads) pairs the harness instantiates: 1, 4 (one chunk), 16 and 7 rounds per thread
+STAGE_SHAPES = [(576, 256), (1024, 64), (4096, 64), (14336, 512)]
+
+
+@pytest.fixture(scope="module")
+def simt(tmp_path_factory):
+    if CXX is None:
+        pytest.skip("no C++ compiler")
+    root = tmp_path_factory.mktemp("simt")
+    src = root / "stage_host.cpp"
+    prelude = template_text("hip/prelude.h").replace("#pragma once", "")
+    src.write_text(f"#define HIPC_WAVE 32\n#define HIPC_HOST_SIMT\n{prelude}\n{SIMT_HARNESS}")
+    so = root / "stage_host.so"
+    cmd = [CXX, "-std=c++20", "-O1", "-DHIPC_HOST", "-shared", "-fPIC", "-pthread", str(src)]
+    subprocess.run([*cmd, "-o", str(so)], check=True, capture_output=True, text=True)
+    return ctypes.CDLL(str(so))
+
+
+@pytest.mark.parametrize("activations", ["int16", "int8"])
+@pytest.mark.parametrize("K,threads", STAGE_SHAPES)
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "norm"])
+def test_stage_xq_matches_numpy(simt, K, threads, activations, norm):
+    """The GEMV prologue run by `threads` host threads in step: x (times g) staged exactly
+    as the NumPy model (stage_x) rounds it, every block written, and sum(x^2) returned."""
+    rng = np.random.default_rng(K + threads)
+    x = (rng.standard_normal(K) * 3).astype(np.float32)
+    x[rng.integers(0, K, 4)] *= 30
+    g = (1 + 0.2 * rng.standard_normal(K)).astype(np.float32)
+    want, _ = stage_x(x * g if norm else x, activations)
+    got = np.full(want.shape, -(2**31), np.int32)  # poison: every int of a block is written
+    ss = np.zeros(1, np.float32)
+    fn = getattr(simt, f"stage_{K}_{threads}_{activations}")
+    ptr = ctypes.c_void_p
+    fn(x.ctypes.data_as(ptr), g.ctypes.data_as(ptr) if norm else None,
+       got.ctypes.data_as(ptr), ss.ctypes.data_as(ptr))  # fmt: skip
+    meta = 8 if activations == "int8" else 16
+    written = np.r_[0:meta, meta : meta + 3]  # the meta int4's last int is padding
+    np.testing.assert_array_equal(got[:, written], want[:, written])
+    assert ss[0] == pytest.approx(float(np.sum(x.astype(np.float64) ** 2)), rel=1e-5)
 
 
 @pytest.fixture(scope="module", params=["split", "gguf"])
@@ -94,23 +226,30 @@ def aligned(a: np.ndarray) -> tuple[np.ndarray, int]:
     return buf, view.ctypes.data
 
 
-def stage_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def stage_x(x: np.ndarray, activations: str = "int16") -> tuple[np.ndarray, np.ndarray]:
     """x as the GEMV stages it (prelude: hipc_stage_xq): per 32 values int8 hi and lo planes,
-    dq, the sum of 254 hi + lo and that sum over the first 16. Returns (ints, x as held)."""
+    dq, the sum of 254 hi + lo and that sum over the first 16 (int16 activations), or the hi
+    plane alone, d and the sums of hi (int8). Returns (ints, x as held)."""
     xb = x.astype(np.float32).reshape(-1, 32)
     am = np.abs(xb).max(1, keepdims=True)
     d = am / np.float32(127)
     inv = np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0).astype(np.float32)
     hi = np.rint(xb * inv)
     lo = np.clip(np.rint((xb - hi * d) * inv * np.float32(254)), -127, 127)
-    q = (254 * hi + lo).astype(np.int64)
-    dq = (d / np.float32(254)).astype(np.float32)
-    ints = np.zeros((len(xb), 20), np.int32)
+    if activations == "int8":
+        q, dq = hi.astype(np.int64), d.astype(np.float32)
+        ints = np.zeros((len(xb), 12), np.int32)
+        meta = 8
+    else:
+        q = (254 * hi + lo).astype(np.int64)
+        dq = (d / np.float32(254)).astype(np.float32)
+        ints = np.zeros((len(xb), 20), np.int32)
+        ints[:, 8:16] = lo.astype(np.int8).view(np.int32)
+        meta = 16
     ints[:, 0:8] = hi.astype(np.int8).view(np.int32)
-    ints[:, 8:16] = lo.astype(np.int8).view(np.int32)
-    ints[:, 16] = dq[:, 0].view(np.int32)
-    ints[:, 17] = q.sum(1)
-    ints[:, 18] = q[:, :16].sum(1)
+    ints[:, meta] = dq[:, 0].view(np.int32)
+    ints[:, meta + 1] = q.sum(1)
+    ints[:, meta + 2] = q[:, :16].sum(1)
     return ints, (dq.astype(np.float64) * q).reshape(-1)
 
 
@@ -127,21 +266,46 @@ def test_one_weight_decoder_matches_gguf(lib, wtype):
 
 
 @pytest.mark.parametrize("wtype", TYPES)
-def test_gemv_unit_dot_matches_numpy(lib, wtype):
+def test_mma_chunks_match_gguf(lib, wtype):
+    """hipc_qchunk8 (the matrix-instruction GEMM's weight tiles): integer quants exact in bf16
+    and their group's scale and offset give gguf-py's dequantized weights."""
+    N, K = 5, 512
+    raw = blocks(wtype, N, K, np.random.default_rng(20 + TYPES.index(wtype)))
+    want = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, wtype.upper()))
+    stored = split_quant_blocks(raw, wtype) if lib.layout == "split" else raw
+    _buf, ptr = aligned(stored)  # _buf keeps the memory alive
+    out = np.full((N, K), np.nan, np.float32)
+    bv = QUANT_TYPES[wtype].block_values
+    lib[f"chunk_{wtype}"](ctypes.c_void_p(ptr), N, K, bv, out.ctypes.data_as(ctypes.c_void_p))
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("activations", ["int16", "int8"])
+@pytest.mark.parametrize("wtype", TYPES)
+def test_gemv_unit_dot_matches_numpy(lib, wtype, activations):
     N, K = 6, 1024
     rng = np.random.default_rng(10 + TYPES.index(wtype))
     raw = blocks(wtype, N, K, rng)
     w = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, wtype.upper()))
     x = rng.standard_normal(K) * 3
     x[rng.integers(0, K, 4)] *= 30
-    xq, held = stage_x(x)
+    xq, held = stage_x(x, activations)
     stored = split_quant_blocks(raw, wtype) if lib.layout == "split" else raw
     _buf, ptr = aligned(stored)  # _buf keeps the memory alive
     qt = QUANT_TYPES[wtype]
-    fn = getattr(lib, f"row_{wtype}")
+    fn = getattr(lib, f"row_{wtype}_{activations}")
     fn.restype = ctypes.c_float
     args = (qt.unit_values, qt.block_values)
     xp = xq.ctypes.data_as(ctypes.c_void_p)
     got = np.array([fn(ctypes.c_void_p(ptr), N, K, n, xp, *args) for n in range(N)])
     want = w.astype(np.float64) @ held
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    # and against x itself: x as held is within max|x| / 64516 (int16) or / 254 (int8) of
+    # each value of its block (the prelude's rounding bound), so each sum is within that
+    # times sum |w|
+    amax = np.repeat(np.abs(x.reshape(-1, 32)).max(1), 32)
+    step = amax / (64516 if activations == "int16" else 254)
+    bound = np.abs(w.astype(np.float64)) @ step
+    assert np.all(
+        np.abs(got - w.astype(np.float64) @ x) <= bound * 1.001 + 1e-5 * np.abs(want).max()
+    )

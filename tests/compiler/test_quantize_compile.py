@@ -190,8 +190,19 @@ def _permuted(rows: np.ndarray, heads: int) -> np.ndarray:
     return rows[order]
 
 
-def test_export_gguf_loads_in_llama_cpp(tmp_path):
+def test_export_gguf_loads_in_llama_cpp(tmp_path, monkeypatch):
     llama_cpp = pytest.importorskip("llama_cpp")
+    capi = llama_cpp.llama_cpp
+    default_params = capi.llama_model_default_params
+
+    def no_repack():
+        # llama.cpp's AMX weight repacking segfaults on AMX CPUs (ggml-org/llama.cpp#20824);
+        # Llama() has no argument for it, so patch the defaults it starts from
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    monkeypatch.setattr(capi, "llama_model_default_params", no_repack)
     model = write_tiny_chat_model(tmp_path / "chat")
     path = tmp_path / "chat-q4_0.gguf"
     art = compile_model(

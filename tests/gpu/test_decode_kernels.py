@@ -73,16 +73,32 @@ def gemv_params(case) -> LinearParams:
     )
 
 
+def gemv_specs(arch: str) -> dict:
+    """Every GEMV case, and each quantized one again with --activations int8."""
+    specs = {}
+    for i, (name, case) in enumerate(GEMVS.items()):
+        specs[name] = decode_gemv(
+            f"g{i}", gemv_params(case), GpuTarget(arch), [name], STREAMED.get(name)
+        )
+        if case[0] in QUANT:  # and with --activations int8: x as one int8 plane
+            specs[name, "int8"] = decode_gemv(
+                f"g{i}_a8",
+                gemv_params(case),
+                GpuTarget(arch),
+                [name],
+                STREAMED.get(name),
+                activations="int8",
+            )
+    return specs
+
+
 @pytest.fixture(scope="module", params=["split", "gguf"])
 def gemvs(request):
     """Every GEMV in one code object, for the quantized-block layout `request.param`."""
     specs = {}
 
     def build(arch):
-        for i, (name, case) in enumerate(GEMVS.items()):
-            specs[name] = decode_gemv(
-                f"g{i}", gemv_params(case), GpuTarget(arch), [name], STREAMED.get(name)
-            )
+        specs.update(gemv_specs(arch))
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build, quant_layout=request.param)
@@ -92,11 +108,17 @@ def gemvs(request):
     dev.close()
 
 
-@pytest.mark.parametrize("name", sorted(GEMVS))
-def test_gemv_matches_numpy(gemvs, name):
+def int8_held(x: np.ndarray) -> np.ndarray:
+    """x (float32) as an int8-activation GEMV holds it (prelude: hipc_stage_xq<false>): per
+    32 values d * rint(x * 127 / max|x|), d = max|x| / 127, in float32 as the kernel rounds."""
+    xb = x.astype(np.float32).reshape(-1, 32)
+    am = np.abs(xb).max(1, keepdims=True)
+    inv = np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0).astype(np.float32)
+    return ((am / np.float32(127)).astype(np.float64) * np.rint(xb * inv)).reshape(-1)
+
+
+def run_gemv(gemvs, name, activations):
     wtype, N, K, epilogue, norm, bias = GEMVS[name]
-    if gemvs.layout != "split" and wtype not in QUANT:
-        pytest.skip("the layout is that of quantized blocks")
     n_out = N // 2 if epilogue == "glu" else N
     rng = np.random.default_rng(sorted(GEMVS).index(name))
     raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype, gemvs.layout)
@@ -108,7 +130,12 @@ def test_gemv_matches_numpy(gemvs, name):
     b = rng.standard_normal(N).astype(np.float32)
     r = rng.standard_normal(n_out).astype(np.float32)
     xn = x.astype(np.float64)
-    if norm:
+    if activations == "int8":
+        # the kernel rounds x * g (the norm's 1 / rms scales the sums afterwards)
+        xn = int8_held(x * g if norm else x)
+        if norm:
+            xn = xn / np.sqrt(np.mean(x.astype(np.float64) ** 2) + EPS)
+    elif norm:
         xn = xn / np.sqrt(np.mean(xn * xn) + EPS) * g
     acc = w @ xn + (b if bias else 0.0)
     if epilogue == "glu":
@@ -116,7 +143,7 @@ def test_gemv_matches_numpy(gemvs, name):
     else:
         want = acc + (r if epilogue == "residual" else 0.0)
 
-    k = gemvs.specs[name]
+    k = gemvs.specs[name] if activations == "int16" else gemvs.specs[name, activations]
     dev = gemvs
     try:
         y = dev.poisoned(n_out)
@@ -132,9 +159,26 @@ def test_gemv_matches_numpy(gemvs, name):
         got = dev.read(y, n_out)
     finally:
         dev.free()
+    return got, want
+
+
+@pytest.mark.parametrize("name", sorted(GEMVS))
+def test_gemv_matches_numpy(gemvs, name):
+    wtype = GEMVS[name][0]
+    if gemvs.layout != "split" and wtype not in QUANT:
+        pytest.skip("the layout is that of quantized blocks")
+    got, want = run_gemv(gemvs, name, "int16")
     # quantized GEMVs hold x as int8 hi + lo planes: ~16 significant bits (prelude)
     tol = 1e-4 if wtype in QUANT else 1e-5
     assert rel_err(got, want) <= tol, (name, rel_err(got, want))
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in GEMVS.items() if c[0] in QUANT))
+def test_gemv_int8_activations_match_numpy(gemvs, name):
+    """--activations int8: against float64 NumPy on x rounded as the kernel holds it (one
+    int8 plane per 32 values), so only the kernel's own arithmetic is in the bound."""
+    got, want = run_gemv(gemvs, name, "int8")
+    assert rel_err(got, want) <= 1e-4, (name, rel_err(got, want))
 
 
 # -- decode attention --------------------------------------------------------------------
@@ -322,33 +366,87 @@ def test_embedding_rows(wtype, layout):
     np.testing.assert_allclose(got, w[ids], rtol=1e-6, atol=1e-7)
 
 
-# -- quantized weights in the prefill (SIMT) GEMM -----------------------------------------
+# -- quantized weights in the prefill GEMMs -------------------------------------------------
+
+QGEMM_TYPES = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+# name: (T, N weight rows, K, epilogue, bias)
+QGEMM_CASES = {
+    "residual": (70, 100, 512, "residual", False),
+    "glu_bias": (130, 2 * 72, 768, "glu", True),
+}
 
 
-@pytest.mark.parametrize("layout", ["split", "gguf"])
-@pytest.mark.parametrize("wtype", ["q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"])
-def test_quantized_prefill_gemm(wtype, layout):
-    T, N, K = 70, 100, 512
-    rng = np.random.default_rng(11)
-    raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype, layout)
-    x = rng.standard_normal((T, K)).astype(np.float32)
-    r = rng.standard_normal((T, N)).astype(np.float32)
-    p = LinearParams(wtype=wtype, N=N, K=K, norm_eps=0.0, epilogue="residual", bias=False)
+# variant -> (simt, split): the matrix-instruction GEMM with x rounded to bf16 (the default
+# --prefill-precision) and with x as bf16 hi + lo, and the SIMT one
+QGEMM_VARIANTS = {"mma": (False, False), "mma_split": (False, True), "simt": (True, False)}
+
+
+def qgemm_specs(arch: str) -> dict:
+    """Each type x case on the matrix-instruction GEMM (where the arch has one) and SIMT."""
+    specs = {}
+    for ti, wtype in enumerate(QGEMM_TYPES):
+        for ci, (case, (_, N, K, epilogue, bias)) in enumerate(QGEMM_CASES.items()):
+            p = LinearParams(wtype=wtype, N=N, K=K, norm_eps=0.0, epilogue=epilogue, bias=bias)
+            for v, (simt, split) in QGEMM_VARIANTS.items():
+                fn = f"qg{ti}_{ci}_{v}"
+                specs[wtype, case, v] = prefill_gemm(fn, p, GpuTarget(arch), [case], simt, split)
+    return specs
+
+
+@pytest.fixture(scope="module", params=["split", "gguf"])
+def qgemms(request):
+    specs = {}
 
     def build(arch):
-        g = prefill_gemm("qg", p, GpuTarget(arch), ["gemm"])
-        return [(g.fn, g.template, g.ctx, g.shared)]
+        specs.update(qgemm_specs(arch))
+        return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
-    dev = DeviceKernels(build, quant_layout=layout)
+    dev = DeviceKernels(build, quant_layout=request.param)
+    dev.specs = specs
+    dev.layout = request.param
+    yield dev
+    dev.close()
+
+
+@pytest.mark.parametrize("variant", sorted(QGEMM_VARIANTS))
+@pytest.mark.parametrize("case", sorted(QGEMM_CASES))
+@pytest.mark.parametrize("wtype", QGEMM_TYPES)
+def test_quantized_prefill_gemm(qgemms, wtype, case, variant):
+    """Against float64 NumPy on gguf-py's dequantized weights: the matrix-instruction kernel
+    multiplies the integer quants and scales each 16-deep group in float32 (x rounded to
+    bf16 as the kernel does, or exact for the hi + lo split), the SIMT one dequantizes each
+    weight."""
+    T, N, K, epilogue, bias = QGEMM_CASES[case]
+    g = qgemms.specs[wtype, case, variant]
+    if variant != "simt" and g.template != "linear_mma":
+        pytest.skip(f"no matrix-instruction GEMM for {wtype} on {qgemms.arch}")
+    n_out = N // 2 if epilogue == "glu" else N
+    rng = np.random.default_rng(11 + QGEMM_TYPES.index(wtype))
+    raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype, qgemms.layout)
+    # activations over four decades, a few outlier channels (the bf16 hi/lo split)
+    x = rng.standard_normal((T, K)) * 10.0 ** rng.uniform(-2, 2, (T, 1))
+    x[:, rng.integers(0, K, 3)] *= 30
+    x = x.astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    r = rng.standard_normal((T, n_out)).astype(np.float32)
+    dev = qgemms
     try:
-        g = prefill_gemm("qg", p, GpuTarget(dev.arch), ["gemm"])
-        y = dev.upload(r)  # the residual is added in place, as the plans bind it
+        # the residual is added in place, as the plans bind it; elsewhere y starts as NaN
+        y = dev.upload(r) if epilogue == "residual" else dev.poisoned((T, n_out))
         args = [("u64", dev.upload(x)), ("i32", T), ("u64", dev.upload(raw)), ("u64", 0)]
-        args += [("u64", 0), ("u64", 0), ("u64", y), ("u64", y)]
-        grid = [-(-N // g.block_outputs), -(-T // g.block_tokens)]
+        args += [("u64", 0), ("u64", dev.upload(b) if bias else 0)]
+        args += [("u64", y if epilogue == "residual" else 0), ("u64", y)]
+        grid = [-(-n_out // g.block_outputs), -(-T // g.block_tokens)]
         dev.launch(g.fn, grid, g.threads, args, g.shared)
-        got = dev.read(y, (T, N))
+        got = dev.read(y, (T, n_out))
     finally:
-        dev.close()
-    want = x.astype(np.float64) @ w.T + r
-    assert rel_err(got, want) <= 1e-5, (wtype, rel_err(got, want))
+        dev.free()
+    xr = round_bf16(x).astype(np.float64) if variant == "mma" else x.astype(np.float64)
+    acc = xr @ w.T + (b if bias else 0.0)
+    if epilogue == "glu":
+        want = acc[:, :n_out] / (1 + np.exp(-acc[:, :n_out])) * acc[:, n_out:]
+    else:
+        want = acc + r
+    # test_prefill_gemm's bar for the matrix instructions (float32 sums of bf16 products)
+    bar = 1e-5 if variant == "simt" else 1e-4
+    assert rel_err(got, want) <= bar, (wtype, case, variant, rel_err(got, want))

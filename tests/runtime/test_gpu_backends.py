@@ -837,6 +837,27 @@ def test_decode_is_captured_once_then_replayed(api, artifact):
     b.close()
 
 
+def test_submit_then_collect_is_forward(api, artifact):
+    """A step queued by submit() (the generation loop's overlap) gives forward()'s logits at
+    collect(); one step is in flight at most, and the engine drains one left uncollected."""
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu)
+    b.submit(np.array([2]), 5)
+    with pytest.raises(HipcError, match="in flight"):
+        b.submit(np.array([0]), 6)
+    np.testing.assert_allclose(b.collect(), expected([2], 5, False), rtol=1e-6)
+    with pytest.raises(HipcError, match="no step"):
+        b.collect()
+    eng = engine_mod.CompiledEngine(artifact, b)
+    eng.submit([0], 6)
+    np.testing.assert_allclose(eng.collect(), expected([0], 6, False)[-1], rtol=1e-6)
+    eng.submit([4], 7)  # left in flight: the next call waits for it first
+    np.testing.assert_allclose(eng.forward([1], 8), expected([1], 8, False)[-1], rtol=1e-6)
+    kv = gpu.view(b.bases.states[1], np.float32, MAX_CTX * H).reshape(MAX_CTX, H)
+    np.testing.assert_allclose(kv[5:9], EMB[[2, 0, 4, 1]] + np.arange(5, 9)[:, None])
+    b.close()
+
+
 @pytest.mark.parametrize("env, overlapped", [(None, 1), ("0", 0)])
 def test_decode_kernels_marked_overlap_start_early_on_sm90(artifact, monkeypatch, env, overlapped):
     if env is not None:

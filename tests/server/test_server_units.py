@@ -258,3 +258,46 @@ def test_generation_steps_add_up_to_the_result():
     assert all(len(s.token_ids) <= 1 for s in steps)
     assert gen.result.finish_reason == "stop"
     assert "".join(Generation(engine, tok, request)) == gen.result.text  # the CLI's view
+
+
+def test_pipelined_generation_matches_the_plain_loop():
+    """An engine with submit/collect (the next step runs while a token is detokenized)
+    gives the same steps, text, tokens and finish reasons as one with forward alone, and
+    a step started for a sequence that then stops is collected, never left in flight."""
+    from hipc.runtime.generate import Generation, GenerationRequest
+
+    from serving import ScriptedEngine, script, tiny_tokenizer
+
+    class Pipelined(ScriptedEngine):
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            self.queued, self.submits, self.log = None, 0, []
+
+        def submit(self, tokens, start) -> None:
+            assert self.queued is None, "a step is already in flight"
+            self.queued, self.submits = (list(tokens), start), self.submits + 1
+            self.log.append(("submit", start))
+
+        def collect(self):
+            tokens, start = self.queued
+            self.queued = None
+            self.log.append(("collect", start))
+            return ScriptedEngine.forward(self, tokens, start)
+
+    tok = tiny_tokenizer()
+    text = "ab日本 STOP cd"
+    for request in (
+        GenerationRequest((5, 6), stop=("STOP",), logprobs=1),  # a stop string
+        GenerationRequest((5, 6), max_tokens=3),  # the length limit
+        GenerationRequest((5, 6)),  # EOS after the script
+    ):
+        plain = Generation(ScriptedEngine(tok, script(tok, text)), tok, request)
+        want = list(plain.steps())
+        engine = Pipelined(tok, script(tok, text))
+        gen = Generation(engine, tok, request)
+        assert list(gen.steps()) == want
+        for field in ("text", "token_ids", "finish_reason", "logprobs"):
+            assert getattr(gen.result, field) == getattr(plain.result, field), field
+        assert engine.queued is None and engine.submits > 0
+        # strictly alternating, each submit at the position after the last
+        assert [k for k, _ in engine.log] == ["submit", "collect"] * engine.submits

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One GPU session in two back-to-back device calls (a call runs at most 10 minutes; the
+# machine stays warm 30 s between them, and a setsid process outlives its call):
+#
+#   bash docs/benchmarks/gpu_session.sh tests   # starts the llama.cpp build (setsid, in the
+#                                               # background), then every GPU test
+#   bash docs/benchmarks/gpu_session.sh bench   # the benchmarks, each beside its peer
+#
+# Here (the build box), in the repo root, before the first call:
+#   pip wheel --no-deps -w .whl .                     # hipc itself (plus the runtime wheels
+#                                                     # gpu_check.sh's header lists)
+#   cp ../shared/peers/* .work/peers/                 # mkgguf.py, build_llamacpp_cuda.sh
+#   ../shared/peers/build_llamacpp_source.sh .work/llama
+#   python docs/benchmarks/bench_gpu_quant.py --prep-smol .work/gpuq-meta
+# and carry .whl .work/peers .work/llama .work/gpuq-meta.
+# Writes $OUT/gpu-tests.log, $OUT/moe.md, $OUT/prefill.md, $OUT/quant.md, $OUT/bench.log.
+# PHASE_SECONDS bounds each phase (default 540); a test file gets at most 150 s; the benchmarks run in the order of
+# what they are needed for (MoE, prefill, quantized decode), each in what time is left.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+LLAMA=/tmp/llama.cpp/build/bin
+if [ ! -d /tmp/site ]; then
+  skip=""
+  python3 -c "import pytest" 2>/dev/null && skip="pytest pluggy iniconfig"
+  wheels=()
+  for w in .whl/*.whl; do
+    name=$(basename "$w" | cut -d- -f1)
+    case " $skip " in *" $name "*) continue ;; esac
+    wheels+=("$w")
+  done
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "${wheels[@]}" || exit 1
+fi
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+
+end=$((SECONDS + ${PHASE_SECONDS:-540}))
+left() { echo $((end - SECONDS)); }
+
+case "${1:?tests or bench}" in
+tests)
+  nvidia-smi -L
+  # nice: the GPU tests compile their kernels on the same 16 cores
+  setsid nohup nice -n 10 bash .work/peers/build_llamacpp_cuda.sh "$PWD/.work/llama" \
+    >/tmp/llamacpp-outer.log 2>&1 </dev/null &
+  # one process per file: a kernel that faults leaves its CUDA context unusable
+  for f in tests/gpu/test_*.py tests/server/test_server_gpu.py; do
+    t=$(left)
+    [ "$t" -gt 150 ] && t=150
+    [ "$t" -gt 10 ] || { echo "$f: not run, no time left" | tee -a "$OUT/gpu-tests.log"; continue; }
+    timeout "$t" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE "$f" \
+      2>&1 | tail -15 | sed "s|^|$(basename "$f"): |" | tee -a "$OUT/gpu-tests.log" | tail -3
+  done
+  echo "llama.cpp build: $(tail -1 /tmp/llamacpp-outer.log 2>/dev/null)"
+  ;;
+bench)
+  for _ in $(seq 120); do [ -x $LLAMA/llama-bench ] && break; sleep 2; done
+  ls $LLAMA/llama-bench $LLAMA/llama-quantize || tail -20 /tmp/llamacpp-build.log
+  run() {  # NAME ARGS...: one benchmark in the time left, its table kept even when cut short
+    local name=$1
+    shift
+    [ "$(left)" -gt 60 ] || { echo "$name: skipped, no time left" | tee -a "$OUT/bench.log"; return; }
+    timeout "$(left)" python3 "$@" 2>&1 | tee -a "$OUT/bench.log" | tail -25
+  }
+  run moe docs/benchmarks/bench_gpu_moe.py --models qwen3 --repeats 2 \
+    --llamacpp-bin $LLAMA --out "$OUT/moe.md"
+  rm -rf /tmp/hipc-moe-bench
+  run prefill docs/benchmarks/bench_gpu_prefill.py --models l8 --tokens 512,4096 --repeats 3 \
+    --llamacpp-bin $LLAMA --peers .work/peers --out "$OUT/prefill.md"
+  rm -rf /tmp/hipc-prefill
+  run quant docs/benchmarks/bench_gpu_quant.py --meta .work/gpuq-meta --models l8_q4_0,smol_q4_1 \
+    --activations int8 --repeats 3 --llamacpp-bin $LLAMA --peers .work/peers --out "$OUT/quant.md"
+  ;;
+esac

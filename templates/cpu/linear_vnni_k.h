@@ -1,0 +1,436 @@
+// linear_vnni_k.h -- the K-quants (Q4_K, Q5_K, Q6_K) on the AVX512-VNNI byte planes.
+// Apart from linear_vnni.h because a K-quant scale covers 32 (Q4_K/Q5_K) or 16 (Q6_K)
+// elements of a 256-element super-block, read from packed fields, where the 32-blocks
+// there carry one f16 scale each; the integer machinery (int16 activations as a signed
+// high-byte and an unsigned low-byte plane, vpdpbusd) is the same.
+#pragma once
+
+namespace hipc {
+
+#if defined(HIPC_ISA_AVX512)
+namespace detail {
+
+// ------------------------------------------------------------------------------------
+// Per super-block b of a row and token, with u the unsigned weight bytes as stored
+// (Q4_K nibble 0..15, Q5_K 0..31, Q6_K 0..63) and q the token's int16 values:
+//   Q4_K/Q5_K: y += sum_{j<8} d*sc[j] * dx[j] * sum_{e in unit j} u*q  -  dmin*mn[j] * s[j]
+//   Q6_K:      y += sum_{g<16} d*sc[g] * dx[g/2] * (sum_{e in 16-group g} u*q - 32 * sum q)
+// (s: the float sum of x over 32-unit j, dx its int16 scale.) The integer sums are
+// exact: vpdpbusd(u, hi) * 256 + vpdpbusd(lo, u) = sum u*q per 4 elements (u <= 63 is
+// its own signed view), and sum q of 4 elements is computed once per token.
+//
+// Decode ("natural pairs", as linear_vnni.h's): one zmm = 64 consecutive elements of a
+// super-block, int32 lane l = elements 4l..4l+3; a lane's f32 scale is its unit's
+// (or 16-group's) d*sc, permuted from the 16 scales of the super-block, times dx,
+// which the token pack holds per lane (dxl). Prefill ("row lanes", rl_tile): lane =
+// output row, 16 rows' units prepped once per slab as WGroups (Q6_K: the two 16-groups
+// of a unit in dw and mw, the offsets from the per-16 sums of q).
+// ------------------------------------------------------------------------------------
+
+// Per-token pack extras (QAct::ext), per token row: dxl [K/4] f32 (dx of lane l's unit),
+// qs4 [K/4] int32 (sum of q over lane l's 4 elements), qs16 [K/16] int32 (per 16-group).
+struct KAct {
+  int n4 = 0;  // K / 4
+  float* dxl = nullptr;
+  int32_t* qs4 = nullptr;
+  int32_t* qs16 = nullptr;
+};
+
+inline size_t kact_bytes(int T, int K) {
+  const size_t n4 = (size_t)K / 4;
+  return (size_t)T * (n4 * 8 + n4 + 64) + 128;
+}
+
+inline KAct kact(const QAct& a, int T, int K) {
+  KAct k;
+  k.n4 = K / 4;
+  k.dxl = (float*)a.ext;
+  k.qs4 = (int32_t*)(k.dxl + (size_t)T * k.n4);
+  k.qs16 = k.qs4 + (size_t)T * k.n4;
+  return k;
+}
+
+// Fill token t's extras from its quantized row (natural block order, ntg = 0).
+inline void kact_row(const QAct& a, const KAct& k, int t) {
+  const int8_t* hr = a.q + (size_t)t * a.nbp * 32;
+  const uint8_t* lr = a.lo + (size_t)t * a.nbp * 32;
+  const float* dr = a.d + (size_t)t * a.nbp;
+  float* dxl = k.dxl + (size_t)t * k.n4;
+  int32_t* qs4 = k.qs4 + (size_t)t * k.n4;
+  int32_t* qs16 = k.qs16 + (size_t)t * (k.n4 / 4);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int b = 0; 2 * b < a.nb; ++b) {  // 64 elements (two units) per step; nb is even
+    const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(hr + 64 * b));
+    const __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(lr + 64 * b), ones);
+    const __m512i s4 = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
+    _mm512_storeu_si512(qs4 + 16 * b, s4);
+    const __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(dr[2 * b]), _mm512_set1_ps(dr[2 * b + 1]));
+    _mm512_storeu_ps(dxl + 16 * b, d);
+    alignas(64) int32_t v[16];
+    _mm512_store_si512(v, s4);
+    for (int g = 0; g < 4; ++g) qs16[4 * b + g] = v[4 * g] + v[4 * g + 1] + v[4 * g + 2] + v[4 * g + 3];
+  }
+}
+
+// pair p of a Q4_K/Q5_K super-block: units 2p (low nibbles of qs[32p..32p+31]) and
+// 2p+1 (high nibbles): element order, 32 bytes each
+inline __m512i k4_pair(const uint8_t* qs, int p) {
+  const __m256i q = _mm256_loadu_si256((const __m256i*)(qs + 32 * p));
+  const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+  return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+}
+
+// 6-bit scales and mins of a Q4_K/Q5_K super-block (blocks.h): [d*sc[0..7], -dmin*mn[0..7]]
+inline __m512 k4_scales(const uint8_t* b) {
+  uint16_t d16, m16;
+  uint32_t w0, w1, w2;
+  std::memcpy(&d16, b, 2);
+  std::memcpy(&m16, b + 2, 2);
+  std::memcpy(&w0, b + 4, 4);
+  std::memcpy(&w1, b + 8, 4);
+  std::memcpy(&w2, b + 12, 4);
+  const uint32_t lo6 = 0x3F3F3F3Fu, lo4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
+  const uint32_t sc03 = w0 & lo6, mn03 = w1 & lo6;
+  const uint32_t sc47 = (w2 & lo4) | (((w0 >> 6) & top2) << 4);
+  const uint32_t mn47 = ((w2 >> 4) & lo4) | (((w1 >> 6) & top2) << 4);
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32((int)mn47, (int)mn03, (int)sc47, (int)sc03)));
+  const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(fp16_to_fp32(d16)), _mm512_set1_ps(-fp16_to_fp32(m16)));
+  return _mm512_mul_ps(v, dd);
+}
+
+// Row lanes: byte i of each 32-bit lane of every 16-row gather below is element i of a
+// 4-element chunk; chunk m of a unit (elements 4m..4m+3) is WGroup chunk j with
+// chunk_elem(j) = 4m.
+constexpr int chunk_of(int m) { return 2 * (m % 4) + m / 4; }
+
+inline __m512i lane_byte(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(255)); }
+
+// Q4_K/Q5_K row lanes: the 8 units of a super-block at b (+ ridx per row) into
+// out[0], out[stride], ... (qh: Q5_K's fifth bits, nullptr for Q4_K)
+inline void k4_rows8(const uint8_t* b, const uint8_t* qs, const uint8_t* qh, __m512i ridx, __mmask16 k, WGroup* out,
+                     int stride) {
+  __m512 D, M;
+  cvt_dm(gather32(b, ridx, k), D, M);
+  const __m512i w0 = gather32(b + 4, ridx, k), w1 = gather32(b + 8, ridx, k), w2 = gather32(b + 12, ridx, k);
+  const __m512i lo6 = _mm512_set1_epi32(0x3F3F3F3F), lo4 = _mm512_set1_epi32(0x0F0F0F0F), top2 = _mm512_set1_epi32(0x03030303);
+  const __m512i sc03 = _mm512_and_si512(w0, lo6), mn03 = _mm512_and_si512(w1, lo6);
+  const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(w2, lo4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), top2), 4));
+  const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), lo4),
+                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), top2), 4));
+  for (int j = 0; j < 8; ++j) {
+    WGroup& g = out[j * stride];
+    g.dw = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_byte(j < 4 ? sc03 : sc47, j % 4)), D);
+    g.mw = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_byte(j < 4 ? mn03 : mn47, j % 4)), _mm512_sub_ps(_mm512_setzero_ps(), M));
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int m = 0; m < 8; ++m) {
+    const __m512i h = qh ? gather32(qh + 4 * m, ridx, k) : _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m512i q = gather32(qs + 32 * c + 4 * m, ridx, k);
+      __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+      if (qh) {
+        const __m512i one = _mm512_set1_epi8(1);
+        lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * c), one), 4));
+        hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * c + 1), one), 4));
+      }
+      out[(2 * c) * stride].w[chunk_of(m)] = lo;
+      out[(2 * c + 1) * stride].w[chunk_of(m)] = hi;
+    }
+  }
+}
+
+struct KSQ4K {
+  static constexpr size_t kBytes = 144;
+  static constexpr bool kMin = true;
+  static constexpr int kOffShift = 0;
+  static constexpr bool kHalves = false;
+  static inline __m512 scales(const uint8_t* b) { return k4_scales(b); }
+  static inline __m512i pair(const uint8_t* b, int p) { return k4_pair(b + 16, p); }
+  static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, int stride) {
+    k4_rows8(b, b + 16, nullptr, ridx, k, out, stride);
+  }
+};
+
+struct KSQ5K {
+  static constexpr size_t kBytes = 176;
+  static constexpr bool kMin = true;
+  static constexpr int kOffShift = 0;
+  static constexpr bool kHalves = false;
+  static inline __m512 scales(const uint8_t* b) { return k4_scales(b); }
+  // fifth bit of element i of unit j: bit j of qh[i]
+  static inline __m512i pair(const uint8_t* b, int p) {
+    const __m512i v = k4_pair(b + 48, p);
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 16)));
+    const __m512i bit = _mm512_mask_blend_epi8((__mmask64)0xFFFFFFFF00000000ull, _mm512_set1_epi8((char)(1 << (2 * p))),
+                                               _mm512_set1_epi8((char)(1 << (2 * p + 1))));
+    return _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(qh, bit), v, _mm512_set1_epi8(16));
+  }
+  static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, int stride) {
+    k4_rows8(b, b + 48, b + 16, ridx, k, out, stride);
+  }
+};
+
+struct KSQ6K {
+  static constexpr size_t kBytes = 210;
+  static constexpr bool kMin = false;
+  static constexpr int kOffShift = 5;  // u = q + 32
+  static constexpr bool kHalves = true;
+  // [d*sc[0..15]], one per 16-group
+  static inline __m512 scales(const uint8_t* b) {
+    uint16_t d16;
+    std::memcpy(&d16, b + 208, 2);
+    const __m512 s = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 192))));
+    return _mm512_mul_ps(s, _mm512_set1_ps(fp16_to_fp32(d16)));
+  }
+  // pair p = 2h + k: elements 64k..64k+63 of half h. Element i of the pair: low nibble k
+  // of ql[64h + i], high bits 2*(2k + i/32) of qh[32h + i%32].
+  static inline __m512i pair(const uint8_t* b, int p) {
+    const int h = p >> 1, k = p & 1;
+    const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(b + 64 * h), 4 * k), _mm512_set1_epi8(0x0F));
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h)));
+    const __m512i cnt = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(4 * k)), _mm512_set1_epi16((short)(4 * k + 2)));
+    const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(qh, cnt), 4), _mm512_set1_epi8(0x30));
+    return _mm512_or_si512(lo, hi);
+  }
+  // unit u = 4h + v: elements 32v..32v+31 of half h; dw / mw: the scales of its two
+  // 16-groups (2u, 2u+1)
+  static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, int stride) {
+    __m512 D, unused;
+    cvt_dm(gather32(b + 208, ridx, k), D, unused);
+    for (int i = 0; i < 4; ++i) {
+      const __m512i sc = gather32(b + 192 + 4 * i, ridx, k);
+      for (int e = 0; e < 4; ++e) {
+        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(sc, 24 - 8 * e), 24)), D);
+        const int g = 4 * i + e;  // 16-group
+        if (g & 1) {
+          out[(g >> 1) * stride].mw = s;
+        } else {
+          out[(g >> 1) * stride].dw = s;
+        }
+      }
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 32; i += 4) {  // elements i..i+3 of each 32-run v of half h
+        const __m512i q0 = gather32(b + 64 * h + i, ridx, k), q1 = gather32(b + 64 * h + 32 + i, ridx, k);
+        const __m512i qh = gather32(b + 128 + 32 * h + i, ridx, k);
+        for (int v = 0; v < 4; ++v) {  // run v: low nibbles of ql[64h + 32(v&1) + i] shifted by 4(v>>1)
+          const __m512i ql = (v & 1) ? q1 : q0;
+          const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(ql, 4 * (v >> 1)), m4);
+          const __m512i hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * v), m2), 4);
+          out[(4 * h + v) * stride].w[chunk_of(i / 4)] = _mm512_or_si512(lo, hi);
+        }
+      }
+  }
+};
+
+// Lane l of pair p -> its scale among the super-block's 16 (16-groups: 4p + l/4; units:
+// 2p + l/8, kPrep.pair_idx).
+struct KTables {
+  alignas(64) int32_t g16[4][16];
+};
+constexpr KTables make_ktables() {
+  KTables t{};
+  for (int p = 0; p < 4; ++p)
+    for (int l = 0; l < 16; ++l) t.g16[p][l] = 4 * p + l / 4;
+  return t;
+}
+inline constexpr KTables kKTab = make_ktables();
+
+template <class KS>
+inline const int32_t* lane_scale_idx(int p) {
+  return KS::kHalves ? kKTab.g16[p] : kPrep.pair_idx[p];
+}
+
+// GEMV tile: rows n0..n0+R-1 of one token.
+template <class KS, int R>
+inline void ks_gemv_tile(const uint8_t* W, size_t rb, int nsb, int n0, const QAct& a, const KAct& k, float* y) {
+  __m512 f[R];
+  for (int r = 0; r < R; ++r) f[r] = _mm512_setzero_ps();
+  for (int sb = 0; sb < nsb; ++sb) {
+    const int8_t* xh = a.q + 256 * (size_t)sb;
+    const uint8_t* xl = a.lo + 256 * (size_t)sb;
+    const float* dxl = k.dxl + 64 * (size_t)sb;
+    const int32_t* qs4 = k.qs4 + 64 * (size_t)sb;
+    const __m512 sx = KS::kMin ? _mm512_insertf32x8(_mm512_setzero_ps(), _mm256_loadu_ps(a.s + 8 * sb), 1)
+                               : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* bp = W + (size_t)(n0 + r) * rb + (size_t)sb * KS::kBytes;
+      prefetch_range(bp + HIPC_PREFETCH_BYTES, KS::kBytes);
+      const __m512 S = KS::scales(bp);
+      __m512 acc = f[r];
+      if constexpr (KS::kMin) acc = _mm512_fmadd_ps(S, sx, acc);  // lanes 8..15: -dmin*mn * s
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m512i w = KS::pair(bp, p);
+        const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xh + 64 * p));
+        __m512i I = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_loadu_si512(xl + 64 * p), w);
+        if constexpr (KS::kOffShift != 0)
+          I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(qs4 + 16 * p), KS::kOffShift));
+        const __m512 sc = _mm512_mul_ps(_mm512_permutexvar_ps(ld_idx(lane_scale_idx<KS>(p)), S), _mm512_loadu_ps(dxl + 16 * p));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), sc, acc);
+      }
+      f[r] = acc;
+    }
+  }
+  if constexpr (R == 4) {
+    _mm_storeu_ps(y + n0, hsum4(f[0], f[1], f[2], f[3]));
+  } else {
+    for (int r = 0; r < R; ++r) y[n0 + r] = _mm512_reduce_add_ps(f[r]);
+  }
+}
+
+// Prefill tile: rows n0.. (V vectors of 16) x tokens t0..t0+C-1, over the slab of
+// prepped units (slab[b * V + v]). Per unit and token: 8 chunks of vpdpbusd on each
+// activation plane, then the unit's scales (Q6_K: one per 16-group, even / odd chunks).
+template <class KS, int V, int C>
+inline void ks_rl_tile(const WGroup* slab, int nb, const QAct& a, const KAct& k, int t0, int n0, int N, float* y,
+                       int ldy) {
+  constexpr int H = KS::kHalves ? 2 : 1;
+  __m512 facc[V][C];
+  for (int v = 0; v < V; ++v)
+    for (int c = 0; c < C; ++c) facc[v][c] = _mm512_setzero_ps();
+  const size_t xstride = (size_t)a.nbp * 32;
+  for (int b = 0; b < nb; ++b) {
+    const WGroup* sb = slab + (size_t)b * V;
+    __m512i acc[H][V][C];
+    for (int h = 0; h < H; ++h)
+      for (int v = 0; v < V; ++v)
+        for (int c = 0; c < C; ++c) acc[h][v][c] = _mm512_setzero_si512();
+    const int8_t* xb = a.q + (size_t)t0 * xstride + 32 * (size_t)b;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      constexpr int hm = H - 1;
+      for (int c = 0; c < C; ++c) {
+        const __m512i xv = _mm512_set1_epi32(load_i32(xb + c * xstride + chunk_elem(j)));
+        for (int v = 0; v < V; ++v) acc[j & hm][v][c] = _mm512_dpbusd_epi32(acc[j & hm][v][c], sb[v].w[j], xv);
+      }
+    }
+    for (int h = 0; h < H; ++h)
+      for (int v = 0; v < V; ++v)
+        for (int c = 0; c < C; ++c) acc[h][v][c] = _mm512_slli_epi32(acc[h][v][c], 8);
+    const int8_t* lb = (const int8_t*)a.lo + (size_t)t0 * xstride + 32 * (size_t)b;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      constexpr int hm = H - 1;
+      for (int c = 0; c < C; ++c) {
+        const __m512i xv = _mm512_set1_epi32(load_i32(lb + c * xstride + chunk_elem(j)));
+        for (int v = 0; v < V; ++v) acc[j & hm][v][c] = _mm512_dpbusd_epi32(acc[j & hm][v][c], xv, sb[v].w[j]);
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const size_t so = (size_t)(t0 + c) * a.nbp + b;
+      const __m512 dx = _mm512_set1_ps(a.d[so]);
+      for (int v = 0; v < V; ++v) {
+        if constexpr (KS::kHalves) {
+          const int32_t* g = k.qs16 + (size_t)(t0 + c) * (k.n4 / 4) + 2 * b;
+          const __m512i i0 = _mm512_sub_epi32(acc[0][v][c], _mm512_set1_epi32(g[0] * (1 << KS::kOffShift)));
+          const __m512i i1 = _mm512_sub_epi32(acc[H - 1][v][c], _mm512_set1_epi32(g[1] * (1 << KS::kOffShift)));
+          facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(sb[v].dw, dx), facc[v][c]);
+          facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(sb[v].mw, dx), facc[v][c]);
+        } else {
+          facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[0][v][c]), _mm512_mul_ps(sb[v].dw, dx), facc[v][c]);
+          facc[v][c] = _mm512_fmadd_ps(sb[v].mw, _mm512_set1_ps(a.s[so]), facc[v][c]);
+        }
+      }
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    const int n = n0 + 16 * v;
+    const __mmask16 km = mask16(N - n);
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + (size_t)(t0 + c) * ldy + n, km, facc[v][c]);
+  }
+}
+
+template <class KS, int V>
+inline void ks_rl_prep(const uint8_t* W, size_t rb, int nsb, int n0, int N, WGroup* slab) {
+  alignas(64) int32_t idx[16];
+  for (int r = 0; r < 16; ++r) idx[r] = (int32_t)(r * rb);
+  const __m512i ridx = _mm512_load_si512(idx);
+  for (int v = 0; v < V; ++v) {
+    const __mmask16 km = mask16(N - (n0 + 16 * v));
+    const uint8_t* base = W + (size_t)(n0 + 16 * v) * rb;
+    for (int sb = 0; sb < nsb; ++sb) {
+      WGroup* out = slab + (size_t)(8 * sb) * V + v;
+      if (km) {
+        KS::rows8(base + (size_t)sb * KS::kBytes, ridx, km, out, V);
+      } else {
+        for (int u = 0; u < 8; ++u) {
+          WGroup& z = out[(size_t)u * V];
+          for (int j = 0; j < 8; ++j) z.w[j] = _mm512_setzero_si512();
+          z.dw = z.mw = _mm512_setzero_ps();
+        }
+      }
+    }
+  }
+}
+
+template <class KS, int V, int C>
+inline void ks_rl_rows(const WGroup* slab, int nb, const QAct& a, const KAct& k, int n0, int N, float* y, int ldy) {
+  int t = 0;
+  for (; t + C <= a.T; t += C) ks_rl_tile<KS, V, C>(slab, nb, a, k, t, n0, N, y, ldy);
+  switch (a.T - t) {  // token tail
+    case 3: if constexpr (C > 3) ks_rl_tile<KS, V, 3>(slab, nb, a, k, t, n0, N, y, ldy); break;
+    case 2: if constexpr (C > 2) ks_rl_tile<KS, V, 2>(slab, nb, a, k, t, n0, N, y, ldy); break;
+    case 1: if constexpr (C > 1) ks_rl_tile<KS, V, 1>(slab, nb, a, k, t, n0, N, y, ldy); break;
+    default: break;
+  }
+}
+
+// Used for quantize_act16_row: isum is the whole sum(q) (unused by these kernels).
+struct KSAct {
+  static constexpr bool kLoOffset = true;
+};
+
+// K-quant matmul with int16 activations. T == 1: GEMV over tiles of kGemvRows rows.
+// T > 1: row lanes, one OpenMP region as q_matmul's: each thread preps a slab of 16V
+// rows (K/32 * V WGroups) once and sweeps all T tokens with it.
+template <class KS>
+inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
+  if (T <= 0 || N <= 0) return;
+  const uint8_t* W = (const uint8_t*)Wv;
+  const int nsb = K / 256, nb = K / 32;
+  const size_t rb = (size_t)nsb * KS::kBytes;
+  const QAct a = alloc_qact(T, K, 0, 2, kact_bytes(T, K));
+  const KAct k = kact(a, T, K);
+  const bool par = (long long)T * N * K >= kParallelMinWork;
+  if (T > 1) {
+    // Q6_K keeps two int32 sums per unit: fewer rows and tokens per tile fit the registers
+    constexpr int V = KS::kHalves ? 2 : kRlVecs, C = KS::kHalves ? 3 : kRlCols;
+    const int ntiles = (N + 16 * V - 1) / (16 * V);
+#pragma omp parallel if (par)
+    {
+#pragma omp for schedule(static)
+      for (int t = 0; t < T; ++t) {
+        quantize_act16_row<KSAct>(x, K, a, t);
+        kact_row(a, k, t);
+      }
+      WGroup* slab = (WGroup*)scratch(1, sizeof(WGroup) * (size_t)nb * V);
+#pragma omp for schedule(static)
+      for (int i = 0; i < ntiles; ++i) {
+        const int n0 = i * 16 * V;
+        ks_rl_prep<KS, V>(W, rb, nsb, n0, N, slab);
+        ks_rl_rows<KS, V, C>(slab, nb, a, k, n0, N, y, ldy);
+      }
+    }
+    return;
+  }
+  quantize_act16_row<KSAct>(x, K, a, 0);
+  kact_row(a, k, 0);
+  constexpr int R = kGemvRows;
+  const int ntiles = (N + R - 1) / R;
+#pragma omp parallel for schedule(static) if (par)
+  for (int i = 0; i < ntiles; ++i) {
+    const int n0 = i * R;
+    if (n0 + R <= N) {
+      ks_gemv_tile<KS, R>(W, rb, nsb, n0, a, k, y);
+    } else {
+      for (int n = n0; n < N; ++n) ks_gemv_tile<KS, 1>(W, rb, nsb, n, a, k, y);
+    }
+  }
+}
+
+}  // namespace detail
+#endif  // HIPC_ISA_AVX512
+
+}  // namespace hipc

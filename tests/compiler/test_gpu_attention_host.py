@@ -1,0 +1,205 @@
+"""The decode attention kernel (templates/hip/attention_decode.hip.j2) run on the host: the
+rendered kernel compiled by a plain C++ compiler with HIPC_HOST_SIMT, each block's threads
+run in step as host threads (shuffles and barriers through a sleeping barrier), the blocks of
+the grid one after another (any order is one the GPU may take), against NumPy in float64.
+tests/gpu runs the same kernel on a GPU; this checks its indexing and merging on a machine
+with none.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from hipc.compiler.codegen.environment import render, template_text
+from hipc.compiler.kernels.attention import AttentionParams, decode_attention
+from hipc.compiler.reference.executor import round_bf16
+from hipc.compiler.targets import GpuTarget
+
+CXX = shutil.which("g++") or shutil.which("clang++")
+EPS = 1e-5
+
+HARNESS = """
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+// a barrier that sleeps (std::barrier spins: hundreds of spinning threads on a few cores)
+struct Barrier {
+  explicit Barrier(int n) : n(n) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(m);
+    const unsigned gen = generation;
+    if (++count == n) {
+      count = 0, ++generation;
+      cv.notify_all();
+    } else {
+      cv.wait(lock, [&] { return generation != gen; });
+    }
+  }
+  int n, count = 0;
+  unsigned generation = 0;
+  std::mutex m;
+  std::condition_variable cv;
+};
+static thread_local int t_id;
+static int g_dim, g_bx, g_by;
+static Barrier* g_bar;  // the block's (hipc_sync)
+static std::vector<Barrier*> g_wbar;  // each wave's (shuffles: waves may run apart)
+static float g_slots[1024];
+int hipc_thread() { return t_id; }
+int hipc_block_dim() { return g_dim; }
+int hipc_block_x() { return g_bx; }
+int hipc_block_y() { return g_by; }
+void hipc_sync() { g_bar->arrive_and_wait(); }
+static float exchange(float v, int from) {
+  Barrier* w = g_wbar[t_id / HIPC_WAVE];
+  g_slots[t_id] = v;
+  w->arrive_and_wait();
+  const float r = g_slots[from];
+  w->arrive_and_wait();
+  return r;
+}
+float hipc_shfl_xor(float v, int m) { return exchange(v, t_id ^ m); }
+float hipc_shfl(float v, int lane) { return exchange(v, t_id / HIPC_WAVE * HIPC_WAVE + lane); }
+template <class F>
+void grid(int gx, int gy, int threads, F kernel) {
+  for (int by = 0; by < gy; ++by)
+    for (int bx = 0; bx < gx; ++bx) {
+      Barrier bar(threads);
+      std::vector<std::unique_ptr<Barrier>> waves;
+      g_wbar.clear();
+      for (int w = 0; w < threads / HIPC_WAVE; ++w) {
+    waves.emplace_back(new Barrier(HIPC_WAVE));
+    g_wbar.push_back(waves.back().get());
+  }
+      g_bar = &bar, g_dim = threads, g_bx = bx, g_by = by;
+      std::vector<std::thread> ts;
+      for (int t = 0; t < threads; ++t) ts.emplace_back([=] { t_id = t; kernel(); });
+      for (auto& th : ts) th.join();
+    }
+}
+"""
+
+# name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, compiled context, p)
+CASES = {
+    "llama_bf16_d128": (4, 2, 128, 0, False, False, "bfloat16", 512, 300),
+    "f32_d64_chunks": (6, 3, 64, 0, False, False, "float32", 1024, 700),
+    "window_f32_d32": (6, 3, 32, 100, False, False, "float32", 1024, 900),
+    "qknorm_d12_bf16": (4, 1, 12, 0, True, False, "bfloat16", 256, 100),
+    "first_token": (4, 1, 64, 0, False, True, "bfloat16", 256, 0),
+}
+
+
+def params(case) -> AttentionParams:
+    NH, NKV, D, window, norm, interleaved, *_ = case
+    return AttentionParams(NH=NH, NKV=NKV, D=D, scale=float(D) ** -0.5, window=window,
+                           interleaved=interleaved, norm_eps=EPS if norm else 0.0)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    if CXX is None:
+        pytest.skip("no C++ compiler")
+    kernels, wrappers = [], []
+    specs = {}
+    for i, (name, case) in enumerate(CASES.items()):
+        k = decode_attention(f"att{i}", params(case), GpuTarget("sm_90"), [name], case[7], case[6])
+        specs[name] = k
+        kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
+        kv = "uint16_t" if case[6] == "bfloat16" else "float"
+        wrappers.append(
+            f'extern "C" void run_{k.fn}(const float* q, const float* k, const float* v, '
+            f"const int* start, const float* qw, const float* kw, const float* c, const float* s, "
+            f"{kv}* kc, {kv}* vc, float* part, unsigned* cnt, float* out) {{\n"
+            f"  grid({k.grid[0]}, {k.grid[1]}, {k.threads}, [=] {{ {k.fn}(q, k, v, start, qw, kw, "
+            f"c, s, kc, vc, part, cnt, out); }});\n}}"
+        )
+    root = tmp_path_factory.mktemp("attention")
+    prelude = template_text("hip/prelude.h").replace("#pragma once", "")
+    src = root / "attention_host.cpp"
+    src.write_text(
+        "#define HIPC_WAVE 32\n#define HIPC_HOST_SIMT\n" + prelude + HARNESS
+        + "\n".join(kernels) + "\n" + "\n".join(wrappers)
+    )  # fmt: skip
+    so = root / "attention_host.so"
+    cmd = [CXX, "-std=c++20", "-O1", "-DHIPC_HOST", "-shared", "-fPIC", "-pthread", str(src)]
+    subprocess.run([*cmd, "-o", str(so)], check=True, capture_output=True, text=True)
+    handle = ctypes.CDLL(str(so))
+    handle.specs = specs
+    return handle
+
+
+def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.ndarray:
+    h = x.shape[-1] // 2
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
+    ra, rb = a * c - b * s, b * c + a * s
+    out = np.empty_like(x)
+    if interleaved:
+        out[..., 0::2], out[..., 1::2] = ra, rb
+    else:
+        out[..., :h], out[..., h:] = ra, rb
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_decode_attention_on_the_host(lib, name):
+    NH, NKV, D, window, norm, interleaved, kv, ctx, p = CASES[name]
+    spec = lib.specs[name]
+    rng = np.random.default_rng(sorted(CASES).index(name))
+    q = rng.standard_normal((NH, D)).astype(np.float32)
+    k = rng.standard_normal((NKV, D)).astype(np.float32)
+    v = rng.standard_normal((NKV, D)).astype(np.float32)
+    qw, kw = (1 + 0.2 * rng.standard_normal((2, D))).astype(np.float32)
+    ang = rng.uniform(0, 2 * np.pi, (ctx, D // 2))
+    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cache = [rng.standard_normal((ctx, NKV, D)).astype(np.float32) for _ in range(2)]
+    for c in cache:
+        c[p:] = np.nan  # position p is this step's to write; nothing past it may be used
+    if kv == "bfloat16":
+        kc, vc = ((round_bf16(c).view(np.uint32) >> 16).astype(np.uint16) for c in cache)
+
+        def widen(a):
+            return (a.astype(np.uint32) << 16).view(np.float32)
+    else:
+        kc, vc = (c.copy() for c in cache)
+
+        def widen(a):
+            return a
+
+    splits = spec.grid[1]
+    partial = np.full(NH * splits * (D + 2), np.nan, np.float32)
+    counters = np.zeros(NH, np.uint32)
+    out = np.full((NH, D), np.nan, np.float32)
+    ptr = ctypes.c_void_p
+    args = [q, k, v, np.array([p], np.int32), qw, kw, cos_t, sin_t, kc, vc, partial, counters]
+    getattr(lib, f"run_{spec.fn}")(*(a.ctypes.data_as(ptr) for a in [*args, out]))
+
+    def normed(x, w):
+        x = x.astype(np.float64)
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + EPS) * w if norm else x
+
+    store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
+    qr = rope(normed(q, qw), cos_t[p], sin_t[p], interleaved)
+    kn = store(rope(normed(k, kw), cos_t[p], sin_t[p], interleaved))
+    vn = store(v)
+    ulp = 2.0**-7 if kv == "bfloat16" else 1e-6
+    np.testing.assert_allclose(widen(kc[p]), kn, rtol=ulp, atol=1e-6)
+    np.testing.assert_array_equal(widen(vc[p]), vn)
+    assert not counters.any()  # every head's merging block reset its counter
+    lo = max(0, p - window + 1) if window else 0
+    keys = np.concatenate([widen(kc[lo:p]), widen(kc[p])[None]]).astype(np.float64)
+    vals = np.concatenate([widen(vc[lo:p]), widen(vc[p])[None]]).astype(np.float64)
+    group = NH // NKV
+    want = np.empty((NH, D))
+    for h in range(NH):
+        sc = keys[:, h // group] @ qr[h] * D**-0.5
+        e = np.exp(sc - sc.max())
+        want[h] = e @ vals[:, h // group] / e.sum()
+    err = float(np.max(np.abs(out - want)) / np.max(np.abs(want)))
+    assert err <= 1e-5, (name, err)
