@@ -781,6 +781,14 @@ def test_kquant_matmul(libs, variant, wtype, extreme):
     _check_kquant(lib, wtype, shapes, extreme)
 
 
+@pytest.mark.parametrize("wtype", KTYPES)
+@pytest.mark.parametrize("variant", ["native", "avx512-novbmi", "scalar"])
+def test_kquant_matmul_small_batch(libs, variant, wtype):
+    """T = 2..7 (a batch's decode step; on AVX512 the GEMV over all T tokens)."""
+    shapes = [(T, K, N) for T in range(2, 8) for K in (256, 768) for N in (5, 10)]
+    _check_kquant(_get(libs, variant), wtype, shapes, extreme=False)
+
+
 @pytest.mark.parametrize("variant", ["native", "scalar"])
 @pytest.mark.parametrize("wtype", KTYPES)
 def test_kquant_embed_row(libs, variant, wtype):
