@@ -106,7 +106,7 @@ class Attention(KernelKind):
     anchors = frozenset({"hipc::CachedAttention"})
     roles = frozenset({"attention:feeder", "attention:flatten", "attention:gate"})
     cpu_signature = CPU
-    gpu_lacks = frozenset({"softcap", "clip", "rot", "out_gate"})
+    gpu_lacks = frozenset({"softcap", "clip"})
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
         for v in n.inputs[:3]:
@@ -210,7 +210,7 @@ class Attention(KernelKind):
         block = max(D // 2, wave)
         rope = g.kernel(
             GpuKernel(f"{k.fn}_rope_kv", "rope_kv", dict(nodes=k.nodes, block=block,
-                      params=rope_sig.render(GPU_INDENT), **kv_ctx, **p.to_json()), [], block)
+                      params=rope_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], block)
         )  # fmt: skip
         # bf16 operands like the GEMMs' (--prefill-precision split: the float32 SIMT kernel)
         fk = (
@@ -221,7 +221,7 @@ class Attention(KernelKind):
         if fk is None:
             attn = g.kernel(
                 GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
-                          params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.to_json()), [], 0)
+                          params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], 0)
             )  # fmt: skip
         else:
             attn, attn_sig = g.kernel(fk), flash_signature(kv)
@@ -406,7 +406,7 @@ def flash_attention(
         pipelined=pipelined,
         params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
         **kv_ctx,
-        **p.to_json(),
+        **p.context(),
     )
     # q (then P), and K and V (twice, pipelined) in bf16, rows padded
     shared = (FLASH_BQ + (4 if pipelined else 2) * 64) * (p.D + 8) * 2
@@ -435,7 +435,7 @@ def decode_attention(
         splits=splits,
         params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
         **kv_ctx,
-        **p.to_json(),
+        **p.context(),
     )
     return GpuKernel(f"{fn}_decode", "attention_decode", ctx, [p.NH, splits], waves * wave)
 

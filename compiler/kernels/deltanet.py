@@ -10,8 +10,12 @@ epilogue (`deltanet:gate`). The kernel reads the projections' outputs (q/k/v con
 
 CPU: templates/cpu/deltanet.cpp.j2: the conv for all tokens, then per value head (in
 parallel) the recurrence for one token (decode) or the chunked form for several (prefill).
+GPU: templates/hip/deltanet.hip.j2, one kernel per layer step, decode and prefill alike: a
+block per key head (its value heads share its q/k conv channels, so each conv window has one
+owner), a thread per state column held in registers, the step's tokens through the
+recurrence in order (no chunked matrix form on the GPU yet).
 Qwen3-Next's projections packed per key head (HF's in_proj_qkvz and in_proj_ba, which the
-graph unpacks with Reshape/Split/Concat) are read where they are. No GPU kernel yet.
+graph unpacks with Reshape/Split/Concat) are read where they are.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 from hipc.compiler.ir import Graph, Node
 from hipc.compiler.kernels.base import (
     CPU_INDENT,
+    GPU_INDENT,
     FusionError,
+    GpuKernel,
     KernelKind,
     Params,
     SelectedKernel,
@@ -31,6 +37,7 @@ from hipc.compiler.kernels.base import (
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
+    from hipc.compiler.codegen.hip import GpuProgramBuilder
     from hipc.compiler.passes.fuse import FusedGroup, Proposals
 
 # ops between the in-projections and the delta rule that the kernel computes
@@ -80,6 +87,41 @@ int T, const float* x, int ldx, const float* z, int ldz, const float* b, int ldb
 const float* a, int lda, const void* conv_w, const float* A, const float* dt_bias,
 const float* norm_w, float* conv_state, float* ssm_state, float* y, int ldy
 """)
+
+GPU = Signature.parse("""
+int T, const float* __restrict__ x, int ldx, const float* __restrict__ z, int ldz,
+const float* __restrict__ b, int ldb, const float* __restrict__ a, int lda, const void* conv_w,
+const float* __restrict__ A, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
+float* conv_state, float* ssm_state, float* __restrict__ y, int ldy
+""")
+MAX_GPU_THREADS = 1024
+MAX_GPU_ROWS = 64  # state rows a lane holds in registers
+
+
+def gpu_lanes(p: DeltaNetParams) -> int:
+    """Lanes per state column: split while a lane would hold more than MAX_GPU_ROWS rows and
+    the block stays within MAX_GPU_THREADS."""
+    lanes, cols = 1, (p.NV // p.NK) * p.DV
+    while p.DK // lanes > MAX_GPU_ROWS and p.DK % (2 * lanes) == 0:
+        if cols * 2 * lanes > MAX_GPU_THREADS:
+            break
+        lanes *= 2
+    return lanes
+
+
+def gpu_threads(p: DeltaNetParams, wave: int) -> int:
+    """The GPU block: `gpu_lanes` per state column of the key head's value heads, whole waves."""
+    return -(-(p.NV // p.NK) * p.DV * gpu_lanes(p) // wave) * wave
+
+
+def gpu_kernel(fn: str, p: DeltaNetParams, wave: int, nodes: list[str]) -> GpuKernel:
+    """The layer's one GPU kernel (templates/hip/deltanet.hip.j2): grid = key heads."""
+    threads = gpu_threads(p, wave)
+    ctx = dict(
+        nodes=nodes, threads=threads, lanes=gpu_lanes(p), params=GPU.render(GPU_INDENT),
+        **p.context(),
+    )  # fmt: skip
+    return GpuKernel(fn, "deltanet", ctx, [p.NK], threads)
 
 
 def _is_projection(graph: Graph, value: str) -> bool:
@@ -284,6 +326,21 @@ class DeltaNet(KernelKind):
             **{n: b.ref(r[n]) for n in ("conv_w", "A", "dt_bias", "norm_w")},
             **{n: b.ref(r[n]) for n in ("conv_state", "ssm_state")},
         }
+
+    # -- GPU --
+
+    def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
+        p: DeltaNetParams = k.params
+        dk = gpu_kernel(k.fn, p, g.target.wave, k.nodes)
+        if dk.threads > MAX_GPU_THREADS:
+            raise FusionError(
+                f"{k.group}: {p.NV // p.NK} value heads x {p.DV} per key head need {dk.threads} "
+                f"threads, over the GPU deltanet block's {MAX_GPU_THREADS}"
+            )
+        fn = g.kernel(dk)
+        args = self.cpu_call(k, b)
+        for step in ("decode", "prefill"):
+            g.launch(step, k.group, fn, dk.grid, [dk.threads], GPU, args, overlap=step == "decode")
 
 
 KIND = DeltaNet()

@@ -12,8 +12,9 @@ launch) and computes silu(gate) * up for the k routed experts' rows only; `_down
 each output's k expert rows as one row against the k activations, scales each expert's part
 by its weight, and adds the residual (the sum is complete in one lane: no atomics). Prefill
 groups the (token, slot) pairs by expert on the device (count, prefix sum, scatter) and runs
-a grouped SIMT GEMM over tiles that never straddle two experts, then a combine kernel adds
-each token's k rows in a fixed order.
+a grouped GEMM over tiles that never straddle two experts (bf16 experts on the matrix
+instructions, moe_mma.hip.j2 after linear_mma's pipeline; other types SIMT, dequantized on
+load), then a combine kernel adds each token's k rows in a fixed order.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from hipc.compiler.kernels.base import (
     SelectedKernel,
     Signature,
 )
+from hipc.compiler.kernels.linear import MmaTile
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
@@ -105,6 +107,35 @@ TILE = 64  # the prefill GEMM's rows (token, slot pairs) and outputs per tile
 XQ_BLOCK_BYTES = 80  # x staged per 32 values as int8 hi + lo (prelude: hipc_xq<true>::INTS * 4)
 
 
+# The grouped prefill GEMMs on matrix instructions (bf16 experts), linear_mma's pipeline on
+# tiles of TILE rows (an expert's rows rarely fill 128): 64 rows x 128 weight rows a block,
+# 256 threads, every wave's columns an even number of MMA tiles (gate and up halves).
+MOE_MMA_TILES = {
+    **dict.fromkeys(
+        ("sm_80", "sm_89", "sm_90"),
+        MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", TILE, 128, 32, 2, 4),
+    ),
+    **dict.fromkeys(
+        ("gfx1100", "gfx1101", "gfx1151"),
+        MmaTile("HIPC_MMA_WMMA", "v_wmma_f32_16x16x16_bf16", TILE, 128, 16, 2, 4),
+    ),
+    **dict.fromkeys(
+        ("gfx90a", "gfx942"),
+        MmaTile("HIPC_MMA_MFMA", "v_mfma_f32_16x16x16_bf16", TILE, 128, 32, 1, 4),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class GroupedGemm:
+    """One prefill GEMM launch over the tile list: kernel name, grid.x, threads, shared bytes."""
+
+    kernel: str
+    blocks_x: int
+    threads: int
+    shared: int = 0
+
+
 @dataclass(frozen=True)
 class MoEGpu:
     """The GPU kernels of one moe kernel and their launch geometry."""
@@ -117,6 +148,9 @@ class MoEGpu:
     up_shared: int  # dynamic shared bytes of _up / _down (x / act staged, quantized types)
     down_shared: int
     max_tiles: int  # the prefill GEMMs' grid.y: tiles there can be for max_tokens tokens
+    mma: GpuKernel | None  # renders {fn}_gate_up and {fn}_down on matrix instructions
+    gate_up: GroupedGemm  # the prefill GEMMs launched (SIMT, or those of `mma`)
+    down: GroupedGemm
 
     def scratch(self, max_tokens: int, p: MoEParams) -> dict[str, int]:
         pairs = max_tokens * p.top_k
@@ -175,11 +209,15 @@ def gpu_kernels(
         [up_blocks],
         threads,
     )
+    tile = MOE_MMA_TILES.get(target.arch)
+    if p.wtype != "bfloat16" or p.H % 8 or p.F % 8:
+        tile = None  # the instructions take bf16 weights as stored, 16 bytes at a time
     prefill = GpuKernel(
         f"{fn}_prefill",
         "moe_prefill",
         dict(
             common,
+            mma=tile is not None,
             bm=TILE,
             bn=TILE,
             max_tiles=tiles,
@@ -192,6 +230,33 @@ def gpu_kernels(
         [],
         256,
     )
+    mma = None
+    gate_up = GroupedGemm(f"{prefill.fn}_gate_up", -(-p.F // TILE), 256)
+    down = GroupedGemm(f"{prefill.fn}_down", -(-p.H // TILE), 256)
+    if tile is not None:
+        mma = GpuKernel(
+            f"{fn}_mma",
+            "moe_mma",
+            dict(
+                common,
+                instruction=tile.instruction,
+                bm=tile.bm,
+                bn=tile.bn,
+                bk=tile.bk,
+                wm=tile.wm,
+                wn=tile.wn,
+                min_blocks=tile.min_blocks,
+                max_tiles=tiles,
+                gate_up_params=GATE_UP.render(GPU_INDENT + 8),
+                down_params=PREFILL_DOWN.render(GPU_INDENT + 5),
+            ),
+            [],
+            tile.wm * tile.wn * wave,
+            tile.shared_bytes(),
+        )
+        threads_mma, smem = tile.wm * tile.wn * wave, tile.shared_bytes()
+        gate_up = GroupedGemm(f"{mma.fn}_gate_up", -(-p.F // (tile.bn // 2)), threads_mma, smem)
+        down = GroupedGemm(f"{mma.fn}_down", -(-p.H // tile.bn), threads_mma, smem)
     return MoEGpu(
         decode,
         prefill,
@@ -201,6 +266,9 @@ def gpu_kernels(
         p.H // 32 * XQ_BLOCK_BYTES if quant else 0,
         p.top_k * p.F // 32 * XQ_BLOCK_BYTES if quant else 0,
         tiles,
+        mma,
+        gate_up,
+        down,
     )
 
 
@@ -321,6 +389,8 @@ class MoE(KernelKind):
         m = self._gpu(k, g)
         g.kernel(ROUTING)
         dec, pre = g.kernel(m.decode), g.kernel(m.prefill)
+        if m.mma is not None:
+            g.kernel(m.mma)
         s = {name: b.scratch(g.scratch(name)) for name in m.scratch(g.max_tokens, p)}
         x, y, res = b.act(r["x"][1]), b.act(r["y"][1]), b.ref(r["res"])
         logits = b.act(r["logits"][1])
@@ -340,12 +410,13 @@ class MoE(KernelKind):
         g.launch("prefill", k.group, f"{pre}_group", [1], [1024], GROUP,
                  {"route_ids": s["moe_ids"], "T": b.int("T"), "src": s["moe_src"],
                   "pos": s["moe_pos"], "tiles": s["moe_tiles"]})  # fmt: skip
-        g.launch("prefill", k.group, f"{pre}_gate_up", [-(-p.F // TILE), m.max_tiles], [256],
+        gu, dn = m.gate_up, m.down
+        g.launch("prefill", k.group, gu.kernel, [gu.blocks_x, m.max_tiles], [gu.threads],
                  GATE_UP, {"x": x, "src": s["moe_src"], "tiles": s["moe_tiles"], "gate": gate,
-                           "up": up, "act": s["moe_act"]})  # fmt: skip
-        g.launch("prefill", k.group, f"{pre}_down", [-(-p.H // TILE), m.max_tiles], [256],
+                           "up": up, "act": s["moe_act"]}, shared=gu.shared)  # fmt: skip
+        g.launch("prefill", k.group, dn.kernel, [dn.blocks_x, m.max_tiles], [dn.threads],
                  PREFILL_DOWN, {"act": s["moe_act"], "tiles": s["moe_tiles"], "down": down,
-                                "out": s["moe_out"]})  # fmt: skip
+                                "out": s["moe_out"]}, shared=dn.shared)  # fmt: skip
         g.launch("prefill", k.group, f"{pre}_combine", ["T"], [256], COMBINE,
                  {"out": s["moe_out"], "pos": s["moe_pos"], "route_w": s["moe_w"], "res": res,
                   "y": y})  # fmt: skip

@@ -93,13 +93,24 @@ CASES = {
     "window_f32_d32": (6, 3, 32, 100, False, False, "float32", 1024, 900),
     "qknorm_d12_bf16": (4, 1, 12, 0, True, False, "bfloat16", 256, 100),
     "first_token": (4, 1, 64, 0, False, True, "bfloat16", 256, 0),
+    # Qwen3.5/3-Next: q rows [query | gate] per head, output * sigmoid(gate), RoPE on the
+    # first rot dims (the trailing two fields: rot, out_gate)
+    "gated_partial_d64_f32": (5, 5, 64, 0, True, False, "float32", 512, 77, 16, True),
+    "partial_interleaved_bf16": (6, 2, 64, 0, False, True, "bfloat16", 256, 40, 32, False),
 }
+
+
+def switches(case) -> tuple[int, bool]:
+    """(rot, out_gate) of a case: 0 (all dims rotate) and no gate unless it names them."""
+    return tuple(case[9:11]) if len(case) > 9 else (0, False)
 
 
 def params(case) -> AttentionParams:
     NH, NKV, D, window, norm, interleaved, *_ = case
+    rot, gate = switches(case)
     return AttentionParams(NH=NH, NKV=NKV, D=D, scale=float(D) ** -0.5, window=window,
-                           interleaved=interleaved, norm_eps=EPS if norm else 0.0)  # fmt: skip
+                           interleaved=interleaved, norm_eps=EPS if norm else 0.0, rot=rot,
+                           out_gate=gate)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -149,14 +160,17 @@ def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.n
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_decode_attention_on_the_host(lib, name):
-    NH, NKV, D, window, norm, interleaved, kv, ctx, p = CASES[name]
+    NH, NKV, D, window, norm, interleaved, kv, ctx, p = CASES[name][:9]
+    rot, gated = switches(CASES[name])
+    r = rot or D
     spec = lib.specs[name]
     rng = np.random.default_rng(sorted(CASES).index(name))
-    q = rng.standard_normal((NH, D)).astype(np.float32)
+    q_in = rng.standard_normal((NH, 2 * D if gated else D)).astype(np.float32)
+    q = q_in[:, :D]
     k = rng.standard_normal((NKV, D)).astype(np.float32)
     v = rng.standard_normal((NKV, D)).astype(np.float32)
     qw, kw = (1 + 0.2 * rng.standard_normal((2, D))).astype(np.float32)
-    ang = rng.uniform(0, 2 * np.pi, (ctx, D // 2))
+    ang = rng.uniform(0, 2 * np.pi, (ctx, r // 2))
     cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
     cache = [rng.standard_normal((ctx, NKV, D)).astype(np.float32) for _ in range(2)]
     for c in cache:
@@ -177,7 +191,7 @@ def test_decode_attention_on_the_host(lib, name):
     counters = np.zeros(NH, np.uint32)
     out = np.full((NH, D), np.nan, np.float32)
     ptr = ctypes.c_void_p
-    args = [q, k, v, np.array([p], np.int32), qw, kw, cos_t, sin_t, kc, vc, partial, counters]
+    args = [q_in, k, v, np.array([p], np.int32), qw, kw, cos_t, sin_t, kc, vc, partial, counters]
     getattr(lib, f"run_{spec.fn}")(*(a.ctypes.data_as(ptr) for a in [*args, out]))
 
     def normed(x, w):
@@ -185,8 +199,14 @@ def test_decode_attention_on_the_host(lib, name):
         return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + EPS) * w if norm else x
 
     store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
-    qr = rope(normed(q, qw), cos_t[p], sin_t[p], interleaved)
-    kn = store(rope(normed(k, kw), cos_t[p], sin_t[p], interleaved))
+
+    def rotated(x):
+        x = x.copy()
+        x[..., :r] = rope(x[..., :r], cos_t[p], sin_t[p], interleaved)
+        return x
+
+    qr = rotated(normed(q, qw))
+    kn = store(rotated(normed(k, kw)))
     vn = store(v)
     ulp = 2.0**-7 if kv == "bfloat16" else 1e-6
     np.testing.assert_allclose(widen(kc[p]), kn, rtol=ulp, atol=1e-6)
@@ -201,5 +221,7 @@ def test_decode_attention_on_the_host(lib, name):
         sc = keys[:, h // group] @ qr[h] * D**-0.5
         e = np.exp(sc - sc.max())
         want[h] = e @ vals[:, h // group] / e.sum()
+    if gated:
+        want = want / (1 + np.exp(-q_in[:, D:].astype(np.float64)))
     err = float(np.max(np.abs(out - want)) / np.max(np.abs(want)))
     assert err <= 1e-5, (name, err)

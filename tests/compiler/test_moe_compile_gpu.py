@@ -4,7 +4,8 @@ gfx942 (compiler/kernels/moe.py's GPU half, templates/hip/moe_*.hip.j2).
 The code objects must hold every kernel the plans launch; a sparse layer's decode is the lone
 norm, the router GEMV and two expert kernels (routing happens on the device, inside the
 captured graph), its prefill the device-side grouping chain; Q4_0 experts stay quantized and
-their decode kernels multiply int8 (dp4a / v_dot4); Qwen2-MoE's shared expert follows as a
+their decode kernels multiply int8 (dp4a / v_dot4), bf16 experts prefill on the matrix
+instructions; Qwen2-MoE's shared expert follows as a
 GLU GEMV and a down GEMV with the gated residual (sigmoid of the router's extra column). The routing's tie order is checked on
 the host (test_moe_route_host.py) and the kernels run on the GPU machine (tests/gpu).
 """
@@ -16,7 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_compile_gpu import DOT4_INSTRUCTION, compiled, kernel_code, launched_kernels
+from test_compile_gpu import (
+    DOT4_INSTRUCTION,
+    MMA_INSTRUCTION,
+    compiled,
+    kernel_code,
+    launched_kernels,
+)
 
 from gguf_writer import write_gguf
 
@@ -50,6 +57,14 @@ def q4(tmp_path_factory):
 def shared(tmp_path_factory):
     root = tmp_path_factory.mktemp("shared")
     make_moe_model("qwen2_moe-e11-k3-shared-norm-step2").save_pretrained(root / "src")
+    return compiled(root, root / "src", TARGETS)
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("bf16")
+    make_moe_model("mixtral-e8-k1").to(torch.bfloat16).save_pretrained(root / "src")
     return compiled(root, root / "src", TARGETS)
 
 
@@ -99,3 +114,15 @@ def test_quantized_experts_decode_on_int8_dot_products(q4, target):
     moe = [k for k in code if k.startswith("moe_") and k.endswith(("_up", "_down"))]
     moe = [k for k in moe if "_decode_" in k]
     assert len(moe) == 2 and all(DOT4_INSTRUCTION[target] in code[k] for k in moe)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_bf16_experts_prefill_on_matrix_instructions(bf16, q4, target):
+    code = kernel_code(bf16, target)
+    gemms = [x for x in steps(bf16, target)["prefill"] if x["group"] == "l0.moe"][2:4]
+    assert [x["kernel"].rsplit("_mma_", 1)[-1] for x in gemms] == ["gate_up", "down"]
+    assert all(MMA_INSTRUCTION[target] in code[x["kernel"]] for x in gemms)
+    assert all(x["shared"] > 0 for x in gemms)
+    # quantized experts stay on the SIMT tiles
+    q4_gemms = [x["kernel"] for x in steps(q4, target)["prefill"] if x["group"] == "l0.moe"]
+    assert not any("_mma_" in k for k in q4_gemms)

@@ -191,7 +191,17 @@ ATTENTIONS = {
     "window_f32": (6, 3, 32, 100, False, False, "float32", 1024, 900),
     "first_token": (4, 1, 64, 0, False, False, "bfloat16", 256, 0),
     "head_dim_12_qknorm": (4, 1, 12, 0, True, False, "bfloat16", 512, 200),
+    # Qwen3.5/3-Next: q rows [query | gate] per head, output * sigmoid(gate), RoPE on the
+    # first rot dims (the trailing two fields: rot, out_gate)
+    "qwen35_gated_partial_bf16": (16, 2, 256, 0, True, False, "bfloat16", 4096, 1500, 64, True),
+    "gated_partial_odd_f32": (5, 5, 64, 0, True, False, "float32", 512, 77, 16, True),
+    "partial_interleaved_bf16": (6, 2, 64, 0, False, True, "bfloat16", 256, 40, 32, False),
 }
+
+
+def switches(case) -> tuple[int, bool]:
+    """(rot, out_gate) of a case: 0 (all dims rotate) and no gate unless it names them."""
+    return tuple(case[9:11]) if len(case) > 9 else (0, False)
 
 
 def attention_params(case) -> AttentionParams:
@@ -204,6 +214,8 @@ def attention_params(case) -> AttentionParams:
         window=window,
         interleaved=interleaved,
         norm_eps=EPS if norm else 0.0,
+        rot=switches(case)[0],
+        out_gate=switches(case)[1],
     )
 
 
@@ -239,13 +251,16 @@ def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.n
 
 @pytest.mark.parametrize("name", sorted(ATTENTIONS))
 def test_decode_attention_matches_numpy(attentions, name):
-    NH, NKV, D, window, norm, interleaved, kv, ctx, p = ATTENTIONS[name]
+    NH, NKV, D, window, norm, interleaved, kv, ctx, p = ATTENTIONS[name][:9]
+    rot, gated = switches(ATTENTIONS[name])
+    r = rot or D
     rng = np.random.default_rng(100 + sorted(ATTENTIONS).index(name))
-    q = rng.standard_normal((NH, D)).astype(np.float32)
+    q_in = rng.standard_normal((NH, 2 * D if gated else D)).astype(np.float32)
+    q = q_in[:, :D]
     k = rng.standard_normal((NKV, D)).astype(np.float32)
     v = rng.standard_normal((NKV, D)).astype(np.float32)
     qw, kw = (1 + 0.2 * rng.standard_normal((2, D))).astype(np.float32)
-    ang = rng.uniform(0, 2 * np.pi, (ctx, D // 2))
+    ang = rng.uniform(0, 2 * np.pi, (ctx, r // 2))
     cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
     cache = [rng.standard_normal((ctx, NKV, D)).astype(np.float32) for _ in range(2)]
     for c in cache:
@@ -257,8 +272,13 @@ def test_decode_attention_matches_numpy(attentions, name):
         x = x.astype(np.float64)
         return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + EPS) * w if norm else x
 
-    qr = rope(normed(q, qw), cos_t[p], sin_t[p], interleaved)
-    kn = store(rope(normed(k, kw), cos_t[p], sin_t[p], interleaved))
+    def rotated(x):
+        x = x.copy()
+        x[..., :r] = rope(x[..., :r], cos_t[p], sin_t[p], interleaved)
+        return x
+
+    qr = rotated(normed(q, qw))
+    kn = store(rotated(normed(k, kw)))
     vn = store(v)
 
     spec = attentions.specs[name]
@@ -275,7 +295,7 @@ def test_decode_attention_matches_numpy(attentions, name):
         counters = dev.upload(np.zeros(NH, np.uint32))
         out = dev.poisoned(NH * D)
         args = [
-            dev.upload(q),
+            dev.upload(q_in),
             dev.upload(k),
             dev.upload(v),
             dev.upload(np.array([p], np.int32)),
@@ -320,6 +340,8 @@ def test_decode_attention_matches_numpy(attentions, name):
         sc = keys[:, h // group] @ qr[h] * D**-0.5
         e = np.exp(sc - sc.max())
         want[h] = e @ vals[:, h // group] / e.sum()
+    if gated:
+        want = want / (1 + np.exp(-q_in[:, D:].astype(np.float64)))
     assert rel_err(got, want) <= 1e-5, (name, rel_err(got, want))
 
 

@@ -44,12 +44,26 @@ CASES = {
     "window_bf16": (6, 3, 32, 100, False, False, "bfloat16", 50, 257),
     "window_f32_d128": (8, 8, 128, 64, False, False, "float32", 0, 200),
     "one_token": (4, 1, 64, 0, False, False, "bfloat16", 5, 1),
+    # Qwen3.5/3-Next: RoPE on the first 16 of 64 dims (or 32 of 128), q rows [query | gate]
+    # per head and the output times sigmoid(gate); odd head counts
+    "gated_partial_bf16": (5, 1, 64, 0, True, False, "bfloat16", 30, 150, 16, True),
+    "gated_partial_f32_d128": (3, 3, 128, 0, True, False, "float32", 0, 70, 32, True),
+    "partial_interleaved_f32": (4, 2, 64, 0, False, True, "float32", 3, 40, 48, False),
 }
+
+
+def switches(case) -> tuple[int, bool]:
+    """(rot, out_gate) of a case: 0 (all dims rotate) and no gate unless it names them."""
+    return tuple(case[9:11]) if len(case) > 9 else (0, False)
 
 
 def params(case) -> AttentionParams:
     NH, NKV, D, window, norm, interleaved, *_ = case
-    return AttentionParams(NH, NKV, D, float(D) ** -0.5, window, interleaved, EPS if norm else 0.0)
+    rot, gate = switches(case)
+    return AttentionParams(
+        NH, NKV, D, float(D) ** -0.5, window, interleaved, EPS if norm else 0.0, rot=rot,
+        out_gate=gate,
+    )  # fmt: skip
 
 
 def kernel_specs(arch: str) -> dict:
@@ -71,7 +85,7 @@ def kernel_specs(arch: str) -> dict:
             waves=ATTN_WAVES,
             params=prefill_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
             **kv_ctx,
-            **p.to_json(),
+            **p.context(),
         )
         specs[name, "simt"] = GpuKernel(f"s{i}", "attention", ctx, [], 0)
     return specs
@@ -106,16 +120,18 @@ def rope(x, c, s, interleaved):
 @pytest.mark.parametrize("variant", ["flash", "flash_pipelined", "simt"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_prefill_attention_matches_numpy(kernels, name, variant):
-    NH, NKV, D, window, norm, interleaved, kv, start, T = CASES[name]
+    NH, NKV, D, window, norm, interleaved, kv, start, T = CASES[name][:9]
+    rot, gated = switches(CASES[name])
+    QW = 2 * D if gated else D  # q's head stride
     spec = kernels.specs.get((name, variant))
     if spec is None:
         pytest.skip(f"{kernels.arch}: no {variant} prefill attention for this shape")
     rng = np.random.default_rng(300 + sorted(CASES).index(name))
     ctx = start + T + 70
-    ldq = NH * D + 40  # q is a column view of the qkv projection's output
+    ldq = NH * QW + 40  # q is a column view of the qkv projection's output
     q = rng.standard_normal((T, ldq)).astype(np.float32) * 2
     qw = (1 + 0.2 * rng.standard_normal(D)).astype(np.float32)
-    ang = rng.uniform(0, 2 * np.pi, (ctx, D // 2))
+    ang = rng.uniform(0, 2 * np.pi, (ctx, (rot or D) // 2))
     cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
     store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
     kc, vc = (store(rng.standard_normal((ctx, NKV, D)).astype(np.float32) * 2) for _ in range(2))
@@ -149,11 +165,12 @@ def test_prefill_attention_matches_numpy(kernels, name, variant):
     finally:
         kernels.free()
 
-    qh = q[:, : NH * D].reshape(T, NH, D).astype(np.float64)
+    qh = q[:, : NH * QW].reshape(T, NH, QW)[..., :D].astype(np.float64)
     if norm:
         qh = qh / np.sqrt(np.mean(qh * qh, -1, keepdims=True) + EPS) * qw
     pos = start + np.arange(T)
-    qh = rope(qh, cos_t[pos][:, None], sin_t[pos][:, None], interleaved)
+    r = rot or D
+    qh[..., :r] = rope(qh[..., :r], cos_t[pos][:, None], sin_t[pos][:, None], interleaved)
     want = np.empty((T, NH, D))
     group = NH // NKV
     for t in range(T):
@@ -164,6 +181,9 @@ def test_prefill_attention_matches_numpy(kernels, name, variant):
             sc = keys[:, h // group] @ qh[t, h] * D**-0.5
             e = np.exp(sc - sc.max())
             want[t, h] = e @ vals[:, h // group] / e.sum()
+    if gated:
+        gate = q[:, : NH * QW].reshape(T, NH, QW)[..., D:].astype(np.float64)
+        want = want / (1 + np.exp(-gate))
     want = want.reshape(T, NH * D)
     assert not np.isnan(got).any(), (name, variant, "outputs left unwritten")
     bar = 1e-5 if variant == "simt" else 5e-3

@@ -1,0 +1,83 @@
+"""The GPU Gated DeltaNet kernel (templates/hip/deltanet.hip.j2) run on the host: rendered as
+compiler/kernels/deltanet.py renders it, compiled by a plain C++ compiler with HIPC_HOST_SIMT,
+each block's threads run in step as host threads (test_gpu_attention_host.py's harness:
+shuffles and barriers through sleeping barriers), the key-head blocks one after another.
+The cases and their NumPy check are tests/deltanet_cases.py's, which tests/gpu runs on a
+device: grouped and tiled value heads, odd head counts, Qwen3-Next's packing, 1, 2 and 4
+lanes per state column, for a wave of 32 and of 64.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+
+import numpy as np
+import pytest
+from deltanet_cases import CASES, check_steps, params
+from test_gpu_attention_host import CXX, HARNESS
+
+from hipc.compiler.codegen.environment import render, template_text
+from hipc.compiler.kernels.deltanet import GPU, gpu_kernel
+
+HOST_CASES = ["grouped_odd", "tiled_bf16", "next_packed_f16", "one_tap", "dk256_four_lanes"]
+
+
+class HostKernels:
+    """tests/gpu_kernels.DeviceKernels' interface over host memory and the compiled kernels."""
+
+    def __init__(self, lib, specs) -> None:
+        self.lib, self.specs, self.keep = lib, specs, []
+
+    def upload(self, a: np.ndarray) -> int:
+        a = np.array(a, copy=True, order="C")
+        self.keep.append(a)
+        return a.ctypes.data
+
+    def poisoned(self, shape) -> int:
+        return self.upload(np.full(shape, np.nan, np.float32))
+
+    def launch(self, name, grid, block, args, shared=0) -> None:
+        conv = [ctypes.c_int(v) if k == "i32" else ctypes.c_void_p(v or None) for k, v in args]
+        getattr(self.lib, f"run_{name}")(*conv)
+
+    def read(self, ptr: int, shape, dtype=np.float32) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        ctypes.memmove(out.ctypes.data, ptr, out.nbytes)
+        return out
+
+    def free(self) -> None:
+        self.keep = []
+
+
+@pytest.fixture(scope="module", params=[32, 64])
+def kernels(request, tmp_path_factory):
+    if CXX is None:
+        pytest.skip("no C++ compiler")
+    wave = request.param
+    sources, wrappers, specs = [], [], {}
+    names = ", ".join(a.name for a in GPU.args)
+    for name in HOST_CASES:
+        k = gpu_kernel(f"dn_{name}", params(CASES[name]), wave, [name])
+        specs[name] = (k.fn, k.threads)
+        sources.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
+        wrappers.append(
+            f'extern "C" void run_{k.fn}({GPU.render(0)}) {{\n'
+            f"  grid({k.grid[0]}, 1, {k.threads}, [=] {{ {k.fn}({names}); }});\n}}"
+        )
+    root = tmp_path_factory.mktemp(f"deltanet{wave}")
+    prelude = template_text("hip/prelude.h").replace("#pragma once", "")
+    src = root / "deltanet_host.cpp"
+    src.write_text(
+        f"#define HIPC_WAVE {wave}\n#define HIPC_HOST_SIMT\n" + prelude + HARNESS
+        + "#define __launch_bounds__(n)\n" + "\n".join(sources) + "\n" + "\n".join(wrappers)
+    )  # fmt: skip
+    so = root / "deltanet_host.so"
+    cmd = [CXX, "-std=c++20", "-O1", "-DHIPC_HOST", "-shared", "-fPIC", "-pthread", str(src)]
+    subprocess.run([*cmd, "-o", str(so)], check=True, capture_output=True, text=True)
+    return HostKernels(ctypes.CDLL(str(so)), specs)
+
+
+@pytest.mark.parametrize("name", HOST_CASES)
+def test_deltanet_kernel_on_the_host(kernels, name):
+    check_steps(kernels, name)

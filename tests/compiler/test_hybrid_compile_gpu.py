@@ -1,0 +1,68 @@
+"""Qwen3.5 / Qwen3.5-MoE / Qwen3-Next hybrids compiled for GPU targets without a GPU: nvcc
+for sm_90, clang for gfx1100 and gfx942 (compiler/kernels/deltanet.py's GPU half,
+templates/hip/deltanet.hip.j2; the attention kernels' partial RoPE and output gate).
+
+The code objects must hold every kernel the plans launch; each linear-attention layer is one
+deltanet launch per step, decode and prefill alike (a block per key head, a thread per state
+column of its value heads); the full-attention layers launch the gated, partially rotating
+attention kernels (sm_90 prefill: the flash kernel under the default bf16 policy). The
+kernels run on the GPU machine (tests/gpu/test_deltanet_gpu.py, test_compiled_hybrid_gpu.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_compile_gpu import compiled, kernel_code, launched_kernels
+
+from support import HYBRID_FAMILIES, make_hybrid_hf
+
+pytestmark = pytest.mark.oracle
+TARGETS = ("sm_90", "gfx1100", "gfx942")
+WAVE = {"sm_90": 32, "gfx1100": 32, "gfx942": 64}
+
+
+@pytest.fixture(scope="module", params=sorted(HYBRID_FAMILIES))
+def hybrid(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    model = make_hybrid_hf(request.param, root / "src")
+    return request.param, model.config, compiled(root, root / "src", TARGETS)
+
+
+def plan_steps(artifact, target):
+    return json.loads((artifact / "plan.json").read_text())["targets"][target]["steps"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_hybrid_kernels_in_every_code_object(hybrid, target):
+    _, _, art = hybrid
+    assert launched_kernels(art, target) <= set(kernel_code(art, target))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_one_deltanet_launch_per_linear_layer_step(hybrid, target):
+    family, cfg, art = hybrid
+    linear = [i for i, t in enumerate(cfg.layer_types) if t == "linear_attention"]
+    nk, nv, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_value_head_dim
+    threads = -(-(nv // nk) * dv // WAVE[target]) * WAVE[target]
+    for step in ("decode", "prefill"):
+        launches = [x for x in plan_steps(art, target)[step] if x["kernel"].startswith("deltanet_")]
+        assert [x["group"].split(".")[0] for x in launches] == [f"l{i}" for i in linear], family
+        assert all(x["grid"] == [nk] and x["block"] == [threads] for x in launches)
+        # the conv window and the delta-rule matrices are the launch's two state arguments
+        assert all(sum(a["kind"] == "state" for a in x["args"]) == 2 for x in launches)
+
+
+def test_gated_partial_rope_attention_on_sm90(hybrid):
+    """The full-attention layers' kernels carry the switches (their sources say so) and the
+    sm_90 prefill attends on the flash kernel."""
+    _, cfg, art = hybrid
+    source = (art / "kernels" / "sm_90.hip").read_text()
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    factor = rope.get("partial_rotary_factor") or cfg.partial_rotary_factor
+    rot = int(cfg.head_dim * factor)
+    assert f"RoPE rotates the first {rot} of the {cfg.head_dim} dims" in source
+    assert "out = attention * sigmoid(gate)" in source
+    prefill = {x["kernel"].rsplit("_", 1)[-1] for x in plan_steps(art, "sm_90")["prefill"]}
+    assert {"kv", "flash"} <= prefill, prefill  # ..._rope_kv, ..._flash

@@ -1,0 +1,137 @@
+"""Gated DeltaNet kernel cases and their NumPy check, shared by the GPU test
+(tests/gpu/test_deltanet_gpu.py, on a device) and the host test
+(tests/compiler/test_gpu_deltanet_host.py, the same template run as host threads).
+
+`check_steps(kernels, name)` runs case `name` as a sequence of steps on one pair of states
+through `kernels` (tests/gpu_kernels.DeviceKernels' upload/poisoned/launch/read/free) and
+compares every output row (NaN-poisoned first) and both states after each step with NumPy
+in float64: the causal conv, L2 norms and the delta rule's recurrence from compiler/reference
+(delta_rule.recurrent, expand_heads), the gates and the gated RMSNorm written out here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hipc.compiler.kernels.deltanet import DeltaNetParams
+from hipc.compiler.reference import delta_rule
+
+from gpu_kernels import pack
+from support import rel_err
+
+# name: (NK, NV, DK, DV, KC, v_tiled, dt_bias, packed (Qwen3-Next), conv weight type, steps)
+CASES = {
+    "grouped_odd": (3, 9, 16, 24, 4, False, True, False, "float32", (20, 1, 1, 7, 1)),
+    "tiled_bf16": (2, 6, 32, 16, 4, True, False, False, "bfloat16", (1, 5, 1, 64)),
+    "next_packed_f16": (3, 6, 8, 12, 3, False, True, True, "float16", (9, 1, 1, 33)),
+    "one_tap": (1, 1, 8, 8, 2, False, True, False, "float32", (3, 1)),
+    "qwen35_35b": (16, 32, 128, 128, 4, False, True, False, "bfloat16", (6, 1, 1)),  # 2 lanes
+    "dk256_four_lanes": (1, 2, 256, 40, 4, False, True, False, "float32", (5, 1)),
+}
+SCALE_EPS = dict(l2_eps=1e-6, norm_eps=1e-6)
+
+
+def params(case) -> DeltaNetParams:
+    NK, NV, DK, DV, KC, tiled, dt, packed, wtype, _ = case
+    return DeltaNetParams(
+        NK=NK, NV=NV, DK=DK, DV=DV, KC=KC, scale=DK**-0.5, v_tiled=tiled, dt_bias=dt,
+        ba_packed=packed, qkvz_packed=packed, chunk=64, conv_wtype=wtype, **SCALE_EPS,
+    )  # fmt: skip
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+class Reference:
+    """One sequence in float64: the states, and a step's outputs in the standard layout."""
+
+    def __init__(self, case, w, A, dt_bias, norm_w):
+        self.NK, self.NV, self.DK, self.DV, self.KC, self.tiled, *_ = case
+        self.C = 2 * self.NK * self.DK + self.NV * self.DV
+        self.w, self.A, self.dt, self.norm_w = w, A, dt_bias, norm_w
+        self.conv = np.zeros((self.KC - 1, self.C))
+        self.S = np.zeros((self.NV, self.DK, self.DV))
+
+    def step(self, x, z, b, a):
+        """x [T, C], z [T, NV*DV], b, a [T, NV] -> y [T, NV*DV]."""
+        NK, NV, DK, DV, T = self.NK, self.NV, self.DK, self.DV, len(x)
+        window = np.concatenate([self.conv, x])
+        c = sum(window[j : j + T] * self.w[:, j] for j in range(self.KC))
+        self.conv = window[T:]
+        c = silu(c)
+        keys = NK * DK
+        q, k = c[:, :keys].reshape(T, NK, DK), c[:, keys : 2 * keys].reshape(T, NK, DK)
+        v = c[:, 2 * keys :].reshape(T, NV, DV)
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + SCALE_EPS["l2_eps"])
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + SCALE_EPS["l2_eps"])
+        q = delta_rule.expand_heads(q, NV, self.tiled) * DK**-0.5
+        k = delta_rule.expand_heads(k, NV, self.tiled)
+        beta = 1 / (1 + np.exp(-b))
+        g = self.A * np.log1p(np.exp(a + (self.dt if self.dt is not None else 0)))
+        o, self.S = delta_rule.recurrent(q, k, v, g, beta, self.S)
+        o = o / np.sqrt((o * o).mean(-1, keepdims=True) + SCALE_EPS["norm_eps"]) * self.norm_w
+        return (o * silu(z.reshape(T, NV, DV))).reshape(T, NV * DV)
+
+
+def pack_qkvz(x, z, NK, DK, R, DV):
+    """Standard [q | k | v] and z rows -> Qwen3-Next's rows packed per key head."""
+    T, keys = len(x), NK * DK
+    q, k = x[:, :keys].reshape(T, NK, DK), x[:, keys : 2 * keys].reshape(T, NK, DK)
+    v = x[:, 2 * keys :].reshape(T, NK, R * DV)
+    return np.concatenate([q, k, v, z.reshape(T, NK, R * DV)], -1).reshape(T, -1)
+
+
+def check_steps(kernels, name: str) -> None:
+    case = CASES[name]
+    NK, NV, DK, DV, KC, _, dt, packed, wtype, steps = case
+    R, C = NV // NK, 2 * NK * DK + NV * DV
+    fn, threads = kernels.specs[name]
+    rng = np.random.default_rng(sorted(CASES).index(name) + 40)
+    w_stored, w = pack(rng.standard_normal((C, KC)) * 0.5, wtype)
+    A = -rng.uniform(0.5, 8, NV)  # -exp(A_log)
+    dt_bias = rng.uniform(-1, 1, NV) if dt else None
+    norm_w = 1 + 0.2 * rng.standard_normal(DV)
+    ref = Reference(case, w, A, dt_bias, norm_w)
+    f32 = np.float32
+    conv_state = kernels.upload(np.zeros((KC - 1 or 1, C), f32))
+    ssm_state = kernels.upload(np.zeros((NV, DK, DV), f32))
+    consts = [
+        kernels.upload(w_stored),
+        kernels.upload(A.astype(f32)),
+        kernels.upload(dt_bias.astype(f32)) if dt else 0,
+        kernels.upload(norm_w.astype(f32)),
+    ]
+    try:
+        for i, T in enumerate(steps):
+            x = rng.standard_normal((T, C)).astype(f32)
+            z = rng.standard_normal((T, NV * DV)).astype(f32)
+            b, a = (rng.standard_normal((T, NV)).astype(f32) for _ in range(2))
+            if packed:
+                xz = pack_qkvz(x, z, NK, DK, R, DV)
+                ba = np.concatenate([b.reshape(T, NK, R), a.reshape(T, NK, R)], -1).reshape(T, -1)
+                xz_d, ba_d = kernels.upload(xz), kernels.upload(ba)
+                acts = [(xz_d, xz.shape[1]), (xz_d, xz.shape[1]), (ba_d, 2 * NV), (ba_d, 2 * NV)]
+            else:
+                # column views of wider projection outputs, as the memory plan lays them out
+                wide = [np.pad(m, ((0, 0), (0, 3))) for m in (x, z, b, a)]
+                acts = [(kernels.upload(m), m.shape[1]) for m in wide]
+            ldy = NV * DV + 5
+            y = kernels.poisoned((T, ldy))
+            args = [("i32", T)]
+            for ptr, ld in acts:
+                args += [("u64", ptr), ("i32", ld)]
+            args += [("u64", ptr) for ptr in consts]
+            args += [("u64", conv_state), ("u64", ssm_state), ("u64", y), ("i32", ldy)]
+            kernels.launch(fn, (NK,), threads, args)
+            got = kernels.read(y, (T, ldy))[:, : NV * DV]
+            want = ref.step(x.astype(np.float64), z, b, a)
+            assert not np.isnan(got).any(), (name, i, "outputs left unwritten")
+            assert rel_err(got, want) <= 1e-4, (name, i, rel_err(got, want))
+            got_s = kernels.read(ssm_state, (NV, DK, DV))
+            assert rel_err(got_s, ref.S) <= 1e-4, (name, i, "state", rel_err(got_s, ref.S))
+            if KC > 1:
+                got_c = kernels.read(conv_state, (KC - 1, C))
+                assert np.array_equal(got_c, ref.conv.astype(f32)), (name, i, "conv window")
+    finally:
+        kernels.free()
