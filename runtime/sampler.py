@@ -110,13 +110,7 @@ class Sampler:
         probs = (z == top).astype(z.dtype) if np.isposinf(top) else np.exp(z - top)
         probs /= probs.sum()
         if p.top_p < 1.0:
-            order = np.argsort(-probs, kind="stable")
-            cum = np.cumsum(probs[order])
-            # keep the smallest prefix whose mass reaches top_p (always at least one)
-            cut = int(np.searchsorted(cum, p.top_p)) + 1
-            mask = np.zeros_like(probs, dtype=bool)
-            mask[order[:cut]] = True
-            probs = np.where(mask, probs, 0.0)
+            probs = np.where(nucleus(probs, p.top_p), probs, 0.0)
         if p.min_p > 0:
             probs = np.where(probs >= p.min_p * probs.max(), probs, 0.0)
         return probs / probs.sum()
@@ -152,6 +146,34 @@ class Sampler:
         cdf = np.cumsum(probs, dtype=np.float64)
         cdf /= cdf[-1]
         return int(np.searchsorted(cdf, self.rng.random(), side="right"))
+
+
+def nucleus(probs: np.ndarray, top_p: float, first: int = 256) -> np.ndarray:
+    """The mask of the smallest prefix of tokens, most likely first (ties by id), whose mass
+    reaches top_p (always at least one token).
+
+    NOTE: sorting a 50k vocabulary costs ~4 ms a token; the prefix is nearly always among
+    the few hundred likeliest, so those are partitioned out and sorted first. The prefix is
+    decided inside them when it ends before their smallest probability (candidates tied
+    with it may not be the lowest ids); else the whole vocabulary is sorted (a flat
+    distribution: ~0.3 ms more than sorting at once)."""
+    n = probs.size
+    k = min(first, n)
+    while True:
+        if k >= n:
+            order = np.argsort(-probs, kind="stable")
+            cut = int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1
+            break
+        cand = np.argpartition(-probs, k - 1)[:k]
+        pc = probs[cand]
+        order = cand[np.lexsort((cand, -pc))]
+        cut = int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1
+        if cut <= np.count_nonzero(pc > pc.min()):
+            break
+        k = n  # a wider partition plus its sort costs about as much as the full sort
+    mask = np.zeros(n, dtype=bool)
+    mask[order[:cut]] = True
+    return mask
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
