@@ -56,11 +56,19 @@ class Sampler:
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.moves_logits = bool(
+            params.logit_bias
+            or params.repetition_penalty != 1.0
+            or params.presence_penalty
+            or params.frequency_penalty
+        )
 
     def penalize(
         self, logits: np.ndarray, prompt: Sequence[int], output: Sequence[int]
     ) -> np.ndarray:
         p = self.params
+        if not self.moves_logits:
+            return logits
         logits = logits.astype(np.float64, copy=True)
         if p.logit_bias:
             ids = np.fromiter((t for t, _ in p.logit_bias), dtype=np.int64)
@@ -86,24 +94,23 @@ class Sampler:
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         """The distribution a draw is made from, after temperature and truncation."""
         p = self.params
+        # NOTE: float32 logits stay float32 (exp over a 50k vocabulary is several times
+        # faster); probabilities are relative to the top one, so float32's 24 bits move a
+        # draw only when it lands within ~1e-7 of a boundary between two tokens
+        if logits.dtype != np.float64:
+            logits = logits.astype(np.float32, copy=False)
         with np.errstate(over="ignore"):
-            z = logits / max(p.temperature, 1e-6)
+            z = logits / logits.dtype.type(max(p.temperature, 1e-6))
         if p.top_k and p.top_k < z.size:
             kth = np.partition(z, -p.top_k)[-p.top_k]
             z = np.where(z < kth, -np.inf, z)
         top = z.max()
         # NOTE: a tiny repetition_penalty can push logits past float64; the limit of
         # softmax is then uniform over the infinite ones (exp(inf - inf) would be NaN)
-        probs = (z == top).astype(np.float64) if np.isposinf(top) else np.exp(z - top)
+        probs = (z == top).astype(z.dtype) if np.isposinf(top) else np.exp(z - top)
         probs /= probs.sum()
         if p.top_p < 1.0:
-            order = np.argsort(-probs, kind="stable")
-            cum = np.cumsum(probs[order])
-            # keep the smallest prefix whose mass reaches top_p (always at least one)
-            cut = int(np.searchsorted(cum, p.top_p)) + 1
-            mask = np.zeros_like(probs, dtype=bool)
-            mask[order[:cut]] = True
-            probs = np.where(mask, probs, 0.0)
+            probs = np.where(nucleus(probs, p.top_p), probs, 0.0)
         if p.min_p > 0:
             probs = np.where(probs >= p.min_p * probs.max(), probs, 0.0)
         return probs / probs.sum()
@@ -120,20 +127,53 @@ class Sampler:
         p = self.params
         if allowed is not None:
             logits = np.where(allowed, logits, -np.inf)
-        if p.greedy and not (
-            p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-        ):
+        if p.greedy and not self.moves_logits:
             # nothing moves a logit: skip penalize's float64 copy (a tenth of a small
             # model's GPU decode step on the host)
             return int(np.argmax(logits))
         logits = self.penalize(logits, prompt, output)
-        if allowed is not None:
+        if allowed is not None and self.moves_logits:
             # a positive logit_bias must not bring a masked token back
             logits = np.where(allowed, logits, -np.inf)
         if p.greedy:
             return int(np.argmax(logits))
-        probs = self.probabilities(logits)
-        return int(self.rng.choice(probs.size, p=probs))
+        return self.draw(self.probabilities(logits))
+
+    def draw(self, probs: np.ndarray) -> int:
+        """One token from `probs`: what Generator.choice(n, p=probs) draws (the same one
+        uniform number against the cumulative sum), without its validation passes over the
+        vocabulary; the cumulative sum is float64, as its rounding grows with the vocabulary."""
+        cdf = np.cumsum(probs, dtype=np.float64)
+        cdf /= cdf[-1]
+        return int(np.searchsorted(cdf, self.rng.random(), side="right"))
+
+
+def nucleus(probs: np.ndarray, top_p: float, first: int = 256) -> np.ndarray:
+    """The mask of the smallest prefix of tokens, most likely first (ties by id), whose mass
+    reaches top_p (always at least one token).
+
+    NOTE: sorting a 50k vocabulary costs ~4 ms a token; the prefix is nearly always among
+    the few hundred likeliest, so those are partitioned out and sorted first. The prefix is
+    decided inside them when it ends before their smallest probability (candidates tied
+    with it may not be the lowest ids); else the whole vocabulary is sorted (a flat
+    distribution: ~0.3 ms more than sorting at once)."""
+    n = probs.size
+    k = min(first, n)
+    while True:
+        if k >= n:
+            order = np.argsort(-probs, kind="stable")
+            cut = int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1
+            break
+        cand = np.argpartition(-probs, k - 1)[:k]
+        pc = probs[cand]
+        order = cand[np.lexsort((cand, -pc))]
+        cut = int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1
+        if cut <= np.count_nonzero(pc > pc.min()):
+            break
+        k = n  # a wider partition plus its sort costs about as much as the full sort
+    mask = np.zeros(n, dtype=bool)
+    mask[order[:cut]] = True
+    return mask
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -18,7 +18,8 @@ namespace hipc {
 // Quantized types: x is quantized once per token row to 8-bit blocks, products are
 // integer per 32-element block, scaled in f32 (see the kernel sections above).
 // T == 1 is the decode GEMV (weight-bandwidth bound); T > 1 unpacks each weight block
-// once per row tile and reuses it for all T tokens (prefill).
+// once per row tile and reuses it for all T tokens (prefill; on AVX512 a batch's decode
+// step of T = 2..7 runs the GEMV's layouts over all T tokens instead, linear_vnni.h).
 // Parallel: one OpenMP region, rows split statically across threads. Call from a
 // single thread; the call returns when y is complete.
 // ====================================================================================

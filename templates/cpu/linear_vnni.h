@@ -29,8 +29,9 @@ namespace hipc {
 //    and each lane is scaled by its block's dw*dx (one vpermps from the 16 scales of the
 //    surrounding 16-block window). Used for the Q8_0 GEMV (no gathers) and for short
 //    K tails (K/32 % 16 <= 8), which would otherwise pay for a whole transposed group.
-// Prefill (T > 1) uses "row lanes" (lane = output row, activations broadcast), see
-// rl_tile below.
+// A batch's decode step (T = 2..7) uses the transposed groups too, each prepared group
+// against every token (q_gemv_batch). Prefill (T > 7) uses "row lanes" (lane = output
+// row, activations broadcast), see rl_tile below.
 // ====================================================================================
 #if defined(HIPC_ISA_AVX512)
 namespace detail {
@@ -479,9 +480,14 @@ inline __m512i pair_offset(__m512i I, __m512i isum16, int p) {
 
 // Number of transposed activation groups for the GEMV (the rest: natural pairs). The
 // prefill GEMM reads natural-order activations.
+#ifndef HIPC_SMALL_BATCH_MAX
+#define HIPC_SMALL_BATCH_MAX 7  // T = 2..7: q_gemv_batch, not the row-lane GEMM (1 = off)
+#endif
+constexpr int kSmallBatchMax = HIPC_SMALL_BATCH_MAX;
+static_assert(kSmallBatchMax >= 1 && kSmallBatchMax <= 7, "small batches are 2..7 tokens");
 template <class Q>
 inline int transposed_groups(int nb, int T) {
-  if (T > 1 || !Q::kGemvTransposed) return 0;
+  if (T > kSmallBatchMax || !Q::kGemvTransposed) return 0;
   return nb / 16 + ((nb % 16) > kNatTailMax ? 1 : 0);
 }
 
@@ -498,11 +504,7 @@ inline __m512 group_epilogue(__m512 acc, __m512i I, const WGroup& wg, __m512 dx,
 // Transposed group against int16 activations (P == 2): I = 256*dot(u, hi) + dot(lo, u)
 // per block, four int32 chains per plane.
 template <class Q>
-inline __m512i group_dot16(WGroup& wg, const __m512i* xh, const __m512i* xl) {
-  // prep leaves the odd chunks as 16 * nibble (0..240), fine as vpdpbusd's unsigned
-  // operand but not as its signed one; a 16-bit shift brings each byte back to 0..15
-  // (its low nibble is zero, so nothing crosses into the byte below)
-  for (int c = 1; c < 8; c += 2) wg.w[c] = _mm512_srli_epi16(wg.w[c], 4);
+inline __m512i group_dot16_unshifted(const WGroup& wg, const __m512i* xh, const __m512i* xl) {
   __m512i h[4], l[4];
   for (int i = 0; i < 4; ++i) {
     h[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[i], _mm512_load_si512(xh + i));
@@ -517,22 +519,40 @@ inline __m512i group_dot16(WGroup& wg, const __m512i* xh, const __m512i* xl) {
   return _mm512_add_epi32(_mm512_slli_epi32(hs, 8), ls);
 }
 
-// Natural-pair dot of one row window (nv <= 16 blocks at gp) with one token window
-// (xq, and xl when P == 2).
+// prep leaves the odd chunks as 16 * nibble (0..240), fine as vpdpbusd's unsigned
+// operand but not as its signed one; a 16-bit shift brings each byte back to 0..15
+// (its low nibble is zero, so nothing crosses into the byte below)
+inline void unshift_odd_chunks(WGroup& wg) {
+  for (int c = 1; c < 8; c += 2) wg.w[c] = _mm512_srli_epi16(wg.w[c], 4);
+}
+template <class Q>
+inline __m512i group_dot16(WGroup& wg, const __m512i* xh, const __m512i* xl) {
+  unshift_odd_chunks(wg);
+  return group_dot16_unshifted<Q>(wg, xh, xl);
+}
+// Transposed group against int8 activations (P == 1): even chunks hold low nibbles, odd
+// ones 16 * high nibbles (prep's layout), four int32 chains.
+inline __m512i group_dot8(const WGroup& wg, const __m512i* xq) {
+  __m512i i[4];
+  for (int c = 0; c < 4; ++c) i[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[c], _mm512_load_si512(xq + c));
+  for (int c = 0; c < 4; ++c) i[c] = _mm512_dpbusd_epi32(i[c], wg.w[4 + c], _mm512_load_si512(xq + 4 + c));
+  const __m512i lo = _mm512_add_epi32(i[0], i[2]), hi16 = _mm512_add_epi32(i[1], i[3]);
+  return _mm512_add_epi32(lo, _mm512_srai_epi32(hi16, 4));
+}
+
+// Natural-pair dot of one row window (nv <= 16 blocks, scales dw/mw, pair p from
+// pair_at(p, two)) with one token window (xq, and xl when P == 2).
 //   acc += sum_p cvt(vpdpbusd(pair_p, x_p)) * perm(dw*dx) + mw*sx
-template <class Q, int P>
-inline __m512 nat_window(const uint8_t* gp, int nv, const int8_t* xq, const uint8_t* xl, const int32_t* xi,
-                         __m512 dx, __m512 sx, __m512 acc) {
-  __m512 dw, mw;
-  Q::dm16(gp, nv, dw, mw);
+template <class Q, int P, class PairAt>
+inline __m512 nat_window_with(PairAt pair_at, int nv, __m512 dw, __m512 mw, const int8_t* xq, const uint8_t* xl,
+                              const int32_t* xi, __m512 dx, __m512 sx, __m512 acc) {
   const __m512 dwdx = _mm512_mul_ps(dw, dx);
   const __m512i offs = P == 2 ? _mm512_slli_epi32(_mm512_loadu_si512(xi), Q::kOffShift) : _mm512_setzero_si512();
   __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
   int p = 0;
   for (; 2 * p + 3 < nv; p += 2) {
-    __m512i i0 = pair_dot<Q, P>(Q::pair(gp + 2 * p * Q::kBlockBytes, true), xq + 64 * p, xl + 64 * p);
-    __m512i i1 =
-        pair_dot<Q, P>(Q::pair(gp + (2 * p + 2) * Q::kBlockBytes, true), xq + 64 * (p + 1), xl + 64 * (p + 1));
+    __m512i i0 = pair_dot<Q, P>(pair_at(p, true), xq + 64 * p, xl + 64 * p);
+    __m512i i1 = pair_dot<Q, P>(pair_at(p + 1, true), xq + 64 * (p + 1), xl + 64 * (p + 1));
     if constexpr (P == 2) {
       i0 = pair_offset<Q>(i0, offs, p);
       i1 = pair_offset<Q>(i1, offs, p + 1);
@@ -541,12 +561,22 @@ inline __m512 nat_window(const uint8_t* gp, int nv, const int8_t* xq, const uint
     f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(ld_idx(kPrep.pair_idx[p + 1]), dwdx), f1);
   }
   for (; 2 * p < nv; ++p) {
-    __m512i i0 = pair_dot<Q, P>(Q::pair(gp + 2 * p * Q::kBlockBytes, 2 * p + 1 < nv), xq + 64 * p, xl + 64 * p);
+    __m512i i0 = pair_dot<Q, P>(pair_at(p, 2 * p + 1 < nv), xq + 64 * p, xl + 64 * p);
     if constexpr (P == 2) i0 = pair_offset<Q>(i0, offs, p);
     f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(ld_idx(kPrep.pair_idx[p]), dwdx), f0);
   }
   if constexpr (P == 2 && !Q::kMin) return _mm512_add_ps(acc, _mm512_add_ps(f0, f1));
   return _mm512_fmadd_ps(mw, sx, _mm512_add_ps(acc, _mm512_add_ps(f0, f1)));
+}
+
+// The same, reading the window's scales and pairs from the weights at gp.
+template <class Q, int P>
+inline __m512 nat_window(const uint8_t* gp, int nv, const int8_t* xq, const uint8_t* xl, const int32_t* xi,
+                         __m512 dx, __m512 sx, __m512 acc) {
+  __m512 dw, mw;
+  Q::dm16(gp, nv, dw, mw);
+  const auto pair_at = [gp](int p, bool two) { return Q::pair(gp + 2 * p * Q::kBlockBytes, two); };
+  return nat_window_with<Q, P>(pair_at, nv, dw, mw, xq, xl, xi, dx, sx, acc);
 }
 
 // Horizontal sums of 4 vectors -> [sum(a), sum(b), sum(c), sum(d)]
@@ -668,6 +698,95 @@ inline void q_gemv_tile(const uint8_t* W, size_t rb, int nb, int n0, const QAct&
     _mm_storeu_ps(y + n0, hsum4(facc[0], facc[1], facc[2], facc[3]));
   } else {
     for (int r = 0; r < R; ++r) y[n0 + r] = _mm512_reduce_add_ps(facc[r]);
+  }
+}
+
+// ------------------------------------------------------------------------------------
+// Small-batch GEMV (T = 2..kSmallBatchMax: the decode step of a few sequences).
+//
+// The GEMV's layouts, with each prepared transposed group of a weight row dotted against
+// every token's transposed activations: the group's prep (~20 permutes and masks on Q4,
+// as much work as a token's dot products) and its weight reads are paid once per row,
+// not once per token, and there is no per-call slab prep as in the row-lane GEMM, which
+// costs as much as a whole GEMV and so dominated 2..7-row steps. Natural windows (short K
+// tails, Q8_0) are re-read per token, from L1. One row per tile, T accumulators.
+// ------------------------------------------------------------------------------------
+template <class Q, int T, int R, int P>
+inline void q_gemv_batch_rows(const uint8_t* W, size_t rb, int nb, int n0, const QAct& a, float* y, int ldy) {
+  __m512 facc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) facc[r][t] = _mm512_setzero_ps();
+  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
+  constexpr size_t gbytes = 16 * Q::kBlockBytes;
+  if constexpr (Q::kGemvTransposed) {
+    for (int g = 0; g < a.ntg; ++g) {
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* gp = W + (size_t)(n0 + r) * rb + (size_t)g * gbytes;
+        prefetch_range(gp + HIPC_PREFETCH_BYTES, gbytes);
+        WGroup wg;
+        Q::prep(gp, std::min(16, nb - 16 * g), wg);
+        if constexpr (P == 2) unshift_odd_chunks(wg);
+        for (int t = 0; t < T; ++t) {
+          const size_t so = t * ss + 16 * (size_t)g;
+          const __m512i* xq = (const __m512i*)(a.q + t * xs + (size_t)g * 512);
+          const __m512 dx = _mm512_load_ps(a.d + so);
+          const __m512 sx = Q::kMin ? _mm512_load_ps(a.s + so) : _mm512_setzero_ps();
+          const __m512i offsum = Q::kOffShift ? _mm512_slli_epi32(_mm512_load_si512(a.isum + so), Q::kOffShift)
+                                              : _mm512_setzero_si512();
+          __m512i I;
+          if constexpr (P == 2) {
+            I = group_dot16_unshifted<Q>(wg, xq, (const __m512i*)(a.lo + t * xs + (size_t)g * 512));
+          } else {
+            I = group_dot8(wg, xq);
+          }
+          facc[r][t] = group_epilogue<Q>(facc[r][t], I, wg, dx, sx, offsum);
+        }
+      }
+    }
+  }
+  for (int b0 = 16 * a.ntg; b0 < nb; b0 += 16) {
+    // the window's scales (a gather) and pairs are the row's: read once for all tokens
+    const int nv = std::min(16, nb - b0);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* gp = W + (size_t)(n0 + r) * rb + (size_t)b0 * Q::kBlockBytes;
+      prefetch_range(gp + HIPC_PREFETCH_BYTES, (size_t)nv * Q::kBlockBytes);
+      __m512 dw, mw;
+      Q::dm16(gp, nv, dw, mw);
+      __m512i pairs[8];
+      for (int p = 0; 2 * p < nv; ++p) pairs[p] = Q::pair(gp + 2 * p * Q::kBlockBytes, 2 * p + 1 < nv);
+      const auto pair_at = [&pairs](int p, bool) { return pairs[p]; };
+      for (int t = 0; t < T; ++t) {
+        const size_t so = t * ss + b0, xo = t * xs + 32 * (size_t)b0;
+        facc[r][t] = nat_window_with<Q, P>(pair_at, nv, dw, mw, a.q + xo, a.lo + xo, a.isum + so,
+                                           _mm512_load_ps(a.d + so), _mm512_load_ps(a.s + so), facc[r][t]);
+      }
+    }
+  }
+  // four (row, token) sums per hsum4
+  constexpr int S = R * T;
+  const __m512 zero = _mm512_setzero_ps();
+  for (int i = 0; i < S; i += 4) {
+    alignas(16) float s4[4];
+    const auto f = [&](int k) { return i + k < S ? facc[(i + k) % R][(i + k) / R] : zero; };
+    _mm_store_ps(s4, hsum4(f(0), f(1), f(2), f(3)));
+    for (int k = 0; k < 4 && i + k < S; ++k) y[(size_t)((i + k) / R) * ldy + n0 + (i + k) % R] = s4[k];
+  }
+}
+
+template <class Q, int T, int P>
+inline void q_gemv_batch(const uint8_t* W, size_t rb, int nb, int N, const QAct& a, float* y, int ldy, bool par) {
+  // 4 rows share each token's activation loads and horizontal sums; past 4 tokens, 4 x T
+  // accumulators no longer fit the 32 registers
+  constexpr int R = T <= 4 ? 4 : 2;
+  const int ntiles = (N + R - 1) / R;
+#pragma omp parallel for schedule(static) if (par)
+  for (int i = 0; i < ntiles; ++i) {
+    const int n0 = i * R;
+    if (n0 + R <= N) {
+      q_gemv_batch_rows<Q, T, R, P>(W, rb, nb, n0, a, y, ldy);
+    } else {
+      for (int n = n0; n < N; ++n) q_gemv_batch_rows<Q, T, 1, P>(W, rb, nb, n, a, y, ldy);
+    }
   }
 }
 
@@ -794,7 +913,9 @@ constexpr int kGemvRows = 4;
 // Quantized matmul driver (AVX512).
 //   T == 1 (decode): x is quantized by the calling thread; `omp parallel for
 //   schedule(static)` over tiles of kGemvRows rows (q_gemv_tile).
-//   T > 1 (prefill): one OpenMP region; `omp for` over tokens quantizes x, then
+//   T = 2..kSmallBatchMax (a batch's decode step): the same, every row against all T
+//   tokens (q_gemv_batch).
+//   T > kSmallBatchMax (prefill): one OpenMP region; `omp for` over tokens quantizes x, then
 //   `omp for schedule(static)` over slabs of 16*kRlVecs rows: each thread preps its slab
 //   once (K/32 * kRlVecs * 640 bytes, L2 resident) and sweeps all T tokens with it.
 // P: activation planes, 1 = int8 activations, 2 = int16 ones (quantize_block16).
@@ -826,6 +947,18 @@ inline void q_matmul(const float* x, int T, int K, const void* Wv, int N, float*
       } else {
         for (int n = n0; n < N; ++n) q_gemv_tile<Q, 1, P>(W, rb, nb, n, a, tail, y);
       }
+    }
+    return;
+  }
+  if (T <= kSmallBatchMax) {
+    for (int t = 0; t < T; ++t) quantize(t);
+    switch (T) {
+      case 2: q_gemv_batch<Q, 2, P>(W, rb, nb, N, a, y, ldy, par); break;
+      case 3: q_gemv_batch<Q, 3, P>(W, rb, nb, N, a, y, ldy, par); break;
+      case 4: q_gemv_batch<Q, 4, P>(W, rb, nb, N, a, y, ldy, par); break;
+      case 5: q_gemv_batch<Q, 5, P>(W, rb, nb, N, a, y, ldy, par); break;
+      case 6: q_gemv_batch<Q, 6, P>(W, rb, nb, N, a, y, ldy, par); break;
+      default: q_gemv_batch<Q, kSmallBatchMax, P>(W, rb, nb, N, a, y, ldy, par); break;
     }
     return;
   }

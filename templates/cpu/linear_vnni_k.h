@@ -280,6 +280,75 @@ inline void ks_gemv_tile(const uint8_t* W, size_t rb, int nsb, int n0, const QAc
   }
 }
 
+// Small-batch GEMV (T = 2..5, a batch's decode step; see q_gemv_batch): a
+// super-block's scales and its 4 pairs are unpacked once per row and dotted against all
+// T tokens. R rows per tile share the horizontal sums.
+template <class KS, int T, int R>
+inline void ks_gemv_batch_rows(const uint8_t* W, size_t rb, int nsb, int n0, const QAct& a, const KAct& k, float* y,
+                               int ldy) {
+  __m512 f[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) f[r][t] = _mm512_setzero_ps();
+  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp, ks = (size_t)k.n4;
+  for (int sb = 0; sb < nsb; ++sb) {
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* bp = W + (size_t)(n0 + r) * rb + (size_t)sb * KS::kBytes;
+      prefetch_range(bp + HIPC_PREFETCH_BYTES, KS::kBytes);
+      const __m512 S = KS::scales(bp);
+      __m512i w[4];
+      __m512 sc[4];
+      for (int p = 0; p < 4; ++p) {
+        w[p] = KS::pair(bp, p);
+        sc[p] = _mm512_permutexvar_ps(ld_idx(lane_scale_idx<KS>(p)), S);
+      }
+      for (int t = 0; t < T; ++t) {
+        const int8_t* xh = a.q + t * xs + 256 * (size_t)sb;
+        const uint8_t* xl = a.lo + t * xs + 256 * (size_t)sb;
+        const float* dxl = k.dxl + t * ks + 64 * (size_t)sb;
+        const int32_t* qs4 = k.qs4 + t * ks + 64 * (size_t)sb;
+        __m512 acc = f[r][t];
+        if constexpr (KS::kMin) {  // lanes 8..15: -dmin*mn * s
+          const __m512 sx = _mm512_insertf32x8(_mm512_setzero_ps(), _mm256_loadu_ps(a.s + t * ss + 8 * sb), 1);
+          acc = _mm512_fmadd_ps(S, sx, acc);
+        }
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; ++p) {
+          const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], _mm512_loadu_si512(xh + 64 * p));
+          __m512i I = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_loadu_si512(xl + 64 * p), w[p]);
+          if constexpr (KS::kOffShift != 0)
+            I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(qs4 + 16 * p), KS::kOffShift));
+          acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sc[p], _mm512_loadu_ps(dxl + 16 * p)), acc);
+        }
+        f[r][t] = acc;
+      }
+    }
+  }
+  constexpr int S = R * T;
+  const __m512 zero = _mm512_setzero_ps();
+  for (int i = 0; i < S; i += 4) {
+    alignas(16) float s4[4];
+    const auto g = [&](int j) { return i + j < S ? f[(i + j) % R][(i + j) / R] : zero; };
+    _mm_store_ps(s4, hsum4(g(0), g(1), g(2), g(3)));
+    for (int j = 0; j < 4 && i + j < S; ++j) y[(size_t)((i + j) / R) * ldy + n0 + (i + j) % R] = s4[j];
+  }
+}
+
+template <class KS, int T>
+inline void ks_gemv_batch(const uint8_t* W, size_t rb, int nsb, int N, const QAct& a, const KAct& k, float* y, int ldy,
+                          bool par) {
+  constexpr int R = T <= 3 ? 4 : 2;  // R x T accumulators + 4 pairs + 4 scales in 32 registers
+  const int ntiles = (N + R - 1) / R;
+#pragma omp parallel for schedule(static) if (par)
+  for (int i = 0; i < ntiles; ++i) {
+    const int n0 = i * R;
+    if (n0 + R <= N) {
+      ks_gemv_batch_rows<KS, T, R>(W, rb, nsb, n0, a, k, y, ldy);
+    } else {
+      for (int n = n0; n < N; ++n) ks_gemv_batch_rows<KS, T, 1>(W, rb, nsb, n, a, k, y, ldy);
+    }
+  }
+}
+
 // Prefill tile: rows n0.. (V vectors of 16) x tokens t0..t0+C-1, over the slab of
 // prepped units (slab[b * V + v]). Per unit and token: 8 chunks of vpdpbusd on each
 // activation plane, then the unit's scales (Q6_K: one per 16-group, even / odd chunks).
@@ -383,7 +452,7 @@ struct KSAct {
 };
 
 // K-quant matmul with int16 activations. T == 1: GEMV over tiles of kGemvRows rows.
-// T > 1: row lanes, one OpenMP region as q_matmul's: each thread preps a slab of 16V
+// T = 2..5: the GEMV over all T tokens (ks_gemv_batch). Larger T: row lanes, one OpenMP region as q_matmul's: each thread preps a slab of 16V
 // rows (K/32 * V WGroups) once and sweeps all T tokens with it.
 template <class KS>
 inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
@@ -394,6 +463,22 @@ inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float
   const QAct a = alloc_qact(T, K, 0, 2, kact_bytes(T, K));
   const KAct k = kact(a, T, K);
   const bool par = (long long)T * N * K >= kParallelMinWork;
+  // past 5 tokens the row lanes win here (measured: a K-quant pair costs more to unpack
+  // than the Q4 groups, so the per-token dot products weigh more)
+  constexpr int kKSmallBatchMax = kSmallBatchMax < 5 ? kSmallBatchMax : 5;
+  if (T > 1 && T <= kKSmallBatchMax) {
+    for (int t = 0; t < T; ++t) {
+      quantize_act16_row<KSAct>(x, K, a, t);
+      kact_row(a, k, t);
+    }
+    switch (T) {
+      case 2: ks_gemv_batch<KS, 2>(W, rb, nsb, N, a, k, y, ldy, par); break;
+      case 3: ks_gemv_batch<KS, 3>(W, rb, nsb, N, a, k, y, ldy, par); break;
+      case 4: ks_gemv_batch<KS, 4>(W, rb, nsb, N, a, k, y, ldy, par); break;
+      default: ks_gemv_batch<KS, kKSmallBatchMax>(W, rb, nsb, N, a, k, y, ldy, par); break;
+    }
+    return;
+  }
   if (T > 1) {
     // Q6_K keeps two int32 sums per unit: fewer rows and tokens per tile fit the registers
     constexpr int V = KS::kHalves ? 2 : kRlVecs, C = KS::kHalves ? 3 : kRlCols;

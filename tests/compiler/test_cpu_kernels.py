@@ -589,6 +589,27 @@ def test_matmul_a16(libs, variant, wtype):
             assert err <= 2e-6, f"{kind} {wtype} T={T} K={K} N={N}: {err:.3g}"
 
 
+SMALL_BATCH_SHAPES = [(T, K, N) for T in range(2, 8) for K in (64, 576, 800, 1536) for N in (5, 66)]
+
+
+@pytest.mark.parametrize("variant", ["native", "avx512-novbmi", "scalar"])
+@pytest.mark.parametrize("wtype", sorted(QUANTIZED))
+def test_matmul_small_batch(libs, variant, wtype):
+    """T = 2..7, a batch's decode step (AVX512: the GEMV layouts over all T tokens), with
+    int8 and int16 activations, against NumPy: every row of the batch as its own math."""
+    lib = _get(libs, variant)
+    _check_matmul(lib, wtype, SMALL_BATCH_SHAPES)
+    rng = np.random.default_rng(19)
+    for T, K, N in SMALL_BATCH_SHAPES:
+        wq, wd = _weights(wtype, N, K)
+        x = rng.standard_normal((T, K), dtype=np.float32) * np.float32(3)
+        x[T - 1, :32] = 0.0  # an all-zero block in the last token only
+        ref, _ = _a16_ref(wtype, x, _blocks(wtype, wq, N, K))
+        y = _run_matmul(lib, f"a16_{wtype}", x, wq, N, N + 3).astype(np.float64)
+        err = _rel(y, ref, _typical_norm(x, wd))
+        assert err <= 2e-6, f"a16 {wtype} T={T} K={K} N={N}: {err:.3g}"
+
+
 def _exact_case(
     wtype: str, T: int, nb: int, N: int, rng
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -624,7 +645,7 @@ def test_matmul_a16_integer_sums_exact(libs, variant, wtype):
     matmul_deq's, on every code path (groups, windows, tails, prefill tiles)."""
     lib = _get(libs, variant)
     rng = np.random.default_rng(23)
-    for T in (1, 6):
+    for T in (1, 3, 6, 9):
         for nb in (1, 4, 9, 16, 20, 25, 37):
             N = nb + 3
             x, blocks, want = _exact_case(wtype, T, nb, N, rng)
@@ -758,6 +779,14 @@ def test_kquant_matmul(libs, variant, wtype, extreme):
     lib = _get(libs, variant)
     shapes = K_SHAPES if variant == "native" else K_SHAPES[::3]
     _check_kquant(lib, wtype, shapes, extreme)
+
+
+@pytest.mark.parametrize("wtype", KTYPES)
+@pytest.mark.parametrize("variant", ["native", "avx512-novbmi", "scalar"])
+def test_kquant_matmul_small_batch(libs, variant, wtype):
+    """T = 2..7 (a batch's decode step; on AVX512 the GEMV over all T tokens)."""
+    shapes = [(T, K, N) for T in range(2, 8) for K in (256, 768) for N in (5, 10)]
+    _check_kquant(_get(libs, variant), wtype, shapes, extreme=False)
 
 
 @pytest.mark.parametrize("variant", ["native", "scalar"])

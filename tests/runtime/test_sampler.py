@@ -94,3 +94,45 @@ def test_allowed_mask_excludes_every_other_token():
     assert Sampler(SamplingParams())(logits, allowed=allowed) == int(
         np.flatnonzero(allowed)[np.argmax(logits[allowed])]
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_draws_are_numpys_choice_for_the_same_seed(dtype):
+    """The sampler's draw is Generator.choice's (one uniform against the cumulative sum):
+    a seed gives the tokens numpy's own choice gives from the same distribution."""
+    rng = np.random.default_rng(11)
+    params = SamplingParams(temperature=0.7, top_k=500, min_p=0.001, seed=42)
+    s = Sampler(params)
+    reference = np.random.default_rng(42)
+    for _ in range(200):
+        logits = (3 * rng.standard_normal(4096)).astype(dtype)
+        z = logits.astype(np.float64) / 0.7
+        kth = np.partition(z, -500)[-500]
+        want = np.where(z < kth, 0.0, np.exp(z - z.max()))
+        want = np.where(want >= 0.001 * want.max(), want, 0.0)
+        want /= want.sum()
+        got = s(logits)
+        assert got == reference.choice(want.size, p=want)
+
+
+def test_nucleus_is_the_sorted_prefix():
+    """top_p's mask against a full stable sort: peaked and flat distributions, ties at the
+    cut (equal probabilities on both sides of the candidate boundary), top_p near 1."""
+    from hipc.runtime.sampler import nucleus
+
+    rng = np.random.default_rng(5)
+    cases = []
+    for scale in (0.5, 3.0, 8.0):
+        cases.append(np.exp(scale * rng.standard_normal(49152)))
+    tied = np.full(5000, 1.0)
+    tied[:10] = 50.0
+    cases.append(tied)  # the cut falls inside thousands of equal probabilities
+    cases.append(np.r_[np.zeros(300), np.full(300, 2.0), np.ones(1000)])
+    for probs in cases:
+        probs = (probs / probs.sum()).astype(np.float32)
+        order = np.argsort(-probs, kind="stable")
+        cum = np.cumsum(probs[order])
+        for top_p in (0.01, 0.3, 0.9, 0.999, 0.99999):
+            want = np.zeros(probs.size, bool)
+            want[order[: int(np.searchsorted(cum, top_p)) + 1]] = True
+            np.testing.assert_array_equal(nucleus(probs, top_p), want, err_msg=f"top_p={top_p}")

@@ -134,8 +134,9 @@ def test_sigterm_lets_the_running_stream_finish(smol_artifact, server_logs):
 def test_sigterm_cancels_what_outlasts_the_grace_period(smol_artifact, server_logs):
     server = ServerProcess(
         smol_artifact, "--served-model-name", "smol", "--shutdown-timeout", "0.5",
-        "--no-eager-load", log_dir=server_logs,
+        "--no-eager-load", "--max-batch", "1", log_dir=server_logs,
     )  # fmt: skip
+    # (--max-batch 1: one at a time, so that the second request waits in the queue)
     client = server.client()
     kw = dict(
         model="smol", messages=[{"role": "user", "content": "Count to a million."}], temperature=0

@@ -140,8 +140,9 @@ def test_disconnect_mid_stream_cancels_the_generation(smol_server):
 def small_queue_server(smol_artifact, server_logs):
     with running(
         smol_artifact, "--served-model-name", "smol", "--max-queued-requests", "2",
-        "--no-eager-load", log_dir=server_logs,
+        "--no-eager-load", "--max-batch", "1", log_dir=server_logs,
     ) as server:  # fmt: skip
+        # (--max-batch 1: one at a time, so that requests queue)
         yield server
 
 

@@ -252,12 +252,15 @@ def test_reasoning_when_the_template_opens_think(think_server, engine):
 
 
 def test_startup_logs_the_kv_cache_and_warms_up_before_listening(tiny_server):
+    """The default pool holds --max-batch (4 by default) admitted contexts of 256."""
     log = tiny_server.log()
-    assert "cpu target, KV cache float32 for 256 positions = 0.1 MiB" in log
+    assert "cpu target, KV cache float32 for 256 positions" in log
     assert "admitting 256 tokens per request" in log
+    assert "KV pool: 64 blocks of 16 positions = 1024 positions" in log
+    assert "up to 4 sequences per step" in log
     assert log.index("warmup: 4 tokens") < log.index("ready: http://127.0.0.1:")
     m = tiny_server.metrics()
     assert (
-        m["hipc_kv_cache_bytes"] == 2 * 2 * 256 * 2 * 8 * 4
-    )  # layers x K,V x ctx x kv heads x dim x f32
+        m["hipc_kv_cache_bytes"] == 2 * 2 * 4 * 256 * 2 * 8 * 4
+    )  # layers x K,V x 4 contexts x kv heads x dim x f32
     assert m["hipc_max_context_tokens"] == 256
