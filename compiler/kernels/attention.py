@@ -408,8 +408,10 @@ def flash_attention(
         **kv_ctx,
         **p.context(),
     )
-    # q (then P), and K and V (twice, pipelined) in bf16, rows padded
-    shared = (FLASH_BQ + (4 if pipelined else 2) * 64) * (p.D + 8) * 2
+    # q (then the 4 warps' 16 x 64 P tiles, the larger below D = 64), and K and V (twice,
+    # pipelined) in bf16, rows padded
+    qp = max(FLASH_BQ * (p.D + 8), 4 * 16 * (64 + 8))
+    shared = (qp + (4 if pipelined else 2) * 64 * (p.D + 8)) * 2
     return GpuKernel(f"{fn}_flash", "attention_flash", ctx, [], 128, shared)
 
 

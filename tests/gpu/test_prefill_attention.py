@@ -186,5 +186,7 @@ def test_prefill_attention_matches_numpy(kernels, name, variant):
         want = want / (1 + np.exp(-gate))
     want = want.reshape(T, NH * D)
     assert not np.isnan(got).any(), (name, variant, "outputs left unwritten")
-    bar = 1e-5 if variant == "simt" else 5e-3
+    # flash: q, K, V and P rounded to bf16 (2^-9 each) against a float64 reference: measured
+    # 5.0e-3..8.9e-3 on the H200 for D = 64..128; a wrong mask, fragment or softmax is O(1)
+    bar = 1e-5 if variant == "simt" else 1.5e-2
     assert rel_err(got, want) <= bar, (name, variant, rel_err(got, want))
