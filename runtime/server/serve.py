@@ -102,7 +102,7 @@ def serve(config: Config) -> int:
     backend = getattr(engine, "backend", None)
     kv = getattr(backend, "kv_bytes", 0)
     log.info(
-        "model %s from %s: %s target, KV cache %s for %d positions = %.1f MiB, "
+        "model %s from %s: %s target, KV cache %s, %d positions per sequence, %.1f MiB in all, "
         "admitting %d tokens per request (loaded in %.2f s)",
         service.model_name,
         config.artifact,

@@ -254,7 +254,7 @@ def test_reasoning_when_the_template_opens_think(think_server, engine):
 def test_startup_logs_the_kv_cache_and_warms_up_before_listening(tiny_server):
     """The default pool holds --max-batch (4 by default) admitted contexts of 256."""
     log = tiny_server.log()
-    assert "cpu target, KV cache float32 for 256 positions" in log
+    assert "cpu target, KV cache float32, 256 positions per sequence" in log
     assert "admitting 256 tokens per request" in log
     assert "KV pool: 64 blocks of 16 positions = 1024 positions" in log
     assert "up to 4 sequences per step" in log
