@@ -179,16 +179,7 @@ def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05)
         w.add_feed_forward_length(cfg["ffn"])
     w.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPE[qtype]))
     V = cfg["vocab"]
-    # byte-level symbols then filler tokens: llama.cpp needs a vocabulary to load
-    tokens = [bytes([i]).decode("latin-1") if i < 256 else f"<t{i}>" for i in range(V)]
-    tokens[256] = "ab"  # one merge: a BPE vocabulary with none is refused (hipc: merges missing)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * V)
-    w.add_token_merges(["a b"])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    tool.add_filler_vocabulary(w, V)
     qt = getattr(gguf.GGMLQuantizationType, qtype.upper())
     tensors = tensor_list(cfg, qtype)
 
@@ -203,21 +194,7 @@ def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05)
             return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         return (scale * rng.standard_normal(shape)).astype(np.float32)
 
-    # header first, then one tensor at a time: only the largest is ever in memory
-    for name, shape, kind in tensors:
-        if kind == "f32":
-            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
-        else:  # numpy-order byte shape: the writer turns it into GGUF's dims
-            nbytes, per = tool.BLOCK[kind]
-            byte_shape = (*shape[:-1], shape[-1] // per * nbytes)
-            size = int(np.prod(byte_shape))
-            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), size, raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for name, shape, kind in tensors:
-        w.write_tensor_data(data(shape, kind, name))
-    w.close()
+    tool.write_tensors(w, tensors, data, qt)
     return path
 
 

@@ -104,6 +104,39 @@ def random_blocks(rng: np.random.Generator, qtype: str, shape: tuple[int, ...], 
     return out.reshape(*lead, (cols // per) * nbytes)
 
 
+def add_filler_vocabulary(w, V: int) -> None:
+    """Byte-level symbols then filler tokens: llama.cpp needs a vocabulary to load."""
+    tokens = [bytes([i]).decode("latin-1") if i < 256 else f"<t{i}>" for i in range(V)]
+    tokens[256] = "ab"  # one merge: a BPE vocabulary with none is refused (hipc: merges missing)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * V)
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+
+def write_tensors(w, tensors: list[tuple[str, tuple[int, ...], str]], data, qt) -> None:
+    """Header first, then one tensor at a time (`data(shape, kind, name)`): only the largest
+    is ever in memory. `qt`: the GGML type of the blocked tensors."""
+    for name, shape, kind in tensors:
+        if kind in ("f32", "f16"):
+            dt = np.dtype(np.float32 if kind == "f32" else np.float16)
+            w.add_tensor_info(name, shape, dt, int(np.prod(shape)) * dt.itemsize)
+        else:  # numpy-order byte shape: the writer turns it into GGUF's dims
+            nbytes, per = BLOCK[kind]
+            byte_shape = (*shape[:-1], shape[-1] // per * nbytes)
+            size = int(np.prod(byte_shape))
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), size, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, kind in tensors:
+        w.write_tensor_data(data(shape, kind, name))
+    w.close()
+
+
 def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05) -> Path:
     import gguf
 
@@ -127,16 +160,7 @@ def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05)
     w.add_expert_used_count(cfg["active"])
     w.add_expert_feed_forward_length(F)
     w.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPE[qtype]))
-    # byte-level symbols then filler tokens: llama.cpp needs a vocabulary to load
-    tokens = [bytes([i]).decode("latin-1") if i < 256 else f"<t{i}>" for i in range(V)]
-    tokens[256] = "ab"  # one merge: a BPE vocabulary with none is refused (hipc: merges missing)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * V)
-    w.add_token_merges(["a b"])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    add_filler_vocabulary(w, V)
     qt = getattr(gguf.GGMLQuantizationType, qtype.upper())
 
     tensors: list[tuple[str, tuple[int, ...], str]] = [
@@ -170,22 +194,7 @@ def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05)
             return tiled_f16(rng, shape, scale)
         return random_blocks(rng, kind, shape, scale)
 
-    # header first, then one tensor at a time: only the largest is ever in memory
-    for name, shape, kind in tensors:
-        if kind in ("f32", "f16"):
-            dt = np.dtype(np.float32 if kind == "f32" else np.float16)
-            w.add_tensor_info(name, shape, dt, int(np.prod(shape)) * dt.itemsize)
-        else:  # numpy-order byte shape: the writer turns it into GGUF's dims
-            nbytes, per = BLOCK[kind]
-            byte_shape = (*shape[:-1], shape[-1] // per * nbytes)
-            size = int(np.prod(byte_shape))
-            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), size, raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for name, shape, kind in tensors:
-        w.write_tensor_data(data(shape, kind, name))
-    w.close()
+    write_tensors(w, tensors, data, qt)
     return path
 
 
