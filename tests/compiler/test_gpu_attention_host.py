@@ -9,82 +9,18 @@ with none.
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
+import host_simt
 import numpy as np
 import pytest
 
-from hipc.compiler.codegen.environment import render, template_text
+from hipc.compiler.codegen.environment import render
 from hipc.compiler.kernels.attention import AttentionParams, decode_attention
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-CXX = shutil.which("g++") or shutil.which("clang++")
 EPS = 1e-5
 
-HARNESS = """
-#include <condition_variable>
-#include <memory>
-#include <mutex>
-#include <thread>
-#include <vector>
-// a barrier that sleeps (std::barrier spins: hundreds of spinning threads on a few cores)
-struct Barrier {
-  explicit Barrier(int n) : n(n) {}
-  void arrive_and_wait() {
-    std::unique_lock<std::mutex> lock(m);
-    const unsigned gen = generation;
-    if (++count == n) {
-      count = 0, ++generation;
-      cv.notify_all();
-    } else {
-      cv.wait(lock, [&] { return generation != gen; });
-    }
-  }
-  int n, count = 0;
-  unsigned generation = 0;
-  std::mutex m;
-  std::condition_variable cv;
-};
-static thread_local int t_id;
-static int g_dim, g_bx, g_by;
-static Barrier* g_bar;  // the block's (hipc_sync)
-static std::vector<Barrier*> g_wbar;  // each wave's (shuffles: waves may run apart)
-static float g_slots[1024];
-int hipc_thread() { return t_id; }
-int hipc_block_dim() { return g_dim; }
-int hipc_block_x() { return g_bx; }
-int hipc_block_y() { return g_by; }
-void hipc_sync() { g_bar->arrive_and_wait(); }
-static float exchange(float v, int from) {
-  Barrier* w = g_wbar[t_id / HIPC_WAVE];
-  g_slots[t_id] = v;
-  w->arrive_and_wait();
-  const float r = g_slots[from];
-  w->arrive_and_wait();
-  return r;
-}
-float hipc_shfl_xor(float v, int m) { return exchange(v, t_id ^ m); }
-float hipc_shfl(float v, int lane) { return exchange(v, t_id / HIPC_WAVE * HIPC_WAVE + lane); }
-template <class F>
-void grid(int gx, int gy, int threads, F kernel) {
-  for (int by = 0; by < gy; ++by)
-    for (int bx = 0; bx < gx; ++bx) {
-      Barrier bar(threads);
-      std::vector<std::unique_ptr<Barrier>> waves;
-      g_wbar.clear();
-      for (int w = 0; w < threads / HIPC_WAVE; ++w) {
-    waves.emplace_back(new Barrier(HIPC_WAVE));
-    g_wbar.push_back(waves.back().get());
-  }
-      g_bar = &bar, g_dim = threads, g_bx = bx, g_by = by;
-      std::vector<std::thread> ts;
-      for (int t = 0; t < threads; ++t) ts.emplace_back([=] { t_id = t; kernel(); });
-      for (auto& th : ts) th.join();
-    }
-}
-"""
 
 # name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, compiled context, p)
 CASES = {
@@ -115,8 +51,6 @@ def params(case) -> AttentionParams:
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    if CXX is None:
-        pytest.skip("no C++ compiler")
     kernels, wrappers = [], []
     specs = {}
     for i, (name, case) in enumerate(CASES.items()):
@@ -131,17 +65,8 @@ def lib(tmp_path_factory):
             f"  grid({k.grid[0]}, {k.grid[1]}, {k.threads}, [=] {{ {k.fn}(q, k, v, start, qw, kw, "
             f"c, s, kc, vc, part, cnt, out); }});\n}}"
         )
-    root = tmp_path_factory.mktemp("attention")
-    prelude = template_text("hip/prelude.h").replace("#pragma once", "")
-    src = root / "attention_host.cpp"
-    src.write_text(
-        "#define HIPC_WAVE 32\n#define HIPC_HOST_SIMT\n" + prelude + HARNESS
-        + "\n".join(kernels) + "\n" + "\n".join(wrappers)
-    )  # fmt: skip
-    so = root / "attention_host.so"
-    cmd = [CXX, "-std=c++20", "-O1", "-DHIPC_HOST", "-shared", "-fPIC", "-pthread", str(src)]
-    subprocess.run([*cmd, "-o", str(so)], check=True, capture_output=True, text=True)
-    handle = ctypes.CDLL(str(so))
+    code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
+    handle = host_simt.build(tmp_path_factory.mktemp("attention"), "attention_host", code)
     handle.specs = specs
     return handle
 

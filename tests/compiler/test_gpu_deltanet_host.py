@@ -10,14 +10,13 @@ lanes per state column, for a wave of 32 and of 64.
 from __future__ import annotations
 
 import ctypes
-import subprocess
 
+import host_simt
 import numpy as np
 import pytest
 from deltanet_cases import CASES, check_steps, params
-from test_gpu_attention_host import CXX, HARNESS
 
-from hipc.compiler.codegen.environment import render, template_text
+from hipc.compiler.codegen.environment import render
 from hipc.compiler.kernels.deltanet import GPU, gpu_kernel
 
 HOST_CASES = ["grouped_odd", "tiled_bf16", "next_packed_f16", "one_tap", "dk256_four_lanes"]
@@ -52,8 +51,6 @@ class HostKernels:
 
 @pytest.fixture(scope="module", params=[32, 64])
 def kernels(request, tmp_path_factory):
-    if CXX is None:
-        pytest.skip("no C++ compiler")
     wave = request.param
     sources, wrappers, specs = [], [], {}
     names = ", ".join(a.name for a in GPU.args)
@@ -65,17 +62,9 @@ def kernels(request, tmp_path_factory):
             f'extern "C" void run_{k.fn}({GPU.render(0)}) {{\n'
             f"  grid({k.grid[0]}, 1, {k.threads}, [=] {{ {k.fn}({names}); }});\n}}"
         )
-    root = tmp_path_factory.mktemp(f"deltanet{wave}")
-    prelude = template_text("hip/prelude.h").replace("#pragma once", "")
-    src = root / "deltanet_host.cpp"
-    src.write_text(
-        f"#define HIPC_WAVE {wave}\n#define HIPC_HOST_SIMT\n" + prelude + HARNESS
-        + "#define __launch_bounds__(n)\n" + "\n".join(sources) + "\n" + "\n".join(wrappers)
-    )  # fmt: skip
-    so = root / "deltanet_host.so"
-    cmd = [CXX, "-std=c++20", "-O1", "-DHIPC_HOST", "-shared", "-fPIC", "-pthread", str(src)]
-    subprocess.run([*cmd, "-o", str(so)], check=True, capture_output=True, text=True)
-    return HostKernels(ctypes.CDLL(str(so)), specs)
+    code = "#define __launch_bounds__(n)\n" + "\n".join(sources) + "\n" + "\n".join(wrappers)
+    lib = host_simt.build(tmp_path_factory.mktemp(f"deltanet{wave}"), "deltanet_host", code, wave)
+    return HostKernels(lib, specs)
 
 
 @pytest.mark.parametrize("name", HOST_CASES)

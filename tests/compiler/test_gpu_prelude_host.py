@@ -10,9 +10,9 @@ tests/gpu runs the same code inside the kernels on a GPU.
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 
+import host_simt
 import numpy as np
 import pytest
 
@@ -21,7 +21,7 @@ from hipc.compiler.kernels.linear import QUANT_TYPES
 from hipc.compiler.passes.repack import split_quant_blocks
 
 gguf = pytest.importorskip("gguf")
-CXX = shutil.which("g++") or shutil.which("clang++")
+
 TYPES = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
 # block bytes of the types gguf-py cannot quantize (random blocks), and where their f16 d sits
 RANDOM_BLOCKS = {"q6_k": (210, 208), "q4_k": (144, 0), "q5_k": (176, 0)}
@@ -71,65 +71,14 @@ TYPE(q5_k)
 """
 
 
-SIMT_HARNESS = """
-#include <condition_variable>
-#include <memory>
-#include <mutex>
-#include <thread>
-#include <vector>
-// a barrier that sleeps (std::barrier spins: hundreds of spinning threads on a few cores)
-struct Barrier {
-  explicit Barrier(int n) : n(n) {}
-  void arrive_and_wait() {
-    std::unique_lock<std::mutex> lock(m);
-    const unsigned gen = generation;
-    if (++count == n) {
-      count = 0, ++generation;
-      cv.notify_all();
-    } else {
-      cv.wait(lock, [&] { return generation != gen; });
-    }
-  }
-  int n, count = 0;
-  unsigned generation = 0;
-  std::mutex m;
-  std::condition_variable cv;
-};
-static thread_local int t_id;
-static int g_dim;
-static Barrier* g_bar;  // the block's (hipc_sync)
-static std::vector<Barrier*> g_wbar;  // each wave's (shuffles: waves may run apart)
-static float g_slots[1024];
-int hipc_thread() { return t_id; }
-int hipc_block_dim() { return g_dim; }
-void hipc_sync() { g_bar->arrive_and_wait(); }
-float hipc_shfl_xor(float v, int m) {
-  Barrier* w = g_wbar[t_id / HIPC_WAVE];
-  g_slots[t_id] = v;
-  w->arrive_and_wait();
-  const float r = g_slots[t_id ^ m];
-  w->arrive_and_wait();
-  return r;
-}
+STAGE_CODE = """
 template <bool LO, int R>
 void stage_run(const float* x, const float* g, int K, int threads, int* xq, float* ss_out) {
-  Barrier bar(threads);
-  std::vector<std::unique_ptr<Barrier>> waves;
-  g_wbar.clear();
-  for (int w = 0; w < threads / HIPC_WAVE; ++w) {
-    waves.emplace_back(new Barrier(HIPC_WAVE));
-    g_wbar.push_back(waves.back().get());
-  }
-  g_bar = &bar, g_dim = threads;
   static float red[32];
-  std::vector<std::thread> ts;
-  for (int t = 0; t < threads; ++t)
-    ts.emplace_back([=] {
-      t_id = t;
-      const float ss = hipc_stage_xq<LO, R>(x, g, K, xq, red);
-      if (t == 0) *ss_out = ss;
-    });
-  for (auto& th : ts) th.join();
+  grid(1, 1, threads, [=] {
+    const float ss = hipc_stage_xq<LO, R>(x, g, K, xq, red);
+    if (t_id == 0) *ss_out = ss;
+  });
 }
 #define STAGE(K, T)                                                                   \\
   extern "C" void stage_##K##_##T##_int16(const float* x, const float* g, int* xq, float* ss) { \\
@@ -149,16 +98,7 @@ STAGE_SHAPES = [(576, 256), (1024, 64), (4096, 64), (14336, 512)]
 
 @pytest.fixture(scope="module")
 def simt(tmp_path_factory):
-    if CXX is None:
-        pytest.skip("no C++ compiler")
-    root = tmp_path_factory.mktemp("simt")
-    src = root / "stage_host.cpp"
-    prelude = template_text("hip/prelude.h").replace("#pragma once", "")
-    src.write_text(f"#define HIPC_WAVE 32\n#define HIPC_HOST_SIMT\n{prelude}\n{SIMT_HARNESS}")
-    so = root / "stage_host.so"
-    cmd = [CXX, "-std=c++20", "-O1", "-DHIPC_HOST", "-shared", "-fPIC", "-pthread", str(src)]
-    subprocess.run([*cmd, "-o", str(so)], check=True, capture_output=True, text=True)
-    return ctypes.CDLL(str(so))
+    return host_simt.build(tmp_path_factory.mktemp("simt"), "stage_host", STAGE_CODE)
 
 
 @pytest.mark.parametrize("activations", ["int16", "int8"])
@@ -186,7 +126,7 @@ def test_stage_xq_matches_numpy(simt, K, threads, activations, norm):
 
 @pytest.fixture(scope="module", params=["split", "gguf"])
 def lib(request, tmp_path_factory):
-    if CXX is None:
+    if host_simt.CXX is None:
         pytest.skip("no C++ compiler")
     root = tmp_path_factory.mktemp(request.param)
     src = root / "prelude_host.cpp"
@@ -194,7 +134,17 @@ def lib(request, tmp_path_factory):
     prelude = template_text("hip/prelude.h").replace("#pragma once", "")
     src.write_text(f"#define HIPC_WAVE 32\n#define HIPC_QSPLIT {qsplit}\n{prelude}\n{WRAPPERS}")
     so = root / "prelude_host.so"
-    cmd = [CXX, "-std=c++20", "-O1", "-DHIPC_HOST", "-shared", "-fPIC", str(src), "-o", str(so)]
+    cmd = [
+        host_simt.CXX,
+        "-std=c++20",
+        "-O1",
+        "-DHIPC_HOST",
+        "-shared",
+        "-fPIC",
+        str(src),
+        "-o",
+        str(so),
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     handle = ctypes.CDLL(str(so))
     handle.layout = request.param
