@@ -205,3 +205,23 @@ def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.n
         raw = raw.reshape(N, -1)
     vals = gguf.quants.dequantize(raw, qt)
     return _layout(raw, wtype, layout), vals.reshape(N, K).astype(np.float64)
+
+
+# Attention test cases (tests/gpu and the host tests) are tuples whose first six fields are
+# (NH, NKV, D, window, qk norm, interleaved pairs), then per file; a Qwen3.5-style case ends
+# with (rot, out_gate).
+def attention_switches(case) -> tuple[int, bool]:
+    """(rot, out_gate) of a case: 0 (all dims rotate) and no gate unless it names them."""
+    return tuple(case[9:11]) if len(case) > 9 else (0, False)
+
+
+def attention_params(case, eps: float):
+    """The AttentionParams of a case; `eps` the q/k norm's epsilon where the case has one."""
+    from hipc.compiler.kernels.attention import AttentionParams
+
+    NH, NKV, D, window, norm, interleaved, *_ = case
+    rot, gate = attention_switches(case)
+    return AttentionParams(
+        NH=NH, NKV=NKV, D=D, scale=float(D) ** -0.5, window=window, interleaved=interleaved,
+        norm_eps=eps if norm else 0.0, rot=rot, out_gate=gate,
+    )  # fmt: skip

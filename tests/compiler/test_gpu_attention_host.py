@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 
 from hipc.compiler.codegen.environment import render
-from hipc.compiler.kernels.attention import AttentionParams, decode_attention
+from hipc.compiler.kernels.attention import decode_attention
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
+
+from gpu_kernels import attention_params, attention_switches
 
 EPS = 1e-5
 
@@ -36,25 +38,14 @@ CASES = {
 }
 
 
-def switches(case) -> tuple[int, bool]:
-    """(rot, out_gate) of a case: 0 (all dims rotate) and no gate unless it names them."""
-    return tuple(case[9:11]) if len(case) > 9 else (0, False)
-
-
-def params(case) -> AttentionParams:
-    NH, NKV, D, window, norm, interleaved, *_ = case
-    rot, gate = switches(case)
-    return AttentionParams(NH=NH, NKV=NKV, D=D, scale=float(D) ** -0.5, window=window,
-                           interleaved=interleaved, norm_eps=EPS if norm else 0.0, rot=rot,
-                           out_gate=gate)  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     kernels, wrappers = [], []
     specs = {}
     for i, (name, case) in enumerate(CASES.items()):
-        k = decode_attention(f"att{i}", params(case), GpuTarget("sm_90"), [name], case[7], case[6])
+        k = decode_attention(
+            f"att{i}", attention_params(case, EPS), GpuTarget("sm_90"), [name], case[7], case[6]
+        )
         specs[name] = k
         kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         kv = "uint16_t" if case[6] == "bfloat16" else "float"
@@ -86,7 +77,7 @@ def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.n
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_decode_attention_on_the_host(lib, name):
     NH, NKV, D, window, norm, interleaved, kv, ctx, p = CASES[name][:9]
-    rot, gated = switches(CASES[name])
+    rot, gated = attention_switches(CASES[name])
     r = rot or D
     spec = lib.specs[name]
     rng = np.random.default_rng(sorted(CASES).index(name))

@@ -13,14 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipc.compiler.kernels.attention import AttentionParams, decode_attention
+from hipc.compiler.kernels.attention import decode_attention
 from hipc.compiler.kernels.embedding import EmbeddingParams
 from hipc.compiler.kernels.embedding import gpu_kernel as embedding_kernel
 from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv, prefill_gemm
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import DeviceKernels, offsets, pack
+from gpu_kernels import DeviceKernels, attention_params, attention_switches, offsets, pack
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -199,26 +199,6 @@ ATTENTIONS = {
 }
 
 
-def switches(case) -> tuple[int, bool]:
-    """(rot, out_gate) of a case: 0 (all dims rotate) and no gate unless it names them."""
-    return tuple(case[9:11]) if len(case) > 9 else (0, False)
-
-
-def attention_params(case) -> AttentionParams:
-    NH, NKV, D, window, norm, interleaved, *_ = case
-    return AttentionParams(
-        NH=NH,
-        NKV=NKV,
-        D=D,
-        scale=float(D) ** -0.5,
-        window=window,
-        interleaved=interleaved,
-        norm_eps=EPS if norm else 0.0,
-        rot=switches(case)[0],
-        out_gate=switches(case)[1],
-    )
-
-
 @pytest.fixture(scope="module")
 def attentions():
     specs = {}
@@ -227,7 +207,7 @@ def attentions():
         for i, (name, case) in enumerate(ATTENTIONS.items()):
             ctx, kv = case[7], case[6]
             specs[name] = decode_attention(
-                f"a{i}", attention_params(case), GpuTarget(arch), [name], ctx, kv
+                f"a{i}", attention_params(case, EPS), GpuTarget(arch), [name], ctx, kv
             )
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
@@ -252,7 +232,7 @@ def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.n
 @pytest.mark.parametrize("name", sorted(ATTENTIONS))
 def test_decode_attention_matches_numpy(attentions, name):
     NH, NKV, D, window, norm, interleaved, kv, ctx, p = ATTENTIONS[name][:9]
-    rot, gated = switches(ATTENTIONS[name])
+    rot, gated = attention_switches(ATTENTIONS[name])
     r = rot or D
     rng = np.random.default_rng(100 + sorted(ATTENTIONS).index(name))
     q_in = rng.standard_normal((NH, 2 * D if gated else D)).astype(np.float32)

@@ -21,7 +21,6 @@ import pytest
 
 from hipc.compiler.kernels.attention import (
     ATTN_WAVES,
-    AttentionParams,
     flash_attention,
     kv_context,
     prefill_signature,
@@ -30,7 +29,7 @@ from hipc.compiler.kernels.base import GPU_INDENT, GpuKernel
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import DeviceKernels
+from gpu_kernels import DeviceKernels, attention_params, attention_switches
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -52,25 +51,11 @@ CASES = {
 }
 
 
-def switches(case) -> tuple[int, bool]:
-    """(rot, out_gate) of a case: 0 (all dims rotate) and no gate unless it names them."""
-    return tuple(case[9:11]) if len(case) > 9 else (0, False)
-
-
-def params(case) -> AttentionParams:
-    NH, NKV, D, window, norm, interleaved, *_ = case
-    rot, gate = switches(case)
-    return AttentionParams(
-        NH, NKV, D, float(D) ** -0.5, window, interleaved, EPS if norm else 0.0, rot=rot,
-        out_gate=gate,
-    )  # fmt: skip
-
-
 def kernel_specs(arch: str) -> dict:
     """(case, variant) -> the GpuKernel, rendered as compiler/kernels/attention.py does."""
     specs = {}
     for i, (name, case) in enumerate(CASES.items()):
-        p, kv = params(case), case[6]
+        p, kv = attention_params(case, EPS), case[6]
         fk = flash_attention(f"f{i}", p, GpuTarget(arch), [name], kv)
         if fk is not None:
             specs[name, "flash"] = fk  # as compiled: K/V loaded, then used
@@ -121,7 +106,7 @@ def rope(x, c, s, interleaved):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_prefill_attention_matches_numpy(kernels, name, variant):
     NH, NKV, D, window, norm, interleaved, kv, start, T = CASES[name][:9]
-    rot, gated = switches(CASES[name])
+    rot, gated = attention_switches(CASES[name])
     QW = 2 * D if gated else D  # q's head stride
     spec = kernels.specs.get((name, variant))
     if spec is None:
