@@ -154,6 +154,20 @@ struct WGroup {
   __m512 dw;
   __m512 mw;  // only used by Q4_1
 };
+// A group of rows past N: read as zero weights.
+inline void clear(WGroup& z) {
+  for (int j = 0; j < 8; ++j) z.w[j] = _mm512_setzero_si512();
+  z.dw = z.mw = _mm512_setzero_ps();
+}
+// The row-lane tiles' outputs: V groups of 16 rows from n0 (masked at N) for C tokens from t0.
+template <int V, int C>
+inline void store_tile(const __m512 (&facc)[V][C], int t0, int n0, int N, float* y, int ldy) {
+  for (int v = 0; v < V; ++v) {
+    const int n = n0 + 16 * v;
+    const __mmask16 k = mask16(N - n);
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + (size_t)(t0 + c) * ldy + n, k, facc[v][c]);
+  }
+}
 // Split 16 qs dwords Q (8 nibbles each) into low-nibble and high-nibble chunks.
 inline void split_nibbles(__m512i q, __m512i& lo, __m512i& hi) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -865,11 +879,7 @@ inline void rl_tile(const WGroup* slab, int nb, const QAct& a, int t0, int n0, i
       }
     }
   }
-  for (int v = 0; v < V; ++v) {
-    const int n = n0 + 16 * v;
-    const __mmask16 k = mask16(N - n);
-    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + (size_t)(t0 + c) * ldy + n, k, facc[v][c]);
-  }
+  store_tile<V, C>(facc, t0, n0, N, y, ldy);
 }
 
 // Prep the slab of rows n0 .. n0+16V-1 (rows >= N read as zero).
@@ -885,9 +895,7 @@ inline void rl_prep(const uint8_t* W, size_t rb, int nb, int n0, int N, WGroup* 
       if (k) {
         Q::prep_rows(base + (size_t)b * Q::kBlockBytes, ridx, k, slab[(size_t)b * V + v]);
       } else {
-        WGroup& z = slab[(size_t)b * V + v];
-        for (int j = 0; j < 8; ++j) z.w[j] = _mm512_setzero_si512();
-        z.dw = z.mw = _mm512_setzero_ps();
+        clear(slab[(size_t)b * V + v]);
       }
     }
   }

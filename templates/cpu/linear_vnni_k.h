@@ -404,11 +404,7 @@ inline void ks_rl_tile(const WGroup* slab, int nb, const QAct& a, const KAct& k,
       }
     }
   }
-  for (int v = 0; v < V; ++v) {
-    const int n = n0 + 16 * v;
-    const __mmask16 km = mask16(N - n);
-    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + (size_t)(t0 + c) * ldy + n, km, facc[v][c]);
-  }
+  store_tile<V, C>(facc, t0, n0, N, y, ldy);
 }
 
 template <class KS, int V>
@@ -425,9 +421,7 @@ inline void ks_rl_prep(const uint8_t* W, size_t rb, int nsb, int n0, int N, WGro
         KS::rows8(base + (size_t)sb * KS::kBytes, ridx, km, out, V);
       } else {
         for (int u = 0; u < 8; ++u) {
-          WGroup& z = out[(size_t)u * V];
-          for (int j = 0; j < 8; ++j) z.w[j] = _mm512_setzero_si512();
-          z.dw = z.mw = _mm512_setzero_ps();
+          clear(out[(size_t)u * V]);
         }
       }
     }
