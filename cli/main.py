@@ -450,6 +450,24 @@ def _threads_flag(sp: argparse.ArgumentParser) -> None:
     )
 
 
+def _numerics_flags(sp: argparse.ArgumentParser) -> None:
+    """What compile and verify both take: the GPU prefill precision and the quantization."""
+    sp.add_argument(
+        "--prefill-precision",
+        choices=["bf16", "split"],
+        default="bf16",
+        help="GPU prefill GEMMs on bf16 weights: activations rounded to bf16 once (default, "
+        "as peers do) or split into bf16 hi + lo (twice the matrix work, float32-class logits)",
+    )
+    sp.add_argument(
+        "--quant",
+        metavar="RECIPE",
+        default=None,
+        help="quantize float weights at compile time, as llama-quantize's file type of that "
+        "name: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hipc.base.version import HIPC_VERSION
 
@@ -512,20 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="KV-cache element type (default auto: bfloat16 for GPU targets, float32 for cpu)",
     )
-    sp.add_argument(
-        "--prefill-precision",
-        choices=["bf16", "split"],
-        default="bf16",
-        help="GPU prefill GEMMs on bf16 weights: activations rounded to bf16 once (default, "
-        "as peers do) or split into bf16 hi + lo (twice the matrix work, float32-class logits)",
-    )
-    sp.add_argument(
-        "--quant",
-        metavar="RECIPE",
-        default=None,
-        help="quantize float weights at compile time, as llama-quantize's file type of that "
-        "name: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m",
-    )
+    _numerics_flags(sp)
     sp.add_argument(
         "--export-gguf",
         metavar="PATH",
@@ -544,20 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", "compile MODEL and compare its logits with the reference executor", cmd_verify
     )
     sp.add_argument("--target", default="cpu", help="the target to compile and run (default cpu)")
-    sp.add_argument(
-        "--prefill-precision",
-        choices=["bf16", "split"],
-        default="bf16",
-        help="GPU prefill GEMMs on bf16 weights: activations rounded to bf16 once (default, "
-        "as peers do) or split into bf16 hi + lo (twice the matrix work, float32-class logits)",
-    )
-    sp.add_argument(
-        "--quant",
-        metavar="RECIPE",
-        default=None,
-        help="quantize float weights at compile time, as llama-quantize's file type of that "
-        "name: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m",
-    )
+    _numerics_flags(sp)
     sp.add_argument(
         "--text", default=None, help="text to teacher-force (default: a built-in mixed sample)"
     )
