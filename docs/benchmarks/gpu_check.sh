@@ -12,18 +12,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-# pytest only where the image lacks it: a second copy would shadow the image's plugins
-skip=""
-python3 -c "import pytest" 2>/dev/null && skip="pytest pluggy iniconfig"
-wheels=()
-for w in .whl/*.whl; do
-  name=$(basename "$w" | cut -d- -f1)
-  case " $skip " in *" $name "*) continue ;; esac
-  wheels+=("$w")
-done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site "${wheels[@]}" || exit 1
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+source docs/benchmarks/install_wheels.sh
 nvidia-smi -L
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/server/test_server_gpu.py \
   2>&1 | tee "$OUT/gpu-tests.log" | tail -25

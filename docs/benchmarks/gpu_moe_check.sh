@@ -12,17 +12,7 @@ OUT=${OUT:-/tmp/out}
 WHL=$1
 shift
 mkdir -p "$OUT"
-skip=""
-python3 -c "import pytest" 2>/dev/null && skip="pytest pluggy iniconfig"
-wheels=()
-for w in "$WHL"/*.whl; do
-  name=$(basename "$w" | cut -d- -f1)
-  case " $skip " in *" $name "*) continue ;; esac
-  wheels+=("$w")
-done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site "${wheels[@]}" || exit 1
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+source docs/benchmarks/install_wheels.sh "$WHL"
 nvidia-smi -L
 # three processes (a kernel that faults leaves its CUDA context unusable for the rest),
 # each bounded by $TEST_SECONDS (default 90); $E2E_SELECT: a -k expression for the

@@ -20,18 +20,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LLAMA=/tmp/llama.cpp/build/bin
-if [ ! -d /tmp/site ]; then
-  skip=""
-  python3 -c "import pytest" 2>/dev/null && skip="pytest pluggy iniconfig"
-  wheels=()
-  for w in .whl/*.whl; do
-    name=$(basename "$w" | cut -d- -f1)
-    case " $skip " in *" $name "*) continue ;; esac
-    wheels+=("$w")
-  done
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "${wheels[@]}" || exit 1
-fi
+# the second call finds the first one's install
+[ -d /tmp/site ] || source docs/benchmarks/install_wheels.sh
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 
 end=$((SECONDS + ${PHASE_SECONDS:-540}))
