@@ -225,3 +225,17 @@ def attention_params(case, eps: float):
         NH=NH, NKV=NKV, D=D, scale=float(D) ** -0.5, window=window, interleaved=interleaved,
         norm_eps=eps if norm else 0.0, rot=rot, out_gate=gate,
     )  # fmt: skip
+
+
+def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.ndarray:
+    """x's pairs rotated by angles with cosines c and sines s: (2i, 2i+1) when interleaved,
+    else (i, i + D/2), as the attention kernels pair them."""
+    h = x.shape[-1] // 2
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
+    ra, rb = a * c - b * s, b * c + a * s
+    out = np.empty_like(x)
+    if interleaved:
+        out[..., 0::2], out[..., 1::2] = ra, rb
+    else:
+        out[..., :h], out[..., h:] = ra, rb
+    return out

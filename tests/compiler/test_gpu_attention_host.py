@@ -19,7 +19,7 @@ from hipc.compiler.kernels.attention import decode_attention
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import attention_params, attention_switches
+from gpu_kernels import attention_params, attention_switches, rope
 
 EPS = 1e-5
 
@@ -60,18 +60,6 @@ def lib(tmp_path_factory):
     handle = host_simt.build(tmp_path_factory.mktemp("attention"), "attention_host", code)
     handle.specs = specs
     return handle
-
-
-def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.ndarray:
-    h = x.shape[-1] // 2
-    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
-    ra, rb = a * c - b * s, b * c + a * s
-    out = np.empty_like(x)
-    if interleaved:
-        out[..., 0::2], out[..., 1::2] = ra, rb
-    else:
-        out[..., :h], out[..., h:] = ra, rb
-    return out
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -20,7 +20,7 @@ from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv, p
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import DeviceKernels, attention_params, attention_switches, offsets, pack
+from gpu_kernels import DeviceKernels, attention_params, attention_switches, offsets, pack, rope
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -215,18 +215,6 @@ def attentions():
     dev.specs = specs
     yield dev
     dev.close()
-
-
-def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.ndarray:
-    h = x.shape[-1] // 2
-    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
-    ra, rb = a * c - b * s, b * c + a * s
-    out = np.empty_like(x)
-    if interleaved:
-        out[..., 0::2], out[..., 1::2] = ra, rb
-    else:
-        out[..., :h], out[..., h:] = ra, rb
-    return out
 
 
 @pytest.mark.parametrize("name", sorted(ATTENTIONS))

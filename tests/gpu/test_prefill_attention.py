@@ -29,7 +29,7 @@ from hipc.compiler.kernels.base import GPU_INDENT, GpuKernel
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import DeviceKernels, attention_params, attention_switches
+from gpu_kernels import DeviceKernels, attention_params, attention_switches, rope
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -88,18 +88,6 @@ def kernels():
     dev.specs = specs
     yield dev
     dev.close()
-
-
-def rope(x, c, s, interleaved):
-    h = x.shape[-1] // 2
-    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
-    ra, rb = a * c - b * s, b * c + a * s
-    out = np.empty_like(x)
-    if interleaved:
-        out[..., 0::2], out[..., 1::2] = ra, rb
-    else:
-        out[..., :h], out[..., h:] = ra, rb
-    return out
 
 
 @pytest.mark.parametrize("variant", ["flash", "flash_pipelined", "simt"])
