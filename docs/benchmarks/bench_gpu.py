@@ -46,6 +46,14 @@ def log(*a) -> None:
     print(*a, file=sys.stderr, flush=True)
 
 
+def wait_for(path: Path, seconds: float = 480) -> bool:
+    """Wait for a peer binary that gpu_session.sh builds in the background during the tests."""
+    end = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < end:
+        time.sleep(2)
+    return path.exists()
+
+
 def ceilings() -> dict:
     import torch
 

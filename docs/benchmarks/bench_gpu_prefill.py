@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_gpu import GGUF_NAME, SHAPES, log, write_model
+from bench_gpu import GGUF_NAME, SHAPES, log, wait_for, write_model
 
 
 def prefill_flops(name: str, T: int, layers: int) -> float:
@@ -136,6 +136,9 @@ def bench_llamacpp(bin_dir: Path, peers: Path, name: str, work: Path, tokens: li
             check=True,
             capture_output=True,
         )
+    if not wait_for(bench):
+        log(f"llama.cpp: {bench} is not there")
+        return {}
     cmd = [str(bench), "-m", str(gguf_path), "-ngl", "99", "-fa", "1", "-n", "0", "-r", "3"]
     cmd += ["-p", ",".join(map(str, tokens)), "-o", "json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

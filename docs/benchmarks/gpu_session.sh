@@ -13,6 +13,8 @@
 #   ../shared/peers/build_llamacpp_source.sh .work/llama
 #   python docs/benchmarks/bench_gpu_quant.py --prep-smol .work/gpuq-meta
 # and carry .whl .work/peers .work/llama .work/gpuq-meta.
+# PHASES (default "prefill quant deltanet moe") picks and orders the benchmarks; PEERS=0 skips
+# llama.cpp; PROFILE=l8_q4_0,... adds bench_gpu_quant's per-kernel decode profiles.
 # Writes $OUT/gpu-tests.log (+ -full.log), $OUT/deltanet.md, $OUT/moe.md, $OUT/prefill.md, $OUT/quant.md, $OUT/bench.log.
 # PHASE_SECONDS bounds each phase (default 540); the benchmarks run in the order of
 # what they are needed for (MoE, prefill, quantized decode), each in what time is left.
@@ -31,8 +33,8 @@ case "${1:?tests or bench}" in
 tests)
   nvidia-smi -L
   # nice: the GPU tests compile their kernels on the same 16 cores
-  setsid nohup nice -n 10 bash .work/peers/build_llamacpp_cuda.sh "$PWD/.work/llama" \
-    >/tmp/llamacpp-outer.log 2>&1 </dev/null &
+  [ "${PEERS:-1}" = 1 ] && setsid nohup nice -n 10 bash .work/peers/build_llamacpp_cuda.sh \
+    "$PWD/.work/llama" >/tmp/llamacpp-outer.log 2>&1 </dev/null &
   # one process per file (a kernel that faults leaves its CUDA context unusable), five at a
   # time: the tests mostly wait on nvcc, and the GPU has room for all of them
   [ -d .work/hybrid-models ] && export HIPC_HYBRID_MODELS=$PWD/.work/hybrid-models
@@ -46,22 +48,43 @@ tests)
   echo "llama.cpp build: $(tail -1 /tmp/llamacpp-outer.log 2>/dev/null)"
   ;;
 bench)
-  for _ in $(seq 120); do [ -x $LLAMA/llama-bench ] && break; sleep 2; done
-  ls $LLAMA/llama-bench $LLAMA/llama-quantize || tail -20 /tmp/llamacpp-build.log
+  # the peers come last in each benchmark, so the llama.cpp build may still be running here
+  # PEERS=0: hipc (and PyTorch eager) alone, for a development call without the 6-minute build
+  peer() { [ "${PEERS:-1}" = 1 ] && echo "$@"; }
+  waitllama() {
+    [ "${PEERS:-1}" = 1 ] || return 0
+    for _ in $(seq 240); do [ -x $LLAMA/llama-quantize ] && break; sleep 2; done
+    ls $LLAMA/llama-bench $LLAMA/llama-quantize || tail -20 /tmp/llamacpp-build.log
+  }
   run() {  # NAME ARGS...: one benchmark in the time left, its table kept even when cut short
     local name=$1
     shift
     [ "$(left)" -gt 60 ] || { echo "$name: skipped, no time left" | tee -a "$OUT/bench.log"; return; }
     timeout "$(left)" python3 "$@" 2>&1 | tee -a "$OUT/bench.log" | tail -25
   }
-  run deltanet docs/benchmarks/bench_gpu_deltanet.py --out "$OUT/deltanet.md"
-  run moe docs/benchmarks/bench_gpu_moe.py --models qwen3 --repeats 2 \
-    --llamacpp-bin $LLAMA --out "$OUT/moe.md"
-  rm -rf /tmp/hipc-moe-bench
-  run prefill docs/benchmarks/bench_gpu_prefill.py --models l8 --tokens 512,4096 --repeats 3 \
-    --llamacpp-bin $LLAMA --peers .work/peers --out "$OUT/prefill.md"
-  rm -rf /tmp/hipc-prefill
-  run quant docs/benchmarks/bench_gpu_quant.py --meta .work/gpuq-meta --models l8_q4_0,smol_q4_1 \
-    --activations int8 --repeats 3 --llamacpp-bin $LLAMA --peers .work/peers --out "$OUT/quant.md"
+  for phase in ${PHASES:-prefill quant deltanet moe}; do
+    case $phase in
+    prefill)
+      run prefill docs/benchmarks/bench_gpu_prefill.py --models l8 --tokens 512,4096 --repeats 3 \
+        $(peer --llamacpp-bin $LLAMA --peers .work/peers) --out "$OUT/prefill.md"
+      rm -rf /tmp/hipc-prefill ;;
+    quant)
+      waitllama
+      run quant docs/benchmarks/bench_gpu_quant.py --meta .work/gpuq-meta --models l8_q4_0,l8_q4_k_m,smol_q4_1 \
+        --activations int8 --repeats 3 $(peer --llamacpp-bin $LLAMA --peers .work/peers) \
+        --profile "${PROFILE:-}" --out "$OUT/quant.md" ;;
+    deltanet)
+      run deltanet docs/benchmarks/bench_gpu_deltanet.py --out "$OUT/deltanet.md" ;;
+    moeprof)  # 8 layers, per-kernel decode profile, hipc alone
+      run moeprof docs/benchmarks/bench_gpu_moe.py --models qwen3 --layers qwen3=8 --repeats 1 \
+        --profile --out "$OUT/moe-profile.md"
+      rm -rf /tmp/hipc-moe-bench ;;
+    moe)
+      waitllama
+      run moe docs/benchmarks/bench_gpu_moe.py --models qwen3 --repeats 2 \
+        $(peer --llamacpp-bin $LLAMA) --out "$OUT/moe.md"
+      rm -rf /tmp/hipc-moe-bench ;;
+    esac
+  done
   ;;
 esac

@@ -455,6 +455,8 @@ class GpuBackend:
         if self._closed:
             raise HipcError(f"{self.name} backend: used after close()")
         try:
+            # the server steps from a worker thread: the context must be current there too
+            self._driver.activate()
             for spec, base in zip(self._states, self.bases.states, strict=True):
                 if spec.needs_reset:
                     self._driver.memset0(base, spec.nbytes(self.max_context))
@@ -515,6 +517,7 @@ class GpuBackend:
         self._pending = None
         d = self._driver
         try:
+            d.activate()
             d.synchronize()
         except DriverError as e:
             raise self._locate(e, launches, T, rows, where) from None

@@ -50,7 +50,7 @@ def test_server_on_the_gpu_matches_the_gpu_engine(gpu_artifact, tmp_path):
         for prompt in PROMPTS:
             body = {"model": "g", "prompt": prompt, "max_tokens": 48, "temperature": 0}
             status, _, raw = server.request("POST", "/v1/completions", body)
-            assert status == 200, raw
+            assert status == 200, (raw, server.log()[-4000:])
             r = json.loads(raw)
             got = (r["choices"][0]["text"], r["choices"][0]["finish_reason"],
                    r["usage"]["completion_tokens"])  # fmt: skip
