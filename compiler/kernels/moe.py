@@ -63,6 +63,8 @@ class MoEParams(Params):
     normalize: bool  # renormalise the routed weights
     fused_gate_up: bool  # gate and up as one [2F, H] block per expert (HF transformers >= 5)
     residual: bool
+    router: str = ""  # the router matmul's weight type when it is fused in ("": logits given)
+    norm_eps: float = 0.0  # the RMSNorm before the router and the experts, when fused in
 
     def tag(self) -> str:
         return f"{self.wtype}_e{self.E}k{self.top_k}_{self.H}x{self.F}"
@@ -71,6 +73,11 @@ class MoEParams(Params):
 CPU = Signature.parse("""
 int T, const float* x, const float* logits, int ldl, const void* gate, const void* up,
 const void* down, const float* res, float* y
+""")
+# the router (and its RMSNorm) fused in: x is the residual stream before the norm
+CPU_ROUTER = Signature.parse("""
+int T, const float* x, const float* norm_w, const void* router, const void* gate,
+const void* up, const void* down, const float* res, float* y
 """)
 
 # the GPU kernels (templates/hip/moe_decode.hip.j2, moe_prefill.hip.j2)
@@ -83,6 +90,12 @@ const float* __restrict__ act, const int* __restrict__ route_ids,
 const float* __restrict__ route_w, const void* __restrict__ down, const float* res, float* y
 """)
 ROUTE = Signature.parse("const float* __restrict__ logits, int ldl, int* route_ids, float* route_w")
+# the router fused in: x (the residual stream) -> its norm xn (what the experts read), the
+# logits, the route; `count` hands the decode kernel's blocks over to the last one
+ROUTER = Signature.parse("""
+const float* __restrict__ x, const float* __restrict__ norm_w, const void* __restrict__ router,
+float* __restrict__ xn, float* logits, unsigned* count, int* route_ids, float* route_w
+""")
 GROUP = Signature.parse("const int* __restrict__ route_ids, int T, int* src, int* pos, int* tiles")
 GATE_UP = Signature.parse("""
 const float* __restrict__ x, const int* __restrict__ src, const int* __restrict__ tiles,
@@ -152,9 +165,17 @@ class MoEGpu:
     gate_up: GroupedGemm  # the prefill GEMMs launched (SIMT, or those of `mma`)
     down: GroupedGemm
 
+    route_blocks: int = 0  # the decode's {fn}_route grid, when the router is fused in
+
     def scratch(self, max_tokens: int, p: MoEParams) -> dict[str, int]:
         pairs = max_tokens * p.top_k
+        router = (
+            {"moe_xn": 4 * max_tokens * p.H, "moe_logits": 4 * max_tokens * p.E, "moe_count": 4}
+            if p.router
+            else {}
+        )
         return {
+            **router,
             "moe_ids": 4 * pairs,
             "moe_w": 4 * pairs,
             "moe_src": 4 * pairs,
@@ -188,6 +209,14 @@ def gpu_kernels(
     tiles = max_tiles(max_tokens, p)
     common = dict(nodes=nodes, wave=wave, wsuffix=ws, quant=quant, **p.context())
     threads = MOE_WAVES * wave
+    split, route_blocks = router_split(p, wave)
+    if p.router:
+        common.update(
+            rsuffix=WEIGHT_SUFFIX[p.router],
+            route_split=split,
+            route_blocks=route_blocks,
+            route_params=ROUTER.render(GPU_INDENT + 6),
+        )
     p_down = 1 if quant else MOE_ROWS
     up_blocks = -(-p.top_k * p.F // (MOE_WAVES * MOE_ROWS))
     down_blocks = -(-p.H // (MOE_WAVES * p_down))
@@ -221,7 +250,7 @@ def gpu_kernels(
             bm=TILE,
             bn=TILE,
             max_tiles=tiles,
-            route_params=ROUTE.render(0),
+            route_params=ROUTER.render(0) if p.router else ROUTE.render(0),
             group_params=GROUP.render(0),
             gate_up_params=GATE_UP.render(GPU_INDENT + 8),
             down_params=PREFILL_DOWN.render(GPU_INDENT + 5),
@@ -270,7 +299,23 @@ def gpu_kernels(
         mma,
         gate_up,
         down,
+        route_blocks if p.router else 0,
     )
+
+
+ROUTER_WTYPES = ("float32", "float16", "bfloat16")
+ROUTE_WAVES = 512  # the decode router's work items (router row parts) to aim for
+
+
+def router_split(p: MoEParams, wave: int) -> tuple[int, int]:
+    """The fused decode router's geometry: waves per router row (a power of two dividing
+    MOE_WAVES, each wave a contiguous part of the row, 4 values a load) and the blocks of
+    MOE_WAVES waves covering the E rows. Many small blocks: the 4 * E * H bytes of an f32
+    router are read at DRAM speed rather than by a few SMs."""
+    split = 1
+    while split < MOE_WAVES and p.E * split * 2 <= ROUTE_WAVES and p.H % (8 * split) == 0:
+        split *= 2
+    return split, -(-p.E * split // MOE_WAVES)
 
 
 ROUTING = GpuKernel("hipc_moe_routing", "moe_route", {}, [], 0)  # device functions, once
@@ -279,7 +324,7 @@ ROUTING = GpuKernel("hipc_moe_routing", "moe_route", {}, [], 0)  # device functi
 class MoE(KernelKind):
     name = "moe"
     anchors = frozenset({"hipc::Experts"})
-    roles = frozenset({"prologue:router", "epilogue:residual"})
+    roles = frozenset({"prologue:router", "prologue:gate", "epilogue:residual"})
     cpu_signature = CPU
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
@@ -288,6 +333,7 @@ class MoE(KernelKind):
             others = [u.name for o in router.outputs for u in p.users(o) if u is not n]
             why = f"its routes are also read by {', '.join(others)}" if others else None
             p.propose(n, router, "prologue:router", router.outputs[1], why, side="prologue")
+            self._propose_gate(graph, n, router, p)
         user = p.only_user(n.outputs[0])
         if user is not None and user.op == "Add":
             p.propose(n, user, "epilogue:residual", n.outputs[0])
@@ -295,6 +341,35 @@ class MoE(KernelKind):
             p.propose(
                 n, user, "epilogue", n.outputs[0], f"no {user.op} epilogue in the moe kernels"
             )
+
+    def _propose_gate(self, graph: Graph, n: Node, router: Node, p: Proposals) -> None:
+        """The router's matmul, and the RMSNorm both it and the experts read, as the moe
+        kernel's prologue: on the GPU the decode step then routes in one kernel (norm, the
+        E logits, softmax and top-k) instead of a norm, a GEMV and routing in every block."""
+        lin = graph.producer(router.inputs[0])
+        if lin is None or lin.op != "hipc::Linear":
+            return
+        w = graph.values[lin.inputs[1]]
+        why = None
+        if len(lin.inputs) > 2:
+            why = "the router has a bias"
+        elif w.dtype not in ROUTER_WTYPES:
+            why = f"no fused router for {w.dtype} weights (float32, float16, bfloat16)"
+        elif [u.name for u in p.users(lin.outputs[0])] != [router.name]:
+            why = f"{lin.outputs[0]} has other readers"
+        elif lin.inputs[0] != n.inputs[0]:
+            why = "the router and the experts read different inputs"
+        norm = graph.producer(lin.inputs[0])
+        brings = []
+        if (
+            why is None
+            and norm is not None
+            and norm.op == "RMSNormalization"
+            and {u.name for u in p.users(norm.outputs[0])} == {lin.name, n.name}
+        ):
+            brings = [norm]  # nothing else reads the norm: it comes along (and is scored)
+        value = norm.outputs[0] if brings else lin.outputs[0]
+        p.propose(n, lin, "prologue:gate", value, why, side="prologue", brings=brings)
 
     def select(self, g: Graph, grp: FusedGroup) -> SelectedKernel:
         ex = grp.anchor
@@ -310,9 +385,15 @@ class MoE(KernelKind):
             raise FusionError(f"{grp.name}: expert weights in mixed types {sorted(dtypes)}")
         E, H, F = (int(d) for d in g.values[ws[-1]].shape)
         fused = len(ws) == 2
+        lin = next((m for m in grp.prologue if m.op == "hipc::Linear"), None)
+        norm = next((m for m in grp.prologue if m.op == "RMSNormalization"), None)
+        if norm is not None:
+            x = norm.inputs[0]
         refs: dict[str, Any] = {
             "x": ("act", x),
-            "logits": ("act", router.inputs[0]),
+            "logits": ("act", router.inputs[0]) if lin is None else ("none", None),
+            "router": ("weight", lin.inputs[1]) if lin is not None else ("none", None),
+            "norm_w": ("weight", norm.inputs[1]) if norm is not None else ("none", None),
             "gate": ("weight", ws[0]),
             "up": ("weight", ws[0] if fused else ws[1]),
             "down": ("weight", ws[-1]),
@@ -332,8 +413,13 @@ class MoE(KernelKind):
             normalize=bool(router.attrs.get("normalize")),
             fused_gate_up=fused,
             residual=add is not None,
+            router=g.values[lin.inputs[1]].dtype if lin is not None else "",
+            norm_eps=float(norm.attrs["epsilon"]) if norm is not None else 0.0,
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
+
+    def cpu_signature_of(self, k: SelectedKernel) -> Signature:
+        return CPU_ROUTER if k.params.router else CPU
 
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
         p: MoEParams = k.params
@@ -347,7 +433,8 @@ class MoE(KernelKind):
         in_row = row_bytes(p.wtype, p.H)
         return "cpu/moe.cpp.j2", dict(
             mm=("a16_" if activations == "int16" else "") + ws,
-            params=CPU.render(CPU_INDENT),
+            rsuffix=WEIGHT_SUFFIX.get(p.router, ""),
+            params=self.cpu_signature_of(k).render(CPU_INDENT),
             in_row_bytes=in_row,
             gate_stride=(2 if p.fused_gate_up else 1) * p.F * in_row,
             down_stride=p.H * row_bytes(p.wtype, p.F),
@@ -358,11 +445,15 @@ class MoE(KernelKind):
         r = k.refs
         if b.ld(r["x"][1]) != p.H:
             raise FusionError(f"{k.group}: input rows are strided ({b.ld(r['x'][1])} != {p.H})")
+        route = (
+            {"norm_w": b.ref(r["norm_w"]), "router": b.ref(r["router"])}
+            if p.router
+            else {"logits": b.act(r["logits"][1]), "ldl": b.int(b.ld(r["logits"][1]))}
+        )
         return {
             "T": b.int("T"),
             "x": b.act(r["x"][1]),
-            "logits": b.act(r["logits"][1]),
-            "ldl": b.int(b.ld(r["logits"][1])),
+            **route,
             "gate": b.ref(r["gate"]),
             "up": b.ref(r["up"]),
             "down": b.ref(r["down"]),
@@ -394,9 +485,17 @@ class MoE(KernelKind):
             g.kernel(m.mma)
         s = {name: b.scratch(g.scratch(name)) for name in m.scratch(g.max_tokens, p)}
         x, y, res = b.act(r["x"][1]), b.act(r["y"][1]), b.ref(r["res"])
-        logits = b.act(r["logits"][1])
         gate, up, down = b.ref(r["gate"]), b.ref(r["up"]), b.ref(r["down"])
         block = [m.threads]
+        if p.router:
+            route_args = {"x": x, "norm_w": b.ref(r["norm_w"]), "router": b.ref(r["router"]),
+                          "xn": s["moe_xn"], "logits": s["moe_logits"], "count": s["moe_count"],
+                          "route_ids": s["moe_ids"], "route_w": s["moe_w"]}  # fmt: skip
+            g.launch("decode", k.group, f"{dec}_route", [m.route_blocks], block, ROUTER,
+                     route_args, overlap=True)  # fmt: skip
+            x, logits = s["moe_xn"], s["moe_logits"]  # the experts read the norm's result
+        else:
+            logits = b.act(r["logits"][1])
         g.launch("decode", k.group, f"{dec}_up", [m.up_blocks], block, UP,
                  {"x": x, "logits": logits, "gate": gate, "up": up, "act": s["moe_act"],
                   "route_ids": s["moe_ids"], "route_w": s["moe_w"]},
@@ -405,9 +504,12 @@ class MoE(KernelKind):
                  {"act": s["moe_act"], "route_ids": s["moe_ids"], "route_w": s["moe_w"],
                   "down": down, "res": res, "y": y},
                  shared=m.down_shared, overlap=True)  # fmt: skip
-        g.launch("prefill", k.group, f"{pre}_route", ["T"], [256], ROUTE,
-                 {"logits": logits, "ldl": b.int(b.ld(r["logits"][1])),
-                  "route_ids": s["moe_ids"], "route_w": s["moe_w"]})  # fmt: skip
+        if p.router:
+            g.launch("prefill", k.group, f"{pre}_route", ["T"], [256], ROUTER, route_args)
+        else:
+            g.launch("prefill", k.group, f"{pre}_route", ["T"], [256], ROUTE,
+                     {"logits": logits, "ldl": b.int(b.ld(r["logits"][1])),
+                      "route_ids": s["moe_ids"], "route_w": s["moe_w"]})  # fmt: skip
         g.launch("prefill", k.group, f"{pre}_group", [1], [1024], GROUP,
                  {"route_ids": s["moe_ids"], "T": b.int("T"), "src": s["moe_src"],
                   "pos": s["moe_pos"], "tiles": s["moe_tiles"]})  # fmt: skip

@@ -138,14 +138,11 @@ def fuse(graph: Graph) -> Fusion:
     decisions: list[Decision] = []
     for c in sorted(p.candidates, key=lambda c: (-c.score, -c.nearness)):
         node, anchor, why = c.node, c.anchor, c.why
-        if why is None and node.name in owner and owner[node.name] != anchor:
-            why = f"already fused into {owner[node.name]}"
-            if (
-                node.name in groups
-                and not groups[node.name].prologue
-                and not groups[node.name].epilogue
-            ):
-                why = None  # an anchor with nothing attached may still be absorbed
+        for m in (node, *c.brings):
+            if why is None and m.name in owner and owner[m.name] != anchor:
+                why = f"already fused into {owner[m.name]}"
+                if m.name in groups and not groups[m.name].prologue and not groups[m.name].epilogue:
+                    why = None  # an anchor with nothing attached may still be absorbed
         if why is None and anchor not in groups:
             why = f"{anchor} was itself fused into {owner.get(anchor)}"
         if why is None and c.role not in BY_NAME[groups[anchor].kind].roles:
@@ -156,9 +153,9 @@ def fuse(graph: Graph) -> Fusion:
         if not accepted:
             continue
         g = groups[anchor]
-        if node.name in groups and node.name != anchor:
-            del groups[node.name]
         for m in (node, *c.brings):
+            if m.name in groups and m.name != anchor:
+                del groups[m.name]
             owner[m.name] = anchor
             g.roles[m.name] = c.role
         (g.prologue if c.side == "prologue" else g.epilogue).extend((node, *c.brings))

@@ -1,0 +1,160 @@
+"""The GPU MoE decode chain with the router fused in (templates/hip/moe_decode.hip.j2:
+_route, _up, _down) and the prefill's fused _route (moe_prefill.hip.j2), run on the host:
+the rendered kernels compiled by a plain C++ compiler with HIPC_HOST_SIMT, each block's
+threads in step as host threads, the blocks one after another (the last block of _route is
+then the grid's last: any order is one the GPU may take). Outputs start as NaN and the
+experts no token picks have NaN weights, against NumPy in float64. tests/gpu runs the same
+kernels on a GPU; this checks their indexing and the blocks' hand-off on a machine with none.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import host_simt
+import numpy as np
+import pytest
+
+from hipc.compiler.codegen.environment import render
+from hipc.compiler.ir import Node
+from hipc.compiler.kernels.moe import XQ_BLOCK_BYTES, MoEParams, gpu_kernels
+from hipc.compiler.passes.repack import split_quant_blocks
+from hipc.compiler.reference.ops import IMPLS
+from hipc.compiler.targets import GpuTarget
+
+from gpu_kernels import pack
+from support import rel_err
+
+EPS = 1e-6
+MAX_TOKENS = 4
+
+# name: (experts' type, E, k, H, F, normalize, router type, norm fused)
+CASES = {
+    "q4_0_e16_k4_f32router_norm": ("q4_0", 16, 4, 256, 64, True, "float32", True),
+    "f32_e7_k2_bf16router": ("float32", 7, 2, 64, 40, False, "bfloat16", False),
+    "q8_0_e128_k8_f16router_norm": ("q8_0", 128, 8, 128, 32, True, "float16", True),
+}
+
+
+def params(case) -> MoEParams:
+    wtype, E, k, H, F, normalize, router, norm = case
+    return MoEParams(wtype, E, k, H, F, normalize, False, True, router, EPS if norm else 0.0)
+
+
+def host_source(text: str, xq_ints: int) -> str:
+    # the host has no dynamic shared memory: the kernels' staging array as a static one
+    return text.replace("extern __shared__ int xq[];", f"static int xq[{max(xq_ints, 1)}];")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    from hipc.compiler.kernels.moe import ROUTING
+
+    # (the prefill kernels give CUDA's launch bounds directly)
+    parts = [
+        "#define __launch_bounds__(...)",
+        render(f"hip/{ROUTING.template}.hip.j2", fn=ROUTING.fn),
+    ]
+    wrappers, specs = [], {}
+    for i, (name, case) in enumerate(CASES.items()):
+        m = gpu_kernels(f"m{i}", params(case), GpuTarget("sm_90"), [name], MAX_TOKENS)
+        specs[name] = m
+        xq = max(m.up_shared, m.down_shared) // 4
+        for k in (m.decode, m.prefill):
+            parts.append(host_source(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx), xq))
+        d, p = m.decode.fn, m.prefill.fn
+        route_args = "x, g, r, xn, lg, cnt, ids, w"
+        wrappers.append(
+            f'extern "C" void run_{d}(const float* x, const float* g, const void* r, float* xn, '
+            f"float* lg, unsigned* cnt, int* ids, float* w, const void* gate, const void* up, "
+            f"const void* down, float* act, float* y) {{\n"
+            f"  grid({m.route_blocks}, 1, {m.threads}, [=] {{ {d}_route({route_args}); }});\n"
+            f"  grid({m.up_blocks}, 1, {m.threads}, [=] {{ {d}_up(xn, lg, gate, up, act, ids, w); }});\n"
+            f"  grid({m.down_blocks}, 1, {m.threads}, [=] {{ {d}_down(act, ids, w, down, y, y); }});\n"
+            f'}}\nextern "C" void run_{p}(int T, const float* x, const float* g, const void* r, '
+            f"float* xn, float* lg, unsigned* cnt, int* ids, float* w) {{\n"
+            f"  grid(T, 1, 256, [=] {{ {p}_route({route_args}); }});\n}}"
+        )
+    code = "\n".join(parts) + "\n" + "\n".join(wrappers)
+    handle = host_simt.build(tmp_path_factory.mktemp("moe"), "moe_host", code)
+    handle.specs = specs
+    return handle
+
+
+def make(name: str, T: int):
+    wtype, E, k, H, F, normalize, router, norm = CASES[name]
+    rng = np.random.default_rng(sorted(CASES).index(name) * 10 + T)
+    x = (3 * rng.standard_normal((T, H))).astype(np.float32)
+    g = (1 + 0.3 * rng.standard_normal(H)).astype(np.float32)
+    r_raw, r = pack(rng.standard_normal((E, H)) / np.sqrt(H), router)
+    xn = x.astype(np.float64)
+    if norm:
+        xn = xn / np.sqrt(np.mean(xn * xn, -1, keepdims=True) + EPS) * g
+    logits = xn @ r.T
+    node = Node("r", "MoERouter", ("l",), ("i", "w"), {"top_k": k, "normalize": int(normalize)})
+    ids, w = IMPLS["hipc::MoERouter"](node, [logits], None)
+    idle = np.setdiff1d(np.arange(E), ids)
+    experts = []
+    for shape in ((E, F, H), (E, F, H), (E, H, F)):
+        a = 0.1 * rng.standard_normal(shape)
+        raw, vals = pack(a.reshape(-1, shape[2]), wtype, "gguf")
+        raw, vals = raw.reshape(E, shape[1], -1).copy(), vals.reshape(shape)
+        if wtype == "float32":
+            raw[idle] = np.nan
+        else:  # every byte of an idle expert's blocks 0xff: its scales are f16 NaN
+            raw[idle] = 0xFF
+            raw = split_quant_blocks(raw.reshape(E * shape[1], -1), wtype)
+        experts.append((raw.reshape(E * shape[1], -1), vals))
+    return x, g, r_raw, xn, logits, ids, w, experts
+
+
+def ptrs(*arrays):
+    return [a.ctypes.data_as(ctypes.c_void_p) for a in arrays]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_decode_route_up_down_on_the_host(lib, name):
+    wtype, E, k, H, F, *_ = CASES[name]
+    m = lib.specs[name]
+    x, g, r, xn_want, logits_want, ids_want, w_want, experts = make(name, 1)
+    (gr, gv), (ur, uv), (dr, dv) = experts
+    res = np.random.default_rng(1).standard_normal((1, H)).astype(np.float32)
+    y = res.copy()  # in place, as the residual stream is updated
+    xn = np.full(H, np.nan, np.float32)
+    lg = np.full(E, np.nan, np.float32)
+    cnt = np.zeros(1, np.uint32)
+    ids = np.full(k, -1, np.int32)
+    w = np.full(k, np.nan, np.float32)
+    act = np.full(k * F, np.nan, np.float32)
+    args = ptrs(x, g, r, xn, lg, cnt, ids, w, gr, ur, dr, act, y)
+    getattr(lib, f"run_{m.decode.fn}")(*args)
+    assert cnt[0] == 0  # the routing block reset the hand-off counter for the next layer
+    np.testing.assert_allclose(xn, xn_want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lg, logits_want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(ids, ids_want[0])
+    np.testing.assert_allclose(w, w_want[0], rtol=1e-5, atol=1e-7)
+    node = Node("m", "Experts", ("x", "i", "w", "g", "u", "d"), ("y",), {}, "hipc")
+    want = res + IMPLS["hipc::Experts"](node, [xn_want, ids_want, w_want, gv, uv, dv], None)[0]
+    assert np.isfinite(y).all()
+    # quantized experts see x and act as int8 hi + lo planes (~16 significant bits)
+    assert rel_err(y, want) <= (1e-4 if wtype != "float32" else 1e-5), rel_err(y, want)
+    assert m.up_shared in (0, H // 32 * XQ_BLOCK_BYTES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_prefill_route_on_the_host(lib, name):
+    _wtype, E, k, H, *_ = CASES[name]
+    m = lib.specs[name]
+    T = 3
+    x, g, r, xn_want, logits_want, ids_want, w_want, _ = make(name, T)
+    xn = np.full((MAX_TOKENS, H), np.nan, np.float32)
+    lg = np.full((MAX_TOKENS, E), np.nan, np.float32)
+    cnt = np.zeros(1, np.uint32)
+    ids = np.full((MAX_TOKENS, k), -1, np.int32)
+    w = np.full((MAX_TOKENS, k), np.nan, np.float32)
+    getattr(lib, f"run_{m.prefill.fn}")(T, *ptrs(x, g, r, xn, lg, cnt, ids, w))
+    np.testing.assert_allclose(xn[:T], xn_want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lg[:T], logits_want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(ids[:T], ids_want)
+    np.testing.assert_allclose(w[:T], w_want, rtol=1e-5, atol=1e-7)
+    assert np.isnan(xn[T:]).all() and (ids[T:] == -1).all()  # nothing past the T tokens
