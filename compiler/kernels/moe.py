@@ -7,19 +7,23 @@ torch.topk orders ties, tokens grouped by expert, three matmuls per routed exper
 its tokens (decode: k GEMVs of each; prefill: one GEMM per routed expert).
 
 GPU (templates/hip/moe_*.hip.j2): routing on the device, inside the captured decode graph.
-Decode is two kernels: `_up` routes the token in every block (E logits, cheaper than a
-launch) and computes silu(gate) * up for the k routed experts' rows only; `_down` multiplies
-each output's k expert rows as one row against the k activations, scales each expert's part
-by its weight, and adds the residual (the sum is complete in one lane: no atomics). Prefill
-groups the (token, slot) pairs by expert on the device (count, prefix sum, scatter) and runs
-a grouped GEMM over tiles that never straddle two experts (bf16 experts on the matrix
-instructions, moe_mma.hip.j2 after linear_mma's pipeline; other types SIMT, dequantized on
-load), then a combine kernel adds each token's k rows in a fixed order.
+With the router's matmul (and the RMSNorm before it, where only the router and the experts
+read it) fused in (prologue:gate), decode is three kernels: `_route` (the norm, the E logits
+over many blocks, the last block's softmax and top-k), `_up` (silu(gate) * up for the k routed
+experts' rows only) and `_down` (each output's k expert rows as one row against the k
+activations, each expert's part scaled by its weight, plus the residual: the sum is complete
+in one lane, no atomics), which loads its first weights before waiting on `_up` (the route is
+two kernels back). Without it (a router read elsewhere too: Qwen2-MoE's shared-expert gate),
+`_up` routes the token in every block from the given logits. Prefill groups the (token, slot)
+pairs by expert on the device (count, prefix sum, scatter) and runs a grouped GEMM over tiles
+that never straddle two experts (bf16 and Q4_0/Q4_1/Q8_0 experts on the matrix instructions,
+moe_mma.hip.j2 after linear_mma's pipeline, quantized ones as their integer quants scaled per
+group; other types SIMT), then a combine kernel adds each token's k rows in a fixed order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
@@ -93,7 +97,7 @@ ROUTE = Signature.parse("const float* __restrict__ logits, int ldl, int* route_i
 # the router fused in: x (the residual stream) -> its norm xn (what the experts read), the
 # logits, the route; `count` hands the decode kernel's blocks over to the last one
 ROUTER = Signature.parse("""
-const float* __restrict__ x, const float* __restrict__ norm_w, const void* __restrict__ router,
+int T, const float* __restrict__ x, const float* __restrict__ norm_w, const void* __restrict__ router,
 float* __restrict__ xn, float* logits, unsigned* count, int* route_ids, float* route_w
 """)
 GROUP = Signature.parse("const int* __restrict__ route_ids, int T, int* src, int* pos, int* tiles")
@@ -239,8 +243,13 @@ def gpu_kernels(
         threads,
     )
     tile = MOE_MMA_TILES.get(target.arch)
-    if p.wtype != "bfloat16" or p.H % 8 or p.F % 8:
-        tile = None  # the instructions take bf16 weights as stored, 16 bytes at a time
+    if p.wtype not in ("bfloat16", *_BLOCK) or p.H % 8 or p.F % 8:
+        tile = None  # bf16 weights as stored, 16 bytes at a time, or 32-weight blocks' quants
+    elif quant and tile is not None:
+        # as linear's quantized tiles: the groups' scales and partial products take registers
+        tile = replace(tile, min_blocks=1)
+        if not target.arch.startswith("sm_") and tile.shared_bytes(True, quant=True) > 64 << 10:
+            tile = None
     prefill = GpuKernel(
         f"{fn}_prefill",
         "moe_prefill",
@@ -251,6 +260,8 @@ def gpu_kernels(
             bn=TILE,
             max_tiles=tiles,
             route_params=ROUTER.render(0) if p.router else ROUTE.render(0),
+            # tokens per fused-router block: the router is read from L2 once per block
+            route_tokens=max(1, min(4, ROUTE_SHARED // (4 * p.H))),
             group_params=GROUP.render(0),
             gate_up_params=GATE_UP.render(GPU_INDENT + 8),
             down_params=PREFILL_DOWN.render(GPU_INDENT + 5),
@@ -275,16 +286,17 @@ def gpu_kernels(
                 wm=tile.wm,
                 wn=tile.wn,
                 min_blocks=tile.min_blocks,
+                has_offset=p.wtype == "q4_1",
                 max_tiles=tiles,
                 gate_up_params=GATE_UP.render(GPU_INDENT + 8),
                 down_params=PREFILL_DOWN.render(GPU_INDENT + 5),
             ),
             [],
             tile.wm * tile.wn * wave,
-            tile.shared_bytes(split=True),
+            tile.shared_bytes(split=True, quant=quant),
         )
         # the grouped GEMMs stage x as bf16 hi + lo (as the dense GEMM's `split` policy)
-        threads_mma, smem = tile.wm * tile.wn * wave, tile.shared_bytes(split=True)
+        threads_mma, smem = tile.wm * tile.wn * wave, tile.shared_bytes(split=True, quant=quant)
         gate_up = GroupedGemm(f"{mma.fn}_gate_up", -(-p.F // (tile.bn // 2)), threads_mma, smem)
         down = GroupedGemm(f"{mma.fn}_down", -(-p.H // tile.bn), threads_mma, smem)
     return MoEGpu(
@@ -304,6 +316,7 @@ def gpu_kernels(
 
 
 ROUTER_WTYPES = ("float32", "float16", "bfloat16")
+ROUTE_SHARED = 32 << 10  # the prefill's fused router stages its tokens' normed x in this
 ROUTE_WAVES = 512  # the decode router's work items (router row parts) to aim for
 
 
@@ -488,7 +501,7 @@ class MoE(KernelKind):
         gate, up, down = b.ref(r["gate"]), b.ref(r["up"]), b.ref(r["down"])
         block = [m.threads]
         if p.router:
-            route_args = {"x": x, "norm_w": b.ref(r["norm_w"]), "router": b.ref(r["router"]),
+            route_args = {"T": b.int("T"), "x": x, "norm_w": b.ref(r["norm_w"]), "router": b.ref(r["router"]),
                           "xn": s["moe_xn"], "logits": s["moe_logits"], "count": s["moe_count"],
                           "route_ids": s["moe_ids"], "route_w": s["moe_w"]}  # fmt: skip
             g.launch("decode", k.group, f"{dec}_route", [m.route_blocks], block, ROUTER,
@@ -505,7 +518,9 @@ class MoE(KernelKind):
                   "down": down, "res": res, "y": y},
                  shared=m.down_shared, overlap=True)  # fmt: skip
         if p.router:
-            g.launch("prefill", k.group, f"{pre}_route", ["T"], [256], ROUTER, route_args)
+            tt = m.prefill.ctx["route_tokens"]
+            g.launch("prefill", k.group, f"{pre}_route", [f"cdiv(T,{tt})"], [256], ROUTER,
+                     route_args)  # fmt: skip
         else:
             g.launch("prefill", k.group, f"{pre}_route", ["T"], [256], ROUTE,
                      {"logits": logits, "ldl": b.int(b.ld(r["logits"][1])),

@@ -26,7 +26,7 @@ from gpu_kernels import pack
 from support import rel_err
 
 EPS = 1e-6
-MAX_TOKENS = 4
+MAX_TOKENS = 7
 
 # name: (experts' type, E, k, H, F, normalize, router type, norm fused)
 CASES = {
@@ -62,18 +62,19 @@ def lib(tmp_path_factory):
         xq = max(m.up_shared, m.down_shared) // 4
         for k in (m.decode, m.prefill):
             parts.append(host_source(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx), xq))
-        d, p = m.decode.fn, m.prefill.fn
-        route_args = "x, g, r, xn, lg, cnt, ids, w"
+        d, p, tt = m.decode.fn, m.prefill.fn, m.prefill.ctx["route_tokens"]
+        route_args = "T, x, g, r, xn, lg, cnt, ids, w"
         wrappers.append(
             f'extern "C" void run_{d}(const float* x, const float* g, const void* r, float* xn, '
             f"float* lg, unsigned* cnt, int* ids, float* w, const void* gate, const void* up, "
             f"const void* down, float* act, float* y) {{\n"
+            f"  const int T = 1;\n"
             f"  grid({m.route_blocks}, 1, {m.threads}, [=] {{ {d}_route({route_args}); }});\n"
             f"  grid({m.up_blocks}, 1, {m.threads}, [=] {{ {d}_up(xn, lg, gate, up, act, ids, w); }});\n"
             f"  grid({m.down_blocks}, 1, {m.threads}, [=] {{ {d}_down(act, ids, w, down, y, y); }});\n"
             f'}}\nextern "C" void run_{p}(int T, const float* x, const float* g, const void* r, '
             f"float* xn, float* lg, unsigned* cnt, int* ids, float* w) {{\n"
-            f"  grid(T, 1, 256, [=] {{ {p}_route({route_args}); }});\n}}"
+            f"  grid((T + {tt} - 1) / {tt}, 1, 256, [=] {{ {p}_route({route_args}); }});\n}}"
         )
     code = "\n".join(parts) + "\n" + "\n".join(wrappers)
     handle = host_simt.build(tmp_path_factory.mktemp("moe"), "moe_host", code)
@@ -141,11 +142,12 @@ def test_decode_route_up_down_on_the_host(lib, name):
     assert m.up_shared in (0, H // 32 * XQ_BLOCK_BYTES)
 
 
+@pytest.mark.parametrize("T", [3, MAX_TOKENS])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_prefill_route_on_the_host(lib, name):
+def test_prefill_route_on_the_host(lib, name, T):
+    """Blocks of several tokens, the last one partly past T (what it must not touch)."""
     _wtype, E, k, H, *_ = CASES[name]
     m = lib.specs[name]
-    T = 3
     x, g, r, xn_want, logits_want, ids_want, w_want, _ = make(name, T)
     xn = np.full((MAX_TOKENS, H), np.nan, np.float32)
     lg = np.full((MAX_TOKENS, E), np.nan, np.float32)
@@ -158,3 +160,4 @@ def test_prefill_route_on_the_host(lib, name):
     np.testing.assert_array_equal(ids[:T], ids_want)
     np.testing.assert_allclose(w[:T], w_want, rtol=1e-5, atol=1e-7)
     assert np.isnan(xn[T:]).all() and (ids[T:] == -1).all()  # nothing past the T tokens
+    assert m.prefill.ctx["route_tokens"] > 1

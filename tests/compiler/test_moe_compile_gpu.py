@@ -1,13 +1,15 @@
 """MoE models compiled for GPU targets without a GPU: nvcc for sm_90, clang for gfx1100 and
 gfx942 (compiler/kernels/moe.py's GPU half, templates/hip/moe_*.hip.j2).
 
-The code objects must hold every kernel the plans launch; a sparse layer's decode is the lone
-norm, the router GEMV and two expert kernels (routing happens on the device, inside the
-captured graph), its prefill the device-side grouping chain; Q4_0 experts stay quantized and
-their decode kernels multiply int8 (dp4a / v_dot4), bf16 experts prefill on the matrix
-instructions; Qwen2-MoE's shared expert follows as a
-GLU GEMV and a down GEMV with the gated residual (sigmoid of the router's extra column). The routing's tie order is checked on
-the host (test_moe_route_host.py) and the kernels run on the GPU machine (tests/gpu).
+The code objects must hold every kernel the plans launch; a sparse layer's decode is one
+routing kernel (the norm and the router GEMV fused in) and two expert kernels (routing happens
+on the device, inside the captured graph), or, where the router is read elsewhere too
+(Qwen2-MoE's shared-expert gate), the lone norm, the router GEMV and the two expert kernels;
+its prefill the device-side grouping chain. Q4_0 experts stay quantized: their decode kernels
+multiply int8 (dp4a / v_dot4), and bf16 and Q4_0 experts prefill on the matrix instructions.
+Qwen2-MoE's shared expert follows as a GLU GEMV and a down GEMV with the gated residual
+(sigmoid of the router's extra column). The routing's tie order is checked on the host
+(test_moe_route_host.py) and the kernels run on the GPU machine (tests/gpu).
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def test_moe_kernels_in_every_code_object(olmoe, q4, shared, target):
         group = f"{layer}.moe"
         decode = [x["kernel"] for x in steps(art, target)["decode"] if x["group"] == group]
         prefill = [x["kernel"] for x in steps(art, target)["prefill"] if x["group"] == group]
-        assert [k.split("_prefill_")[-1] for k in prefill] == [
+        # (the grouped GEMMs are _mma_ kernels for bf16 and quantized experts)
+        assert [k.split("_prefill_")[-1].split("_mma_")[-1] for k in prefill] == [
             "route", "group", "gate_up", "down", "combine"
         ]  # fmt: skip
         groups = [x["group"] for x in steps(art, target)["decode"]]
@@ -132,6 +135,8 @@ def test_bf16_experts_prefill_on_matrix_instructions(bf16, q4, target):
     want = {**MMA_INSTRUCTION, "sm_90": MMA_INSTRUCTION["sm_80"]}[target]
     assert all(want in code[x["kernel"]] for x in gemms)
     assert all(x["shared"] > 0 for x in gemms)
-    # quantized experts stay on the SIMT tiles
-    q4_gemms = [x["kernel"] for x in steps(q4, target)["prefill"] if x["group"] == "l0.moe"]
-    assert not any("_mma_" in k for k in q4_gemms)
+    # quantized experts too, as their integer quants (exact in bf16), scaled per group
+    q4_gemms = [x for x in steps(q4, target)["prefill"] if x["group"] == "l0.moe"][2:4]
+    assert [x["kernel"].rsplit("_mma_", 1)[-1] for x in q4_gemms] == ["gate_up", "down"]
+    q4_code = kernel_code(q4, target)
+    assert all(want in q4_code[x["kernel"]] for x in q4_gemms)

@@ -42,9 +42,20 @@ CASES = {
 }
 
 
-def params(case) -> MoEParams:
+# the router's matmul (and its RMSNorm) fused in: case name -> (router type, norm fused)
+ROUTED = {
+    "q4_0_qwen3_like": ("float32", True),
+    "bf16_e13_k8_fused": ("bfloat16", True),
+    "f16_e5_k1": ("float16", False),
+    "q8_0_e130_k1_rows_odd": ("float32", True),
+}
+EPS = 1e-6
+
+
+def params(case, routed=None) -> MoEParams:
     wtype, E, k, H, F, normalize, fused, residual = case
-    return MoEParams(wtype, E, k, H, F, normalize, fused, residual)
+    router, norm = routed or ("", False)
+    return MoEParams(wtype, E, k, H, F, normalize, fused, residual, router, EPS if norm else 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +69,11 @@ def moe():
             kernels[name] = m
             kinds = (m.decode, m.prefill, *([m.mma] if m.mma else []))
             specs += [(k.fn, k.template, k.ctx, None) for k in kinds]
+        for i, (name, routed) in enumerate(ROUTED.items()):
+            p = params(CASES[name], routed)
+            m = gpu_kernels(f"r{i}", p, GpuTarget(arch), [name], MAX_TOKENS)
+            kernels["routed:" + name] = m
+            specs += [(k.fn, k.template, k.ctx, None) for k in (m.decode, m.prefill)]
         return specs
 
     dev = DeviceKernels(build)
@@ -95,7 +111,8 @@ def stacked(wtype: str, w: np.ndarray, idle: np.ndarray):
     return raw, vals.reshape(E, N, K)
 
 
-def make(name: str, T: int, ties: bool = False):
+def make(name: str, T: int, ties: bool = False, routed=None):
+    """routed: (x, ids, w) given (the fused routing's), else drawn and routed here."""
     wtype, E, k, H, F, normalize, fused, residual = CASES[name]
     rng = np.random.default_rng(sorted(CASES).index(name) * 100 + T)
     x = rng.standard_normal((T, H)).astype(np.float32)
@@ -107,6 +124,8 @@ def make(name: str, T: int, ties: bool = False):
     if len(idle) and not ties:
         logits[:, idle] -= 40  # experts no token picks
     ids, w = route(logits, k, normalize)
+    if routed is not None:
+        x, ids, w = routed
     idle = np.setdiff1d(np.arange(E), ids)
     gate_up = 0.1 * rng.standard_normal((E, 2 * F, H))
     down = 0.1 * rng.standard_normal((E, H, F))
@@ -153,6 +172,69 @@ def test_decode_matches_numpy(moe, name, ties):
         torch = pytest.importorskip("torch")
         want_ids = torch.topk(torch.softmax(torch.from_numpy(logits), -1), k, -1).indices
         np.testing.assert_array_equal(got_ids, want_ids.numpy()[0])
+    assert np.isfinite(got).all()
+    # quantized experts see x and act as int8 hi + lo planes: ~16 significant bits
+    assert rel_err(got, want) <= (1e-4 if wtype in QUANT else 1e-5), rel_err(got, want)
+
+
+def make_routed(name: str, T: int):
+    """x before the norm, the norm's and the router's weights (router as stored, and its
+    exact values), and what the fused routing must give: xn, logits, ids, w (float64)."""
+    _wtype, E, k, H, _F, normalize, *_ = CASES[name]
+    router, norm = ROUTED[name]
+    rng = np.random.default_rng(sorted(ROUTED).index(name) * 10 + T)
+    x = (3 * rng.standard_normal((T, H))).astype(np.float32)
+    g = (1 + 0.3 * rng.standard_normal(H)).astype(np.float32)
+    r_raw, r = pack(rng.standard_normal((E, H)) / np.sqrt(H), router)
+    xn = x.astype(np.float64)
+    if norm:
+        xn = xn / np.sqrt(np.mean(xn * xn, -1, keepdims=True) + EPS) * g
+    logits = xn @ r.T
+    ids, w = route(logits, k, normalize)
+    return x, g, r_raw, xn, logits, ids, w
+
+
+@pytest.mark.parametrize("name", sorted(ROUTED))
+def test_decode_with_the_router_fused_matches_numpy(moe, name):
+    """_route (the norm, the logits over many blocks, the last block's top-k), _up, _down."""
+    wtype, E, k, H, F, *_, residual = CASES[name]
+    m = moe.kernels["routed:" + name]
+    x, g, r, xn_want, logits_want, ids_want, w_want = make_routed(name, 1)
+    # the experts, those this route leaves idle poisoned
+    _, _, (gw, uw, dw), res, _, want = make(name, 1, routed=(xn_want, ids_want, w_want))
+    dev = moe
+    try:
+        xn, lg, rid, rw = dev.poisoned(H), dev.poisoned(E), dev.poisoned(k), dev.poisoned(k)
+        cnt = dev.upload(np.zeros(1, np.uint32))
+        act = dev.poisoned(k * F)
+        y = dev.upload(res) if residual else dev.poisoned(H)
+        dg, du, dd = dev.upload(gw), dev.upload(uw), dev.upload(dw)
+        dec = m.decode.fn
+        inputs = dev.upload(x), dev.upload(g), dev.upload(r)
+        t1 = [("i32", 1)]
+        # twice, the first into other buffers: the second routes only if the first's last
+        # block reset the hand-off counter
+        first = u64(
+            *inputs, dev.poisoned(H), dev.poisoned(E), cnt, dev.poisoned(k), dev.poisoned(k)
+        )
+        dev.launch(f"{dec}_route", [m.route_blocks], m.threads, t1 + first)
+        dev.launch(f"{dec}_route", [m.route_blocks], m.threads,
+                   t1 + u64(*inputs, xn, lg, cnt, rid, rw))  # fmt: skip
+        dev.launch(f"{dec}_up", [m.up_blocks], m.threads,
+                   u64(xn, lg, dg, du, act, rid, rw), m.up_shared)  # fmt: skip
+        dev.launch(f"{dec}_down", [m.down_blocks], m.threads,
+                   u64(act, rid, rw, dd, y if residual else 0, y), m.down_shared)  # fmt: skip
+        got = dev.read(y, (1, H))
+        got_xn, got_lg = dev.read(xn, H), dev.read(lg, E)
+        got_ids, got_w = dev.read(rid, k, np.int32), dev.read(rw, k)
+        count = dev.read(cnt, 1, np.uint32)
+    finally:
+        dev.free()
+    assert count[0] == 0
+    np.testing.assert_allclose(got_xn, xn_want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_lg, logits_want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(got_ids, ids_want[0])
+    np.testing.assert_allclose(got_w, w_want[0], rtol=1e-5, atol=1e-7)
     assert np.isfinite(got).all()
     # quantized experts see x and act as int8 hi + lo planes: ~16 significant bits
     assert rel_err(got, want) <= (1e-4 if wtype in QUANT else 1e-5), rel_err(got, want)
