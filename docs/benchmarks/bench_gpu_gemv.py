@@ -52,6 +52,9 @@ SHAPES = {
     "l8_gate_up_q4k": ("q4_k", 2 * 14336, 4096, "glu", True),
     "l8_down_q6k": ("q6_k", 4096, 14336, "residual", False),
     "l8_down_q4k": ("q4_k", 4096, 14336, "residual", False),
+    # Qwen3-30B-A3B's attention linears (hidden 2048, 32 + 2 x 4 heads of 128): few rows
+    "q3moe_qkv": ("q4_0", 5120, 2048, "none", True),
+    "q3moe_o": ("q4_0", 2048, 4096, "residual", False),
     "smol_qkv": ("q4_1", 960, 576, "none", True),
     "smol_o": ("q4_1", 576, 576, "residual", False),
     "smol_gate_up": ("q4_1", 2 * 1536, 576, "glu", True),
