@@ -170,6 +170,11 @@ class CpuBackend:
             self.kv_blocks
         )
 
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes one sequence's recurrent states take (a slot, or a snapshot)."""
+        return sum(a[0].nbytes for a in self._recurrent())
+
     def reset(self, slot: int | None = None) -> None:
         """A new sequence (in `slot`; None: every slot): apply each state's reset rule (zero
         the recurrent ones; a KV cache's positions are written before they are read, so it is
