@@ -1,15 +1,14 @@
-"""Continuous batching of hybrid models (Qwen3.5, Qwen3.5-MoE) on the CPU target: recurrent
-states in per-sequence slots, prefix reuse only from a snapshot (runtime/batch.py).
+"""Continuous batching of hybrid models (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) on the CPU target:
+recurrent states in per-sequence slots, prefix reuse only from a snapshot (runtime/batch.py).
 
 Every sequence of a batch gives what it gives alone. Qwen3.5 bitwise: the deltanet kernel
 computes a token the same way whatever its step holds (its one-token and several-token forms
 add the same products in the same order), and the float32 linear and attention kernels
-compute a row the same way whatever the step's other rows. Qwen3.5-MoE within 1e-3 of the
-largest logit, greedy tokens equal: the moe kernel multiplies an expert's tokens together,
-so a row's sums depend on which other rows chose that expert (measured: 1.3e-6
-at most).
-The batched logits are also checked against the reference executor (itself checked against
-transformers in tests/graphs).
+compute a row the same way whatever the step's other rows. The MoE hybrids within 1e-3 of
+the largest logit, greedy tokens equal: the moe kernel multiplies an expert's tokens
+together, so a row's sums depend on which other rows chose that expert (measured: 1.3e-6
+at most, Qwen3.5-MoE). The batched logits are also checked against the reference executor
+(itself checked against transformers in tests/graphs).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ PROMPTS = [[int(t) for t in RNG.integers(0, 131, n)] for n in (2, 17, 40, 1, 70,
 NEW = [10, 7, 12, 5, 9, 6]
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next"])
 def hybrid(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     make_hybrid_hf(request.param, root / "hf", seed=3)
