@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hipc.base.errors import HipcError
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.compiler.reference.engine import ReferenceEngine
@@ -158,3 +159,19 @@ def test_cancelling_frees_slots_and_blocks_and_a_reused_slot_starts_clean(hybrid
     for i in (1, 4):
         assert_same(got[i], want[i], exact)
     assert_pool_full(be)
+
+
+def test_the_backend_refuses_rows_of_a_sequence_split_in_a_step(hybrid):
+    """The deltanet kernel steps each sequence's rows as one run in its slot: interleaved
+    rows, or a slot past the pool, are refused in one line before the kernels run."""
+    backend = hybrid[0].backend
+    tables = np.zeros((2, backend.kv_table), np.int32)
+    tables[1] = 1
+    ids = np.array([5, 6, 7], np.int64)
+    pos = np.array([0, 0, 1], np.int32)
+    rows = np.array([2], np.int32)
+    with pytest.raises(HipcError, match="runs of one sequence"):
+        backend.step(ids, pos, np.array([0, 1, 0], np.int32), tables, rows)
+    with pytest.raises(HipcError, match="runs of one sequence"):
+        backend.step(ids, pos, np.array([0, 0, backend.slots], np.int32),
+                     np.zeros((backend.slots + 1, backend.kv_table), np.int32), rows)  # fmt: skip
