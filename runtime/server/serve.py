@@ -190,6 +190,15 @@ def _log_batch(service, backend) -> None:
         batch.max_batch,
         batch.step_rows,
     )
+    if batch.recurrent:
+        log.info(
+            "recurrent states: %d slots of %.2f MiB; prefixes reused from snapshots kept every "
+            "%d positions and at each prompt's last full block (at most %d)",
+            backend.slots,
+            backend.slot_bytes / 2**20,
+            batch.snapshot_every,
+            batch.max_snapshots,
+        )
 
 
 def _commit_kv(backend) -> None:
