@@ -120,6 +120,10 @@ MOE_ROWS = 2  # outputs per wave in _up, and in _down for dense types (two rows 
 # _down of quantized experts: one output per wave, so that H / 8 blocks cover the GPU, with up
 # to this many 32-weight blocks per lane in flight (q8_0 blocks are twice the bytes)
 MOE_DOWN_UNITS = {"q4_0": 8, "q4_1": 8, "q8_0": 4}
+# _down of quantized experts: waves per block. Every block stages all k x F activations as
+# int8 planes after waiting on _up (the critical path): 16 waves stage them in half the
+# rounds of 8, over half the blocks (H / 16: about one per SM at H = 2048)
+MOE_DOWN_WAVES = 16
 TILE = 64  # the prefill GEMM's rows (token, slot pairs) and outputs per tile
 XQ_BLOCK_BYTES = 80  # x staged per 32 values as int8 hi + lo (prelude: hipc_xq<true>::INTS * 4)
 
@@ -161,7 +165,8 @@ class MoEGpu:
     prefill: GpuKernel  # renders {fn}_route, _group, _gate_up, _down, _combine
     up_blocks: int
     down_blocks: int
-    threads: int
+    threads: int  # _route's and _up's
+    down_threads: int
     up_shared: int  # dynamic shared bytes of _up / _down (x / act staged, quantized types)
     down_shared: int
     max_tiles: int  # the prefill GEMMs' grid.y: tiles there can be for max_tokens tokens
@@ -223,7 +228,8 @@ def gpu_kernels(
         )
     p_down = 1 if quant else MOE_ROWS
     up_blocks = -(-p.top_k * p.F // (MOE_WAVES * MOE_ROWS))
-    down_blocks = -(-p.H // (MOE_WAVES * p_down))
+    down_waves = MOE_DOWN_WAVES if quant else MOE_WAVES
+    down_blocks = -(-p.H // (down_waves * p_down))
     down_steps = -(-(p.top_k * p.F // 32) // wave)  # blocks per lane of a quantized _down row
     decode = GpuKernel(
         f"{fn}_decode",
@@ -233,6 +239,7 @@ def gpu_kernels(
             waves=MOE_WAVES,
             P=MOE_ROWS,
             P_down=p_down,
+            down_waves=down_waves,
             unroll=min(down_steps, MOE_DOWN_UNITS.get(p.wtype, 1)),
             up_blocks=up_blocks,
             down_blocks=down_blocks,
@@ -305,6 +312,7 @@ def gpu_kernels(
         up_blocks,
         down_blocks,
         threads,
+        down_waves * wave,
         p.H // 32 * XQ_BLOCK_BYTES if quant else 0,
         p.top_k * p.F // 32 * XQ_BLOCK_BYTES if quant else 0,
         tiles,
@@ -513,7 +521,7 @@ class MoE(KernelKind):
                  {"x": x, "logits": logits, "gate": gate, "up": up, "act": s["moe_act"],
                   "route_ids": s["moe_ids"], "route_w": s["moe_w"]},
                  shared=m.up_shared, overlap=True)  # fmt: skip
-        g.launch("decode", k.group, f"{dec}_down", [m.down_blocks], block, DOWN,
+        g.launch("decode", k.group, f"{dec}_down", [m.down_blocks], [m.down_threads], DOWN,
                  {"act": s["moe_act"], "route_ids": s["moe_ids"], "route_w": s["moe_w"],
                   "down": down, "res": res, "y": y},
                  shared=m.down_shared, overlap=True)  # fmt: skip

@@ -161,7 +161,7 @@ def test_decode_matches_numpy(moe, name, ties):
         dev.launch(f"{dec}_up", [m.up_blocks], m.threads,
                    u64(dev.upload(x), dev.upload(logits), wg, wu, act, rid, rw), m.up_shared)  # fmt: skip
         # in place, as the residual stream is updated
-        dev.launch(f"{dec}_down", [m.down_blocks], m.threads,
+        dev.launch(f"{dec}_down", [m.down_blocks], m.down_threads,
                    u64(act, rid, rw, wd, y if residual else 0, y), m.down_shared)  # fmt: skip
         got = dev.read(y, (1, H))
         got_ids = dev.read(rid, k, np.int32)
@@ -222,7 +222,7 @@ def test_decode_with_the_router_fused_matches_numpy(moe, name):
                    t1 + u64(*inputs, xn, lg, cnt, rid, rw))  # fmt: skip
         dev.launch(f"{dec}_up", [m.up_blocks], m.threads,
                    u64(xn, lg, dg, du, act, rid, rw), m.up_shared)  # fmt: skip
-        dev.launch(f"{dec}_down", [m.down_blocks], m.threads,
+        dev.launch(f"{dec}_down", [m.down_blocks], m.down_threads,
                    u64(act, rid, rw, dd, y if residual else 0, y), m.down_shared)  # fmt: skip
         got = dev.read(y, (1, H))
         got_xn, got_lg = dev.read(xn, H), dev.read(lg, E)
