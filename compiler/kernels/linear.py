@@ -348,21 +348,24 @@ class Linear(KernelKind):
         xb = b.scratch(g.scratch("xb"))
         g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
                  {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=tokens)  # fmt: skip
-        bm, bn = pg.ctx["bm"], pg.ctx["bn"]
-        maps = {
-            "xmap": {"kind": "tmap", "of": xb, "dims": [p.K, g.max_tokens], "box": [64, bm]},
+        bm, bn, cm = pg.ctx["bm"], pg.ctx["bn"], pg.ctx["cm"]
+        maps = {  # a multicast cluster's CTAs copy 1/cm of each x tile each
+            "xmap": {"kind": "tmap", "of": xb, "dims": [p.K, g.max_tokens], "box": [64, bm // cm]},
             "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N], "box": [64, bn // 2]},
         }
+        blocks = -(-p.n_out // pg.block_outputs)
+        ny, nz = -(-blocks // cm) * cm, pg.ctx["sk"]  # whole clusters
         g.launch(
             "prefill",
             k.group,
             gemm,
-            [f"cdiv({rows},{bm})", -(-p.n_out // pg.block_outputs)],
+            [f"cdiv({rows},{bm})", ny, nz],
             [pg.threads],
             WGMMA,
             {**maps, "T": b.int(rows), "bias": common["bias"], "res": common["res"],
              "y": common["y"]},
             shared=pg.shared,
+            overlap=pg.ctx["pdl"],
             tokens=tokens,
         )  # fmt: skip
 
@@ -507,37 +510,72 @@ def mma_tile(target: GpuTarget, p: LinearParams, split: bool = False) -> MmaTile
 @dataclass(frozen=True)
 class WgmmaTile:
     """The sm_90a GEMM's geometry: bm tokens (64 per consumer warp group) x bn weight rows
-    (one wgmma.m64n<bn>k16 per consumer and 16-deep k step) per block, K 64 deep per stage."""
+    (one wgmma.m64n<bn>k16 per consumer and 16-deep k step) per block, K 64 deep per stage;
+    cm blocks along the outputs in one cluster share each x tile (TMA multicast), sk splits
+    of K (grid z, paired in a cluster, summed through shared memory in a fixed order); pdl:
+    launched to overlap its _xb kernel (W's first stages requested before x is ready)."""
 
     bm: int
     bn: int
     stages: int  # shared-memory stages: as many as fit the 227 KiB a block may have
     regs: tuple[int, int] | None = None  # setmaxnreg: producer, consumers (None: leave them)
-    cost: float = 1.0  # time per output element relative to 128 x 256 (measured, see below)
+    cm: int = 1
+    sk: int = 1
+    pdl: bool = False
 
     @property
     def threads(self) -> int:
         return 128 * (self.bm // 64 + 1)
 
+    @property
+    def name(self) -> str:
+        return (
+            f"wg{self.bm}x{self.bn}"
+            + (f"c{self.cm}" if self.cm > 1 else "")
+            + (f"k{self.sk}" if self.sk > 1 else "")
+            + ("p" if self.pdl else "")
+        )
+
     def shared_bytes(self) -> int:
         # the stages, their 2 barriers each, and slack to align the first to 1024 bytes
         return self.stages * (self.bm + self.bn) * 128 + 16 * self.stages + 1024
 
+    def grid(self, tokens: int, n_out: int, glu: bool) -> tuple[int, int, int]:
+        """Blocks along tokens, outputs (a multiple of cm: the last cluster's extra blocks
+        load zeros and write nothing) and K splits."""
+        tn = -(-n_out // (self.bn // 2 if glu else self.bn))
+        return -(-tokens // self.bm), -(-tn // self.cm) * self.cm, self.sk
 
-# Candidates per GEMM shape: the largest tile does the least shared-memory traffic per FLOP, but
-# with few output blocks the last wave leaves SMs idle; select_wgmma picks the least estimated
-# time for the compiled prefill chunk. 3 warp groups (384 threads): registers 40 for the producer,
-# 232 for the consumers (64 x 256 accumulators are 128 floats a thread).
+
+# 3 warp groups (384 threads): registers 40 for the producer, 232 for the consumers (64 x 256
+# accumulators are 128 floats a thread).
+_R = (40, 232)
 WGMMA_TILES = (
-    WgmmaTile(128, 256, 4, (40, 232), 1.0),
-    WgmmaTile(128, 192, 5, (40, 232), 1.04),
-    WgmmaTile(128, 128, 6, (40, 232), 1.12),
-    WgmmaTile(64, 256, 5, None, 1.15),
+    WgmmaTile(128, 256, 4, _R),
+    WgmmaTile(128, 192, 5, _R),
+    WgmmaTile(128, 128, 6, _R),
+    WgmmaTile(64, 256, 5, None),
+)
+# Cluster variants (measured against the tiles above by bench_gpu_gemm.py before select_wgmma
+# takes them): multicast pairs along the outputs (x read from L2 once per pair), K split in two
+# for steps with fewer output tiles than SMs, and both with the overlapped launch.
+WGMMA_CLUSTER_TILES = (
+    WgmmaTile(128, 256, 4, _R, cm=2),
+    WgmmaTile(128, 192, 5, _R, cm=2),
+    WgmmaTile(128, 128, 6, _R, cm=2),
+    WgmmaTile(128, 256, 4, _R, sk=2),
+    WgmmaTile(128, 256, 4, _R, cm=2, sk=2),
+    WgmmaTile(128, 256, 4, _R, cm=2, pdl=True),
+    WgmmaTile(128, 192, 5, _R, cm=2, pdl=True),
+    WgmmaTile(128, 128, 6, _R, cm=2, pdl=True),
+    WgmmaTile(128, 256, 4, _R, sk=2, pdl=True),
 )
 WGMMA_ARCHS = frozenset({"sm_90"})
 SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choice rounds to
 # Steps of up to this many tokens get their own tiles where the chunk is longer (launch "tokens")
 SHORT_STEP = 1024
+# time per output element relative to 128 x 256 (measured on the H200: docs/benchmarks/gpu-prefill.md)
+WGMMA_COST = {(128, 256): 1.0, (128, 192): 1.04, (128, 128): 1.12, (64, 256): 1.15}
 
 
 def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
@@ -546,8 +584,8 @@ def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
     glu = p.epilogue == "glu"
 
     def time(t: WgmmaTile) -> float:
-        blocks = -(-tokens // t.bm) * -(-p.n_out // (t.bn // 2 if glu else t.bn))
-        return -(-blocks // SMS) * t.bm * t.bn * t.cost
+        x, y, z = t.grid(tokens, p.n_out, glu)
+        return -(-(x * y * z) // SMS) * t.bm * t.bn * WGMMA_COST[t.bm, t.bn] / t.sk
 
     return min(tiles, key=time)
 
@@ -600,9 +638,13 @@ def prefill_gemm(
             regs=t.regs,
             threads=t.threads,
             bn_out=bn_out,
+            cm=t.cm,
+            sk=t.sk,
+            cluster=t.cm * t.sk,
+            pdl=t.pdl,
         )
         return GpuKernel(
-            f"{fn}_wg{t.bm}x{t.bn}",
+            f"{fn}_{t.name}",
             "linear_wgmma",
             ctx,
             [],
