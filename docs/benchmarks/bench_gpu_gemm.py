@@ -240,6 +240,11 @@ def main() -> None:
                     rows.append(f"| {name} | {T} | {v} | failed: {e} | | | | |")
                     log(rows[-1])
                     continue
+                if g.template == "linear_wgmma" and v == WGMMA_TILES[0].name:
+                    # the x -> bf16 (+ norm) pre-pass alone: what fusing it away would save
+                    xsec = ev.time(lambda xb_=launches[:1]: run(xb_), args.iters, args.repeats)
+                    rows.append(f"| {name} | {T} | _xb alone | {xsec * 1e6:.1f} | | | | |")
+                    log(rows[-1])
                 mark = "*" if v == chosen.name else ""
                 rows.append(
                     f"| {name} | {T} | {v}{mark} | {sec * 1e6:.1f} | {flops / sec / 1e12:.0f} | "
