@@ -319,8 +319,9 @@ class Linear(KernelKind):
             hi = select_wgmma(p, g.max_tokens)
             buckets = [(lo, None)] if lo == hi else [
                 (lo, (1, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
+            y_bf16 = bf16_reader(k, b, g) is not None
             for tile, tokens in buckets:
-                pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile)
+                pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile, y_bf16=y_bf16)
                 self._wgmma_launches(k, b, g, pg, common, x, rows, tokens)
             return
         pg = prefill_gemm(k.fn, p, g.target, k.nodes, split=split)
@@ -345,9 +346,12 @@ class Linear(KernelKind):
         GEMM over it and W through tensor maps; `tokens`: the step sizes they run at."""
         p: LinearParams = k.params
         gemm = g.kernel(pg)
-        xb = b.scratch(g.scratch("xb"))
-        g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
-                 {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=tokens)  # fmt: skip
+        if any(bf16_reader(w, b, g) is k for w in g.selected if w.kind is self):
+            xb = x  # its writer left x in bf16 (bf16_reader): TMA reads it as it is
+        else:
+            xb = b.scratch(g.scratch("xb"))
+            g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
+                     {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=tokens)  # fmt: skip
         bm, bn, cm = pg.ctx["bm"], pg.ctx["bn"], pg.ctx["cm"]
         maps = {  # a multicast cluster's CTAs copy 1/cm of each x tile each
             "xmap": {"kind": "tmap", "of": xb, "dims": [p.K, g.max_tokens], "box": [64, bm // cm]},
@@ -368,6 +372,32 @@ class Linear(KernelKind):
             overlap=pg.ctx["pdl"],
             tokens=tokens,
         )  # fmt: skip
+
+
+def bf16_reader(k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> SelectedKernel | None:
+    """The linear that is the only reader of GLU linear `k`'s output, where both prefill on
+    the sm_90a GEMM and the reader has no norm: `k` then writes that output in bf16 (the same
+    rounding the reader's _xb pass would do, so the results are bit for bit the same) and the
+    reader's TMA loads it directly, without its _xb pass (on the H200 at the 8B shape that pass
+    read 4 and wrote 2 bytes per value of the widest activation). Decode steps are unchanged:
+    their GEMVs write and read the buffer in float32."""
+    p = k.params
+    if not isinstance(p, LinearParams) or p.epilogue != "glu" or p.n_out % 8:
+        return None
+    split = g.prefill_precision == "split"
+    y = k.refs["y"]
+    if not wgmma_gemm(p, g.target, split, False) or b.is_output(y[1]) or b.ld(y[1]) != p.n_out:
+        return None
+    if b.act(y[1])["offset"] % 16:  # TMA's global address
+        return None
+    readers = [r for r in g.selected if r is not k and y in r.refs.values()]
+    if len(readers) != 1 or readers[0].kind is not k.kind:
+        return None
+    r = readers[0]
+    q: LinearParams = r.params
+    if r.refs["x"] != y or q.norm_eps or p.n_out != q.K or b.is_output(r.refs["y"][1]):
+        return None
+    return r if wgmma_gemm(q, g.target, split, False) else None
 
 
 def gemv_signature(p: LinearParams) -> Signature:
@@ -610,11 +640,13 @@ def prefill_gemm(
     split: bool = False,
     tokens: int = 512,
     wgmma: WgmmaTile | None = None,
+    y_bf16: bool = False,
 ) -> GpuKernel:
     """`fn`: the linear's kernel stem. `simt` forces the SIMT kernel (the GPU tests time one
     against the other). `split`: the matrix-instruction GEMM multiplies x as bf16 hi + lo
     (--prefill-precision split) instead of bf16(x) once. `tokens`: the prefill chunk the
-    sm_90a tile is chosen for; `wgmma` forces that tile (benchmarks)."""
+    sm_90a tile is chosen for; `wgmma` forces that tile (benchmarks). `y_bf16`: the sm_90a
+    GEMM writes y in bf16 (its reader loads it by TMA: bf16_reader)."""
     wave = target.wave
     common = dict(
         nodes=nodes,
@@ -642,9 +674,10 @@ def prefill_gemm(
             sk=t.sk,
             cluster=t.cm * t.sk,
             pdl=t.pdl,
+            y_bf16=y_bf16,
         )
         return GpuKernel(
-            f"{fn}_{t.name}",
+            f"{fn}_{t.name}" + ("_yb" if y_bf16 else ""),
             "linear_wgmma",
             ctx,
             [],

@@ -117,12 +117,18 @@ def test_bf16_prefill_on_wgmma_sm90(tmp_path):
     gemms = [i for i, x in enumerate(steps) if "_wg" in x["kernel"] and "_xb" not in x["kernel"]]
     assert len(gemms) == 2 * 4 + 1  # per layer qkv, o, gate/up, down; then the lm head
     shapes = {w["name"]: w["shape"] for w in plan["weights"]}
+    handoffs = 0
     for i in gemms:
         launch, before = steps[i], steps[i - 1]
+        xmap, wmap = launch["args"][0], launch["args"][1]
+        assert xmap["kind"] == wmap["kind"] == "tmap"
+        if xmap["of"]["kind"] == "arena":  # down: the GLU GEMM before it wrote x in bf16
+            assert before["kernel"].endswith("_yb") and before["args"][-1] == xmap["of"]
+            handoffs += 1
+            continue
         assert before["kernel"] == launch["kernel"] + "_xb"
         assert before["args"][2] == launch["args"][0]["of"]  # xb written, then mapped
-        xmap, wmap = launch["args"][0], launch["args"][1]
-        assert xmap["kind"] == wmap["kind"] == "tmap" and xmap["of"]["kind"] == "scratch"
+        assert xmap["of"]["kind"] == "scratch"
         assert wmap["of"]["kind"] == "weight"
         n, k = shapes[plan["weights"][wmap["of"]["index"]]["name"]]
         assert wmap["dims"] == [k, n] and xmap["dims"] == [k, plan["max_tokens"]]
@@ -130,6 +136,7 @@ def test_bf16_prefill_on_wgmma_sm90(tmp_path):
         assert "wgmma.mma_async.sync.aligned.m64n" in ptx
         assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile" in ptx
         assert "mma.sync" not in ptx
+    assert handoffs == 2  # one per layer
     (tmp_path / "s").mkdir()
     (tmp_path / "o").mkdir()
     split = compiled(tmp_path / "s", model, ("sm_90",), prefill_precision="split")
@@ -369,3 +376,47 @@ def test_launches_by_step_size():
     assert [x.kernel for x in plan.launches(512)] == ["a", "short"]
     assert [x.kernel for x in plan.launches(1025)] == ["a", "long"]
     assert [x.kernel for x in plan.launches(1)] == ["d"]
+
+
+def _sm90_program(folder, tmp_path):
+    """The sm_90 program (source and launch plan) as rendered, without running nvcc."""
+    from hipc.cache.store import KernelCache
+    from hipc.compiler.pipeline import Compilation, stages
+    from hipc.compiler.targets import target
+
+    targets = [target("sm_90")]
+    c = Compilation(folder, tmp_path / "m.hipc", CompileOptions(targets=("sm_90",)), targets,
+                    KernelCache(tmp_path / "cache"))  # fmt: skip
+    for stage in stages(targets):
+        stage.run(c)
+        if stage.name == "render sm_90":
+            return c.programs["sm_90"]
+    raise AssertionError("no render stage")
+
+
+def test_glu_hands_bf16_to_the_down_linear(tmp_path):
+    """sm_90, bf16 weights: the gate/up GEMM writes its output in bf16 and the down GEMM's
+    tensor map reads that buffer directly (no _xb launch); qkv, o and gate/up keep theirs, and
+    the decode GEMVs still read the buffer the GLU GEMV writes (float32)."""
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
+    program = _sm90_program(folder, tmp_path)
+    prefill = program.plan["steps"]["prefill"]
+    names = [x["kernel"] for x in prefill]
+    gemms = [x for x in prefill if "_glu_" in x["kernel"] and x["kernel"].endswith("_yb")]
+    down = [x for x in prefill if "_32x128_residual_" in x["kernel"]]  # hidden 32, ffn 128
+    assert len(gemms) == len(down) == 2, names  # one per layer
+    assert not any(x["kernel"].endswith("_xb") for x in down), names
+    for glu, d in zip(gemms, down, strict=True):
+        y, xmap = glu["args"][-1], d["args"][0]  # WGMMA's arguments: xmap first, y last
+        assert xmap["kind"] == "tmap" and xmap["of"] == y and y["kind"] == "arena", (y, xmap)
+        assert xmap["dims"][0] == 128  # K of down = the GLU's outputs, bf16 rows
+    # every other wgmma GEMM still has its _xb pass just before it
+    for i, x in enumerate(prefill):
+        if "_wg" in x["kernel"] and not x["kernel"].endswith("_xb") and x not in down:
+            assert prefill[i - 1]["kernel"] == x["kernel"] + "_xb", names
+    assert "hipc_f32_to_bf16(v0) | hipc_f32_to_bf16(v1) << 16" in program.source
+    # decode: the GLU GEMV writes float32 where the down GEMV reads it
+    decode = program.plan["steps"]["decode"]
+    glu_gemv = [x for x in decode if "_glu_" in x["kernel"]]
+    down_gemv = [x for x in decode if "_32x128_residual_" in x["kernel"]]
+    assert [x["args"][-1] for x in glu_gemv] == [x["args"][0] for x in down_gemv]
