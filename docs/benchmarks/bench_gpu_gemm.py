@@ -35,7 +35,6 @@ from hipc.compiler.kernels.linear import (
     select_wgmma,
 )
 from hipc.compiler.targets import GpuTarget
-from hipc.compiler.toolchains.gpu import gpu_toolchain
 from hipc.runtime.backends.cuda import CudaDriver
 from hipc.runtime.backends.gpu_common import DEFAULT_SHARED_LIMIT, DriverError, PackedArgs
 
@@ -89,12 +88,17 @@ def main() -> None:
     ap.add_argument(
         "--tiles", default="", help="only these wgmma variants (names, comma-separated)"
     )
+    ap.add_argument("--cache", type=Path, help="code objects by source hash (tests/gpu_kernels)")
+    ap.add_argument("--build-only", metavar="ARCH", help="fill --cache for ARCH (no GPU) and exit")
     args = ap.parse_args()
-    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    from gpu_kernels import compiled
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    d = CudaDriver(0)
-    arch = d.arch
+    if args.build_only:
+        arch, d = args.build_only, None
+    else:
+        d = CudaDriver(0)
+        arch = d.arch
     tokens = [int(t) for t in args.tokens.split(",")]
     shapes = {k: SHAPES[k] for k in args.shapes.split(",")}
 
@@ -121,12 +125,17 @@ def main() -> None:
             for (n, _), g in kernels.items()
             if n == name
         ]
-        return gpu_toolchain(arch).compile(
-            program_source(f"gemm_{name}", HIPC_VERSION, arch, sources)
+        return compiled(
+            program_source(f"gemm_{name}", HIPC_VERSION, arch, sources), arch, args.cache
         )
 
     with ThreadPoolExecutor(len(shapes)) as pool:
         images = dict(zip(shapes, pool.map(build, shapes), strict=True))
+    if d is None:
+        return
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
     modules = {name: d._call("cuModuleLoadData", image) for name, image in images.items()}
     fns = {}
     for (name, _), g in kernels.items():
