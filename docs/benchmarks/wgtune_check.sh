@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One short device call for the sm_90a wgmma GEMM's variants (issue 14), <= 90 s on an H200:
-#   1. bench_gpu_gemm.py at the Llama-3-8B layer shapes, 512 and 4096 tokens: every tile and
+#   1. bench_gpu_gemm.py at the Llama-3-8B layer shapes, 512, 2048 (the default prefill chunk:
+#      a 4,096-token prompt is two such steps) and 4096 tokens: every tile and
 #      cluster variant (checked against torch on poisoned outputs, a second run compared bit for
 #      bit), the _xb pass alone, cuBLAS beside them;
 #   2. tests/gpu/test_prefill_gemm.py: every variant against NumPy on odd shapes, the K split's
@@ -17,7 +18,8 @@ mkdir -p "$OUT"
 source docs/benchmarks/install_wheels.sh "$1"
 export HIPC_KERNEL_CACHE=$PWD/.kcache
 nvidia-smi -L
-timeout 35 python3 docs/benchmarks/bench_gpu_gemm.py --cache .kcache --out "$OUT/gemm.md" \
+timeout 35 python3 docs/benchmarks/bench_gpu_gemm.py --tokens 512,2048,4096 --cache .kcache \
+  --out "$OUT/gemm.md" \
   > "$OUT/bench.log" 2>&1
 timeout 25 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_prefill_gemm.py \
   > "$OUT/tests.log" 2>&1
