@@ -590,6 +590,9 @@ WGMMA_TILES = (
 # takes them): multicast pairs along the outputs (x read from L2 once per pair), K split in two
 # for steps with fewer output tiles than SMs, and both with the overlapped launch.
 WGMMA_CLUSTER_TILES = (
+    # 224 wide (5 stages of 44 KiB): 128 column blocks for the 8B gate/up, 4 waves at 512 tokens
+    WgmmaTile(128, 224, 5, _R),
+    WgmmaTile(128, 224, 5, _R, cm=2),
     WgmmaTile(128, 256, 4, _R, cm=2),
     WgmmaTile(128, 192, 5, _R, cm=2),
     WgmmaTile(128, 128, 6, _R, cm=2),
@@ -605,7 +608,13 @@ SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choice rounds
 # Steps of up to this many tokens get their own tiles where the chunk is longer (launch "tokens")
 SHORT_STEP = 1024
 # time per output element relative to 128 x 256 (measured on the H200: docs/benchmarks/gpu-prefill.md)
-WGMMA_COST = {(128, 256): 1.0, (128, 192): 1.04, (128, 128): 1.12, (64, 256): 1.15}
+WGMMA_COST = {
+    (128, 256): 1.0,
+    (128, 224): 1.02,
+    (128, 192): 1.04,
+    (128, 128): 1.12,
+    (64, 256): 1.15,
+}
 
 
 def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
