@@ -245,8 +245,8 @@ def main() -> None:
                         err = float("nan")
                     same = "yes" if torch.equal(first, once()) else "NO"
                     sec = ev.time(run, args.iters, args.repeats)
-                except DriverError as e:  # a variant the driver refuses: say so, go on
-                    rows.append(f"| {name} | {T} | {v} | failed: {e} | | | | |")
+                except DriverError as why:  # a variant the driver refuses: say so, go on
+                    rows.append(f"| {name} | {T} | {v} | failed: {why} | | | | |")
                     log(rows[-1])
                     continue
                 if g.template == "linear_wgmma" and v == WGMMA_TILES[0].name:
