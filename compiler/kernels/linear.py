@@ -319,7 +319,7 @@ class Linear(KernelKind):
             hi = select_wgmma(p, g.max_tokens)
             buckets = [(lo, None)] if lo == hi else [
                 (lo, (1, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
-            y_bf16 = bf16_reader(k, b, g) is not None
+            y_bf16 = k.group in self._handoffs(b, g)
             for tile, tokens in buckets:
                 pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile, y_bf16=y_bf16)
                 self._wgmma_launches(k, b, g, pg, common, x, rows, tokens)
@@ -341,12 +341,19 @@ class Linear(KernelKind):
             shared=pg.shared,
         )
 
+    def _handoffs(self, b: Binder, g: GpuProgramBuilder) -> dict[str, str]:
+        """GLU group -> the group that reads its output in bf16 (bf16_reader), once a program."""
+        if "linear.bf16" not in g.memo:
+            pairs = ((w, bf16_reader(w, b, g)) for w in g.selected if w.kind is self)
+            g.memo["linear.bf16"] = {w.group: r.group for w, r in pairs if r is not None}
+        return g.memo["linear.bf16"]
+
     def _wgmma_launches(self, k, b, g, pg: GpuKernel, common, x, rows: str, tokens) -> None:
         """The sm_90a GEMM's two launches: x -> bf16 (norm applied) into scratch, then the
         GEMM over it and W through tensor maps; `tokens`: the step sizes they run at."""
         p: LinearParams = k.params
         gemm = g.kernel(pg)
-        if any(bf16_reader(w, b, g) is k for w in g.selected if w.kind is self):
+        if k.group in self._handoffs(b, g).values():
             xb = x  # its writer left x in bf16 (bf16_reader): TMA reads it as it is
         else:
             xb = b.scratch(g.scratch("xb"))
