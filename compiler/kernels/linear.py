@@ -365,12 +365,12 @@ class Linear(KernelKind):
             "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N], "box": [64, bn // 2]},
         }
         blocks = -(-p.n_out // pg.block_outputs)
-        ny, nz = -(-blocks // cm) * cm, pg.ctx["sk"]  # whole clusters
+        ny, nz = -(-blocks // cm) * cm, pg.ctx["sk"] * pg.ctx["ct"]  # whole clusters
         g.launch(
             "prefill",
             k.group,
             gemm,
-            [f"cdiv({rows},{bm})", ny, nz],
+            [f"cdiv({rows},{bm * pg.ctx['ct']})", ny, nz],
             [pg.threads],
             WGMMA,
             {**maps, "T": b.int(rows), "bias": common["bias"], "res": common["res"],
@@ -559,6 +559,7 @@ class WgmmaTile:
     cm: int = 1
     sk: int = 1
     pdl: bool = False
+    ct: int = 1  # blocks along the tokens in one cluster sharing each W tile (grid z)
 
     @property
     def threads(self) -> int:
@@ -569,6 +570,7 @@ class WgmmaTile:
         return (
             f"wg{self.bm}x{self.bn}"
             + (f"c{self.cm}" if self.cm > 1 else "")
+            + (f"t{self.ct}" if self.ct > 1 else "")
             + (f"k{self.sk}" if self.sk > 1 else "")
             + ("p" if self.pdl else "")
         )
@@ -578,10 +580,10 @@ class WgmmaTile:
         return self.stages * (self.bm + self.bn) * 128 + 16 * self.stages + 1024
 
     def grid(self, tokens: int, n_out: int, glu: bool) -> tuple[int, int, int]:
-        """Blocks along tokens, outputs (a multiple of cm: the last cluster's extra blocks
-        load zeros and write nothing) and K splits."""
+        """Blocks along tokens (in pairs of ct, the pair's second in z), outputs (a multiple
+        of cm: a last cluster's extra blocks load zeros and write nothing), K splits x ct."""
         tn = -(-n_out // (self.bn // 2 if glu else self.bn))
-        return -(-tokens // self.bm), -(-tn // self.cm) * self.cm, self.sk
+        return -(-tokens // (self.bm * self.ct)), -(-tn // self.cm) * self.cm, self.sk * self.ct
 
 
 # 3 warp groups (384 threads): registers 40 for the producer, 232 for the consumers (64 x 256
@@ -594,21 +596,25 @@ WGMMA_TILES = (
     WgmmaTile(64, 256, 5, None),
 )
 # Cluster variants (measured against the tiles above by bench_gpu_gemm.py before select_wgmma
-# takes them): multicast pairs along the outputs (x read from L2 once per pair), K split in two
-# for steps with fewer output tiles than SMs, and both with the overlapped launch.
+# takes them): multicast pairs along the outputs (c: x read from L2 once per pair) or along the
+# tokens (t: W once per pair), K split in two (k) for steps with fewer output tiles than SMs,
+# and launches overlapping the _xb pass (p).
 WGMMA_CLUSTER_TILES = (
     # 224 wide (5 stages of 44 KiB): 128 column blocks for the 8B gate/up, 4 waves at 512 tokens
     WgmmaTile(128, 224, 5, _R),
     WgmmaTile(128, 224, 5, _R, cm=2),
+    WgmmaTile(128, 224, 5, _R, ct=2),
     WgmmaTile(128, 256, 4, _R, cm=2),
     WgmmaTile(128, 192, 5, _R, cm=2),
     WgmmaTile(128, 128, 6, _R, cm=2),
+    WgmmaTile(128, 256, 4, _R, ct=2),
+    WgmmaTile(128, 192, 5, _R, ct=2),
     WgmmaTile(128, 256, 4, _R, sk=2),
     WgmmaTile(128, 256, 4, _R, cm=2, sk=2),
+    WgmmaTile(128, 256, 4, _R, ct=2, sk=2),
     WgmmaTile(128, 256, 4, _R, cm=2, pdl=True),
-    WgmmaTile(128, 192, 5, _R, cm=2, pdl=True),
-    WgmmaTile(128, 128, 6, _R, cm=2, pdl=True),
     WgmmaTile(128, 256, 4, _R, sk=2, pdl=True),
+    WgmmaTile(128, 256, 4, _R, ct=2, pdl=True),
 )
 WGMMA_ARCHS = frozenset({"sm_90"})
 SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choice rounds to
@@ -687,8 +693,9 @@ def prefill_gemm(
             threads=t.threads,
             bn_out=bn_out,
             cm=t.cm,
+            ct=t.ct,
             sk=t.sk,
-            cluster=t.cm * t.sk,
+            cluster=t.cm * t.ct * t.sk,
             pdl=t.pdl,
             y_bf16=y_bf16,
         )
