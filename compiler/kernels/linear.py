@@ -322,7 +322,7 @@ class Linear(KernelKind):
             y_bf16 = k.group in self._handoffs(b, g)
             for tile, tokens in buckets:
                 pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile, y_bf16=y_bf16)
-                self._wgmma_launches(k, b, g, pg, common, x, rows, tokens)
+                self._wgmma_launches(k, b, g, pg, tile, common, x, rows, tokens)
             return
         pg = prefill_gemm(k.fn, p, g.target, k.nodes, split=split)
         gemm = g.kernel(pg)
@@ -348,7 +348,9 @@ class Linear(KernelKind):
             g.memo["linear.bf16"] = {w.group: r.group for w, r in pairs if r is not None}
         return g.memo["linear.bf16"]
 
-    def _wgmma_launches(self, k, b, g, pg: GpuKernel, common, x, rows: str, tokens) -> None:
+    def _wgmma_launches(
+        self, k, b, g, pg: GpuKernel, t: WgmmaTile, common, x, rows: str, tokens
+    ) -> None:
         """The sm_90a GEMM's two launches: x -> bf16 (norm applied) into scratch, then the
         GEMM over it and W through tensor maps; `tokens`: the step sizes they run at."""
         p: LinearParams = k.params
@@ -359,24 +361,27 @@ class Linear(KernelKind):
             xb = b.scratch(g.scratch("xb"))
             g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
                      {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=tokens)  # fmt: skip
-        bm, bn, cm = pg.ctx["bm"], pg.ctx["bn"], pg.ctx["cm"]
         maps = {  # a multicast cluster's CTAs copy 1/cm of each x tile each
-            "xmap": {"kind": "tmap", "of": xb, "dims": [p.K, g.max_tokens], "box": [64, bm // cm]},
-            "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N], "box": [64, bn // 2]},
+            "xmap": {
+                "kind": "tmap",
+                "of": xb,
+                "dims": [p.K, g.max_tokens],
+                "box": [64, t.bm // t.cm],
+            },
+            "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N], "box": [64, t.bn // 2]},
         }
-        blocks = -(-p.n_out // pg.block_outputs)
-        ny, nz = -(-blocks // cm) * cm, pg.ctx["sk"] * pg.ctx["ct"]  # whole clusters
+        _, ny, nz = t.grid(1, p.n_out, p.epilogue == "glu")  # along tokens: per step, below
         g.launch(
             "prefill",
             k.group,
             gemm,
-            [f"cdiv({rows},{bm * pg.ctx['ct']})", ny, nz],
+            [f"cdiv({rows},{t.bm * t.ct})", ny, nz],
             [pg.threads],
             WGMMA,
             {**maps, "T": b.int(rows), "bias": common["bias"], "res": common["res"],
              "y": common["y"]},
             shared=pg.shared,
-            overlap=pg.ctx["pdl"],
+            overlap=t.pdl,
             tokens=tokens,
         )  # fmt: skip
 
@@ -630,9 +635,30 @@ WGMMA_COST = {
 }
 
 
+# The variant per Llama-3-8B layer shape (N, K, epilogue) and step size, from bench_gpu_gemm.py
+# on the H200 (docs/benchmarks/gpu-prefill.md, "Cluster variants", 2026-12-03: every tile and
+# cluster variant, _xb included). A variant other than the wave model's plain tile is listed
+# only where it measured more than 3% faster than the best plain tile (one run: closer margins
+# are noise); elsewhere the entry is the fastest plain tile.
+WGMMA_MEASURED: dict[tuple[int, int, str], dict[int, str]] = {
+    (6144, 4096, "none"): {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"},  # qkv
+    (4096, 4096, "residual"): {512: "wg128x128", 2048: "wg128x256t2", 4096: "wg128x256c2p"},  # o
+    (28672, 4096, "glu"): {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"},  # gate/up
+    (4096, 14336, "residual"): {512: "wg128x128", 2048: "wg128x256", 4096: "wg128x256"},  # down
+}
+WGMMA_BY_NAME = {t.name: t for t in WGMMA_TILES + WGMMA_CLUSTER_TILES}
+
+
 def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
-    """The tile with the least estimated time at `tokens` tokens: waves of SMS blocks, each
-    block's time its output elements x the tile's cost."""
+    """The measured variant for a listed shape (WGMMA_MEASURED: the step size nearest
+    `tokens`, by ratio, the smaller on a tie), else the tile with the least estimated time at
+    `tokens` tokens: waves of SMS blocks, each block's time its output elements x the tile's
+    cost. `tiles` other than the default: the wave model over those alone (benchmarks)."""
+    measured = WGMMA_MEASURED.get((p.N, p.K, p.epilogue)) if tiles is WGMMA_TILES else None
+    if measured:
+        steps = sorted(measured)
+        near = min(steps, key=lambda n: (max(n / tokens, tokens / n), n))
+        return WGMMA_BY_NAME[measured[near]]
     glu = p.epilogue == "glu"
 
     def time(t: WgmmaTile) -> float:

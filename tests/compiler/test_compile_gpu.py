@@ -343,23 +343,29 @@ def test_gemma_params_refused_on_gpu(tmp_path, family):
 
 
 def test_wgmma_tiles_follow_the_measured_choice():
-    """select_wgmma's wave model against what bench_gpu_gemm.py measured fastest on the H200
-    (Llama-3-8B layer, docs/benchmarks/gpu-prefill.md): short steps take narrower tiles where
-    128 x 256 leaves SMs idle, 4096-token steps the widest."""
+    """select_wgmma against what bench_gpu_gemm.py measured fastest on the H200 (Llama-3-8B
+    layer, docs/benchmarks/gpu-prefill.md): the table for those shapes at the step sizes
+    measured and the nearest one otherwise; the wave model for other shapes (short steps take
+    narrower tiles where 128 x 256 leaves SMs idle, long steps the widest)."""
     from hipc.compiler.kernels.linear import LinearParams, select_wgmma
 
-    shapes = {
-        "qkv": (6144, 4096, "none", (128, 192)),
-        "o": (4096, 4096, "residual", (128, 128)),
-        "gate_up": (28672, 4096, "glu", (128, 192)),
-        "down": (4096, 14336, "residual", (128, 128)),
+    shapes = {  # N, K, epilogue: {tokens: variant measured fastest}
+        "qkv": (6144, 4096, "none", {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"}),
+        "o": (4096, 4096, "residual", {512: "wg128x128", 2048: "wg128x256t2"}),
+        "gate_up": (28672, 4096, "glu", {512: "wg128x192", 2048: "wg128x256"}),
+        "down": (4096, 14336, "residual", {512: "wg128x128", 2048: "wg128x256"}),
     }
-    for name, (N, K, ep, at512) in shapes.items():
+    for name, (N, K, ep, best) in shapes.items():
         p = LinearParams("bfloat16", N, K, 0.0, ep, False)
-        t = select_wgmma(p, 512)
-        assert (t.bm, t.bn) == at512, name
-        t = select_wgmma(p, 4096)
-        assert (t.bm, t.bn) == (128, 256), name
+        for tokens, want in best.items():
+            assert select_wgmma(p, tokens).name == want, (name, tokens)
+        assert select_wgmma(p, 300).name == best[512], name  # nearest measured: 512
+        assert select_wgmma(p, 1024).name == best[512], name  # a tie: the smaller
+        assert select_wgmma(p, 1400).name == best[2048], name
+    # an unlisted shape: the wave model (SmolLM2's gate/up: 2 x 1536 x 576)
+    p = LinearParams("bfloat16", 3072, 576, 0.0, "glu", False)
+    assert select_wgmma(p, 512).name == "wg128x128"  # 4 x 12 blocks: the narrowest fills most
+    assert select_wgmma(p, 4096).name == "wg128x256"
 
 
 def test_launches_by_step_size():
@@ -420,3 +426,28 @@ def test_glu_hands_bf16_to_the_down_linear(tmp_path):
     glu_gemv = [x for x in decode if "_glu_" in x["kernel"]]
     down_gemv = [x for x in decode if "_32x128_residual_" in x["kernel"]]
     assert [x["args"][-1] for x in glu_gemv] == [x["args"][0] for x in down_gemv]
+
+
+def test_cluster_variants_in_the_plan(tmp_path, monkeypatch):
+    """A measured cluster variant reaches the plan with its grid (W-sharing token pairs: half
+    the token blocks, z = 2; x-sharing pairs: output blocks rounded up to whole pairs), its
+    tensor-map box (a pair copies half an x tile each) and, for the overlapped launch, the
+    plan's "overlap" flag; the GEMM kernel's source declares the cluster."""
+    from hipc.compiler.kernels import linear
+
+    monkeypatch.setitem(linear.WGMMA_MEASURED, (32, 32, "residual"), {512: "wg128x256t2"})
+    monkeypatch.setitem(linear.WGMMA_MEASURED, (64, 32, "none"), {512: "wg128x256c2p"})
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
+    program = _sm90_program(folder, tmp_path)
+    prefill = program.plan["steps"]["prefill"]
+    o = [x for x in prefill if x["kernel"].endswith("_wg128x256t2")]
+    qkv = [x for x in prefill if x["kernel"].endswith("_wg128x256c2p")]
+    assert len(o) == len(qkv) == 2, [x["kernel"] for x in prefill]  # one per layer
+    for x in o:
+        assert x["grid"] == ["cdiv(T,256)", 1, 2] and "overlap" not in x
+        assert x["args"][0]["box"] == [64, 128]
+    for x in qkv:
+        assert x["grid"] == ["cdiv(T,128)", 2, 1] and x["overlap"] is True  # 1 block -> a pair
+        assert x["args"][0]["box"] == [64, 64]
+    assert "__cluster_dims__(1, 1, 2)" in program.source
+    assert "__cluster_dims__(1, 2, 1)" in program.source
