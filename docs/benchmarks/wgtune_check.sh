@@ -4,7 +4,8 @@
 #   1. tests/gpu/test_prefill_gemm.py: every tile and cluster variant against NumPy on odd shapes
 #      (partial tiles, K not a multiple of 64, T = 1 and 389), the K split's determinism;
 #   2. whole tiny bf16 models against the reference (the default policy: wgmma GEMMs with the
-#      GLU -> down bf16 hand-off and the batched residual epilogue, inside real plans);
+#      GLU -> down bf16 hand-off and the batched residual epilogue, inside real plans), and the
+#      hand-off against the same model with down's own _xb pass (logits equal bit for bit);
 #   3. bench_gpu_gemm.py at the Llama-3-8B layer shapes, 512 and 2048 tokens (the default chunk),
 #      for the variants select_wgmma now takes and the plain tiles, beside cuBLAS.
 # The code objects for 1 and 3 are built ahead on the build box (.kcache, keyed by source hash;
@@ -19,7 +20,7 @@ timeout 30 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_pr
   | grep -v "^tests/gpu.*PASSED" | tail -15
 echo "== whole tiny bf16 models"
 timeout 30 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_compiled_gpu.py \
-  -k "test_bf16_prefill_policy_on_gpu or (test_half_weights_on_gpu and bfloat16)" 2>&1 | tail -8
+  -k "test_bf16_prefill_policy_on_gpu or test_glu_bf16_handoff_is_exact_on_gpu" 2>&1 | tail -8
 echo "== bench_gpu_gemm.py"
 timeout 25 python3 docs/benchmarks/bench_gpu_gemm.py --tokens 512,2048 --cache .kcache \
   --tiles wg128x256,wg128x192,wg128x128,wg128x256t2,wg128x256c2p 2>&1 | awk '!seen[$0]++' 
