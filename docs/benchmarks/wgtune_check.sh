@@ -16,11 +16,11 @@ source docs/benchmarks/install_wheels.sh "$1"
 export HIPC_KERNEL_CACHE=$PWD/.kcache
 nvidia-smi -L
 echo "== tests/gpu/test_prefill_gemm.py"
-timeout 30 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_prefill_gemm.py 2>&1 \
+timeout 28 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_prefill_gemm.py 2>&1 \
   | grep -v "^tests/gpu.*PASSED" | tail -15
 echo "== whole tiny bf16 models"
-timeout 30 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_compiled_gpu.py \
+timeout 35 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_compiled_gpu.py \
   -k "test_bf16_prefill_policy_on_gpu or test_glu_bf16_handoff_is_exact_on_gpu" 2>&1 | tail -8
 echo "== bench_gpu_gemm.py"
-timeout 25 python3 docs/benchmarks/bench_gpu_gemm.py --tokens 512,2048 --cache .kcache \
+timeout 20 python3 docs/benchmarks/bench_gpu_gemm.py --tokens 512,2048 --cache .kcache \
   --tiles wg128x256,wg128x192,wg128x128,wg128x256t2,wg128x256c2p 2>&1 | awk '!seen[$0]++' 
