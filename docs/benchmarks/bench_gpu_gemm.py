@@ -112,6 +112,10 @@ def main() -> None:
                 kernels[name, t.name] = prefill_gemm(
                     f"{name}_wg", p, GpuTarget(arch), [name], wgmma=t
                 )
+                if ep == "glu":  # as in a model: the output in bf16 for down's TMA (_yb)
+                    kernels[name, t.name + "_yb"] = prefill_gemm(
+                        f"{name}_wg", p, GpuTarget(arch), [name], wgmma=t, y_bf16=True
+                    )
         for split in (False, True) if args.mma else ():
             v = "mma_split" if split else "mma"
             kernels[name, v] = prefill_gemm(
@@ -185,6 +189,7 @@ def main() -> None:
             else:
                 want = acc + (res if ep == "residual" else 0)
             y = torch.empty(T, n_out, device="cuda")
+            yb = torch.empty(T, n_out, dtype=torch.bfloat16, device="cuda")
             xb = torch.empty(T, K, dtype=torch.bfloat16, device="cuda")
             inv = torch.empty(T, device="cuda")
             flops = 2 * T * N * K
@@ -195,7 +200,12 @@ def main() -> None:
                 launches = []
                 if g.template == "linear_wgmma":
                     bm, bn, cm = g.ctx["bm"], g.ctx["bn"], g.ctx["cm"]
-                    tile = next(t for t in WGMMA_TILES + WGMMA_CLUSTER_TILES if t.name == v)
+                    tile = next(
+                        t
+                        for t in WGMMA_TILES + WGMMA_CLUSTER_TILES
+                        if t.name == v.removesuffix("_yb")
+                    )
+                    out = yb if g.ctx["y_bf16"] else y
                     xmap = d.tensor_map(ptr(xb), K, T, 64, bm // cm)
                     wmap = d.tensor_map(ptr(w), K, N, 64, bn // 2)
                     a1 = PackedArgs(
@@ -204,7 +214,7 @@ def main() -> None:
                     launches.append((fns[g.fn + "_xb"], (T, 1, 1), (256, 1, 1), 0, a1, False))
                     a2 = PackedArgs(
                         [("tmap", xmap), ("tmap", wmap), ("i32", T), ("u64", 0),
-                         ("u64", ptr(y) if ep == "residual" else 0), ("u64", ptr(y))]
+                         ("u64", ptr(y) if ep == "residual" else 0), ("u64", ptr(out))]
                     )  # fmt: skip
                     grid = tile.grid(T, n_out, ep == "glu")
                     launches.append((fns[g.fn], grid, (g.threads, 1, 1), g.shared, a2, tile.pdl))
@@ -228,7 +238,9 @@ def main() -> None:
 
                 # correctness: poisoned output (the residual variants start from res), one
                 # run; then a second run from the same start must give the same bits
-                def once(run=run, y=y, res=res, ep=ep):
+                dst = yb if v.endswith("_yb") else y
+
+                def once(run=run, y=dst, res=res, ep=ep):
                     if ep == "residual":
                         y.copy_(res)
                     else:
@@ -236,7 +248,7 @@ def main() -> None:
                     torch.cuda.synchronize()
                     run()
                     d.synchronize()
-                    return y.clone()
+                    return y.to(torch.float32, copy=True)  # (a bf16 output: its values)
 
                 try:
                     first = once()
@@ -275,7 +287,7 @@ def main() -> None:
                 f"{100 * flops / sec / ceiling:.0f} | | |"
             )
             log(rows[-1])
-            del x, w, y, xb, res, want, acc, xn
+            del x, w, y, yb, xb, res, want, acc, xn
             torch.cuda.empty_cache()
     table = "\n".join(rows)
     print(table)
