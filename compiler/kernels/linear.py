@@ -600,13 +600,16 @@ WGMMA_TILES = (
     WgmmaTile(128, 128, 6, _R),
     WgmmaTile(64, 256, 5, None),
 )
-# Cluster variants (measured against the tiles above by bench_gpu_gemm.py before select_wgmma
-# takes them): multicast pairs along the outputs (c: x read from L2 once per pair) or along the
-# tokens (t: W once per pair), K split in two (k) for steps with fewer output tiles than SMs,
-# and launches overlapping the _xb pass (p).
-WGMMA_CLUSTER_TILES = (
+# Variants measured against the tiles above by bench_gpu_gemm.py (select_wgmma takes one only
+# through WGMMA_MEASURED): multicast pairs along the outputs (c: x read from L2 once per pair)
+# or along the tokens (t: W once per pair), K split in two (k) for steps with fewer output tiles
+# than SMs, launches overlapping the _xb pass (p), and widths that fill the last wave better.
+WGMMA_VARIANTS = (
     # 224 wide (5 stages of 44 KiB): 128 column blocks for the 8B gate/up, 4 waves at 512 tokens
     WgmmaTile(128, 224, 5, _R),
+    # 176 wide (5 stages of 38 KiB): 163 x 4 = 652 gate/up blocks at 512 tokens, 4.94 waves of
+    # 132 where 128 x 192's 600 are 4.55 (its last wave half empty); not yet measured
+    WgmmaTile(128, 176, 5, _R),
     WgmmaTile(128, 224, 5, _R, cm=2),
     WgmmaTile(128, 224, 5, _R, ct=2),
     WgmmaTile(128, 256, 4, _R, cm=2),
@@ -628,7 +631,6 @@ SHORT_STEP = 1024
 # time per output element relative to 128 x 256 (measured on the H200: docs/benchmarks/gpu-prefill.md)
 WGMMA_COST = {
     (128, 256): 1.0,
-    (128, 224): 1.02,
     (128, 192): 1.04,
     (128, 128): 1.12,
     (64, 256): 1.15,
@@ -646,15 +648,15 @@ WGMMA_MEASURED: dict[tuple[int, int, str], dict[int, str]] = {
     (28672, 4096, "glu"): {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"},  # gate/up
     (4096, 14336, "residual"): {512: "wg128x128", 2048: "wg128x256", 4096: "wg128x256"},  # down
 }
-WGMMA_BY_NAME = {t.name: t for t in WGMMA_TILES + WGMMA_CLUSTER_TILES}
+WGMMA_BY_NAME = {t.name: t for t in WGMMA_TILES + WGMMA_VARIANTS}
 
 
-def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
+def select_wgmma(p: LinearParams, tokens: int) -> WgmmaTile:
     """The measured variant for a listed shape (WGMMA_MEASURED: the step size nearest
-    `tokens`, by ratio, the smaller on a tie), else the tile with the least estimated time at
-    `tokens` tokens: waves of SMS blocks, each block's time its output elements x the tile's
-    cost. `tiles` other than the default: the wave model over those alone (benchmarks)."""
-    measured = WGMMA_MEASURED.get((p.N, p.K, p.epilogue)) if tiles is WGMMA_TILES else None
+    `tokens`, by ratio, the smaller on a tie), else the plain tile with the least estimated
+    time at `tokens` tokens: waves of SMS blocks, each block's time its output elements x the
+    tile's cost."""
+    measured = WGMMA_MEASURED.get((p.N, p.K, p.epilogue))
     if measured:
         steps = sorted(measured)
         near = min(steps, key=lambda n: (max(n / tokens, tokens / n), n))
@@ -665,7 +667,7 @@ def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
         x, y, z = t.grid(tokens, p.n_out, glu)
         return -(-(x * y * z) // SMS) * t.bm * t.bn * WGMMA_COST[t.bm, t.bn] / t.sk
 
-    return min(tiles, key=time)
+    return min(WGMMA_TILES, key=time)
 
 
 def wgmma_gemm(p: LinearParams, target: GpuTarget, split: bool, simt: bool) -> bool:

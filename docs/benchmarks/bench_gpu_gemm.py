@@ -28,8 +28,8 @@ from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.codegen.hip import program_source
 from hipc.compiler.kernels.linear import (
-    WGMMA_CLUSTER_TILES,
     WGMMA_TILES,
+    WGMMA_VARIANTS,
     LinearParams,
     prefill_gemm,
     select_wgmma,
@@ -107,7 +107,7 @@ def main() -> None:
     wanted = set(filter(None, args.tiles.split(",")))
     for name, (N, K, ep, norm) in shapes.items():
         p = LinearParams("bfloat16", N, K, 1e-5 if norm else 0.0, ep, False)
-        for t in WGMMA_TILES + WGMMA_CLUSTER_TILES:
+        for t in WGMMA_TILES + WGMMA_VARIANTS:
             if not wanted or t.name in wanted:
                 kernels[name, t.name] = prefill_gemm(
                     f"{name}_wg", p, GpuTarget(arch), [name], wgmma=t
@@ -201,9 +201,7 @@ def main() -> None:
                 if g.template == "linear_wgmma":
                     bm, bn, cm = g.ctx["bm"], g.ctx["bn"], g.ctx["cm"]
                     tile = next(
-                        t
-                        for t in WGMMA_TILES + WGMMA_CLUSTER_TILES
-                        if t.name == v.removesuffix("_yb")
+                        t for t in WGMMA_TILES + WGMMA_VARIANTS if t.name == v.removesuffix("_yb")
                     )
                     out = yb if g.ctx["y_bf16"] else y
                     xmap = d.tensor_map(ptr(xb), K, T, 64, bm // cm)

@@ -7,7 +7,7 @@ arch's toolchain, and they are launched through the backends' driver layer with
 gpu_common.PackedArgs: no model, no plan. The cases cover partial tiles in T and N, K that is
 and is not a multiple of the K slice (576, 1536, 4096; 48, 200, 4160), and every epilogue, for
 every kernel a bf16 linear may prefill on: the sm_90a wgmma GEMM (each tile of WGMMA_TILES and
-each cluster variant of WGMMA_CLUSTER_TILES -- x multicast, K split in two, the launch
+each variant of WGMMA_VARIANTS -- x or W multicast, K split in two, the launch
 overlapping _xb --, x through its _xb kernel and tensor maps), the mma GEMM with bf16
 activations and with the hi + lo split, and, as a control, the SIMT one on the same data. The
 K-split variants are also run twice on the same input: the two outputs must be equal bit for bit
@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from hipc.compiler.kernels.linear import (
-    WGMMA_CLUSTER_TILES,
     WGMMA_TILES,
+    WGMMA_VARIANTS,
     LinearParams,
     prefill_gemm,
     wgmma_gemm,
@@ -58,7 +58,7 @@ VARIANTS = {
     "simt": (True, False, None),
     "mma": (False, False, None),
     "mma_split": (False, True, None),
-    **{t.name: (False, False, t) for t in WGMMA_TILES + WGMMA_CLUSTER_TILES},
+    **{t.name: (False, False, t) for t in WGMMA_TILES + WGMMA_VARIANTS},
 }
 EPS = 1e-5
 
