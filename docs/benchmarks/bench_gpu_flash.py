@@ -4,7 +4,8 @@
 
 Renders templates/hip/attention_flash.hip.j2 as compiler/kernels/attention.py does for the
 device's arch (bfloat16 KV cache, the cache filled for positions 0..T-1, a T-token prompt from
-position 0), and times it: median of --repeats launches after a warm-up. TFLOP/s count causal
+position 0), and times it: median of --repeats samples of 5 back-to-back launches each, after
+3 warm-up rounds, the variants of a shape timed in turns. TFLOP/s count causal
 attention's QK^T and PV over T(T+1)/2 pairs. Each --templates DIR (another checkout's
 templates/, e.g. `git archive REV templates | tar -x -C DIR`) is timed beside the installed
 package's templates, so a change to the kernel is measured against the kernel before it.
@@ -32,6 +33,7 @@ from hipc.runtime.backends.gpu_common import DEFAULT_SHARED_LIMIT, PackedArgs
 from gpu_kernels import compiled, open_driver
 
 SHAPES = {"l8": (32, 8, 128), "smol": (9, 3, 64)}  # query heads, KV heads, head dim
+BATCH = 5  # launches per timed sample (one synchronize after them)
 
 
 def environment(folder: Path | None):
@@ -80,6 +82,9 @@ def main() -> None:
         bufs.append(ptr)
         return ptr
 
+    # every variant's kernels loaded first (a module stays loaded when the next one is), so
+    # that each shape's variants are timed in turns, after the GPU has warmed up
+    fns = {}
     for folder in [None, *a.templates]:
         env = environment(folder)
         specs = {}
@@ -90,42 +95,50 @@ def main() -> None:
             specs[m] = flash_attention(f"flash_{m}", p, GpuTarget(arch), [m], "bfloat16")
         d.load_module(compiled(program(env, arch, list(specs.values())), arch))
         for m, k in specs.items():
-            NH, NKV, D = SHAPES[m]
             f = d.get_function(k.fn)
             if k.shared > DEFAULT_SHARED_LIMIT:
                 d.set_dynamic_shared(f, k.shared)
-            for T in tokens:
-                q = rng.standard_normal((T, NH * D)).astype(np.float32)
-                ang = rng.uniform(0, 2 * np.pi, (T, D // 2))
-                kv = rng.standard_normal((T, NKV, D)).astype(np.float32).view(np.uint32) >> 16
-                out = up(np.full((T, NH * D), np.nan, np.float32))
-                args = PackedArgs([
-                    ("u64", up(q)), ("i32", NH * D), ("i32", T), ("u64", up(np.zeros(1, np.int32))),
-                    ("u64", 0), ("u64", up(np.cos(ang).astype(np.float32))),
-                    ("u64", up(np.sin(ang).astype(np.float32))), ("u64", up(kv.astype(np.uint16))),
-                    ("u64", up(kv.astype(np.uint16))), ("u64", out),
-                ])  # fmt: skip
-                grid = (-(-T // FLASH_BQ), NH, 1)
-                times = []
-                for _ in range(a.repeats + 1):
+            fns[folder, m] = (f, k)
+    variants = [None, *a.templates]
+    for m in a.models.split(","):
+        NH, NKV, D = SHAPES[m]
+        for T in tokens:
+            q = rng.standard_normal((T, NH * D)).astype(np.float32)
+            ang = rng.uniform(0, 2 * np.pi, (T, D // 2))
+            kv = rng.standard_normal((T, NKV, D)).astype(np.float32).view(np.uint32) >> 16
+            out = up(np.full((T, NH * D), np.nan, np.float32))
+            args = PackedArgs([
+                ("u64", up(q)), ("i32", NH * D), ("i32", T), ("u64", up(np.zeros(1, np.int32))),
+                ("u64", 0), ("u64", up(np.cos(ang).astype(np.float32))),
+                ("u64", up(np.sin(ang).astype(np.float32))), ("u64", up(kv.astype(np.uint16))),
+                ("u64", up(kv.astype(np.uint16))), ("u64", out),
+            ])  # fmt: skip
+            grid = (-(-T // FLASH_BQ), NH, 1)
+            times = {v: [] for v in variants}
+            for i in range(a.repeats + 3):  # 3 warm-up rounds
+                for v in variants:
+                    f, k = fns[v, m]
                     d.synchronize()
                     t0 = time.perf_counter()
-                    d.launch(f, grid, (k.threads, 1, 1), k.shared, args.address)
+                    for _ in range(BATCH):
+                        d.launch(f, grid, (k.threads, 1, 1), k.shared, args.address)
                     d.synchronize()
-                    times.append(time.perf_counter() - t0)
-                got = np.empty((T, NH * D), np.float32)
-                d.d2h(got.ctypes.data, out, got.nbytes)
-                d.synchronize()
-                assert not np.isnan(got).any(), (folder, m, T, "outputs left unwritten")
-                us = statistics.median(times[1:]) * 1e6
+                    if i >= 3:
+                        times[v].append((time.perf_counter() - t0) / BATCH)
+            got = np.empty((T, NH * D), np.float32)
+            d.d2h(got.ctypes.data, out, got.nbytes)
+            d.synchronize()
+            assert not np.isnan(got).any(), (m, T, "outputs left unwritten")
+            for v in variants:
+                us = statistics.median(times[v]) * 1e6
                 flops = 4 * NH * D * T * (T + 1) / 2
                 rows.append(
-                    f"| {folder or 'installed'} | {m} | {T} | {us:.1f} | {flops / us / 1e6:.1f} |"
+                    f"| {v or 'installed'} | {m} | {T} | {us:.1f} | {flops / us / 1e6:.1f} |"
                 )
                 print(rows[-1], flush=True)
-                for ptr in bufs:
-                    d.free(ptr)
-                bufs.clear()
+            for ptr in bufs:
+                d.free(ptr)
+            bufs.clear()
     text = "\n".join(rows)
     print(text)
     if a.out:
