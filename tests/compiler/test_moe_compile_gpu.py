@@ -136,4 +136,3 @@ def test_bf16_experts_prefill_on_gfx1201_wmma(bf16):
     gemms = [x for x in steps(bf16, "gfx1201")["prefill"] if x["group"] == "l0.moe"][2:4]
     assert [x["kernel"].rsplit("_mma_", 1)[-1] for x in gemms] == ["gate_up", "down"]
     assert all(MMA_INSTRUCTION["gfx1201"] in code[x["kernel"]] for x in gemms)
-
