@@ -209,10 +209,15 @@ def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.n
 
 # Attention test cases (tests/gpu and the host tests) are tuples whose first six fields are
 # (NH, NKV, D, window, qk norm, interleaved pairs), then per file; a Qwen3.5-style case ends
-# with (rot, out_gate).
+# with (rot, out_gate), an OLMoE-style one with (rot, out_gate, clip).
 def attention_switches(case) -> tuple[int, bool]:
     """(rot, out_gate) of a case: 0 (all dims rotate) and no gate unless it names them."""
     return tuple(case[9:11]) if len(case) > 9 else (0, False)
+
+
+def attention_clip(case) -> float:
+    """The bound q, k and v are clamped to (OLMoE's clip_qkv) where a case names one, else 0."""
+    return float(case[11]) if len(case) > 11 else 0.0
 
 
 def attention_params(case, eps: float):
@@ -223,7 +228,7 @@ def attention_params(case, eps: float):
     rot, gate = attention_switches(case)
     return AttentionParams(
         NH=NH, NKV=NKV, D=D, scale=float(D) ** -0.5, window=window, interleaved=interleaved,
-        norm_eps=eps if norm else 0.0, rot=rot, out_gate=gate,
+        norm_eps=eps if norm else 0.0, rot=rot, out_gate=gate, clip=attention_clip(case),
     )  # fmt: skip
 
 

@@ -106,7 +106,7 @@ class Attention(KernelKind):
     anchors = frozenset({"hipc::CachedAttention"})
     roles = frozenset({"attention:feeder", "attention:flatten", "attention:gate"})
     cpu_signature = CPU
-    gpu_lacks = frozenset({"softcap", "clip"})
+    gpu_lacks = frozenset({"softcap"})
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
         for v in n.inputs[:3]:

@@ -205,6 +205,9 @@ HIPC_DEVICE float hipc_warp_max(float v) {
   return v;
 }
 
+// x clamped to [-c, c] (OLMoE's clip_qkv, applied as the attention kernels read q, k, v)
+HIPC_DEVICE float hipc_clip(float x, float c) { return x < -c ? -c : x > c ? c : x; }
+
 // Sum over the block (blockDim a multiple of HIPC_WAVE, at most 32 waves); every
 // thread gets the result. `red` is __shared__ float[32].
 HIPC_DEVICE float hipc_block_sum(float v, float* red) {

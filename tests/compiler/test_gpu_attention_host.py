@@ -1,5 +1,6 @@
-"""The decode attention kernel (templates/hip/attention_decode.hip.j2) run on the host: the
-rendered kernel compiled by a plain C++ compiler with HIPC_HOST_SIMT, each block's threads
+"""The decode attention kernel (templates/hip/attention_decode.hip.j2), and prefill's rope_kv
+and SIMT attention kernels (rope_kv.hip.j2, attention.hip.j2), run on the host: the
+rendered kernels compiled by a plain C++ compiler with HIPC_HOST_SIMT, each block's threads
 run in step as host threads (shuffles and barriers through a sleeping barrier), the blocks of
 the grid one after another (any order is one the GPU may take), against NumPy in float64.
 tests/gpu runs the same kernel on a GPU; this checks its indexing and merging on a machine
@@ -15,11 +16,18 @@ import numpy as np
 import pytest
 
 from hipc.compiler.codegen.environment import render
-from hipc.compiler.kernels.attention import decode_attention
+from hipc.compiler.kernels.attention import (
+    ATTN_WAVES,
+    decode_attention,
+    kv_context,
+    prefill_signature,
+    rope_kv_signature,
+)
+from hipc.compiler.kernels.base import GPU_INDENT
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import attention_params, attention_switches, rope
+from gpu_kernels import attention_clip, attention_params, attention_switches, rope
 
 EPS = 1e-5
 
@@ -35,6 +43,9 @@ CASES = {
     # first rot dims (the trailing two fields: rot, out_gate)
     "gated_partial_d64_f32": (5, 5, 64, 0, True, False, "float32", 512, 77, 16, True),
     "partial_interleaved_bf16": (6, 2, 64, 0, False, True, "bfloat16", 256, 40, 32, False),
+    # OLMoE: q, k and v clamped to [-clip, clip] as read (then the per-head norm where fused)
+    "clip_bf16": (4, 2, 64, 0, False, False, "bfloat16", 256, 50, 0, False, 0.4),
+    "clip_qknorm_f32": (4, 1, 32, 0, True, True, "float32", 256, 70, 0, False, 0.7),
 }
 
 
@@ -70,9 +81,12 @@ def test_decode_attention_on_the_host(lib, name):
     spec = lib.specs[name]
     rng = np.random.default_rng(sorted(CASES).index(name))
     q_in = rng.standard_normal((NH, 2 * D if gated else D)).astype(np.float32)
-    q = q_in[:, :D]
     k = rng.standard_normal((NKV, D)).astype(np.float32)
     v = rng.standard_normal((NKV, D)).astype(np.float32)
+    clip = attention_clip(CASES[name])
+    q, k_read, v_read = q_in[:, :D], k, v
+    if clip:
+        q, k_read, v_read = (np.clip(x, -clip, clip) for x in (q, k, v))
     qw, kw = (1 + 0.2 * rng.standard_normal((2, D))).astype(np.float32)
     ang = rng.uniform(0, 2 * np.pi, (ctx, r // 2))
     cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
@@ -110,8 +124,8 @@ def test_decode_attention_on_the_host(lib, name):
         return x
 
     qr = rotated(normed(q, qw))
-    kn = store(rotated(normed(k, kw)))
-    vn = store(v)
+    kn = store(rotated(normed(k_read, kw)))
+    vn = store(v_read)
     ulp = 2.0**-7 if kv == "bfloat16" else 1e-6
     np.testing.assert_allclose(widen(kc[p]), kn, rtol=ulp, atol=1e-6)
     np.testing.assert_array_equal(widen(vc[p]), vn)
@@ -128,4 +142,118 @@ def test_decode_attention_on_the_host(lib, name):
     if gated:
         want = want / (1 + np.exp(-q_in[:, D:].astype(np.float64)))
     err = float(np.max(np.abs(out - want)) / np.max(np.abs(want)))
+    assert err <= 1e-5, (name, err)
+
+
+# name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, start, T, rot, gate, clip)
+PREFILL = {
+    "clip_bf16_prefix": (4, 2, 32, 0, False, False, "bfloat16", 9, 6, 0, False, 0.5),
+    "clip_qknorm_window_f32": (3, 1, 32, 5, True, True, "float32", 0, 7, 0, False, 0.8),
+    "plain_f32": (2, 2, 32, 0, False, False, "float32", 3, 4),
+}
+
+
+@pytest.fixture(scope="module")
+def prefill_lib(tmp_path_factory):
+    code, specs = [], {}
+    for i, (name, case) in enumerate(PREFILL.items()):
+        p, kv = attention_params(case, EPS), kv_context(case[6])
+        kt, block = kv["kv_type"], max(case[2] // 2, 32)
+        code.append(
+            render(
+                "hip/rope_kv.hip.j2",
+                fn=f"rk{i}",
+                nodes=[name],
+                block=block,
+                params=rope_kv_signature(kt).render(GPU_INDENT),
+                **kv,
+                **p.context(),
+            )
+        )
+        code.append(render("hip/attention.hip.j2", fn=f"at{i}", nodes=[name], wave=32,
+                           waves=ATTN_WAVES, params=prefill_signature(kt).render(GPU_INDENT),
+                           **kv, **p.context()))  # fmt: skip
+        NH, NKV, T = case[0], case[1], case[8]
+        code.append(
+            f'extern "C" void run_{i}(const float* q, int ldq, const float* k, int ldk, '
+            f"const float* v, int ldv, const int* start, const float* qw, const float* kw, "
+            f"const float* c, const float* s, {kt}* kc, {kt}* vc, float* out) {{\n"
+            f"  grid({T}, {NKV}, {block}, [=] {{ rk{i}(k, ldk, v, ldv, start, kw, c, s, kc, vc); }});\n"
+            f"  grid({T}, {NH}, {ATTN_WAVES * 32}, [=] {{ at{i}(q, ldq, start, qw, c, s, kc, vc, out); }});\n}}"
+        )
+        specs[name] = i
+    handle = host_simt.build(tmp_path_factory.mktemp("prefill"), "prefill_host", "\n".join(code))
+    handle.specs = specs
+    return handle
+
+
+@pytest.mark.parametrize("name", sorted(PREFILL))
+def test_prefill_attention_on_the_host(prefill_lib, name):
+    """rope_kv writes the prompt's keys and values (clamped, normed, rotated) at start..start+T-1,
+    then the SIMT attention reads them with the cached prefix; NaN past the prompt and in the
+    output beforehand: neither may survive."""
+    case = PREFILL[name]
+    NH, NKV, D, window, norm, interleaved, kv, start, T = case[:9]
+    clip = attention_clip(case)
+    rng = np.random.default_rng(50 + sorted(PREFILL).index(name))
+    ctx = start + T + 5
+    ld = NH * D + 2 * NKV * D + 3  # q, k, v: column views of one projection's output
+    qkv = (rng.standard_normal((T, ld)) * 1.5).astype(np.float32)
+    q, k, v = (
+        qkv[:, a : a + n] for a, n in ((0, NH * D), (NH * D, NKV * D), (NH * D + NKV * D, NKV * D))
+    )
+    qw, kw = (1 + 0.2 * rng.standard_normal((2, D))).astype(np.float32)
+    ang = rng.uniform(0, 2 * np.pi, (ctx, D // 2))
+    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
+    cache = [store(rng.standard_normal((ctx, NKV, D)).astype(np.float32)) for _ in range(2)]
+    for c in cache:
+        c[start:] = np.nan
+    if kv == "bfloat16":
+        kc, vc = ((c.view(np.uint32) >> 16).astype(np.uint16) for c in cache)
+
+        def widen(a):
+            return (a.astype(np.uint32) << 16).view(np.float32)
+    else:
+        kc, vc = (c.copy() for c in cache)
+
+        def widen(a):
+            return a
+
+    out = np.full((T, NH * D), np.nan, np.float32)
+    ptr = ctypes.c_void_p
+    i = prefill_lib.specs[name]
+    getattr(prefill_lib, f"run_{i}")(
+        qkv.ctypes.data_as(ptr), ld, qkv[:, NH * D :].ctypes.data_as(ptr), ld,
+        qkv[:, NH * D + NKV * D :].ctypes.data_as(ptr), ld,
+        np.array([start], np.int32).ctypes.data_as(ptr),
+        *(a.ctypes.data_as(ptr) for a in (qw, kw, cos_t, sin_t, kc, vc, out)),
+    )  # fmt: skip
+
+    def read(x, heads, w):
+        x = x.reshape(T, heads, D).astype(np.float64)
+        if clip:
+            x = np.clip(x, -clip, clip)
+        if norm:
+            x = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + EPS) * w
+        return rope(x, cos_t[start : start + T, None], sin_t[start : start + T, None], interleaved)
+
+    kn = store(read(k, NKV, kw).astype(np.float32))
+    vn = store(np.clip(v, -clip, clip) if clip else v).reshape(T, NKV, D)
+    ulp = 2.0**-7 if kv == "bfloat16" else 1e-6
+    np.testing.assert_allclose(widen(kc[start : start + T]), kn, rtol=ulp, atol=1e-6)
+    np.testing.assert_array_equal(widen(vc[start : start + T]), vn)
+    keys = widen(kc).astype(np.float64)
+    vals = widen(vc).astype(np.float64)
+    qr = read(q, NH, qw)
+    want = np.empty((T, NH, D))
+    for t in range(T):
+        p = start + t
+        lo = max(0, p - window + 1) if window else 0
+        for h in range(NH):
+            kvh = h // (NH // NKV)
+            sc = keys[lo : p + 1, kvh] @ qr[t, h] * D**-0.5
+            e = np.exp(sc - sc.max())
+            want[t, h] = e @ vals[lo : p + 1, kvh] / e.sum()
+    err = float(np.max(np.abs(out.reshape(T, NH, D) - want)) / np.max(np.abs(want)))
     assert err <= 1e-5, (name, err)

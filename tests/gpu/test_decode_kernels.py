@@ -20,7 +20,15 @@ from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv, p
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import DeviceKernels, attention_params, attention_switches, offsets, pack, rope
+from gpu_kernels import (
+    DeviceKernels,
+    attention_clip,
+    attention_params,
+    attention_switches,
+    offsets,
+    pack,
+    rope,
+)
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -196,6 +204,8 @@ ATTENTIONS = {
     "qwen35_gated_partial_bf16": (16, 2, 256, 0, True, False, "bfloat16", 4096, 1500, 64, True),
     "gated_partial_odd_f32": (5, 5, 64, 0, True, False, "float32", 512, 77, 16, True),
     "partial_interleaved_bf16": (6, 2, 64, 0, False, True, "bfloat16", 256, 40, 32, False),
+    # OLMoE: q, k and v clamped as read (trailing field: clip)
+    "clip_bf16": (16, 16, 128, 0, False, False, "bfloat16", 1024, 333, 0, False, 0.6),
 }
 
 
@@ -245,9 +255,11 @@ def test_decode_attention_matches_numpy(attentions, name):
         x[..., :r] = rope(x[..., :r], cos_t[p], sin_t[p], interleaved)
         return x
 
-    qr = rotated(normed(q, qw))
-    kn = store(rotated(normed(k, kw)))
-    vn = store(v)
+    clip = attention_clip(ATTENTIONS[name])
+    q_, k_, v_ = (np.clip(x, -clip, clip) if clip else x for x in (q, k, v))
+    qr = rotated(normed(q_, qw))
+    kn = store(rotated(normed(k_, kw)))
+    vn = store(v_)
 
     spec = attentions.specs[name]
     dev = attentions
