@@ -276,3 +276,29 @@ def test_export_refuses_what_llama_cpp_reads_otherwise(tmp_path, capsys, what):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("hipc: error: --export-gguf") and words in err[-1], err
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_per_expert_gguf_source_exports_stacked(tmp_path):
+    """An early Mixtral GGUF (one Q8_0 tensor per expert, blk.N.ffn_gate.E.weight) goes out
+    stacked as ffn_gate_exps, its blocks as they were, and compiles to the same logits."""
+    gguf = require("gguf")
+    from gguf_writer import write_gguf
+
+    src = make_moe_model("mixtral-e8-k1", **SHAPES, intermediate_size=32)
+    path = write_gguf(src, tmp_path / "m.gguf", "llama", "Q8_0", per_expert=True, tokenizer=False)
+    out = tmp_path / "x.gguf"
+    opts = CompileOptions(max_context=CTX)
+    art = compile_model(path, tmp_path / "m.hipc", opts, verbose=False, export_gguf=out).artifact
+    before = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    after = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    stacked = after["blk.1.ffn_down_exps.weight"]
+    assert stacked.tensor_type.name == "Q8_0" and "blk.1.ffn_down.0.weight" not in after
+    for e in range(8):
+        np.testing.assert_array_equal(
+            np.asarray(stacked.data)[e], np.asarray(before[f"blk.1.ffn_down.{e}.weight"].data)
+        )
+    again = compile_model(out, tmp_path / "g.hipc", opts, verbose=False).artifact
+    ids = np.random.default_rng(9).integers(0, 211, 17).tolist()
+    assert (
+        rel_err(load_engine(again, "cpu").logits(ids), load_engine(art, "cpu").logits(ids)) <= 1e-5
+    )
