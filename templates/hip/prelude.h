@@ -536,25 +536,25 @@ HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
 // factor common to every product, so a norm GEMV quantizes x * g and scales its sums at
 // the end, and the whole prologue is one pass over x and one barrier. Every thread of the
 // block calls it; 8 lanes share a 32-value block, 4 values each, ROUNDS = ceil(K / 4 /
-// threads) rounds. The loads of HIPC_XQ_CHUNK rounds are issued before any is used: x was
+// threads) rounds. The loads of CHUNK rounds are issued before any is used: x was
 // just written by the kernel before, and one L2 round trip per round was most of a
 // long-row GEMV's prologue. `red`: __shared__ float[32].
 #define HIPC_XQ_CHUNK 4
-template <bool LO, int ROUNDS>
+template <bool LO, int ROUNDS, int CHUNK = HIPC_XQ_CHUNK>
 HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red) {
   const int n4 = K / 4, stride = hipc_block_dim();
   float ss = 0.f;
-  for (int r0 = 0; r0 < ROUNDS; r0 += HIPC_XQ_CHUNK) {
-    float4 vs[HIPC_XQ_CHUNK], gs[HIPC_XQ_CHUNK];
+  for (int r0 = 0; r0 < ROUNDS; r0 += CHUNK) {
+    float4 vs[CHUNK], gs[CHUNK];
 #pragma unroll
-    for (int c = 0; c < HIPC_XQ_CHUNK; ++c) {
+    for (int c = 0; c < CHUNK; ++c) {
       const int i = (r0 + c) * stride + hipc_thread();
       const bool ok = r0 + c < ROUNDS && i < n4;
       vs[c] = ok ? *(const float4*)(x + 4 * i) : float4{0.f, 0.f, 0.f, 0.f};
       gs[c] = g && ok ? *(const float4*)(g + 4 * i) : float4{1.f, 1.f, 1.f, 1.f};
     }
 #pragma unroll
-    for (int c = 0; c < HIPC_XQ_CHUNK; ++c) {
+    for (int c = 0; c < CHUNK; ++c) {
       if (r0 + c >= ROUNDS) break;  // the same for every lane: the shuffles need whole waves
       const int i = (r0 + c) * stride + hipc_thread(), part = i % 8;
       const bool ok = i < n4;  // the same for all 8 lanes of a block (K % 32 == 0)

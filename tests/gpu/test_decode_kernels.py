@@ -54,6 +54,9 @@ GEMVS = {
     "q4_k_norm_k4096": ("q4_k", 130, 4096, "none", True, False),
     "q4_k_streamed_glu_k1024": ("q4_k", 2 * 45, 1024, "glu", True, True),
     "q5_k_residual_k14336": ("q5_k", 40, 14336, "residual", False, False),
+    "q4_0_ring4_rows1_k14336": ("q4_0", 45, 14336, "residual", False, True),
+    "q6_k_ring3_preload1_norm": ("q6_k", 50, 4096, "none", True, False),
+    "q4_k_ring3_glu_norm": ("q4_k", 2 * 33, 4096, "glu", True, False),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
@@ -62,6 +65,10 @@ STREAMED = {
     "q4_1_streamed_norm_k14336": QuantGemv(waves=2, rows=2, unroll=4, max_blocks=2),
     "q6_k_streamed_residual_k14336": QuantGemv(waves=2, rows=2, unroll=1, max_blocks=2),
     "q4_k_streamed_glu_k1024": QuantGemv(waves=2, rows=2, unroll=1, max_blocks=3),
+    # rings of 3-4 batches whose last turn is partial, one filled before the wait
+    "q4_0_ring4_rows1_k14336": QuantGemv(2, 1, 1, 3, 2, stages=4),
+    "q6_k_ring3_preload1_norm": QuantGemv(2, 2, 1, 3, 1, stages=3, preload=1),
+    "q4_k_ring3_glu_norm": QuantGemv(4, 2, 1, 3, 1, stages=3, xq_chunk=8),
 }
 QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
 
