@@ -75,9 +75,9 @@ KQUANT_GEOMETRIES = {
     "default": (None, None),
     "base": (None, None),
     "k8r4s2p1": (QuantGemv(8, 4, 1, 132, 1, 2, 4, 1), QuantGemv(8, 4, 1, 132, 1, 2, 4, 1)),
-    "k8r2s3": (QuantGemv(8, 2, 1, 132, 1, 3, 8), QuantGemv(8, 2, 1, 132, 1, 3, 8)),
     "k16r1s2": (QuantGemv(16, 1, 1, 132, 1, 2, 8), QuantGemv(8, 2, 1, 132, 1, 3, 8)),
-    "k16r1s3": (QuantGemv(16, 1, 1, 132, 1, 3, 4), QuantGemv(8, 2, 1, 132, 1, 2, 8)),
+    "k8r1s3m2": (QuantGemv(8, 1, 1, 132, 2, 3), QuantGemv(8, 2, 1, 132, 1, 3, 8)),
+    "k8r1s2m2": (QuantGemv(8, 1, 1, 132, 2, 2), QuantGemv(8, 4, 1, 132, 1, 2, 4, 1)),
     "k8r1s3x2": (QuantGemv(8, 1, 1, 264, 2, 3), QuantGemv(8, 2, 1, 264, 2, 2, 4, 1)),
 }
 KQUANTS = ("q4_k", "q5_k", "q6_k")
@@ -215,14 +215,16 @@ def graph_time(d, fn, grid, threads, shared, packed, launches) -> float:
     return (time.perf_counter() - t) / (reps * launches) * 1e6
 
 
-def bench_gemvs(dev, specs, shapes, launches, activations=ACTIVATIONS) -> list[str]:
+def bench_gemvs(
+    dev, specs, shapes, launches, activations=ACTIVATIONS, check_max=CHECK_MAX_VALUES
+) -> list[str]:
     d = dev.d
     lines = []
     rng = np.random.default_rng(0)
     for s in shapes:
         wtype, N, K, epilogue, norm = SHAPES[s]
         n_out = N // 2 if epilogue == "glu" else N
-        check = N * K <= CHECK_MAX_VALUES
+        check = check_max >= N * K
         if check:
             raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype)
         else:
@@ -407,6 +409,7 @@ def main() -> None:
     ap.add_argument("--variants", help="geometries to time (default: all)")
     ap.add_argument("--activations", default=",".join(ACTIVATIONS))
     ap.add_argument("--launches", type=int, default=64)
+    ap.add_argument("--check-max", type=int, default=CHECK_MAX_VALUES, help="weights at most")
     ap.add_argument("--layers", type=int, default=0, help="also time LAYERS chains this long")
     ap.add_argument("--no-attention", action="store_true")
     ap.add_argument("--baseline", type=Path, help="the template of the 'base' variant")
@@ -444,7 +447,7 @@ def main() -> None:
         "| shape | MB | fastest | every variant (geometry/activations) |",
         "|---|---:|---|---|",
     ]
-    lines += bench_gemvs(dev, specs, shapes, args.launches, activations)
+    lines += bench_gemvs(dev, specs, shapes, args.launches, activations, args.check_max)
     if args.layers:
         names = list(dict.fromkeys(v for _, v, _ in specs))
         lines += [
