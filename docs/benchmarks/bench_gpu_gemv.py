@@ -329,8 +329,10 @@ def ceilings() -> str:
     through torch when it is installed."""
     try:
         import torch
-    except ImportError:
-        return "ceilings: torch not installed"
+
+        torch.cuda.init()
+    except (ImportError, AssertionError, RuntimeError) as e:
+        return f"ceilings: none ({e})"
     a = torch.empty(1 << 30, dtype=torch.float32, device="cuda")  # 4 GiB
     b = torch.empty_like(a)
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
