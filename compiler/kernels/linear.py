@@ -658,6 +658,7 @@ class QuantGemv:
     stages: int = 2
     xq_chunk: int = 4
     preload: int = 0  # ring buffers filled before the wait (0: all of them)
+    l2_prefetch: bool = False  # and the wave's rows pulled towards L2 (small matrices)
 
 
 # Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM. Large
@@ -770,6 +771,7 @@ def decode_gemv(
             batches=-(-steps // g.unroll),
             stages=g.stages,
             preload=min(g.preload or g.stages, g.stages),
+            l2_prefetch=g.l2_prefetch,
             xq_chunk=max(1, min(g.xq_chunk, rounds)),
             lo=activations == "int16",
             params=gemv_signature(p).render(GPU_INDENT),

@@ -69,6 +69,14 @@ GEOMETRIES = {
     "r2u2s3m1": (QuantGemv(16, 2, 2, 132, 1, 3, 8), QuantGemv(16, 2, 2, 132, 1, 3, 8)),
     "r1u4s3m1": (QuantGemv(16, 1, 4, 132, 1, 3, 8), QuantGemv(16, 2, 2, 132, 1, 4, 8)),
     "r2u4s2m1": (QuantGemv(16, 2, 4, 128, 1, 2), QuantGemv(16, 2, 4, 128, 1, 2)),
+    "r1u2s3l2": (
+        QuantGemv(16, 1, 2, 132, 2, 3, l2_prefetch=True),
+        QuantGemv(16, 2, 1, 132, 2, 3, l2_prefetch=True),
+    ),
+    "r1u1s4l2": (
+        QuantGemv(16, 1, 1, 132, 2, 4, l2_prefetch=True),
+        QuantGemv(16, 2, 1, 132, 2, 3, l2_prefetch=True),
+    ),
 }
 # the K-quants' units are 128 weights (64-96 bytes of quants): fewer of them in flight
 KQUANT_GEOMETRIES = {
@@ -79,6 +87,10 @@ KQUANT_GEOMETRIES = {
     "k8r1s3m2": (QuantGemv(8, 1, 1, 132, 2, 3), QuantGemv(8, 2, 1, 132, 1, 3, 8)),
     "k8r1s2m2": (QuantGemv(8, 1, 1, 132, 2, 2), QuantGemv(8, 4, 1, 132, 1, 2, 4, 1)),
     "k8r1s3x2": (QuantGemv(8, 1, 1, 264, 2, 3), QuantGemv(8, 2, 1, 264, 2, 2, 4, 1)),
+    "k8r2s3l2": (
+        QuantGemv(8, 2, 1, 132, 1, 3, 8, l2_prefetch=True),
+        QuantGemv(8, 2, 1, 132, 1, 3, 8, l2_prefetch=True),
+    ),
 }
 KQUANTS = ("q4_k", "q5_k", "q6_k")
 

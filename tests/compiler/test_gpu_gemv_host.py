@@ -28,6 +28,15 @@ EPS = 1e-5
 CASES = {
     # 1-row groups, 3 rounds of a 2-stage ring, one batch per row (K 1024: 1 step per lane)
     "q4_0_rows1_norm": ("q4_0", 45, 1024, "none", True, QuantGemv(2, 1, 1, 4, 1, 2, 4)),
+    # the rows pulled towards L2 before the wait (a no-op on the host: the indexing compiles)
+    "q4_0_l2_glu": (
+        "q4_0",
+        2 * 21,
+        1024,
+        "glu",
+        True,
+        QuantGemv(2, 2, 1, 3, 2, 3, l2_prefetch=True),
+    ),
     # K 2304: 72 units, 3 steps per lane, batches of 2 (the last half empty), 3 stages
     "q4_0_residual_k2304_s3": ("q4_0", 23, 2304, "residual", False, QuantGemv(2, 1, 2, 3, 1, 3)),
     # gate/up pairs, 4 stages over 5 items per wave (the ring's last turn partial)
