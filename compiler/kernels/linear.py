@@ -673,8 +673,9 @@ QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2)
 QUANT_GEMV_LARGE = QuantGemv(16, 1, 2, 132, 2, 3)
 QUANT_GEMV_LARGE_GLU = QuantGemv(16, 2, 1, 132, 2, 3)
 # rows of K >= QUANT_GEMV_DOWN_K (the down projection): x takes 4 registers per staging round
-# and thread, so the ring is 4 single units
-QUANT_GEMV_DOWN = QuantGemv(16, 1, 1, 132, 2, 4)
+# and thread (7 rounds at K 14336, all loaded at once: one L2 round trip, not 2), so the ring
+# is 4 single units
+QUANT_GEMV_DOWN = QuantGemv(16, 1, 1, 132, 2, 4, 8)
 QUANT_GEMV_DOWN_K = 8192
 QUANT_GEMV_LARGE_BYTES = 4 << 20
 QUANT_GEMV_LONG_K = 1536

@@ -37,8 +37,16 @@ CASES = {
         True,
         QuantGemv(2, 2, 1, 3, 2, 3, l2_prefetch=True),
     ),
-    # K 2304: 72 units, 3 steps per lane, batches of 2 (the last half empty), 3 stages
-    "q4_0_residual_k2304_s3": ("q4_0", 23, 2304, "residual", False, QuantGemv(2, 1, 2, 3, 1, 3)),
+    # K 2304: 72 units, 3 steps per lane, batches of 2 (the last half empty), 3 stages; x in
+    # 9 staging rounds per thread, 8 loaded at once, then 1
+    "q4_0_residual_k2304_s3": (
+        "q4_0",
+        23,
+        2304,
+        "residual",
+        False,
+        QuantGemv(2, 1, 2, 3, 1, 3, xq_chunk=8),
+    ),
     # gate/up pairs, 4 stages over 5 items per wave (the ring's last turn partial)
     "q4_1_glu_norm_s4": ("q4_1", 2 * 19, 1024, "glu", True, QuantGemv(2, 2, 1, 2, 1, 4)),
     "q8_0_rows2_residual": ("q8_0", 30, 2048, "residual", False, QuantGemv(2, 2, 1, 3, 1, 2)),
