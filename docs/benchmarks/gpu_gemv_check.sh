@@ -45,7 +45,7 @@ fi
 
 OUT=${OUT:-/tmp/out}/gemv
 mkdir -p "$OUT"
-source docs/benchmarks/install_wheels.sh
+source docs/benchmarks/install_wheels.sh .whl
 export HIPC_KERNEL_CACHE=$PWD/.work/fatbins
 nvidia-smi -L
 # numerics of the matrices up to 30M weights here (the rest: tests/gpu's K 14336 cases)
