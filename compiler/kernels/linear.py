@@ -661,22 +661,20 @@ class QuantGemv:
     l2_prefetch: bool = False  # and the wave's rows pulled towards L2 (small matrices)
 
 
-# Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM. Large
-# ones (QUANT_GEMV_LARGE_BYTES and up) and long rows (K >= QUANT_GEMV_LONG_K): 16-wave blocks
-# of one-row groups (gate/up: a row pair) over every SM, each lane's loads a ring of 3 batches
-# of 2 units (the GLU's: 1 unit of each row), capped at 64 registers so that the next
-# kernel's block fits beside this one's and issues its first loads while this one finishes
-# (hipc_let_next_start). (Session 4's H200 sweep, one kernel timed after itself, int8: 16 x 2
-# rows with one batch in flight took qkv 6.0, o 4.4, gate/up 18.3, down 12.7 us where 8 x 2
-# took 7.0, 5.1, 18.8, 16.1.) q8_0 blocks are twice the bytes: half the unroll.
-QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2)
-QUANT_GEMV_LARGE = QuantGemv(16, 1, 2, 132, 2, 3)
-QUANT_GEMV_LARGE_GLU = QuantGemv(16, 2, 1, 132, 2, 3)
-# rows of K >= QUANT_GEMV_DOWN_K (the down projection): x takes 4 registers per staging round
-# and thread (7 rounds at K 14336, all loaded at once: one L2 round trip, not 2), so the ring
-# is 4 single units
-QUANT_GEMV_DOWN = QuantGemv(16, 1, 1, 132, 2, 4, 8)
-QUANT_GEMV_DOWN_K = 8192
+# Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM, the
+# next batch copied in (stages 1: the loop measured before the ring; the ring is not measured
+# at these shapes). Large ones (QUANT_GEMV_LARGE_BYTES and up) and long rows (K >=
+# QUANT_GEMV_LONG_K): 16-wave blocks of 2-row groups, one per SM, a ring of 3 batches of 2
+# units per row (gate/up: 4 batches), x staged in one round trip where it takes <= 8 rounds.
+# On the H200 (bench_gpu_gemv.py, int8 activations, 2026-12-03 mid call; copy 4.29 TB/s) the
+# 8B Q4_0 layer took qkv 5.3, o 4.3, gate/up 16.9 (3.90 TB/s), down 11.2 us where the loop
+# before (16 x 2 rows x 4 units, one batch copied in) took 6.0, 4.2, 18.2, 11.6; rings capped
+# at 64 registers (so that the next kernel's block fits beside: PDL) were slower in every
+# shape and in 32-layer chains (50.8 us a layer against 39.9): bytes in flight per lane
+# matter more than the overlap. q8_0 blocks are twice the bytes: half the unroll.
+QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2, 1)
+QUANT_GEMV_LARGE = QuantGemv(16, 2, 2, 132, 1, 3, 8)
+QUANT_GEMV_LARGE_GLU = QuantGemv(16, 2, 2, 132, 1, 4, 8)
 QUANT_GEMV_LARGE_BYTES = 4 << 20
 QUANT_GEMV_LONG_K = 1536
 XQ_BLOCK_BYTES = {"int16": 80, "int8": 48}
@@ -702,31 +700,32 @@ QUANT_TYPES = {
     "q4_k": QuantType(256, 144, 128, 128),
     "q5_k": QuantType(256, 176, 160, 128),
 }
-# A K-quant unit is 21-27 registers (64-96 bytes of quants): groups of 2 rows, a ring of 3
-# units each, 8 waves a block, one block per SM. (Session 4's H200 sweep, int8: groups of 4
-# rows with one unit in flight took 8B Q4_K gate/up 22.3 us, down 19.9, the Q6_K LM head
-# 105.9 (4.07 TB/s), where row pairs with one unit took 27.7, 21.0 and 114.4; with the ring,
-# 4-row groups spill on Q6_K.)
-QUANT_GEMV_KQUANT = QuantGemv(8, 2, 1, 132, 1, 3, 8)
+# A K-quant unit is 21-27 registers (64-96 bytes of quants). Q4_K/Q5_K: groups of 4 rows,
+# one unit each, the next copied in (stages 1), 8 waves a block, one block per SM; Q6_K: groups
+# of 2 rows, a ring of 3 units each. On the H200 (bench_gpu_gemv.py, int8, mid call) Q6_K LM
+# head 103.7 us (4.16 TB/s), down 19.9 where the 4-row copy loop took 107.2 and 21.2; Q4_K
+# gate/up 19.2, down 16.0, o 6.0 with the copy loop where 2-row rings took 24.7, 18.0, 6.2
+# and 4-row ones 21.9, 18.0, 6.1.
+QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1, 1)
+QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 132, 1, 3, 8)
 
 
 def quant_gemv(wsuffix: str, N: int, K: int, glu: bool = False) -> QuantGemv:
     """The geometry of a quantized GEMV of an [N, K] matrix (`glu`: gate/up row pairs)."""
+    if wsuffix == "q6_k":
+        return QUANT_GEMV_Q6_K
     if QUANT_TYPES[wsuffix].unit_values > 32:  # the K-quants' units of 128
         return QUANT_GEMV_KQUANT
     qt = QUANT_TYPES[wsuffix]
     big = N * (K // qt.block_values) * qt.block_bytes >= QUANT_GEMV_LARGE_BYTES
-    if K >= QUANT_GEMV_DOWN_K and not glu:
-        g = QUANT_GEMV_DOWN
-    elif big or K >= QUANT_GEMV_LONG_K:
+    if big or K >= QUANT_GEMV_LONG_K:
         g = QUANT_GEMV_LARGE_GLU if glu else QUANT_GEMV_LARGE
     else:
         g = QUANT_GEMV_SMALL
     if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
-        g = replace(g, rows=2, unroll=2, stages=2, min_blocks=1)
+        g = replace(g, rows=2, unroll=2, stages=1, min_blocks=min(g.min_blocks, 2))
     if wsuffix == "q8_0":  # 9 registers a unit
-        g = replace(g, unroll=max(1, g.unroll // 2), stages=min(g.stages, 2 if glu else 3))
-        g = replace(g, min_blocks=1) if glu else g
+        g = replace(g, unroll=max(1, g.unroll // 2))
     return g
 
 

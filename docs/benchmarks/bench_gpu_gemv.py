@@ -63,34 +63,20 @@ SHAPES = {
 GEOMETRIES = {
     "default": (None, None),
     "base": (None, None),
-    "r1u2s3": (QuantGemv(16, 1, 2, 132, 2, 3), QuantGemv(16, 2, 1, 132, 2, 3)),
-    "r1u1s4": (QuantGemv(16, 1, 1, 132, 2, 4), QuantGemv(16, 2, 1, 132, 2, 3)),
-    "r1u2s4m1": (QuantGemv(16, 1, 2, 132, 1, 4, 8), QuantGemv(16, 2, 1, 132, 1, 5, 8)),
-    "r2u2s3m1": (QuantGemv(16, 2, 2, 132, 1, 3, 8), QuantGemv(16, 2, 2, 132, 1, 3, 8)),
-    "r1u4s3m1": (QuantGemv(16, 1, 4, 132, 1, 3, 8), QuantGemv(16, 2, 2, 132, 1, 4, 8)),
-    "r2u4s2m1": (QuantGemv(16, 2, 4, 128, 1, 2), QuantGemv(16, 2, 4, 128, 1, 2)),
-    "r1u2s3l2": (
-        QuantGemv(16, 1, 2, 132, 2, 3, l2_prefetch=True),
-        QuantGemv(16, 2, 1, 132, 2, 3, l2_prefetch=True),
-    ),
-    "r1u1s4l2": (
-        QuantGemv(16, 1, 1, 132, 2, 4, l2_prefetch=True),
-        QuantGemv(16, 2, 1, 132, 2, 3, l2_prefetch=True),
-    ),
+    "r2u2s4m1": (QuantGemv(16, 2, 2, 132, 1, 4, 8), QuantGemv(16, 2, 2, 132, 1, 4, 8)),
+    "r4u2s2m1": (QuantGemv(16, 4, 2, 132, 1, 2, 8), QuantGemv(16, 4, 1, 132, 1, 3, 8)),
+    "r2u4s2m1": (QuantGemv(16, 2, 4, 132, 1, 2, 8), QuantGemv(16, 2, 4, 132, 1, 2, 8)),
+    "w8r2u2s6": (QuantGemv(8, 2, 2, 132, 1, 6, 8), QuantGemv(8, 2, 2, 132, 1, 6, 8)),
+    "copy16r2u4": (QuantGemv(16, 2, 4, 128, 1, 1), QuantGemv(16, 2, 4, 128, 1, 1)),
 }
 # the K-quants' units are 128 weights (64-96 bytes of quants): fewer of them in flight
 KQUANT_GEOMETRIES = {
     "default": (None, None),
     "base": (None, None),
     "k8r4s2p1": (QuantGemv(8, 4, 1, 132, 1, 2, 4, 1), QuantGemv(8, 4, 1, 132, 1, 2, 4, 1)),
-    "k16r1s2": (QuantGemv(16, 1, 1, 132, 1, 2, 8), QuantGemv(8, 2, 1, 132, 1, 3, 8)),
-    "k8r1s3m2": (QuantGemv(8, 1, 1, 132, 2, 3), QuantGemv(8, 2, 1, 132, 1, 3, 8)),
-    "k8r1s2m2": (QuantGemv(8, 1, 1, 132, 2, 2), QuantGemv(8, 4, 1, 132, 1, 2, 4, 1)),
-    "k8r1s3x2": (QuantGemv(8, 1, 1, 264, 2, 3), QuantGemv(8, 2, 1, 264, 2, 2, 4, 1)),
-    "k8r2s3l2": (
-        QuantGemv(8, 2, 1, 132, 1, 3, 8, l2_prefetch=True),
-        QuantGemv(8, 2, 1, 132, 1, 3, 8, l2_prefetch=True),
-    ),
+    "k8r2s3": (QuantGemv(8, 2, 1, 132, 1, 3, 8), QuantGemv(8, 2, 1, 132, 1, 3, 8)),
+    "k8r4s1": (QuantGemv(8, 4, 1, 132, 1, 1), QuantGemv(8, 4, 1, 132, 1, 1)),
+    "k8r1s3m2": (QuantGemv(8, 1, 1, 132, 2, 3), QuantGemv(8, 4, 1, 132, 1, 1)),
 }
 KQUANTS = ("q4_k", "q5_k", "q6_k")
 
@@ -116,7 +102,11 @@ ATTENTION_CTX = 4096
 L2_BYTES = 60 << 20
 CHECK_MAX_VALUES = 64_000_000  # larger matrices are timed, not checked (float64 NumPy)
 # a decode layer's GEMVs in launch order (attention between qkv and o is left out)
-LAYERS = {"q4_0": ("l8_qkv", "l8_o", "l8_gate_up", "l8_down")}
+LAYERS = {
+    "q4_0": ("l8_qkv", "l8_o", "l8_gate_up", "l8_down"),
+    # a Q4_K_M layer with its Q4_K down (llama-quantize gives a third of them Q6_K downs)
+    "q4_k_m": ("l8_qk_q4k", "l8_v_q6k", "l8_o_q4k", "l8_gate_up_q4k", "l8_down_q4k"),
+}
 
 
 def geometries(wtype: str) -> dict:

@@ -12,7 +12,7 @@
 #   bash docs/benchmarks/gpu_gemv_check.sh
 # Writes $OUT/gemv/gemv.md and $OUT/gemv/tests.log.
 set -uo pipefail
-SHAPES=l8_qkv,l8_o,l8_gate_up,l8_down,l8_head_q6k,l8_qk_q4k,l8_o_q4k,l8_gate_up_q4k,l8_down_q6k,l8_down_q4k
+SHAPES=l8_qkv,l8_o,l8_gate_up,l8_down,l8_head_q6k,l8_qk_q4k,l8_v_q6k,l8_o_q4k,l8_gate_up_q4k,l8_down_q6k,l8_down_q4k
 BENCH=(docs/benchmarks/bench_gpu_gemv.py --baseline .work/base/linear_gemv_q.hip.j2
   --activations int8 --no-attention --shapes "$SHAPES")
 

@@ -54,6 +54,9 @@ CASES = {
     "q4_k_rows4_norm": ("q4_k", 21, 2048, "none", True, QuantGemv(2, 4, 1, 2, 1, 2)),
     "q6_k_glu_s3": ("q6_k", 2 * 9, 1536, "glu", False, QuantGemv(2, 2, 1, 2, 1, 3)),
     "q5_0_residual_s2": ("q5_0", 17, 1536, "residual", False, QuantGemv(2, 2, 2, 2, 1, 2)),
+    # one stage: the next item's loads copied in at the end of each step
+    "q4_k_copy_rows4": ("q4_k", 21, 2048, "residual", False, QuantGemv(2, 4, 1, 2, 1, 1)),
+    "q4_0_copy_k2304_glu": ("q4_0", 2 * 23, 2304, "glu", True, QuantGemv(2, 2, 2, 3, 1, 1)),
 }
 
 

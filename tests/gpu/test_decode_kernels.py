@@ -58,6 +58,7 @@ GEMVS = {
     "q6_k_ring3_preload1_norm": ("q6_k", 50, 4096, "none", True, False),
     "q4_k_ring3_glu_norm": ("q4_k", 2 * 33, 4096, "glu", True, False),
     "q4_0_l2_prefetch_glu_norm": ("q4_0", 2 * 70, 4096, "glu", True, False),
+    "q4_1_copy_next_k14336": ("q4_1", 29, 14336, "residual", False, True),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
@@ -71,6 +72,7 @@ STREAMED = {
     "q6_k_ring3_preload1_norm": QuantGemv(2, 2, 1, 3, 1, stages=3, preload=1),
     "q4_k_ring3_glu_norm": QuantGemv(4, 2, 1, 3, 1, stages=3, xq_chunk=8),
     "q4_0_l2_prefetch_glu_norm": QuantGemv(4, 2, 1, 3, 2, stages=3, l2_prefetch=True),
+    "q4_1_copy_next_k14336": QuantGemv(2, 2, 2, 3, 1, stages=1),
 }
 QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
 
