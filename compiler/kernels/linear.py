@@ -661,11 +661,12 @@ class QuantGemv:
     l2_prefetch: bool = False  # and the wave's rows pulled towards L2 (small matrices)
 
 
-# Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM, the
-# next batch copied in (stages 1: the loop measured before the ring; the ring is not measured
-# at these shapes). Large ones (QUANT_GEMV_LARGE_BYTES and up) and long rows (K >=
-# QUANT_GEMV_LONG_K): 16-wave blocks of 2-row groups, one per SM, a ring of 3 batches of 2
-# units per row (gate/up: 4 batches), x staged in one round trip where it takes <= 8 rounds.
+# Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM (16
+# waves where rows are >= QUANT_GEMV_LONG_K), the next batch copied in (stages 1: the loop
+# measured before the ring; the ring is not measured at these shapes). Large ones
+# (QUANT_GEMV_LARGE_BYTES and up): 16-wave blocks of 2-row groups, one per SM, a ring of 3
+# batches of 2 units per row (gate/up: 4 batches), x staged in one round trip where it takes
+# <= 8 rounds.
 # On the H200 (bench_gpu_gemv.py, int8 activations, 2026-12-03 mid call; copy 4.29 TB/s) the
 # 8B Q4_0 layer took qkv 5.3, o 4.3, gate/up 16.9 (3.90 TB/s), down 11.2 us where the loop
 # before (16 x 2 rows x 4 units, one batch copied in) took 6.0, 4.2, 18.2, 11.6; rings capped
@@ -673,6 +674,7 @@ class QuantGemv:
 # shape and in 32-layer chains (50.8 us a layer against 39.9): bytes in flight per lane
 # matter more than the overlap. q8_0 blocks are twice the bytes: half the unroll.
 QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2, 1)
+QUANT_GEMV_LONG = QuantGemv(16, 2, 4, 128, 1, 1)  # small matrices of long rows (copy loop)
 QUANT_GEMV_LARGE = QuantGemv(16, 2, 2, 132, 1, 3, 8)
 QUANT_GEMV_LARGE_GLU = QuantGemv(16, 2, 2, 132, 1, 4, 8)
 QUANT_GEMV_LARGE_BYTES = 4 << 20
@@ -718,10 +720,10 @@ def quant_gemv(wsuffix: str, N: int, K: int, glu: bool = False) -> QuantGemv:
         return QUANT_GEMV_KQUANT
     qt = QUANT_TYPES[wsuffix]
     big = N * (K // qt.block_values) * qt.block_bytes >= QUANT_GEMV_LARGE_BYTES
-    if big or K >= QUANT_GEMV_LONG_K:
+    if big:
         g = QUANT_GEMV_LARGE_GLU if glu else QUANT_GEMV_LARGE
     else:
-        g = QUANT_GEMV_SMALL
+        g = QUANT_GEMV_LONG if K >= QUANT_GEMV_LONG_K else QUANT_GEMV_SMALL
     if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
         g = replace(g, rows=2, unroll=2, stages=1, min_blocks=min(g.min_blocks, 2))
     if wsuffix == "q8_0":  # 9 registers a unit

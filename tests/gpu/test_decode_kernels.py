@@ -10,13 +10,22 @@ are packed here the way GGUF / safetensors store them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from hipc.compiler.kernels.attention import decode_attention
 from hipc.compiler.kernels.embedding import EmbeddingParams
 from hipc.compiler.kernels.embedding import gpu_kernel as embedding_kernel
-from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv, prefill_gemm
+from hipc.compiler.kernels.linear import (
+    QUANT_GEMV_LARGE,
+    QUANT_GEMV_LARGE_GLU,
+    LinearParams,
+    QuantGemv,
+    decode_gemv,
+    prefill_gemm,
+)
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
@@ -59,6 +68,10 @@ GEMVS = {
     "q4_k_ring3_glu_norm": ("q4_k", 2 * 33, 4096, "glu", True, False),
     "q4_0_l2_prefetch_glu_norm": ("q4_0", 2 * 70, 4096, "glu", True, False),
     "q4_1_copy_next_k14336": ("q4_1", 29, 14336, "residual", False, True),
+    # the geometries quant_gemv gives matrices >= 4 MiB, on fewer rows
+    "q4_0_large_glu_geometry": ("q4_0", 2 * 600, 4096, "glu", True, False),
+    "q4_0_large_geometry_k14336": ("q4_0", 300, 14336, "residual", False, False),
+    "q8_0_large_glu_geometry": ("q8_0", 2 * 300, 4096, "glu", True, False),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
@@ -73,6 +86,9 @@ STREAMED = {
     "q4_k_ring3_glu_norm": QuantGemv(4, 2, 1, 3, 1, stages=3, xq_chunk=8),
     "q4_0_l2_prefetch_glu_norm": QuantGemv(4, 2, 1, 3, 2, stages=3, l2_prefetch=True),
     "q4_1_copy_next_k14336": QuantGemv(2, 2, 2, 3, 1, stages=1),
+    "q4_0_large_glu_geometry": QUANT_GEMV_LARGE_GLU,
+    "q4_0_large_geometry_k14336": QUANT_GEMV_LARGE,
+    "q8_0_large_glu_geometry": replace(QUANT_GEMV_LARGE_GLU, unroll=1),
 }
 QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
 
