@@ -112,6 +112,23 @@ class DeviceKernels:
         self.d.close()
 
 
+def held_x(x: np.ndarray, activations: str) -> np.ndarray:
+    """x (float32) as a quantized GEMV holds it (prelude: hipc_stage_xq), float64: per 32
+    values d = max|x| / 127 and hi = rint(x * 127 / max|x|) in float32 as the kernel rounds;
+    int8 activations d * hi, int16 also lo = rint((x - hi d) 127 * 254 / max|x|) clamped to
+    +-127, d / 254 * (254 hi + lo)."""
+    xb = x.astype(np.float32).reshape(-1, 32)
+    am = np.abs(xb).max(1, keepdims=True)
+    d = am / np.float32(127)
+    inv = np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0).astype(np.float32)
+    hi = np.rint(xb * inv)
+    if activations == "int8":
+        return (d.astype(np.float64) * hi).reshape(-1)
+    lo = np.clip(np.rint((xb - hi * d) * inv * np.float32(254)), -127, 127)
+    dq = (d / np.float32(254)).astype(np.float64)
+    return (dq * (254 * hi.astype(np.float64) + lo)).reshape(-1)
+
+
 # -- weights in their storage types -----------------------------------------------------
 
 

@@ -37,7 +37,7 @@ from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv  #
 from hipc.compiler.targets import GpuTarget  # noqa: E402
 from hipc.runtime.backends.gpu_common import PackedArgs  # noqa: E402
 
-from gpu_kernels import DeviceKernels, compiled, kernels_source, pack  # noqa: E402
+from gpu_kernels import DeviceKernels, compiled, held_x, kernels_source, pack  # noqa: E402
 
 # name: (wtype, N, K, epilogue, norm)
 SHAPES = {
@@ -182,14 +182,6 @@ def as_built(specs: dict) -> list:
     return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
 
-def int8_held(x: np.ndarray) -> np.ndarray:
-    """x as an int8-activation GEMV holds it (tests/gpu/test_decode_kernels.int8_held)."""
-    xb = x.astype(np.float32).reshape(-1, 32)
-    am = np.abs(xb).max(1, keepdims=True)
-    inv = np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0).astype(np.float32)
-    return ((am / np.float32(127)).astype(np.float64) * np.rint(xb * inv)).reshape(-1)
-
-
 def random_raw(wtype: str, N: int, K: int, rng) -> np.ndarray:
     """Split-layout bytes of random blocks with sane f16 scales (timing only)."""
     from bench_gpu_quant import random_blocks
@@ -239,7 +231,7 @@ def bench_gemvs(
             inv = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5) if norm else 1.0
             for a in activations:
                 xs = x * g if norm else x
-                held = int8_held(xs) if a == "int8" else xs.astype(np.float64)
+                held = held_x(xs, a)
                 acc = w @ held * inv
                 if epilogue == "glu":
                     acc = acc[:n_out] / (1 + np.exp(-acc[:n_out])) * acc[n_out:]

@@ -29,7 +29,15 @@ from hipc.compiler.kernels.linear import (
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import DeviceKernels, attention_params, attention_switches, offsets, pack, rope
+from gpu_kernels import (
+    DeviceKernels,
+    attention_params,
+    attention_switches,
+    held_x,
+    offsets,
+    pack,
+    rope,
+)
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -135,15 +143,6 @@ def gemvs(request):
     dev.close()
 
 
-def int8_held(x: np.ndarray) -> np.ndarray:
-    """x (float32) as an int8-activation GEMV holds it (prelude: hipc_stage_xq<false>): per
-    32 values d * rint(x * 127 / max|x|), d = max|x| / 127, in float32 as the kernel rounds."""
-    xb = x.astype(np.float32).reshape(-1, 32)
-    am = np.abs(xb).max(1, keepdims=True)
-    inv = np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0).astype(np.float32)
-    return ((am / np.float32(127)).astype(np.float64) * np.rint(xb * inv)).reshape(-1)
-
-
 def run_gemv(gemvs, name, activations):
     wtype, N, K, epilogue, norm, bias = GEMVS[name]
     n_out = N // 2 if epilogue == "glu" else N
@@ -157,9 +156,10 @@ def run_gemv(gemvs, name, activations):
     b = rng.standard_normal(N).astype(np.float32)
     r = rng.standard_normal(n_out).astype(np.float32)
     xn = x.astype(np.float64)
-    if activations == "int8":
-        # the kernel rounds x * g (the norm's 1 / rms scales the sums afterwards)
-        xn = int8_held(x * g if norm else x)
+    if wtype in QUANT:
+        # x as the kernel holds it: it rounds x * g (the norm's 1 / rms scales the sums
+        # afterwards), so only the kernel's own arithmetic is in the bound
+        xn = held_x(x * g if norm else x, activations)
         if norm:
             xn = xn / np.sqrt(np.mean(x.astype(np.float64) ** 2) + EPS)
     elif norm:
@@ -195,7 +195,9 @@ def test_gemv_matches_numpy(gemvs, name):
     if gemvs.layout != "split" and wtype not in QUANT:
         pytest.skip("the layout is that of quantized blocks")
     got, want = run_gemv(gemvs, name, "int16")
-    # quantized GEMVs hold x as int8 hi + lo planes: ~16 significant bits (prelude)
+    # quantized: against x as held in int8 hi + lo planes (~16 significant bits; the planes'
+    # rounding itself: tests/compiler/test_gpu_prelude_host.py). A bar on x itself failed
+    # for draws with outliers (1.3e-4 with the kernel 2e-7 from the held x)
     tol = 1e-4 if wtype in QUANT else 1e-5
     assert rel_err(got, want) <= tol, (name, rel_err(got, want))
 
