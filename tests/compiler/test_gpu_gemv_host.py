@@ -4,7 +4,9 @@ step as host threads, the grid's blocks one after another), against NumPy in flo
 gguf-py's dequantized weights and x as the kernel holds it (test_gpu_prelude_host.stage_x).
 The geometries are small versions of the ones the H200 runs: waves streaming several row
 groups, long rows in several batches, rings of 2-4 batch buffers whose last turn is partial,
-rows past the end of the matrix. The outputs start as NaN, so an output no wave writes fails.
+rows past the end of the matrix. The outputs start as NaN, so an output no wave writes fails,
+and each block's shared memory starts poisoned (the harness), so a block that read staged x
+it did not write fails too.
 tests/gpu runs the same kernels on a GPU.
 """
 
@@ -73,14 +75,12 @@ def lib(request, tmp_path_factory):
             f"gemv{i}", params(case), GpuTarget("sm_90"), [name], case[5], request.param
         )
         specs[name] = k
-        src = render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx)
-        # a host function's statics stand in for the block's dynamic shared memory
-        src = src.replace("extern __shared__ int xq[];", f"__shared__ int xq[{k.shared // 4}];")
-        kernels.append(src)
+        kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         wrappers.append(
             f'extern "C" void run_{k.fn}(const float* x, const void* W, const float* g, '
             f"const float* r, float* y) {{\n"
-            f"  grid({k.grid[0]}, 1, {k.threads}, [=] {{ {k.fn}(x, W, g, nullptr, r, y); }});\n}}"
+            f"  grid({k.grid[0]}, 1, {k.threads}, [=] {{ {k.fn}(x, W, g, nullptr, r, y); }}, "
+            f"{k.shared});\n}}"
         )
     code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
     handle = host_simt.build(tmp_path_factory.mktemp("gemv"), f"gemv_{request.param}", code)
