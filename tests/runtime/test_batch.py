@@ -22,6 +22,8 @@ from hipc.compiler.pipeline import compile_model
 from hipc.runtime.batch import BatchEngine
 from hipc.runtime.engine import load_engine
 
+import batch_driver
+from batch_driver import assert_pool_full
 from support import write_tiny_hf
 
 STEP = 16  # the artifact's tokens per step: prompts longer than it prefill in chunks
@@ -55,39 +57,12 @@ def engine(artifact):
     e.close()
 
 
-def run(be: BatchEngine, joins: list[int], new: list[int], prompts=PROMPTS, leave=None):
-    """Greedy decoding: sequence i joins at step joins[i] (None: never) and leaves after
-    new[i] tokens, or when `leave(i, step)` says so. Returns {i: (tokens, logits)}."""
-    out: dict[int, tuple[list[int], list[np.ndarray]]] = {}
-    seqs, step = {}, 0
-    while True:
-        for i, j in enumerate(joins):
-            if j is not None and j <= step and i not in seqs:
-                s = be.admit(prompts[i], len(prompts[i]) + new[i])
-                if s is not None:
-                    seqs[i], out[i] = s, ([], [])
-        if len(seqs) == sum(j is not None for j in joins) and not be.running:
-            return out
-        logits = be.step()
-        step += 1
-        for i, s in seqs.items():
-            if leave is not None and s in be.running and leave(i, step):
-                be.release(s)
-            if s not in logits or s not in be.running:
-                continue
-            token = int(np.argmax(logits[s]))
-            out[i][0].append(token)
-            out[i][1].append(logits[s].copy())
-            if len(out[i][0]) >= new[i]:
-                be.release(s)
-            else:
-                be.feed(s, token)
-
-
 def alone(engine, i: int, prompts=PROMPTS, new=NEW):
-    joins = [None] * len(prompts)
-    joins[i] = 0
-    return run(BatchEngine(engine, max_batch=4), joins, new, prompts)[i]
+    return batch_driver.alone(engine, i, prompts, new)
+
+
+def run(be: BatchEngine, joins, new, prompts=PROMPTS, leave=None):
+    return batch_driver.run(be, joins, new, prompts, leave)
 
 
 def assert_same(got, want, quant):
@@ -97,11 +72,6 @@ def assert_same(got, want, quant):
             np.testing.assert_array_equal(g, w)
         else:
             assert np.abs(g - w).max() <= 1e-3 * np.abs(w).max()
-
-
-def assert_pool_full(be: BatchEngine):
-    assert be.pool.free == be.pool.n_blocks and be.pool.reserved == 0
-    assert not any(be.pool.refs) and not be.running
 
 
 def test_alone_in_the_batch_engine_is_the_one_sequence_engine(engine):
