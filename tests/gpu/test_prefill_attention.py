@@ -3,12 +3,15 @@
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each case renders
 the matrix-instruction kernel (attention_flash: NVIDIA; with a bfloat16 cache also its
 double-buffered cp.async form, which is not compiled into artifacts yet) and the SIMT one (attention) as
-compiler/kernels/attention.py renders them for the device, fills the KV cache below start + T
-the way rope_kv leaves it (keys rotated, in the storage type; NaN past the prompt: nothing there
+compiler/kernels/attention.py renders them for the device, fills the paged KV pool the way
+rope_kv leaves it (keys rotated, in the storage type) at each sequence's positions through its
+block table (blocks scattered over the pool; every slot no sequence owns is NaN: nothing there
 may be read), and compares every query row's output (NaN-poisoned first) with softmax attention
 in float64: causal, sliding window, grouped-query heads, the per-head q norm, both RoPE pair
 layouts, both cache types, a prompt after a cached prefix (start > 0), T not a multiple of the
-64-row query block.
+64-row query block, and steps whose rows belong to several sequences (decode rows of other
+sequences before, inside and after a prefill chunk: the flash kernel's query blocks then hold
+rows of several sequences).
 
 Bars: the SIMT kernel computes in float32 (1e-5); the flash kernel rounds q (after RoPE and the
 scale) and the softmax weights P to bf16 for the matrix units, ~2^-9 per value, hence 5e-3.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.kernels.attention import (
     ATTN_WAVES,
     flash_attention,
@@ -35,6 +39,7 @@ from support import rel_err
 pytestmark = pytest.mark.gpu
 
 EPS = 1e-6
+CTX = 1024  # the compiled context: the block tables' stride
 # name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, start, T)
 CASES = {
     "llama8b_bf16": (32, 8, 128, 0, False, False, "bfloat16", 0, 300),
@@ -49,6 +54,14 @@ CASES = {
     "gated_partial_f32_d128": (3, 3, 128, 0, True, False, "float32", 0, 70, 32, True),
     "partial_interleaved_f32": (4, 2, 64, 0, False, True, "float32", 3, 40, 48, False),
 }
+# cases whose step holds other sequences' rows too: [(sequence, first position, rows)], the
+# case's own chunk being sequence 0's
+MIXED = {
+    "llama8b_bf16": [(1, 40, 1), (0, 0, 0), (2, 0, 1), (3, 517, 1)],
+    "window_bf16": [(0, 0, 0), (1, 130, 1), (2, 63, 2)],
+    "prefix_start_bf16": [(4, 5, 1), (1, 70, 1), (0, 0, 0), (2, 31, 1), (3, 16, 1)],
+    "qknorm_interleaved_f32": [(1, 3, 1), (2, 90, 1), (0, 0, 0)],
+}
 
 
 def kernel_specs(arch: str) -> dict:
@@ -56,14 +69,14 @@ def kernel_specs(arch: str) -> dict:
     specs = {}
     for i, (name, case) in enumerate(CASES.items()):
         p, kv = attention_params(case, EPS), case[6]
-        fk = flash_attention(f"f{i}", p, GpuTarget(arch), [name], kv)
+        fk = flash_attention(f"f{i}", p, GpuTarget(arch), [name], kv, CTX)
         if fk is not None:
             specs[name, "flash"] = fk  # as compiled: K/V loaded, then used
         if kv == "bfloat16":
-            fk = flash_attention(f"g{i}", p, GpuTarget(arch), [name], kv, pipelined=True)
+            fk = flash_attention(f"g{i}", p, GpuTarget(arch), [name], kv, CTX, pipelined=True)
             if fk is not None:
                 specs[name, "flash_pipelined"] = fk  # double-buffered with cp.async
-        kv_ctx = kv_context(kv)
+        kv_ctx = kv_context(kv, CTX)
         ctx = dict(
             nodes=[name],
             wave=GpuTarget(arch).wave,
@@ -91,25 +104,48 @@ def kernels():
 
 
 @pytest.mark.parametrize("variant", ["flash", "flash_pipelined", "simt"])
+@pytest.mark.parametrize("mixed", [False, True], ids=["one", "mixed"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_prefill_attention_matches_numpy(kernels, name, variant):
+def test_prefill_attention_matches_numpy(kernels, name, variant, mixed):
     NH, NKV, D, window, norm, interleaved, kv, start, T = CASES[name][:9]
     rot, gated = attention_switches(CASES[name])
     QW = 2 * D if gated else D  # q's head stride
     spec = kernels.specs.get((name, variant))
     if spec is None:
         pytest.skip(f"{kernels.arch}: no {variant} prefill attention for this shape")
+    if mixed and name not in MIXED:
+        pytest.skip("a one-sequence case")
+    segments = (
+        [(s, *((start, T) if s == 0 else (a, n))) for s, a, n in MIXED[name]]
+        if mixed
+        else [(0, start, T)]
+    )
+    pos = np.concatenate([np.arange(a, a + n) for _, a, n in segments]).astype(np.int32)
+    seq = np.concatenate([[s] * n for s, _, n in segments]).astype(np.int32)
+    T = len(pos)
     rng = np.random.default_rng(300 + sorted(CASES).index(name))
-    ctx = start + T + 70
     ldq = NH * QW + 40  # q is a column view of the qkv projection's output
     q = rng.standard_normal((T, ldq)).astype(np.float32) * 2
     qw = (1 + 0.2 * rng.standard_normal(D)).astype(np.float32)
-    ang = rng.uniform(0, 2 * np.pi, (ctx, (rot or D) // 2))
+    ang = rng.uniform(0, 2 * np.pi, (CTX, (rot or D) // 2))
     cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
     store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
-    kc, vc = (store(rng.standard_normal((ctx, NKV, D)).astype(np.float32) * 2) for _ in range(2))
-    kc[start + T :] = np.nan
-    vc[start + T :] = np.nan
+    # each sequence's positions 0..its last row's, in blocks scattered over a pool with spares
+    n_seq, table_len = int(seq.max()) + 1, -(-CTX // KV_BLOCK)
+    need = [-(-(int(pos[seq == s].max()) + 1) // KV_BLOCK) for s in range(n_seq)]
+    pool_blocks = sum(need) + 7
+    order = iter(rng.permutation(pool_blocks))
+    tables = np.full((n_seq, table_len), -1, np.int32)
+    for s in range(n_seq):
+        tables[s, : need[s]] = [next(order) for _ in range(need[s])]
+    kc, vc = (np.full((pool_blocks * KV_BLOCK, NKV, D), np.nan, np.float32) for _ in range(2))
+    logical = {}
+    for s in range(n_seq):
+        n = int(pos[seq == s].max()) + 1
+        slots = (tables[s, :, None] * KV_BLOCK + np.arange(KV_BLOCK)).reshape(-1)[:n]
+        for c in (kc, vc):
+            c[slots] = store(rng.standard_normal((n, NKV, D)).astype(np.float32) * 2)
+        logical[s] = (kc[slots], vc[slots])
     as_stored = (
         (lambda a: (a.view(np.uint32) >> 16).astype(np.uint16))
         if kv == "bfloat16"
@@ -121,7 +157,9 @@ def test_prefill_attention_matches_numpy(kernels, name, variant):
             ("u64", kernels.upload(q)),
             ("i32", ldq),
             *([("i32", T)] if variant != "simt" else []),
-            ("u64", kernels.upload(np.array([start], np.int32))),
+            ("u64", kernels.upload(pos)),
+            ("u64", kernels.upload(seq)),
+            ("u64", kernels.upload(tables)),
             ("u64", kernels.upload(qw) if norm else 0),
             ("u64", kernels.upload(cos_t)),
             ("u64", kernels.upload(sin_t)),
@@ -141,15 +179,14 @@ def test_prefill_attention_matches_numpy(kernels, name, variant):
     qh = q[:, : NH * QW].reshape(T, NH, QW)[..., :D].astype(np.float64)
     if norm:
         qh = qh / np.sqrt(np.mean(qh * qh, -1, keepdims=True) + EPS) * qw
-    pos = start + np.arange(T)
     r = rot or D
     qh[..., :r] = rope(qh[..., :r], cos_t[pos][:, None], sin_t[pos][:, None], interleaved)
     want = np.empty((T, NH, D))
     group = NH // NKV
     for t in range(T):
-        p = start + t
+        p = int(pos[t])
         lo = max(0, p - window + 1) if window else 0
-        keys, vals = kc[lo : p + 1].astype(np.float64), vc[lo : p + 1].astype(np.float64)
+        keys, vals = (c[lo : p + 1].astype(np.float64) for c in logical[int(seq[t])])
         for h in range(NH):
             sc = keys[:, h // group] @ qh[t, h] * D**-0.5
             e = np.exp(sc - sc.max())
