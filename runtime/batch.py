@@ -1,7 +1,7 @@
 """Continuous batching: one step advances every running sequence.
 
 `BatchEngine` wraps a compiled engine whose backend can step rows of many sequences (the cpu
-backend's `step`: per-row positions, block tables over paged KV pools). Sequences join with
+and GPU backends' `step`: per-row positions, block tables over paged KV pools). Sequences join with
 `admit()` and leave with `release()` between steps; each `step()` runs, in one call:
 
 - one row per decoding sequence (its last sampled token), then
@@ -15,8 +15,8 @@ the next token. Blocks come from a KVPool: a sequence is admitted only when ever
 may need can be promised (prompt + max_tokens), and the full blocks of its prompt that an
 earlier sequence computed are shared instead of recomputed (prefix caching by block hash).
 
-Engines without a batched backend (the GPU backends today, the reference executor) are not
-wrapped: the server runs them one sequence at a time (runtime/server/runner.py).
+Engines without a batched backend (the reference executor) are not wrapped: the server runs
+them one sequence at a time (runtime/server/runner.py).
 """
 
 from __future__ import annotations
