@@ -651,7 +651,7 @@ class GpuBackend:
                     self._capture(key, launches, B, rows)
                 d.graph_launch(self._graphs[key][1])
             else:
-                self._run(launches, B, rows, sync_each=self.sync_launches)
+                self._run(launches, B, rows, self.sync_launches, kind)
             d.d2h(self._logits_host.ctypes.data, self.bases.logits, 4 * copy * self.vocab)
         except _KernelFailed as f:
             raise self._kernel_error(f.launch, f.err) from None
@@ -670,7 +670,7 @@ class GpuBackend:
             d.activate()
             d.synchronize()
         except DriverError as e:
-            raise self._locate(e, launches, B, rows, where) from None
+            raise self._locate(e, launches, B, rows, where, kind) from None
         if kind == "prefill" and not self.graph_captured and not self.sync_launches:
             # record the decode graph after the first prefill, so that the first decode
             # step (the timed part of a generation) does not pay for capturing it
@@ -710,11 +710,13 @@ class GpuBackend:
                 raise HipcError(f"{self._driver.api}: cannot encode a tensor map: {e}") from None
         return self._tmaps[spec]
 
-    def _run(self, launches: Sequence[Launch], T: int, rows: int, sync_each: bool) -> None:
+    def _run(
+        self, launches: Sequence[Launch], T: int, rows: int, sync_each: bool, kind: str
+    ) -> None:
         # Packed once per step shape (the launch list and arguments are fixed for a given T):
         # resolving every launch in Python each step is host time a short step's kernels
         # may not cover
-        key = (T, rows, len(launches))
+        key = (kind, T, rows)
         packed = self._packed.get(key)
         if packed is None:
             if len(self._packed) >= 32:
@@ -784,13 +786,19 @@ class GpuBackend:
         return HipcError(f"{self._driver.api} error in {where}: {err}")
 
     def _locate(
-        self, err: DriverError, launches: Sequence[Launch], T: int, rows: int, where: str
+        self,
+        err: DriverError,
+        launches: Sequence[Launch],
+        T: int,
+        rows: int,
+        where: str,
+        kind: str,
     ) -> HipcError:
         """The step's final synchronize failed: name the kernel if the context allows."""
         if not self._context_ok():
             return self._dead_context_error(err, where)
         try:
-            self._run(launches, T, rows, sync_each=True)
+            self._run(launches, T, rows, True, kind)
         except _KernelFailed as f:
             return self._kernel_error(f.launch, f.err)
         return HipcError(

@@ -1365,3 +1365,26 @@ def test_the_batch_engine_runs_on_a_gpu_backend(api, artifact):
     assert kinds == {"mixed", "batch", "one"}, seen
     batch_driver.assert_pool_full(be)
     eng.close()
+
+
+def test_eager_batch_and_prefill_steps_of_one_size_keep_their_lists(api, tmp_path, monkeypatch):
+    """Without graphs (HIPC_SYNC_LAUNCHES=1) launches are packed once per step shape: a batch
+    step and a prefill step of the same rows are different lists, even of one length."""
+
+    def batch_like_prefill(plan):
+        for section in plan["targets"].values():
+            batch = json.loads(json.dumps(section["steps"]["prefill"]))
+            batch[2]["args"][0]["offset"] = 32  # "big" on another scratch address
+            section["steps"]["batch"] = batch
+
+    art = load_artifact(write_artifact(tmp_path / "b.hipc", edit=batch_like_prefill))
+    monkeypatch.setenv(gpu_common.SYNC_ENV, "1")
+    gpu = FakeGpu()
+    b = backend(api, art, gpu, kv_blocks=4)
+    tables = np.array([[0, 1, 2, 3], [3, 2, 1, 0]], np.int32)
+    for seq, offset in (([0, 1], 32), ([0, 0], 16), ([1, 0], 32)):
+        gpu.executed.clear()
+        b.step(np.array([1, 2]), np.array([5, 6]), np.array(seq), tables, np.arange(2))
+        big = next(e for e in gpu.executed if e[0] == "big")
+        assert big[4][0] == b.bases.scratch + offset
+    b.close()
