@@ -635,7 +635,17 @@ class GpuBackend:
             if use_graph
             else f"a {T}-token step"
         )
-        copy = rows if isinstance(pick, slice) else int(pick[-1]) + 1
+        # the logits rows to copy back, as runs of consecutive rows (device row, host row,
+        # count): the wanted rows only (a prefill chunk's step computes every row's, and a
+        # row of a large vocabulary is half a MiB), packed to the front of the host buffer
+        if isinstance(pick, slice):
+            runs = [(0, 0, rows)]
+        else:
+            runs, to = [], 0
+            for r in np.split(pick, np.flatnonzero(np.diff(pick) != 1) + 1):
+                runs.append((int(r[0]), to, len(r)))
+                to += len(r)
+            pick = slice(0, to)
         d = self._driver
         try:
             d.activate()
@@ -652,7 +662,11 @@ class GpuBackend:
                 d.graph_launch(self._graphs[key][1])
             else:
                 self._run(launches, B, rows, self.sync_launches, kind)
-            d.d2h(self._logits_host.ctypes.data, self.bases.logits, 4 * copy * self.vocab)
+            row = 4 * self.vocab
+            for at, to, n in runs:
+                d.d2h(
+                    self._logits_host.ctypes.data + to * row, self.bases.logits + at * row, n * row
+                )
         except _KernelFailed as f:
             raise self._kernel_error(f.launch, f.err) from None
         except DriverError as e:

@@ -1223,6 +1223,16 @@ def test_step_runs_rows_of_many_sequences_through_their_tables(api, artifact):
     np.testing.assert_allclose(out, rows_expected(ids, pos)[[2, 3]], rtol=1e-6)
     assert [e[0] for e in gpu.executed] == ["embed", "addpos", "big", "head"]
     assert gpu.executed[-1][1] == (V, 4, 1) and {e[5] for e in gpu.executed} == {"eager"}
+    # only the wanted rows come back: rows 2..3 in one copy
+    d2h = [c for c in gpu.calls if c[0] == "d2h"]
+    assert d2h[-1][2:] == (b.bases.logits + 2 * V * 4, 2 * V * 4)
+    out = b.step(np.array(ids), np.array(pos), np.array(seq), tables, np.array([0, 3]))
+    np.testing.assert_allclose(out, rows_expected(ids, pos)[[0, 3]], rtol=1e-6)
+    d2h = [c for c in gpu.calls if c[0] == "d2h"]
+    assert [c[2:] for c in d2h[-2:]] == [
+        (b.bases.logits, V * 4),
+        (b.bases.logits + 3 * V * 4, V * 4),
+    ]
     written = {slot(tables, s, p): EMB[i] + p for i, p, s in zip(ids, pos, seq, strict=True)}
     for at, want in written.items():
         np.testing.assert_array_equal(pool[at], want)
