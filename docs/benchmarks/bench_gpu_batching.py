@@ -3,7 +3,7 @@
 Run on the GPU machine (issue 13's speed goal):
 
     python docs/benchmarks/bench_gpu_batching.py --shape l8 --clients 1 8 32 64 \
-        [--prompt 128] [--gen 256] [--layers N] [--llamacpp DIR --peers DIR] \
+        [--prompt 128] [--gen 256] [--layers N] [--llamacpp-bin DIR --peers DIR] \
         [--work /tmp/hipc-bench] [--out $OUT/gpu-batching.md]
 
 1. bench_gpu.py's random bf16 model of --shape (l8: Llama-3-8B) with a word-level tokenizer
@@ -16,7 +16,7 @@ Run on the GPU machine (issue 13's speed goal):
    from the first stream's first token to the last token of all (the span where decoding
    runs), and end-to-end tok/s = all tokens / wall. The ratio column is the aggregate
    decode rate over C = 1's.
-4. With --llamacpp DIR (llama-batched-bench there) and --peers DIR (mkgguf.py): an F16 GGUF
+4. With --llamacpp-bin DIR (llama-batched-bench there) and --peers DIR (mkgguf.py): an F16 GGUF
    of the same shape and `llama-batched-bench -npp PROMPT -ntg GEN -npl C1,C2,...` (its
    speed_tg: generated tokens / generation time over all C sequences).
 Prints a table last and writes it, with the command, to --out.
@@ -193,7 +193,7 @@ def run_clients(port: int, clients: int, args, seed: int) -> dict:
 
 def llama_batched(args) -> dict[int, float]:
     """llama-batched-bench's aggregate generation tok/s by parallel count."""
-    binary = args.llamacpp / "llama-batched-bench"
+    binary = args.llamacpp_bin / "llama-batched-bench"
     if not binary.exists():
         log(f"llama.cpp: {binary} not found")
         return {}
@@ -254,7 +254,9 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--work", type=Path, default=Path("/tmp/hipc-bench"))
-    ap.add_argument("--llamacpp", type=Path, default=None, help="folder with llama-batched-bench")
+    ap.add_argument(
+        "--llamacpp-bin", type=Path, default=None, help="folder with llama-batched-bench"
+    )
     ap.add_argument("--peers", type=Path, default=None, help="folder with mkgguf.py")
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--peer-timeout", type=float, default=600)
@@ -278,7 +280,7 @@ def main() -> int:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
     server_log = logfile.read_text(errors="replace").splitlines()
-    peer = llama_batched(args) if args.llamacpp else {}
+    peer = llama_batched(args) if args.llamacpp_bin else {}
     command = "python docs/benchmarks/bench_gpu_batching.py " + shlex.join(sys.argv[1:])
     text = (
         f"```\n{command}\n```\n\n{args.shape} shape (bf16, {bench_gpu.SHAPES[args.shape][3]} "
