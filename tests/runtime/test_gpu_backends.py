@@ -1398,3 +1398,19 @@ def test_eager_batch_and_prefill_steps_of_one_size_keep_their_lists(api, tmp_pat
         big = next(e for e in gpu.executed if e[0] == "big")
         assert big[4][0] == b.bases.scratch + offset
     b.close()
+
+
+def test_cancelling_on_a_gpu_backend_frees_the_blocks(api, artifact):
+    from hipc.runtime.batch import BatchEngine
+
+    eng = engine_mod.CompiledEngine(artifact, backend(api, artifact, FakeGpu(), kv_blocks=8))
+    be = BatchEngine(eng, max_batch=4, prefill_chunk=2)
+    for round_ in range(3):
+
+        def leave(i, step, round_=round_):
+            return step >= 1 + (i + round_) % 4
+
+        got = batch_driver.run(be, [0, 0, 1, 2], [20] * 4, PROMPTS, leave=leave)
+        assert len(got) == 4
+        batch_driver.assert_pool_full(be)
+    eng.close()
