@@ -138,3 +138,18 @@ def test_cancelling_mid_stream_frees_the_blocks(engine):
     after = alone(eng, 2, PROMPTS, NEW)
     assert after[0] == before[0]
     assert rel_err(np.stack(after[1]), np.stack(before[1])) <= 1e-6
+
+
+def test_a_prefix_cache_hit_gives_what_a_miss_gives(engine):
+    """The second run of a prompt takes its full blocks from the first's (prefix caching) and
+    computes only the rest: the same chunks of the same rows, so the same logits."""
+    eng, _ = engine
+    be = BatchEngine(eng, max_batch=4)
+    prompt = PROMPTS[5]  # 70 tokens: 4 full blocks to share
+    miss = run(be, [0], [8], [prompt])[0]
+    hits = be.pool.hit_tokens
+    hit = run(be, [0], [8], [prompt])[0]
+    assert be.pool.hit_tokens - hits == 64
+    assert hit[0] == miss[0]
+    assert rel_err(np.stack(hit[1]), np.stack(miss[1])) <= 1e-6
+    assert_pool_full(be)
