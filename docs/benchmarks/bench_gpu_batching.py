@@ -8,15 +8,17 @@ Run on the GPU machine (issue 13's speed goal):
 
 1. bench_gpu.py's random bf16 model of --shape (l8: Llama-3-8B) with a word-level tokenizer
    of its vocabulary, compiled for --target with --max-context prompt + gen (rounded up).
-2. `hipc serve` with --max-batch the most clients, a KV pool of that many contexts.
-3. For each client count C: C clients at once, each one streamed /v1/completions request
+2. The one-sequence decode loop in this process (`forward()` per token, as bench_gpu.py
+   times it: the batch-1 path, the same graph as before batching) for reference.
+3. `hipc serve` with --max-batch the most clients, a KV pool of that many contexts.
+4. For each client count C: C clients at once, each one streamed /v1/completions request
    of --prompt random token ids (distinct prompts: no prefix-cache hits) and --gen tokens
    (ignore_eos, temperature 0). Per stream the time to the first token and the gaps
    between tokens; aggregate decode tok/s = tokens after each stream's first / the span
    from the first stream's first token to the last token of all (the span where decoding
    runs), and end-to-end tok/s = all tokens / wall. The ratio column is the aggregate
    decode rate over C = 1's.
-4. With --llamacpp-bin DIR (llama-batched-bench there) and --peers DIR (mkgguf.py): an F16 GGUF
+5. With --llamacpp-bin DIR (llama-batched-bench there) and --peers DIR (mkgguf.py): an F16 GGUF
    of the same shape and `llama-batched-bench -npp PROMPT -ntg GEN -npl C1,C2,...` (its
    speed_tg: generated tokens / generation time over all C sequences).
 Prints a table last and writes it, with the command, to --out.
@@ -99,6 +101,21 @@ def prepare(args) -> Path:
     for f in folder.glob("*.safetensors"):
         f.unlink()
     return artifact
+
+
+def solo_decode(artifact: Path, args) -> float:
+    """tok/s of one sequence decoding --gen tokens after a --prompt prompt, forward() per token."""
+    from hipc.runtime.engine import load_engine
+
+    eng = load_engine(artifact, target="auto", max_context=args.context)
+    ids = np.random.default_rng(0).integers(3, args.vocab, args.prompt).tolist()
+    tok = int(eng.forward(ids, 0).argmax())
+    t = time.perf_counter()
+    for i in range(args.gen):
+        tok = int(eng.forward([tok], args.prompt + i).argmax())
+    rate = args.gen / (time.perf_counter() - t)
+    eng.close()
+    return rate
 
 
 def start_server(artifact: Path, args) -> tuple[subprocess.Popen, int, Path]:
@@ -269,6 +286,8 @@ def main() -> int:
 
     args.vocab = bench_gpu.SHAPES[args.shape][0]
     artifact = prepare(args)
+    solo = solo_decode(artifact, args)
+    log(f"one sequence, forward() per token: {solo:.1f} tok/s")
     proc, port, logfile = start_server(artifact, args)
     rows = []
     try:
@@ -285,7 +304,8 @@ def main() -> int:
     text = (
         f"```\n{command}\n```\n\n{args.shape} shape (bf16, {bench_gpu.SHAPES[args.shape][3]} "
         f"layers), {args.prompt}-token prompts, {args.gen} generated tokens per client, "
-        f"through `hipc serve` (exit {code}).\n\n{table(rows, peer)}\n\nServer log:\n```\n"
+        f"through `hipc serve` (exit {code}). One sequence decoding in-process (`forward()` per "
+        f"token, the batch-1 path): {solo:.1f} tok/s.\n\n{table(rows, peer)}\n\nServer log:\n```\n"
         + "\n".join([*server_log[:6], "...", *server_log[-3:]])
         + "\n```\n"
     )
