@@ -156,7 +156,8 @@ class BatchEngine:
     # -------------------------------------------------------------- stepping
 
     def step(self) -> dict[Sequence, np.ndarray]:
-        """Run one step; the logits of each sequence whose tokens are now all computed."""
+        """Run one step; the logits of each sequence whose tokens are now all computed (valid
+        until the next step: a GPU backend returns rows of its pinned buffer)."""
         rows: list[tuple[Sequence, int]] = []  # (sequence, tokens this step)
         budget = self.step_rows
         decoding = [s for s in self.running if s.pending == 1]

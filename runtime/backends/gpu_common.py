@@ -558,7 +558,9 @@ class GpuBackend:
         """Rows of many sequences (CpuBackend.step's contract): row t is token ids[t] at
         position pos[t] of the sequence whose block table is tables[seq[t]] ([sequences,
         kv_table] pool block ids). Returns the logits of out_rows (ascending), [len(out_rows),
-        vocab]."""
+        vocab]: a view of the pinned host buffer, valid until the next step (runtime/batch.py's
+        callers sample from it first; a copy of 64 rows of a 128k vocabulary is 32 MiB of fresh
+        pages every step)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         pos = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
         seq = np.ascontiguousarray(seq, dtype=np.int32).reshape(-1)
@@ -601,7 +603,7 @@ class GpuBackend:
             rows = 1 if len(out_rows) == 1 and out_rows[0] == T - 1 else T
         pick = slice(0, 1) if rows == 1 else out_rows
         self._queue(ids, pos, seq, kind, B, rows, pick)
-        return self.collect()
+        return self.collect(copy=False)
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -673,8 +675,9 @@ class GpuBackend:
             raise self._step_error(e, where) from None
         self._pending = (launches, B, rows, where, pick, kind)
 
-    def collect(self) -> np.ndarray:
-        """Wait for the step `submit` queued; its logits [rows, vocab]."""
+    def collect(self, copy: bool = True) -> np.ndarray:
+        """Wait for the step `submit` queued; its logits [rows, vocab] (`copy` False: a view
+        of the pinned buffer, which the next step overwrites)."""
         if self._pending is None:
             raise HipcError("no step in flight")
         launches, B, rows, where, pick, kind = self._pending
@@ -694,7 +697,8 @@ class GpuBackend:
                 raise self._kernel_error(f.launch, f.err) from None
             except DriverError as e:
                 raise self._step_error(e, "the decode graph") from None
-        return self._logits_host[pick].copy()
+        out = self._logits_host[pick]
+        return out.copy() if copy else out
 
     def _launch(self, launch: Launch, grid: tuple[int, int, int], args: PackedArgs) -> None:
         try:
