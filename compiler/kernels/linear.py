@@ -314,12 +314,7 @@ class Linear(KernelKind):
         split = g.prefill_precision == "split"
         rows = "rows" if last_only else "T"
         if wgmma_gemm(p, g.target, split, False):
-            # tiles chosen for short steps and, where the chunk is longer, for long ones
-            lo = select_wgmma(p, min(g.max_tokens, 512))
-            hi = select_wgmma(p, g.max_tokens)
-            buckets = [(lo, None)] if lo == hi else [
-                (lo, (1, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
-            for tile, tokens in buckets:
+            for tile, tokens in wgmma_buckets(p, g.max_tokens):
                 pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile)
                 self._wgmma_launches(k, b, g, pg, common, x, rows, tokens)
             return
@@ -538,6 +533,9 @@ WGMMA_ARCHS = frozenset({"sm_90"})
 SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choice rounds to
 # Steps of up to this many tokens get their own tiles where the chunk is longer (launch "tokens")
 SHORT_STEP = 1024
+# Steps of up to this many rows (a batch of decode rows: the batch step's buckets) get the tile
+# with the most output blocks (wgmma_buckets)
+SMALL_STEP = 64
 
 
 def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
@@ -550,6 +548,35 @@ def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
         return -(-blocks // SMS) * t.bm * t.bn * t.cost
 
     return min(tiles, key=time)
+
+
+def wgmma_buckets(
+    p: LinearParams, max_tokens: int
+) -> list[tuple[WgmmaTile, tuple[int, int] | None]]:
+    """The sm_90a GEMM's tiles by step size: (tile, (lo, hi) tokens, or None for every step).
+
+    Up to SMALL_STEP rows (a batch of decode rows, a short prompt) the GEMM reads every weight
+    once for only a few rows, and its time is how fast its blocks stream the weights: the tile
+    with the most output blocks. Then select_wgmma's choice for short steps and, where the
+    chunk is longer than SHORT_STEP, for long ones."""
+    small = min(WGMMA_TILES, key=lambda t: (t.bn, -t.bm))  # the narrowest: the most blocks
+    ranges = [
+        (1, SMALL_STEP, small),
+        (SMALL_STEP + 1, SHORT_STEP, select_wgmma(p, min(max_tokens, 512))),
+        (SHORT_STEP + 1, max_tokens, select_wgmma(p, max_tokens)),
+    ]
+    merged: list[list] = []
+    for lo, hi, tile in ranges:
+        hi = min(hi, max_tokens)
+        if lo > hi:
+            continue
+        if merged and merged[-1][2] == tile:
+            merged[-1][1] = hi
+        else:
+            merged.append([lo, hi, tile])
+    if len(merged) == 1:
+        return [(merged[0][2], None)]
+    return [(tile, (lo, hi)) for lo, hi, tile in merged]
 
 
 def wgmma_gemm(p: LinearParams, target: GpuTarget, split: bool, simt: bool) -> bool:

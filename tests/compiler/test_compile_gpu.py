@@ -376,3 +376,31 @@ def test_launches_by_step_size():
     assert [x.kernel for x in plan.launches(512)] == ["a", "short"]
     assert [x.kernel for x in plan.launches(1025)] == ["a", "long"]
     assert [x.kernel for x in plan.launches(1)] == ["d"]
+
+
+def test_wgmma_tiles_by_step_size_cover_every_step():
+    """Steps of up to SMALL_STEP rows (the batch step's buckets) get the tile with the most
+    output blocks; the ranges cover 1..max_tokens without a gap or an overlap."""
+    from hipc.compiler.kernels.linear import (
+        SMALL_STEP,
+        WGMMA_TILES,
+        LinearParams,
+        select_wgmma,
+        wgmma_buckets,
+    )
+
+    shapes = {"qkv": (6144, 4096, "none"), "gate_up": (28672, 4096, "glu"),
+              "down": (4096, 14336, "residual")}  # fmt: skip
+    for n, k, epilogue in shapes.values():
+        p = LinearParams("bfloat16", n, k, 0.0, epilogue, False)
+        for max_tokens in (16, 64, 384, 2048):
+            buckets = wgmma_buckets(p, max_tokens)
+            if len(buckets) == 1:
+                assert buckets[0][1] is None
+                continue
+            covered = [t for _, (lo, hi) in buckets for t in range(lo, hi + 1)]
+            assert covered == list(range(1, max_tokens + 1))
+            small = next(tile for tile, (lo, hi) in buckets if lo <= SMALL_STEP <= hi)
+            assert small.bn == min(t.bn for t in WGMMA_TILES)
+            if max_tokens > 1024:
+                assert buckets[-1][0] == select_wgmma(p, max_tokens)
