@@ -436,6 +436,7 @@ class MmaTile:
     wm: int  # waves along tokens
     wn: int  # waves along outputs
     min_blocks: int = 1  # NVIDIA: blocks per SM to fit registers for (__launch_bounds__)
+    a_regs: int = 4  # 32-bit registers per lane of one 16 x 16 A fragment
 
     def shared_bytes(self, split: bool, quant: bool = False) -> int:
         """Two stages of x (hi and, split, lo: bm rows each) and W (bn rows), bf16, rows
@@ -449,15 +450,17 @@ class MmaTile:
 # 128 x 128 blocks of 256 threads everywhere: 8 warps of 64 x 32 on NVIDIA and RDNA, 4 wave64s of
 # 64 x 64 on CDNA (64 accumulator floats per lane in every case), within AMD's 64 KiB of LDS. RDNA
 # stages 16 deep, not 32: its A/B fragments are 8 VGPRs each, and with two k steps in flight clang
-# spills past 256 VGPRs. gfx12 (gfx1201) has WMMA with another operand layout: SIMT there for now.
+# spills past 256 VGPRs. gfx12 (gfx1201)'s WMMA takes 8 k a lane (its operand layout differs, the
+# prelude's HIPC_MMA_WMMA12): the same geometry.
 # On the H200 (bf16 GLU, T=512, 8000 x 4080, TFLOP/s of useful work): 70 for one 128 x 128 block
 # per SM, 90 with registers capped for two (a few bytes spill), 74 staging 64 deep, 102 for
 # 128 x 256 blocks (warps of 64 x 64) -- which leave SMs idle when there are few output blocks, so
 # they are only taken for wide layers (WIDE_BLOCKS or more column blocks: gate/up, the LM head).
 _NV = MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 128, 128, 32, 2, 4, min_blocks=2)
 _NV_WIDE = MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 128, 256, 32, 2, 4)
-_WMMA = MmaTile("HIPC_MMA_WMMA", "v_wmma_f32_16x16x16_bf16", 128, 128, 16, 2, 4)
-_MFMA = MmaTile("HIPC_MMA_MFMA", "v_mfma_f32_16x16x16_bf16", 128, 128, 32, 2, 2)
+_WMMA = MmaTile("HIPC_MMA_WMMA", "v_wmma_f32_16x16x16_bf16", 128, 128, 16, 2, 4, a_regs=8)
+_MFMA = MmaTile("HIPC_MMA_MFMA", "v_mfma_f32_16x16x16_bf16", 128, 128, 32, 2, 2, a_regs=2)
+_WMMA12 = MmaTile("HIPC_MMA_WMMA12", "v_wmma_f32_16x16x16_bf16 (gfx12)", 128, 128, 16, 2, 4)
 MMA_TILES = {
     "sm_80": _NV,
     "sm_89": _NV,
@@ -465,6 +468,7 @@ MMA_TILES = {
     "gfx1100": _WMMA,
     "gfx1101": _WMMA,
     "gfx1151": _WMMA,
+    "gfx1201": _WMMA12,
     "gfx90a": _MFMA,
     "gfx942": _MFMA,
 }

@@ -1,9 +1,11 @@
-"""GPU targets compiled without a GPU: nvcc for sm_90, clang for gfx1100 and gfx942.
+"""GPU targets compiled without a GPU: nvcc for sm_80/sm_90, clang-19 for every AMD target.
 
 The code objects must exist, be the right kind of file, and hold every kernel the
 plan launches; bf16 linears must prefill on the target's matrix instructions (read from
-the PTX / the disassembly), other weight types on the SIMT GEMM. They run only on the GPU
-machine (tests/gpu).
+the PTX / the disassembly), other weight types on the SIMT GEMM, and the prefill attention
+on the same instructions (the flash kernel) without spilling. NVIDIA's run on the GPU
+machine (tests/gpu); AMD's are compiled, disassembled and run in host emulation
+(tests/compiler/test_gpu_flash_host.py) only: no AMD GPU is available to this project.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.gpu import NvccToolchain
 
 from gguf_writer import write_numpy_gguf, write_q6k_head_gguf
-from support import IN_CI, TINY_FAMILIES, TINY_GEMMA, write_tiny_hf
+from support import IN_CI, TINY_FAMILIES, TINY_GEMMA, amd_kernel_metadata, write_tiny_hf
 
 CLANG = shutil.which("clang++-19") or shutil.which("clang++")
 OBJDUMP = shutil.which("llvm-objdump-19") or shutil.which("llvm-objdump")
+READELF = shutil.which("llvm-readelf-19") or shutil.which("llvm-readelf")
 
 
 def need(tool: str | None, name: str) -> None:
@@ -65,7 +68,10 @@ MMA_INSTRUCTION = {
     "gfx1100": "v_wmma_f32_16x16x16_bf16",
     "gfx942": "v_mfma_f32_16x16x16_bf16",
     "gfx90a": "v_mfma_f32_16x16x16bf16_1k",  # CDNA2's spelling of the same operation
+    "gfx1151": "v_wmma_f32_16x16x16_bf16",
+    "gfx1201": "v_wmma_f32_16x16x16_bf16",  # RDNA4: the same name, another operand layout
 }
+AMD_TARGETS = ("gfx90a", "gfx942", "gfx1100", "gfx1151", "gfx1201")
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +84,8 @@ def bf16_artifact(tmp_path_factory):
 @pytest.fixture(scope="module")
 def q8_artifact(tmp_path_factory):
     root = tmp_path_factory.mktemp("q8")
-    return compiled(root, write_numpy_gguf(root / "m.gguf", "Q8_0"), ("sm_90", "gfx942", "gfx1100"))
+    targets = ("sm_90", "gfx942", "gfx1100", "gfx1201")
+    return compiled(root, write_numpy_gguf(root / "m.gguf", "Q8_0"), targets)
 
 
 def kernel_code(artifact, target) -> dict[str, str]:
@@ -173,7 +180,7 @@ def test_other_weight_types_prefill_on_the_simt_gemm(artifact, target):
     assert all(x["block"] == [256] and x["shared"] == 0 for x in linears)
 
 
-@pytest.mark.parametrize("target", ["sm_90", "gfx942"])
+@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx1201"])
 def test_quantized_prefill_on_matrix_instructions(q8_artifact, target):
     """Q8_0 prefill on the mma.sync / MFMA GEMM (integer quants in the tiles, scales in
     float32), never the wgmma one (bf16 weights only)."""
@@ -200,6 +207,40 @@ def test_quantized_gemv_multiplies_int8(q8_artifact, target):
     code = kernel_code(q8_artifact, target)
     gemv = [k for k in code if k.endswith("_gemv")]
     assert gemv and all(DOT4_INSTRUCTION[target] in code[k] for k in gemv)
+
+
+@pytest.fixture(scope="module")
+def amd_artifact(tmp_path_factory):
+    """Head dim 128 (the flash kernel's widest) for every AMD target: clang-19 only."""
+    need(CLANG, "clang++-19")
+    root = tmp_path_factory.mktemp("amd")
+    model = write_tiny_hf(root / "m", dtype="bfloat16", hidden_size=256, intermediate_size=96,
+                          num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    out = root / "m.hipc"
+    compile_model(model, out, CompileOptions(targets=AMD_TARGETS, max_context=64), verbose=False)
+    return out
+
+
+@pytest.mark.parametrize("target", AMD_TARGETS)
+def test_amd_prefill_attention_and_gemm_on_matrix_instructions(amd_artifact, target):
+    """Every AMD target prefills on its matrix instruction, MFMA or WMMA (gfx1201's own operand
+    layout): the GEMMs and the flash attention (4 waves, a block per 64 query rows and head), as
+    the disassembly shows, and neither spills (scratch) at head dim 128."""
+    need(READELF, "llvm-readelf-19")
+    steps = json.loads((amd_artifact / "plan.json").read_text())["targets"][target]["steps"]
+    code = kernel_code(amd_artifact, target)
+    meta = amd_kernel_metadata(amd_artifact / "kernels" / f"{target}.co", READELF)
+    flash = [x for x in steps["prefill"] if x["kernel"].endswith("_flash")]
+    assert len(flash) == 2 and not any(x["kernel"].endswith("_attn") for x in steps["prefill"])
+    wave = 64 if target.startswith("gfx9") else 32
+    linears = prefill_linears(amd_artifact, target)
+    assert len(linears) == 2 * 4 + 1 and all(x["kernel"].endswith("_mma") for x in linears)
+    for launch in flash + linears:
+        name = launch["kernel"]
+        assert MMA_INSTRUCTION[target] in code[name], name
+        assert meta[name][".private_segment_fixed_size"] == "0", (name, "spills to scratch")
+        assert meta[name][".wavefront_size"] == str(wave)
+    assert all(x["block"] == [4 * wave] and x["grid"] == ["cdiv(T,64)", 2] for x in flash)
 
 
 def launched_kernels(artifact, target):

@@ -29,7 +29,7 @@ from hipc.compiler.pipeline import compile_model
 from hipc.runtime.batch import BatchEngine
 from hipc.runtime.engine import load_engine
 
-from batch_driver import alone, assert_pool_full, run
+from batch_runs import alone, assert_pool_full, run
 from support import rel_err, write_tiny_hf
 
 pytestmark = pytest.mark.gpu

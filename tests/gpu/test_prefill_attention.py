@@ -1,8 +1,10 @@
 """The prefill attention kernels alone on a real GPU, against NumPy in float64.
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each case renders
-the matrix-instruction kernel (attention_flash: NVIDIA; with a bfloat16 cache also its
-double-buffered cp.async form, which is not compiled into artifacts yet) and the SIMT one (attention) as
+the matrix-instruction kernel (attention_flash: mma.sync, WMMA or MFMA; on NVIDIA with a bfloat16
+cache also its double-buffered cp.async form, which is not compiled into artifacts yet; the AMD
+forms are checked in host emulation by tests/compiler/test_gpu_flash_host.py, never yet on an
+AMD GPU) and the SIMT one (attention) as
 compiler/kernels/attention.py renders them for the device, fills the paged KV pool the way
 rope_kv leaves it (keys rotated, in the storage type) at each sequence's positions through its
 block table (blocks scattered over the pool; every slot no sequence owns is NaN: nothing there
@@ -22,7 +24,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.kernels.attention import (
     ATTN_WAVES,
     flash_attention,
@@ -30,16 +31,22 @@ from hipc.compiler.kernels.attention import (
     prefill_signature,
 )
 from hipc.compiler.kernels.base import GPU_INDENT, GpuKernel
-from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import DeviceKernels, attention_params, attention_switches, rope
+from gpu_kernels import (
+    PREFILL_CTX,
+    DeviceKernels,
+    as_stored,
+    attention_params,
+    prefill_attention_inputs,
+    prefill_attention_reference,
+)
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
 
 EPS = 1e-6
-CTX = 1024  # the compiled context: the block tables' stride
+CTX = PREFILL_CTX  # the compiled context: the block tables' stride
 # name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, start, T)
 CASES = {
     "llama8b_bf16": (32, 8, 128, 0, False, False, "bfloat16", 0, 300),
@@ -74,7 +81,7 @@ def kernel_specs(arch: str) -> dict:
             specs[name, "flash"] = fk  # as compiled: K/V loaded, then used
         if kv == "bfloat16":
             fk = flash_attention(f"g{i}", p, GpuTarget(arch), [name], kv, CTX, pipelined=True)
-            if fk is not None:
+            if fk is not None and fk.ctx["pipelined"]:  # NVIDIA only
                 specs[name, "flash_pipelined"] = fk  # double-buffered with cp.async
         kv_ctx = kv_context(kv, CTX)
         ctx = dict(
@@ -107,64 +114,32 @@ def kernels():
 @pytest.mark.parametrize("mixed", [False, True], ids=["one", "mixed"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_prefill_attention_matches_numpy(kernels, name, variant, mixed):
-    NH, NKV, D, window, norm, interleaved, kv, start, T = CASES[name][:9]
-    rot, gated = attention_switches(CASES[name])
-    QW = 2 * D if gated else D  # q's head stride
+    NH, _, D, _, norm, _, kv = CASES[name][:7]
     spec = kernels.specs.get((name, variant))
     if spec is None:
         pytest.skip(f"{kernels.arch}: no {variant} prefill attention for this shape")
     if mixed and name not in MIXED:
         pytest.skip("a one-sequence case")
+    start, T = CASES[name][7:9]
     segments = (
-        [(s, *((start, T) if s == 0 else (a, n))) for s, a, n in MIXED[name]]
-        if mixed
-        else [(0, start, T)]
+        [(s, *((start, T) if s == 0 else (a, n))) for s, a, n in MIXED[name]] if mixed else None
     )
-    pos = np.concatenate([np.arange(a, a + n) for _, a, n in segments]).astype(np.int32)
-    seq = np.concatenate([[s] * n for s, _, n in segments]).astype(np.int32)
-    T = len(pos)
-    rng = np.random.default_rng(300 + sorted(CASES).index(name))
-    ldq = NH * QW + 40  # q is a column view of the qkv projection's output
-    q = rng.standard_normal((T, ldq)).astype(np.float32) * 2
-    qw = (1 + 0.2 * rng.standard_normal(D)).astype(np.float32)
-    ang = rng.uniform(0, 2 * np.pi, (CTX, (rot or D) // 2))
-    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
-    # each sequence's positions 0..its last row's, in blocks scattered over a pool with spares
-    n_seq, table_len = int(seq.max()) + 1, -(-CTX // KV_BLOCK)
-    need = [-(-(int(pos[seq == s].max()) + 1) // KV_BLOCK) for s in range(n_seq)]
-    pool_blocks = sum(need) + 7
-    order = iter(rng.permutation(pool_blocks))
-    tables = np.full((n_seq, table_len), -1, np.int32)
-    for s in range(n_seq):
-        tables[s, : need[s]] = [next(order) for _ in range(need[s])]
-    kc, vc = (np.full((pool_blocks * KV_BLOCK, NKV, D), np.nan, np.float32) for _ in range(2))
-    logical = {}
-    for s in range(n_seq):
-        n = int(pos[seq == s].max()) + 1
-        slots = (tables[s, :, None] * KV_BLOCK + np.arange(KV_BLOCK)).reshape(-1)[:n]
-        for c in (kc, vc):
-            c[slots] = store(rng.standard_normal((n, NKV, D)).astype(np.float32) * 2)
-        logical[s] = (kc[slots], vc[slots])
-    as_stored = (
-        (lambda a: (a.view(np.uint32) >> 16).astype(np.uint16))
-        if kv == "bfloat16"
-        else (lambda a: a)
-    )
+    x = prefill_attention_inputs(CASES[name], 300 + sorted(CASES).index(name), segments)
+    q, ldq, qw, cos_t, sin_t, T = x["q"], x["ldq"], x["qw"], x["cos_t"], x["sin_t"], x["T"]
     try:
         out = kernels.poisoned((T, NH * D))
         args = [
             ("u64", kernels.upload(q)),
             ("i32", ldq),
             *([("i32", T)] if variant != "simt" else []),
-            ("u64", kernels.upload(pos)),
-            ("u64", kernels.upload(seq)),
-            ("u64", kernels.upload(tables)),
+            ("u64", kernels.upload(x["pos"])),
+            ("u64", kernels.upload(x["seq"])),
+            ("u64", kernels.upload(x["tables"])),
             ("u64", kernels.upload(qw) if norm else 0),
             ("u64", kernels.upload(cos_t)),
             ("u64", kernels.upload(sin_t)),
-            ("u64", kernels.upload(as_stored(kc))),
-            ("u64", kernels.upload(as_stored(vc))),
+            ("u64", kernels.upload(as_stored(x["kc"], kv))),
+            ("u64", kernels.upload(as_stored(x["vc"], kv))),
             ("u64", out),
         ]
         if variant != "simt":
@@ -176,25 +151,7 @@ def test_prefill_attention_matches_numpy(kernels, name, variant, mixed):
     finally:
         kernels.free()
 
-    qh = q[:, : NH * QW].reshape(T, NH, QW)[..., :D].astype(np.float64)
-    if norm:
-        qh = qh / np.sqrt(np.mean(qh * qh, -1, keepdims=True) + EPS) * qw
-    r = rot or D
-    qh[..., :r] = rope(qh[..., :r], cos_t[pos][:, None], sin_t[pos][:, None], interleaved)
-    want = np.empty((T, NH, D))
-    group = NH // NKV
-    for t in range(T):
-        p = int(pos[t])
-        lo = max(0, p - window + 1) if window else 0
-        keys, vals = (c[lo : p + 1].astype(np.float64) for c in logical[int(seq[t])])
-        for h in range(NH):
-            sc = keys[:, h // group] @ qh[t, h] * D**-0.5
-            e = np.exp(sc - sc.max())
-            want[t, h] = e @ vals[:, h // group] / e.sum()
-    if gated:
-        gate = q[:, : NH * QW].reshape(T, NH, QW)[..., D:].astype(np.float64)
-        want = want / (1 + np.exp(-gate))
-    want = want.reshape(T, NH * D)
+    want = prefill_attention_reference(CASES[name], x, EPS)
     assert not np.isnan(got).any(), (name, variant, "outputs left unwritten")
     # flash: q, K, V and P rounded to bf16 (2^-9 each) against a float64 reference: measured
     # 5.0e-3..8.9e-3 on the H200 for D = 64..128; a wrong mask, fragment or softmax is O(1)

@@ -40,7 +40,7 @@ from hipc.runtime.backends.cuda import CudaBackend
 from hipc.runtime.backends.gpu_common import PackedArgs, aligned_offsets
 from hipc.runtime.backends.hip import HipBackend
 
-import batch_driver
+import batch_runs
 
 V, H, MAX_TOKENS, MAX_CTX, KV_BLOCK = 5, 4, 4, 64, 16
 KV_TABLE = MAX_CTX // KV_BLOCK
@@ -1345,7 +1345,7 @@ def test_the_batch_engine_runs_on_a_gpu_backend(api, artifact):
     gpu = FakeGpu()
     eng = engine_mod.CompiledEngine(artifact, backend(api, artifact, gpu, kv_blocks=8))
     assert batchable(eng)
-    want = {i: batch_driver.alone(eng, i, PROMPTS, NEW) for i in range(len(PROMPTS))}
+    want = {i: batch_runs.alone(eng, i, PROMPTS, NEW) for i in range(len(PROMPTS))}
     for i, (tokens, logits) in want.items():
         positions = range(len(PROMPTS[i]) - 1, len(PROMPTS[i]) + len(tokens) - 1)
         fed = [PROMPTS[i][-1], *tokens[:-1]]
@@ -1363,7 +1363,7 @@ def test_the_batch_engine_runs_on_a_gpu_backend(api, artifact):
         return out
 
     eng.backend.step = spy
-    got = batch_driver.run(be, [0, 0, 1, 3], NEW, PROMPTS)
+    got = batch_runs.run(be, [0, 0, 1, 3], NEW, PROMPTS)
     assert got.keys() == want.keys()
     for i in want:
         assert got[i][0] == want[i][0]
@@ -1373,7 +1373,7 @@ def test_the_batch_engine_runs_on_a_gpu_backend(api, artifact):
     # steps of every kind: prefill chunks beside decode rows, decode rows only, one row
     kinds = {"mixed" if d < n else "batch" if n > 1 else "one" for n, d in seen}
     assert kinds == {"mixed", "batch", "one"}, seen
-    batch_driver.assert_pool_full(be)
+    batch_runs.assert_pool_full(be)
     eng.close()
 
 
@@ -1410,7 +1410,86 @@ def test_cancelling_on_a_gpu_backend_frees_the_blocks(api, artifact):
         def leave(i, step, round_=round_):
             return step >= 1 + (i + round_) % 4
 
-        got = batch_driver.run(be, [0, 0, 1, 2], [20] * 4, PROMPTS, leave=leave)
+        got = batch_runs.run(be, [0, 0, 1, 2], [20] * 4, PROMPTS, leave=leave)
         assert len(got) == 4
-        batch_driver.assert_pool_full(be)
+        batch_runs.assert_pool_full(be)
     eng.close()
+
+
+class PlanCheckingGpu(FakeGpu):
+    """Runs no kernel: each launch of a real AMD artifact's plan is held to its code object's
+    metadata (support.amd_kernel_metadata): the block within the kernel's launch bounds and a
+    whole number of waves, dynamic plus static LDS within the 64 KiB a workgroup has."""
+
+    def __init__(self, meta: dict[str, dict], **kw) -> None:
+        super().__init__(**kw)
+        self.meta = meta
+
+    def execute(self, rec, via: str) -> None:
+        name, _grid, block, shared, _args = rec
+        self.executed.append((*rec, via))
+        m = self.meta[name]
+        assert block[0] <= int(m[".max_flat_workgroup_size"]), (name, block)
+        assert block[0] % int(m[".wavefront_size"]) == 0, (name, block)
+        assert shared + int(m[".group_segment_fixed_size"]) <= 64 * 1024, (name, shared)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx1100", "gfx1201"])
+def test_amd_prefill_plan_on_the_fake_hip(arch, tmp_path):
+    """A real AMD artifact (clang-19) whose plan the hip backend runs on the fake driver with
+    the code object's own kernel signatures: the prefill attention is the flash kernel on the
+    matrix instructions, one block per 64 query rows and head, 4 waves; every launch of prefill
+    and decode within its kernel's bounds. (Nothing here runs the kernels: no AMD GPU.)"""
+    import shutil
+
+    from hipc.compiler.kernels.attention import AttentionParams, flash_attention
+    from hipc.compiler.options import CompileOptions
+    from hipc.compiler.pipeline import compile_model
+    from hipc.compiler.targets import GpuTarget
+
+    from support import IN_CI, amd_kernel_metadata, write_tiny_hf
+
+    clang, readelf = shutil.which("clang++-19"), shutil.which("llvm-readelf-19")
+    if clang is None or readelf is None:
+        why = "clang++-19 and llvm-readelf-19 build and read AMD code objects"
+        (pytest.fail if IN_CI else pytest.skip)(f"{why} (.ci/run installs them)")
+    model = write_tiny_hf(tmp_path / "m", dtype="bfloat16", hidden_size=128, intermediate_size=96,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)  # fmt: skip
+    out = tmp_path / "m.hipc"
+    compile_model(model, out, CompileOptions(targets=(arch,), max_context=128), verbose=False)
+    co = out / "kernels" / f"{arch}.co"
+    meta = amd_kernel_metadata(co, readelf)
+    plan = json.loads((out / "plan.json").read_text())
+    for launch in [x for step in plan["targets"][arch]["steps"].values() for x in step]:
+        assert len(launch["args"]) == len(meta[launch["kernel"]]["args"]), launch["kernel"]
+    # the fake module: each kernel's arguments as the code object declares them
+    types = {4: "i32", 8: "u64"}
+    sigs = {n: [types[int(a[".size"])] for a in m["args"]] for n, m in meta.items()}
+    co.write_bytes(json.dumps({"kernels": sigs}).encode())
+    manifest = json.loads((out / "manifest.json").read_text())
+    rel = f"kernels/{arch}.co"
+    manifest["files"][rel] = {"size": co.stat().st_size,
+                              "sha256": hashlib.sha256(co.read_bytes()).hexdigest()}  # fmt: skip
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+    wave = 64 if arch.startswith("gfx9") else 32
+    gpu = PlanCheckingGpu(meta, gcn=f"{arch}:xnack-")
+    b = HipBackend(load_artifact(out), hip=FakeHip(gpu))
+    try:
+        T = 70
+        b.forward(np.arange(T) % 97, 0, True)
+        flash = [e for e in gpu.executed if e[0].endswith("_flash")]
+        assert len(flash) == 2  # one per layer
+        p = AttentionParams(
+            NH=2, NKV=1, D=64, scale=0.125, window=0, interleaved=False, norm_eps=0.0
+        )
+        fk = flash_attention("f", p, GpuTarget(arch), [], "bfloat16", 128)
+        for _, grid, block, shared, args, _ in flash:
+            assert grid == (2, 2, 1) and block == (4 * wave, 1, 1)  # cdiv(70, 64) x heads
+            assert shared == fk.shared and args[2] == T  # the kernel's T
+        assert not any(e[0].endswith("_attn") for e in gpu.executed)  # no SIMT attention
+        gpu.executed.clear()
+        b.forward(np.array([5]), T, False)  # decode: the captured graph
+        assert gpu.executed and all(e[5] == "graph" for e in gpu.executed)
+    finally:
+        b.close()

@@ -1,6 +1,5 @@
-"""Driving runtime/batch.py's BatchEngine in tests (tests/runtime/test_batch.py on the CPU, the
-fake GPU's tests and tests/gpu/test_batch_gpu.py): greedy decoding with sequences joining
-and leaving at given steps, and the pool check after a run."""
+"""Driving a BatchEngine in tests (tests/runtime/test_batch*.py): greedy sequences joining
+and leaving at given steps, and the pool's state after them."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import numpy as np
 from hipc.runtime.batch import BatchEngine
 
 
-def run(be: BatchEngine, joins: list, new: list[int], prompts, leave=None):
+def run(be: BatchEngine, joins: list[int], new: list[int], prompts, leave=None):
     """Greedy decoding: sequence i joins at step joins[i] (None: never) and leaves after
     new[i] tokens, or when `leave(i, step)` says so. Returns {i: (tokens, logits)}."""
     out: dict[int, tuple[list[int], list[np.ndarray]]] = {}
@@ -38,13 +37,13 @@ def run(be: BatchEngine, joins: list, new: list[int], prompts, leave=None):
                 be.feed(s, token)
 
 
-def alone(engine, i: int, prompts, new, max_batch: int = 4):
-    """Sequence i run by itself through a BatchEngine."""
-    joins = [None] * len(prompts)
-    joins[i] = 0
-    return run(BatchEngine(engine, max_batch=max_batch), joins, new, prompts)[i]
-
-
 def assert_pool_full(be: BatchEngine):
     assert be.pool.free == be.pool.n_blocks and be.pool.reserved == 0
     assert not any(be.pool.refs) and not be.running
+
+
+def alone(engine, i: int, prompts, new, max_batch: int = 4):
+    """Sequence i run by itself through a BatchEngine of its own."""
+    joins = [None] * len(prompts)
+    joins[i] = 0
+    return run(BatchEngine(engine, max_batch=max_batch), joins, new, prompts)[i]
