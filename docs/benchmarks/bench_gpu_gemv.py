@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "docs" / "benchmarks"))
 
+from hipc.base.launch_plan import KV_BLOCK  # noqa: E402
 from hipc.compiler.kernels.attention import AttentionParams, decode_attention  # noqa: E402
 from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv  # noqa: E402
 from hipc.compiler.targets import GpuTarget  # noqa: E402
@@ -365,6 +366,9 @@ def bench_attention(dev, specs, launches) -> list[str]:
     qb, kb, vb = dev.upload(q), dev.upload(k), dev.upload(v)
     cb, sb = dev.upload(cos_t), dev.upload(sin_t)
     lines = []
+    # one sequence whose block b is pool block b (the caches are contiguous)
+    seq0 = dev.upload(np.zeros(1, np.int32))
+    table = dev.upload(np.arange(-(-ctx // KV_BLOCK), dtype=np.int32))
     for pos in ATTENTION_POSITIONS:
         start = dev.upload(np.array([pos], np.int32))
         ref, cells = None, []
@@ -377,7 +381,23 @@ def bench_attention(dev, specs, launches) -> list[str]:
                 PackedArgs(
                     [
                         ("u64", a)
-                        for a in [qb, kb, vb, start, 0, 0, cb, sb, kc, vc, partial, counters, out]
+                        for a in [
+                            qb,
+                            kb,
+                            vb,
+                            start,
+                            seq0,
+                            table,
+                            0,
+                            0,
+                            cb,
+                            sb,
+                            kc,
+                            vc,
+                            partial,
+                            counters,
+                            out,
+                        ]
                     ]
                 )
                 for kc, vc in caches

@@ -3,7 +3,8 @@ rendered kernel compiled by a plain C++ compiler with HIPC_HOST_SIMT, each block
 run in step as host threads (shuffles and barriers through a sleeping barrier), the blocks of
 the grid one after another (any order is one the GPU may take), against NumPy in float64.
 tests/gpu runs the same kernel on a GPU; this checks its indexing and merging on a machine
-with none.
+with none. The caches are paged pools: the sequence's blocks are scattered over a larger pool
+(through a block table that is not the identity), every slot it does not own is NaN.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import host_simt
 import numpy as np
 import pytest
 
+from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.kernels.attention import decode_attention
 from hipc.compiler.reference.executor import round_bf16
@@ -51,10 +53,11 @@ def lib(tmp_path_factory):
         kv = "uint16_t" if case[6] == "bfloat16" else "float"
         wrappers.append(
             f'extern "C" void run_{k.fn}(const float* q, const float* k, const float* v, '
-            f"const int* start, const float* qw, const float* kw, const float* c, const float* s, "
-            f"{kv}* kc, {kv}* vc, float* part, unsigned* cnt, float* out) {{\n"
-            f"  grid({k.grid[0]}, {k.grid[1]}, {k.threads}, [=] {{ {k.fn}(q, k, v, start, qw, kw, "
-            f"c, s, kc, vc, part, cnt, out); }});\n}}"
+            f"const int* pos, const int* seq, const int* blocks, const float* qw, const float* kw, "
+            f"const float* c, const float* s, {kv}* kc, {kv}* vc, float* part, unsigned* cnt, "
+            f"float* out) {{\n"
+            f"  grid({k.grid[0]}, {k.grid[1]}, {k.threads}, [=] {{ {k.fn}(q, k, v, pos, seq, "
+            f"blocks, qw, kw, c, s, kc, vc, part, cnt, out); }});\n}}"
         )
     code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
     handle = host_simt.build(tmp_path_factory.mktemp("attention"), "attention_host", code)
@@ -76,9 +79,20 @@ def test_decode_attention_on_the_host(lib, name):
     qw, kw = (1 + 0.2 * rng.standard_normal((2, D))).astype(np.float32)
     ang = rng.uniform(0, 2 * np.pi, (ctx, r // 2))
     cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    cache = [rng.standard_normal((ctx, NKV, D)).astype(np.float32) for _ in range(2)]
-    for c in cache:
+    logical = [rng.standard_normal((ctx, NKV, D)).astype(np.float32) for _ in range(2)]
+    for c in logical:
         c[p:] = np.nan  # position p is this step's to write; nothing past it may be used
+    # the sequence's blocks scattered over a pool three times its size, in the table's row 1
+    B, table_len = KV_BLOCK, -(-ctx // KV_BLOCK)
+    mine = -(-(p + 1) // B)
+    pool_blocks = 3 * mine + 2
+    owned = rng.permutation(pool_blocks)[:mine]
+    tables = np.full((3, table_len), -1, np.int32)  # -1: a block id no row may read
+    tables[1, :mine] = owned
+    slots = (owned[:, None] * B + np.arange(B)).reshape(-1)[: p + 1]
+    cache = [np.full((pool_blocks * B, NKV, D), np.nan, np.float32) for _ in range(2)]
+    for c, lg in zip(cache, logical, strict=True):
+        c[slots] = lg[: p + 1]
     if kv == "bfloat16":
         kc, vc = ((round_bf16(c).view(np.uint32) >> 16).astype(np.uint16) for c in cache)
 
@@ -90,12 +104,14 @@ def test_decode_attention_on_the_host(lib, name):
         def widen(a):
             return a
 
+    kc0 = kc.copy()
     splits = spec.grid[1]
     partial = np.full(NH * splits * (D + 2), np.nan, np.float32)
     counters = np.zeros(NH, np.uint32)
     out = np.full((NH, D), np.nan, np.float32)
     ptr = ctypes.c_void_p
-    args = [q_in, k, v, np.array([p], np.int32), qw, kw, cos_t, sin_t, kc, vc, partial, counters]
+    step = [np.array([p], np.int32), np.array([1], np.int32), tables]
+    args = [q_in, k, v, *step, qw, kw, cos_t, sin_t, kc, vc, partial, counters]
     getattr(lib, f"run_{spec.fn}")(*(a.ctypes.data_as(ptr) for a in [*args, out]))
 
     def normed(x, w):
@@ -113,12 +129,16 @@ def test_decode_attention_on_the_host(lib, name):
     kn = store(rotated(normed(k, kw)))
     vn = store(v)
     ulp = 2.0**-7 if kv == "bfloat16" else 1e-6
-    np.testing.assert_allclose(widen(kc[p]), kn, rtol=ulp, atol=1e-6)
-    np.testing.assert_array_equal(widen(vc[p]), vn)
+    at = slots[p]
+    np.testing.assert_allclose(widen(kc[at]), kn, rtol=ulp, atol=1e-6)
+    np.testing.assert_array_equal(widen(vc[at]), vn)
+    # nothing else of the pool was written
+    others = np.setdiff1d(np.arange(len(kc)), [at])
+    np.testing.assert_array_equal(kc[others], kc0[others])
     assert not counters.any()  # every head's merging block reset its counter
     lo = max(0, p - window + 1) if window else 0
-    keys = np.concatenate([widen(kc[lo:p]), widen(kc[p])[None]]).astype(np.float64)
-    vals = np.concatenate([widen(vc[lo:p]), widen(vc[p])[None]]).astype(np.float64)
+    keys = widen(kc[slots[lo : p + 1]]).astype(np.float64)
+    vals = widen(vc[slots[lo : p + 1]]).astype(np.float64)
     group = NH // NKV
     want = np.empty((NH, D))
     for h in range(NH):

@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.kernels.attention import decode_attention
 from hipc.compiler.kernels.embedding import EmbeddingParams
 from hipc.compiler.kernels.embedding import gpu_kernel as embedding_kernel
@@ -264,6 +265,16 @@ def test_decode_attention_matches_numpy(attentions, name):
         c[p:] = np.nan  # position p is this step's to write; nothing past it may be read
     store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
     kc, vc = (store(c) for c in cache)
+    # the sequence's blocks scattered over a pool twice its size (the rest NaN), in row 1 of
+    # the block tables
+    B = KV_BLOCK
+    mine = -(-(p + 1) // B)
+    pool_blocks = 2 * mine + 3
+    tables = np.full((2, -(-ctx // B)), -1, np.int32)
+    tables[1, :mine] = rng.permutation(pool_blocks)[:mine]
+    slots = (tables[1, :mine, None] * B + np.arange(B)).reshape(-1)[: p + 1]
+    kp, vp = (np.full((pool_blocks * B, NKV, D), np.nan, np.float32) for _ in range(2))
+    kp[slots], vp[slots] = kc[: p + 1], vc[: p + 1]
 
     def normed(x, w):
         x = x.astype(np.float64)
@@ -286,7 +297,7 @@ def test_decode_attention_matches_numpy(attentions, name):
         else (lambda a: a)
     )
     try:
-        kc_d, vc_d = dev.upload(as_stored(kc)), dev.upload(as_stored(vc))
+        kc_d, vc_d = dev.upload(as_stored(kp)), dev.upload(as_stored(vp))
         splits = spec.grid[1]
         partial = dev.poisoned(NH * splits * (D + 2))
         counters = dev.upload(np.zeros(NH, np.uint32))
@@ -296,6 +307,8 @@ def test_decode_attention_matches_numpy(attentions, name):
             dev.upload(k),
             dev.upload(v),
             dev.upload(np.array([p], np.int32)),
+            dev.upload(np.array([1], np.int32)),
+            dev.upload(tables),
             dev.upload(qw) if norm else 0,
             dev.upload(kw) if norm else 0,
             dev.upload(cos_t),
@@ -309,8 +322,9 @@ def test_decode_attention_matches_numpy(attentions, name):
         dev.launch(spec.fn, spec.grid, spec.threads, [("u64", a) for a in args], spec.shared)
         got = dev.read(out, (NH, D))
         stored = np.uint16 if kv == "bfloat16" else np.float32
-        row_k = dev.read(kc_d + p * NKV * D * np.dtype(stored).itemsize, (NKV, D), stored)
-        row_v = dev.read(vc_d + p * NKV * D * np.dtype(stored).itemsize, (NKV, D), stored)
+        at = int(slots[p]) * NKV * D * np.dtype(stored).itemsize
+        row_k = dev.read(kc_d + at, (NKV, D), stored)
+        row_v = dev.read(vc_d + at, (NKV, D), stored)
         left = dev.read(counters, NH, np.uint32)
     finally:
         dev.free()
