@@ -154,8 +154,8 @@ def load_engine(
     (an arch name, "sm_90" or "gfx942", picks its backend). `threads` is the cpu backend's,
     `device` the GPU's ordinal. `max_context` allocates the KV cache for fewer positions than
     the artifact was compiled for (default: all of them; on a GPU, as many as fit).
-    `kv_pool_tokens`: positions in the cpu backend's paged KV pool, shared by the sequences
-    of a batch (default and minimum: one sequence of max_context; GPU backends hold one)."""
+    `kv_pool_tokens`: positions in the paged KV pool, shared by the sequences of a batch
+    (default and minimum: one sequence of max_context; on a GPU, as many as fit)."""
     artifact = load_artifact(path)
     compiled = int(artifact.plan["max_context"])
     if max_context is not None and not 2 <= max_context <= compiled:
@@ -178,6 +178,14 @@ def _cpu_backend(artifact, threads, max_context, kv_pool_tokens):
     return CpuBackend(artifact, threads, max_context, kv_blocks=-(-kv_pool_tokens // block))
 
 
+def _kv_blocks(artifact: Artifact, kv_pool_tokens: int | None) -> int | None:
+    """Blocks of a GPU KV pool of `kv_pool_tokens` positions (None: the backend's default)."""
+    if kv_pool_tokens is None:
+        return None
+    block = min(int(s.get("kv_block") or 1) for s in artifact.plan["targets"].values())
+    return -(-kv_pool_tokens // max(block, 1))
+
+
 def _backend(
     artifact: Artifact,
     target: str,
@@ -188,14 +196,15 @@ def _backend(
 ):
     if target == "cpu":
         return _cpu_backend(artifact, threads, max_context, kv_pool_tokens)
+    blocks = _kv_blocks(artifact, kv_pool_tokens)
     if target == "cuda" or target.startswith("sm_"):
         from hipc.runtime.backends.cuda import CudaBackend
 
-        return CudaBackend(artifact, device, max_context=max_context)
+        return CudaBackend(artifact, device, max_context=max_context, kv_blocks=blocks)
     if target == "hip" or target.startswith("gfx"):
         from hipc.runtime.backends.hip import HipBackend
 
-        return HipBackend(artifact, device, max_context=max_context)
+        return HipBackend(artifact, device, max_context=max_context, kv_blocks=blocks)
     if target != "auto":
         raise HipcError(f"--target {target}: choose auto, cpu, cuda or hip")
     return _auto_backend(artifact, threads, device, max_context, kv_pool_tokens)
@@ -218,9 +227,11 @@ def _auto_backend(
 
     targets = set(artifact.targets)
     notes = []
+    blocks = _kv_blocks(artifact, kv_pool_tokens)
+    kw = dict(max_context=max_context, kv_blocks=blocks)
     for module, prefix, backend in (
-        (cuda, "sm_", lambda: cuda.CudaBackend(artifact, device, max_context=max_context)),
-        (hip, "gfx", lambda: hip.HipBackend(artifact, device, max_context=max_context)),
+        (cuda, "sm_", lambda: cuda.CudaBackend(artifact, device, **kw)),
+        (hip, "gfx", lambda: hip.HipBackend(artifact, device, **kw)),
     ):
         arch, what = module.probe(device)
         if arch is not None and arch in targets:

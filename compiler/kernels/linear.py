@@ -319,9 +319,10 @@ class Linear(KernelKind):
             hi = select_wgmma(p, g.max_tokens)
             buckets = [(lo, None)] if lo == hi else [
                 (lo, (1, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
+            y_bf16 = k.group in self._handoffs(b, g)
             for tile, tokens in buckets:
-                pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile)
-                self._wgmma_launches(k, b, g, pg, common, x, rows, tokens)
+                pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile, y_bf16=y_bf16)
+                self._wgmma_launches(k, b, g, pg, tile, common, x, rows, tokens)
             return
         pg = prefill_gemm(k.fn, p, g.target, k.nodes, split=split)
         gemm = g.kernel(pg)
@@ -340,31 +341,75 @@ class Linear(KernelKind):
             shared=pg.shared,
         )
 
-    def _wgmma_launches(self, k, b, g, pg: GpuKernel, common, x, rows: str, tokens) -> None:
+    def _handoffs(self, b: Binder, g: GpuProgramBuilder) -> dict[str, str]:
+        """GLU group -> the group that reads its output in bf16 (bf16_reader), once a program."""
+        if "linear.bf16" not in g.memo:
+            pairs = ((w, bf16_reader(w, b, g)) for w in g.selected if w.kind is self)
+            g.memo["linear.bf16"] = {w.group: r.group for w, r in pairs if r is not None}
+        return g.memo["linear.bf16"]
+
+    def _wgmma_launches(
+        self, k, b, g, pg: GpuKernel, t: WgmmaTile, common, x, rows: str, tokens
+    ) -> None:
         """The sm_90a GEMM's two launches: x -> bf16 (norm applied) into scratch, then the
         GEMM over it and W through tensor maps; `tokens`: the step sizes they run at."""
         p: LinearParams = k.params
         gemm = g.kernel(pg)
-        xb = b.scratch(g.scratch("xb"))
-        g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
-                 {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=tokens)  # fmt: skip
-        bm, bn = pg.ctx["bm"], pg.ctx["bn"]
-        maps = {
-            "xmap": {"kind": "tmap", "of": xb, "dims": [p.K, g.max_tokens], "box": [64, bm]},
-            "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N], "box": [64, bn // 2]},
+        if k.group in self._handoffs(b, g).values():
+            xb = x  # its writer left x in bf16 (bf16_reader): TMA reads it as it is
+        else:
+            xb = b.scratch(g.scratch("xb"))
+            g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
+                     {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=tokens)  # fmt: skip
+        maps = {  # a multicast cluster's CTAs copy 1/cm of each x tile each
+            "xmap": {
+                "kind": "tmap",
+                "of": xb,
+                "dims": [p.K, g.max_tokens],
+                "box": [64, t.bm // t.cm],
+            },
+            "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N], "box": [64, t.bn // 2]},
         }
+        _, ny, nz = t.grid(1, p.n_out, p.epilogue == "glu")  # along tokens: per step, below
         g.launch(
             "prefill",
             k.group,
             gemm,
-            [f"cdiv({rows},{bm})", -(-p.n_out // pg.block_outputs)],
+            [f"cdiv({rows},{t.bm * t.ct})", ny, nz],
             [pg.threads],
             WGMMA,
             {**maps, "T": b.int(rows), "bias": common["bias"], "res": common["res"],
              "y": common["y"]},
             shared=pg.shared,
+            overlap=t.pdl,
             tokens=tokens,
         )  # fmt: skip
+
+
+def bf16_reader(k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> SelectedKernel | None:
+    """The linear that is the only reader of GLU linear `k`'s output, where both prefill on
+    the sm_90a GEMM and the reader has no norm: `k` then writes that output in bf16 (the same
+    rounding the reader's _xb pass would do, so the results are bit for bit the same) and the
+    reader's TMA loads it directly, without its _xb pass (on the H200 at the 8B shape that pass
+    read 4 and wrote 2 bytes per value of the widest activation). Decode steps are unchanged:
+    their GEMVs write and read the buffer in float32."""
+    p = k.params
+    if not isinstance(p, LinearParams) or p.epilogue != "glu" or p.n_out % 8:
+        return None
+    split = g.prefill_precision == "split"
+    y = k.refs["y"]
+    if not wgmma_gemm(p, g.target, split, False) or b.is_output(y[1]) or b.ld(y[1]) != p.n_out:
+        return None
+    if b.act(y[1])["offset"] % 16:  # TMA's global address
+        return None
+    readers = [r for r in g.selected if r is not k and y in r.refs.values()]
+    if len(readers) != 1 or readers[0].kind is not k.kind:
+        return None
+    r = readers[0]
+    q: LinearParams = r.params
+    if r.refs["x"] != y or q.norm_eps or p.n_out != q.K or b.is_output(r.refs["y"][1]):
+        return None
+    return r if wgmma_gemm(q, g.target, split, False) else None
 
 
 def gemv_signature(p: LinearParams) -> Signature:
@@ -511,49 +556,122 @@ def mma_tile(target: GpuTarget, p: LinearParams, split: bool = False) -> MmaTile
 @dataclass(frozen=True)
 class WgmmaTile:
     """The sm_90a GEMM's geometry: bm tokens (64 per consumer warp group) x bn weight rows
-    (one wgmma.m64n<bn>k16 per consumer and 16-deep k step) per block, K 64 deep per stage."""
+    (one wgmma.m64n<bn>k16 per consumer and 16-deep k step) per block, K 64 deep per stage;
+    cm blocks along the outputs in one cluster share each x tile (TMA multicast), sk splits
+    of K (grid z, paired in a cluster, summed through shared memory in a fixed order); pdl:
+    launched to overlap its _xb kernel (W's first stages requested before x is ready)."""
 
     bm: int
     bn: int
     stages: int  # shared-memory stages: as many as fit the 227 KiB a block may have
     regs: tuple[int, int] | None = None  # setmaxnreg: producer, consumers (None: leave them)
-    cost: float = 1.0  # time per output element relative to 128 x 256 (measured, see below)
+    cm: int = 1
+    sk: int = 1
+    pdl: bool = False
+    ct: int = 1  # blocks along the tokens in one cluster sharing each W tile (grid z)
 
     @property
     def threads(self) -> int:
         return 128 * (self.bm // 64 + 1)
 
+    @property
+    def name(self) -> str:
+        return (
+            f"wg{self.bm}x{self.bn}"
+            + (f"c{self.cm}" if self.cm > 1 else "")
+            + (f"t{self.ct}" if self.ct > 1 else "")
+            + (f"k{self.sk}" if self.sk > 1 else "")
+            + ("p" if self.pdl else "")
+        )
+
     def shared_bytes(self) -> int:
         # the stages, their 2 barriers each, and slack to align the first to 1024 bytes
         return self.stages * (self.bm + self.bn) * 128 + 16 * self.stages + 1024
 
+    def grid(self, tokens: int, n_out: int, glu: bool) -> tuple[int, int, int]:
+        """Blocks along tokens (in pairs of ct, the pair's second in z), outputs (a multiple
+        of cm: a last cluster's extra blocks load zeros and write nothing), K splits x ct."""
+        tn = -(-n_out // (self.bn // 2 if glu else self.bn))
+        return -(-tokens // (self.bm * self.ct)), -(-tn // self.cm) * self.cm, self.sk * self.ct
 
-# Candidates per GEMM shape: the largest tile does the least shared-memory traffic per FLOP, but
-# with few output blocks the last wave leaves SMs idle; select_wgmma picks the least estimated
-# time for the compiled prefill chunk. 3 warp groups (384 threads): registers 40 for the producer,
-# 232 for the consumers (64 x 256 accumulators are 128 floats a thread).
+
+# 3 warp groups (384 threads): registers 40 for the producer, 232 for the consumers (64 x 256
+# accumulators are 128 floats a thread).
+_R = (40, 232)
 WGMMA_TILES = (
-    WgmmaTile(128, 256, 4, (40, 232), 1.0),
-    WgmmaTile(128, 192, 5, (40, 232), 1.04),
-    WgmmaTile(128, 128, 6, (40, 232), 1.12),
-    WgmmaTile(64, 256, 5, None, 1.15),
+    WgmmaTile(128, 256, 4, _R),
+    WgmmaTile(128, 192, 5, _R),
+    WgmmaTile(128, 128, 6, _R),
+    WgmmaTile(64, 256, 5, None),
+)
+# Variants measured against the tiles above by bench_gpu_gemm.py (select_wgmma takes one only
+# through WGMMA_MEASURED): multicast pairs along the outputs (c: x read from L2 once per pair)
+# or along the tokens (t: W once per pair), K split in two (k) for steps with fewer output tiles
+# than SMs, launches overlapping the _xb pass (p), and widths that fill the last wave better.
+WGMMA_VARIANTS = (
+    # 224 wide (5 stages of 44 KiB): 128 column blocks for the 8B gate/up, 4 waves at 512 tokens
+    WgmmaTile(128, 224, 5, _R),
+    # 176 wide (5 stages of 38 KiB): 163 x 4 = 652 gate/up blocks at 512 tokens, 4.94 waves of
+    # 132 where 128 x 192's 600 are 4.55 (its last wave half empty); not yet measured
+    WgmmaTile(128, 176, 5, _R),
+    WgmmaTile(128, 224, 5, _R, cm=2),
+    WgmmaTile(128, 224, 5, _R, ct=2),
+    WgmmaTile(128, 256, 4, _R, cm=2),
+    WgmmaTile(128, 192, 5, _R, cm=2),
+    WgmmaTile(128, 128, 6, _R, cm=2),
+    WgmmaTile(128, 256, 4, _R, ct=2),
+    WgmmaTile(128, 192, 5, _R, ct=2),
+    WgmmaTile(128, 256, 4, _R, sk=2),
+    WgmmaTile(128, 256, 4, _R, cm=2, sk=2),
+    WgmmaTile(128, 256, 4, _R, ct=2, sk=2),
+    WgmmaTile(128, 256, 4, _R, cm=2, pdl=True),
+    WgmmaTile(128, 256, 4, _R, sk=2, pdl=True),
+    WgmmaTile(128, 256, 4, _R, ct=2, pdl=True),
 )
 WGMMA_ARCHS = frozenset({"sm_90"})
 SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choice rounds to
 # Steps of up to this many tokens get their own tiles where the chunk is longer (launch "tokens")
 SHORT_STEP = 1024
+# time per output element relative to 128 x 256 (measured on the H200: docs/benchmarks/gpu-prefill.md)
+WGMMA_COST = {
+    (128, 256): 1.0,
+    (128, 192): 1.04,
+    (128, 128): 1.12,
+    (64, 256): 1.15,
+}
 
 
-def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
-    """The tile with the least estimated time at `tokens` tokens: waves of SMS blocks, each
-    block's time its output elements x the tile's cost."""
+# The variant per Llama-3-8B layer shape (N, K, epilogue) and step size, from bench_gpu_gemm.py
+# on the H200 (docs/benchmarks/gpu-prefill.md, "Cluster variants", 2026-12-03: every tile and
+# cluster variant, _xb included). A variant other than the wave model's plain tile is listed
+# only where it measured more than 3% faster than the best plain tile (one run: closer margins
+# are noise); elsewhere the entry is the fastest plain tile.
+WGMMA_MEASURED: dict[tuple[int, int, str], dict[int, str]] = {
+    (6144, 4096, "none"): {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"},  # qkv
+    (4096, 4096, "residual"): {512: "wg128x128", 2048: "wg128x256t2", 4096: "wg128x256c2p"},  # o
+    (28672, 4096, "glu"): {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"},  # gate/up
+    (4096, 14336, "residual"): {512: "wg128x128", 2048: "wg128x256", 4096: "wg128x256"},  # down
+}
+WGMMA_BY_NAME = {t.name: t for t in WGMMA_TILES + WGMMA_VARIANTS}
+
+
+def select_wgmma(p: LinearParams, tokens: int) -> WgmmaTile:
+    """The measured variant for a listed shape (WGMMA_MEASURED: the step size nearest
+    `tokens`, by ratio, the smaller on a tie), else the plain tile with the least estimated
+    time at `tokens` tokens: waves of SMS blocks, each block's time its output elements x the
+    tile's cost."""
+    measured = WGMMA_MEASURED.get((p.N, p.K, p.epilogue))
+    if measured:
+        steps = sorted(measured)
+        near = min(steps, key=lambda n: (max(n / tokens, tokens / n), n))
+        return WGMMA_BY_NAME[measured[near]]
     glu = p.epilogue == "glu"
 
     def time(t: WgmmaTile) -> float:
-        blocks = -(-tokens // t.bm) * -(-p.n_out // (t.bn // 2 if glu else t.bn))
-        return -(-blocks // SMS) * t.bm * t.bn * t.cost
+        x, y, z = t.grid(tokens, p.n_out, glu)
+        return -(-(x * y * z) // SMS) * t.bm * t.bn * WGMMA_COST[t.bm, t.bn] / t.sk
 
-    return min(tiles, key=time)
+    return min(WGMMA_TILES, key=time)
 
 
 def wgmma_gemm(p: LinearParams, target: GpuTarget, split: bool, simt: bool) -> bool:
@@ -576,11 +694,13 @@ def prefill_gemm(
     split: bool = False,
     tokens: int = 512,
     wgmma: WgmmaTile | None = None,
+    y_bf16: bool = False,
 ) -> GpuKernel:
     """`fn`: the linear's kernel stem. `simt` forces the SIMT kernel (the GPU tests time one
     against the other). `split`: the matrix-instruction GEMM multiplies x as bf16 hi + lo
     (--prefill-precision split) instead of bf16(x) once. `tokens`: the prefill chunk the
-    sm_90a tile is chosen for; `wgmma` forces that tile (benchmarks)."""
+    sm_90a tile is chosen for; `wgmma` forces that tile (benchmarks). `y_bf16`: the sm_90a
+    GEMM writes y in bf16 (its reader loads it by TMA: bf16_reader)."""
     wave = target.wave
     common = dict(
         nodes=nodes,
@@ -604,9 +724,15 @@ def prefill_gemm(
             regs=t.regs,
             threads=t.threads,
             bn_out=bn_out,
+            cm=t.cm,
+            ct=t.ct,
+            sk=t.sk,
+            cluster=t.cm * t.ct * t.sk,
+            pdl=t.pdl,
+            y_bf16=y_bf16,
         )
         return GpuKernel(
-            f"{fn}_wg{t.bm}x{t.bn}",
+            f"{fn}_{t.name}" + ("_yb" if y_bf16 else ""),
             "linear_wgmma",
             ctx,
             [],
@@ -657,20 +783,30 @@ class QuantGemv:
     unroll: int = 4
     max_blocks: int = 256
     min_blocks: int = 2
-    # pull the first group's rows towards L2 while x is staged (when it takes several
-    # batches): on the H200 it cost the 8B down GEMV 15.2 -> 18.1 us, so it is off
-    prefetch: bool = False
+    # batches of loads a wave holds in registers (a ring, loaded before the wait), and
+    # rounds of x each thread loads at once when staging it
+    stages: int = 2
+    xq_chunk: int = 4
+    preload: int = 0  # ring buffers filled before the wait (0: all of them)
+    l2_prefetch: bool = False  # and the wave's rows pulled towards L2 (small matrices)
 
 
-# Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM. Large
-# ones (QUANT_GEMV_LARGE_BYTES and up) and long rows (K >= QUANT_GEMV_LONG_K): 16-wave blocks
-# of 2-row groups, one per SM. On the H200 (bench_gpu_gemv.py, docs/benchmarks/gpu-h200.md:
-# int8 activations, us per 8B Q4_0 layer) 16 x 2 took qkv 6.0, o 4.4, gate/up 18.3, down 12.7
-# where 16 x 4 (the geometry before) took 6.0, 4.9, 18.7, 13.7 and 8 x 2 7.0, 5.1, 18.8,
-# 16.1; SmolLM2's down (K 1536) 1.8 us where 8 x 2 took 2.1, its other shapes 1.6-2.1 us
-# with 8 x 2, 1.7-2.1 with 16 x 2. q8_0 blocks are twice the bytes: half the unroll.
-QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2)
-QUANT_GEMV_LARGE = QuantGemv(16, 2, 4, 128, 1)
+# Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM (16
+# waves where rows are >= QUANT_GEMV_LONG_K), the next batch copied in (stages 1: the loop
+# measured before the ring; the ring is not measured at these shapes). Large ones
+# (QUANT_GEMV_LARGE_BYTES and up): 16-wave blocks of 2-row groups, one per SM, a ring of 3
+# batches of 2 units per row (gate/up: 4 batches), x staged in one round trip where it takes
+# <= 8 rounds.
+# On the H200 (bench_gpu_gemv.py, int8 activations, 2026-12-03 mid call; copy 4.29 TB/s) the
+# 8B Q4_0 layer took qkv 5.3, o 4.3, gate/up 16.9 (3.90 TB/s), down 11.2 us where the loop
+# before (16 x 2 rows x 4 units, one batch copied in) took 6.0, 4.2, 18.2, 11.6; rings capped
+# at 64 registers (so that the next kernel's block fits beside: PDL) were slower in every
+# shape and in 32-layer chains (50.8 us a layer against 39.9): bytes in flight per lane
+# matter more than the overlap. q8_0 blocks are twice the bytes: half the unroll.
+QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2, 1)
+QUANT_GEMV_LONG = QuantGemv(16, 2, 4, 128, 1, 1)  # small matrices of long rows (copy loop)
+QUANT_GEMV_LARGE = QuantGemv(16, 2, 2, 132, 1, 3, 8)
+QUANT_GEMV_LARGE_GLU = QuantGemv(16, 2, 2, 132, 1, 4, 8)
 QUANT_GEMV_LARGE_BYTES = 4 << 20
 QUANT_GEMV_LONG_K = 1536
 XQ_BLOCK_BYTES = {"int16": 80, "int8": 48}
@@ -696,22 +832,31 @@ QUANT_TYPES = {
     "q4_k": QuantType(256, 144, 128, 128),
     "q5_k": QuantType(256, 176, 160, 128),
 }
-# A K-quant unit is 21-27 registers (64-96 bytes of quants): groups of 4 rows, one unit each
-# in flight, 8 waves a block, one block per SM. On the H200 (bench_gpu_gemv.py, int8
-# activations) 8B Q4_K gate/up took 22.3 us, down 19.9, the Q6_K LM head 105.9 (4.07 TB/s)
-# where row pairs (the geometry before) took 27.7, 21.0 and 114.4.
-QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1)
+# A K-quant unit is 21-27 registers (64-96 bytes of quants). Q4_K/Q5_K: groups of 4 rows,
+# one unit each, the next copied in (stages 1), 8 waves a block, one block per SM; Q6_K: groups
+# of 2 rows, a ring of 3 units each. On the H200 (bench_gpu_gemv.py, int8, mid call) Q6_K LM
+# head 103.7 us (4.16 TB/s), down 19.9 where the 4-row copy loop took 107.2 and 21.2; Q4_K
+# gate/up 19.2, down 16.0, o 6.0 with the copy loop where 2-row rings took 24.7, 18.0, 6.2
+# and 4-row ones 21.9, 18.0, 6.1.
+QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1, 1)
+QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 132, 1, 3, 8)
 
 
-def quant_gemv(wsuffix: str, N: int, K: int) -> QuantGemv:
+def quant_gemv(wsuffix: str, N: int, K: int, glu: bool = False) -> QuantGemv:
+    """The geometry of a quantized GEMV of an [N, K] matrix (`glu`: gate/up row pairs)."""
+    if wsuffix == "q6_k":
+        return QUANT_GEMV_Q6_K
     if QUANT_TYPES[wsuffix].unit_values > 32:  # the K-quants' units of 128
         return QUANT_GEMV_KQUANT
     qt = QUANT_TYPES[wsuffix]
     big = N * (K // qt.block_values) * qt.block_bytes >= QUANT_GEMV_LARGE_BYTES
-    g = QUANT_GEMV_LARGE if big or K >= QUANT_GEMV_LONG_K else QUANT_GEMV_SMALL
+    if big:
+        g = QUANT_GEMV_LARGE_GLU if glu else QUANT_GEMV_LARGE
+    else:
+        g = QUANT_GEMV_LONG if K >= QUANT_GEMV_LONG_K else QUANT_GEMV_SMALL
     if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
-        g = replace(g, rows=2, unroll=2)
-    if wsuffix == "q8_0":
+        g = replace(g, rows=2, unroll=2, stages=1, min_blocks=min(g.min_blocks, 2))
+    if wsuffix == "q8_0":  # 9 registers a unit
         g = replace(g, unroll=max(1, g.unroll // 2))
     return g
 
@@ -740,9 +885,10 @@ def decode_gemv(
     rows_per_block = GEMV_WAVES * (1 if glu else 2)
     if ws in QUANT_TYPES:
         qt = QUANT_TYPES[ws]
-        g = quant or quant_gemv(ws, p.N, p.K)
+        g = quant or quant_gemv(ws, p.N, p.K, glu)
         groups = -(-p.n_out // (g.rows // 2 if glu else g.rows))
         steps = -(-(p.K // qt.unit_values) // wave)
+        rounds = -(-(p.K // 4) // (g.waves * wave))
         blocks = stream_blocks(groups, g.waves, g.max_blocks)
         ctx = dict(
             nodes=nodes,
@@ -754,7 +900,11 @@ def decode_gemv(
             unroll=g.unroll,
             blocks=blocks,
             min_blocks=g.min_blocks,
-            prefetch=g.prefetch and steps > g.unroll,
+            batches=-(-steps // g.unroll),
+            stages=g.stages,
+            preload=min(g.preload or g.stages, g.stages),
+            l2_prefetch=g.l2_prefetch,
+            xq_chunk=max(1, min(g.xq_chunk, rounds)),
             lo=activations == "int16",
             params=gemv_signature(p).render(GPU_INDENT),
             **qt.__dict__,

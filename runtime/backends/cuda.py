@@ -259,10 +259,16 @@ class CudaBackend(GpuBackend):
     name = "cuda"
 
     def __init__(
-        self, artifact: Artifact, device: int = 0, *, cu: Any = None, max_context: int | None = None
+        self,
+        artifact: Artifact,
+        device: int = 0,
+        *,
+        cu: Any = None,
+        max_context: int | None = None,
+        kv_blocks: int | None = None,
     ) -> None:
         try:
             driver = CudaDriver(device, cu)
         except DriverError as e:
             raise HipcError(f"CUDA: {e}") from None
-        super().__init__(artifact, driver, max_context)
+        super().__init__(artifact, driver, max_context, kv_blocks)

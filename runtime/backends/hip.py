@@ -229,9 +229,10 @@ class HipBackend(GpuBackend):
         *,
         hip: Any = None,
         max_context: int | None = None,
+        kv_blocks: int | None = None,
     ) -> None:
         try:
             driver = HipDriver(device, hip)
         except DriverError as e:
             raise HipcError(f"HIP: {e}") from None
-        super().__init__(artifact, driver, max_context)
+        super().__init__(artifact, driver, max_context, kv_blocks)

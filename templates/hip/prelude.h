@@ -576,25 +576,25 @@ HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
 // factor common to every product, so a norm GEMV quantizes x * g and scales its sums at
 // the end, and the whole prologue is one pass over x and one barrier. Every thread of the
 // block calls it; 8 lanes share a 32-value block, 4 values each, ROUNDS = ceil(K / 4 /
-// threads) rounds. The loads of HIPC_XQ_CHUNK rounds are issued before any is used: x was
+// threads) rounds. The loads of CHUNK rounds are issued before any is used: x was
 // just written by the kernel before, and one L2 round trip per round was most of a
 // long-row GEMV's prologue. `red`: __shared__ float[32].
 #define HIPC_XQ_CHUNK 4
-template <bool LO, int ROUNDS>
+template <bool LO, int ROUNDS, int CHUNK = HIPC_XQ_CHUNK>
 HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red) {
   const int n4 = K / 4, stride = hipc_block_dim();
   float ss = 0.f;
-  for (int r0 = 0; r0 < ROUNDS; r0 += HIPC_XQ_CHUNK) {
-    float4 vs[HIPC_XQ_CHUNK], gs[HIPC_XQ_CHUNK];
+  for (int r0 = 0; r0 < ROUNDS; r0 += CHUNK) {
+    float4 vs[CHUNK], gs[CHUNK];
 #pragma unroll
-    for (int c = 0; c < HIPC_XQ_CHUNK; ++c) {
+    for (int c = 0; c < CHUNK; ++c) {
       const int i = (r0 + c) * stride + hipc_thread();
       const bool ok = r0 + c < ROUNDS && i < n4;
       vs[c] = ok ? *(const float4*)(x + 4 * i) : float4{0.f, 0.f, 0.f, 0.f};
       gs[c] = g && ok ? *(const float4*)(g + 4 * i) : float4{1.f, 1.f, 1.f, 1.f};
     }
 #pragma unroll
-    for (int c = 0; c < HIPC_XQ_CHUNK; ++c) {
+    for (int c = 0; c < CHUNK; ++c) {
       if (r0 + c >= ROUNDS) break;  // the same for every lane: the shuffles need whole waves
       const int i = (r0 + c) * stride + hipc_thread(), part = i % 8;
       const bool ok = i < n4;  // the same for all 8 lanes of a block (K % 32 == 0)
@@ -1312,4 +1312,43 @@ HIPC_DEVICE void hipc_wgmma_wait() {
 }
 // keeps the compiler from moving accesses to an accumulator register across the asynchronous MMAs
 HIPC_DEVICE void hipc_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// Thread block clusters (__cluster_dims__): the CTAs of one cluster share x tiles (one TMA copy
+// multicast into each) and add up their K halves through each other's shared memory. A CTA's
+// rank counts x fastest, then y, then z (PTX %cluster_ctarank).
+HIPC_DEVICE void hipc_cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+HIPC_DEVICE void hipc_cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+// this CTA's shared address `addr` as the same offset in cluster CTA `rank` (a shared::cluster address)
+HIPC_DEVICE uint32_t hipc_cluster_map(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// (release at CTA scope, as for a local arrival: what it orders is this CTA's wgmmas having read
+// the stage, which wgmma.wait_group already guarantees; .release.cluster costs a MEMBAR.GPU)
+HIPC_DEVICE void hipc_mbar_arrive_cluster(uint32_t bar) {  // bar: from hipc_cluster_map
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// hipc_tma_load's box written at dst in every CTA of `mask` (cluster ranks), each completing
+// its own barrier at offset `bar`
+HIPC_DEVICE void hipc_tma_load_multicast(uint32_t dst, const hipc_tmap* map, int c0, int c1, uint32_t bar,
+                                         uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;"
+      ::"r"(dst), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+      : "memory");
+}
+HIPC_DEVICE void hipc_st_shared_f4(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+HIPC_DEVICE void hipc_ld_cluster_f4(uint32_t addr, float& a, float& b, float& c, float& d) {
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(a), "=f"(b), "=f"(c), "=f"(d)
+               : "r"(addr)
+               : "memory");
+}
+// a barrier among the `threads` threads (whole warps) that use barrier `id` (1..15; 0 is hipc_sync's)
+HIPC_DEVICE void hipc_named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 #endif

@@ -124,12 +124,18 @@ def test_bf16_prefill_on_wgmma_sm90(tmp_path):
     gemms = [i for i, x in enumerate(steps) if "_wg" in x["kernel"] and "_xb" not in x["kernel"]]
     assert len(gemms) == 2 * 4 + 1  # per layer qkv, o, gate/up, down; then the lm head
     shapes = {w["name"]: w["shape"] for w in plan["weights"]}
+    handoffs = 0
     for i in gemms:
         launch, before = steps[i], steps[i - 1]
+        xmap, wmap = launch["args"][0], launch["args"][1]
+        assert xmap["kind"] == wmap["kind"] == "tmap"
+        if xmap["of"]["kind"] == "arena":  # down: the GLU GEMM before it wrote x in bf16
+            assert before["kernel"].endswith("_yb") and before["args"][-1] == xmap["of"]
+            handoffs += 1
+            continue
         assert before["kernel"] == launch["kernel"] + "_xb"
         assert before["args"][2] == launch["args"][0]["of"]  # xb written, then mapped
-        xmap, wmap = launch["args"][0], launch["args"][1]
-        assert xmap["kind"] == wmap["kind"] == "tmap" and xmap["of"]["kind"] == "scratch"
+        assert xmap["of"]["kind"] == "scratch"
         assert wmap["of"]["kind"] == "weight"
         n, k = shapes[plan["weights"][wmap["of"]["index"]]["name"]]
         assert wmap["dims"] == [k, n] and xmap["dims"] == [k, plan["max_tokens"]]
@@ -137,6 +143,7 @@ def test_bf16_prefill_on_wgmma_sm90(tmp_path):
         assert "wgmma.mma_async.sync.aligned.m64n" in ptx
         assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile" in ptx
         assert "mma.sync" not in ptx
+    assert handoffs == 2  # one per layer
     (tmp_path / "s").mkdir()
     (tmp_path / "o").mkdir()
     split = compiled(tmp_path / "s", model, ("sm_90",), prefill_precision="split")
@@ -284,13 +291,20 @@ def test_gpu_plan_matches_the_runtime_reader(artifact):
         weights=tuple(range(100, 100 + len(plan["weights"]))),
         states=tuple(range(500, 500 + len(plan["states"]))),
         ids=7,
-        start=8,
-        logits=9,
+        pos=8,
+        seq=9,
+        blocks=10,
+        logits=11,
     )
-    for launch in gp.prefill:
+    assert gp.kv_block == 16
+    for launch in (*gp.prefill, *gp.batch(5)):
         args = launch.resolve(bases, T=5, rows=1)
         assert all(t in ("u64", "i32") for t, _ in args)
         assert all(d >= 1 for d in launch.grid_dims(5, 1))
+    # batch = prefill with the SIMT attention (one block per row and head) for a flash one
+    assert [x.kernel for x in gp.batch(5)] == [
+        x.kernel.replace("_flash", "_attn") for x in gp.prefill
+    ]
     # decode = prefill without the GEMM norm stats, one attention kernel per layer where
     # prefill runs RoPE+KV then attention; every decode kernel may overlap the one before
     stats = sum(1 for x in gp.prefill if x.kernel.endswith("_stats"))
@@ -302,7 +316,7 @@ def test_gpu_plan_matches_the_runtime_reader(artifact):
     heads = json.loads((artifact / "manifest.json").read_text())["config"]["num_heads"]
     assert attn[0].grid_dims(1, 1) == (heads, 1, 1)
     # the counters the merging blocks reset live inside the scratch buffer
-    counters = attn[0].args[11]
+    counters = attn[0].args[13]
     assert counters["kind"] == "scratch"
     assert counters["offset"] + 4 * attn[0].grid[0] <= gp.scratch_bytes
 
@@ -377,23 +391,29 @@ def test_gemma_params_refused_on_gpu(tmp_path, family):
 
 
 def test_wgmma_tiles_follow_the_measured_choice():
-    """select_wgmma's wave model against what bench_gpu_gemm.py measured fastest on the H200
-    (Llama-3-8B layer, docs/benchmarks/gpu-prefill.md): short steps take narrower tiles where
-    128 x 256 leaves SMs idle, 4096-token steps the widest."""
+    """select_wgmma against what bench_gpu_gemm.py measured fastest on the H200 (Llama-3-8B
+    layer, docs/benchmarks/gpu-prefill.md): the table for those shapes at the step sizes
+    measured and the nearest one otherwise; the wave model for other shapes (short steps take
+    narrower tiles where 128 x 256 leaves SMs idle, long steps the widest)."""
     from hipc.compiler.kernels.linear import LinearParams, select_wgmma
 
-    shapes = {
-        "qkv": (6144, 4096, "none", (128, 192)),
-        "o": (4096, 4096, "residual", (128, 128)),
-        "gate_up": (28672, 4096, "glu", (128, 192)),
-        "down": (4096, 14336, "residual", (128, 128)),
+    shapes = {  # N, K, epilogue: {tokens: variant measured fastest}
+        "qkv": (6144, 4096, "none", {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"}),
+        "o": (4096, 4096, "residual", {512: "wg128x128", 2048: "wg128x256t2"}),
+        "gate_up": (28672, 4096, "glu", {512: "wg128x192", 2048: "wg128x256"}),
+        "down": (4096, 14336, "residual", {512: "wg128x128", 2048: "wg128x256"}),
     }
-    for name, (N, K, ep, at512) in shapes.items():
+    for name, (N, K, ep, best) in shapes.items():
         p = LinearParams("bfloat16", N, K, 0.0, ep, False)
-        t = select_wgmma(p, 512)
-        assert (t.bm, t.bn) == at512, name
-        t = select_wgmma(p, 4096)
-        assert (t.bm, t.bn) == (128, 256), name
+        for tokens, want in best.items():
+            assert select_wgmma(p, tokens).name == want, (name, tokens)
+        assert select_wgmma(p, 300).name == best[512], name  # nearest measured: 512
+        assert select_wgmma(p, 1024).name == best[512], name  # a tie: the smaller
+        assert select_wgmma(p, 1400).name == best[2048], name
+    # an unlisted shape: the wave model (SmolLM2's gate/up: 2 x 1536 x 576)
+    p = LinearParams("bfloat16", 3072, 576, 0.0, "glu", False)
+    assert select_wgmma(p, 512).name == "wg128x128"  # 4 x 12 blocks: the narrowest fills most
+    assert select_wgmma(p, 4096).name == "wg128x256"
 
 
 def test_launches_by_step_size():
@@ -410,3 +430,72 @@ def test_launches_by_step_size():
     assert [x.kernel for x in plan.launches(512)] == ["a", "short"]
     assert [x.kernel for x in plan.launches(1025)] == ["a", "long"]
     assert [x.kernel for x in plan.launches(1)] == ["d"]
+
+
+def _sm90_program(folder, tmp_path):
+    """The sm_90 program (source and launch plan) as rendered, without running nvcc."""
+    from hipc.cache.store import KernelCache
+    from hipc.compiler.pipeline import Compilation, stages
+    from hipc.compiler.targets import target
+
+    targets = [target("sm_90")]
+    c = Compilation(folder, tmp_path / "m.hipc", CompileOptions(targets=("sm_90",)), targets,
+                    KernelCache(tmp_path / "cache"))  # fmt: skip
+    for stage in stages(targets):
+        stage.run(c)
+        if stage.name == "render sm_90":
+            return c.programs["sm_90"]
+    raise AssertionError("no render stage")
+
+
+def test_glu_hands_bf16_to_the_down_linear(tmp_path):
+    """sm_90, bf16 weights: the gate/up GEMM writes its output in bf16 and the down GEMM's
+    tensor map reads that buffer directly (no _xb launch); qkv, o and gate/up keep theirs, and
+    the decode GEMVs still read the buffer the GLU GEMV writes (float32)."""
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
+    program = _sm90_program(folder, tmp_path)
+    prefill = program.plan["steps"]["prefill"]
+    names = [x["kernel"] for x in prefill]
+    gemms = [x for x in prefill if "_glu_" in x["kernel"] and x["kernel"].endswith("_yb")]
+    down = [x for x in prefill if "_32x128_residual_" in x["kernel"]]  # hidden 32, ffn 128
+    assert len(gemms) == len(down) == 2, names  # one per layer
+    assert not any(x["kernel"].endswith("_xb") for x in down), names
+    for glu, d in zip(gemms, down, strict=True):
+        y, xmap = glu["args"][-1], d["args"][0]  # WGMMA's arguments: xmap first, y last
+        assert xmap["kind"] == "tmap" and xmap["of"] == y and y["kind"] == "arena", (y, xmap)
+        assert xmap["dims"][0] == 128  # K of down = the GLU's outputs, bf16 rows
+    # every other wgmma GEMM still has its _xb pass just before it
+    for i, x in enumerate(prefill):
+        if "_wg" in x["kernel"] and not x["kernel"].endswith("_xb") and x not in down:
+            assert prefill[i - 1]["kernel"] == x["kernel"] + "_xb", names
+    assert "hipc_f32_to_bf16(v0) | hipc_f32_to_bf16(v1) << 16" in program.source
+    # decode: the GLU GEMV writes float32 where the down GEMV reads it
+    decode = program.plan["steps"]["decode"]
+    glu_gemv = [x for x in decode if "_glu_" in x["kernel"]]
+    down_gemv = [x for x in decode if "_32x128_residual_" in x["kernel"]]
+    assert [x["args"][-1] for x in glu_gemv] == [x["args"][0] for x in down_gemv]
+
+
+def test_cluster_variants_in_the_plan(tmp_path, monkeypatch):
+    """A measured cluster variant reaches the plan with its grid (W-sharing token pairs: half
+    the token blocks, z = 2; x-sharing pairs: output blocks rounded up to whole pairs), its
+    tensor-map box (a pair copies half an x tile each) and, for the overlapped launch, the
+    plan's "overlap" flag; the GEMM kernel's source declares the cluster."""
+    from hipc.compiler.kernels import linear
+
+    monkeypatch.setitem(linear.WGMMA_MEASURED, (32, 32, "residual"), {512: "wg128x256t2"})
+    monkeypatch.setitem(linear.WGMMA_MEASURED, (64, 32, "none"), {512: "wg128x256c2p"})
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
+    program = _sm90_program(folder, tmp_path)
+    prefill = program.plan["steps"]["prefill"]
+    o = [x for x in prefill if x["kernel"].endswith("_wg128x256t2")]
+    qkv = [x for x in prefill if x["kernel"].endswith("_wg128x256c2p")]
+    assert len(o) == len(qkv) == 2, [x["kernel"] for x in prefill]  # one per layer
+    for x in o:
+        assert x["grid"] == ["cdiv(T,256)", 1, 2] and "overlap" not in x
+        assert x["args"][0]["box"] == [64, 128]
+    for x in qkv:
+        assert x["grid"] == ["cdiv(T,128)", 2, 1] and x["overlap"] is True  # 1 block -> a pair
+        assert x["args"][0]["box"] == [64, 64]
+    assert "__cluster_dims__(1, 1, 2)" in program.source
+    assert "__cluster_dims__(1, 2, 1)" in program.source
