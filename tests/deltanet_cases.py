@@ -25,9 +25,15 @@ CASES = {
     "tiled_bf16": (2, 6, 32, 16, 4, True, False, False, "bfloat16", (1, 5, 1, 64)),
     "next_packed_f16": (3, 6, 8, 12, 3, False, True, True, "float16", (9, 1, 1, 33)),
     "one_tap": (1, 1, 8, 8, 2, False, True, False, "float32", (3, 1)),
-    "qwen35_35b": (16, 32, 128, 128, 4, False, True, False, "bfloat16", (6, 1, 1)),  # 2 lanes
+    "qwen35_35b": (16, 32, 128, 128, 4, False, True, False, "bfloat16", (6, 1, 1)),  # 1 lane
+    "qwen35_35b_two_lanes": (16, 32, 128, 128, 4, False, True, False, "bfloat16", (6, 1, 1)),
+    "grouped_two_lanes": (2, 4, 32, 16, 4, False, True, False, "float32", (7, 1, 1)),
+    "dk256": (1, 2, 256, 40, 4, False, True, False, "float32", (5, 1)),  # 2 lanes by default
     "dk256_four_lanes": (1, 2, 256, 40, 4, False, True, False, "float32", (5, 1)),
 }
+# lanes per state column where a case asks for other than compiler/kernels/deltanet.py's
+# default (gpu_lanes): the splits the compiled default does not take stay tested
+LANES = {"qwen35_35b_two_lanes": 2, "grouped_two_lanes": 2, "dk256_four_lanes": 4}
 SCALE_EPS = dict(l2_eps=1e-6, norm_eps=1e-6)
 
 

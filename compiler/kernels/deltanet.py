@@ -96,12 +96,21 @@ const float* __restrict__ A, const float* __restrict__ dt_bias, const float* __r
 float* conv_state, float* ssm_state, float* __restrict__ y, int ldy
 """)
 MAX_GPU_THREADS = 1024
-MAX_GPU_ROWS = 64  # state rows a lane holds in registers
+# State rows a lane holds in registers before a column is split over more lanes. Measured on
+# the H200 at the 35B shape (DK = 128, docs/benchmarks/bench_gpu_deltanet.py): a decode step
+# takes 12.6 us with one lane per column (128 rows, 256 threads) against 13.9 us with two
+# (64 rows each, 512 threads), so DK = 128 keeps one lane; DK = 256 splits over two.
+MAX_GPU_ROWS = 128
 
 
-def gpu_lanes(p: DeltaNetParams) -> int:
-    """Lanes per state column: split while a lane would hold more than MAX_GPU_ROWS rows and
-    the block stays within MAX_GPU_THREADS."""
+def gpu_lanes(p: DeltaNetParams, lanes: int | None = None) -> int:
+    """Lanes per state column: `lanes` where given (tests and benchmarks try each split), else
+    split while a lane would hold more than MAX_GPU_ROWS rows and the block stays within
+    MAX_GPU_THREADS."""
+    if lanes is not None:
+        if p.DK % lanes or lanes & (lanes - 1):
+            raise ValueError(f"{lanes} lanes per state column do not split DK = {p.DK}")
+        return lanes
     lanes, cols = 1, (p.NV // p.NK) * p.DV
     while p.DK // lanes > MAX_GPU_ROWS and p.DK % (2 * lanes) == 0:
         if cols * 2 * lanes > MAX_GPU_THREADS:
@@ -110,16 +119,18 @@ def gpu_lanes(p: DeltaNetParams) -> int:
     return lanes
 
 
-def gpu_threads(p: DeltaNetParams, wave: int) -> int:
+def gpu_threads(p: DeltaNetParams, wave: int, lanes: int | None = None) -> int:
     """The GPU block: `gpu_lanes` per state column of the key head's value heads, whole waves."""
-    return -(-(p.NV // p.NK) * p.DV * gpu_lanes(p) // wave) * wave
+    return -(-(p.NV // p.NK) * p.DV * gpu_lanes(p, lanes) // wave) * wave
 
 
-def gpu_kernel(fn: str, p: DeltaNetParams, wave: int, nodes: list[str]) -> GpuKernel:
-    """The layer's one GPU kernel (templates/hip/deltanet.hip.j2): grid = key heads."""
-    threads = gpu_threads(p, wave)
+def gpu_kernel(
+    fn: str, p: DeltaNetParams, wave: int, nodes: list[str], lanes: int | None = None
+) -> GpuKernel:
+    """The layer's token-serial GPU kernel (templates/hip/deltanet.hip.j2): grid = key heads."""
+    threads = gpu_threads(p, wave, lanes)
     ctx = dict(
-        nodes=nodes, threads=threads, lanes=gpu_lanes(p), params=GPU.render(GPU_INDENT),
+        nodes=nodes, threads=threads, lanes=gpu_lanes(p, lanes), params=GPU.render(GPU_INDENT),
         **p.context(),
     )  # fmt: skip
     return GpuKernel(fn, "deltanet", ctx, [p.NK], threads)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,13 +37,7 @@ P = DeltaNetParams(
 def variants(arch: str) -> dict[int, GpuKernel]:
     """lanes -> the kernel with its state columns split over that many lanes."""
     wave = GpuTarget(arch).wave
-    base = gpu_kernel("dn_base", P, wave, ["bench"])
-    out = {}
-    for lanes in (1, 2, 4):
-        threads = -(-(P.NV // P.NK) * P.DV * lanes // wave) * wave
-        ctx = {**base.ctx, "lanes": lanes, "threads": threads}
-        out[lanes] = replace(base, fn=f"dn_l{lanes}", ctx=ctx, threads=threads)
-    return out
+    return {n: gpu_kernel(f"dn_l{n}", P, wave, ["bench"], lanes=n) for n in (1, 2, 4)}
 
 
 def main() -> None:

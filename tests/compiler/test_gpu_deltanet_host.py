@@ -14,12 +14,20 @@ import ctypes
 import host_simt
 import numpy as np
 import pytest
-from deltanet_cases import CASES, check_steps, params
+from deltanet_cases import CASES, LANES, check_steps, params
 
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.kernels.deltanet import GPU, gpu_kernel
 
-HOST_CASES = ["grouped_odd", "tiled_bf16", "next_packed_f16", "one_tap", "dk256_four_lanes"]
+HOST_CASES = [
+    "grouped_odd",
+    "tiled_bf16",
+    "next_packed_f16",
+    "one_tap",
+    "grouped_two_lanes",
+    "dk256",
+    "dk256_four_lanes",
+]
 
 
 class HostKernels:
@@ -55,7 +63,7 @@ def kernels(request, tmp_path_factory):
     sources, wrappers, specs = [], [], {}
     names = ", ".join(a.name for a in GPU.args)
     for name in HOST_CASES:
-        k = gpu_kernel(f"dn_{name}", params(CASES[name]), wave, [name])
+        k = gpu_kernel(f"dn_{name}", params(CASES[name]), wave, [name], LANES.get(name))
         specs[name] = (k.fn, k.threads)
         sources.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         wrappers.append(

@@ -7,13 +7,14 @@ delta-rule matrices carry from step to step), checked by tests/deltanet_cases.py
 output row NaN-poisoned first, both states, against NumPy in float64; the host test
 tests/compiler/test_gpu_deltanet_host.py runs the same cases without a GPU). Cases: grouped and tiled value heads, odd head counts, the
 three conv weight types, Qwen3-Next's projections packed per key head, and the Qwen3.5-35B
-shape (16 key / 32 value heads of 128), where 2 lanes share a state column (4 for dk 256).
+shape (16 key / 32 value heads of 128) with one lane per state column (the default) and with
+two, and dk 256 with the default two lanes and with four.
 """
 
 from __future__ import annotations
 
 import pytest
-from deltanet_cases import CASES, check_steps, params
+from deltanet_cases import CASES, LANES, check_steps, params
 
 from hipc.compiler.kernels.deltanet import gpu_kernel
 from hipc.compiler.targets import GpuTarget
@@ -29,7 +30,9 @@ def kernels():
 
     def build(arch):
         for name, case in CASES.items():
-            k = gpu_kernel(f"dn_{name}", params(case), GpuTarget(arch).wave, [name])
+            k = gpu_kernel(
+                f"dn_{name}", params(case), GpuTarget(arch).wave, [name], LANES.get(name)
+            )
             specs[name] = (k.fn, k.threads)
             yield (k.fn, k.template, k.ctx, 0)
 
