@@ -89,12 +89,19 @@ const float* a, int lda, const void* conv_w, const float* A, const float* dt_bia
 const float* norm_w, float* conv_state, float* ssm_state, float* y, int ldy
 """)
 
-GPU = Signature.parse("""
+GPU_ARGS = """
 int T, const float* __restrict__ x, int ldx, const float* __restrict__ z, int ldz,
 const float* __restrict__ b, int ldb, const float* __restrict__ a, int lda, const void* conv_w,
 const float* __restrict__ A, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
 float* conv_state, float* ssm_state, float* __restrict__ y, int ldy
-""")
+"""
+GPU = Signature.parse(GPU_ARGS)
+# the chunked prefill's kernels (templates/hip/deltanet_chunk.hip.j2): the GPU signature and
+# the scratch rows they share
+CHUNK_GPU = Signature.parse(GPU_ARGS.rstrip() + ", float* __restrict__ work\n")
+CHUNK_WORK = "deltanet_work"
+CHUNK_THREADS = 256  # _solve's products are a 16 x 16 grid of thread tiles, _scan's block
+CHUNK_STAGE = 64  # K / Q columns staged in shared memory at a time
 MAX_GPU_THREADS = 1024
 # State rows a lane holds in registers before a column is split over more lanes. Measured on
 # the H200 at the 35B shape (DK = 128, docs/benchmarks/bench_gpu_deltanet.py): a decode step
@@ -134,6 +141,53 @@ def gpu_kernel(
         **p.context(),
     )  # fmt: skip
     return GpuKernel(fn, "deltanet", ctx, [p.NK], threads)
+
+
+def chunked(p: DeltaNetParams) -> bool:
+    """Whether prefill steps of p.chunk tokens or more run the chunked kernels: chunks of a
+    multiple of 16 up to CHUNK_STAGE (the solve's thread tiles, its A in the staging buffer),
+    at least as long as the conv window, and DV + DK columns for the solve's threads."""
+    fits = p.DV + p.DK <= MAX_GPU_THREADS  # _solve: a thread per right-hand column
+    return fits and p.chunk % 16 == 0 and 16 <= p.chunk <= CHUNK_STAGE and p.chunk >= p.KC - 1
+
+
+def chunk_columns(p: DeltaNetParams) -> int:
+    """State columns one _scan block carries (columns of S evolve apart): 32 where DV allows
+    (the 35B shape: 32 value heads x 4 blocks, about one per SM of an H200)."""
+    return next(b for b in (32, 16, 8, 4, 2, 1) if p.DV % b == 0)
+
+
+def chunk_work_bytes(p: DeltaNetParams, T: int) -> int:
+    """Bytes of `work` for a T-token step (rows padded to whole chunks where per chunk)."""
+    C = 2 * p.NK * p.DK + p.NV * p.DV
+    TP = -(-T // p.chunk) * p.chunk
+    return 4 * (T * C + 2 * T * p.NV + TP * p.NV * (1 + p.DV + p.DK + p.chunk))
+
+
+def gpu_chunk_kernel(fn: str, p: DeltaNetParams, wave: int, nodes: list[str]) -> GpuKernel:
+    """The chunked prefill (templates/hip/deltanet_chunk.hip.j2): {fn}_prep (grid T x key
+    heads), _solve (value heads x chunks), _scan (value heads x DV / chunk_columns), _norm (T)."""
+    nch = 2 * p.DK + (p.NV // p.NK) * p.DV
+    ctx = dict(
+        nodes=nodes, L=p.chunk, BV=chunk_columns(p), SL=CHUNK_STAGE,
+        prep_threads=max(wave, min(256, -(-nch // wave) * wave)),
+        solve_threads=max(CHUNK_THREADS, -(-(p.DV + p.DK) // wave) * wave),
+        scan_threads=CHUNK_THREADS, norm_threads=CHUNK_THREADS,
+        params=CHUNK_GPU.render(GPU_INDENT), **p.context(),
+    )  # fmt: skip
+    return GpuKernel(fn, "deltanet_chunk", ctx, [p.NV], CHUNK_THREADS)
+
+
+def chunk_launches(p: DeltaNetParams, k: GpuKernel) -> list[tuple[str, list, int]]:
+    """(kernel, grid (launch-plan expressions in T), threads) of the chunked prefill `k`, in
+    launch order."""
+    c = k.ctx
+    return [
+        (f"{k.fn}_prep", ["T", p.NK], c["prep_threads"]),
+        (f"{k.fn}_solve", [p.NV, f"cdiv(T,{p.chunk})"], c["solve_threads"]),
+        (f"{k.fn}_scan", [p.NV, p.DV // chunk_columns(p)], c["scan_threads"]),
+        (f"{k.fn}_norm", ["T"], c["norm_threads"]),
+    ]
 
 
 def _is_projection(graph: Graph, value: str) -> bool:
@@ -341,6 +395,12 @@ class DeltaNet(KernelKind):
 
     # -- GPU --
 
+    def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
+        p: DeltaNetParams = k.params
+        if not chunked(p) or g.max_tokens < p.chunk:
+            return {}
+        return {CHUNK_WORK: chunk_work_bytes(p, g.max_tokens)}
+
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: DeltaNetParams = k.params
         dk = gpu_kernel(k.fn, p, g.target.wave, k.nodes)
@@ -351,8 +411,21 @@ class DeltaNet(KernelKind):
             )
         fn = g.kernel(dk)
         args = self.cpu_call(k, b)
-        for step in ("decode", "prefill"):
-            g.launch(step, k.group, fn, dk.grid, [dk.threads], GPU, args, overlap=step == "decode")
+        g.launch("decode", k.group, fn, dk.grid, [dk.threads], GPU, args, overlap=True)
+        if not self.gpu_scratch(k, g):
+            g.launch("prefill", k.group, fn, dk.grid, [dk.threads], GPU, args)
+            return
+        # steps shorter than a chunk: token by token; the others chunked (the last chunk of a
+        # step may be short: its padding rows write nothing)
+        L = p.chunk
+        if L > 2:
+            g.launch("prefill", k.group, fn, dk.grid, [dk.threads], GPU, args, tokens=(2, L - 1))
+        ck = gpu_chunk_kernel(f"{k.fn}_chunk", p, g.target.wave, k.nodes)
+        g.kernel(ck)
+        cargs = {**args, "work": b.scratch(g.scratch(CHUNK_WORK))}
+        for kernel, grid, threads in chunk_launches(p, ck):
+            g.launch("prefill", k.group, kernel, grid, [threads], CHUNK_GPU, cargs,
+                     tokens=(L, g.max_tokens))  # fmt: skip
 
 
 KIND = DeltaNet()

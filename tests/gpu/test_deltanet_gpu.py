@@ -1,20 +1,24 @@
-"""The Gated DeltaNet kernel (templates/hip/deltanet.hip.j2) alone on a real GPU, against NumPy.
+"""The Gated DeltaNet kernels (templates/hip/deltanet.hip.j2, the token-serial one;
+deltanet_chunk.hip.j2, the chunked prefill) alone on a real GPU, against NumPy.
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each case renders
-the kernel as compiler/kernels/deltanet.py does and runs a sequence of steps on one pair of
+the kernels as compiler/kernels/deltanet.py does and runs a sequence of steps on one pair of
 states (prefill steps of several tokens and decode steps of one, so the conv window and the
 delta-rule matrices carry from step to step), checked by tests/deltanet_cases.py (every
-output row NaN-poisoned first, both states, against NumPy in float64; the host test
-tests/compiler/test_gpu_deltanet_host.py runs the same cases without a GPU). Cases: grouped and tiled value heads, odd head counts, the
-three conv weight types, Qwen3-Next's projections packed per key head, and the Qwen3.5-35B
-shape (16 key / 32 value heads of 128) with one lane per state column (the default) and with
-two, and dk 256 with the default two lanes and with four.
+output row NaN-poisoned first, the chunked kernels' scratch too, both states, against NumPy's
+recurrence in float64; the host test tests/compiler/test_gpu_deltanet_host.py runs the same
+cases without a GPU). Cases: grouped and tiled value heads, odd head counts, the three conv
+weight types, Qwen3-Next's projections packed per key head, and the Qwen3.5-35B shape (16 key
+/ 32 value heads of 128) with one lane per state column (the default) and with two, and dk
+256 with the default two lanes and with four. The chunked prefill runs steps shorter than
+(serial), equal to and several times its chunk, and the two forms are compared with each
+other on one long step from the same random states.
 """
 
 from __future__ import annotations
 
 import pytest
-from deltanet_cases import CASES, LANES, check_steps, params
+from deltanet_cases import CASES, CHUNKED, LANES, check_forms, check_steps, chunk_kernels, params
 
 from hipc.compiler.kernels.deltanet import gpu_kernel
 from hipc.compiler.targets import GpuTarget
@@ -26,18 +30,20 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def kernels():
-    specs = {}
+    specs, chunks = {}, {}
 
     def build(arch):
+        wave = GpuTarget(arch).wave
         for name, case in CASES.items():
-            k = gpu_kernel(
-                f"dn_{name}", params(case), GpuTarget(arch).wave, [name], LANES.get(name)
-            )
+            k = gpu_kernel(f"dn_{name}", params(case), wave, [name], LANES.get(name))
             specs[name] = (k.fn, k.threads)
             yield (k.fn, k.template, k.ctx, 0)
+        for name in CHUNKED:
+            chunks[name] = k, _ = chunk_kernels(name, wave)
+            yield (k.fn, k.template, k.ctx, None)  # four kernels, looked up at launch
 
     dev = DeviceKernels(lambda arch: list(build(arch)))
-    dev.specs = specs
+    dev.specs, dev.chunks = specs, chunks
     yield dev
     dev.close()
 
@@ -45,3 +51,16 @@ def kernels():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_deltanet_steps_match_numpy(kernels, name):
     check_steps(kernels, name)
+
+
+@pytest.mark.parametrize("name", sorted(CHUNKED))
+def test_chunked_prefill_steps_match_numpy(kernels, name):
+    check_steps(kernels, name, chunked=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "T"),
+    [("qwen35_35b", 64), ("qwen35_35b", 300), ("tiled_bf16", 200), ("next_packed_f16", 50)],
+)
+def test_chunked_and_serial_kernels_agree(kernels, name, T):
+    check_forms(kernels, name, T)
