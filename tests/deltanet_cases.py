@@ -24,6 +24,7 @@ from hipc.compiler.kernels.deltanet import (
     chunk_launches,
     chunk_work_bytes,
     gpu_chunk_kernel,
+    gpu_kernel,
 )
 from hipc.compiler.reference import delta_rule
 
@@ -64,6 +65,20 @@ def params(case, chunk: int = 64) -> DeltaNetParams:
         NK=NK, NV=NV, DK=DK, DV=DV, KC=KC, scale=DK**-0.5, v_tiled=tiled, dt_bias=dt,
         ba_packed=packed, qkvz_packed=packed, chunk=chunk, conv_wtype=wtype, **SCALE_EPS,
     )  # fmt: skip
+
+
+def device_specs(wave: int):
+    """Every case's kernels as tests/gpu/test_deltanet_gpu.py builds them: (DeviceKernels
+    specs, {name: (serial fn, threads)}, {name: (chunked kernels, params)})."""
+    specs, serial, chunks = [], {}, {}
+    for name, case in CASES.items():
+        k = gpu_kernel(f"dn_{name}", params(case), wave, [name], LANES.get(name))
+        serial[name] = (k.fn, k.threads)
+        specs.append((k.fn, k.template, k.ctx, 0))
+    for name in CHUNKED:
+        chunks[name] = k, _ = chunk_kernels(name, wave)
+        specs.append((k.fn, k.template, k.ctx, None))  # four kernels, looked up at launch
+    return specs, serial, chunks
 
 
 def chunk_kernels(name: str, wave: int) -> tuple[GpuKernel, DeltaNetParams]:

@@ -46,6 +46,15 @@ P = DeltaNetParams(
 T_MAX = 4096
 
 
+def kernels(arch: str) -> tuple[dict[int, GpuKernel], GpuKernel, list]:
+    """(the serial kernel per lanes per column, the chunked one, DeviceKernels' specs)."""
+    wave = GpuTarget(arch).wave
+    ks = {n: gpu_kernel(f"dn_l{n}", P, wave, ["bench"], lanes=n) for n in (1, 2, 4)}
+    chunk = gpu_chunk_kernel("dn_chunk", P, wave, ["bench"])
+    specs = [(k.fn, k.template, k.ctx, 0) for k in ks.values()]
+    return ks, chunk, [*specs, (chunk.fn, chunk.template, chunk.ctx, None)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
@@ -55,12 +64,10 @@ def main() -> None:
     chunk: list[GpuKernel] = []
 
     def build(arch):
-        wave = GpuTarget(arch).wave
-        ks.update({n: gpu_kernel(f"dn_l{n}", P, wave, ["bench"], lanes=n) for n in (1, 2, 4)})
-        chunk.append(gpu_chunk_kernel("dn_chunk", P, wave, ["bench"]))
-        return [(k.fn, k.template, k.ctx, 0) for k in ks.values()] + [
-            (chunk[0].fn, chunk[0].template, chunk[0].ctx, None)
-        ]
+        serial, chunked, specs = kernels(arch)
+        ks.update(serial)
+        chunk.append(chunked)
+        return specs
 
     dev = DeviceKernels(build)
     C = 2 * P.NK * P.DK + P.NV * P.DV

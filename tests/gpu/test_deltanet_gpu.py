@@ -18,9 +18,8 @@ other on one long step from the same random states.
 from __future__ import annotations
 
 import pytest
-from deltanet_cases import CASES, CHUNKED, LANES, check_forms, check_steps, chunk_kernels, params
+from deltanet_cases import CASES, CHUNKED, check_forms, check_steps, device_specs
 
-from hipc.compiler.kernels.deltanet import gpu_kernel
 from hipc.compiler.targets import GpuTarget
 
 from gpu_kernels import DeviceKernels
@@ -30,20 +29,14 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def kernels():
-    specs, chunks = {}, {}
+    built = {}
 
     def build(arch):
-        wave = GpuTarget(arch).wave
-        for name, case in CASES.items():
-            k = gpu_kernel(f"dn_{name}", params(case), wave, [name], LANES.get(name))
-            specs[name] = (k.fn, k.threads)
-            yield (k.fn, k.template, k.ctx, 0)
-        for name in CHUNKED:
-            chunks[name] = k, _ = chunk_kernels(name, wave)
-            yield (k.fn, k.template, k.ctx, None)  # four kernels, looked up at launch
+        specs, built["serial"], built["chunks"] = device_specs(GpuTarget(arch).wave)
+        return specs
 
-    dev = DeviceKernels(lambda arch: list(build(arch)))
-    dev.specs, dev.chunks = specs, chunks
+    dev = DeviceKernels(build)
+    dev.specs, dev.chunks = built["serial"], built["chunks"]
     yield dev
     dev.close()
 
