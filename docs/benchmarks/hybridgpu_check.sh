@@ -18,7 +18,7 @@ source docs/benchmarks/install_wheels.sh "$1"
 export HIPC_HYBRID_MODELS=$(realpath "$2")
 cache=$(realpath "$3")
 # copies: a read-only carried folder would make every cache write fail
-cp -r "$cache" /tmp/hybridgpu-cache
+rm -rf /tmp/hybridgpu-cache && cp -r "$cache" /tmp/hybridgpu-cache
 export HIPC_KERNEL_CACHE=/tmp/hybridgpu-cache/kernels HIPC_CACHE_DIR=/tmp/hybridgpu-cache/hipc
 nvidia-smi -L
 # separate processes: a kernel that faults leaves its CUDA context unusable for the rest
