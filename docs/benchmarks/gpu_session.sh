@@ -23,7 +23,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LLAMA=/tmp/llama.cpp/build/bin
 # the second call finds the first one's install
-[ -d /tmp/site ] || source docs/benchmarks/install_wheels.sh
+[ -d /tmp/site ] || source docs/benchmarks/install_wheels.sh .whl
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 
 end=$((SECONDS + ${PHASE_SECONDS:-540}))
