@@ -22,11 +22,13 @@ from hipc.compiler.kernels.base import GpuKernel
 from hipc.compiler.kernels.deltanet import (
     DeltaNetParams,
     chunk_launches,
+    chunk_mma,
     chunk_work_bytes,
     gpu_chunk_kernel,
     gpu_kernel,
 )
 from hipc.compiler.reference import delta_rule
+from hipc.compiler.targets import GpuTarget
 
 from gpu_kernels import pack
 from support import rel_err
@@ -67,25 +69,27 @@ def params(case, chunk: int = 64) -> DeltaNetParams:
     )  # fmt: skip
 
 
-def device_specs(wave: int):
-    """Every case's kernels as tests/gpu/test_deltanet_gpu.py builds them: (DeviceKernels
-    specs, {name: (serial fn, threads)}, {name: (chunked kernels, params)})."""
+def device_specs(arch: str):
+    """Every case's kernels as tests/gpu/test_deltanet_gpu.py builds them for `arch`:
+    (DeviceKernels specs, {name: (serial fn, threads)}, {name: (chunked kernels, params)})."""
+    wave, mma = GpuTarget(arch).wave, chunk_mma(arch)
     specs, serial, chunks = [], {}, {}
     for name, case in CASES.items():
         k = gpu_kernel(f"dn_{name}", params(case), wave, [name], LANES.get(name))
         serial[name] = (k.fn, k.threads)
         specs.append((k.fn, k.template, k.ctx, 0))
     for name in CHUNKED:
-        chunks[name] = k, _ = chunk_kernels(name, wave)
+        chunks[name] = k, _ = chunk_kernels(name, wave, mma)
         specs.append((k.fn, k.template, k.ctx, None))  # four kernels, looked up at launch
     return specs, serial, chunks
 
 
-def chunk_kernels(name: str, wave: int) -> tuple[GpuKernel, DeltaNetParams]:
+def chunk_kernels(name: str, wave: int, mma: str = "") -> tuple[GpuKernel, DeltaNetParams]:
     """Case `name`'s chunked prefill kernels (CHUNKED's chunk) as compiler/kernels/deltanet.py
-    renders them, and their parameters."""
+    renders them, and their parameters; `mma` as chunk_mma says (suffixing the name)."""
     p = params(CASES[name], CHUNKED[name][0])
-    return gpu_chunk_kernel(f"dnc_{name}", p, wave, [name]), p
+    fn = f"dnc_{name}" + ("_mma" if mma else "")
+    return gpu_chunk_kernel(fn, p, wave, [name], mma), p
 
 
 def silu(x):

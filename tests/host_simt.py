@@ -61,6 +61,17 @@ static float exchange(float v, int from) {
   return r;
 }
 float hipc_shfl_xor(float v, int m) { return exchange(v, t_id ^ m); }
+// HIPC_MMA_HOST's mma: every lane's n fragment words, in lane order, to every lane
+static uint32_t g_words[1024 * 8];
+void hipc_host_wave_gather(const uint32_t* mine, int n, uint32_t* all) {
+  Barrier* w = g_wbar[t_id / HIPC_WAVE];
+  for (int i = 0; i < n; ++i) g_words[t_id * 8 + i] = mine[i];
+  w->arrive_and_wait();
+  const int base = t_id / HIPC_WAVE * HIPC_WAVE;
+  for (int l = 0; l < HIPC_WAVE; ++l)
+    for (int i = 0; i < n; ++i) all[l * n + i] = g_words[(base + l) * 8 + i];
+  w->arrive_and_wait();
+}
 float hipc_shfl(float v, int lane) { return exchange(v, t_id / HIPC_WAVE * HIPC_WAVE + lane); }
 template <class F>
 void grid(int gx, int gy, int threads, F kernel) {
@@ -82,14 +93,18 @@ void grid(int gx, int gy, int threads, F kernel) {
 """
 
 
-def build(root: Path, name: str, code: str, wave: int = 32) -> ctypes.CDLL:
+def build(root: Path, name: str, code: str, wave: int = 32, mma: bool = False) -> ctypes.CDLL:
     """`code` (kernels and their extern "C" wrappers, calling `grid(gx, gy, threads, f)`)
-    after the prelude and the harness, compiled into ROOT/NAME.so and loaded."""
+    after the prelude and the harness, compiled into ROOT/NAME.so and loaded. `mma`: the
+    prelude's hipc_mma_* as HIPC_MMA_HOST (mma.sync's layouts emulated; wave 32)."""
     if CXX is None:
         pytest.skip("no C++ compiler")
     prelude = template_text("hip/prelude.h").replace("#pragma once", "")
     src = root / f"{name}.cpp"
-    src.write_text(f"#define HIPC_WAVE {wave}\n#define HIPC_HOST_SIMT\n{prelude}{HARNESS}{code}")
+    mma_macro = "#define HIPC_MMA_HOST 1\n" if mma else ""
+    src.write_text(
+        f"#define HIPC_WAVE {wave}\n#define HIPC_HOST_SIMT\n{mma_macro}{prelude}{HARNESS}{code}"
+    )
     so = root / f"{name}.so"
     cmd = [CXX, "-std=c++20", "-O1", "-DHIPC_HOST", "-shared", "-fPIC", "-pthread", str(src)]
     subprocess.run([*cmd, "-o", str(so)], check=True, capture_output=True, text=True)

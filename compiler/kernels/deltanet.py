@@ -11,10 +11,12 @@ epilogue (`deltanet:gate`). The kernel reads the projections' outputs (q/k/v con
 CPU: templates/cpu/deltanet.cpp.j2: the conv for all tokens, then per value head (in
 parallel) the recurrence over the step's tokens (for several, a block of state columns at a
 time so the block stays in L1; measured faster than the chunked form on a CPU).
-GPU: templates/hip/deltanet.hip.j2, one kernel per layer step, decode and prefill alike: a
-block per key head (its value heads share its q/k conv channels, so each conv window has one
+GPU: templates/hip/deltanet.hip.j2 for decode steps and prefill steps shorter than the chunk:
+a block per key head (its value heads share its q/k conv channels, so each conv window has one
 owner), a thread per state column held in registers, the step's tokens through the
-recurrence in order (no chunked matrix form on the GPU yet).
+recurrence in order. Steps of a chunk or more: templates/hip/deltanet_chunk.hip.j2, the
+chunked form in four launches (chunk_launches), _solve's Q K^T and K K^T on the target's
+matrix instruction where the prelude has one (chunk_mma), the rest SIMT.
 Qwen3-Next's projections packed per key head (HF's in_proj_qkvz and in_proj_ba, which the
 graph unpacks with Reshape/Split/Concat) are read where they are.
 """
@@ -164,12 +166,25 @@ def chunk_work_bytes(p: DeltaNetParams, T: int) -> int:
     return 4 * (T * C + 2 * T * p.NV + TP * p.NV * (1 + p.DV + p.DK + p.chunk))
 
 
-def gpu_chunk_kernel(fn: str, p: DeltaNetParams, wave: int, nodes: list[str]) -> GpuKernel:
+def chunk_mma(arch: str) -> str:
+    """The matrix instruction _solve's Q K^T and K K^T use on `arch` through the prelude's
+    hipc_mma_* (the prefill GEMM's: mma.sync on NVIDIA, WMMA on RDNA3, MFMA on CDNA), or ""
+    for SIMT (gfx12 and what else has no hipc_mma_* yet)."""
+    from hipc.compiler.kernels.linear import MMA_TILES
+
+    tile = MMA_TILES.get(arch)
+    return tile.instruction if tile else ""
+
+
+def gpu_chunk_kernel(
+    fn: str, p: DeltaNetParams, wave: int, nodes: list[str], mma: str = ""
+) -> GpuKernel:
     """The chunked prefill (templates/hip/deltanet_chunk.hip.j2): {fn}_prep (grid T x key
-    heads), _solve (value heads x chunks), _scan (value heads x DV / chunk_columns), _norm (T)."""
+    heads), _solve (value heads x chunks), _scan (value heads x DV / chunk_columns), _norm (T).
+    `mma`: chunk_mma's instruction (the program's prelude must define its HIPC_MMA_*)."""
     nch = 2 * p.DK + (p.NV // p.NK) * p.DV
     ctx = dict(
-        nodes=nodes, L=p.chunk, BV=chunk_columns(p), SL=CHUNK_STAGE,
+        nodes=nodes, L=p.chunk, BV=chunk_columns(p), SL=CHUNK_STAGE, mma=mma,
         prep_threads=max(wave, min(256, -(-nch // wave) * wave)),
         solve_threads=max(CHUNK_THREADS, -(-(p.DV + p.DK) // wave) * wave),
         scan_threads=CHUNK_THREADS, norm_threads=CHUNK_THREADS,
@@ -420,7 +435,8 @@ class DeltaNet(KernelKind):
         L = p.chunk
         if L > 2:
             g.launch("prefill", k.group, fn, dk.grid, [dk.threads], GPU, args, tokens=(2, L - 1))
-        ck = gpu_chunk_kernel(f"{k.fn}_chunk", p, g.target.wave, k.nodes)
+        mma = chunk_mma(g.target.arch)
+        ck = gpu_chunk_kernel(f"{k.fn}_chunk", p, g.target.wave, k.nodes, mma)
         g.kernel(ck)
         cargs = {**args, "work": b.scratch(g.scratch(CHUNK_WORK))}
         for kernel, grid, threads in chunk_launches(p, ck):

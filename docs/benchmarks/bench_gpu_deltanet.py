@@ -30,6 +30,7 @@ from hipc.compiler.kernels.base import GpuKernel  # noqa: E402
 from hipc.compiler.kernels.deltanet import (  # noqa: E402
     DeltaNetParams,
     chunk_launches,
+    chunk_mma,
     chunk_work_bytes,
     gpu_chunk_kernel,
     gpu_kernel,
@@ -50,7 +51,7 @@ def kernels(arch: str) -> tuple[dict[int, GpuKernel], GpuKernel, list]:
     """(the serial kernel per lanes per column, the chunked one, DeviceKernels' specs)."""
     wave = GpuTarget(arch).wave
     ks = {n: gpu_kernel(f"dn_l{n}", P, wave, ["bench"], lanes=n) for n in (1, 2, 4)}
-    chunk = gpu_chunk_kernel("dn_chunk", P, wave, ["bench"])
+    chunk = gpu_chunk_kernel("dn_chunk", P, wave, ["bench"], chunk_mma(arch))
     specs = [(k.fn, k.template, k.ctx, 0) for k in ks.values()]
     return ks, chunk, [*specs, (chunk.fn, chunk.template, chunk.ctx, None)]
 

@@ -32,13 +32,11 @@ def main() -> None:
 
     from hipc.compiler.options import CompileOptions
     from hipc.compiler.pipeline import compile_model
-    from hipc.compiler.targets import GpuTarget
 
     from gpu_kernels import compiled, kernels_source
 
-    wave = GpuTarget(ARCH).wave
     for what, specs in (
-        ("tests/gpu/test_deltanet_gpu.py", device_specs(wave)[0]),
+        ("tests/gpu/test_deltanet_gpu.py", device_specs(ARCH)[0]),
         ("bench_gpu_deltanet.py", bench_gpu_deltanet.kernels(ARCH)[2]),
     ):
         compiled(kernels_source(specs, ARCH), ARCH, kernel_cache)

@@ -9,6 +9,7 @@ lanes per state column, for a wave of 32 and of 64.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 
 import host_simt
@@ -41,8 +42,17 @@ HOST_CASES = [
 class HostKernels:
     """tests/gpu_kernels.DeviceKernels' interface over host memory and the compiled kernels."""
 
-    def __init__(self, lib, specs, chunks) -> None:
+    def __init__(self, lib, specs, chunks, mma_chunks) -> None:
         self.lib, self.specs, self.chunks, self.keep = lib, specs, chunks, []
+        self.mma_chunks = mma_chunks  # the chunked kernels on HIPC_MMA_HOST (wave 32 only)
+
+    def with_mma(self) -> HostKernels:
+        """The same kernels, the chunked prefill's on the emulated matrix instruction."""
+        if not self.mma_chunks:
+            pytest.skip("the mma emulation is mma.sync's: wave 32")
+        other = copy.copy(self)
+        other.chunks = self.mma_chunks
+        return other
 
     def upload(self, a: np.ndarray) -> int:
         a = np.array(a, copy=True, order="C")
@@ -78,7 +88,7 @@ def wrapper(fn: str, sig) -> str:
 @pytest.fixture(scope="module", params=[32, 64])
 def kernels(request, tmp_path_factory):
     wave = request.param
-    sources, wrappers, specs, chunks = [], [], {}, {}
+    sources, wrappers, specs, chunks, mma_chunks = [], [], {}, {}, {}
     for name in HOST_CASES:
         k = gpu_kernel(f"dn_{name}", params(CASES[name]), wave, [name], LANES.get(name))
         specs[name] = (k.fn, k.threads)
@@ -87,12 +97,16 @@ def kernels(request, tmp_path_factory):
     for name in CHUNKED:
         if name not in HOST_CASES:
             continue
-        chunks[name] = k, p = chunk_kernels(name, wave)
-        sources.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
-        wrappers += [wrapper(kernel, CHUNK_GPU) for kernel, _, _ in chunk_launches(p, k)]
+        for mma, into in (("", chunks), ("mma.sync.m16n8k16 bf16, emulated", mma_chunks)):
+            if mma and wave != 32:
+                continue
+            into[name] = k, p = chunk_kernels(name, wave, mma)
+            sources.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
+            wrappers += [wrapper(kernel, CHUNK_GPU) for kernel, _, _ in chunk_launches(p, k)]
     code = "#define __launch_bounds__(n)\n" + "\n".join(sources) + "\n" + "\n".join(wrappers)
-    lib = host_simt.build(tmp_path_factory.mktemp(f"deltanet{wave}"), "deltanet_host", code, wave)
-    return HostKernels(lib, specs, chunks)
+    root = tmp_path_factory.mktemp(f"deltanet{wave}")
+    lib = host_simt.build(root, "deltanet_host", code, wave, mma=wave == 32)
+    return HostKernels(lib, specs, chunks, mma_chunks)
 
 
 @pytest.mark.parametrize("name", HOST_CASES)
@@ -100,13 +114,16 @@ def test_deltanet_kernel_on_the_host(kernels, name):
     check_steps(kernels, name)
 
 
+@pytest.mark.parametrize("mma", [False, True], ids=["simt", "mma"])
 @pytest.mark.parametrize("name", [n for n in CHUNKED if n in HOST_CASES])
-def test_chunked_prefill_on_the_host(kernels, name):
-    """Steps of a chunk or more through the chunked kernels, shorter ones through the serial
-    one, on the same states, against the NumPy recurrence."""
-    check_steps(kernels, name, chunked=True)
+def test_chunked_prefill_on_the_host(kernels, name, mma):
+    """Steps of a chunk or more through the chunked kernels (SIMT, and with _solve's products
+    on the emulated mma.sync), shorter ones through the serial one, on the same states,
+    against the NumPy recurrence."""
+    check_steps(kernels.with_mma() if mma else kernels, name, chunked=True)
 
 
+@pytest.mark.parametrize("mma", [False, True], ids=["simt", "mma"])
 @pytest.mark.parametrize(("name", "T"), [("grouped_odd", 37), ("next_packed_f16", 16)])
-def test_chunked_and_serial_kernels_agree_on_the_host(kernels, name, T):
-    check_forms(kernels, name, T)
+def test_chunked_and_serial_kernels_agree_on_the_host(kernels, name, T, mma):
+    check_forms(kernels.with_mma() if mma else kernels, name, T)

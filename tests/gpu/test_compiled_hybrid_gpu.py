@@ -3,8 +3,9 @@ reference executor (itself checked against transformers in tests/graphs/test_hyb
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). The tiny
 random-init hybrids of tests/support.py: prompts shorter than, equal to and several times the
-reference's 64-token delta-rule chunk, run in prefill steps of max_tokens (the GPU deltanet
-kernel carrying its states across steps) and then token by token (decode), with
+reference's 64-token delta-rule chunk, run in prefill steps of max_tokens (64: whole steps
+through the chunked deltanet kernels, a short last one through the token-serial kernel; 16:
+all token-serial; the states carried across steps) and then token by token (decode), with
 `--prefill-precision split` (float32-grade GEMMs and the SIMT attention): <= 2e-3 relative,
 32 greedy tokens equal. HF folders in float32 and bf16, llama.cpp-named GGUF files (tiled
 value heads; Qwen3-Next's packed b/a), routed and shared experts. The default bf16 policy

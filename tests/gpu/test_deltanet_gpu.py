@@ -20,8 +20,6 @@ from __future__ import annotations
 import pytest
 from deltanet_cases import CASES, CHUNKED, check_forms, check_steps, device_specs
 
-from hipc.compiler.targets import GpuTarget
-
 from gpu_kernels import DeviceKernels
 
 pytestmark = pytest.mark.gpu
@@ -32,7 +30,7 @@ def kernels():
     built = {}
 
     def build(arch):
-        specs, built["serial"], built["chunks"] = device_specs(GpuTarget(arch).wave)
+        specs, built["serial"], built["chunks"] = device_specs(arch)
         return specs
 
     dev = DeviceKernels(build)
