@@ -71,9 +71,10 @@ def params(case, chunk: int = 64) -> DeltaNetParams:
 
 def device_specs(arch: str):
     """Every case's kernels as tests/gpu/test_deltanet_gpu.py builds them for `arch`:
-    (DeviceKernels specs, {name: (serial fn, threads)}, {name: (chunked kernels, params)})."""
+    (DeviceKernels specs, {name: (serial fn, threads)}, {name: (chunked kernels, params)} as
+    compiled for `arch`, the same all SIMT (where `arch` has a matrix instruction, else {}))."""
     wave, mma = GpuTarget(arch).wave, chunk_mma(arch)
-    specs, serial, chunks = [], {}, {}
+    specs, serial, chunks, simt = [], {}, {}, {}
     for name, case in CASES.items():
         k = gpu_kernel(f"dn_{name}", params(case), wave, [name], LANES.get(name))
         serial[name] = (k.fn, k.threads)
@@ -81,7 +82,10 @@ def device_specs(arch: str):
     for name in CHUNKED:
         chunks[name] = k, _ = chunk_kernels(name, wave, mma)
         specs.append((k.fn, k.template, k.ctx, None))  # four kernels, looked up at launch
-    return specs, serial, chunks
+        if mma:
+            simt[name] = k, _ = chunk_kernels(name, wave)
+            specs.append((k.fn, k.template, k.ctx, None))
+    return specs, serial, chunks, simt
 
 
 def chunk_kernels(name: str, wave: int, mma: str = "") -> tuple[GpuKernel, DeltaNetParams]:

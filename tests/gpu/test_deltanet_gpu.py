@@ -12,10 +12,14 @@ weight types, Qwen3-Next's projections packed per key head, and the Qwen3.5-35B 
 / 32 value heads of 128) with one lane per state column (the default) and with two, and dk
 256 with the default two lanes and with four. The chunked prefill runs steps shorter than
 (serial), equal to and several times its chunk, and the two forms are compared with each
-other on one long step from the same random states.
+other on one long step from the same random states; the chunked kernels as compiled for the
+device (sm_90: _solve's products on mma.sync) and all SIMT (the path of targets without a
+matrix instruction).
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 from deltanet_cases import CASES, CHUNKED, check_forms, check_steps, device_specs
@@ -30,13 +34,23 @@ def kernels():
     built = {}
 
     def build(arch):
-        specs, built["serial"], built["chunks"] = device_specs(arch)
+        specs, built["serial"], built["chunks"], built["simt"] = device_specs(arch)
         return specs
 
     dev = DeviceKernels(build)
-    dev.specs, dev.chunks = built["serial"], built["chunks"]
+    dev.specs, dev.chunks, dev.simt_chunks = built["serial"], built["chunks"], built["simt"]
     yield dev
     dev.close()
+
+
+def simt(kernels):
+    """The same kernels, the chunked prefill's all SIMT (the path of targets without a
+    matrix instruction)."""
+    if not kernels.simt_chunks:
+        pytest.skip("this target's chunked kernels are SIMT already")
+    other = copy.copy(kernels)
+    other.chunks = kernels.simt_chunks
+    return other
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -44,9 +58,10 @@ def test_deltanet_steps_match_numpy(kernels, name):
     check_steps(kernels, name)
 
 
+@pytest.mark.parametrize("path", ["target", "simt"])
 @pytest.mark.parametrize("name", sorted(CHUNKED))
-def test_chunked_prefill_steps_match_numpy(kernels, name):
-    check_steps(kernels, name, chunked=True)
+def test_chunked_prefill_steps_match_numpy(kernels, name, path):
+    check_steps(kernels if path == "target" else simt(kernels), name, chunked=True)
 
 
 @pytest.mark.parametrize(
@@ -55,3 +70,7 @@ def test_chunked_prefill_steps_match_numpy(kernels, name):
 )
 def test_chunked_and_serial_kernels_agree(kernels, name, T):
     check_forms(kernels, name, T)
+
+
+def test_chunked_simt_and_serial_kernels_agree(kernels):
+    check_forms(simt(kernels), "qwen35_35b", 200)
