@@ -1,8 +1,8 @@
 """The GPU Gated DeltaNet kernels alone at Qwen3.5-35B-A3B's linear-layer shape (16 key / 32
 value heads of 128, conv 4, bf16 conv weight): one layer's decode step for each split of a
 state column over lanes (1, 2, 4: the compiled default is 1), and its prefill per token at
-512 and 4096 tokens, token-serial (each lane split) against the chunked prefill (chunks of
-64: prep, solve, scan, norm), with the state bytes a decode step moves.
+64, 512 and 4096 tokens, token-serial (each lane split) against the chunked prefill (chunks
+of 64: prep, solve, scan, norm), with the state bytes a decode step moves.
 
 Run on the GPU machine from the repo root (PYTHONPATH as for tests/gpu):
 
@@ -123,21 +123,26 @@ def main() -> None:
 
     state_bytes = 2 * 4 * P.NV * P.DK * P.DV  # read and written once per launch
     rows = [f"# deltanet kernels, Qwen3.5-35B linear layer ({dev.arch})", ""]
-    rows += ["| kernel | threads | decode us/step | state GB/s | prefill 512 us/token | "
-             "prefill 4096 us/token |", "|---|---|---|---|---|---|"]  # fmt: skip
+    rows += ["| kernel | threads | decode us/step | state GB/s | prefill 64 us/token | "
+             "prefill 512 us/token | prefill 4096 us/token |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for lanes, k in ks.items():
         if k.threads > 1024:
             continue
         run = serial(k)
         decode = timed(run, 1, args.steps)
-        p512, p4096 = timed(run, 512, 5) / 512, timed(run, 4096, 2) / 4096
+        p64, p512 = timed(run, 64, 20) / 64, timed(run, 512, 5) / 512
+        p4096 = timed(run, 4096, 2) / 4096
         rows.append(
             f"| serial, {lanes} lane(s) per column | {k.threads} | {decode * 1e6:.1f} | "
-            f"{state_bytes / decode / 1e9:.0f} | {p512 * 1e6:.3f} | {p4096 * 1e6:.3f} |"
+            f"{state_bytes / decode / 1e9:.0f} | {p64 * 1e6:.3f} | {p512 * 1e6:.3f} | "
+            f"{p4096 * 1e6:.3f} |"
         )
-    c512, c4096 = timed(chunked, 512, 20) / 512, timed(chunked, 4096, 5) / 4096
+    c64, c512 = timed(chunked, 64, 50) / 64, timed(chunked, 512, 20) / 512
+    c4096 = timed(chunked, 4096, 5) / 4096
+    mma = chunk[0].ctx["mma"] or "SIMT"
     rows.append(
-        f"| chunked (64), prep/solve/scan/norm | 256 | - | - | {c512 * 1e6:.3f} | "
+        f"| chunked (64; _solve: {mma}) | 256 | - | - | {c64 * 1e6:.3f} | {c512 * 1e6:.3f} | "
         f"{c4096 * 1e6:.3f} |"
     )
     parts = []
