@@ -153,10 +153,10 @@ def chunked(p: DeltaNetParams) -> bool:
     return fits and p.chunk % 16 == 0 and 16 <= p.chunk <= CHUNK_STAGE and p.chunk >= p.KC - 1
 
 
-def chunk_columns(p: DeltaNetParams) -> int:
-    """State columns one _scan block carries (columns of S evolve apart): 32 where DV allows
-    (the 35B shape: 32 value heads x 4 blocks, about one per SM of an H200)."""
-    return next(b for b in (32, 16, 8, 4, 2, 1) if p.DV % b == 0)
+def chunk_columns(p: DeltaNetParams, most: int = 32) -> int:
+    """State columns one _scan block carries (columns of S evolve apart): `most` (32) where
+    DV allows (the 35B shape: 32 value heads x 4 blocks, about one per SM of an H200)."""
+    return next(b for b in (32, 16, 8, 4, 2, 1) if b <= most and p.DV % b == 0)
 
 
 def chunk_work_bytes(p: DeltaNetParams, T: int) -> int:
@@ -177,14 +177,15 @@ def chunk_mma(arch: str) -> str:
 
 
 def gpu_chunk_kernel(
-    fn: str, p: DeltaNetParams, wave: int, nodes: list[str], mma: str = ""
+    fn: str, p: DeltaNetParams, wave: int, nodes: list[str], mma: str = "", columns: int = 32
 ) -> GpuKernel:
     """The chunked prefill (templates/hip/deltanet_chunk.hip.j2): {fn}_prep (grid T x key
-    heads), _solve (value heads x chunks), _scan (value heads x DV / chunk_columns), _norm (T).
-    `mma`: chunk_mma's instruction (the program's prelude must define its HIPC_MMA_*)."""
+    heads), _solve (value heads x chunks), _scan (value heads x DV / its columns), _norm (T).
+    `mma`: chunk_mma's instruction (the program's prelude must define its HIPC_MMA_*);
+    `columns`: chunk_columns' most per _scan block (benchmarks try others)."""
     nch = 2 * p.DK + (p.NV // p.NK) * p.DV
     ctx = dict(
-        nodes=nodes, L=p.chunk, BV=chunk_columns(p), SL=CHUNK_STAGE, mma=mma,
+        nodes=nodes, L=p.chunk, BV=chunk_columns(p, columns), SL=CHUNK_STAGE, mma=mma,
         prep_threads=max(wave, min(256, -(-nch // wave) * wave)),
         solve_threads=max(CHUNK_THREADS, -(-(p.DV + p.DK) // wave) * wave),
         scan_threads=CHUNK_THREADS, norm_threads=CHUNK_THREADS,
@@ -200,7 +201,7 @@ def chunk_launches(p: DeltaNetParams, k: GpuKernel) -> list[tuple[str, list, int
     return [
         (f"{k.fn}_prep", ["T", p.NK], c["prep_threads"]),
         (f"{k.fn}_solve", [p.NV, f"cdiv(T,{p.chunk})"], c["solve_threads"]),
-        (f"{k.fn}_scan", [p.NV, p.DV // chunk_columns(p)], c["scan_threads"]),
+        (f"{k.fn}_scan", [p.NV, p.DV // c["BV"]], c["scan_threads"]),
         (f"{k.fn}_norm", ["T"], c["norm_threads"]),
     ]
 

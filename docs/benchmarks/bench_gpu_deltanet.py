@@ -47,13 +47,20 @@ P = DeltaNetParams(
 T_MAX = 4096
 
 
-def kernels(arch: str) -> tuple[dict[int, GpuKernel], GpuKernel, list]:
-    """(the serial kernel per lanes per column, the chunked one, DeviceKernels' specs)."""
-    wave = GpuTarget(arch).wave
+def kernels(arch: str) -> tuple[dict[int, GpuKernel], dict[str, GpuKernel], list]:
+    """(the serial kernel per lanes per column, the chunked ones by label: as compiled (first),
+    other _scan column slices, all SIMT; DeviceKernels' specs)."""
+    wave, mma = GpuTarget(arch).wave, chunk_mma(arch)
     ks = {n: gpu_kernel(f"dn_l{n}", P, wave, ["bench"], lanes=n) for n in (1, 2, 4)}
-    chunk = gpu_chunk_kernel("dn_chunk", P, wave, ["bench"], chunk_mma(arch))
+    variants = [(mma, 32), (mma, 16), (mma, 8)] + ([("", 32)] if mma else [])
+    chunks = {
+        f"{m or 'SIMT'}, scan {cols} columns": gpu_chunk_kernel(
+            f"dn_chunk{i}", P, wave, ["bench"], m, columns=cols
+        )
+        for i, (m, cols) in enumerate(variants)
+    }
     specs = [(k.fn, k.template, k.ctx, 0) for k in ks.values()]
-    return ks, chunk, [*specs, (chunk.fn, chunk.template, chunk.ctx, None)]
+    return ks, chunks, specs + [(k.fn, k.template, k.ctx, None) for k in chunks.values()]
 
 
 def main() -> None:
@@ -62,12 +69,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     args = ap.parse_args()
     ks: dict[int, GpuKernel] = {}
-    chunk: list[GpuKernel] = []
+    chunks: dict[str, GpuKernel] = {}
 
     def build(arch):
         serial, chunked, specs = kernels(arch)
         ks.update(serial)
-        chunk.append(chunked)
+        chunks.update(chunked)
         return specs
 
     dev = DeviceKernels(build)
@@ -95,10 +102,13 @@ def main() -> None:
     def serial(k):
         return lambda T: dev.launch(k.fn, (P.NK,), k.threads, kargs(T))
 
-    def chunked(T):
-        for kernel, grid, threads in chunk_launches(P, chunk[0]):
-            dims = tuple(eval_dim(d, T, T) for d in grid)
-            dev.launch(kernel, dims, threads, [*kargs(T), ("u64", work)])
+    def chunked(k):
+        def run(T):
+            for kernel, grid, threads in chunk_launches(P, k):
+                dims = tuple(eval_dim(d, T, T) for d in grid)
+                dev.launch(kernel, dims, threads, [*kargs(T), ("u64", work)])
+
+        return run
 
     def timed(run, T, n):
         run(T)
@@ -118,8 +128,10 @@ def main() -> None:
         return dev.read(y, (T, P.NV * P.DV))
 
     want = from_zero(serial(ks[1]), T_MAX)
-    got = from_zero(chunked, T_MAX)
-    agree = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    agree = {}
+    for label, k in chunks.items():
+        got = from_zero(chunked(k), T_MAX)
+        agree[label] = float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
     state_bytes = 2 * 4 * P.NV * P.DK * P.DV  # read and written once per launch
     rows = [f"# deltanet kernels, Qwen3.5-35B linear layer ({dev.arch})", ""]
@@ -138,23 +150,28 @@ def main() -> None:
             f"{state_bytes / decode / 1e9:.0f} | {p64 * 1e6:.3f} | {p512 * 1e6:.3f} | "
             f"{p4096 * 1e6:.3f} |"
         )
-    c64, c512 = timed(chunked, 64, 50) / 64, timed(chunked, 512, 20) / 512
-    c4096 = timed(chunked, 4096, 5) / 4096
-    mma = chunk[0].ctx["mma"] or "SIMT"
-    rows.append(
-        f"| chunked (64; _solve: {mma}) | 256 | - | - | {c64 * 1e6:.3f} | {c512 * 1e6:.3f} | "
-        f"{c4096 * 1e6:.3f} |"
-    )
-    parts = []
-    for kernel, grid, threads in chunk_launches(P, chunk[0]):
-        dims = tuple(eval_dim(d, T_MAX, T_MAX) for d in grid)
-        one = timed(lambda T, kn=kernel, d=dims, t=threads: dev.launch(
-            kn, d, t, [*kargs(T), ("u64", work)]), T_MAX, 5)  # fmt: skip
-        parts.append(f"{kernel.rsplit('_', 1)[1]} {one * 1e3:.3f} ms")
+    for label, k in chunks.items():
+        run = chunked(k)
+        c64, c512 = timed(run, 64, 50) / 64, timed(run, 512, 20) / 512
+        c4096 = timed(run, 4096, 5) / 4096
+        rows.append(
+            f"| chunked (64; _solve: {label}) | 256 | - | - | {c64 * 1e6:.3f} | "
+            f"{c512 * 1e6:.3f} | {c4096 * 1e6:.3f} |"
+        )
+    notes = []
+    for label, k in chunks.items():
+        parts = []
+        for kernel, grid, threads in chunk_launches(P, k):
+            dims = tuple(eval_dim(d, T_MAX, T_MAX) for d in grid)
+            one = timed(lambda T, kn=kernel, d=dims, t=threads: dev.launch(
+                kn, d, t, [*kargs(T), ("u64", work)]), T_MAX, 5)  # fmt: skip
+            parts.append(f"{kernel.rsplit('_', 1)[1]} {one * 1e3:.3f} ms")
+        notes.append(
+            f"- {label}: at 4096 tokens {', '.join(parts)}; vs the serial kernel from zero "
+            f"states, relative error {agree[label]:.2e}"
+        )
     dev.close()
-    text = "\n".join(rows) + "\n\n"
-    text += f"chunked at 4096 tokens, per kernel: {', '.join(parts)}\n"
-    text += f"chunked vs serial, 4096 tokens from zero states: relative error {agree:.2e}\n"
+    text = "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
