@@ -26,6 +26,7 @@ from hipc.compiler.kernels.deltanet import (
     chunk_work_bytes,
     gpu_chunk_kernel,
     gpu_kernel,
+    scan_mma_fits,
 )
 from hipc.compiler.reference import delta_rule
 from hipc.compiler.targets import GpuTarget
@@ -71,29 +72,37 @@ def params(case, chunk: int = 64) -> DeltaNetParams:
 
 def device_specs(arch: str):
     """Every case's kernels as tests/gpu/test_deltanet_gpu.py builds them for `arch`:
-    (DeviceKernels specs, {name: (serial fn, threads)}, {name: (chunked kernels, params)} as
-    compiled for `arch`, the same all SIMT (where `arch` has a matrix instruction, else {}))."""
+    (DeviceKernels specs, {name: (serial fn, threads)}, {path: {name: (chunked kernels,
+    params)}}: "target" as compiled for `arch`; where it has a matrix instruction also
+    "simt" (all SIMT) and "mma_scan" (_scan on it too, where the shape fits))."""
     wave, mma = GpuTarget(arch).wave, chunk_mma(arch)
-    specs, serial, chunks, simt = [], {}, {}, {}
+    specs, serial = [], {}
+    paths: dict[str, dict] = {"target": {}, "simt": {}, "mma_scan": {}}
     for name, case in CASES.items():
         k = gpu_kernel(f"dn_{name}", params(case), wave, [name], LANES.get(name))
         serial[name] = (k.fn, k.threads)
         specs.append((k.fn, k.template, k.ctx, 0))
     for name in CHUNKED:
-        chunks[name] = k, _ = chunk_kernels(name, wave, mma)
+        paths["target"][name] = k, p = chunk_kernels(name, wave, mma)
         specs.append((k.fn, k.template, k.ctx, None))  # four kernels, looked up at launch
         if mma:
-            simt[name] = k, _ = chunk_kernels(name, wave)
+            paths["simt"][name] = k, _ = chunk_kernels(name, wave)
             specs.append((k.fn, k.template, k.ctx, None))
-    return specs, serial, chunks, simt
+        if scan_mma_fits(p, mma):
+            paths["mma_scan"][name] = k, _ = chunk_kernels(name, wave, mma, True)
+            specs.append((k.fn, k.template, k.ctx, None))
+    return specs, serial, paths
 
 
-def chunk_kernels(name: str, wave: int, mma: str = "") -> tuple[GpuKernel, DeltaNetParams]:
+def chunk_kernels(
+    name: str, wave: int, mma: str = "", scan_mma: bool = False
+) -> tuple[GpuKernel, DeltaNetParams]:
     """Case `name`'s chunked prefill kernels (CHUNKED's chunk) as compiler/kernels/deltanet.py
-    renders them, and their parameters; `mma` as chunk_mma says (suffixing the name)."""
+    renders them, and their parameters; `mma` as chunk_mma says, `scan_mma` _scan on it too
+    (each suffixing the name)."""
     p = params(CASES[name], CHUNKED[name][0])
-    fn = f"dnc_{name}" + ("_mma" if mma else "")
-    return gpu_chunk_kernel(fn, p, wave, [name], mma), p
+    fn = f"dnc_{name}" + ("_mma" if mma else "") + ("_scan" if scan_mma else "")
+    return gpu_chunk_kernel(fn, p, wave, [name], mma, scan_mma=scan_mma), p
 
 
 def silu(x):

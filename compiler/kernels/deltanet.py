@@ -176,16 +176,33 @@ def chunk_mma(arch: str) -> str:
     return tile.instruction if tile else ""
 
 
+def scan_mma_fits(p: DeltaNetParams, mma: str, columns: int = 32) -> bool:
+    """Whether _scan can run on `mma` too (its tiles: 16 state rows, the instruction's N
+    columns -- 8 for mma.sync, 16 for WMMA/MFMA)."""
+    n = 8 if mma.startswith("mma.sync") else 16
+    return bool(mma) and p.DK % 16 == 0 and chunk_columns(p, columns) % n == 0
+
+
 def gpu_chunk_kernel(
-    fn: str, p: DeltaNetParams, wave: int, nodes: list[str], mma: str = "", columns: int = 32
+    fn: str,
+    p: DeltaNetParams,
+    wave: int,
+    nodes: list[str],
+    mma: str = "",
+    columns: int = 32,
+    scan_mma: bool = False,
 ) -> GpuKernel:
     """The chunked prefill (templates/hip/deltanet_chunk.hip.j2): {fn}_prep (grid T x key
     heads), _solve (value heads x chunks), _scan (value heads x DV / its columns), _norm (T).
     `mma`: chunk_mma's instruction (the program's prelude must define its HIPC_MMA_*);
-    `columns`: chunk_columns' most per _scan block (benchmarks try others)."""
+    `columns`: chunk_columns' most per _scan block (benchmarks try others); `scan_mma`: _scan
+    on `mma` too (scan_mma_fits; not the compiled default until measured faster)."""
+    if scan_mma and not scan_mma_fits(p, mma, columns):
+        raise ValueError(f"{fn}: _scan does not fit {mma or 'SIMT'} at DK {p.DK}, DV {p.DV}")
     nch = 2 * p.DK + (p.NV // p.NK) * p.DV
     ctx = dict(
         nodes=nodes, L=p.chunk, BV=chunk_columns(p, columns), SL=CHUNK_STAGE, mma=mma,
+        scan_mma=scan_mma,
         prep_threads=max(wave, min(256, -(-nch // wave) * wave)),
         solve_threads=max(CHUNK_THREADS, -(-(p.DV + p.DK) // wave) * wave),
         scan_threads=CHUNK_THREADS, norm_threads=CHUNK_THREADS,

@@ -26,7 +26,13 @@ from deltanet_cases import (
 )
 
 from hipc.compiler.codegen.environment import render
-from hipc.compiler.kernels.deltanet import CHUNK_GPU, GPU, chunk_launches, gpu_kernel
+from hipc.compiler.kernels.deltanet import (
+    CHUNK_GPU,
+    GPU,
+    chunk_launches,
+    gpu_kernel,
+    scan_mma_fits,
+)
 
 HOST_CASES = [
     "grouped_odd",
@@ -42,16 +48,17 @@ HOST_CASES = [
 class HostKernels:
     """tests/gpu_kernels.DeviceKernels' interface over host memory and the compiled kernels."""
 
-    def __init__(self, lib, specs, chunks, mma_chunks) -> None:
-        self.lib, self.specs, self.chunks, self.keep = lib, specs, chunks, []
-        self.mma_chunks = mma_chunks  # the chunked kernels on HIPC_MMA_HOST (wave 32 only)
+    def __init__(self, lib, specs, paths) -> None:
+        self.lib, self.specs, self.chunks, self.keep = lib, specs, paths["simt"], []
+        self.paths = paths  # path -> {name: chunked kernels}; the mma ones at wave 32 only
 
-    def with_mma(self) -> HostKernels:
-        """The same kernels, the chunked prefill's on the emulated matrix instruction."""
-        if not self.mma_chunks:
-            pytest.skip("the mma emulation is mma.sync's: wave 32")
+    def on(self, path: str, name: str) -> HostKernels:
+        """The same kernels, the chunked prefill's on `path`: "simt"; "mma" (_solve's
+        products on the emulated mma.sync); "mma_scan" (_scan's too)."""
+        if name not in self.paths[path]:
+            pytest.skip(f"no {path} chunked kernels for {name} at this wave / shape")
         other = copy.copy(self)
-        other.chunks = self.mma_chunks
+        other.chunks = self.paths[path]
         return other
 
     def upload(self, a: np.ndarray) -> int:
@@ -88,7 +95,9 @@ def wrapper(fn: str, sig) -> str:
 @pytest.fixture(scope="module", params=[32, 64])
 def kernels(request, tmp_path_factory):
     wave = request.param
-    sources, wrappers, specs, chunks, mma_chunks = [], [], {}, {}, {}
+    sources, wrappers, specs = [], [], {}
+    paths: dict[str, dict] = {"simt": {}, "mma": {}, "mma_scan": {}}
+    emulated = "mma.sync.m16n8k16 bf16, emulated"
     for name in HOST_CASES:
         k = gpu_kernel(f"dn_{name}", params(CASES[name]), wave, [name], LANES.get(name))
         specs[name] = (k.fn, k.threads)
@@ -97,16 +106,18 @@ def kernels(request, tmp_path_factory):
     for name in CHUNKED:
         if name not in HOST_CASES:
             continue
-        for mma, into in (("", chunks), ("mma.sync.m16n8k16 bf16, emulated", mma_chunks)):
-            if mma and wave != 32:
+        for path, mma, scan in (("simt", "", False), ("mma", emulated, False),
+                                ("mma_scan", emulated, True)):  # fmt: skip
+            p = params(CASES[name], CHUNKED[name][0])
+            if mma and (wave != 32 or (scan and not scan_mma_fits(p, mma))):
                 continue
-            into[name] = k, p = chunk_kernels(name, wave, mma)
+            paths[path][name] = k, p = chunk_kernels(name, wave, mma, scan)
             sources.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
             wrappers += [wrapper(kernel, CHUNK_GPU) for kernel, _, _ in chunk_launches(p, k)]
     code = "#define __launch_bounds__(n)\n" + "\n".join(sources) + "\n" + "\n".join(wrappers)
     root = tmp_path_factory.mktemp(f"deltanet{wave}")
     lib = host_simt.build(root, "deltanet_host", code, wave, mma=wave == 32)
-    return HostKernels(lib, specs, chunks, mma_chunks)
+    return HostKernels(lib, specs, paths)
 
 
 @pytest.mark.parametrize("name", HOST_CASES)
@@ -114,16 +125,19 @@ def test_deltanet_kernel_on_the_host(kernels, name):
     check_steps(kernels, name)
 
 
-@pytest.mark.parametrize("mma", [False, True], ids=["simt", "mma"])
+PATHS = ["simt", "mma", "mma_scan"]
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", [n for n in CHUNKED if n in HOST_CASES])
-def test_chunked_prefill_on_the_host(kernels, name, mma):
-    """Steps of a chunk or more through the chunked kernels (SIMT, and with _solve's products
-    on the emulated mma.sync), shorter ones through the serial one, on the same states,
-    against the NumPy recurrence."""
-    check_steps(kernels.with_mma() if mma else kernels, name, chunked=True)
+def test_chunked_prefill_on_the_host(kernels, name, path):
+    """Steps of a chunk or more through the chunked kernels (SIMT; _solve's products on the
+    emulated mma.sync; _scan's too), shorter ones through the serial one, on the same
+    states, against the NumPy recurrence."""
+    check_steps(kernels.on(path, name), name, chunked=True)
 
 
-@pytest.mark.parametrize("mma", [False, True], ids=["simt", "mma"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(("name", "T"), [("grouped_odd", 37), ("next_packed_f16", 16)])
-def test_chunked_and_serial_kernels_agree_on_the_host(kernels, name, T, mma):
-    check_forms(kernels.with_mma() if mma else kernels, name, T)
+def test_chunked_and_serial_kernels_agree_on_the_host(kernels, name, T, path):
+    check_forms(kernels.on(path, name), name, T)

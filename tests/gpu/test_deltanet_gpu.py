@@ -13,8 +13,9 @@ weight types, Qwen3-Next's projections packed per key head, and the Qwen3.5-35B 
 256 with the default two lanes and with four. The chunked prefill runs steps shorter than
 (serial), equal to and several times its chunk, and the two forms are compared with each
 other on one long step from the same random states; the chunked kernels as compiled for the
-device (sm_90: _solve's products on mma.sync) and all SIMT (the path of targets without a
-matrix instruction).
+device (sm_90: _solve's products on mma.sync), all SIMT (the path of targets without a
+matrix instruction), and with _scan on the matrix instruction too (not the compiled default
+until measured faster: bench_gpu_deltanet.py times it).
 """
 
 from __future__ import annotations
@@ -34,22 +35,23 @@ def kernels():
     built = {}
 
     def build(arch):
-        specs, built["serial"], built["chunks"], built["simt"] = device_specs(arch)
+        specs, built["serial"], built["paths"] = device_specs(arch)
         return specs
 
     dev = DeviceKernels(build)
-    dev.specs, dev.chunks, dev.simt_chunks = built["serial"], built["chunks"], built["simt"]
+    dev.specs, dev.paths = built["serial"], built["paths"]
+    dev.chunks = dev.paths["target"]
     yield dev
     dev.close()
 
 
-def simt(kernels):
-    """The same kernels, the chunked prefill's all SIMT (the path of targets without a
-    matrix instruction)."""
-    if not kernels.simt_chunks:
-        pytest.skip("this target's chunked kernels are SIMT already")
+def on(kernels, path: str, name: str):
+    """The same kernels, the chunked prefill's on `path`: "target" (as compiled), "simt" (the
+    path of targets without a matrix instruction), "mma_scan" (_scan on it too)."""
+    if name not in kernels.paths[path]:
+        pytest.skip(f"no {path} chunked kernels for {name} on this target")
     other = copy.copy(kernels)
-    other.chunks = kernels.simt_chunks
+    other.chunks = kernels.paths[path]
     return other
 
 
@@ -58,10 +60,10 @@ def test_deltanet_steps_match_numpy(kernels, name):
     check_steps(kernels, name)
 
 
-@pytest.mark.parametrize("path", ["target", "simt"])
+@pytest.mark.parametrize("path", ["target", "simt", "mma_scan"])
 @pytest.mark.parametrize("name", sorted(CHUNKED))
 def test_chunked_prefill_steps_match_numpy(kernels, name, path):
-    check_steps(kernels if path == "target" else simt(kernels), name, chunked=True)
+    check_steps(on(kernels, path, name), name, chunked=True)
 
 
 @pytest.mark.parametrize(
@@ -72,5 +74,6 @@ def test_chunked_and_serial_kernels_agree(kernels, name, T):
     check_forms(kernels, name, T)
 
 
-def test_chunked_simt_and_serial_kernels_agree(kernels):
-    check_forms(simt(kernels), "qwen35_35b", 200)
+@pytest.mark.parametrize("path", ["simt", "mma_scan"])
+def test_other_chunked_paths_and_serial_kernels_agree(kernels, path):
+    check_forms(on(kernels, path, "qwen35_35b"), "qwen35_35b", 200)
