@@ -7,10 +7,11 @@ through `kernels` (tests/gpu_kernels.DeviceKernels' upload/poisoned/launch/read/
 compares every output row (NaN-poisoned first) and both states after each step with NumPy
 in float64: the causal conv, L2 norms and the delta rule's recurrence from compiler/reference
 (delta_rule.recurrent, expand_heads), the gates and the gated RMSNorm written out here.
-`check_steps(kernels, name, chunked=True)` runs CHUNKED's steps instead, those of a chunk or
-more through the chunked prefill's four kernels (their scratch NaN-poisoned too), the others
-through the token-serial kernel, on the same states; `check_forms` runs one long step both
-ways from the same random states and compares the two kernels' outputs with each other.
+`check_steps(kernels, name, chunks)` runs CHUNKED's steps instead, those of a chunk or more
+through the chunked prefill's four kernels (`chunks`: (kernels, params); their scratch
+NaN-poisoned too), the others through the token-serial kernel, on the same states;
+`check_forms` runs one long step both ways from the same random states and compares the two
+kernels' outputs with each other.
 """
 
 from __future__ import annotations
@@ -199,11 +200,11 @@ class Layer:
         return [*args, ("u64", conv_state), ("u64", ssm_state), ("u64", y), ("i32", ldy)]
 
 
-def run_step(kernels, name, layer, args, T, chunked):
-    """One step: the chunked kernels where `chunked` and T is a chunk or more, else the
-    token-serial one."""
-    if chunked and kernels.chunks[name][1].chunk <= T:
-        k, p = kernels.chunks[name]
+def run_step(kernels, name, layer, args, T, chunks):
+    """One step: the chunked kernels `chunks` ((kernels, params) or None) where T is a chunk
+    or more, else the token-serial one."""
+    if chunks is not None and chunks[1].chunk <= T:
+        k, p = chunks
         work = kernels.poisoned((chunk_work_bytes(p, T) // 4,))
         for kernel, grid, threads in chunk_launches(p, k):
             dims = tuple(eval_dim(d, T, T) for d in grid)
@@ -213,9 +214,9 @@ def run_step(kernels, name, layer, args, T, chunked):
     kernels.launch(fn, (layer.case[0],), threads, args)
 
 
-def check_steps(kernels, name: str, chunked: bool = False) -> None:
+def check_steps(kernels, name: str, chunks=None) -> None:
     _, NV, DK, DV, KC, *_, steps = CASES[name]
-    if chunked:
+    if chunks is not None:
         steps = CHUNKED[name][1]
     layer = Layer(kernels, name)
     C = layer.C
@@ -229,7 +230,7 @@ def check_steps(kernels, name: str, chunked: bool = False) -> None:
             ldy = NV * DV + 5
             y = kernels.poisoned((T, ldy))
             args = layer.args(x, z, b, a, conv_state, ssm_state, y, ldy)
-            run_step(kernels, name, layer, args, T, chunked)
+            run_step(kernels, name, layer, args, T, chunks)
             got = kernels.read(y, (T, ldy))[:, : NV * DV]
             want = ref.step(x.astype(np.float64), z, b, a)
             assert not np.isnan(got).any(), (name, i, "outputs left unwritten")
@@ -243,7 +244,7 @@ def check_steps(kernels, name: str, chunked: bool = False) -> None:
         kernels.free()
 
 
-def check_forms(kernels, name: str, T: int) -> None:
+def check_forms(kernels, name: str, T: int, chunks) -> None:
     """One T-token step from the same random states through the token-serial kernel and
     through the chunked ones: outputs (NaN-poisoned) and both states agree."""
     _, NV, DK, DV, KC = CASES[name][:5]
@@ -255,11 +256,11 @@ def check_forms(kernels, name: str, T: int) -> None:
     ldy = NV * DV + 5
     out = []
     try:
-        for chunked in (False, True):
+        for use in (None, chunks):
             conv_state, ssm_state = kernels.upload(conv0), kernels.upload(ssm0)
             y = kernels.poisoned((T, ldy))
             args = layer.args(x, z, b, a, conv_state, ssm_state, y, ldy)
-            run_step(kernels, name, layer, args, T, chunked)
+            run_step(kernels, name, layer, args, T, use)
             out.append(
                 (
                     kernels.read(y, (T, ldy))[:, : NV * DV],

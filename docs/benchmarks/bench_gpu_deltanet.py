@@ -52,9 +52,9 @@ def kernels(arch: str) -> tuple[dict[int, GpuKernel], dict[str, GpuKernel], list
     other _scan column slices, all SIMT; DeviceKernels' specs)."""
     wave, mma = GpuTarget(arch).wave, chunk_mma(arch)
     ks = {n: gpu_kernel(f"dn_l{n}", P, wave, ["bench"], lanes=n) for n in (1, 2, 4)}
-    variants = [(mma, 32, False), (mma, 16, False), (mma, 8, False)]
+    variants = [(mma, 8, False), (mma, 4, False), (mma, 16, False)]
     if mma:
-        variants += [("", 32, False), (mma, 32, True)]
+        variants += [("", 8, False), (mma, 8, True), (mma, 32, True)]
     chunks = {
         f"{m or 'SIMT'}, scan {cols} columns{' on it too' if scan else ''}": gpu_chunk_kernel(
             f"dn_chunk{i}", P, wave, ["bench"], m, columns=cols, scan_mma=scan

@@ -9,7 +9,6 @@ lanes per state column, for a wave of 32 and of 64.
 
 from __future__ import annotations
 
-import copy
 import ctypes
 
 import host_simt
@@ -49,17 +48,15 @@ class HostKernels:
     """tests/gpu_kernels.DeviceKernels' interface over host memory and the compiled kernels."""
 
     def __init__(self, lib, specs, paths) -> None:
-        self.lib, self.specs, self.chunks, self.keep = lib, specs, paths["simt"], []
+        self.lib, self.specs, self.keep = lib, specs, []
         self.paths = paths  # path -> {name: chunked kernels}; the mma ones at wave 32 only
 
-    def on(self, path: str, name: str) -> HostKernels:
-        """The same kernels, the chunked prefill's on `path`: "simt"; "mma" (_solve's
-        products on the emulated mma.sync); "mma_scan" (_scan's too)."""
+    def on(self, path: str, name: str):
+        """Case `name`'s chunked kernels on `path`: "simt"; "mma" (_solve's products on the
+        emulated mma.sync); "mma_scan" (_scan's too)."""
         if name not in self.paths[path]:
             pytest.skip(f"no {path} chunked kernels for {name} at this wave / shape")
-        other = copy.copy(self)
-        other.chunks = self.paths[path]
-        return other
+        return self.paths[path][name]
 
     def upload(self, a: np.ndarray) -> int:
         a = np.array(a, copy=True, order="C")
@@ -134,10 +131,10 @@ def test_chunked_prefill_on_the_host(kernels, name, path):
     """Steps of a chunk or more through the chunked kernels (SIMT; _solve's products on the
     emulated mma.sync; _scan's too), shorter ones through the serial one, on the same
     states, against the NumPy recurrence."""
-    check_steps(kernels.on(path, name), name, chunked=True)
+    check_steps(kernels, name, kernels.on(path, name))
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(("name", "T"), [("grouped_odd", 37), ("next_packed_f16", 16)])
 def test_chunked_and_serial_kernels_agree_on_the_host(kernels, name, T, path):
-    check_forms(kernels.on(path, name), name, T)
+    check_forms(kernels, name, T, kernels.on(path, name))

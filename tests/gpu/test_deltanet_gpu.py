@@ -20,8 +20,6 @@ until measured faster: bench_gpu_deltanet.py times it).
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from deltanet_cases import CASES, CHUNKED, check_forms, check_steps, device_specs
 
@@ -40,19 +38,16 @@ def kernels():
 
     dev = DeviceKernels(build)
     dev.specs, dev.paths = built["serial"], built["paths"]
-    dev.chunks = dev.paths["target"]
     yield dev
     dev.close()
 
 
 def on(kernels, path: str, name: str):
-    """The same kernels, the chunked prefill's on `path`: "target" (as compiled), "simt" (the
-    path of targets without a matrix instruction), "mma_scan" (_scan on it too)."""
+    """Case `name`'s chunked kernels on `path`: "target" (as compiled), "simt" (the path of
+    targets without a matrix instruction), "mma_scan" (_scan on it too)."""
     if name not in kernels.paths[path]:
         pytest.skip(f"no {path} chunked kernels for {name} on this target")
-    other = copy.copy(kernels)
-    other.chunks = kernels.paths[path]
-    return other
+    return kernels.paths[path][name]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -63,7 +58,7 @@ def test_deltanet_steps_match_numpy(kernels, name):
 @pytest.mark.parametrize("path", ["target", "simt", "mma_scan"])
 @pytest.mark.parametrize("name", sorted(CHUNKED))
 def test_chunked_prefill_steps_match_numpy(kernels, name, path):
-    check_steps(on(kernels, path, name), name, chunked=True)
+    check_steps(kernels, name, on(kernels, path, name))
 
 
 @pytest.mark.parametrize(
@@ -71,9 +66,9 @@ def test_chunked_prefill_steps_match_numpy(kernels, name, path):
     [("qwen35_35b", 64), ("qwen35_35b", 300), ("tiled_bf16", 200), ("next_packed_f16", 50)],
 )
 def test_chunked_and_serial_kernels_agree(kernels, name, T):
-    check_forms(kernels, name, T)
+    check_forms(kernels, name, T, on(kernels, "target", name))
 
 
 @pytest.mark.parametrize("path", ["simt", "mma_scan"])
 def test_other_chunked_paths_and_serial_kernels_agree(kernels, path):
-    check_forms(on(kernels, path, "qwen35_35b"), "qwen35_35b", 200)
+    check_forms(kernels, "qwen35_35b", 200, on(kernels, path, "qwen35_35b"))
