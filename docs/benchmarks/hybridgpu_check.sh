@@ -23,9 +23,9 @@ export HIPC_KERNEL_CACHE=/tmp/hybridgpu-cache/kernels HIPC_CACHE_DIR=/tmp/hybrid
 nvidia-smi -L
 # separate processes: a kernel that faults leaves its CUDA context unusable for the rest
 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_deltanet_gpu.py \
-  2>&1 | tail -25 | tee -a "$OUT/tests.log"
+  2>&1 | tail -40 | tee -a "$OUT/tests.log"
 timeout 90 python3 docs/benchmarks/bench_gpu_deltanet.py --out "$OUT/deltanet.md" 2>&1 | tail -20
 timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -rf \
   tests/gpu/test_compiled_hybrid_gpu.py \
   -k "prefix_reuse or (qwen3_5_on_gpu and float32) or (qwen3_next_on_gpu and hf)" \
-  2>&1 | tail -25 | tee -a "$OUT/tests.log"
+  2>&1 | tail -40 | tee -a "$OUT/tests.log"
