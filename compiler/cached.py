@@ -1,7 +1,8 @@
 """Raw models compiled on demand (`hipc generate MODEL`), kept in the cache folder.
 
 The key covers the model's files (path, size, mtime), the options, the build
-machine's target id and hipc's version; a stale or damaged entry is rebuilt.
+machine's target id, hipc's version and the cpu program's ABI (an artifact of another ABI
+would load and then be refused by the backend); a stale or damaged entry is rebuilt.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 from hipc.base.errors import HipcError
-from hipc.base.version import HIPC_VERSION
+from hipc.base.version import ABI_VERSION, HIPC_VERSION
 from hipc.cache import KernelCache
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.toolchains.cpu import CpuToolchain
@@ -25,7 +26,9 @@ def artifact_key(model_ref: str, options: CompileOptions) -> str:
         sorted(p for p in src.path.rglob("*") if p.is_file()) if src.path.is_dir() else [src.path]
     )
     stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    blob = json.dumps([stamp, options.to_json(), CpuToolchain().target_id, HIPC_VERSION])
+    blob = json.dumps(
+        [stamp, options.to_json(), CpuToolchain().target_id, HIPC_VERSION, ABI_VERSION]
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

@@ -15,6 +15,14 @@ the next token. Blocks come from a KVPool: a sequence is admitted only when ever
 may need can be promised (prompt + max_tokens), and the full blocks of its prompt that an
 earlier sequence computed are shared instead of recomputed (prefix caching by block hash).
 
+Recurrent states (hybrid models' linear-attention layers) live in the backend's slots, one
+per batch slot (the sequence's row of the block tables): zeroed when a sequence starts there.
+They follow their kind's rule for prefix reuse: shared KV blocks are usable only up to a
+prefix end where a snapshot of the recurrent states was kept. Snapshots are taken at every
+multiple of SNAPSHOT_INTERVAL positions and at the end of a prompt's last full block (where
+the same prompt again, the n choices of a request, can resume), keyed by the block hash of
+that prefix; a prefill chunk ends at each such point so the states are there to copy.
+
 Engines without a batched backend (the GPU backends today, the reference executor) are not
 wrapped: the server runs them one sequence at a time (runtime/server/runner.py).
 """
@@ -22,6 +30,7 @@ wrapped: the server runs them one sequence at a time (runtime/server/runner.py).
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -29,6 +38,7 @@ import numpy as np
 
 from hipc.base.errors import HipcError
 from hipc.runtime.kv_pool import KVPool, block_hashes
+from hipc.runtime.recurrent import MAX_SNAPSHOTS, SNAPSHOT_INTERVAL
 
 
 @dataclass(eq=False)
@@ -65,15 +75,20 @@ class BatchEngine:
         self.vocab_size = engine.vocab_size
         self.step_rows = backend.max_tokens
         self.prefill_chunk = min(prefill_chunk or self.step_rows, self.step_rows)
-        # a recurrent state is one sequence's and can be reused only from a snapshot (the
-        # state-kind rule): with one, sequences run one at a time and nothing is shared
-        self.recurrent = not engine.prefix_reuse
         if max_batch < 1:
             raise HipcError(f"--max-batch {max_batch}: at least 1")
         # every decoding sequence takes a row of each step, and a step holds step_rows rows
-        self.max_batch = 1 if self.recurrent else min(max_batch, self.step_rows)
+        self.max_batch = min(max_batch, self.step_rows)
         self.block = backend.kv_block
-        self.pool = KVPool(backend.kv_blocks, self.block, caching=not self.recurrent)
+        self.pool = KVPool(backend.kv_blocks, self.block)
+        # recurrent states: a backend slot per batch slot, reusable only from a snapshot (the
+        # state-kind rule); prefix hash at the snapshot's position -> the states there
+        self.recurrent = not engine.prefix_reuse
+        if self.recurrent:
+            backend.ensure_slots(self.max_batch)
+        self.snapshots: OrderedDict[bytes, object] = OrderedDict()
+        self.snapshot_every = SNAPSHOT_INTERVAL
+        self.max_snapshots = MAX_SNAPSHOTS
         self.tables = np.zeros((self.max_batch, backend.kv_table), np.int32)
         self._slots = list(range(self.max_batch))
         self._ids = itertools.count()
@@ -107,13 +122,20 @@ class BatchEngine:
         # holding it is never shared
         shareable = hashes[: (len(prompt) - 1) // self.block]
         hits = self.pool.lookup(shareable)
-        if len(hits) < len(shareable) and shareable[len(hits)] in self._coming:
+        if self.recurrent:
+            # KV blocks only up to the longest prefix whose recurrent states were kept; wait
+            # for a running prefill that will keep them further along this prompt
+            n = len(hits)
+            while n and hashes[n - 1] not in self.snapshots:
+                n -= 1
+            hits = hits[:n]
+            if any(h in self._coming for h in shareable[n:]):
+                return None
+        elif len(hits) < len(shareable) and shareable[len(hits)] in self._coming:
             return None
         need = self.blocks_for(max_positions)
         if not self.pool.admit(hits, need - len(hits)):
             return None
-        if self.recurrent:
-            self.backend.reset()  # zero the one recurrent state for the new sequence
         slot = self._slots.pop(0)
         seq = Sequence(next(self._ids), prompt, len(prompt), slot, list(hits))
         seq.computed = seq.cached = len(hits) * self.block
@@ -122,10 +144,31 @@ class BatchEngine:
         self.pool.queried_tokens += len(prompt)
         self.pool.hit_tokens += seq.cached
         self.tables[slot, : len(hits)] = hits
-        for h in hashes[len(hits) :]:
-            self._coming.setdefault(h, seq)
+        if self.recurrent:
+            if hits:
+                key = hashes[len(hits) - 1]
+                self.snapshots.move_to_end(key)
+                self.backend.restore(self.snapshots[key], slot)
+            else:
+                self.backend.reset(slot)
+            coming = [p // self.block - 1 for p in self._marks(seq, len(prompt) - 1)]
+        else:
+            coming = range(len(hits), len(hashes))
+        for i in coming:
+            self._coming.setdefault(hashes[i], seq)
         self.running.append(seq)
         return seq
+
+    def _marks(self, s: Sequence, upto: int) -> list[int]:
+        """The positions past s.computed and up to `upto` where s's recurrent states are kept:
+        multiples of snapshot_every, and the end of its prompt's last full block (the last
+        prompt token is always computed, so a prompt shares at most that far)."""
+        every = self.snapshot_every
+        marks = set(range((s.computed // every + 1) * every, upto + 1, every))
+        share_end = (s.prompt_len - 1) // self.block * self.block
+        if s.computed < share_end <= upto:
+            marks.add(share_end)
+        return sorted(marks)
 
     def feed(self, seq: Sequence, token: int) -> None:
         """The token sampled for `seq`: computed (and its logits returned) in the next step."""
@@ -168,6 +211,10 @@ class BatchEngine:
             if budget <= 0:
                 break
             n = min(s.pending, self.prefill_chunk, budget)
+            if self.recurrent:
+                # end at the next snapshot point: the states exist only where a step ends
+                marks = self._marks(s, s.computed + n)
+                n = marks[0] - s.computed if marks else n
             rows.append((s, n))
             budget -= n
         if not rows:
@@ -194,7 +241,10 @@ class BatchEngine:
             else self._step_without_logits(ids, pos, seq_rows)
         )
         for s, n in rows:
+            marks = self._marks(s, s.computed + n) if self.recurrent else []
             self._computed(s, s.computed + n)
+            if marks and marks[-1] == s.computed:
+                self._keep(s)
         self.steps += 1
         self.last_batch = len(rows)
         return dict(zip(wanted, logits, strict=True))
@@ -210,6 +260,21 @@ class BatchEngine:
             np.array([len(ids) - 1], np.int32),
         )
         return np.empty((0, self.vocab_size), np.float32)
+
+    def _keep(self, s: Sequence) -> None:
+        """Snapshot s's recurrent states at s.computed (a block end), least recently used
+        dropped past max_snapshots."""
+        key = s.hashes[s.computed // self.block - 1]
+        if self._coming.get(key) is s:
+            del self._coming[key]
+        if key in self.snapshots:
+            self.snapshots.move_to_end(key)
+            return
+        if self.max_snapshots <= 0:
+            return
+        self.snapshots[key] = self.backend.snapshot(s.slot)
+        while len(self.snapshots) > self.max_snapshots:
+            self.snapshots.popitem(last=False)
 
     def _grow(self, s: Sequence, positions: int) -> None:
         while len(s.blocks) * self.block < positions:

@@ -8,8 +8,9 @@ epilogue (`deltanet:gate`). The kernel reads the projections' outputs (q/k/v con
 [T, C], z, b, a as column views) and its two recurrent states (the conv window and the
 [value heads, dk, dv] matrices), and writes the gated output rows for the out-projection.
 
-CPU: templates/cpu/deltanet.cpp.j2: the conv for all tokens, then per value head (in
-parallel) the recurrence over the step's tokens (for several, a block of state columns at a
+CPU: templates/cpu/deltanet.cpp.j2: rows of many sequences, each reading and writing its
+sequence's slot of the states (`seq`, as attention reads its block table); the conv for all
+tokens, then per (sequence, value head) pair (in parallel) the recurrence over its tokens (for several, a block of state columns at a
 time so the block stays in L1; measured faster than the chunked form on a CPU).
 GPU: templates/hip/deltanet.hip.j2 for decode steps and prefill steps shorter than the chunk:
 a block per key head (its value heads share its q/k conv channels, so each conv window has one
@@ -85,8 +86,9 @@ class DeltaNetParams(Params):
 
 CONV_WTYPES = ("float32", "bfloat16", "float16")
 
+# seq: each row's sequence, whose states are that slot of conv_state / ssm_state
 CPU = Signature.parse("""
-int T, const float* x, int ldx, const float* z, int ldz, const float* b, int ldb,
+int T, const int32_t* seq, const float* x, int ldx, const float* z, int ldz, const float* b, int ldb,
 const float* a, int lda, const void* conv_w, const float* A, const float* dt_bias,
 const float* norm_w, float* conv_state, float* ssm_state, float* y, int ldy
 """)
@@ -421,10 +423,13 @@ class DeltaNet(KernelKind):
         return "cpu/deltanet.cpp.j2", dict(params=CPU.render(CPU_INDENT))
 
     def cpu_call(self, k: SelectedKernel, b: Binder) -> dict[str, Any]:
+        return {"T": b.int("T"), "seq": b.input("seq"), **self._args(k, b)}
+
+    @staticmethod
+    def _args(k: SelectedKernel, b: Binder) -> dict[str, Any]:
         r = k.refs
         acts = ("x", "z", "b", "a", "y")
         return {
-            "T": b.int("T"),
             **{n: b.act(r[n][1]) for n in acts},
             **{f"ld{n}": b.int(b.ld(r[n][1])) for n in acts},
             **{n: b.ref(r[n]) for n in ("conv_w", "A", "dt_bias", "norm_w")},
@@ -448,7 +453,8 @@ class DeltaNet(KernelKind):
                 f"threads, over the GPU deltanet block's {MAX_GPU_THREADS}"
             )
         fn = g.kernel(dk)
-        args = self.cpu_call(k, b)
+        # GPU backends hold one sequence's states: no per-row slots
+        args = {"T": b.int("T"), **self._args(k, b)}
         g.launch("decode", k.group, fn, dk.grid, [dk.threads], GPU, args, overlap=True)
         if not self.gpu_scratch(k, g):
             g.launch("prefill", k.group, fn, dk.grid, [dk.threads], GPU, args)

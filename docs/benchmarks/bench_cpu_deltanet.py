@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   std::vector<float> x((size_t)T * C), z((size_t)T * NV * DV), b((size_t)T * NV),
       a((size_t)T * NV), cw((size_t)C * KC), A(NV), dt(NV), nw(DV), cs((size_t)(KC - 1) * C),
       ss((size_t)NV * DK * DV), y((size_t)T * NV * DV);
+  std::vector<int32_t> sq(T, 0);  // every row one sequence's, in slot 0
   srand(1);
   for (auto* v : {&x, &z, &b, &a, &cw, &nw, &dt})
     for (auto& e : *v) e = (float)rand() / RAND_MAX - 0.5f;
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
   for (int it = 0; it < reps; ++it) {
     auto t0 = std::chrono::steady_clock::now();
     clock_t c0 = clock();
-    dn(T, x.data(), C, z.data(), NV * DV, b.data(), NV, a.data(), NV, cw.data(), A.data(),
+    dn(T, sq.data(), x.data(), C, z.data(), NV * DV, b.data(), NV, a.data(), NV, cw.data(), A.data(),
        dt.data(), nw.data(), cs.data(), ss.data(), y.data(), NV * DV);
     wall = std::min(wall, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     cpu = std::min(cpu, (double)(clock() - c0) / CLOCKS_PER_SEC);

@@ -4,9 +4,11 @@ Weights stay memory-mapped from weights.safetensors (the OS pages them in once);
 the activation arena and the KV pools are allocated once per engine.
 
 KV states are pools of `kv_block`-position blocks ([n_blocks * kv_block, heads, dim] per
-layer). `step()` runs rows of many sequences, each row with its position and its sequence's
-block table; `forward()` is the one-sequence view over it (block b of the sequence is pool
-block b), which `hipc generate`, `hipc verify` and the GPU-shaped engine interface use.
+layer); recurrent states (linear attention's conv windows and matrices) are pools of slots
+([slots, ...]), one per sequence of a step: row t's sequence seq[t] is also its slot. `step()`
+runs rows of many sequences, each row with its position and its sequence's block table and
+slot; `forward()` is the one-sequence view over it (block b of the sequence is pool block b,
+slot 0), which `hipc generate`, `hipc verify` and the GPU-shaped engine interface use.
 
 Threads: `threads`, else $OMP_NUM_THREADS, else every core this process may run on.
 A decode step is ~200 OpenMP parallel regions, each ending in a barrier. libgomp's
@@ -123,12 +125,39 @@ class CpuBackend:
         self.kv_blocks = max(kv_blocks or one_sequence, one_sequence)
         self.states = states(plan)
         # the cpu program's states are float32 whatever the kind (one layout per artifact);
-        # a KV state is a pool of blocks, a recurrent one is one sequence's
+        # a KV state is a pool of blocks, a recurrent one a pool of slots, as many as the KV
+        # pool holds whole sequences (more on demand: `ensure_slots`)
+        self.slots = max(1, self.kv_blocks * self.kv_block // self.max_context)
         self.kv = [
-            np.zeros(s.shape_for(self.kv_blocks * self.kv_block), np.float32) for s in self.states
+            np.zeros(
+                s.shape_for(self.kv_blocks * self.kv_block)
+                if s.positional
+                else (self.slots, *s.shape),
+                np.float32,
+            )
+            for s in self.states
         ]
-        self._KV = (ctypes.c_void_p * len(self.kv))(*[a.ctypes.data for a in self.kv])
+        self._pointers()
         self._solo = np.arange(self.kv_table, dtype=np.int32) % self.kv_blocks
+
+    def _pointers(self) -> None:
+        self._KV = (ctypes.c_void_p * len(self.kv))(*[a.ctypes.data for a in self.kv])
+
+    @property
+    def recurrent(self) -> bool:
+        return any(not s.positional for s in self.states)
+
+    def ensure_slots(self, n: int) -> None:
+        """At least `n` recurrent slots (the batch's sequences); existing slots kept."""
+        if n <= self.slots:
+            return
+        for i, s in enumerate(self.states):
+            if not s.positional:
+                grown = np.zeros((n, *s.shape), np.float32)
+                grown[: self.slots] = self.kv[i]
+                self.kv[i] = grown
+        self.slots = n
+        self._pointers()
 
     @property
     def kv_bytes(self) -> int:
@@ -141,25 +170,33 @@ class CpuBackend:
             self.kv_blocks
         )
 
-    def reset(self) -> None:
-        """A new sequence: apply each state's reset rule (zero the recurrent ones; a KV
-        cache's positions are written before they are read, so it is left as it is)."""
-        for spec, a in zip(self.states, self.kv, strict=True):
-            if spec.needs_reset:
-                a.fill(0)
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes one sequence's recurrent states take (a slot, or a snapshot)."""
+        return sum(a[0].nbytes for a in self._recurrent())
 
-    # -- recurrent states (runtime/recurrent.py takes and restores snapshots) --
+    def reset(self, slot: int | None = None) -> None:
+        """A new sequence (in `slot`; None: every slot): apply each state's reset rule (zero
+        the recurrent ones; a KV cache's positions are written before they are read, so it is
+        left as it is)."""
+        for a in self._recurrent():
+            a[slice(None) if slot is None else slot].fill(0)
+
+    # -- recurrent states (runtime/recurrent.py and runtime/batch.py take and restore
+    # snapshots; slot 0 is the one-sequence view's) --
+
+    def _recurrent(self) -> list[np.ndarray]:
+        return [a for s, a in zip(self.states, self.kv, strict=True) if s.needs_reset]
 
     def reset_recurrent(self) -> None:
         self.reset()
 
-    def snapshot(self) -> list[np.ndarray]:
-        return [a.copy() for spec, a in zip(self.states, self.kv, strict=True) if spec.needs_reset]
+    def snapshot(self, slot: int = 0) -> list[np.ndarray]:
+        return [a[slot].copy() for a in self._recurrent()]
 
-    def restore(self, snapshot: list[np.ndarray]) -> None:
-        recurrent = [a for spec, a in zip(self.states, self.kv, strict=True) if spec.needs_reset]
-        for dst, src in zip(recurrent, snapshot, strict=True):
-            np.copyto(dst, src)  # in place: hipc_forward holds these pointers
+    def restore(self, snapshot: list[np.ndarray], slot: int = 0) -> None:
+        for dst, src in zip(self._recurrent(), snapshot, strict=True):
+            np.copyto(dst[slot], src)  # in place: hipc_forward holds these pointers
 
     def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
         """One sequence's tokens at start..: its block b is pool block b."""
@@ -196,6 +233,13 @@ class CpuBackend:
         used = tables[np.arange(self.kv_table)[None, :] <= last[:, None]]
         if used.size and (used.min() < 0 or used.max() >= self.kv_blocks):
             raise HipcError(f"a block table names a block outside the pool of {self.kv_blocks}")
+        if T and self.recurrent:
+            # the deltanet kernel steps each sequence's rows as one run in its slot
+            starts = np.flatnonzero(np.diff(seq)) + 1
+            if seq.max() >= self.slots or len(starts) + 1 != len(np.unique(seq)):
+                raise HipcError(
+                    f"a step's rows must be runs of one sequence each, in slots below {self.slots}"
+                )
         out = np.empty((len(out_rows), self.vocab), np.float32)
         rc = self._forward(
             ids.ctypes.data,

@@ -8,6 +8,7 @@ exits 0; a second signal cancels at once.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import signal
@@ -88,8 +89,23 @@ def _available_ram() -> int:
     return 1 << 62  # unknown: the flag's value decides
 
 
+# what `hipc serve` imports on a request's path; llguidance is optional (structured outputs)
+SERVER_MODULES = ("falcon", "waitress", "pydantic", "prometheus_client")
+
+
+def check_server_extra() -> None:
+    """Refuse at start, not with a 500 on the first request, where the server extra is partial."""
+    missing = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise HipcError(
+            f"hipc serve needs the server extra (pip install 'hipc-compiler[server]'); "
+            f"missing: {', '.join(missing)}"
+        )
+
+
 def serve(config: Config) -> int:
     setup_logging(config.log_level)
+    check_server_extra()
     from hipc.runtime.server.app import create_app
     from hipc.runtime.server.metrics import multiprocess_dir
     from hipc.runtime.server.service import Service
@@ -174,6 +190,15 @@ def _log_batch(service, backend) -> None:
         batch.max_batch,
         batch.step_rows,
     )
+    if batch.recurrent:
+        log.info(
+            "recurrent states: %d slots of %.2f MiB; prefixes reused from snapshots kept every "
+            "%d positions and at each prompt's last full block (at most %d)",
+            backend.slots,
+            backend.slot_bytes / 2**20,
+            batch.snapshot_every,
+            batch.max_snapshots,
+        )
 
 
 def _commit_kv(backend) -> None:

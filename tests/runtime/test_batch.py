@@ -10,10 +10,6 @@ which add the same exact integer block products in another order (measured: 1.1e
 
 from __future__ import annotations
 
-import hashlib
-import json
-import shutil
-
 import numpy as np
 import pytest
 
@@ -22,6 +18,7 @@ from hipc.compiler.pipeline import compile_model
 from hipc.runtime.batch import BatchEngine
 from hipc.runtime.engine import load_engine
 
+from batch_runs import assert_pool_full, run
 from support import write_tiny_hf
 
 STEP = 16  # the artifact's tokens per step: prompts longer than it prefill in chunks
@@ -55,35 +52,6 @@ def engine(artifact):
     e.close()
 
 
-def run(be: BatchEngine, joins: list[int], new: list[int], prompts=PROMPTS, leave=None):
-    """Greedy decoding: sequence i joins at step joins[i] (None: never) and leaves after
-    new[i] tokens, or when `leave(i, step)` says so. Returns {i: (tokens, logits)}."""
-    out: dict[int, tuple[list[int], list[np.ndarray]]] = {}
-    seqs, step = {}, 0
-    while True:
-        for i, j in enumerate(joins):
-            if j is not None and j <= step and i not in seqs:
-                s = be.admit(prompts[i], len(prompts[i]) + new[i])
-                if s is not None:
-                    seqs[i], out[i] = s, ([], [])
-        if len(seqs) == sum(j is not None for j in joins) and not be.running:
-            return out
-        logits = be.step()
-        step += 1
-        for i, s in seqs.items():
-            if leave is not None and s in be.running and leave(i, step):
-                be.release(s)
-            if s not in logits or s not in be.running:
-                continue
-            token = int(np.argmax(logits[s]))
-            out[i][0].append(token)
-            out[i][1].append(logits[s].copy())
-            if len(out[i][0]) >= new[i]:
-                be.release(s)
-            else:
-                be.feed(s, token)
-
-
 def alone(engine, i: int, prompts=PROMPTS, new=NEW):
     joins = [None] * len(prompts)
     joins[i] = 0
@@ -97,11 +65,6 @@ def assert_same(got, want, quant):
             np.testing.assert_array_equal(g, w)
         else:
             assert np.abs(g - w).max() <= 1e-3 * np.abs(w).max()
-
-
-def assert_pool_full(be: BatchEngine):
-    assert be.pool.free == be.pool.n_blocks and be.pool.reserved == 0
-    assert not any(be.pool.refs) and not be.running
 
 
 def test_alone_in_the_batch_engine_is_the_one_sequence_engine(engine):
@@ -124,7 +87,7 @@ def test_every_sequence_of_a_batch_produces_what_it_produces_alone(engine, artif
     # joining at different steps, prompts chunked by 8 among decode rows, leaving after
     # different numbers of tokens
     be = BatchEngine(engine, max_batch=4, prefill_chunk=8)
-    got = run(be, [0, 0, 2, 3, 5, 5], NEW)
+    got = run(be, [0, 0, 2, 3, 5, 5], NEW, PROMPTS)
     assert be.steps < sum(len(p) // 8 + n for p, n in zip(PROMPTS, NEW, strict=True))
     for i in want:
         assert_same(got[i], want[i], artifact[1])
@@ -139,7 +102,7 @@ def test_cancelling_mid_stream_frees_the_blocks(engine):
         def leave(i, step, round_=round_):
             return step >= 1 + (i + round_) % 4
 
-        got = run(be, [0, 0, 1, 1, 2, 3], [30] * 6, leave=leave)
+        got = run(be, [0, 0, 1, 1, 2, 3], [30] * 6, PROMPTS, leave=leave)
         assert len(got) == 6
         assert_pool_full(be)
     assert be.pool.n_blocks == total
@@ -178,61 +141,3 @@ def test_a_prefix_cache_hit_gives_what_a_miss_gives(engine, artifact):
     assert_same(both[0], both[1], artifact[1])
     assert_same(both[1], alone(engine, 0, [longer], [6]), artifact[1])
     assert_pool_full(be2)
-
-
-def test_a_recurrent_state_runs_one_sequence_at_a_time(artifact, tmp_path):
-    """The state-kind rule: a recurrent state is one sequence's, and is reused only from a
-    snapshot (none is taken), so the batch holds one sequence and shares nothing."""
-    path = tmp_path / "rec.hipc"
-    shutil.copytree(artifact[0], path)
-    plan = json.loads((path / "plan.json").read_text())
-    plan["states"].append({"name": "l0.conv", "kind": "recurrent", "dtype": "float32",
-                           "shape": [3, 8]})  # fmt: skip
-    (path / "plan.json").write_text(json.dumps(plan))
-    manifest = json.loads((path / "manifest.json").read_text())
-    data = (path / "plan.json").read_bytes()
-    manifest["files"]["plan.json"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (path / "manifest.json").write_text(json.dumps(manifest))
-    engine = load_engine(path, target="cpu", threads=1, kv_pool_tokens=1024)
-    try:
-        be = BatchEngine(engine, max_batch=4)
-        assert be.max_batch == 1 and not be.pool.caching
-        first = be.admit(PROMPTS[2], 50)
-        engine.backend.kv[-1].fill(1.0)
-        assert be.admit(PROMPTS[2], 50) is None  # one at a time
-        be.release(first)
-        assert be.admit(PROMPTS[2], 50) is not None and be.pool.hit_tokens == 0
-        assert not engine.backend.kv[-1].any()  # zeroed for the new sequence
-    finally:
-        engine.close()
-
-
-def test_a_hybrid_model_batches_one_sequence_at_a_time(tmp_path):
-    """Qwen3.5's Gated DeltaNet layers keep a recurrent state in place: the batch engine
-    runs its sequences one after another (each starting from a zeroed state), shares no
-    prefix, and gives each the greedy tokens of the one-sequence engine."""
-    from support import make_hybrid_hf
-
-    out = tmp_path / "hybrid.hipc"
-    make_hybrid_hf("qwen3_5", tmp_path / "hf", seed=3)
-    compile_model(tmp_path / "hf", out, CompileOptions(max_context=CONTEXT, max_tokens=STEP),
-                  verbose=False)  # fmt: skip
-    engine = load_engine(out, target="cpu", threads=1, kv_pool_tokens=4 * CONTEXT)
-    try:
-        prompts = [PROMPTS[2], PROMPTS[2], PROMPTS[4]]  # a repeated prompt: not shared
-        want = []
-        for p in prompts:
-            engine.reset()
-            logits, tokens = engine.forward(p, 0), []
-            for k in range(6):
-                tokens.append(int(np.argmax(logits)))
-                logits = engine.forward([tokens[-1]], len(p) + k)
-            want.append(tokens)
-        be = BatchEngine(engine, max_batch=4, prefill_chunk=8)
-        assert be.max_batch == 1 and not be.pool.caching
-        got = run(be, [0, 0, 0], [6, 6, 6], prompts)
-        assert [got[i][0] for i in range(3)] == want
-        assert be.pool.hit_tokens == 0
-        assert_pool_full(be)
-    finally:
-        engine.close()

@@ -111,7 +111,7 @@ def test_a_recurrent_state_is_never_reused_and_reset_zeroes_it(recurrent_artifac
     try:
         assert not engine.prefix_reuse
         conv, kv = engine.backend.kv[-1], engine.backend.kv[0]
-        assert conv.shape == (3, 8)  # sized per sequence, not per position
+        assert conv.shape == (1, 3, 8)  # a slot per sequence the pool holds, not per position
         engine.forward(PROMPT, 0)
         conv.fill(1.0)
         kv_before = kv.copy()

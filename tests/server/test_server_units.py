@@ -301,3 +301,20 @@ def test_pipelined_generation_matches_the_plain_loop():
         assert engine.queued is None and engine.submits > 0
         # strictly alternating, each submit at the position after the last
         assert [k for k, _ in engine.log] == ["submit", "collect"] * engine.submits
+
+
+def test_serve_refuses_a_partial_server_extra_at_start(monkeypatch, capsys):
+    """A missing pydantic used to surface as a 500 on the first request (seen on a GPU image)."""
+    import importlib.util
+
+    from hipc.cli.main import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pydantic" else real(name, *a)
+    )
+    assert main(["serve", "no-such.hipc", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "missing: pydantic" in err and "hipc-compiler[server]" in err and len(err.splitlines()) == 1
+    )

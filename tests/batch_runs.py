@@ -1,0 +1,42 @@
+"""Driving a BatchEngine in tests (tests/runtime/test_batch*.py): greedy sequences joining
+and leaving at given steps, and the pool's state after them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hipc.runtime.batch import BatchEngine
+
+
+def run(be: BatchEngine, joins: list[int], new: list[int], prompts, leave=None):
+    """Greedy decoding: sequence i joins at step joins[i] (None: never) and leaves after
+    new[i] tokens, or when `leave(i, step)` says so. Returns {i: (tokens, logits)}."""
+    out: dict[int, tuple[list[int], list[np.ndarray]]] = {}
+    seqs, step = {}, 0
+    while True:
+        for i, j in enumerate(joins):
+            if j is not None and j <= step and i not in seqs:
+                s = be.admit(prompts[i], len(prompts[i]) + new[i])
+                if s is not None:
+                    seqs[i], out[i] = s, ([], [])
+        if len(seqs) == sum(j is not None for j in joins) and not be.running:
+            return out
+        logits = be.step()
+        step += 1
+        for i, s in seqs.items():
+            if leave is not None and s in be.running and leave(i, step):
+                be.release(s)
+            if s not in logits or s not in be.running:
+                continue
+            token = int(np.argmax(logits[s]))
+            out[i][0].append(token)
+            out[i][1].append(logits[s].copy())
+            if len(out[i][0]) >= new[i]:
+                be.release(s)
+            else:
+                be.feed(s, token)
+
+
+def assert_pool_full(be: BatchEngine):
+    assert be.pool.free == be.pool.n_blocks and be.pool.reserved == 0
+    assert not any(be.pool.refs) and not be.running
