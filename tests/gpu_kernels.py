@@ -239,3 +239,71 @@ def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.n
     else:
         out[..., :h], out[..., h:] = ra, rb
     return out
+
+
+# Prefill attention test cases (tests/gpu/test_prefill_attention.py, the host flash test):
+# (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, start, T[, rot, out_gate]).
+def prefill_attention_inputs(case, seed: int) -> dict:
+    """Random q (a column view: ldq wider than the heads), q-norm weight, RoPE tables and a KV
+    cache holding positions 0..start+T-1 as rope_kv leaves it (keys already rotated, in the
+    storage type), NaN past them: nothing there may be read."""
+    NH, NKV, D, _, _, _, kv, start, T = case[:9]
+    rot, gated = attention_switches(case)
+    rng = np.random.default_rng(seed)
+    ctx = start + T + 70
+    ldq = NH * (2 * D if gated else D) + 40
+    q = rng.standard_normal((T, ldq)).astype(np.float32) * 2
+    qw = (1 + 0.2 * rng.standard_normal(D)).astype(np.float32)
+    ang = rng.uniform(0, 2 * np.pi, (ctx, (rot or D) // 2))
+    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    from hipc.compiler.reference.executor import round_bf16
+
+    store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
+    kc, vc = (store(rng.standard_normal((ctx, NKV, D)).astype(np.float32) * 2) for _ in range(2))
+    kc[start + T :] = np.nan
+    vc[start + T :] = np.nan
+    return dict(q=q, ldq=ldq, qw=qw, cos_t=cos_t, sin_t=sin_t, kc=kc, vc=vc)
+
+
+def as_stored(a: np.ndarray, kv: str) -> np.ndarray:
+    """A float32 cache (already rounded for bfloat16) as the kernels read it."""
+    return (a.view(np.uint32) >> 16).astype(np.uint16) if kv == "bfloat16" else a
+
+
+def prefill_attention_reference(
+    case, x: dict, eps: float, bf16_operands: bool = False
+) -> np.ndarray:
+    """Causal (windowed) grouped-query softmax attention of case's inputs x in float64, q normed
+    and rotated, the output gated where the case says: [T, NH * D]. `bf16_operands`: q (times
+    the flash kernel's scale * log2 e) and K, V rounded to bf16 first, as the flash kernel
+    multiplies them, which leaves its rounding of the softmax weights as the difference."""
+    from hipc.compiler.reference.executor import round_bf16
+
+    NH, NKV, D, window, norm, interleaved, _, start, T = case[:9]
+    rot, gated = attention_switches(case)
+    QW = 2 * D if gated else D
+    q, qw, kc, vc = x["q"], x["qw"], x["kc"], x["vc"]
+    qh = q[:, : NH * QW].reshape(T, NH, QW)[..., :D].astype(np.float64)
+    if norm:
+        qh = qh / np.sqrt(np.mean(qh * qh, -1, keepdims=True) + eps) * qw
+    pos = start + np.arange(T)
+    r = rot or D
+    qh[..., :r] = rope(qh[..., :r], x["cos_t"][pos][:, None], x["sin_t"][pos][:, None], interleaved)
+    if bf16_operands:
+        c = D**-0.5 * np.log2(np.e)
+        qh = round_bf16(qh * c).astype(np.float64) / c
+        kc, vc = round_bf16(kc), round_bf16(vc)
+    want = np.empty((T, NH, D))
+    group = NH // NKV
+    for t in range(T):
+        p = start + t
+        lo = max(0, p - window + 1) if window else 0
+        keys, vals = kc[lo : p + 1].astype(np.float64), vc[lo : p + 1].astype(np.float64)
+        for h in range(NH):
+            sc = keys[:, h // group] @ qh[t, h] * D**-0.5
+            e = np.exp(sc - sc.max())
+            want[t, h] = e @ vals[:, h // group] / e.sum()
+    if gated:
+        gate = q[:, : NH * QW].reshape(T, NH, QW)[..., D:].astype(np.float64)
+        want = want / (1 + np.exp(-gate))
+    return want.reshape(T, NH * D)

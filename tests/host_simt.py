@@ -43,7 +43,7 @@ struct Barrier {
   std::condition_variable cv;
 };
 static thread_local int t_id;
-static int g_dim, g_bx, g_by;
+static int g_dim, g_bx, g_by, g_gx;
 static Barrier* g_bar;  // the block's (hipc_sync)
 static std::vector<Barrier*> g_wbar;  // each wave's (shuffles: waves may run apart)
 static float g_slots[1024];
@@ -51,7 +51,11 @@ int hipc_thread() { return t_id; }
 int hipc_block_dim() { return g_dim; }
 int hipc_block_x() { return g_bx; }
 int hipc_block_y() { return g_by; }
+int hipc_grid_x() { return g_gx; }
 void hipc_sync() { g_bar->arrive_and_wait(); }
+void hipc_sync_wave() { g_wbar[t_id / HIPC_WAVE]->arrive_and_wait(); }
+static std::vector<uint64_t> g_dyn;  // the block's dynamic shared memory
+void* hipc_dynamic_shared() { return g_dyn.data(); }
 static float exchange(float v, int from) {
   Barrier* w = g_wbar[t_id / HIPC_WAVE];
   g_slots[t_id] = v;
@@ -61,7 +65,8 @@ static float exchange(float v, int from) {
   return r;
 }
 float hipc_shfl_xor(float v, int m) { return exchange(v, t_id ^ m); }
-// HIPC_MMA_HOST's mma: every lane's n fragment words, in lane order, to every lane
+// HIPC_MMA_HOST's mma (the prelude's mma.sync emulation): every lane's n fragment words, in
+// lane order, to every lane
 static uint32_t g_words[1024 * 8];
 void hipc_host_wave_gather(const uint32_t* mine, int n, uint32_t* all) {
   Barrier* w = g_wbar[t_id / HIPC_WAVE];
@@ -73,10 +78,12 @@ void hipc_host_wave_gather(const uint32_t* mine, int n, uint32_t* all) {
   w->arrive_and_wait();
 }
 float hipc_shfl(float v, int lane) { return exchange(v, t_id / HIPC_WAVE * HIPC_WAVE + lane); }
+// `shared` bytes of dynamic shared memory per block, all ones (NaN in bf16 and float32) to start
 template <class F>
-void grid(int gx, int gy, int threads, F kernel) {
+void grid(int gx, int gy, int threads, F kernel, size_t shared = 0) {
   for (int by = 0; by < gy; ++by)
     for (int bx = 0; bx < gx; ++bx) {
+      g_dyn.assign((shared + 7) / 8, ~0ull);
       Barrier bar(threads);
       std::vector<std::unique_ptr<Barrier>> waves;
       g_wbar.clear();
@@ -84,7 +91,7 @@ void grid(int gx, int gy, int threads, F kernel) {
         waves.emplace_back(new Barrier(HIPC_WAVE));
         g_wbar.push_back(waves.back().get());
       }
-      g_bar = &bar, g_dim = threads, g_bx = bx, g_by = by;
+      g_bar = &bar, g_dim = threads, g_bx = bx, g_by = by, g_gx = gx;
       std::vector<std::thread> ts;
       for (int t = 0; t < threads; ++t) ts.emplace_back([=] { t_id = t; kernel(); });
       for (auto& th : ts) th.join();
@@ -92,19 +99,67 @@ void grid(int gx, int gy, int threads, F kernel) {
 }
 """
 
+# The AMD matrix instructions carried out across a wave's lanes, from the operand layouts as the
+# ISA guides state them (RDNA3 / RDNA4 "Wave Matrix Multiply Accumulate", CDNA3 "Matrix fused
+# multiply-add"), written here apart from the prelude's loads so that a kernel whose fragments
+# disagree with the hardware's fails. a_at(r, k) / b_at(k, n): (lane, element) holding A[r][k] /
+# B[k][n]; c_at(lane, i): the (row, column) of accumulator element i.
+MMA_EMULATION = """
+#if defined(HIPC_MMA_WMMA)  // v_wmma_f32_16x16x16_bf16 on gfx11: lanes 16..31 repeat 0..15
+static void a_at(int r, int k, int& lane, int& e) { lane = r, e = k; }
+static void c_at(int lane, int i, int& r, int& n) { r = 2 * i + lane / 16, n = lane % 16; }
+#elif defined(HIPC_MMA_WMMA12)  // gfx12: lanes 16..31 hold k 8..15
+static void a_at(int r, int k, int& lane, int& e) { lane = r + 16 * (k / 8), e = k % 8; }
+static void c_at(int lane, int i, int& r, int& n) { r = i + 8 * (lane / 16), n = lane % 16; }
+#elif defined(HIPC_MMA_MFMA)  // v_mfma_f32_16x16x16_bf16, wave64: 4 k per lane, 16 lanes per k group
+static void a_at(int r, int k, int& lane, int& e) { lane = r + 16 * (k / 4), e = k % 4; }
+static void c_at(int lane, int i, int& r, int& n) { r = 4 * (lane / 16) + i, n = lane % 16; }
+#endif
+static uint16_t g_ma[1024][16], g_mb[1024][16];  // each lane's operands, as it holds them
+static std::atomic<int> g_mma_unequal{0};  // gfx11: upper lanes whose operands differ from the lower
+extern "C" int hipc_mma_unequal_lanes() { return g_mma_unequal; }
+static float bf16_value(uint16_t v) { const uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
+void hipc_mma_emulate(float* c, const uint16_t* a, const uint16_t* b) {
+  const int lane = t_id % HIPC_WAVE, w0 = t_id - lane;
+  memcpy(g_ma[t_id], a, HIPC_MMA_KA * 2), memcpy(g_mb[t_id], b, HIPC_MMA_KA * 2);
+  g_wbar[t_id / HIPC_WAVE]->arrive_and_wait();
+#if defined(HIPC_MMA_WMMA)
+  // the hardware reads lanes 0..15 only; a kernel must still hand lanes 16..31 the same
+  if (lane >= 16 && (memcmp(a, g_ma[t_id - 16], 32) || memcmp(b, g_mb[t_id - 16], 32))) ++g_mma_unequal;
+#endif
+  float d[HIPC_MMA_ACC];
+  for (int i = 0; i < HIPC_MMA_ACC; ++i) {
+    int r, n, la, ea, lb, eb;
+    c_at(lane, i, r, n);
+    d[i] = c[i];
+    for (int k = 0; k < 16; ++k) {
+      a_at(r, k, la, ea);
+      a_at(n, k, lb, eb);  // B's column n is laid out as A's row n
+      d[i] += bf16_value(g_ma[w0 + la][ea]) * bf16_value(g_mb[w0 + lb][eb]);
+    }
+  }
+  g_wbar[t_id / HIPC_WAVE]->arrive_and_wait();  // every lane has read the operands
+  memcpy(c, d, sizeof d);
+}
+"""
 
-def build(root: Path, name: str, code: str, wave: int = 32, mma: bool = False) -> ctypes.CDLL:
+
+def build(root: Path, name: str, code: str, wave: int = 32, mma: str | None = None) -> ctypes.CDLL:
     """`code` (kernels and their extern "C" wrappers, calling `grid(gx, gy, threads, f)`)
-    after the prelude and the harness, compiled into ROOT/NAME.so and loaded. `mma`: the
-    prelude's hipc_mma_* as HIPC_MMA_HOST (mma.sync's layouts emulated; wave 32)."""
+    after the prelude and the harness, compiled into ROOT/NAME.so and loaded. `mma`: an AMD
+    HIPC_MMA_* macro, the matrix instruction emulated across the wave (MMA_EMULATION), or
+    HIPC_MMA_HOST (mma.sync's, emulated by the prelude; wave 32)."""
     if CXX is None:
         pytest.skip("no C++ compiler")
     prelude = template_text("hip/prelude.h").replace("#pragma once", "")
     src = root / f"{name}.cpp"
-    mma_macro = "#define HIPC_MMA_HOST 1\n" if mma else ""
-    src.write_text(
-        f"#define HIPC_WAVE {wave}\n#define HIPC_HOST_SIMT\n{mma_macro}{prelude}{HARNESS}{code}"
-    )
+    head = f"#define HIPC_WAVE {wave}\n#define HIPC_HOST_SIMT\n"
+    harness = HARNESS
+    if mma:
+        head += f"#define {mma} 1\n"
+    if mma and mma != "HIPC_MMA_HOST":
+        harness += "#include <atomic>\n#include <cstring>\n" + MMA_EMULATION
+    src.write_text(f"{head}{prelude}{harness}{code}")
     so = root / f"{name}.so"
     cmd = [CXX, "-std=c++20", "-O1", "-DHIPC_HOST", "-shared", "-fPIC", "-pthread", str(src)]
     subprocess.run([*cmd, "-o", str(so)], check=True, capture_output=True, text=True)

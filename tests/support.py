@@ -441,3 +441,34 @@ def make_hybrid_hf(family: str, folder: Path, seed: int = 0, **overrides):
     model.eval()
     model.save_pretrained(folder)
     return model
+
+
+def amd_kernel_metadata(co: Path, readelf: str) -> dict[str, dict]:
+    """Each kernel's AMDGPU metadata in a code object (`readelf --notes`: llvm-readelf-19):
+    name -> {".max_flat_workgroup_size": "256", ..., "args": [{".size": "8", ...}, ...]},
+    the explicit arguments only (not the runtime's hidden_* ones), values as text."""
+    import subprocess
+
+    text = subprocess.run([readelf, "--notes", str(co)], capture_output=True, text=True, check=True)
+    kernels: dict[str, dict] = {}
+    kernel: dict = {}
+    arg: dict = {}
+    for line in text.stdout.splitlines():
+        body = line.strip().removeprefix("- ")
+        if not body.startswith(".") or ":" not in body:
+            continue
+        key, _, value = body.partition(":")
+        if line.startswith("  - ."):  # a kernel's first key
+            kernel = {"args": []}
+        elif line.startswith("      - ."):  # an argument's first key
+            arg = {}
+            kernel["args"].append(arg)
+        if len(line) - len(line.lstrip()) >= 6:
+            arg[key] = value.strip()
+        else:
+            kernel[key] = value.strip()
+            if key == ".name":
+                kernels[value.strip()] = kernel
+    for k in kernels.values():
+        k["args"] = [a for a in k["args"] if not a[".value_kind"].startswith("hidden_")]
+    return kernels

@@ -48,6 +48,8 @@ class GpuProgramBuilder:
         self.prefill_precision = prefill_precision  # CompileOptions.prefill_precision
         self.activations = activations  # how quantized GEMVs round x (CompileOptions)
         self.max_ctx, self.kv_storage = max_ctx, kv_storage
+        self.selected = kernels  # every kernel of the program (kinds look up their neighbours)
+        self.memo: dict[str, Any] = {}  # what a kind works out once per program from `selected`
         self.kernels: dict[str, str] = {}
         self.steps: dict[str, list[dict]] = {"decode": [], "prefill": []}
         # The scratch buffer: one region per name the kinds ask for (KernelKind.gpu_scratch),

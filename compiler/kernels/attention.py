@@ -29,6 +29,7 @@ from hipc.compiler.kernels.base import (
     SelectedKernel,
     Signature,
 )
+from hipc.compiler.kernels.linear import MMA_TILES
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
@@ -380,8 +381,7 @@ def kv_context(kv_storage: str) -> dict[str, str]:
     return dict(kv_type=kv_type, kv_suffix=kv_suffix)
 
 
-FLASH_BQ = 64  # the flash kernel's query rows per block (4 warps of 16); keys go 64 at a time
-FLASH_ARCHS = frozenset({"sm_80", "sm_89", "sm_90"})
+FLASH_BQ = 64  # the flash kernel's query rows per block (4 waves of 16); keys go 64 at a time
 
 
 def flash_attention(
@@ -393,26 +393,36 @@ def flash_attention(
     pipelined: bool = False,
 ) -> GpuKernel | None:
     """The matrix-instruction prefill attention (templates/hip/attention_flash.hip.j2), or None
-    for the SIMT one: NVIDIA mma.sync only for now, head dims of whole k steps up to 128 (the
-    accumulators of 16 rows x D stay in registers). `pipelined` double-buffers the key/value
-    blocks with cp.async (a bfloat16 cache only: it copies them as stored). Off by default: it
-    compiles and tests/gpu covers it, but it has not run on a GPU yet (the plain form has)."""
-    if target.arch not in FLASH_ARCHS or p.D % 16 or p.D > 128:
+    for the SIMT one: on the target's prefill GEMM instruction (MMA_TILES: mma.sync, WMMA,
+    MFMA), head dims of whole k steps up to 128 (the accumulators of 16 rows x D stay in
+    registers). `pipelined` double-buffers the key/value blocks with cp.async (NVIDIA and a
+    bfloat16 cache only: it copies them as stored). Off by default: it compiles and tests/gpu
+    covers it, but it has not run on a GPU yet (the plain form has)."""
+    tile = MMA_TILES.get(target.arch)
+    if tile is None or p.D % 16 or p.D > 128:
         return None
-    pipelined = bool(pipelined) and kv_storage == "bfloat16"
+    pipelined = bool(pipelined) and kv_storage == "bfloat16" and target.family == "nvidia"
+    # q's fragments stay in registers up to 32 a lane; RDNA3's take 8 each, and at D = 128 its
+    # kernel then spilled past 256 VGPRs (clang-19), so q is read from shared memory there
+    q_regs = p.D // 16 * tile.a_regs <= 32
     kv_ctx = kv_context(kv_storage)
     ctx = dict(
         nodes=nodes,
+        instruction=tile.instruction,
+        wave=target.wave,
+        q_regs=q_regs,
         pipelined=pipelined,
         params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
         **kv_ctx,
         **p.context(),
     )
-    # q (then the 4 warps' 16 x 64 P tiles, the larger below D = 64), and K and V (twice,
-    # pipelined) in bf16, rows padded
-    qp = max(FLASH_BQ * (p.D + 8), 4 * 16 * (64 + 8))
+    # q (then the 4 waves' 16 x 64 P tiles, the larger below D = 64; both where q stays in shared
+    # memory), and K and V (twice, pipelined) in bf16, rows padded: at most 60 KiB (D = 128),
+    # within AMD's 64 KiB of LDS
+    qp = FLASH_BQ * (p.D + 8), 4 * 16 * (64 + 8)
+    qp = max(qp) if q_regs else sum(qp)
     shared = (qp + (4 if pipelined else 2) * 64 * (p.D + 8)) * 2
-    return GpuKernel(f"{fn}_flash", "attention_flash", ctx, [], 128, shared)
+    return GpuKernel(f"{fn}_flash", "attention_flash", ctx, [], 4 * target.wave, shared)
 
 
 def decode_attention(

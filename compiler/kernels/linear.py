@@ -319,9 +319,10 @@ class Linear(KernelKind):
             hi = select_wgmma(p, g.max_tokens)
             buckets = [(lo, None)] if lo == hi else [
                 (lo, (1, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
+            y_bf16 = k.group in self._handoffs(b, g)
             for tile, tokens in buckets:
-                pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile)
-                self._wgmma_launches(k, b, g, pg, common, x, rows, tokens)
+                pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile, y_bf16=y_bf16)
+                self._wgmma_launches(k, b, g, pg, tile, common, x, rows, tokens)
             return
         pg = prefill_gemm(k.fn, p, g.target, k.nodes, split=split)
         gemm = g.kernel(pg)
@@ -340,31 +341,75 @@ class Linear(KernelKind):
             shared=pg.shared,
         )
 
-    def _wgmma_launches(self, k, b, g, pg: GpuKernel, common, x, rows: str, tokens) -> None:
+    def _handoffs(self, b: Binder, g: GpuProgramBuilder) -> dict[str, str]:
+        """GLU group -> the group that reads its output in bf16 (bf16_reader), once a program."""
+        if "linear.bf16" not in g.memo:
+            pairs = ((w, bf16_reader(w, b, g)) for w in g.selected if w.kind is self)
+            g.memo["linear.bf16"] = {w.group: r.group for w, r in pairs if r is not None}
+        return g.memo["linear.bf16"]
+
+    def _wgmma_launches(
+        self, k, b, g, pg: GpuKernel, t: WgmmaTile, common, x, rows: str, tokens
+    ) -> None:
         """The sm_90a GEMM's two launches: x -> bf16 (norm applied) into scratch, then the
         GEMM over it and W through tensor maps; `tokens`: the step sizes they run at."""
         p: LinearParams = k.params
         gemm = g.kernel(pg)
-        xb = b.scratch(g.scratch("xb"))
-        g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
-                 {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=tokens)  # fmt: skip
-        bm, bn = pg.ctx["bm"], pg.ctx["bn"]
-        maps = {
-            "xmap": {"kind": "tmap", "of": xb, "dims": [p.K, g.max_tokens], "box": [64, bm]},
-            "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N], "box": [64, bn // 2]},
+        if k.group in self._handoffs(b, g).values():
+            xb = x  # its writer left x in bf16 (bf16_reader): TMA reads it as it is
+        else:
+            xb = b.scratch(g.scratch("xb"))
+            g.launch("prefill", k.group, f"{gemm}_xb", [rows], [256], XB,
+                     {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=tokens)  # fmt: skip
+        maps = {  # a multicast cluster's CTAs copy 1/cm of each x tile each
+            "xmap": {
+                "kind": "tmap",
+                "of": xb,
+                "dims": [p.K, g.max_tokens],
+                "box": [64, t.bm // t.cm],
+            },
+            "wmap": {"kind": "tmap", "of": common["W"], "dims": [p.K, p.N], "box": [64, t.bn // 2]},
         }
+        _, ny, nz = t.grid(1, p.n_out, p.epilogue == "glu")  # along tokens: per step, below
         g.launch(
             "prefill",
             k.group,
             gemm,
-            [f"cdiv({rows},{bm})", -(-p.n_out // pg.block_outputs)],
+            [f"cdiv({rows},{t.bm * t.ct})", ny, nz],
             [pg.threads],
             WGMMA,
             {**maps, "T": b.int(rows), "bias": common["bias"], "res": common["res"],
              "y": common["y"]},
             shared=pg.shared,
+            overlap=t.pdl,
             tokens=tokens,
         )  # fmt: skip
+
+
+def bf16_reader(k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> SelectedKernel | None:
+    """The linear that is the only reader of GLU linear `k`'s output, where both prefill on
+    the sm_90a GEMM and the reader has no norm: `k` then writes that output in bf16 (the same
+    rounding the reader's _xb pass would do, so the results are bit for bit the same) and the
+    reader's TMA loads it directly, without its _xb pass (on the H200 at the 8B shape that pass
+    read 4 and wrote 2 bytes per value of the widest activation). Decode steps are unchanged:
+    their GEMVs write and read the buffer in float32."""
+    p = k.params
+    if not isinstance(p, LinearParams) or p.epilogue != "glu" or p.n_out % 8:
+        return None
+    split = g.prefill_precision == "split"
+    y = k.refs["y"]
+    if not wgmma_gemm(p, g.target, split, False) or b.is_output(y[1]) or b.ld(y[1]) != p.n_out:
+        return None
+    if b.act(y[1])["offset"] % 16:  # TMA's global address
+        return None
+    readers = [r for r in g.selected if r is not k and y in r.refs.values()]
+    if len(readers) != 1 or readers[0].kind is not k.kind:
+        return None
+    r = readers[0]
+    q: LinearParams = r.params
+    if r.refs["x"] != y or q.norm_eps or p.n_out != q.K or b.is_output(r.refs["y"][1]):
+        return None
+    return r if wgmma_gemm(q, g.target, split, False) else None
 
 
 def gemv_signature(p: LinearParams) -> Signature:
@@ -441,6 +486,7 @@ class MmaTile:
     wm: int  # waves along tokens
     wn: int  # waves along outputs
     min_blocks: int = 1  # NVIDIA: blocks per SM to fit registers for (__launch_bounds__)
+    a_regs: int = 4  # 32-bit registers per lane of one 16 x 16 A fragment
 
     def shared_bytes(self, split: bool, quant: bool = False) -> int:
         """Two stages of x (hi and, split, lo: bm rows each) and W (bn rows), bf16, rows
@@ -454,15 +500,17 @@ class MmaTile:
 # 128 x 128 blocks of 256 threads everywhere: 8 warps of 64 x 32 on NVIDIA and RDNA, 4 wave64s of
 # 64 x 64 on CDNA (64 accumulator floats per lane in every case), within AMD's 64 KiB of LDS. RDNA
 # stages 16 deep, not 32: its A/B fragments are 8 VGPRs each, and with two k steps in flight clang
-# spills past 256 VGPRs. gfx12 (gfx1201) has WMMA with another operand layout: SIMT there for now.
+# spills past 256 VGPRs. gfx12 (gfx1201)'s WMMA takes 8 k a lane (its operand layout differs, the
+# prelude's HIPC_MMA_WMMA12): the same geometry.
 # On the H200 (bf16 GLU, T=512, 8000 x 4080, TFLOP/s of useful work): 70 for one 128 x 128 block
 # per SM, 90 with registers capped for two (a few bytes spill), 74 staging 64 deep, 102 for
 # 128 x 256 blocks (warps of 64 x 64) -- which leave SMs idle when there are few output blocks, so
 # they are only taken for wide layers (WIDE_BLOCKS or more column blocks: gate/up, the LM head).
 _NV = MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 128, 128, 32, 2, 4, min_blocks=2)
 _NV_WIDE = MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 128, 256, 32, 2, 4)
-_WMMA = MmaTile("HIPC_MMA_WMMA", "v_wmma_f32_16x16x16_bf16", 128, 128, 16, 2, 4)
-_MFMA = MmaTile("HIPC_MMA_MFMA", "v_mfma_f32_16x16x16_bf16", 128, 128, 32, 2, 2)
+_WMMA = MmaTile("HIPC_MMA_WMMA", "v_wmma_f32_16x16x16_bf16", 128, 128, 16, 2, 4, a_regs=8)
+_MFMA = MmaTile("HIPC_MMA_MFMA", "v_mfma_f32_16x16x16_bf16", 128, 128, 32, 2, 2, a_regs=2)
+_WMMA12 = MmaTile("HIPC_MMA_WMMA12", "v_wmma_f32_16x16x16_bf16 (gfx12)", 128, 128, 16, 2, 4)
 MMA_TILES = {
     "sm_80": _NV,
     "sm_89": _NV,
@@ -470,6 +518,7 @@ MMA_TILES = {
     "gfx1100": _WMMA,
     "gfx1101": _WMMA,
     "gfx1151": _WMMA,
+    "gfx1201": _WMMA12,
     "gfx90a": _MFMA,
     "gfx942": _MFMA,
 }
@@ -507,49 +556,122 @@ def mma_tile(target: GpuTarget, p: LinearParams, split: bool = False) -> MmaTile
 @dataclass(frozen=True)
 class WgmmaTile:
     """The sm_90a GEMM's geometry: bm tokens (64 per consumer warp group) x bn weight rows
-    (one wgmma.m64n<bn>k16 per consumer and 16-deep k step) per block, K 64 deep per stage."""
+    (one wgmma.m64n<bn>k16 per consumer and 16-deep k step) per block, K 64 deep per stage;
+    cm blocks along the outputs in one cluster share each x tile (TMA multicast), sk splits
+    of K (grid z, paired in a cluster, summed through shared memory in a fixed order); pdl:
+    launched to overlap its _xb kernel (W's first stages requested before x is ready)."""
 
     bm: int
     bn: int
     stages: int  # shared-memory stages: as many as fit the 227 KiB a block may have
     regs: tuple[int, int] | None = None  # setmaxnreg: producer, consumers (None: leave them)
-    cost: float = 1.0  # time per output element relative to 128 x 256 (measured, see below)
+    cm: int = 1
+    sk: int = 1
+    pdl: bool = False
+    ct: int = 1  # blocks along the tokens in one cluster sharing each W tile (grid z)
 
     @property
     def threads(self) -> int:
         return 128 * (self.bm // 64 + 1)
 
+    @property
+    def name(self) -> str:
+        return (
+            f"wg{self.bm}x{self.bn}"
+            + (f"c{self.cm}" if self.cm > 1 else "")
+            + (f"t{self.ct}" if self.ct > 1 else "")
+            + (f"k{self.sk}" if self.sk > 1 else "")
+            + ("p" if self.pdl else "")
+        )
+
     def shared_bytes(self) -> int:
         # the stages, their 2 barriers each, and slack to align the first to 1024 bytes
         return self.stages * (self.bm + self.bn) * 128 + 16 * self.stages + 1024
 
+    def grid(self, tokens: int, n_out: int, glu: bool) -> tuple[int, int, int]:
+        """Blocks along tokens (in pairs of ct, the pair's second in z), outputs (a multiple
+        of cm: a last cluster's extra blocks load zeros and write nothing), K splits x ct."""
+        tn = -(-n_out // (self.bn // 2 if glu else self.bn))
+        return -(-tokens // (self.bm * self.ct)), -(-tn // self.cm) * self.cm, self.sk * self.ct
 
-# Candidates per GEMM shape: the largest tile does the least shared-memory traffic per FLOP, but
-# with few output blocks the last wave leaves SMs idle; select_wgmma picks the least estimated
-# time for the compiled prefill chunk. 3 warp groups (384 threads): registers 40 for the producer,
-# 232 for the consumers (64 x 256 accumulators are 128 floats a thread).
+
+# 3 warp groups (384 threads): registers 40 for the producer, 232 for the consumers (64 x 256
+# accumulators are 128 floats a thread).
+_R = (40, 232)
 WGMMA_TILES = (
-    WgmmaTile(128, 256, 4, (40, 232), 1.0),
-    WgmmaTile(128, 192, 5, (40, 232), 1.04),
-    WgmmaTile(128, 128, 6, (40, 232), 1.12),
-    WgmmaTile(64, 256, 5, None, 1.15),
+    WgmmaTile(128, 256, 4, _R),
+    WgmmaTile(128, 192, 5, _R),
+    WgmmaTile(128, 128, 6, _R),
+    WgmmaTile(64, 256, 5, None),
+)
+# Variants measured against the tiles above by bench_gpu_gemm.py (select_wgmma takes one only
+# through WGMMA_MEASURED): multicast pairs along the outputs (c: x read from L2 once per pair)
+# or along the tokens (t: W once per pair), K split in two (k) for steps with fewer output tiles
+# than SMs, launches overlapping the _xb pass (p), and widths that fill the last wave better.
+WGMMA_VARIANTS = (
+    # 224 wide (5 stages of 44 KiB): 128 column blocks for the 8B gate/up, 4 waves at 512 tokens
+    WgmmaTile(128, 224, 5, _R),
+    # 176 wide (5 stages of 38 KiB): 163 x 4 = 652 gate/up blocks at 512 tokens, 4.94 waves of
+    # 132 where 128 x 192's 600 are 4.55 (its last wave half empty); not yet measured
+    WgmmaTile(128, 176, 5, _R),
+    WgmmaTile(128, 224, 5, _R, cm=2),
+    WgmmaTile(128, 224, 5, _R, ct=2),
+    WgmmaTile(128, 256, 4, _R, cm=2),
+    WgmmaTile(128, 192, 5, _R, cm=2),
+    WgmmaTile(128, 128, 6, _R, cm=2),
+    WgmmaTile(128, 256, 4, _R, ct=2),
+    WgmmaTile(128, 192, 5, _R, ct=2),
+    WgmmaTile(128, 256, 4, _R, sk=2),
+    WgmmaTile(128, 256, 4, _R, cm=2, sk=2),
+    WgmmaTile(128, 256, 4, _R, ct=2, sk=2),
+    WgmmaTile(128, 256, 4, _R, cm=2, pdl=True),
+    WgmmaTile(128, 256, 4, _R, sk=2, pdl=True),
+    WgmmaTile(128, 256, 4, _R, ct=2, pdl=True),
 )
 WGMMA_ARCHS = frozenset({"sm_90"})
 SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choice rounds to
 # Steps of up to this many tokens get their own tiles where the chunk is longer (launch "tokens")
 SHORT_STEP = 1024
+# time per output element relative to 128 x 256 (measured on the H200: docs/benchmarks/gpu-prefill.md)
+WGMMA_COST = {
+    (128, 256): 1.0,
+    (128, 192): 1.04,
+    (128, 128): 1.12,
+    (64, 256): 1.15,
+}
 
 
-def select_wgmma(p: LinearParams, tokens: int, tiles=WGMMA_TILES) -> WgmmaTile:
-    """The tile with the least estimated time at `tokens` tokens: waves of SMS blocks, each
-    block's time its output elements x the tile's cost."""
+# The variant per Llama-3-8B layer shape (N, K, epilogue) and step size, from bench_gpu_gemm.py
+# on the H200 (docs/benchmarks/gpu-prefill.md, "Cluster variants", 2026-12-03: every tile and
+# cluster variant, _xb included). A variant other than the wave model's plain tile is listed
+# only where it measured more than 3% faster than the best plain tile (one run: closer margins
+# are noise); elsewhere the entry is the fastest plain tile.
+WGMMA_MEASURED: dict[tuple[int, int, str], dict[int, str]] = {
+    (6144, 4096, "none"): {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"},  # qkv
+    (4096, 4096, "residual"): {512: "wg128x128", 2048: "wg128x256t2", 4096: "wg128x256c2p"},  # o
+    (28672, 4096, "glu"): {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"},  # gate/up
+    (4096, 14336, "residual"): {512: "wg128x128", 2048: "wg128x256", 4096: "wg128x256"},  # down
+}
+WGMMA_BY_NAME = {t.name: t for t in WGMMA_TILES + WGMMA_VARIANTS}
+
+
+def select_wgmma(p: LinearParams, tokens: int) -> WgmmaTile:
+    """The measured variant for a listed shape (WGMMA_MEASURED: the step size nearest
+    `tokens`, by ratio, the smaller on a tie), else the plain tile with the least estimated
+    time at `tokens` tokens: waves of SMS blocks, each block's time its output elements x the
+    tile's cost."""
+    measured = WGMMA_MEASURED.get((p.N, p.K, p.epilogue))
+    if measured:
+        steps = sorted(measured)
+        near = min(steps, key=lambda n: (max(n / tokens, tokens / n), n))
+        return WGMMA_BY_NAME[measured[near]]
     glu = p.epilogue == "glu"
 
     def time(t: WgmmaTile) -> float:
-        blocks = -(-tokens // t.bm) * -(-p.n_out // (t.bn // 2 if glu else t.bn))
-        return -(-blocks // SMS) * t.bm * t.bn * t.cost
+        x, y, z = t.grid(tokens, p.n_out, glu)
+        return -(-(x * y * z) // SMS) * t.bm * t.bn * WGMMA_COST[t.bm, t.bn] / t.sk
 
-    return min(tiles, key=time)
+    return min(WGMMA_TILES, key=time)
 
 
 def wgmma_gemm(p: LinearParams, target: GpuTarget, split: bool, simt: bool) -> bool:
@@ -572,11 +694,13 @@ def prefill_gemm(
     split: bool = False,
     tokens: int = 512,
     wgmma: WgmmaTile | None = None,
+    y_bf16: bool = False,
 ) -> GpuKernel:
     """`fn`: the linear's kernel stem. `simt` forces the SIMT kernel (the GPU tests time one
     against the other). `split`: the matrix-instruction GEMM multiplies x as bf16 hi + lo
     (--prefill-precision split) instead of bf16(x) once. `tokens`: the prefill chunk the
-    sm_90a tile is chosen for; `wgmma` forces that tile (benchmarks)."""
+    sm_90a tile is chosen for; `wgmma` forces that tile (benchmarks). `y_bf16`: the sm_90a
+    GEMM writes y in bf16 (its reader loads it by TMA: bf16_reader)."""
     wave = target.wave
     common = dict(
         nodes=nodes,
@@ -600,9 +724,15 @@ def prefill_gemm(
             regs=t.regs,
             threads=t.threads,
             bn_out=bn_out,
+            cm=t.cm,
+            ct=t.ct,
+            sk=t.sk,
+            cluster=t.cm * t.ct * t.sk,
+            pdl=t.pdl,
+            y_bf16=y_bf16,
         )
         return GpuKernel(
-            f"{fn}_wg{t.bm}x{t.bn}",
+            f"{fn}_{t.name}" + ("_yb" if y_bf16 else ""),
             "linear_wgmma",
             ctx,
             [],

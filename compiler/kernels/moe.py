@@ -119,6 +119,7 @@ MOE_MMA_TILES = {
         ("gfx1100", "gfx1101", "gfx1151"),
         MmaTile("HIPC_MMA_WMMA", "v_wmma_f32_16x16x16_bf16", TILE, 128, 16, 2, 4),
     ),
+    "gfx1201": MmaTile("HIPC_MMA_WMMA12", "v_wmma_f32_16x16x16_bf16 (gfx12)", TILE, 128, 16, 2, 4),
     **dict.fromkeys(
         ("gfx90a", "gfx942"),
         MmaTile("HIPC_MMA_MFMA", "v_mfma_f32_16x16x16_bf16", TILE, 128, 32, 1, 4),

@@ -8,10 +8,11 @@ For each linear of one Llama-3-8B layer (qkv with the norm prologue, o with the 
 gate/up with norm + SiLU*mul, down with the residual) and each token count, every kernel a
 bf16 linear can prefill on is rendered as codegen renders it, built once, checked against torch
 (float32 products of the same bf16 operands; outputs NaN-poisoned first) and timed with CUDA
-events (median of --repeats runs of --iters launches): each wgmma tile (the selected one marked
-*), the mma kernel with bf16 and with split activations. The wgmma time includes its _xb kernel
-(x -> bf16, the norm). Beside them: torch's bf16 matmul of the same shape (cuBLAS: no norm, no
-epilogue) and the 8192^3 bf16 product as the matrix ceiling. TFLOP/s count 2*T*N*K.
+events (median of --repeats runs of --iters launches): each wgmma tile and cluster variant (the
+selected one marked *; `same` says a second run gave the same bits) and, with --mma, the sm_80/89
+mma kernel with bf16 and with split activations. The wgmma time includes its _xb kernel (x ->
+bf16, the norm); the `p` variants are launched to overlap it (programmatic dependent launch).
+Beside them: torch's bf16 matmul of the same shape (cuBLAS: no norm, no epilogue) and the 8192^3 bf16 product as the matrix ceiling. TFLOP/s count 2*T*N*K.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import contextlib
 import statistics
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hipc.base.version import HIPC_VERSION
@@ -27,14 +29,14 @@ from hipc.compiler.codegen.environment import render
 from hipc.compiler.codegen.hip import program_source
 from hipc.compiler.kernels.linear import (
     WGMMA_TILES,
+    WGMMA_VARIANTS,
     LinearParams,
     prefill_gemm,
     select_wgmma,
 )
 from hipc.compiler.targets import GpuTarget
-from hipc.compiler.toolchains.gpu import gpu_toolchain
 from hipc.runtime.backends.cuda import CudaDriver
-from hipc.runtime.backends.gpu_common import DEFAULT_SHARED_LIMIT, PackedArgs
+from hipc.runtime.backends.gpu_common import DEFAULT_SHARED_LIMIT, DriverError, PackedArgs
 
 H, F = 4096, 14336
 SHAPES = {  # name: N weight rows, K, epilogue, norm
@@ -82,41 +84,72 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--mma", action="store_true", help="also the sm_80/89 mma kernels")
+    ap.add_argument(
+        "--tiles", default="", help="only these wgmma variants (names, comma-separated)"
+    )
+    ap.add_argument("--cache", type=Path, help="code objects by source hash (tests/gpu_kernels)")
+    ap.add_argument("--build-only", metavar="ARCH", help="fill --cache for ARCH (no GPU) and exit")
     args = ap.parse_args()
-    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    from gpu_kernels import compiled
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    d = CudaDriver(0)
-    arch = d.arch
+    if args.build_only:
+        arch, d = args.build_only, None
+    else:
+        d = CudaDriver(0)
+        arch = d.arch
     tokens = [int(t) for t in args.tokens.split(",")]
     shapes = {k: SHAPES[k] for k in args.shapes.split(",")}
 
-    # every variant's kernels in one code object
+    # every variant's kernels, one code object per shape (built in parallel)
     kernels = {}
+    wanted = set(filter(None, args.tiles.split(",")))
     for name, (N, K, ep, norm) in shapes.items():
         p = LinearParams("bfloat16", N, K, 1e-5 if norm else 0.0, ep, False)
-        for t in WGMMA_TILES:
-            kernels[name, f"wg{t.bm}x{t.bn}"] = prefill_gemm(
-                f"{name}_wg", p, GpuTarget(arch), [name], wgmma=t
-            )
-        for split in (False, True):
+        for t in WGMMA_TILES + WGMMA_VARIANTS:
+            if not wanted or t.name in wanted:
+                kernels[name, t.name] = prefill_gemm(
+                    f"{name}_wg", p, GpuTarget(arch), [name], wgmma=t
+                )
+                if ep == "glu":  # as in a model: the output in bf16 for down's TMA (_yb)
+                    kernels[name, t.name + "_yb"] = prefill_gemm(
+                        f"{name}_wg", p, GpuTarget(arch), [name], wgmma=t, y_bf16=True
+                    )
+        for split in (False, True) if args.mma else ():
             v = "mma_split" if split else "mma"
             kernels[name, v] = prefill_gemm(
                 f"{name}_{v}", p, GpuTarget("sm_89"), [name], split=split
             )
-    sources = [render(f"hip/{g.template}.hip.j2", fn=g.fn, **g.ctx) for g in kernels.values()]
     log(f"building {len(kernels)} kernels for {arch}")
-    d.load_module(
-        gpu_toolchain(arch).compile(program_source("gemm_bench", HIPC_VERSION, arch, sources))
-    )
+
+    def build(name: str) -> bytes:
+        sources = [
+            render(f"hip/{g.template}.hip.j2", fn=g.fn, **g.ctx)
+            for (n, _), g in kernels.items()
+            if n == name
+        ]
+        return compiled(
+            program_source(f"gemm_{name}", HIPC_VERSION, arch, sources), arch, args.cache
+        )
+
+    with ThreadPoolExecutor(len(shapes)) as pool:
+        images = dict(zip(shapes, pool.map(build, shapes), strict=True))
+    if d is None:
+        return
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    modules = {name: d._call("cuModuleLoadData", image) for name, image in images.items()}
     fns = {}
-    for g in kernels.values():
-        fns[g.fn] = d.get_function(g.fn)
+    for (name, _), g in kernels.items():
+        get = lambda fn, m=modules[name]: d._call("cuModuleGetFunction", m, fn.encode())  # noqa: E731
+        fns[g.fn] = get(g.fn)
         if g.shared > DEFAULT_SHARED_LIMIT:
             d.set_dynamic_shared(fns[g.fn], g.shared)
         for extra in ("_xb", "_stats"):
             with contextlib.suppress(Exception):
-                fns[g.fn + extra] = d.get_function(g.fn + extra)
+                fns[g.fn + extra] = get(g.fn + extra)
     ev = Events(d)
 
     # the ceiling: torch's 8192^3 bf16 product (random data)
@@ -133,8 +166,8 @@ def main() -> None:
     ceiling = 2 * 8192**3 * 20 / (s.elapsed_time(e) / 1e3)
     del a, b
     rows = [f"bf16 matrix ceiling (torch 8192^3): {ceiling / 1e12:.0f} TFLOP/s", ""]
-    rows.append("| shape | T | variant | us | TFLOP/s | % ceiling | rel err |")
-    rows.append("|---|---|---|---|---|---|---|")
+    rows.append("| shape | T | variant | us | TFLOP/s | % ceiling | rel err | same |")
+    rows.append("|---|---|---|---|---|---|---|---|")
 
     def ptr(t) -> int:
         return t.data_ptr()
@@ -156,6 +189,7 @@ def main() -> None:
             else:
                 want = acc + (res if ep == "residual" else 0)
             y = torch.empty(T, n_out, device="cuda")
+            yb = torch.empty(T, n_out, dtype=torch.bfloat16, device="cuda")
             xb = torch.empty(T, K, dtype=torch.bfloat16, device="cuda")
             inv = torch.empty(T, device="cuda")
             flops = 2 * T * N * K
@@ -165,56 +199,75 @@ def main() -> None:
                     continue
                 launches = []
                 if g.template == "linear_wgmma":
-                    bm, bn = g.ctx["bm"], g.ctx["bn"]
-                    xmap = d.tensor_map(ptr(xb), K, T, 64, bm)
+                    bm, bn, cm = g.ctx["bm"], g.ctx["bn"], g.ctx["cm"]
+                    tile = next(
+                        t for t in WGMMA_TILES + WGMMA_VARIANTS if t.name == v.removesuffix("_yb")
+                    )
+                    out = yb if g.ctx["y_bf16"] else y
+                    xmap = d.tensor_map(ptr(xb), K, T, 64, bm // cm)
                     wmap = d.tensor_map(ptr(w), K, N, 64, bn // 2)
                     a1 = PackedArgs(
                         [("u64", ptr(x)), ("u64", ptr(gw) if norm else 0), ("u64", ptr(xb))]
                     )
-                    launches.append((fns[g.fn + "_xb"], (T, 1, 1), (256, 1, 1), 0, a1))
+                    launches.append((fns[g.fn + "_xb"], (T, 1, 1), (256, 1, 1), 0, a1, False))
                     a2 = PackedArgs(
                         [("tmap", xmap), ("tmap", wmap), ("i32", T), ("u64", 0),
-                         ("u64", ptr(y) if ep == "residual" else 0), ("u64", ptr(y))]
+                         ("u64", ptr(y) if ep == "residual" else 0), ("u64", ptr(out))]
                     )  # fmt: skip
-                    grid = (-(-T // bm), -(-n_out // g.block_outputs), 1)
-                    launches.append((fns[g.fn], grid, (g.threads, 1, 1), g.shared, a2))
+                    grid = tile.grid(T, n_out, ep == "glu")
+                    launches.append((fns[g.fn], grid, (g.threads, 1, 1), g.shared, a2, tile.pdl))
                 else:
                     if norm:
                         a1 = PackedArgs([("u64", ptr(x)), ("i32", T), ("u64", ptr(inv))])
-                        launches.append((fns[g.fn + "_stats"], (T, 1, 1), (256, 1, 1), 0, a1))
+                        launches.append(
+                            (fns[g.fn + "_stats"], (T, 1, 1), (256, 1, 1), 0, a1, False)
+                        )
                     a2 = PackedArgs(
                         [("u64", ptr(x)), ("i32", T), ("u64", ptr(w)), ("u64", ptr(gw) if norm else 0),
                          ("u64", ptr(inv) if norm else 0), ("u64", 0),
                          ("u64", ptr(y) if ep == "residual" else 0), ("u64", ptr(y))]
                     )  # fmt: skip
                     grid = (-(-n_out // g.block_outputs), -(-T // g.block_tokens), 1)
-                    launches.append((fns[g.fn], grid, (g.threads, 1, 1), g.shared, a2))
+                    launches.append((fns[g.fn], grid, (g.threads, 1, 1), g.shared, a2, False))
 
                 def run(launches=launches):
-                    for fn, grid, block, shared, a_ in launches:
-                        d.launch(fn, grid, block, shared, a_.address)
+                    for fn, grid, block, shared, a_, pdl in launches:
+                        d.launch(fn, grid, block, shared, a_.address, overlap=pdl)
 
-                # correctness: poisoned output (the residual variants start from res), one run
-                if ep == "residual":
-                    y.copy_(res)
-                else:
-                    y.fill_(float("nan"))
-                torch.cuda.synchronize()
-                run()
-                d.synchronize()
-                err = float((y - want).abs().max() / want.abs().max())
-                if torch.isnan(y).any():
-                    err = float("nan")
-                sec = ev.time(run, args.iters, args.repeats)
-                mark = (
-                    "*"
-                    if g.template == "linear_wgmma"
-                    and (g.ctx["bm"], g.ctx["bn"]) == (chosen.bm, chosen.bn)
-                    else ""
-                )
+                # correctness: poisoned output (the residual variants start from res), one
+                # run; then a second run from the same start must give the same bits
+                dst = yb if v.endswith("_yb") else y
+
+                def once(run=run, y=dst, res=res, ep=ep):
+                    if ep == "residual":
+                        y.copy_(res)
+                    else:
+                        y.fill_(float("nan"))
+                    torch.cuda.synchronize()
+                    run()
+                    d.synchronize()
+                    return y.to(torch.float32, copy=True)  # (a bf16 output: its values)
+
+                try:
+                    first = once()
+                    err = float((first - want).abs().max() / want.abs().max())
+                    if torch.isnan(first).any():
+                        err = float("nan")
+                    same = "yes" if torch.equal(first, once()) else "NO"
+                    sec = ev.time(run, args.iters, args.repeats)
+                except DriverError as why:  # a variant the driver refuses: say so, go on
+                    rows.append(f"| {name} | {T} | {v} | failed: {why} | | | | |")
+                    log(rows[-1])
+                    continue
+                if g.template == "linear_wgmma" and v == WGMMA_TILES[0].name:
+                    # the x -> bf16 (+ norm) pre-pass alone: what fusing it away would save
+                    xsec = ev.time(lambda xb_=launches[:1]: run(xb_), args.iters, args.repeats)
+                    rows.append(f"| {name} | {T} | _xb alone | {xsec * 1e6:.1f} | | | | |")
+                    log(rows[-1])
+                mark = "*" if v == chosen.name else ""
                 rows.append(
                     f"| {name} | {T} | {v}{mark} | {sec * 1e6:.1f} | {flops / sec / 1e12:.0f} | "
-                    f"{100 * flops / sec / ceiling:.0f} | {err:.1e} |"
+                    f"{100 * flops / sec / ceiling:.0f} | {err:.1e} | {same} |"
                 )
                 log(rows[-1])
             # cuBLAS: the bare product, bf16 in and out
@@ -229,10 +282,10 @@ def main() -> None:
             sec = s.elapsed_time(e) / 1e3 / (args.iters * args.repeats)
             rows.append(
                 f"| {name} | {T} | cuBLAS (torch) | {sec * 1e6:.1f} | {flops / sec / 1e12:.0f} | "
-                f"{100 * flops / sec / ceiling:.0f} | |"
+                f"{100 * flops / sec / ceiling:.0f} | | |"
             )
             log(rows[-1])
-            del x, w, y, xb, res, want, acc, xn
+            del x, w, y, yb, xb, res, want, acc, xn
             torch.cuda.empty_cache()
     table = "\n".join(rows)
     print(table)

@@ -68,6 +68,9 @@ bench)
     prefill)
       run prefill docs/benchmarks/bench_gpu_prefill.py --models l8 --tokens 512,4096 --repeats 3 \
         $(peer --llamacpp-bin $LLAMA --peers .work/peers) --out "$OUT/prefill.md"
+      # the random F16 8B GGUF is the one llama-quantize starts from in the quant phase
+      mkdir -p /tmp/hipc-quant
+      mv /tmp/hipc-prefill/l8-f16.gguf /tmp/hipc-quant/llama3-8b-f16.gguf 2>/dev/null
       rm -rf /tmp/hipc-prefill ;;
     quant)
       waitllama

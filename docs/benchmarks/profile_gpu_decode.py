@@ -1,10 +1,12 @@
-"""Where a GPU decode step's time goes: each launch of the decode list timed alone.
+"""Where a GPU decode (or prefill) step's time goes: each launch of the step timed alone.
 
-    python docs/benchmarks/profile_gpu_decode.py ARTIFACT [--position 512]
+    python docs/benchmarks/profile_gpu_decode.py ARTIFACT [--position 512] [--prefill T]
 
-Runs the decode launch list eagerly with a CUDA event between launches (no host syncs),
-so each kernel's GPU time is measured without launch overhead; prints the time per
-kernel kind and per group kind, then the whole step via the captured graph.
+Runs the step's launch list with a CUDA event between launches, captured into one graph (no
+host in between), so each kernel's GPU time is measured without launch overhead; prints the
+time per kernel kind, then the whole step. --prefill T: a T-token prefill from position 0
+instead of a decode step at --position (the last token's logits only, as a prompt runs; the
+launches marked to overlap run back to back here, so their overlap is not counted).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from collections import defaultdict
 
 import numpy as np
 
-from hipc.runtime.backends.gpu_common import PackedArgs
 from hipc.runtime.engine import load_engine
 
 
@@ -27,26 +28,32 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("artifact")
     ap.add_argument("--position", type=int, default=512)
+    ap.add_argument("--prefill", type=int, default=0, metavar="T", help="profile a T-token prefill")
     args = ap.parse_args()
     eng = load_engine(args.artifact, target="cuda")
     b = eng.backend
-    ids = np.random.default_rng(0).integers(0, eng.vocab_size, args.position).tolist()
-    eng.forward(ids, 0)
-    b.forward(np.array([5]), args.position, False)  # captures the graph
+    T = args.prefill or 1
+    ids = np.random.default_rng(0).integers(0, eng.vocab_size, max(args.position, T)).tolist()
+    if args.prefill:
+        eng.forward(ids[:T], 0)  # leaves the step's inputs (ids, start) on the device
+        launches = b.gpu.launches(T)
+    else:
+        eng.forward(ids, 0)
+        b.forward(np.array([5]), args.position, False)  # captures the graph
+        launches = b.gpu.decode
     d = b._driver
     from cuda.bindings import driver as cu
 
-    launches = b.gpu.decode
     # Event records captured into a graph between the kernels: the GPU runs them back to
     # back (no host in between), and each gap is one kernel's time.
     events = [cu.cuEventCreate(0)[1] for _ in range(len(launches) + 1)]
-    packed = [PackedArgs(launch.resolve(b.bases, 1, 1)) for launch in launches]
+    packed = [b._pack(launch, T, 1) for launch in launches]
     external = cu.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL
     d.synchronize()
     d.begin_capture()
     cu.cuEventRecordWithFlags(events[0], d._stream, external)
     for k, launch in enumerate(launches):
-        b._launch(launch, launch.grid_dims(1, 1), packed[k])
+        b._launch(launch, launch.grid_dims(T, 1), packed[k])
         cu.cuEventRecordWithFlags(events[k + 1], d._stream, external)
     timed = d.instantiate(d.end_capture())
     per_kind: dict[str, float] = defaultdict(float)
@@ -61,8 +68,15 @@ def main() -> None:
             per_kind[shape] += ms / 1e3 / reps
     for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1]):
         print(f"{k:48s} {v * 1e3:8.3f} ms per step")
-    print(f"sum of kernel times (eager, back to back): {sum(per_kind.values()) * 1e3:.3f} ms")
-    n = 50
+    print(f"sum of kernel times (back to back): {sum(per_kind.values()) * 1e3:.3f} ms")
+    print(f"{len(launches)} launches")
+    n = 10 if args.prefill else 50
+    if args.prefill:
+        t = time.perf_counter()
+        for _ in range(n):
+            eng.forward(ids[:T], 0)
+        print(f"the step as the runtime launches it: {(time.perf_counter() - t) / n * 1e3:.3f} ms")
+        return
     t = time.perf_counter()
     for i in range(n):
         b.forward(np.array([5]), args.position + 1 + i, False)

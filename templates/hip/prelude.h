@@ -4,9 +4,10 @@
 //   - AMD with a bare `clang++ -x hip -nogpulib -nogpuinc` (clang builtins only).
 // Kernels use only the hipc_* names below, so one template serves every platform.
 // HIPC_WAVE (the wavefront width) is defined by the renderer before this header, and so is at
-// most one of HIPC_MMA_NV / HIPC_MMA_WMMA / HIPC_MMA_MFMA: the target's matrix instruction,
-// which the prefill GEMMs (linear_mma, moe_mma, deltanet_chunk) use through the hipc_mma_*
-// interface at the end (HIPC_MMA_HOST: its host emulation, for the host tests).
+// most one of HIPC_MMA_NV / HIPC_MMA_WMMA / HIPC_MMA_WMMA12 / HIPC_MMA_MFMA: the target's matrix
+// instruction, which the prefill GEMMs, the flash attention and the chunked delta rule use
+// through the hipc_mma_* interface at the end (HIPC_MMA_HOST: mma.sync's, emulated for the
+// host tests).
 #pragma once
 
 #include <stdint.h>
@@ -26,11 +27,17 @@ __device__ __forceinline__ int hipc_block_x() { return blockIdx.x; }
 __device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
 __device__ __forceinline__ int hipc_block_z() { return blockIdx.z; }
 __device__ __forceinline__ int hipc_block_dim() { return blockDim.x; }
+__device__ __forceinline__ int hipc_grid_x() { return gridDim.x; }
 __device__ __forceinline__ void hipc_sync() { __syncthreads(); }
 __device__ __forceinline__ float hipc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 __device__ __forceinline__ float hipc_shfl(float v, int lane) { return __shfl_sync(0xffffffffu, v, lane); }
 __device__ __forceinline__ float hipc_exp(float x) { return __expf(x); }
 __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
+__device__ __forceinline__ float hipc_exp2(float x) { return exp2f(x); }
+__device__ __forceinline__ float hipc_fmaxf(float a, float b) { return fmaxf(a, b); }
+// the wave's shared-memory writes visible to its other lanes
+__device__ __forceinline__ void hipc_sync_wave() { __syncwarp(); }
+#define HIPC_DYNAMIC_SHARED(T, name) extern __shared__ __attribute__((aligned(16))) T name[]
 
 #elif defined(HIPC_ROCM)
 // ---- AMD with ROCm headers ---------------------------------------------------------
@@ -44,11 +51,20 @@ __device__ __forceinline__ int hipc_block_x() { return blockIdx.x; }
 __device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
 __device__ __forceinline__ int hipc_block_z() { return blockIdx.z; }
 __device__ __forceinline__ int hipc_block_dim() { return blockDim.x; }
+__device__ __forceinline__ int hipc_grid_x() { return gridDim.x; }
 __device__ __forceinline__ void hipc_sync() { __syncthreads(); }
 __device__ __forceinline__ float hipc_shfl_xor(float v, int m) { return __shfl_xor(v, m, HIPC_WAVE); }
 __device__ __forceinline__ float hipc_shfl(float v, int lane) { return __shfl(v, lane, HIPC_WAVE); }
 __device__ __forceinline__ float hipc_exp(float x) { return __expf(x); }
 __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
+__device__ __forceinline__ float hipc_exp2(float x) { return exp2f(x); }
+__device__ __forceinline__ float hipc_fmaxf(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ void hipc_sync_wave() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+#define HIPC_DYNAMIC_SHARED(T, name) extern __shared__ __attribute__((aligned(16))) T name[]
 
 #elif defined(HIPC_HOST)
 // ---- the host, one thread (tests/compiler/test_gpu_prelude_host.py only: the weight
@@ -59,6 +75,7 @@ __device__ __forceinline__ float hipc_rsqrt(float x) { return rsqrtf(x); }
 #define HIPC_DEVICE inline
 #define HIPC_BOUNDS_LOADS_IN_FLIGHT(n)
 #define HIPC_BOUNDS_BLOCKS(n, b)
+#define __launch_bounds__(...)
 struct uint2 { uint32_t x, y; };
 struct alignas(16) uint4 { uint32_t x, y, z, w; };
 struct alignas(16) int4 { int x, y, z, w; };
@@ -71,9 +88,14 @@ int hipc_thread();
 int hipc_block_dim();
 int hipc_block_x();
 int hipc_block_y();
+int hipc_grid_x();
 void hipc_sync();
+void hipc_sync_wave();
 float hipc_shfl_xor(float v, int m);
 float hipc_shfl(float v, int lane);
+// the launch's dynamic shared memory (the harness allocates it per block)
+void* hipc_dynamic_shared();
+#define HIPC_DYNAMIC_SHARED(T, name) T* const name = (T*)hipc_dynamic_shared()
 #else
 #define __shared__
 HIPC_DEVICE int hipc_thread() { return 0; }
@@ -83,6 +105,8 @@ HIPC_DEVICE float hipc_shfl_xor(float v, int) { return v; }
 #endif
 HIPC_DEVICE float hipc_exp(float x) { return expf(x); }
 HIPC_DEVICE float hipc_rsqrt(float x) { return 1.f / sqrtf(x); }
+HIPC_DEVICE float hipc_exp2(float x) { return exp2f(x); }
+HIPC_DEVICE float hipc_fmaxf(float a, float b) { return fmaxf(a, b); }
 
 #else
 // ---- AMD, bare clang (no ROCm): attributes and builtins only -----------------------
@@ -99,6 +123,8 @@ HIPC_DEVICE int hipc_block_x() { return __builtin_amdgcn_workgroup_id_x(); }
 HIPC_DEVICE int hipc_block_y() { return __builtin_amdgcn_workgroup_id_y(); }
 HIPC_DEVICE int hipc_block_z() { return __builtin_amdgcn_workgroup_id_z(); }
 HIPC_DEVICE int hipc_block_dim() { return __builtin_amdgcn_workgroup_size_x(); }
+// blocks along x (the dispatch's grid size is in work-items; hipModuleLaunchKernel's is whole blocks)
+HIPC_DEVICE int hipc_grid_x() { return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x(); }
 HIPC_DEVICE void hipc_sync() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
   __builtin_amdgcn_s_barrier();
@@ -120,6 +146,15 @@ HIPC_DEVICE float hipc_shfl(float v, int src) {
 // NOTE: -nogpulib links no math library, so exp/rsqrt use the hardware instructions.
 HIPC_DEVICE float hipc_exp(float x) { return __builtin_amdgcn_exp2f(x * 1.4426950408889634f); }
 HIPC_DEVICE float hipc_rsqrt(float x) { return __builtin_amdgcn_rsqf(x); }
+HIPC_DEVICE float hipc_exp2(float x) { return __builtin_amdgcn_exp2f(x); }
+HIPC_DEVICE float hipc_fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
+// a wave runs in lockstep; the fences keep the compiler from moving shared-memory accesses across
+HIPC_DEVICE void hipc_sync_wave() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+#define HIPC_DYNAMIC_SHARED(T, name) extern __shared__ __attribute__((aligned(16))) T name[]
 #endif
 
 // ---- kernel overlap, L2 prefetch, cross-block hand-off ------------------------------
@@ -190,6 +225,8 @@ HIPC_DEVICE void hipc_prefetch_rows(const void* p, size_t bytes, int lane) {
 }
 
 // ---- shared by every platform --------------------------------------------------------
+
+#define HIPC_INF __builtin_inff()
 
 HIPC_DEVICE float hipc_warp_sum(float v) {
 #pragma unroll
@@ -1047,6 +1084,14 @@ HIPC_DEVICE uint32_t hipc_f32_to_bf16(float x) {
   const uint32_t u = __builtin_bit_cast(uint32_t, x);
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
+// 8 consecutive values of a KV cache row as bf16 (the flash attention's K/V tiles): a bfloat16
+// cache's as stored, a float32 one's rounded
+HIPC_DEVICE uint4 hipc_bf16x8_bf16(const uint16_t* p) { return *(const uint4*)p; }
+HIPC_DEVICE uint4 hipc_bf16x8_f32(const float* p) {
+  const float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+  return uint4{hipc_f32_to_bf16(a.x) | hipc_f32_to_bf16(a.y) << 16, hipc_f32_to_bf16(a.z) | hipc_f32_to_bf16(a.w) << 16,
+               hipc_f32_to_bf16(b.x) | hipc_f32_to_bf16(b.y) << 16, hipc_f32_to_bf16(b.z) | hipc_f32_to_bf16(b.w) << 16};
+}
 // x = hi + lo to about 16 significant bits: hi = bf16(x), lo = bf16(x - hi) (x - hi is exact).
 HIPC_DEVICE void hipc_split_bf16(float x, uint32_t& hi, uint32_t& lo) {
   hi = hipc_f32_to_bf16(x);
@@ -1115,6 +1160,16 @@ HIPC_DEVICE int hipc_mma_col(int lane, int i) { return 2 * (lane % 4) + i % 2; }
 // hipc_mma_colslot(i), column hipc_mma_col(lane, slot)
 #define HIPC_MMA_COLS 2
 HIPC_DEVICE int hipc_mma_colslot(int i) { return i % 2; }
+// likewise HIPC_MMA_ROWS rows (g and g + 8), each shared by the HIPC_MMA_ROW_LANES lanes of a quad
+#define HIPC_MMA_ROWS 2
+#define HIPC_MMA_ROW_LANES 4
+HIPC_DEVICE int hipc_mma_rowslot(int i) { return i / 2; }
+// an accumulator tile rounded to bf16 into a [16][ld] shared tile (the flash kernel's P), column pairs as words
+HIPC_DEVICE void hipc_mma_store_bf16(uint16_t* s, int ld, const hipc_mma_c& c) {
+  const int lane = hipc_thread() % 32, g = lane / 4, col = 2 * (lane % 4);
+  *(uint32_t*)(s + g * ld + col) = hipc_f32_to_bf16(c[0]) | hipc_f32_to_bf16(c[1]) << 16;
+  *(uint32_t*)(s + (g + 8) * ld + col) = hipc_f32_to_bf16(c[2]) | hipc_f32_to_bf16(c[3]) << 16;
+}
 
 #elif defined(HIPC_MMA_HOST)
 // Host tests only (tests/host_simt.py, HIPC_HOST_SIMT, wave 32): mma.sync.m16n8k16's fragment
@@ -1162,57 +1217,94 @@ HIPC_DEVICE int hipc_mma_row(int lane, int i) { return lane / 4 + 8 * (i / 2); }
 HIPC_DEVICE int hipc_mma_col(int lane, int i) { return 2 * (lane % 4) + i % 2; }
 #define HIPC_MMA_COLS 2
 HIPC_DEVICE int hipc_mma_colslot(int i) { return i % 2; }
+#define HIPC_MMA_ROWS 2
+#define HIPC_MMA_ROW_LANES 4
+HIPC_DEVICE int hipc_mma_rowslot(int i) { return i / 2; }
 
-#elif defined(HIPC_MMA_WMMA)
-// v_wmma_f32_16x16x16_bf16, wave32 (gfx11: RDNA3/3.5). Layouts (RDNA3 ISA guide; AMD's matrix
-// instruction calculator; GPUOpen "How to accelerate AI applications on RDNA 3 using WMMA"):
-//   A: lane l holds row l % 16, k 0..15 (16 bf16, 8 VGPRs); lanes 16..31 repeat lanes 0..15
-//   B: lane l holds column l % 16, k 0..15; likewise repeated
-//   C/D (8 floats): element i of lane l is (row 2i + l / 16, column l % 16)
-#define HIPC_MMA_N 16
-typedef short hipc_v16s __attribute__((ext_vector_type(16)));
-typedef float hipc_v8f __attribute__((ext_vector_type(8)));
-struct hipc_u4x2 { uint4 lo, hi; };
-typedef hipc_v16s hipc_mma_a;
-typedef hipc_v16s hipc_mma_b;
-typedef hipc_v8f hipc_mma_c;
-HIPC_DEVICE hipc_v16s hipc_mma_load_a(const uint16_t* s, int ld) {
-  const uint4* p = (const uint4*)(s + (hipc_thread() % 16) * ld);
-  return __builtin_bit_cast(hipc_v16s, (hipc_u4x2{p[0], p[1]}));
-}
-HIPC_DEVICE hipc_v16s hipc_mma_load_b(const uint16_t* s, int ld) { return hipc_mma_load_a(s, ld); }
-HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& b) {
-  c = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a, b, c);
-}
+#elif defined(HIPC_MMA_WMMA) || defined(HIPC_MMA_WMMA12) || defined(HIPC_MMA_MFMA)
+// AMD: 16 x 16 x 16 bf16 -> f32 tiles. Lane l holds row l % 16 of A (column l % 16 of B) at
+// HIPC_MMA_KA consecutive k from hipc_mma_k0(l), and HIPC_MMA_ACC accumulator floats, element i
+// at (row hipc_mma_row(l, i), column l % 16). Per instruction (RDNA3 and RDNA4 ISA guides, "Wave
+// Matrix Multiply Accumulate"; CDNA3 ISA, "Matrix fused multiply-add" operand layouts; AMD's
+// matrix instruction calculator):
+#if defined(HIPC_MMA_WMMA)
+//   v_wmma_f32_16x16x16_bf16, gfx11 (RDNA3/3.5), wave32: A and B 16 k a lane (8 VGPRs), lanes
+//   16..31 repeating lanes 0..15; C element i of lane l at row 2i + l / 16
+#define HIPC_MMA_KA 16
+#define HIPC_MMA_ACC 8
+HIPC_DEVICE int hipc_mma_k0(int) { return 0; }
 HIPC_DEVICE int hipc_mma_row(int lane, int i) { return 2 * i + lane / 16; }
-HIPC_DEVICE int hipc_mma_col(int lane, int i) { return lane % 16; }
-#define HIPC_MMA_COLS 1
-HIPC_DEVICE int hipc_mma_colslot(int) { return 0; }
-
-#elif defined(HIPC_MMA_MFMA)
-// v_mfma_f32_16x16x16_bf16 (gfx942; gfx90a's v_mfma_f32_16x16x16bf16_1k), wave64. Layouts
-// (CDNA3 ISA "Matrix fused multiply-add" operand layouts; AMD's matrix instruction calculator):
-//   A: lane l holds row l % 16, k 4(l / 16) .. 4(l / 16) + 3 (4 bf16, 2 VGPRs)
-//   B: lane l holds column l % 16, the same 4 k
-//   C/D (4 floats): element i of lane l is (row 4(l / 16) + i, column l % 16)
-#define HIPC_MMA_N 16
-typedef short hipc_v4s __attribute__((ext_vector_type(4)));
-typedef float hipc_v4f __attribute__((ext_vector_type(4)));
-typedef hipc_v4s hipc_mma_a;
-typedef hipc_v4s hipc_mma_b;
-typedef hipc_v4f hipc_mma_c;
-HIPC_DEVICE hipc_v4s hipc_mma_load_a(const uint16_t* s, int ld) {
-  const int lane = hipc_thread() % 64;
-  return __builtin_bit_cast(hipc_v4s, *(const uint2*)(s + (lane % 16) * ld + (lane / 16) * 4));
-}
-HIPC_DEVICE hipc_v4s hipc_mma_load_b(const uint16_t* s, int ld) { return hipc_mma_load_a(s, ld); }
-HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& b) {
-  c = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, 0, 0, 0);
-}
+#elif defined(HIPC_MMA_WMMA12)
+//   v_wmma_f32_16x16x16_bf16, gfx12 (RDNA4), wave32: A and B 8 k a lane (4 VGPRs), lanes 0..15
+//   holding k 0..7 and lanes 16..31 k 8..15; C element i of lane l at row i + 8 (l / 16)
+#define HIPC_MMA_KA 8
+#define HIPC_MMA_ACC 8
+HIPC_DEVICE int hipc_mma_k0(int lane) { return 8 * (lane / 16); }
+HIPC_DEVICE int hipc_mma_row(int lane, int i) { return i + 8 * (lane / 16); }
+#else
+//   v_mfma_f32_16x16x16_bf16 (gfx942; gfx90a's v_mfma_f32_16x16x16bf16_1k), wave64: A and B 4 k a
+//   lane (2 VGPRs), lane l holding k 4(l / 16)..4(l / 16)+3; C element i of lane l at row 4(l / 16) + i
+#define HIPC_MMA_KA 4
+#define HIPC_MMA_ACC 4
+HIPC_DEVICE int hipc_mma_k0(int lane) { return 4 * (lane / 16); }
 HIPC_DEVICE int hipc_mma_row(int lane, int i) { return 4 * (lane / 16) + i; }
-HIPC_DEVICE int hipc_mma_col(int lane, int i) { return lane % 16; }
+#endif
+#define HIPC_MMA_N 16
+// fragments as plain arrays (the same loads on the device and in the host tests); a KA-run of
+// k is 8, 16 or 32 bytes, loaded as one or two vector reads
+struct __attribute__((aligned(HIPC_MMA_KA >= 8 ? 16 : 8))) hipc_mma_a { uint16_t v[HIPC_MMA_KA]; };
+typedef hipc_mma_a hipc_mma_b;
+struct hipc_mma_c {
+  float v[HIPC_MMA_ACC];
+  HIPC_DEVICE float& operator[](int i) { return v[i]; }
+  HIPC_DEVICE float operator[](int i) const { return v[i]; }
+};
+HIPC_DEVICE hipc_mma_a hipc_mma_load_a(const uint16_t* s, int ld) {
+  const int lane = hipc_thread() % HIPC_WAVE;
+  return *(const hipc_mma_a*)(s + (lane % 16) * ld + hipc_mma_k0(lane));
+}
+HIPC_DEVICE hipc_mma_b hipc_mma_load_b(const uint16_t* s, int ld) { return hipc_mma_load_a(s, ld); }
+// B from a [k][n] tile (n contiguous: attention's V), one value per k
+HIPC_DEVICE hipc_mma_b hipc_mma_load_b_t(const uint16_t* s, int ld) {
+  const int lane = hipc_thread() % HIPC_WAVE;
+  hipc_mma_b b;
+#pragma unroll
+  for (int e = 0; e < HIPC_MMA_KA; ++e) b.v[e] = s[(hipc_mma_k0(lane) + e) * ld + lane % 16];
+  return b;
+}
+#if defined(HIPC_HOST_SIMT)
+// the host tests' harness (tests/host_simt.py) carries the instruction out across the wave's
+// lanes from the ISA's own operand layout, as the hardware would
+void hipc_mma_emulate(float* c, const uint16_t* a, const uint16_t* b);
+HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& b) { hipc_mma_emulate(c.v, a.v, b.v); }
+#else
+typedef short hipc_vka __attribute__((ext_vector_type(HIPC_MMA_KA)));
+typedef float hipc_vacc __attribute__((ext_vector_type(HIPC_MMA_ACC)));
+HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& b) {
+  const hipc_vka va = __builtin_bit_cast(hipc_vka, a), vb = __builtin_bit_cast(hipc_vka, b);
+  const hipc_vacc vc = __builtin_bit_cast(hipc_vacc, c);
+#if defined(HIPC_MMA_WMMA)
+  c = __builtin_bit_cast(hipc_mma_c, __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(va, vb, vc));
+#elif defined(HIPC_MMA_WMMA12)
+  c = __builtin_bit_cast(hipc_mma_c, __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12(va, vb, vc));
+#else
+  c = __builtin_bit_cast(hipc_mma_c, __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(va, vb, vc, 0, 0, 0));
+#endif
+}
+#endif
+HIPC_DEVICE int hipc_mma_col(int lane, int) { return lane % 16; }
 #define HIPC_MMA_COLS 1
 HIPC_DEVICE int hipc_mma_colslot(int) { return 0; }
+// every accumulator element of a lane is in a row of its own; 16 lanes share a row
+#define HIPC_MMA_ROWS HIPC_MMA_ACC
+#define HIPC_MMA_ROW_LANES 16
+HIPC_DEVICE int hipc_mma_rowslot(int i) { return i; }
+// an accumulator tile rounded to bf16 into a [16][ld] shared tile (the flash kernel's P)
+HIPC_DEVICE void hipc_mma_store_bf16(uint16_t* s, int ld, const hipc_mma_c& c) {
+  const int lane = hipc_thread() % HIPC_WAVE;
+#pragma unroll
+  for (int i = 0; i < HIPC_MMA_ACC; ++i) s[hipc_mma_row(lane, i) * ld + lane % 16] = (uint16_t)hipc_f32_to_bf16(c[i]);
+}
 #endif
 
 #if defined(HIPC_WGMMA)
@@ -1268,4 +1360,43 @@ HIPC_DEVICE void hipc_wgmma_wait() {
 }
 // keeps the compiler from moving accesses to an accumulator register across the asynchronous MMAs
 HIPC_DEVICE void hipc_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// Thread block clusters (__cluster_dims__): the CTAs of one cluster share x tiles (one TMA copy
+// multicast into each) and add up their K halves through each other's shared memory. A CTA's
+// rank counts x fastest, then y, then z (PTX %cluster_ctarank).
+HIPC_DEVICE void hipc_cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+HIPC_DEVICE void hipc_cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+// this CTA's shared address `addr` as the same offset in cluster CTA `rank` (a shared::cluster address)
+HIPC_DEVICE uint32_t hipc_cluster_map(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// (release at CTA scope, as for a local arrival: what it orders is this CTA's wgmmas having read
+// the stage, which wgmma.wait_group already guarantees; .release.cluster costs a MEMBAR.GPU)
+HIPC_DEVICE void hipc_mbar_arrive_cluster(uint32_t bar) {  // bar: from hipc_cluster_map
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// hipc_tma_load's box written at dst in every CTA of `mask` (cluster ranks), each completing
+// its own barrier at offset `bar`
+HIPC_DEVICE void hipc_tma_load_multicast(uint32_t dst, const hipc_tmap* map, int c0, int c1, uint32_t bar,
+                                         uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;"
+      ::"r"(dst), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+      : "memory");
+}
+HIPC_DEVICE void hipc_st_shared_f4(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+HIPC_DEVICE void hipc_ld_cluster_f4(uint32_t addr, float& a, float& b, float& c, float& d) {
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(a), "=f"(b), "=f"(c), "=f"(d)
+               : "r"(addr)
+               : "memory");
+}
+// a barrier among the `threads` threads (whole warps) that use barrier `id` (1..15; 0 is hipc_sync's)
+HIPC_DEVICE void hipc_named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 #endif

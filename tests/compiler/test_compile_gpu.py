@@ -1,9 +1,11 @@
-"""GPU targets compiled without a GPU: nvcc for sm_90, clang for gfx1100 and gfx942.
+"""GPU targets compiled without a GPU: nvcc for sm_80/sm_90, clang-19 for every AMD target.
 
 The code objects must exist, be the right kind of file, and hold every kernel the
 plan launches; bf16 linears must prefill on the target's matrix instructions (read from
-the PTX / the disassembly), other weight types on the SIMT GEMM. They run only on the GPU
-machine (tests/gpu).
+the PTX / the disassembly), other weight types on the SIMT GEMM, and the prefill attention
+on the same instructions (the flash kernel) without spilling. NVIDIA's run on the GPU
+machine (tests/gpu); AMD's are compiled, disassembled and run in host emulation
+(tests/compiler/test_gpu_flash_host.py) only: no AMD GPU is available to this project.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.gpu import NvccToolchain
 
 from gguf_writer import write_numpy_gguf, write_q6k_head_gguf
-from support import IN_CI, TINY_FAMILIES, TINY_GEMMA, write_tiny_hf
+from support import IN_CI, TINY_FAMILIES, TINY_GEMMA, amd_kernel_metadata, write_tiny_hf
 
 CLANG = shutil.which("clang++-19") or shutil.which("clang++")
 OBJDUMP = shutil.which("llvm-objdump-19") or shutil.which("llvm-objdump")
+READELF = shutil.which("llvm-readelf-19") or shutil.which("llvm-readelf")
 
 
 def need(tool: str | None, name: str) -> None:
@@ -65,7 +68,10 @@ MMA_INSTRUCTION = {
     "gfx1100": "v_wmma_f32_16x16x16_bf16",
     "gfx942": "v_mfma_f32_16x16x16_bf16",
     "gfx90a": "v_mfma_f32_16x16x16bf16_1k",  # CDNA2's spelling of the same operation
+    "gfx1151": "v_wmma_f32_16x16x16_bf16",
+    "gfx1201": "v_wmma_f32_16x16x16_bf16",  # RDNA4: the same name, another operand layout
 }
+AMD_TARGETS = ("gfx90a", "gfx942", "gfx1100", "gfx1151", "gfx1201")
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +84,8 @@ def bf16_artifact(tmp_path_factory):
 @pytest.fixture(scope="module")
 def q8_artifact(tmp_path_factory):
     root = tmp_path_factory.mktemp("q8")
-    return compiled(root, write_numpy_gguf(root / "m.gguf", "Q8_0"), ("sm_90", "gfx942", "gfx1100"))
+    targets = ("sm_90", "gfx942", "gfx1100", "gfx1201")
+    return compiled(root, write_numpy_gguf(root / "m.gguf", "Q8_0"), targets)
 
 
 def kernel_code(artifact, target) -> dict[str, str]:
@@ -117,12 +124,18 @@ def test_bf16_prefill_on_wgmma_sm90(tmp_path):
     gemms = [i for i, x in enumerate(steps) if "_wg" in x["kernel"] and "_xb" not in x["kernel"]]
     assert len(gemms) == 2 * 4 + 1  # per layer qkv, o, gate/up, down; then the lm head
     shapes = {w["name"]: w["shape"] for w in plan["weights"]}
+    handoffs = 0
     for i in gemms:
         launch, before = steps[i], steps[i - 1]
+        xmap, wmap = launch["args"][0], launch["args"][1]
+        assert xmap["kind"] == wmap["kind"] == "tmap"
+        if xmap["of"]["kind"] == "arena":  # down: the GLU GEMM before it wrote x in bf16
+            assert before["kernel"].endswith("_yb") and before["args"][-1] == xmap["of"]
+            handoffs += 1
+            continue
         assert before["kernel"] == launch["kernel"] + "_xb"
         assert before["args"][2] == launch["args"][0]["of"]  # xb written, then mapped
-        xmap, wmap = launch["args"][0], launch["args"][1]
-        assert xmap["kind"] == wmap["kind"] == "tmap" and xmap["of"]["kind"] == "scratch"
+        assert xmap["of"]["kind"] == "scratch"
         assert wmap["of"]["kind"] == "weight"
         n, k = shapes[plan["weights"][wmap["of"]["index"]]["name"]]
         assert wmap["dims"] == [k, n] and xmap["dims"] == [k, plan["max_tokens"]]
@@ -130,6 +143,7 @@ def test_bf16_prefill_on_wgmma_sm90(tmp_path):
         assert "wgmma.mma_async.sync.aligned.m64n" in ptx
         assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile" in ptx
         assert "mma.sync" not in ptx
+    assert handoffs == 2  # one per layer
     (tmp_path / "s").mkdir()
     (tmp_path / "o").mkdir()
     split = compiled(tmp_path / "s", model, ("sm_90",), prefill_precision="split")
@@ -173,7 +187,7 @@ def test_other_weight_types_prefill_on_the_simt_gemm(artifact, target):
     assert all(x["block"] == [256] and x["shared"] == 0 for x in linears)
 
 
-@pytest.mark.parametrize("target", ["sm_90", "gfx942"])
+@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx1201"])
 def test_quantized_prefill_on_matrix_instructions(q8_artifact, target):
     """Q8_0 prefill on the mma.sync / MFMA GEMM (integer quants in the tiles, scales in
     float32), never the wgmma one (bf16 weights only)."""
@@ -200,6 +214,40 @@ def test_quantized_gemv_multiplies_int8(q8_artifact, target):
     code = kernel_code(q8_artifact, target)
     gemv = [k for k in code if k.endswith("_gemv")]
     assert gemv and all(DOT4_INSTRUCTION[target] in code[k] for k in gemv)
+
+
+@pytest.fixture(scope="module")
+def amd_artifact(tmp_path_factory):
+    """Head dim 128 (the flash kernel's widest) for every AMD target: clang-19 only."""
+    need(CLANG, "clang++-19")
+    root = tmp_path_factory.mktemp("amd")
+    model = write_tiny_hf(root / "m", dtype="bfloat16", hidden_size=256, intermediate_size=96,
+                          num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    out = root / "m.hipc"
+    compile_model(model, out, CompileOptions(targets=AMD_TARGETS, max_context=64), verbose=False)
+    return out
+
+
+@pytest.mark.parametrize("target", AMD_TARGETS)
+def test_amd_prefill_attention_and_gemm_on_matrix_instructions(amd_artifact, target):
+    """Every AMD target prefills on its matrix instruction, MFMA or WMMA (gfx1201's own operand
+    layout): the GEMMs and the flash attention (4 waves, a block per 64 query rows and head), as
+    the disassembly shows, and neither spills (scratch) at head dim 128."""
+    need(READELF, "llvm-readelf-19")
+    steps = json.loads((amd_artifact / "plan.json").read_text())["targets"][target]["steps"]
+    code = kernel_code(amd_artifact, target)
+    meta = amd_kernel_metadata(amd_artifact / "kernels" / f"{target}.co", READELF)
+    flash = [x for x in steps["prefill"] if x["kernel"].endswith("_flash")]
+    assert len(flash) == 2 and not any(x["kernel"].endswith("_attn") for x in steps["prefill"])
+    wave = 64 if target.startswith("gfx9") else 32
+    linears = prefill_linears(amd_artifact, target)
+    assert len(linears) == 2 * 4 + 1 and all(x["kernel"].endswith("_mma") for x in linears)
+    for launch in flash + linears:
+        name = launch["kernel"]
+        assert MMA_INSTRUCTION[target] in code[name], name
+        assert meta[name][".private_segment_fixed_size"] == "0", (name, "spills to scratch")
+        assert meta[name][".wavefront_size"] == str(wave)
+    assert all(x["block"] == [4 * wave] and x["grid"] == ["cdiv(T,64)", 2] for x in flash)
 
 
 def launched_kernels(artifact, target):
@@ -336,23 +384,29 @@ def test_gemma_params_refused_on_gpu(tmp_path, family):
 
 
 def test_wgmma_tiles_follow_the_measured_choice():
-    """select_wgmma's wave model against what bench_gpu_gemm.py measured fastest on the H200
-    (Llama-3-8B layer, docs/benchmarks/gpu-prefill.md): short steps take narrower tiles where
-    128 x 256 leaves SMs idle, 4096-token steps the widest."""
+    """select_wgmma against what bench_gpu_gemm.py measured fastest on the H200 (Llama-3-8B
+    layer, docs/benchmarks/gpu-prefill.md): the table for those shapes at the step sizes
+    measured and the nearest one otherwise; the wave model for other shapes (short steps take
+    narrower tiles where 128 x 256 leaves SMs idle, long steps the widest)."""
     from hipc.compiler.kernels.linear import LinearParams, select_wgmma
 
-    shapes = {
-        "qkv": (6144, 4096, "none", (128, 192)),
-        "o": (4096, 4096, "residual", (128, 128)),
-        "gate_up": (28672, 4096, "glu", (128, 192)),
-        "down": (4096, 14336, "residual", (128, 128)),
+    shapes = {  # N, K, epilogue: {tokens: variant measured fastest}
+        "qkv": (6144, 4096, "none", {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"}),
+        "o": (4096, 4096, "residual", {512: "wg128x128", 2048: "wg128x256t2"}),
+        "gate_up": (28672, 4096, "glu", {512: "wg128x192", 2048: "wg128x256"}),
+        "down": (4096, 14336, "residual", {512: "wg128x128", 2048: "wg128x256"}),
     }
-    for name, (N, K, ep, at512) in shapes.items():
+    for name, (N, K, ep, best) in shapes.items():
         p = LinearParams("bfloat16", N, K, 0.0, ep, False)
-        t = select_wgmma(p, 512)
-        assert (t.bm, t.bn) == at512, name
-        t = select_wgmma(p, 4096)
-        assert (t.bm, t.bn) == (128, 256), name
+        for tokens, want in best.items():
+            assert select_wgmma(p, tokens).name == want, (name, tokens)
+        assert select_wgmma(p, 300).name == best[512], name  # nearest measured: 512
+        assert select_wgmma(p, 1024).name == best[512], name  # a tie: the smaller
+        assert select_wgmma(p, 1400).name == best[2048], name
+    # an unlisted shape: the wave model (SmolLM2's gate/up: 2 x 1536 x 576)
+    p = LinearParams("bfloat16", 3072, 576, 0.0, "glu", False)
+    assert select_wgmma(p, 512).name == "wg128x128"  # 4 x 12 blocks: the narrowest fills most
+    assert select_wgmma(p, 4096).name == "wg128x256"
 
 
 def test_launches_by_step_size():
@@ -369,3 +423,72 @@ def test_launches_by_step_size():
     assert [x.kernel for x in plan.launches(512)] == ["a", "short"]
     assert [x.kernel for x in plan.launches(1025)] == ["a", "long"]
     assert [x.kernel for x in plan.launches(1)] == ["d"]
+
+
+def _sm90_program(folder, tmp_path):
+    """The sm_90 program (source and launch plan) as rendered, without running nvcc."""
+    from hipc.cache.store import KernelCache
+    from hipc.compiler.pipeline import Compilation, stages
+    from hipc.compiler.targets import target
+
+    targets = [target("sm_90")]
+    c = Compilation(folder, tmp_path / "m.hipc", CompileOptions(targets=("sm_90",)), targets,
+                    KernelCache(tmp_path / "cache"))  # fmt: skip
+    for stage in stages(targets):
+        stage.run(c)
+        if stage.name == "render sm_90":
+            return c.programs["sm_90"]
+    raise AssertionError("no render stage")
+
+
+def test_glu_hands_bf16_to_the_down_linear(tmp_path):
+    """sm_90, bf16 weights: the gate/up GEMM writes its output in bf16 and the down GEMM's
+    tensor map reads that buffer directly (no _xb launch); qkv, o and gate/up keep theirs, and
+    the decode GEMVs still read the buffer the GLU GEMV writes (float32)."""
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
+    program = _sm90_program(folder, tmp_path)
+    prefill = program.plan["steps"]["prefill"]
+    names = [x["kernel"] for x in prefill]
+    gemms = [x for x in prefill if "_glu_" in x["kernel"] and x["kernel"].endswith("_yb")]
+    down = [x for x in prefill if "_32x128_residual_" in x["kernel"]]  # hidden 32, ffn 128
+    assert len(gemms) == len(down) == 2, names  # one per layer
+    assert not any(x["kernel"].endswith("_xb") for x in down), names
+    for glu, d in zip(gemms, down, strict=True):
+        y, xmap = glu["args"][-1], d["args"][0]  # WGMMA's arguments: xmap first, y last
+        assert xmap["kind"] == "tmap" and xmap["of"] == y and y["kind"] == "arena", (y, xmap)
+        assert xmap["dims"][0] == 128  # K of down = the GLU's outputs, bf16 rows
+    # every other wgmma GEMM still has its _xb pass just before it
+    for i, x in enumerate(prefill):
+        if "_wg" in x["kernel"] and not x["kernel"].endswith("_xb") and x not in down:
+            assert prefill[i - 1]["kernel"] == x["kernel"] + "_xb", names
+    assert "hipc_f32_to_bf16(v0) | hipc_f32_to_bf16(v1) << 16" in program.source
+    # decode: the GLU GEMV writes float32 where the down GEMV reads it
+    decode = program.plan["steps"]["decode"]
+    glu_gemv = [x for x in decode if "_glu_" in x["kernel"]]
+    down_gemv = [x for x in decode if "_32x128_residual_" in x["kernel"]]
+    assert [x["args"][-1] for x in glu_gemv] == [x["args"][0] for x in down_gemv]
+
+
+def test_cluster_variants_in_the_plan(tmp_path, monkeypatch):
+    """A measured cluster variant reaches the plan with its grid (W-sharing token pairs: half
+    the token blocks, z = 2; x-sharing pairs: output blocks rounded up to whole pairs), its
+    tensor-map box (a pair copies half an x tile each) and, for the overlapped launch, the
+    plan's "overlap" flag; the GEMM kernel's source declares the cluster."""
+    from hipc.compiler.kernels import linear
+
+    monkeypatch.setitem(linear.WGMMA_MEASURED, (32, 32, "residual"), {512: "wg128x256t2"})
+    monkeypatch.setitem(linear.WGMMA_MEASURED, (64, 32, "none"), {512: "wg128x256c2p"})
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
+    program = _sm90_program(folder, tmp_path)
+    prefill = program.plan["steps"]["prefill"]
+    o = [x for x in prefill if x["kernel"].endswith("_wg128x256t2")]
+    qkv = [x for x in prefill if x["kernel"].endswith("_wg128x256c2p")]
+    assert len(o) == len(qkv) == 2, [x["kernel"] for x in prefill]  # one per layer
+    for x in o:
+        assert x["grid"] == ["cdiv(T,256)", 1, 2] and "overlap" not in x
+        assert x["args"][0]["box"] == [64, 128]
+    for x in qkv:
+        assert x["grid"] == ["cdiv(T,128)", 2, 1] and x["overlap"] is True  # 1 block -> a pair
+        assert x["args"][0]["box"] == [64, 64]
+    assert "__cluster_dims__(1, 1, 2)" in program.source
+    assert "__cluster_dims__(1, 2, 1)" in program.source

@@ -113,7 +113,9 @@ def kernels(request, tmp_path_factory):
             wrappers += [wrapper(kernel, CHUNK_GPU) for kernel, _, _ in chunk_launches(p, k)]
     code = "#define __launch_bounds__(n)\n" + "\n".join(sources) + "\n" + "\n".join(wrappers)
     root = tmp_path_factory.mktemp(f"deltanet{wave}")
-    lib = host_simt.build(root, "deltanet_host", code, wave, mma=wave == 32)
+    lib = host_simt.build(
+        root, "deltanet_host", code, wave, "HIPC_MMA_HOST" if wave == 32 else None
+    )
     return HostKernels(lib, specs, paths)
 
 

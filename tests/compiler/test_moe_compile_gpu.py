@@ -65,7 +65,7 @@ def bf16(tmp_path_factory):
     torch = pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("bf16")
     make_moe_model("mixtral-e8-k1").to(torch.bfloat16).save_pretrained(root / "src")
-    return compiled(root, root / "src", TARGETS)
+    return compiled(root, root / "src", (*TARGETS, "gfx1201"))
 
 
 def steps(artifact, target):
@@ -128,3 +128,11 @@ def test_bf16_experts_prefill_on_matrix_instructions(bf16, q4, target):
     # quantized experts stay on the SIMT tiles
     q4_gemms = [x["kernel"] for x in steps(q4, target)["prefill"] if x["group"] == "l0.moe"]
     assert not any("_mma_" in k for k in q4_gemms)
+
+
+def test_bf16_experts_prefill_on_gfx1201_wmma(bf16):
+    """RDNA4's WMMA (its own operand layout) in the grouped GEMMs too."""
+    code = kernel_code(bf16, "gfx1201")
+    gemms = [x for x in steps(bf16, "gfx1201")["prefill"] if x["group"] == "l0.moe"][2:4]
+    assert [x["kernel"].rsplit("_mma_", 1)[-1] for x in gemms] == ["gate_up", "down"]
+    assert all(MMA_INSTRUCTION["gfx1201"] in code[x["kernel"]] for x in gemms)

@@ -1,8 +1,10 @@
 """The prefill attention kernels alone on a real GPU, against NumPy in float64.
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each case renders
-the matrix-instruction kernel (attention_flash: NVIDIA; with a bfloat16 cache also its
-double-buffered cp.async form, which is not compiled into artifacts yet) and the SIMT one (attention) as
+the matrix-instruction kernel (attention_flash: mma.sync, WMMA or MFMA; on NVIDIA with a bfloat16
+cache also its double-buffered cp.async form, which is not compiled into artifacts yet; the AMD
+forms are checked in host emulation by tests/compiler/test_gpu_flash_host.py, never yet on an
+AMD GPU) and the SIMT one (attention) as
 compiler/kernels/attention.py renders them for the device, fills the KV cache below start + T
 the way rope_kv leaves it (keys rotated, in the storage type; NaN past the prompt: nothing there
 may be read), and compares every query row's output (NaN-poisoned first) with softmax attention
@@ -26,10 +28,15 @@ from hipc.compiler.kernels.attention import (
     prefill_signature,
 )
 from hipc.compiler.kernels.base import GPU_INDENT, GpuKernel
-from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import DeviceKernels, attention_params, attention_switches, rope
+from gpu_kernels import (
+    DeviceKernels,
+    as_stored,
+    attention_params,
+    prefill_attention_inputs,
+    prefill_attention_reference,
+)
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -61,7 +68,7 @@ def kernel_specs(arch: str) -> dict:
             specs[name, "flash"] = fk  # as compiled: K/V loaded, then used
         if kv == "bfloat16":
             fk = flash_attention(f"g{i}", p, GpuTarget(arch), [name], kv, pipelined=True)
-            if fk is not None:
+            if fk is not None and fk.ctx["pipelined"]:  # NVIDIA only
                 specs[name, "flash_pipelined"] = fk  # double-buffered with cp.async
         kv_ctx = kv_context(kv)
         ctx = dict(
@@ -93,28 +100,12 @@ def kernels():
 @pytest.mark.parametrize("variant", ["flash", "flash_pipelined", "simt"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_prefill_attention_matches_numpy(kernels, name, variant):
-    NH, NKV, D, window, norm, interleaved, kv, start, T = CASES[name][:9]
-    rot, gated = attention_switches(CASES[name])
-    QW = 2 * D if gated else D  # q's head stride
+    NH, _, D, _, norm, _, kv, start, T = CASES[name][:9]
     spec = kernels.specs.get((name, variant))
     if spec is None:
         pytest.skip(f"{kernels.arch}: no {variant} prefill attention for this shape")
-    rng = np.random.default_rng(300 + sorted(CASES).index(name))
-    ctx = start + T + 70
-    ldq = NH * QW + 40  # q is a column view of the qkv projection's output
-    q = rng.standard_normal((T, ldq)).astype(np.float32) * 2
-    qw = (1 + 0.2 * rng.standard_normal(D)).astype(np.float32)
-    ang = rng.uniform(0, 2 * np.pi, (ctx, (rot or D) // 2))
-    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
-    kc, vc = (store(rng.standard_normal((ctx, NKV, D)).astype(np.float32) * 2) for _ in range(2))
-    kc[start + T :] = np.nan
-    vc[start + T :] = np.nan
-    as_stored = (
-        (lambda a: (a.view(np.uint32) >> 16).astype(np.uint16))
-        if kv == "bfloat16"
-        else (lambda a: a)
-    )
+    x = prefill_attention_inputs(CASES[name], 300 + sorted(CASES).index(name))
+    q, ldq, qw, cos_t, sin_t = x["q"], x["ldq"], x["qw"], x["cos_t"], x["sin_t"]
     try:
         out = kernels.poisoned((T, NH * D))
         args = [
@@ -125,8 +116,8 @@ def test_prefill_attention_matches_numpy(kernels, name, variant):
             ("u64", kernels.upload(qw) if norm else 0),
             ("u64", kernels.upload(cos_t)),
             ("u64", kernels.upload(sin_t)),
-            ("u64", kernels.upload(as_stored(kc))),
-            ("u64", kernels.upload(as_stored(vc))),
+            ("u64", kernels.upload(as_stored(x["kc"], kv))),
+            ("u64", kernels.upload(as_stored(x["vc"], kv))),
             ("u64", out),
         ]
         if variant != "simt":
@@ -138,26 +129,7 @@ def test_prefill_attention_matches_numpy(kernels, name, variant):
     finally:
         kernels.free()
 
-    qh = q[:, : NH * QW].reshape(T, NH, QW)[..., :D].astype(np.float64)
-    if norm:
-        qh = qh / np.sqrt(np.mean(qh * qh, -1, keepdims=True) + EPS) * qw
-    pos = start + np.arange(T)
-    r = rot or D
-    qh[..., :r] = rope(qh[..., :r], cos_t[pos][:, None], sin_t[pos][:, None], interleaved)
-    want = np.empty((T, NH, D))
-    group = NH // NKV
-    for t in range(T):
-        p = start + t
-        lo = max(0, p - window + 1) if window else 0
-        keys, vals = kc[lo : p + 1].astype(np.float64), vc[lo : p + 1].astype(np.float64)
-        for h in range(NH):
-            sc = keys[:, h // group] @ qh[t, h] * D**-0.5
-            e = np.exp(sc - sc.max())
-            want[t, h] = e @ vals[:, h // group] / e.sum()
-    if gated:
-        gate = q[:, : NH * QW].reshape(T, NH, QW)[..., D:].astype(np.float64)
-        want = want / (1 + np.exp(-gate))
-    want = want.reshape(T, NH * D)
+    want = prefill_attention_reference(CASES[name], x, EPS)
     assert not np.isnan(got).any(), (name, variant, "outputs left unwritten")
     # flash: q, K, V and P rounded to bf16 (2^-9 each) against a float64 reference: measured
     # 5.0e-3..8.9e-3 on the H200 for D = 64..128; a wrong mask, fragment or softmax is O(1)

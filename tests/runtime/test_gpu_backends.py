@@ -1326,3 +1326,82 @@ def test_decode_inside_a_span_is_submitted_asynchronously(api, recurrent_artifac
         engine.forward([0], 8), toy_recurrent_logits([1, 2, 3, 4, 0, 1, 2, 3, 0])[-1], rtol=1e-5
     )
     engine.close()
+
+
+class PlanCheckingGpu(FakeGpu):
+    """Runs no kernel: each launch of a real AMD artifact's plan is held to its code object's
+    metadata (support.amd_kernel_metadata): the block within the kernel's launch bounds and a
+    whole number of waves, dynamic plus static LDS within the 64 KiB a workgroup has."""
+
+    def __init__(self, meta: dict[str, dict], **kw) -> None:
+        super().__init__(**kw)
+        self.meta = meta
+
+    def execute(self, rec, via: str) -> None:
+        name, _grid, block, shared, _args = rec
+        self.executed.append((*rec, via))
+        m = self.meta[name]
+        assert block[0] <= int(m[".max_flat_workgroup_size"]), (name, block)
+        assert block[0] % int(m[".wavefront_size"]) == 0, (name, block)
+        assert shared + int(m[".group_segment_fixed_size"]) <= 64 * 1024, (name, shared)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx1100", "gfx1201"])
+def test_amd_prefill_plan_on_the_fake_hip(arch, tmp_path):
+    """A real AMD artifact (clang-19) whose plan the hip backend runs on the fake driver with
+    the code object's own kernel signatures: the prefill attention is the flash kernel on the
+    matrix instructions, one block per 64 query rows and head, 4 waves; every launch of prefill
+    and decode within its kernel's bounds. (Nothing here runs the kernels: no AMD GPU.)"""
+    import shutil
+
+    from hipc.compiler.kernels.attention import AttentionParams, flash_attention
+    from hipc.compiler.options import CompileOptions
+    from hipc.compiler.pipeline import compile_model
+    from hipc.compiler.targets import GpuTarget
+
+    from support import IN_CI, amd_kernel_metadata, write_tiny_hf
+
+    clang, readelf = shutil.which("clang++-19"), shutil.which("llvm-readelf-19")
+    if clang is None or readelf is None:
+        why = "clang++-19 and llvm-readelf-19 build and read AMD code objects"
+        (pytest.fail if IN_CI else pytest.skip)(f"{why} (.ci/run installs them)")
+    model = write_tiny_hf(tmp_path / "m", dtype="bfloat16", hidden_size=128, intermediate_size=96,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)  # fmt: skip
+    out = tmp_path / "m.hipc"
+    compile_model(model, out, CompileOptions(targets=(arch,), max_context=128), verbose=False)
+    co = out / "kernels" / f"{arch}.co"
+    meta = amd_kernel_metadata(co, readelf)
+    plan = json.loads((out / "plan.json").read_text())
+    for launch in [x for step in plan["targets"][arch]["steps"].values() for x in step]:
+        assert len(launch["args"]) == len(meta[launch["kernel"]]["args"]), launch["kernel"]
+    # the fake module: each kernel's arguments as the code object declares them
+    types = {4: "i32", 8: "u64"}
+    sigs = {n: [types[int(a[".size"])] for a in m["args"]] for n, m in meta.items()}
+    co.write_bytes(json.dumps({"kernels": sigs}).encode())
+    manifest = json.loads((out / "manifest.json").read_text())
+    rel = f"kernels/{arch}.co"
+    manifest["files"][rel] = {"size": co.stat().st_size,
+                              "sha256": hashlib.sha256(co.read_bytes()).hexdigest()}  # fmt: skip
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+    wave = 64 if arch.startswith("gfx9") else 32
+    gpu = PlanCheckingGpu(meta, gcn=f"{arch}:xnack-")
+    b = HipBackend(load_artifact(out), hip=FakeHip(gpu))
+    try:
+        T = 70
+        b.forward(np.arange(T) % 97, 0, True)
+        flash = [e for e in gpu.executed if e[0].endswith("_flash")]
+        assert len(flash) == 2  # one per layer
+        p = AttentionParams(
+            NH=2, NKV=1, D=64, scale=0.125, window=0, interleaved=False, norm_eps=0.0
+        )
+        fk = flash_attention("f", p, GpuTarget(arch), [], "bfloat16")
+        for _, grid, block, shared, args, _ in flash:
+            assert grid == (2, 2, 1) and block == (4 * wave, 1, 1)  # cdiv(70, 64) x heads
+            assert shared == fk.shared and args[2] == T  # the kernel's T
+        assert not any(e[0].endswith("_attn") for e in gpu.executed)  # no SIMT attention
+        gpu.executed.clear()
+        b.forward(np.array([5]), T, False)  # decode: the captured graph
+        assert gpu.executed and all(e[5] == "graph" for e in gpu.executed)
+    finally:
+        b.close()
