@@ -14,7 +14,7 @@ import numpy as np
 
 from hipc.base.errors import HipcError
 from hipc.runtime.artifact import Artifact, load_artifact
-from hipc.runtime.recurrent import RecurrentSequence
+from hipc.runtime.recurrent import SNAPSHOT_INTERVAL, RecurrentSequence
 
 
 class CompiledEngine:
@@ -24,11 +24,12 @@ class CompiledEngine:
         self.max_context = backend.max_context
         self.vocab_size = artifact.plan["vocab_size"]
         self._tokenizer = None
-        self._queued: tuple | None = None  # (tokens, start) of a submitted step
+        self._queued: tuple | None = None  # (tokens, start, on the backend) of a submitted step
         # recurrent states: prefix reuse from snapshots, where the backend can copy them
         self.sequence = None
         if any(s.kind == "recurrent" for s in artifact.states) and hasattr(backend, "snapshot"):
-            self.sequence = RecurrentSequence(self._step, backend, self.max_context)
+            every = getattr(backend, "snapshot_interval", SNAPSHOT_INTERVAL)
+            self.sequence = RecurrentSequence(self._step, backend, self.max_context, every)
 
     @property
     def tokenizer(self):
@@ -97,27 +98,38 @@ class CompiledEngine:
     def submit(self, tokens: Sequence[int], start: int) -> None:
         """Start the step of `tokens` (at most one step's worth) and return before it ends;
         `collect()` gives its last token's logits. On a GPU the host is free meanwhile (the
-        generation loop detokenizes the token before while the next step runs); elsewhere
-        (the CPU backend, recurrent snapshots) the step runs in `collect()`. A step left
-        uncollected is waited for by the next call."""
+        generation loop detokenizes the token before while the next step runs), recurrent
+        states too where the step only continues the sequence (no snapshot to take or
+        restore around it: most decode steps); elsewhere (the CPU backend, a step at a
+        snapshot boundary) the step runs in `collect()`. A step left uncollected is waited
+        for by the next call."""
         self._drain()
         self._check(tokens, start)
         if len(tokens) > self.backend.max_tokens or start + len(tokens) > self.max_context:
             raise HipcError(
                 f"submit runs one step within the context: {len(tokens)} tokens at {start}"
             )
-        self._queued = (list(tokens), start)
-        if self._async:
+        tokens = list(tokens)
+        passed = self._async or (
+            self.sequence is not None
+            and hasattr(self.backend, "submit")
+            and self.sequence.continues(tokens, start)
+        )
+        self._queued = (tokens, start, passed)
+        if passed:
             self.backend.submit(np.asarray(tokens, dtype=np.int64), start, False)
 
     def collect(self) -> np.ndarray:
         """Logits of the last token [vocab] of the step `submit` started."""
         if self._queued is None:
             raise HipcError("no step in flight")
-        tokens, start = self._queued
+        tokens, start, passed = self._queued
         self._queued = None
-        if self._async:
-            return self.backend.collect()[-1]
+        if passed:
+            logits = self.backend.collect()[-1]
+            if self.sequence is not None:
+                self.sequence.ran(tokens, start)
+            return logits
         return self.forward(tokens, start)
 
     @property

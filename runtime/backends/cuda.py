@@ -176,6 +176,9 @@ class CudaDriver:
     def d2h(self, dst: int, src: int, nbytes: int) -> None:
         self._call("cuMemcpyDtoHAsync", dst, src, nbytes, self._stream)
 
+    def d2d(self, dst: int, src: int, nbytes: int) -> None:
+        self._call("cuMemcpyDtoDAsync", dst, src, nbytes, self._stream)
+
     def launch(self, fn: Any, grid, block, shared: int, params: int, overlap: bool = False) -> None:
         if not overlap:
             self._call("cuLaunchKernel", fn, *grid, *block, shared, self._stream, params, 0)

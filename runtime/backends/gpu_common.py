@@ -96,6 +96,7 @@ class GpuDriver(Protocol):
     def memset0(self, ptr: int, nbytes: int) -> None: ...
     def h2d(self, dst: int, src: int, nbytes: int) -> None: ...
     def d2h(self, dst: int, src: int, nbytes: int) -> None: ...
+    def d2d(self, dst: int, src: int, nbytes: int) -> None: ...
 
     # True where launch(overlap=True) lets a kernel start before the previous one ends
     overlap_launches: bool
@@ -280,6 +281,7 @@ class GpuBackend:
         self._broken: str | None = None
         self._pending: tuple | None = None  # the step submit() queued, until collect()
         self._upload_tables = 0  # table rows changed on the host since the last step
+        self._spare_snapshots: list[int] = []  # released snapshot buffers, reused first
         self.sync_launches = sync_launches_from_env()
         try:
             self._setup(artifact)
@@ -528,6 +530,66 @@ class GpuBackend:
                     self._driver.memset0(base, spec.nbytes())
         except DriverError as e:
             raise self._step_error(e, "resetting the states") from None
+
+    # -- recurrent states (runtime/recurrent.py takes and restores snapshots) --------
+
+    @property
+    def snapshot_interval(self) -> int:
+        """Positions between the snapshots a sequence keeps (runtime/recurrent.py): a whole
+        step, so that a long prompt runs in steps of max_tokens (the CPU's 64 would cut a
+        GPU prefill into small steps)."""
+        return self.max_tokens
+
+    def _recurrent(self) -> list[tuple[int, int]]:
+        """(device address, bytes) of each recurrent state."""
+        return [
+            (base, spec.nbytes(self.max_context))
+            for spec, base in zip(self._states, self.bases.states, strict=True)
+            if spec.needs_reset
+        ]
+
+    def reset_recurrent(self) -> None:
+        self.reset()
+
+    def snapshot(self) -> int | None:
+        """A device copy of every recurrent state (one buffer, device-to-device copies on the
+        step's stream, so it holds what the steps before it wrote), or None where the GPU
+        has no memory left for one (the sequence then keeps no snapshot there)."""
+        parts = self._recurrent()
+        offsets, total = aligned_offsets([n for _, n in parts])
+        d = self._driver
+        try:
+            d.activate()
+            if self._spare_snapshots:
+                buf = self._spare_snapshots.pop()
+            else:
+                try:
+                    buf = d.malloc(total)
+                except DriverError as e:
+                    if e.oom:
+                        return None
+                    raise
+                self._allocs.append(("a recurrent-state snapshot", buf))
+            for (src, n), off in zip(parts, offsets, strict=True):
+                d.d2d(buf + off, src, n)
+        except DriverError as e:
+            raise self._step_error(e, "copying the recurrent states") from None
+        return buf
+
+    def restore(self, snapshot: int) -> None:
+        parts = self._recurrent()
+        offsets, _ = aligned_offsets([n for _, n in parts])
+        d = self._driver
+        try:
+            d.activate()
+            for (dst, n), off in zip(parts, offsets, strict=True):
+                d.d2d(dst, snapshot + off, n)
+        except DriverError as e:
+            raise self._step_error(e, "restoring the recurrent states") from None
+
+    def release(self, snapshot: int) -> None:
+        """The sequence dropped `snapshot`: its buffer serves the next one (freed at close)."""
+        self._spare_snapshots.append(snapshot)
 
     def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
         self.submit(ids, start, all_logits)
@@ -846,6 +908,7 @@ class GpuBackend:
         for _, ptr in reversed(self._allocs):
             attempt(d.free, ptr)
         self._allocs.clear()
+        self._spare_snapshots.clear()
         for ptr in reversed(self._host_allocs):
             attempt(d.host_free, ptr)
         self._host_allocs.clear()

@@ -174,6 +174,9 @@ class HipDriver:
     def d2h(self, dst: int, src: int, nbytes: int) -> None:
         self._call("hipMemcpyDtoHAsync", dst, src, nbytes, self._stream)
 
+    def d2d(self, dst: int, src: int, nbytes: int) -> None:
+        self._call("hipMemcpyDtoDAsync", dst, src, nbytes, self._stream)
+
     def launch(self, fn: Any, grid, block, shared: int, params: int, overlap: bool = False) -> None:
         # AMD has no programmatic launch: overlap_launches is False and kernels run in order
         self._call("hipModuleLaunchKernel", fn, *grid, *block, shared, self._stream, params, None)

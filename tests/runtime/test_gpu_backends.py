@@ -49,6 +49,7 @@ SIGNATURES = {
     "addpos": ["u64", "u64", "u64", "u64", "i32", "u64"],
     "head": ["u64", "u64", "u64", "i32", "i32"],
     "big": ["u64", "i32"],
+    "recur": ["u64", "i32", "u64"],
 }
 OOM, INVALID_VALUE, INVALID_IMAGE, NOT_FOUND, ILLEGAL_ADDRESS, OUT_OF_RESOURCES = (
     2,
@@ -159,6 +160,15 @@ class FakeGpu:
         buf, off = self.find(src)
         assert off + n <= len(buf), "d2h past the end of an allocation"
         ctypes.memmove(dst, bytes(buf[off : off + n]), n)
+        return 0
+
+    def d2d(self, dst: int, src: int, n: int) -> int:
+        if e := self.enter("d2d", dst, src, n):
+            return e
+        dbuf, doff = self.find(dst)
+        sbuf, soff = self.find(src)
+        assert doff + n <= len(dbuf) and soff + n <= len(sbuf), "d2d past an allocation's end"
+        dbuf[doff : doff + n] = bytes(sbuf[soff : soff + n])
         return 0
 
     def load_module(self, image: bytes):
@@ -295,7 +305,16 @@ def k_big(gpu, scratch, seven, grid):
     assert seven == 7
 
 
-KERNELS = {"embed": k_embed, "addpos": k_addpos, "head": k_head, "big": k_big}
+def k_recur(gpu, x, T, rec, grid):
+    """A recurrent state: rec = rec / 2 + x[t], then x[t] = rec, token after token."""
+    xs = gpu.view(x, np.float32, T * H).reshape(T, H)
+    r = gpu.view(rec, np.float32, H)
+    for t in range(T):
+        r[:] = r / 2 + xs[t]
+        xs[t] = r
+
+
+KERNELS = {"embed": k_embed, "addpos": k_addpos, "head": k_head, "big": k_big, "recur": k_recur}
 
 
 class FakeCu:
@@ -420,6 +439,10 @@ class FakeCu:
     def cuMemcpyDtoHAsync(self, dst, src, n, stream):
         return self._r(self.gpu.d2h(dst, src, n))
 
+    def cuMemcpyDtoDAsync(self, dst, src, n, stream):
+        assert stream == "stream"
+        return self._r(self.gpu.d2d(dst, src, n))
+
     def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         assert extra == 0 and stream == "stream"
         return self._r(self.gpu.launch(fn, (gx, gy, gz), (bx, by, bz), shared, params))
@@ -538,6 +561,10 @@ class FakeHip:
 
     def hipMemcpyDtoHAsync(self, dst, src, n, stream):
         return self._r(self.gpu.d2h(dst, src, n))
+
+    def hipMemcpyDtoDAsync(self, dst, src, n, stream):
+        assert stream == "stream"
+        return self._r(self.gpu.d2d(dst, src, n))
 
     def hipModuleLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         assert extra is None and stream == "stream"
@@ -1414,6 +1441,147 @@ def test_cancelling_on_a_gpu_backend_frees_the_blocks(api, artifact):
         assert len(got) == 4
         batch_runs.assert_pool_full(be)
     eng.close()
+
+
+# -- recurrent states: snapshots on the device ------------------------------------------
+
+
+def add_recurrent_layer(plan):
+    """A recurrent state (H floats) updated by the `recur` kernel after addpos, every step."""
+    plan["states"].append({"name": "rec", "kind": "recurrent", "dtype": "float32", "shape": [H]})
+    recur = {
+        "group": "g_rec",
+        "kernel": "recur",
+        "grid": [1],
+        "block": [32],
+        "args": [
+            {"kind": "arena", "offset": 0},
+            {"kind": "int", "value": "T"},
+            {"kind": "state", "index": 2},
+        ],
+    }
+    for sec in plan["targets"].values():
+        for steps in sec["steps"].values():
+            steps.insert(2, dict(recur))
+
+
+def toy_recurrent_logits(tokens):
+    """The toy model with the recurrent layer over a whole sequence from position 0, in NumPy."""
+    x = EMB[np.asarray(tokens)] + np.arange(len(tokens), dtype=np.float32)[:, None]
+    r = np.zeros(H, np.float32)
+    for t in range(len(tokens)):
+        r = r / 2 + x[t]
+        x[t] = r
+    return x @ W.T
+
+
+@pytest.fixture
+def recurrent_artifact(tmp_path):
+    return load_artifact(write_artifact(tmp_path / "rec.hipc", edit=add_recurrent_layer))
+
+
+def test_snapshot_and_restore_copy_on_the_device(api, recurrent_artifact):
+    gpu = FakeGpu()
+    b = backend(api, recurrent_artifact, gpu)
+    rec = gpu.view(b.bases.states[2], np.float32, H)
+    rec[:] = [1, 2, 3, 4]
+    allocs = gpu.count("malloc")
+    snap = b.snapshot()
+    assert gpu.count("malloc") == allocs + 1
+    assert ("d2d", snap, b.bases.states[2], 4 * H) in gpu.calls  # the recurrent state only
+    assert gpu.count("d2d") == 1 and gpu.count("d2h") == 0
+    b.reset()
+    assert not rec.any()
+    b.restore(snap)
+    np.testing.assert_array_equal(rec, [1, 2, 3, 4])
+    b.release(snap)
+    again = b.snapshot()  # the released buffer, not a new allocation
+    assert again == snap and gpu.count("malloc") == allocs + 1
+    b.close()
+    assert sorted(gpu.freed) == sorted(set(gpu.freed)) and snap in gpu.freed
+    assert not gpu.mem
+
+
+def test_no_snapshot_where_the_gpu_is_full(api, recurrent_artifact):
+    gpu = FakeGpu()
+    b = backend(api, recurrent_artifact, gpu)
+    gpu.free_bytes = 0
+    assert b.snapshot() is None  # the sequence keeps none there; nothing raised
+    b.close()
+
+
+def _greedy_run(engine, prompt, n=3):
+    """(greedy tokens, the logits each step saw) of a new sequence; decode through
+    submit/collect as the generation loop does."""
+    engine.reset()
+    logits = [engine.forward(prompt, 0)]
+    out = []
+    for i in range(n):
+        out.append(int(logits[-1].argmax()))
+        engine.submit([out[-1]], len(prompt) + i)
+        logits.append(engine.collect())
+    return out, np.stack(logits)
+
+
+def test_prefix_reuse_on_the_gpu_equals_fresh_runs(api, recurrent_artifact):
+    """runtime/recurrent.py over a GPU backend: snapshots every step (4 positions here) and
+    at a prompt's end; the same prompt twice, a shared prefix, a next turn, an unrelated
+    prompt, each equal to an engine that never reuses and to the toy model in NumPy."""
+    gpu = FakeGpu()
+    engine = engine_mod.CompiledEngine(recurrent_artifact, backend(api, recurrent_artifact, gpu))
+    fresh_backend = backend(api, recurrent_artifact, FakeGpu())
+    fresh = engine_mod.CompiledEngine(recurrent_artifact, fresh_backend)
+    assert engine.sequence is not None and engine.sequence.interval == MAX_TOKENS
+    fresh.sequence.max_snapshots = 0
+
+    def check(prompt, reused):
+        got = _greedy_run(engine, prompt)
+        assert engine.reused == reused
+        want = _greedy_run(fresh, prompt)
+        assert fresh.reused == 0
+        assert got[0] == want[0]
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+        model = toy_recurrent_logits(prompt + got[0])[len(prompt) - 1 :]
+        np.testing.assert_allclose(got[1], model, rtol=1e-5)
+        return got[0]
+
+    a = [1, 2, 3, 4, 0, 1, 2]
+    answer = check(a, 0)
+    launches = len(gpu.executed)
+    assert check(a, len(a)) == answer  # from the snapshot at its end: no prefill launched
+    assert not any(e[0] == "embed" and e[1] == (len(a), 1, 1) for e in gpu.executed[launches:])
+    check([*a[:6], 3, 3], 4)  # from the snapshot at 4, a whole step
+    # the first prompt again: b's K/V replaced a's from position 6, so its end's snapshot
+    # is stale and the one at 4 serves; then a next turn: decoding a crossed position 8,
+    # where a snapshot was taken
+    check(a, 4)
+    check(a + answer + [2], 8)
+    check([4, 4, 0], 0)  # nothing shared
+    assert gpu.count("d2d") > 0  # snapshots and restores: device-to-device copies
+    engine.close()
+    fresh.close()
+    assert not gpu.mem  # snapshots freed with the engine
+
+
+def test_decode_inside_a_span_is_submitted_asynchronously(api, recurrent_artifact):
+    gpu = FakeGpu()
+    engine = engine_mod.CompiledEngine(recurrent_artifact, backend(api, recurrent_artifact, gpu))
+    engine.reset()
+    engine.forward([1, 2, 3, 4, 0], 0)  # ends at 5, a snapshot there
+    syncs = gpu.count("sync")
+    engine.submit([1], 5)  # 5 -> 6: no boundary, nothing to copy
+    assert gpu.count("sync") == syncs  # queued, not waited for
+    engine.collect()
+    engine.submit([2], 6)
+    engine.collect()
+    copies = gpu.count("d2d")
+    engine.submit([3], 7)  # 7 -> 8 reaches a boundary: run in collect, then a snapshot
+    engine.collect()
+    assert gpu.count("d2d") == copies + 1
+    np.testing.assert_allclose(
+        engine.forward([0], 8), toy_recurrent_logits([1, 2, 3, 4, 0, 1, 2, 3, 0])[-1], rtol=1e-5
+    )
+    engine.close()
 
 
 class PlanCheckingGpu(FakeGpu):
