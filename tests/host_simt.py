@@ -24,7 +24,6 @@ HARNESS = """
 #include <mutex>
 #include <thread>
 #include <vector>
-#define __launch_bounds__(...)  // occupancy hints mean nothing to host threads
 // a barrier that sleeps (std::barrier spins: hundreds of spinning threads on a few cores)
 struct Barrier {
   explicit Barrier(int n) : n(n) {}
