@@ -17,8 +17,9 @@ describes it field by field.
 
 A target's steps are launch lists over the same buffers: the cpu target has one,
 "forward" (any T; its C entry point hipc_forward is rendered from it), GPU targets have
-"decode" (one token; captured once as a graph and replayed) and "prefill" (up to
-max_tokens tokens). A launch names a kernel, its grid/block and dynamic shared memory (GPU
+"decode" (one row; captured once as a graph and replayed), "prefill" (up to max_tokens
+rows of any sequences) and "batch" (rows of as many sequences, one row each: prefill's list
+with the attention kernel made for such rows; captured per batch size). A launch names a kernel, its grid/block and dynamic shared memory (GPU
 only), and its arguments:
 
   {"kind": "arena",  "offset": BYTES, "row_skip": LD}   arena base + offset
@@ -26,8 +27,8 @@ only), and its arguments:
   {"kind": "scratch", "offset": BYTES}                  scratch base + offset
   {"kind": "weight", "index": I}                        weight I
   {"kind": "state",  "index": J}                        state J
-  {"kind": "input",  "name": "ids" | "start"}           int64 ids[T] / the first position
-  {"kind": "input",  "name": "pos" | "seq" | "blocks"}  cpu: int32 per row position / per row
+  {"kind": "input",  "name": "ids"}                     int64 ids[T]
+  {"kind": "input",  "name": "pos" | "seq" | "blocks"}  int32 per row position / per row
                                                         block-table row / the block tables
   {"kind": "output", "name": "logits"}                  logits [rows, vocab] float32
   {"kind": "int",    "value": N | "T" | "rows"}         a 32-bit int argument
@@ -50,7 +51,7 @@ Grid dims are ints or the expressions "T", "rows", "cdiv(T,N)", "cdiv(rows,N)", 
 `rows` is T when every token's logits are wanted, else 1 (only the last token's); on the cpu
 target it is the number of rows whose logits are wanted (one per sequence that needs them).
 
-The cpu target's KV states are paged (kv_block positions per block): a runtime allocates a
+KV states are paged on every target (kv_block positions per block): a runtime allocates a
 pool of blocks per kv state, and each row of a step finds its position's block through its
 sequence's block table (`blocks[seq[t] * ceil(max_context / kv_block) + pos[t] / kv_block]`).
 On a GPU, pointers are passed as 64-bit device addresses and ints as 32-bit.
@@ -71,14 +72,16 @@ LAUNCH_PLAN_FORMAT = "hipc-launch-plan"
 #    refuse the first and run every step-size variant of a GEMM (adding residuals twice)
 # 4: the cpu target steps rows of many sequences over a paged KV pool (kv_block, the
 #    pos/seq/blocks inputs, ABI 2)
-LAUNCH_PLAN_VERSION = 4
-# positions per KV block on the cpu target: small enough that a shared prefix is found at
+# 5: GPU targets too: paged KV states, the pos/seq/blocks inputs instead of "start", and
+#    the "batch" step
+LAUNCH_PLAN_VERSION = 5
+# positions per KV block (every target): small enough that a shared prefix is found at
 # a fine grain and a sequence wastes under one block, large enough that a block is a few
 # contiguous KiB per head (vLLM's default is 16 too)
-CPU_KV_BLOCK = 16
+KV_BLOCK = 16
 
 ARG_KINDS = ("arena", "scratch", "weight", "state", "input", "output", "int", "null", "tmap")
-STEP_INPUTS = ("ids", "start", "pos", "seq", "blocks")
+STEP_INPUTS = ("ids", "pos", "seq", "blocks")
 
 _CDIV = re.compile(r"^cdiv\((T|rows),(\d+)\)$")
 _MUL = re.compile(r"^(\d+)\*(T|rows)$")
@@ -193,7 +196,9 @@ class Bases:
     weights: tuple[int, ...]
     states: tuple[int, ...]
     ids: int
-    start: int
+    pos: int
+    seq: int
+    blocks: int
     logits: int
 
 
@@ -252,7 +257,9 @@ def resolve_arg(a: dict[str, Any], bases: Bases, T: int, rows: int) -> tuple[str
     if kind == "state":
         return ("u64", bases.states[a["index"]])
     if kind == "input":
-        return ("u64", {"ids": bases.ids, "start": bases.start}[a["name"]])
+        if a["name"] not in STEP_INPUTS:
+            raise ValueError(f"unknown step input {a['name']!r}")
+        return ("u64", getattr(bases, a["name"]))
     if kind == "output":
         return ("u64", bases.logits)
     if kind == "int":
@@ -280,7 +287,7 @@ class TargetPlan:
     entry: str | None = None  # the cpu program's C entry point
     abi_version: int | None = None
     wave: int | None = None
-    kv_block: int = 0  # positions per KV block (cpu: paged pool; 0: one contiguous cache)
+    kv_block: int = 0  # positions per KV block of the paged pools
 
     @property
     def decode(self) -> tuple[Launch, ...]:
@@ -289,6 +296,10 @@ class TargetPlan:
     @property
     def prefill(self) -> tuple[Launch, ...]:
         return self.steps.get("prefill", ())
+
+    def batch(self, T: int) -> tuple[Launch, ...]:
+        """A step of T rows of T sequences (GPU)."""
+        return tuple(x for x in self.steps.get("batch", ()) if x.runs_at(T))
 
     def launches(self, T: int) -> tuple[Launch, ...]:
         if "forward" in self.steps:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -120,7 +121,7 @@ def _compiled(model_ref: str, args) -> str:
 
 
 def _model_not_artifact(args) -> None:
-    """verify, info and compile read a model; an artifact is the output of compile."""
+    """verify and compile read a model; an artifact is the output of compile."""
     if not _is_artifact(args.model):
         return
     source = ""
@@ -136,10 +137,47 @@ def _model_not_artifact(args) -> None:
     )
 
 
+# tables the compiler computes into an artifact's weights (RoPE's cos/sin): not parameters
+_COMPUTED_WEIGHTS = ("rope.",)
+
+
+def _artifact_info(path: str) -> dict:
+    """What `hipc info` says of a compiled artifact: its source, options and targets from the
+    manifest, its weights from the plan (merged projections count their rows once each)."""
+    from hipc.graphs.config import ModelConfig
+    from hipc.runtime.artifact import load_artifact
+
+    art = load_artifact(path)
+    weights = [w for w in art.plan["weights"] if not w["name"].startswith(_COMPUTED_WEIGHTS)]
+    params, by_dtype = 0, {}
+    for w in weights:
+        params += math.prod(w["shape"])
+        by_dtype[w["dtype"]] = by_dtype.get(w["dtype"], 0) + 1
+    info = {
+        "artifact": {
+            "path": str(art.path),
+            "hipc_version": art.manifest.get("hipc_version"),
+            "targets": art.targets,
+            "options": art.manifest.get("options"),
+        },
+        "source": art.manifest.get("model", {}),
+        "config": art.config,
+        "weights": {"tensors": len(weights), "parameters": params, "weight_dtypes": by_dtype},
+    }
+    config = ModelConfig.from_json(art.config)
+    if config.is_moe:
+        from hipc.graphs.moe import moe_summary
+
+        info["moe"] = moe_summary(config, params)
+    return info
+
+
 def cmd_info(args) -> int:
     from hipc.graphs import build_graph
 
-    _model_not_artifact(args)
+    if _is_artifact(args.model):
+        print(json.dumps(_artifact_info(args.model), indent=2))
+        return 0
     model = _load(args.model)
     graph = build_graph(model, args.max_context)
     params, by_dtype = 0, {}
@@ -495,7 +533,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
-    model_cmd("info", "print the normalized config and graph statistics", cmd_info)
+    model_cmd(
+        "info",
+        "print the normalized config and graph statistics (of an artifact: its weights)",
+        cmd_info,
+        artifact_ok=True,
+    )
 
     sp = model_cmd(
         "compile", "compile MODEL ahead of time into an artifact (NAME.hipc/)", cmd_compile

@@ -9,6 +9,16 @@ and the tokenizer. Layout facts follow llama.cpp's convert_hf_to_gguf.py:
   adjacent pairs, sees what HF's rotate-half RoPE sees. Quantized rows are independent,
   so permuting rows of blocks is exact; a GGUF source is already in that layout;
 - a tied embedding is written once, with no output.weight;
+- MoE models (Qwen3-MoE, Qwen2-MoE, OLMoE as themselves, Mixtral as `llama` with experts):
+  the router as ffn_gate_inp, the experts stacked 3-D as ffn_{gate,up,down}_exps [E, rows,
+  cols] (HF's per-expert tensors stacked, a fused gate_up split by rows: exact for quantized
+  rows too), Qwen2-MoE's shared expert as ffn_*_shexp with its gate ffn_gate_inp_shexp [H],
+  and the expert keys (count, used count, widths, whether the top-k weights are renormalised).
+  What llama.cpp would read as another model is refused: renormalisation of the top-k
+  weights other than the architecture's fixed rule (norm_topk_prob), dense layers mixed in
+  (mlp_only_layers, decoder_sparse_step: its MoE architectures have experts in every layer),
+  OLMoE's clip_qkv (its olmoe graph never clamps) or grouped-query heads (its k norm is as
+  wide as the hidden size);
 - byte-level BPE vocabularies go in as `gpt2` with the merges; `tokenizer.ggml.pre` is
   the pre-tokenizer name whose splitting reproduces the source tokenizer on a probe text
   (llama.cpp recognizes pre-tokenizers by their output the same way).
@@ -20,18 +30,34 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hipc.base.errors import HipcError
-from hipc.compiler.ir import QUANT_BLOCKS, QUANT_DTYPES, Graph, WeightRef
+from hipc.compiler.ir import QUANT_BLOCKS, QUANT_DTYPES, Graph, StackedWeight, WeightRef
 from hipc.compiler.source.reader import WeightReader
 from hipc.graphs import Model
+from hipc.graphs.config import GGUF_MOE_NORM
 from hipc.graphs.names import GGUF_LLAMA
 
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCH = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "mixtral": "llama",
+    "qwen2_moe": "qwen2moe",
+    "qwen3_moe": "qwen3moe",
+    "olmoe": "olmoe",
+}
+# written per MoE layer by _expert_tensors, not by the per-layer role loop
+EXPERT_ROLES = frozenset(
+    {"router", "gate_exps", "up_exps", "down_exps", "gate_up_exps", "gate_exp", "up_exp",
+     "down_exp", "shared_expert_gate"}
+)  # fmt: skip
 
 # llama.cpp's llama_ftype values for general.file_type (informational in the file);
 # plain K types are written as the *_S mixes whose base type they are.
@@ -77,6 +103,30 @@ def export_gguf(
             f"--export-gguf: the model attends over a sliding window ({cfg.sliding_window}), "
             f"which llama.cpp's {arch} architecture does not read"
         )
+    if cfg.num_experts and len(cfg.moe_layers) != cfg.num_layers:
+        dense = sorted(set(range(cfg.num_layers)) - set(cfg.moe_layers))
+        raise HipcError(
+            f"--export-gguf: layers {dense} are dense (mlp_only_layers / decoder_sparse_step), "
+            f"which llama.cpp's {arch} architecture does not read (every layer has experts)"
+        )
+    if cfg.num_experts and cfg.norm_topk_prob != GGUF_MOE_NORM[arch]:
+        raise HipcError(
+            f"--export-gguf: llama.cpp's {arch} architecture "
+            f"{'always' if GGUF_MOE_NORM[arch] else 'never'} renormalises the top-k expert "
+            f"weights, this model {'does not' if GGUF_MOE_NORM[arch] else 'does'} "
+            "(norm_topk_prob)"
+        )
+    if arch == "olmoe" and cfg.clip_qkv:
+        # llama.cpp reads olmoe.attention.clamp_kqv but its olmoe graph never applies it
+        raise HipcError(
+            f"--export-gguf: clip_qkv ({cfg.clip_qkv}) is not applied by llama.cpp's olmoe "
+            "architecture: the file would compute another model there"
+        )
+    if arch == "olmoe" and cfg.num_kv_heads != cfg.num_heads:
+        raise HipcError(
+            f"--export-gguf: llama.cpp's olmoe architecture has as many key/value heads as "
+            f"query heads (this model: {cfg.num_kv_heads} of {cfg.num_heads})"
+        )
     scaling = (cfg.rope_scaling or {}).get("rope_type", (cfg.rope_scaling or {}).get("type"))
     if scaling not in (None, "default", "linear"):
         raise HipcError(f"--export-gguf: rope scaling {scaling!r} is not exported (only linear)")
@@ -85,20 +135,24 @@ def export_gguf(
     w = gguf.GGUFWriter(str(path) + ".tmp", arch)
     _write_config(w, model, recipe, scaling)
     _write_tokenizer(w, model)
-    for name, (ref, _) in tensors.items():
-        shape, dtype = _stored_shape(ref)
+    for name, t in tensors.items():
+        shape, dtype = _stored_shape(t.ref, t.shape)
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        raw = gguf.GGMLQuantizationType[ref.dtype.upper()] if ref.dtype in QUANT_DTYPES else None
+        qtype = t.ref.dtype
+        raw = gguf.GGMLQuantizationType[qtype.upper()] if qtype in QUANT_DTYPES else None
         w.add_tensor_info(name, shape, np.dtype(dtype), nbytes, raw)
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        for i, (ref, permute_heads) in enumerate(tensors.values()):
-            data = _data(reader, ref)
-            if permute_heads:
-                data = _permute_rows(data, permute_heads)
-            w.write_tensor_data(np.ascontiguousarray(data))
+        for i, t in enumerate(tensors.values()):
+            data = _data(reader, t.ref)
+            if t.rows is not None:
+                data = data[:, t.rows[0] : t.rows[1]]
+            if t.permute_heads:
+                data = _permute_rows(data, t.permute_heads)
+            shape = _stored_shape(t.ref, t.shape)[0]
+            w.write_tensor_data(np.ascontiguousarray(data).reshape(shape))
             if on_progress:
                 on_progress(i + 1, len(tensors))
         w.close()
@@ -110,28 +164,62 @@ def export_gguf(
     return path
 
 
-def _tensors(model: Model, graph: Graph, arch: str) -> dict[str, tuple[WeightRef, int]]:
-    """GGUF name -> (the weight as the graph reads it, heads to permute rows by or 0)."""
+@dataclass(frozen=True)
+class Tensor:
+    """One GGUF tensor: the weight as the graph reads it (a stacked one: its experts),
+    optionally only rows [a, b) of each expert (a fused gate_up's halves), the heads to
+    permute rows by (0: none), and the shape to write where it differs from the source's
+    (the shared expert's gate [1, H] -> [H])."""
+
+    ref: WeightRef | StackedWeight
+    permute_heads: int = 0
+    rows: tuple[int, int] | None = None
+    shape: tuple[int, ...] | None = None
+
+
+def _tensors(model: Model, graph: Graph, arch: str) -> dict[str, Tensor]:
+    """GGUF name -> what to write there."""
     cfg = model.config
     # the graph's initializers are named by source tensor; quantized ones now point at
     # the store, the rest at the model's files
     by_source = {ref.name: ref for ref in graph.initializers.values() if isinstance(ref, WeightRef)}
     permute = arch == "llama" and model.source.format != "gguf"
-    out: dict[str, tuple[WeightRef, int]] = {}
-    layered = [r for r, t in GGUF_LLAMA.items() if "{i}" in t]
+    out: dict[str, Tensor] = {}
+    layered = [r for r, t in GGUF_LLAMA.items() if "{i}" in t and r not in EXPERT_ROLES]
     for role in ("embed", "norm", "lm_head"):
         if model.has(role):
-            out[GGUF_LLAMA[role]] = (_ref(model, by_source, role, None), 0)
+            out[GGUF_LLAMA[role]] = Tensor(_ref(model, by_source, role, None))
     for i in range(cfg.num_layers):
         for role in layered:
             if not model.has(role, i):
                 continue
             heads = {"q": cfg.num_heads, "q_bias": cfg.num_heads}.get(role)
             heads = heads or {"k": cfg.num_kv_heads, "k_bias": cfg.num_kv_heads}.get(role, 0)
-            out[GGUF_LLAMA[role].format(i=i)] = (
-                _ref(model, by_source, role, i),
-                heads if permute else 0,
+            out[GGUF_LLAMA[role].format(i=i)] = Tensor(
+                _ref(model, by_source, role, i), heads if permute else 0
             )
+        if i in cfg.moe_layers:
+            out.update(_expert_tensors(model, by_source, i))
+    return out
+
+
+def _expert_tensors(model: Model, by_source: dict[str, WeightRef], i: int) -> dict[str, Tensor]:
+    """Layer i's router, routed experts (stacked 3-D) and shared-expert gate."""
+    out = {GGUF_LLAMA["router"].format(i=i): Tensor(_ref(model, by_source, "router", i))}
+    experts = {k: by_source.get(w.name, w) for k, w in model.experts(i).items()}
+    if "gate_up" in experts:
+        fused = experts.pop("gate_up")
+        E, F2, H = fused.shape
+        F = F2 // 2
+        experts["gate"] = Tensor(fused, rows=(0, F), shape=(E, F, H))
+        experts["up"] = Tensor(fused, rows=(F, F2), shape=(E, F, H))
+    for k in ("gate", "up", "down"):
+        t = experts[k] if isinstance(experts[k], Tensor) else Tensor(experts[k])
+        out[GGUF_LLAMA[f"{k}_exps"].format(i=i)] = t
+    if model.config.shared_expert_intermediate_size and model.has("shared_expert_gate", i):
+        # llama.cpp holds it as one vector [H]; HF as the [1, H] matrix it is
+        gate = _ref(model, by_source, "shared_expert_gate", i)
+        out[GGUF_LLAMA["shared_expert_gate"].format(i=i)] = Tensor(gate, shape=(gate.shape[-1],))
     return out
 
 
@@ -140,16 +228,21 @@ def _ref(model: Model, by_source: dict[str, WeightRef], role: str, layer: int | 
     return by_source.get(name) or model.source.weight_ref(name)
 
 
-def _stored_shape(ref: WeightRef) -> tuple[tuple[int, ...], str]:
+def _stored_shape(
+    ref: WeightRef | StackedWeight, shape: tuple[int, ...] | None = None
+) -> tuple[tuple[int, ...], str]:
     """The shape and numpy dtype of what is written: quantized rows as uint8 blocks,
     float16 as is, the other floats (bf16 widened exactly) as float32."""
+    shape = tuple(shape or ref.shape)
     if ref.dtype in QUANT_DTYPES:
         elems, block_bytes = QUANT_BLOCKS[ref.dtype]
-        return (*ref.shape[:-1], ref.shape[-1] // elems * block_bytes), "uint8"
-    return tuple(ref.shape), "float16" if ref.dtype == "float16" else "float32"
+        return (*shape[:-1], shape[-1] // elems * block_bytes), "uint8"
+    return shape, "float16" if ref.dtype == "float16" else "float32"
 
 
-def _data(reader: WeightReader, ref: WeightRef) -> np.ndarray:
+def _data(reader: WeightReader, ref: WeightRef | StackedWeight) -> np.ndarray:
+    if isinstance(ref, StackedWeight):  # one expert per file tensor: stacked here
+        return np.stack([_data(reader, p) for p in ref.parts])
     if ref.dtype in QUANT_DTYPES:
         return np.asarray(reader.stored(ref), dtype=np.uint8)
     if ref.dtype == "float16":
@@ -184,6 +277,12 @@ def _write_config(w: Any, model: Model, recipe: str | None, scaling: str | None)
         w.add_rope_scaling_factor(float(cfg.rope_scaling["factor"]))
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_vocab_size(cfg.vocab_size)
+    if cfg.num_experts:
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.experts_per_token)
+        w.add_expert_feed_forward_length(cfg.expert_intermediate_size)
+        if cfg.shared_expert_intermediate_size:
+            w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
 
 
 def _gguf():

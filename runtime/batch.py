@@ -1,7 +1,7 @@
 """Continuous batching: one step advances every running sequence.
 
 `BatchEngine` wraps a compiled engine whose backend can step rows of many sequences (the cpu
-backend's `step`: per-row positions, block tables over paged KV pools). Sequences join with
+and GPU backends' `step`: per-row positions, block tables over paged KV pools). Sequences join with
 `admit()` and leave with `release()` between steps; each `step()` runs, in one call:
 
 - one row per decoding sequence (its last sampled token), then
@@ -23,8 +23,9 @@ multiple of SNAPSHOT_INTERVAL positions and at the end of a prompt's last full b
 the same prompt again, the n choices of a request, can resume), keyed by the block hash of
 that prefix; a prefill chunk ends at each such point so the states are there to copy.
 
-Engines without a batched backend (the GPU backends today, the reference executor) are not
-wrapped: the server runs them one sequence at a time (runtime/server/runner.py).
+Engines without a batched backend (the reference executor; a GPU backend whose artifact has
+recurrent states: it keeps one sequence's) are not wrapped: the server runs them one sequence
+at a time (runtime/server/runner.py).
 """
 
 from __future__ import annotations
@@ -61,8 +62,13 @@ class Sequence:
 
 
 def batchable(engine) -> bool:
-    """Whether the engine's backend steps rows of many sequences over a paged KV pool."""
-    return callable(getattr(getattr(engine, "backend", None), "step", None))
+    """Whether the engine's backend steps rows of many sequences over a paged KV pool, with
+    a slot of every recurrent state per sequence where the model has them (the cpu backend;
+    the GPU backends keep one sequence's)."""
+    backend = getattr(engine, "backend", None)
+    if not callable(getattr(backend, "step", None)):
+        return False
+    return getattr(engine, "prefix_reuse", True) or callable(getattr(backend, "ensure_slots", None))
 
 
 class BatchEngine:
@@ -199,7 +205,8 @@ class BatchEngine:
     # -------------------------------------------------------------- stepping
 
     def step(self) -> dict[Sequence, np.ndarray]:
-        """Run one step; the logits of each sequence whose tokens are now all computed."""
+        """Run one step; the logits of each sequence whose tokens are now all computed (valid
+        until the next step: a GPU backend returns rows of its pinned buffer)."""
         rows: list[tuple[Sequence, int]] = []  # (sequence, tokens this step)
         budget = self.step_rows
         decoding = [s for s in self.running if s.pending == 1]

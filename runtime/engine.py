@@ -14,7 +14,7 @@ import numpy as np
 
 from hipc.base.errors import HipcError
 from hipc.runtime.artifact import Artifact, load_artifact
-from hipc.runtime.recurrent import RecurrentSequence
+from hipc.runtime.recurrent import SNAPSHOT_INTERVAL, RecurrentSequence
 
 
 class CompiledEngine:
@@ -24,11 +24,12 @@ class CompiledEngine:
         self.max_context = backend.max_context
         self.vocab_size = artifact.plan["vocab_size"]
         self._tokenizer = None
-        self._queued: tuple | None = None  # (tokens, start) of a submitted step
+        self._queued: tuple | None = None  # (tokens, start, on the backend) of a submitted step
         # recurrent states: prefix reuse from snapshots, where the backend can copy them
         self.sequence = None
         if any(s.kind == "recurrent" for s in artifact.states) and hasattr(backend, "snapshot"):
-            self.sequence = RecurrentSequence(self._step, backend, self.max_context)
+            every = getattr(backend, "snapshot_interval", SNAPSHOT_INTERVAL)
+            self.sequence = RecurrentSequence(self._step, backend, self.max_context, every)
 
     @property
     def tokenizer(self):
@@ -97,27 +98,38 @@ class CompiledEngine:
     def submit(self, tokens: Sequence[int], start: int) -> None:
         """Start the step of `tokens` (at most one step's worth) and return before it ends;
         `collect()` gives its last token's logits. On a GPU the host is free meanwhile (the
-        generation loop detokenizes the token before while the next step runs); elsewhere
-        (the CPU backend, recurrent snapshots) the step runs in `collect()`. A step left
-        uncollected is waited for by the next call."""
+        generation loop detokenizes the token before while the next step runs), recurrent
+        states too where the step only continues the sequence (no snapshot to take or
+        restore around it: most decode steps); elsewhere (the CPU backend, a step at a
+        snapshot boundary) the step runs in `collect()`. A step left uncollected is waited
+        for by the next call."""
         self._drain()
         self._check(tokens, start)
         if len(tokens) > self.backend.max_tokens or start + len(tokens) > self.max_context:
             raise HipcError(
                 f"submit runs one step within the context: {len(tokens)} tokens at {start}"
             )
-        self._queued = (list(tokens), start)
-        if self._async:
+        tokens = list(tokens)
+        passed = self._async or (
+            self.sequence is not None
+            and hasattr(self.backend, "submit")
+            and self.sequence.continues(tokens, start)
+        )
+        self._queued = (tokens, start, passed)
+        if passed:
             self.backend.submit(np.asarray(tokens, dtype=np.int64), start, False)
 
     def collect(self) -> np.ndarray:
         """Logits of the last token [vocab] of the step `submit` started."""
         if self._queued is None:
             raise HipcError("no step in flight")
-        tokens, start = self._queued
+        tokens, start, passed = self._queued
         self._queued = None
-        if self._async:
-            return self.backend.collect()[-1]
+        if passed:
+            logits = self.backend.collect()[-1]
+            if self.sequence is not None:
+                self.sequence.ran(tokens, start)
+            return logits
         return self.forward(tokens, start)
 
     @property
@@ -154,8 +166,8 @@ def load_engine(
     (an arch name, "sm_90" or "gfx942", picks its backend). `threads` is the cpu backend's,
     `device` the GPU's ordinal. `max_context` allocates the KV cache for fewer positions than
     the artifact was compiled for (default: all of them; on a GPU, as many as fit).
-    `kv_pool_tokens`: positions in the cpu backend's paged KV pool, shared by the sequences
-    of a batch (default and minimum: one sequence of max_context; GPU backends hold one)."""
+    `kv_pool_tokens`: positions in the paged KV pool, shared by the sequences of a batch
+    (default and minimum: one sequence of max_context; on a GPU, as many as fit)."""
     artifact = load_artifact(path)
     compiled = int(artifact.plan["max_context"])
     if max_context is not None and not 2 <= max_context <= compiled:
@@ -178,6 +190,14 @@ def _cpu_backend(artifact, threads, max_context, kv_pool_tokens):
     return CpuBackend(artifact, threads, max_context, kv_blocks=-(-kv_pool_tokens // block))
 
 
+def _kv_blocks(artifact: Artifact, kv_pool_tokens: int | None) -> int | None:
+    """Blocks of a GPU KV pool of `kv_pool_tokens` positions (None: the backend's default)."""
+    if kv_pool_tokens is None:
+        return None
+    block = min(int(s.get("kv_block") or 1) for s in artifact.plan["targets"].values())
+    return -(-kv_pool_tokens // max(block, 1))
+
+
 def _backend(
     artifact: Artifact,
     target: str,
@@ -188,14 +208,15 @@ def _backend(
 ):
     if target == "cpu":
         return _cpu_backend(artifact, threads, max_context, kv_pool_tokens)
+    blocks = _kv_blocks(artifact, kv_pool_tokens)
     if target == "cuda" or target.startswith("sm_"):
         from hipc.runtime.backends.cuda import CudaBackend
 
-        return CudaBackend(artifact, device, max_context=max_context)
+        return CudaBackend(artifact, device, max_context=max_context, kv_blocks=blocks)
     if target == "hip" or target.startswith("gfx"):
         from hipc.runtime.backends.hip import HipBackend
 
-        return HipBackend(artifact, device, max_context=max_context)
+        return HipBackend(artifact, device, max_context=max_context, kv_blocks=blocks)
     if target != "auto":
         raise HipcError(f"--target {target}: choose auto, cpu, cuda or hip")
     return _auto_backend(artifact, threads, device, max_context, kv_pool_tokens)
@@ -218,9 +239,11 @@ def _auto_backend(
 
     targets = set(artifact.targets)
     notes = []
+    blocks = _kv_blocks(artifact, kv_pool_tokens)
+    kw = dict(max_context=max_context, kv_blocks=blocks)
     for module, prefix, backend in (
-        (cuda, "sm_", lambda: cuda.CudaBackend(artifact, device, max_context=max_context)),
-        (hip, "gfx", lambda: hip.HipBackend(artifact, device, max_context=max_context)),
+        (cuda, "sm_", lambda: cuda.CudaBackend(artifact, device, **kw)),
+        (hip, "gfx", lambda: hip.HipBackend(artifact, device, **kw)),
     ):
         arch, what = module.probe(device)
         if arch is not None and arch in targets:

@@ -11,7 +11,12 @@ restores that copy and runs only the rest. The pieces always end at the same abs
 positions, so a reused prompt runs the computations a fresh one does. KV caches need no
 copy: positions below the prefix hold what those tokens wrote.
 
-Used by the reference engine and by compiled engines whose backend can copy its states.
+Used by the reference engine and by compiled engines whose backend can copy its states
+(the CPU's arrays; a GPU's device-to-device into device buffers, its interval a whole step).
+A backend's `snapshot()` may return None (no memory for a copy: none is kept there), and a
+dropped snapshot is handed to its `release()` where it has one (a GPU reuses the buffer).
+A step that continues the sequence and ends short of the next boundary needs no copy: the
+engine may run it asynchronously (`continues`, then `ran`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,12 @@ class RecurrentStates(Protocol):
     def restore(self, snapshot: Any) -> None: ...
 
     def reset_recurrent(self) -> None: ...
+
+
+def _release(states: RecurrentStates, snapshot: Any) -> None:
+    release = getattr(states, "release", None)
+    if release is not None:
+        release(snapshot)
 
 
 class RecurrentSequence:
@@ -82,6 +93,17 @@ class RecurrentSequence:
         """Every token's logits [len(tokens), vocab] (always computed: no reuse)."""
         self._seek(start)
         return self._run(tokens, start, start == 0, True)
+
+    def continues(self, tokens: list[int], start: int) -> bool:
+        """Whether a step of `tokens` at `start` just continues the sequence: the states are
+        there, and it ends before the next snapshot boundary (nothing to copy around it)."""
+        end = start + len(tokens)
+        return 0 < start == self._pos and end // self.interval == start // self.interval
+
+    def ran(self, tokens: list[int], start: int) -> None:
+        """The step `continues` allowed ran (outside `forward`)."""
+        self._kv_tokens[start:] = tokens
+        self._pos = start + len(tokens)
 
     def _longest_prefix(self, tokens: list[int]) -> tuple[int, ...] | None:
         best = None
@@ -135,7 +157,12 @@ class RecurrentSequence:
     def _keep(self, key: tuple[int, ...], last: np.ndarray) -> None:
         if self.max_snapshots <= 0:
             return
-        self.snapshots[key] = (self.states.snapshot(), np.array(last, copy=True))
-        self.snapshots.move_to_end(key)
+        snapshot = self.states.snapshot()
+        if snapshot is None:
+            return
+        old = self.snapshots.pop(key, None)
+        if old is not None:
+            _release(self.states, old[0])
+        self.snapshots[key] = (snapshot, np.array(last, copy=True))
         while len(self.snapshots) > self.max_snapshots:
-            self.snapshots.popitem(last=False)
+            _release(self.states, self.snapshots.popitem(last=False)[1][0])

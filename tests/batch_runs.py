@@ -40,3 +40,10 @@ def run(be: BatchEngine, joins: list[int], new: list[int], prompts, leave=None):
 def assert_pool_full(be: BatchEngine):
     assert be.pool.free == be.pool.n_blocks and be.pool.reserved == 0
     assert not any(be.pool.refs) and not be.running
+
+
+def alone(engine, i: int, prompts, new, max_batch: int = 4):
+    """Sequence i run by itself through a BatchEngine of its own."""
+    joins = [None] * len(prompts)
+    joins[i] = 0
+    return run(BatchEngine(engine, max_batch=max_batch), joins, new, prompts)[i]

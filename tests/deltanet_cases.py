@@ -7,14 +7,30 @@ through `kernels` (tests/gpu_kernels.DeviceKernels' upload/poisoned/launch/read/
 compares every output row (NaN-poisoned first) and both states after each step with NumPy
 in float64: the causal conv, L2 norms and the delta rule's recurrence from compiler/reference
 (delta_rule.recurrent, expand_heads), the gates and the gated RMSNorm written out here.
+`check_steps(kernels, name, chunks)` runs CHUNKED's steps instead, those of a chunk or more
+through the chunked prefill's four kernels (`chunks`: (kernels, params); their scratch
+NaN-poisoned too), the others through the token-serial kernel, on the same states;
+`check_forms` runs one long step both ways from the same random states and compares the two
+kernels' outputs with each other.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from hipc.compiler.kernels.deltanet import DeltaNetParams
+from hipc.base.launch_plan import eval_dim
+from hipc.compiler.kernels.base import GpuKernel
+from hipc.compiler.kernels.deltanet import (
+    DeltaNetParams,
+    chunk_launches,
+    chunk_mma,
+    chunk_work_bytes,
+    gpu_chunk_kernel,
+    gpu_kernel,
+    scan_mma_fits,
+)
 from hipc.compiler.reference import delta_rule
+from hipc.compiler.targets import GpuTarget
 
 from gpu_kernels import pack
 from support import rel_err
@@ -25,18 +41,69 @@ CASES = {
     "tiled_bf16": (2, 6, 32, 16, 4, True, False, False, "bfloat16", (1, 5, 1, 64)),
     "next_packed_f16": (3, 6, 8, 12, 3, False, True, True, "float16", (9, 1, 1, 33)),
     "one_tap": (1, 1, 8, 8, 2, False, True, False, "float32", (3, 1)),
-    "qwen35_35b": (16, 32, 128, 128, 4, False, True, False, "bfloat16", (6, 1, 1)),  # 2 lanes
+    "qwen35_35b": (16, 32, 128, 128, 4, False, True, False, "bfloat16", (6, 1, 1)),  # 1 lane
+    "qwen35_35b_two_lanes": (16, 32, 128, 128, 4, False, True, False, "bfloat16", (6, 1, 1)),
+    "grouped_two_lanes": (2, 4, 32, 16, 4, False, True, False, "float32", (7, 1, 1)),
+    "dk256": (1, 2, 256, 40, 4, False, True, False, "float32", (5, 1)),  # 2 lanes by default
     "dk256_four_lanes": (1, 2, 256, 40, 4, False, True, False, "float32", (5, 1)),
+}
+# lanes per state column where a case asks for other than compiler/kernels/deltanet.py's
+# default (gpu_lanes): the splits the compiled default does not take stay tested
+LANES = {"qwen35_35b_two_lanes": 2, "grouped_two_lanes": 2, "dk256_four_lanes": 4}
+# the chunked prefill: name -> (chunk, steps): steps shorter than, equal to and several
+# times the chunk (and a partial last chunk), decode steps between them
+CHUNKED = {
+    "grouped_odd": (16, (20, 1, 48, 7, 1, 16)),
+    "tiled_bf16": (64, (1, 64, 1, 150, 3)),
+    "next_packed_f16": (16, (33, 1, 16, 3)),
+    "one_tap": (16, (40, 2)),
+    "dk256": (32, (40, 1)),
+    "qwen35_35b": (64, (150, 1, 64, 1)),
 }
 SCALE_EPS = dict(l2_eps=1e-6, norm_eps=1e-6)
 
 
-def params(case) -> DeltaNetParams:
+def params(case, chunk: int = 64) -> DeltaNetParams:
     NK, NV, DK, DV, KC, tiled, dt, packed, wtype, _ = case
     return DeltaNetParams(
         NK=NK, NV=NV, DK=DK, DV=DV, KC=KC, scale=DK**-0.5, v_tiled=tiled, dt_bias=dt,
-        ba_packed=packed, qkvz_packed=packed, chunk=64, conv_wtype=wtype, **SCALE_EPS,
+        ba_packed=packed, qkvz_packed=packed, chunk=chunk, conv_wtype=wtype, **SCALE_EPS,
     )  # fmt: skip
+
+
+def device_specs(arch: str):
+    """Every case's kernels as tests/gpu/test_deltanet_gpu.py builds them for `arch`:
+    (DeviceKernels specs, {name: (serial fn, threads)}, {path: {name: (chunked kernels,
+    params)}}: "target" as compiled for `arch`; where it has a matrix instruction also
+    "simt" (all SIMT) and "mma_scan" (_scan on it too, where the shape fits))."""
+    wave, mma = GpuTarget(arch).wave, chunk_mma(arch)
+    specs, serial = [], {}
+    paths: dict[str, dict] = {"target": {}, "simt": {}, "mma_scan": {}}
+    for name, case in CASES.items():
+        k = gpu_kernel(f"dn_{name}", params(case), wave, [name], LANES.get(name))
+        serial[name] = (k.fn, k.threads)
+        specs.append((k.fn, k.template, k.ctx, 0))
+    for name in CHUNKED:
+        paths["target"][name] = k, p = chunk_kernels(name, wave, mma)
+        specs.append((k.fn, k.template, k.ctx, None))  # four kernels, looked up at launch
+        if mma:
+            paths["simt"][name] = k, _ = chunk_kernels(name, wave)
+            specs.append((k.fn, k.template, k.ctx, None))
+        if scan_mma_fits(p, mma):
+            paths["mma_scan"][name] = k, _ = chunk_kernels(name, wave, mma, True)
+            specs.append((k.fn, k.template, k.ctx, None))
+    return specs, serial, paths
+
+
+def chunk_kernels(
+    name: str, wave: int, mma: str = "", scan_mma: bool = False
+) -> tuple[GpuKernel, DeltaNetParams]:
+    """Case `name`'s chunked prefill kernels (CHUNKED's chunk) as compiler/kernels/deltanet.py
+    renders them, and their parameters; `mma` as chunk_mma says, `scan_mma` _scan on it too
+    (each suffixing the name)."""
+    p = params(CASES[name], CHUNKED[name][0])
+    fn = f"dnc_{name}" + ("_mma" if mma else "") + ("_scan" if scan_mma else "")
+    return gpu_chunk_kernel(fn, p, wave, [name], mma, scan_mma=scan_mma), p
 
 
 def silu(x):
@@ -82,48 +149,88 @@ def pack_qkvz(x, z, NK, DK, R, DV):
     return np.concatenate([q, k, v, z.reshape(T, NK, R * DV)], -1).reshape(T, -1)
 
 
-def check_steps(kernels, name: str) -> None:
-    case = CASES[name]
-    NK, NV, DK, DV, KC, _, dt, packed, wtype, steps = case
-    R, C = NV // NK, 2 * NK * DK + NV * DV
+class Layer:
+    """One case's weights (random, from the case's seed) and its inputs' layout on a device."""
+
+    def __init__(self, kernels, name: str) -> None:
+        case = CASES[name]
+        NK, NV, DK, DV, KC, _, dt, packed, wtype, _ = case
+        self.kernels, self.case, self.packed = kernels, case, packed
+        self.C = 2 * NK * DK + NV * DV
+        self.rng = rng = np.random.default_rng(sorted(CASES).index(name) + 40)
+        w_stored, self.w = pack(rng.standard_normal((self.C, KC)) * 0.5, wtype)
+        self.A = -rng.uniform(0.5, 8, NV)  # -exp(A_log)
+        self.dt_bias = rng.uniform(-1, 1, NV) if dt else None
+        self.norm_w = 1 + 0.2 * rng.standard_normal(DV)
+        f32 = np.float32
+        self.consts = [
+            kernels.upload(w_stored),
+            kernels.upload(self.A.astype(f32)),
+            kernels.upload(self.dt_bias.astype(f32)) if dt else 0,
+            kernels.upload(self.norm_w.astype(f32)),
+        ]
+
+    def reference(self) -> Reference:
+        return Reference(self.case, self.w, self.A, self.dt_bias, self.norm_w)
+
+    def inputs(self, T: int):
+        NV, DV = self.case[1], self.case[3]
+        f32, rng = np.float32, self.rng
+        x = rng.standard_normal((T, self.C)).astype(f32)
+        z = rng.standard_normal((T, NV * DV)).astype(f32)
+        b, a = (rng.standard_normal((T, NV)).astype(f32) for _ in range(2))
+        return x, z, b, a
+
+    def args(self, x, z, b, a, conv_state, ssm_state, y, ldy):
+        NK, NV, DK, DV = self.case[:4]
+        T, R, k = len(x), NV // NK, self.kernels
+        if self.packed:
+            xz = pack_qkvz(x, z, NK, DK, R, DV)
+            ba = np.concatenate([b.reshape(T, NK, R), a.reshape(T, NK, R)], -1).reshape(T, -1)
+            xz_d, ba_d = k.upload(xz), k.upload(ba)
+            acts = [(xz_d, xz.shape[1]), (xz_d, xz.shape[1]), (ba_d, 2 * NV), (ba_d, 2 * NV)]
+        else:
+            # column views of wider projection outputs, as the memory plan lays them out
+            wide = [np.pad(m, ((0, 0), (0, 3))) for m in (x, z, b, a)]
+            acts = [(k.upload(m), m.shape[1]) for m in wide]
+        args = [("i32", T)]
+        for ptr, ld in acts:
+            args += [("u64", ptr), ("i32", ld)]
+        args += [("u64", ptr) for ptr in self.consts]
+        return [*args, ("u64", conv_state), ("u64", ssm_state), ("u64", y), ("i32", ldy)]
+
+
+def run_step(kernels, name, layer, args, T, chunks):
+    """One step: the chunked kernels `chunks` ((kernels, params) or None) where T is a chunk
+    or more, else the token-serial one."""
+    if chunks is not None and chunks[1].chunk <= T:
+        k, p = chunks
+        work = kernels.poisoned((chunk_work_bytes(p, T) // 4,))
+        for kernel, grid, threads in chunk_launches(p, k):
+            dims = tuple(eval_dim(d, T, T) for d in grid)
+            kernels.launch(kernel, dims, threads, [*args, ("u64", work)])
+        return
     fn, threads = kernels.specs[name]
-    rng = np.random.default_rng(sorted(CASES).index(name) + 40)
-    w_stored, w = pack(rng.standard_normal((C, KC)) * 0.5, wtype)
-    A = -rng.uniform(0.5, 8, NV)  # -exp(A_log)
-    dt_bias = rng.uniform(-1, 1, NV) if dt else None
-    norm_w = 1 + 0.2 * rng.standard_normal(DV)
-    ref = Reference(case, w, A, dt_bias, norm_w)
+    kernels.launch(fn, (layer.case[0],), threads, args)
+
+
+def check_steps(kernels, name: str, chunks=None) -> None:
+    _, NV, DK, DV, KC, *_, steps = CASES[name]
+    if chunks is not None:
+        steps = CHUNKED[name][1]
+    layer = Layer(kernels, name)
+    C = layer.C
+    ref = layer.reference()
     f32 = np.float32
     conv_state = kernels.upload(np.zeros((KC - 1 or 1, C), f32))
     ssm_state = kernels.upload(np.zeros((NV, DK, DV), f32))
-    consts = [
-        kernels.upload(w_stored),
-        kernels.upload(A.astype(f32)),
-        kernels.upload(dt_bias.astype(f32)) if dt else 0,
-        kernels.upload(norm_w.astype(f32)),
-    ]
     try:
         for i, T in enumerate(steps):
-            x = rng.standard_normal((T, C)).astype(f32)
-            z = rng.standard_normal((T, NV * DV)).astype(f32)
-            b, a = (rng.standard_normal((T, NV)).astype(f32) for _ in range(2))
-            if packed:
-                xz = pack_qkvz(x, z, NK, DK, R, DV)
-                ba = np.concatenate([b.reshape(T, NK, R), a.reshape(T, NK, R)], -1).reshape(T, -1)
-                xz_d, ba_d = kernels.upload(xz), kernels.upload(ba)
-                acts = [(xz_d, xz.shape[1]), (xz_d, xz.shape[1]), (ba_d, 2 * NV), (ba_d, 2 * NV)]
-            else:
-                # column views of wider projection outputs, as the memory plan lays them out
-                wide = [np.pad(m, ((0, 0), (0, 3))) for m in (x, z, b, a)]
-                acts = [(kernels.upload(m), m.shape[1]) for m in wide]
+            x, z, b, a = layer.inputs(T)
             ldy = NV * DV + 5
             y = kernels.poisoned((T, ldy))
-            args = [("i32", T)]
-            for ptr, ld in acts:
-                args += [("u64", ptr), ("i32", ld)]
-            args += [("u64", ptr) for ptr in consts]
-            args += [("u64", conv_state), ("u64", ssm_state), ("u64", y), ("i32", ldy)]
-            kernels.launch(fn, (NK,), threads, args)
+            args = layer.args(x, z, b, a, conv_state, ssm_state, y, ldy)
+            run_step(kernels, name, layer, args, T, chunks)
             got = kernels.read(y, (T, ldy))[:, : NV * DV]
             want = ref.step(x.astype(np.float64), z, b, a)
             assert not np.isnan(got).any(), (name, i, "outputs left unwritten")
@@ -133,5 +240,38 @@ def check_steps(kernels, name: str) -> None:
             if KC > 1:
                 got_c = kernels.read(conv_state, (KC - 1, C))
                 assert np.array_equal(got_c, ref.conv.astype(f32)), (name, i, "conv window")
+    finally:
+        kernels.free()
+
+
+def check_forms(kernels, name: str, T: int, chunks) -> None:
+    """One T-token step from the same random states through the token-serial kernel and
+    through the chunked ones: outputs (NaN-poisoned) and both states agree."""
+    _, NV, DK, DV, KC = CASES[name][:5]
+    layer = Layer(kernels, name)
+    f32 = np.float32
+    conv0 = layer.rng.standard_normal((KC - 1 or 1, layer.C)).astype(f32)
+    ssm0 = (0.1 * layer.rng.standard_normal((NV, DK, DV))).astype(f32)
+    x, z, b, a = layer.inputs(T)
+    ldy = NV * DV + 5
+    out = []
+    try:
+        for use in (None, chunks):
+            conv_state, ssm_state = kernels.upload(conv0), kernels.upload(ssm0)
+            y = kernels.poisoned((T, ldy))
+            args = layer.args(x, z, b, a, conv_state, ssm_state, y, ldy)
+            run_step(kernels, name, layer, args, T, use)
+            out.append(
+                (
+                    kernels.read(y, (T, ldy))[:, : NV * DV],
+                    kernels.read(ssm_state, (NV, DK, DV)),
+                    kernels.read(conv_state, conv0.shape),
+                )
+            )
+        (ys, ss, cs), (yc, sc, cc) = out
+        assert not np.isnan(yc).any() and not np.isnan(ys).any(), (name, "outputs left unwritten")
+        assert rel_err(yc, ys) <= 1e-4, (name, "outputs", rel_err(yc, ys))
+        assert rel_err(sc, ss) <= 1e-4, (name, "state", rel_err(sc, ss))
+        assert np.array_equal(cc, cs), (name, "conv window")
     finally:
         kernels.free()

@@ -112,6 +112,23 @@ class DeviceKernels:
         self.d.close()
 
 
+def held_x(x: np.ndarray, activations: str) -> np.ndarray:
+    """x (float32) as a quantized GEMV holds it (prelude: hipc_stage_xq), float64: per 32
+    values d = max|x| / 127 and hi = rint(x * 127 / max|x|) in float32 as the kernel rounds;
+    int8 activations d * hi, int16 also lo = rint((x - hi d) 127 * 254 / max|x|) clamped to
+    +-127, d / 254 * (254 hi + lo)."""
+    xb = x.astype(np.float32).reshape(-1, 32)
+    am = np.abs(xb).max(1, keepdims=True)
+    d = am / np.float32(127)
+    inv = np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0).astype(np.float32)
+    hi = np.rint(xb * inv)
+    if activations == "int8":
+        return (d.astype(np.float64) * hi).reshape(-1)
+    lo = np.clip(np.rint((xb - hi * d) * inv * np.float32(254)), -127, 127)
+    dq = (d / np.float32(254)).astype(np.float64)
+    return (dq * (254 * hi.astype(np.float64) + lo)).reshape(-1)
+
+
 # -- weights in their storage types -----------------------------------------------------
 
 
@@ -209,10 +226,15 @@ def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.n
 
 # Attention test cases (tests/gpu and the host tests) are tuples whose first six fields are
 # (NH, NKV, D, window, qk norm, interleaved pairs), then per file; a Qwen3.5-style case ends
-# with (rot, out_gate).
+# with (rot, out_gate), an OLMoE-style one with (rot, out_gate, clip).
 def attention_switches(case) -> tuple[int, bool]:
     """(rot, out_gate) of a case: 0 (all dims rotate) and no gate unless it names them."""
     return tuple(case[9:11]) if len(case) > 9 else (0, False)
+
+
+def attention_clip(case) -> float:
+    """The bound q, k and v are clamped to (OLMoE's clip_qkv) where a case names one, else 0."""
+    return float(case[11]) if len(case) > 11 else 0.0
 
 
 def attention_params(case, eps: float):
@@ -223,7 +245,7 @@ def attention_params(case, eps: float):
     rot, gate = attention_switches(case)
     return AttentionParams(
         NH=NH, NKV=NKV, D=D, scale=float(D) ** -0.5, window=window, interleaved=interleaved,
-        norm_eps=eps if norm else 0.0, rot=rot, out_gate=gate,
+        norm_eps=eps if norm else 0.0, rot=rot, out_gate=gate, clip=attention_clip(case),
     )  # fmt: skip
 
 
@@ -243,26 +265,52 @@ def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.n
 
 # Prefill attention test cases (tests/gpu/test_prefill_attention.py, the host flash test):
 # (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, start, T[, rot, out_gate]).
-def prefill_attention_inputs(case, seed: int) -> dict:
-    """Random q (a column view: ldq wider than the heads), q-norm weight, RoPE tables and a KV
-    cache holding positions 0..start+T-1 as rope_kv leaves it (keys already rotated, in the
-    storage type), NaN past them: nothing there may be read."""
+# the compiled context the prefill attention tests render their kernels for: the stride of the
+# block tables (ceil(PREFILL_CTX / KV_BLOCK) entries per sequence) and the RoPE tables' rows
+PREFILL_CTX = 1024
+
+
+def prefill_attention_inputs(case, seed: int, segments=None) -> dict:
+    """Random q (a column view: ldq wider than the heads), q-norm weight, RoPE tables, and the
+    step's rows: `segments` [(sequence, first position, rows)] (default: sequence 0's rows
+    start..start+T-1 of the case), each sequence's rows consecutive. Every sequence's positions
+    0..its last row's are in paged KV pools as rope_kv leaves them (keys already rotated, in
+    the storage type), in blocks scattered over the pool through its block table; every slot
+    no sequence owns is NaN: nothing there may be read. kc/vc are the pools, logical[s] a
+    sequence's (keys, values) by position."""
+    from hipc.base.launch_plan import KV_BLOCK
+    from hipc.compiler.reference.executor import round_bf16
+
     NH, NKV, D, _, _, _, kv, start, T = case[:9]
     rot, gated = attention_switches(case)
+    segments = segments or [(0, start, T)]
+    pos = np.concatenate([np.arange(a, a + n) for _, a, n in segments]).astype(np.int32)
+    seq = np.concatenate([[s] * n for s, _, n in segments]).astype(np.int32)
+    T = len(pos)
     rng = np.random.default_rng(seed)
-    ctx = start + T + 70
     ldq = NH * (2 * D if gated else D) + 40
     q = rng.standard_normal((T, ldq)).astype(np.float32) * 2
     qw = (1 + 0.2 * rng.standard_normal(D)).astype(np.float32)
-    ang = rng.uniform(0, 2 * np.pi, (ctx, (rot or D) // 2))
+    ang = rng.uniform(0, 2 * np.pi, (PREFILL_CTX, (rot or D) // 2))
     cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    from hipc.compiler.reference.executor import round_bf16
-
     store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
-    kc, vc = (store(rng.standard_normal((ctx, NKV, D)).astype(np.float32) * 2) for _ in range(2))
-    kc[start + T :] = np.nan
-    vc[start + T :] = np.nan
-    return dict(q=q, ldq=ldq, qw=qw, cos_t=cos_t, sin_t=sin_t, kc=kc, vc=vc)
+    n_seq = int(seq.max()) + 1
+    held = [int(pos[seq == s].max()) + 1 if (seq == s).any() else 0 for s in range(n_seq)]
+    need = [-(-n // KV_BLOCK) for n in held]
+    pool_blocks = sum(need) + 7
+    order = iter(rng.permutation(pool_blocks))
+    tables = np.full((n_seq, -(-PREFILL_CTX // KV_BLOCK)), -1, np.int32)
+    kc, vc = (np.full((pool_blocks * KV_BLOCK, NKV, D), np.nan, np.float32) for _ in range(2))
+    logical = {}
+    for s in range(n_seq):
+        tables[s, : need[s]] = [next(order) for _ in range(need[s])]
+        slots = (tables[s, : need[s], None] * KV_BLOCK + np.arange(KV_BLOCK)).reshape(-1)
+        slots = slots[: held[s]]
+        for c in (kc, vc):
+            c[slots] = store(rng.standard_normal((held[s], NKV, D)).astype(np.float32) * 2)
+        logical[s] = (kc[slots], vc[slots])
+    return dict(q=q, ldq=ldq, qw=qw, cos_t=cos_t, sin_t=sin_t, kc=kc, vc=vc, pos=pos, seq=seq,
+                tables=tables, logical=logical, T=T)  # fmt: skip
 
 
 def as_stored(a: np.ndarray, kv: str) -> np.ndarray:
@@ -273,31 +321,35 @@ def as_stored(a: np.ndarray, kv: str) -> np.ndarray:
 def prefill_attention_reference(
     case, x: dict, eps: float, bf16_operands: bool = False
 ) -> np.ndarray:
-    """Causal (windowed) grouped-query softmax attention of case's inputs x in float64, q normed
-    and rotated, the output gated where the case says: [T, NH * D]. `bf16_operands`: q (times
-    the flash kernel's scale * log2 e) and K, V rounded to bf16 first, as the flash kernel
-    multiplies them, which leaves its rounding of the softmax weights as the difference."""
+    """Causal (windowed) grouped-query softmax attention of case's inputs x in float64, each
+    row over its own sequence's positions, q clamped, normed and rotated, the output gated where the
+    case says: [T, NH * D]. `bf16_operands`: q (times the flash kernel's scale * log2 e) and
+    K, V rounded to bf16 first, as the flash kernel multiplies them, which leaves its rounding
+    of the softmax weights as the difference."""
     from hipc.compiler.reference.executor import round_bf16
 
-    NH, NKV, D, window, norm, interleaved, _, start, T = case[:9]
+    NH, NKV, D, window, norm, interleaved = case[:6]
     rot, gated = attention_switches(case)
     QW = 2 * D if gated else D
-    q, qw, kc, vc = x["q"], x["qw"], x["kc"], x["vc"]
+    q, qw, pos, seq, T = x["q"], x["qw"], x["pos"], x["seq"], x["T"]
     qh = q[:, : NH * QW].reshape(T, NH, QW)[..., :D].astype(np.float64)
+    if clip := attention_clip(case):
+        qh = np.clip(qh, -clip, clip)
     if norm:
         qh = qh / np.sqrt(np.mean(qh * qh, -1, keepdims=True) + eps) * qw
-    pos = start + np.arange(T)
     r = rot or D
     qh[..., :r] = rope(qh[..., :r], x["cos_t"][pos][:, None], x["sin_t"][pos][:, None], interleaved)
     if bf16_operands:
         c = D**-0.5 * np.log2(np.e)
         qh = round_bf16(qh * c).astype(np.float64) / c
-        kc, vc = round_bf16(kc), round_bf16(vc)
     want = np.empty((T, NH, D))
     group = NH // NKV
     for t in range(T):
-        p = start + t
+        p = int(pos[t])
         lo = max(0, p - window + 1) if window else 0
+        kc, vc = x["logical"][int(seq[t])]
+        if bf16_operands:
+            kc, vc = round_bf16(kc), round_bf16(vc)
         keys, vals = kc[lo : p + 1].astype(np.float64), vc[lo : p + 1].astype(np.float64)
         for h in range(NH):
             sc = keys[:, h // group] @ qh[t, h] * D**-0.5

@@ -65,6 +65,18 @@ static float exchange(float v, int from) {
   return r;
 }
 float hipc_shfl_xor(float v, int m) { return exchange(v, t_id ^ m); }
+// HIPC_MMA_HOST's mma (the prelude's mma.sync emulation): every lane's n fragment words, in
+// lane order, to every lane
+static uint32_t g_words[1024 * 8];
+void hipc_host_wave_gather(const uint32_t* mine, int n, uint32_t* all) {
+  Barrier* w = g_wbar[t_id / HIPC_WAVE];
+  for (int i = 0; i < n; ++i) g_words[t_id * 8 + i] = mine[i];
+  w->arrive_and_wait();
+  const int base = t_id / HIPC_WAVE * HIPC_WAVE;
+  for (int l = 0; l < HIPC_WAVE; ++l)
+    for (int i = 0; i < n; ++i) all[l * n + i] = g_words[(base + l) * 8 + i];
+  w->arrive_and_wait();
+}
 float hipc_shfl(float v, int lane) { return exchange(v, t_id / HIPC_WAVE * HIPC_WAVE + lane); }
 // `shared` bytes of dynamic shared memory per block, all ones (NaN in bf16 and float32) to start
 template <class F>
@@ -135,7 +147,8 @@ void hipc_mma_emulate(float* c, const uint16_t* a, const uint16_t* b) {
 def build(root: Path, name: str, code: str, wave: int = 32, mma: str | None = None) -> ctypes.CDLL:
     """`code` (kernels and their extern "C" wrappers, calling `grid(gx, gy, threads, f)`)
     after the prelude and the harness, compiled into ROOT/NAME.so and loaded. `mma`: an AMD
-    HIPC_MMA_* macro, the matrix instruction emulated across the wave (MMA_EMULATION)."""
+    HIPC_MMA_* macro, the matrix instruction emulated across the wave (MMA_EMULATION), or
+    HIPC_MMA_HOST (mma.sync's, emulated by the prelude; wave 32)."""
     if CXX is None:
         pytest.skip("no C++ compiler")
     prelude = template_text("hip/prelude.h").replace("#pragma once", "")
@@ -144,6 +157,7 @@ def build(root: Path, name: str, code: str, wave: int = 32, mma: str | None = No
     harness = HARNESS
     if mma:
         head += f"#define {mma} 1\n"
+    if mma and mma != "HIPC_MMA_HOST":
         harness += "#include <atomic>\n#include <cstring>\n" + MMA_EMULATION
     src.write_text(f"{head}{prelude}{harness}{code}")
     so = root / f"{name}.so"

@@ -15,8 +15,8 @@ from hipc.compiler.passes.memory import MemoryPlan
 
 Binding = dict[str, Any]
 
-# graph inputs -> the step inputs the runtimes provide (token ids, first position)
-STEP_INPUTS = {"input_ids": "ids", "positions": "start"}
+# graph inputs -> the step inputs the runtimes provide (token ids, per-row positions)
+STEP_INPUTS = {"input_ids": "ids", "positions": "pos"}
 
 
 class Binder:

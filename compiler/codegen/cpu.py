@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hipc.base.launch_plan import CPU_KV_BLOCK
+from hipc.base.launch_plan import KV_BLOCK
 from hipc.base.version import ABI_VERSION, HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
 from hipc.compiler.codegen.environment import render, template_text
@@ -66,7 +66,7 @@ def render_cpu_program(c: Compilation, target: Target) -> CpuProgram:
         "abi_version": ABI_VERSION,
         "arena_bytes": memory.arena_bytes,
         "scratch_bytes": 0,
-        "kv_block": CPU_KV_BLOCK,
+        "kv_block": KV_BLOCK,
         "steps": {"forward": forward},
     }
     gathered = [a["offset"] for lt in forward for a in lt["args"] if a.get("row_skip")]
@@ -99,8 +99,8 @@ def render_cpu_program(c: Compilation, target: Target) -> CpuProgram:
         kernels=list(kernels.values()),
         max_tokens=memory.max_tokens,
         max_ctx=c.max_ctx,
-        kv_block=CPU_KV_BLOCK,
-        kv_table=-(-c.max_ctx // CPU_KV_BLOCK),
+        kv_block=KV_BLOCK,
+        kv_table=-(-c.max_ctx // KV_BLOCK),
         vocab=c.model.config.vocab_size,
         arena_floats_per_token=memory.arena_cols,
         abi_version=ABI_VERSION,

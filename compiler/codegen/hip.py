@@ -1,8 +1,9 @@
 """Render the HIP program for one GPU arch and the launch lists the runtime replays.
 
 One source holds every kernel (deduplicated by name); the plan section lists, for decode
-(one token, GEMV-shaped kernels) and prefill (T tokens, GEMM-shaped kernels), each launch's
-kernel, grid/block and argument bindings (the launch plan: hipc.base.launch_plan). Each
+(one token, GEMV-shaped kernels), prefill (T tokens, GEMM-shaped kernels) and batch (T rows
+of T different sequences: prefill's list, with the attention kernel made for such rows),
+each launch's kernel, grid/block and argument bindings (the launch plan: hipc.base.launch_plan). Each
 kernel kind (compiler/kernels) adds its kernels and launches through GpuProgramBuilder;
 Python decides names, geometry and bindings, the templates only place them.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hipc.base.launch_plan import KV_BLOCK
 from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
 from hipc.compiler.codegen.environment import render, template_text
@@ -51,7 +53,7 @@ class GpuProgramBuilder:
         self.selected = kernels  # every kernel of the program (kinds look up their neighbours)
         self.memo: dict[str, Any] = {}  # what a kind works out once per program from `selected`
         self.kernels: dict[str, str] = {}
-        self.steps: dict[str, list[dict]] = {"decode": [], "prefill": []}
+        self.steps: dict[str, list[dict]] = {"decode": [], "prefill": [], "batch": []}
         # The scratch buffer: one region per name the kinds ask for (KernelKind.gpu_scratch),
         # as large as the largest ask, in order of first ask, each 256-byte aligned. Kernels of
         # a step run one after another, so every layer reuses its kind's region; the buffer is
@@ -90,7 +92,11 @@ class GpuProgramBuilder:
         shared: int = 0,
         overlap: bool = False,
         tokens: tuple[int, int] | None = None,
+        batch: bool = True,
     ) -> None:
+        """A launch of `step`; a prefill launch goes into the batch step too unless `batch`
+        is False (the batch step is the prefill list with its own kernel where a kind has one
+        for rows of many sequences, one row each)."""
         launch = {
             "group": group,
             "kernel": kernel,
@@ -106,6 +112,8 @@ class GpuProgramBuilder:
         if tokens is not None:
             launch["tokens"] = list(tokens)  # only in steps of this many tokens
         self.steps[step].append(launch)
+        if step == "prefill" and batch:
+            self.steps["batch"].append(launch)
 
 
 def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
@@ -135,6 +143,7 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
         "wave": gpu.wave,
         "arena_bytes": memory.arena_bytes,
         "scratch_bytes": g.scratch_bytes,
+        "kv_block": KV_BLOCK,
         "steps": g.steps,
     }
     return HipProgram(source, plan)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.ir import Constant, Graph, Node
 from hipc.compiler.kernels.base import (
     CPU_INDENT,
@@ -69,16 +70,16 @@ const float* sin_t, float* k_cache, float* v_cache, float* out
 
 def rope_kv_signature(kv: str) -> Signature:
     return Signature.parse(f"""
-const float* __restrict__ k, int ldk, const float* __restrict__ v, int ldv, const int* start,
-const float* __restrict__ k_norm_w, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+const float* __restrict__ k, int ldk, const float* __restrict__ v, int ldv, const int* pos,
+const int* seq, const int* blocks, const float* __restrict__ k_norm_w, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
 {kv}* k_cache, {kv}* v_cache
 """)
 
 
 def prefill_signature(kv: str) -> Signature:
     return Signature.parse(f"""
-const float* __restrict__ q, int ldq, const int* start, const float* __restrict__ q_norm_w,
-const float* __restrict__ cos_t, const float* __restrict__ sin_t, const {kv}* __restrict__ k_cache,
+const float* __restrict__ q, int ldq, const int* pos, const int* seq, const int* blocks,
+const float* __restrict__ q_norm_w, const float* __restrict__ cos_t, const float* __restrict__ sin_t, const {kv}* __restrict__ k_cache,
 const {kv}* __restrict__ v_cache, float* out
 """)
 
@@ -87,7 +88,8 @@ def flash_signature(kv: str) -> Signature:
     """The matrix-instruction prefill attention: the SIMT one's arguments and T (its grid
     covers query blocks, so rows past T are skipped in-kernel)."""
     return Signature.parse(f"""
-const float* __restrict__ q, int ldq, int T, const int* start, const float* __restrict__ q_norm_w,
+const float* __restrict__ q, int ldq, int T, const int* pos, const int* seq, const int* blocks,
+const float* __restrict__ q_norm_w,
 const float* __restrict__ cos_t, const float* __restrict__ sin_t, const {kv}* __restrict__ k_cache,
 const {kv}* __restrict__ v_cache, float* out
 """)
@@ -95,8 +97,8 @@ const {kv}* __restrict__ v_cache, float* out
 
 def decode_signature(kv: str) -> Signature:
     return Signature.parse(f"""
-const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const int* start,
-const float* __restrict__ q_norm_w, const float* __restrict__ k_norm_w, const float* __restrict__ cos_t,
+const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const int* pos,
+const int* seq, const int* blocks, const float* __restrict__ q_norm_w, const float* __restrict__ k_norm_w, const float* __restrict__ cos_t,
 const float* __restrict__ sin_t, {kv}* k_cache, {kv}* v_cache, float* partial,
 unsigned* counters, float* __restrict__ out
 """)
@@ -107,7 +109,7 @@ class Attention(KernelKind):
     anchors = frozenset({"hipc::CachedAttention"})
     roles = frozenset({"attention:feeder", "attention:flatten", "attention:gate"})
     cpu_signature = CPU
-    gpu_lacks = frozenset({"softcap", "clip"})
+    gpu_lacks = frozenset({"softcap"})
 
     def propose(self, graph: Graph, n: Node, p: Proposals) -> None:
         for v in n.inputs[:3]:
@@ -205,7 +207,7 @@ class Attention(KernelKind):
         p: AttentionParams = k.params
         r = k.refs
         D, wave = p.D, g.target.wave
-        kv_ctx = kv_context(g.kv_storage)
+        kv_ctx = kv_context(g.kv_storage, g.max_ctx)
         kv = kv_ctx["kv_type"]
         rope_sig, attn_sig = rope_kv_signature(kv), prefill_signature(kv)
         block = max(D // 2, wave)
@@ -215,17 +217,17 @@ class Attention(KernelKind):
         )  # fmt: skip
         # bf16 operands like the GEMMs' (--prefill-precision split: the float32 SIMT kernel)
         fk = (
-            flash_attention(k.fn, p, g.target, k.nodes, g.kv_storage)
+            flash_attention(k.fn, p, g.target, k.nodes, g.kv_storage, g.max_ctx)
             if g.prefill_precision == "bf16"
             else None
         )
-        if fk is None:
-            attn = g.kernel(
-                GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
-                          params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], 0)
-            )  # fmt: skip
-        else:
-            attn, attn_sig = g.kernel(fk), flash_signature(kv)
+        # the SIMT kernel (one block per row and head) is also the batch step's: there every
+        # row is another sequence's, which the flash kernel's query blocks would split into
+        # one pass over the keys per row
+        attn = g.kernel(
+            GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
+                      params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], 0)
+        )  # fmt: skip
         if DECODE_WAVES * wave < D // 2:
             raise FusionError(f"{k.group}: head dim {D} is too wide for the decode block")
         dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
@@ -234,7 +236,9 @@ class Attention(KernelKind):
         partial_at = g.scratch("attention")
         counters_at = partial_at + 4 * p.NH * splits * (D + 2)
         shared = {
-            "start": b.input("start"),
+            "pos": b.input("pos"),
+            "seq": b.input("seq"),
+            "blocks": b.input("blocks"),
             "cos_t": b.ref(r["cos"]),
             "sin_t": b.ref(r["sin"]),
             "k_cache": b.ref(r["k_cache"]),
@@ -249,8 +253,10 @@ class Attention(KernelKind):
         if fk is None:
             g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
         else:
-            g.launch("prefill", k.group, attn, [f"cdiv(T,{FLASH_BQ})", p.NH], [fk.threads],
-                     attn_sig, {**q_args, "T": b.int("T")}, shared=fk.shared)  # fmt: skip
+            g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{FLASH_BQ})", p.NH], [fk.threads],
+                     flash_signature(kv), {**q_args, "T": b.int("T")}, shared=fk.shared,
+                     batch=False)  # fmt: skip
+            g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
         g.launch(
             "decode",
             k.group,
@@ -375,10 +381,13 @@ DECODE_BLOCKS = 256  # decode attention blocks per layer (heads x splits): ~2 pe
 KV_TYPES = {"float32": ("float", "f32"), "bfloat16": ("uint16_t", "bf16")}
 
 
-def kv_context(kv_storage: str) -> dict[str, str]:
-    """The attention templates' KV element type and the suffix of its prelude helpers."""
+def kv_context(kv_storage: str, max_ctx: int) -> dict[str, Any]:
+    """The attention templates' KV element type, the suffix of its prelude helpers, and the
+    paging: positions per block and block-table entries per sequence (the table's stride)."""
     kv_type, kv_suffix = KV_TYPES[kv_storage]
-    return dict(kv_type=kv_type, kv_suffix=kv_suffix)
+    return dict(
+        kv_type=kv_type, kv_suffix=kv_suffix, kv_block=KV_BLOCK, kv_table=-(-max_ctx // KV_BLOCK)
+    )
 
 
 FLASH_BQ = 64  # the flash kernel's query rows per block (4 waves of 16); keys go 64 at a time
@@ -390,6 +399,7 @@ def flash_attention(
     target: GpuTarget,
     nodes: list[str],
     kv_storage: str,
+    max_ctx: int,
     pipelined: bool = False,
 ) -> GpuKernel | None:
     """The matrix-instruction prefill attention (templates/hip/attention_flash.hip.j2), or None
@@ -405,7 +415,7 @@ def flash_attention(
     # q's fragments stay in registers up to 32 a lane; RDNA3's take 8 each, and at D = 128 its
     # kernel then spilled past 256 VGPRs (clang-19), so q is read from shared memory there
     q_regs = p.D // 16 * tile.a_regs <= 32
-    kv_ctx = kv_context(kv_storage)
+    kv_ctx = kv_context(kv_storage, max_ctx)
     ctx = dict(
         nodes=nodes,
         instruction=tile.instruction,
@@ -439,7 +449,7 @@ def decode_attention(
     DECODE_BLOCKS (bench_gpu_gemv.py times several)."""
     wave = target.wave
     splits = decode_splits(p.NH, max_ctx, wave, waves, blocks)
-    kv_ctx = kv_context(kv_storage)
+    kv_ctx = kv_context(kv_storage, max_ctx)
     ctx = dict(
         nodes=nodes,
         wave=wave,

@@ -12,10 +12,12 @@ CPU: templates/cpu/deltanet.cpp.j2: rows of many sequences, each reading and wri
 sequence's slot of the states (`seq`, as attention reads its block table); the conv for all
 tokens, then per (sequence, value head) pair (in parallel) the recurrence over its tokens (for several, a block of state columns at a
 time so the block stays in L1; measured faster than the chunked form on a CPU).
-GPU: templates/hip/deltanet.hip.j2, one kernel per layer step, decode and prefill alike: a
-block per key head (its value heads share its q/k conv channels, so each conv window has one
+GPU: templates/hip/deltanet.hip.j2 for decode steps and prefill steps shorter than the chunk:
+a block per key head (its value heads share its q/k conv channels, so each conv window has one
 owner), a thread per state column held in registers, the step's tokens through the
-recurrence in order (no chunked matrix form on the GPU yet).
+recurrence in order. Steps of a chunk or more: templates/hip/deltanet_chunk.hip.j2, the
+chunked form in four launches (chunk_launches), _solve's Q K^T and K K^T on the target's
+matrix instruction where the prelude has one (chunk_mma), the rest SIMT.
 Qwen3-Next's projections packed per key head (HF's in_proj_qkvz and in_proj_ba, which the
 graph unpacks with Reshape/Split/Concat) are read where they are.
 """
@@ -91,19 +93,35 @@ const float* a, int lda, const void* conv_w, const float* A, const float* dt_bia
 const float* norm_w, float* conv_state, float* ssm_state, float* y, int ldy
 """)
 
-GPU = Signature.parse("""
+GPU_ARGS = """
 int T, const float* __restrict__ x, int ldx, const float* __restrict__ z, int ldz,
 const float* __restrict__ b, int ldb, const float* __restrict__ a, int lda, const void* conv_w,
 const float* __restrict__ A, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
 float* conv_state, float* ssm_state, float* __restrict__ y, int ldy
-""")
+"""
+GPU = Signature.parse(GPU_ARGS)
+# the chunked prefill's kernels (templates/hip/deltanet_chunk.hip.j2): the GPU signature and
+# the scratch rows they share
+CHUNK_GPU = Signature.parse(GPU_ARGS.rstrip() + ", float* __restrict__ work\n")
+CHUNK_WORK = "deltanet_work"
+CHUNK_THREADS = 256  # _solve's products are a 16 x 16 grid of thread tiles, _scan's block
+CHUNK_STAGE = 64  # K / Q columns staged in shared memory at a time
 MAX_GPU_THREADS = 1024
-MAX_GPU_ROWS = 64  # state rows a lane holds in registers
+# State rows a lane holds in registers before a column is split over more lanes. Measured on
+# the H200 at the 35B shape (DK = 128, docs/benchmarks/bench_gpu_deltanet.py): a decode step
+# takes 12.6 us with one lane per column (128 rows, 256 threads) against 13.9 us with two
+# (64 rows each, 512 threads), so DK = 128 keeps one lane; DK = 256 splits over two.
+MAX_GPU_ROWS = 128
 
 
-def gpu_lanes(p: DeltaNetParams) -> int:
-    """Lanes per state column: split while a lane would hold more than MAX_GPU_ROWS rows and
-    the block stays within MAX_GPU_THREADS."""
+def gpu_lanes(p: DeltaNetParams, lanes: int | None = None) -> int:
+    """Lanes per state column: `lanes` where given (tests and benchmarks try each split), else
+    split while a lane would hold more than MAX_GPU_ROWS rows and the block stays within
+    MAX_GPU_THREADS."""
+    if lanes is not None:
+        if p.DK % lanes or lanes & (lanes - 1):
+            raise ValueError(f"{lanes} lanes per state column do not split DK = {p.DK}")
+        return lanes
     lanes, cols = 1, (p.NV // p.NK) * p.DV
     while p.DK // lanes > MAX_GPU_ROWS and p.DK % (2 * lanes) == 0:
         if cols * 2 * lanes > MAX_GPU_THREADS:
@@ -112,19 +130,104 @@ def gpu_lanes(p: DeltaNetParams) -> int:
     return lanes
 
 
-def gpu_threads(p: DeltaNetParams, wave: int) -> int:
+def gpu_threads(p: DeltaNetParams, wave: int, lanes: int | None = None) -> int:
     """The GPU block: `gpu_lanes` per state column of the key head's value heads, whole waves."""
-    return -(-(p.NV // p.NK) * p.DV * gpu_lanes(p) // wave) * wave
+    return -(-(p.NV // p.NK) * p.DV * gpu_lanes(p, lanes) // wave) * wave
 
 
-def gpu_kernel(fn: str, p: DeltaNetParams, wave: int, nodes: list[str]) -> GpuKernel:
-    """The layer's one GPU kernel (templates/hip/deltanet.hip.j2): grid = key heads."""
-    threads = gpu_threads(p, wave)
+def gpu_kernel(
+    fn: str, p: DeltaNetParams, wave: int, nodes: list[str], lanes: int | None = None
+) -> GpuKernel:
+    """The layer's token-serial GPU kernel (templates/hip/deltanet.hip.j2): grid = key heads."""
+    threads = gpu_threads(p, wave, lanes)
     ctx = dict(
-        nodes=nodes, threads=threads, lanes=gpu_lanes(p), params=GPU.render(GPU_INDENT),
+        nodes=nodes, threads=threads, lanes=gpu_lanes(p, lanes), params=GPU.render(GPU_INDENT),
         **p.context(),
     )  # fmt: skip
     return GpuKernel(fn, "deltanet", ctx, [p.NK], threads)
+
+
+def chunked(p: DeltaNetParams) -> bool:
+    """Whether prefill steps of p.chunk tokens or more run the chunked kernels: chunks of a
+    multiple of 16 up to CHUNK_STAGE (the solve's thread tiles, its A in the staging buffer),
+    at least as long as the conv window, and DV + DK columns for the solve's threads."""
+    fits = p.DV + p.DK <= MAX_GPU_THREADS  # _solve: a thread per right-hand column
+    return fits and p.chunk % 16 == 0 and 16 <= p.chunk <= CHUNK_STAGE and p.chunk >= p.KC - 1
+
+
+SCAN_COLUMNS = 8
+
+
+def chunk_columns(p: DeltaNetParams, most: int = SCAN_COLUMNS) -> int:
+    """State columns one _scan block carries (columns of S evolve apart): `most` where DV
+    allows. 8 by default: at the 35B shape (32 value heads x 16 blocks) the scan of a 4096-token
+    step took 2.8 ms on the H200 against 3.7 with 16 columns and 4.2 with 32 (fewer, longer
+    blocks: the chunks are sequential, so more blocks is the parallelism there is)."""
+    return next(b for b in (32, 16, 8, 4, 2, 1) if b <= most and p.DV % b == 0)
+
+
+def chunk_work_bytes(p: DeltaNetParams, T: int) -> int:
+    """Bytes of `work` for a T-token step (rows padded to whole chunks where per chunk)."""
+    C = 2 * p.NK * p.DK + p.NV * p.DV
+    TP = -(-T // p.chunk) * p.chunk
+    return 4 * (T * C + 2 * T * p.NV + TP * p.NV * (1 + p.DV + p.DK + p.chunk))
+
+
+def chunk_mma(arch: str) -> str:
+    """The matrix instruction _solve's Q K^T and K K^T use on `arch` through the prelude's
+    hipc_mma_* (the prefill GEMM's: mma.sync on NVIDIA, WMMA on RDNA3, MFMA on CDNA), or ""
+    for SIMT (gfx12 and what else has no hipc_mma_* yet)."""
+    from hipc.compiler.kernels.linear import MMA_TILES
+
+    tile = MMA_TILES.get(arch)
+    return tile.instruction if tile else ""
+
+
+def scan_mma_fits(p: DeltaNetParams, mma: str, columns: int = SCAN_COLUMNS) -> bool:
+    """Whether _scan can run on `mma` too (its tiles: 16 state rows, the instruction's N
+    columns -- 8 for mma.sync, 16 for WMMA/MFMA)."""
+    n = 8 if mma.startswith("mma.sync") else 16
+    return bool(mma) and p.DK % 16 == 0 and chunk_columns(p, columns) % n == 0
+
+
+def gpu_chunk_kernel(
+    fn: str,
+    p: DeltaNetParams,
+    wave: int,
+    nodes: list[str],
+    mma: str = "",
+    columns: int = SCAN_COLUMNS,
+    scan_mma: bool = False,
+) -> GpuKernel:
+    """The chunked prefill (templates/hip/deltanet_chunk.hip.j2): {fn}_prep (grid T x key
+    heads), _solve (value heads x chunks), _scan (value heads x DV / its columns), _norm (T).
+    `mma`: chunk_mma's instruction (the program's prelude must define its HIPC_MMA_*);
+    `columns`: chunk_columns' most per _scan block (benchmarks try others); `scan_mma`: _scan
+    on `mma` too (scan_mma_fits; not the compiled default until measured faster)."""
+    if scan_mma and not scan_mma_fits(p, mma, columns):
+        raise ValueError(f"{fn}: _scan does not fit {mma or 'SIMT'} at DK {p.DK}, DV {p.DV}")
+    nch = 2 * p.DK + (p.NV // p.NK) * p.DV
+    ctx = dict(
+        nodes=nodes, L=p.chunk, BV=chunk_columns(p, columns), SL=CHUNK_STAGE, mma=mma,
+        scan_mma=scan_mma,
+        prep_threads=max(wave, min(256, -(-nch // wave) * wave)),
+        solve_threads=max(CHUNK_THREADS, -(-(p.DV + p.DK) // wave) * wave),
+        scan_threads=CHUNK_THREADS, norm_threads=CHUNK_THREADS,
+        params=CHUNK_GPU.render(GPU_INDENT), **p.context(),
+    )  # fmt: skip
+    return GpuKernel(fn, "deltanet_chunk", ctx, [p.NV], CHUNK_THREADS)
+
+
+def chunk_launches(p: DeltaNetParams, k: GpuKernel) -> list[tuple[str, list, int]]:
+    """(kernel, grid (launch-plan expressions in T), threads) of the chunked prefill `k`, in
+    launch order."""
+    c = k.ctx
+    return [
+        (f"{k.fn}_prep", ["T", p.NK], c["prep_threads"]),
+        (f"{k.fn}_solve", [p.NV, f"cdiv(T,{p.chunk})"], c["solve_threads"]),
+        (f"{k.fn}_scan", [p.NV, p.DV // c["BV"]], c["scan_threads"]),
+        (f"{k.fn}_norm", ["T"], c["norm_threads"]),
+    ]
 
 
 def _is_projection(graph: Graph, value: str) -> bool:
@@ -335,6 +438,12 @@ class DeltaNet(KernelKind):
 
     # -- GPU --
 
+    def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
+        p: DeltaNetParams = k.params
+        if not chunked(p) or g.max_tokens < p.chunk:
+            return {}
+        return {CHUNK_WORK: chunk_work_bytes(p, g.max_tokens)}
+
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: DeltaNetParams = k.params
         dk = gpu_kernel(k.fn, p, g.target.wave, k.nodes)
@@ -346,8 +455,22 @@ class DeltaNet(KernelKind):
         fn = g.kernel(dk)
         # GPU backends hold one sequence's states: no per-row slots
         args = {"T": b.int("T"), **self._args(k, b)}
-        for step in ("decode", "prefill"):
-            g.launch(step, k.group, fn, dk.grid, [dk.threads], GPU, args, overlap=step == "decode")
+        g.launch("decode", k.group, fn, dk.grid, [dk.threads], GPU, args, overlap=True)
+        if not self.gpu_scratch(k, g):
+            g.launch("prefill", k.group, fn, dk.grid, [dk.threads], GPU, args)
+            return
+        # steps shorter than a chunk: token by token; the others chunked (the last chunk of a
+        # step may be short: its padding rows write nothing)
+        L = p.chunk
+        if L > 2:
+            g.launch("prefill", k.group, fn, dk.grid, [dk.threads], GPU, args, tokens=(2, L - 1))
+        mma = chunk_mma(g.target.arch)
+        ck = gpu_chunk_kernel(f"{k.fn}_chunk", p, g.target.wave, k.nodes, mma)
+        g.kernel(ck)
+        cargs = {**args, "work": b.scratch(g.scratch(CHUNK_WORK))}
+        for kernel, grid, threads in chunk_launches(p, ck):
+            g.launch("prefill", k.group, kernel, grid, [threads], CHUNK_GPU, cargs,
+                     tokens=(L, g.max_tokens))  # fmt: skip
 
 
 KIND = DeltaNet()

@@ -783,20 +783,30 @@ class QuantGemv:
     unroll: int = 4
     max_blocks: int = 256
     min_blocks: int = 2
-    # pull the first group's rows towards L2 while x is staged (when it takes several
-    # batches): on the H200 it cost the 8B down GEMV 15.2 -> 18.1 us, so it is off
-    prefetch: bool = False
+    # batches of loads a wave holds in registers (a ring, loaded before the wait), and
+    # rounds of x each thread loads at once when staging it
+    stages: int = 2
+    xq_chunk: int = 4
+    preload: int = 0  # ring buffers filled before the wait (0: all of them)
+    l2_prefetch: bool = False  # and the wave's rows pulled towards L2 (small matrices)
 
 
-# Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM. Large
-# ones (QUANT_GEMV_LARGE_BYTES and up) and long rows (K >= QUANT_GEMV_LONG_K): 16-wave blocks
-# of 2-row groups, one per SM. On the H200 (bench_gpu_gemv.py, docs/benchmarks/gpu-h200.md:
-# int8 activations, us per 8B Q4_0 layer) 16 x 2 took qkv 6.0, o 4.4, gate/up 18.3, down 12.7
-# where 16 x 4 (the geometry before) took 6.0, 4.9, 18.7, 13.7 and 8 x 2 7.0, 5.1, 18.8,
-# 16.1; SmolLM2's down (K 1536) 1.8 us where 8 x 2 took 2.1, its other shapes 1.6-2.1 us
-# with 8 x 2, 1.7-2.1 with 16 x 2. q8_0 blocks are twice the bytes: half the unroll.
-QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2)
-QUANT_GEMV_LARGE = QuantGemv(16, 2, 4, 128, 1)
+# Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM (16
+# waves where rows are >= QUANT_GEMV_LONG_K), the next batch copied in (stages 1: the loop
+# measured before the ring; the ring is not measured at these shapes). Large ones
+# (QUANT_GEMV_LARGE_BYTES and up): 16-wave blocks of 2-row groups, one per SM, a ring of 3
+# batches of 2 units per row (gate/up: 4 batches), x staged in one round trip where it takes
+# <= 8 rounds.
+# On the H200 (bench_gpu_gemv.py, int8 activations, 2026-12-03 mid call; copy 4.29 TB/s) the
+# 8B Q4_0 layer took qkv 5.3, o 4.3, gate/up 16.9 (3.90 TB/s), down 11.2 us where the loop
+# before (16 x 2 rows x 4 units, one batch copied in) took 6.0, 4.2, 18.2, 11.6; rings capped
+# at 64 registers (so that the next kernel's block fits beside: PDL) were slower in every
+# shape and in 32-layer chains (50.8 us a layer against 39.9): bytes in flight per lane
+# matter more than the overlap. q8_0 blocks are twice the bytes: half the unroll.
+QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2, 1)
+QUANT_GEMV_LONG = QuantGemv(16, 2, 4, 128, 1, 1)  # small matrices of long rows (copy loop)
+QUANT_GEMV_LARGE = QuantGemv(16, 2, 2, 132, 1, 3, 8)
+QUANT_GEMV_LARGE_GLU = QuantGemv(16, 2, 2, 132, 1, 4, 8)
 QUANT_GEMV_LARGE_BYTES = 4 << 20
 QUANT_GEMV_LONG_K = 1536
 XQ_BLOCK_BYTES = {"int16": 80, "int8": 48}
@@ -822,22 +832,31 @@ QUANT_TYPES = {
     "q4_k": QuantType(256, 144, 128, 128),
     "q5_k": QuantType(256, 176, 160, 128),
 }
-# A K-quant unit is 21-27 registers (64-96 bytes of quants): groups of 4 rows, one unit each
-# in flight, 8 waves a block, one block per SM. On the H200 (bench_gpu_gemv.py, int8
-# activations) 8B Q4_K gate/up took 22.3 us, down 19.9, the Q6_K LM head 105.9 (4.07 TB/s)
-# where row pairs (the geometry before) took 27.7, 21.0 and 114.4.
-QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1)
+# A K-quant unit is 21-27 registers (64-96 bytes of quants). Q4_K/Q5_K: groups of 4 rows,
+# one unit each, the next copied in (stages 1), 8 waves a block, one block per SM; Q6_K: groups
+# of 2 rows, a ring of 3 units each. On the H200 (bench_gpu_gemv.py, int8, mid call) Q6_K LM
+# head 103.7 us (4.16 TB/s), down 19.9 where the 4-row copy loop took 107.2 and 21.2; Q4_K
+# gate/up 19.2, down 16.0, o 6.0 with the copy loop where 2-row rings took 24.7, 18.0, 6.2
+# and 4-row ones 21.9, 18.0, 6.1.
+QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1, 1)
+QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 132, 1, 3, 8)
 
 
-def quant_gemv(wsuffix: str, N: int, K: int) -> QuantGemv:
+def quant_gemv(wsuffix: str, N: int, K: int, glu: bool = False) -> QuantGemv:
+    """The geometry of a quantized GEMV of an [N, K] matrix (`glu`: gate/up row pairs)."""
+    if wsuffix == "q6_k":
+        return QUANT_GEMV_Q6_K
     if QUANT_TYPES[wsuffix].unit_values > 32:  # the K-quants' units of 128
         return QUANT_GEMV_KQUANT
     qt = QUANT_TYPES[wsuffix]
     big = N * (K // qt.block_values) * qt.block_bytes >= QUANT_GEMV_LARGE_BYTES
-    g = QUANT_GEMV_LARGE if big or K >= QUANT_GEMV_LONG_K else QUANT_GEMV_SMALL
+    if big:
+        g = QUANT_GEMV_LARGE_GLU if glu else QUANT_GEMV_LARGE
+    else:
+        g = QUANT_GEMV_LONG if K >= QUANT_GEMV_LONG_K else QUANT_GEMV_SMALL
     if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
-        g = replace(g, rows=2, unroll=2)
-    if wsuffix == "q8_0":
+        g = replace(g, rows=2, unroll=2, stages=1, min_blocks=min(g.min_blocks, 2))
+    if wsuffix == "q8_0":  # 9 registers a unit
         g = replace(g, unroll=max(1, g.unroll // 2))
     return g
 
@@ -866,9 +885,10 @@ def decode_gemv(
     rows_per_block = GEMV_WAVES * (1 if glu else 2)
     if ws in QUANT_TYPES:
         qt = QUANT_TYPES[ws]
-        g = quant or quant_gemv(ws, p.N, p.K)
+        g = quant or quant_gemv(ws, p.N, p.K, glu)
         groups = -(-p.n_out // (g.rows // 2 if glu else g.rows))
         steps = -(-(p.K // qt.unit_values) // wave)
+        rounds = -(-(p.K // 4) // (g.waves * wave))
         blocks = stream_blocks(groups, g.waves, g.max_blocks)
         ctx = dict(
             nodes=nodes,
@@ -880,7 +900,11 @@ def decode_gemv(
             unroll=g.unroll,
             blocks=blocks,
             min_blocks=g.min_blocks,
-            prefetch=g.prefetch and steps > g.unroll,
+            batches=-(-steps // g.unroll),
+            stages=g.stages,
+            preload=min(g.preload or g.stages, g.stages),
+            l2_prefetch=g.l2_prefetch,
+            xq_chunk=max(1, min(g.xq_chunk, rounds)),
             lo=activations == "int16",
             params=gemv_signature(p).render(GPU_INDENT),
             **qt.__dict__,

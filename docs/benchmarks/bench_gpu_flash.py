@@ -23,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
 
+from hipc.base.launch_plan import KV_BLOCK
 from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.environment import c_float
 from hipc.compiler.kernels.attention import FLASH_BQ, AttentionParams, flash_attention
@@ -92,7 +93,8 @@ def main() -> None:
             NH, NKV, D = SHAPES[m]
             p = AttentionParams(NH=NH, NKV=NKV, D=D, scale=D**-0.5, window=0, interleaved=False,
                                 norm_eps=0.0)  # fmt: skip
-            specs[m] = flash_attention(f"flash_{m}", p, GpuTarget(arch), [m], "bfloat16")
+            ctx = max(tokens)  # the block tables' stride: one sequence, block b is pool block b
+            specs[m] = flash_attention(f"flash_{m}", p, GpuTarget(arch), [m], "bfloat16", ctx)
         d.load_module(compiled(program(env, arch, list(specs.values())), arch))
         for m, k in specs.items():
             f = d.get_function(k.fn)
@@ -108,7 +110,9 @@ def main() -> None:
             kv = rng.standard_normal((T, NKV, D)).astype(np.float32).view(np.uint32) >> 16
             out = up(np.full((T, NH * D), np.nan, np.float32))
             args = PackedArgs([
-                ("u64", up(q)), ("i32", NH * D), ("i32", T), ("u64", up(np.zeros(1, np.int32))),
+                ("u64", up(q)), ("i32", NH * D), ("i32", T),
+                ("u64", up(np.arange(T, dtype=np.int32))), ("u64", up(np.zeros(T, np.int32))),
+                ("u64", up(np.arange(-(-max(tokens) // KV_BLOCK), dtype=np.int32))),
                 ("u64", 0), ("u64", up(np.cos(ang).astype(np.float32))),
                 ("u64", up(np.sin(ang).astype(np.float32))), ("u64", up(kv.astype(np.uint16))),
                 ("u64", up(kv.astype(np.uint16))), ("u64", out),

@@ -32,12 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "docs" / "benchmarks"))
 
+from hipc.base.launch_plan import KV_BLOCK  # noqa: E402
 from hipc.compiler.kernels.attention import AttentionParams, decode_attention  # noqa: E402
 from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv  # noqa: E402
 from hipc.compiler.targets import GpuTarget  # noqa: E402
 from hipc.runtime.backends.gpu_common import PackedArgs  # noqa: E402
 
-from gpu_kernels import DeviceKernels, compiled, kernels_source, pack  # noqa: E402
+from gpu_kernels import DeviceKernels, compiled, held_x, kernels_source, pack  # noqa: E402
 
 # name: (wtype, N, K, epilogue, norm)
 SHAPES = {
@@ -60,26 +61,40 @@ SHAPES = {
     "smol_gate_up": ("q4_1", 2 * 1536, 576, "glu", True),
     "smol_down": ("q4_1", 576, 1536, "residual", False),
 }
+# name: (geometry, the GLU's geometry: a GLU group is a gate + up row pair, so rows >= 2);
+# "default" is quant_gemv's choice by matrix size, "base" the kernel this branch started from
+# (--baseline TEMPLATE, with the geometry it chose: BASE_GEOMETRY)
 GEOMETRIES = {
-    "default": None,  # quant_gemv's choice by matrix size
-    "w8r2u4": QuantGemv(8, 2, 4, 256, 2),
-    "w8r4u2": QuantGemv(8, 4, 2, 256, 2),
-    "w16r4u2": QuantGemv(16, 4, 2, 128, 1),
-    "w16r2u4": QuantGemv(16, 2, 4, 128, 1),
-    "w16r2u2": QuantGemv(16, 2, 2, 132, 1),
-    "w4r2u4": QuantGemv(4, 2, 4, 528, 4),
-    "w4r4u2": QuantGemv(4, 4, 2, 528, 4),
+    "default": (None, None),
+    "base": (None, None),
+    "r2u2s4m1": (QuantGemv(16, 2, 2, 132, 1, 4, 8), QuantGemv(16, 2, 2, 132, 1, 4, 8)),
+    "r4u2s2m1": (QuantGemv(16, 4, 2, 132, 1, 2, 8), QuantGemv(16, 4, 1, 132, 1, 3, 8)),
+    "r2u4s2m1": (QuantGemv(16, 2, 4, 132, 1, 2, 8), QuantGemv(16, 2, 4, 132, 1, 2, 8)),
+    "w8r2u2s6": (QuantGemv(8, 2, 2, 132, 1, 6, 8), QuantGemv(8, 2, 2, 132, 1, 6, 8)),
+    "copy16r2u4": (QuantGemv(16, 2, 4, 128, 1, 1), QuantGemv(16, 2, 4, 128, 1, 1)),
 }
 # the K-quants' units are 128 weights (64-96 bytes of quants): fewer of them in flight
 KQUANT_GEOMETRIES = {
-    "default": None,
-    "k_w8r2u1": QuantGemv(8, 2, 1, 128, 1),
-    "k_w8r2u1_x2": QuantGemv(8, 2, 1, 264, 2),
-    "k_w8r1u2_x2": QuantGemv(8, 1, 2, 264, 2),
-    "k_w4r2u1_x4": QuantGemv(4, 2, 1, 528, 4),
-    "k_w16r1u1": QuantGemv(16, 1, 1, 132, 1),
-    "k_w8r4u1": QuantGemv(8, 4, 1, 132, 1),
+    "default": (None, None),
+    "base": (None, None),
+    "k8r4s2p1": (QuantGemv(8, 4, 1, 132, 1, 2, 4, 1), QuantGemv(8, 4, 1, 132, 1, 2, 4, 1)),
+    "k8r2s3": (QuantGemv(8, 2, 1, 132, 1, 3, 8), QuantGemv(8, 2, 1, 132, 1, 3, 8)),
+    "k8r4s1": (QuantGemv(8, 4, 1, 132, 1, 1), QuantGemv(8, 4, 1, 132, 1, 1)),
+    "k8r1s3m2": (QuantGemv(8, 1, 1, 132, 2, 3), QuantGemv(8, 4, 1, 132, 1, 1)),
 }
+KQUANTS = ("q4_k", "q5_k", "q6_k")
+
+
+def base_geometry(wtype: str, N: int, K: int) -> QuantGemv:
+    """The geometry the baseline kernel was run with (quant_gemv before the ring)."""
+    if wtype in KQUANTS:
+        return QuantGemv(8, 4, 1, 132, 1)
+    blocks = {"q4_0": 18, "q4_1": 20, "q8_0": 34}[wtype]
+    big = N * K // 32 * blocks >= 4 << 20 or K >= 1536
+    g = QuantGemv(16, 2, 4, 128, 1) if big else QuantGemv(8, 2, 4, 256, 2)
+    return replace(g, unroll=g.unroll // 2) if wtype == "q8_0" else g
+
+
 ACTIVATIONS = ("int16", "int8")
 # (waves per block, blocks per layer) of the decode attention; default first
 ATTENTION_VARIANTS = [(4, 256), (2, 512), (4, 512), (2, 1024), (4, 1024)]
@@ -90,26 +105,65 @@ L8_ATTENTION = AttentionParams(
 ATTENTION_CTX = 4096
 L2_BYTES = 60 << 20
 CHECK_MAX_VALUES = 64_000_000  # larger matrices are timed, not checked (float64 NumPy)
+# a decode layer's GEMVs in launch order (attention between qkv and o is left out)
+LAYERS = {
+    "q4_0": ("l8_qkv", "l8_o", "l8_gate_up", "l8_down"),
+    # a Q4_K_M layer with its Q4_K down (llama-quantize gives a third of them Q6_K downs)
+    "q4_k_m": ("l8_qk_q4k", "l8_v_q6k", "l8_o_q4k", "l8_gate_up_q4k", "l8_down_q4k"),
+}
 
 
-def geometries(wtype: str) -> dict[str, QuantGemv | None]:
-    return KQUANT_GEOMETRIES if wtype in ("q4_k", "q5_k", "q6_k") else GEOMETRIES
+def geometries(wtype: str) -> dict:
+    return KQUANT_GEOMETRIES if wtype in KQUANTS else GEOMETRIES
 
 
-def gemv_specs(arch: str, shapes: list[str]) -> dict:
+def gemv_specs(arch: str, shapes: list[str], variants=None, activations=ACTIVATIONS) -> dict:
     specs = {}
     for si, s in enumerate(shapes):
         wtype, N, K, epilogue, norm = SHAPES[s]
         p = LinearParams(wtype, N, K, 1e-5 if norm else 0.0, epilogue, bias=False)
-        for gi, (g, geo) in enumerate(geometries(wtype).items()):
-            if geo and wtype == "q8_0" and geo.unroll > 1:  # the same bytes in flight
-                geo = replace(geo, unroll=geo.unroll // 2)
-            if geo and epilogue == "glu" and geo.rows < 2:  # a GLU group is gate + up rows
+        for gi, (g, geos) in enumerate(geometries(wtype).items()):
+            if variants and g not in variants:
                 continue
-            for a in ACTIVATIONS:
+            geo = geos[1] if epilogue == "glu" else geos[0]
+            if g == "base":
+                geo = base_geometry(wtype, N, K)
+            elif geo and wtype == "q8_0" and geo.unroll > 1:  # the same bytes in flight
+                geo = replace(geo, unroll=geo.unroll // 2)
+            for a in activations:
                 fn = f"s{si}g{gi}{a}"
-                specs[s, g, a] = decode_gemv(fn, p, GpuTarget(arch), [s], geo, activations=a)
+                k = decode_gemv(fn, p, GpuTarget(arch), [s], geo, activations=a)
+                if g == "base":  # the baseline template's names (its geometry is the same)
+                    k = replace(k, template="baseline", ctx={**k.ctx, "prefetch": False})
+                specs[s, g, a] = k
     return specs
+
+
+def use_baseline(template: Path) -> None:
+    """Kernels whose template is "baseline" render from `template` (the GEMV before this
+    branch's ring), with the prelude and filters of this checkout."""
+    import jinja2
+
+    from hipc.compiler.codegen.environment import c_float
+
+    import gpu_kernels
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template.parent)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["c_float"] = c_float
+    plain = gpu_kernels.render
+
+    def render(name: str, **ctx) -> str:
+        if name == "hip/baseline.hip.j2":
+            return env.get_template(template.name).render(**ctx)
+        return plain(name, **ctx)
+
+    gpu_kernels.render = render
 
 
 def attention_specs(arch: str) -> dict:
@@ -130,14 +184,6 @@ def attention_specs(arch: str) -> dict:
 
 def as_built(specs: dict) -> list:
     return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
-
-
-def int8_held(x: np.ndarray) -> np.ndarray:
-    """x as an int8-activation GEMV holds it (tests/gpu/test_decode_kernels.int8_held)."""
-    xb = x.astype(np.float32).reshape(-1, 32)
-    am = np.abs(xb).max(1, keepdims=True)
-    inv = np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0).astype(np.float32)
-    return ((am / np.float32(127)).astype(np.float64) * np.rint(xb * inv)).reshape(-1)
 
 
 def random_raw(wtype: str, N: int, K: int, rng) -> np.ndarray:
@@ -167,14 +213,16 @@ def graph_time(d, fn, grid, threads, shared, packed, launches) -> float:
     return (time.perf_counter() - t) / (reps * launches) * 1e6
 
 
-def bench_gemvs(dev, specs, shapes, launches) -> list[str]:
+def bench_gemvs(
+    dev, specs, shapes, launches, activations=ACTIVATIONS, check_max=CHECK_MAX_VALUES
+) -> list[str]:
     d = dev.d
     lines = []
     rng = np.random.default_rng(0)
     for s in shapes:
         wtype, N, K, epilogue, norm = SHAPES[s]
         n_out = N // 2 if epilogue == "glu" else N
-        check = N * K <= CHECK_MAX_VALUES
+        check = check_max >= N * K
         if check:
             raw, w = pack(0.05 * rng.standard_normal((N, K)), wtype)
         else:
@@ -185,9 +233,9 @@ def bench_gemvs(dev, specs, shapes, launches) -> list[str]:
         want = {}
         if check:
             inv = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5) if norm else 1.0
-            for a in ACTIVATIONS:
+            for a in activations:
                 xs = x * g if norm else x
-                held = int8_held(xs) if a == "int8" else xs.astype(np.float64)
+                held = held_x(xs, a)
                 acc = w @ held * inv
                 if epilogue == "glu":
                     acc = acc[:n_out] / (1 + np.exp(-acc[:n_out])) * acc[n_out:]
@@ -198,7 +246,7 @@ def bench_gemvs(dev, specs, shapes, launches) -> list[str]:
         xb, gb, rb, yb = dev.upload(x), dev.upload(g), dev.upload(r), dev.poisoned(n_out)
         cells = []
         for gname in geometries(wtype):
-            for a in ACTIVATIONS:
+            for a in activations:
                 if (s, gname, a) not in specs:
                     continue
                 k = specs[s, gname, a]
@@ -222,6 +270,86 @@ def bench_gemvs(dev, specs, shapes, launches) -> list[str]:
     return lines
 
 
+def bench_layers(dev, specs, variants, activations, layers: int) -> list[str]:
+    """Each LAYERS chain (a decode layer's GEMVs in order, on random blocks) `layers` times
+    in one captured graph, launched overlapped as decode launches them, for each variant
+    that has every shape: us per layer and GB/s of weights. Unlike one kernel timed after
+    itself, this has the boundaries between different kernels that a decode step has."""
+    d = dev.d
+    rng = np.random.default_rng(2)
+    lines = []
+    for wtype, chain in LAYERS.items():
+        sets, nbytes = [], 0
+        x = dev.upload((rng.standard_normal(14336) * 3).astype(np.float32))
+        g = dev.upload((1 + 0.2 * rng.standard_normal(14336)).astype(np.float32))
+        r = dev.upload(rng.standard_normal(14336).astype(np.float32))
+        ys = [dev.poisoned(SHAPES[s][1]) for s in chain]
+        for _ in range(2):  # two copies of every weight: no layer finds its weights in L2
+            raws = [random_raw(SHAPES[s][0], SHAPES[s][1], SHAPES[s][2], rng) for s in chain]
+            nbytes = sum(a.nbytes for a in raws)
+            sets.append([dev.upload(a) for a in raws])
+        cells, keep = [], []
+        for v in variants:
+            for a in activations:
+                ks = [specs.get((s, v, a)) for s in chain]
+                if None in ks:
+                    continue
+                d.synchronize()
+                d.begin_capture()
+                for i in range(layers):
+                    for j, (s, k) in enumerate(zip(chain, ks, strict=True)):
+                        norm, residual = SHAPES[s][4], SHAPES[s][3] == "residual"
+                        args = [x, sets[i % 2][j], g if norm else 0, 0, r if residual else 0, ys[j]]
+                        packed = PackedArgs([("u64", p) for p in args])
+                        keep.append(packed)  # the graph holds their addresses
+                        grid = (*k.grid, 1, 1)[:3]
+                        d.launch(dev.function(k.fn), grid, (k.threads, 1, 1), k.shared,
+                                 packed.address, overlap=True)  # fmt: skip
+                ge = d.instantiate(d.end_capture())
+                d.graph_launch(ge)
+                d.synchronize()
+                t = time.perf_counter()
+                for _ in range(5):
+                    d.graph_launch(ge)
+                d.synchronize()
+                us = (time.perf_counter() - t) / (5 * layers) * 1e6
+                cells.append(f"{v}/{a}: {us:.1f} us {nbytes / us / 1e3:,.0f} GB/s")
+        lines.append(
+            f"| {wtype} layer ({'+'.join(chain)}) | {nbytes / 1e6:.1f} | " + "; ".join(cells) + " |"
+        )
+        print(lines[-1], flush=True)
+        dev.free()
+    return lines
+
+
+def ceilings() -> str:
+    """The device-to-device copy rate (read + write counted) and a read-only rate (a sum),
+    through torch when it is installed."""
+    try:
+        import torch
+
+        torch.cuda.init()
+    except (ImportError, AssertionError, RuntimeError) as e:
+        return f"ceilings: none ({e})"
+    a = torch.empty(1 << 30, dtype=torch.float32, device="cuda")  # 4 GiB
+    b = torch.empty_like(a)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rates = {}
+    ops = (("copy", lambda: b.copy_(a), 8), ("read (sum)", lambda: a.sum(), 4))
+    for name, op, nbytes in ops:
+        op()
+        torch.cuda.synchronize()
+        s.record()
+        for _ in range(5):
+            op()
+        e.record()
+        torch.cuda.synchronize()
+        rates[name] = nbytes * a.numel() * 5 / (s.elapsed_time(e) / 1e3)
+    a = b = None  # free the 8 GiB before the kernels run
+    torch.cuda.empty_cache()
+    return "ceilings: " + ", ".join(f"{k} {v / 1e12:.2f} TB/s" for k, v in rates.items())
+
+
 def bench_attention(dev, specs, launches) -> list[str]:
     d = dev.d
     P = L8_ATTENTION
@@ -241,6 +369,9 @@ def bench_attention(dev, specs, launches) -> list[str]:
     qb, kb, vb = dev.upload(q), dev.upload(k), dev.upload(v)
     cb, sb = dev.upload(cos_t), dev.upload(sin_t)
     lines = []
+    # one sequence whose block b is pool block b (the caches are contiguous)
+    seq0 = dev.upload(np.zeros(1, np.int32))
+    table = dev.upload(np.arange(-(-ctx // KV_BLOCK), dtype=np.int32))
     for pos in ATTENTION_POSITIONS:
         start = dev.upload(np.array([pos], np.int32))
         ref, cells = None, []
@@ -253,7 +384,23 @@ def bench_attention(dev, specs, launches) -> list[str]:
                 PackedArgs(
                     [
                         ("u64", a)
-                        for a in [qb, kb, vb, start, 0, 0, cb, sb, kc, vc, partial, counters, out]
+                        for a in [
+                            qb,
+                            kb,
+                            vb,
+                            start,
+                            seq0,
+                            table,
+                            0,
+                            0,
+                            cb,
+                            sb,
+                            kc,
+                            vc,
+                            partial,
+                            counters,
+                            out,
+                        ]
                     ]
                 )
                 for kc, vc in caches
@@ -278,29 +425,56 @@ def bench_attention(dev, specs, launches) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--variants", help="geometries to time (default: all)")
+    ap.add_argument("--activations", default=",".join(ACTIVATIONS))
     ap.add_argument("--launches", type=int, default=64)
+    ap.add_argument("--check-max", type=int, default=CHECK_MAX_VALUES, help="weights at most")
+    ap.add_argument("--layers", type=int, default=0, help="also time LAYERS chains this long")
     ap.add_argument("--no-attention", action="store_true")
+    ap.add_argument("--baseline", type=Path, help="the template of the 'base' variant")
     ap.add_argument("--cache", type=Path, help="code objects built ahead (--prebuild)")
     ap.add_argument("--prebuild", type=Path, help="build the code objects for --arch into DIR")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     shapes = args.shapes.split(",")
+    variants = args.variants.split(",") if args.variants else None
+    if variants and "base" in variants and not args.baseline:
+        ap.error("--variants base needs --baseline TEMPLATE")
+    if not args.baseline:
+        variants = variants or [v for v in GEOMETRIES if v != "base"] + list(KQUANT_GEOMETRIES)
+        variants = [v for v in variants if v != "base"]
+    else:
+        use_baseline(args.baseline)
+    activations = tuple(args.activations.split(","))
+
+    def build(arch: str) -> dict:
+        return gemv_specs(arch, shapes, variants, activations)
+
     if args.prebuild:
-        for specs in (gemv_specs(args.arch, shapes), attention_specs(args.arch)):
+        jobs = [build(args.arch)] + ([] if args.no_attention else [attention_specs(args.arch)])
+        for specs in jobs:
             src = kernels_source(as_built(specs), args.arch)
             compiled(src, args.arch, args.prebuild)
         print(f"built into {args.prebuild}")
         return
+    lines = [ceilings(), ""]
+    print(lines[0], flush=True)
     specs = {}
-    dev = DeviceKernels(
-        lambda arch: as_built(specs.update(gemv_specs(arch, shapes)) or specs), cache=args.cache
-    )
-    lines = [
+    dev = DeviceKernels(lambda arch: as_built(specs.update(build(arch)) or specs), cache=args.cache)
+    lines += [
         "| shape | MB | fastest | every variant (geometry/activations) |",
         "|---|---:|---|---|",
     ]
-    lines += bench_gemvs(dev, specs, shapes, args.launches)
+    lines += bench_gemvs(dev, specs, shapes, args.launches, activations, args.check_max)
+    if args.layers:
+        names = list(dict.fromkeys(v for _, v, _ in specs))
+        lines += [
+            "",
+            f"| {args.layers} layers | MB per layer | us per layer, GB/s |",
+            "|---|---:|---|",
+        ]
+        lines += bench_layers(dev, specs, names, activations, args.layers)
     dev.close()
     if not args.no_attention:
         att = {}

@@ -13,9 +13,10 @@
 #   ../shared/peers/build_llamacpp_source.sh .work/llama
 #   python docs/benchmarks/bench_gpu_quant.py --prep-smol .work/gpuq-meta
 # and carry .whl .work/peers .work/llama .work/gpuq-meta.
-# PHASES (default "prefill quant deltanet moe") picks and orders the benchmarks; PEERS=0 skips
+# PHASES (default "prefill quant deltanet moe"; also moeprof, hybrid, batching) picks the benchmarks; PEERS=0 skips
 # llama.cpp; PROFILE=l8_q4_0,... adds bench_gpu_quant's per-kernel decode profiles.
-# Writes $OUT/gpu-tests.log (+ -full.log), $OUT/deltanet.md, $OUT/moe.md, $OUT/prefill.md, $OUT/quant.md, $OUT/bench.log.
+# Writes $OUT/gpu-tests.log (+ -full.log), $OUT/deltanet.md, $OUT/moe.md, $OUT/prefill.md, $OUT/quant.md,
+# $OUT/batching.md (PHASES=batching), $OUT/hybrid.md, $OUT/bench.log.
 # PHASE_SECONDS bounds each phase (default 540); the benchmarks run in the order of
 # what they are needed for (MoE, prefill, quantized decode), each in what time is left.
 set -uo pipefail
@@ -78,6 +79,11 @@ bench)
         --profile "${PROFILE:-}" --out "$OUT/quant.md" ;;
     deltanet)
       run deltanet docs/benchmarks/bench_gpu_deltanet.py --out "$OUT/deltanet.md" ;;
+    batching)  # issue 13: 1/8/32/64 clients through hipc serve, beside llama-batched-bench
+      waitllama
+      run batching docs/benchmarks/bench_gpu_batching.py --shape l8 --clients 1 8 32 64 \
+        $(peer --llamacpp-bin $LLAMA --peers .work/peers) --out "$OUT/batching.md"
+      rm -rf /tmp/hipc-bench ;;
     moeprof)  # 8 layers, per-kernel decode profile, hipc alone
       run moeprof docs/benchmarks/bench_gpu_moe.py --models qwen3 --layers qwen3=8 --repeats 1 \
         --profile --out "$OUT/moe-profile.md"
@@ -87,6 +93,11 @@ bench)
       run moe docs/benchmarks/bench_gpu_moe.py --models qwen3 --repeats 2 \
         $(peer --llamacpp-bin $LLAMA) --out "$OUT/moe.md"
       rm -rf /tmp/hipc-moe-bench ;;
+    hybrid)  # Qwen3.5-35B-A3B shape, Q4_0 (~20 GB written, compiled, then read by llama-bench)
+      waitllama
+      run hybrid docs/benchmarks/bench_gpu_hybrid.py --repeats 2 \
+        $(peer --llamacpp-bin $LLAMA) --out "$OUT/hybrid.md"
+      rm -rf /tmp/hipc-hybrid-bench ;;
     esac
   done
   ;;

@@ -176,6 +176,9 @@ class CudaDriver:
     def d2h(self, dst: int, src: int, nbytes: int) -> None:
         self._call("cuMemcpyDtoHAsync", dst, src, nbytes, self._stream)
 
+    def d2d(self, dst: int, src: int, nbytes: int) -> None:
+        self._call("cuMemcpyDtoDAsync", dst, src, nbytes, self._stream)
+
     def launch(self, fn: Any, grid, block, shared: int, params: int, overlap: bool = False) -> None:
         if not overlap:
             self._call("cuLaunchKernel", fn, *grid, *block, shared, self._stream, params, 0)
@@ -259,10 +262,16 @@ class CudaBackend(GpuBackend):
     name = "cuda"
 
     def __init__(
-        self, artifact: Artifact, device: int = 0, *, cu: Any = None, max_context: int | None = None
+        self,
+        artifact: Artifact,
+        device: int = 0,
+        *,
+        cu: Any = None,
+        max_context: int | None = None,
+        kv_blocks: int | None = None,
     ) -> None:
         try:
             driver = CudaDriver(device, cu)
         except DriverError as e:
             raise HipcError(f"CUDA: {e}") from None
-        super().__init__(artifact, driver, max_context)
+        super().__init__(artifact, driver, max_context, kv_blocks)

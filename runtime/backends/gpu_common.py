@@ -3,14 +3,23 @@ decode-graph capture, error naming. Each backend is a thin `GpuDriver` adapter o
 its binding (cuda-bindings' driver API, hip-python); everything else lives here.
 
 One engine holds, on the device: the weights (one block, uploaded once from the
-memory-mapped safetensors file, tensors at 256-byte offsets), the KV-cache states
-(one zeroed block), the activation arena, the scratch buffer, ids (int64 x
-max_tokens), start (int32) and logits (float32 x max_tokens x vocab); and pinned host
-buffers for ids, start and logits. A step copies ids/start in, runs the launch list
-(the plan's targets[arch] steps, see hipc.base.launch_plan) on one stream, copies the logits rows
-out and synchronizes. The one-token decode list is captured once as a graph and
-replayed: its kernels read ids and start from device memory, so one graph serves
-every position.
+memory-mapped safetensors file, tensors at 256-byte offsets), the states (one zeroed
+block: each KV state a paged pool of kv_block-position blocks, as on the cpu target,
+each recurrent state one sequence's), the activation arena, the scratch buffer, the step
+inputs (ids int64, pos and seq int32, max_tokens of each, in one buffer), the block
+tables and the logits (float32 x max_tokens x vocab); and pinned host mirrors of the
+inputs, tables and logits. A step copies the inputs (and the tables when they changed)
+in, runs a launch list (the plan's targets[arch] steps, see hipc.base.launch_plan) on one
+stream, copies the logits rows out and synchronizes.
+
+`step()` runs rows of many sequences with the cpu backend's contract (runtime/batch.py
+drives it): one row is the decode list; rows of as many sequences (decode rows) the batch
+list, padded up to a bucket of BUCKETS; any other step (prefill chunks) the prefill list.
+The decode list and each bucket's batch list are captured once as graphs and replayed:
+their kernels read ids, positions and block tables from device memory, so one graph
+serves every position and sequence. Padding rows are sequence PAD, whose table names only
+the spare block at the pool's end, so they write nowhere a sequence reads. `forward()` is
+the one-sequence view (the SOLO table: block b of the sequence is pool block b).
 
 Kernel arguments use the `kernelParams` convention of cuLaunchKernel and
 hipModuleLaunchKernel: a C array of N `void*`, entry i pointing at argument i's value
@@ -87,6 +96,7 @@ class GpuDriver(Protocol):
     def memset0(self, ptr: int, nbytes: int) -> None: ...
     def h2d(self, dst: int, src: int, nbytes: int) -> None: ...
     def d2h(self, dst: int, src: int, nbytes: int) -> None: ...
+    def d2d(self, dst: int, src: int, nbytes: int) -> None: ...
 
     # True where launch(overlap=True) lets a kernel start before the previous one ends
     overlap_launches: bool
@@ -147,6 +157,11 @@ def aligned_offsets(sizes: Sequence[int], align: int = ALIGN) -> tuple[tuple[int
     return tuple(offsets), pos
 
 
+# batch sizes whose batch step is captured as a graph: a batch of n rows runs the smallest
+# bucket >= n with the rest padded (larger batches run eagerly)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
 @dataclass(frozen=True)
 class DeviceMemory:
     """Bytes of every device allocation of one engine."""
@@ -158,8 +173,8 @@ class DeviceMemory:
     kv_bytes: int  # the states without alignment padding
     arena: int
     scratch: int
-    ids: int
-    start: int
+    inputs: int  # ids, pos, seq
+    tables: int
     logits: int
 
     @property
@@ -169,10 +184,15 @@ class DeviceMemory:
             + self.states
             + self.arena
             + self.scratch
-            + self.ids
-            + self.start
+            + self.inputs
+            + self.tables
             + self.logits
         )
+
+
+def table_rows(gpu: TargetPlan) -> int:
+    """Rows of the device block tables: a slot per sequence a step may hold, PAD and SOLO."""
+    return gpu.max_tokens + 2
 
 
 def device_memory(
@@ -181,11 +201,12 @@ def device_memory(
     weight_nbytes: Sequence[int],
     positions: int | None = None,
 ) -> DeviceMemory:
-    """Device bytes per buffer; `positions` sizes the KV states (default: as compiled)."""
+    """Device bytes per buffer; `positions` sizes the KV pools (default: as compiled)."""
     specs = states(plan)
     state_sizes = [s.nbytes(positions) for s in specs]
     w_off, w_total = aligned_offsets(weight_nbytes)
     s_off, s_total = aligned_offsets(state_sizes)
+    kv_table = -(-int(plan["max_context"]) // max(gpu.kv_block, 1))
     return DeviceMemory(
         weight_offsets=w_off,
         weights=w_total,
@@ -194,8 +215,8 @@ def device_memory(
         kv_bytes=sum(state_sizes),
         arena=gpu.arena_bytes,
         scratch=gpu.scratch_bytes,
-        ids=8 * gpu.max_tokens,
-        start=4,
+        inputs=16 * gpu.max_tokens,
+        tables=4 * table_rows(gpu) * kv_table,
         logits=4 * gpu.max_tokens * gpu.vocab,
     )
 
@@ -205,7 +226,7 @@ def fit_positions(
 ) -> int:
     """The most KV positions (<= most) whose allocations fit in 95% of `free` (0 if none do).
 
-    The other 5% is left for the driver, the graph and the allocator's rounding.
+    The other 5% is left for the driver, the graphs and the allocator's rounding.
     """
     budget = int(0.95 * free)
     lo, hi = 0, most
@@ -239,20 +260,28 @@ class GpuBackend:
     name = "gpu"
 
     def __init__(
-        self, artifact: Artifact, driver: GpuDriver, max_context: int | None = None
+        self,
+        artifact: Artifact,
+        driver: GpuDriver,
+        max_context: int | None = None,
+        kv_blocks: int | None = None,
     ) -> None:
+        """kv_blocks: blocks in each KV pool (default and minimum: one sequence of
+        max_context positions; fewer where the GPU's free memory holds fewer)."""
         self._requested_context = max_context
+        self._requested_blocks = kv_blocks
         self._closed = False
         self._driver = driver
         self._allocs: list[tuple[str, int]] = []
         self._host_allocs: list[int] = []
-        self._graph: Any = None
-        self._graph_exec: Any = None
-        self._decode_args: list[PackedArgs] = []
+        # captured graphs by (step, rows): ("decode", 1) and ("batch", bucket)
+        self._graphs: dict[tuple[str, int], tuple[Any, Any, list[PackedArgs]]] = {}
         self._tmaps: dict[tuple[int, ...], Any] = {}
         self._packed: dict[tuple[int, int, int], list] = {}
         self._broken: str | None = None
         self._pending: tuple | None = None  # the step submit() queued, until collect()
+        self._upload_tables = 0  # table rows changed on the host since the last step
+        self._spare_snapshots: list[int] = []  # released snapshot buffers, reused first
         self.sync_launches = sync_launches_from_env()
         try:
             self._setup(artifact)
@@ -296,25 +325,44 @@ class GpuBackend:
             ) from None
         self._functions = self._load_functions(code_object)
 
+        B = self.kv_block = self.gpu.kv_block
+        if B < 1:
+            raise HipcError(
+                f"{artifact.path}/plan.json: the {self.arch} section has no kv_block "
+                f"(recompile with: hipc compile MODEL --target {self.arch})"
+            )
+        # block-table entries per sequence: the compiled context's (the kernels' stride)
+        self.kv_table = -(-self.max_context // B)
         weights = self._open_weights(artifact)
         nbytes = [a.nbytes for a in weights]
-        positions = self._requested_context or self.max_context
-        self._mem = mem = device_memory(plan, self.gpu, nbytes, positions)
+        context = self._requested_context or self.max_context
+        blocks = max(self._requested_blocks or 0, -(-context // B))
+        # one block more than the sequences get: the one padding rows write to
+        self._mem = mem = device_memory(plan, self.gpu, nbytes, (blocks + 1) * B)
         free, total = d.mem_info()
-        if mem.total > free and self._requested_context is None:
-            # Auto-size: keep the compiled context if it fits, else the most that does
-            fits = fit_positions(plan, self.gpu, nbytes, free, self.max_context)
-            if fits >= 2:
-                positions = fits
-                self._mem = mem = device_memory(plan, self.gpu, nbytes, positions)
+        if mem.total > free:
+            fits = fit_positions(plan, self.gpu, nbytes, free, (blocks + 1) * B) // B - 1
+            if fits >= -(-context // B) and fits < blocks:
+                # a pool of many sequences: as many blocks as fit, one sequence at least
                 print(
-                    f"hipc: KV cache sized for {positions} of {self.max_context} positions "
+                    f"hipc: KV pool sized for {fits * B} of {blocks * B} positions to fit "
+                    f"{gib(free)} free on {self.device_name}",
+                    file=sys.stderr,
+                )
+                blocks = fits
+            elif self._requested_context is None and fits * B >= 2:
+                # Auto-size: keep the compiled context if it fits, else the most that does
+                print(
+                    f"hipc: KV cache sized for {fits * B} of {self.max_context} positions "
                     f"to fit {gib(free)} free on {self.device_name}",
                     file=sys.stderr,
                 )
+                blocks, context = fits, fits * B
+            self._mem = mem = device_memory(plan, self.gpu, nbytes, (blocks + 1) * B)
         if mem.total > free:
             raise HipcError(self._oom_message(free, total))
-        self.max_context = positions
+        self.max_context = context
+        self.kv_blocks = blocks
 
         def alloc(what: str, nbytes: int) -> int:
             if nbytes == 0:
@@ -335,12 +383,25 @@ class GpuBackend:
             scratch=alloc("the scratch buffer", mem.scratch),
             weights=tuple(w_base + o for o in mem.weight_offsets),
             states=tuple(s_base + o for o in mem.state_offsets),
-            ids=alloc("the token ids", mem.ids),
-            start=alloc("the start position", mem.start),
+            ids=(inputs := alloc("the step inputs", mem.inputs)),
+            pos=inputs + 8 * self.max_tokens,
+            seq=inputs + 12 * self.max_tokens,
+            blocks=alloc("the block tables", mem.tables),
             logits=alloc("the logits", mem.logits),
         )
-        self._ids_host = self._pinned(np.int64, self.max_tokens)
-        self._start_host = self._pinned(np.int32, 1)
+        MT = self.max_tokens
+        raw = self._pinned(np.uint8, 16 * MT)
+        self._inputs_host = raw
+        self._ids_host = raw[: 8 * MT].view(np.int64)
+        self._pos_host = raw[8 * MT : 12 * MT].view(np.int32)
+        self._seq_host = raw[12 * MT :].view(np.int32)
+        # table rows: a slot per sequence of a batch, then PAD (padding rows: every entry the
+        # spare block) and SOLO (forward(): block b of the one sequence is pool block b)
+        self.PAD, self.SOLO = MT, MT + 1
+        rows = table_rows(self.gpu)
+        self._tables_host = self._pinned(np.int32, rows * self.kv_table).reshape(rows, -1)
+        self._tables_host[:] = self.kv_blocks  # the spare block
+        self._tables_host[self.SOLO] = np.arange(self.kv_table) % self.kv_blocks
         self._logits_host = self._pinned(np.float32, self.max_tokens * self.vocab).reshape(
             self.max_tokens, self.vocab
         )
@@ -350,6 +411,7 @@ class GpuBackend:
             if mem.scratch:
                 d.memset0(self.bases.scratch, mem.scratch)  # the decode attention's counters
             self._upload(weights, self.bases.weights)
+            d.h2d(self.bases.blocks, self._tables_host.ctypes.data, self._tables_host.nbytes)
             d.synchronize()
         except DriverError as e:
             raise HipcError(f"{d.api}: loading the model onto {self.device_name}: {e}") from None
@@ -357,7 +419,7 @@ class GpuBackend:
     def _load_functions(self, code_object) -> dict[str, Any]:
         d = self._driver
         shared: dict[str, int] = {}
-        for launch in (*self.gpu.decode, *self.gpu.prefill):
+        for launch in (x for step in self.gpu.steps.values() for x in step):
             shared[launch.kernel] = max(shared.get(launch.kernel, 0), launch.shared)
         functions = {}
         for kernel, nbytes in shared.items():
@@ -427,7 +489,7 @@ class GpuBackend:
 
     def _oom_message(self, free: int, total: int, failed: str | None = None) -> str:
         m = self._mem
-        io = m.ids + m.start + m.logits
+        io = m.inputs + m.tables + m.logits
         why = f" (allocating {failed} failed)" if failed else ""
         return (
             f"{self.device_name}: not enough GPU memory{why}: this artifact needs "
@@ -447,7 +509,13 @@ class GpuBackend:
 
     @property
     def graph_captured(self) -> bool:
-        return self._graph_exec is not None
+        """Whether the one-row decode graph is recorded."""
+        return ("decode", 1) in self._graphs
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes one KV block takes over every layer's pools."""
+        return sum(s.nbytes(self.kv_block) for s in self._states if s.positional)
 
     def reset(self) -> None:
         """A new sequence: apply each state's reset rule (zero the recurrent ones; a KV
@@ -459,18 +527,151 @@ class GpuBackend:
             self._driver.activate()
             for spec, base in zip(self._states, self.bases.states, strict=True):
                 if spec.needs_reset:
-                    self._driver.memset0(base, spec.nbytes(self.max_context))
+                    self._driver.memset0(base, spec.nbytes())
         except DriverError as e:
             raise self._step_error(e, "resetting the states") from None
+
+    # -- recurrent states (runtime/recurrent.py takes and restores snapshots) --------
+
+    @property
+    def snapshot_interval(self) -> int:
+        """Positions between the snapshots a sequence keeps (runtime/recurrent.py): a whole
+        step, so that a long prompt runs in steps of max_tokens (the CPU's 64 would cut a
+        GPU prefill into small steps)."""
+        return self.max_tokens
+
+    def _recurrent(self) -> list[tuple[int, int]]:
+        """(device address, bytes) of each recurrent state."""
+        return [
+            (base, spec.nbytes(self.max_context))
+            for spec, base in zip(self._states, self.bases.states, strict=True)
+            if spec.needs_reset
+        ]
+
+    def reset_recurrent(self) -> None:
+        self.reset()
+
+    def snapshot(self) -> int | None:
+        """A device copy of every recurrent state (one buffer, device-to-device copies on the
+        step's stream, so it holds what the steps before it wrote), or None where the GPU
+        has no memory left for one (the sequence then keeps no snapshot there)."""
+        parts = self._recurrent()
+        offsets, total = aligned_offsets([n for _, n in parts])
+        d = self._driver
+        try:
+            d.activate()
+            if self._spare_snapshots:
+                buf = self._spare_snapshots.pop()
+            else:
+                try:
+                    buf = d.malloc(total)
+                except DriverError as e:
+                    if e.oom:
+                        return None
+                    raise
+                self._allocs.append(("a recurrent-state snapshot", buf))
+            for (src, n), off in zip(parts, offsets, strict=True):
+                d.d2d(buf + off, src, n)
+        except DriverError as e:
+            raise self._step_error(e, "copying the recurrent states") from None
+        return buf
+
+    def restore(self, snapshot: int) -> None:
+        parts = self._recurrent()
+        offsets, _ = aligned_offsets([n for _, n in parts])
+        d = self._driver
+        try:
+            d.activate()
+            for (dst, n), off in zip(parts, offsets, strict=True):
+                d.d2d(dst, snapshot + off, n)
+        except DriverError as e:
+            raise self._step_error(e, "restoring the recurrent states") from None
+
+    def release(self, snapshot: int) -> None:
+        """The sequence dropped `snapshot`: its buffer serves the next one (freed at close)."""
+        self._spare_snapshots.append(snapshot)
 
     def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
         self.submit(ids, start, all_logits)
         return self.collect()
 
     def submit(self, ids: np.ndarray, start: int, all_logits: bool = False) -> None:
-        """Queue a step (copies in, the launches, the logits' copy out) without waiting for
-        it: the host may do other work (detokenizing the last token) while the GPU runs;
-        `collect` waits and returns the logits. One step is in flight at most."""
+        """Queue one sequence's step (copies in, the launches, the logits' copy out) without
+        waiting for it: the host may do other work (detokenizing the last token) while the
+        GPU runs; `collect` waits and returns the logits. One step is in flight at most."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        T = int(ids.size)
+        self._check_step(T)
+        if not 0 <= start <= self.max_context - T:
+            raise HipcError(f"start position {start} out of range")
+        pos = np.arange(start, start + T, dtype=np.int32)
+        rows = T if all_logits else 1
+        self._queue(ids, pos, np.full(T, self.SOLO, np.int32), "decode" if T == 1 else "prefill",
+                    T, rows, slice(0, rows))  # fmt: skip
+
+    def step(
+        self,
+        ids: np.ndarray,
+        pos: np.ndarray,
+        seq: np.ndarray,
+        tables: np.ndarray,
+        out_rows: np.ndarray,
+    ) -> np.ndarray:
+        """Rows of many sequences (CpuBackend.step's contract): row t is token ids[t] at
+        position pos[t] of the sequence whose block table is tables[seq[t]] ([sequences,
+        kv_table] pool block ids). Returns the logits of out_rows (ascending), [len(out_rows),
+        vocab]: a view of the pinned host buffer, valid until the next step (runtime/batch.py's
+        callers sample from it first; a copy of 64 rows of a 128k vocabulary is 32 MiB of fresh
+        pages every step)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        pos = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
+        seq = np.ascontiguousarray(seq, dtype=np.int32).reshape(-1)
+        tables = np.ascontiguousarray(tables, dtype=np.int32)
+        out_rows = np.ascontiguousarray(out_rows, dtype=np.int64).reshape(-1)
+        T = int(ids.size)
+        self._check_step(T)
+        if tables.ndim != 2 or tables.shape[1] != self.kv_table or len(tables) > self.PAD:
+            raise HipcError(f"block tables must be [at most {self.PAD} sequences, {self.kv_table}]")
+        if len(pos) != T or len(seq) != T or not len(out_rows):
+            raise HipcError("a step needs a position and a sequence per row and rows to return")
+        if (
+            pos.min() < 0
+            or pos.max() >= self.max_context
+            or seq.min() < 0
+            or seq.max() >= len(tables)
+        ):
+            raise HipcError(f"a step row is past the {self.max_context} positions or the tables")
+        if out_rows.min() < 0 or out_rows.max() >= T or np.any(np.diff(out_rows) <= 0):
+            raise HipcError(f"out_rows must be ascending rows of the {T}")
+        # the kernels trust the tables: a block id outside the pool would be read or written
+        # out of bounds, so every entry a row reads (its blocks up to its position) is checked
+        last = np.full(len(tables), -1, np.int64)
+        np.maximum.at(last, seq, pos // self.kv_block)
+        used = tables[np.arange(self.kv_table)[None, :] <= last[:, None]]
+        if used.size and (used.min() < 0 or used.max() >= self.kv_blocks):
+            raise HipcError(f"a block table names a block outside the pool of {self.kv_blocks}")
+        n = len(tables)
+        if not np.array_equal(self._tables_host[:n], tables):
+            self._tables_host[:n] = tables
+            self._upload_tables = n
+        if T == 1:
+            kind, B, rows = "decode", 1, 1
+        elif len(np.unique(seq)) == T:
+            # one row per sequence: the batch list, at the bucket's size (padding rows after)
+            kind = "batch"
+            B = rows = next((b for b in self.buckets if b >= T), T)
+        else:
+            kind, B = "prefill", T
+            rows = 1 if len(out_rows) == 1 and out_rows[0] == T - 1 else T
+        pick = slice(0, 1) if rows == 1 else out_rows
+        self._queue(ids, pos, seq, kind, B, rows, pick)
+        return self.collect(copy=False)
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return tuple(b for b in BUCKETS if b <= self.max_tokens)
+
+    def _check_step(self, T: int) -> None:
         if self._closed:
             raise HipcError(f"{self.name} backend: used after close()")
         if self._broken:
@@ -479,58 +680,87 @@ class GpuBackend:
             )
         if self._pending is not None:
             raise HipcError("a step is already in flight: collect() it first")
-        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        T = int(ids.size)
         if not 1 <= T <= self.max_tokens:
             raise HipcError(f"a step runs 1 to {self.max_tokens} tokens, got {T}")
-        if not 0 <= start < 2**31:
-            raise HipcError(f"start position {start} out of range")
-        rows = T if all_logits else 1
-        launches = self.gpu.launches(T)
-        use_graph = T == 1 and not self.sync_launches  # decode: rows == 1 always
-        where = "the decode graph" if use_graph else f"a {T}-token step"
+
+    def _queue(self, ids, pos, seq, kind: str, B: int, rows: int, pick) -> None:
+        """Copy T rows in (padded to B), launch `kind`'s list at B rows, copy out the logits
+        rows `pick` reads."""
+        T = len(ids)
+        if kind == "decode":
+            launches = self.gpu.decode
+        elif kind == "batch":
+            launches = self.gpu.batch(B)
+        else:
+            launches = self.gpu.launches(B)
+        use_graph = kind != "prefill" and B in self.buckets and not self.sync_launches
+        where = (
+            ("the decode graph" if kind == "decode" else f"the {B}-row batch graph")
+            if use_graph
+            else f"a {T}-token step"
+        )
+        # the logits rows to copy back, as runs of consecutive rows (device row, host row,
+        # count): the wanted rows only (a prefill chunk's step computes every row's, and a
+        # row of a large vocabulary is half a MiB), packed to the front of the host buffer
+        if isinstance(pick, slice):
+            runs = [(0, 0, rows)]
+        else:
+            runs, to = [], 0
+            for r in np.split(pick, np.flatnonzero(np.diff(pick) != 1) + 1):
+                runs.append((int(r[0]), to, len(r)))
+                to += len(r)
+            pick = slice(0, to)
         d = self._driver
         try:
             d.activate()
-            self._ids_host[:T] = ids
-            self._start_host[0] = start
-            d.h2d(self.bases.ids, self._ids_host.ctypes.data, 8 * T)
-            d.h2d(self.bases.start, self._start_host.ctypes.data, 4)
+            self._ids_host[:T], self._pos_host[:T], self._seq_host[:T] = ids, pos, seq
+            self._ids_host[T:B], self._pos_host[T:B], self._seq_host[T:B] = 0, 0, self.PAD
+            d.h2d(self.bases.ids, self._inputs_host.ctypes.data, self._inputs_host.nbytes)
+            if self._upload_tables:
+                n, self._upload_tables = self._upload_tables, 0
+                d.h2d(self.bases.blocks, self._tables_host.ctypes.data, 4 * n * self.kv_table)
             if use_graph:
-                if self._graph_exec is None:
-                    self._capture_decode()
-                d.graph_launch(self._graph_exec)
+                key = (kind, B)
+                if key not in self._graphs:
+                    self._capture(key, launches, B, rows)
+                d.graph_launch(self._graphs[key][1])
             else:
-                self._run(launches, T, rows, sync_each=self.sync_launches)
-            d.d2h(self._logits_host.ctypes.data, self.bases.logits, 4 * rows * self.vocab)
+                self._run(launches, B, rows, self.sync_launches, kind)
+            row = 4 * self.vocab
+            for at, to, n in runs:
+                d.d2h(
+                    self._logits_host.ctypes.data + to * row, self.bases.logits + at * row, n * row
+                )
         except _KernelFailed as f:
             raise self._kernel_error(f.launch, f.err) from None
         except DriverError as e:
             raise self._step_error(e, where) from None
-        self._pending = (launches, T, rows, where)
+        self._pending = (launches, B, rows, where, pick, kind)
 
-    def collect(self) -> np.ndarray:
-        """Wait for the step `submit` queued; its logits [rows, vocab]."""
+    def collect(self, copy: bool = True) -> np.ndarray:
+        """Wait for the step `submit` queued; its logits [rows, vocab] (`copy` False: a view
+        of the pinned buffer, which the next step overwrites)."""
         if self._pending is None:
             raise HipcError("no step in flight")
-        launches, T, rows, where = self._pending
+        launches, B, rows, where, pick, kind = self._pending
         self._pending = None
         d = self._driver
         try:
             d.activate()
             d.synchronize()
         except DriverError as e:
-            raise self._locate(e, launches, T, rows, where) from None
-        if T > 1 and self._graph_exec is None and not self.sync_launches:
+            raise self._locate(e, launches, B, rows, where, kind) from None
+        if kind == "prefill" and not self.graph_captured and not self.sync_launches:
             # record the decode graph after the first prefill, so that the first decode
             # step (the timed part of a generation) does not pay for capturing it
             try:
-                self._capture_decode()
+                self._capture(("decode", 1), self.gpu.decode, 1, 1)
             except _KernelFailed as f:
                 raise self._kernel_error(f.launch, f.err) from None
             except DriverError as e:
                 raise self._step_error(e, "the decode graph") from None
-        return self._logits_host[:rows].copy()
+        out = self._logits_host[pick]
+        return out.copy() if copy else out
 
     def _launch(self, launch: Launch, grid: tuple[int, int, int], args: PackedArgs) -> None:
         try:
@@ -560,11 +790,13 @@ class GpuBackend:
                 raise HipcError(f"{self._driver.api}: cannot encode a tensor map: {e}") from None
         return self._tmaps[spec]
 
-    def _run(self, launches: Sequence[Launch], T: int, rows: int, sync_each: bool) -> None:
+    def _run(
+        self, launches: Sequence[Launch], T: int, rows: int, sync_each: bool, kind: str
+    ) -> None:
         # Packed once per step shape (the launch list and arguments are fixed for a given T):
         # resolving every launch in Python each step is host time a short step's kernels
         # may not cover
-        key = (T, rows, len(launches))
+        key = (kind, T, rows)
         packed = self._packed.get(key)
         if packed is None:
             if len(self._packed) >= 32:
@@ -579,11 +811,9 @@ class GpuBackend:
                 except DriverError as e:
                     raise _KernelFailed(launch, e) from None
 
-    def _capture_decode(self) -> None:
+    def _capture(self, key: tuple[str, int], launches: Sequence[Launch], T: int, rows: int) -> None:
         d = self._driver
-        packed = [
-            (launch, launch.grid_dims(1, 1), self._pack(launch, 1, 1)) for launch in self.gpu.decode
-        ]
+        packed = [(x, x.grid_dims(T, rows), self._pack(x, T, rows)) for x in launches]
         d.begin_capture()
         try:
             for launch, grid, args in packed:
@@ -598,8 +828,7 @@ class GpuBackend:
         except DriverError:
             d.destroy_graph(graph, None)
             raise
-        self._graph, self._graph_exec = graph, graph_exec
-        self._decode_args = [args for _, _, args in packed]
+        self._graphs[key] = (graph, graph_exec, [args for _, _, args in packed])
 
     # -- errors --------------------------------------------------------------------
 
@@ -637,13 +866,19 @@ class GpuBackend:
         return HipcError(f"{self._driver.api} error in {where}: {err}")
 
     def _locate(
-        self, err: DriverError, launches: Sequence[Launch], T: int, rows: int, where: str
+        self,
+        err: DriverError,
+        launches: Sequence[Launch],
+        T: int,
+        rows: int,
+        where: str,
+        kind: str,
     ) -> HipcError:
         """The step's final synchronize failed: name the kernel if the context allows."""
         if not self._context_ok():
             return self._dead_context_error(err, where)
         try:
-            self._run(launches, T, rows, sync_each=True)
+            self._run(launches, T, rows, True, kind)
         except _KernelFailed as f:
             return self._kernel_error(f.launch, f.err)
         return HipcError(
@@ -665,14 +900,15 @@ class GpuBackend:
                 fn(*args)
 
         attempt(d.activate)
-        if self._graph is not None or self._graph_exec is not None:
-            attempt(d.destroy_graph, self._graph, self._graph_exec)
-        self._graph = self._graph_exec = None
-        self._decode_args = []
-        self._ids_host = self._start_host = self._logits_host = None
+        for graph, graph_exec, _ in self._graphs.values():
+            attempt(d.destroy_graph, graph, graph_exec)
+        self._graphs.clear()
+        self._inputs_host = self._ids_host = self._pos_host = self._seq_host = None
+        self._tables_host = self._logits_host = None
         for _, ptr in reversed(self._allocs):
             attempt(d.free, ptr)
         self._allocs.clear()
+        self._spare_snapshots.clear()
         for ptr in reversed(self._host_allocs):
             attempt(d.host_free, ptr)
         self._host_allocs.clear()

@@ -174,6 +174,9 @@ class HipDriver:
     def d2h(self, dst: int, src: int, nbytes: int) -> None:
         self._call("hipMemcpyDtoHAsync", dst, src, nbytes, self._stream)
 
+    def d2d(self, dst: int, src: int, nbytes: int) -> None:
+        self._call("hipMemcpyDtoDAsync", dst, src, nbytes, self._stream)
+
     def launch(self, fn: Any, grid, block, shared: int, params: int, overlap: bool = False) -> None:
         # AMD has no programmatic launch: overlap_launches is False and kernels run in order
         self._call("hipModuleLaunchKernel", fn, *grid, *block, shared, self._stream, params, None)
@@ -229,9 +232,10 @@ class HipBackend(GpuBackend):
         *,
         hip: Any = None,
         max_context: int | None = None,
+        kv_blocks: int | None = None,
     ) -> None:
         try:
             driver = HipDriver(device, hip)
         except DriverError as e:
             raise HipcError(f"HIP: {e}") from None
-        super().__init__(artifact, driver, max_context)
+        super().__init__(artifact, driver, max_context, kv_blocks)

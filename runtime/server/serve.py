@@ -60,10 +60,10 @@ def load(config: Config):
 
 
 def kv_pool_tokens(config: Config) -> int:
-    """Positions in the cpu backend's KV pool: --kv-pool-tokens, else max-batch sequences of
-    the admitted context, as far as half the available RAM allows (at least one context:
-    every admitted request must fit an empty pool). GPU backends hold one sequence and
-    ignore it."""
+    """Positions in the KV pool: --kv-pool-tokens, else max-batch sequences of the admitted
+    context, as far as half the available RAM allows where the artifact may run on the cpu
+    (at least one context: every admitted request must fit an empty pool). A GPU backend
+    sizes it down further to the device's free memory."""
     from hipc.base.launch_plan import states
     from hipc.runtime.artifact import load_artifact
 
@@ -74,6 +74,8 @@ def kv_pool_tokens(config: Config) -> int:
     # the cpu program's pools are float32 whatever the plan's dtype
     per_position = sum(4 * math.prod(s.shape[1:]) for s in states(plan) if s.positional)
     want = config.max_batch * context
+    if "cpu" not in plan["targets"]:
+        return want
     room = _available_ram() // 2 // max(per_position, 1)
     return max(min(want, room), context)
 

@@ -170,8 +170,8 @@ class Service:
         self.metrics = ServerMetrics(getattr(backend, "kv_bytes", 0), self.max_context)
         self.slot = EngineSlot(engine, self.max_context, self.metrics)
         self.runner = Runner(self.slot, self.tokenizer, self.metrics)
-        # a backend that steps many sequences gets the batch loop; others (GPU backends,
-        # engines without a paged pool) run one request at a time behind the same queue
+        # a backend that steps many sequences (cpu, GPU) gets the batch loop; others (engines
+        # without a paged pool) run one request at a time behind the same queue
         self.batch = BatchEngine(engine, config.max_batch) if batchable(engine) else None
         if self.batch is not None:
             self.scheduler: Scheduler | BatchScheduler = BatchScheduler(

@@ -5,8 +5,9 @@
 // Kernels use only the hipc_* names below, so one template serves every platform.
 // HIPC_WAVE (the wavefront width) is defined by the renderer before this header, and so is at
 // most one of HIPC_MMA_NV / HIPC_MMA_WMMA / HIPC_MMA_WMMA12 / HIPC_MMA_MFMA: the target's matrix
-// instruction, which the prefill GEMMs and the flash attention use through the hipc_mma_*
-// interface at the end.
+// instruction, which the prefill GEMMs, the flash attention and the chunked delta rule use
+// through the hipc_mma_* interface at the end (HIPC_MMA_HOST: mma.sync's, emulated for the
+// host tests).
 #pragma once
 
 #include <stdint.h>
@@ -241,6 +242,9 @@ HIPC_DEVICE float hipc_warp_max(float v) {
   }
   return v;
 }
+
+// x clamped to [-c, c] (OLMoE's clip_qkv, applied as the attention kernels read q, k, v)
+HIPC_DEVICE float hipc_clip(float x, float c) { return x < -c ? -c : x > c ? c : x; }
 
 // Sum over the block (blockDim a multiple of HIPC_WAVE, at most 32 waves); every
 // thread gets the result. `red` is __shared__ float[32].
@@ -573,25 +577,25 @@ HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
 // factor common to every product, so a norm GEMV quantizes x * g and scales its sums at
 // the end, and the whole prologue is one pass over x and one barrier. Every thread of the
 // block calls it; 8 lanes share a 32-value block, 4 values each, ROUNDS = ceil(K / 4 /
-// threads) rounds. The loads of HIPC_XQ_CHUNK rounds are issued before any is used: x was
+// threads) rounds. The loads of CHUNK rounds are issued before any is used: x was
 // just written by the kernel before, and one L2 round trip per round was most of a
 // long-row GEMV's prologue. `red`: __shared__ float[32].
 #define HIPC_XQ_CHUNK 4
-template <bool LO, int ROUNDS>
+template <bool LO, int ROUNDS, int CHUNK = HIPC_XQ_CHUNK>
 HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red) {
   const int n4 = K / 4, stride = hipc_block_dim();
   float ss = 0.f;
-  for (int r0 = 0; r0 < ROUNDS; r0 += HIPC_XQ_CHUNK) {
-    float4 vs[HIPC_XQ_CHUNK], gs[HIPC_XQ_CHUNK];
+  for (int r0 = 0; r0 < ROUNDS; r0 += CHUNK) {
+    float4 vs[CHUNK], gs[CHUNK];
 #pragma unroll
-    for (int c = 0; c < HIPC_XQ_CHUNK; ++c) {
+    for (int c = 0; c < CHUNK; ++c) {
       const int i = (r0 + c) * stride + hipc_thread();
       const bool ok = r0 + c < ROUNDS && i < n4;
       vs[c] = ok ? *(const float4*)(x + 4 * i) : float4{0.f, 0.f, 0.f, 0.f};
       gs[c] = g && ok ? *(const float4*)(g + 4 * i) : float4{1.f, 1.f, 1.f, 1.f};
     }
 #pragma unroll
-    for (int c = 0; c < HIPC_XQ_CHUNK; ++c) {
+    for (int c = 0; c < CHUNK; ++c) {
       if (r0 + c >= ROUNDS) break;  // the same for every lane: the shuffles need whole waves
       const int i = (r0 + c) * stride + hipc_thread(), part = i % 8;
       const bool ok = i < n4;  // the same for all 8 lanes of a block (K % 32 == 0)
@@ -1169,6 +1173,56 @@ HIPC_DEVICE void hipc_mma_store_bf16(uint16_t* s, int ld, const hipc_mma_c& c) {
   *(uint32_t*)(s + g * ld + col) = hipc_f32_to_bf16(c[0]) | hipc_f32_to_bf16(c[1]) << 16;
   *(uint32_t*)(s + (g + 8) * ld + col) = hipc_f32_to_bf16(c[2]) | hipc_f32_to_bf16(c[3]) << 16;
 }
+
+#elif defined(HIPC_MMA_HOST)
+// Host tests only (tests/host_simt.py, HIPC_HOST_SIMT, wave 32): mma.sync.m16n8k16's fragment
+// layouts above, emulated. Loads read the tile directly (what ldmatrix hands each lane); an
+// mma gathers the wave's fragments (the harness's hipc_host_wave_gather) and each lane sums
+// its own four products in float32.
+#define HIPC_MMA_N 8
+struct hipc_mma_a { uint32_t r[4]; };
+struct hipc_mma_b { uint32_t r[2]; };
+struct hipc_mma_c {
+  float v[4];
+  HIPC_DEVICE float& operator[](int i) { return v[i]; }
+  HIPC_DEVICE float operator[](int i) const { return v[i]; }
+};
+void hipc_host_wave_gather(const uint32_t* mine, int n, uint32_t* all);
+HIPC_DEVICE uint32_t hipc_host_pair(const uint16_t* p) { return (uint32_t)p[0] | (uint32_t)p[1] << 16; }
+HIPC_DEVICE hipc_mma_a hipc_mma_load_a(const uint16_t* s, int ld) {
+  const int g = hipc_thread() % 32 / 4, q = hipc_thread() % 4;
+  return {{hipc_host_pair(s + g * ld + 2 * q), hipc_host_pair(s + (g + 8) * ld + 2 * q),
+           hipc_host_pair(s + g * ld + 2 * q + 8), hipc_host_pair(s + (g + 8) * ld + 2 * q + 8)}};
+}
+HIPC_DEVICE hipc_mma_b hipc_mma_load_b(const uint16_t* s, int ld) {
+  const int g = hipc_thread() % 32 / 4, q = hipc_thread() % 4;
+  return {{hipc_host_pair(s + g * ld + 2 * q), hipc_host_pair(s + g * ld + 2 * q + 8)}};
+}
+HIPC_DEVICE float hipc_host_half(uint32_t w, int k) {
+  return __builtin_bit_cast(float, (k % 2 ? w >> 16 : w & 0xffffu) << 16);
+}
+HIPC_DEVICE void hipc_mma(hipc_mma_c& c, const hipc_mma_a& a, const hipc_mma_b& b) {
+  uint32_t mine[6] = {a.r[0], a.r[1], a.r[2], a.r[3], b.r[0], b.r[1]}, all[32 * 6];
+  hipc_host_wave_gather(mine, 6, all);
+  const int g = hipc_thread() % 32 / 4, q = hipc_thread() % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i / 2), col = 2 * q + i % 2;
+    float acc = 0.f;
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t aw = all[((row % 8) * 4 + (k % 8) / 2) * 6 + row / 8 + 2 * (k / 8)];
+      const uint32_t bw = all[(col * 4 + (k % 8) / 2) * 6 + 4 + k / 8];
+      acc += hipc_host_half(aw, k) * hipc_host_half(bw, k);
+    }
+    c.v[i] += acc;
+  }
+}
+HIPC_DEVICE int hipc_mma_row(int lane, int i) { return lane / 4 + 8 * (i / 2); }
+HIPC_DEVICE int hipc_mma_col(int lane, int i) { return 2 * (lane % 4) + i % 2; }
+#define HIPC_MMA_COLS 2
+HIPC_DEVICE int hipc_mma_colslot(int i) { return i % 2; }
+#define HIPC_MMA_ROWS 2
+#define HIPC_MMA_ROW_LANES 4
+HIPC_DEVICE int hipc_mma_rowslot(int i) { return i / 2; }
 
 #elif defined(HIPC_MMA_WMMA) || defined(HIPC_MMA_WMMA12) || defined(HIPC_MMA_MFMA)
 // AMD: 16 x 16 x 16 bf16 -> f32 tiles. Lane l holds row l % 16 of A (column l % 16 of B) at

@@ -291,13 +291,20 @@ def test_gpu_plan_matches_the_runtime_reader(artifact):
         weights=tuple(range(100, 100 + len(plan["weights"]))),
         states=tuple(range(500, 500 + len(plan["states"]))),
         ids=7,
-        start=8,
-        logits=9,
+        pos=8,
+        seq=9,
+        blocks=10,
+        logits=11,
     )
-    for launch in gp.prefill:
+    assert gp.kv_block == 16
+    for launch in (*gp.prefill, *gp.batch(5)):
         args = launch.resolve(bases, T=5, rows=1)
         assert all(t in ("u64", "i32") for t, _ in args)
         assert all(d >= 1 for d in launch.grid_dims(5, 1))
+    # batch = prefill with the SIMT attention (one block per row and head) for a flash one
+    assert [x.kernel for x in gp.batch(5)] == [
+        x.kernel.replace("_flash", "_attn") for x in gp.prefill
+    ]
     # decode = prefill without the GEMM norm stats, one attention kernel per layer where
     # prefill runs RoPE+KV then attention; every decode kernel may overlap the one before
     stats = sum(1 for x in gp.prefill if x.kernel.endswith("_stats"))
@@ -309,7 +316,7 @@ def test_gpu_plan_matches_the_runtime_reader(artifact):
     heads = json.loads((artifact / "manifest.json").read_text())["config"]["num_heads"]
     assert attn[0].grid_dims(1, 1) == (heads, 1, 1)
     # the counters the merging blocks reset live inside the scratch buffer
-    counters = attn[0].args[11]
+    counters = attn[0].args[13]
     assert counters["kind"] == "scratch"
     assert counters["offset"] + 4 * attn[0].grid[0] <= gp.scratch_bytes
 

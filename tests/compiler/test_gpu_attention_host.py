@@ -1,9 +1,11 @@
-"""The decode attention kernel (templates/hip/attention_decode.hip.j2) run on the host: the
-rendered kernel compiled by a plain C++ compiler with HIPC_HOST_SIMT, each block's threads
+"""The decode attention kernel (templates/hip/attention_decode.hip.j2), and prefill's rope_kv
+and SIMT attention kernels (rope_kv.hip.j2, attention.hip.j2), run on the host: the
+rendered kernels compiled by a plain C++ compiler with HIPC_HOST_SIMT, each block's threads
 run in step as host threads (shuffles and barriers through a sleeping barrier), the blocks of
 the grid one after another (any order is one the GPU may take), against NumPy in float64.
 tests/gpu runs the same kernel on a GPU; this checks its indexing and merging on a machine
-with none.
+with none. The caches are paged pools: the sequence's blocks are scattered over a larger pool
+(through a block table that is not the identity), every slot it does not own is NaN.
 """
 
 from __future__ import annotations
@@ -14,12 +16,20 @@ import host_simt
 import numpy as np
 import pytest
 
+from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.codegen.environment import render
-from hipc.compiler.kernels.attention import decode_attention
+from hipc.compiler.kernels.attention import (
+    ATTN_WAVES,
+    decode_attention,
+    kv_context,
+    prefill_signature,
+    rope_kv_signature,
+)
+from hipc.compiler.kernels.base import GPU_INDENT
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import attention_params, attention_switches, rope
+from gpu_kernels import attention_clip, attention_params, attention_switches, rope
 
 EPS = 1e-5
 
@@ -35,6 +45,9 @@ CASES = {
     # first rot dims (the trailing two fields: rot, out_gate)
     "gated_partial_d64_f32": (5, 5, 64, 0, True, False, "float32", 512, 77, 16, True),
     "partial_interleaved_bf16": (6, 2, 64, 0, False, True, "bfloat16", 256, 40, 32, False),
+    # OLMoE: q, k and v clamped to [-clip, clip] as read (then the per-head norm where fused)
+    "clip_bf16": (4, 2, 64, 0, False, False, "bfloat16", 256, 50, 0, False, 0.4),
+    "clip_qknorm_f32": (4, 1, 32, 0, True, True, "float32", 256, 70, 0, False, 0.7),
 }
 
 
@@ -51,10 +64,11 @@ def lib(tmp_path_factory):
         kv = "uint16_t" if case[6] == "bfloat16" else "float"
         wrappers.append(
             f'extern "C" void run_{k.fn}(const float* q, const float* k, const float* v, '
-            f"const int* start, const float* qw, const float* kw, const float* c, const float* s, "
-            f"{kv}* kc, {kv}* vc, float* part, unsigned* cnt, float* out) {{\n"
-            f"  grid({k.grid[0]}, {k.grid[1]}, {k.threads}, [=] {{ {k.fn}(q, k, v, start, qw, kw, "
-            f"c, s, kc, vc, part, cnt, out); }});\n}}"
+            f"const int* pos, const int* seq, const int* blocks, const float* qw, const float* kw, "
+            f"const float* c, const float* s, {kv}* kc, {kv}* vc, float* part, unsigned* cnt, "
+            f"float* out) {{\n"
+            f"  grid({k.grid[0]}, {k.grid[1]}, {k.threads}, [=] {{ {k.fn}(q, k, v, pos, seq, "
+            f"blocks, qw, kw, c, s, kc, vc, part, cnt, out); }});\n}}"
         )
     code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
     handle = host_simt.build(tmp_path_factory.mktemp("attention"), "attention_host", code)
@@ -70,15 +84,29 @@ def test_decode_attention_on_the_host(lib, name):
     spec = lib.specs[name]
     rng = np.random.default_rng(sorted(CASES).index(name))
     q_in = rng.standard_normal((NH, 2 * D if gated else D)).astype(np.float32)
-    q = q_in[:, :D]
     k = rng.standard_normal((NKV, D)).astype(np.float32)
     v = rng.standard_normal((NKV, D)).astype(np.float32)
+    clip = attention_clip(CASES[name])
+    q, k_read, v_read = q_in[:, :D], k, v
+    if clip:
+        q, k_read, v_read = (np.clip(x, -clip, clip) for x in (q, k, v))
     qw, kw = (1 + 0.2 * rng.standard_normal((2, D))).astype(np.float32)
     ang = rng.uniform(0, 2 * np.pi, (ctx, r // 2))
     cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    cache = [rng.standard_normal((ctx, NKV, D)).astype(np.float32) for _ in range(2)]
-    for c in cache:
+    logical = [rng.standard_normal((ctx, NKV, D)).astype(np.float32) for _ in range(2)]
+    for c in logical:
         c[p:] = np.nan  # position p is this step's to write; nothing past it may be used
+    # the sequence's blocks scattered over a pool three times its size, in the table's row 1
+    B, table_len = KV_BLOCK, -(-ctx // KV_BLOCK)
+    mine = -(-(p + 1) // B)
+    pool_blocks = 3 * mine + 2
+    owned = rng.permutation(pool_blocks)[:mine]
+    tables = np.full((3, table_len), -1, np.int32)  # -1: a block id no row may read
+    tables[1, :mine] = owned
+    slots = (owned[:, None] * B + np.arange(B)).reshape(-1)[: p + 1]
+    cache = [np.full((pool_blocks * B, NKV, D), np.nan, np.float32) for _ in range(2)]
+    for c, lg in zip(cache, logical, strict=True):
+        c[slots] = lg[: p + 1]
     if kv == "bfloat16":
         kc, vc = ((round_bf16(c).view(np.uint32) >> 16).astype(np.uint16) for c in cache)
 
@@ -90,12 +118,14 @@ def test_decode_attention_on_the_host(lib, name):
         def widen(a):
             return a
 
+    kc0 = kc.copy()
     splits = spec.grid[1]
     partial = np.full(NH * splits * (D + 2), np.nan, np.float32)
     counters = np.zeros(NH, np.uint32)
     out = np.full((NH, D), np.nan, np.float32)
     ptr = ctypes.c_void_p
-    args = [q_in, k, v, np.array([p], np.int32), qw, kw, cos_t, sin_t, kc, vc, partial, counters]
+    step = [np.array([p], np.int32), np.array([1], np.int32), tables]
+    args = [q_in, k, v, *step, qw, kw, cos_t, sin_t, kc, vc, partial, counters]
     getattr(lib, f"run_{spec.fn}")(*(a.ctypes.data_as(ptr) for a in [*args, out]))
 
     def normed(x, w):
@@ -110,15 +140,19 @@ def test_decode_attention_on_the_host(lib, name):
         return x
 
     qr = rotated(normed(q, qw))
-    kn = store(rotated(normed(k, kw)))
-    vn = store(v)
+    kn = store(rotated(normed(k_read, kw)))
+    vn = store(v_read)
     ulp = 2.0**-7 if kv == "bfloat16" else 1e-6
-    np.testing.assert_allclose(widen(kc[p]), kn, rtol=ulp, atol=1e-6)
-    np.testing.assert_array_equal(widen(vc[p]), vn)
+    at = slots[p]
+    np.testing.assert_allclose(widen(kc[at]), kn, rtol=ulp, atol=1e-6)
+    np.testing.assert_array_equal(widen(vc[at]), vn)
+    # nothing else of the pool was written
+    others = np.setdiff1d(np.arange(len(kc)), [at])
+    np.testing.assert_array_equal(kc[others], kc0[others])
     assert not counters.any()  # every head's merging block reset its counter
     lo = max(0, p - window + 1) if window else 0
-    keys = np.concatenate([widen(kc[lo:p]), widen(kc[p])[None]]).astype(np.float64)
-    vals = np.concatenate([widen(vc[lo:p]), widen(vc[p])[None]]).astype(np.float64)
+    keys = widen(kc[slots[lo : p + 1]]).astype(np.float64)
+    vals = widen(vc[slots[lo : p + 1]]).astype(np.float64)
     group = NH // NKV
     want = np.empty((NH, D))
     for h in range(NH):
@@ -128,4 +162,128 @@ def test_decode_attention_on_the_host(lib, name):
     if gated:
         want = want / (1 + np.exp(-q_in[:, D:].astype(np.float64)))
     err = float(np.max(np.abs(out - want)) / np.max(np.abs(want)))
+    assert err <= 1e-5, (name, err)
+
+
+# name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, start, T, rot, gate, clip)
+PREFILL = {
+    "clip_bf16_prefix": (4, 2, 32, 0, False, False, "bfloat16", 9, 6, 0, False, 0.5),
+    "clip_qknorm_window_f32": (3, 1, 32, 5, True, True, "float32", 0, 7, 0, False, 0.8),
+    "plain_f32": (2, 2, 32, 0, False, False, "float32", 3, 4),
+}
+
+
+def prefill_ctx(case) -> int:
+    return case[7] + case[8] + 5
+
+
+@pytest.fixture(scope="module")
+def prefill_lib(tmp_path_factory):
+    code, specs = [], {}
+    for i, (name, case) in enumerate(PREFILL.items()):
+        p, kv = attention_params(case, EPS), kv_context(case[6], prefill_ctx(case))
+        kt, block = kv["kv_type"], max(case[2] // 2, 32)
+        code.append(
+            render(
+                "hip/rope_kv.hip.j2",
+                fn=f"rk{i}",
+                nodes=[name],
+                block=block,
+                params=rope_kv_signature(kt).render(GPU_INDENT),
+                **kv,
+                **p.context(),
+            )
+        )
+        code.append(render("hip/attention.hip.j2", fn=f"at{i}", nodes=[name], wave=32,
+                           waves=ATTN_WAVES, params=prefill_signature(kt).render(GPU_INDENT),
+                           **kv, **p.context()))  # fmt: skip
+        NH, NKV, T = case[0], case[1], case[8]
+        code.append(
+            f'extern "C" void run_{i}(const float* q, int ldq, const float* k, int ldk, '
+            f"const float* v, int ldv, const int* pos, const int* seq, const int* blocks, "
+            f"const float* qw, const float* kw, const float* c, const float* s, {kt}* kc, "
+            f"{kt}* vc, float* out) {{\n"
+            f"  grid({T}, {NKV}, {block}, [=] {{ rk{i}(k, ldk, v, ldv, pos, seq, blocks, kw, c, s, kc, vc); }});\n"
+            f"  grid({T}, {NH}, {ATTN_WAVES * 32}, [=] {{ at{i}(q, ldq, pos, seq, blocks, qw, c, s, kc, vc, out); }});\n}}"
+        )
+        specs[name] = (i, kv["kv_block"], kv["kv_table"])
+    handle = host_simt.build(tmp_path_factory.mktemp("prefill"), "prefill_host", "\n".join(code))
+    handle.specs = specs
+    return handle
+
+
+@pytest.mark.parametrize("name", sorted(PREFILL))
+def test_prefill_attention_on_the_host(prefill_lib, name):
+    """rope_kv writes the prompt's keys and values (clamped, normed, rotated) at start..start+T-1
+    of one sequence whose blocks are scattered over the paged pool, then the SIMT attention
+    reads them with the cached prefix; NaN in every other slot and in the output beforehand:
+    neither may survive."""
+    case = PREFILL[name]
+    NH, NKV, D, window, norm, interleaved, kv, start, T = case[:9]
+    clip = attention_clip(case)
+    i, B, n_blocks = prefill_lib.specs[name]
+    rng = np.random.default_rng(50 + sorted(PREFILL).index(name))
+    ctx = prefill_ctx(case)
+    table = rng.permutation(n_blocks).astype(np.int32)  # sequence 0's blocks, scattered
+    slots = (table[:, None] * B + np.arange(B)).reshape(-1)[:ctx]
+    ld = NH * D + 2 * NKV * D + 3  # q, k, v: column views of one projection's output
+    qkv = (rng.standard_normal((T, ld)) * 1.5).astype(np.float32)
+    q, k, v = (
+        qkv[:, a : a + n] for a, n in ((0, NH * D), (NH * D, NKV * D), (NH * D + NKV * D, NKV * D))
+    )
+    qw, kw = (1 + 0.2 * rng.standard_normal((2, D))).astype(np.float32)
+    ang = rng.uniform(0, 2 * np.pi, (ctx, D // 2))
+    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
+    cache = [np.full((n_blocks * B, NKV, D), np.nan, np.float32) for _ in range(2)]
+    for c in cache:
+        c[slots[:start]] = store(rng.standard_normal((start, NKV, D)).astype(np.float32))
+    if kv == "bfloat16":
+        kc, vc = ((c.view(np.uint32) >> 16).astype(np.uint16) for c in cache)
+
+        def widen(a):
+            return (a.astype(np.uint32) << 16).view(np.float32)
+    else:
+        kc, vc = (c.copy() for c in cache)
+
+        def widen(a):
+            return a
+
+    out = np.full((T, NH * D), np.nan, np.float32)
+    pos = np.arange(start, start + T, dtype=np.int32)
+    seq = np.zeros(T, np.int32)
+    ptr = ctypes.c_void_p
+    getattr(prefill_lib, f"run_{i}")(
+        qkv.ctypes.data_as(ptr), ld, qkv[:, NH * D :].ctypes.data_as(ptr), ld,
+        qkv[:, NH * D + NKV * D :].ctypes.data_as(ptr), ld,
+        *(a.ctypes.data_as(ptr) for a in (pos, seq, table, qw, kw, cos_t, sin_t, kc, vc, out)),
+    )  # fmt: skip
+
+    def read(x, heads, w):
+        x = x.reshape(T, heads, D).astype(np.float64)
+        if clip:
+            x = np.clip(x, -clip, clip)
+        if norm:
+            x = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + EPS) * w
+        return rope(x, cos_t[start : start + T, None], sin_t[start : start + T, None], interleaved)
+
+    kn = store(read(k, NKV, kw).astype(np.float32))
+    vn = store(np.clip(v, -clip, clip) if clip else v).reshape(T, NKV, D)
+    ulp = 2.0**-7 if kv == "bfloat16" else 1e-6
+    mine = slots[start : start + T]
+    np.testing.assert_allclose(widen(kc[mine]), kn, rtol=ulp, atol=1e-6)
+    np.testing.assert_array_equal(widen(vc[mine]), vn)
+    keys = widen(kc[slots[: start + T]]).astype(np.float64)
+    vals = widen(vc[slots[: start + T]]).astype(np.float64)
+    qr = read(q, NH, qw)
+    want = np.empty((T, NH, D))
+    for t in range(T):
+        p = start + t
+        lo = max(0, p - window + 1) if window else 0
+        for h in range(NH):
+            kvh = h // (NH // NKV)
+            sc = keys[lo : p + 1, kvh] @ qr[t, h] * D**-0.5
+            e = np.exp(sc - sc.max())
+            want[t, h] = e @ vals[lo : p + 1, kvh] / e.sum()
+    err = float(np.max(np.abs(out.reshape(T, NH, D) - want)) / np.max(np.abs(want)))
     assert err <= 1e-5, (name, err)

@@ -4,7 +4,9 @@ WMMA) and gfx1201 (RDNA4 WMMA, another operand layout), compiled by a plain C++ 
 HIPC_HOST_SIMT, each block's lanes run in step as host threads, and the matrix instruction
 carried out across the wave from the ISA's operand layout (tests/host_simt.py: MMA_EMULATION,
 written apart from the prelude's fragment loads). Against softmax attention in float64, outputs
-poisoned with NaN, the cache NaN past the prompt.
+poisoned with NaN, the paged KV pool NaN wherever no sequence wrote (each sequence's blocks
+scattered over it), and steps mixing sequences (decode rows of others before and after a
+prompt's rows: a query block runs its key loop once per sequence in it).
 
 No AMD GPU is available to this project: this and the compile checks
 (tests/compiler/test_compile_gpu.py) are what the AMD kernels have been through.
@@ -24,6 +26,7 @@ from hipc.compiler.kernels.linear import MMA_TILES
 from hipc.compiler.targets import GpuTarget
 
 from gpu_kernels import (
+    PREFILL_CTX,
     as_stored,
     attention_params,
     prefill_attention_inputs,
@@ -33,7 +36,7 @@ from support import rel_err
 
 EPS = 1e-6
 ARCHS = ("gfx942", "gfx1100", "gfx1201")
-# name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, start, T[, rot, out_gate])
+# name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, start, T[, rot, out_gate, clip])
 CASES = {
     # two query blocks, the second part-filled; 2 query heads per KV head
     "gqa_odd_t_bf16": (4, 2, 64, 0, False, False, "bfloat16", 0, 77),
@@ -45,6 +48,13 @@ CASES = {
     "gated_partial_f32": (3, 3, 64, 0, True, False, "float32", 0, 33, 16, True),
     # D = 16: the P tiles outgrow q's rows
     "d16_window_bf16": (2, 1, 16, 20, False, False, "bfloat16", 0, 90),
+    # OLMoE: q clamped to [-0.5, 0.5] as it is read (trailing fields: rot, out_gate, clip)
+    "clip_bf16": (2, 2, 64, 0, False, False, "bfloat16", 3, 40, 0, False, 0.5),
+}
+# steps mixing sequences: [(sequence, first position, rows)], sequence 0's rows the case's own
+MIXED = {
+    "gqa_odd_t_bf16": [(1, 40, 1), (0, 0, 0), (2, 0, 1), (3, 150, 1)],
+    "prefix_window_f32": [(2, 3, 1), (0, 0, 0), (1, 90, 2)],
 }
 
 
@@ -54,15 +64,18 @@ def lib(request, tmp_path_factory):
     target = GpuTarget(arch)
     kernels, wrappers, specs = [], [], {}
     for i, (name, case) in enumerate(CASES.items()):
-        k = flash_attention(f"f{i}", attention_params(case, EPS), target, [name], case[6])
+        k = flash_attention(
+            f"f{i}", attention_params(case, EPS), target, [name], case[6], PREFILL_CTX
+        )
         specs[name] = k
         kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         kv = "uint16_t" if case[6] == "bfloat16" else "float"
         wrappers.append(
-            f'extern "C" void run_{k.fn}(const float* q, int ldq, int T, const int* start, '
-            f"const float* qw, const float* c, const float* s, const {kv}* kc, const {kv}* vc, "
-            f"float* out) {{\n  grid((T + {FLASH_BQ - 1}) / {FLASH_BQ}, {case[0]}, {k.threads}, "
-            f"[=] {{ {k.fn}(q, ldq, T, start, qw, c, s, kc, vc, out); }}, {k.shared});\n}}"
+            f'extern "C" void run_{k.fn}(const float* q, int ldq, int T, const int* pos, '
+            f"const int* seq, const int* blocks, const float* qw, const float* c, const float* s, "
+            f"const {kv}* kc, const {kv}* vc, float* out) {{\n"
+            f"  grid((T + {FLASH_BQ - 1}) / {FLASH_BQ}, {case[0]}, {k.threads}, "
+            f"[=] {{ {k.fn}(q, ldq, T, pos, seq, blocks, qw, c, s, kc, vc, out); }}, {k.shared});\n}}"
         )
     code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
     root = tmp_path_factory.mktemp(f"flash_{arch}")
@@ -71,14 +84,21 @@ def lib(request, tmp_path_factory):
     return handle
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["one", "mixed"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_amd_flash_attention_on_the_host(lib, name):
+def test_amd_flash_attention_on_the_host(lib, name, mixed):
     case = CASES[name]
     NH, _, D, _, _, _, kv, start, T = case[:9]
-    x = prefill_attention_inputs(case, 500 + list(CASES).index(name))
+    if mixed and name not in MIXED:
+        pytest.skip("a one-sequence case")
+    segments = (
+        [(s, *((start, T) if s == 0 else (a, n))) for s, a, n in MIXED[name]] if mixed else None
+    )
+    x = prefill_attention_inputs(case, 500 + list(CASES).index(name), segments)
+    T = x["T"]
     out = np.full((T, NH * D), np.nan, np.float32)
     ptr = ctypes.c_void_p
-    args = [x["q"], x["ldq"], T, np.array([start], np.int32), x["qw"], x["cos_t"], x["sin_t"]]
+    args = [x["q"], x["ldq"], T, x["pos"], x["seq"], x["tables"], x["qw"], x["cos_t"], x["sin_t"]]
     args += [as_stored(x["kc"], kv), as_stored(x["vc"], kv), out]
     getattr(lib, f"run_{lib.specs[name].fn}")(
         *(a.ctypes.data_as(ptr) if isinstance(a, np.ndarray) else ctypes.c_int(a) for a in args)

@@ -3,8 +3,10 @@ for sm_90, clang for gfx1100 and gfx942 (compiler/kernels/deltanet.py's GPU half
 templates/hip/deltanet.hip.j2; the attention kernels' partial RoPE and output gate).
 
 The code objects must hold every kernel the plans launch; each linear-attention layer is one
-deltanet launch per step, decode and prefill alike (a block per key head, a thread per state
-column of its value heads); the full-attention layers launch the gated, partially rotating
+deltanet launch per decode step and per prefill step shorter than the delta rule's chunk (a
+block per key head, a thread per state column of its value heads), and four chunked-prefill
+launches (prep, solve, scan, norm) in steps of a chunk or more; the full-attention layers
+launch the gated, partially rotating
 attention kernels (sm_90 prefill: the flash kernel under the default bf16 policy). The
 kernels run on the GPU machine (tests/gpu/test_deltanet_gpu.py, test_compiled_hybrid_gpu.py).
 """
@@ -41,17 +43,34 @@ def test_hybrid_kernels_in_every_code_object(hybrid, target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_one_deltanet_launch_per_linear_layer_step(hybrid, target):
+def test_deltanet_launches_per_linear_layer_step(hybrid, target):
     family, cfg, art = hybrid
-    linear = [i for i, t in enumerate(cfg.layer_types) if t == "linear_attention"]
+    linear = [f"l{i}" for i, t in enumerate(cfg.layer_types) if t == "linear_attention"]
     nk, nv, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_value_head_dim
     threads = -(-(nv // nk) * dv // WAVE[target]) * WAVE[target]
+    plan = json.loads((art / "plan.json").read_text())
+    steps, max_tokens = plan["targets"][target]["steps"], plan["max_tokens"]
+    assert max_tokens >= 64
     for step in ("decode", "prefill"):
-        launches = [x for x in plan_steps(art, target)[step] if x["kernel"].startswith("deltanet_")]
-        assert [x["group"].split(".")[0] for x in launches] == [f"l{i}" for i in linear], family
-        assert all(x["grid"] == [nk] and x["block"] == [threads] for x in launches)
-        # the conv window and the delta-rule matrices are the launch's two state arguments
+        launches = [x for x in steps[step] if x["kernel"].startswith("deltanet_")]
+        groups = [x["group"].split(".")[0] for x in launches]
+        assert groups == [g for g in linear for _ in range(1 if step == "decode" else 5)], family
+        # the conv window and the delta-rule matrices are each launch's two state arguments
         assert all(sum(a["kind"] == "state" for a in x["args"]) == 2 for x in launches)
+        serial = launches if step == "decode" else launches[::5]
+        assert all(x["grid"] == [nk] and x["block"] == [threads] for x in serial)
+        if step == "prefill":
+            assert all(x["tokens"] == [2, 63] for x in serial)
+            chunked = [x for x in launches if x not in serial]
+            parts = [x["kernel"].rsplit("_", 1)[1] for x in chunked]
+            assert parts == ["prep", "solve", "scan", "norm"] * len(linear)
+            assert all(x["tokens"] == [64, max_tokens] for x in chunked)
+            cols = next(b for b in (8, 4, 2, 1) if dv % b == 0)  # per scan block
+            assert [x["grid"] for x in chunked[:4]] == [
+                ["T", nk], [nv, "cdiv(T,64)"], [nv, dv // cols], ["T"]
+            ]  # fmt: skip
+            # their scratch: one region, the same for every layer
+            assert len({str(x["args"][-1]) for x in chunked}) == 1
 
 
 def test_gated_partial_rope_attention_on_sm90(hybrid):

@@ -15,6 +15,7 @@ Qwen2-MoE's shared expert follows as a GLU GEMV and a down GEMV with the gated r
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -148,3 +149,33 @@ def test_bf16_experts_prefill_on_gfx1201_wmma(bf16):
     gemms = [x for x in steps(bf16, "gfx1201")["prefill"] if x["group"] == "l0.moe"][2:4]
     assert [x["kernel"].rsplit("_mma_", 1)[-1] for x in gemms] == ["gate_up", "down"]
     assert all(MMA_INSTRUCTION["gfx1201"] in code[x["kernel"]] for x in gemms)
+
+
+@pytest.fixture(scope="module")
+def olmoe_clip(tmp_path_factory):
+    """OLMoE with clip_qkv: q, k, v clamped as the attention kernels read them."""
+    root = tmp_path_factory.mktemp("olmoe_clip")
+    make_moe_model("olmoe-e5-k2-norm-clip").save_pretrained(root / "src")
+    return compiled(root, root / "src", ("sm_90", "gfx942"))
+
+
+def attention_bodies(artifact, target) -> dict[str, str]:
+    """The rendered source of each attention kernel (rope_kv, prefill, decode) by name."""
+    source = (artifact / "kernels" / f"{target}.hip").read_text()
+    bodies = {}
+    for part in source.split("\nHIPC_KERNEL ")[1:]:
+        name = re.match(r"void\s+(?:\w+\(\d+\)\s+)?(\w+)\(", part)  # after the bounds macro
+        if name and name.group(1).startswith("attention_"):
+            bodies[name.group(1)] = part
+    return bodies
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx942"])
+def test_olmoe_clip_qkv_in_the_attention_kernels(olmoe_clip, olmoe, target):
+    assert launched_kernels(olmoe_clip, target) <= set(kernel_code(olmoe_clip, target))
+    clipped = attention_bodies(olmoe_clip, target)
+    assert len(clipped) >= 3, sorted(clipped)  # rope_kv, a prefill attention, decode
+    assert all("hipc_clip(" in body and "0.4000000" in body for body in clipped.values())
+    # without clip_qkv the switch is off at compile time: no clamp is emitted
+    plain = attention_bodies(olmoe, target)
+    assert plain and not any("hipc_clip(" in body for body in plain.values())

@@ -3,8 +3,9 @@ reference executor (itself checked against transformers in tests/graphs/test_hyb
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). The tiny
 random-init hybrids of tests/support.py: prompts shorter than, equal to and several times the
-reference's 64-token delta-rule chunk, run in prefill steps of max_tokens (the GPU deltanet
-kernel carrying its states across steps) and then token by token (decode), with
+reference's 64-token delta-rule chunk, run in prefill steps of max_tokens (64: whole steps
+through the chunked deltanet kernels, a short last one through the token-serial kernel; 16:
+all token-serial; the states carried across steps) and then token by token (decode), with
 `--prefill-precision split` (float32-grade GEMMs and the SIMT attention): <= 2e-3 relative,
 32 greedy tokens equal. HF folders in float32 and bf16, llama.cpp-named GGUF files (tiled
 value heads; Qwen3-Next's packed b/a), routed and shared experts. The default bf16 policy
@@ -127,7 +128,8 @@ def test_qwen3_5_on_gpu(dtype, max_tokens, tmp_path):
     src = model(f"qwen3_5-{dtype}", tmp_path)
     gpu = _compile(src, tmp_path / "m.hipc", max_tokens)
     assert len(_deltanet_launches(gpu, "decode")) == 2  # two linear-attention layers
-    assert len(_deltanet_launches(gpu, "prefill")) == 2
+    # prefill: per layer the token-serial kernel, and from 64 tokens the four chunked ones
+    assert len(_deltanet_launches(gpu, "prefill")) == 2 * (5 if max_tokens >= 64 else 1)
     check(gpu, src)
 
 
@@ -147,6 +149,59 @@ def test_qwen3_next_on_gpu(source, tmp_path):
     and z split by llama.cpp's converter, b and a still packed."""
     src = model("qwen3_next-hf" if source == "hf" else "qwen3_next.gguf", tmp_path)
     check(_compile(src, tmp_path / "m.hipc", 64 if source == "hf" else 16), src)
+
+
+def _greedy_run(engine, prompt, n=12):
+    """(greedy tokens, the logits each step saw) of a new sequence, decoding through
+    submit/collect as the generation loop does."""
+    engine.reset()
+    logits = [engine.forward(prompt, 0)]
+    out = []
+    for i in range(n):
+        out.append(int(logits[-1].argmax()))
+        engine.submit([out[-1]], len(prompt) + i)
+        logits.append(engine.collect())
+    return out, np.stack(logits)
+
+
+def test_prefix_reuse_on_gpu_equals_fresh_runs(tmp_path):
+    """Recurrent-state snapshots on the device (runtime/recurrent.py over the cuda backend:
+    device-to-device copies every step of max_tokens positions and at a prompt's end): the
+    same prompt twice, a shared prefix, a next turn, an unrelated prompt, each equal to an
+    engine of the same artifact that never reuses (float rounding: the decode attention
+    splits its sums by the KV length)."""
+    src = model("qwen3_5-float32", tmp_path)
+    engine = _compile(src, tmp_path / "m.hipc", 16)
+    fresh = load_engine(tmp_path / "m.hipc", target="cuda")
+    fresh.sequence.max_snapshots = 0
+    every = engine.sequence.interval
+    assert every == 16
+    rng = np.random.default_rng(0)
+    vocab = engine.vocab_size
+
+    def same(prompt, reused):
+        got = _greedy_run(engine, prompt)
+        assert engine.reused == reused, (engine.reused, reused)
+        want = _greedy_run(fresh, prompt)
+        assert got[0] == want[0] and rel_err(got[1], want[1]) <= 1e-5, rel_err(got[1], want[1])
+        return got[0]
+
+    try:
+        a = rng.integers(0, vocab, 120).tolist()
+        answer = same(a, 0)
+        assert same(a, len(a)) == answer  # from the snapshot at its end
+        same(a[:100] + rng.integers(0, vocab, 30).tolist(), 100 // every * every)
+        # a next turn: a again (its end's snapshot is stale: the last prompt's K/V replaced
+        # a's from 100), then a, its answer and more: decoding crossed position 128
+        answer = same(a, 100 // every * every)
+        same(a + answer + rng.integers(0, vocab, 9).tolist(), 128)
+        d = rng.integers(0, vocab, 70).tolist()
+        while d[0] == a[0]:
+            d[0] = int(rng.integers(0, vocab))
+        same(d, 0)
+    finally:
+        engine.close()
+        fresh.close()
 
 
 def test_qwen3_5_bf16_prefill_policy_on_gpu(tmp_path):

@@ -3,7 +3,7 @@
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). The tiny
 random-init families of tests/graphs/test_moe.py (odd expert counts, top-k of 1, 2 and 8,
 renormalisation on and off, dense layers mixed in, Qwen2-MoE's gated shared expert,
-Mixtral's sliding window, OLMoE's q/k norm over the whole projection), from Hugging Face folders in float32 and bf16 and from
+Mixtral's sliding window, OLMoE's q/k norm over the whole projection and its clip_qkv), from Hugging Face folders in float32 and bf16 and from
 GGUF files with llama.cpp's stacked expert tensors in Q8_0 / Q4_0 / Q4_1: relative logit
 error <= 2e-3 over a prefill in chunks and token-by-token decode, greedy tokens equal
 (test_compiled_gpu.check).
@@ -32,6 +32,7 @@ FAMILIES = [
     "mixtral-e3-k2-sliding",
     "mixtral-e8-k1",
     "olmoe-e13-k8",
+    "olmoe-e5-k2-norm-clip",  # clip_qkv: q, k, v clamped as the attention kernels read them
 ]
 
 

@@ -1,22 +1,27 @@
-"""The Gated DeltaNet kernel (templates/hip/deltanet.hip.j2) alone on a real GPU, against NumPy.
+"""The Gated DeltaNet kernels (templates/hip/deltanet.hip.j2, the token-serial one;
+deltanet_chunk.hip.j2, the chunked prefill) alone on a real GPU, against NumPy.
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each case renders
-the kernel as compiler/kernels/deltanet.py does and runs a sequence of steps on one pair of
+the kernels as compiler/kernels/deltanet.py does and runs a sequence of steps on one pair of
 states (prefill steps of several tokens and decode steps of one, so the conv window and the
 delta-rule matrices carry from step to step), checked by tests/deltanet_cases.py (every
-output row NaN-poisoned first, both states, against NumPy in float64; the host test
-tests/compiler/test_gpu_deltanet_host.py runs the same cases without a GPU). Cases: grouped and tiled value heads, odd head counts, the
-three conv weight types, Qwen3-Next's projections packed per key head, and the Qwen3.5-35B
-shape (16 key / 32 value heads of 128), where 2 lanes share a state column (4 for dk 256).
+output row NaN-poisoned first, the chunked kernels' scratch too, both states, against NumPy's
+recurrence in float64; the host test tests/compiler/test_gpu_deltanet_host.py runs the same
+cases without a GPU). Cases: grouped and tiled value heads, odd head counts, the three conv
+weight types, Qwen3-Next's projections packed per key head, and the Qwen3.5-35B shape (16 key
+/ 32 value heads of 128) with one lane per state column (the default) and with two, and dk
+256 with the default two lanes and with four. The chunked prefill runs steps shorter than
+(serial), equal to and several times its chunk, and the two forms are compared with each
+other on one long step from the same random states; the chunked kernels as compiled for the
+device (sm_90: _solve's products on mma.sync), all SIMT (the path of targets without a
+matrix instruction), and with _scan on the matrix instruction too (not the compiled default
+until measured faster: bench_gpu_deltanet.py times it).
 """
 
 from __future__ import annotations
 
 import pytest
-from deltanet_cases import CASES, check_steps, params
-
-from hipc.compiler.kernels.deltanet import gpu_kernel
-from hipc.compiler.targets import GpuTarget
+from deltanet_cases import CASES, CHUNKED, check_forms, check_steps, device_specs
 
 from gpu_kernels import DeviceKernels
 
@@ -25,20 +30,45 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def kernels():
-    specs = {}
+    built = {}
 
     def build(arch):
-        for name, case in CASES.items():
-            k = gpu_kernel(f"dn_{name}", params(case), GpuTarget(arch).wave, [name])
-            specs[name] = (k.fn, k.threads)
-            yield (k.fn, k.template, k.ctx, 0)
+        specs, built["serial"], built["paths"] = device_specs(arch)
+        return specs
 
-    dev = DeviceKernels(lambda arch: list(build(arch)))
-    dev.specs = specs
+    dev = DeviceKernels(build)
+    dev.specs, dev.paths = built["serial"], built["paths"]
     yield dev
     dev.close()
+
+
+def on(kernels, path: str, name: str):
+    """Case `name`'s chunked kernels on `path`: "target" (as compiled), "simt" (the path of
+    targets without a matrix instruction), "mma_scan" (_scan on it too)."""
+    if name not in kernels.paths[path]:
+        pytest.skip(f"no {path} chunked kernels for {name} on this target")
+    return kernels.paths[path][name]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_deltanet_steps_match_numpy(kernels, name):
     check_steps(kernels, name)
+
+
+@pytest.mark.parametrize("path", ["target", "simt", "mma_scan"])
+@pytest.mark.parametrize("name", sorted(CHUNKED))
+def test_chunked_prefill_steps_match_numpy(kernels, name, path):
+    check_steps(kernels, name, on(kernels, path, name))
+
+
+@pytest.mark.parametrize(
+    ("name", "T"),
+    [("qwen35_35b", 64), ("qwen35_35b", 300), ("tiled_bf16", 200), ("next_packed_f16", 50)],
+)
+def test_chunked_and_serial_kernels_agree(kernels, name, T):
+    check_forms(kernels, name, T, on(kernels, "target", name))
+
+
+@pytest.mark.parametrize("path", ["simt", "mma_scan"])
+def test_other_chunked_paths_and_serial_kernels_agree(kernels, path):
+    check_forms(kernels, "qwen35_35b", 200, on(kernels, path, "qwen35_35b"))

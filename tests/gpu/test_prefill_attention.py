@@ -5,12 +5,15 @@ the matrix-instruction kernel (attention_flash: mma.sync, WMMA or MFMA; on NVIDI
 cache also its double-buffered cp.async form, which is not compiled into artifacts yet; the AMD
 forms are checked in host emulation by tests/compiler/test_gpu_flash_host.py, never yet on an
 AMD GPU) and the SIMT one (attention) as
-compiler/kernels/attention.py renders them for the device, fills the KV cache below start + T
-the way rope_kv leaves it (keys rotated, in the storage type; NaN past the prompt: nothing there
+compiler/kernels/attention.py renders them for the device, fills the paged KV pool the way
+rope_kv leaves it (keys rotated, in the storage type) at each sequence's positions through its
+block table (blocks scattered over the pool; every slot no sequence owns is NaN: nothing there
 may be read), and compares every query row's output (NaN-poisoned first) with softmax attention
 in float64: causal, sliding window, grouped-query heads, the per-head q norm, both RoPE pair
 layouts, both cache types, a prompt after a cached prefix (start > 0), T not a multiple of the
-64-row query block.
+64-row query block, and steps whose rows belong to several sequences (decode rows of other
+sequences before, inside and after a prefill chunk: the flash kernel's query blocks then hold
+rows of several sequences).
 
 Bars: the SIMT kernel computes in float32 (1e-5); the flash kernel rounds q (after RoPE and the
 scale) and the softmax weights P to bf16 for the matrix units, ~2^-9 per value, hence 5e-3.
@@ -31,6 +34,7 @@ from hipc.compiler.kernels.base import GPU_INDENT, GpuKernel
 from hipc.compiler.targets import GpuTarget
 
 from gpu_kernels import (
+    PREFILL_CTX,
     DeviceKernels,
     as_stored,
     attention_params,
@@ -42,6 +46,7 @@ from support import rel_err
 pytestmark = pytest.mark.gpu
 
 EPS = 1e-6
+CTX = PREFILL_CTX  # the compiled context: the block tables' stride
 # name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, start, T)
 CASES = {
     "llama8b_bf16": (32, 8, 128, 0, False, False, "bfloat16", 0, 300),
@@ -55,6 +60,16 @@ CASES = {
     "gated_partial_bf16": (5, 1, 64, 0, True, False, "bfloat16", 30, 150, 16, True),
     "gated_partial_f32_d128": (3, 3, 128, 0, True, False, "float32", 0, 70, 32, True),
     "partial_interleaved_f32": (4, 2, 64, 0, False, True, "float32", 3, 40, 48, False),
+    # OLMoE: q clamped as read (rope_kv clamps k and v: the cache here holds them as stored)
+    "clip_bf16": (16, 16, 64, 0, False, False, "bfloat16", 0, 130, 0, False, 0.5),
+}
+# cases whose step holds other sequences' rows too: [(sequence, first position, rows)], the
+# case's own chunk being sequence 0's
+MIXED = {
+    "llama8b_bf16": [(1, 40, 1), (0, 0, 0), (2, 0, 1), (3, 517, 1)],
+    "window_bf16": [(0, 0, 0), (1, 130, 1), (2, 63, 2)],
+    "prefix_start_bf16": [(4, 5, 1), (1, 70, 1), (0, 0, 0), (2, 31, 1), (3, 16, 1)],
+    "qknorm_interleaved_f32": [(1, 3, 1), (2, 90, 1), (0, 0, 0)],
 }
 
 
@@ -63,14 +78,14 @@ def kernel_specs(arch: str) -> dict:
     specs = {}
     for i, (name, case) in enumerate(CASES.items()):
         p, kv = attention_params(case, EPS), case[6]
-        fk = flash_attention(f"f{i}", p, GpuTarget(arch), [name], kv)
+        fk = flash_attention(f"f{i}", p, GpuTarget(arch), [name], kv, CTX)
         if fk is not None:
             specs[name, "flash"] = fk  # as compiled: K/V loaded, then used
         if kv == "bfloat16":
-            fk = flash_attention(f"g{i}", p, GpuTarget(arch), [name], kv, pipelined=True)
+            fk = flash_attention(f"g{i}", p, GpuTarget(arch), [name], kv, CTX, pipelined=True)
             if fk is not None and fk.ctx["pipelined"]:  # NVIDIA only
                 specs[name, "flash_pipelined"] = fk  # double-buffered with cp.async
-        kv_ctx = kv_context(kv)
+        kv_ctx = kv_context(kv, CTX)
         ctx = dict(
             nodes=[name],
             wave=GpuTarget(arch).wave,
@@ -98,21 +113,30 @@ def kernels():
 
 
 @pytest.mark.parametrize("variant", ["flash", "flash_pipelined", "simt"])
+@pytest.mark.parametrize("mixed", [False, True], ids=["one", "mixed"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_prefill_attention_matches_numpy(kernels, name, variant):
-    NH, _, D, _, norm, _, kv, start, T = CASES[name][:9]
+def test_prefill_attention_matches_numpy(kernels, name, variant, mixed):
+    NH, _, D, _, norm, _, kv = CASES[name][:7]
     spec = kernels.specs.get((name, variant))
     if spec is None:
         pytest.skip(f"{kernels.arch}: no {variant} prefill attention for this shape")
-    x = prefill_attention_inputs(CASES[name], 300 + sorted(CASES).index(name))
-    q, ldq, qw, cos_t, sin_t = x["q"], x["ldq"], x["qw"], x["cos_t"], x["sin_t"]
+    if mixed and name not in MIXED:
+        pytest.skip("a one-sequence case")
+    start, T = CASES[name][7:9]
+    segments = (
+        [(s, *((start, T) if s == 0 else (a, n))) for s, a, n in MIXED[name]] if mixed else None
+    )
+    x = prefill_attention_inputs(CASES[name], 300 + sorted(CASES).index(name), segments)
+    q, ldq, qw, cos_t, sin_t, T = x["q"], x["ldq"], x["qw"], x["cos_t"], x["sin_t"], x["T"]
     try:
         out = kernels.poisoned((T, NH * D))
         args = [
             ("u64", kernels.upload(q)),
             ("i32", ldq),
             *([("i32", T)] if variant != "simt" else []),
-            ("u64", kernels.upload(np.array([start], np.int32))),
+            ("u64", kernels.upload(x["pos"])),
+            ("u64", kernels.upload(x["seq"])),
+            ("u64", kernels.upload(x["tables"])),
             ("u64", kernels.upload(qw) if norm else 0),
             ("u64", kernels.upload(cos_t)),
             ("u64", kernels.upload(sin_t)),

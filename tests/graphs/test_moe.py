@@ -268,17 +268,29 @@ def test_bad_moe_config_is_one_line(tmp_path):
 
 
 @pytest.mark.oracle
-def test_info_counts_active_parameters(tmp_path, capsys):
+@pytest.mark.parametrize("kind", ["hf", "gguf", "artifact"])
+def test_info_counts_active_parameters(tmp_path, capsys, kind):
+    """`hipc info` of the HF folder, of a GGUF of it and of its compiled artifact: the
+    parameters transformers counts, and those a token reads."""
     from hipc.cli.main import main
 
+    from gguf_writer import write_gguf
+
     hf = make_moe_model("qwen2_moe-e11-k3-shared-norm-step2")
-    hf.save_pretrained(tmp_path)
-    assert main(["info", str(tmp_path)]) == 0
+    hf.save_pretrained(tmp_path / "m")
+    target = tmp_path / "m"
+    if kind == "gguf":
+        target = write_gguf(hf, tmp_path / "m.gguf", "qwen2moe", tokenizer=False)
+    elif kind == "artifact":
+        assert main(["compile", str(target), "-o", str(tmp_path / "m.hipc"), "-q"]) == 0
+        target = tmp_path / "m.hipc"
+    capsys.readouterr()
+    assert main(["info", str(target)]) == 0
     info = json.loads(capsys.readouterr().out)
     total = sum(p.numel() for p in hf.parameters())
     routed = sum(p.numel() for n, p in hf.named_parameters() if ".experts." in n)
     idle = routed * (11 - 3) // 11  # a token reads 3 of the 11 experts
-    assert info["graph"]["parameters"] == total
+    assert info["graph" if kind != "artifact" else "weights"]["parameters"] == total
     assert info["moe"]["experts"] == 11 and info["moe"]["active_experts"] == 3
     assert info["moe"]["shared_expert"] and info["moe"]["sparse_layers"] == 1
     assert info["moe"]["active_parameters"] == total - idle

@@ -234,7 +234,7 @@ def test_model_commands_given_an_artifact_say_they_take_a_model(capsys, tiny, tm
     out = tmp_path / "t.hipc"
     assert main(["compile", str(tiny), "-o", str(out), "-q"]) == 0
     capsys.readouterr()
-    for command in ("verify", "info", "compile"):
+    for command in ("verify", "compile"):
         rc, err = run_cli(capsys, command, str(out))
         assert_one_line_error(rc, err, str(out), f"hipc {command}` takes a model", str(tiny))
 

@@ -9,9 +9,10 @@ asynchronously at the next synchronize, sticky or not). `FakeCu` and `FakeHip` p
 behind cuda-bindings' and hip-python's calling conventions: functions returning
 `(error enum, *values)`. Every test runs against both backends.
 
-The toy plan: embed (ids -> x rows), addpos (x += start + t, KV row written), head
-(logits = x[last rows] @ W.T through a row_skip arena argument), and in prefill a
-kernel asking for 64 KiB of dynamic shared memory.
+The toy plan: embed (ids -> x rows), addpos (x += pos[t], written to the KV pool's slot of
+that position through the row's block table), head (logits = x[last rows] @ W.T through a
+row_skip arena argument), and in prefill a kernel asking for 64 KiB of dynamic shared
+memory (not in the batch list: which list ran shows).
 """
 
 from __future__ import annotations
@@ -39,12 +40,16 @@ from hipc.runtime.backends.cuda import CudaBackend
 from hipc.runtime.backends.gpu_common import PackedArgs, aligned_offsets
 from hipc.runtime.backends.hip import HipBackend
 
-V, H, MAX_TOKENS, MAX_CTX = 5, 4, 4, 16
+import batch_runs
+
+V, H, MAX_TOKENS, MAX_CTX, KV_BLOCK = 5, 4, 4, 64, 16
+KV_TABLE = MAX_CTX // KV_BLOCK
 SIGNATURES = {
     "embed": ["u64", "u64", "u64", "i32"],
-    "addpos": ["u64", "u64", "i32", "u64"],
+    "addpos": ["u64", "u64", "u64", "u64", "i32", "u64"],
     "head": ["u64", "u64", "u64", "i32", "i32"],
     "big": ["u64", "i32"],
+    "recur": ["u64", "i32", "u64"],
 }
 OOM, INVALID_VALUE, INVALID_IMAGE, NOT_FOUND, ILLEGAL_ADDRESS, OUT_OF_RESOURCES = (
     2,
@@ -157,6 +162,15 @@ class FakeGpu:
         ctypes.memmove(dst, bytes(buf[off : off + n]), n)
         return 0
 
+    def d2d(self, dst: int, src: int, n: int) -> int:
+        if e := self.enter("d2d", dst, src, n):
+            return e
+        dbuf, doff = self.find(dst)
+        sbuf, soff = self.find(src)
+        assert doff + n <= len(dbuf) and soff + n <= len(sbuf), "d2d past an allocation's end"
+        dbuf[doff : doff + n] = bytes(sbuf[soff : soff + n])
+        return 0
+
     def load_module(self, image: bytes):
         if e := self.enter("load_module", len(image)):
             return e, None
@@ -265,12 +279,19 @@ def k_embed(gpu, ids, emb, x, T, grid):
     gpu.view(x, np.float32, T * H)[:] = table[tok].reshape(-1)
 
 
-def k_addpos(gpu, x, start, T, kv, grid):
+def k_addpos(gpu, x, pos, seq, blocks, T, kv, grid):
     assert grid == (-(-T // 2), 1, 1)  # cdiv(T,2)
-    s = int(gpu.view(start, np.int32, 1)[0])
+    p = gpu.view(pos, np.int32, T).astype(np.int64)
+    sq = gpu.view(seq, np.int32, T)
+    buf, off = gpu.find(blocks)
+    tables = np.frombuffer(buf, np.int32, (len(buf) - off) // 4, off).reshape(-1, KV_TABLE)
     xs = gpu.view(x, np.float32, T * H).reshape(T, H)
-    xs += (s + np.arange(T, dtype=np.float32))[:, None]
-    gpu.view(kv, np.float32, MAX_CTX * H).reshape(MAX_CTX, H)[s : s + T] = xs
+    xs += p[:, None].astype(np.float32)
+    buf, off = gpu.find(kv)
+    pool = np.frombuffer(buf, np.float32, (len(buf) - off) // 4, off).reshape(-1, H)
+    slots = tables[sq, p // KV_BLOCK] * KV_BLOCK + p % KV_BLOCK
+    assert slots.max() < len(pool), "a KV write past the pool"
+    pool[slots] = xs
 
 
 def k_head(gpu, x_rows, w, logits, rows, two, grid):
@@ -284,7 +305,16 @@ def k_big(gpu, scratch, seven, grid):
     assert seven == 7
 
 
-KERNELS = {"embed": k_embed, "addpos": k_addpos, "head": k_head, "big": k_big}
+def k_recur(gpu, x, T, rec, grid):
+    """A recurrent state: rec = rec / 2 + x[t], then x[t] = rec, token after token."""
+    xs = gpu.view(x, np.float32, T * H).reshape(T, H)
+    r = gpu.view(rec, np.float32, H)
+    for t in range(T):
+        r[:] = r / 2 + xs[t]
+        xs[t] = r
+
+
+KERNELS = {"embed": k_embed, "addpos": k_addpos, "head": k_head, "big": k_big, "recur": k_recur}
 
 
 class FakeCu:
@@ -409,6 +439,10 @@ class FakeCu:
     def cuMemcpyDtoHAsync(self, dst, src, n, stream):
         return self._r(self.gpu.d2h(dst, src, n))
 
+    def cuMemcpyDtoDAsync(self, dst, src, n, stream):
+        assert stream == "stream"
+        return self._r(self.gpu.d2d(dst, src, n))
+
     def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         assert extra == 0 and stream == "stream"
         return self._r(self.gpu.launch(fn, (gx, gy, gz), (bx, by, bz), shared, params))
@@ -528,6 +562,10 @@ class FakeHip:
     def hipMemcpyDtoHAsync(self, dst, src, n, stream):
         return self._r(self.gpu.d2h(dst, src, n))
 
+    def hipMemcpyDtoDAsync(self, dst, src, n, stream):
+        assert stream == "stream"
+        return self._r(self.gpu.d2d(dst, src, n))
+
     def hipModuleLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         assert extra is None and stream == "stream"
         return self._r(self.gpu.launch(fn, (gx, gy, gz), (bx, by, bz), shared, params))
@@ -580,7 +618,9 @@ def section(big_shared: int = 64 * 1024) -> dict:
             "block": [64],
             "args": [
                 x,
-                {"kind": "input", "name": "start"},
+                {"kind": "input", "name": "pos"},
+                {"kind": "input", "name": "seq"},
+                {"kind": "input", "name": "blocks"},
                 {"kind": "int", "value": "T"},
                 {"kind": "state", "index": 1},
             ],
@@ -615,9 +655,11 @@ def section(big_shared: int = 64 * 1024) -> dict:
         "arena_bytes": 4 * H * MAX_TOKENS,
         "scratch_bytes": 64,
         "wave": 32,
+        "kv_block": KV_BLOCK,
         "steps": {
             "decode": [{**x, "overlap": x["kernel"] == "addpos"} for x in launches(1)],
             "prefill": prefill,
+            "batch": launches("rows"),
         },
     }
 
@@ -704,10 +746,11 @@ def _no_sync_env(monkeypatch):
     monkeypatch.delenv(gpu_common.SYNC_ENV, raising=False)
 
 
-def backend(api: str, artifact, gpu: FakeGpu, max_context: int | None = None):
+def backend(api: str, artifact, gpu: FakeGpu, max_context: int | None = None, kv_blocks=None):
+    kw = dict(max_context=max_context, kv_blocks=kv_blocks)
     if api == "cuda":
-        return CudaBackend(artifact, cu=FakeCu(gpu), max_context=max_context)
-    return HipBackend(artifact, hip=FakeHip(gpu), max_context=max_context)
+        return CudaBackend(artifact, cu=FakeCu(gpu), **kw)
+    return HipBackend(artifact, hip=FakeHip(gpu), **kw)
 
 
 def arch_of(api):
@@ -730,7 +773,7 @@ def test_packed_args_are_kernel_params():
 
 def test_resolved_pointers_and_row_skip():
     launch = Launch.from_json(section()["steps"]["prefill"][3])  # head
-    bases = Bases(1000, 2000, (3000, 4000), (5000, 6000), 7000, 8000, 9000)
+    bases = Bases(1000, 2000, (3000, 4000), (5000, 6000), 7000, 7100, 7200, 8000, 9000)
     # 3 tokens, last row only: the x argument skips (T - rows) rows of H floats
     assert launch.resolve(bases, 3, 1) == [
         ("u64", 1000 + 2 * H * 4),
@@ -748,14 +791,24 @@ def test_load_uploads_weights_and_zeroes_kv(api, artifact):
     gpu = FakeGpu()
     b = backend(api, artifact, gpu)
     assert (b.name, b.arch, b.max_tokens, b.vocab) == (api, arch_of(api), MAX_TOKENS, V)
-    assert b.kv_bytes == 4 * MAX_CTX * (3 + H)
+    pool = (KV_TABLE + 1) * KV_BLOCK  # one sequence's blocks and the padding rows' spare one
+    assert (b.kv_blocks, b.kv_table) == (KV_TABLE, KV_TABLE)
+    assert b.kv_bytes == 4 * pool * (3 + H)
     assert np.array_equal(gpu.view(b.bases.weights[0], np.float32, V * H), EMB.reshape(-1))
     assert np.array_equal(gpu.view(b.bases.weights[1], np.float32, V * H), W.reshape(-1))
     assert b.bases.weights[1] - b.bases.weights[0] == 256  # one block, aligned tensors
     assert b.bases.states[1] % 256 == 0
     memsets = [c for c in gpu.calls if c[0] == "memset"]
     # the KV cache, and the scratch buffer (counters kernels reset after use start at 0)
-    assert memsets == [("memset", b.bases.states[0], 0, 512), ("memset", b.bases.scratch, 0, 64)]
+    states = -(-4 * pool * 3 // 256) * 256 + 4 * pool * H
+    assert memsets == [
+        ("memset", b.bases.states[0], 0, states),
+        ("memset", b.bases.scratch, 0, 64),
+    ]
+    # the block tables: every row names the spare block, but SOLO: forward()'s identity
+    tables = gpu.view(b.bases.blocks, np.int32, (MAX_TOKENS + 2) * KV_TABLE).reshape(-1, KV_TABLE)
+    assert (tables[: b.SOLO] == KV_TABLE).all()
+    assert tables[b.SOLO].tolist() == list(range(KV_TABLE))
     b.close()
 
 
@@ -909,7 +962,10 @@ def test_oom_before_allocating(api, artifact):
     with pytest.raises(HipcError) as e:
         backend(api, artifact, gpu)
     msg = str(e.value)
-    b_needed = 512 + 512 + 64 + 64 + 32 + 4 + 4 * MAX_TOKENS * V
+    pool = (KV_TABLE + 1) * KV_BLOCK
+    states = -(-4 * pool * 3 // 256) * 256 + -(-4 * pool * H // 256) * 256
+    io = 16 * MAX_TOKENS + 4 * (MAX_TOKENS + 2) * KV_TABLE + 4 * MAX_TOKENS * V
+    b_needed = 512 + states + 64 + 64 + io
     assert f"({b_needed} bytes:" in msg and "(1000 bytes) are free of 80.00 GiB" in msg
     assert "--max-context" in msg and f"({MAX_CTX} positions now)" in msg
     assert "--max-tokens" in msg
@@ -920,9 +976,12 @@ def test_oom_before_allocating(api, artifact):
 def test_fit_positions_sizes_the_kv_cache_to_free_memory():
     # 2 layers of k and v, [positions, 8, 64] float32 = 2 KiB per position per state
     plan = {
-        "states": [{"name": f"s{i}", "dtype": "float32", "shape": [4096, 8, 64]} for i in range(4)]
+        "max_context": 4096,
+        "states": [{"name": f"s{i}", "dtype": "float32", "shape": [4096, 8, 64]} for i in range(4)],
     }
-    gpu = SimpleNamespace(arena_bytes=1 << 20, scratch_bytes=4096, max_tokens=8, vocab=1000)
+    gpu = SimpleNamespace(
+        arena_bytes=1 << 20, scratch_bytes=4096, max_tokens=8, vocab=1000, kv_block=16
+    )
     weights = [50 << 20]
     full = gpu_common.device_memory(plan, gpu, weights).total
     assert gpu_common.fit_positions(plan, gpu, weights, int(full / 0.95) + 1, 4096) == 4096
@@ -940,7 +999,8 @@ def test_kv_cache_for_an_admitted_context(api, artifact):
     full_kv = full._mem.kv_bytes
     full.close()
     b = backend(api, artifact, gpu, max_context=4)
-    assert b.max_context == 4 and b._mem.kv_bytes == full_kv * 4 // MAX_CTX
+    # one block for the sequence (of 4 for the compiled context) and the spare one
+    assert b.max_context == 4 and b._mem.kv_bytes == full_kv * 2 // (KV_TABLE + 1)
     b.close()
 
 
@@ -1160,6 +1220,370 @@ def test_reset_zeroes_recurrent_states_only(api, tmp_path):
         b.close()
 
 
+# -- stepping rows of many sequences ----------------------------------------------------
+
+
+def pool_of(gpu: FakeGpu, b) -> np.ndarray:
+    """The v state's pool: [(kv_blocks + 1) * KV_BLOCK, H]."""
+    return gpu.view(b.bases.states[1], np.float32, (b.kv_blocks + 1) * KV_BLOCK * H).reshape(-1, H)
+
+
+def rows_expected(ids, pos) -> np.ndarray:
+    return (EMB[np.asarray(ids)] + np.asarray(pos, np.float32)[:, None]) @ W.T
+
+
+def slot(tables, s, p) -> int:
+    return int(tables[s, p // KV_BLOCK]) * KV_BLOCK + p % KV_BLOCK
+
+
+def test_step_runs_rows_of_many_sequences_through_their_tables(api, artifact):
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu, kv_blocks=6)
+    assert (b.kv_blocks, b.kv_table, b.buckets) == (6, KV_TABLE, (1, 2, 4))
+    tables = np.array([[3, 0, 5, 1], [4, 2, 1, 0], [1, 5, 0, 2]], np.int32)
+    pool = pool_of(gpu, b)
+    pool[:] = np.nan
+    # a prefill chunk of sequence 0 crossing a block (positions 14..16) beside sequence 1's
+    # decode row: the prefill list, eager, every row's logits computed, out_rows returned
+    ids, pos, seq = [1, 2, 3, 4], [14, 15, 16, 20], [0, 0, 0, 1]
+    out = b.step(np.array(ids), np.array(pos), np.array(seq), tables, np.array([2, 3]))
+    np.testing.assert_allclose(out, rows_expected(ids, pos)[[2, 3]], rtol=1e-6)
+    assert [e[0] for e in gpu.executed] == ["embed", "addpos", "big", "head"]
+    assert gpu.executed[-1][1] == (V, 4, 1) and {e[5] for e in gpu.executed} == {"eager"}
+    # only the wanted rows come back: rows 2..3 in one copy
+    d2h = [c for c in gpu.calls if c[0] == "d2h"]
+    assert d2h[-1][2:] == (b.bases.logits + 2 * V * 4, 2 * V * 4)
+    out = b.step(np.array(ids), np.array(pos), np.array(seq), tables, np.array([0, 3]))
+    np.testing.assert_allclose(out, rows_expected(ids, pos)[[0, 3]], rtol=1e-6)
+    d2h = [c for c in gpu.calls if c[0] == "d2h"]
+    assert [c[2:] for c in d2h[-2:]] == [
+        (b.bases.logits, V * 4),
+        (b.bases.logits + 3 * V * 4, V * 4),
+    ]
+    written = {slot(tables, s, p): EMB[i] + p for i, p, s in zip(ids, pos, seq, strict=True)}
+    for at, want in written.items():
+        np.testing.assert_array_equal(pool[at], want)
+    # only the last row's logits wanted: the head reads row T-1 only
+    gpu.executed.clear()
+    out = b.step(np.array([0, 1]), np.array([17, 18]), np.array([0, 0]), tables, np.array([1]))
+    np.testing.assert_allclose(out, rows_expected([1], [18]), rtol=1e-6)
+    assert gpu.executed[-1][1] == (V, 1, 1)
+    written.update({slot(tables, 0, 17): EMB[0] + 17, slot(tables, 0, 18): EMB[1] + 18})
+
+    # three sequences, one row each: the batch list (no "big"), captured for bucket 4 with
+    # a padding row that writes the spare block only
+    gpu.executed.clear()
+    captures = gpu.count("begin_capture")
+    ids, pos, seq = [4, 0, 2], [19, 21, 3], [0, 1, 2]
+    out = b.step(np.array(ids), np.array(pos), np.array(seq), tables, np.arange(3))
+    np.testing.assert_allclose(out, rows_expected(ids, pos), rtol=1e-6)
+    assert gpu.count("begin_capture") == captures + 1
+    assert [e[0] for e in gpu.executed] == ["embed", "addpos", "head"]
+    assert {e[5] for e in gpu.executed} == {"graph"} and gpu.executed[0][1] == (4, 1, 1)
+    written.update({slot(tables, s, p): EMB[i] + p for i, p, s in zip(ids, pos, seq, strict=True)})
+    spare = b.kv_blocks * KV_BLOCK
+    np.testing.assert_array_equal(pool[spare], EMB[0])  # the padding row: id 0 at position 0
+    written[spare] = EMB[0]
+    for at in range(len(pool)):
+        if at in written:
+            np.testing.assert_array_equal(pool[at], written[at])
+        else:
+            assert np.isnan(pool[at]).all(), at  # nothing else was written
+    # four rows: the same bucket's graph again; two: bucket 2's; one: the decode graph
+    for n in (4, 2, 1, 3):
+        ids, pos = np.arange(n) % V, np.arange(n) + 30
+        out = b.step(ids, pos, np.arange(n), np.tile(tables[:1], (4, 1)), np.arange(n))
+        np.testing.assert_allclose(out, rows_expected(ids, pos), rtol=1e-6)
+    assert sorted(b._graphs) == [("batch", 2), ("batch", 4), ("decode", 1)]
+    assert gpu.count("begin_capture") == captures + 2  # decode: after the first prefill
+    b.close()
+
+
+def test_step_uploads_the_tables_only_when_they_change(api, artifact):
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu, kv_blocks=4)
+    tables = np.array([[0, 1, 2, 3], [3, 2, 1, 0]], np.int32)
+
+    def uploads():
+        return sum(1 for c in gpu.calls if c[0] == "h2d" and c[1] == b.bases.blocks)
+
+    before = uploads()
+    for _ in range(3):
+        b.step(np.array([1, 2]), np.array([5, 7]), np.array([0, 1]), tables, np.arange(2))
+    assert uploads() == before + 1
+    tables[1, 0] = 1
+    b.step(np.array([1, 2]), np.array([5, 7]), np.array([0, 1]), tables, np.arange(2))
+    assert uploads() == before + 2
+    b.close()
+
+
+def test_batches_past_the_buckets_run_eagerly(api, artifact, monkeypatch):
+    monkeypatch.setattr(gpu_common, "BUCKETS", (1, 2))
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu, kv_blocks=4)
+    tables = np.array([[0, 1, 2, 3]] * 3, np.int32)
+    ids, pos = np.array([1, 2, 3]), np.array([4, 9, 2])
+    out = b.step(ids, pos, np.arange(3), tables, np.arange(3))
+    np.testing.assert_allclose(out, rows_expected(ids, pos), rtol=1e-6)
+    assert {e[5] for e in gpu.executed} == {"eager"} and gpu.executed[0][1] == (3, 1, 1)
+    assert "big" not in [e[0] for e in gpu.executed]  # the batch list
+    b.close()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a["tables"].__setitem__((1, 1), 9), "outside the pool of 4"),
+        (lambda a: a["tables"].__setitem__((1, 1), -1), "outside the pool of 4"),
+        (lambda a: a.__setitem__("pos", np.array([5, 64])), "past the 64 positions"),
+        (lambda a: a.__setitem__("seq", np.array([0, 2])), "past the 64 positions or the tables"),
+        (lambda a: a.__setitem__("out", np.array([1, 0])), "ascending"),
+        (lambda a: a.__setitem__("tables", np.zeros((2, 3), np.int32)), "block tables must be"),
+    ],
+)
+def test_step_refuses_rows_the_kernels_cannot_trust(api, artifact, change, message):
+    gpu = FakeGpu()
+    b = backend(api, artifact, gpu, kv_blocks=4)
+    a = {
+        "ids": np.array([1, 2]),
+        "pos": np.array([5, 20]),
+        "seq": np.array([0, 1]),
+        "tables": np.array([[0, 1, 2, 3], [3, 2, 1, 0]], np.int32),
+        "out": np.arange(2),
+    }
+    change(a)
+    launches = gpu.count("launch")
+    with pytest.raises(HipcError, match=message):
+        b.step(a["ids"], a["pos"], a["seq"], a["tables"], a["out"])
+    assert gpu.count("launch") == launches
+    b.close()
+
+
+PROMPTS = [[1, 2, 3], [4, 0, 1, 2, 3, 4, 0, 1, 2], [3], [2, 2, 4, 1, 0, 3]]
+NEW = [5, 3, 6, 4]
+
+
+def test_the_batch_engine_runs_on_a_gpu_backend(api, artifact):
+    """runtime/batch.py unchanged on a GPU backend: sequences joining and leaving at different
+    steps, prompts chunked beside decode rows, each gets what it gets alone, every KV row
+    at its position's slot, and the pool is full again after."""
+    from hipc.runtime.batch import BatchEngine, batchable
+
+    gpu = FakeGpu()
+    eng = engine_mod.CompiledEngine(artifact, backend(api, artifact, gpu, kv_blocks=8))
+    assert batchable(eng)
+    want = {i: batch_runs.alone(eng, i, PROMPTS, NEW) for i in range(len(PROMPTS))}
+    for i, (tokens, logits) in want.items():
+        positions = range(len(PROMPTS[i]) - 1, len(PROMPTS[i]) + len(tokens) - 1)
+        fed = [PROMPTS[i][-1], *tokens[:-1]]
+        np.testing.assert_allclose(np.array(logits), rows_expected(fed, positions), atol=1e-5)
+    be = BatchEngine(eng, max_batch=4, prefill_chunk=2)
+    seen = []
+    real_step = eng.backend.step
+
+    def spy(ids, pos, seq, tables, out_rows):
+        seen.append((len(ids), len(set(seq.tolist()))))
+        out = real_step(ids, pos, seq, tables, out_rows)
+        pool = pool_of(gpu, eng.backend)
+        for i, p, s in zip(ids, pos, seq, strict=True):
+            np.testing.assert_array_equal(pool[slot(tables, s, p)], EMB[i] + np.float32(p))
+        return out
+
+    eng.backend.step = spy
+    got = batch_runs.run(be, [0, 0, 1, 3], NEW, PROMPTS)
+    assert got.keys() == want.keys()
+    for i in want:
+        assert got[i][0] == want[i][0]
+        for g, w in zip(got[i][1], want[i][1], strict=True):
+            # the fake head's matrix product rounds by the number of rows
+            np.testing.assert_allclose(g, w, atol=1e-6)
+    # steps of every kind: prefill chunks beside decode rows, decode rows only, one row
+    kinds = {"mixed" if d < n else "batch" if n > 1 else "one" for n, d in seen}
+    assert kinds == {"mixed", "batch", "one"}, seen
+    batch_runs.assert_pool_full(be)
+    eng.close()
+
+
+def test_eager_batch_and_prefill_steps_of_one_size_keep_their_lists(api, tmp_path, monkeypatch):
+    """Without graphs (HIPC_SYNC_LAUNCHES=1) launches are packed once per step shape: a batch
+    step and a prefill step of the same rows are different lists, even of one length."""
+
+    def batch_like_prefill(plan):
+        for section in plan["targets"].values():
+            batch = json.loads(json.dumps(section["steps"]["prefill"]))
+            batch[2]["args"][0]["offset"] = 32  # "big" on another scratch address
+            section["steps"]["batch"] = batch
+
+    art = load_artifact(write_artifact(tmp_path / "b.hipc", edit=batch_like_prefill))
+    monkeypatch.setenv(gpu_common.SYNC_ENV, "1")
+    gpu = FakeGpu()
+    b = backend(api, art, gpu, kv_blocks=4)
+    tables = np.array([[0, 1, 2, 3], [3, 2, 1, 0]], np.int32)
+    for seq, offset in (([0, 1], 32), ([0, 0], 16), ([1, 0], 32)):
+        gpu.executed.clear()
+        b.step(np.array([1, 2]), np.array([5, 6]), np.array(seq), tables, np.arange(2))
+        big = next(e for e in gpu.executed if e[0] == "big")
+        assert big[4][0] == b.bases.scratch + offset
+    b.close()
+
+
+def test_cancelling_on_a_gpu_backend_frees_the_blocks(api, artifact):
+    from hipc.runtime.batch import BatchEngine
+
+    eng = engine_mod.CompiledEngine(artifact, backend(api, artifact, FakeGpu(), kv_blocks=8))
+    be = BatchEngine(eng, max_batch=4, prefill_chunk=2)
+    for round_ in range(3):
+
+        def leave(i, step, round_=round_):
+            return step >= 1 + (i + round_) % 4
+
+        got = batch_runs.run(be, [0, 0, 1, 2], [20] * 4, PROMPTS, leave=leave)
+        assert len(got) == 4
+        batch_runs.assert_pool_full(be)
+    eng.close()
+
+
+# -- recurrent states: snapshots on the device ------------------------------------------
+
+
+def add_recurrent_layer(plan):
+    """A recurrent state (H floats) updated by the `recur` kernel after addpos, every step."""
+    plan["states"].append({"name": "rec", "kind": "recurrent", "dtype": "float32", "shape": [H]})
+    recur = {
+        "group": "g_rec",
+        "kernel": "recur",
+        "grid": [1],
+        "block": [32],
+        "args": [
+            {"kind": "arena", "offset": 0},
+            {"kind": "int", "value": "T"},
+            {"kind": "state", "index": 2},
+        ],
+    }
+    for sec in plan["targets"].values():
+        for steps in sec["steps"].values():
+            steps.insert(2, dict(recur))
+
+
+def toy_recurrent_logits(tokens):
+    """The toy model with the recurrent layer over a whole sequence from position 0, in NumPy."""
+    x = EMB[np.asarray(tokens)] + np.arange(len(tokens), dtype=np.float32)[:, None]
+    r = np.zeros(H, np.float32)
+    for t in range(len(tokens)):
+        r = r / 2 + x[t]
+        x[t] = r
+    return x @ W.T
+
+
+@pytest.fixture
+def recurrent_artifact(tmp_path):
+    return load_artifact(write_artifact(tmp_path / "rec.hipc", edit=add_recurrent_layer))
+
+
+def test_snapshot_and_restore_copy_on_the_device(api, recurrent_artifact):
+    gpu = FakeGpu()
+    b = backend(api, recurrent_artifact, gpu)
+    rec = gpu.view(b.bases.states[2], np.float32, H)
+    rec[:] = [1, 2, 3, 4]
+    allocs = gpu.count("malloc")
+    snap = b.snapshot()
+    assert gpu.count("malloc") == allocs + 1
+    assert ("d2d", snap, b.bases.states[2], 4 * H) in gpu.calls  # the recurrent state only
+    assert gpu.count("d2d") == 1 and gpu.count("d2h") == 0
+    b.reset()
+    assert not rec.any()
+    b.restore(snap)
+    np.testing.assert_array_equal(rec, [1, 2, 3, 4])
+    b.release(snap)
+    again = b.snapshot()  # the released buffer, not a new allocation
+    assert again == snap and gpu.count("malloc") == allocs + 1
+    b.close()
+    assert sorted(gpu.freed) == sorted(set(gpu.freed)) and snap in gpu.freed
+    assert not gpu.mem
+
+
+def test_no_snapshot_where_the_gpu_is_full(api, recurrent_artifact):
+    gpu = FakeGpu()
+    b = backend(api, recurrent_artifact, gpu)
+    gpu.free_bytes = 0
+    assert b.snapshot() is None  # the sequence keeps none there; nothing raised
+    b.close()
+
+
+def _greedy_run(engine, prompt, n=3):
+    """(greedy tokens, the logits each step saw) of a new sequence; decode through
+    submit/collect as the generation loop does."""
+    engine.reset()
+    logits = [engine.forward(prompt, 0)]
+    out = []
+    for i in range(n):
+        out.append(int(logits[-1].argmax()))
+        engine.submit([out[-1]], len(prompt) + i)
+        logits.append(engine.collect())
+    return out, np.stack(logits)
+
+
+def test_prefix_reuse_on_the_gpu_equals_fresh_runs(api, recurrent_artifact):
+    """runtime/recurrent.py over a GPU backend: snapshots every step (4 positions here) and
+    at a prompt's end; the same prompt twice, a shared prefix, a next turn, an unrelated
+    prompt, each equal to an engine that never reuses and to the toy model in NumPy."""
+    gpu = FakeGpu()
+    engine = engine_mod.CompiledEngine(recurrent_artifact, backend(api, recurrent_artifact, gpu))
+    fresh_backend = backend(api, recurrent_artifact, FakeGpu())
+    fresh = engine_mod.CompiledEngine(recurrent_artifact, fresh_backend)
+    assert engine.sequence is not None and engine.sequence.interval == MAX_TOKENS
+    fresh.sequence.max_snapshots = 0
+
+    def check(prompt, reused):
+        got = _greedy_run(engine, prompt)
+        assert engine.reused == reused
+        want = _greedy_run(fresh, prompt)
+        assert fresh.reused == 0
+        assert got[0] == want[0]
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+        model = toy_recurrent_logits(prompt + got[0])[len(prompt) - 1 :]
+        np.testing.assert_allclose(got[1], model, rtol=1e-5)
+        return got[0]
+
+    a = [1, 2, 3, 4, 0, 1, 2]
+    answer = check(a, 0)
+    launches = len(gpu.executed)
+    assert check(a, len(a)) == answer  # from the snapshot at its end: no prefill launched
+    assert not any(e[0] == "embed" and e[1] == (len(a), 1, 1) for e in gpu.executed[launches:])
+    check([*a[:6], 3, 3], 4)  # from the snapshot at 4, a whole step
+    # the first prompt again: b's K/V replaced a's from position 6, so its end's snapshot
+    # is stale and the one at 4 serves; then a next turn: decoding a crossed position 8,
+    # where a snapshot was taken
+    check(a, 4)
+    check(a + answer + [2], 8)
+    check([4, 4, 0], 0)  # nothing shared
+    assert gpu.count("d2d") > 0  # snapshots and restores: device-to-device copies
+    engine.close()
+    fresh.close()
+    assert not gpu.mem  # snapshots freed with the engine
+
+
+def test_decode_inside_a_span_is_submitted_asynchronously(api, recurrent_artifact):
+    gpu = FakeGpu()
+    engine = engine_mod.CompiledEngine(recurrent_artifact, backend(api, recurrent_artifact, gpu))
+    engine.reset()
+    engine.forward([1, 2, 3, 4, 0], 0)  # ends at 5, a snapshot there
+    syncs = gpu.count("sync")
+    engine.submit([1], 5)  # 5 -> 6: no boundary, nothing to copy
+    assert gpu.count("sync") == syncs  # queued, not waited for
+    engine.collect()
+    engine.submit([2], 6)
+    engine.collect()
+    copies = gpu.count("d2d")
+    engine.submit([3], 7)  # 7 -> 8 reaches a boundary: run in collect, then a snapshot
+    engine.collect()
+    assert gpu.count("d2d") == copies + 1
+    np.testing.assert_allclose(
+        engine.forward([0], 8), toy_recurrent_logits([1, 2, 3, 4, 0, 1, 2, 3, 0])[-1], rtol=1e-5
+    )
+    engine.close()
+
+
 class PlanCheckingGpu(FakeGpu):
     """Runs no kernel: each launch of a real AMD artifact's plan is held to its code object's
     metadata (support.amd_kernel_metadata): the block within the kernel's launch bounds and a
@@ -1227,7 +1651,7 @@ def test_amd_prefill_plan_on_the_fake_hip(arch, tmp_path):
         p = AttentionParams(
             NH=2, NKV=1, D=64, scale=0.125, window=0, interleaved=False, norm_eps=0.0
         )
-        fk = flash_attention("f", p, GpuTarget(arch), [], "bfloat16")
+        fk = flash_attention("f", p, GpuTarget(arch), [], "bfloat16", 128)
         for _, grid, block, shared, args, _ in flash:
             assert grid == (2, 2, 1) and block == (4 * wave, 1, 1)  # cdiv(70, 64) x heads
             assert shared == fk.shared and args[2] == T  # the kernel's T

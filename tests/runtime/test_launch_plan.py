@@ -89,13 +89,13 @@ def test_bindings_resolve_to_addresses():
                 {"kind": "arena", "offset": 8, "row_skip": 4},
                 {"kind": "weight", "index": 1},
                 {"kind": "state", "index": 0},
-                {"kind": "input", "name": "start"},
+                {"kind": "input", "name": "seq"},
                 {"kind": "int", "value": "rows"},
                 {"kind": "null"},
             ],
         }
     )
-    bases = Bases(1000, 2000, (10, 20), (30,), 40, 50, 60)
+    bases = Bases(1000, 2000, (10, 20), (30,), 40, 44, 50, 55, 60)
     assert launch.grid_dims(5, 5) == (3, 15, 1)
     assert launch.resolve(bases, 5, 1) == [
         ("u64", 1000 + 8 + 4 * 4 * 4),
@@ -105,6 +105,10 @@ def test_bindings_resolve_to_addresses():
         ("i32", 1),
         ("u64", 0),
     ]
+    # "start" was the GPU's one-sequence position before plan version 5
+    launch = Launch.from_json({"kernel": "k", "args": [{"kind": "input", "name": "start"}]})
+    with pytest.raises(ValueError, match="unknown step input 'start'"):
+        launch.resolve(bases, 1, 1)
 
 
 def test_a_compiled_plan_passes_the_check(tmp_path):

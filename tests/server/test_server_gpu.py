@@ -108,3 +108,51 @@ def test_structured_outputs_on_the_gpu(gpu_artifact, tmp_path):
             e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"]
         )
         assert streamed == whole
+
+
+def test_concurrent_requests_batch_on_the_gpu(gpu_artifact, tmp_path):
+    """8 concurrent requests share the GPU's steps (the batch graphs): the server's mean batch
+    is well above 1 and they finish in well under 8x one request's time; the pool is full
+    again after."""
+    import threading
+    import time
+
+    prompts = [f"Request {i}: the quick brown fox" for i in range(8)]
+    with running(
+        gpu_artifact, "--served-model-name", "g", "--max-batch", "8", log_dir=tmp_path
+    ) as server:
+        assert "up to 8 sequences per step" in server.log()
+
+        def ask(prompt: str) -> dict:
+            body = {"model": "g", "prompt": prompt, "max_tokens": 64, "temperature": 0,
+                    "ignore_eos": True}  # fmt: skip
+            status, _, raw = server.request("POST", "/v1/completions", body)
+            assert status == 200, (raw, server.log()[-4000:])
+            return json.loads(raw)
+
+        ask(prompts[0])  # the first batch graphs are captured on first use
+        t0 = time.perf_counter()
+        assert ask(prompts[1])["usage"]["completion_tokens"] == 64
+        single = time.perf_counter() - t0
+        before = server.metrics()
+        got: dict[int, dict] = {}
+        barrier = threading.Barrier(8)
+
+        def run(i: int) -> None:
+            barrier.wait()
+            got[i] = ask(prompts[i])
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        together = time.perf_counter() - t0
+        assert all(got[i]["usage"]["completion_tokens"] == 64 for i in range(8))
+        m = server.metrics()
+        steps = m["hipc_batch_size_count"] - before["hipc_batch_size_count"]
+        rows = m["hipc_batch_size_sum"] - before["hipc_batch_size_sum"]
+        assert rows / steps > 4, (rows, steps)
+        assert together < 0.4 * 8 * single, (together, single)
+        assert m["hipc_kv_blocks_used"] == 0

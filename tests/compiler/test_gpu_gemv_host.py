@@ -1,0 +1,123 @@
+"""The quantized decode GEMV (templates/hip/linear_gemv_q.hip.j2) run on the host: the
+rendered kernel compiled by a plain C++ compiler with HIPC_HOST_SIMT (each block's threads in
+step as host threads, the grid's blocks one after another), against NumPy in float64 on
+gguf-py's dequantized weights and x as the kernel holds it (test_gpu_prelude_host.stage_x).
+The geometries are small versions of the ones the H200 runs: waves streaming several row
+groups, long rows in several batches, rings of 2-4 batch buffers whose last turn is partial,
+rows past the end of the matrix. The outputs start as NaN, so an output no wave writes fails,
+and each block's shared memory starts poisoned (the harness), so a block that read staged x
+it did not write fails too.
+tests/gpu runs the same kernels on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import host_simt
+import numpy as np
+import pytest
+from test_gpu_prelude_host import aligned, blocks, gguf, stage_x
+
+from hipc.compiler.codegen.environment import render
+from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv
+from hipc.compiler.passes.repack import split_quant_blocks
+from hipc.compiler.targets import GpuTarget
+
+EPS = 1e-5
+
+# name: (wtype, N weight rows, K, epilogue, norm prologue, geometry)
+CASES = {
+    # 1-row groups, 3 rounds of a 2-stage ring, one batch per row (K 1024: 1 step per lane)
+    "q4_0_rows1_norm": ("q4_0", 45, 1024, "none", True, QuantGemv(2, 1, 1, 4, 1, 2, 4)),
+    # the rows pulled towards L2 before the wait (a no-op on the host: the indexing compiles)
+    "q4_0_l2_glu": (
+        "q4_0",
+        2 * 21,
+        1024,
+        "glu",
+        True,
+        QuantGemv(2, 2, 1, 3, 2, 3, l2_prefetch=True),
+    ),
+    # K 2304: 72 units, 3 steps per lane, batches of 2 (the last half empty), 3 stages; x in
+    # 9 staging rounds per thread, 8 loaded at once, then 1
+    "q4_0_residual_k2304_s3": (
+        "q4_0",
+        23,
+        2304,
+        "residual",
+        False,
+        QuantGemv(2, 1, 2, 3, 1, 3, xq_chunk=8),
+    ),
+    # gate/up pairs, 4 stages over 5 items per wave (the ring's last turn partial)
+    "q4_1_glu_norm_s4": ("q4_1", 2 * 19, 1024, "glu", True, QuantGemv(2, 2, 1, 2, 1, 4)),
+    "q8_0_rows2_residual": ("q8_0", 30, 2048, "residual", False, QuantGemv(2, 2, 1, 3, 1, 2)),
+    # the K-quants' 128-weight units: 4-row groups, rows past the end (N 21)
+    "q4_k_rows4_norm": ("q4_k", 21, 2048, "none", True, QuantGemv(2, 4, 1, 2, 1, 2)),
+    "q6_k_glu_s3": ("q6_k", 2 * 9, 1536, "glu", False, QuantGemv(2, 2, 1, 2, 1, 3)),
+    "q5_0_residual_s2": ("q5_0", 17, 1536, "residual", False, QuantGemv(2, 2, 2, 2, 1, 2)),
+    # one stage: the next item's loads copied in at the end of each step
+    "q4_k_copy_rows4": ("q4_k", 21, 2048, "residual", False, QuantGemv(2, 4, 1, 2, 1, 1)),
+    "q4_0_copy_k2304_glu": ("q4_0", 2 * 23, 2304, "glu", True, QuantGemv(2, 2, 2, 3, 1, 1)),
+}
+
+
+def params(case) -> LinearParams:
+    wtype, N, K, epilogue, norm, _ = case
+    return LinearParams(wtype, N, K, EPS if norm else 0.0, epilogue, bias=False)
+
+
+@pytest.fixture(scope="module", params=["int16", "int8"])
+def lib(request, tmp_path_factory):
+    kernels, wrappers, specs = [], [], {}
+    for i, (name, case) in enumerate(CASES.items()):
+        k = decode_gemv(
+            f"gemv{i}", params(case), GpuTarget("sm_90"), [name], case[5], request.param
+        )
+        specs[name] = k
+        kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
+        wrappers.append(
+            f'extern "C" void run_{k.fn}(const float* x, const void* W, const float* g, '
+            f"const float* r, float* y) {{\n"
+            f"  grid({k.grid[0]}, 1, {k.threads}, [=] {{ {k.fn}(x, W, g, nullptr, r, y); }}, "
+            f"{k.shared});\n}}"
+        )
+    code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
+    handle = host_simt.build(tmp_path_factory.mktemp("gemv"), f"gemv_{request.param}", code)
+    handle.specs, handle.activations = specs, request.param
+    return handle
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_quantized_gemv_on_the_host(lib, name):
+    wtype, N, K, epilogue, norm, geo = CASES[name]
+    spec = lib.specs[name]
+    groups = -(
+        -(N // 2 if epilogue == "glu" else N) // (geo.rows // 2 if epilogue == "glu" else geo.rows)
+    )
+    assert groups > spec.grid[0] * geo.waves, "every case streams several groups per wave"
+    n_out = N // 2 if epilogue == "glu" else N
+    rng = np.random.default_rng(sorted(CASES).index(name))
+    raw = blocks(wtype, N, K, rng)
+    w = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, wtype.upper()))
+    _wbuf, wptr = aligned(split_quant_blocks(raw, wtype))
+    x = (rng.standard_normal(K) * 3).astype(np.float32)
+    x[rng.integers(0, K, 4)] *= 30
+    g = (1 + 0.2 * rng.standard_normal(K)).astype(np.float32)
+    r = rng.standard_normal(n_out).astype(np.float32)
+    _, held = stage_x(x * g if norm else x, lib.activations)
+    acc = w.astype(np.float64) @ held
+    if norm:
+        acc = acc / np.sqrt(np.mean(x.astype(np.float64) ** 2) + EPS)
+    if epilogue == "glu":
+        want = acc[:n_out] / (1 + np.exp(-acc[:n_out])) * acc[n_out:]
+    else:
+        want = acc + (r if epilogue == "residual" else 0.0)
+    y = np.full(n_out, np.nan, np.float32)
+    ptr = ctypes.c_void_p
+    getattr(lib, f"run_{spec.fn}")(
+        x.ctypes.data_as(ptr), ptr(wptr), g.ctypes.data_as(ptr) if norm else None,
+        r.ctypes.data_as(ptr) if epilogue == "residual" else None, y.ctypes.data_as(ptr),
+    )  # fmt: skip
+    assert np.isfinite(y).all()
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

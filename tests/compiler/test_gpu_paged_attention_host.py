@@ -1,0 +1,173 @@
+"""The GPU prefill/batch attention kernels (templates/hip/rope_kv.hip.j2 then attention.hip.j2)
+on the host SIMT harness, against NumPy in float64: one step whose rows belong to several
+sequences (a prefill chunk continuing a cached prefix, decode rows, a first token), each
+sequence's blocks scattered over a pool through its block table, every slot no sequence owns
+NaN, outputs NaN-poisoned. What this checks is the paging: each row writes its key and value
+to its own slot and attends to its own sequence's positions only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import host_simt
+import numpy as np
+import pytest
+
+from hipc.base.launch_plan import KV_BLOCK
+from hipc.compiler.codegen.environment import render
+from hipc.compiler.kernels.attention import (
+    ATTN_WAVES,
+    kv_context,
+    prefill_signature,
+    rope_kv_signature,
+)
+from hipc.compiler.kernels.base import GPU_INDENT
+from hipc.compiler.reference.executor import round_bf16
+
+from gpu_kernels import attention_params, attention_switches, rope
+
+EPS = 1e-5
+WAVE = 32
+
+# name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, compiled context)
+CASES = {
+    "gqa_bf16_d64": (4, 2, 64, 0, False, False, "bfloat16", 96),
+    "window_qknorm_f32_d32": (4, 4, 32, 12, True, True, "float32", 64),
+    "gated_partial_f32_d32": (2, 1, 32, 0, False, False, "float32", 64, 0, 16, True),
+}
+# the step: (sequence's table row, positions of its rows this step); earlier positions are cached
+ROWS = [(2, [5, 6, 7]), (0, [37]), (3, [0]), (1, [16])]
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    code = []
+    for i, (name, case) in enumerate(CASES.items()):
+        p = attention_params(case, EPS)
+        ctx = {**kv_context(case[6], case[7]), **p.context(), "nodes": [name], "wave": WAVE}
+        kv = ctx["kv_type"]
+        rope_sig, attn_sig = rope_kv_signature(kv), prefill_signature(kv)
+        block = max(p.D // 2, WAVE)
+        code.append(
+            render("hip/rope_kv.hip.j2", fn=f"rope{i}", block=block,
+                   params=rope_sig.render(GPU_INDENT), **ctx)
+        )  # fmt: skip
+        code.append(
+            render("hip/attention.hip.j2", fn=f"attn{i}", waves=ATTN_WAVES,
+                   params=attn_sig.render(GPU_INDENT), **ctx)
+        )  # fmt: skip
+        code.append(
+            f'extern "C" void run{i}(int T, const float* q, int ldq, const float* k, int ldk, '
+            f"const float* v, int ldv, const int* pos, const int* seq, const int* blocks, "
+            f"const float* qw, const float* kw, const float* c, const float* s, {kv}* kc, "
+            f"{kv}* vc, float* out) {{\n"
+            f"  grid(T, {p.NKV}, {block}, [=] {{ rope{i}(k, ldk, v, ldv, pos, seq, blocks, kw, "
+            f"c, s, kc, vc); }});\n"
+            f"  grid(T, {p.NH}, {ATTN_WAVES * WAVE}, [=] {{ attn{i}(q, ldq, pos, seq, blocks, qw, "
+            f"c, s, kc, vc, out); }});\n}}"
+        )
+    source = "#define __launch_bounds__(n)\n" + "\n".join(code)
+    return host_simt.build(tmp_path_factory.mktemp("paged"), "paged_host", source, WAVE)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rows_of_many_sequences_over_scattered_blocks(lib, name):
+    NH, NKV, D, window, norm, interleaved, kv, ctx = CASES[name][:8]
+    rot, gated = attention_switches(CASES[name])
+    r = rot or D
+    rng = np.random.default_rng(list(CASES).index(name))
+    table_len = -(-ctx // KV_BLOCK)
+    n_seq = 1 + max(s for s, _ in ROWS)
+    # each sequence's blocks, scattered over a pool with spare blocks (all NaN)
+    need = {s: -(-(max(ps) + 1) // KV_BLOCK) for s, ps in ROWS}
+    pool_blocks = sum(need.values()) + 5
+    perm = iter(rng.permutation(pool_blocks))
+    tables = np.full((n_seq, table_len), -1, np.int32)
+    for s, n in need.items():
+        tables[s, :n] = [next(perm) for _ in range(n)]
+
+    def slot(s, c):
+        return tables[s, c // KV_BLOCK] * KV_BLOCK + c % KV_BLOCK
+
+    pos = np.array([c for _, ps in ROWS for c in ps], np.int32)
+    seq = np.array([s for s, ps in ROWS for _ in ps], np.int32)
+    T = len(pos)
+    ldq = 2 * NH * D if gated else NH * D
+    q_in = rng.standard_normal((T, ldq)).astype(np.float32)
+    k = rng.standard_normal((T, NKV * D)).astype(np.float32)
+    v = rng.standard_normal((T, NKV * D)).astype(np.float32)
+    qw, kw = (1 + 0.2 * rng.standard_normal((2, D))).astype(np.float32)
+    ang = rng.uniform(0, 2 * np.pi, (ctx, r // 2))
+    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
+    # the cached positions before each sequence's first row this step (already rotated)
+    pools = [np.full((pool_blocks * KV_BLOCK, NKV, D), np.nan, np.float32) for _ in range(2)]
+    for s, ps in ROWS:
+        for c in range(ps[0]):
+            for pl in pools:
+                pl[slot(s, c)] = store(rng.standard_normal((NKV, D)))
+    if kv == "bfloat16":
+        kc, vc = ((pl.view(np.uint32) >> 16).astype(np.uint16) for pl in pools)
+
+        def widen(a):
+            return (a.astype(np.uint32) << 16).view(np.float32)
+    else:
+        kc, vc = (pl.copy() for pl in pools)
+
+        def widen(a):
+            return a
+
+    out = np.full((T, NH * D), np.nan, np.float32)
+    ptr = ctypes.c_void_p
+    args = [q_in, ldq, k, NKV * D, v, NKV * D, pos, seq, tables, qw, kw, cos_t, sin_t, kc, vc, out]
+    getattr(lib, f"run{list(CASES).index(name)}")(
+        ctypes.c_int(T),
+        *(ctypes.c_int(a) if isinstance(a, int) else a.ctypes.data_as(ptr) for a in args),
+    )
+
+    def normed(x, w):
+        x = x.astype(np.float64)
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + EPS) * w if norm else x
+
+    def rotated(x, c):
+        x = x.copy()
+        x[..., :r] = rope(x[..., :r], cos_t[c], sin_t[c], interleaved)
+        return x
+
+    # the step's keys and values went to their rows' slots, nothing else changed
+    K, Vv = widen(kc).astype(np.float64), widen(vc).astype(np.float64)
+    written = set()
+    for t in range(T):
+        at = slot(seq[t], pos[t])
+        written.add(at)
+        kn = store(rotated(normed(k[t].reshape(NKV, D), kw), pos[t]))
+        np.testing.assert_allclose(K[at], kn, rtol=2.0**-7 if kv == "bfloat16" else 1e-5, atol=1e-6)
+        np.testing.assert_array_equal(Vv[at], store(v[t].reshape(NKV, D)))
+    untouched = [i for i in range(len(kc)) if i not in written]
+    np.testing.assert_array_equal(kc[untouched], kc0_of(pools, kv)[untouched])
+
+    group = NH // NKV
+    want = np.empty((T, NH, D))
+    for t in range(T):
+        s, p = seq[t], pos[t]
+        lo = max(0, p - window + 1) if window else 0
+        slots = [slot(s, c) for c in range(lo, p + 1)]
+        qr = rotated(normed(q_in[t].reshape(NH, -1)[:, :D], qw), p)
+        for h in range(NH):
+            sc = K[slots, h // group] @ qr[h] * D**-0.5
+            e = np.exp(sc - sc.max())
+            want[t, h] = e @ Vv[slots, h // group] / e.sum()
+        if gated:
+            gate = q_in[t].reshape(NH, 2 * D)[:, D:].astype(np.float64)
+            want[t] /= 1 + np.exp(-gate)
+    want = want.reshape(T, NH * D)
+    err = float(np.max(np.abs(out - want)) / np.max(np.abs(want)))
+    assert err <= 1e-5, (name, err)
+
+
+def kc0_of(pools, kv):
+    """The key pool as it was before the step, in the kernel's storage type."""
+    if kv == "bfloat16":
+        return (pools[0].view(np.uint32) >> 16).astype(np.uint16)
+    return pools[0]

@@ -1,0 +1,155 @@
+"""Continuous batching on a real GPU: runtime/batch.py's BatchEngine over GpuBackend.step.
+
+Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Sequences with
+different prompt lengths join and leave at different steps, prompts are prefilled in chunks
+beside decode rows, batches of one row per sequence run the bucket graphs (with padding
+rows), and each sequence must give what it gives alone (alone: the decode graph of one row
+for every token after the prompt). A row's result does not depend on the other rows of its
+step, but a decode row in a batch runs the GEMMs and the SIMT attention where alone it runs
+the GEMVs and the split-K decode attention, which sum in another order:
+
+- `--prefill-precision split` (float32-accurate GEMMs, the float32 attention): logits within
+  2e-3 of the largest (tests/gpu/test_compiled_gpu.py's bar against the reference);
+- the default policy (bf16 operands in the GEMMs and the flash attention of prefill chunks):
+  within 0.1 (the bar test_compiled_gpu.py holds that policy to against the reference).
+
+Greedy tokens are equal, except where alone's two likeliest are within the bar: there a
+token may differ, and that sequence is compared no further.
+
+Cancelling sequences mid-stream (in prefill and in decode) gives every block back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipc.compiler.options import CompileOptions
+from hipc.compiler.pipeline import compile_model
+from hipc.runtime.batch import BatchEngine
+from hipc.runtime.engine import load_engine
+
+from batch_runs import alone, assert_pool_full, run
+from support import rel_err, write_tiny_hf
+
+pytestmark = pytest.mark.gpu
+TARGET = "sm_90"
+STEP = 16  # tokens per step: longer prompts prefill in chunks
+CONTEXT = 256
+RNG = np.random.default_rng(11)
+PROMPTS = [[int(t) for t in RNG.integers(0, 500, n)] for n in (3, 17, 40, 1, 33, 70, 5, 9, 2)]
+NEW = [10, 7, 12, 5, 9, 6, 14, 8, 11]
+BARS = {"split": 2e-3, "bf16": 0.1}
+
+
+@pytest.fixture(scope="module", params=["split", "bf16"])
+def engine(request, tmp_path_factory):
+    from hipc.runtime.backends import cuda
+
+    if cuda.probe()[0] is None:
+        pytest.skip("no NVIDIA GPU")
+    root = tmp_path_factory.mktemp("batch")
+    # head dim 64: the flash prefill attention under the default policy
+    folder = write_tiny_hf(
+        root / "m",
+        dtype="bfloat16",
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=512,
+        max_position_embeddings=CONTEXT,
+    )
+    out = root / "m.hipc"
+    options = CompileOptions(
+        targets=(TARGET,),
+        max_context=CONTEXT,
+        max_tokens=STEP,
+        prefill_precision=request.param,
+    )
+    compile_model(folder, out, options, verbose=False)
+    e = load_engine(out, target="cuda", kv_pool_tokens=60 * 16)
+    yield e, request.param
+    e.close()
+
+
+def assert_like_alone(got, want, policy: str) -> None:
+    bar = BARS[policy]
+    for k, (g, w) in enumerate(zip(got[1], want[1], strict=True)):
+        assert rel_err(g, w) <= bar, (k, rel_err(g, w))
+        if got[0][k] != want[0][k]:
+            top2 = np.sort(w)[-2:]
+            assert top2[1] - top2[0] <= bar * np.abs(w).max(), k
+            return
+    assert got[0] == want[0]
+
+
+def test_every_sequence_of_a_batch_gives_what_it_gives_alone(engine):
+    eng, policy = engine
+    want = {i: alone(eng, i, PROMPTS, NEW) for i in range(len(PROMPTS))}
+    be = BatchEngine(eng, max_batch=STEP, prefill_chunk=8)
+    sizes = []
+    step = be.step
+
+    def counting():
+        out = step()
+        sizes.append(be.last_batch)
+        return out
+
+    be.step = counting
+    got = run(be, [0, 0, 2, 3, 5, 5, 0, 1, 9], NEW, PROMPTS)
+    for i in want:
+        assert_like_alone(got[i], want[i], policy)
+    assert_pool_full(be)
+    # batches of several sizes ran, some padded up to their bucket
+    graphs = {rows for kind, rows in eng.backend._graphs if kind == "batch"}
+    assert len(graphs) >= 2 and max(sizes) >= 5, (graphs, sizes)
+
+
+def test_many_decode_rows_pad_up_to_the_bucket(engine):
+    """12 sequences decoding together: the 16-row bucket graph with 4 padding rows."""
+    eng, policy = engine
+    prompts = [[7 + i, 100 + 3 * i, 200 - i] for i in range(12)]
+    new = [6] * 12
+    want = {i: alone(eng, i, prompts, new) for i in (0, 5, 11)}
+    be = BatchEngine(eng, max_batch=STEP)
+    got = run(be, [0] * 12, new, prompts)
+    for i in want:
+        assert_like_alone(got[i], want[i], policy)
+    assert ("batch", 16) in eng.backend._graphs
+    assert_pool_full(be)
+
+
+def test_cancelling_mid_stream_frees_the_blocks(engine):
+    eng, _ = engine
+    before = alone(eng, 2, PROMPTS, NEW)
+    be = BatchEngine(eng, max_batch=8, prefill_chunk=8)
+    total = be.pool.n_blocks
+    for round_ in range(3):
+
+        def leave(i, step, round_=round_):
+            return step >= 1 + (i + round_) % 4
+
+        got = run(be, [0, 0, 1, 1, 2, 3, 0, 0, 1], [30] * len(PROMPTS), PROMPTS, leave=leave)
+        assert len(got) == len(PROMPTS)
+        assert_pool_full(be)
+    assert be.pool.n_blocks == total
+    # the engine still computes what it did before the cancellations (the same kernels)
+    after = alone(eng, 2, PROMPTS, NEW)
+    assert after[0] == before[0]
+    assert rel_err(np.stack(after[1]), np.stack(before[1])) <= 1e-6
+
+
+def test_a_prefix_cache_hit_gives_what_a_miss_gives(engine):
+    """The second run of a prompt takes its full blocks from the first's (prefix caching) and
+    computes only the rest: the same chunks of the same rows, so the same logits."""
+    eng, _ = engine
+    be = BatchEngine(eng, max_batch=4)
+    prompt = PROMPTS[5]  # 70 tokens: 4 full blocks to share
+    miss = run(be, [0], [8], [prompt])[0]
+    hits = be.pool.hit_tokens
+    hit = run(be, [0], [8], [prompt])[0]
+    assert be.pool.hit_tokens - hits == 64
+    assert hit[0] == miss[0]
+    assert rel_err(np.stack(hit[1]), np.stack(miss[1])) <= 1e-6
+    assert_pool_full(be)
