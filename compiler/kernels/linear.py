@@ -488,6 +488,14 @@ class MmaTile:
     min_blocks: int = 1  # NVIDIA: blocks per SM to fit registers for (__launch_bounds__)
     a_regs: int = 4  # 32-bit registers per lane of one 16 x 16 A fragment
 
+    def fields(self) -> dict:
+        """The geometry the mma GEMM templates (linear_mma, moe_mma) place."""
+        return dict(instruction=self.instruction, bm=self.bm, bn=self.bn, bk=self.bk,
+                    wm=self.wm, wn=self.wn, min_blocks=self.min_blocks)  # fmt: skip
+
+    def threads(self, wave: int) -> int:
+        return self.wm * self.wn * wave
+
     def shared_bytes(self, split: bool, quant: bool = False) -> int:
         """Two stages of x (hi and, split, lo: bm rows each) and W (bn rows), bf16, rows
         padded by 8; quantized weights add each stage's 16-weight groups: (scale, offset)
@@ -753,18 +761,12 @@ def prefill_gemm(
         quant=quant,
         has_offset=ws in ("q4_1", "q5_1", "q4_k", "q5_k"),
         block_values=QUANT_TYPES[ws].block_values if quant else 0,
-        instruction=tile.instruction,
-        bm=tile.bm,
-        bn=tile.bn,
-        bk=tile.bk,
-        wm=tile.wm,
-        wn=tile.wn,
-        min_blocks=tile.min_blocks,
+        **tile.fields(),
         bn_out=bn_out,
         split=split,
         shared=shared,
     )
-    threads = tile.wm * tile.wn * wave
+    threads = tile.threads(wave)
     name = f"{fn}_mma_split" if split else f"{fn}_mma"
     return GpuKernel(name, "linear_mma", ctx, [], threads, shared, bn_out, tile.bm)
 

@@ -282,29 +282,23 @@ def gpu_kernels(
     gate_up = GroupedGemm(f"{prefill.fn}_gate_up", -(-p.F // TILE), 256)
     down = GroupedGemm(f"{prefill.fn}_down", -(-p.H // TILE), 256)
     if tile is not None:
+        # the grouped GEMMs stage x as bf16 hi + lo (as the dense GEMM's `split` policy)
+        threads_mma, smem = tile.threads(wave), tile.shared_bytes(split=True, quant=quant)
         mma = GpuKernel(
             f"{fn}_mma",
             "moe_mma",
             dict(
                 common,
-                instruction=tile.instruction,
-                bm=tile.bm,
-                bn=tile.bn,
-                bk=tile.bk,
-                wm=tile.wm,
-                wn=tile.wn,
-                min_blocks=tile.min_blocks,
+                **tile.fields(),
                 has_offset=p.wtype == "q4_1",
                 max_tiles=tiles,
                 gate_up_params=GATE_UP.render(GPU_INDENT + 8),
                 down_params=PREFILL_DOWN.render(GPU_INDENT + 5),
             ),
             [],
-            tile.wm * tile.wn * wave,
-            tile.shared_bytes(split=True, quant=quant),
+            threads_mma,
+            smem,
         )
-        # the grouped GEMMs stage x as bf16 hi + lo (as the dense GEMM's `split` policy)
-        threads_mma, smem = tile.wm * tile.wn * wave, tile.shared_bytes(split=True, quant=quant)
         gate_up = GroupedGemm(f"{mma.fn}_gate_up", -(-p.F // (tile.bn // 2)), threads_mma, smem)
         down = GroupedGemm(f"{mma.fn}_down", -(-p.H // tile.bn), threads_mma, smem)
     return MoEGpu(
