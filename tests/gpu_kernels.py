@@ -129,6 +129,28 @@ def held_x(x: np.ndarray, activations: str) -> np.ndarray:
     return (dq * (254 * hi.astype(np.float64) + lo)).reshape(-1)
 
 
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """float32 rounded to the nearest bfloat16 (ties to even, as the prelude's
+    hipc_f32_to_bf16), as float64."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)
+    return u.view(np.float32).astype(np.float64)
+
+
+def experts_bf16_once(x, ids, w, gate, up, down) -> np.ndarray:
+    """The routed experts' sum (no residual) with x and each act row rounded to bf16, as the
+    grouped prefill GEMMs take them at --prefill-precision bf16; float64 otherwise."""
+    xb = bf16_round(x)
+    T, k = ids.shape
+    out = np.zeros((T, down.shape[1]))
+    for t in range(T):
+        for j in range(k):
+            e = ids[t, j]
+            g, u = xb[t] @ gate[e].T, xb[t] @ up[e].T
+            out[t] += w[t, j] * (down[e] @ bf16_round(g / (1 + np.exp(-g)) * u))
+    return out
+
+
 # -- weights in their storage types -----------------------------------------------------
 
 

@@ -146,6 +146,38 @@ MOE_MMA_TILES = {
         MmaTile("HIPC_MMA_MFMA", "v_mfma_f32_16x16x16_bf16", TILE, 128, 32, 1, 4),
     ),
 }
+# Shorter tiles on NVIDIA for experts with few rows each: a prefill step of T tokens gives an
+# expert T * k / E rows on average (16 for the Qwen3.5-35B shape at 512 tokens: a 64-row tile
+# multiplies 48 rows of padding). The same 128 weight rows a block; the waves all along the
+# outputs once the rows are one or two MMA tiles. Rows: the tile list's granularity too.
+_NV_SHORT = {
+    32: MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 32, 128, 32, 1, 8),
+    16: MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 16, 128, 32, 1, 4),
+}
+MOE_SHORT_TILES = dict.fromkeys(("sm_80", "sm_89", "sm_90"), _NV_SHORT)
+
+
+def tile_rows(tokens: int, p: MoEParams, arch: str) -> int:
+    """The prefill tiles' rows for a step of `tokens`: the shortest one the arch has whose
+    4/3 the average expert (tokens * k / E rows) does not pass, else TILE."""
+    for bm, lo, hi in tile_ranges(tokens, p, arch):
+        if lo <= tokens <= hi:
+            return bm
+    return TILE
+
+
+def tile_ranges(max_tokens: int, p: MoEParams, arch: str) -> list[tuple[int, int, int]]:
+    """(rows, lo, hi): steps of lo..hi tokens group their rows in tiles of `rows`, covering
+    1..max_tokens (a compiled model launches each height's GEMMs for its steps only)."""
+    out, lo = [], 1
+    for bm in sorted(MOE_SHORT_TILES.get(arch, {})):
+        hi = min(max_tokens, bm * 4 * p.E // (3 * p.top_k))
+        if hi >= lo:
+            out.append((bm, lo, hi))
+            lo = hi + 1
+    if lo <= max_tokens:
+        out.append((TILE, lo, max_tokens))
+    return out
 
 
 @dataclass(frozen=True)
@@ -196,16 +228,25 @@ class MoEGpu:
         }
 
 
-def max_tiles(max_tokens: int, p: MoEParams) -> int:
-    """Tiles of TILE rows, none straddling two experts: each expert with rows adds at most one
+def max_tiles(max_tokens: int, p: MoEParams, bm: int = TILE) -> int:
+    """Tiles of bm rows, none straddling two experts: each expert with rows adds at most one
     partial tile to the full ones."""
     pairs = max_tokens * p.top_k
-    return pairs // TILE + min(p.E, pairs)
+    return pairs // bm + min(p.E, pairs)
 
 
 def gpu_kernels(
-    fn: str, p: MoEParams, target: GpuTarget, nodes: list[str], max_tokens: int
+    fn: str,
+    p: MoEParams,
+    target: GpuTarget,
+    nodes: list[str],
+    max_tokens: int,
+    rows: int | None = None,
+    split: bool = True,
 ) -> MoEGpu:
+    """rows: the prefill tiles' rows (default tile_rows(); the SIMT GEMMs take TILE only);
+    split: the matrix-instruction GEMMs take x as bf16 hi + lo (--prefill-precision split),
+    else rounded to bf16 once (half the matrix work, as the dense prefill GEMMs by default)."""
     wave = target.wave
     ws = WEIGHT_SUFFIX[p.wtype]
     quant = p.wtype in _BLOCK
@@ -216,14 +257,13 @@ def gpu_kernels(
             f"{nodes[0]}: the GPU experts kernels need widths in multiples of {unit} "
             f"(hidden {p.H}, expert {p.F})"
         )
-    tiles = max_tiles(max_tokens, p)
     common = dict(nodes=nodes, wave=wave, wsuffix=ws, quant=quant, **p.context())
     threads = MOE_WAVES * wave
-    split, route_blocks = router_split(p, wave)
+    rsplit, route_blocks = router_split(p, wave)
     if p.router:
         common.update(
             rsuffix=WEIGHT_SUFFIX[p.router],
-            route_split=split,
+            route_split=rsplit,
             route_blocks=route_blocks,
             route_params=ROUTER.render(GPU_INDENT + 6),
         )
@@ -251,20 +291,29 @@ def gpu_kernels(
         threads,
     )
     tile = MOE_MMA_TILES.get(target.arch)
+    bm = tile_rows(max_tokens, p, target.arch) if rows is None else rows
+    if bm != TILE and tile is not None:
+        short = MOE_SHORT_TILES.get(target.arch, {})
+        if bm not in short:
+            raise ValueError(f"no {bm}-row MoE tile on {target.arch} (have {sorted(short)})")
+        tile = short[bm]
     if p.wtype not in ("bfloat16", *_BLOCK) or p.H % 8 or p.F % 8:
         tile = None  # bf16 weights as stored, 16 bytes at a time, or 32-weight blocks' quants
+    if tile is None:
+        bm = TILE  # the SIMT GEMMs' tiles
     elif quant and tile is not None:
         # as linear's quantized tiles: the groups' scales and partial products take registers
         tile = replace(tile, min_blocks=1)
         if not target.arch.startswith("sm_") and tile.shared_bytes(True, quant=True) > 64 << 10:
             tile = None
+    tiles = max_tiles(max_tokens, p, bm)
     prefill = GpuKernel(
         f"{fn}_prefill",
         "moe_prefill",
         dict(
             common,
             mma=tile is not None,
-            bm=TILE,
+            bm=bm,
             bn=TILE,
             max_tiles=tiles,
             route_params=ROUTER.render(0) if p.router else ROUTE.render(0),
@@ -282,8 +331,7 @@ def gpu_kernels(
     gate_up = GroupedGemm(f"{prefill.fn}_gate_up", -(-p.F // TILE), 256)
     down = GroupedGemm(f"{prefill.fn}_down", -(-p.H // TILE), 256)
     if tile is not None:
-        # the grouped GEMMs stage x as bf16 hi + lo (as the dense GEMM's `split` policy)
-        threads_mma, smem = tile.threads(wave), tile.shared_bytes(split=True, quant=quant)
+        threads_mma, smem = tile.threads(wave), tile.shared_bytes(split=split, quant=quant)
         mma = GpuKernel(
             f"{fn}_mma",
             "moe_mma",
@@ -291,6 +339,7 @@ def gpu_kernels(
                 common,
                 **tile.fields(),
                 has_offset=p.wtype == "q4_1",
+                split=split,
                 max_tiles=tiles,
                 gate_up_params=GATE_UP.render(GPU_INDENT + 8),
                 down_params=PREFILL_DOWN.render(GPU_INDENT + 5),
@@ -484,10 +533,28 @@ class MoE(KernelKind):
                 f"{k.refs['gate'][1]}: expert weight type {p.wtype} has no GPU MoE kernel "
                 f"(supported: {', '.join(GPU_WTYPES)})"
             )
-        return gpu_kernels(k.fn, p, g.target, k.nodes, g.max_tokens)
+        return gpu_kernels(
+            k.fn, p, g.target, k.nodes, g.max_tokens, split=g.prefill_precision == "split"
+        )
+
+    def _short(self, k: SelectedKernel, g: GpuProgramBuilder, m: MoEGpu):
+        """The prefill's other tile heights, for the shorter steps: [(MoEGpu, lo, hi)] (the
+        one of `m`, for the longest steps, is not among them)."""
+        if m.mma is None:
+            return [], (1, g.max_tokens)
+        ranges = tile_ranges(g.max_tokens, k.params, g.target.arch)
+        split = g.prefill_precision == "split"
+        out = [
+            (gpu_kernels(f"{k.fn}_r{bm}", k.params, g.target, k.nodes, hi, bm, split), lo, hi)
+            for bm, lo, hi in ranges[:-1]
+        ]
+        return out, ranges[-1][1:]
 
     def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
-        return self._gpu(k, g).scratch(g.max_tokens, k.params)
+        m = self._gpu(k, g)
+        s = m.scratch(g.max_tokens, k.params)
+        tiles = max([m.max_tiles] + [v.max_tiles for v, _, _ in self._short(k, g, m)[0]])
+        return {**s, "moe_tiles": 4 * (3 * tiles + 1)}
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: MoEParams = k.params
@@ -528,16 +595,24 @@ class MoE(KernelKind):
             g.launch("prefill", k.group, f"{pre}_route", ["T"], [256], ROUTE,
                      {"logits": logits, "ldl": b.int(b.ld(r["logits"][1])),
                       "route_ids": s["moe_ids"], "route_w": s["moe_w"]})  # fmt: skip
-        g.launch("prefill", k.group, f"{pre}_group", [1], [1024], GROUP,
-                 {"route_ids": s["moe_ids"], "T": b.int("T"), "src": s["moe_src"],
-                  "pos": s["moe_pos"], "tiles": s["moe_tiles"]})  # fmt: skip
-        gu, dn = m.gate_up, m.down
-        g.launch("prefill", k.group, gu.kernel, [gu.blocks_x, m.max_tiles], [gu.threads],
-                 GATE_UP, {"x": x, "src": s["moe_src"], "tiles": s["moe_tiles"], "gate": gate,
-                           "up": up, "act": s["moe_act"]}, shared=gu.shared)  # fmt: skip
-        g.launch("prefill", k.group, dn.kernel, [dn.blocks_x, m.max_tiles], [dn.threads],
-                 PREFILL_DOWN, {"act": s["moe_act"], "tiles": s["moe_tiles"], "down": down,
-                                "out": s["moe_out"]}, shared=dn.shared)  # fmt: skip
+        # the grouping and the grouped GEMMs at each tile height, for its steps (tile_ranges)
+        short, (lo, hi) = self._short(k, g, m)
+        for v, vlo, vhi in [*short, (m, lo, hi)]:
+            tokens = None if (vlo, vhi) == (1, g.max_tokens) else (vlo, vhi)
+            vpre = g.kernel(v.prefill)
+            if v.mma is not None:
+                g.kernel(v.mma)
+            g.launch("prefill", k.group, f"{vpre}_group", [1], [1024], GROUP,
+                     {"route_ids": s["moe_ids"], "T": b.int("T"), "src": s["moe_src"],
+                      "pos": s["moe_pos"], "tiles": s["moe_tiles"]}, tokens=tokens)  # fmt: skip
+            gu, dn = v.gate_up, v.down
+            g.launch("prefill", k.group, gu.kernel, [gu.blocks_x, v.max_tiles], [gu.threads],
+                     GATE_UP, {"x": x, "src": s["moe_src"], "tiles": s["moe_tiles"],
+                               "gate": gate, "up": up, "act": s["moe_act"]},
+                     shared=gu.shared, tokens=tokens)  # fmt: skip
+            g.launch("prefill", k.group, dn.kernel, [dn.blocks_x, v.max_tiles], [dn.threads],
+                     PREFILL_DOWN, {"act": s["moe_act"], "tiles": s["moe_tiles"], "down": down,
+                                    "out": s["moe_out"]}, shared=dn.shared, tokens=tokens)  # fmt: skip
         g.launch("prefill", k.group, f"{pre}_combine", ["T"], [256], COMBINE,
                  {"out": s["moe_out"], "pos": s["moe_pos"], "route_w": s["moe_w"], "res": res,
                   "y": y})  # fmt: skip

@@ -69,6 +69,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--chunked-only", action="store_true", help="time the chunked forms only")
     args = ap.parse_args()
     ks: dict[int, GpuKernel] = {}
     chunks: dict[str, GpuKernel] = {}
@@ -141,7 +142,7 @@ def main() -> None:
              "prefill 512 us/token | prefill 4096 us/token |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for lanes, k in ks.items():
-        if k.threads > 1024:
+        if k.threads > 1024 or args.chunked_only:
             continue
         run = serial(k)
         decode = timed(run, 1, args.steps)

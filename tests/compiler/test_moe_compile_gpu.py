@@ -82,11 +82,18 @@ def test_moe_kernels_in_every_code_object(olmoe, q4, shared, target):
         assert launched_kernels(art, target) <= set(code)
         group = f"{layer}.moe"
         decode = [x["kernel"] for x in steps(art, target)["decode"] if x["group"] == group]
-        prefill = [x["kernel"] for x in steps(art, target)["prefill"] if x["group"] == group]
-        # (the grouped GEMMs are _mma_ kernels for bf16 and quantized experts)
-        assert [k.split("_prefill_")[-1].split("_mma_")[-1] for k in prefill] == [
-            "route", "group", "gate_up", "down", "combine"
-        ]  # fmt: skip
+        launches = [x for x in steps(art, target)["prefill"] if x["group"] == group]
+        prefill = [x["kernel"] for x in launches]
+        # (the grouped GEMMs are _mma_ kernels for bf16 and quantized experts), once per tile
+        # height (moe.tile_ranges), each height for its step sizes: together every size once
+        kinds = [k.split("_prefill_")[-1].split("_mma_")[-1] for k in prefill]
+        heights = (len(kinds) - 2) // 3
+        assert kinds == ["route", *["group", "gate_up", "down"] * heights, "combine"]
+        max_tokens = json.loads((art / "plan.json").read_text())["max_tokens"]
+        ranges = [tuple(x.get("tokens", (1, max_tokens))) for x in launches[1:-1]]
+        assert ranges == [r for r in ranges[::3] for _ in range(3)]
+        covered = sorted(t for lo, hi in ranges[::3] for t in range(lo, hi + 1))
+        assert covered == list(range(1, max_tokens + 1))
         groups = [x["group"] for x in steps(art, target)["decode"]]
         i = groups.index(group)
         if art is shared:

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from hipc.compiler.ir import Node
-from hipc.compiler.kernels.moe import ROUTING, MoEParams, gpu_kernels
+from hipc.compiler.kernels.moe import MOE_SHORT_TILES, ROUTING, TILE, MoEParams, gpu_kernels
 from hipc.compiler.passes.repack import split_quant_blocks
 from hipc.compiler.reference.ops import IMPLS
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import DeviceKernels, pack
+from gpu_kernels import DeviceKernels, experts_bf16_once, pack
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -50,6 +50,8 @@ ROUTED = {
     "q8_0_e130_k1_rows_odd": ("float32", True),
 }
 EPS = 1e-6
+# cases whose prefill also runs at each tile height (compiler/kernels/moe.py, tile_rows)
+TILED = ("q4_0_qwen3_like", "bf16_e16_k4_wide", "q4_1_e7_k2")
 
 
 def params(case, routed=None) -> MoEParams:
@@ -58,23 +60,41 @@ def params(case, routed=None) -> MoEParams:
     return MoEParams(wtype, E, k, H, F, normalize, fused, residual, router, EPS if norm else 0.0)
 
 
+def device_specs(arch: str, kernels: dict) -> list:
+    """The kernels this file runs on `arch` (filling `kernels`: case -> MoEGpu), as
+    DeviceKernels builds them (also to build their code object ahead, with no GPU)."""
+    specs = [(ROUTING.fn, ROUTING.template, ROUTING.ctx, None)]
+    for i, (name, case) in enumerate(CASES.items()):
+        m = gpu_kernels(f"m{i}", params(case), GpuTarget(arch), [name], MAX_TOKENS)
+        kernels[name] = m
+        kinds = (m.decode, m.prefill, *([m.mma] if m.mma else []))
+        specs += [(k.fn, k.template, k.ctx, None) for k in kinds]
+    # every tile height the arch has, beside the one chosen for MAX_TOKENS; x as bf16 hi + lo
+    # (as above) and rounded to bf16 once (--prefill-precision bf16, the default)
+    for i, name in enumerate(TILED):
+        short = sorted(MOE_SHORT_TILES.get(arch, {}))
+        variants = [(r, True) for r in sorted({TILE, *short})] + [
+            (r, False) for r in {TILE, *short[:1]}
+        ]
+        for rows, split in variants:
+            m = gpu_kernels(f"t{i}_{rows}_{int(split)}", params(CASES[name]), GpuTarget(arch),
+                            [name], MAX_TOKENS, rows, split)  # fmt: skip
+            kernels[f"{name}@{rows}" + ("" if split else "/bf16")] = m
+            specs += [(k.fn, k.template, k.ctx, None) for k in (m.prefill, m.mma) if k]
+    for i, (name, routed) in enumerate(ROUTED.items()):
+        p = params(CASES[name], routed)
+        m = gpu_kernels(f"r{i}", p, GpuTarget(arch), [name], MAX_TOKENS)
+        kernels["routed:" + name] = m
+        specs += [(k.fn, k.template, k.ctx, None) for k in (m.decode, m.prefill)]
+    return specs
+
+
 @pytest.fixture(scope="module")
 def moe():
     kernels = {}
 
     def build(arch):
-        specs = [(ROUTING.fn, ROUTING.template, ROUTING.ctx, None)]
-        for i, (name, case) in enumerate(CASES.items()):
-            m = gpu_kernels(f"m{i}", params(case), GpuTarget(arch), [name], MAX_TOKENS)
-            kernels[name] = m
-            kinds = (m.decode, m.prefill, *([m.mma] if m.mma else []))
-            specs += [(k.fn, k.template, k.ctx, None) for k in kinds]
-        for i, (name, routed) in enumerate(ROUTED.items()):
-            p = params(CASES[name], routed)
-            m = gpu_kernels(f"r{i}", p, GpuTarget(arch), [name], MAX_TOKENS)
-            kernels["routed:" + name] = m
-            specs += [(k.fn, k.template, k.ctx, None) for k in (m.decode, m.prefill)]
-        return specs
+        return device_specs(arch, kernels)
 
     dev = DeviceKernels(build)
     dev.kernels = kernels
@@ -111,7 +131,7 @@ def stacked(wtype: str, w: np.ndarray, idle: np.ndarray):
     return raw, vals.reshape(E, N, K)
 
 
-def make(name: str, T: int, ties: bool = False, routed=None):
+def make(name: str, T: int, ties: bool = False, routed=None, skew: bool = False, values=None):
     """routed: (x, ids, w) given (the fused routing's), else drawn and routed here."""
     wtype, E, k, H, F, normalize, fused, residual = CASES[name]
     rng = np.random.default_rng(sorted(CASES).index(name) * 100 + T)
@@ -123,6 +143,8 @@ def make(name: str, T: int, ties: bool = False, routed=None):
     idle = rng.choice(E, size=max(1, E // 4) if k + 1 < E else 0, replace=False)
     if len(idle) and not ties:
         logits[:, idle] -= 40  # experts no token picks
+    if skew:  # the same k - 1 experts first for every token
+        logits[:, np.setdiff1d(np.arange(E), idle)[: max(1, k - 1)]] += 40
     ids, w = route(logits, k, normalize)
     if routed is not None:
         x, ids, w = routed
@@ -139,6 +161,8 @@ def make(name: str, T: int, ties: bool = False, routed=None):
         weights = [g_raw, u_raw]
     d_raw, d = stacked(wtype, down, idle)
     want = experts(x, ids, w, g, u, d) + (res if residual else 0.0)
+    if values is not None:  # the route's weights and the experts' exact values
+        values.extend([w, g, u, d])
     return x, logits, [*weights, d_raw], res, ids, want
 
 
@@ -243,9 +267,35 @@ def test_decode_with_the_router_fused_matches_numpy(moe, name):
 @pytest.mark.parametrize("T", [1, 7, MAX_TOKENS])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_prefill_matches_numpy(moe, name, T):
+    check_prefill(moe, name, name, T)
+
+
+@pytest.mark.parametrize("skew", [False, True])
+@pytest.mark.parametrize("T", [5, MAX_TOKENS])
+@pytest.mark.parametrize("rows", [16, 32, 64])
+@pytest.mark.parametrize("name", TILED)
+def test_prefill_tiles_match_numpy(moe, name, rows, T, skew):
+    """Each tile height; skew: every token's top choices the same few experts (rows past
+    several tiles of any height) and a quarter of the experts empty."""
+    if f"{name}@{rows}" not in moe.kernels:
+        pytest.skip(f"no {rows}-row MoE tile on {moe.arch}")
+    check_prefill(moe, name, f"{name}@{rows}", T, skew=skew)
+
+
+@pytest.mark.parametrize("rows", [16, 64])
+@pytest.mark.parametrize("name", TILED)
+def test_prefill_bf16_once_matches_numpy(moe, name, rows):
+    """x (and act) rounded to bf16 once: against NumPy rounding them the same way."""
+    if f"{name}@{rows}/bf16" not in moe.kernels:
+        pytest.skip(f"no {rows}-row MoE tile on {moe.arch}")
+    check_prefill(moe, name, f"{name}@{rows}/bf16", MAX_TOKENS, skew=True)
+
+
+def check_prefill(moe, name, kernels, T, skew=False):
     _wtype, E, k, H, F, *_, residual = CASES[name]
-    m = moe.kernels[name]
-    x, logits, (g, u, d), res, ids, want = make(name, T, ties=T == 7)
+    m = moe.kernels[kernels]
+    values = []
+    x, logits, (g, u, d), res, ids, want = make(name, T, ties=T == 7, skew=skew, values=values)
     pre, dev = m.prefill.fn, moe
     pairs = MAX_TOKENS * k
     try:
@@ -272,8 +322,15 @@ def test_prefill_matches_numpy(moe, name, T):
         dev.free()
     np.testing.assert_array_equal(got_ids, ids)
     counts = np.bincount(ids.reshape(-1), minlength=E)
-    assert n_tiles == sum(-(-c // 64) for c in counts) <= m.max_tiles
+    bm = m.prefill.ctx["bm"]
+    assert n_tiles == sum(-(-c // bm) for c in counts) <= m.max_tiles
     assert np.isfinite(got).all()
+    if m.mma is not None and not m.mma.ctx["split"]:
+        # rounded once (a float32 act may round the other way at a tie's edge, rarely)
+        once = experts_bf16_once(x, ids, *values) + (res if residual else 0.0)
+        assert rel_err(got, once) <= 2e-4, rel_err(got, once)
+        assert rel_err(got, want) > 1e-5  # the rounding shows: not the split path
+        return
     # the matrix instructions see x and act as bf16 hi + lo: about 16 significant bits
     assert rel_err(got, want) <= (1e-4 if m.mma else 1e-5), rel_err(got, want)
 
