@@ -19,6 +19,8 @@ pairs by expert on the device (count, prefix sum, scatter) and runs a grouped GE
 that never straddle two experts (bf16 and Q4_0/Q4_1/Q8_0 experts on the matrix instructions,
 moe_mma.hip.j2 after linear_mma's pipeline, quantized ones as their integer quants scaled per
 group; other types SIMT), then a combine kernel adds each token's k rows in a fixed order.
+The tiles are as tall as a step's average expert fills (tile_rows, tile_ranges: one grouping
+and GEMM pair per height, each launched for its step sizes only).
 """
 
 from __future__ import annotations
