@@ -320,7 +320,7 @@ def gpu_kernels(
             max_tiles=tiles,
             route_params=ROUTER.render(0) if p.router else ROUTE.render(0),
             # tokens per fused-router block: the router is read from L2 once per block
-            route_tokens=max(1, min(4, ROUTE_SHARED // (4 * p.H))),
+            route_tokens=route_tokens(p, target.arch),
             group_params=GROUP.render(0),
             gate_up_params=GATE_UP.render(GPU_INDENT + 8),
             down_params=PREFILL_DOWN.render(GPU_INDENT + 5),
@@ -370,7 +370,19 @@ def gpu_kernels(
 
 
 ROUTER_WTYPES = ("float32", "float16", "bfloat16")
-ROUTE_SHARED = 32 << 10  # the prefill's fused router stages its tokens' normed x in this
+# the prefill's fused router stages its tokens' normed x in this much dynamic shared memory
+# (NVIDIA: up to 16 tokens of 2048, so that the router is read from L2 once per 16 tokens;
+# AMD's LDS is 64 KiB in all)
+ROUTE_SHARED = {"nv": 128 << 10, "amd": 32 << 10}
+ROUTE_TOKENS = 16
+
+
+def route_tokens(p: MoEParams, arch: str) -> int:
+    """Tokens per block of the prefill's fused router."""
+    budget = ROUTE_SHARED["nv" if arch.startswith("sm_") else "amd"]
+    return max(1, min(ROUTE_TOKENS, budget // (4 * p.H)))
+
+
 ROUTE_WAVES = 512  # the decode router's work items (router row parts) to aim for
 
 
@@ -592,7 +604,7 @@ class MoE(KernelKind):
         if p.router:
             tt = m.prefill.ctx["route_tokens"]
             g.launch("prefill", k.group, f"{pre}_route", [f"cdiv(T,{tt})"], [256], ROUTER,
-                     route_args)  # fmt: skip
+                     route_args, shared=4 * tt * p.H)  # fmt: skip
         else:
             g.launch("prefill", k.group, f"{pre}_route", ["T"], [256], ROUTE,
                      {"logits": logits, "ldl": b.int(b.ld(r["logits"][1])),

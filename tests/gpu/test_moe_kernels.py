@@ -264,6 +264,33 @@ def test_decode_with_the_router_fused_matches_numpy(moe, name):
     assert rel_err(got, want) <= (1e-4 if wtype in QUANT else 1e-5), rel_err(got, want)
 
 
+@pytest.mark.parametrize("T", [5, MAX_TOKENS])
+@pytest.mark.parametrize("name", sorted(ROUTED))
+def test_prefill_route_with_the_router_fused_matches_numpy(moe, name, T):
+    """The prefill's _route (blocks of route_tokens tokens, the last one partly past T):
+    the norm, the logits, the route; nothing written past T."""
+    _wtype, E, k, H, *_ = CASES[name]
+    m = moe.kernels["routed:" + name]
+    x, g, r, xn_want, logits_want, ids_want, w_want = make_routed(name, T)
+    tt = m.prefill.ctx["route_tokens"]
+    dev = moe
+    try:
+        xn, lg = dev.poisoned((MAX_TOKENS, H)), dev.poisoned((MAX_TOKENS, E))
+        rid, rw = dev.poisoned((MAX_TOKENS, k)), dev.poisoned((MAX_TOKENS, k))
+        cnt = dev.upload(np.zeros(1, np.uint32))
+        args = [("i32", T), *u64(dev.upload(x), dev.upload(g), dev.upload(r), xn, lg, cnt, rid, rw)]
+        dev.launch(f"{m.prefill.fn}_route", [-(-T // tt)], 256, args, 4 * tt * H)
+        got_xn, got_lg = dev.read(xn, (MAX_TOKENS, H)), dev.read(lg, (MAX_TOKENS, E))
+        got_ids, got_w = dev.read(rid, (MAX_TOKENS, k), np.int32), dev.read(rw, (MAX_TOKENS, k))
+    finally:
+        dev.free()
+    np.testing.assert_allclose(got_xn[:T], xn_want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_lg[:T], logits_want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(got_ids[:T], ids_want)
+    np.testing.assert_allclose(got_w[:T], w_want, rtol=1e-5, atol=1e-7)
+    assert np.isnan(got_xn[T:]).all() and np.isnan(got_lg[T:]).all()  # nothing past T
+
+
 @pytest.mark.parametrize("T", [1, 7, MAX_TOKENS])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_prefill_matches_numpy(moe, name, T):
