@@ -75,6 +75,7 @@ class DeviceKernels:
             if shared > DEFAULT_SHARED_LIMIT:
                 self.d.set_dynamic_shared(f, shared)
         self.allocs: list[int] = []
+        self.opted_in: dict[str, int] = {}  # kernels' dynamic shared bytes set above the default
 
     def function(self, name: str):
         if name not in self.fns:
@@ -94,7 +95,11 @@ class DeviceKernels:
     def launch(self, name: str, grid, block: int, args: list[tuple[str, int]], shared: int = 0):
         grid = tuple(grid) + (1,) * (3 - len(grid))
         packed = PackedArgs(args)
-        self.d.launch(self.function(name), grid, (block, 1, 1), shared, packed.address)
+        fn = self.function(name)
+        if shared > max(DEFAULT_SHARED_LIMIT, self.opted_in.get(name, 0)):
+            self.d.set_dynamic_shared(fn, shared)  # as the runtime does for a plan's launches
+            self.opted_in[name] = shared
+        self.d.launch(fn, grid, (block, 1, 1), shared, packed.address)
 
     def read(self, ptr: int, shape, dtype=np.float32) -> np.ndarray:
         out = np.empty(shape, dtype)
