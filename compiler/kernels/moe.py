@@ -19,12 +19,13 @@ pairs by expert on the device (count, prefix sum, scatter) and runs a grouped GE
 that never straddle two experts (bf16 and Q4_0/Q4_1/Q8_0 experts on the matrix instructions,
 moe_mma.hip.j2 after linear_mma's pipeline, quantized ones as their integer quants scaled per
 group; other types SIMT), then a combine kernel adds each token's k rows in a fixed order.
-The tiles are as tall as a step's average expert fills (tile_rows, tile_ranges: one grouping
-and GEMM pair per height, each launched for its step sizes only).
-"""
+Tiles of 64 rows (MMA slices past a tile's rows skipped), or, opted in (short_tiles), as tall
+as a step's average expert fills (tile_rows, tile_ranges: one grouping and GEMM pair per
+height, each launched for its step sizes only)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -157,11 +158,21 @@ _NV_SHORT = {
     16: MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 16, 128, 32, 1, 4),
 }
 MOE_SHORT_TILES = dict.fromkeys(("sm_80", "sm_89", "sm_90"), _NV_SHORT)
+# Compiled models take the short tiles only when this is set (HIPC_MOE_SHORT_TILES=1): not yet
+# measured against the 64-row tile, whose MMA slices past a tile's rows are skipped too (the
+# same matrix work; a short tile reads an expert's weights once per tile, the 64-row one has
+# idle waves). bench_gpu_moe_prefill.py times every height.
+SHORT_TILES_ENV = "HIPC_MOE_SHORT_TILES"
+
+
+def short_tiles(arch: str) -> dict[int, MmaTile]:
+    """The short tiles compiled models use on `arch` (none unless SHORT_TILES_ENV is set)."""
+    return MOE_SHORT_TILES.get(arch, {}) if os.environ.get(SHORT_TILES_ENV) == "1" else {}
 
 
 def tile_rows(tokens: int, p: MoEParams, arch: str) -> int:
-    """The prefill tiles' rows for a step of `tokens`: the shortest one the arch has whose
-    4/3 the average expert (tokens * k / E rows) does not pass, else TILE."""
+    """The prefill tiles' rows for a step of `tokens`: the shortest short tile (short_tiles)
+    whose 4/3 the average expert (tokens * k / E rows) does not pass, else TILE."""
     for bm, lo, hi in tile_ranges(tokens, p, arch):
         if lo <= tokens <= hi:
             return bm
@@ -172,7 +183,7 @@ def tile_ranges(max_tokens: int, p: MoEParams, arch: str) -> list[tuple[int, int
     """(rows, lo, hi): steps of lo..hi tokens group their rows in tiles of `rows`, covering
     1..max_tokens (a compiled model launches each height's GEMMs for its steps only)."""
     out, lo = [], 1
-    for bm in sorted(MOE_SHORT_TILES.get(arch, {})):
+    for bm in sorted(short_tiles(arch)):
         hi = min(max_tokens, bm * 4 * p.E // (3 * p.top_k))
         if hi >= lo:
             out.append((bm, lo, hi))
@@ -320,7 +331,7 @@ def gpu_kernels(
             max_tiles=tiles,
             route_params=ROUTER.render(0) if p.router else ROUTE.render(0),
             # tokens per fused-router block: the router is read from L2 once per block
-            route_tokens=route_tokens(p, target.arch),
+            route_tokens=max(1, min(4, ROUTE_SHARED // (4 * p.H))),
             group_params=GROUP.render(0),
             gate_up_params=GATE_UP.render(GPU_INDENT + 8),
             down_params=PREFILL_DOWN.render(GPU_INDENT + 5),
@@ -370,17 +381,7 @@ def gpu_kernels(
 
 
 ROUTER_WTYPES = ("float32", "float16", "bfloat16")
-# the prefill's fused router stages its tokens' normed x in this much dynamic shared memory
-# (NVIDIA: up to 16 tokens of 2048, so that the router is read from L2 once per 16 tokens;
-# AMD's LDS is 64 KiB in all)
-ROUTE_SHARED = {"nv": 128 << 10, "amd": 32 << 10}
-ROUTE_TOKENS = 16
-
-
-def route_tokens(p: MoEParams, arch: str) -> int:
-    """Tokens per block of the prefill's fused router."""
-    budget = ROUTE_SHARED["nv" if arch.startswith("sm_") else "amd"]
-    return max(1, min(ROUTE_TOKENS, budget // (4 * p.H)))
+ROUTE_SHARED = 32 << 10  # the prefill's fused router stages its tokens' normed x in this
 
 
 ROUTE_WAVES = 512  # the decode router's work items (router row parts) to aim for
@@ -604,7 +605,7 @@ class MoE(KernelKind):
         if p.router:
             tt = m.prefill.ctx["route_tokens"]
             g.launch("prefill", k.group, f"{pre}_route", [f"cdiv(T,{tt})"], [256], ROUTER,
-                     route_args, shared=4 * tt * p.H)  # fmt: skip
+                     route_args)  # fmt: skip
         else:
             g.launch("prefill", k.group, f"{pre}_route", ["T"], [256], ROUTE,
                      {"logits": logits, "ldl": b.int(b.ld(r["logits"][1])),

@@ -133,7 +133,7 @@ def main() -> None:
                 # (kernel, grid, threads, arguments, shared bytes), as moe.py launches them
                 steps = {
                     "route": (f"{pre}_route", [-(-T // tt)], 256,
-                              [("i32", T), *u64(x, norm_w, router, xn, lg, cnt, ids, w)], 4 * tt * H),
+                              [("i32", T), *u64(x, norm_w, router, xn, lg, cnt, ids, w)], 0),
                     "group": (f"{pre}_group", [1], 1024,
                               [*u64(ids), ("i32", T), *u64(src, pos, tiles)], 0),
                     "gate_up": (gu.kernel, [gu.blocks_x, m.max_tiles], gu.threads,

@@ -74,8 +74,7 @@ def lib(tmp_path_factory):
             f"  grid({m.down_blocks}, 1, {m.down_threads}, [=] {{ {d}_down(act, ids, w, down, y, y); }});\n"
             f'}}\nextern "C" void run_{p}(int T, const float* x, const float* g, const void* r, '
             f"float* xn, float* lg, unsigned* cnt, int* ids, float* w) {{\n"
-            f"  grid((T + {tt} - 1) / {tt}, 1, 256, [=] {{ {p}_route({route_args}); }}, "
-            f"{4 * tt * params(case).H});\n}}"
+            f"  grid((T + {tt} - 1) / {tt}, 1, 256, [=] {{ {p}_route({route_args}); }});\n}}"
         )
     code = "\n".join(parts) + "\n" + "\n".join(wrappers)
     handle = host_simt.build(tmp_path_factory.mktemp("moe"), "moe_host", code)

@@ -24,6 +24,7 @@ from hipc.compiler.kernels.moe import (
     MOE_SHORT_TILES,
     PREFILL_DOWN,
     ROUTING,
+    SHORT_TILES_ENV,
     TILE,
     MoEParams,
     gpu_kernels,
@@ -183,11 +184,14 @@ def check(lib, name, rows, T, skew, split):
     assert rel_err(y, want) > 1e-5  # the rounding is seen: this is not the split path
 
 
-def test_tile_rows_follow_the_rows_per_expert():
-    """A full step's average expert fills the tile chosen (Qwen3.5-35B at 512 tokens: 16
-    rows; Qwen3-30B: 32); many rows keep the 64-row tile; AMD keeps it always."""
-    p35 = MoEParams("q4_0", 256, 8, 2048, 512, True, False, True)
+def test_tile_rows_follow_the_rows_per_expert(monkeypatch):
+    """Opted in, a full step's average expert fills the tile chosen (Qwen3.5-35B at 512
+    tokens: 16 rows; Qwen3-30B: 32); many rows keep the 64-row tile; AMD keeps it always;
+    not opted in, 64 rows everywhere."""
     p30 = MoEParams("q4_0", 128, 8, 2048, 768, True, False, True)
+    assert tile_rows(512, p30, "sm_90") == TILE
+    monkeypatch.setenv(SHORT_TILES_ENV, "1")
+    p35 = MoEParams("q4_0", 256, 8, 2048, 512, True, False, True)
     assert tile_rows(512, p35, "sm_90") == 16
     assert tile_rows(512, p30, "sm_90") == 32
     assert tile_rows(4096, p35, "sm_90") == TILE

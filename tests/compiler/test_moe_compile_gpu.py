@@ -15,6 +15,7 @@ Qwen2-MoE's shared expert follows as a GLU GEMV and a down GEMV with the gated r
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -32,6 +33,8 @@ from gguf_writer import write_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
 from test_moe import make_moe_model
+
+from hipc.compiler.kernels.moe import SHORT_TILES_ENV
 
 pytestmark = pytest.mark.oracle
 TARGETS = ("sm_90", "gfx1100", "gfx942")
@@ -53,7 +56,13 @@ def q4(tmp_path_factory):
         moe_intermediate_size=32,
     )  # fmt: skip
     path = write_gguf(src, root / "m.gguf", "qwen3moe", "Q4_0", tokenizer=False)
-    return compiled(root, path, TARGETS)
+    # the short prefill tiles opted in (moe.short_tiles): sm_90 gets a grouping and GEMM pair
+    # per tile height, each for its step sizes
+    os.environ[SHORT_TILES_ENV] = "1"
+    try:
+        return compiled(root, path, TARGETS)
+    finally:
+        del os.environ[SHORT_TILES_ENV]
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +98,8 @@ def test_moe_kernels_in_every_code_object(olmoe, q4, shared, target):
         kinds = [k.split("_prefill_")[-1].split("_mma_")[-1] for k in prefill]
         heights = (len(kinds) - 2) // 3
         assert kinds == ["route", *["group", "gate_up", "down"] * heights, "combine"]
+        # 16, 32 and 64 rows where opted in (E = 9, k = 8: the short ones for steps up to 32)
+        assert heights == (3 if art is q4 and target == "sm_90" else 1)
         max_tokens = json.loads((art / "plan.json").read_text())["max_tokens"]
         ranges = [tuple(x.get("tokens", (1, max_tokens))) for x in launches[1:-1]]
         assert ranges == [r for r in ranges[::3] for _ in range(3)]

@@ -279,7 +279,7 @@ def test_prefill_route_with_the_router_fused_matches_numpy(moe, name, T):
         rid, rw = dev.poisoned((MAX_TOKENS, k)), dev.poisoned((MAX_TOKENS, k))
         cnt = dev.upload(np.zeros(1, np.uint32))
         args = [("i32", T), *u64(dev.upload(x), dev.upload(g), dev.upload(r), xn, lg, cnt, rid, rw)]
-        dev.launch(f"{m.prefill.fn}_route", [-(-T // tt)], 256, args, 4 * tt * H)
+        dev.launch(f"{m.prefill.fn}_route", [-(-T // tt)], 256, args)
         got_xn, got_lg = dev.read(xn, (MAX_TOKENS, H)), dev.read(lg, (MAX_TOKENS, E))
         got_ids, got_w = dev.read(rid, (MAX_TOKENS, k), np.int32), dev.read(rw, (MAX_TOKENS, k))
     finally:
