@@ -844,6 +844,50 @@ QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1, 1)
 QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 132, 1, 3, 8)
 
 
+@dataclass(frozen=True)
+class QuantGemvBulk:
+    """The bulk-copy GEMV's geometry (templates/hip/linear_gemv_qbulk, NVIDIA sm_90): tiles of
+    `tile_rows` weight rows (a GLU tile: half gate, half up) copied whole into a ring of
+    `stages` shared-memory stages by cp.async.bulk, `waves` waves a block multiplying one
+    output row each at a time, at most `max_blocks` blocks; registers and shared memory
+    sized for `min_blocks` blocks per SM (2: the next kernel's block fits beside, its first
+    tiles in flight before its wait)."""
+
+    waves: int = 8
+    tile_rows: int = 8
+    stages: int = 4
+    max_blocks: int = 132
+    min_blocks: int = 2
+    unroll: int = 2
+    xq_chunk: int = 8
+
+
+# bytes per block of each region of the split layout (prelude: hipc_qmat_*), quants first
+QUANT_REGIONS = {
+    "q4_0": (16, 2),
+    "q4_1": (16, 4),
+    "q8_0": (32, 2),
+    "q5_0": (16, 4, 2),
+    "q5_1": (16, 4, 4),
+    "q4_k": (128, 12, 4),
+    "q5_k": (160, 12, 4),
+    "q6_k": (192, 16, 2),
+}
+
+
+def bulk_gemv_fits(wsuffix: str, K: int, target: GpuTarget) -> bool:
+    """cp.async.bulk copies 16-byte aligned multiples of 16 bytes: every region's bytes per
+    row must be one (then every tile's ranges are); NVIDIA sm_90 and later only."""
+    if (
+        not target.arch.startswith("sm_")
+        or int(target.arch[3:5]) < 9
+        or wsuffix not in QUANT_REGIONS
+    ):
+        return False
+    bpr = K // QUANT_TYPES[wsuffix].block_values
+    return all(bpr * rb % 16 == 0 for rb in QUANT_REGIONS[wsuffix])
+
+
 def quant_gemv(wsuffix: str, N: int, K: int, glu: bool = False) -> QuantGemv:
     """The geometry of a quantized GEMV of an [N, K] matrix (`glu`: gate/up row pairs)."""
     if wsuffix == "q6_k":
@@ -875,7 +919,7 @@ def decode_gemv(
     p: LinearParams,
     target: GpuTarget,
     nodes: list[str],
-    quant: QuantGemv | None = None,
+    quant: QuantGemv | QuantGemvBulk | None = None,
     activations: str = "int16",
 ) -> GpuKernel:
     """The GEMV of one linear. `quant` overrides quant_gemv's geometry (bench_gpu_gemv.py
@@ -885,6 +929,8 @@ def decode_gemv(
     ws = WEIGHT_SUFFIX[p.wtype]
     glu = p.epilogue == "glu"
     rows_per_block = GEMV_WAVES * (1 if glu else 2)
+    if ws in QUANT_TYPES and isinstance(quant, QuantGemvBulk):
+        return bulk_gemv(fn, p, target, nodes, quant, activations)
     if ws in QUANT_TYPES:
         qt = QUANT_TYPES[ws]
         g = quant or quant_gemv(ws, p.N, p.K, glu)
@@ -933,6 +979,54 @@ def decode_gemv(
         [-(-p.n_out // rows_per_block)],
         GEMV_WAVES * wave,
         shared,
+    )
+
+
+def bulk_gemv(
+    fn: str,
+    p: LinearParams,
+    target: GpuTarget,
+    nodes: list[str],
+    g: QuantGemvBulk,
+    activations: str,
+) -> GpuKernel:
+    """The bulk-copy GEMV (templates/hip/linear_gemv_qbulk.hip.j2) of a quantized linear."""
+    ws = WEIGHT_SUFFIX[p.wtype]
+    if not bulk_gemv_fits(ws, p.K, target):
+        raise ValueError(f"{fn}: no bulk-copy GEMV for {ws} K={p.K} on {target.arch}")
+    qt = QUANT_TYPES[ws]
+    glu = p.epilogue == "glu"
+    if glu and g.tile_rows % 2:
+        raise ValueError(f"{fn}: a GLU tile holds gate and up rows: tile_rows must be even")
+    tp = g.tile_rows // 2 if glu else g.tile_rows
+    tiles = -(-p.n_out // tp)
+    blocks = min(g.max_blocks, tiles)
+    stage_bytes = g.tile_rows * (p.K // qt.block_values) * qt.block_bytes
+    xq_bytes = -(-(p.K // 32 * XQ_BLOCK_BYTES[activations]) // 128) * 128
+    rounds = -(-(p.K // 4) // (g.waves * target.wave))
+    ctx = dict(
+        nodes=nodes,
+        wave=target.wave,
+        wsuffix=ws,
+        n_out=p.n_out,
+        waves=g.waves,
+        tile_rows=g.tile_rows,
+        stages=g.stages,
+        blocks=blocks,
+        min_blocks=g.min_blocks,
+        unroll=g.unroll,
+        stage_bytes=stage_bytes,
+        xq_bytes=xq_bytes,
+        regions=list(QUANT_REGIONS[ws]),
+        xq_chunk=max(1, min(g.xq_chunk, rounds)),
+        lo=activations == "int16",
+        params=gemv_signature(p).render(GPU_INDENT),
+        **qt.__dict__,
+        **p.context(),
+    )
+    shared = xq_bytes + g.stages * stage_bytes
+    return GpuKernel(
+        f"{fn}_gemv", "linear_gemv_qbulk", ctx, [blocks], g.waves * target.wave, shared
     )
 
 

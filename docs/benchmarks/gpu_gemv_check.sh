@@ -13,8 +13,9 @@
 # Writes $OUT/gemv/gemv.md and $OUT/gemv/tests.log.
 set -uo pipefail
 SHAPES=l8_qkv,l8_o,l8_gate_up,l8_down,l8_head_q6k,l8_qk_q4k,l8_v_q6k,l8_o_q4k,l8_gate_up_q4k,l8_down_q6k,l8_down_q4k
+VARIANTS=${VARIANTS:-default,bulk16x4m2,bulk24x3m2,bulk32x6m1}
 BENCH=(docs/benchmarks/bench_gpu_gemv.py --baseline .work/base/linear_gemv_q.hip.j2
-  --activations int8 --no-attention --shapes "$SHAPES")
+  --activations int8 --no-attention --shapes "$SHAPES" --variants "$VARIANTS")
 
 prebuild_tests() {
   python3 - <<'EOF'
@@ -26,7 +27,7 @@ import test_decode_kernels as t  # noqa: E402
 from gpu_kernels import compiled, kernels_source  # noqa: E402
 
 for layout in ("split", "gguf"):  # the gemvs fixture's two code objects
-    specs = [(k.fn, k.template, k.ctx, k.shared) for k in t.gemv_specs("sm_90").values()]
+    specs = [(k.fn, k.template, k.ctx, k.shared) for k in t.gemv_specs("sm_90", layout).values()]
     compiled(kernels_source(specs, "sm_90", layout), "sm_90", Path(".work/fatbins"))
 EOF
 }

@@ -420,6 +420,13 @@ HIPC_DEVICE uint4 hipc_load_quants16(const char* p) {
   return r;
 #endif
 }
+// 16 bytes of quants from global memory (the read-only path) or, SMEM, from a stage in shared
+// memory (linear_gemv_qbulk: the split layout copied there whole)
+template <bool SMEM>
+HIPC_DEVICE uint4 hipc_load_q16(const char* p) {
+  if constexpr (SMEM) return *(const uint4*)p;
+  else return hipc_load_quants16(p);
+}
 // the scale pair (d, m) of a q4_1 block as one word: d low, m high
 HIPC_DEVICE uint32_t hipc_load_scales32(const char* p) {
 #if HIPC_QSPLIT
@@ -708,27 +715,31 @@ struct hipc_unit_q4_0 { uint4 q; uint16_t d; };
 struct hipc_unit_q4_1 { uint4 q; uint32_t dm; };
 struct hipc_unit_q8_0 { uint4 qa, qb; uint16_t d; };
 struct hipc_unit_q6_k { uint4 ql[4], qh[2]; uint32_t sc[2]; uint16_t d; };
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_0& v, const hipc_qmat_q4_0& m, size_t u) {
-  v.q = hipc_load_quants16(m.qs(u));
+  v.q = hipc_load_q16<SMEM>(m.qs(u));
   v.d = *(const uint16_t*)m.sc(u);
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_1& v, const hipc_qmat_q4_1& m, size_t u) {
-  v.q = hipc_load_quants16(m.qs(u));
+  v.q = hipc_load_q16<SMEM>(m.qs(u));
   v.dm = hipc_load_scales32(m.sc(u));
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q8_0& v, const hipc_qmat_q8_0& m, size_t u) {
-  v.qa = hipc_load_quants16(m.qs(u));
-  v.qb = hipc_load_quants16(m.qs(u) + 16);
+  v.qa = hipc_load_q16<SMEM>(m.qs(u));
+  v.qb = hipc_load_q16<SMEM>(m.qs(u) + 16);
   v.d = *(const uint16_t*)m.sc(u);
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k& v, const hipc_qmat_q6_k& m, size_t u) {
   const size_t b = u / 2;
   const int h = (int)(u % 2);
   const char* q = m.qs(b);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) v.ql[j] = hipc_load_quants16(q + 64 * h + 16 * j);
+  for (int j = 0; j < 4; ++j) v.ql[j] = hipc_load_q16<SMEM>(q + 64 * h + 16 * j);
 #pragma unroll
-  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_quants16(q + 128 + 32 * h + 16 * j);
+  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16 * j);
   const uint16_t* sc = (const uint16_t*)(m.sc(b) + 8 * h);  // 8-byte aligned when split
   v.sc[0] = sc[0] | (uint32_t)sc[1] << 16;
   v.sc[1] = sc[2] | (uint32_t)sc[3] << 16;
@@ -790,13 +801,15 @@ HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {
   return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
 #endif
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_0& v, const hipc_qmat_q5_0& m, size_t u) {
-  v.q = hipc_load_quants16(m.qs(u));
+  v.q = hipc_load_q16<SMEM>(m.qs(u));
   v.qh = hipc_load_u32(m.f2(u));
   v.d = *(const uint16_t*)m.f3(u);
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_1& v, const hipc_qmat_q5_1& m, size_t u) {
-  v.q = hipc_load_quants16(m.qs(u));
+  v.q = hipc_load_q16<SMEM>(m.qs(u));
   v.qh = hipc_load_u32(m.f2(u));
   v.dm = hipc_load_u32(m.f3(u));
 }
@@ -833,20 +846,22 @@ HIPC_DEVICE void hipc_load_kscales(uint32_t* sc, uint32_t& dd, const char* s, co
   for (int j = 0; j < 3; ++j) sc[j] = hipc_load_u32(s + 4 * j);
   dd = hipc_load_u32(d);
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_k& v, const hipc_qmat_q4_k& m, size_t u) {
   const size_t b = u / 2;
   v.h = (int)(u % 2);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_quants16(m.qs(b) + 64 * v.h + 16 * j);
+  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_q16<SMEM>(m.qs(b) + 64 * v.h + 16 * j);
   hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_k& v, const hipc_qmat_q5_k& m, size_t u) {
   const size_t b = u / 2;
   v.h = (int)(u % 2);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_quants16(m.qs(b) + 32 + 64 * v.h + 16 * j);
+  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_q16<SMEM>(m.qs(b) + 32 + 64 * v.h + 16 * j);
 #pragma unroll
-  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_quants16(m.qs(b) + 16 * j);
+  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_q16<SMEM>(m.qs(b) + 16 * j);
   hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
 }
 // sum over sub-blocks s = 4h + k of d * scale(s) * sum(q x) - dmin * min(s) * sum(x)
@@ -892,6 +907,56 @@ template <bool LO>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, const int* xq, int i) {
   return hipc_dot_kquant<LO, true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
 }
+
+// ---- bulk copies into shared memory (linear_gemv_qbulk, NVIDIA sm_90) ------------------
+// One thread copies a whole tile of weights (contiguous byte ranges) into a shared-memory
+// stage with cp.async.bulk; the stage's mbarrier counts the bytes, and every thread waits on
+// its phase parity. No register holds a load in flight, so a block keeps tens of KiB in
+// flight, and a block of the next kernel (PDL) issues its first tiles before its wait.
+// The host emulation copies at once and completes the phase at hipc_bulk_commit.
+#if defined(__CUDACC__)
+HIPC_DEVICE uint32_t hipc_bulk_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+HIPC_DEVICE void hipc_bulk_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(hipc_bulk_smem(bar)) : "memory");
+}
+HIPC_DEVICE void hipc_bulk_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+HIPC_DEVICE void hipc_bulk_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(hipc_bulk_smem(bar)), "r"(bytes) : "memory");
+}
+// bytes % 16 == 0, src and dst 16-byte aligned
+HIPC_DEVICE void hipc_bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(hipc_bulk_smem(dst)), "l"(src), "r"(bytes), "r"(hipc_bulk_smem(bar))
+               : "memory");
+}
+HIPC_DEVICE void hipc_bulk_commit(uint64_t*) {}
+HIPC_DEVICE void hipc_bulk_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(hipc_bulk_smem(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+#elif defined(HIPC_HOST)
+HIPC_DEVICE void hipc_bulk_init(uint64_t* bar) { __atomic_store_n(bar, 0ull, __ATOMIC_RELEASE); }
+HIPC_DEVICE void hipc_bulk_init_fence() {}
+HIPC_DEVICE void hipc_bulk_expect(uint64_t*, uint32_t) {}
+HIPC_DEVICE void hipc_bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t*) {
+  if ((size_t)dst % 16 || (size_t)src % 16 || bytes % 16) __builtin_trap();  // what the hardware requires
+  __builtin_memcpy(dst, src, bytes);
+}
+HIPC_DEVICE void hipc_bulk_commit(uint64_t* bar) { __atomic_fetch_add(bar, 1ull, __ATOMIC_ACQ_REL); }
+HIPC_DEVICE void hipc_bulk_wait(uint64_t* bar, uint32_t parity) {
+  while ((__atomic_load_n(bar, __ATOMIC_ACQUIRE) & 1) == parity) {
+  }
+}
+#endif
 
 // ---- quantized weights in the matrix-instruction GEMM ----------------------------------
 // hipc_qchunk8: 8 consecutive weights k .. k + 7 (k % 8 == 0) of row n as small integers q

@@ -20,7 +20,7 @@ import pytest
 from test_gpu_prelude_host import aligned, blocks, gguf, stage_x
 
 from hipc.compiler.codegen.environment import render
-from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv
+from hipc.compiler.kernels.linear import LinearParams, QuantGemv, QuantGemvBulk, decode_gemv
 from hipc.compiler.passes.repack import split_quant_blocks
 from hipc.compiler.targets import GpuTarget
 
@@ -59,6 +59,14 @@ CASES = {
     # one stage: the next item's loads copied in at the end of each step
     "q4_k_copy_rows4": ("q4_k", 21, 2048, "residual", False, QuantGemv(2, 4, 1, 2, 1, 1)),
     "q4_0_copy_k2304_glu": ("q4_0", 2 * 23, 2304, "glu", True, QuantGemv(2, 2, 2, 3, 1, 1)),
+    # the bulk-copy GEMV (linear_gemv_qbulk): tiles through a ring of shared-memory stages,
+    # several turns of the ring per block, the last tile partial (rows past the end)
+    "bulk_q4_0_residual": ("q4_0", 45, 2048, "residual", False, QuantGemvBulk(2, 4, 3, 3)),
+    "bulk_q4_0_glu_norm": ("q4_0", 2 * 21, 1024, "glu", True, QuantGemvBulk(2, 4, 2, 2)),
+    "bulk_q4_k_norm": ("q4_k", 21, 2048, "none", True, QuantGemvBulk(2, 2, 3, 2)),
+    "bulk_q5_k_residual": ("q5_k", 13, 1024, "residual", False, QuantGemvBulk(2, 2, 2, 2)),
+    "bulk_q6_k_glu": ("q6_k", 2 * 9, 2048, "glu", False, QuantGemvBulk(2, 2, 4, 2)),
+    "bulk_q8_0_norm": ("q8_0", 19, 512, "none", True, QuantGemvBulk(2, 3, 2, 2)),
 }
 
 
@@ -92,10 +100,17 @@ def lib(request, tmp_path_factory):
 def test_quantized_gemv_on_the_host(lib, name):
     wtype, N, K, epilogue, norm, geo = CASES[name]
     spec = lib.specs[name]
-    groups = -(
-        -(N // 2 if epilogue == "glu" else N) // (geo.rows // 2 if epilogue == "glu" else geo.rows)
-    )
-    assert groups > spec.grid[0] * geo.waves, "every case streams several groups per wave"
+    if isinstance(geo, QuantGemvBulk):
+        tiles = -(
+            -(N // 2 if epilogue == "glu" else N) // (geo.tile_rows // (1 + (epilogue == "glu")))
+        )
+        assert tiles > spec.grid[0] * geo.stages, "every case turns the ring more than once"
+    else:
+        groups = -(
+            -(N // 2 if epilogue == "glu" else N)
+            // (geo.rows // 2 if epilogue == "glu" else geo.rows)
+        )
+        assert groups > spec.grid[0] * geo.waves, "every case streams several groups per wave"
     n_out = N // 2 if epilogue == "glu" else N
     rng = np.random.default_rng(sorted(CASES).index(name))
     raw = blocks(wtype, N, K, rng)

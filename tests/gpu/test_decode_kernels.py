@@ -24,6 +24,7 @@ from hipc.compiler.kernels.linear import (
     QUANT_GEMV_LARGE_GLU,
     LinearParams,
     QuantGemv,
+    QuantGemvBulk,
     decode_gemv,
     prefill_gemm,
 )
@@ -82,6 +83,13 @@ GEMVS = {
     "q4_0_large_glu_geometry": ("q4_0", 2 * 600, 4096, "glu", True, False),
     "q4_0_large_geometry_k14336": ("q4_0", 300, 14336, "residual", False, False),
     "q8_0_large_glu_geometry": ("q8_0", 2 * 300, 4096, "glu", True, False),
+    # the bulk-copy GEMV (split layout only): rings turned several times, partial last tiles
+    "bulk_q4_0_residual_k14336": ("q4_0", 61, 14336, "residual", False, True),
+    "bulk_q4_0_glu_norm": ("q4_0", 2 * 150, 4096, "glu", True, False),
+    "bulk_q4_k_norm": ("q4_k", 133, 4096, "none", True, False),
+    "bulk_q5_k_glu_k2048": ("q5_k", 2 * 70, 2048, "glu", False, True),
+    "bulk_q6_k_residual_k14336": ("q6_k", 41, 14336, "residual", False, False),
+    "bulk_q4_1_norm": ("q4_1", 90, 2048, "none", True, False),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
@@ -99,6 +107,12 @@ STREAMED = {
     "q4_0_large_glu_geometry": QUANT_GEMV_LARGE_GLU,
     "q4_0_large_geometry_k14336": QUANT_GEMV_LARGE,
     "q8_0_large_glu_geometry": replace(QUANT_GEMV_LARGE_GLU, unroll=1),
+    "bulk_q4_0_residual_k14336": QuantGemvBulk(4, 2, 3, 5),
+    "bulk_q4_0_glu_norm": QuantGemvBulk(8, 8, 4, 7),
+    "bulk_q4_k_norm": QuantGemvBulk(4, 4, 3, 6),
+    "bulk_q5_k_glu_k2048": QuantGemvBulk(2, 4, 2, 5),
+    "bulk_q6_k_residual_k14336": QuantGemvBulk(8, 2, 3, 4),
+    "bulk_q4_1_norm": QuantGemvBulk(4, 8, 2, 3),
 }
 QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
 
@@ -110,10 +124,17 @@ def gemv_params(case) -> LinearParams:
     )
 
 
-def gemv_specs(arch: str) -> dict:
-    """Every GEMV case, and each quantized one again with --activations int8."""
+def bulk(name: str) -> bool:
+    return isinstance(STREAMED.get(name), QuantGemvBulk)
+
+
+def gemv_specs(arch: str, layout: str = "split") -> dict:
+    """Every GEMV case, and each quantized one again with --activations int8 (the bulk-copy
+    ones in the split layout only: they copy its regions)."""
     specs = {}
     for i, (name, case) in enumerate(GEMVS.items()):
+        if bulk(name) and layout != "split":
+            continue
         specs[name] = decode_gemv(
             f"g{i}", gemv_params(case), GpuTarget(arch), [name], STREAMED.get(name)
         )
@@ -135,7 +156,7 @@ def gemvs(request):
     specs = {}
 
     def build(arch):
-        specs.update(gemv_specs(arch))
+        specs.update(gemv_specs(arch, request.param))
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build, quant_layout=request.param)
@@ -194,8 +215,8 @@ def run_gemv(gemvs, name, activations):
 @pytest.mark.parametrize("name", sorted(GEMVS))
 def test_gemv_matches_numpy(gemvs, name):
     wtype = GEMVS[name][0]
-    if gemvs.layout != "split" and wtype not in QUANT:
-        pytest.skip("the layout is that of quantized blocks")
+    if gemvs.layout != "split" and (wtype not in QUANT or bulk(name)):
+        pytest.skip("the layout is that of quantized blocks (bulk copies: split only)")
     got, want = run_gemv(gemvs, name, "int16")
     # quantized: against x as held in int8 hi + lo planes (~16 significant bits; the planes'
     # rounding itself: tests/compiler/test_gpu_prelude_host.py). A bar on x itself failed
@@ -208,6 +229,8 @@ def test_gemv_matches_numpy(gemvs, name):
 def test_gemv_int8_activations_match_numpy(gemvs, name):
     """--activations int8: against float64 NumPy on x rounded as the kernel holds it (one
     int8 plane per 32 values), so only the kernel's own arithmetic is in the bound."""
+    if gemvs.layout != "split" and bulk(name):
+        pytest.skip("bulk copies read the split layout only")
     got, want = run_gemv(gemvs, name, "int8")
     assert rel_err(got, want) <= 1e-4, (name, rel_err(got, want))
 
