@@ -814,6 +814,12 @@ QUANT_GEMV_LONG_K = 1536
 XQ_BLOCK_BYTES = {"int16": 80, "int8": 48}
 
 
+def xq_bytes(K: int, activations: str) -> int:
+    """Shared bytes of x staged by a quantized GEMV: K / 32 blocks and 16 bytes of padding
+    after every 8 (prelude: hipc_xqs, against bank conflicts of the 128-weight units)."""
+    return K // 32 * XQ_BLOCK_BYTES[activations] + 16 * -(-K // 256)
+
+
 @dataclass(frozen=True)
 class QuantType:
     """A quantized type as the GPU kernels see it (prelude: hipc_qmat_*, hipc_unit_*)."""
@@ -958,7 +964,7 @@ def decode_gemv(
             **qt.__dict__,
             **p.context(),
         )
-        shared = p.K // 32 * XQ_BLOCK_BYTES[activations]
+        shared = xq_bytes(p.K, activations)
         return GpuKernel(f"{fn}_gemv", "linear_gemv_q", ctx, [blocks], g.waves * wave, shared)
     ctx = dict(
         nodes=nodes,
@@ -999,10 +1005,14 @@ def bulk_gemv(
     if glu and g.tile_rows % 2:
         raise ValueError(f"{fn}: a GLU tile holds gate and up rows: tile_rows must be even")
     tp = g.tile_rows // 2 if glu else g.tile_rows
+    # fewer outputs a tile than waves: the waves of an output split its units
+    ksplit = g.waves // tp if tp < g.waves else 1
+    if g.waves % ksplit or (ksplit > 1 and g.waves % tp):
+        raise ValueError(f"{fn}: {g.waves} waves do not split a tile of {tp} outputs evenly")
     tiles = -(-p.n_out // tp)
     blocks = min(g.max_blocks, tiles)
     stage_bytes = g.tile_rows * (p.K // qt.block_values) * qt.block_bytes
-    xq_bytes = -(-(p.K // 32 * XQ_BLOCK_BYTES[activations]) // 128) * 128
+    xq_shared = -(-xq_bytes(p.K, activations) // 128) * 128
     rounds = -(-(p.K // 4) // (g.waves * target.wave))
     ctx = dict(
         nodes=nodes,
@@ -1011,12 +1021,13 @@ def bulk_gemv(
         n_out=p.n_out,
         waves=g.waves,
         tile_rows=g.tile_rows,
+        ksplit=ksplit,
         stages=g.stages,
         blocks=blocks,
         min_blocks=g.min_blocks,
         unroll=g.unroll,
         stage_bytes=stage_bytes,
-        xq_bytes=xq_bytes,
+        xq_bytes=xq_shared,
         regions=list(QUANT_REGIONS[ws]),
         xq_chunk=max(1, min(g.xq_chunk, rounds)),
         lo=activations == "int16",
@@ -1024,7 +1035,7 @@ def bulk_gemv(
         **qt.__dict__,
         **p.context(),
     )
-    shared = xq_bytes + g.stages * stage_bytes
+    shared = xq_shared + g.stages * stage_bytes
     return GpuKernel(
         f"{fn}_gemv", "linear_gemv_qbulk", ctx, [blocks], g.waves * target.wave, shared
     )

@@ -81,7 +81,7 @@ GEOMETRIES = {
     # bulk copies into shared memory (linear_gemv_qbulk): (stage KiB at most, stages, waves at
     # most, blocks per SM it is sized for); bulk_geometry makes the QuantGemvBulk
     "bulk16x4m2": ((16, 4, 8, 2), None),
-    "bulk24x3m2": ((24, 3, 8, 2), None),
+    "bulk24x4m2": ((24, 4, 8, 2), None),
     "bulk32x6m1": ((32, 6, 16, 1), None),
 }
 # the K-quants' units are 128 weights (64-96 bytes of quants): fewer of them in flight
@@ -93,7 +93,7 @@ KQUANT_GEOMETRIES = {
     "k8r4s1": (QuantGemv(8, 4, 1, 132, 1, 1), QuantGemv(8, 4, 1, 132, 1, 1)),
     "k8r1s3m2": (QuantGemv(8, 1, 1, 132, 2, 3), QuantGemv(8, 4, 1, 132, 1, 1)),
     "bulk16x4m2": ((16, 4, 8, 2), None),
-    "bulk24x3m2": ((24, 3, 8, 2), None),
+    "bulk24x4m2": ((24, 4, 8, 2), None),
     "bulk32x6m1": ((32, 6, 16, 1), None),
 }
 KQUANTS = ("q4_k", "q5_k", "q6_k")
@@ -128,13 +128,14 @@ LAYERS = {
 
 
 def bulk_geometry(spec: tuple, wtype: str, N: int, K: int, glu: bool) -> QuantGemvBulk:
-    """A bulk-copy geometry: one output per wave and tile, as many waves (at most `waves`)
-    as keep a stage within `kib` KiB."""
+    """A bulk-copy geometry whose stages hold at most `kib` KiB: a multiple of `waves` outputs
+    (a wave an output), else a power of two of them (waves splitting each output's units)."""
     kib, stages, waves, per_sm = spec
     qt = QUANT_TYPES[wtype]
-    rows = (2 if glu else 1) * (K // qt.block_values * qt.block_bytes)
-    w = max(1, min(waves, kib * 1024 // rows))
-    return QuantGemvBulk(w, w * (2 if glu else 1), stages, 132, per_sm)
+    out_bytes = (2 if glu else 1) * (K // qt.block_values * qt.block_bytes)
+    tp = max(1, kib * 1024 // out_bytes)
+    tp = tp // waves * waves if tp >= waves else 1 << (tp.bit_length() - 1)
+    return QuantGemvBulk(waves, tp * (2 if glu else 1), stages, 132, per_sm)
 
 
 def geometries(wtype: str) -> dict:

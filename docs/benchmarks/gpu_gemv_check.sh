@@ -13,7 +13,7 @@
 # Writes $OUT/gemv/gemv.md and $OUT/gemv/tests.log.
 set -uo pipefail
 SHAPES=l8_qkv,l8_o,l8_gate_up,l8_down,l8_head_q6k,l8_qk_q4k,l8_v_q6k,l8_o_q4k,l8_gate_up_q4k,l8_down_q6k,l8_down_q4k
-VARIANTS=${VARIANTS:-default,bulk16x4m2,bulk24x3m2,bulk32x6m1}
+VARIANTS=${VARIANTS:-base,default,bulk16x4m2,bulk24x4m2,bulk32x6m1}
 BENCH=(docs/benchmarks/bench_gpu_gemv.py --baseline .work/base/linear_gemv_q.hip.j2
   --activations int8 --no-attention --shapes "$SHAPES" --variants "$VARIANTS")
 
@@ -50,8 +50,8 @@ source docs/benchmarks/install_wheels.sh .whl
 export HIPC_KERNEL_CACHE=$PWD/.work/fatbins
 nvidia-smi -L
 # numerics of the matrices up to 30M weights here (the rest: tests/gpu's K 14336 cases)
-timeout 60 python3 "${BENCH[@]}" --cache .work/fatbins --layers 32 --check-max 30000000 \
+timeout 75 python3 "${BENCH[@]}" --cache .work/fatbins --layers 32 --check-max 30000000 \
   --out "$OUT/gemv.md" 2>&1 |
   tail -40
-timeout 30 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_decode_kernels.py \
+timeout 45 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_decode_kernels.py \
   -k gemv 2>&1 | tee "$OUT/tests.log" | tail -8

@@ -552,6 +552,11 @@ struct hipc_xq {
   static constexpr int INTS = LO ? 20 : 12;  // ints per staged block
   static constexpr int META = LO ? 16 : 8;   // the meta int4's first int
 };
+// the first int of staged block `blk` (padded: hipc_xqs below)
+template <bool LO>
+HIPC_DEVICE int hipc_xq_at(int blk, bool padded) {
+  return blk * hipc_xq<LO>::INTS + (padded ? 4 * (blk >> 3) : 0);
+}
 // 4 int8 products summed into c: __dp4a on NVIDIA, v_dot4 on AMD where the arch has it.
 HIPC_DEVICE int hipc_dot4_i8(int a, int b, int c) {
 #if defined(__CUDACC__)
@@ -588,7 +593,7 @@ HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
 // just written by the kernel before, and one L2 round trip per round was most of a
 // long-row GEMV's prologue. `red`: __shared__ float[32].
 #define HIPC_XQ_CHUNK 4
-template <bool LO, int ROUNDS, int CHUNK = HIPC_XQ_CHUNK>
+template <bool LO, int ROUNDS, int CHUNK = HIPC_XQ_CHUNK, bool PAD = false>
 HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red) {
   const int n4 = K / 4, stride = hipc_block_dim();
   float ss = 0.f;
@@ -632,7 +637,7 @@ HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, 
       const int sum16 = sum;  // lanes 0..3 of the 8: the block's first 16 values
       sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 4));
       if (ok) {
-        int* blk = xq + (i / 8) * hipc_xq<LO>::INTS;
+        int* blk = xq + hipc_xq_at<LO>(i / 8, PAD);
         blk[part] = hipc_pack4_i8(hi[0], hi[1], hi[2], hi[3]);
         if constexpr (LO) blk[8 + part] = hipc_pack4_i8(lo[0], lo[1], lo[2], lo[3]);
         if (part == 0) {
@@ -659,9 +664,34 @@ struct hipc_xb {
   int4 meta;
   HIPC_DEVICE float scale() const { return __builtin_bit_cast(float, meta.x); }
 };
+// Staged x with 16 bytes of padding after every 8 blocks (hipc_stage_xq<..., true>): a lane
+// whose unit is 128 weights reads blocks 4l .. 4l + 3, and without the padding lanes l and
+// l + 2 of 8 would read the same banks (blocks 4 apart are 192 or 320 bytes apart: a
+// multiple of 64), 4 times the wavefronts of a conflict-free 16-byte load; with it, 8 lanes
+// hit 8 distinct 16-byte bank groups, and 8 lanes reading 8 consecutive blocks still do.
+struct hipc_xqs {
+  const int* p;
+};
+template <bool LO>
+HIPC_DEVICE hipc_xb<LO> hipc_load_xb(hipc_xqs xq, int blk);
 template <bool LO>
 HIPC_DEVICE hipc_xb<LO> hipc_load_xb(const int* xq, int blk) {
-  const int4* p = (const int4*)(xq + blk * hipc_xq<LO>::INTS);
+  const int4* p = (const int4*)(xq + hipc_xq_at<LO>(blk, false));
+  hipc_xb<LO> r;
+  const int4 h0 = p[0], h1 = p[1];
+  r.H[0] = h0.x, r.H[1] = h0.y, r.H[2] = h0.z, r.H[3] = h0.w;
+  r.H[4] = h1.x, r.H[5] = h1.y, r.H[6] = h1.z, r.H[7] = h1.w;
+  if constexpr (LO) {
+    const int4 l0 = p[2], l1 = p[3];
+    r.L[0] = l0.x, r.L[1] = l0.y, r.L[2] = l0.z, r.L[3] = l0.w;
+    r.L[4] = l1.x, r.L[5] = l1.y, r.L[6] = l1.z, r.L[7] = l1.w;
+  }
+  r.meta = p[hipc_xq<LO>::META / 4];
+  return r;
+}
+template <bool LO>
+HIPC_DEVICE hipc_xb<LO> hipc_load_xb(hipc_xqs xq, int blk) {
+  const int4* p = (const int4*)(xq.p + hipc_xq_at<LO>(blk, true));
   hipc_xb<LO> r;
   const int4 h0 = p[0], h1 = p[1];
   r.H[0] = h0.x, r.H[1] = h0.y, r.H[2] = h0.z, r.H[3] = h0.w;
@@ -745,27 +775,27 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k& v, const hipc_qmat_q6_k& m, size
   v.sc[1] = sc[2] | (uint32_t)sc[3] << 16;
   v.d = *(const uint16_t*)m.d(b);
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_0& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_0& v, XP xq, int i) {
   const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   // quants are stored + 8: subtract 8 * sum(x) in integers
   const int t = hipc_idot_q4<LO>(v.q, x) - 8 * x.meta.y;
   return hipc_f16_to_f32(v.d) * x.scale() * (float)t;
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_1& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_1& v, XP xq, int i) {
   const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   const float t = (float)hipc_idot_q4<LO>(v.q, x);
   // w = d * q + m: d * sum(q x) + m * sum(x)
   return x.scale() * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)x.meta.y);
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q8_0& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q8_0& v, XP xq, int i) {
   const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   return hipc_f16_to_f32(v.d) * x.scale() * (float)hipc_idot_q8<LO>(v.qa, v.qb, x);
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, XP xq, int i) {
   const uint32_t QL[16] = {v.ql[0].x, v.ql[0].y, v.ql[0].z, v.ql[0].w, v.ql[1].x, v.ql[1].y, v.ql[1].z, v.ql[1].w,
                            v.ql[2].x, v.ql[2].y, v.ql[2].z, v.ql[2].w, v.ql[3].x, v.ql[3].y, v.ql[3].z, v.ql[3].w};
   const uint32_t QH[8] = {v.qh[0].x, v.qh[0].y, v.qh[0].z, v.qh[0].w, v.qh[1].x, v.qh[1].y, v.qh[1].z, v.qh[1].w};
@@ -826,14 +856,14 @@ HIPC_DEVICE int hipc_idot_q5(uint4 q, uint32_t qh, const hipc_xb<LO>& x) {
   }
   return hipc_idot_words<LO, 8>(b, x, 0);
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_0& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_0& v, XP xq, int i) {
   const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   const int t = hipc_idot_q5<LO>(v.q, v.qh, x) - 16 * x.meta.y;  // quants stored + 16
   return hipc_f16_to_f32(v.d) * x.scale() * (float)t;
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_1& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_1& v, XP xq, int i) {
   const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   const float t = (float)hipc_idot_q5<LO>(v.q, v.qh, x);
   return x.scale() * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)x.meta.y);
@@ -865,9 +895,9 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_k& v, const hipc_qmat_q5_k& m, size
   hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
 }
 // sum over sub-blocks s = 4h + k of d * scale(s) * sum(q x) - dmin * min(s) * sum(x)
-template <bool LO, bool Q5>
+template <bool LO, bool Q5, class XP>
 HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint32_t* sc3, uint32_t dd, int h,
-                                   const int* xq, int i) {
+                                   XP xq, int i) {
   const uint32_t Q[16] = {q4[0].x, q4[0].y, q4[0].z, q4[0].w, q4[1].x, q4[1].y, q4[1].z, q4[1].w,
                           q4[2].x, q4[2].y, q4[2].z, q4[2].w, q4[3].x, q4[3].y, q4[3].z, q4[3].w};
   uint8_t scales[12];
@@ -899,12 +929,12 @@ HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint3
   }
   return hipc_f16_to_f32((uint16_t)dd) * dsum - hipc_f16_to_f32((uint16_t)(dd >> 16)) * msum;
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k& v, XP xq, int i) {
   return hipc_dot_kquant<LO, false>(v.q, nullptr, v.sc, v.dd, v.h, xq, i);
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, XP xq, int i) {
   return hipc_dot_kquant<LO, true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
 }
 

@@ -60,12 +60,15 @@ CASES = {
     "q4_k_copy_rows4": ("q4_k", 21, 2048, "residual", False, QuantGemv(2, 4, 1, 2, 1, 1)),
     "q4_0_copy_k2304_glu": ("q4_0", 2 * 23, 2304, "glu", True, QuantGemv(2, 2, 2, 3, 1, 1)),
     # the bulk-copy GEMV (linear_gemv_qbulk): tiles through a ring of shared-memory stages,
-    # several turns of the ring per block, the last tile partial (rows past the end)
+    # several turns of the ring per block, the last tile partial (rows past the end); tiles
+    # of fewer outputs than waves split each output's units over 2-4 waves
     "bulk_q4_0_residual": ("q4_0", 45, 2048, "residual", False, QuantGemvBulk(2, 4, 3, 3)),
+    "bulk_q4_0_split2": ("q4_0", 45, 2048, "residual", False, QuantGemvBulk(4, 2, 3, 3)),
     "bulk_q4_0_glu_norm": ("q4_0", 2 * 21, 1024, "glu", True, QuantGemvBulk(2, 4, 2, 2)),
+    "bulk_q4_0_glu_split2": ("q4_0", 2 * 21, 4096, "glu", True, QuantGemvBulk(2, 2, 2, 2)),
     "bulk_q4_k_norm": ("q4_k", 21, 2048, "none", True, QuantGemvBulk(2, 2, 3, 2)),
     "bulk_q5_k_residual": ("q5_k", 13, 1024, "residual", False, QuantGemvBulk(2, 2, 2, 2)),
-    "bulk_q6_k_glu": ("q6_k", 2 * 9, 2048, "glu", False, QuantGemvBulk(2, 2, 4, 2)),
+    "bulk_q6_k_glu_split2": ("q6_k", 2 * 9, 8192, "glu", False, QuantGemvBulk(2, 2, 4, 2)),
     "bulk_q8_0_norm": ("q8_0", 19, 512, "none", True, QuantGemvBulk(2, 3, 2, 2)),
 }
 
