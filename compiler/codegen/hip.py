@@ -45,10 +45,14 @@ class GpuProgramBuilder:
         kernels: list[SelectedKernel],
         prefill_precision: str = "bf16",
         activations: str = "int16",
+        quant_layout: str = "split",
     ) -> None:
         self.target, self.max_tokens = target, max_tokens
         self.prefill_precision = prefill_precision  # CompileOptions.prefill_precision
         self.activations = activations  # how quantized GEMVs round x (CompileOptions)
+        self.quant_layout = (
+            quant_layout  # how the artifact stores quantized blocks (CompileOptions)
+        )
         self.max_ctx, self.kv_storage = max_ctx, kv_storage
         self.selected = kernels  # every kernel of the program (kinds look up their neighbours)
         self.memo: dict[str, Any] = {}  # what a kind works out once per program from `selected`
@@ -133,6 +137,7 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
         c.kernels,
         c.options.prefill_precision,
         c.options.activations,
+        c.options.quant_layout,
     )
     for k in c.kernels:
         k.kind.gpu(k, binder, g)

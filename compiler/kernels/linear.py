@@ -308,7 +308,9 @@ class Linear(KernelKind):
         if p.gated:
             common["gate"] = b.act(r["gate"][1])
             common["ldg"] = b.int(b.ld(r["gate"][1]))
-        dk = decode_gemv(k.fn, p, g.target, k.nodes, activations=g.activations)
+        dk = decode_gemv(
+            k.fn, p, g.target, k.nodes, activations=g.activations, quant_layout=g.quant_layout
+        )
         g.launch("decode", k.group, g.kernel(dk), dk.grid, [dk.threads], gemv_signature(p),
                  common, shared=dk.shared, overlap=True)  # fmt: skip
         split = g.prefill_precision == "split"
@@ -881,6 +883,22 @@ QUANT_REGIONS = {
 }
 
 
+# The bulk-copy GEMV where it is the default: (weight type, matrix class) -> geometry; a
+# class is "glu", "long" (K >= BULK_LONG_K: a down projection) or "short". Empty until measured on the H200
+# against the register GEMV (bench_gpu_gemv.py's bulk* variants).
+QUANT_GEMV_BULK: dict[tuple[str, str], QuantGemvBulk] = {}
+BULK_LONG_K = 8192
+
+
+def bulk_default(
+    wsuffix: str, N: int, K: int, glu: bool, target: GpuTarget
+) -> QuantGemvBulk | None:
+    """The bulk-copy geometry quant_gemv's table gives this matrix, if any and if it fits."""
+    cls = "glu" if glu else "long" if K >= BULK_LONG_K else "short"
+    g = QUANT_GEMV_BULK.get((wsuffix, cls))
+    return g if g is not None and bulk_gemv_fits(wsuffix, K, target) else None
+
+
 def bulk_gemv_fits(wsuffix: str, K: int, target: GpuTarget) -> bool:
     """cp.async.bulk copies 16-byte aligned multiples of 16 bytes: every region's bytes per
     row must be one (then every tile's ranges are); NVIDIA sm_90 and later only."""
@@ -927,6 +945,7 @@ def decode_gemv(
     nodes: list[str],
     quant: QuantGemv | QuantGemvBulk | None = None,
     activations: str = "int16",
+    quant_layout: str = "split",
 ) -> GpuKernel:
     """The GEMV of one linear. `quant` overrides quant_gemv's geometry (bench_gpu_gemv.py
     times several); `activations` (CompileOptions.activations) is how a quantized GEMV
@@ -935,6 +954,8 @@ def decode_gemv(
     ws = WEIGHT_SUFFIX[p.wtype]
     glu = p.epilogue == "glu"
     rows_per_block = GEMV_WAVES * (1 if glu else 2)
+    if ws in QUANT_TYPES and quant is None and quant_layout == "split":
+        quant = bulk_default(ws, p.N, p.K, glu, target)
     if ws in QUANT_TYPES and isinstance(quant, QuantGemvBulk):
         return bulk_gemv(fn, p, target, nodes, quant, activations)
     if ws in QUANT_TYPES:
