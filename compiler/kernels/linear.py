@@ -868,6 +868,7 @@ class QuantGemvBulk:
     min_blocks: int = 2
     unroll: int = 2
     xq_chunk: int = 8
+    rows_per_wave: int = 1  # outputs a wave multiplies at once (sharing each x load)
 
 
 # bytes per block of each region of the split layout (prelude: hipc_qmat_*), quants first
@@ -1026,10 +1027,15 @@ def bulk_gemv(
     if glu and g.tile_rows % 2:
         raise ValueError(f"{fn}: a GLU tile holds gate and up rows: tile_rows must be even")
     tp = g.tile_rows // 2 if glu else g.tile_rows
-    # fewer outputs a tile than waves: the waves of an output split its units
-    ksplit = g.waves // tp if tp < g.waves else 1
-    if g.waves % ksplit or (ksplit > 1 and g.waves % tp):
-        raise ValueError(f"{fn}: {g.waves} waves do not split a tile of {tp} outputs evenly")
+    # fewer passes of rows_per_wave outputs a tile than waves: the waves of a pass split its
+    # units
+    passes = -(-tp // g.rows_per_wave)
+    ksplit = g.waves // passes if passes < g.waves else 1
+    if ksplit > 1 and (g.waves % passes or tp % g.rows_per_wave):
+        raise ValueError(
+            f"{fn}: {g.waves} waves do not split a tile of {tp} outputs in passes of "
+            f"{g.rows_per_wave} evenly"
+        )
     tiles = -(-p.n_out // tp)
     blocks = min(g.max_blocks, tiles)
     stage_bytes = g.tile_rows * (p.K // qt.block_values) * qt.block_bytes
@@ -1043,6 +1049,7 @@ def bulk_gemv(
         waves=g.waves,
         tile_rows=g.tile_rows,
         ksplit=ksplit,
+        rows_per_wave=g.rows_per_wave,
         stages=g.stages,
         blocks=blocks,
         min_blocks=g.min_blocks,

@@ -67,6 +67,23 @@ CASES = {
     "bulk_q4_0_glu_norm": ("q4_0", 2 * 21, 1024, "glu", True, QuantGemvBulk(2, 4, 2, 2)),
     "bulk_q4_0_glu_split2": ("q4_0", 2 * 21, 4096, "glu", True, QuantGemvBulk(2, 2, 2, 2)),
     "bulk_q4_k_norm": ("q4_k", 21, 2048, "none", True, QuantGemvBulk(2, 2, 3, 2)),
+    # 2 outputs a wave at once: 5 outputs a tile over 2 waves (the last pass has one row)
+    "bulk_q4_k_rw2": (
+        "q4_k",
+        23,
+        2048,
+        "residual",
+        False,
+        QuantGemvBulk(2, 5, 2, 2, rows_per_wave=2),
+    ),
+    "bulk_q4_0_glu_rw2": (
+        "q4_0",
+        2 * 22,
+        1024,
+        "glu",
+        True,
+        QuantGemvBulk(2, 6, 2, 2, rows_per_wave=2),
+    ),
     "bulk_q5_k_residual": ("q5_k", 13, 1024, "residual", False, QuantGemvBulk(2, 2, 2, 2)),
     "bulk_q6_k_glu_split2": ("q6_k", 2 * 9, 8192, "glu", False, QuantGemvBulk(2, 2, 4, 2)),
     "bulk_q8_0_norm": ("q8_0", 19, 512, "none", True, QuantGemvBulk(2, 3, 2, 2)),
