@@ -79,8 +79,8 @@ GEOMETRIES = {
     "w8r2u2s6": (QuantGemv(8, 2, 2, 132, 1, 6, 8), QuantGemv(8, 2, 2, 132, 1, 6, 8)),
     "copy16r2u4": (QuantGemv(16, 2, 4, 128, 1, 1), QuantGemv(16, 2, 4, 128, 1, 1)),
     # bulk copies into shared memory (linear_gemv_qbulk): (stage KiB at most, stages, waves at
-    # most, blocks per SM it is sized for[, outputs a wave multiplies at once]); bulk_geometry
-    # makes the QuantGemvBulk
+    # most, blocks per SM it is sized for[, outputs a wave multiplies at once[, Q4_K in
+    # 64-weight units]]); bulk_geometry makes the QuantGemvBulk
     "bulk16x4m2": ((16, 4, 8, 2), None),
     "bulk24x4m2": ((24, 4, 8, 2), None),
     "bulk32x6m1": ((32, 6, 16, 1), None),
@@ -98,6 +98,7 @@ KQUANT_GEOMETRIES = {
     "bulk24x4m2": ((24, 4, 8, 2), None),
     "bulk32x6m1": ((32, 6, 16, 1), None),
     "bulk24x4m2r2": ((24, 4, 8, 2, 2), None),
+    "bulk24x4m2k64": ((24, 4, 8, 2, 1, True), None),
 }
 KQUANTS = ("q4_k", "q5_k", "q6_k")
 
@@ -133,12 +134,16 @@ LAYERS = {
 def bulk_geometry(spec: tuple, wtype: str, N: int, K: int, glu: bool) -> QuantGemvBulk:
     """A bulk-copy geometry whose stages hold at most `kib` KiB: a multiple of `waves` outputs
     (a wave an output), else a power of two of them (waves splitting each output's units)."""
-    kib, stages, waves, per_sm, rw = (*spec, 1)[:5]
+    kib, stages, waves, per_sm = spec[:4]
+    rw = spec[4] if len(spec) > 4 else 1
+    k64 = len(spec) > 5 and spec[5]
     qt = QUANT_TYPES[wtype]
     out_bytes = (2 if glu else 1) * (K // qt.block_values * qt.block_bytes)
     tp = max(1, kib * 1024 // out_bytes)
     tp = tp // waves * waves if tp >= waves else 1 << (tp.bit_length() - 1)
-    return QuantGemvBulk(waves, tp * (2 if glu else 1), stages, 132, per_sm, rows_per_wave=rw)
+    return QuantGemvBulk(
+        waves, tp * (2 if glu else 1), stages, 132, per_sm, rows_per_wave=rw, unit64=k64
+    )
 
 
 def geometries(wtype: str) -> dict:

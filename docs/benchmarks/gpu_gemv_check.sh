@@ -13,7 +13,7 @@
 # Writes $OUT/gemv/gemv.md and $OUT/gemv/tests.log.
 set -uo pipefail
 SHAPES=l8_qkv,l8_o,l8_gate_up,l8_down,l8_head_q6k,l8_qk_q4k,l8_v_q6k,l8_o_q4k,l8_gate_up_q4k,l8_down_q6k,l8_down_q4k
-VARIANTS=${VARIANTS:-base,default,bulk16x4m2,bulk24x4m2,bulk32x6m1,bulk24x4m2r2}
+VARIANTS=${VARIANTS:-base,default,bulk16x4m2,bulk24x4m2,bulk32x6m1,bulk24x4m2r2,bulk24x4m2k64}
 BENCH=(docs/benchmarks/bench_gpu_gemv.py --baseline .work/base/linear_gemv_q.hip.j2
   --activations int8 --no-attention --shapes "$SHAPES" --variants "$VARIANTS")
 

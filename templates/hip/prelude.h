@@ -1100,6 +1100,42 @@ HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q6_k& m, int K, int n, int k, uint
   q = hipc_ints8(lo, 4 * (c / 2), 15, -32, &hi, 2 * c, 4, 3);
   s = hipc_f16_to_f32(*(const uint16_t*)m.d(b)) * (float)((const int8_t*)m.sc(b))[8 * h + 2 * c + l / 16], o = 0.f;
 }
+// Q4_K in 64-weight units (the bulk-copy GEMV reads them from shared memory): unit u of a row
+// is sub-blocks 2q and 2q + 1 (q = u % 4) of super-block u / 4, the quants' bytes 32q ..
+// 32q + 31 (low nibbles: sub-block 2q, high: 2q + 1). 8 lanes of a 16-byte load phase read
+// 8 units 32 bytes apart, two per bank group: those with bit 2 of u set read their second
+// 16 bytes first, so every load covers all 32 banks once.
+struct hipc_unit_q4_k64 { uint4 a, b; uint32_t sc[3], dd; int q; };
+template <bool SMEM = false>
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_k64& v, const hipc_qmat_q4_k& m, size_t u) {
+  const size_t b = u / 4;
+  v.q = (int)(u % 4);
+  const int rot = (int)((u >> 2) & 1);
+  const char* p = m.qs(b) + 32 * v.q;
+  const uint4 first = hipc_load_q16<SMEM>(p + 16 * rot), second = hipc_load_q16<SMEM>(p + 16 - 16 * rot);
+  v.a = rot ? second : first;
+  v.b = rot ? first : second;
+  hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
+}
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k64& v, XP xq, int i) {
+  const uint32_t Q[8] = {v.a.x, v.a.y, v.a.z, v.a.w, v.b.x, v.b.y, v.b.z, v.b.w};
+  int lo[8], hi[8];
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {
+    lo[w] = (int)(Q[w] & 0x0f0f0f0fu);
+    hi[w] = (int)((Q[w] >> 4) & 0x0f0f0f0fu);
+  }
+  int sc0, mn0, sc1, mn1;
+  hipc_kscale_w(v.sc, 2 * v.q, sc0, mn0);
+  hipc_kscale_w(v.sc, 2 * v.q + 1, sc1, mn1);
+  const hipc_xb<LO> x0 = hipc_load_xb<LO>(xq, 2 * i), x1 = hipc_load_xb<LO>(xq, 2 * i + 1);
+  const float d0 = x0.scale(), d1 = x1.scale();
+  const float dsum = d0 * (float)sc0 * (float)hipc_idot_words<LO, 8>(lo, x0, 0) +
+                     d1 * (float)sc1 * (float)hipc_idot_words<LO, 8>(hi, x1, 0);
+  const float msum = d0 * (float)mn0 * (float)x0.meta.y + d1 * (float)mn1 * (float)x1.meta.y;
+  return hipc_f16_to_f32((uint16_t)v.dd) * dsum - hipc_f16_to_f32((uint16_t)(v.dd >> 16)) * msum;
+}
 
 // The GEMV inner loops, one per storage type: lane `lane` of a wave takes every
 // HIPC_WAVE-th step of a weight row against x. Dense types read 8 values (16 bytes) per

@@ -67,6 +67,16 @@ CASES = {
     "bulk_q4_0_glu_norm": ("q4_0", 2 * 21, 1024, "glu", True, QuantGemvBulk(2, 4, 2, 2)),
     "bulk_q4_0_glu_split2": ("q4_0", 2 * 21, 4096, "glu", True, QuantGemvBulk(2, 2, 2, 2)),
     "bulk_q4_k_norm": ("q4_k", 21, 2048, "none", True, QuantGemvBulk(2, 2, 3, 2)),
+    # Q4_K in 64-weight units (K 2048: 32 units a row, one step per lane) and split over waves
+    "bulk_q4_k64_glu": ("q4_k", 2 * 13, 2048, "glu", True, QuantGemvBulk(2, 4, 2, 2, unit64=True)),
+    "bulk_q4_k64_split": (
+        "q4_k",
+        19,
+        4096,
+        "residual",
+        False,
+        QuantGemvBulk(4, 2, 3, 3, unit64=True),
+    ),
     # 2 outputs a wave at once: 5 outputs a tile over 2 waves (the last pass has one row)
     "bulk_q4_k_rw2": (
         "q4_k",

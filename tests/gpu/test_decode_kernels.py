@@ -90,6 +90,8 @@ GEMVS = {
     "bulk_q5_k_glu_k2048": ("q5_k", 2 * 70, 2048, "glu", False, True),
     "bulk_q6_k_residual_k14336": ("q6_k", 41, 14336, "residual", False, False),
     "bulk_q4_1_norm": ("q4_1", 90, 2048, "none", True, False),
+    "bulk_q4_k64_glu_norm": ("q4_k", 2 * 70, 4096, "glu", True, False),
+    "bulk_q4_k64_residual_k14336": ("q4_k", 37, 14336, "residual", False, True),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
@@ -113,6 +115,8 @@ STREAMED = {
     "bulk_q5_k_glu_k2048": QuantGemvBulk(2, 4, 2, 5),
     "bulk_q6_k_residual_k14336": QuantGemvBulk(8, 2, 3, 4),
     "bulk_q4_1_norm": QuantGemvBulk(4, 8, 2, 3),
+    "bulk_q4_k64_glu_norm": QuantGemvBulk(8, 8, 3, 5, unit64=True),
+    "bulk_q4_k64_residual_k14336": QuantGemvBulk(8, 2, 4, 4, rows_per_wave=2, unit64=True),
 }
 QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
 
