@@ -869,7 +869,9 @@ class QuantGemvBulk:
     unroll: int = 2
     xq_chunk: int = 8
     rows_per_wave: int = 1  # outputs a wave multiplies at once (sharing each x load)
-    unit64: bool = False  # Q4_K: 64-weight units (prelude: hipc_unit_q4_k64; no bank conflicts)
+    unit64: bool = (
+        False  # Q4_K, Q6_K: 64-weight units (prelude: hipc_unit_q4_k64; no bank conflicts)
+    )
 
 
 # bytes per block of each region of the split layout (prelude: hipc_qmat_*), quants first
@@ -1042,8 +1044,8 @@ def bulk_gemv(
     stage_bytes = g.tile_rows * (p.K // qt.block_values) * qt.block_bytes
     xq_shared = -(-xq_bytes(p.K, activations) // 128) * 128
     rounds = -(-(p.K // 4) // (g.waves * target.wave))
-    k64 = g.unit64 and ws == "q4_k"
-    unit = {"unit": "q4_k64" if k64 else ws, "unit_values": 64 if k64 else qt.unit_values}
+    k64 = g.unit64 and ws in ("q4_k", "q6_k")
+    unit = {"unit": f"{ws}64" if k64 else ws, "unit_values": 64 if k64 else qt.unit_values}
     ctx = dict(
         nodes=nodes,
         wave=target.wave,

@@ -1136,6 +1136,50 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k64& v, XP xq, int i) {
   const float msum = d0 * (float)mn0 * (float)x0.meta.y + d1 * (float)mn1 * (float)x1.meta.y;
   return hipc_f16_to_f32((uint16_t)v.dd) * dsum - hipc_f16_to_f32((uint16_t)(v.dd >> 16)) * msum;
 }
+// Q6_K in 64-weight units (the bulk-copy GEMV): unit u of a row is, in half h = (u % 4) / 2 of
+// super-block u / 4 and with p = u % 2, the 32 bytes ql[64h + 32p ..] (low nibbles: weights
+// 128h + 32p + l, high: 128h + 64 + 32p + l) and the 32 bytes qh[32h ..] (their 2-bit highs
+// at bits 2p and 4 + 2p); the 16-byte halves read in the bank-covering order of q4_k64.
+struct hipc_unit_q6_k64 { uint4 l0, l1, h0, h1; uint32_t sc[2]; uint16_t d; int u; };
+template <bool SMEM = false>
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k64& v, const hipc_qmat_q6_k& m, size_t u) {
+  const size_t b = u / 4;
+  const int r = (int)(u % 4), h = r / 2, p = r % 2, rot = (int)((u >> 2) & 1);
+  const char* q = m.qs(b);
+  const uint4 a0 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p + 16 * rot);
+  const uint4 a1 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p + 16 - 16 * rot);
+  const uint4 b0 = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16 * rot);
+  const uint4 b1 = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16 - 16 * rot);
+  v.l0 = rot ? a1 : a0, v.l1 = rot ? a0 : a1;
+  v.h0 = rot ? b1 : b0, v.h1 = rot ? b0 : b1;
+  const uint16_t* sc = (const uint16_t*)(m.sc(b) + 8 * h);
+  v.sc[0] = sc[0] | (uint32_t)sc[1] << 16;
+  v.sc[1] = sc[2] | (uint32_t)sc[3] << 16;
+  v.d = *(const uint16_t*)m.d(b);
+  v.u = r;
+}
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k64& v, XP xq, int i) {
+  const uint32_t QL[8] = {v.l0.x, v.l0.y, v.l0.z, v.l0.w, v.l1.x, v.l1.y, v.l1.z, v.l1.w};
+  const uint32_t QH[8] = {v.h0.x, v.h0.y, v.h0.z, v.h0.w, v.h1.x, v.h1.y, v.h1.z, v.h1.w};
+  const int h = v.u / 2, p = v.u % 2;
+  const int blk0 = (i / 4) * 8 + 4 * h + p;  // x block of chunk p of the half (then p + 2)
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {  // chunk p + 2k: the low (k 0) or high (k 1) nibbles
+    const hipc_xb<LO> x = hipc_load_xb<LO>(xq, blk0 + 2 * k);
+    const int hs = 2 * p + 4 * k;
+    int q[8];
+#pragma unroll
+    for (int w = 0; w < 8; ++w)
+      q[w] = (int)(((QL[w] >> (4 * k)) & 0x0f0f0f0fu) | (((QH[w] >> hs) & 0x03030303u) << 4));
+    const int t0 = hipc_idot_words<LO, 4>(q, x, 0) - 32 * x.meta.z;
+    const int t1 = hipc_idot_words<LO, 4>(q + 4, x, 4) - 32 * (x.meta.y - x.meta.z);
+    const uint32_t sw = v.sc[k] >> (16 * p);  // scales of chunk p + 2k: bytes 2(p + 2k), + 1
+    acc += x.scale() * ((float)(int8_t)sw * (float)t0 + (float)(int8_t)(sw >> 8) * (float)t1);
+  }
+  return hipc_f16_to_f32(v.d) * acc;
+}
 
 // The GEMV inner loops, one per storage type: lane `lane` of a wave takes every
 // HIPC_WAVE-th step of a weight row against x. Dense types read 8 values (16 bytes) per

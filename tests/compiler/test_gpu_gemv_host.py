@@ -69,6 +69,22 @@ CASES = {
     "bulk_q4_k_norm": ("q4_k", 21, 2048, "none", True, QuantGemvBulk(2, 2, 3, 2)),
     # Q4_K in 64-weight units (K 2048: 32 units a row, one step per lane) and split over waves
     "bulk_q4_k64_glu": ("q4_k", 2 * 13, 2048, "glu", True, QuantGemvBulk(2, 4, 2, 2, unit64=True)),
+    "bulk_q6_k64_residual": (
+        "q6_k",
+        23,
+        2048,
+        "residual",
+        False,
+        QuantGemvBulk(2, 3, 2, 2, unit64=True),
+    ),
+    "bulk_q6_k64_glu_split": (
+        "q6_k",
+        2 * 9,
+        8192,
+        "glu",
+        True,
+        QuantGemvBulk(4, 2, 3, 2, unit64=True),
+    ),
     "bulk_q4_k64_split": (
         "q4_k",
         19,
