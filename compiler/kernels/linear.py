@@ -793,6 +793,7 @@ class QuantGemv:
     xq_chunk: int = 4
     preload: int = 0  # ring buffers filled before the wait (0: all of them)
     l2_prefetch: bool = False  # and the wave's rows pulled towards L2 (small matrices)
+    unit64: bool = False  # Q4_K, Q6_K: 64-weight units (prelude: hipc_unit_q4_k64, q6_k64)
 
 
 # Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM (16
@@ -903,6 +904,13 @@ def bulk_default(
     return g if g is not None and bulk_gemv_fits(wsuffix, K, target) else None
 
 
+def unit_of(wsuffix: str, unit64: bool) -> dict:
+    """The GEMV unit of a weight type (prelude: hipc_unit_*): its name and weights."""
+    if unit64 and wsuffix in ("q4_k", "q6_k"):
+        return {"unit": f"{wsuffix}64", "unit_values": 64}
+    return {"unit": wsuffix, "unit_values": QUANT_TYPES[wsuffix].unit_values}
+
+
 def bulk_gemv_fits(wsuffix: str, K: int, target: GpuTarget) -> bool:
     """cp.async.bulk copies 16-byte aligned multiples of 16 bytes: every region's bytes per
     row must be one (then every tile's ranges are); NVIDIA sm_90 and later only."""
@@ -965,8 +973,9 @@ def decode_gemv(
     if ws in QUANT_TYPES:
         qt = QUANT_TYPES[ws]
         g = quant or quant_gemv(ws, p.N, p.K, glu)
+        unit = unit_of(ws, g.unit64)
         groups = -(-p.n_out // (g.rows // 2 if glu else g.rows))
-        steps = -(-(p.K // qt.unit_values) // wave)
+        steps = -(-(p.K // unit["unit_values"]) // wave)
         rounds = -(-(p.K // 4) // (g.waves * wave))
         blocks = stream_blocks(groups, g.waves, g.max_blocks)
         ctx = dict(
@@ -986,7 +995,7 @@ def decode_gemv(
             xq_chunk=max(1, min(g.xq_chunk, rounds)),
             lo=activations == "int16",
             params=gemv_signature(p).render(GPU_INDENT),
-            **qt.__dict__,
+            **{**qt.__dict__, **unit},
             **p.context(),
         )
         shared = xq_bytes(p.K, activations)
@@ -1044,8 +1053,7 @@ def bulk_gemv(
     stage_bytes = g.tile_rows * (p.K // qt.block_values) * qt.block_bytes
     xq_shared = -(-xq_bytes(p.K, activations) // 128) * 128
     rounds = -(-(p.K // 4) // (g.waves * target.wave))
-    k64 = g.unit64 and ws in ("q4_k", "q6_k")
-    unit = {"unit": f"{ws}64" if k64 else ws, "unit_values": 64 if k64 else qt.unit_values}
+    unit = unit_of(ws, g.unit64)
     ctx = dict(
         nodes=nodes,
         wave=target.wave,

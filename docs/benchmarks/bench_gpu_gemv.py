@@ -99,6 +99,15 @@ KQUANT_GEOMETRIES = {
     "bulk32x6m1": ((32, 6, 16, 1), None),
     "bulk24x4m2r2": ((24, 4, 8, 2, 2), None),
     "bulk24x4m2k64": ((24, 4, 8, 2, 1, True), None),
+    # the register kernel with 64-weight units
+    "k8r4s1k64": (
+        QuantGemv(8, 4, 1, 132, 1, 1, unit64=True),
+        QuantGemv(8, 4, 1, 132, 1, 1, unit64=True),
+    ),
+    "k16r2s3k64": (
+        QuantGemv(16, 2, 1, 132, 1, 3, 8, unit64=True),
+        QuantGemv(16, 2, 1, 132, 1, 3, 8, unit64=True),
+    ),
 }
 KQUANTS = ("q4_k", "q5_k", "q6_k")
 

@@ -58,6 +58,23 @@ CASES = {
     "q5_0_residual_s2": ("q5_0", 17, 1536, "residual", False, QuantGemv(2, 2, 2, 2, 1, 2)),
     # one stage: the next item's loads copied in at the end of each step
     "q4_k_copy_rows4": ("q4_k", 21, 2048, "residual", False, QuantGemv(2, 4, 1, 2, 1, 1)),
+    # 64-weight K-quant units (bank-covering half order) in the register ring
+    "q4_k64_ring_glu": (
+        "q4_k",
+        2 * 21,
+        2048,
+        "glu",
+        True,
+        QuantGemv(2, 2, 1, 2, 1, 3, unit64=True),
+    ),
+    "q6_k64_copy_rows4": (
+        "q6_k",
+        21,
+        2048,
+        "residual",
+        False,
+        QuantGemv(2, 4, 2, 2, 1, 1, unit64=True),
+    ),
     "q4_0_copy_k2304_glu": ("q4_0", 2 * 23, 2304, "glu", True, QuantGemv(2, 2, 2, 3, 1, 1)),
     # the bulk-copy GEMV (linear_gemv_qbulk): tiles through a ring of shared-memory stages,
     # several turns of the ring per block, the last tile partial (rows past the end); tiles
