@@ -102,6 +102,16 @@ CASES = {
         True,
         QuantGemvBulk(4, 2, 3, 2, unit64=True),
     ),
+    # rows whose units are not a multiple of a wave's 32 lanes (72 Q4_0 blocks, 48 Q4_K pairs)
+    "bulk_q4_0_k2304": ("q4_0", 27, 2304, "none", True, QuantGemvBulk(2, 2, 3, 3)),
+    "bulk_q4_k64_k3072": (
+        "q4_k",
+        2 * 15,
+        3072,
+        "glu",
+        False,
+        QuantGemvBulk(2, 2, 2, 3, unit64=True),
+    ),
     "bulk_q4_k64_split": (
         "q4_k",
         19,

@@ -94,6 +94,7 @@ GEMVS = {
     "bulk_q4_k64_residual_k14336": ("q4_k", 37, 14336, "residual", False, True),
     "bulk_q6_k64_residual_k14336": ("q6_k", 29, 14336, "residual", False, False),
     "bulk_q6_k64_norm": ("q6_k", 70, 4096, "none", True, False),
+    "bulk_q4_0_k2304_norm": ("q4_0", 50, 2304, "none", True, True),
     "q4_k64_ring_glu_norm": ("q4_k", 2 * 70, 4096, "glu", True, False),
     "q6_k64_copy_residual_k14336": ("q6_k", 45, 14336, "residual", False, False),
 }
@@ -123,6 +124,7 @@ STREAMED = {
     "bulk_q4_k64_residual_k14336": QuantGemvBulk(8, 2, 4, 4, rows_per_wave=2, unit64=True),
     "bulk_q6_k64_residual_k14336": QuantGemvBulk(8, 2, 3, 4, unit64=True),
     "bulk_q6_k64_norm": QuantGemvBulk(4, 4, 3, 5, unit64=True),
+    "bulk_q4_0_k2304_norm": QuantGemvBulk(4, 4, 2, 4),
     "q4_k64_ring_glu_norm": QuantGemv(4, 2, 2, 5, 1, 3, unit64=True),
     "q6_k64_copy_residual_k14336": QuantGemv(4, 4, 1, 3, 1, 1, unit64=True),
 }
