@@ -869,7 +869,7 @@ class QuantGemvBulk:
     min_blocks: int = 2
     unroll: int = 2
     xq_chunk: int = 8
-    rows_per_wave: int = 1  # outputs a wave multiplies at once (sharing each x load)
+    rows_per_wave: int = 1  # outputs a wave multiplies at once
     unit64: bool = (
         False  # Q4_K, Q6_K: 64-weight units (prelude: hipc_unit_q4_k64; no bank conflicts)
     )

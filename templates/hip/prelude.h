@@ -560,7 +560,12 @@ HIPC_DEVICE int hipc_xq_at(int blk, bool padded) {
 // 4 int8 products summed into c: __dp4a on NVIDIA, v_dot4 on AMD where the arch has it.
 HIPC_DEVICE int hipc_dot4_i8(int a, int b, int c) {
 #if defined(__CUDACC__)
-  return __dp4a(a, b, c);
+  // CUDA's __dp4a is `asm volatile`, which the compiler treats as a side effect: no load from
+  // shared memory was merged across one, so a GEMV of R rows loaded each staged x block R
+  // times (PTX of linear_gemv_q). The instruction is pure: plain asm lets those loads merge.
+  int r;
+  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
 #elif defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
   return __builtin_amdgcn_sdot4(a, b, c, false);
 #elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1150__) || \
