@@ -7,6 +7,8 @@ groups, long rows in several batches, rings of 2-4 batch buffers whose last turn
 rows past the end of the matrix. The outputs start as NaN, so an output no wave writes fails,
 and each block's shared memory starts poisoned (the harness), so a block that read staged x
 it did not write fails too.
+The register kernels run again on blocks in GGUF's order (HIPC_QSPLIT 0); the bulk-copy
+kernel (linear_gemv_qbulk) reads the split layout only.
 tests/gpu runs the same kernels on a GPU.
 """
 
@@ -148,14 +150,13 @@ def params(case) -> LinearParams:
     return LinearParams(wtype, N, K, EPS if norm else 0.0, epilogue, bias=False)
 
 
-@pytest.fixture(scope="module", params=["int16", "int8"])
-def lib(request, tmp_path_factory):
+def build_cases(root, name: str, cases: dict, activations: str, defines: str = ""):
     kernels, wrappers, specs = [], [], {}
-    for i, (name, case) in enumerate(CASES.items()):
+    for i, (case_name, case) in enumerate(cases.items()):
         k = decode_gemv(
-            f"gemv{i}", params(case), GpuTarget("sm_90"), [name], case[5], request.param
+            f"gemv{i}", params(case), GpuTarget("sm_90"), [case_name], case[5], activations
         )
-        specs[name] = k
+        specs[case_name] = k
         kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         wrappers.append(
             f'extern "C" void run_{k.fn}(const float* x, const void* W, const float* g, '
@@ -164,13 +165,40 @@ def lib(request, tmp_path_factory):
             f"{k.shared});\n}}"
         )
     code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
-    handle = host_simt.build(tmp_path_factory.mktemp("gemv"), f"gemv_{request.param}", code)
-    handle.specs, handle.activations = specs, request.param
+    handle = host_simt.build(root, name, code, defines=defines)
+    handle.specs, handle.activations = specs, activations
+    handle.layout = "gguf" if "HIPC_QSPLIT 0" in defines else "split"
     return handle
+
+
+@pytest.fixture(scope="module", params=["int16", "int8"])
+def lib(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemv")
+    return build_cases(root, f"gemv_{request.param}", CASES, request.param)
+
+
+# the register kernels again with the blocks in GGUF's order (an artifact that also holds the
+# cpu target): narrow loads of the same fields (the bulk-copy GEMV needs the split layout)
+GGUF_CASES = {n: c for n, c in CASES.items() if not isinstance(c[5], QuantGemvBulk)}
+
+
+@pytest.fixture(scope="module")
+def lib_gguf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemv_gguf")
+    return build_cases(root, "gemv_gguf", GGUF_CASES, "int8", "#define HIPC_QSPLIT 0\n")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_quantized_gemv_on_the_host(lib, name):
+    run_case(lib, name)
+
+
+@pytest.mark.parametrize("name", sorted(GGUF_CASES))
+def test_quantized_gemv_gguf_order_on_the_host(lib_gguf, name):
+    run_case(lib_gguf, name)
+
+
+def run_case(lib, name):
     wtype, N, K, epilogue, norm, geo = CASES[name]
     spec = lib.specs[name]
     if isinstance(geo, QuantGemvBulk):
@@ -188,7 +216,8 @@ def test_quantized_gemv_on_the_host(lib, name):
     rng = np.random.default_rng(sorted(CASES).index(name))
     raw = blocks(wtype, N, K, rng)
     w = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, wtype.upper()))
-    _wbuf, wptr = aligned(split_quant_blocks(raw, wtype))
+    stored = split_quant_blocks(raw, wtype) if lib.layout == "split" else raw
+    _wbuf, wptr = aligned(stored)
     x = (rng.standard_normal(K) * 3).astype(np.float32)
     x[rng.integers(0, K, 4)] *= 30
     g = (1 + 0.2 * rng.standard_normal(K)).astype(np.float32)
