@@ -888,10 +888,42 @@ QUANT_REGIONS = {
 }
 
 
-# The bulk-copy GEMV where it is the default: (weight type, matrix class) -> geometry; a
-# class is "glu", "long" (K >= BULK_LONG_K: a down projection) or "short". Empty until measured on the H200
-# against the register GEMV (bench_gpu_gemv.py's bulk* variants).
-QUANT_GEMV_BULK: dict[tuple[str, str], QuantGemvBulk] = {}
+@dataclass(frozen=True)
+class BulkSpec:
+    """A bulk-copy GEMV geometry by its budget, for any matrix: stages of at most `kib` KiB,
+    `waves` waves at most a block sized for `per_sm` blocks per SM (bench_gpu_gemv.py's bulk*
+    variants are these)."""
+
+    kib: int
+    stages: int
+    waves: int
+    per_sm: int
+    rows_per_wave: int = 1
+    unit64: bool = False
+
+    def geometry(self, wsuffix: str, K: int, glu: bool) -> QuantGemvBulk:
+        """A multiple of `waves` outputs a tile (a wave an output), else a power of two of
+        them (the waves splitting each output's units), within `kib` KiB a stage."""
+        qt = QUANT_TYPES[wsuffix]
+        out_bytes = (2 if glu else 1) * (K // qt.block_values * qt.block_bytes)
+        tp = max(1, self.kib * 1024 // out_bytes)
+        tp = tp // self.waves * self.waves if tp >= self.waves else 1 << (tp.bit_length() - 1)
+        return QuantGemvBulk(
+            self.waves,
+            tp * (2 if glu else 1),
+            self.stages,
+            132,
+            self.per_sm,
+            rows_per_wave=self.rows_per_wave,
+            unit64=self.unit64,
+        )
+
+
+# The bulk-copy GEMV where it is the default: (weight type, matrix class) -> its BulkSpec; a
+# class is "glu", "long" (K >= BULK_LONG_K: a down projection) or "short". Empty until measured
+# on the H200 against the register GEMV (bench_gpu_gemv.py's bulk* variants, e.g. bulk24x4m2 is
+# BulkSpec(24, 4, 8, 2)).
+QUANT_GEMV_BULK: dict[tuple[str, str], BulkSpec] = {}
 BULK_LONG_K = 8192
 
 
@@ -900,8 +932,10 @@ def bulk_default(
 ) -> QuantGemvBulk | None:
     """The bulk-copy geometry quant_gemv's table gives this matrix, if any and if it fits."""
     cls = "glu" if glu else "long" if K >= BULK_LONG_K else "short"
-    g = QUANT_GEMV_BULK.get((wsuffix, cls))
-    return g if g is not None and bulk_gemv_fits(wsuffix, K, target) else None
+    spec = QUANT_GEMV_BULK.get((wsuffix, cls))
+    if spec is None or not bulk_gemv_fits(wsuffix, K, target):
+        return None
+    return spec.geometry(wsuffix, K, glu)
 
 
 def unit_of(wsuffix: str, unit64: bool) -> dict:

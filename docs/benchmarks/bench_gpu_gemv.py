@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "docs" / "benchmarks"))
 from hipc.base.launch_plan import KV_BLOCK  # noqa: E402
 from hipc.compiler.kernels.attention import AttentionParams, decode_attention  # noqa: E402
 from hipc.compiler.kernels.linear import (  # noqa: E402
-    QUANT_TYPES,
+    BulkSpec,
     LinearParams,
     QuantGemv,
     QuantGemvBulk,
@@ -141,18 +141,8 @@ LAYERS = {
 
 
 def bulk_geometry(spec: tuple, wtype: str, N: int, K: int, glu: bool) -> QuantGemvBulk:
-    """A bulk-copy geometry whose stages hold at most `kib` KiB: a multiple of `waves` outputs
-    (a wave an output), else a power of two of them (waves splitting each output's units)."""
-    kib, stages, waves, per_sm = spec[:4]
-    rw = spec[4] if len(spec) > 4 else 1
-    k64 = len(spec) > 5 and spec[5]
-    qt = QUANT_TYPES[wtype]
-    out_bytes = (2 if glu else 1) * (K // qt.block_values * qt.block_bytes)
-    tp = max(1, kib * 1024 // out_bytes)
-    tp = tp // waves * waves if tp >= waves else 1 << (tp.bit_length() - 1)
-    return QuantGemvBulk(
-        waves, tp * (2 if glu else 1), stages, 132, per_sm, rows_per_wave=rw, unit64=k64
-    )
+    """A bulk* variant's geometry for one matrix (linear.BulkSpec)."""
+    return BulkSpec(*spec).geometry(wtype, K, glu)
 
 
 def geometries(wtype: str) -> dict:

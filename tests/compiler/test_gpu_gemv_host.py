@@ -238,3 +238,24 @@ def run_case(lib, name):
     )  # fmt: skip
     assert np.isfinite(y).all()
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_bulk_default_follows_the_table(monkeypatch):
+    """QUANT_GEMV_BULK picks the bulk-copy GEMV for its (type, class) on sm_90 in the split
+    layout only; GGUF order, an AMD target or a row the copies cannot take keep the register
+    kernel."""
+    from hipc.compiler.kernels import linear
+
+    monkeypatch.setitem(linear.QUANT_GEMV_BULK, ("q4_k", "short"), linear.BulkSpec(24, 4, 8, 2))
+    p = LinearParams("q4_k", 4096, 4096, EPS, "none", bias=False)
+    k = decode_gemv("a", p, GpuTarget("sm_90"), ["n"], activations="int8")
+    assert k.template == "linear_gemv_qbulk"
+    assert k.ctx["tile_rows"] == 8 and k.ctx["stages"] == 4 and k.grid == [132]
+    assert decode_gemv("b", p, GpuTarget("sm_90"), ["n"], quant_layout="gguf").template == (
+        "linear_gemv_q"
+    )
+    assert decode_gemv("c", p, GpuTarget("gfx942"), ["n"]).template == "linear_gemv_q"
+    odd = LinearParams("q4_k", 4096, 3328, EPS, "none", bias=False)  # 13 super-blocks a row
+    assert decode_gemv("d", odd, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_q"
+    glu = LinearParams("q4_k", 2 * 4096, 4096, EPS, "glu", bias=False)  # another class
+    assert decode_gemv("e", glu, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_q"
