@@ -119,14 +119,16 @@ class CompiledEngine:
         if passed:
             self.backend.submit(np.asarray(tokens, dtype=np.int64), start, False)
 
-    def collect(self) -> np.ndarray:
-        """Logits of the last token [vocab] of the step `submit` started."""
+    def collect(self, copy: bool = True) -> np.ndarray:
+        """Logits of the last token [vocab] of the step `submit` started (`copy` False: a view
+        of the backend's buffer where it has one, valid until the next step's logits arrive:
+        for a caller done with it before the next submit, such as the generation loop)."""
         if self._queued is None:
             raise HipcError("no step in flight")
         tokens, start, passed = self._queued
         self._queued = None
         if passed:
-            logits = self.backend.collect()[-1]
+            logits = self.backend.collect(copy=copy)[-1]
             if self.sequence is not None:
                 self.sequence.ran(tokens, start)
             return logits
