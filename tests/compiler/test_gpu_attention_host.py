@@ -72,29 +72,50 @@ BLOCKS = {
 
 
 # the grouped kernel (one block per KV head) on every case; the per-query-head one (its
-# fallback where the grouped one's tiles would not fit) on a few
-FORMS = {(n, "gqa"): c for n, c in DECODE.items()} | {
-    (n, "head"): DECODE[n] for n in ("llama_bf16_d128", "window_f32_d32", "gated_partial_d64_f32")
-}
+# fallback where the grouped one's tiles would not fit) on a few; the grouped one with AMD
+# CDNA's 64-lane waves (gfx942: lanes past a tile's 32 keys idle) on a few
+FORMS = (
+    {(n, "gqa"): c for n, c in DECODE.items()}
+    | {
+        (n, "head"): DECODE[n]
+        for n in ("llama_bf16_d128", "window_f32_d32", "gated_partial_d64_f32")
+    }
+    | {
+        (n, "gqa-wave64"): DECODE[n]
+        for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "d256_gated_partial_bf16")
+    }
+)
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib32(tmp_path_factory):
+    return _build(tmp_path_factory, 32)
+
+
+@pytest.fixture(scope="module")
+def lib64(tmp_path_factory):
+    return _build(tmp_path_factory, 64)
+
+
+def _build(tmp_path_factory, wave: int):
+    """The kernels of one wave width (sm_90's 32 or gfx942's 64), built as one library."""
     kernels, wrappers = [], []
     specs = {}
     for i, (key, case) in enumerate(FORMS.items()):
         name, form = key
+        if (form == "gqa-wave64") != (wave == 64):
+            continue
         k = decode_attention(
             f"att{i}",
             attention_params(case, EPS),
-            GpuTarget("sm_90"),
+            GpuTarget("gfx942" if wave == 64 else "sm_90"),
             [name],
             case[7],
             case[6],
             blocks=BLOCKS.get(name, DECODE_BLOCKS),
-            form=form,
+            form=form.split("-")[0],
         )
-        assert k.template == f"attention_decode{'_gqa' if form == 'gqa' else ''}"
+        assert k.template == f"attention_decode{'' if form == 'head' else '_gqa'}"
         specs[key] = k
         kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         kv = "uint16_t" if case[6] == "bfloat16" else "float"
@@ -107,13 +128,16 @@ def lib(tmp_path_factory):
             f"blocks, qw, kw, c, s, kc, vc, part, cnt, out); }});\n}}"
         )
     code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
-    handle = host_simt.build(tmp_path_factory.mktemp("attention"), "attention_host", code)
+    handle = host_simt.build(
+        tmp_path_factory.mktemp("attention"), f"attention_host{wave}", code, wave=wave
+    )
     handle.specs = specs
     return handle
 
 
 @pytest.mark.parametrize("name,form", sorted(FORMS))
-def test_decode_attention_on_the_host(lib, name, form):
+def test_decode_attention_on_the_host(request, name, form):
+    lib = request.getfixturevalue("lib64" if form == "gqa-wave64" else "lib32")
     NH, NKV, D, window, norm, interleaved, kv, ctx, p = DECODE[name][:9]
     rot, gated = attention_switches(DECODE[name])
     r = rot or D
