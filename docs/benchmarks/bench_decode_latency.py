@@ -30,7 +30,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-MODELS = ("smol_bf16", "smol_q4_1", "l8_q4_0")
+MODELS = ("l8_q4_0", "smol_q4_1", "smol_bf16")
 FORMS = ("head", "gqa")
 
 
