@@ -41,7 +41,7 @@ OUT=${OUT:-/tmp/out}/declat
 mkdir -p "$OUT"
 source docs/benchmarks/install_wheels.sh .whl
 nvidia-smi -L
-timeout 35 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_decode_kernels.py \
+timeout 30 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_decode_kernels.py \
   -k attention 2>&1 | tail -15 | tee "$OUT/tests.log"
-timeout 105 python3 docs/benchmarks/bench_decode_latency.py --meta .work/gpuq-meta \
-  --out "$OUT/latency.md" 2>&1 | tail -40 | tee "$OUT/bench.log"
+timeout 110 python3 docs/benchmarks/bench_decode_latency.py --meta .work/gpuq-meta \
+  --out "$OUT/latency.md" 2>&1 | tail -60 | tee "$OUT/bench.log"
