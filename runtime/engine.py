@@ -74,6 +74,11 @@ class CompiledEngine:
             raise HipcError(
                 f"context overflow: {start + ids.size} positions, the artifact holds {self.max_context}"
             )
+        # (one token, a decode step: no array reductions, no chunking)
+        if ids.size == 1:
+            if not 0 <= int(ids[0]) < self.vocab_size:
+                raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
+            return self.backend.forward(ids, start, all_logits)
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
         step = self.backend.max_tokens

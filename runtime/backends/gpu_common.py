@@ -312,6 +312,7 @@ class GpuBackend:
                 f"recompile with: hipc compile MODEL --target {self.arch}"
             ) from None
         self.max_tokens = self.gpu.max_tokens
+        self._buckets: tuple[int, ...] | None = None
         self.vocab = self.gpu.vocab
         self._states: tuple[StateSpec, ...] = states(plan)
         self.max_context = int(plan["max_context"])
@@ -604,10 +605,13 @@ class GpuBackend:
         self._check_step(T)
         if not 0 <= start <= self.max_context - T:
             raise HipcError(f"start position {start} out of range")
-        pos = np.arange(start, start + T, dtype=np.int32)
         rows = T if all_logits else 1
-        self._queue(ids, pos, np.full(T, self.SOLO, np.int32), "decode" if T == 1 else "prefill",
-                    T, rows, slice(0, rows))  # fmt: skip
+        if T == 1:  # a decode step: scalars into the pinned inputs (no arrays to build)
+            self._queue(ids, start, self.SOLO, "decode", 1, 1, slice(0, 1))
+            return
+        pos = np.arange(start, start + T, dtype=np.int32)
+        self._queue(ids, pos, np.full(T, self.SOLO, np.int32), "prefill", T, rows,
+                    slice(0, rows))  # fmt: skip
 
     def step(
         self,
@@ -669,7 +673,10 @@ class GpuBackend:
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        return tuple(b for b in BUCKETS if b <= self.max_tokens)
+        # read on every step (a decode step's graph is the 1-row bucket's): built once
+        if self._buckets is None:
+            self._buckets = tuple(b for b in BUCKETS if b <= self.max_tokens)
+        return self._buckets
 
     def _check_step(self, T: int) -> None:
         if self._closed:
@@ -714,7 +721,8 @@ class GpuBackend:
         try:
             d.activate()
             self._ids_host[:T], self._pos_host[:T], self._seq_host[:T] = ids, pos, seq
-            self._ids_host[T:B], self._pos_host[T:B], self._seq_host[T:B] = 0, 0, self.PAD
+            if B > T:
+                self._ids_host[T:B], self._pos_host[T:B], self._seq_host[T:B] = 0, 0, self.PAD
             d.h2d(self.bases.ids, self._inputs_host.ctypes.data, self._inputs_host.nbytes)
             if self._upload_tables:
                 n, self._upload_tables = self._upload_tables, 0
