@@ -60,6 +60,10 @@ class CompiledEngine:
         return self._run(tokens, start, all_rows)  # [1, vocab] unless all rows
 
     def _check(self, tokens: Sequence[int], start: int) -> None:
+        if len(tokens) == 1:  # a decode step (every token of a generation): no array
+            if not 0 <= int(tokens[0]) < self.vocab_size:
+                raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
+            return
         ids = np.asarray(tokens, dtype=np.int64)
         if ids.size == 0:
             raise HipcError("no tokens to run")
