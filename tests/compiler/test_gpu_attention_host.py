@@ -347,3 +347,22 @@ def test_prefill_attention_on_the_host(prefill_lib, name):
             want[t, h] = e @ vals[lo : p + 1, kvh] / e.sum()
     err = float(np.max(np.abs(out.reshape(T, NH, D) - want)) / np.max(np.abs(want)))
     assert err <= 1e-5, (name, err)
+
+
+def test_grouped_decode_attention_falls_back_where_its_tiles_do_not_fit():
+    """The grouped kernel's shared arrays hold a tile, the group's q rows and the merge's
+    weights; 64 query heads of 256 dims per KV head do not fit in 48 KiB, so the per-head
+    kernel serves them (and any shape asked for it)."""
+    from hipc.compiler.kernels.attention import AttentionParams
+
+    def kernel(NH, NKV, D, kv, form=None):
+        p = AttentionParams(NH=NH, NKV=NKV, D=D, scale=D**-0.5, window=0, interleaved=False,
+                            norm_eps=0.0)  # fmt: skip
+        return decode_attention("a", p, GpuTarget("sm_90"), ["a"], 8192, kv, form=form)
+
+    llama = kernel(32, 8, 128, "bfloat16")
+    assert llama.template == "attention_decode_gqa" and llama.grid == [8, 32]
+    assert kernel(64, 1, 256, "float32").template == "attention_decode"
+    assert kernel(32, 8, 128, "bfloat16", form="head").template == "attention_decode"
+    # 16-key tiles where a cached row is over 256 bytes
+    assert kernel(16, 2, 256, "bfloat16").ctx["tk"] == 16
