@@ -479,8 +479,14 @@ def decode_splits(
     return max(1, min(chunks, -(-blocks // heads)))
 
 
-DECODE_FORM = "gqa"  # decode attention: one block per KV head and split ("head": per query head)
+# decode attention: "head" (a block per query head and split) or "gqa" (a block per KV head and
+# split). "head" stays the default: on the H200 (docs/benchmarks/gpu-h200.md, declat) "gqa" was
+# slower from 512 positions on (its last block merged up to 64 partials with 4 loads in flight)
+# and faster only at short context; the merge is rewritten since, not yet measured.
+DECODE_FORM = "head"
 DECODE_TILE = 32  # keys per tile of the grouped decode kernel (16 where a row is over 256 bytes)
+# blocks per KV head at most: the last one merges every block's partial sums
+DECODE_GQA_SPLITS = 32
 STATIC_SHARED = 48 * 1024  # shared memory a kernel may declare statically (NVIDIA's limit)
 
 
@@ -503,12 +509,12 @@ def decode_attention_gqa(
         return None
     G, threads = p.NH // p.NKV, waves * target.wave
     tk = DECODE_TILE if p.D * esize <= 256 else DECODE_TILE // 2
-    splits = max(1, min(-(-max_ctx // tk), -(-blocks // p.NKV)))
+    splits = max(1, min(-(-max_ctx // tk), -(-blocks // p.NKV), DECODE_GQA_SPLITS))
     rw = p.D * esize // 4
     shared = 4 * (
         tk * (rw | 1) + tk * rw  # the key tile (rows padded to an odd stride), the value tile
         + G * p.D + 2 * p.D + G * tk + G + p.D  # q, new k and v, scores, rescales, cos/sin
-        + G * splits + 2 * G  # the merge's block weights, (m, l) per head
+        + 2 * G * splits + 2 * G  # the merge's (m, l) per block and head, (m, l) per head
     )  # fmt: skip
     if shared > STATIC_SHARED or tk > target.wave:
         return None

@@ -352,16 +352,18 @@ def test_prefill_attention_on_the_host(prefill_lib, name):
 def test_grouped_decode_attention_falls_back_where_its_tiles_do_not_fit():
     """The grouped kernel's shared arrays hold a tile, the group's q rows and the merge's
     weights; 64 query heads of 256 dims per KV head do not fit in 48 KiB, so the per-head
-    kernel serves them (and any shape asked for it)."""
+    kernel serves them (and any shape asked for it). At most DECODE_GQA_SPLITS blocks per
+    KV head."""
     from hipc.compiler.kernels.attention import AttentionParams
 
-    def kernel(NH, NKV, D, kv, form=None):
+    def kernel(NH, NKV, D, kv, form="gqa"):
         p = AttentionParams(NH=NH, NKV=NKV, D=D, scale=D**-0.5, window=0, interleaved=False,
                             norm_eps=0.0)  # fmt: skip
         return decode_attention("a", p, GpuTarget("sm_90"), ["a"], 8192, kv, form=form)
 
     llama = kernel(32, 8, 128, "bfloat16")
     assert llama.template == "attention_decode_gqa" and llama.grid == [8, 32]
+    assert kernel(9, 3, 64, "bfloat16").grid == [3, 32]  # SmolLM2: 256 / 3, capped
     assert kernel(64, 1, 256, "float32").template == "attention_decode"
     assert kernel(32, 8, 128, "bfloat16", form="head").template == "attention_decode"
     # 16-key tiles where a cached row is over 256 bytes
