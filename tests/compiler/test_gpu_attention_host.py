@@ -71,15 +71,16 @@ BLOCKS = {
 }
 
 
-# the grouped kernel (one block per KV head) on every case; the per-query-head one (its
-# fallback where the grouped one's tiles would not fit) on a few; the grouped one with AMD
-# CDNA's 64-lane waves (gfx942: lanes past a tile's 32 keys idle) on a few
+# the grouped kernel (one block per KV head) on every case; the per-query-head one (the
+# default, and the fallback where the grouped one's tiles would not fit) on most; the grouped
+# one with AMD CDNA's 64-lane waves (gfx942: lanes past a tile's 32 keys idle) on a few
+HEAD_CASES = (
+    "llama_bf16_d128", "window_f32_d32", "gated_partial_d64_f32", "first_token",
+    "qknorm_d12_bf16", "clip_bf16", "f32_d64_chunks", "edge_p31", "tiles_per_block_bf16",
+)  # fmt: skip
 FORMS = (
     {(n, "gqa"): c for n, c in DECODE.items()}
-    | {
-        (n, "head"): DECODE[n]
-        for n in ("llama_bf16_d128", "window_f32_d32", "gated_partial_d64_f32")
-    }
+    | {(n, "head"): DECODE[n] for n in HEAD_CASES}
     | {
         (n, "gqa-wave64"): DECODE[n]
         for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "d256_gated_partial_bf16")

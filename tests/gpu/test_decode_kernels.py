@@ -243,10 +243,8 @@ ATTENTION_BLOCKS = {
     "tiles_window_qknorm_f32": 4,
     "edge_p64_one_block": 3,
 }
-# the per-query-head kernel (the fallback where the grouped one's tiles do not fit) on a few
-ATTENTION_FORMS = [(n, "gqa") for n in ATTENTIONS] + [
-    (n, "head") for n in ("smollm2_bf16", "llama8b_bf16_loops_chunks", "qwen35_gated_partial_bf16")
-]
+# both forms on every case: per query head (the default) and per KV head (the grouped one)
+ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("head", "gqa")]
 
 
 def decode_attention_specs(arch: str) -> dict:
