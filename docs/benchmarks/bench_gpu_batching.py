@@ -242,16 +242,21 @@ def run_clients(port: int, clients: int, args, seed: int) -> dict:
     }
 
 
+class PeerFailed(Exception):
+    pass
+
+
 def llama_batched(args) -> dict[int, float]:
     """llama-batched-bench's aggregate generation tok/s by parallel count; asked for with
-    --llamacpp-bin, so anything missing or failing ends the run with an error."""
+    --llamacpp-bin, so anything missing or failing is PeerFailed (the run's exit status 1,
+    after the hipc table is written)."""
     binary = args.llamacpp_bin / "llama-batched-bench"
     if not binary.exists():
-        sys.exit(f"llama.cpp: {binary} not found")
+        raise PeerFailed(f"llama.cpp: {binary} not found")
     gguf_path = args.work / f"{args.shape}-f16.gguf"
     if not gguf_path.exists():
         if args.peers is None or args.layers:
-            sys.exit("llama.cpp: the GGUF needs --peers DIR (mkgguf.py) and every layer")
+            raise PeerFailed("llama.cpp: the GGUF needs --peers DIR (mkgguf.py) and every layer")
         subprocess.run(
             [sys.executable, str(args.peers / "mkgguf.py"), GGUF_NAME[args.shape], str(gguf_path)],
             check=True,
@@ -269,7 +274,7 @@ def llama_batched(args) -> dict[int, float]:
             r = json.loads(line)
             out[int(r["pl"])] = float(r["speed_tg"])
     if proc.returncode != 0 or set(out) != set(args.clients):
-        sys.exit(
+        raise PeerFailed(
             f"llama-batched-bench exited {proc.returncode} with results for {sorted(out)} of "
             f"{args.clients}:\n{proc.stderr[-1500:]}"
         )
@@ -340,7 +345,13 @@ def main() -> int:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
     server_log = logfile.read_text(errors="replace").splitlines()
-    peer = llama_batched(args) if args.llamacpp_bin else {}
+    peer, peer_error = {}, None
+    if args.llamacpp_bin:
+        try:
+            peer = llama_batched(args)
+        except (PeerFailed, subprocess.SubprocessError, OSError) as e:
+            peer_error = f"llama-batched-bench FAILED: {e}"
+            log(peer_error)
     command = "python docs/benchmarks/bench_gpu_batching.py " + shlex.join(sys.argv[1:])
     text = (
         f"```\n{command}\n```\n\n{args.shape} shape (bf16, {bench_gpu.SHAPES[args.shape][3]} "
@@ -351,10 +362,13 @@ def main() -> int:
         + "\n```\n"
     )
     text += goals(rows, peer)
+    if peer_error:
+        text += f"\n{peer_error}\n"
     if args.out:
         args.out.write_text(text)
     print(text)
-    return 0 if code == 0 and all("errors" not in r for r in rows) else 1
+    ok = code == 0 and peer_error is None and all("errors" not in r for r in rows)
+    return 0 if ok else 1
 
 
 def goals(rows: list[dict], peer: dict[int, float]) -> str:
