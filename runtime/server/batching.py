@@ -203,14 +203,16 @@ class BatchScheduler:
             top = 1 if self._all_greedy else 0
             try:
                 out = self.batch.run_step(top)
+                self._publish_step()
+                self._advance(out)
             except Exception:
+                # a bug, not a request's fault: every running request gets a 500 and the loop
+                # goes on (a dead engine thread would hang every later request)
                 log.exception("batch step failed")
                 for w in list(self._active):
                     w.job.error = internal_error()
                     self._finish(w)
                 continue
-            self._publish_step()
-            self._advance(out)
 
     def _admit(self) -> None:
         """Under the lock: start choices, first come first served, while they fit."""
@@ -272,18 +274,16 @@ class BatchScheduler:
             if all(plain):
                 greedy = np.argmax(out.logits, axis=1).tolist()
             elif any(plain):
-                rows = [i for i, p in enumerate(plain) if p]
-                picked = np.argmax(out.logits[rows], axis=1).tolist()
-                greedy = [None] * len(plain)
-                for i, t in zip(rows, picked, strict=True):
-                    greedy[i] = t
+                # a mix: each greedy row's argmax over its view (gathering them would copy)
+                greedy = [int(np.argmax(out.logits[i])) if p else None for i, p in enumerate(plain)]
         touched: dict[_Work, None] = {}
         failed: set[_Work] = set()
         now = time.perf_counter()
         for i, seq in enumerate(out.seqs):
-            w, c = self._owner[seq]
-            if w in failed or c.ended:
+            owner = self._owner.get(seq)  # gone when an earlier row's failure ended its job
+            if owner is None or owner[0] in failed or owner[1].ended:
                 continue
+            w, c = owner
             res = c.gen.result
             if not res.token_ids and not res.prefill_s:
                 res.prefill_s = now - c.t0

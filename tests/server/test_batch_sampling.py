@@ -105,3 +105,25 @@ def test_batched_choices_get_their_lone_tokens(engines, device_top, sampled):
         # all-greedy steps ask the device for tokens; a step with a sampled row, for logits
         assert backend.top_calls > 0
         assert (backend.logit_calls > 0) == sampled
+
+
+def test_a_choice_failing_mid_step_ends_its_request_and_the_loop_goes_on(engines):
+    """Two choices of one request fail in the same step (a logit_bias id past the
+    vocabulary: the sampler's 400); the request gets that error, the other row of the step is
+    skipped, not touched after its job ended, and the next request is served as alone."""
+    lone, engine = engines
+    service = Service(engine, Config(max_batch=4, eager_load=False))
+    try:
+        bad = SamplingParams(temperature=0.5, logit_bias=((10**6, 1.0),), seed=1)
+        prompt = tuple(range(3, 9))
+        req = GenerationRequest(prompt, 4, bad, ignore_eos=True)
+        job = service.scheduler.job([ChoiceSpec(0, req), ChoiceSpec(1, req)], False, 12)
+        service.scheduler.submit(job)
+        assert job.done.wait(60)
+        assert getattr(job.error, "status", None) == 400
+        assert "logit_bias" in str(job.error)
+        good = requests(engine, sampled=False)[:2]
+        assert batched(service, good) == [alone(lone, r) for r in good]
+        assert service.batch.pool.used == 0 and not service.batch.running
+    finally:
+        service.close(5)
