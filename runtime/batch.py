@@ -11,7 +11,9 @@ and GPU backends' `step`: per-row positions, block tables over paged KV pools). 
 
 It returns the logits of every sequence whose pending tokens are all computed; the caller
 samples (each sequence with its own Decoding: sampler, seed, stops, logprobs) and `feed()`s
-the next token. Blocks come from a KVPool: a sequence is admitted only when every block it
+the next token. `run_step(top=k)` returns them as one [rows, vocab] array, or, from a backend
+that picks tokens on the device (`step_top`, `max_top_k` >= k), each row's k likeliest ids
+and logits: what an all-greedy batch needs, rows x k values instead of rows x vocab. Blocks come from a KVPool: a sequence is admitted only when every block it
 may need can be promised (prompt + max_tokens), and the full blocks of its prompt that an
 earlier sequence computed are shared instead of recomputed (prefix caching by block hash).
 
