@@ -159,9 +159,10 @@ class Sampler:
             z = logits / logits.dtype.type(max(p.temperature, 1e-6))
         n = z.size
         zmax = z.max()
-        if not np.isfinite(zmax):
-            return None
-        if p.top_k and p.top_k < n:
+        truncating_k = 0 < p.top_k < n
+        if not np.isfinite(zmax) or not (truncating_k or p.top_p < 1.0):
+            return None  # (a top_k of the whole vocabulary truncates nothing)
+        if truncating_k:
             # the k-th largest is found among the tokens near the top (a superset of the k
             # largest gives the same k-th value); then e = exp(z - top) is zero below it
             for gap in (4, 8, 16, 32):

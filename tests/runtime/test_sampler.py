@@ -145,8 +145,9 @@ def test_nucleus_is_the_sorted_prefix():
         dict(temperature=1.3, top_p=0.5, min_p=0.05),
         dict(temperature=0.7, top_k=40),
         dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.01),
+        dict(temperature=0.7, top_k=2**31 - 2),  # past the vocabulary: no truncation at all
     ],
-    ids=["top_p", "top_p+min_p", "top_k", "all"],
+    ids=["top_p", "top_p+min_p", "top_k", "all", "top_k-past-vocab"],
 )
 def test_truncated_draws_over_a_large_vocabulary_are_numpys_choice(params):
     """top-k / top-p at a 32k vocabulary (the sampler draws from the likely tokens only,
@@ -170,7 +171,7 @@ def test_truncated_draws_over_a_large_vocabulary_are_numpys_choice(params):
         logits = logits.astype(np.float32)
         z = logits.astype(np.float64) / params["temperature"]
         want = np.exp(z - z.max())
-        if params.get("top_k"):
+        if params.get("top_k", 0) < v and params.get("top_k"):
             kth = np.partition(z, -params["top_k"])[-params["top_k"]]
             want[z < kth] = 0.0
         want /= want.sum()
