@@ -7,7 +7,7 @@ query head and split; "gqa", one block per KV head and split), then timed on one
     # on the GPU machine (HIPC_CACHE_DIR as here: the compile then only writes weights)
     python docs/benchmarks/bench_decode_latency.py --meta .work/gpuq-meta --out $OUT/lat.md
 
-Models: smol_bf16 (SmolLM2-135M shape, random bf16), smol_q4_1 (the real SmolLM2 Q4_1's
+Models (--models; default l8_q4_0,smol_q4_1): smol_bf16 (SmolLM2-135M shape, random bf16), smol_q4_1 (the real SmolLM2 Q4_1's
 tensor list and tokenizer, random blocks), l8_q4_0 (Llama-3-8B shape as llama-quantize's
 Q4_0 makes it, cut to --l8-layers layers). Per model and form: the engine's forward() loop
 (decode tok/s at each --positions, 128 tokens), the decode graph replayed alone, the

@@ -2,7 +2,7 @@
 # One device call (<= 150 s on an H200): batch-1 decode time that is not weight streaming.
 # The decode attention kernels against NumPy on the GPU (tests/gpu/test_decode_kernels.py
 # -k attention: both forms, NaN-poisoned outputs, paged KV), then bench_decode_latency.py:
-# SmolLM2 shape bf16 and Q4_1, Llama-3-8B Q4_0 cut to 4 layers, each compiled with the
+# Llama-3-8B Q4_0 cut to 4 layers and SmolLM2 Q4_1 (bf16 with --models), each compiled with the
 # per-query-head decode attention ("head", before) and the grouped one ("gqa", after):
 # engine-loop tok/s at 512 and 2048, graph replay, per-kernel profile, the generation
 # loop's host gap per token. Table last.
