@@ -124,8 +124,16 @@ MOE_DOWN_UNITS = {"q4_0": 8, "q4_1": 8, "q8_0": 4}
 # int8 planes after waiting on _up (the critical path): 16 waves stage them in half the
 # rounds of 8, over half the blocks (H / 16: about one per SM at H = 2048)
 MOE_DOWN_WAVES = 16
+# _up of quantized experts: blocks per SM its registers are capped for (__launch_bounds__). At
+# 2 (90 registers) the k x F / 16 = 384 blocks of Qwen3-30B-A3B's shape took two rounds of an
+# H200's 132 x 2 slots, the second streaming its weights after the first had finished; at 3
+# (79 registers, no spills) all of them are resident at once
+MOE_UP_BLOCKS_PER_SM = 3
 TILE = 64  # the prefill GEMM's rows (token, slot pairs) and outputs per tile
-XQ_BLOCK_BYTES = 80  # x staged per 32 values as int8 hi + lo (prelude: hipc_xq<true>::INTS * 4)
+# x staged per 32 values (prelude: hipc_xq<LO>::INTS * 4): int8 hi + lo planes, or one plane
+# with CompileOptions.activations "int8" (as the dense GEMVs: linear.XQ_BLOCK_BYTES)
+XQ_BLOCK_BYTES = 80
+XQ_BYTES = {"int16": XQ_BLOCK_BYTES, "int8": 48}
 
 
 # The grouped prefill GEMMs on matrix instructions (bf16 experts), linear_mma's pipeline on
@@ -204,9 +212,17 @@ def max_tiles(max_tokens: int, p: MoEParams) -> int:
 
 
 def gpu_kernels(
-    fn: str, p: MoEParams, target: GpuTarget, nodes: list[str], max_tokens: int
+    fn: str,
+    p: MoEParams,
+    target: GpuTarget,
+    nodes: list[str],
+    max_tokens: int,
+    activations: str = "int16",
 ) -> MoEGpu:
+    """`activations`: how the quantized experts' decode GEMVs round x and act (int16: int8 hi +
+    lo planes, int8: one plane), CompileOptions.activations as the dense GEMVs take it."""
     wave = target.wave
+    xq_bytes = XQ_BYTES[activations]
     ws = WEIGHT_SUFFIX[p.wtype]
     quant = p.wtype in _BLOCK
     # quantized: whole 32-weight blocks; dense: the GEMVs' 16-byte loads
@@ -240,6 +256,8 @@ def gpu_kernels(
             waves=MOE_WAVES,
             P=MOE_ROWS,
             P_down=p_down,
+            lo=activations == "int16",
+            up_min_blocks=MOE_UP_BLOCKS_PER_SM if quant else 2,
             down_waves=down_waves,
             unroll=min(down_steps, MOE_DOWN_UNITS.get(p.wtype, 1)),
             up_blocks=up_blocks,
@@ -308,8 +326,8 @@ def gpu_kernels(
         down_blocks,
         threads,
         down_waves * wave,
-        p.H // 32 * XQ_BLOCK_BYTES if quant else 0,
-        p.top_k * p.F // 32 * XQ_BLOCK_BYTES if quant else 0,
+        p.H // 32 * xq_bytes if quant else 0,
+        p.top_k * p.F // 32 * xq_bytes if quant else 0,
         tiles,
         mma,
         gate_up,
@@ -484,7 +502,7 @@ class MoE(KernelKind):
                 f"{k.refs['gate'][1]}: expert weight type {p.wtype} has no GPU MoE kernel "
                 f"(supported: {', '.join(GPU_WTYPES)})"
             )
-        return gpu_kernels(k.fn, p, g.target, k.nodes, g.max_tokens)
+        return gpu_kernels(k.fn, p, g.target, k.nodes, g.max_tokens, g.activations)
 
     def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
         return self._gpu(k, g).scratch(g.max_tokens, k.params)

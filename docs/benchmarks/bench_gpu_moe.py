@@ -119,11 +119,24 @@ def write_olmoe_hf(folder: Path, cfg: dict) -> int:
     return active
 
 
-def compile_hipc(src: Path, artifact: Path, target: str) -> float:
+def compile_hipc(
+    src: Path, artifact: Path, target: str, activations: str = "int16", sets: str = ""
+) -> float:
+    """`hipc compile`, timed. `sets` ("module.NAME=EXPR;..."): compiler constants replaced
+    before compiling (hipc.compiler.kernels.<module>.NAME = eval(EXPR) there), so that one
+    device call can time launch choices side by side (--variants) without a flag in hipc."""
     t = time.perf_counter()
-    cmd = [sys.executable, "-m", "hipc.cli.main", "compile", str(src), "--target", target,
-           "-o", str(artifact), "-q", "--max-context", "1024", "--prefill-chunk", "512"]  # fmt: skip
-    subprocess.run(cmd, check=True)
+    args = ["compile", str(src), "--target", target, "-o", str(artifact), "-q",
+            "--max-context", "1024", "--prefill-chunk", "512", "--activations", activations]  # fmt: skip
+    code = ["import importlib, sys", "from hipc.cli.main import main"]
+    for item in filter(None, sets.split(";")):
+        name, expr = item.split("=", 1)
+        mod, attr = name.strip().rsplit(".", 1)
+        code += [f"m = importlib.import_module('hipc.compiler.kernels.{mod}')",
+                 f"assert hasattr(m, {attr!r}), {name!r}",
+                 f"setattr(m, {attr!r}, eval({expr!r}, vars(m)))"]  # fmt: skip
+    code.append(f"sys.exit(main({args!r}))")
+    subprocess.run([sys.executable, "-c", "\n".join(code)], check=True)
     return time.perf_counter() - t
 
 
@@ -141,6 +154,68 @@ def llama_bench(bin_dir: Path, gguf_path: Path, repeats: int) -> dict | None:
         log("llama-bench failed:", proc.stderr[-800:])
         return None
     return {"prefill" if r["n_prompt"] else "decode": r["avg_ts"] for r in rows}
+
+
+def graph_replay(artifact: Path, position: int = 512, n: int = 100) -> float:
+    """Seconds one decode step's captured graph takes replayed back to back (no host work in
+    between: what the kernels' launch chain costs, without the logits' copy and argmax)."""
+    from hipc.runtime.engine import load_engine
+
+    eng = load_engine(artifact, target="cuda")
+    b = eng.backend
+    eng.forward(np.random.default_rng(0).integers(0, eng.vocab_size, position).tolist(), 0)
+    b.forward(np.array([5]), position, False)  # captures the decode graph
+    d = b._driver
+    graph = b._graphs[("decode", 1)][1]
+    d.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        d.graph_launch(graph)
+    d.synchronize()
+    dt = (time.perf_counter() - t) / n
+    eng.close()
+    return dt
+
+
+def variants(args, name: str, cfg: dict, ceil_copy: float) -> str:
+    """--variant LABEL:ACTIVATIONS:SETS ...: one source file, compiled once per variant (SETS
+    as compile_hipc's `sets`), each timed as the decode tok/s of bench_hipc and its graph's
+    replay; --profile adds the per-kernel profile of the first and the last variant."""
+    src = write_gguf(args.work / f"{name}.gguf", cfg, "q4_0")
+    active = gguf_active_bytes(src, cfg)
+    lines = [
+        f"variants: {name}, {cfg['layers']} layers, {active / 1e9:.3f} GB active per token",
+        "",
+        "| variant | activations | decode tok/s | graph replay ms | per layer us | active % of copy |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    profiles = []
+    base = None
+    for i, spec in enumerate(args.variant):
+        label, act, sets = [*spec.split(":", 2), "", ""][:3]
+        artifact = args.work / f"{name}-{i}.hipc"
+        try:
+            compile_hipc(src, artifact, args.target, act or "int16", sets)
+            r = bench_hipc(artifact, args.repeats, 512, 128)
+            g = graph_replay(artifact)
+        except Exception as e:  # a variant that fails is a row, not the end
+            lines.append(f"| {label} | {act} | failed: {str(e)[-120:]} | | | |")
+            log(lines[-1])
+            continue
+        base = base if base is not None else g
+        # the LM head, final norm and embedding row are common to every variant: the
+        # difference between two variants' replay over the layers is theirs alone
+        lines.append(
+            f"| {label} | {act or 'int16'} | {r['decode']:,.1f} | {g * 1e3:.3f} | "
+            f"{(g - base) / cfg['layers'] * 1e6:+.2f} vs first | "
+            f"{100 * r['decode'] * active / ceil_copy:.0f}% |"
+        )
+        log(lines[-1])
+        if args.profile and i in (0, len(args.variant) - 1):
+            profiles.append(f"profile, {label}:\n```\n{profile(artifact)}```")
+        subprocess.run(["rm", "-rf", str(artifact)], check=True)
+    src.unlink()
+    return "\n".join([*profiles, "", *lines])
 
 
 def profile(artifact: Path) -> str:
@@ -161,6 +236,19 @@ def main() -> None:
     ap.add_argument("--llamacpp-bin", type=Path, default=None, help="folder with llama-bench")
     ap.add_argument("--profile", action="store_true", help="per-kernel decode times")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--activations",
+        default="int16",
+        choices=("int16", "int8"),
+        help="hipc compile --activations (llama.cpp's GEMVs take int8 activations)",
+    )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL:ACT:SETS",
+        help="time compile variants of the first model instead (see variants())",
+    )
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     layers = dict(kv.split("=") for kv in args.layers.split(",") if kv)
@@ -168,6 +256,15 @@ def main() -> None:
     copy = ceil["copy_bytes_per_s"]
     log(f"ceilings: copy {copy / 1e12:.2f} TB/s")
     rows, notes = [], []
+    if args.variant:
+        name = args.models.split(",")[0]
+        cfg = dict(PRESETS[PRESET[name]])
+        cfg["layers"] = int(layers.get(name, cfg["layers"]))
+        text = variants(args, name, cfg, copy)
+        print(text)
+        if args.out:
+            args.out.write_text(text + "\n")
+        return
     for name in args.models.split(","):
         cfg = dict(PRESETS[PRESET[name]])
         if name in layers:
@@ -182,9 +279,10 @@ def main() -> None:
             src = args.work / name
             active = write_olmoe_hf(src, cfg)
         log(f"{name}: wrote {src} in {time.perf_counter() - t:.0f} s")
-        compile_s = compile_hipc(src, artifact, args.target)
+        compile_s = compile_hipc(src, artifact, args.target, args.activations)
         r = bench_hipc(artifact, args.repeats, 512, 128)
-        rows.append((label, "hipc", r["prefill"], r["decode"], r["decode"] * active))
+        eng = "hipc" + (" (int8 activations)" if args.activations == "int8" else "")
+        rows.append((label, eng, r["prefill"], r["decode"], r["decode"] * active))
         log(rows[-1])
         notes.append(
             f"{name}: hipc compile {compile_s:.0f} s, load {r['load_s']:.1f} s, {r['kernels']} "

@@ -17,7 +17,7 @@ import pytest
 
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.ir import Node
-from hipc.compiler.kernels.moe import XQ_BLOCK_BYTES, MoEParams, gpu_kernels
+from hipc.compiler.kernels.moe import XQ_BLOCK_BYTES, XQ_BYTES, MoEParams, gpu_kernels
 from hipc.compiler.passes.repack import split_quant_blocks
 from hipc.compiler.reference.ops import IMPLS
 from hipc.compiler.targets import GpuTarget
@@ -33,7 +33,10 @@ CASES = {
     "q4_0_e16_k4_f32router_norm": ("q4_0", 16, 4, 256, 64, True, "float32", True),
     "f32_e7_k2_bf16router": ("float32", 7, 2, 64, 40, False, "bfloat16", False),
     "q8_0_e128_k8_f16router_norm": ("q8_0", 128, 8, 128, 32, True, "float16", True),
+    "q4_0_e16_k4_f32router_norm_int8": ("q4_0", 16, 4, 256, 64, True, "float32", True),
 }
+# cases compiled with CompileOptions.activations "int8" (x and act as one int8 plane)
+INT8 = {"q4_0_e16_k4_f32router_norm_int8"}
 
 
 def params(case) -> MoEParams:
@@ -57,7 +60,8 @@ def lib(tmp_path_factory):
     ]
     wrappers, specs = [], {}
     for i, (name, case) in enumerate(CASES.items()):
-        m = gpu_kernels(f"m{i}", params(case), GpuTarget("sm_90"), [name], MAX_TOKENS)
+        act = "int8" if name in INT8 else "int16"
+        m = gpu_kernels(f"m{i}", params(case), GpuTarget("sm_90"), [name], MAX_TOKENS, act)
         specs[name] = m
         xq = max(m.up_shared, m.down_shared) // 4
         for k in (m.decode, m.prefill):
@@ -137,9 +141,34 @@ def test_decode_route_up_down_on_the_host(lib, name):
     node = Node("m", "Experts", ("x", "i", "w", "g", "u", "d"), ("y",), {}, "hipc")
     want = res + IMPLS["hipc::Experts"](node, [xn_want, ids_want, w_want, gv, uv, dv], None)[0]
     assert np.isfinite(y).all()
+    if name in INT8:
+        # x and act rounded to one int8 plane per 32 values: against NumPy's model of that
+        # rounding (tight), and the exact result within what 8 bits allow
+        rows = [(gv[e], uv[e], dv[e]) for e in ids_want[0]]
+        x8 = int8_blocks(xn_want[0])
+        act8 = [int8_blocks(silu(g @ x8) * (u @ x8)) for g, u, _ in rows]
+        model = res[0] + sum(
+            wj * (d @ a) for wj, (_, _, d), a in zip(w_want[0], rows, act8, strict=True)
+        )
+        assert rel_err(y[0], model) <= 2e-4, rel_err(y[0], model)
+        assert 1e-3 < rel_err(y, want) <= 3e-2, rel_err(y, want)
+        assert m.up_shared == H // 32 * XQ_BYTES["int8"]
+        return
     # quantized experts see x and act as int8 hi + lo planes (~16 significant bits)
     assert rel_err(y, want) <= (1e-4 if wtype != "float32" else 1e-5), rel_err(y, want)
     assert m.up_shared in (0, H // 32 * XQ_BLOCK_BYTES)
+
+
+def silu(v):
+    return v / (1 + np.exp(-v))
+
+
+def int8_blocks(v):
+    """v rounded as the GPU stages it with int8 activations: per 32 values, d = max|v| / 127
+    and round-half-even(v / d) * d."""
+    b = np.asarray(v, np.float64).reshape(-1, 32)
+    d = np.abs(b).max(1, keepdims=True) / 127
+    return (np.rint(b / np.where(d > 0, d, 1)) * d).reshape(-1)
 
 
 @pytest.mark.parametrize("T", [3, MAX_TOKENS])
