@@ -129,6 +129,9 @@ MOE_DOWN_WAVES = 16
 # H200's 132 x 2 slots, the second streaming its weights after the first had finished; at 3
 # (79 registers, no spills) all of them are resident at once
 MOE_UP_BLOCKS_PER_SM = 3
+# the decode router's last block routes the token with its first wave alone (no barriers),
+# the whole block only where the top k + 1 hold a tie (moe_route.hip.j2)
+MOE_ROUTE_WAVE = True
 TILE = 64  # the prefill GEMM's rows (token, slot pairs) and outputs per tile
 # x staged per 32 values (prelude: hipc_xq<LO>::INTS * 4): int8 hi + lo planes, or one plane
 # with CompileOptions.activations "int8" (as the dense GEMVs: linear.XQ_BLOCK_BYTES)
@@ -240,6 +243,7 @@ def gpu_kernels(
         common.update(
             rsuffix=WEIGHT_SUFFIX[p.router],
             route_split=split,
+            route_wave=MOE_ROUTE_WAVE and p.top_k < wave,
             route_blocks=route_blocks,
             route_params=ROUTER.render(GPU_INDENT + 6),
         )

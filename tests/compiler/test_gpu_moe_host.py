@@ -86,7 +86,9 @@ def lib(tmp_path_factory):
     return handle
 
 
-def make(name: str, T: int):
+def make(name: str, T: int, tie: bool = False):
+    """`tie`: the k-th ranked expert's router row copied onto a lower ranked one's, so that
+    token 0's k-th largest logit is an exact tie of two computed the same way."""
     wtype, E, k, H, F, normalize, router, norm = CASES[name]
     rng = np.random.default_rng(sorted(CASES).index(name) * 10 + T)
     x = (3 * rng.standard_normal((T, H))).astype(np.float32)
@@ -95,8 +97,19 @@ def make(name: str, T: int):
     xn = x.astype(np.float64)
     if norm:
         xn = xn / np.sqrt(np.mean(xn * xn, -1, keepdims=True) + EPS) * g
-    logits = xn @ r.T
     node = Node("r", "MoERouter", ("l",), ("i", "w"), {"top_k": k, "normalize": int(normalize)})
+    if tie:  # the first copy torch orders other than "lower expert first" (a rule that fails)
+        a = np.argsort(-(xn[0] @ r.T), kind="stable")[k - 1]
+        for b in np.argsort(-(xn[0] @ r.T), kind="stable")[k:]:
+            rt = r.copy()
+            rt[b] = r[a]
+            ids, _ = IMPLS["hipc::MoERouter"](node, [xn[:1] @ rt.T], None)
+            if ids[0, k - 1] != min(a, b):
+                r_raw[b], r[b] = r_raw[a], r[a]
+                break
+        else:
+            raise AssertionError("no tie torch orders by more than the expert index")
+    logits = xn @ r.T
     ids, w = IMPLS["hipc::MoERouter"](node, [logits], None)
     idle = np.setdiff1d(np.arange(E), ids)
     experts = []
@@ -117,11 +130,16 @@ def ptrs(*arrays):
     return [a.ctypes.data_as(ctypes.c_void_p) for a in arrays]
 
 
+@pytest.mark.parametrize("tie", [False, True])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_decode_route_up_down_on_the_host(lib, name):
+def test_decode_route_up_down_on_the_host(lib, name, tie):
+    """`tie`: the route's one-wave path finds two of the top k + 1 equal and hands the token
+    to the block-wide replay of torch's order."""
     wtype, E, k, H, F, *_ = CASES[name]
     m = lib.specs[name]
-    x, g, r, xn_want, logits_want, ids_want, w_want, experts = make(name, 1)
+    x, g, r, xn_want, logits_want, ids_want, w_want, experts = make(name, 1, tie)
+    if tie:
+        assert logits_want[0, ids_want[0, k - 1]] in np.delete(logits_want[0], ids_want[0, k - 1])
     (gr, gv), (ur, uv), (dr, dv) = experts
     res = np.random.default_rng(1).standard_normal((1, H)).astype(np.float32)
     y = res.copy()  # in place, as the residual stream is updated
