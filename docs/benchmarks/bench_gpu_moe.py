@@ -3,7 +3,10 @@
 Run on the GPU machine (docs/benchmarks/README.md says how the device tool carries it):
 
     python docs/benchmarks/bench_gpu_moe.py --out $OUT/moe.md [--llamacpp-bin DIR] \
-        [--models qwen3,olmoe] [--layers qwen3=48,olmoe=16] [--profile]
+        [--models qwen3,olmoe] [--layers qwen3=48,olmoe=16] [--profile] \
+        [--activations int16,int8]
+    python docs/benchmarks/bench_gpu_moe.py --models qwen3 --layers qwen3=8 \
+        --variant before:int16:moe.MOE_UP_BLOCKS_PER_SM=2 --variant after:int16: ...
 
 Models (random weights, real shapes; --layers cuts the layer count to save disk and time):
   qwen3  Qwen3-30B-A3B shape, Q4_0: a GGUF written directly in blocks by write_moe_gguf.py
@@ -17,7 +20,16 @@ and argmax taken on the host), and `llama-bench -p 512 -n 128 -fa 1 -ngl 99` wit
 --llamacpp-bin DIR. Decode bandwidth counts the ACTIVE bytes one token reads: attention,
 norms, the router, k of the E experts, the LM head and one embedding row, against the
 device-to-device copy bandwidth measured in the same run. --profile adds each decode
-kernel's time (profile_gpu_decode.py) for the first model.
+kernel's time (profile_gpu_decode.py) for the first model. --activations int16,int8: a hipc
+row per rounding of the quantized GEMVs' activations (int8: as llama.cpp's). --variant: one
+model compiled several ways (compiler constants replaced, see compile_hipc), each as decode
+tok/s and its graph's replay, in place of the table (moedec_check.sh).
+
+Full size, both models (the lead's call; qwen3 ~3 min, olmoe ~4 min at 16 layers: a 14 GB
+bf16 folder, hipc's 14 GB artifact, then after both are deleted a 14 GB F16 GGUF):
+
+    python docs/benchmarks/bench_gpu_moe.py --models qwen3,olmoe --repeats 2 \
+        --activations int16,int8 --llamacpp-bin DIR --out $OUT/moe.md
 """
 
 from __future__ import annotations
@@ -246,8 +258,8 @@ def main() -> None:
     ap.add_argument(
         "--activations",
         default="int16",
-        choices=("int16", "int8"),
-        help="hipc compile --activations (llama.cpp's GEMVs take int8 activations)",
+        help="hipc compile --activations, comma-separated for a row each (int16,int8): "
+        "llama.cpp's quantized GEMVs take int8 activations",
     )
     ap.add_argument(
         "--variant",
@@ -286,19 +298,21 @@ def main() -> None:
             src = args.work / name
             active = write_olmoe_hf(src, cfg)
         log(f"{name}: wrote {src} in {time.perf_counter() - t:.0f} s")
-        compile_s = compile_hipc(src, artifact, args.target, args.activations)
-        r = bench_hipc(artifact, args.repeats, 512, 128)
-        eng = "hipc" + (" (int8 activations)" if args.activations == "int8" else "")
-        rows.append((label, eng, r["prefill"], r["decode"], r["decode"] * active))
-        log(rows[-1])
-        notes.append(
-            f"{name}: hipc compile {compile_s:.0f} s, load {r['load_s']:.1f} s, {r['kernels']} "
-            f"kernels per decode step, {active / 1e9:.3f} GB active per decode token "
-            f"({cfg['active']} of {cfg['experts']} experts)"
-        )
-        if args.profile and len(notes) == 1:
-            notes.append("decode profile:\n```\n" + profile(artifact) + "```")
-        subprocess.run(["rm", "-rf", str(artifact)], check=True)
+        # bf16 experts have no quantized activations: one hipc row whatever --activations says
+        for act in args.activations.split(",") if name == "qwen3" else ["int16"]:
+            compile_s = compile_hipc(src, artifact, args.target, act)
+            r = bench_hipc(artifact, args.repeats, 512, 128)
+            eng = "hipc" + (" (int8 activations)" if act == "int8" else "")
+            rows.append((label, eng, r["prefill"], r["decode"], r["decode"] * active))
+            log(rows[-1])
+            notes.append(
+                f"{name}, {eng}: compile {compile_s:.0f} s, load {r['load_s']:.1f} s, "
+                f"{r['kernels']} kernels per decode step, {active / 1e9:.3f} GB active per "
+                f"decode token ({cfg['active']} of {cfg['experts']} experts)"
+            )
+            if args.profile and len(notes) == 1:
+                notes.append("decode profile:\n```\n" + profile(artifact) + "```")
+            subprocess.run(["rm", "-rf", str(artifact)], check=True)
         if name == "olmoe":
             subprocess.run(["rm", "-rf", str(src)], check=True)
         if args.llamacpp_bin:
