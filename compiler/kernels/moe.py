@@ -91,7 +91,8 @@ const void* __restrict__ up, float* __restrict__ act, int* route_ids, float* rou
 """)
 DOWN = Signature.parse("""
 const float* __restrict__ act, const int* __restrict__ route_ids,
-const float* __restrict__ route_w, const void* __restrict__ down, const float* res, float* y
+const float* __restrict__ route_w, const void* __restrict__ down, const float* res, float* y,
+const float* __restrict__ logits
 """)
 ROUTE = Signature.parse("const float* __restrict__ logits, int ldl, int* route_ids, float* route_w")
 # the router fused in: x (the residual stream) -> its norm xn (what the experts read), the
@@ -132,6 +133,11 @@ MOE_UP_BLOCKS_PER_SM = 3
 # the decode router's last block routes the token with its first wave alone (no barriers),
 # the whole block only where the top k + 1 hold a tie (moe_route.hip.j2)
 MOE_ROUTE_WAVE = True
+# ... and with the router fused in, no block hands the route over at all: _route writes the
+# logits, and _up (after its wait) and _down (before it: the logits are two kernels back)
+# each route the token themselves with one wave. The last block's count and its L2 round
+# trips leave the critical path (MOE_ROUTE_WAVE is then the fallback's only user: ties)
+MOE_ROUTE_LOCAL = True
 TILE = 64  # the prefill GEMM's rows (token, slot pairs) and outputs per tile
 # x staged per 32 values (prelude: hipc_xq<LO>::INTS * 4): int8 hi + lo planes, or one plane
 # with CompileOptions.activations "int8" (as the dense GEMVs: linear.XQ_BLOCK_BYTES)
@@ -261,6 +267,7 @@ def gpu_kernels(
             P=MOE_ROWS,
             P_down=p_down,
             lo=activations == "int16",
+            route_local=bool(p.router) and MOE_ROUTE_LOCAL and p.top_k < wave,
             up_min_blocks=MOE_UP_BLOCKS_PER_SM if quant else 2,
             down_waves=down_waves,
             unroll=min(down_steps, MOE_DOWN_UNITS.get(p.wtype, 1)),
@@ -540,7 +547,7 @@ class MoE(KernelKind):
                  shared=m.up_shared, overlap=True)  # fmt: skip
         g.launch("decode", k.group, f"{dec}_down", [m.down_blocks], [m.down_threads], DOWN,
                  {"act": s["moe_act"], "route_ids": s["moe_ids"], "route_w": s["moe_w"],
-                  "down": down, "res": res, "y": y},
+                  "down": down, "res": res, "y": y, "logits": logits},
                  shared=m.down_shared, overlap=True)  # fmt: skip
         if p.router:
             tt = m.prefill.ctx["route_tokens"]

@@ -75,7 +75,7 @@ def lib(tmp_path_factory):
             f"  const int T = 1;\n"
             f"  grid({m.route_blocks}, 1, {m.threads}, [=] {{ {d}_route({route_args}); }});\n"
             f"  grid({m.up_blocks}, 1, {m.threads}, [=] {{ {d}_up(xn, lg, gate, up, act, ids, w); }});\n"
-            f"  grid({m.down_blocks}, 1, {m.down_threads}, [=] {{ {d}_down(act, ids, w, down, y, y); }});\n"
+            f"  grid({m.down_blocks}, 1, {m.down_threads}, [=] {{ {d}_down(act, ids, w, down, y, y, lg); }});\n"
             f'}}\nextern "C" void run_{p}(int T, const float* x, const float* g, const void* r, '
             f"float* xn, float* lg, unsigned* cnt, int* ids, float* w) {{\n"
             f"  grid((T + {tt} - 1) / {tt}, 1, 256, [=] {{ {p}_route({route_args}); }});\n}}"

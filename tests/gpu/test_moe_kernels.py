@@ -158,11 +158,12 @@ def test_decode_matches_numpy(moe, name, ties):
         y = dev.upload(res) if residual else dev.poisoned(H)
         wg, wu, wd = dev.upload(g), dev.upload(u), dev.upload(d)
         dec = m.decode.fn
+        lg = dev.upload(logits)
         dev.launch(f"{dec}_up", [m.up_blocks], m.threads,
-                   u64(dev.upload(x), dev.upload(logits), wg, wu, act, rid, rw), m.up_shared)  # fmt: skip
+                   u64(dev.upload(x), lg, wg, wu, act, rid, rw), m.up_shared)  # fmt: skip
         # in place, as the residual stream is updated
         dev.launch(f"{dec}_down", [m.down_blocks], m.down_threads,
-                   u64(act, rid, rw, wd, y if residual else 0, y), m.down_shared)  # fmt: skip
+                   u64(act, rid, rw, wd, y if residual else 0, y, lg), m.down_shared)  # fmt: skip
         got = dev.read(y, (1, H))
         got_ids = dev.read(rid, k, np.int32)
     finally:
@@ -196,7 +197,8 @@ def make_routed(name: str, T: int):
 
 @pytest.mark.parametrize("name", sorted(ROUTED))
 def test_decode_with_the_router_fused_matches_numpy(moe, name):
-    """_route (the norm, the logits over many blocks, the last block's top-k), _up, _down."""
+    """_route (the norm, the logits over many blocks), _up and _down (each routing the token
+    from the logits with one wave; with MOE_ROUTE_LOCAL off, _route's last block routes)."""
     wtype, E, k, H, F, *_, residual = CASES[name]
     m = moe.kernels["routed:" + name]
     x, g, r, xn_want, logits_want, ids_want, w_want = make_routed(name, 1)
@@ -223,7 +225,7 @@ def test_decode_with_the_router_fused_matches_numpy(moe, name):
         dev.launch(f"{dec}_up", [m.up_blocks], m.threads,
                    u64(xn, lg, dg, du, act, rid, rw), m.up_shared)  # fmt: skip
         dev.launch(f"{dec}_down", [m.down_blocks], m.down_threads,
-                   u64(act, rid, rw, dd, y if residual else 0, y), m.down_shared)  # fmt: skip
+                   u64(act, rid, rw, dd, y if residual else 0, y, lg), m.down_shared)  # fmt: skip
         got = dev.read(y, (1, H))
         got_xn, got_lg = dev.read(xn, H), dev.read(lg, E)
         got_ids, got_w = dev.read(rid, k, np.int32), dev.read(rw, k)
