@@ -130,14 +130,18 @@ MOE_DOWN_WAVES = 16
 # H200's 132 x 2 slots, the second streaming its weights after the first had finished; at 3
 # (79 registers, no spills) all of them are resident at once
 MOE_UP_BLOCKS_PER_SM = 3
-# the decode router's last block routes the token with its first wave alone (no barriers),
-# the whole block only where the top k + 1 hold a tie (moe_route.hip.j2)
-MOE_ROUTE_WAVE = True
-# ... and with the router fused in, no block hands the route over at all: _route writes the
+# Opt-in, not yet timed on a GPU (docs/benchmarks/moedec_check.sh times them):
+# MOE_ROUTE_WAVE: the decode router's last block routes the token with its first wave alone
+# (no barriers; the block only where the top k + 1 hold a tie, moe_route.hip.j2). GPU-tested
+# (test_moe_kernels, H200), but its k + 1 rounds of 5 dependent shuffle pairs (~2,000 cycles
+# by count) may well cost more than the block-wide ranking's ten barriers (~1,500).
+MOE_ROUTE_WAVE = False
+# MOE_ROUTE_LOCAL: with the router fused in, no block hands the route over: _route writes the
 # logits, and _up (after its wait) and _down (before it: the logits are two kernels back)
-# each route the token themselves with one wave. The last block's count and its L2 round
-# trips leave the critical path (MOE_ROUTE_WAVE is then the fallback's only user: ties)
-MOE_ROUTE_LOCAL = True
+# each route the token with one wave. The last block's count and two L2 round trips leave
+# the critical path, but _down's blocks, resident only as _up's leave, route before loading.
+# Host-tested only.
+MOE_ROUTE_LOCAL = False
 TILE = 64  # the prefill GEMM's rows (token, slot pairs) and outputs per tile
 # x staged per 32 values (prelude: hipc_xq<LO>::INTS * 4): int8 hi + lo planes, or one plane
 # with CompileOptions.activations "int8" (as the dense GEMVs: linear.XQ_BLOCK_BYTES)

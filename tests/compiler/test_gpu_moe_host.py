@@ -17,6 +17,7 @@ import pytest
 
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.ir import Node
+from hipc.compiler.kernels import moe
 from hipc.compiler.kernels.moe import XQ_BLOCK_BYTES, XQ_BYTES, MoEParams, gpu_kernels
 from hipc.compiler.passes.repack import split_quant_blocks
 from hipc.compiler.reference.ops import IMPLS
@@ -37,6 +38,16 @@ CASES = {
 }
 # cases compiled with CompileOptions.activations "int8" (x and act as one int8 plane)
 INT8 = {"q4_0_e16_k4_f32router_norm_int8"}
+# the opt-in decode routing (compiler/kernels/moe.py): the last block routing with one wave;
+# no hand-off, _up and _down each routing from the logits
+CASES["q8_0_e128_k8_f16router_norm_wave"] = CASES["q8_0_e128_k8_f16router_norm"]
+CASES["q4_0_e16_k4_f32router_norm_local"] = CASES["q4_0_e16_k4_f32router_norm"]
+CASES["q8_0_e128_k8_f16router_norm_local"] = CASES["q8_0_e128_k8_f16router_norm"]
+OPT_IN = {
+    "q8_0_e128_k8_f16router_norm_wave": {"MOE_ROUTE_WAVE": True},
+    "q4_0_e16_k4_f32router_norm_local": {"MOE_ROUTE_LOCAL": True},
+    "q8_0_e128_k8_f16router_norm_local": {"MOE_ROUTE_LOCAL": True},
+}
 
 
 def params(case) -> MoEParams:
@@ -61,7 +72,10 @@ def lib(tmp_path_factory):
     wrappers, specs = [], {}
     for i, (name, case) in enumerate(CASES.items()):
         act = "int8" if name in INT8 else "int16"
-        m = gpu_kernels(f"m{i}", params(case), GpuTarget("sm_90"), [name], MAX_TOKENS, act)
+        with pytest.MonkeyPatch.context() as mp:
+            for attr, value in OPT_IN.get(name, {}).items():
+                mp.setattr(moe, attr, value)
+            m = gpu_kernels(f"m{i}", params(case), GpuTarget("sm_90"), [name], MAX_TOKENS, act)
         specs[name] = m
         xq = max(m.up_shared, m.down_shared) // 4
         for k in (m.decode, m.prefill):
