@@ -253,7 +253,7 @@ class Attention(KernelKind):
         if fk is None:
             g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
         else:
-            g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{FLASH_BQ})", p.NH], [fk.threads],
+            g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{fk.ctx['bq']})", p.NH], [fk.threads],
                      flash_signature(kv), {**q_args, "T": b.int("T")}, shared=fk.shared,
                      batch=False)  # fmt: skip
             g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
@@ -390,7 +390,10 @@ def kv_context(kv_storage: str, max_ctx: int) -> dict[str, Any]:
     )
 
 
-FLASH_BQ = 64  # the flash kernel's query rows per block (4 waves of 16); keys go 64 at a time
+FLASH_WAVES = (
+    4  # the NVIDIA flash kernel's warps of 16 query rows per block (measured: see flash_attention)
+)
+FLASH_FORMS = ("mma", "generic")
 
 
 def flash_attention(
@@ -400,38 +403,48 @@ def flash_attention(
     nodes: list[str],
     kv_storage: str,
     max_ctx: int,
-    pipelined: bool = False,
+    form: str | None = None,
+    waves: int = FLASH_WAVES,
+    min_blocks: int | None = None,
 ) -> GpuKernel | None:
-    """The matrix-instruction prefill attention (templates/hip/attention_flash.hip.j2), or None
-    for the SIMT one: on the target's prefill GEMM instruction (MMA_TILES: mma.sync, WMMA,
-    MFMA), head dims of whole k steps up to 128 (the accumulators of 16 rows x D stay in
-    registers). `pipelined` double-buffers the key/value blocks with cp.async (NVIDIA and a
-    bfloat16 cache only: it copies them as stored). Off by default: it compiles and tests/gpu
-    covers it, but it has not run on a GPU yet (the plain form has)."""
+    """The matrix-instruction prefill attention, or None for the SIMT one: on the target's
+    prefill GEMM instruction (MMA_TILES: mma.sync, WMMA, MFMA), head dims of whole k steps up
+    to 128 (the accumulators of 16 rows x D stay in registers). Its query rows per block are
+    `ctx["bq"]` (the grid's x is cdiv(T, bq)).
+
+    `form`: "mma" (NVIDIA's default, templates/hip/attention_flash_mma.hip.j2): FA2-style, `waves`
+    warps of 16 rows, K/V double-buffered (cp.async from a bfloat16 cache), P kept in
+    registers, masks only on diagonal blocks; "generic" (every other target's,
+    templates/hip/attention_flash.hip.j2, which NVIDIA runs too when asked: the AMD forms'
+    structure on real hardware, and the "before" of bench_gpu_flash.py): 4 waves, K/V
+    loaded then used, P through shared memory."""
     tile = MMA_TILES.get(target.arch)
     if tile is None or p.D % 16 or p.D > 128:
         return None
-    pipelined = bool(pipelined) and kv_storage == "bfloat16" and target.family == "nvidia"
+    form = form or ("mma" if target.family == "nvidia" else "generic")
+    if form not in FLASH_FORMS or (form == "mma" and target.family != "nvidia"):
+        raise ValueError(f"flash form {form!r} on {target.arch}")
+    kv_ctx = kv_context(kv_storage, max_ctx)
+    base = dict(nodes=nodes, params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+                **kv_ctx, **p.context())  # fmt: skip
+    if form == "mma":
+        # two K/V buffers of 64 rows (padded by 8: ldmatrix rows on distinct banks), q staged
+        # in the second; registers for `min_blocks` blocks per SM (default 2 of 4 warps: 208
+        # registers at D = 128 on sm_90 with nvcc 13, no spills; 3 spilled)
+        min_blocks = min_blocks or max(1, 8 // waves)
+        ctx = dict(base, bq=16 * waves, waves=waves, min_blocks=min_blocks,
+                   cp_async=kv_storage == "bfloat16")  # fmt: skip
+        shared = 4 * 64 * (p.D + 8) * 2
+        return GpuKernel(f"{fn}_flash", "attention_flash_mma", ctx, [], 32 * waves, shared)
     # q's fragments stay in registers up to 32 a lane; RDNA3's take 8 each, and at D = 128 its
     # kernel then spilled past 256 VGPRs (clang-19), so q is read from shared memory there
     q_regs = p.D // 16 * tile.a_regs <= 32
-    kv_ctx = kv_context(kv_storage, max_ctx)
-    ctx = dict(
-        nodes=nodes,
-        instruction=tile.instruction,
-        wave=target.wave,
-        q_regs=q_regs,
-        pipelined=pipelined,
-        params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
-        **kv_ctx,
-        **p.context(),
-    )
+    ctx = dict(base, bq=64, instruction=tile.instruction, wave=target.wave, q_regs=q_regs)
     # q (then the 4 waves' 16 x 64 P tiles, the larger below D = 64; both where q stays in shared
-    # memory), and K and V (twice, pipelined) in bf16, rows padded: at most 60 KiB (D = 128),
-    # within AMD's 64 KiB of LDS
-    qp = FLASH_BQ * (p.D + 8), 4 * 16 * (64 + 8)
+    # memory), and K and V in bf16, rows padded: at most 52 KiB (D = 128), within AMD's 64 KiB
+    qp = 64 * (p.D + 8), 4 * 16 * (64 + 8)
     qp = max(qp) if q_regs else sum(qp)
-    shared = (qp + (4 if pipelined else 2) * 64 * (p.D + 8)) * 2
+    shared = (qp + 2 * 64 * (p.D + 8)) * 2
     return GpuKernel(f"{fn}_flash", "attention_flash", ctx, [], 4 * target.wave, shared)
 
 
