@@ -62,9 +62,12 @@ def main() -> None:
     ap.add_argument("--tokens", default="512,4096")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--cache", type=Path, default=None, help="code objects by source hash")
+    ap.add_argument("--prebuild", default=None, metavar="ARCH",
+                    help="build the code object into --cache for ARCH and stop (no GPU)")  # fmt: skip
     a = ap.parse_args()
-    d = open_driver()
-    arch = d.arch
+    d = None if a.prebuild else open_driver()
+    arch = a.prebuild or d.arch
     tokens = [int(t) for t in a.tokens.split(",")]
     rows = [
         "| form | shape | start+T | us | TFLOP/s | max abs diff vs first form |",
@@ -97,7 +100,10 @@ def main() -> None:
             specs[v, m] = flash_attention(
                 fn, p, GpuTarget(arch), [m], "bfloat16", ctx, form, **extra
             )
-    d.load_module(compiled(program(env, arch, list(specs.values())), arch))
+    blob = compiled(program(env, arch, list(specs.values())), arch, a.cache)
+    if d is None:
+        return
+    d.load_module(blob)
     fns = {}
     for key, k in specs.items():
         f = d.get_function(k.fn)

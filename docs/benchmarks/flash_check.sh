@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device call (<= 150 s on an H200) for the FA2-style flash prefill attention (issue 14):
+#   1. tests/gpu/test_prefill_attention.py: the flash kernel as compiled (attention_flash_mma),
+#      its 8-warp form, the generic (AMD-structured) form and the SIMT one against softmax in
+#      float64, outputs NaN-poisoned, the KV pool NaN where no sequence wrote, odd T, windows,
+#      GQA, clip, partial rotary, steps mixing sequences;
+#   2. bench_gpu_flash.py: the forms side by side at the Llama-3-8B and SmolLM2 shapes, 512 and
+#      4,096 tokens from 0, and the second step of a 4,096-token prefill (2,048 rows at 2,048..);
+#   3. bench_gpu_prefill.py --models l8 --layers 2 --tokens 512,4096 (hipc alone).
+# Here (the build box), in the repo root:
+#   bash docs/benchmarks/flash_check.sh prebuild   (.whl: hipc + gguf; .work/fatbins: code objects)
+# On the GPU machine: bash docs/benchmarks/flash_check.sh   (everything on stdout)
+set -uo pipefail
+FORMS=mma,mma:8,mma:4:3,generic
+BENCH=(docs/benchmarks/bench_gpu_flash.py --forms "$FORMS" --cache .work/fatbins --repeats 7)
+
+if [ "${1:-}" = prebuild ]; then
+  set -e
+  mkdir -p .whl .work/fatbins
+  rm -f .whl/hipc_compiler-*.whl
+  pip wheel -q --no-deps -w .whl .
+  python3 "${BENCH[@]}" --models l8,smol --tokens 512,4096 --prebuild sm_90
+  python3 "${BENCH[@]}" --models l8 --start 2048 --tokens 2048 --prebuild sm_90
+  PYTHONPATH=tests:tests/gpu python3 - <<'EOF'
+from pathlib import Path
+
+import test_prefill_attention as t
+from gpu_kernels import compiled, kernels_source
+
+specs = [(k.fn, k.template, k.ctx, k.shared) for k in t.kernel_specs("sm_90").values()]
+compiled(kernels_source(specs, "sm_90", "split"), "sm_90", Path(".work/fatbins"))
+EOF
+  ls .whl .work/fatbins
+  exit 0
+fi
+
+source docs/benchmarks/install_wheels.sh .whl
+export HIPC_KERNEL_CACHE=$PWD/.work/fatbins
+nvidia-smi -L
+echo "== tests/gpu/test_prefill_attention.py"
+timeout 40 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_prefill_attention.py 2>&1 \
+  | grep -v "PASSED" | tail -25
+echo "== bench_gpu_flash.py (forms: $FORMS)"
+timeout 25 python3 "${BENCH[@]}" --models l8,smol --tokens 512,4096 --out /tmp/flash1.md > /dev/null
+timeout 15 python3 "${BENCH[@]}" --models l8 --start 2048 --tokens 2048 --out /tmp/flash2.md > /dev/null
+echo "== bench_gpu_prefill.py (2 layers, hipc alone)"
+timeout 60 python3 docs/benchmarks/bench_gpu_prefill.py --models l8 --layers 2 --tokens 512,4096 \
+  --no-torch --repeats 5 --out /tmp/prefill.md 2>&1 | tail -4
+echo "== tables"
+cat /tmp/flash1.md; tail -n +3 /tmp/flash2.md; cat /tmp/prefill.md
