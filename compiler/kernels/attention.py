@@ -30,7 +30,7 @@ from hipc.compiler.kernels.base import (
     SelectedKernel,
     Signature,
 )
-from hipc.compiler.kernels.linear import MMA_TILES
+from hipc.compiler.kernels.linear import MMA_TILES, wgmma_bf16_reader
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
@@ -203,6 +203,13 @@ class Attention(KernelKind):
         splits = decode_splits(p.NH, g.max_ctx, g.target.wave)
         return {"attention": 4 * p.NH * splits * (p.D + 2) + 4 * p.NH}
 
+    def bf16_reader(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder):
+        """The o projection, where it reads this attention's output in bf16 on the sm_90a GEMM
+        (linear.wgmma_bf16_reader): the prefill and batch steps' attention kernels then write it
+        in bf16, as its _xb pass would have rounded it (linear.py's _handoffs asks this too)."""
+        p: AttentionParams = k.params
+        return wgmma_bf16_reader(k, k.refs["out"], p.NH * p.D, b, g)
+
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: AttentionParams = k.params
         r = k.refs
@@ -215,9 +222,13 @@ class Attention(KernelKind):
             GpuKernel(f"{k.fn}_rope_kv", "rope_kv", dict(nodes=k.nodes, block=block,
                       params=rope_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], block)
         )  # fmt: skip
+        # prefill and batch steps write the output in bf16 where the o projection's sm_90a GEMM
+        # loads it by TMA (its _xb pass then goes); decode steps keep float32 for the GEMV
+        ob = self.bf16_reader(k, b, g) is not None
+        fn = k.fn + ("_ob" if ob else "")
         # bf16 operands like the GEMMs' (--prefill-precision split: the float32 SIMT kernel)
         fk = (
-            flash_attention(k.fn, p, g.target, k.nodes, g.kv_storage, g.max_ctx)
+            flash_attention(fn, p, g.target, k.nodes, g.kv_storage, g.max_ctx, out_bf16=ob)
             if g.prefill_precision == "bf16"
             else None
         )
@@ -225,8 +236,9 @@ class Attention(KernelKind):
         # row is another sequence's, which the flash kernel's query blocks would split into
         # one pass over the keys per row
         attn = g.kernel(
-            GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
-                      params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], 0)
+            GpuKernel(f"{fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
+                      params=attn_sig.render(GPU_INDENT), out_bf16=ob, **kv_ctx, **p.context()),
+                      [], 0)
         )  # fmt: skip
         if DECODE_WAVES * wave < D // 2:
             raise FusionError(f"{k.group}: head dim {D} is too wide for the decode block")
@@ -406,11 +418,13 @@ def flash_attention(
     form: str | None = None,
     waves: int = FLASH_WAVES,
     min_blocks: int | None = None,
+    out_bf16: bool = False,
 ) -> GpuKernel | None:
     """The matrix-instruction prefill attention, or None for the SIMT one: on the target's
     prefill GEMM instruction (MMA_TILES: mma.sync, WMMA, MFMA), head dims of whole k steps up
     to 128 (the accumulators of 16 rows x D stay in registers). Its query rows per block are
-    `ctx["bq"]` (the grid's x is cdiv(T, bq)).
+    `ctx["bq"]` (the grid's x is cdiv(T, bq)). `out_bf16` ("mma" only): the output in bf16, for
+    the o projection's sm_90a GEMM (Attention.bf16_reader).
 
     `form`: "mma" (NVIDIA's default, templates/hip/attention_flash_mma.hip.j2): FA2-style, `waves`
     warps of 16 rows, K/V double-buffered (cp.async from a bfloat16 cache), P kept in
@@ -424,6 +438,8 @@ def flash_attention(
     form = form or ("mma" if target.family == "nvidia" else "generic")
     if form not in FLASH_FORMS or (form == "mma" and target.family != "nvidia"):
         raise ValueError(f"flash form {form!r} on {target.arch}")
+    if out_bf16 and form != "mma":  # only the sm_90a GEMM reads bf16 activations
+        raise ValueError(f"flash form {form!r} writes float32 only")
     kv_ctx = kv_context(kv_storage, max_ctx)
     base = dict(nodes=nodes, params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
                 **kv_ctx, **p.context())  # fmt: skip
@@ -432,7 +448,7 @@ def flash_attention(
         # in the second; registers for `min_blocks` blocks per SM (default 2 of 4 warps: 208
         # registers at D = 128 on sm_90 with nvcc 13, no spills; 3 spilled)
         min_blocks = min_blocks or max(1, 8 // waves)
-        ctx = dict(base, bq=16 * waves, waves=waves, min_blocks=min_blocks,
+        ctx = dict(base, bq=16 * waves, waves=waves, min_blocks=min_blocks, out_bf16=out_bf16,
                    cp_async=kv_storage == "bfloat16")  # fmt: skip
         shared = 4 * 64 * (p.D + 8) * 2
         return GpuKernel(f"{fn}_flash", "attention_flash_mma", ctx, [], 32 * waves, shared)
