@@ -419,6 +419,7 @@ def flash_attention(
     waves: int = FLASH_WAVES,
     min_blocks: int | None = None,
     out_bf16: bool = False,
+    tiles: int = 1,
 ) -> GpuKernel | None:
     """The matrix-instruction prefill attention, or None for the SIMT one: on the target's
     prefill GEMM instruction (MMA_TILES: mma.sync, WMMA, MFMA), head dims of whole k steps up
@@ -427,8 +428,9 @@ def flash_attention(
     the o projection's sm_90a GEMM (Attention.bf16_reader).
 
     `form`: "mma" (NVIDIA's default, templates/hip/attention_flash_mma.hip.j2): FA2-style, `waves`
-    warps of 16 rows, K/V double-buffered (cp.async from a bfloat16 cache), P kept in
-    registers, masks only on diagonal blocks; "generic" (every other target's,
+    warps of `tiles` x 16 rows (1: q's fragments in registers; 2: q read from shared memory per
+    key block, each K/V fragment used twice), K/V double-buffered (cp.async from a bfloat16
+    cache), P kept in registers, masks only on diagonal blocks; "generic" (every other target's,
     templates/hip/attention_flash.hip.j2, which NVIDIA runs too when asked: the AMD forms'
     structure on real hardware, and the "before" of bench_gpu_flash.py): 4 waves, K/V
     loaded then used, P through shared memory."""
@@ -445,12 +447,15 @@ def flash_attention(
                 **kv_ctx, **p.context())  # fmt: skip
     if form == "mma":
         # two K/V buffers of 64 rows (padded by 8: ldmatrix rows on distinct banks), q staged
-        # in the second; registers for `min_blocks` blocks per SM (default 2 of 4 warps: 208
-        # registers at D = 128 on sm_90 with nvcc 13, no spills; 3 spilled)
+        # in the second (one m tile a warp) or after them; registers for `min_blocks` blocks
+        # per SM (default 2 of 4 warps)
         min_blocks = min_blocks or max(1, 8 // waves)
-        ctx = dict(base, bq=16 * waves, waves=waves, min_blocks=min_blocks, out_bf16=out_bf16,
-                   cp_async=kv_storage == "bfloat16")  # fmt: skip
-        shared = 4 * 64 * (p.D + 8) * 2
+        bq = 16 * tiles * waves
+        if tiles not in (1, 2) or bq > 128:
+            raise ValueError(f"flash: {waves} warps of {tiles} m tiles")
+        ctx = dict(base, bq=bq, waves=waves, rw=tiles, q_regs=tiles == 1, min_blocks=min_blocks,
+                   out_bf16=out_bf16, cp_async=kv_storage == "bfloat16")  # fmt: skip
+        shared = (4 * 64 + (0 if tiles == 1 else bq)) * (p.D + 8) * 2
         return GpuKernel(f"{fn}_flash", "attention_flash_mma", ctx, [], 32 * waves, shared)
     # q's fragments stay in registers up to 32 a lane; RDNA3's take 8 each, and at D = 128 its
     # kernel then spilled past 256 VGPRs (clang-19), so q is read from shared memory there

@@ -5,8 +5,8 @@
 
 Renders the flash kernel as compiler/kernels/attention.py does for the device's arch (bfloat16
 KV cache, the cache filled for positions 0..start+T-1, a T-token prompt from position --start),
-in each of --forms (FORM[:WARPS[:BLOCKS]]: "mma", NVIDIA's FA2-style attention_flash_mma.hip.j2, with
-WARPS warps of 16 rows and registers for BLOCKS blocks per SM; "generic", attention_flash.hip.j2, the AMD forms' template and the
+in each of --forms (FORM[:wW][:bB][:rR]: "mma", NVIDIA's FA2-style attention_flash_mma.hip.j2, with W warps of
+R m tiles (16 rows each) and registers for B blocks per SM; "generic", attention_flash.hip.j2, the AMD forms' template and the
 NVIDIA kernel before it), and times them: median of --repeats samples of 5 back-to-back
 launches each, after 3 warm-up rounds, the forms of a shape timed in turns. TFLOP/s count
 causal attention's QK^T and PV over the (query, key) pairs a causal mask keeps. --start 2048
@@ -56,7 +56,7 @@ def program(env, arch: str, kernels) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--forms", default="mma,generic")
+    ap.add_argument("--forms", default="mma,mma:r2,generic")
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--models", default="l8,smol")
     ap.add_argument("--tokens", default="512,4096")
@@ -95,7 +95,8 @@ def main() -> None:
                             norm_eps=0.0)  # fmt: skip
         for v in forms:
             form, *more = v.split(":")
-            extra = dict(zip(("waves", "min_blocks"), map(int, more), strict=False))
+            keys = {"w": "waves", "b": "min_blocks", "r": "tiles"}
+            extra = {keys[x[0]]: int(x[1:]) for x in more}
             fn = f"flash_{m}_{'_'.join([form, *more])}"
             specs[v, m] = flash_attention(
                 fn, p, GpuTarget(arch), [m], "bfloat16", ctx, form, **extra

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (<= 150 s on an H200) for the FA2-style flash prefill attention (issue 14):
 #   1. tests/gpu/test_prefill_attention.py: the flash kernel as compiled (attention_flash_mma),
-#      its 8-warp form, the generic (AMD-structured) form and the SIMT one against softmax in
+#      its 8-warp and 32-rows-a-warp forms, the generic (AMD-structured) form and the SIMT one against softmax in
 #      float64, outputs NaN-poisoned, the KV pool NaN where no sequence wrote, odd T, windows,
 #      GQA, clip, partial rotary, steps mixing sequences;
 #   2. bench_gpu_flash.py: the forms side by side at the Llama-3-8B and SmolLM2 shapes, 512 and
@@ -14,7 +14,7 @@
 #   bash docs/benchmarks/flash_check.sh prebuild   (.whl: hipc + gguf; .work/fatbins: code objects)
 # On the GPU machine: bash docs/benchmarks/flash_check.sh   (everything on stdout)
 set -uo pipefail
-FORMS=mma,mma:8,mma:4:3,generic
+FORMS=mma,mma:w8,mma:b3,mma:r2,generic
 BENCH=(docs/benchmarks/bench_gpu_flash.py --forms "$FORMS" --cache .work/fatbins --repeats 5)
 
 if [ "${1:-}" = prebuild ]; then

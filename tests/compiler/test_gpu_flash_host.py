@@ -37,8 +37,9 @@ from gpu_kernels import (
 from support import rel_err
 
 EPS = 1e-6
-# sm_90:W: W warps per block; sm_90:ob: the output in bf16 (for the o projection's TMA)
-ARCHS = ("gfx942", "gfx1100", "gfx1201", "sm_90", "sm_90:8", "sm_90:ob")
+# sm_90:w8: 8 warps a block; r2: 2 m tiles (32 rows) a warp; ob: the output in bf16 (for the o
+# projection's TMA)
+ARCHS = ("gfx942", "gfx1100", "gfx1201", "sm_90", "sm_90:w8", "sm_90:r2", "sm_90:ob")
 # name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, start, T[, rot, out_gate, clip])
 CASES = {
     # two query blocks, the second part-filled; 2 query heads per KV head
@@ -68,7 +69,7 @@ MIXED = {
 def lib(request, tmp_path_factory):
     arch, _, variant = request.param.partition(":")
     target = GpuTarget(arch)
-    form = {"": {}, "ob": dict(out_bf16=True)}.get(variant) or dict(waves=int(variant))
+    form = {"": {}, "ob": dict(out_bf16=True), "w8": dict(waves=8), "r2": dict(tiles=2)}[variant]
     kernels, wrappers, specs = [], [], {}
     for i, (name, case) in enumerate(CASES.items()):
         k = flash_attention(

@@ -2,7 +2,8 @@
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each case renders
 the matrix-instruction kernel as compiled (on NVIDIA the FA2-style attention_flash_mma, and
-also its 8-warp form and the generic attention_flash that the AMD targets compile, on mma.sync:
+also its 8-warp and 32-rows-a-warp forms and the generic attention_flash that the AMD targets
+compile, on mma.sync:
 the AMD forms are checked in host emulation by tests/compiler/test_gpu_flash_host.py, never yet
 on an AMD GPU) and the SIMT one (attention) as
 compiler/kernels/attention.py renders them for the device, fills the paged KV pool the way
@@ -85,6 +86,8 @@ def kernel_specs(arch: str) -> dict:
             if target.family == "nvidia":
                 specs[name, "flash_w8"] = flash_attention(f"w{i}", p, target, [name], kv, CTX,
                                                           waves=8)  # fmt: skip
+                specs[name, "flash_r2"] = flash_attention(f"r{i}", p, target, [name], kv, CTX,
+                                                          tiles=2)  # fmt: skip
                 specs[name, "flash_generic"] = flash_attention(f"g{i}", p, target, [name], kv,
                                                                CTX, "generic")  # fmt: skip
         kv_ctx = kv_context(kv, CTX)
@@ -114,7 +117,7 @@ def kernels():
     dev.close()
 
 
-@pytest.mark.parametrize("variant", ["flash", "flash_w8", "flash_generic", "simt"])
+@pytest.mark.parametrize("variant", ["flash", "flash_w8", "flash_r2", "flash_generic", "simt"])
 @pytest.mark.parametrize("mixed", [False, True], ids=["one", "mixed"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_prefill_attention_matches_numpy(kernels, name, variant, mixed):
