@@ -11,7 +11,8 @@
 #      reference (llama, and mistral's sliding window);
 #   4. bench_gpu_prefill.py --models l8 --layers 2 --tokens 512,4096 (hipc alone).
 # Here (the build box), in the repo root:
-#   bash docs/benchmarks/flash_check.sh prebuild   (.whl: hipc + gguf; .work/fatbins: code objects)
+#   bash docs/benchmarks/flash_check.sh prebuild   (.whl: hipc; .work/fatbins: code objects;
+#   .work/hipc-cache: the kernels of the artifacts compiled in 3 and 4, docs/benchmarks/flash_prebuild.py)
 # On the GPU machine: bash docs/benchmarks/flash_check.sh   (everything on stdout)
 set -uo pipefail
 FORMS=mma,mma:w8,mma:b3,mma:r2,generic
@@ -33,15 +34,16 @@ from gpu_kernels import compiled, kernels_source
 specs = [(k.fn, k.template, k.ctx, k.shared) for k in t.kernel_specs("sm_90").values()]
 compiled(kernels_source(specs, "sm_90", "split"), "sm_90", Path(".work/fatbins"))
 EOF
-  ls .whl .work/fatbins
+  PYTHONPATH=tests:tests/gpu python3 docs/benchmarks/flash_prebuild.py .work/hipc-cache --l8
+  ls .whl .work/fatbins .work/hipc-cache
   exit 0
 fi
 
 source docs/benchmarks/install_wheels.sh .whl
-export HIPC_KERNEL_CACHE=$PWD/.work/fatbins
+export HIPC_KERNEL_CACHE=$PWD/.work/fatbins HIPC_CACHE_DIR=$PWD/.work/hipc-cache
 nvidia-smi -L
 echo "== tests/gpu/test_prefill_attention.py"
-timeout 35 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_prefill_attention.py 2>&1 \
+timeout 45 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_prefill_attention.py 2>&1 \
   | grep -v "PASSED" | tail -25
 echo "== bench_gpu_flash.py (forms: $FORMS)"
 timeout 20 python3 "${BENCH[@]}" --models l8,smol --tokens 512,4096 --out /tmp/flash1.md 2>&1 | grep "^|"
@@ -50,7 +52,7 @@ echo "== tests/gpu/test_compiled_gpu.py: o's input from the flash kernel in bf16
 timeout 30 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_compiled_gpu.py \
   -k "attention_bf16_handoff or (bf16_prefill_policy and (llama or mistral))" 2>&1 | tail -6
 echo "== bench_gpu_prefill.py (2 layers, hipc alone)"
-timeout 70 python3 docs/benchmarks/bench_gpu_prefill.py --models l8 --layers 2 --tokens 512,4096 \
+timeout 60 python3 docs/benchmarks/bench_gpu_prefill.py --models l8 --layers 2 --tokens 512,4096 \
   --no-torch --repeats 3 --out /tmp/prefill.md 2>&1 | tail -4
 echo "== tables (flash: rows printed twice above, as measured and as a table)"
 cat /tmp/prefill.md
