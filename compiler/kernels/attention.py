@@ -30,7 +30,7 @@ from hipc.compiler.kernels.base import (
     SelectedKernel,
     Signature,
 )
-from hipc.compiler.kernels.linear import MMA_TILES, wgmma_bf16_reader
+from hipc.compiler.kernels.linear import MMA_TILES, SHORT_STEP, wgmma_bf16_reader
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
@@ -226,12 +226,19 @@ class Attention(KernelKind):
         # loads it by TMA (its _xb pass then goes); decode steps keep float32 for the GEMV
         ob = self.bf16_reader(k, b, g) is not None
         fn = k.fn + ("_ob" if ob else "")
-        # bf16 operands like the GEMMs' (--prefill-precision split: the float32 SIMT kernel)
-        fk = (
-            flash_attention(fn, p, g.target, k.nodes, g.kv_storage, g.max_ctx, out_bf16=ob)
-            if g.prefill_precision == "bf16"
-            else None
-        )
+        # the flash kernel: bf16 operands like the GEMMs' (--prefill-precision split: the float32
+        # SIMT kernel), a form per step size where the target's differ (FLASH_BY_STEP)
+        short, long = FLASH_BY_STEP.get(g.target.family, ({}, {}))
+        forms = [(short, None)]
+        if long != short and g.max_tokens > SHORT_STEP:
+            forms = [(short, (1, SHORT_STEP)), (long, (SHORT_STEP + 1, g.max_tokens))]
+        flash = [
+            (flash_attention(k.fn + "".join(f"_{x}{v}" for x, v in sorted(f.items()))
+                             + ("_ob" if ob else ""), p, g.target, k.nodes, g.kv_storage,
+                             g.max_ctx, out_bf16=ob, **f), tokens)
+            for f, tokens in forms
+        ]  # fmt: skip
+        fk = flash[0][0] if g.prefill_precision == "bf16" else None
         # the SIMT kernel (one block per row and head) is also the batch step's: there every
         # row is another sequence's, which the flash kernel's query blocks would split into
         # one pass over the keys per row
@@ -265,9 +272,10 @@ class Attention(KernelKind):
         if fk is None:
             g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
         else:
-            g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{fk.ctx['bq']})", p.NH], [fk.threads],
-                     flash_signature(kv), {**q_args, "T": b.int("T")}, shared=fk.shared,
-                     batch=False)  # fmt: skip
+            for fk, tokens in flash:
+                g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{fk.ctx['bq']})", p.NH],
+                         [fk.threads], flash_signature(kv), {**q_args, "T": b.int("T")},
+                         shared=fk.shared, tokens=tokens, batch=False)  # fmt: skip
             g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
         g.launch(
             "decode",
@@ -402,9 +410,10 @@ def kv_context(kv_storage: str, max_ctx: int) -> dict[str, Any]:
     )
 
 
-FLASH_WAVES = (
-    4  # the NVIDIA flash kernel's warps of 16 query rows per block (measured: see flash_attention)
-)
+FLASH_WAVES = 4  # the NVIDIA flash kernel's warps per block (measured: see flash_attention)
+# flash_attention's form arguments per target family for steps of up to SHORT_STEP tokens and for
+# longer ones (docs/benchmarks/gpu-prefill.md, bench_gpu_flash.py on the H200)
+FLASH_BY_STEP: dict[str, tuple[dict[str, int], dict[str, int]]] = {"nvidia": ({}, {})}
 FLASH_FORMS = ("mma", "generic")
 
 
