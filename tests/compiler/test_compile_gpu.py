@@ -454,8 +454,9 @@ def _sm90_program(folder, tmp_path):
 
 def test_glu_hands_bf16_to_the_down_linear(tmp_path):
     """sm_90, bf16 weights: the gate/up GEMM writes its output in bf16 and the down GEMM's
-    tensor map reads that buffer directly (no _xb launch); qkv, o and gate/up keep theirs, and
-    the decode GEMVs still read the buffer the GLU GEMV writes (float32)."""
+    tensor map reads that buffer directly (no _xb launch); o likewise reads the attention's
+    output, qkv and gate/up keep theirs, and the decode GEMVs still read the buffer the GLU
+    GEMV writes (float32)."""
     folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
     program = _sm90_program(folder, tmp_path)
     prefill = program.plan["steps"]["prefill"]
@@ -468,10 +469,15 @@ def test_glu_hands_bf16_to_the_down_linear(tmp_path):
         y, xmap = glu["args"][-1], d["args"][0]  # WGMMA's arguments: xmap first, y last
         assert xmap["kind"] == "tmap" and xmap["of"] == y and y["kind"] == "arena", (y, xmap)
         assert xmap["dims"][0] == 128  # K of down = the GLU's outputs, bf16 rows
-    # every other wgmma GEMM still has its _xb pass just before it
+    # o reads the attention's bf16 output likewise (head dim 8: the SIMT kernel's, Attention's
+    # bf16_reader); every other wgmma GEMM still has its _xb pass just before it
     for i, x in enumerate(prefill):
         if "_wg" in x["kernel"] and not x["kernel"].endswith("_xb") and x not in down:
-            assert prefill[i - 1]["kernel"] == x["kernel"] + "_xb", names
+            before = prefill[i - 1]
+            if before["kernel"].endswith("_ob_attn"):
+                assert x["args"][0]["of"] == before["args"][-1], names
+                continue
+            assert before["kernel"] == x["kernel"] + "_xb", names
     assert "hipc_f32_to_bf16(v0) | hipc_f32_to_bf16(v1) << 16" in program.source
     # decode: the GLU GEMV writes float32 where the down GEMV reads it
     decode = program.plan["steps"]["decode"]
