@@ -30,7 +30,7 @@ from hipc.compiler.kernels.base import (
     SelectedKernel,
     Signature,
 )
-from hipc.compiler.kernels.linear import MMA_TILES
+from hipc.compiler.kernels.linear import MMA_TILES, SHORT_STEP, wgmma_bf16_reader
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
@@ -203,6 +203,13 @@ class Attention(KernelKind):
         dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
         return {"attention": 4 * p.NH * dk.grid[1] * (p.D + 2) + 4 * p.NH}
 
+    def bf16_reader(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder):
+        """The o projection, where it reads this attention's output in bf16 on the sm_90a GEMM
+        (linear.wgmma_bf16_reader): the prefill and batch steps' attention kernels then write it
+        in bf16, as its _xb pass would have rounded it (linear.py's _handoffs asks this too)."""
+        p: AttentionParams = k.params
+        return wgmma_bf16_reader(k, k.refs["out"], p.NH * p.D, b, g)
+
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: AttentionParams = k.params
         r = k.refs
@@ -215,18 +222,30 @@ class Attention(KernelKind):
             GpuKernel(f"{k.fn}_rope_kv", "rope_kv", dict(nodes=k.nodes, block=block,
                       params=rope_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], block)
         )  # fmt: skip
-        # bf16 operands like the GEMMs' (--prefill-precision split: the float32 SIMT kernel)
-        fk = (
-            flash_attention(k.fn, p, g.target, k.nodes, g.kv_storage, g.max_ctx)
-            if g.prefill_precision == "bf16"
-            else None
-        )
+        # prefill and batch steps write the output in bf16 where the o projection's sm_90a GEMM
+        # loads it by TMA (its _xb pass then goes); decode steps keep float32 for the GEMV
+        ob = self.bf16_reader(k, b, g) is not None
+        fn = k.fn + ("_ob" if ob else "")
+        # the flash kernel: bf16 operands like the GEMMs' (--prefill-precision split: the float32
+        # SIMT kernel), a form per step size where the target's differ (FLASH_BY_STEP)
+        short, long = FLASH_BY_STEP.get(g.target.family, ({}, {}))
+        forms = [(short, None)]
+        if long != short and g.max_tokens > SHORT_STEP:
+            forms = [(short, (1, SHORT_STEP)), (long, (SHORT_STEP + 1, g.max_tokens))]
+        flash = [
+            (flash_attention(k.fn + "".join(f"_{x}{v}" for x, v in sorted(f.items()))
+                             + ("_ob" if ob else ""), p, g.target, k.nodes, g.kv_storage,
+                             g.max_ctx, out_bf16=ob, **f), tokens)
+            for f, tokens in forms
+        ]  # fmt: skip
+        fk = flash[0][0] if g.prefill_precision == "bf16" else None
         # the SIMT kernel (one block per row and head) is also the batch step's: there every
         # row is another sequence's, which the flash kernel's query blocks would split into
         # one pass over the keys per row
         attn = g.kernel(
-            GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
-                      params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], 0)
+            GpuKernel(f"{fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
+                      params=attn_sig.render(GPU_INDENT), out_bf16=ob, **kv_ctx, **p.context()),
+                      [], 0)
         )  # fmt: skip
         dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
         if dk.template == "attention_decode" and DECODE_WAVES * wave < D // 2:
@@ -253,9 +272,10 @@ class Attention(KernelKind):
         if fk is None:
             g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
         else:
-            g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{FLASH_BQ})", p.NH], [fk.threads],
-                     flash_signature(kv), {**q_args, "T": b.int("T")}, shared=fk.shared,
-                     batch=False)  # fmt: skip
+            for fk, tokens in flash:
+                g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{fk.ctx['bq']})", p.NH],
+                         [fk.threads], flash_signature(kv), {**q_args, "T": b.int("T")},
+                         shared=fk.shared, tokens=tokens, batch=False)  # fmt: skip
             g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
         g.launch(
             "decode",
@@ -390,7 +410,11 @@ def kv_context(kv_storage: str, max_ctx: int) -> dict[str, Any]:
     )
 
 
-FLASH_BQ = 64  # the flash kernel's query rows per block (4 waves of 16); keys go 64 at a time
+FLASH_WAVES = 4  # the NVIDIA flash kernel's warps per block (measured: see flash_attention)
+# flash_attention's form arguments per target family for steps of up to SHORT_STEP tokens and for
+# longer ones (docs/benchmarks/gpu-prefill.md, bench_gpu_flash.py on the H200)
+FLASH_BY_STEP: dict[str, tuple[dict[str, int], dict[str, int]]] = {"nvidia": ({}, {})}
+FLASH_FORMS = ("mma", "generic")
 
 
 def flash_attention(
@@ -400,38 +424,57 @@ def flash_attention(
     nodes: list[str],
     kv_storage: str,
     max_ctx: int,
-    pipelined: bool = False,
+    form: str | None = None,
+    waves: int = FLASH_WAVES,
+    min_blocks: int | None = None,
+    out_bf16: bool = False,
+    tiles: int = 1,
 ) -> GpuKernel | None:
-    """The matrix-instruction prefill attention (templates/hip/attention_flash.hip.j2), or None
-    for the SIMT one: on the target's prefill GEMM instruction (MMA_TILES: mma.sync, WMMA,
-    MFMA), head dims of whole k steps up to 128 (the accumulators of 16 rows x D stay in
-    registers). `pipelined` double-buffers the key/value blocks with cp.async (NVIDIA and a
-    bfloat16 cache only: it copies them as stored). Off by default: it compiles and tests/gpu
-    covers it, but it has not run on a GPU yet (the plain form has)."""
+    """The matrix-instruction prefill attention, or None for the SIMT one: on the target's
+    prefill GEMM instruction (MMA_TILES: mma.sync, WMMA, MFMA), head dims of whole k steps up
+    to 128 (the accumulators of 16 rows x D stay in registers). Its query rows per block are
+    `ctx["bq"]` (the grid's x is cdiv(T, bq)). `out_bf16` ("mma" only): the output in bf16, for
+    the o projection's sm_90a GEMM (Attention.bf16_reader).
+
+    `form`: "mma" (NVIDIA's default, templates/hip/attention_flash_mma.hip.j2): FA2-style, `waves`
+    warps of `tiles` x 16 rows (1: q's fragments in registers; 2: q read from shared memory per
+    key block, each K/V fragment used twice), K/V double-buffered (cp.async from a bfloat16
+    cache), P kept in registers, masks only on diagonal blocks; "generic" (every other target's,
+    templates/hip/attention_flash.hip.j2, which NVIDIA runs too when asked: the AMD forms'
+    structure on real hardware, and the "before" of bench_gpu_flash.py): 4 waves, K/V
+    loaded then used, P through shared memory."""
     tile = MMA_TILES.get(target.arch)
     if tile is None or p.D % 16 or p.D > 128:
         return None
-    pipelined = bool(pipelined) and kv_storage == "bfloat16" and target.family == "nvidia"
+    form = form or ("mma" if target.family == "nvidia" else "generic")
+    if form not in FLASH_FORMS or (form == "mma" and target.family != "nvidia"):
+        raise ValueError(f"flash form {form!r} on {target.arch}")
+    if out_bf16 and form != "mma":  # only the sm_90a GEMM reads bf16 activations
+        raise ValueError(f"flash form {form!r} writes float32 only")
+    kv_ctx = kv_context(kv_storage, max_ctx)
+    base = dict(nodes=nodes, params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+                **kv_ctx, **p.context())  # fmt: skip
+    if form == "mma":
+        # two K/V buffers of 64 rows (padded by 8: ldmatrix rows on distinct banks), q staged
+        # in the second (one m tile a warp) or after them; registers for `min_blocks` blocks
+        # per SM (default 2 of 4 warps)
+        min_blocks = min_blocks or max(1, 8 // waves)
+        bq = 16 * tiles * waves
+        if tiles not in (1, 2) or bq > 128:
+            raise ValueError(f"flash: {waves} warps of {tiles} m tiles")
+        ctx = dict(base, bq=bq, waves=waves, rw=tiles, q_regs=tiles == 1, min_blocks=min_blocks,
+                   out_bf16=out_bf16, cp_async=kv_storage == "bfloat16")  # fmt: skip
+        shared = (4 * 64 + (0 if tiles == 1 else bq)) * (p.D + 8) * 2
+        return GpuKernel(f"{fn}_flash", "attention_flash_mma", ctx, [], 32 * waves, shared)
     # q's fragments stay in registers up to 32 a lane; RDNA3's take 8 each, and at D = 128 its
     # kernel then spilled past 256 VGPRs (clang-19), so q is read from shared memory there
     q_regs = p.D // 16 * tile.a_regs <= 32
-    kv_ctx = kv_context(kv_storage, max_ctx)
-    ctx = dict(
-        nodes=nodes,
-        instruction=tile.instruction,
-        wave=target.wave,
-        q_regs=q_regs,
-        pipelined=pipelined,
-        params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
-        **kv_ctx,
-        **p.context(),
-    )
+    ctx = dict(base, bq=64, instruction=tile.instruction, wave=target.wave, q_regs=q_regs)
     # q (then the 4 waves' 16 x 64 P tiles, the larger below D = 64; both where q stays in shared
-    # memory), and K and V (twice, pipelined) in bf16, rows padded: at most 60 KiB (D = 128),
-    # within AMD's 64 KiB of LDS
-    qp = FLASH_BQ * (p.D + 8), 4 * 16 * (64 + 8)
+    # memory), and K and V in bf16, rows padded: at most 52 KiB (D = 128), within AMD's 64 KiB
+    qp = 64 * (p.D + 8), 4 * 16 * (64 + 8)
     qp = max(qp) if q_regs else sum(qp)
-    shared = (qp + (4 if pipelined else 2) * 64 * (p.D + 8)) * 2
+    shared = (qp + 2 * 64 * (p.D + 8)) * 2
     return GpuKernel(f"{fn}_flash", "attention_flash", ctx, [], 4 * target.wave, shared)
 
 

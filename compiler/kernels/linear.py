@@ -344,9 +344,14 @@ class Linear(KernelKind):
         )
 
     def _handoffs(self, b: Binder, g: GpuProgramBuilder) -> dict[str, str]:
-        """GLU group -> the group that reads its output in bf16 (bf16_reader), once a program."""
+        """Writer group -> the group that reads its output in bf16, once a program: GLU linears
+        (bf16_reader) and any kind with a `bf16_reader(k, b, g)` of its own (the attention)."""
         if "linear.bf16" not in g.memo:
-            pairs = ((w, bf16_reader(w, b, g)) for w in g.selected if w.kind is self)
+            pairs = (
+                (w, bf16_reader(w, b, g) if w.kind is self else w.kind.bf16_reader(w, b, g))
+                for w in g.selected
+                if w.kind is self or hasattr(w.kind, "bf16_reader")
+            )
             g.memo["linear.bf16"] = {w.group: r.group for w, r in pairs if r is not None}
         return g.memo["linear.bf16"]
 
@@ -398,18 +403,28 @@ def bf16_reader(k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> SelectedK
     p = k.params
     if not isinstance(p, LinearParams) or p.epilogue != "glu" or p.n_out % 8:
         return None
-    split = g.prefill_precision == "split"
-    y = k.refs["y"]
-    if not wgmma_gemm(p, g.target, split, False) or b.is_output(y[1]) or b.ld(y[1]) != p.n_out:
+    if not wgmma_gemm(p, g.target, g.prefill_precision == "split", False):
         return None
-    if b.act(y[1])["offset"] % 16:  # TMA's global address
+    return wgmma_bf16_reader(k, k.refs["y"], p.n_out, b, g)
+
+
+def wgmma_bf16_reader(
+    k: SelectedKernel, y, width: int, b: Binder, g: GpuProgramBuilder
+) -> SelectedKernel | None:
+    """The linear that is the only reader of activation `y` (rows of `width` values, written by
+    `k`) where it prefills on the sm_90a GEMM with no norm: `k` may then write y in bf16 in
+    prefill steps (rows `width` bf16 apart) for that GEMM's TMA to load as it is, without its
+    _xb pass. None where y is a graph output, its rows are not `width` apart, or its address
+    does not suit TMA (16-byte aligned)."""
+    split = g.prefill_precision == "split"
+    if b.is_output(y[1]) or b.ld(y[1]) != width or b.act(y[1])["offset"] % 16:
         return None
     readers = [r for r in g.selected if r is not k and y in r.refs.values()]
-    if len(readers) != 1 or readers[0].kind is not k.kind:
+    if len(readers) != 1 or not isinstance(readers[0].params, LinearParams):
         return None
     r = readers[0]
     q: LinearParams = r.params
-    if r.refs["x"] != y or q.norm_eps or p.n_out != q.K or b.is_output(r.refs["y"][1]):
+    if r.refs["x"] != y or q.norm_eps or width != q.K or b.is_output(r.refs["y"][1]):
         return None
     return r if wgmma_gemm(q, g.target, split, False) else None
 

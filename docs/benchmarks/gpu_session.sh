@@ -76,7 +76,7 @@ bench)
   for phase in ${PHASES:-prefill quant deltanet moe}; do
     case $phase in
     prefill)
-      run prefill docs/benchmarks/bench_gpu_prefill.py --models l8 --tokens 512,4096 --repeats 3 \
+      run prefill docs/benchmarks/bench_gpu_prefill.py --models l8,smol --tokens 512,4096 --repeats 3 \
         $(peer --llamacpp-bin $LLAMA --peers .work/peers) --out "$OUT/prefill.md"
       # the random F16 8B GGUF is the one llama-quantize starts from in the quant phase
       mkdir -p /tmp/hipc-quant

@@ -77,6 +77,7 @@ __device__ __forceinline__ void hipc_sync_wave() {
 #define HIPC_BOUNDS_BLOCKS(n, b)
 #define __launch_bounds__(...)
 struct uint2 { uint32_t x, y; };
+struct alignas(8) float2 { float x, y; };
 struct alignas(16) uint4 { uint32_t x, y, z, w; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(16) float4 { float x, y, z, w; };
@@ -1354,6 +1355,46 @@ HIPC_DEVICE void hipc_mma_store_bf16(uint16_t* s, int ld, const hipc_mma_c& c) {
   *(uint32_t*)(s + (g + 8) * ld + col) = hipc_f32_to_bf16(c[2]) | hipc_f32_to_bf16(c[3]) << 16;
 }
 
+// The FA2-style flash kernel's (attention_flash_mma.hip.j2) operands. Two B fragments at once
+// (ldmatrix.x4): columns 0..7 and 8..15 of a [n][k] tile (K), matrices j from lanes 8j..8j+7 at
+// (row l % 8 + 8 (l / 16), k ((l / 8) % 2) * 8), or of a [k][n] tile (V, .trans), lanes at
+// (row k = l % 16, column (l / 16) * 8).
+HIPC_DEVICE void hipc_mma_load_b2(const uint16_t* s, int ld, hipc_mma_b& b0, hipc_mma_b& b1) {
+  const int lane = hipc_thread() % 32;
+  const uint32_t p = (uint32_t)__cvta_generic_to_shared(s + (lane % 8 + 8 * (lane / 16)) * ld + ((lane / 8) % 2) * 8);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(b0.r[0]), "=r"(b0.r[1]), "=r"(b1.r[0]), "=r"(b1.r[1])
+               : "r"(p)
+               : "memory");
+}
+HIPC_DEVICE void hipc_mma_load_b2_t(const uint16_t* s, int ld, hipc_mma_b& b0, hipc_mma_b& b1) {
+  const int lane = hipc_thread() % 32;
+  const uint32_t p = (uint32_t)__cvta_generic_to_shared(s + (lane % 16) * ld + (lane / 16) * 8);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(b0.r[0]), "=r"(b0.r[1]), "=r"(b1.r[0]), "=r"(b1.r[1])
+               : "r"(p)
+               : "memory");
+}
+// two float32 -> bf16 pairs in one instruction (round to nearest even): lo in the low half
+HIPC_DEVICE uint32_t hipc_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// 16 bytes global -> shared without registers (sm_80+), zero-filled where !valid; a group per
+// commit, waited for (all of this thread's) before a barrier makes them visible to the block
+HIPC_DEVICE void hipc_cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+HIPC_DEVICE void hipc_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+HIPC_DEVICE void hipc_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+HIPC_DEVICE float hipc_exp2_approx(float x) {  // ex2.approx.ftz: 2^-inf = 0, ~2 ulp
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 #elif defined(HIPC_MMA_HOST)
 // Host tests only (tests/host_simt.py, HIPC_HOST_SIMT, wave 32): mma.sync.m16n8k16's fragment
 // layouts above, emulated. Loads read the tile directly (what ldmatrix hands each lane); an
@@ -1403,6 +1444,26 @@ HIPC_DEVICE int hipc_mma_colslot(int i) { return i % 2; }
 #define HIPC_MMA_ROWS 2
 #define HIPC_MMA_ROW_LANES 4
 HIPC_DEVICE int hipc_mma_rowslot(int i) { return i / 2; }
+// the flash kernel's operands as the NVIDIA forms above hand them (read from the tile directly)
+HIPC_DEVICE void hipc_mma_load_b2(const uint16_t* s, int ld, hipc_mma_b& b0, hipc_mma_b& b1) {
+  b0 = hipc_mma_load_b(s, ld), b1 = hipc_mma_load_b(s + 8 * ld, ld);
+}
+HIPC_DEVICE hipc_mma_b hipc_mma_load_b_t(const uint16_t* s, int ld) {
+  const int g = hipc_thread() % 32 / 4, q = hipc_thread() % 4;
+  const auto col = [&](int k) { return (uint32_t)s[k * ld + g] | (uint32_t)s[(k + 1) * ld + g] << 16; };
+  return {{col(2 * q), col(2 * q + 8)}};
+}
+HIPC_DEVICE void hipc_mma_load_b2_t(const uint16_t* s, int ld, hipc_mma_b& b0, hipc_mma_b& b1) {
+  b0 = hipc_mma_load_b_t(s, ld), b1 = hipc_mma_load_b_t(s + 8, ld);
+}
+HIPC_DEVICE uint32_t hipc_bf16x2(float lo, float hi) { return hipc_f32_to_bf16(lo) | hipc_f32_to_bf16(hi) << 16; }
+HIPC_DEVICE void hipc_cp_async16(void* dst, const void* src, bool valid) {
+  if (valid) __builtin_memcpy(dst, src, 16);
+  else __builtin_memset(dst, 0, 16);
+}
+HIPC_DEVICE void hipc_cp_async_commit() {}
+HIPC_DEVICE void hipc_cp_async_wait_all() {}
+HIPC_DEVICE float hipc_exp2_approx(float x) { return exp2f(x); }
 
 #elif defined(HIPC_MMA_WMMA) || defined(HIPC_MMA_WMMA12) || defined(HIPC_MMA_MFMA)
 // AMD: 16 x 16 x 16 bf16 -> f32 tiles. Lane l holds row l % 16 of A (column l % 16 of B) at

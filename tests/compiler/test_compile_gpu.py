@@ -115,7 +115,9 @@ def prefill_linears(artifact, target) -> list[dict]:
 
 def test_bf16_prefill_on_wgmma_sm90(tmp_path):
     """sm_90: each bf16 linear's prefill is an _xb kernel (x -> bf16 in scratch) and the wgmma
-    GEMM reading it and W through tensor maps; --prefill-precision split keeps mma.sync."""
+    GEMM reading it and W through tensor maps, except where the kernel before it writes x in bf16
+    (down after gate/up, o after the flash attention); --prefill-precision split keeps
+    mma.sync."""
     model = write_tiny_hf(tmp_path / "m", dtype="bfloat16", hidden_size=64, intermediate_size=96)
     art = compiled(tmp_path, model, ("sm_90",))
     plan = json.loads((art / "plan.json").read_text())
@@ -129,8 +131,10 @@ def test_bf16_prefill_on_wgmma_sm90(tmp_path):
         launch, before = steps[i], steps[i - 1]
         xmap, wmap = launch["args"][0], launch["args"][1]
         assert xmap["kind"] == wmap["kind"] == "tmap"
-        if xmap["of"]["kind"] == "arena":  # down: the GLU GEMM before it wrote x in bf16
-            assert before["kernel"].endswith("_yb") and before["args"][-1] == xmap["of"]
+        if xmap["of"]["kind"] == "arena":  # x written in bf16 by the kernel before it:
+            # down's by the GLU GEMM, o's by the flash attention
+            assert before["kernel"].endswith(("_yb", "_ob_flash")), before["kernel"]
+            assert before["args"][-1] == xmap["of"]
             handoffs += 1
             continue
         assert before["kernel"] == launch["kernel"] + "_xb"
@@ -143,7 +147,7 @@ def test_bf16_prefill_on_wgmma_sm90(tmp_path):
         assert "wgmma.mma_async.sync.aligned.m64n" in ptx
         assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile" in ptx
         assert "mma.sync" not in ptx
-    assert handoffs == 2  # one per layer
+    assert handoffs == 4  # two per layer
     (tmp_path / "s").mkdir()
     (tmp_path / "o").mkdir()
     split = compiled(tmp_path / "s", model, ("sm_90",), prefill_precision="split")
@@ -450,8 +454,9 @@ def _sm90_program(folder, tmp_path):
 
 def test_glu_hands_bf16_to_the_down_linear(tmp_path):
     """sm_90, bf16 weights: the gate/up GEMM writes its output in bf16 and the down GEMM's
-    tensor map reads that buffer directly (no _xb launch); qkv, o and gate/up keep theirs, and
-    the decode GEMVs still read the buffer the GLU GEMV writes (float32)."""
+    tensor map reads that buffer directly (no _xb launch); o likewise reads the attention's
+    output, qkv and gate/up keep theirs, and the decode GEMVs still read the buffer the GLU
+    GEMV writes (float32)."""
     folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
     program = _sm90_program(folder, tmp_path)
     prefill = program.plan["steps"]["prefill"]
@@ -464,10 +469,15 @@ def test_glu_hands_bf16_to_the_down_linear(tmp_path):
         y, xmap = glu["args"][-1], d["args"][0]  # WGMMA's arguments: xmap first, y last
         assert xmap["kind"] == "tmap" and xmap["of"] == y and y["kind"] == "arena", (y, xmap)
         assert xmap["dims"][0] == 128  # K of down = the GLU's outputs, bf16 rows
-    # every other wgmma GEMM still has its _xb pass just before it
+    # o reads the attention's bf16 output likewise (head dim 8: the SIMT kernel's, Attention's
+    # bf16_reader); every other wgmma GEMM still has its _xb pass just before it
     for i, x in enumerate(prefill):
         if "_wg" in x["kernel"] and not x["kernel"].endswith("_xb") and x not in down:
-            assert prefill[i - 1]["kernel"] == x["kernel"] + "_xb", names
+            before = prefill[i - 1]
+            if before["kernel"].endswith("_ob_attn"):
+                assert x["args"][0]["of"] == before["args"][-1], names
+                continue
+            assert before["kernel"] == x["kernel"] + "_xb", names
     assert "hipc_f32_to_bf16(v0) | hipc_f32_to_bf16(v1) << 16" in program.source
     # decode: the GLU GEMV writes float32 where the down GEMV reads it
     decode = program.plan["steps"]["decode"]
