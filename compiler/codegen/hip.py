@@ -10,6 +10,7 @@ Python decides names, geometry and bindings, the templates only place them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
 from hipc.compiler.codegen.environment import render, template_text
 from hipc.compiler.kernels.base import FusionError, Signature
-from hipc.compiler.kernels.linear import MMA_TILES, WGMMA_ARCHS
+from hipc.compiler.kernels.linear import BATCH_GEMV_ROWS, MMA_TILES, WGMMA_ARCHS
 from hipc.compiler.passes.select import weight_order
 
 if TYPE_CHECKING:
@@ -54,6 +55,13 @@ class GpuProgramBuilder:
         self.memo: dict[str, Any] = {}  # what a kind works out once per program from `selected`
         self.kernels: dict[str, str] = {}
         self.steps: dict[str, list[dict]] = {"decode": [], "prefill": [], "batch": []}
+        # batch steps of up to this many rows run the linears' weights-once GEMV where they
+        # have one (HIPC_BATCH_GEMV_ROWS overrides: 0 keeps the prefill GEMMs, as benchmarks
+        # compare); a kind adding a prefill launch whose batch copy serves only larger steps
+        # sets batch_min for it
+        env = os.environ.get("HIPC_BATCH_GEMV_ROWS")
+        self.batch_gemv_rows = int(env) if env else BATCH_GEMV_ROWS
+        self.batch_min = 1
         # The scratch buffer: one region per name the kinds ask for (KernelKind.gpu_scratch),
         # as large as the largest ask, in order of first ask, each 256-byte aligned. Kernels of
         # a step run one after another, so every layer reuses its kind's region; the buffer is
@@ -113,7 +121,11 @@ class GpuProgramBuilder:
             launch["tokens"] = list(tokens)  # only in steps of this many tokens
         self.steps[step].append(launch)
         if step == "prefill" and batch:
-            self.steps["batch"].append(launch)
+            lo, hi = tokens or (1, self.max_tokens)
+            if self.batch_min > lo:
+                launch = {**launch, "tokens": [self.batch_min, hi]}
+            if self.batch_min <= hi:
+                self.steps["batch"].append(launch)
 
 
 def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:

@@ -285,7 +285,10 @@ class Linear(KernelKind):
             # the sm_90a GEMM's input: x (normalized) in bf16, rows of K, from its _xb kernel
             return {"xb": 2 * g.max_tokens * p.K}
         # the prefill GEMM's norm: 1 / rms per token, from the _stats kernel before it
-        return {"inv_rms": 4 * g.max_tokens} if p.norm_eps else {}
+        need = {"inv_rms": 4 * g.max_tokens} if p.norm_eps else {}
+        if p.norm_eps and gemvm_eligible(p, g.target):
+            need["xb"] = 2 * g.max_tokens * p.K  # the batch GEMV's normalized bf16 rows
+        return need
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: LinearParams = k.params
@@ -313,6 +316,17 @@ class Linear(KernelKind):
                  common, shared=dk.shared, overlap=True)  # fmt: skip
         split = g.prefill_precision == "split"
         rows = "rows" if last_only else "T"
+        # batch steps of up to `small` rows run the weights-once GEMV (linear_gemvm), larger
+        # ones the prefill GEMM below (its batch copies start at small + 1)
+        small = self._gemvm_launches(k, b, g, common, x, rows)
+        g.batch_min = small + 1
+        try:
+            self._prefill_launches(k, b, g, common, x, rows, split)
+        finally:
+            g.batch_min = 1
+
+    def _prefill_launches(self, k, b, g, common, x, rows: str, split: bool) -> None:
+        p: LinearParams = k.params
         if wgmma_gemm(p, g.target, split, False):
             # tiles chosen for short steps and, where the chunk is longer, for long ones
             lo = select_wgmma(p, min(g.max_tokens, 512))
@@ -340,6 +354,38 @@ class Linear(KernelKind):
             {**common, "T": b.int(rows), "inv_rms": inv_rms},
             shared=pg.shared,
         )
+
+    def _gemvm_launches(self, k, b, g, common, x, rows: str) -> int:
+        """The batch step's launches of the weights-once GEMV, one kernel per size class of
+        8, 16, 32, 64 rows up to the program's limit (GpuProgramBuilder.batch_gemv_rows);
+        returns the largest step they serve (0: none, the linear is not eligible)."""
+        p: LinearParams = k.params
+        most = min(g.batch_gemv_rows, g.max_tokens)
+        if most < 2 or not gemvm_eligible(p, g.target):
+            return 0
+        xv = k.refs["x"][1]
+        if b.ld(xv) != p.K or x.get("offset", 0) % 16:  # 16-byte loads of x rows
+            return 0
+        if p.norm_eps:
+            xb = b.scratch(g.scratch("xb"))
+            args = {**common, "x": xb, "norm_w": b.null()}
+        else:
+            args = common
+        lo = 1
+        for nt in GEMVM_TILES:
+            if lo > most:
+                break
+            hi = min(8 * nt, most)
+            gk = batch_gemv(k.fn, p, g.target, k.nodes, nt)
+            fn = g.kernel(gk)
+            if p.norm_eps:
+                g.launch("batch", k.group, f"{fn}_xb", [rows], [256], XB,
+                         {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=(lo, hi))  # fmt: skip
+            g.launch("batch", k.group, fn, gk.grid, [gk.threads], GEMM,
+                     {**args, "T": b.int(rows), "inv_rms": b.null()}, overlap=True,
+                     tokens=(lo, hi))  # fmt: skip
+            lo = hi + 1
+        return lo - 1
 
     def _handoffs(self, b: Binder, g: GpuProgramBuilder) -> dict[str, str]:
         """GLU group -> the group that reads its output in bf16 (bf16_reader), once a program."""
@@ -946,3 +992,57 @@ def row_bytes(wsuffix: str, K: int) -> int:
         qt = QUANT_TYPES[wsuffix]
         return K // qt.block_values * qt.block_bytes
     return K * {"f32": 4, "f16": 2, "bf16": 2}[wsuffix]
+
+
+# -- the batch step's weights-once GEMV (linear_gemvm.hip.j2) ------------------------------
+
+# n tiles of 8 rows per kernel: steps of 1-8, 9-16, 17-32 and 33-64 rows (each size class its
+# own kernel, so a bucket's rows are never padded past the next multiple of 8)
+GEMVM_TILES = (1, 2, 4, 8)
+# k chunks (32 deep) a warp loads at once, by n tiles: the x fragments of a chunk take 4 registers
+# per tile, so wider steps hold fewer chunks of weights in flight
+GEMVM_UNROLL = {1: 4, 2: 4, 4: 2, 8: 1}
+GEMVM_WARPS = 8  # warps per block, splitting K between them over the block's 16 weight rows
+# Batch steps of up to this many rows take the GEMV; larger ones the prefill GEMM. Measured on
+# the H200 by bench_batch_step.py (docs/benchmarks/gpu-h200.md, "Batch steps").
+BATCH_GEMV_ROWS = 32
+
+
+def gemvm_eligible(p: LinearParams, target: GpuTarget) -> bool:
+    """Whether a linear has the weights-once batch GEMV: bf16 weights on NVIDIA's mma.sync
+    (sm_80+), rows of whole 16-byte loads; no gated residual (one gate per row)."""
+    tile = MMA_TILES.get(target.arch)
+    return (
+        tile is not None
+        and tile.macro == "HIPC_MMA_NV"
+        and p.wtype == "bfloat16"
+        and p.K % 8 == 0
+        and not p.gated
+    )
+
+
+def batch_gemv(fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], nt: int) -> GpuKernel:
+    """The weights-once GEMV of a batch step of up to 8 * nt rows."""
+    glu = p.epilogue == "glu"
+    ctx = dict(
+        nodes=nodes,
+        n_out=p.n_out,
+        nt=nt,
+        warps=GEMVM_WARPS,
+        unroll=GEMVM_UNROLL[nt],
+        xb=bool(p.norm_eps),
+        params=GEMM.render(GPU_INDENT),
+        xb_params=XB.render(0),
+        **p.context(),
+    )
+    outs = 8 if glu else 16
+    return GpuKernel(
+        f"{fn}_gemvm{nt}",
+        "linear_gemvm",
+        ctx,
+        [-(-p.n_out // outs)],
+        GEMVM_WARPS * target.wave,
+        0,
+        outs,
+        8 * nt,
+    )
