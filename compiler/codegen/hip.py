@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hipc.base.launch_plan import KV_BLOCK
+from hipc.base.launch_plan import KV_BLOCK, TOPK_MAX
 from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
 from hipc.compiler.codegen.environment import render, template_text
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from hipc.compiler.kernels.base import GpuKernel, SelectedKernel
     from hipc.compiler.pipeline import Compilation
     from hipc.compiler.targets import GpuTarget
+
+
+TOPK_KERNEL = "hipc_topk"
+TOPK_BLOCK = 1024  # threads per row: the row is read ~6 times (max, sum, selection passes)
 
 
 @dataclass
@@ -148,6 +152,10 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
     )
     for k in c.kernels:
         k.kind.gpu(k, binder, g)
+    # every program's row top-k (GpuBackend.step_top): rows x k values copied back, not logits
+    g.kernels[TOPK_KERNEL] = render(
+        "hip/topk.hip.j2", fn=TOPK_KERNEL, wave=gpu.wave, max_k=TOPK_MAX
+    )
     source = program_source(
         c.model.name, HIPC_VERSION, gpu.arch, list(g.kernels.values()), c.options.quant_layout
     )
@@ -157,6 +165,7 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
         "scratch_bytes": g.scratch_bytes,
         "kv_block": KV_BLOCK,
         "steps": g.steps,
+        "topk": {"kernel": TOPK_KERNEL, "block": TOPK_BLOCK, "max_k": TOPK_MAX},
     }
     return HipProgram(source, plan)
 

@@ -361,7 +361,8 @@ class Linear(KernelKind):
         returns the largest step they serve (0: none, the linear is not eligible)."""
         p: LinearParams = k.params
         most = min(g.batch_gemv_rows, g.max_tokens)
-        if most < 2 or not gemvm_eligible(p, g.target):
+        # --prefill-precision split promises float32-class linears: the GEMV's bf16 x is not
+        if most < 2 or g.prefill_precision == "split" or not gemvm_eligible(p, g.target):
             return 0
         xv = k.refs["x"][1]
         if b.ld(xv) != p.K or x.get("offset", 0) % 16:  # 16-byte loads of x rows
@@ -1026,6 +1027,7 @@ def batch_gemv(fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], nt
     glu = p.epilogue == "glu"
     ctx = dict(
         nodes=nodes,
+        wave=target.wave,
         n_out=p.n_out,
         nt=nt,
         warps=GEMVM_WARPS,

@@ -196,6 +196,8 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // another block's writes: read through L2, never a line this SM's L1 may hold
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return __ldcg(p); }
+// a shared-memory counter (histograms): no ordering with other memory
+HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 #elif defined(HIPC_HOST)
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
@@ -204,6 +206,7 @@ HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; 
 HIPC_DEVICE void hipc_publish() {}
 HIPC_DEVICE unsigned hipc_count(unsigned* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL); }
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }  // host blocks run one after another
+HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
@@ -216,6 +219,9 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // the acquire in hipc_count invalidated this CU's vector L1
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }
+HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+}
 #endif
 
 // Pull `bytes` starting at p towards L2, one 128-byte line per lane and step (a wave's
