@@ -1022,16 +1022,25 @@ def gemvm_eligible(p: LinearParams, target: GpuTarget) -> bool:
     )
 
 
-def batch_gemv(fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], nt: int) -> GpuKernel:
-    """The weights-once GEMV of a batch step of up to 8 * nt rows."""
+def batch_gemv(
+    fn: str,
+    p: LinearParams,
+    target: GpuTarget,
+    nodes: list[str],
+    nt: int,
+    warps: int = GEMVM_WARPS,
+    unroll: int | None = None,
+) -> GpuKernel:
+    """The weights-once GEMV of a batch step of up to 8 * nt rows (`warps`, `unroll`: other
+    geometries for benchmarks)."""
     glu = p.epilogue == "glu"
     ctx = dict(
         nodes=nodes,
         wave=target.wave,
         n_out=p.n_out,
         nt=nt,
-        warps=GEMVM_WARPS,
-        unroll=GEMVM_UNROLL[nt],
+        warps=warps,
+        unroll=unroll or GEMVM_UNROLL[nt],
         xb=bool(p.norm_eps),
         params=GEMM.render(GPU_INDENT),
         xb_params=XB.render(0),
@@ -1043,7 +1052,7 @@ def batch_gemv(fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], nt
         "linear_gemvm",
         ctx,
         [-(-p.n_out // outs)],
-        GEMVM_WARPS * target.wave,
+        warps * target.wave,
         0,
         outs,
         8 * nt,

@@ -5,7 +5,9 @@
 #      ties, masked rows) against NumPy, NaN-poisoned;
 #   2. tests/gpu/test_batch_gpu.py: every sequence of a batch as it runs alone (bf16 policy:
 #      the batch GEMV; split policy: the GEMMs), buckets, cancellation, prefix hits;
-#   3. bench_batch_gemv.py: 2-layer Llama-3-8B shape step times at 1..64 rows, the prefill
+#   3. bench_batch_kernels.py: the batch GEMV alone at the 8B linear shapes, TB/s by rows and
+#      geometry (warps, chunks in flight) beside the copy rate;
+#   4. bench_batch_gemv.py: 2-layer Llama-3-8B shape step times at 1..64 rows, the prefill
 #      GEMMs (before) against the batch GEMV (after), logits copied back against step_top k=1,
 #      with the batch graph's kernels profiled at 8 and 32 rows. Table last.
 # Here (the build box), in the repo root:
@@ -33,6 +35,7 @@ for i, (name, case) in enumerate(t.CASES.items()):
     specs.append((k.fn, k.template, k.ctx, 0))
 compiled(kernels_source(specs, "sm_90"), "sm_90", Path(".work/fatbins"))
 EOF
+  python3 docs/benchmarks/bench_batch_kernels.py --prebuild sm_90 --cache .work/fatbins
   ls .whl .work/fatbins
   exit 0
 fi
@@ -48,9 +51,12 @@ run() {  # name, seconds, pytest args...
   timeout "$secs" python3 -m pytest -q -p no:cacheprovider -m gpu -rfs "$@" 2>&1 | tail -25
   echo "($(($(date +%s) - t0)) s)"
 }
-run kernels 25 tests/gpu/test_batch_kernels.py
+run kernels 20 tests/gpu/test_batch_kernels.py
 run batch 35 tests/gpu/test_batch_gpu.py
+echo "== bench_batch_kernels.py (the batch GEMV alone, by rows and geometry)"
+timeout 20 python3 docs/benchmarks/bench_batch_kernels.py --cache .work/fatbins 2>&1 | grep -v "^#"
+echo "($(($(date +%s) - t0)) s)"
 echo "== bench_batch_gemv.py"
-timeout 80 python3 docs/benchmarks/bench_batch_gemv.py --layers 2 --rows 1 2 4 8 16 32 64 \
+timeout 75 python3 docs/benchmarks/bench_batch_gemv.py --layers 2 --rows 1 2 4 8 16 32 64 \
   --steps 15 --profile 8 32 2>&1
 echo "($(($(date +%s) - t0)) s)"

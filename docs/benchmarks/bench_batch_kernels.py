@@ -1,0 +1,141 @@
+"""The batch GEMV (linear_gemvm) alone at the Llama-3-8B linear shapes: weight bytes per second
+by rows and geometry, beside the device's copy rate.
+
+    python docs/benchmarks/bench_batch_kernels.py [--cache .work/fatbins] [--prebuild sm_90]
+
+For each shape (qkv with its norm, o with the residual, gate/up GLU with its norm, down with the
+residual, the LM head with the norm), each size class of rows (n tiles 1, 2, 4, 8 at 8 x nt rows,
+and 2 rows on the 1-tile kernel) and each geometry of GEOMETRIES (warps splitting K, k chunks in
+flight per warp): the kernel's median time over --reps launches between CUDA events (the _xb
+pass not included: it is its own launch of T blocks), as TB/s of weights. --prebuild ARCH
+compiles the code object into --cache on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path[:0] = [str(Path(__file__).parents[2] / "tests")]
+
+from hipc.compiler.kernels.linear import GEMVM_UNROLL, LinearParams, batch_gemv  # noqa: E402
+from hipc.compiler.targets import GpuTarget  # noqa: E402
+
+SHAPES = {  # name: N weight rows, K, epilogue, norm
+    "qkv": (6144, 4096, "none", True),
+    "o": (4096, 4096, "residual", False),
+    "gate_up": (28672, 4096, "glu", True),
+    "down": (4096, 14336, "residual", False),
+    "head": (128256, 4096, "none", True),
+}
+# (warps, unroll or None for GEMVM_UNROLL's): the default first
+GEOMETRIES = [(8, None), (4, None), (16, None), (8, 2), (8, 8)]
+
+
+def kernels(target: GpuTarget):
+    out = {}
+    for name, (N, K, ep, norm) in SHAPES.items():
+        p = LinearParams("bfloat16", N, K, 1e-5 if norm else 0.0, ep, False)
+        for nt in (1, 2, 4, 8):
+            for warps, unroll in GEOMETRIES:
+                u = unroll or GEMVM_UNROLL[nt]
+                if warps * nt > 64 or u * nt > 16:  # static shared / x registers
+                    continue
+                fn = f"{name}_w{warps}_u{u}"
+                out[name, nt, warps, u] = batch_gemv(fn, p, target, [name], nt, warps, u)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cache", type=Path, default=None)
+    ap.add_argument("--prebuild", metavar="ARCH")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    from gpu_kernels import DeviceKernels, compiled, kernels_source
+
+    if args.prebuild:
+        ks = kernels(GpuTarget(args.prebuild))
+        specs = [(k.fn, k.template, k.ctx, 0) for k in ks.values()]
+        compiled(kernels_source(specs, args.prebuild), args.prebuild, args.cache)
+        print(f"{len(specs)} kernels built into {args.cache}")
+        return
+    from cuda.bindings import driver as cu
+
+    from hipc.runtime.backends.gpu_common import PackedArgs
+
+    ks: dict = {}
+
+    def build(arch):
+        ks.update(kernels(GpuTarget(arch)))
+        return [(k.fn, k.template, k.ctx, 0) for k in ks.values()]
+
+    dk = DeviceKernels(build, cache=args.cache)
+    d = dk.d
+    rng = np.random.default_rng(0)
+    ev = [cu.cuEventCreate(0)[1] for _ in range(2)]
+
+    def timed(fn, grid, block, packed) -> float:
+        times = []
+        for _ in range(args.reps):
+            cu.cuEventRecord(ev[0], d._stream)
+            d.launch(fn, grid, block, 0, packed.address)
+            cu.cuEventRecord(ev[1], d._stream)
+            d.synchronize()
+            times.append(cu.cuEventElapsedTime(ev[0], ev[1])[1])
+        return statistics.median(times)
+
+    # the copy rate: a device-to-device copy of 1 GiB (read + write)
+    n = 1 << 30
+    a, b = d.malloc(n), d.malloc(n)
+    d.d2d(b, a, n)
+    d.synchronize()
+    cu.cuEventRecord(ev[0], d._stream)
+    for _ in range(5):
+        d.d2d(b, a, n)
+    cu.cuEventRecord(ev[1], d._stream)
+    d.synchronize()
+    copy = 2 * n * 5 / (cu.cuEventElapsedTime(ev[0], ev[1])[1] / 1e3) / 1e12
+    d.free(a)
+    d.free(b)
+    print(f"device copy: {copy:.2f} TB/s (read + write)")
+    rows_of = {1: (2, 8), 2: (16,), 4: (32,), 8: (64,)}
+    results: dict = {}
+    for name, (N, K, ep, _) in SHAPES.items():
+        n_out = N // 2 if ep == "glu" else N
+        w = dk.upload(rng.integers(0, 0x3F80, N * K, dtype=np.uint16))  # bf16 in [0, 1)
+        x = dk.upload(rng.standard_normal(64 * K).astype(np.float32) * 0.1)
+        xb = dk.upload(np.full(64 * K, 0x3F80, np.uint16))
+        y = dk.upload(np.zeros(64 * n_out, np.float32))
+        for (sname, nt, warps, u), k in ks.items():
+            if sname != name:
+                continue
+            src = xb if k.ctx["xb"] else x
+            for T in rows_of[nt]:
+                args_ = [("u64", src), ("i32", T), ("u64", w), ("u64", 0), ("u64", 0),
+                         ("u64", 0), ("u64", y), ("u64", y)]  # fmt: skip
+                ms = timed(dk.function(k.fn), (k.grid[0], 1, 1), (k.threads, 1, 1),
+                           PackedArgs(args_))  # fmt: skip
+                results[name, T, warps, u] = 2 * N * K / (ms / 1e3) / 1e12
+                print(f"# {name} rows {T} warps {warps} unroll {u}: {ms * 1e3:.1f} us "
+                      f"{results[name, T, warps, u]:.2f} TB/s", flush=True)  # fmt: skip
+        dk.free()
+    geoms = sorted({(w, u) for _, _, w, u in results})
+    print(f"\nbatch GEMV, TB/s of weights (copy {copy:.2f}); columns: warps x unroll")
+    print("| shape | rows | " + " | ".join(f"{w}x{u}" for w, u in geoms) + " |")
+    print("|---|---:|" + "---:|" * len(geoms))
+    for name in SHAPES:
+        for T in (2, 8, 16, 32, 64):
+            cells = [results.get((name, T, w, u)) for w, u in geoms]
+            if any(c is not None for c in cells):
+                txt = " | ".join("" if c is None else f"{c:.2f}" for c in cells)
+                print(f"| {name} | {T} | {txt} |")
+    dk.close()
+
+
+if __name__ == "__main__":
+    main()
