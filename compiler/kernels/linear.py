@@ -381,7 +381,8 @@ class Linear(KernelKind):
             fn = g.kernel(gk)
             if p.norm_eps:
                 g.launch("batch", k.group, f"{fn}_xb", [rows], [256], XB,
-                         {"x": x, "norm_w": common["norm_w"], "xb": xb}, tokens=(lo, hi))  # fmt: skip
+                         {"x": x, "norm_w": common["norm_w"], "xb": xb}, overlap=True,
+                         tokens=(lo, hi))  # fmt: skip
             g.launch("batch", k.group, fn, gk.grid, [gk.threads], GEMM,
                      {**args, "T": b.int(rows), "inv_rms": b.null()}, overlap=True,
                      tokens=(lo, hi))  # fmt: skip

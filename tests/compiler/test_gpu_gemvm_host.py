@@ -45,7 +45,7 @@ def lib(tmp_path_factory):
         T, nt = case[0], case[1]
         k = batch_gemv(f"g{i}", _params(case), target, [name], nt)
         specs[name] = k
-        kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, wave=32, **k.ctx))
+        kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         xb = f"  grid({T}, 1, 256, [=] {{ {k.fn}_xb(x, nw, xb); }});\n" if case[5] else ""
         src = "(const float*)xb" if case[5] else "x"
         wrappers.append(
