@@ -3,6 +3,10 @@
 GPU backends compute them on the device (templates/hip/topk.hip.j2) so that a step copies
 back rows x k values instead of rows x vocab logits; `top_of_logits` is the same selection on
 the host, for backends and artifacts without that kernel (and the tests' reference).
+
+A backend's `step_top(ids, pos, seq, tables, out_rows, k, logsumexp=False)` returns
+(ids, logits) of TopK, or all three with logsumexp; its `max_top_k` is the largest k it picks
+on the device (0: none, the caller asks step() for logits instead).
 """
 
 from __future__ import annotations
@@ -15,11 +19,11 @@ import numpy as np
 class TopK(NamedTuple):
     """Per wanted row of a step: the k largest logits, largest first."""
 
-    values: np.ndarray  # [rows, k] float32; -inf past a row shorter than k
     ids: (
         np.ndarray
     )  # [rows, k] int32 token ids; of equal values the lower id first; -1 past the row
-    logsumexp: np.ndarray  # [rows] float32: log(sum(exp(row))); a logprob is value - logsumexp
+    logits: np.ndarray  # [rows, k] float32; -inf past a row shorter than k
+    logsumexp: np.ndarray  # [rows] float32: log(sum(exp(row))); a logprob is logit - logsumexp
 
 
 def logsumexp(m: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -44,4 +48,4 @@ def top_of_logits(logits: np.ndarray, k: int) -> TopK:
         values[r, :kk], ids[r, :kk] = row[pick], pick
     m = logits.max(axis=1)
     s = np.exp(logits.astype(np.float64) - m[:, None]).sum(axis=1)
-    return TopK(values, ids, logsumexp(m, s))
+    return TopK(ids, values, logsumexp(m, s))

@@ -35,7 +35,7 @@ from hipc.base.launch_plan import TOPK_MAX, TargetPlan, states
 from hipc.base.safetensors_file import SafetensorsFile
 from hipc.base.version import ABI_VERSION
 from hipc.runtime.artifact import Artifact
-from hipc.runtime.topk import TopK, top_of_logits
+from hipc.runtime.topk import top_of_logits
 
 # ~1000 pause instructions: tens of microseconds on current x86 cores
 SPIN_COUNT = "1000"
@@ -262,12 +262,16 @@ class CpuBackend:
             )
         return out
 
-    def step_top(self, ids, pos, seq, tables, out_rows, k: int) -> TopK:
+    # step_top picks on the host here: the caller gains nothing over step()'s logits
+    max_top_k = 0
+
+    def step_top(self, ids, pos, seq, tables, out_rows, k: int, logsumexp: bool = False):
         """step() returning the out_rows' k largest logits (GpuBackend.step_top's contract;
         here chosen from the logits on the host)."""
         if not 1 <= k <= TOPK_MAX:
             raise HipcError(f"step_top: k must be 1 to {TOPK_MAX}, got {k}")
-        return top_of_logits(self.step(ids, pos, seq, tables, out_rows), k)
+        top = top_of_logits(self.step(ids, pos, seq, tables, out_rows), k)
+        return top if logsumexp else top[:2]
 
     def close(self) -> None:
         self.kv.clear()

@@ -644,18 +644,28 @@ class GpuBackend:
         tables: np.ndarray,
         out_rows: np.ndarray,
         k: int,
-    ) -> TopK:
-        """step() returning, instead of the out_rows' logits, their k (1..TOPK_MAX) largest
-        values and ids and each row's log-sum-exp (runtime/topk.py: TopK, arrays the caller
-        owns). Selected on the device where the artifact's plan has the top-k kernel, so a
-        step copies back rows x k values, not rows x vocab logits (32 MiB at 64 rows of a
-        128k vocabulary); exact, in top_of_logits's order (of equal values the lower id)."""
+        logsumexp: bool = False,
+    ) -> tuple[np.ndarray, ...]:
+        """step() returning, instead of the out_rows' logits, their k (1..TOPK_MAX) largest:
+        (ids [n, k] int32, logits [n, k] float32), largest first, of equal values the lower id
+        (runtime/topk.py); with `logsumexp` also each row's log-sum-exp [n] (a token's
+        log-probability is logit - logsumexp). Arrays the caller owns. Selected on the device
+        where the artifact's plan has the top-k kernel (max_top_k > 0), so a step copies back
+        rows x k values, not rows x vocab logits (32 MiB at 64 rows of a 128k vocabulary);
+        else from the logits on the host, the same result."""
         if not 1 <= k <= TOPK_MAX:
             raise HipcError(f"step_top: k must be 1 to {TOPK_MAX}, got {k}")
         if not self.gpu.topk:  # an artifact from before the kernel: chosen on the host
-            return top_of_logits(self.step(ids, pos, seq, tables, out_rows), k)
-        self._queue(*self._batch_step(ids, pos, seq, tables, out_rows), top=k)
-        return self.collect()
+            top = top_of_logits(self.step(ids, pos, seq, tables, out_rows), k)
+        else:
+            self._queue(*self._batch_step(ids, pos, seq, tables, out_rows), top=k)
+            top = self.collect()
+        return top if logsumexp else top[:2]
+
+    @property
+    def max_top_k(self) -> int:
+        """The most values per row step_top picks on the device (0: the plan has no kernel)."""
+        return int(self.gpu.topk["max_k"]) if self.gpu.topk else 0
 
     def _batch_step(self, ids, pos, seq, tables, out_rows) -> tuple:
         """step()'s checks and table upload; _queue's arguments."""
@@ -822,8 +832,8 @@ class GpuBackend:
             n = self._logits_host[pick].shape[0]
             h = self._top_host
             stats = h[2 * n * top : 2 * n * top + 2 * n].reshape(n, 2)
-            return TopK(h[: n * top].reshape(n, top).copy(),
-                        h[n * top : 2 * n * top].view(np.int32).reshape(n, top).copy(),
+            return TopK(h[n * top : 2 * n * top].view(np.int32).reshape(n, top).copy(),
+                        h[: n * top].reshape(n, top).copy(),
                         logsumexp(stats[:, 0], stats[:, 1]))  # fmt: skip
         out = self._logits_host[pick]
         return out.copy() if copy else out

@@ -1679,7 +1679,7 @@ def test_amd_prefill_plan_on_the_fake_hip(arch, tmp_path):
 
 @pytest.mark.parametrize("on_device", [True, False])
 def test_step_top_returns_each_wanted_rows_top_k(api, tmp_path, on_device):
-    """step_top(k): the wanted rows' k largest logits and log-sum-exp, as top_of_logits picks
+    """step_top(k): the wanted rows' k largest logits (ids, logits[, log-sum-exp]) as top_of_logits picks
     them from step()'s logits; with the plan's top-k kernel only rows x k values (and ids, and
     two stats per row) come back, never a logits row; without it (an older plan) the same
     result from the logits on the host."""
@@ -1702,11 +1702,14 @@ def test_step_top_returns_each_wanted_rows_top_k(api, tmp_path, on_device):
         for ids, pos, seq, rows in steps:
             want = top_of_logits(b.step(ids, pos, seq, tables, rows).copy(), k)
             n = len(gpu.calls)
-            got = b.step_top(ids, pos, seq, tables, rows, k)
-            np.testing.assert_array_equal(got.ids, want.ids)
-            np.testing.assert_array_equal(got.values, want.values)
-            np.testing.assert_allclose(got.logsumexp, want.logsumexp, rtol=1e-6)
+            got_ids, got_logits, lse = b.step_top(ids, pos, seq, tables, rows, k, logsumexp=True)
+            np.testing.assert_array_equal(got_ids, want.ids)
+            np.testing.assert_array_equal(got_logits, want.logits)
+            np.testing.assert_allclose(lse, want.logsumexp, rtol=1e-6)
             copies = [c[3] for c in gpu.calls[n:] if c[0] == "d2h"]
+            two = b.step_top(ids, pos, seq, tables, rows, k)  # the server's form: (ids, logits)
+            assert len(two) == 2 and np.array_equal(two[0], want.ids)
+            assert b.max_top_k == (64 if on_device else 0)
             if on_device:
                 assert sorted(copies) == sorted([4 * len(rows) * k] * 2 + [8 * len(rows)])
                 assert [e[4][2] for e in gpu.executed if e[0] == "topk"][-1] == k
