@@ -250,13 +250,24 @@ class Attention(KernelKind):
                   "ldv": b.int(b.ld(r["v"][1])), "k_norm_w": b.ref(r["k_norm_w"])})  # fmt: skip
         q_args = {**shared, "q": q, "ldq": b.int(b.ld(r["q"][1])),
                   "q_norm_w": b.ref(r["q_norm_w"]), "out": b.act(r["out"][1])}  # fmt: skip
-        if fk is None:
-            g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
-        else:
+        # batch steps: a block per row and KV head, its group of query heads together
+        G = batch_group(p)
+        batch_attn = attn if G == 1 else g.kernel(
+            GpuKernel(f"{k.fn}_attn_g{G}", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
+                      group=G, params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], 0)
+        )  # fmt: skip
+        if fk is not None:
             g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{FLASH_BQ})", p.NH], [fk.threads],
                      flash_signature(kv), {**q_args, "T": b.int("T")}, shared=fk.shared,
                      batch=False)  # fmt: skip
-            g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
+        elif G == 1:
+            g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
+        else:
+            g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args,
+                     batch=False)  # fmt: skip
+        if fk is not None or G > 1:
+            g.launch("batch", k.group, batch_attn, ["T", p.NH // G], [ATTN_WAVES * wave],
+                     attn_sig, q_args)  # fmt: skip
         g.launch(
             "decode",
             k.group,
@@ -376,6 +387,21 @@ KIND = Attention()
 # -- GPU geometry --------------------------------------------------------------------------
 
 ATTN_WAVES = 8
+# The batch step's SIMT attention takes a KV head's query heads together (each key and value row
+# read once for them) up to this many, within 40 KiB of its per-wave partials in shared memory
+BATCH_GROUP_MAX = 8
+
+
+def batch_group(p: AttentionParams) -> int:
+    """Query heads per block of the batch step's attention: the KV head's group (NH / NKV) when
+    it fits, else 1 (one block per head, as in prefill)."""
+    G = p.NH // p.NKV
+    fits = ATTN_WAVES * G * p.D * 4 + G * p.D * 4 <= 40 << 10
+    if G < 2 or G > BATCH_GROUP_MAX or not fits or p.D % 8:
+        return 1
+    return G
+
+
 DECODE_WAVES = 4  # decode attention: a chunk of 4 waves x one 32/64-key tile each per block
 DECODE_BLOCKS = 256  # decode attention blocks per layer (heads x splits): ~2 per SM of an H200
 KV_TYPES = {"float32": ("float", "f32"), "bfloat16": ("uint16_t", "bf16")}

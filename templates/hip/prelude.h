@@ -331,6 +331,42 @@ HIPC_DEVICE float hipc_kv_dot_bf16(const float* q, const uint16_t* k, int D) {
   }
   return (dot[0] + dot[1]) + (dot[2] + dot[3]);
 }
+// q_g . k for G queries (q: [G][D] floats in shared memory) against one cached key row, the
+// row read once (batch attention: a KV head's group of query heads); k null: zeros
+template <int G, int D>
+HIPC_DEVICE void hipc_kv_dots_f32(const float* q, const float* k, float* out) {
+  float dot[G][2] = {};
+  if (k != nullptr) {
+#pragma unroll 4
+    for (int d = 0; d < D; d += 2) {
+      const float k0 = k[d], k1 = k[d + 1];
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g][0] += q[g * D + d] * k0, dot[g][1] += q[g * D + d + 1] * k1;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) out[g] = dot[g][0] + dot[g][1];
+}
+template <int G, int D>
+HIPC_DEVICE void hipc_kv_dots_bf16(const float* q, const uint16_t* k, float* out) {
+  static_assert(D % 8 == 0, "bf16 key rows are read 8 values at a time");
+  float dot[G][2] = {};
+  if (k != nullptr) {
+#pragma unroll 4
+    for (int d = 0; d < D; d += 8) {
+      const uint4 kv = *(const uint4*)(k + d);
+      const uint32_t w[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float k0 = __builtin_bit_cast(float, w[e] << 16), k1 = __builtin_bit_cast(float, w[e] & 0xffff0000u);
+#pragma unroll
+        for (int g = 0; g < G; ++g) dot[g][0] += q[g * D + d + 2 * e] * k0, dot[g][1] += q[g * D + d + 2 * e + 1] * k1;
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) out[g] = dot[g][0] + dot[g][1];
+}
 // PER consecutive cached values from p (p is PER-element aligned): one vector load
 template <int PER>
 HIPC_DEVICE void hipc_kv_load_vec(const float* p, float* out) {

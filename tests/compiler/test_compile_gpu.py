@@ -537,6 +537,11 @@ def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
                 assert at(B)[i - 1].args[2] == x.args[0] and x.args[0]["kind"] == "scratch"
             else:
                 assert x.args[0]["kind"] == "arena"
+    # the batch attention: a block per row and KV head, its 2 query heads together
+    attn = [x for x in at(8) if "_attn" in x.kernel]
+    assert len(attn) == 2 and all(x.kernel.endswith("_attn_g2") for x in attn), attn
+    assert all(x.grid[:2] == ("T", 2) for x in attn)
+    assert not any("_attn_g" in x["kernel"] for x in plan["prefill"])
     # down reads the float32 rows the GLU GEMV wrote (no bf16 hand-off in these steps)
     glu = [x for x in at(8) if "_glu_" in x.kernel and x.kernel.endswith("_gemvm1")]
     down = [x for x in at(8) if "_32x128_residual_" in x.kernel]
@@ -545,6 +550,8 @@ def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
     (tmp_path / "off").mkdir()
     off = _sm90_program(folder, tmp_path / "off").plan["steps"]
     assert not any("_gemvm" in x["kernel"] for x in off["batch"])
+    # (head dim 8: the prefill attention is the SIMT one too, one head per block)
     assert [x["kernel"] for x in off["batch"]] == [
-        x["kernel"].replace("_flash", "_attn") for x in off["prefill"]
+        x["kernel"] + "_g2" if x["kernel"].endswith("_attn") else x["kernel"]
+        for x in off["prefill"]
     ]
