@@ -251,7 +251,7 @@ class Attention(KernelKind):
         q_args = {**shared, "q": q, "ldq": b.int(b.ld(r["q"][1])),
                   "q_norm_w": b.ref(r["q_norm_w"]), "out": b.act(r["out"][1])}  # fmt: skip
         # batch steps: a block per row and KV head, its group of query heads together
-        G = batch_group(p)
+        G = batch_group(p) if g.batch_attn_group else 1
         batch_attn = attn if G == 1 else g.kernel(
             GpuKernel(f"{k.fn}_attn_g{G}", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
                       group=G, params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], 0)

@@ -4,8 +4,10 @@ and the logits copy against the device-side top-k.
     python docs/benchmarks/bench_batch_gemv.py --layers 2 --rows 1 2 4 8 16 32 64 [--profile 8 32]
 
 bench_gpu.py's random bf16 Llama-3-8B shape cut to --layers layers, compiled twice for sm_90:
-"gemm" with HIPC_BATCH_GEMV_ROWS=0 (every batch step on the prefill GEMMs, as before) and
-"gemv" with the default (batch steps of up to BATCH_GEMV_ROWS rows on linear_gemvm). For each
+"gemm" with HIPC_BATCH_GEMV_ROWS=0 and HIPC_BATCH_ATTN_GROUP=0 (every batch step on the
+prefill GEMMs, its attention one head per block: as before) and "gemv" with the defaults
+(batch steps of up to BATCH_GEMV_ROWS rows on linear_gemvm, the attention a KV head's query
+heads per block). For each
 R in --rows, R sequences at positions 128.. (a 128-token prompt's decode: the KV contents do
 not change the work) step together on GpuBackend directly (no BatchEngine): `step` (the
 logits of every row copied back, as the server gets them today) and, on "gemv", `step_top`
@@ -47,10 +49,10 @@ def artifact(layers: int, work: Path, variant: str) -> Path:
         print(f"# wrote the {layers}-layer model in {time.perf_counter() - t:.1f} s", flush=True)
     if not out.exists():
         env = dict(os.environ)
-        if variant == "gemm":
-            env["HIPC_BATCH_GEMV_ROWS"] = "0"
-        else:
-            env.pop("HIPC_BATCH_GEMV_ROWS", None)
+        for var in ("HIPC_BATCH_GEMV_ROWS", "HIPC_BATCH_ATTN_GROUP"):
+            env.pop(var, None)
+            if variant == "gemm":
+                env[var] = "0"
         t = time.perf_counter()
         cmd = [sys.executable, "-m", "hipc.cli.main", "compile", str(folder), "--target", "sm_90"]
         subprocess.run([*cmd, "-o", str(out), "-q", "--max-context", str(CONTEXT)], check=True,
