@@ -1031,8 +1031,11 @@ def batch_gemv(
     nt: int,
     warps: int = GEMVM_WARPS,
     unroll: int | None = None,
+    mt: int = 1,
+    xb: bool | None = None,
 ) -> GpuKernel:
-    """The weights-once GEMV of a batch step of up to 8 * nt rows (`warps`, `unroll`: other
+    """The weights-once GEMV of a batch step of up to 8 * nt rows (`warps`, `unroll`, `mt`
+    tiles of 16 weight rows per block, `xb` x through the _xb pass even without a norm: other
     geometries for benchmarks)."""
     glu = p.epilogue == "glu"
     ctx = dict(
@@ -1040,14 +1043,15 @@ def batch_gemv(
         wave=target.wave,
         n_out=p.n_out,
         nt=nt,
+        mt=mt,
         warps=warps,
         unroll=unroll or GEMVM_UNROLL[nt],
-        xb=bool(p.norm_eps),
+        xb=bool(p.norm_eps) if xb is None else xb,
         params=GEMM.render(GPU_INDENT),
         xb_params=XB.render(0),
         **p.context(),
     )
-    outs = 8 if glu else 16
+    outs = (8 if glu else 16) * mt
     return GpuKernel(
         f"{fn}_gemvm{nt}",
         "linear_gemvm",

@@ -7,7 +7,8 @@ For each shape (qkv with its norm, o with the residual, gate/up GLU with its nor
 residual, the LM head with the norm), each size class of rows (n tiles 1, 2, 4, 8 at 8 x nt rows,
 and 2 rows on the 1-tile kernel) and each geometry of GEOMETRIES (warps splitting K, k chunks in
 flight per warp): the kernel's median time over --reps launches between CUDA events (the _xb
-pass not included: it is its own launch of T blocks), as TB/s of weights. --prebuild ARCH
+pass not included: it is its own launch of T blocks), as TB/s of weights; norm-less shapes
+also with x through an _xb pass (bf16 rows: half the bytes of x each block reads). --prebuild ARCH
 compiles the code object into --cache on a machine without a GPU.
 """
 
@@ -32,8 +33,22 @@ SHAPES = {  # name: N weight rows, K, epilogue, norm
     "down": (4096, 14336, "residual", False),
     "head": (128256, 4096, "none", True),
 }
-# (warps, unroll or None for GEMVM_UNROLL's): the default first
-GEOMETRIES = [(8, None), (4, None), (16, None), (8, 2), (8, 8)]
+# (warps, unroll or None for GEMVM_UNROLL's, 16-row tiles per block, x through _xb even without
+# a norm): the default first
+GEOMETRIES = [
+    (8, None, 1, False),
+    (4, None, 1, False),
+    (16, None, 1, False),
+    (8, 2, 1, False),
+    (8, None, 2, False),
+    (8, 2, 2, False),
+    (8, None, 1, True),
+    (8, None, 2, True),
+]
+
+
+def label(warps: int, u: int, mt: int, xb: bool) -> str:
+    return f"w{warps}u{u}m{mt}" + ("x" if xb else "")
 
 
 def kernels(target: GpuTarget):
@@ -41,12 +56,14 @@ def kernels(target: GpuTarget):
     for name, (N, K, ep, norm) in SHAPES.items():
         p = LinearParams("bfloat16", N, K, 1e-5 if norm else 0.0, ep, False)
         for nt in (1, 2, 4, 8):
-            for warps, unroll in GEOMETRIES:
+            for warps, unroll, mt, xb in GEOMETRIES:
                 u = unroll or GEMVM_UNROLL[nt]
-                if warps * nt > 64 or u * nt > 16:  # static shared / x registers
-                    continue
-                fn = f"{name}_w{warps}_u{u}"
-                out[name, nt, warps, u] = batch_gemv(fn, p, target, [name], nt, warps, u)
+                if warps * nt * mt > 64 or u * nt > 16 or (xb and norm):
+                    continue  # static shared / x registers / the norm has its _xb anyway
+                fn = f"{name}_{label(warps, u, mt, xb)}"
+                out[name, nt, label(warps, u, mt, xb)] = batch_gemv(
+                    fn, p, target, [name], nt, warps, u, mt, xb or None
+                )
     return out
 
 
@@ -111,7 +128,7 @@ def main() -> None:
         x = dk.upload(rng.standard_normal(64 * K).astype(np.float32) * 0.1)
         xb = dk.upload(np.full(64 * K, 0x3F80, np.uint16))
         y = dk.upload(np.zeros(64 * n_out, np.float32))
-        for (sname, nt, warps, u), k in ks.items():
+        for (sname, nt, geom), k in ks.items():
             if sname != name:
                 continue
             src = xb if k.ctx["xb"] else x
@@ -120,17 +137,18 @@ def main() -> None:
                          ("u64", 0), ("u64", y), ("u64", y)]  # fmt: skip
                 ms = timed(dk.function(k.fn), (k.grid[0], 1, 1), (k.threads, 1, 1),
                            PackedArgs(args_))  # fmt: skip
-                results[name, T, warps, u] = 2 * N * K / (ms / 1e3) / 1e12
-                print(f"# {name} rows {T} warps {warps} unroll {u}: {ms * 1e3:.1f} us "
-                      f"{results[name, T, warps, u]:.2f} TB/s", flush=True)  # fmt: skip
+                results[name, T, geom] = 2 * N * K / (ms / 1e3) / 1e12
+                print(f"# {name} rows {T} {geom}: {ms * 1e3:.1f} us "
+                      f"{results[name, T, geom]:.2f} TB/s", flush=True)  # fmt: skip
         dk.free()
-    geoms = sorted({(w, u) for _, _, w, u in results})
-    print(f"\nbatch GEMV, TB/s of weights (copy {copy:.2f}); columns: warps x unroll")
-    print("| shape | rows | " + " | ".join(f"{w}x{u}" for w, u in geoms) + " |")
+    geoms = list(dict.fromkeys(g for _, _, g in results))
+    print(f"\nbatch GEMV, TB/s of weights (copy {copy:.2f}); columns: w warps, u chunks in "
+          "flight, m 16-row tiles per block, x: x through _xb (its pass not timed)")  # fmt: skip
+    print("| shape | rows | " + " | ".join(geoms) + " |")
     print("|---|---:|" + "---:|" * len(geoms))
     for name in SHAPES:
         for T in (2, 8, 16, 32, 64):
-            cells = [results.get((name, T, w, u)) for w, u in geoms]
+            cells = [results.get((name, T, g)) for g in geoms]
             if any(c is not None for c in cells):
                 txt = " | ".join("" if c is None else f"{c:.2f}" for c in cells)
                 print(f"| {name} | {T} | {txt} |")

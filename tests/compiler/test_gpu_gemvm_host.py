@@ -3,7 +3,8 @@ block's 8 warps as host threads, mma.sync's fragments emulated by the prelude (H
 Against NumPy in float64 with x rounded to bf16 as the kernel does (the prefill GEMM's
 rounding); outputs poisoned with NaN, rows past T checked untouched. Rows not a multiple of 8
 (every n-tile count), outputs not a multiple of the block's 16 (8 for GLU), K not a multiple of
-the 32-deep chunk, every epilogue, with and without the norm's _xb pass.
+the 32-deep chunk, every epilogue, with and without the norm's _xb pass, one and two 16-row
+tiles per block.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ CASES = {
     "residual_t13_k136": (13, 2, 40, 136, "residual", False, True),
     "none_norm_t27": (27, 4, 24, 72, "none", True, False),
     "residual_norm_t45": (45, 8, 18, 40, "residual", True, False),
+    # two 16-row tiles per block (mt), x through the _xb pass without a norm
+    "glu_mt2_t11": (11, 2, 2 * 40, 104, "glu", True, True, 2),
+    "residual_mt2_xb_t6": (6, 1, 50, 72, "residual", False, False, 2, True),
 }
 
 
 def _params(case) -> LinearParams:
-    _, _, N, K, epilogue, norm, bias = case
+    _, _, N, K, epilogue, norm, bias = case[:7]
     return LinearParams(wtype="bfloat16", N=N, K=K, norm_eps=EPS if norm else 0.0,
                         epilogue=epilogue, bias=bias)  # fmt: skip
 
@@ -43,11 +47,14 @@ def lib(tmp_path_factory):
     kernels, wrappers, specs = [], [], {}
     for i, (name, case) in enumerate(CASES.items()):
         T, nt = case[0], case[1]
-        k = batch_gemv(f"g{i}", _params(case), target, [name], nt)
+        mt = case[7] if len(case) > 7 else 1
+        xb_pass = case[8] if len(case) > 8 else None
+        k = batch_gemv(f"g{i}", _params(case), target, [name], nt, mt=mt, xb=xb_pass)
         specs[name] = k
         kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
-        xb = f"  grid({T}, 1, 256, [=] {{ {k.fn}_xb(x, nw, xb); }});\n" if case[5] else ""
-        src = "(const float*)xb" if case[5] else "x"
+        nw = "nw" if case[5] else "nullptr"
+        xb = f"  grid({T}, 1, 256, [=] {{ {k.fn}_xb(x, {nw}, xb); }});\n" if k.ctx["xb"] else ""
+        src = "(const float*)xb" if k.ctx["xb"] else "x"
         wrappers.append(
             f'extern "C" void run_{k.fn}(const float* x, const void* w, const float* nw, '
             f"uint16_t* xb, const float* b, const float* res, float* y) {{\n{xb}"
@@ -68,7 +75,7 @@ def _bf16_bits(a: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_batch_gemv_on_the_host(lib, name):
-    T, nt, N, K, epilogue, norm, bias = CASES[name]
+    T, nt, N, K, epilogue, norm, bias = CASES[name][:7]
     n_out = N // 2 if epilogue == "glu" else N
     rng = np.random.default_rng(list(CASES).index(name))
     x = (rng.standard_normal((T, K)) * 10.0 ** rng.uniform(-1, 1, (T, 1))).astype(np.float32)
