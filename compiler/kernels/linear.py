@@ -286,8 +286,9 @@ class Linear(KernelKind):
             return {"xb": 2 * g.max_tokens * p.K}
         # the prefill GEMM's norm: 1 / rms per token, from the _stats kernel before it
         need = {"inv_rms": 4 * g.max_tokens} if p.norm_eps else {}
-        if p.norm_eps and gemvm_eligible(p, g.target):
-            need["xb"] = 2 * g.max_tokens * p.K  # the batch GEMV's normalized bf16 rows
+        if gemvm_eligible(p, g.target):
+            # the batch GEMV's (normalized) bf16 rows: steps of up to 64
+            need["xb"] = 2 * min(g.max_tokens, 8 * GEMVM_TILES[-1]) * p.K
         return need
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
@@ -367,19 +368,17 @@ class Linear(KernelKind):
         xv = k.refs["x"][1]
         if b.ld(xv) != p.K or x.get("offset", 0) % 16:  # 16-byte loads of x rows
             return 0
-        if p.norm_eps:
-            xb = b.scratch(g.scratch("xb"))
-            args = {**common, "x": xb, "norm_w": b.null()}
-        else:
-            args = common
         lo = 1
         for nt in GEMVM_TILES:
             if lo > most:
                 break
             hi = min(8 * nt, most)
-            gk = batch_gemv(k.fn, p, g.target, k.nodes, nt)
+            gk = batch_gemv(k.fn, p, g.target, k.nodes, nt, **gemvm_geometry(p, nt))
             fn = g.kernel(gk)
-            if p.norm_eps:
+            args = common
+            if gk.ctx["xb"]:  # x as bf16 rows (normalized) from the _xb pass before it
+                xb = b.scratch(g.scratch("xb"))
+                args = {**common, "x": xb, "norm_w": b.null()}
                 g.launch("batch", k.group, f"{fn}_xb", [rows], [256], XB,
                          {"x": x, "norm_w": common["norm_w"], "xb": xb}, overlap=True,
                          tokens=(lo, hi))  # fmt: skip
@@ -1008,6 +1007,16 @@ GEMVM_WARPS = 8  # warps per block, splitting K between them over the block's 16
 # Batch steps of up to this many rows take the GEMV; larger ones the prefill GEMM. Measured on
 # the H200 by bench_batch_step.py (docs/benchmarks/gpu-h200.md, "Batch steps").
 BATCH_GEMV_ROWS = 32
+
+
+# Geometry overrides by (N, K, epilogue) and n tiles, from bench_batch_kernels.py on the H200:
+# warps, unroll, mt (16-row tiles per block), xb (x through _xb without a norm)
+GEMVM_MEASURED: dict[tuple[int, int, str], dict[int, dict]] = {}
+
+
+def gemvm_geometry(p: LinearParams, nt: int) -> dict:
+    """batch_gemv's geometry arguments for a linear at n tiles `nt` (defaults where unmeasured)."""
+    return dict(GEMVM_MEASURED.get((p.N, p.K, p.epilogue), {}).get(nt, {}))
 
 
 def gemvm_eligible(p: LinearParams, target: GpuTarget) -> bool:
