@@ -245,9 +245,12 @@ class Attention(KernelKind):
             "v_cache": b.ref(r["v_cache"]),
         }
         q, kk, v = b.act(r["q"][1]), b.act(r["k"][1]), b.act(r["v"][1])
-        g.launch("prefill", k.group, rope, ["T", p.NKV], [block], rope_sig,
-                 {**shared, "k": kk, "ldk": b.int(b.ld(r["k"][1])), "v": v,
-                  "ldv": b.int(b.ld(r["v"][1])), "k_norm_w": b.ref(r["k_norm_w"])})  # fmt: skip
+        rope_args = {**shared, "k": kk, "ldk": b.int(b.ld(r["k"][1])), "v": v,
+                     "ldv": b.int(b.ld(r["v"][1])), "k_norm_w": b.ref(r["k_norm_w"])}  # fmt: skip
+        g.launch("prefill", k.group, rope, ["T", p.NKV], [block], rope_sig, rope_args,
+                 batch=False)  # fmt: skip
+        # batch steps: both kernels wait in-kernel for the one before (programmatic launch)
+        g.launch("batch", k.group, rope, ["T", p.NKV], [block], rope_sig, rope_args, overlap=True)
         q_args = {**shared, "q": q, "ldq": b.int(b.ld(r["q"][1])),
                   "q_norm_w": b.ref(r["q_norm_w"]), "out": b.act(r["out"][1])}  # fmt: skip
         # batch steps: a block per row and KV head, its group of query heads together
@@ -260,14 +263,11 @@ class Attention(KernelKind):
             g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{FLASH_BQ})", p.NH], [fk.threads],
                      flash_signature(kv), {**q_args, "T": b.int("T")}, shared=fk.shared,
                      batch=False)  # fmt: skip
-        elif G == 1:
-            g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
         else:
             g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args,
                      batch=False)  # fmt: skip
-        if fk is not None or G > 1:
-            g.launch("batch", k.group, batch_attn, ["T", p.NH // G], [ATTN_WAVES * wave],
-                     attn_sig, q_args)  # fmt: skip
+        g.launch("batch", k.group, batch_attn, ["T", p.NH // G], [ATTN_WAVES * wave], attn_sig,
+                 q_args, overlap=True)  # fmt: skip
         g.launch(
             "decode",
             k.group,
