@@ -1001,17 +1001,25 @@ def row_bytes(wsuffix: str, K: int) -> int:
 # own kernel, so a bucket's rows are never padded past the next multiple of 8)
 GEMVM_TILES = (1, 2, 4, 8)
 # k chunks (32 deep) a warp loads at once, by n tiles: the x fragments of a chunk take 4 registers
-# per tile, so wider steps hold fewer chunks of weights in flight
-GEMVM_UNROLL = {1: 4, 2: 4, 4: 2, 8: 1}
+# per tile, so wider steps hold fewer chunks of weights in flight. On the H200 (bench_batch_kernels,
+# 8B shapes, 2-8 rows) 2 chunks beat 4 by 2-40% everywhere but qkv (o 1.91 against 1.85 TB/s,
+# down 1.65 / 1.66, gate/up 3.50 / 3.33, head 3.97 / 3.82).
+GEMVM_UNROLL = {1: 2, 2: 2, 4: 2, 8: 1}
 GEMVM_WARPS = 8  # warps per block, splitting K between them over the block's 16 weight rows
-# Batch steps of up to this many rows take the GEMV; larger ones the prefill GEMM. Measured on
-# the H200 by bench_batch_step.py (docs/benchmarks/gpu-h200.md, "Batch steps").
-BATCH_GEMV_ROWS = 32
+# Batch steps of up to this many rows take the GEMV; larger ones the prefill GEMM. On the H200
+# (bench_batch_gemv.py, 2-layer 8B, 2026-12-03 mid call) the 8-row step took 0.817 ms against
+# the GEMMs' 1.007 and 16 rows 1.238 against 1.015: the GEMV's norm-less linears (o, down: float32
+# x read per chunk, not ahead of use) fall to 0.7-1.2 TB/s at 16-32 rows where the wgmma GEMMs
+# stream 1.3-1.7 (the o/down x latency is the next thing to fix: GemvM `xpipe`).
+BATCH_GEMV_ROWS = 8
 
 
 # Geometry overrides by (N, K, epilogue) and n tiles, from bench_batch_kernels.py on the H200:
-# warps, unroll, mt (16-row tiles per block), xb (x through _xb without a norm)
-GEMVM_MEASURED: dict[tuple[int, int, str], dict[int, dict]] = {}
+# warps, unroll, mt (16-row tiles per block), xb (x through _xb without a norm). The 8B qkv at
+# 2-8 rows: 4 warps x 4 chunks 2.46 TB/s against 8 x 2's 2.32.
+GEMVM_MEASURED: dict[tuple[int, int, str], dict[int, dict]] = {
+    (6144, 4096, "none"): {1: dict(warps=4, unroll=4)},
+}
 
 
 def gemvm_geometry(p: LinearParams, nt: int) -> dict:
