@@ -1050,10 +1050,11 @@ def batch_gemv(
     unroll: int | None = None,
     mt: int = 1,
     xb: bool | None = None,
+    xpipe: bool = False,
 ) -> GpuKernel:
     """The weights-once GEMV of a batch step of up to 8 * nt rows (`warps`, `unroll`, `mt`
-    tiles of 16 weight rows per block, `xb` x through the _xb pass even without a norm: other
-    geometries for benchmarks)."""
+    tiles of 16 weight rows per block, `xb` x through the _xb pass even without a norm, `xpipe`
+    x loaded a batch ahead like the weights: other geometries for benchmarks)."""
     glu = p.epilogue == "glu"
     ctx = dict(
         nodes=nodes,
@@ -1064,6 +1065,7 @@ def batch_gemv(
         warps=warps,
         unroll=unroll or GEMVM_UNROLL[nt],
         xb=bool(p.norm_eps) if xb is None else xb,
+        xpipe=xpipe,
         params=GEMM.render(GPU_INDENT),
         xb_params=XB.render(0),
         **p.context(),

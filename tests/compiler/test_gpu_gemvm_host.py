@@ -4,7 +4,7 @@ Against NumPy in float64 with x rounded to bf16 as the kernel does (the prefill 
 rounding); outputs poisoned with NaN, rows past T checked untouched. Rows not a multiple of 8
 (every n-tile count), outputs not a multiple of the block's 16 (8 for GLU), K not a multiple of
 the 32-deep chunk, every epilogue, with and without the norm's _xb pass, one and two 16-row
-tiles per block.
+tiles per block, x loaded with the weights' batch or a batch ahead.
 """
 
 from __future__ import annotations
@@ -29,9 +29,14 @@ CASES = {
     "residual_t13_k136": (13, 2, 40, 136, "residual", False, True),
     "none_norm_t27": (27, 4, 24, 72, "none", True, False),
     "residual_norm_t45": (45, 8, 18, 40, "residual", True, False),
+    # several batches per warp (K over 2 x 8 warps x 32): the loads a batch ahead are used
+    "none_t5_k2056": (5, 1, 24, 2056, "none", False, True),
     # two 16-row tiles per block (mt), x through the _xb pass without a norm
     "glu_mt2_t11": (11, 2, 2 * 40, 104, "glu", True, True, 2),
     "residual_mt2_xb_t6": (6, 1, 50, 72, "residual", False, False, 2, True),
+    # x loaded a batch ahead (xpipe): float32 rows, and bf16 rows from _xb
+    "residual_xpipe_t13": (13, 2, 40, 1064, "residual", False, True, 1, None, True),
+    "glu_norm_xpipe_mt2_t27": (27, 4, 2 * 24, 1000, "glu", True, False, 2, None, True),
 }
 
 
@@ -49,7 +54,8 @@ def lib(tmp_path_factory):
         T, nt = case[0], case[1]
         mt = case[7] if len(case) > 7 else 1
         xb_pass = case[8] if len(case) > 8 else None
-        k = batch_gemv(f"g{i}", _params(case), target, [name], nt, mt=mt, xb=xb_pass)
+        xpipe = case[9] if len(case) > 9 else False
+        k = batch_gemv(f"g{i}", _params(case), target, [name], nt, mt=mt, xb=xb_pass, xpipe=xpipe)
         specs[name] = k
         kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         nw = "nw" if case[5] else "nullptr"
