@@ -68,6 +68,8 @@ class GpuProgramBuilder:
         # and their attention takes a KV head's query heads per block (HIPC_BATCH_ATTN_GROUP=0:
         # one head per block, as before, for benchmarks)
         self.batch_attn_group = os.environ.get("HIPC_BATCH_ATTN_GROUP") != "0"
+        # HIPC_BATCH_GEMV_XPIPE=1: every batch GEMV loads x a batch ahead (being measured)
+        self.batch_gemv_xpipe = os.environ.get("HIPC_BATCH_GEMV_XPIPE") == "1"
         self.batch_min = 1
         # The scratch buffer: one region per name the kinds ask for (KernelKind.gpu_scratch),
         # as large as the largest ask, in order of first ask, each 256-byte aligned. Kernels of

@@ -373,7 +373,10 @@ class Linear(KernelKind):
             if lo > most:
                 break
             hi = min(8 * nt, most)
-            gk = batch_gemv(k.fn, p, g.target, k.nodes, nt, **gemvm_geometry(p, nt))
+            geometry = gemvm_geometry(p, nt)
+            if g.batch_gemv_xpipe:
+                geometry["xpipe"] = True
+            gk = batch_gemv(k.fn, p, g.target, k.nodes, nt, **geometry)
             fn = g.kernel(gk)
             args = common
             if gk.ctx["xb"]:  # x as bf16 rows (normalized) from the _xb pass before it

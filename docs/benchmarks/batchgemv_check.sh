@@ -8,8 +8,10 @@
 #   3. bench_batch_kernels.py: the batch GEMV alone at the 8B linear shapes, TB/s by rows and
 #      geometry (warps, chunks in flight) beside the copy rate;
 #   4. bench_batch_gemv.py: 2-layer Llama-3-8B shape step times at 1..64 rows, the prefill
-#      GEMMs (before) against the batch GEMV (after), logits copied back against step_top k=1,
-#      with the batch graph's kernels profiled at 8 and 32 rows. Table last.
+#      GEMMs and one-head attention (before) against the batch GEMV up to 8 rows and the grouped
+#      attention (after) and the GEMV up to 32 rows with x a batch ahead (gemv32x), logits
+#      copied back against step_top k=1, gemv32x's batch graph profiled at 8 and 32 rows.
+#      Table last.
 # Here (the build box), in the repo root:
 #   bash docs/benchmarks/batchgemv_check.sh prebuild   (.whl: hipc; .work/fatbins: test code objects)
 # On the GPU machine: bash docs/benchmarks/batchgemv_check.sh   (everything on stdout)
@@ -52,11 +54,11 @@ run() {  # name, seconds, pytest args...
   echo "($(($(date +%s) - t0)) s)"
 }
 run kernels 20 tests/gpu/test_batch_kernels.py
-run batch 35 tests/gpu/test_batch_gpu.py
+run batch 30 tests/gpu/test_batch_gpu.py
 echo "== bench_batch_kernels.py (the batch GEMV alone, by rows and geometry)"
-timeout 20 python3 docs/benchmarks/bench_batch_kernels.py --cache .work/fatbins 2>&1 | grep -v "^#"
+timeout 25 python3 docs/benchmarks/bench_batch_kernels.py --cache .work/fatbins 2>&1 | grep -v "^#"
 echo "($(($(date +%s) - t0)) s)"
 echo "== bench_batch_gemv.py"
-timeout 75 python3 docs/benchmarks/bench_batch_gemv.py --layers 2 --rows 1 2 4 8 16 32 64 \
-  --steps 15 --profile 8 32 2>&1
+timeout 80 python3 docs/benchmarks/bench_batch_gemv.py --layers 2 --rows 1 2 4 8 16 32 64 \
+  --steps 15 --variants gemm gemv gemv32x --profile 8 32 2>&1
 echo "($(($(date +%s) - t0)) s)"

@@ -12,8 +12,9 @@ R in --rows, R sequences at positions 128.. (a 128-token prompt's decode: the KV
 not change the work) step together on GpuBackend directly (no BatchEngine): `step` (the
 logits of every row copied back, as the server gets them today) and, on "gemv", `step_top`
 with k = 1 (greedy: R x 1 values back). Prints the median ms per step over --steps steps and
-each against the 1-row step; --profile R: the R-row batch graph's kernels timed one by one
-(CUDA events captured between them), with each GEMV's weight bytes per second.
+each against the 1-row step; --profile R: the last variant's R-row batch graph's kernels timed
+one by one (CUDA events captured between them), with each GEMV's weight bytes per second.
+--variants gemv32x: the batch GEMV up to 32 rows with x loaded a batch ahead (xpipe).
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ from hipc.runtime.engine import load_engine
 
 CONTEXT = 1024
 START = 128
+# compile-time settings per variant (GpuProgramBuilder's environment knobs)
+VARIANTS = {
+    "gemm": {"HIPC_BATCH_GEMV_ROWS": "0", "HIPC_BATCH_ATTN_GROUP": "0"},  # before
+    "gemv": {},  # the defaults
+    "gemv32x": {"HIPC_BATCH_GEMV_ROWS": "32", "HIPC_BATCH_GEMV_XPIPE": "1"},  # being measured
+}
 
 
 def artifact(layers: int, work: Path, variant: str) -> Path:
@@ -49,10 +56,9 @@ def artifact(layers: int, work: Path, variant: str) -> Path:
         print(f"# wrote the {layers}-layer model in {time.perf_counter() - t:.1f} s", flush=True)
     if not out.exists():
         env = dict(os.environ)
-        for var in ("HIPC_BATCH_GEMV_ROWS", "HIPC_BATCH_ATTN_GROUP"):
+        for var in ("HIPC_BATCH_GEMV_ROWS", "HIPC_BATCH_ATTN_GROUP", "HIPC_BATCH_GEMV_XPIPE"):
             env.pop(var, None)
-            if variant == "gemm":
-                env[var] = "0"
+        env.update(VARIANTS[variant])
         t = time.perf_counter()
         cmd = [sys.executable, "-m", "hipc.cli.main", "compile", str(folder), "--target", "sm_90"]
         subprocess.run([*cmd, "-o", str(out), "-q", "--max-context", str(CONTEXT)], check=True,
@@ -133,7 +139,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--profile", type=int, nargs="*", default=[])
     ap.add_argument("--work", type=Path, default=Path("/tmp/hipc-bench"))
-    ap.add_argument("--variants", nargs="+", default=["gemm", "gemv"])
+    ap.add_argument("--variants", nargs="+", default=["gemm", "gemv"], choices=list(VARIANTS))
     args = ap.parse_args()
     pool = max(args.rows) * CONTEXT
     table: dict[str, dict[int, float]] = {}
@@ -148,11 +154,9 @@ def main() -> None:
             for R in args.rows:  # printed as they come: a run cut short still shows them
                 table[col][R] = time_steps(b, R, args.steps, top)
                 print(f"# {col}: {R} rows {table[col][R]:.3f} ms", flush=True)
-        if variant == "gemv":
+        if variant == args.variants[-1]:
             for R in args.profile:
                 notes += profile(b, R)
-        elif args.profile:
-            notes += profile(b, max(args.profile))
         eng.close()
     for line in notes:
         print(line)

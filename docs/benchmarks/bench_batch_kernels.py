@@ -34,21 +34,20 @@ SHAPES = {  # name: N weight rows, K, epilogue, norm
     "head": (128256, 4096, "none", True),
 }
 # (warps, unroll or None for GEMVM_UNROLL's, 16-row tiles per block, x through _xb even without
-# a norm): the default first
+# a norm, x loaded a batch ahead): the default first
 GEOMETRIES = [
-    (8, None, 1, False),
-    (4, None, 1, False),
-    (16, None, 1, False),
-    (8, 2, 1, False),
-    (8, None, 2, False),
-    (8, 2, 2, False),
-    (8, None, 1, True),
-    (8, None, 2, True),
+    (8, None, 1, False, False),
+    (4, 4, 1, False, False),
+    (8, None, 1, False, True),
+    (8, None, 2, False, True),
+    (8, None, 2, False, False),
+    (8, None, 1, True, False),
+    (8, None, 1, True, True),
 ]
 
 
-def label(warps: int, u: int, mt: int, xb: bool) -> str:
-    return f"w{warps}u{u}m{mt}" + ("x" if xb else "")
+def label(warps: int, u: int, mt: int, xb: bool, xpipe: bool) -> str:
+    return f"w{warps}u{u}m{mt}" + ("x" if xb else "") + ("p" if xpipe else "")
 
 
 def kernels(target: GpuTarget):
@@ -56,13 +55,13 @@ def kernels(target: GpuTarget):
     for name, (N, K, ep, norm) in SHAPES.items():
         p = LinearParams("bfloat16", N, K, 1e-5 if norm else 0.0, ep, False)
         for nt in (1, 2, 4, 8):
-            for warps, unroll, mt, xb in GEOMETRIES:
+            for warps, unroll, mt, xb, xpipe in GEOMETRIES:
                 u = unroll or GEMVM_UNROLL[nt]
                 if warps * nt * mt > 64 or u * nt > 16 or (xb and norm):
                     continue  # static shared / x registers / the norm has its _xb anyway
-                fn = f"{name}_{label(warps, u, mt, xb)}"
-                out[name, nt, label(warps, u, mt, xb)] = batch_gemv(
-                    fn, p, target, [name], nt, warps, u, mt, xb or None
+                tag = label(warps, u, mt, xb, xpipe)
+                out[name, nt, tag] = batch_gemv(
+                    f"{name}_{tag}", p, target, [name], nt, warps, u, mt, xb or None, xpipe
                 )
     return out
 
@@ -144,7 +143,8 @@ def main() -> None:
         dk.free()
     geoms = list(dict.fromkeys(g for _, _, g in results))
     print(f"\nbatch GEMV, TB/s of weights (copy {copy:.2f}); columns: w warps, u chunks in "
-          "flight, m 16-row tiles per block, x: x through _xb (its pass not timed)")  # fmt: skip
+          "flight, m 16-row tiles per block, x: x through _xb (its pass not timed), p: x a "
+          "batch ahead")  # fmt: skip
     print("| shape | rows | " + " | ".join(geoms) + " |")
     print("|---|---:|" + "---:|" * len(geoms))
     for name in SHAPES:
