@@ -1013,7 +1013,7 @@ GEMVM_WARPS = 8  # warps per block, splitting K between them over the block's 16
 # (bench_batch_gemv.py, 2-layer 8B, 2026-12-03 mid call) the 8-row step took 0.817 ms against
 # the GEMMs' 1.007 and 16 rows 1.238 against 1.015: the GEMV's norm-less linears (o, down: float32
 # x read per chunk, not ahead of use) fall to 0.7-1.2 TB/s at 16-32 rows where the wgmma GEMMs
-# stream 1.3-1.7 (the o/down x latency is the next thing to fix: GemvM `xpipe`).
+# stream 1.3-1.7 (their x latency is the next thing to measure: batch_gemv's `xpipe`).
 BATCH_GEMV_ROWS = 8
 
 
