@@ -507,6 +507,7 @@ def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
     has a norm; larger batch steps and every prefill step keep the wgmma GEMMs; with
     HIPC_BATCH_GEMV_ROWS=0 the batch list is the prefill GEMMs' again."""
     from hipc.base.launch_plan import Launch
+    from hipc.compiler.kernels.attention import BATCH_GROUP_ROWS
     from hipc.compiler.kernels.linear import BATCH_GEMV_ROWS
 
     folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
@@ -537,10 +538,12 @@ def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
                 assert at(B)[i - 1].args[2] == x.args[0] and x.args[0]["kind"] == "scratch"
             else:
                 assert x.args[0]["kind"] == "arena"
-    # the batch attention: a block per row and KV head, its 2 query heads together
-    attn = [x for x in at(8) if "_attn" in x.kernel]
-    assert len(attn) == 2 and all(x.kernel.endswith("_attn_g2") for x in attn), attn
-    assert all(x.grid[:2] == ("T", 2) for x in attn)
+    # the batch attention: from BATCH_GROUP_ROWS rows a block per row and KV head, its 2 query
+    # heads together; fewer rows keep a block per head (enough blocks to fill the GPU)
+    for B, name, heads in ((8, "_attn", 4), (BATCH_GROUP_ROWS, "_attn_g2", 2)):
+        attn = [x for x in at(B) if "_attn" in x.kernel]
+        assert len(attn) == 2 and all(x.kernel.endswith(name) for x in attn), (B, attn)
+        assert all(x.grid[:2] == ("T", heads) and x.overlap for x in attn)
     assert not any("_attn_g" in x["kernel"] for x in plan["prefill"])
     # down reads the float32 rows the GLU GEMV wrote (no bf16 hand-off in these steps)
     glu = [x for x in at(8) if "_glu_" in x.kernel and x.kernel.endswith("_gemvm1")]
@@ -551,7 +554,10 @@ def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
     off = _sm90_program(folder, tmp_path / "off").plan["steps"]
     assert not any("_gemvm" in x["kernel"] for x in off["batch"])
     # (head dim 8: the prefill attention is the SIMT one too, one head per block)
-    assert [x["kernel"] for x in off["batch"]] == [
-        x["kernel"] + "_g2" if x["kernel"].endswith("_attn") else x["kernel"]
-        for x in off["prefill"]
-    ]
+    off_batch = [Launch.from_json(x) for x in off["batch"]]
+    for B in (8, BATCH_GROUP_ROWS):
+        g2 = "_g2" if B >= BATCH_GROUP_ROWS else ""
+        assert [x.kernel for x in off_batch if x.runs_at(B)] == [
+            x["kernel"] + g2 if x["kernel"].endswith("_attn") else x["kernel"]
+            for x in off["prefill"]
+        ]
