@@ -200,8 +200,8 @@ class Attention(KernelKind):
     def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
         # the decode kernel's per-block partials (max, sum, acc[D]), then a counter per head
         p: AttentionParams = k.params
-        splits = decode_splits(p.NH, g.max_ctx, g.target.wave)
-        return {"attention": 4 * p.NH * splits * (p.D + 2) + 4 * p.NH}
+        dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
+        return {"attention": 4 * p.NH * dk.grid[1] * (p.D + 2) + 4 * p.NH}
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: AttentionParams = k.params
@@ -228,9 +228,9 @@ class Attention(KernelKind):
             GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
                       params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], 0)
         )  # fmt: skip
-        if DECODE_WAVES * wave < D // 2:
-            raise FusionError(f"{k.group}: head dim {D} is too wide for the decode block")
         dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
+        if dk.template == "attention_decode" and DECODE_WAVES * wave < D // 2:
+            raise FusionError(f"{k.group}: head dim {D} is too wide for the decode block")
         attn_decode = g.kernel(dk)
         splits = dk.grid[1]
         partial_at = g.scratch("attention")
@@ -483,9 +483,16 @@ def decode_attention(
     kv_storage: str,
     waves: int = DECODE_WAVES,
     blocks: int = DECODE_BLOCKS,
+    form: str | None = None,
 ) -> GpuKernel:
-    """The decode attention of one layer. `waves` and `blocks` override DECODE_WAVES and
-    DECODE_BLOCKS (bench_gpu_gemv.py times several)."""
+    """The decode attention of one layer: the grouped kernel (attention_decode_gqa.hip.j2)
+    where its tiles fit in shared memory, else the per-head one (attention_decode.hip.j2).
+    `form` ("gqa" / "head") overrides DECODE_FORM; `waves` and `blocks` override
+    DECODE_WAVES and DECODE_BLOCKS (bench_gpu_gemv.py times several)."""
+    if (form or DECODE_FORM) == "gqa":
+        k = decode_attention_gqa(fn, p, target, nodes, max_ctx, kv_storage, waves, blocks)
+        if k is not None:
+            return k
     wave = target.wave
     splits = decode_splits(p.NH, max_ctx, wave, waves, blocks)
     kv_ctx = kv_context(kv_storage, max_ctx)
@@ -509,3 +516,55 @@ def decode_splits(
     block loops over every SPLITS-th chunk, so any context length runs."""
     chunks = -(-max_ctx // (waves * wave))
     return max(1, min(chunks, -(-blocks // heads)))
+
+
+# decode attention: "head" (a block per query head and split) or "gqa" (a block per KV head and
+# split). "head" stays the default: on the H200 (docs/benchmarks/gpu-h200.md, declat) "gqa" was
+# slower from 512 positions on (its last block merged up to 64 partials with 4 loads in flight)
+# and faster only at short context; the merge is rewritten since, not yet measured.
+DECODE_FORM = "head"
+DECODE_TILE = 32  # keys per tile of the grouped decode kernel (16 where a row is over 256 bytes)
+# blocks per KV head at most: the last one merges every block's partial sums
+DECODE_GQA_SPLITS = 32
+STATIC_SHARED = 48 * 1024  # shared memory a kernel may declare statically (NVIDIA's limit)
+
+
+def decode_attention_gqa(
+    fn: str,
+    p: AttentionParams,
+    target: GpuTarget,
+    nodes: list[str],
+    max_ctx: int,
+    kv_storage: str,
+    waves: int = DECODE_WAVES,
+    blocks: int = DECODE_BLOCKS,
+) -> GpuKernel | None:
+    """One block per (KV head, split) serving the group's NH / NKV query heads, so a cached
+    row is read once per step, not once per query head; its first tile is read before the
+    kernel waits on the projection. None where its shared arrays would not fit."""
+    kv_ctx = kv_context(kv_storage, max_ctx)
+    esize = 2 if kv_storage == "bfloat16" else 4
+    if p.D % 2 or p.NH % p.NKV:
+        return None
+    G, threads = p.NH // p.NKV, waves * target.wave
+    tk = DECODE_TILE if p.D * esize <= 256 else DECODE_TILE // 2
+    splits = max(1, min(-(-max_ctx // tk), -(-blocks // p.NKV), DECODE_GQA_SPLITS))
+    rw = p.D * esize // 4
+    shared = 4 * (
+        tk * (rw | 1) + tk * rw  # the key tile (rows padded to an odd stride), the value tile
+        + G * p.D + 2 * p.D + G * tk + G + p.D  # q, new k and v, scores, rescales, cos/sin
+        + 2 * G * splits + 2 * G  # the merge's (m, l) per block and head, (m, l) per head
+    )  # fmt: skip
+    if shared > STATIC_SHARED or tk > target.wave:
+        return None
+    ctx = dict(
+        nodes=nodes,
+        wave=target.wave,
+        threads=threads,
+        tk=tk,
+        splits=splits,
+        params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+        **kv_ctx,
+        **p.context(),
+    )
+    return GpuKernel(f"{fn}_decode", "attention_decode_gqa", ctx, [p.NKV, splits], threads)

@@ -406,7 +406,7 @@ def bench_attention(dev, specs, launches) -> list[str]:
                 for kc, vc in caches
             ]
             fn = dev.function(spec.fn)
-            grid = (NH, splits, 1)
+            grid = (spec.grid[0], splits, 1)  # heads, or KV heads (the grouped kernel)
             d.launch(fn, grid, (spec.threads, 1, 1), spec.shared, packed[0].address)
             got = dev.read(out, NH * D)
             ref = got if ref is None else ref

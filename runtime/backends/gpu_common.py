@@ -316,6 +316,7 @@ class GpuBackend:
                 f"recompile with: hipc compile MODEL --target {self.arch}"
             ) from None
         self.max_tokens = self.gpu.max_tokens
+        self._buckets: tuple[int, ...] | None = None
         self.vocab = self.gpu.vocab
         self._states: tuple[StateSpec, ...] = states(plan)
         self.max_context = int(plan["max_context"])
@@ -413,6 +414,8 @@ class GpuBackend:
         self._logits_host = self._pinned(np.float32, self.max_tokens * self.vocab).reshape(
             self.max_tokens, self.vocab
         )
+        self._inputs_addr = self._inputs_host.ctypes.data
+        self._logits_addr = self._logits_host.ctypes.data
         try:
             if mem.states:
                 d.memset0(s_base, mem.states)
@@ -614,10 +617,13 @@ class GpuBackend:
         self._check_step(T)
         if not 0 <= start <= self.max_context - T:
             raise HipcError(f"start position {start} out of range")
-        pos = np.arange(start, start + T, dtype=np.int32)
         rows = T if all_logits else 1
-        self._queue(ids, pos, np.full(T, self.SOLO, np.int32), "decode" if T == 1 else "prefill",
-                    T, rows, slice(0, rows))  # fmt: skip
+        if T == 1:  # a decode step: scalars into the pinned inputs (no arrays to build)
+            self._queue(ids, start, self.SOLO, "decode", 1, 1, slice(0, 1))
+            return
+        pos = np.arange(start, start + T, dtype=np.int32)
+        self._queue(ids, pos, np.full(T, self.SOLO, np.int32), "prefill", T, rows,
+                    slice(0, rows))  # fmt: skip
 
     def step(
         self,
@@ -714,7 +720,10 @@ class GpuBackend:
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        return tuple(b for b in BUCKETS if b <= self.max_tokens)
+        # read on every step (a decode step's graph is the 1-row bucket's): built once
+        if self._buckets is None:
+            self._buckets = tuple(b for b in BUCKETS if b <= self.max_tokens)
+        return self._buckets
 
     def _check_step(self, T: int) -> None:
         if self._closed:
@@ -759,8 +768,10 @@ class GpuBackend:
         try:
             d.activate()
             self._ids_host[:T], self._pos_host[:T], self._seq_host[:T] = ids, pos, seq
-            self._ids_host[T:B], self._pos_host[T:B], self._seq_host[T:B] = 0, 0, self.PAD
-            d.h2d(self.bases.ids, self._inputs_host.ctypes.data, self._inputs_host.nbytes)
+            if B > T:
+                self._ids_host[T:B], self._pos_host[T:B], self._seq_host[T:B] = 0, 0, self.PAD
+            # (addresses read once: numpy's .ctypes builds an object per access, microseconds a step)
+            d.h2d(self.bases.ids, self._inputs_addr, self._inputs_host.nbytes)
             if self._upload_tables:
                 n, self._upload_tables = self._upload_tables, 0
                 d.h2d(self.bases.blocks, self._tables_host.ctypes.data, 4 * n * self.kv_table)
@@ -776,8 +787,7 @@ class GpuBackend:
                 self._queue_top(runs, top)
             else:
                 for at, to, n in runs:
-                    d.d2h(self._logits_host.ctypes.data + to * row,
-                          self.bases.logits + at * row, n * row)  # fmt: skip
+                    d.d2h(self._logits_addr + to * row, self.bases.logits + at * row, n * row)
         except _KernelFailed as f:
             raise self._kernel_error(f.launch, f.err) from None
         except DriverError as e:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from hipc.base.launch_plan import KV_BLOCK
-from hipc.compiler.kernels.attention import decode_attention
+from hipc.compiler.kernels.attention import DECODE_BLOCKS, decode_attention
 from hipc.compiler.kernels.embedding import EmbeddingParams
 from hipc.compiler.kernels.embedding import gpu_kernel as embedding_kernel
 from hipc.compiler.kernels.linear import (
@@ -229,7 +229,34 @@ ATTENTIONS = {
     "partial_interleaved_bf16": (6, 2, 64, 0, False, True, "bfloat16", 256, 40, 32, False),
     # OLMoE: q, k and v clamped as read (trailing field: clip)
     "clip_bf16": (16, 16, 128, 0, False, False, "bfloat16", 1024, 333, 0, False, 0.6),
+    # the grouped kernel: blocks looping over tiles (ATTENTION_BLOCKS), 8 query heads per KV
+    # head, p at tile (32) and cache-block (16) edges
+    "tiles_per_block_bf16": (32, 8, 128, 0, False, False, "bfloat16", 8192, 2500),
+    "tiles_window_qknorm_f32": (6, 2, 64, 200, True, True, "float32", 1024, 650),
+    "qwen3moe_g8_bf16": (32, 4, 128, 0, True, False, "bfloat16", 4096, 777),
+    "edge_p31_bf16": (9, 3, 64, 0, False, False, "bfloat16", 2048, 31),
+    "edge_p32_bf16": (9, 3, 64, 0, False, False, "bfloat16", 2048, 32),
+    "edge_p64_one_block": (9, 3, 64, 0, False, False, "bfloat16", 2048, 64),
 }
+ATTENTION_BLOCKS = {
+    "tiles_per_block_bf16": 40,
+    "tiles_window_qknorm_f32": 4,
+    "edge_p64_one_block": 3,
+}
+# both forms on every case: per query head (the default) and per KV head (the grouped one)
+ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("head", "gqa")]
+
+
+def decode_attention_specs(arch: str) -> dict:
+    """(case, form) -> the kernel (docs/benchmarks/declat_check.sh builds them ahead too)."""
+    specs = {}
+    for i, (name, form) in enumerate(ATTENTION_FORMS):
+        case = ATTENTIONS[name]
+        specs[name, form] = decode_attention(
+            f"a{i}", attention_params(case, EPS), GpuTarget(arch), [name], case[7], case[6],
+            blocks=ATTENTION_BLOCKS.get(name, DECODE_BLOCKS), form=form,
+        )  # fmt: skip
+    return specs
 
 
 @pytest.fixture(scope="module")
@@ -237,11 +264,7 @@ def attentions():
     specs = {}
 
     def build(arch):
-        for i, (name, case) in enumerate(ATTENTIONS.items()):
-            ctx, kv = case[7], case[6]
-            specs[name] = decode_attention(
-                f"a{i}", attention_params(case, EPS), GpuTarget(arch), [name], ctx, kv
-            )
+        specs.update(decode_attention_specs(arch))
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build)
@@ -250,8 +273,8 @@ def attentions():
     dev.close()
 
 
-@pytest.mark.parametrize("name", sorted(ATTENTIONS))
-def test_decode_attention_matches_numpy(attentions, name):
+@pytest.mark.parametrize("name,form", sorted(ATTENTION_FORMS))
+def test_decode_attention_matches_numpy(attentions, name, form):
     NH, NKV, D, window, norm, interleaved, kv, ctx, p = ATTENTIONS[name][:9]
     rot, gated = attention_switches(ATTENTIONS[name])
     r = rot or D
@@ -294,7 +317,7 @@ def test_decode_attention_matches_numpy(attentions, name):
     kn = store(rotated(normed(k_, kw)))
     vn = store(v_)
 
-    spec = attentions.specs[name]
+    spec = attentions.specs[name, form]
     dev = attentions
     as_stored = (
         (lambda a: (a.view(np.uint32) >> 16).astype(np.uint16))

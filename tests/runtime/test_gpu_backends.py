@@ -922,6 +922,46 @@ def test_submit_then_collect_is_forward(api, artifact):
     np.testing.assert_allclose(eng.forward([1], 8), expected([1], 8, False)[-1], rtol=1e-6)
     kv = gpu.view(b.bases.states[1], np.float32, MAX_CTX * H).reshape(MAX_CTX, H)
     np.testing.assert_allclose(kv[5:9], EMB[[2, 0, 4, 1]] + np.arange(5, 9)[:, None])
+    # copy=False: the pinned buffer itself, which the next step's logits overwrite
+    eng.submit([3], 9)
+    view = eng.collect(copy=False)
+    np.testing.assert_allclose(view, expected([3], 9, False)[-1], rtol=1e-6)
+    eng.submit([2], 10)
+    eng.collect()
+    np.testing.assert_allclose(view, expected([2], 10, False)[-1], rtol=1e-6)
+
+
+class _Letters:
+    """A tokenizer for token ids as letters (Generation's detokenizing and stop ids)."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_generation_on_the_gpu_equals_a_forward_loop(api, artifact):
+    """The generation loop (a step submitted while the token before is detokenized, its
+    logits sampled from the pinned buffer before the next step is submitted) draws the tokens
+    a plain forward() loop draws with the same seed."""
+    from hipc.runtime.generate import Generation, GenerationRequest
+    from hipc.runtime.sampler import Sampler, SamplingParams
+
+    b = backend(api, artifact, FakeGpu())
+    eng = engine_mod.CompiledEngine(artifact, b)
+    # hot enough that the toy's tokens vary (its greedy tokens are all the same)
+    params, prompt, n = SamplingParams(temperature=8.0, seed=7), [2, 0, 4], 12
+    sampler, want, logits = Sampler(params), [], eng.forward(prompt, 0)
+    for i in range(n):
+        want.append(sampler(logits))
+        logits = eng.forward([want[-1]], len(prompt) + i)
+    assert len(set(want)) > 2
+    req = GenerationRequest(
+        prompt_ids=tuple(prompt), max_tokens=n, sampling=params, ignore_eos=True
+    )
+    gen = Generation(eng, _Letters(), req)
+    text = "".join(gen)
+    assert gen.result.token_ids == want and text == _Letters().decode(want)
     b.close()
 
 
