@@ -352,7 +352,7 @@ HIPC_DEVICE void hipc_kv_dots_bf16(const float* q, const uint16_t* k, float* out
   static_assert(D % 8 == 0, "bf16 key rows are read 8 values at a time");
   float dot[G][2] = {};
   if (k != nullptr) {
-#pragma unroll 4
+#pragma unroll
     for (int d = 0; d < D; d += 8) {
       const uint4 kv = *(const uint4*)(k + d);
       const uint32_t w[4] = {kv.x, kv.y, kv.z, kv.w};
