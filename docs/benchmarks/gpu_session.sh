@@ -15,9 +15,9 @@
 # and carry .whl .work/peers .work/llama .work/gpuq-meta.
 # .work/llamabin/llamabin.part-* (an xz'd tar of a build's bin/, split into 15 MB parts) replaces the build.
 # TESTS (default: every tests/gpu file and the GPU server test) picks the test files.
-# PHASES (default "prefill quant deltanet moe"; also moeprof, hybrid, batching) picks the benchmarks; PEERS=0 skips
+# PHASES (default "prefill quant deltanet moe"; also moeprof, olmoe, hybrid, batching) picks the benchmarks; PEERS=0 skips
 # llama.cpp; PROFILE=l8_q4_0,... adds bench_gpu_quant's per-kernel decode profiles.
-# Writes $OUT/gpu-tests.log (+ -full.log), $OUT/deltanet.md, $OUT/moe.md, $OUT/prefill.md, $OUT/quant.md,
+# Writes $OUT/gpu-tests.log (+ -full.log), $OUT/deltanet.md, $OUT/moe.md (+ moe-olmoe.md), $OUT/prefill.md, $OUT/quant.md,
 # $OUT/batching.md (PHASES=batching), $OUT/hybrid.md, $OUT/bench.log.
 # PHASE_SECONDS bounds each phase (default 540); the benchmarks run in the order of
 # what they are needed for (MoE, prefill, quantized decode), each in what time is left.
@@ -98,10 +98,15 @@ bench)
       run moeprof docs/benchmarks/bench_gpu_moe.py --models qwen3 --layers qwen3=8 --repeats 1 \
         --profile --out "$OUT/moe-profile.md"
       rm -rf /tmp/hipc-moe-bench ;;
-    moe)
+    moe)  # MOE_ACTIVATIONS=int16,int8: a hipc row each (int8: as the quant phase, and llama.cpp)
       waitllama
       run moe docs/benchmarks/bench_gpu_moe.py --models qwen3 --repeats 2 \
-        $(peer --llamacpp-bin $LLAMA) --out "$OUT/moe.md"
+        --activations "${MOE_ACTIVATIONS:-int16}" $(peer --llamacpp-bin $LLAMA) --out "$OUT/moe.md"
+      rm -rf /tmp/hipc-moe-bench ;;
+    olmoe)  # OLMoE-1B-7B shape, bf16 (~4 min: a 14 GB folder for hipc, then a 14 GB F16 GGUF)
+      waitllama
+      run olmoe docs/benchmarks/bench_gpu_moe.py --models olmoe --repeats 2 \
+        $(peer --llamacpp-bin $LLAMA) --out "$OUT/moe-olmoe.md"
       rm -rf /tmp/hipc-moe-bench ;;
     hybrid)  # Qwen3.5-35B-A3B shape, Q4_0 (~20 GB written, compiled, then read by llama-bench)
       waitllama
