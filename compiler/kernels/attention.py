@@ -264,19 +264,39 @@ class Attention(KernelKind):
             "v_cache": b.ref(r["v_cache"]),
         }
         q, kk, v = b.act(r["q"][1]), b.act(r["k"][1]), b.act(r["v"][1])
-        g.launch("prefill", k.group, rope, ["T", p.NKV], [block], rope_sig,
-                 {**shared, "k": kk, "ldk": b.int(b.ld(r["k"][1])), "v": v,
-                  "ldv": b.int(b.ld(r["v"][1])), "k_norm_w": b.ref(r["k_norm_w"])})  # fmt: skip
+        rope_args = {**shared, "k": kk, "ldk": b.int(b.ld(r["k"][1])), "v": v,
+                     "ldv": b.int(b.ld(r["v"][1])), "k_norm_w": b.ref(r["k_norm_w"])}  # fmt: skip
+        g.launch("prefill", k.group, rope, ["T", p.NKV], [block], rope_sig, rope_args,
+                 batch=False)  # fmt: skip
+        # batch steps: both kernels wait in-kernel for the one before (programmatic launch)
+        g.launch("batch", k.group, rope, ["T", p.NKV], [block], rope_sig, rope_args, overlap=True)
         q_args = {**shared, "q": q, "ldq": b.int(b.ld(r["q"][1])),
                   "q_norm_w": b.ref(r["q_norm_w"]), "out": b.act(r["out"][1])}  # fmt: skip
+        # batch steps: a block per row and KV head, its group of query heads together
+        G = batch_group(p) if g.batch_attn_group else 1
+        batch_attn = attn if G == 1 else g.kernel(
+            GpuKernel(f"{fn}_attn_g{G}", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
+                      group=G, params=attn_sig.render(GPU_INDENT), out_bf16=ob, **kv_ctx,
+                      **p.context()), [], 0)
+        )  # fmt: skip
         if fk is None:
-            g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
+            g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args,
+                     batch=False)  # fmt: skip
         else:
             for fk, tokens in flash:
                 g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{fk.ctx['bq']})", p.NH],
                          [fk.threads], flash_signature(kv), {**q_args, "T": b.int("T")},
                          shared=fk.shared, tokens=tokens, batch=False)  # fmt: skip
-            g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
+        if G == 1:
+            g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args,
+                     overlap=True)  # fmt: skip
+        else:
+            # few rows: one head per block, so that the step still fills the GPU with blocks
+            few = (1, BATCH_GROUP_ROWS - 1)
+            g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args,
+                     overlap=True, tokens=few)  # fmt: skip
+            g.launch("batch", k.group, batch_attn, ["T", p.NH // G], [ATTN_WAVES * wave],
+                     attn_sig, q_args, overlap=True, tokens=(BATCH_GROUP_ROWS, g.max_tokens))  # fmt: skip
         g.launch(
             "decode",
             k.group,
@@ -396,6 +416,26 @@ KIND = Attention()
 # -- GPU geometry --------------------------------------------------------------------------
 
 ATTN_WAVES = 8
+# The batch step's SIMT attention takes a KV head's query heads together (each key and value row
+# read once for them) up to this many, within 40 KiB of its per-wave partials in shared memory
+BATCH_GROUP_MAX = 8
+# ... in steps of this many rows and more. On the H200 (2-layer 8B, mid call) the one-head kernel
+# took 20 us a layer at 8 rows (256 blocks) and 37 at 32 (1,024 blocks); grouping makes a
+# quarter of the blocks, each reading its rows once for the group: kept for steps whose block
+# count still covers the GPU (the grouped form is not yet timed)
+BATCH_GROUP_ROWS = 16
+
+
+def batch_group(p: AttentionParams) -> int:
+    """Query heads per block of the batch step's attention: the KV head's group (NH / NKV) when
+    it fits, else 1 (one block per head, as in prefill)."""
+    G = p.NH // p.NKV
+    fits = ATTN_WAVES * G * p.D * 4 + G * p.D * 4 <= 40 << 10
+    if G < 2 or G > BATCH_GROUP_MAX or not fits or p.D % 8:
+        return 1
+    return G
+
+
 DECODE_WAVES = 4  # decode attention: a chunk of 4 waves x one 32/64-key tile each per block
 DECODE_BLOCKS = 256  # decode attention blocks per layer (heads x splits): ~2 per SM of an H200
 KV_TYPES = {"float32": ("float", "f32"), "bfloat16": ("uint16_t", "bf16")}

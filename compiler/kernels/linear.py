@@ -285,7 +285,11 @@ class Linear(KernelKind):
             # the sm_90a GEMM's input: x (normalized) in bf16, rows of K, from its _xb kernel
             return {"xb": 2 * g.max_tokens * p.K}
         # the prefill GEMM's norm: 1 / rms per token, from the _stats kernel before it
-        return {"inv_rms": 4 * g.max_tokens} if p.norm_eps else {}
+        need = {"inv_rms": 4 * g.max_tokens} if p.norm_eps else {}
+        if gemvm_eligible(p, g.target):
+            # the batch GEMV's (normalized) bf16 rows: steps of up to 64
+            need["xb"] = 2 * min(g.max_tokens, 8 * GEMVM_TILES[-1]) * p.K
+        return need
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: LinearParams = k.params
@@ -315,6 +319,17 @@ class Linear(KernelKind):
                  common, shared=dk.shared, overlap=True)  # fmt: skip
         split = g.prefill_precision == "split"
         rows = "rows" if last_only else "T"
+        # batch steps of up to `small` rows run the weights-once GEMV (linear_gemvm), larger
+        # ones the prefill GEMM below (its batch copies start at small + 1)
+        small = self._gemvm_launches(k, b, g, common, x, rows)
+        g.batch_min = small + 1
+        try:
+            self._prefill_launches(k, b, g, common, x, rows, split)
+        finally:
+            g.batch_min = 1
+
+    def _prefill_launches(self, k, b, g, common, x, rows: str, split: bool) -> None:
+        p: LinearParams = k.params
         if wgmma_gemm(p, g.target, split, False):
             # tiles chosen for short steps and, where the chunk is longer, for long ones
             lo = select_wgmma(p, min(g.max_tokens, 512))
@@ -342,6 +357,54 @@ class Linear(KernelKind):
             {**common, "T": b.int(rows), "inv_rms": inv_rms},
             shared=pg.shared,
         )
+
+    def _gemvm_launches(self, k, b, g, common, x, rows: str) -> int:
+        """The batch step's launches of the weights-once GEMV, one kernel per size class of
+        8, 16, 32, 64 rows up to the program's limit (GpuProgramBuilder.batch_gemv_rows);
+        returns the largest step they serve (0: none, the linear is not eligible)."""
+        p: LinearParams = k.params
+        most = min(g.batch_gemv_rows, g.max_tokens)
+        # --prefill-precision split promises float32-class linears: the GEMV's bf16 x is not
+        if most < 2 or g.prefill_precision == "split" or not gemvm_eligible(p, g.target):
+            return 0
+        xv = k.refs["x"][1]
+        if b.ld(xv) != p.K or x.get("offset", 0) % 16:  # 16-byte loads of x rows
+            return 0
+        # an attention writer hands x over in bf16 in every batch step (its bf16_reader), where
+        # a GLU linear does so only from its own GEMM's launches (larger steps than these)
+        bf16_in = any(
+            w.group in self._bf16_writers(k, b, g) and w.kind is not self for w in g.selected
+        )
+        lo = 1
+        for nt in GEMVM_TILES:
+            if lo > most:
+                break
+            hi = min(8 * nt, most)
+            geometry = gemvm_geometry(p, nt)
+            if g.batch_gemv_xpipe:
+                geometry["xpipe"] = True
+            if bf16_in:
+                geometry["xb"] = True
+            gk = batch_gemv(k.fn, p, g.target, k.nodes, nt, **geometry)
+            fn = g.kernel(gk)
+            args = common
+            if bf16_in:  # the bf16 rows the _xb pass would have written, there already
+                args = {**common, "norm_w": b.null()}
+            elif gk.ctx["xb"]:  # x as bf16 rows (normalized) from the _xb pass before it
+                xb = b.scratch(g.scratch("xb"))
+                args = {**common, "x": xb, "norm_w": b.null()}
+                g.launch("batch", k.group, f"{fn}_xb", [rows], [256], XB,
+                         {"x": x, "norm_w": common["norm_w"], "xb": xb}, overlap=True,
+                         tokens=(lo, hi))  # fmt: skip
+            g.launch("batch", k.group, fn, gk.grid, [gk.threads], GEMM,
+                     {**args, "T": b.int(rows), "inv_rms": b.null()}, overlap=True,
+                     tokens=(lo, hi))  # fmt: skip
+            lo = hi + 1
+        return lo - 1
+
+    def _bf16_writers(self, k, b: Binder, g: GpuProgramBuilder) -> list[str]:
+        """The groups that write linear `k`'s input in bf16 for it (_handoffs)."""
+        return [w for w, r in self._handoffs(b, g).items() if r == k.group]
 
     def _handoffs(self, b: Binder, g: GpuProgramBuilder) -> dict[str, str]:
         """Writer group -> the group that reads its output in bf16, once a program: GLU linears
@@ -1141,3 +1204,91 @@ def row_bytes(wsuffix: str, K: int) -> int:
         qt = QUANT_TYPES[wsuffix]
         return K // qt.block_values * qt.block_bytes
     return K * {"f32": 4, "f16": 2, "bf16": 2}[wsuffix]
+
+
+# -- the batch step's weights-once GEMV (linear_gemvm.hip.j2) ------------------------------
+
+# n tiles of 8 rows per kernel: steps of 1-8, 9-16, 17-32 and 33-64 rows (each size class its
+# own kernel, so a bucket's rows are never padded past the next multiple of 8)
+GEMVM_TILES = (1, 2, 4, 8)
+# k chunks (32 deep) a warp loads at once, by n tiles: the x fragments of a chunk take 4 registers
+# per tile, so wider steps hold fewer chunks of weights in flight. On the H200 (bench_batch_kernels,
+# 8B shapes, 2-8 rows) 2 chunks beat 4 by 2-40% everywhere but qkv (o 1.91 against 1.85 TB/s,
+# down 1.65 / 1.66, gate/up 3.50 / 3.33, head 3.97 / 3.82).
+GEMVM_UNROLL = {1: 2, 2: 2, 4: 2, 8: 1}
+GEMVM_WARPS = 8  # warps per block, splitting K between them over the block's 16 weight rows
+# Batch steps of up to this many rows take the GEMV; larger ones the prefill GEMM. On the H200
+# (bench_batch_gemv.py, 2-layer 8B, 2026-12-03 mid call) the 8-row step took 0.817 ms against
+# the GEMMs' 1.007 and 16 rows 1.238 against 1.015: the GEMV's norm-less linears (o, down: float32
+# x read per chunk, not ahead of use) fall to 0.7-1.2 TB/s at 16-32 rows where the wgmma GEMMs
+# stream 1.3-1.7 (their x latency is the next thing to measure: batch_gemv's `xpipe`).
+BATCH_GEMV_ROWS = 8
+
+
+# Geometry overrides by (N, K, epilogue) and n tiles, from bench_batch_kernels.py on the H200:
+# warps, unroll, mt (16-row tiles per block), xb (x through _xb without a norm). The 8B qkv at
+# 2-8 rows: 4 warps x 4 chunks 2.46 TB/s against 8 x 2's 2.32.
+GEMVM_MEASURED: dict[tuple[int, int, str], dict[int, dict]] = {
+    (6144, 4096, "none"): {1: dict(warps=4, unroll=4)},
+}
+
+
+def gemvm_geometry(p: LinearParams, nt: int) -> dict:
+    """batch_gemv's geometry arguments for a linear at n tiles `nt` (defaults where unmeasured)."""
+    return dict(GEMVM_MEASURED.get((p.N, p.K, p.epilogue), {}).get(nt, {}))
+
+
+def gemvm_eligible(p: LinearParams, target: GpuTarget) -> bool:
+    """Whether a linear has the weights-once batch GEMV: bf16 weights on NVIDIA's mma.sync
+    (sm_80+), rows of whole 16-byte loads; no gated residual (one gate per row)."""
+    tile = MMA_TILES.get(target.arch)
+    return (
+        tile is not None
+        and tile.macro == "HIPC_MMA_NV"
+        and p.wtype == "bfloat16"
+        and p.K % 8 == 0
+        and not p.gated
+    )
+
+
+def batch_gemv(
+    fn: str,
+    p: LinearParams,
+    target: GpuTarget,
+    nodes: list[str],
+    nt: int,
+    warps: int = GEMVM_WARPS,
+    unroll: int | None = None,
+    mt: int = 1,
+    xb: bool | None = None,
+    xpipe: bool = False,
+) -> GpuKernel:
+    """The weights-once GEMV of a batch step of up to 8 * nt rows (`warps`, `unroll`, `mt`
+    tiles of 16 weight rows per block, `xb` x through the _xb pass even without a norm, `xpipe`
+    x loaded a batch ahead like the weights: other geometries for benchmarks)."""
+    glu = p.epilogue == "glu"
+    ctx = dict(
+        nodes=nodes,
+        wave=target.wave,
+        n_out=p.n_out,
+        nt=nt,
+        mt=mt,
+        warps=warps,
+        unroll=unroll or GEMVM_UNROLL[nt],
+        xb=bool(p.norm_eps) if xb is None else xb,
+        xpipe=xpipe,
+        params=GEMM.render(GPU_INDENT),
+        xb_params=XB.render(0),
+        **p.context(),
+    )
+    outs = (8 if glu else 16) * mt
+    return GpuKernel(
+        f"{fn}_gemvm{nt}",
+        "linear_gemvm",
+        ctx,
+        [-(-p.n_out // outs)],
+        warps * target.wave,
+        0,
+        outs,
+        8 * nt,
+    )

@@ -197,6 +197,8 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // another block's writes: read through L2, never a line this SM's L1 may hold
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return __ldcg(p); }
+// a shared-memory counter (histograms): no ordering with other memory
+HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 #elif defined(HIPC_HOST)
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
@@ -205,6 +207,7 @@ HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; 
 HIPC_DEVICE void hipc_publish() {}
 HIPC_DEVICE unsigned hipc_count(unsigned* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL); }
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }  // host blocks run one after another
+HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
@@ -217,6 +220,9 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // the acquire in hipc_count invalidated this CU's vector L1
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }
+HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+}
 #endif
 
 // Pull `bytes` starting at p towards L2, one 128-byte line per lane and step (a wave's
@@ -325,6 +331,42 @@ HIPC_DEVICE float hipc_kv_dot_bf16(const float* q, const uint16_t* k, int D) {
     for (int d = 0; d < D; ++d) dot[0] += q[d] * hipc_bf16_to_f32(k[d]);
   }
   return (dot[0] + dot[1]) + (dot[2] + dot[3]);
+}
+// q_g . k for G queries (q: [G][D] floats in shared memory) against one cached key row, the
+// row read once (batch attention: a KV head's group of query heads); k null: zeros
+template <int G, int D>
+HIPC_DEVICE void hipc_kv_dots_f32(const float* q, const float* k, float* out) {
+  float dot[G][2] = {};
+  if (k != nullptr) {
+#pragma unroll 4
+    for (int d = 0; d < D; d += 2) {
+      const float k0 = k[d], k1 = k[d + 1];
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g][0] += q[g * D + d] * k0, dot[g][1] += q[g * D + d + 1] * k1;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) out[g] = dot[g][0] + dot[g][1];
+}
+template <int G, int D>
+HIPC_DEVICE void hipc_kv_dots_bf16(const float* q, const uint16_t* k, float* out) {
+  static_assert(D % 8 == 0, "bf16 key rows are read 8 values at a time");
+  float dot[G][2] = {};
+  if (k != nullptr) {
+#pragma unroll
+    for (int d = 0; d < D; d += 8) {
+      const uint4 kv = *(const uint4*)(k + d);
+      const uint32_t w[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float k0 = __builtin_bit_cast(float, w[e] << 16), k1 = __builtin_bit_cast(float, w[e] & 0xffff0000u);
+#pragma unroll
+        for (int g = 0; g < G; ++g) dot[g][0] += q[g * D + d + 2 * e] * k0, dot[g][1] += q[g * D + d + 2 * e + 1] * k1;
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) out[g] = dot[g][0] + dot[g][1];
 }
 // PER consecutive cached values from p (p is PER-element aligned): one vector load
 template <int PER>

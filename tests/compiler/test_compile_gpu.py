@@ -509,3 +509,65 @@ def test_cluster_variants_in_the_plan(tmp_path, monkeypatch):
         assert x["args"][0]["box"] == [64, 64]
     assert "__cluster_dims__(1, 1, 2)" in program.source
     assert "__cluster_dims__(1, 2, 1)" in program.source
+
+
+def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
+    """sm_90, bf16 weights: batch steps of up to BATCH_GEMV_ROWS rows run each linear as the
+    weights-once GEMV of their size class (8, 16, 32 rows), after an _xb pass where the linear
+    has a norm; larger batch steps and every prefill step keep the wgmma GEMMs; with
+    HIPC_BATCH_GEMV_ROWS=0 the batch list is the prefill GEMMs' again."""
+    from hipc.base.launch_plan import Launch
+    from hipc.compiler.kernels.attention import BATCH_GROUP_ROWS
+    from hipc.compiler.kernels.linear import BATCH_GEMV_ROWS
+
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
+    plan = _sm90_program(folder, tmp_path).plan["steps"]
+    assert not any("_gemvm" in x["kernel"] for x in plan["prefill"] + plan["decode"])
+    batch = [Launch.from_json(x) for x in plan["batch"]]
+
+    def at(B: int) -> list[Launch]:
+        return [x for x in batch if x.runs_at(B)]
+
+    prefill_gemms = sum(
+        1 for x in plan["prefill"] if "_wg" in x["kernel"] and "_xb" not in x["kernel"]
+    )
+    for B in (2, 5, 8, 9, 16, 17, 32, 33, 64):
+        names = [x.kernel for x in at(B)]
+        gemv = [x for x in at(B) if "_gemvm" in x.kernel and not x.kernel.endswith("_xb")]
+        if B > BATCH_GEMV_ROWS:
+            assert not gemv and sum("_wg" in n and "_xb" not in n for n in names) == prefill_gemms
+            continue
+        nt = 1 if B <= 8 else 2 if B <= 16 else 4
+        assert len(gemv) == prefill_gemms, names  # every linear, the LM head included
+        assert all(x.kernel.endswith(f"_gemvm{nt}") and x.overlap for x in gemv), names
+        assert not any("_wg" in n for n in names), names
+        for x in gemv:
+            i = names.index(x.kernel)
+            if "_rms" in x.kernel:  # the norm: its _xb pass writes the bf16 rows it reads
+                assert names[i - 1] == x.kernel + "_xb"
+                assert at(B)[i - 1].args[2] == x.args[0] and x.args[0]["kind"] == "scratch"
+            else:
+                assert x.args[0]["kind"] == "arena"
+    # the batch attention: from BATCH_GROUP_ROWS rows a block per row and KV head, its 2 query
+    # heads together; fewer rows keep a block per head (enough blocks to fill the GPU)
+    for B, name, heads in ((8, "_attn", 4), (BATCH_GROUP_ROWS, "_attn_g2", 2)):
+        attn = [x for x in at(B) if "_attn" in x.kernel]
+        assert len(attn) == 2 and all(x.kernel.endswith(name) for x in attn), (B, attn)
+        assert all(x.grid[:2] == ("T", heads) and x.overlap for x in attn)
+    assert not any("_attn_g" in x["kernel"] for x in plan["prefill"])
+    # down reads the float32 rows the GLU GEMV wrote (no bf16 hand-off in these steps)
+    glu = [x for x in at(8) if "_glu_" in x.kernel and x.kernel.endswith("_gemvm1")]
+    down = [x for x in at(8) if "_32x128_residual_" in x.kernel]
+    assert [x.args[-1] for x in glu] == [x.args[0] for x in down] and len(glu) == 2
+    monkeypatch.setenv("HIPC_BATCH_GEMV_ROWS", "0")
+    (tmp_path / "off").mkdir()
+    off = _sm90_program(folder, tmp_path / "off").plan["steps"]
+    assert not any("_gemvm" in x["kernel"] for x in off["batch"])
+    # (head dim 8: the prefill attention is the SIMT one too, one head per block)
+    off_batch = [Launch.from_json(x) for x in off["batch"]]
+    for B in (8, BATCH_GROUP_ROWS):
+        g2 = "_g2" if B >= BATCH_GROUP_ROWS else ""
+        assert [x.kernel for x in off_batch if x.runs_at(B)] == [
+            x["kernel"] + g2 if x["kernel"].endswith("_attn") else x["kernel"]
+            for x in off["prefill"]
+        ]
