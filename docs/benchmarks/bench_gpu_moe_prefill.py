@@ -53,7 +53,7 @@ def kernel_sets(arch: str, shapes, rows_list, precisions, t_max: int):
         for rows in rows_list:
             for prec in precisions:
                 m = gpu_kernels(f"b_{shape}_{rows}_{prec}", params(shape), GpuTarget(arch), ["b"],
-                                t_max, rows, prec == "split")  # fmt: skip
+                                t_max, rows=rows, split=prec == "split")  # fmt: skip
                 sets[shape, rows, prec] = m
                 specs += [(k.fn, k.template, k.ctx, None) for k in (m.prefill, m.mma) if k]
     return sets, specs

@@ -70,7 +70,7 @@ def lib(tmp_path_factory):
     for i, name in enumerate(CASES):
         for rows, split in [(r, True) for r in ROWS] + [(16, False), (TILE, False)]:
             m = gpu_kernels(f"h{i}_{rows}_{int(split)}", params(name), GpuTarget("sm_90"), [name],
-                            MAX_TOKENS, rows, split)  # fmt: skip
+                            MAX_TOKENS, rows=rows, split=split)  # fmt: skip
             assert m.mma is not None and m.prefill.ctx["bm"] == rows
             kernels[name, rows, split] = m
             for k in (m.prefill, m.mma):
