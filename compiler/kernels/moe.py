@@ -184,11 +184,13 @@ MOE_SHORT_TILES = dict.fromkeys(("sm_80", "sm_89", "sm_90"), _NV_SHORT)
 # same matrix work; a short tile reads an expert's weights once per tile, the 64-row one has
 # idle waves). bench_gpu_moe_prefill.py times every height.
 SHORT_TILES_ENV = "HIPC_MOE_SHORT_TILES"
+MOE_USE_SHORT_TILES = False  # or this (bench_gpu_moe.py's --variant sets constants)
 
 
 def short_tiles(arch: str) -> dict[int, MmaTile]:
-    """The short tiles compiled models use on `arch` (none unless SHORT_TILES_ENV is set)."""
-    return MOE_SHORT_TILES.get(arch, {}) if os.environ.get(SHORT_TILES_ENV) == "1" else {}
+    """The short tiles compiled models use on `arch` (none unless opted in)."""
+    on = MOE_USE_SHORT_TILES or os.environ.get(SHORT_TILES_ENV) == "1"
+    return MOE_SHORT_TILES.get(arch, {}) if on else {}
 
 
 def tile_rows(tokens: int, p: MoEParams, arch: str) -> int:
