@@ -181,7 +181,8 @@ class Layer:
         b, a = (rng.standard_normal((T, NV)).astype(f32) for _ in range(2))
         return x, z, b, a
 
-    def args(self, x, z, b, a, conv_state, ssm_state, y, ldy):
+    def args(self, x, z, b, a, conv_state, ssm_state, y, ldy, pos=None, seq=None):
+        """The kernel's arguments; rows of one sequence in slot 0 unless `pos`/`seq` say."""
         NK, NV, DK, DV = self.case[:4]
         T, R, k = len(x), NV // NK, self.kernels
         if self.packed:
@@ -197,7 +198,11 @@ class Layer:
         for ptr, ld in acts:
             args += [("u64", ptr), ("i32", ld)]
         args += [("u64", ptr) for ptr in self.consts]
-        return [*args, ("u64", conv_state), ("u64", ssm_state), ("u64", y), ("i32", ldy)]
+        pos = np.arange(T) if pos is None else pos
+        seq = np.zeros(T) if seq is None else seq
+        rows = [k.upload(np.asarray(v, np.int32)) for v in (pos, seq)]
+        args += [("u64", conv_state), ("u64", ssm_state), ("u64", y), ("i32", ldy)]
+        return [*args, *(("u64", r) for r in rows)]
 
 
 def run_step(kernels, name, layer, args, T, chunks):
@@ -211,7 +216,7 @@ def run_step(kernels, name, layer, args, T, chunks):
             kernels.launch(kernel, dims, threads, [*args, ("u64", work)])
         return
     fn, threads = kernels.specs[name]
-    kernels.launch(fn, (layer.case[0],), threads, args)
+    kernels.launch(fn, (layer.case[0], T), threads, args)
 
 
 def check_steps(kernels, name: str, chunks=None) -> None:
@@ -273,5 +278,59 @@ def check_forms(kernels, name: str, T: int, chunks) -> None:
         assert rel_err(yc, ys) <= 1e-4, (name, "outputs", rel_err(yc, ys))
         assert rel_err(sc, ss) <= 1e-4, (name, "state", rel_err(sc, ss))
         assert np.array_equal(cc, cs), (name, "conv window")
+    finally:
+        kernels.free()
+
+
+# steps of rows of several sequences (slots 0..2; 3 is the spare slot of padding rows): each
+# (slot, tokens) a run of that sequence's next tokens, in the order the step holds them
+BATCH_STEPS = (
+    ((1, 5), (0, 1), (2, 3)),
+    ((0, 1), (1, 1), (2, 1), (3, 1), (3, 1)),
+    ((2, 7), (0, 2)),
+    ((1, 1), (2, 1), (0, 4)),
+)
+
+
+def check_batch(kernels, name: str) -> None:
+    """BATCH_STEPS through the token-serial kernel on pools of four slots: each sequence's
+    rows (NaN-poisoned first) and its slot of both states after every step are what its own
+    NumPy recurrence gives; padding rows write only the spare slot."""
+    _, NV, DK, DV, KC, *_ = CASES[name]
+    layer = Layer(kernels, name)
+    C, f32 = layer.C, np.float32
+    refs = [layer.reference() for _ in range(3)]
+    at = [0, 0, 0]
+    conv_state = kernels.upload(np.zeros((4, KC - 1 or 1, C), f32))
+    ssm_state = kernels.upload(np.zeros((4, NV, DK, DV), f32))
+    try:
+        for i, runs in enumerate(BATCH_STEPS):
+            T = sum(n for _, n in runs)
+            x, z, b, a = layer.inputs(T)
+            pos, seq = [], []
+            for slot, n in runs:
+                start = at[slot] if slot < 3 else 0
+                pos += list(range(start, start + n)) if slot < 3 else [0] * n
+                seq += [slot] * n
+            ldy = NV * DV + 5
+            y = kernels.poisoned((T, ldy))
+            args = layer.args(x, z, b, a, conv_state, ssm_state, y, ldy, pos, seq)
+            fn, threads = kernels.specs[name]
+            kernels.launch(fn, (layer.case[0], T), threads, args)
+            got = kernels.read(y, (T, ldy))[:, : NV * DV]
+            S = kernels.read(ssm_state, (4, NV, DK, DV))
+            conv = kernels.read(conv_state, (4, KC - 1 or 1, C))
+            row = 0
+            for slot, n in runs:
+                if slot < 3:
+                    r = slice(row, row + n)
+                    want = refs[slot].step(x[r].astype(np.float64), z[r], b[r], a[r])
+                    assert rel_err(got[r], want) <= 1e-4, (name, i, slot, rel_err(got[r], want))
+                    at[slot] += n
+                row += n
+            for slot, ref in enumerate(refs):
+                assert rel_err(S[slot], ref.S) <= 1e-4, (name, i, slot, "state")
+                if KC > 1:
+                    assert np.array_equal(conv[slot], ref.conv.astype(f32)), (name, i, slot)
     finally:
         kernels.free()

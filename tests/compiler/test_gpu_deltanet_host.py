@@ -18,6 +18,7 @@ from deltanet_cases import (
     CASES,
     CHUNKED,
     LANES,
+    check_batch,
     check_forms,
     check_steps,
     chunk_kernels,
@@ -122,6 +123,13 @@ def kernels(request, tmp_path_factory):
 @pytest.mark.parametrize("name", HOST_CASES)
 def test_deltanet_kernel_on_the_host(kernels, name):
     check_steps(kernels, name)
+
+
+@pytest.mark.parametrize("name", ["grouped_odd", "next_packed_f16", "dk256"])
+def test_rows_of_several_sequences_on_the_host(kernels, name):
+    """A step's runs of several sequences (and padding rows) each in its own slot of the
+    states: what each sequence's own recurrence gives."""
+    check_batch(kernels, name)
 
 
 PATHS = ["simt", "mma", "mma_scan"]
