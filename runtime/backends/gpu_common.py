@@ -3,9 +3,10 @@ decode-graph capture, error naming. Each backend is a thin `GpuDriver` adapter o
 its binding (cuda-bindings' driver API, hip-python); everything else lives here.
 
 One engine holds, on the device: the weights (one block, uploaded once from the
-memory-mapped safetensors file, tensors at 256-byte offsets), the states (one zeroed
-block: each KV state a paged pool of kv_block-position blocks, as on the cpu target,
-each recurrent state one sequence's), the activation arena, the scratch buffer, the step
+memory-mapped safetensors file, tensors at 256-byte offsets), the states (zeroed: each KV
+state a paged pool of kv_block-position blocks, as on the cpu target, in one block; each
+recurrent state a pool of slots, row t's sequence seq[t] also its slot, in another, which
+ensure_slots regrows), the activation arena, the scratch buffer, the step
 inputs (ids int64, pos and seq int32, max_tokens of each, in one buffer), the block
 tables and the logits (float32 x max_tokens x vocab); and pinned host mirrors of the
 inputs, tables and logits. A step copies the inputs (and the tables when they changed)
@@ -14,12 +15,16 @@ stream, copies the logits rows out and synchronizes.
 
 `step()` runs rows of many sequences with the cpu backend's contract (runtime/batch.py
 drives it): one row is the decode list; rows of as many sequences (decode rows) the batch
-list, padded up to a bucket of BUCKETS; any other step (prefill chunks) the prefill list.
+list, padded up to a bucket of BUCKETS; any other step (prefill chunks) the prefill list,
+except where a model with recurrent states mixes sequences: the batch list, eagerly (its
+deltanet kernel steps each sequence's run in its slot; the prefill list's chunked one takes
+one sequence).
 The decode list and each bucket's batch list are captured once as graphs and replayed:
 their kernels read ids, positions and block tables from device memory, so one graph
 serves every position and sequence. Padding rows are sequence PAD, whose table names only
-the spare block at the pool's end, so they write nowhere a sequence reads. `forward()` is
-the one-sequence view (the SOLO table: block b of the sequence is pool block b).
+the spare block at the pool's end (and whose recurrent slot is a spare one), so they write
+nowhere a sequence reads. `forward()` is the one-sequence view (the SOLO table: block b of
+the sequence is pool block b; SOLO's recurrent slot).
 
 Kernel arguments use the `kernelParams` convention of cuLaunchKernel and
 hipModuleLaunchKernel: a C array of N `void*`, entry i pointing at argument i's value
