@@ -13,6 +13,7 @@
 #   ../shared/peers/build_llamacpp_source.sh .work/llama
 #   python docs/benchmarks/bench_gpu_quant.py --prep-smol .work/gpuq-meta
 # and carry .whl .work/peers .work/llama .work/gpuq-meta.
+# TESTS (default: every tests/gpu file and the GPU server test) picks the test files.
 # PHASES (default "prefill quant deltanet moe"; also moeprof, hybrid, batching) picks the benchmarks; PEERS=0 skips
 # llama.cpp; PROFILE=l8_q4_0,... adds bench_gpu_quant's per-kernel decode profiles.
 # Writes $OUT/gpu-tests.log (+ -full.log), $OUT/deltanet.md, $OUT/moe.md, $OUT/prefill.md, $OUT/quant.md,
@@ -40,7 +41,7 @@ tests)
   # time: the tests mostly wait on nvcc, and the GPU has room for all of them
   [ -d .work/hybrid-models ] && export HIPC_HYBRID_MODELS=$PWD/.work/hybrid-models
   t=$(left)
-  ls tests/gpu/test_*.py tests/server/test_server_gpu.py | xargs -P 5 -I{} sh -c \
+  ls ${TESTS:-tests/gpu/test_*.py tests/server/test_server_gpu.py} | xargs -P 5 -I{} sh -c \
     "timeout $((t - 20)) python3 -m pytest -q -p no:cacheprovider -m gpu -rfE {} > /tmp/\$(basename {}).log 2>&1"
   for f in /tmp/test_*.py.log; do
     tail -12 "$f" | sed "s|^|$(basename "$f" .log): |"
