@@ -72,8 +72,7 @@ from hipc.cli.main import main
 folder = t.write_served_hybrid(Path(".work/hybrid-models") / t.SERVED)
 with tempfile.TemporaryDirectory() as tmp:
     out = str(Path(tmp) / "h.hipc")
-    assert main(["compile", str(folder), "-o", out, "--target", t.TARGET, "--max-tokens", "64",
-                 "-q"]) == 0
+    assert main(["compile", str(folder), "-o", out, *t.HYBRID_FLAGS]) == 0
 PY
   ls .whl .work/kcache .work/fatbins | head -30
   exit 0
