@@ -349,6 +349,7 @@ class GpuBackend:
                 f"{code_object}: cannot load the {self.arch} code object ({e})"
             ) from None
         self._functions = self._load_functions(code_object)
+        self._check_slots(artifact)
 
         B = self.kv_block = self.gpu.kv_block
         if B < 1:
@@ -469,6 +470,21 @@ class GpuBackend:
         self._tables_host[pad:] = self.kv_blocks  # the spare block
         self._tables_host[self.SOLO] = np.arange(self.kv_table) % self.kv_blocks
         self._upload_tables = len(self._tables_host)
+
+    def _check_slots(self, artifact: Artifact) -> None:
+        """Every launch binding a recurrent state also binds `seq` (its rows' slots): a plan
+        compiled before GPU recurrent states had slots kept one copy, which this runtime,
+        placing the one sequence in SOLO's slot, would read at slot 0."""
+        recurrent = {j for j, s in enumerate(self._states) if not s.positional}
+        for launch in (x for step in self.gpu.steps.values() for x in step):
+            binds = {a.get("index") for a in launch.args if a["kind"] == "state"}
+            inputs = {a.get("name") for a in launch.args if a["kind"] == "input"}
+            if binds & recurrent and "seq" not in inputs:
+                raise HipcError(
+                    f"{artifact.path}: kernel {launch.kernel} updates a recurrent state "
+                    "without per-sequence slots (compiled by an older hipc); recompile with: "
+                    f"hipc compile MODEL --target {self.arch}"
+                )
 
     def _load_functions(self, code_object) -> dict[str, Any]:
         d = self._driver

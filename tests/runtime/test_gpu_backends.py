@@ -1758,3 +1758,21 @@ def test_a_hybrid_step_refuses_a_sequence_in_two_runs(api, recurrent_artifact):
     with pytest.raises(HipcError, match="one run of consecutive positions per sequence"):
         b.step(np.array([1, 2, 3]), np.array([0, 0, 1]), np.array([0, 1, 0]), tables, np.arange(3))
     b.close()
+
+
+def test_a_plan_without_recurrent_slots_is_refused(api, tmp_path):
+    """A launch updating a recurrent state without `seq` (a plan from before GPU slots)."""
+
+    def old_recurrent(plan):
+        add_recurrent_layer(plan)
+        for sec in plan["targets"].values():
+            for steps in sec["steps"].values():
+                for x in steps:
+                    if x["kernel"] == "recur":
+                        x["args"] = [a for a in x["args"] if a.get("name") != "seq"]
+
+    art = load_artifact(write_artifact(tmp_path / "old.hipc", edit=old_recurrent))
+    gpu = FakeGpu()
+    with pytest.raises(HipcError, match="kernel recur updates a recurrent state without"):
+        backend(api, art, gpu)
+    assert not gpu.mem  # nothing left allocated
