@@ -559,11 +559,11 @@ class GpuBackend:
 
     def _oom_message(self, free: int, total: int, failed: str | None = None) -> str:
         m = self._mem
-        io = m.inputs + m.tables + m.logits
+        io, kv = m.inputs + m.tables + m.logits, m.states + m.recurrent
         why = f" (allocating {failed} failed)" if failed else ""
         return (
             f"{self.device_name}: not enough GPU memory{why}: this artifact needs "
-            f"{gib(m.total)} ({m.total} bytes: weights {gib(m.weights)}, KV cache {gib(m.states)}, "
+            f"{gib(m.total)} ({m.total} bytes: weights {gib(m.weights)}, KV cache {gib(kv)}, "
             f"activations {gib(m.arena + m.scratch)}, ids/logits {gib(io)}), "
             f"{gib(free)} ({free} bytes) are free of {gib(total)}; "
             f"compile with a smaller --max-context to shrink the KV cache "
@@ -787,7 +787,7 @@ class GpuBackend:
         if used.size and (used.min() < 0 or used.max() >= self.kv_blocks):
             raise HipcError(f"a block table names a block outside the pool of {self.kv_blocks}")
         one_sequence = bool((seq == seq[0]).all())
-        if self.recurrent and not one_sequence:
+        if self.recurrent:
             # the deltanet kernel steps each run of one sequence's rows (consecutive
             # positions) in its slot, the runs in parallel: a sequence must be one run
             cut = np.flatnonzero((np.diff(seq) != 0) | (np.diff(pos) != 1)) + 1

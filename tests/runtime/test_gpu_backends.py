@@ -1757,6 +1757,8 @@ def test_a_hybrid_step_refuses_a_sequence_in_two_runs(api, recurrent_artifact):
     tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
     with pytest.raises(HipcError, match="one run of consecutive positions per sequence"):
         b.step(np.array([1, 2, 3]), np.array([0, 0, 1]), np.array([0, 1, 0]), tables, np.arange(3))
+    with pytest.raises(HipcError, match="one run of consecutive positions per sequence"):
+        b.step(np.array([1, 2]), np.array([3, 5]), np.array([0, 0]), tables, np.arange(2))
     b.close()
 
 
