@@ -219,7 +219,8 @@ def run_step(kernels, name, layer, args, T, chunks):
     kernels.launch(fn, (layer.case[0], T), threads, args)
 
 
-def check_steps(kernels, name: str, chunks=None) -> None:
+def check_steps(kernels, name: str, chunks=None, slot: int = 0) -> None:
+    """`slot`: the sequence's slot of pools of slot + 2 (the others must stay untouched)."""
     _, NV, DK, DV, KC, *_, steps = CASES[name]
     if chunks is not None:
         steps = CHUNKED[name][1]
@@ -227,24 +228,30 @@ def check_steps(kernels, name: str, chunks=None) -> None:
     C = layer.C
     ref = layer.reference()
     f32 = np.float32
-    conv_state = kernels.upload(np.zeros((KC - 1 or 1, C), f32))
-    ssm_state = kernels.upload(np.zeros((NV, DK, DV), f32))
+    W, n = KC - 1 or 1, slot + 2
+    conv_state = kernels.upload(np.zeros((n, W, C), f32))
+    ssm_state = kernels.upload(np.zeros((n, NV, DK, DV), f32))
+    start = 0
     try:
         for i, T in enumerate(steps):
             x, z, b, a = layer.inputs(T)
             ldy = NV * DV + 5
             y = kernels.poisoned((T, ldy))
-            args = layer.args(x, z, b, a, conv_state, ssm_state, y, ldy)
+            pos, seq = np.arange(start, start + T), np.full(T, slot)
+            args = layer.args(x, z, b, a, conv_state, ssm_state, y, ldy, pos, seq)
             run_step(kernels, name, layer, args, T, chunks)
+            start += T
             got = kernels.read(y, (T, ldy))[:, : NV * DV]
             want = ref.step(x.astype(np.float64), z, b, a)
             assert not np.isnan(got).any(), (name, i, "outputs left unwritten")
             assert rel_err(got, want) <= 1e-4, (name, i, rel_err(got, want))
-            got_s = kernels.read(ssm_state, (NV, DK, DV))
-            assert rel_err(got_s, ref.S) <= 1e-4, (name, i, "state", rel_err(got_s, ref.S))
+            got_s = kernels.read(ssm_state, (n, NV, DK, DV))
+            assert rel_err(got_s[slot], ref.S) <= 1e-4, (name, i, "state", rel_err(got_s, ref.S))
+            got_c = kernels.read(conv_state, (n, W, C))
+            others = [k for k in range(n) if k != slot]
+            assert not got_s[others].any() and not got_c[others].any(), (name, i, "other slots")
             if KC > 1:
-                got_c = kernels.read(conv_state, (KC - 1, C))
-                assert np.array_equal(got_c, ref.conv.astype(f32)), (name, i, "conv window")
+                assert np.array_equal(got_c[slot], ref.conv.astype(f32)), (name, i, "conv window")
     finally:
         kernels.free()
 

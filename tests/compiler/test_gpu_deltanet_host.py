@@ -144,6 +144,14 @@ def test_chunked_prefill_on_the_host(kernels, name, path):
     check_steps(kernels, name, kernels.on(path, name))
 
 
+@pytest.mark.parametrize("path", ["simt", "mma"])
+@pytest.mark.parametrize("name", ["grouped_odd", "next_packed_f16"])
+def test_one_sequence_in_another_slot_on_the_host(kernels, name, path):
+    """One sequence's steps in slot 2 of the pools (the one-sequence view's slot sits past
+    the batch's): the serial and the chunked kernels read and write that slot only."""
+    check_steps(kernels, name, kernels.on(path, name), slot=2)
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(("name", "T"), [("grouped_odd", 37), ("next_packed_f16", 16)])
 def test_chunked_and_serial_kernels_agree_on_the_host(kernels, name, T, path):

@@ -68,6 +68,12 @@ def test_rows_of_several_sequences_in_their_slots(kernels, name):
     check_batch(kernels, name)
 
 
+@pytest.mark.parametrize("name", ["grouped_odd", "qwen35_35b"])
+def test_one_sequence_in_another_slot(kernels, name):
+    """Slot 2 of the pools: the serial and chunked kernels touch that slot only."""
+    check_steps(kernels, name, on(kernels, "target", name), slot=2)
+
+
 @pytest.mark.parametrize("path", ["target", "simt", "mma_scan"])
 @pytest.mark.parametrize("name", sorted(CHUNKED))
 def test_chunked_prefill_steps_match_numpy(kernels, name, path):
