@@ -13,7 +13,12 @@ describes it field by field.
   groups   [{group, kernel, nodes, args: {name: {kind, ref}}}]  the kernel selection, by
            graph value (runtime/integrity.py checks states and weights against it)
   targets  {name: {entry, abi_version, wave, arena_bytes, scratch_bytes, kv_block,
-                   steps: {step: [launch]}}}
+                   steps: {step: [launch]}, topk}}
+
+A GPU target's optional "topk": {"kernel": NAME, "block": THREADS, "max_k": K} names the
+program's row top-k kernel (templates/hip/topk.hip.j2: logits, vocab, k, vals, ids, stats;
+one block per row), which GpuBackend.step_top runs after a step so that only k values and ids
+per row are copied back; without it the runtime picks them from the logits on the host.
 
 A target's steps are launch lists over the same buffers: the cpu target has one,
 "forward" (any T; its C entry point hipc_forward is rendered from it), GPU targets have
@@ -79,6 +84,8 @@ LAUNCH_PLAN_VERSION = 5
 # a fine grain and a sequence wastes under one block, large enough that a block is a few
 # contiguous KiB per head (vLLM's default is 16 too)
 KV_BLOCK = 16
+# the most values per row a "topk" kernel returns (a greedy step wants 1, top-k sampling <= 64)
+TOPK_MAX = 64
 
 ARG_KINDS = ("arena", "scratch", "weight", "state", "input", "output", "int", "null", "tmap")
 STEP_INPUTS = ("ids", "pos", "seq", "blocks")
@@ -288,6 +295,7 @@ class TargetPlan:
     abi_version: int | None = None
     wave: int | None = None
     kv_block: int = 0  # positions per KV block of the paged pools
+    topk: dict[str, Any] | None = None  # the row top-k kernel ("topk" above), if the plan has one
 
     @property
     def decode(self) -> tuple[Launch, ...]:
@@ -327,6 +335,7 @@ class TargetPlan:
             abi_version=s.get("abi_version"),
             wave=s.get("wave"),
             kv_block=int(s.get("kv_block", 0)),
+            topk=s.get("topk"),
         )
 
 

@@ -11,7 +11,9 @@ and GPU backends' `step`: per-row positions, block tables over paged KV pools). 
 
 It returns the logits of every sequence whose pending tokens are all computed; the caller
 samples (each sequence with its own Decoding: sampler, seed, stops, logprobs) and `feed()`s
-the next token. Blocks come from a KVPool: a sequence is admitted only when every block it
+the next token. `run_step(top=k)` returns them as one [rows, vocab] array, or, from a backend
+that picks tokens on the device (`step_top`, `max_top_k` >= k), each row's k likeliest ids
+and logits: what an all-greedy batch needs, rows x k values instead of rows x vocab. Blocks come from a KVPool: a sequence is admitted only when every block it
 may need can be promised (prompt + max_tokens), and the full blocks of its prompt that an
 earlier sequence computed are shared instead of recomputed (prefix caching by block hash).
 
@@ -39,6 +41,18 @@ import numpy as np
 from hipc.base.errors import HipcError
 from hipc.runtime.kv_pool import KVPool, block_hashes
 from hipc.runtime.recurrent import MAX_SNAPSHOTS, SNAPSHOT_INTERVAL, release_snapshot
+
+
+@dataclass
+class StepOut:
+    """What one step gives the sampler: per finished row, in row order, its sequence and
+    either its logits ([rows, vocab]) or, picked on the device, its top token ids and their
+    logits ([rows, k], most likely first, ties by lower id: argmax's pick first)."""
+
+    seqs: list[Sequence]
+    logits: np.ndarray | None
+    top_ids: np.ndarray | None = None
+    top_logits: np.ndarray | None = None
 
 
 @dataclass(eq=False)
@@ -84,6 +98,8 @@ class BatchEngine:
             raise HipcError(f"--max-batch {max_batch}: at least 1")
         # every decoding sequence takes a row of each step, and a step holds step_rows rows
         self.max_batch = min(max_batch, self.step_rows)
+        step_top = getattr(backend, "step_top", None)
+        self._step_top = step_top if callable(step_top) else None
         self.block = backend.kv_block
         self.pool = KVPool(backend.kv_blocks, self.block)
         # recurrent states: a backend slot per batch slot, reusable only from a snapshot (the
@@ -206,13 +222,30 @@ class BatchEngine:
     def step(self) -> dict[Sequence, np.ndarray]:
         """Run one step; the logits of each sequence whose tokens are now all computed (valid
         until the next step: a GPU backend returns rows of its pinned buffer)."""
+        out = self.run_step()
+        return dict(zip(out.seqs, out.logits, strict=True))
+
+    @property
+    def tops_on_device(self) -> int:
+        """The most top tokens per row the backend can pick on the device (`step_top`),
+        0 when it returns logits only."""
+        return int(getattr(self.backend, "max_top_k", 0) or 0) if self._step_top else 0
+
+    def run_step(self, top: int = 0) -> StepOut:
+        """Run one step. The sequences whose tokens are now all computed, in row order, and
+        their logits as one [rows, vocab] array (valid until the next step); with `top` k > 0
+        and a backend that picks them on the device (`tops_on_device` >= k), their k most
+        likely token ids and logits instead: the host then receives rows x k values, not
+        rows x vocab."""
         rows: list[tuple[Sequence, int]] = []  # (sequence, tokens this step)
         budget = self.step_rows
-        decoding = [s for s in self.running if s.pending == 1]
-        prefilling = [s for s in self.running if s.pending > 1]
-        for s in decoding:
-            rows.append((s, 1))
-            budget -= 1
+        prefilling = []
+        for s in self.running:
+            if s.pending == 1:
+                rows.append((s, 1))
+                budget -= 1
+            elif s.pending > 1:
+                prefilling.append(s)
         for s in prefilling:
             if budget <= 0:
                 break
@@ -224,28 +257,41 @@ class BatchEngine:
             rows.append((s, n))
             budget -= n
         if not rows:
-            return {}
-        ids, pos, seq_rows, out_rows, wanted = [], [], [], [], []
-        for s, n in rows:
-            first = s.computed
-            self._grow(s, first + n)
-            ids.extend(s.tokens[first : first + n])
-            pos.extend(range(first, first + n))
-            seq_rows.extend([s.slot] * n)
-            if first + n == len(s.tokens):
-                out_rows.append(len(ids) - 1)
-                wanted.append(s)
-        logits = (
-            self.backend.step(
-                np.array(ids, np.int64),
-                np.array(pos, np.int32),
-                np.array(seq_rows, np.int32),
-                self.tables,
-                np.array(out_rows, np.int32),
-            )
-            if out_rows
-            else self._step_without_logits(ids, pos, seq_rows)
-        )
+            return StepOut([], np.empty((0, self.vocab_size), np.float32))
+        if len(rows) == len(self.running) and not prefilling:
+            # every row a decoding sequence's one token (the steady state): no per-token lists
+            seqs = [s for s, _ in rows]
+            for s in seqs:
+                if s.computed >= len(s.blocks) * self.block:
+                    self._grow(s, s.computed + 1)
+            ids = np.fromiter((s.tokens[-1] for s in seqs), np.int64, len(seqs))
+            pos = np.fromiter((s.computed for s in seqs), np.int32, len(seqs))
+            seq_rows = np.fromiter((s.slot for s in seqs), np.int32, len(seqs))
+            out_rows = np.arange(len(seqs), dtype=np.int32)
+            wanted = seqs
+        else:
+            ids_l, pos_l, seq_l, out_l, wanted = [], [], [], [], []
+            for s, n in rows:
+                first = s.computed
+                self._grow(s, first + n)
+                ids_l.extend(s.tokens[first : first + n])
+                pos_l.extend(range(first, first + n))
+                seq_l.extend([s.slot] * n)
+                if first + n == len(s.tokens):
+                    out_l.append(len(ids_l) - 1)
+                    wanted.append(s)
+            ids = np.array(ids_l, np.int64)
+            pos = np.array(pos_l, np.int32)
+            seq_rows = np.array(seq_l, np.int32)
+            out_rows = np.array(out_l, np.int32)
+        args = (ids, pos, seq_rows, self.tables)
+        if not wanted:
+            out = StepOut([], self._step_without_logits(ids, pos, seq_rows))
+        elif 0 < top <= self.tops_on_device:
+            top_ids, top_logits = self._step_top(*args, out_rows, top)
+            out = StepOut(wanted, None, np.asarray(top_ids), np.asarray(top_logits))
+        else:
+            out = StepOut(wanted, self.backend.step(*args, out_rows))
         for s, n in rows:
             marks = self._marks(s, s.computed + n) if self.recurrent else []
             self._computed(s, s.computed + n)
@@ -253,7 +299,7 @@ class BatchEngine:
                 self._keep(s)
         self.steps += 1
         self.last_batch = len(rows)
-        return dict(zip(wanted, logits, strict=True))
+        return out
 
     def _step_without_logits(self, ids, pos, seq_rows) -> np.ndarray:
         # every row is a prefill chunk that does not reach its prompt's end: the entry point

@@ -60,6 +60,10 @@ class CompiledEngine:
         return self._run(tokens, start, all_rows)  # [1, vocab] unless all rows
 
     def _check(self, tokens: Sequence[int], start: int) -> None:
+        if len(tokens) == 1:  # a decode step (every token of a generation): no array
+            if not 0 <= int(tokens[0]) < self.vocab_size:
+                raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
+            return
         ids = np.asarray(tokens, dtype=np.int64)
         if ids.size == 0:
             raise HipcError("no tokens to run")
@@ -74,6 +78,11 @@ class CompiledEngine:
             raise HipcError(
                 f"context overflow: {start + ids.size} positions, the artifact holds {self.max_context}"
             )
+        # (one token, a decode step: no array reductions, no chunking)
+        if ids.size == 1:
+            if not 0 <= int(ids[0]) < self.vocab_size:
+                raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
+            return self.backend.forward(ids, start, all_logits)
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
         step = self.backend.max_tokens
@@ -119,14 +128,16 @@ class CompiledEngine:
         if passed:
             self.backend.submit(np.asarray(tokens, dtype=np.int64), start, False)
 
-    def collect(self) -> np.ndarray:
-        """Logits of the last token [vocab] of the step `submit` started."""
+    def collect(self, copy: bool = True) -> np.ndarray:
+        """Logits of the last token [vocab] of the step `submit` started (`copy` False: a view
+        of the backend's buffer where it has one, valid until the next step's logits arrive:
+        for a caller done with it before the next submit, such as the generation loop)."""
         if self._queued is None:
             raise HipcError("no step in flight")
         tokens, start, passed = self._queued
         self._queued = None
         if passed:
-            logits = self.backend.collect()[-1]
+            logits = self.backend.collect(copy=copy)[-1]
             if self.sequence is not None:
                 self.sequence.ran(tokens, start)
             return logits

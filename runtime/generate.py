@@ -13,6 +13,7 @@ iterating to cancel: nothing runs between steps).
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -133,6 +134,10 @@ class Generation:
         # handed to the consumer; a step started for a sequence that then stops is collected
         # and dropped.
         submit = getattr(self.engine, "submit", None)
+        # the logits of a step collected are sampled before the next submit: a view of the
+        # engine's buffer serves (a copy of a 128k vocabulary is tens of microseconds per
+        # token, with the GPU idle)
+        view = submit is not None and "copy" in inspect.signature(self.engine.collect).parameters
         while (token := decoding.sample(logits)) is not None:
             running = submit is not None and decoding.continues()
             if running:
@@ -143,7 +148,10 @@ class Generation:
                     self.engine.collect()
                 break
             yield step
-            logits = self.engine.collect() if running else self.engine.forward([token], pos)
+            if running:
+                logits = self.engine.collect(copy=False) if view else self.engine.collect()
+            else:
+                logits = self.engine.forward([token], pos)
             pos += 1
         res.decode_s = time.perf_counter() - t0
         last = decoding.finish()
@@ -185,22 +193,46 @@ class Decoding:
         when this token ended the sequence."""
         return None if self.sample(logits) is None else self.emit()
 
+    def advance_token(self, token: int) -> Step | None:
+        """`advance` for a token sampled outside (a batch's argmax; `greedy_argmax` only)."""
+        return None if self.take(token) is None else self.emit()
+
+    @property
+    def greedy_argmax(self) -> bool:
+        """Whether the raw logits' argmax is this sequence's whole sampling step (greedy, no
+        penalty, bias or grammar, no logprobs): a batch then picks it for all such rows at
+        once, or on the device."""
+        return (
+            self.sampler.params.greedy
+            and not self.sampler.moves_logits
+            and self.constraint is None
+            and self.request.logprobs is None
+        )
+
     def sample(self, logits: np.ndarray) -> int | None:
         """advance's first half: the token sampled from `logits` (recorded), or None when it
         ends the sequence (a stop token). `emit()` does the rest; between the two, whoever
         runs the model may already start the step that feeds the token (`continues()`)."""
         if self.done:
             return None
-        gen, req, res = self.gen, self.request, self.result
         constraint = self.constraint
         allowed = None if constraint is None else constraint.allowed(logits.size)
-        token = self.sampler(logits, res.prompt_token_ids, res.token_ids, allowed)
+        res = self.result
+        return self.take(self.sampler(logits, res.prompt_token_ids, res.token_ids, allowed), logits)
+
+    def take(self, token: int, logits: np.ndarray | None = None) -> int | None:
+        """Record `token`, sampled for this sequence (by `sample`, or for a batch of
+        `greedy_argmax` rows at once); None when it ends the sequence. `logits` are needed
+        only for logprobs."""
+        if self.done:
+            return None
+        gen, req, res = self.gen, self.request, self.result
         self.done = True
         if token in gen._stop_ids:
             res.finish_reason = "stop"
             return None
-        if constraint is not None:
-            constraint.advance(token)
+        if self.constraint is not None:
+            self.constraint.advance(token)
         res.token_ids.append(token)
         self.pending.append(token)
         if req.logprobs is not None:

@@ -144,16 +144,19 @@ void hipc_mma_emulate(float* c, const uint16_t* a, const uint16_t* b) {
 """
 
 
-def build(root: Path, name: str, code: str, wave: int = 32, mma: str | None = None) -> ctypes.CDLL:
+def build(
+    root: Path, name: str, code: str, wave: int = 32, mma: str | None = None, defines: str = ""
+) -> ctypes.CDLL:
     """`code` (kernels and their extern "C" wrappers, calling `grid(gx, gy, threads, f)`)
     after the prelude and the harness, compiled into ROOT/NAME.so and loaded. `mma`: an AMD
     HIPC_MMA_* macro, the matrix instruction emulated across the wave (MMA_EMULATION), or
-    HIPC_MMA_HOST (mma.sync's, emulated by the prelude; wave 32)."""
+    HIPC_MMA_HOST (mma.sync's, emulated by the prelude; wave 32). `defines`: lines put before
+    the prelude (e.g. "#define HIPC_QSPLIT 0": quantized blocks in GGUF's order)."""
     if CXX is None:
         pytest.skip("no C++ compiler")
     prelude = template_text("hip/prelude.h").replace("#pragma once", "")
     src = root / f"{name}.cpp"
-    head = f"#define HIPC_WAVE {wave}\n#define HIPC_HOST_SIMT\n"
+    head = f"#define HIPC_WAVE {wave}\n#define HIPC_HOST_SIMT\n{defines}"
     harness = HARNESS
     if mma:
         head += f"#define {mma} 1\n"

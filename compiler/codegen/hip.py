@@ -10,21 +10,26 @@ Python decides names, geometry and bindings, the templates only place them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hipc.base.launch_plan import KV_BLOCK
+from hipc.base.launch_plan import KV_BLOCK, TOPK_MAX
 from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
 from hipc.compiler.codegen.environment import render, template_text
 from hipc.compiler.kernels.base import FusionError, Signature
-from hipc.compiler.kernels.linear import MMA_TILES, WGMMA_ARCHS
+from hipc.compiler.kernels.linear import BATCH_GEMV_ROWS, MMA_TILES, WGMMA_ARCHS
 from hipc.compiler.passes.select import weight_order
 
 if TYPE_CHECKING:
     from hipc.compiler.kernels.base import GpuKernel, SelectedKernel
     from hipc.compiler.pipeline import Compilation
     from hipc.compiler.targets import GpuTarget
+
+
+TOPK_KERNEL = "hipc_topk"
+TOPK_BLOCK = 1024  # threads per row: the row is read ~6 times (max, sum, selection passes)
 
 
 @dataclass
@@ -45,15 +50,31 @@ class GpuProgramBuilder:
         kernels: list[SelectedKernel],
         prefill_precision: str = "bf16",
         activations: str = "int16",
+        quant_layout: str = "split",
     ) -> None:
         self.target, self.max_tokens = target, max_tokens
         self.prefill_precision = prefill_precision  # CompileOptions.prefill_precision
         self.activations = activations  # how quantized GEMVs round x (CompileOptions)
+        self.quant_layout = (
+            quant_layout  # how the artifact stores quantized blocks (CompileOptions)
+        )
         self.max_ctx, self.kv_storage = max_ctx, kv_storage
         self.selected = kernels  # every kernel of the program (kinds look up their neighbours)
         self.memo: dict[str, Any] = {}  # what a kind works out once per program from `selected`
         self.kernels: dict[str, str] = {}
         self.steps: dict[str, list[dict]] = {"decode": [], "prefill": [], "batch": []}
+        # batch steps of up to this many rows run the linears' weights-once GEMV where they
+        # have one (HIPC_BATCH_GEMV_ROWS overrides: 0 keeps the prefill GEMMs, as benchmarks
+        # compare); a kind adding a prefill launch whose batch copy serves only larger steps
+        # sets batch_min for it
+        env = os.environ.get("HIPC_BATCH_GEMV_ROWS")
+        self.batch_gemv_rows = int(env) if env else BATCH_GEMV_ROWS
+        # and their attention takes a KV head's query heads per block (HIPC_BATCH_ATTN_GROUP=0:
+        # one head per block, as before, for benchmarks)
+        self.batch_attn_group = os.environ.get("HIPC_BATCH_ATTN_GROUP") != "0"
+        # HIPC_BATCH_GEMV_XPIPE=1: every batch GEMV loads x a batch ahead (being measured)
+        self.batch_gemv_xpipe = os.environ.get("HIPC_BATCH_GEMV_XPIPE") == "1"
+        self.batch_min = 1
         # The scratch buffer: one region per name the kinds ask for (KernelKind.gpu_scratch),
         # as large as the largest ask, in order of first ask, each 256-byte aligned. Kernels of
         # a step run one after another, so every layer reuses its kind's region; the buffer is
@@ -113,7 +134,11 @@ class GpuProgramBuilder:
             launch["tokens"] = list(tokens)  # only in steps of this many tokens
         self.steps[step].append(launch)
         if step == "prefill" and batch:
-            self.steps["batch"].append(launch)
+            lo, hi = tokens or (1, self.max_tokens)
+            if self.batch_min > lo:
+                launch = {**launch, "tokens": [self.batch_min, hi]}
+            if self.batch_min <= hi:
+                self.steps["batch"].append(launch)
 
 
 def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
@@ -133,9 +158,14 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
         c.kernels,
         c.options.prefill_precision,
         c.options.activations,
+        c.options.quant_layout,
     )
     for k in c.kernels:
         k.kind.gpu(k, binder, g)
+    # every program's row top-k (GpuBackend.step_top): rows x k values copied back, not logits
+    g.kernels[TOPK_KERNEL] = render(
+        "hip/topk.hip.j2", fn=TOPK_KERNEL, wave=gpu.wave, max_k=TOPK_MAX
+    )
     source = program_source(
         c.model.name, HIPC_VERSION, gpu.arch, list(g.kernels.values()), c.options.quant_layout
     )
@@ -145,6 +175,7 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
         "scratch_bytes": g.scratch_bytes,
         "kv_block": KV_BLOCK,
         "steps": g.steps,
+        "topk": {"kernel": TOPK_KERNEL, "block": TOPK_BLOCK, "max_k": TOPK_MAX},
     }
     return HipProgram(source, plan)
 

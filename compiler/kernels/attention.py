@@ -30,7 +30,7 @@ from hipc.compiler.kernels.base import (
     SelectedKernel,
     Signature,
 )
-from hipc.compiler.kernels.linear import MMA_TILES
+from hipc.compiler.kernels.linear import MMA_TILES, SHORT_STEP, wgmma_bf16_reader
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
@@ -200,8 +200,15 @@ class Attention(KernelKind):
     def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
         # the decode kernel's per-block partials (max, sum, acc[D]), then a counter per head
         p: AttentionParams = k.params
-        splits = decode_splits(p.NH, g.max_ctx, g.target.wave)
-        return {"attention": 4 * p.NH * splits * (p.D + 2) + 4 * p.NH}
+        dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
+        return {"attention": 4 * p.NH * dk.grid[1] * (p.D + 2) + 4 * p.NH}
+
+    def bf16_reader(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder):
+        """The o projection, where it reads this attention's output in bf16 on the sm_90a GEMM
+        (linear.wgmma_bf16_reader): the prefill and batch steps' attention kernels then write it
+        in bf16, as its _xb pass would have rounded it (linear.py's _handoffs asks this too)."""
+        p: AttentionParams = k.params
+        return wgmma_bf16_reader(k, k.refs["out"], p.NH * p.D, b, g)
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: AttentionParams = k.params
@@ -215,22 +222,34 @@ class Attention(KernelKind):
             GpuKernel(f"{k.fn}_rope_kv", "rope_kv", dict(nodes=k.nodes, block=block,
                       params=rope_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], block)
         )  # fmt: skip
-        # bf16 operands like the GEMMs' (--prefill-precision split: the float32 SIMT kernel)
-        fk = (
-            flash_attention(k.fn, p, g.target, k.nodes, g.kv_storage, g.max_ctx)
-            if g.prefill_precision == "bf16"
-            else None
-        )
+        # prefill and batch steps write the output in bf16 where the o projection's sm_90a GEMM
+        # loads it by TMA (its _xb pass then goes); decode steps keep float32 for the GEMV
+        ob = self.bf16_reader(k, b, g) is not None
+        fn = k.fn + ("_ob" if ob else "")
+        # the flash kernel: bf16 operands like the GEMMs' (--prefill-precision split: the float32
+        # SIMT kernel), a form per step size where the target's differ (FLASH_BY_STEP)
+        short, long = FLASH_BY_STEP.get(g.target.family, ({}, {}))
+        forms = [(short, None)]
+        if long != short and g.max_tokens > SHORT_STEP:
+            forms = [(short, (1, SHORT_STEP)), (long, (SHORT_STEP + 1, g.max_tokens))]
+        flash = [
+            (flash_attention(k.fn + "".join(f"_{x}{v}" for x, v in sorted(f.items()))
+                             + ("_ob" if ob else ""), p, g.target, k.nodes, g.kv_storage,
+                             g.max_ctx, out_bf16=ob, **f), tokens)
+            for f, tokens in forms
+        ]  # fmt: skip
+        fk = flash[0][0] if g.prefill_precision == "bf16" else None
         # the SIMT kernel (one block per row and head) is also the batch step's: there every
         # row is another sequence's, which the flash kernel's query blocks would split into
         # one pass over the keys per row
         attn = g.kernel(
-            GpuKernel(f"{k.fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
-                      params=attn_sig.render(GPU_INDENT), **kv_ctx, **p.context()), [], 0)
+            GpuKernel(f"{fn}_attn", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
+                      params=attn_sig.render(GPU_INDENT), out_bf16=ob, **kv_ctx, **p.context()),
+                      [], 0)
         )  # fmt: skip
-        if DECODE_WAVES * wave < D // 2:
-            raise FusionError(f"{k.group}: head dim {D} is too wide for the decode block")
         dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
+        if dk.template == "attention_decode" and DECODE_WAVES * wave < D // 2:
+            raise FusionError(f"{k.group}: head dim {D} is too wide for the decode block")
         attn_decode = g.kernel(dk)
         splits = dk.grid[1]
         partial_at = g.scratch("attention")
@@ -245,18 +264,39 @@ class Attention(KernelKind):
             "v_cache": b.ref(r["v_cache"]),
         }
         q, kk, v = b.act(r["q"][1]), b.act(r["k"][1]), b.act(r["v"][1])
-        g.launch("prefill", k.group, rope, ["T", p.NKV], [block], rope_sig,
-                 {**shared, "k": kk, "ldk": b.int(b.ld(r["k"][1])), "v": v,
-                  "ldv": b.int(b.ld(r["v"][1])), "k_norm_w": b.ref(r["k_norm_w"])})  # fmt: skip
+        rope_args = {**shared, "k": kk, "ldk": b.int(b.ld(r["k"][1])), "v": v,
+                     "ldv": b.int(b.ld(r["v"][1])), "k_norm_w": b.ref(r["k_norm_w"])}  # fmt: skip
+        g.launch("prefill", k.group, rope, ["T", p.NKV], [block], rope_sig, rope_args,
+                 batch=False)  # fmt: skip
+        # batch steps: both kernels wait in-kernel for the one before (programmatic launch)
+        g.launch("batch", k.group, rope, ["T", p.NKV], [block], rope_sig, rope_args, overlap=True)
         q_args = {**shared, "q": q, "ldq": b.int(b.ld(r["q"][1])),
                   "q_norm_w": b.ref(r["q_norm_w"]), "out": b.act(r["out"][1])}  # fmt: skip
+        # batch steps: a block per row and KV head, its group of query heads together
+        G = batch_group(p) if g.batch_attn_group else 1
+        batch_attn = attn if G == 1 else g.kernel(
+            GpuKernel(f"{fn}_attn_g{G}", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
+                      group=G, params=attn_sig.render(GPU_INDENT), out_bf16=ob, **kv_ctx,
+                      **p.context()), [], 0)
+        )  # fmt: skip
         if fk is None:
-            g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
-        else:
-            g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{FLASH_BQ})", p.NH], [fk.threads],
-                     flash_signature(kv), {**q_args, "T": b.int("T")}, shared=fk.shared,
+            g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args,
                      batch=False)  # fmt: skip
-            g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args)
+        else:
+            for fk, tokens in flash:
+                g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{fk.ctx['bq']})", p.NH],
+                         [fk.threads], flash_signature(kv), {**q_args, "T": b.int("T")},
+                         shared=fk.shared, tokens=tokens, batch=False)  # fmt: skip
+        if G == 1:
+            g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args,
+                     overlap=True)  # fmt: skip
+        else:
+            # few rows: one head per block, so that the step still fills the GPU with blocks
+            few = (1, BATCH_GROUP_ROWS - 1)
+            g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args,
+                     overlap=True, tokens=few)  # fmt: skip
+            g.launch("batch", k.group, batch_attn, ["T", p.NH // G], [ATTN_WAVES * wave],
+                     attn_sig, q_args, overlap=True, tokens=(BATCH_GROUP_ROWS, g.max_tokens))  # fmt: skip
         g.launch(
             "decode",
             k.group,
@@ -376,6 +416,26 @@ KIND = Attention()
 # -- GPU geometry --------------------------------------------------------------------------
 
 ATTN_WAVES = 8
+# The batch step's SIMT attention takes a KV head's query heads together (each key and value row
+# read once for them) up to this many, within 40 KiB of its per-wave partials in shared memory
+BATCH_GROUP_MAX = 8
+# ... in steps of this many rows and more. On the H200 (2-layer 8B, mid call) the one-head kernel
+# took 20 us a layer at 8 rows (256 blocks) and 37 at 32 (1,024 blocks); grouping makes a
+# quarter of the blocks, each reading its rows once for the group: kept for steps whose block
+# count still covers the GPU (the grouped form is not yet timed)
+BATCH_GROUP_ROWS = 16
+
+
+def batch_group(p: AttentionParams) -> int:
+    """Query heads per block of the batch step's attention: the KV head's group (NH / NKV) when
+    it fits, else 1 (one block per head, as in prefill)."""
+    G = p.NH // p.NKV
+    fits = ATTN_WAVES * G * p.D * 4 + G * p.D * 4 <= 40 << 10
+    if G < 2 or G > BATCH_GROUP_MAX or not fits or p.D % 8:
+        return 1
+    return G
+
+
 DECODE_WAVES = 4  # decode attention: a chunk of 4 waves x one 32/64-key tile each per block
 DECODE_BLOCKS = 256  # decode attention blocks per layer (heads x splits): ~2 per SM of an H200
 KV_TYPES = {"float32": ("float", "f32"), "bfloat16": ("uint16_t", "bf16")}
@@ -390,7 +450,11 @@ def kv_context(kv_storage: str, max_ctx: int) -> dict[str, Any]:
     )
 
 
-FLASH_BQ = 64  # the flash kernel's query rows per block (4 waves of 16); keys go 64 at a time
+FLASH_WAVES = 4  # the NVIDIA flash kernel's warps per block (measured: see flash_attention)
+# flash_attention's form arguments per target family for steps of up to SHORT_STEP tokens and for
+# longer ones (docs/benchmarks/gpu-prefill.md, bench_gpu_flash.py on the H200)
+FLASH_BY_STEP: dict[str, tuple[dict[str, int], dict[str, int]]] = {"nvidia": ({}, {})}
+FLASH_FORMS = ("mma", "generic")
 
 
 def flash_attention(
@@ -400,38 +464,57 @@ def flash_attention(
     nodes: list[str],
     kv_storage: str,
     max_ctx: int,
-    pipelined: bool = False,
+    form: str | None = None,
+    waves: int = FLASH_WAVES,
+    min_blocks: int | None = None,
+    out_bf16: bool = False,
+    tiles: int = 1,
 ) -> GpuKernel | None:
-    """The matrix-instruction prefill attention (templates/hip/attention_flash.hip.j2), or None
-    for the SIMT one: on the target's prefill GEMM instruction (MMA_TILES: mma.sync, WMMA,
-    MFMA), head dims of whole k steps up to 128 (the accumulators of 16 rows x D stay in
-    registers). `pipelined` double-buffers the key/value blocks with cp.async (NVIDIA and a
-    bfloat16 cache only: it copies them as stored). Off by default: it compiles and tests/gpu
-    covers it, but it has not run on a GPU yet (the plain form has)."""
+    """The matrix-instruction prefill attention, or None for the SIMT one: on the target's
+    prefill GEMM instruction (MMA_TILES: mma.sync, WMMA, MFMA), head dims of whole k steps up
+    to 128 (the accumulators of 16 rows x D stay in registers). Its query rows per block are
+    `ctx["bq"]` (the grid's x is cdiv(T, bq)). `out_bf16` ("mma" only): the output in bf16, for
+    the o projection's sm_90a GEMM (Attention.bf16_reader).
+
+    `form`: "mma" (NVIDIA's default, templates/hip/attention_flash_mma.hip.j2): FA2-style, `waves`
+    warps of `tiles` x 16 rows (1: q's fragments in registers; 2: q read from shared memory per
+    key block, each K/V fragment used twice), K/V double-buffered (cp.async from a bfloat16
+    cache), P kept in registers, masks only on diagonal blocks; "generic" (every other target's,
+    templates/hip/attention_flash.hip.j2, which NVIDIA runs too when asked: the AMD forms'
+    structure on real hardware, and the "before" of bench_gpu_flash.py): 4 waves, K/V
+    loaded then used, P through shared memory."""
     tile = MMA_TILES.get(target.arch)
     if tile is None or p.D % 16 or p.D > 128:
         return None
-    pipelined = bool(pipelined) and kv_storage == "bfloat16" and target.family == "nvidia"
+    form = form or ("mma" if target.family == "nvidia" else "generic")
+    if form not in FLASH_FORMS or (form == "mma" and target.family != "nvidia"):
+        raise ValueError(f"flash form {form!r} on {target.arch}")
+    if out_bf16 and form != "mma":  # only the sm_90a GEMM reads bf16 activations
+        raise ValueError(f"flash form {form!r} writes float32 only")
+    kv_ctx = kv_context(kv_storage, max_ctx)
+    base = dict(nodes=nodes, params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+                **kv_ctx, **p.context())  # fmt: skip
+    if form == "mma":
+        # two K/V buffers of 64 rows (padded by 8: ldmatrix rows on distinct banks), q staged
+        # in the second (one m tile a warp) or after them; registers for `min_blocks` blocks
+        # per SM (default 2 of 4 warps)
+        min_blocks = min_blocks or max(1, 8 // waves)
+        bq = 16 * tiles * waves
+        if tiles not in (1, 2) or bq > 128:
+            raise ValueError(f"flash: {waves} warps of {tiles} m tiles")
+        ctx = dict(base, bq=bq, waves=waves, rw=tiles, q_regs=tiles == 1, min_blocks=min_blocks,
+                   out_bf16=out_bf16, cp_async=kv_storage == "bfloat16")  # fmt: skip
+        shared = (4 * 64 + (0 if tiles == 1 else bq)) * (p.D + 8) * 2
+        return GpuKernel(f"{fn}_flash", "attention_flash_mma", ctx, [], 32 * waves, shared)
     # q's fragments stay in registers up to 32 a lane; RDNA3's take 8 each, and at D = 128 its
     # kernel then spilled past 256 VGPRs (clang-19), so q is read from shared memory there
     q_regs = p.D // 16 * tile.a_regs <= 32
-    kv_ctx = kv_context(kv_storage, max_ctx)
-    ctx = dict(
-        nodes=nodes,
-        instruction=tile.instruction,
-        wave=target.wave,
-        q_regs=q_regs,
-        pipelined=pipelined,
-        params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
-        **kv_ctx,
-        **p.context(),
-    )
+    ctx = dict(base, bq=64, instruction=tile.instruction, wave=target.wave, q_regs=q_regs)
     # q (then the 4 waves' 16 x 64 P tiles, the larger below D = 64; both where q stays in shared
-    # memory), and K and V (twice, pipelined) in bf16, rows padded: at most 60 KiB (D = 128),
-    # within AMD's 64 KiB of LDS
-    qp = FLASH_BQ * (p.D + 8), 4 * 16 * (64 + 8)
+    # memory), and K and V in bf16, rows padded: at most 52 KiB (D = 128), within AMD's 64 KiB
+    qp = 64 * (p.D + 8), 4 * 16 * (64 + 8)
     qp = max(qp) if q_regs else sum(qp)
-    shared = (qp + (4 if pipelined else 2) * 64 * (p.D + 8)) * 2
+    shared = (qp + 2 * 64 * (p.D + 8)) * 2
     return GpuKernel(f"{fn}_flash", "attention_flash", ctx, [], 4 * target.wave, shared)
 
 
@@ -444,9 +527,16 @@ def decode_attention(
     kv_storage: str,
     waves: int = DECODE_WAVES,
     blocks: int = DECODE_BLOCKS,
+    form: str | None = None,
 ) -> GpuKernel:
-    """The decode attention of one layer. `waves` and `blocks` override DECODE_WAVES and
-    DECODE_BLOCKS (bench_gpu_gemv.py times several)."""
+    """The decode attention of one layer: the grouped kernel (attention_decode_gqa.hip.j2)
+    where its tiles fit in shared memory, else the per-head one (attention_decode.hip.j2).
+    `form` ("gqa" / "head") overrides DECODE_FORM; `waves` and `blocks` override
+    DECODE_WAVES and DECODE_BLOCKS (bench_gpu_gemv.py times several)."""
+    if (form or DECODE_FORM) == "gqa":
+        k = decode_attention_gqa(fn, p, target, nodes, max_ctx, kv_storage, waves, blocks)
+        if k is not None:
+            return k
     wave = target.wave
     splits = decode_splits(p.NH, max_ctx, wave, waves, blocks)
     kv_ctx = kv_context(kv_storage, max_ctx)
@@ -470,3 +560,55 @@ def decode_splits(
     block loops over every SPLITS-th chunk, so any context length runs."""
     chunks = -(-max_ctx // (waves * wave))
     return max(1, min(chunks, -(-blocks // heads)))
+
+
+# decode attention: "head" (a block per query head and split) or "gqa" (a block per KV head and
+# split). "head" stays the default: on the H200 (docs/benchmarks/gpu-h200.md, declat) "gqa" was
+# slower from 512 positions on (its last block merged up to 64 partials with 4 loads in flight)
+# and faster only at short context; the merge is rewritten since, not yet measured.
+DECODE_FORM = "head"
+DECODE_TILE = 32  # keys per tile of the grouped decode kernel (16 where a row is over 256 bytes)
+# blocks per KV head at most: the last one merges every block's partial sums
+DECODE_GQA_SPLITS = 32
+STATIC_SHARED = 48 * 1024  # shared memory a kernel may declare statically (NVIDIA's limit)
+
+
+def decode_attention_gqa(
+    fn: str,
+    p: AttentionParams,
+    target: GpuTarget,
+    nodes: list[str],
+    max_ctx: int,
+    kv_storage: str,
+    waves: int = DECODE_WAVES,
+    blocks: int = DECODE_BLOCKS,
+) -> GpuKernel | None:
+    """One block per (KV head, split) serving the group's NH / NKV query heads, so a cached
+    row is read once per step, not once per query head; its first tile is read before the
+    kernel waits on the projection. None where its shared arrays would not fit."""
+    kv_ctx = kv_context(kv_storage, max_ctx)
+    esize = 2 if kv_storage == "bfloat16" else 4
+    if p.D % 2 or p.NH % p.NKV:
+        return None
+    G, threads = p.NH // p.NKV, waves * target.wave
+    tk = DECODE_TILE if p.D * esize <= 256 else DECODE_TILE // 2
+    splits = max(1, min(-(-max_ctx // tk), -(-blocks // p.NKV), DECODE_GQA_SPLITS))
+    rw = p.D * esize // 4
+    shared = 4 * (
+        tk * (rw | 1) + tk * rw  # the key tile (rows padded to an odd stride), the value tile
+        + G * p.D + 2 * p.D + G * tk + G + p.D  # q, new k and v, scores, rescales, cos/sin
+        + 2 * G * splits + 2 * G  # the merge's (m, l) per block and head, (m, l) per head
+    )  # fmt: skip
+    if shared > STATIC_SHARED or tk > target.wave:
+        return None
+    ctx = dict(
+        nodes=nodes,
+        wave=target.wave,
+        threads=threads,
+        tk=tk,
+        splits=splits,
+        params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+        **kv_ctx,
+        **p.context(),
+    )
+    return GpuKernel(f"{fn}_decode", "attention_decode_gqa", ctx, [p.NKV, splits], threads)

@@ -471,7 +471,7 @@ class DeltaNet(KernelKind):
         if L > 2:
             g.launch("prefill", k.group, fn, grid, [dk.threads], GPU, args, tokens=(2, L - 1),
                      batch=False)  # fmt: skip
-        g.launch("batch", k.group, fn, grid, [dk.threads], GPU, args)
+        g.launch("batch", k.group, fn, grid, [dk.threads], GPU, args, overlap=True)
         mma = chunk_mma(g.target.arch)
         ck = gpu_chunk_kernel(f"{k.fn}_chunk", p, g.target.wave, k.nodes, mma)
         g.kernel(ck)

@@ -285,7 +285,11 @@ class Linear(KernelKind):
             # the sm_90a GEMM's input: x (normalized) in bf16, rows of K, from its _xb kernel
             return {"xb": 2 * g.max_tokens * p.K}
         # the prefill GEMM's norm: 1 / rms per token, from the _stats kernel before it
-        return {"inv_rms": 4 * g.max_tokens} if p.norm_eps else {}
+        need = {"inv_rms": 4 * g.max_tokens} if p.norm_eps else {}
+        if gemvm_eligible(p, g.target):
+            # the batch GEMV's (normalized) bf16 rows: steps of up to 64
+            need["xb"] = 2 * min(g.max_tokens, 8 * GEMVM_TILES[-1]) * p.K
+        return need
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
         p: LinearParams = k.params
@@ -308,11 +312,24 @@ class Linear(KernelKind):
         if p.gated:
             common["gate"] = b.act(r["gate"][1])
             common["ldg"] = b.int(b.ld(r["gate"][1]))
-        dk = decode_gemv(k.fn, p, g.target, k.nodes, activations=g.activations)
+        dk = decode_gemv(
+            k.fn, p, g.target, k.nodes, activations=g.activations, quant_layout=g.quant_layout
+        )
         g.launch("decode", k.group, g.kernel(dk), dk.grid, [dk.threads], gemv_signature(p),
                  common, shared=dk.shared, overlap=True)  # fmt: skip
         split = g.prefill_precision == "split"
         rows = "rows" if last_only else "T"
+        # batch steps of up to `small` rows run the weights-once GEMV (linear_gemvm), larger
+        # ones the prefill GEMM below (its batch copies start at small + 1)
+        small = self._gemvm_launches(k, b, g, common, x, rows)
+        g.batch_min = small + 1
+        try:
+            self._prefill_launches(k, b, g, common, x, rows, split)
+        finally:
+            g.batch_min = 1
+
+    def _prefill_launches(self, k, b, g, common, x, rows: str, split: bool) -> None:
+        p: LinearParams = k.params
         if wgmma_gemm(p, g.target, split, False):
             # tiles chosen for short steps and, where the chunk is longer, for long ones
             lo = select_wgmma(p, min(g.max_tokens, 512))
@@ -341,10 +358,63 @@ class Linear(KernelKind):
             shared=pg.shared,
         )
 
+    def _gemvm_launches(self, k, b, g, common, x, rows: str) -> int:
+        """The batch step's launches of the weights-once GEMV, one kernel per size class of
+        8, 16, 32, 64 rows up to the program's limit (GpuProgramBuilder.batch_gemv_rows);
+        returns the largest step they serve (0: none, the linear is not eligible)."""
+        p: LinearParams = k.params
+        most = min(g.batch_gemv_rows, g.max_tokens)
+        # --prefill-precision split promises float32-class linears: the GEMV's bf16 x is not
+        if most < 2 or g.prefill_precision == "split" or not gemvm_eligible(p, g.target):
+            return 0
+        xv = k.refs["x"][1]
+        if b.ld(xv) != p.K or x.get("offset", 0) % 16:  # 16-byte loads of x rows
+            return 0
+        # an attention writer hands x over in bf16 in every batch step (its bf16_reader), where
+        # a GLU linear does so only from its own GEMM's launches (larger steps than these)
+        bf16_in = any(
+            w.group in self._bf16_writers(k, b, g) and w.kind is not self for w in g.selected
+        )
+        lo = 1
+        for nt in GEMVM_TILES:
+            if lo > most:
+                break
+            hi = min(8 * nt, most)
+            geometry = gemvm_geometry(p, nt)
+            if g.batch_gemv_xpipe:
+                geometry["xpipe"] = True
+            if bf16_in:
+                geometry["xb"] = True
+            gk = batch_gemv(k.fn, p, g.target, k.nodes, nt, **geometry)
+            fn = g.kernel(gk)
+            args = common
+            if bf16_in:  # the bf16 rows the _xb pass would have written, there already
+                args = {**common, "norm_w": b.null()}
+            elif gk.ctx["xb"]:  # x as bf16 rows (normalized) from the _xb pass before it
+                xb = b.scratch(g.scratch("xb"))
+                args = {**common, "x": xb, "norm_w": b.null()}
+                g.launch("batch", k.group, f"{fn}_xb", [rows], [256], XB,
+                         {"x": x, "norm_w": common["norm_w"], "xb": xb}, overlap=True,
+                         tokens=(lo, hi))  # fmt: skip
+            g.launch("batch", k.group, fn, gk.grid, [gk.threads], GEMM,
+                     {**args, "T": b.int(rows), "inv_rms": b.null()}, overlap=True,
+                     tokens=(lo, hi))  # fmt: skip
+            lo = hi + 1
+        return lo - 1
+
+    def _bf16_writers(self, k, b: Binder, g: GpuProgramBuilder) -> list[str]:
+        """The groups that write linear `k`'s input in bf16 for it (_handoffs)."""
+        return [w for w, r in self._handoffs(b, g).items() if r == k.group]
+
     def _handoffs(self, b: Binder, g: GpuProgramBuilder) -> dict[str, str]:
-        """GLU group -> the group that reads its output in bf16 (bf16_reader), once a program."""
+        """Writer group -> the group that reads its output in bf16, once a program: GLU linears
+        (bf16_reader) and any kind with a `bf16_reader(k, b, g)` of its own (the attention)."""
         if "linear.bf16" not in g.memo:
-            pairs = ((w, bf16_reader(w, b, g)) for w in g.selected if w.kind is self)
+            pairs = (
+                (w, bf16_reader(w, b, g) if w.kind is self else w.kind.bf16_reader(w, b, g))
+                for w in g.selected
+                if w.kind is self or hasattr(w.kind, "bf16_reader")
+            )
             g.memo["linear.bf16"] = {w.group: r.group for w, r in pairs if r is not None}
         return g.memo["linear.bf16"]
 
@@ -396,18 +466,28 @@ def bf16_reader(k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> SelectedK
     p = k.params
     if not isinstance(p, LinearParams) or p.epilogue != "glu" or p.n_out % 8:
         return None
-    split = g.prefill_precision == "split"
-    y = k.refs["y"]
-    if not wgmma_gemm(p, g.target, split, False) or b.is_output(y[1]) or b.ld(y[1]) != p.n_out:
+    if not wgmma_gemm(p, g.target, g.prefill_precision == "split", False):
         return None
-    if b.act(y[1])["offset"] % 16:  # TMA's global address
+    return wgmma_bf16_reader(k, k.refs["y"], p.n_out, b, g)
+
+
+def wgmma_bf16_reader(
+    k: SelectedKernel, y, width: int, b: Binder, g: GpuProgramBuilder
+) -> SelectedKernel | None:
+    """The linear that is the only reader of activation `y` (rows of `width` values, written by
+    `k`) where it prefills on the sm_90a GEMM with no norm: `k` may then write y in bf16 in
+    prefill steps (rows `width` bf16 apart) for that GEMM's TMA to load as it is, without its
+    _xb pass. None where y is a graph output, its rows are not `width` apart, or its address
+    does not suit TMA (16-byte aligned)."""
+    split = g.prefill_precision == "split"
+    if b.is_output(y[1]) or b.ld(y[1]) != width or b.act(y[1])["offset"] % 16:
         return None
     readers = [r for r in g.selected if r is not k and y in r.refs.values()]
-    if len(readers) != 1 or readers[0].kind is not k.kind:
+    if len(readers) != 1 or not isinstance(readers[0].params, LinearParams):
         return None
     r = readers[0]
     q: LinearParams = r.params
-    if r.refs["x"] != y or q.norm_eps or p.n_out != q.K or b.is_output(r.refs["y"][1]):
+    if r.refs["x"] != y or q.norm_eps or width != q.K or b.is_output(r.refs["y"][1]):
         return None
     return r if wgmma_gemm(q, g.target, split, False) else None
 
@@ -791,6 +871,7 @@ class QuantGemv:
     xq_chunk: int = 4
     preload: int = 0  # ring buffers filled before the wait (0: all of them)
     l2_prefetch: bool = False  # and the wave's rows pulled towards L2 (small matrices)
+    unit64: bool = False  # Q4_K, Q6_K: 64-weight units (prelude: hipc_unit_q4_k64, q6_k64)
 
 
 # Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM (16
@@ -812,6 +893,12 @@ QUANT_GEMV_LARGE_GLU = QuantGemv(16, 2, 2, 132, 1, 4, 8)
 QUANT_GEMV_LARGE_BYTES = 4 << 20
 QUANT_GEMV_LONG_K = 1536
 XQ_BLOCK_BYTES = {"int16": 80, "int8": 48}
+
+
+def xq_bytes(K: int, activations: str) -> int:
+    """Shared bytes of x staged by a quantized GEMV: K / 32 blocks and 16 bytes of padding
+    after every 8 (prelude: hipc_xqs, against bank conflicts of the 128-weight units)."""
+    return K // 32 * XQ_BLOCK_BYTES[activations] + 16 * -(-K // 256)
 
 
 @dataclass(frozen=True)
@@ -842,6 +929,111 @@ QUANT_TYPES = {
 # and 4-row ones 21.9, 18.0, 6.1.
 QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1, 1)
 QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 132, 1, 3, 8)
+
+
+@dataclass(frozen=True)
+class QuantGemvBulk:
+    """The bulk-copy GEMV's geometry (templates/hip/linear_gemv_qbulk, NVIDIA sm_90): tiles of
+    `tile_rows` weight rows (a GLU tile: half gate, half up) copied whole into a ring of
+    `stages` shared-memory stages by cp.async.bulk, `waves` waves a block multiplying one
+    output row each at a time, at most `max_blocks` blocks; registers and shared memory
+    sized for `min_blocks` blocks per SM (2: the next kernel's block fits beside, its first
+    tiles in flight before its wait)."""
+
+    waves: int = 8
+    tile_rows: int = 8
+    stages: int = 4
+    max_blocks: int = 132
+    min_blocks: int = 2
+    unroll: int = 2
+    xq_chunk: int = 8
+    rows_per_wave: int = 1  # outputs a wave multiplies at once
+    unit64: bool = (
+        False  # Q4_K, Q6_K: 64-weight units (prelude: hipc_unit_q4_k64; no bank conflicts)
+    )
+
+
+# bytes per block of each region of the split layout (prelude: hipc_qmat_*), quants first
+QUANT_REGIONS = {
+    "q4_0": (16, 2),
+    "q4_1": (16, 4),
+    "q8_0": (32, 2),
+    "q5_0": (16, 4, 2),
+    "q5_1": (16, 4, 4),
+    "q4_k": (128, 12, 4),
+    "q5_k": (160, 12, 4),
+    "q6_k": (192, 16, 2),
+}
+
+
+@dataclass(frozen=True)
+class BulkSpec:
+    """A bulk-copy GEMV geometry by its budget, for any matrix: stages of at most `kib` KiB,
+    `waves` waves at most a block sized for `per_sm` blocks per SM (bench_gpu_gemv.py's bulk*
+    variants are these)."""
+
+    kib: int
+    stages: int
+    waves: int
+    per_sm: int
+    rows_per_wave: int = 1
+    unit64: bool = False
+
+    def geometry(self, wsuffix: str, K: int, glu: bool) -> QuantGemvBulk:
+        """A multiple of `waves` outputs a tile (a wave an output), else a power of two of
+        them (the waves splitting each output's units), within `kib` KiB a stage."""
+        qt = QUANT_TYPES[wsuffix]
+        out_bytes = (2 if glu else 1) * (K // qt.block_values * qt.block_bytes)
+        tp = max(1, self.kib * 1024 // out_bytes)
+        tp = tp // self.waves * self.waves if tp >= self.waves else 1 << (tp.bit_length() - 1)
+        return QuantGemvBulk(
+            self.waves,
+            tp * (2 if glu else 1),
+            self.stages,
+            132,
+            self.per_sm,
+            rows_per_wave=self.rows_per_wave,
+            unit64=self.unit64,
+        )
+
+
+# The bulk-copy GEMV where it is the default: (weight type, matrix class) -> its BulkSpec; a
+# class is "glu", "long" (K >= BULK_LONG_K: a down projection) or "short". Empty until measured
+# on the H200 against the register GEMV (bench_gpu_gemv.py's bulk* variants, e.g. bulk24x4m2 is
+# BulkSpec(24, 4, 8, 2)).
+QUANT_GEMV_BULK: dict[tuple[str, str], BulkSpec] = {}
+BULK_LONG_K = 8192
+
+
+def bulk_default(
+    wsuffix: str, N: int, K: int, glu: bool, target: GpuTarget
+) -> QuantGemvBulk | None:
+    """The bulk-copy geometry quant_gemv's table gives this matrix, if any and if it fits."""
+    cls = "glu" if glu else "long" if K >= BULK_LONG_K else "short"
+    spec = QUANT_GEMV_BULK.get((wsuffix, cls))
+    if spec is None or not bulk_gemv_fits(wsuffix, K, target):
+        return None
+    return spec.geometry(wsuffix, K, glu)
+
+
+def unit_of(wsuffix: str, unit64: bool) -> dict:
+    """The GEMV unit of a weight type (prelude: hipc_unit_*): its name and weights."""
+    if unit64 and wsuffix in ("q4_k", "q6_k"):
+        return {"unit": f"{wsuffix}64", "unit_values": 64}
+    return {"unit": wsuffix, "unit_values": QUANT_TYPES[wsuffix].unit_values}
+
+
+def bulk_gemv_fits(wsuffix: str, K: int, target: GpuTarget) -> bool:
+    """cp.async.bulk copies 16-byte aligned multiples of 16 bytes: every region's bytes per
+    row must be one (then every tile's ranges are); NVIDIA sm_90 and later only."""
+    if (
+        not target.arch.startswith("sm_")
+        or int(target.arch[3:5]) < 9
+        or wsuffix not in QUANT_REGIONS
+    ):
+        return False
+    bpr = K // QUANT_TYPES[wsuffix].block_values
+    return all(bpr * rb % 16 == 0 for rb in QUANT_REGIONS[wsuffix])
 
 
 def quant_gemv(wsuffix: str, N: int, K: int, glu: bool = False) -> QuantGemv:
@@ -875,8 +1067,9 @@ def decode_gemv(
     p: LinearParams,
     target: GpuTarget,
     nodes: list[str],
-    quant: QuantGemv | None = None,
+    quant: QuantGemv | QuantGemvBulk | None = None,
     activations: str = "int16",
+    quant_layout: str = "split",
 ) -> GpuKernel:
     """The GEMV of one linear. `quant` overrides quant_gemv's geometry (bench_gpu_gemv.py
     times several); `activations` (CompileOptions.activations) is how a quantized GEMV
@@ -885,11 +1078,16 @@ def decode_gemv(
     ws = WEIGHT_SUFFIX[p.wtype]
     glu = p.epilogue == "glu"
     rows_per_block = GEMV_WAVES * (1 if glu else 2)
+    if ws in QUANT_TYPES and quant is None and quant_layout == "split":
+        quant = bulk_default(ws, p.N, p.K, glu, target)
+    if ws in QUANT_TYPES and isinstance(quant, QuantGemvBulk):
+        return bulk_gemv(fn, p, target, nodes, quant, activations)
     if ws in QUANT_TYPES:
         qt = QUANT_TYPES[ws]
         g = quant or quant_gemv(ws, p.N, p.K, glu)
+        unit = unit_of(ws, g.unit64)
         groups = -(-p.n_out // (g.rows // 2 if glu else g.rows))
-        steps = -(-(p.K // qt.unit_values) // wave)
+        steps = -(-(p.K // unit["unit_values"]) // wave)
         rounds = -(-(p.K // 4) // (g.waves * wave))
         blocks = stream_blocks(groups, g.waves, g.max_blocks)
         ctx = dict(
@@ -909,10 +1107,10 @@ def decode_gemv(
             xq_chunk=max(1, min(g.xq_chunk, rounds)),
             lo=activations == "int16",
             params=gemv_signature(p).render(GPU_INDENT),
-            **qt.__dict__,
+            **{**qt.__dict__, **unit},
             **p.context(),
         )
-        shared = p.K // 32 * XQ_BLOCK_BYTES[activations]
+        shared = xq_bytes(p.K, activations)
         return GpuKernel(f"{fn}_gemv", "linear_gemv_q", ctx, [blocks], g.waves * wave, shared)
     ctx = dict(
         nodes=nodes,
@@ -936,6 +1134,66 @@ def decode_gemv(
     )
 
 
+def bulk_gemv(
+    fn: str,
+    p: LinearParams,
+    target: GpuTarget,
+    nodes: list[str],
+    g: QuantGemvBulk,
+    activations: str,
+) -> GpuKernel:
+    """The bulk-copy GEMV (templates/hip/linear_gemv_qbulk.hip.j2) of a quantized linear."""
+    ws = WEIGHT_SUFFIX[p.wtype]
+    if not bulk_gemv_fits(ws, p.K, target):
+        raise ValueError(f"{fn}: no bulk-copy GEMV for {ws} K={p.K} on {target.arch}")
+    qt = QUANT_TYPES[ws]
+    glu = p.epilogue == "glu"
+    if glu and g.tile_rows % 2:
+        raise ValueError(f"{fn}: a GLU tile holds gate and up rows: tile_rows must be even")
+    tp = g.tile_rows // 2 if glu else g.tile_rows
+    # fewer passes of rows_per_wave outputs a tile than waves: the waves of a pass split its
+    # units
+    passes = -(-tp // g.rows_per_wave)
+    ksplit = g.waves // passes if passes < g.waves else 1
+    if ksplit > 1 and (g.waves % passes or tp % g.rows_per_wave):
+        raise ValueError(
+            f"{fn}: {g.waves} waves do not split a tile of {tp} outputs in passes of "
+            f"{g.rows_per_wave} evenly"
+        )
+    tiles = -(-p.n_out // tp)
+    blocks = min(g.max_blocks, tiles)
+    stage_bytes = g.tile_rows * (p.K // qt.block_values) * qt.block_bytes
+    xq_shared = -(-xq_bytes(p.K, activations) // 128) * 128
+    rounds = -(-(p.K // 4) // (g.waves * target.wave))
+    unit = unit_of(ws, g.unit64)
+    ctx = dict(
+        nodes=nodes,
+        wave=target.wave,
+        wsuffix=ws,
+        n_out=p.n_out,
+        waves=g.waves,
+        tile_rows=g.tile_rows,
+        ksplit=ksplit,
+        rows_per_wave=g.rows_per_wave,
+        stages=g.stages,
+        blocks=blocks,
+        min_blocks=g.min_blocks,
+        unroll=g.unroll,
+        stage_bytes=stage_bytes,
+        xq_bytes=xq_shared,
+        regions=list(QUANT_REGIONS[ws]),
+        xq_chunk=max(1, min(g.xq_chunk, rounds)),
+        lo=activations == "int16",
+        params=gemv_signature(p).render(GPU_INDENT),
+        **{**qt.__dict__, **unit},
+        **p.context(),
+    )
+    shared = xq_shared + g.stages * stage_bytes
+    return GpuKernel(
+        f"{fn}_gemv", "linear_gemv_qbulk", ctx, [blocks], g.waves * target.wave, shared
+    )
+
+
 def gemv_prefetch(row: int, rows: int) -> int:
     """Bytes of each weight row a GEMV prefetches before its wait: all or nothing."""
     return row if row * rows <= GEMV_PREFETCH_MAX else 0
@@ -946,3 +1204,91 @@ def row_bytes(wsuffix: str, K: int) -> int:
         qt = QUANT_TYPES[wsuffix]
         return K // qt.block_values * qt.block_bytes
     return K * {"f32": 4, "f16": 2, "bf16": 2}[wsuffix]
+
+
+# -- the batch step's weights-once GEMV (linear_gemvm.hip.j2) ------------------------------
+
+# n tiles of 8 rows per kernel: steps of 1-8, 9-16, 17-32 and 33-64 rows (each size class its
+# own kernel, so a bucket's rows are never padded past the next multiple of 8)
+GEMVM_TILES = (1, 2, 4, 8)
+# k chunks (32 deep) a warp loads at once, by n tiles: the x fragments of a chunk take 4 registers
+# per tile, so wider steps hold fewer chunks of weights in flight. On the H200 (bench_batch_kernels,
+# 8B shapes, 2-8 rows) 2 chunks beat 4 by 2-40% everywhere but qkv (o 1.91 against 1.85 TB/s,
+# down 1.65 / 1.66, gate/up 3.50 / 3.33, head 3.97 / 3.82).
+GEMVM_UNROLL = {1: 2, 2: 2, 4: 2, 8: 1}
+GEMVM_WARPS = 8  # warps per block, splitting K between them over the block's 16 weight rows
+# Batch steps of up to this many rows take the GEMV; larger ones the prefill GEMM. On the H200
+# (bench_batch_gemv.py, 2-layer 8B, 2026-12-03 mid call) the 8-row step took 0.817 ms against
+# the GEMMs' 1.007 and 16 rows 1.238 against 1.015: the GEMV's norm-less linears (o, down: float32
+# x read per chunk, not ahead of use) fall to 0.7-1.2 TB/s at 16-32 rows where the wgmma GEMMs
+# stream 1.3-1.7 (their x latency is the next thing to measure: batch_gemv's `xpipe`).
+BATCH_GEMV_ROWS = 8
+
+
+# Geometry overrides by (N, K, epilogue) and n tiles, from bench_batch_kernels.py on the H200:
+# warps, unroll, mt (16-row tiles per block), xb (x through _xb without a norm). The 8B qkv at
+# 2-8 rows: 4 warps x 4 chunks 2.46 TB/s against 8 x 2's 2.32.
+GEMVM_MEASURED: dict[tuple[int, int, str], dict[int, dict]] = {
+    (6144, 4096, "none"): {1: dict(warps=4, unroll=4)},
+}
+
+
+def gemvm_geometry(p: LinearParams, nt: int) -> dict:
+    """batch_gemv's geometry arguments for a linear at n tiles `nt` (defaults where unmeasured)."""
+    return dict(GEMVM_MEASURED.get((p.N, p.K, p.epilogue), {}).get(nt, {}))
+
+
+def gemvm_eligible(p: LinearParams, target: GpuTarget) -> bool:
+    """Whether a linear has the weights-once batch GEMV: bf16 weights on NVIDIA's mma.sync
+    (sm_80+), rows of whole 16-byte loads; no gated residual (one gate per row)."""
+    tile = MMA_TILES.get(target.arch)
+    return (
+        tile is not None
+        and tile.macro == "HIPC_MMA_NV"
+        and p.wtype == "bfloat16"
+        and p.K % 8 == 0
+        and not p.gated
+    )
+
+
+def batch_gemv(
+    fn: str,
+    p: LinearParams,
+    target: GpuTarget,
+    nodes: list[str],
+    nt: int,
+    warps: int = GEMVM_WARPS,
+    unroll: int | None = None,
+    mt: int = 1,
+    xb: bool | None = None,
+    xpipe: bool = False,
+) -> GpuKernel:
+    """The weights-once GEMV of a batch step of up to 8 * nt rows (`warps`, `unroll`, `mt`
+    tiles of 16 weight rows per block, `xb` x through the _xb pass even without a norm, `xpipe`
+    x loaded a batch ahead like the weights: other geometries for benchmarks)."""
+    glu = p.epilogue == "glu"
+    ctx = dict(
+        nodes=nodes,
+        wave=target.wave,
+        n_out=p.n_out,
+        nt=nt,
+        mt=mt,
+        warps=warps,
+        unroll=unroll or GEMVM_UNROLL[nt],
+        xb=bool(p.norm_eps) if xb is None else xb,
+        xpipe=xpipe,
+        params=GEMM.render(GPU_INDENT),
+        xb_params=XB.render(0),
+        **p.context(),
+    )
+    outs = (8 if glu else 16) * mt
+    return GpuKernel(
+        f"{fn}_gemvm{nt}",
+        "linear_gemvm",
+        ctx,
+        [-(-p.n_out // outs)],
+        warps * target.wave,
+        0,
+        outs,
+        8 * nt,
+    )

@@ -91,7 +91,8 @@ const void* __restrict__ up, float* __restrict__ act, int* route_ids, float* rou
 """)
 DOWN = Signature.parse("""
 const float* __restrict__ act, const int* __restrict__ route_ids,
-const float* __restrict__ route_w, const void* __restrict__ down, const float* res, float* y
+const float* __restrict__ route_w, const void* __restrict__ down, const float* res, float* y,
+const float* __restrict__ logits
 """)
 ROUTE = Signature.parse("const float* __restrict__ logits, int ldl, int* route_ids, float* route_w")
 # the router fused in: x (the residual stream) -> its norm xn (what the experts read), the
@@ -124,8 +125,28 @@ MOE_DOWN_UNITS = {"q4_0": 8, "q4_1": 8, "q8_0": 4}
 # int8 planes after waiting on _up (the critical path): 16 waves stage them in half the
 # rounds of 8, over half the blocks (H / 16: about one per SM at H = 2048)
 MOE_DOWN_WAVES = 16
+# _up of quantized experts: blocks per SM its registers are capped for (__launch_bounds__). At
+# 2 (90 registers) the k x F / 16 = 384 blocks of Qwen3-30B-A3B's shape took two rounds of an
+# H200's 132 x 2 slots, the second streaming its weights after the first had finished; at 3
+# (79 registers, no spills) all of them are resident at once
+MOE_UP_BLOCKS_PER_SM = 3
+# Opt-in, not yet timed on a GPU (docs/benchmarks/moedec_check.sh times them):
+# MOE_ROUTE_WAVE: the decode router's last block routes the token with its first wave alone
+# (no barriers; the block only where the top k + 1 hold a tie, moe_route.hip.j2). GPU-tested
+# (test_moe_kernels, H200), but its k + 1 rounds of 5 dependent shuffle pairs (~2,000 cycles
+# by count) may well cost more than the block-wide ranking's ten barriers (~1,500).
+MOE_ROUTE_WAVE = False
+# MOE_ROUTE_LOCAL: with the router fused in, no block hands the route over: _route writes the
+# logits, and _up (after its wait) and _down (before it: the logits are two kernels back)
+# each route the token with one wave. The last block's count and two L2 round trips leave
+# the critical path, but _down's blocks, resident only as _up's leave, route before loading.
+# Host-tested only.
+MOE_ROUTE_LOCAL = False
 TILE = 64  # the prefill GEMM's rows (token, slot pairs) and outputs per tile
-XQ_BLOCK_BYTES = 80  # x staged per 32 values as int8 hi + lo (prelude: hipc_xq<true>::INTS * 4)
+# x staged per 32 values (prelude: hipc_xq<LO>::INTS * 4): int8 hi + lo planes, or one plane
+# with CompileOptions.activations "int8" (as the dense GEMVs: linear.XQ_BLOCK_BYTES)
+XQ_BLOCK_BYTES = 80
+XQ_BYTES = {"int16": XQ_BLOCK_BYTES, "int8": 48}
 
 
 # The grouped prefill GEMMs on matrix instructions (bf16 experts), linear_mma's pipeline on
@@ -204,9 +225,17 @@ def max_tiles(max_tokens: int, p: MoEParams) -> int:
 
 
 def gpu_kernels(
-    fn: str, p: MoEParams, target: GpuTarget, nodes: list[str], max_tokens: int
+    fn: str,
+    p: MoEParams,
+    target: GpuTarget,
+    nodes: list[str],
+    max_tokens: int,
+    activations: str = "int16",
 ) -> MoEGpu:
+    """`activations`: how the quantized experts' decode GEMVs round x and act (int16: int8 hi +
+    lo planes, int8: one plane), CompileOptions.activations as the dense GEMVs take it."""
     wave = target.wave
+    xq_bytes = XQ_BYTES[activations]
     ws = WEIGHT_SUFFIX[p.wtype]
     quant = p.wtype in _BLOCK
     # quantized: whole 32-weight blocks; dense: the GEMVs' 16-byte loads
@@ -224,6 +253,7 @@ def gpu_kernels(
         common.update(
             rsuffix=WEIGHT_SUFFIX[p.router],
             route_split=split,
+            route_wave=MOE_ROUTE_WAVE and p.top_k < wave,
             route_blocks=route_blocks,
             route_params=ROUTER.render(GPU_INDENT + 6),
         )
@@ -240,6 +270,9 @@ def gpu_kernels(
             waves=MOE_WAVES,
             P=MOE_ROWS,
             P_down=p_down,
+            lo=activations == "int16",
+            route_local=bool(p.router) and MOE_ROUTE_LOCAL and p.top_k < wave,
+            up_min_blocks=MOE_UP_BLOCKS_PER_SM if quant else 2,
             down_waves=down_waves,
             unroll=min(down_steps, MOE_DOWN_UNITS.get(p.wtype, 1)),
             up_blocks=up_blocks,
@@ -308,8 +341,8 @@ def gpu_kernels(
         down_blocks,
         threads,
         down_waves * wave,
-        p.H // 32 * XQ_BLOCK_BYTES if quant else 0,
-        p.top_k * p.F // 32 * XQ_BLOCK_BYTES if quant else 0,
+        p.H // 32 * xq_bytes if quant else 0,
+        p.top_k * p.F // 32 * xq_bytes if quant else 0,
         tiles,
         mma,
         gate_up,
@@ -484,7 +517,7 @@ class MoE(KernelKind):
                 f"{k.refs['gate'][1]}: expert weight type {p.wtype} has no GPU MoE kernel "
                 f"(supported: {', '.join(GPU_WTYPES)})"
             )
-        return gpu_kernels(k.fn, p, g.target, k.nodes, g.max_tokens)
+        return gpu_kernels(k.fn, p, g.target, k.nodes, g.max_tokens, g.activations)
 
     def gpu_scratch(self, k: SelectedKernel, g: GpuProgramBuilder) -> dict[str, int]:
         return self._gpu(k, g).scratch(g.max_tokens, k.params)
@@ -518,7 +551,7 @@ class MoE(KernelKind):
                  shared=m.up_shared, overlap=True)  # fmt: skip
         g.launch("decode", k.group, f"{dec}_down", [m.down_blocks], [m.down_threads], DOWN,
                  {"act": s["moe_act"], "route_ids": s["moe_ids"], "route_w": s["moe_w"],
-                  "down": down, "res": res, "y": y},
+                  "down": down, "res": res, "y": y, "logits": logits},
                  shared=m.down_shared, overlap=True)  # fmt: skip
         if p.router:
             tt = m.prefill.ctx["route_tokens"]

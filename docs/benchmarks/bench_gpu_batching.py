@@ -141,31 +141,61 @@ def start_server(artifact: Path, args) -> tuple[subprocess.Popen, int, Path]:
 
 
 def stream(port: int, prompt: list[int], gen: int, out: dict) -> None:
-    """One streamed completion; out gets t0, the token arrival times and the usage."""
+    """One streamed completion; out gets t0, the arrival time of each text event and the
+    usage. Events are told apart by bytes (no JSON parse per token: 64 client threads in
+    one process must not be what the inter-token gaps measure)."""
     body = {"model": "bench", "prompt": prompt, "max_tokens": gen, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     conn = http.client.HTTPConnection(HOST, port, timeout=600)
     out["t0"] = time.perf_counter()
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        out["error"] = f"HTTP {resp.status}: {resp.read()[:200]!r}"
+    try:
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        if resp.status != 200:
+            out["error"] = f"HTTP {resp.status}: {resp.read()[:200]!r}"
+            return
+        times, usage, done = [], None, False
+        for line in resp:
+            if not line.startswith(b"data: "):
+                continue
+            if line.startswith(b"data: [DONE]"):
+                done = True
+                break
+            if b'"usage":{' in line:
+                usage = json.loads(line[6:])["usage"]
+            elif b'"error"' in line[:16]:
+                out["error"] = line[6:300].decode(errors="replace")
+                return
+            elif b'"text":"' in line and b'"text":""' not in line:
+                times.append(time.perf_counter())
+    except (OSError, http.client.HTTPException) as e:
+        out["error"] = f"{type(e).__name__}: {e}"
         return
-    times, usage = [], None
-    for line in resp:
-        line = line.strip()
-        if not line.startswith(b"data: "):
-            continue
-        payload = line[6:]
-        if payload == b"[DONE]":
-            break
-        chunk = json.loads(payload)
-        if chunk.get("usage"):
-            usage = chunk["usage"]
-        if any(c.get("text") for c in chunk.get("choices", [])):
-            times.append(time.perf_counter())
-    conn.close()
+    finally:
+        conn.close()
+    if not done:
+        out["error"] = "the stream ended without [DONE]"
+    elif usage is None or usage.get("completion_tokens") != gen:
+        out["error"] = f"usage {usage}: expected {gen} completion tokens (ignore_eos)"
+    elif len(times) != gen:
+        # word-level tokens: every token is one text event
+        out["error"] = f"{len(times)} text events for {gen} tokens"
     out["times"], out["usage"] = times, usage
+
+
+def batch_steps(port: int) -> tuple[float, float]:
+    """(sum, count) of the server's hipc_batch_size histogram: sequences per engine step."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    total = re.search(r"^hipc_batch_size_sum ([0-9.e+]+)", text, re.M)
+    count = re.search(r"^hipc_batch_size_count ([0-9.e+]+)", text, re.M)
+    if not total or not count:
+        sys.exit("/metrics has no hipc_batch_size histogram: is the server batching?")
+    return float(total.group(1)), float(count.group(1))
 
 
 def pct(values: list[float], q: float) -> float:
@@ -181,21 +211,23 @@ def run_clients(port: int, clients: int, args, seed: int) -> dict:
         threading.Thread(target=stream, args=(port, p, args.gen, o))
         for p, o in zip(prompts, outs, strict=True)
     ]
+    steps0 = batch_steps(port)
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    errors = [o.get("error", "no tokens") for o in outs if not o.get("times")]
+    steps1 = batch_steps(port)
+    errors = [o.get("error", "no tokens") for o in outs if "error" in o or not o.get("times")]
     if errors:
         return {"clients": clients, "errors": errors}
     tokens = sum(o["usage"]["completion_tokens"] for o in outs)
     first = min(o["times"][0] for o in outs)
     last = max(o["times"][-1] for o in outs)
-    # text chunks: one per token here (word-level tokens always decode to text)
     decode_tokens = sum(len(o["times"]) - 1 for o in outs)
     gaps = [b - a for o in outs for a, b in zip(o["times"], o["times"][1:], strict=False)]
+    n_steps = steps1[1] - steps0[1]
     return {
         "clients": clients,
         "tokens": tokens,
@@ -205,38 +237,47 @@ def run_clients(port: int, clients: int, args, seed: int) -> dict:
         "ttft_p50_s": statistics.median(o["times"][0] - o["t0"] for o in outs),
         "itl_p50_ms": 1e3 * pct(gaps, 50),
         "itl_p95_ms": 1e3 * pct(gaps, 95),
+        # prefill chunks count as steps too: a little under `clients` when all batch
+        "rows_per_step": (steps1[0] - steps0[0]) / n_steps if n_steps else 0.0,
     }
 
 
+class PeerFailed(Exception):
+    pass
+
+
 def llama_batched(args) -> dict[int, float]:
-    """llama-batched-bench's aggregate generation tok/s by parallel count."""
+    """llama-batched-bench's aggregate generation tok/s by parallel count; asked for with
+    --llamacpp-bin, so anything missing or failing is PeerFailed (the run's exit status 1,
+    after the hipc table is written)."""
     binary = args.llamacpp_bin / "llama-batched-bench"
     if not binary.exists():
-        log(f"llama.cpp: {binary} not found")
-        return {}
+        raise PeerFailed(f"llama.cpp: {binary} not found")
     gguf_path = args.work / f"{args.shape}-f16.gguf"
     if not gguf_path.exists():
         if args.peers is None or args.layers:
-            log("llama.cpp: --peers DIR (mkgguf.py) makes the GGUF, of every layer only")
-            return {}
+            raise PeerFailed("llama.cpp: the GGUF needs --peers DIR (mkgguf.py) and every layer")
         subprocess.run(
             [sys.executable, str(args.peers / "mkgguf.py"), GGUF_NAME[args.shape], str(gguf_path)],
             check=True,
-            capture_output=True,
         )
     most = max(args.clients)
     cmd = [str(binary), "-m", str(gguf_path), "-ngl", "99", "-fa", "on",
            "-c", str(most * (args.prompt + args.gen)), "-b", "2048", "-ub", "512",
            "-npp", str(args.prompt), "-ntg", str(args.gen),
            "-npl", ",".join(map(str, args.clients)), "--output-format", "jsonl"]  # fmt: skip
+    log("llama.cpp:", shlex.join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.peer_timeout)
     out = {}
     for line in proc.stdout.splitlines():
         if line.startswith("{") and "speed_tg" in line:
             r = json.loads(line)
             out[int(r["pl"])] = float(r["speed_tg"])
-    if not out:
-        log("llama-batched-bench gave no results:", proc.stderr[-800:])
+    if proc.returncode != 0 or set(out) != set(args.clients):
+        raise PeerFailed(
+            f"llama-batched-bench exited {proc.returncode} with results for {sorted(out)} of "
+            f"{args.clients}:\n{proc.stderr[-1500:]}"
+        )
     return out
 
 
@@ -244,12 +285,13 @@ def table(rows: list[dict], peer: dict[int, float]) -> str:
     base = next((r["decode_tok_s"] for r in rows if r["clients"] == 1 and "errors" not in r), None)
     lines = [
         "| clients | decode tok/s (aggregate) | x batch-1 | end-to-end tok/s | TTFT p50 s "
-        "| inter-token p50 / p95 ms | llama-batched-bench tok/s | hipc / llama.cpp |",
-        "|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| inter-token p50 / p95 ms | rows per step | llama-batched-bench tok/s "
+        "| hipc / llama.cpp |",
+        "|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         if "errors" in r:
-            lines.append(f"| {r['clients']} | errors: {r['errors'][:2]} | | | | | | |")
+            lines.append(f"| {r['clients']} | errors: {r['errors'][:2]} | | | | | | | |")
             continue
         ratio = f"{r['decode_tok_s'] / base:.2f}" if base else ""
         p = peer.get(r["clients"])
@@ -257,7 +299,7 @@ def table(rows: list[dict], peer: dict[int, float]) -> str:
         lines.append(
             f"| {r['clients']} | {r['decode_tok_s']:,.1f} | {ratio} | {r['e2e_tok_s']:,.1f} "
             f"| {r['ttft_p50_s']:.3f} | {r['itl_p50_ms']:.2f} / {r['itl_p95_ms']:.2f} "
-            f"| {vs[0]} | {vs[1]} |"
+            f"| {r['rows_per_step']:.1f} | {vs[0]} | {vs[1]} |"
         )
     return "\n".join(lines)
 
@@ -291,15 +333,25 @@ def main() -> int:
     proc, port, logfile = start_server(artifact, args)
     rows = []
     try:
-        run_clients(port, 2, argparse.Namespace(**{**vars(args), "gen": 8}), 0)  # warm up
         for i, c in enumerate(args.clients):
+            # warm up at this count first: the first step of each batch bucket captures its
+            # graph, which is not what a steady server's inter-token latency is
+            warm = run_clients(port, c, argparse.Namespace(**{**vars(args), "gen": 8}), 100 + i)
+            if "errors" in warm:
+                log(f"warm-up at {c} clients failed: {warm['errors'][:3]}")
             rows.append(run_clients(port, c, args, 1 + i))
             log(json.dumps(rows[-1]))
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
     server_log = logfile.read_text(errors="replace").splitlines()
-    peer = llama_batched(args) if args.llamacpp_bin else {}
+    peer, peer_error = {}, None
+    if args.llamacpp_bin:
+        try:
+            peer = llama_batched(args)
+        except (PeerFailed, subprocess.SubprocessError, OSError) as e:
+            peer_error = f"llama-batched-bench FAILED: {e}"
+            log(peer_error)
     command = "python docs/benchmarks/bench_gpu_batching.py " + shlex.join(sys.argv[1:])
     text = (
         f"```\n{command}\n```\n\n{args.shape} shape (bf16, {bench_gpu.SHAPES[args.shape][3]} "
@@ -309,10 +361,35 @@ def main() -> int:
         + "\n".join([*server_log[:6], "...", *server_log[-3:]])
         + "\n```\n"
     )
+    text += goals(rows, peer)
+    if peer_error:
+        text += f"\n{peer_error}\n"
     if args.out:
         args.out.write_text(text)
     print(text)
-    return 0 if code == 0 and all("errors" not in r for r in rows) else 1
+    ok = code == 0 and peer_error is None and all("errors" not in r for r in rows)
+    return 0 if ok else 1
+
+
+def goals(rows: list[dict], peer: dict[int, float]) -> str:
+    """Issue 13's bars, each met or not: >= 6x batch-1 at 8 clients, >= 15x at 32, >= 1.2x
+    llama-batched-bench's aggregate at the same count."""
+    ok = {r["clients"]: r for r in rows if "errors" not in r}
+    base = ok.get(1, {}).get("decode_tok_s")
+    lines = []
+    for c, bar in ((8, 6.0), (32, 15.0)):
+        if base and c in ok:
+            x = ok[c]["decode_tok_s"] / base
+            lines.append(
+                f"- {c} clients: {x:.2f}x batch-1 (goal {bar}x): {'met' if x >= bar else 'NOT met'}"
+            )
+    for c, p in sorted(peer.items()):
+        if c in ok:
+            x = ok[c]["decode_tok_s"] / p
+            lines.append(
+                f"- {c} clients: {x:.2f}x llama.cpp (goal 1.2x): {'met' if x >= 1.2 else 'NOT met'}"
+            )
+    return "\nGoals:\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 if __name__ == "__main__":

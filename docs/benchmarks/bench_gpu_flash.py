@@ -1,14 +1,16 @@
 """The flash prefill attention kernel alone on the GPU: time per layer at model shapes.
 
-    python docs/benchmarks/bench_gpu_flash.py [--templates DIR ...] [--tokens 512,4096] [--out F]
+    python docs/benchmarks/bench_gpu_flash.py [--forms mma,mma:8,generic] [--tokens 512,4096]
+        [--start 0] [--out F]
 
-Renders templates/hip/attention_flash.hip.j2 as compiler/kernels/attention.py does for the
-device's arch (bfloat16 KV cache, the cache filled for positions 0..T-1, a T-token prompt from
-position 0), and times it: median of --repeats samples of 5 back-to-back launches each, after
-3 warm-up rounds, the variants of a shape timed in turns. TFLOP/s count causal
-attention's QK^T and PV over T(T+1)/2 pairs. Each --templates DIR (another checkout's
-templates/, e.g. `git archive REV templates | tar -x -C DIR`) is timed beside the installed
-package's templates, so a change to the kernel is measured against the kernel before it.
+Renders the flash kernel as compiler/kernels/attention.py does for the device's arch (bfloat16
+KV cache, the cache filled for positions 0..start+T-1, a T-token prompt from position --start),
+in each of --forms (FORM[:wW][:bB][:rR]: "mma", NVIDIA's FA2-style attention_flash_mma.hip.j2, with W warps of
+R m tiles (16 rows each) and registers for B blocks per SM; "generic", attention_flash.hip.j2, the AMD forms' template and the
+NVIDIA kernel before it), and times them: median of --repeats samples of 5 back-to-back
+launches each, after 3 warm-up rounds, the forms of a shape timed in turns. TFLOP/s count
+causal attention's QK^T and PV over the (query, key) pairs a causal mask keeps. --start 2048
+--tokens 2048 is the second step of hipc's 4,096-token prefill (2,048-token steps).
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
 
 from hipc.base.launch_plan import KV_BLOCK
 from hipc.base.version import HIPC_VERSION
-from hipc.compiler.codegen.environment import c_float
-from hipc.compiler.kernels.attention import FLASH_BQ, AttentionParams, flash_attention
+from hipc.compiler.kernels.attention import AttentionParams, flash_attention
 from hipc.compiler.kernels.linear import MMA_TILES
 from hipc.compiler.targets import GpuTarget
 from hipc.runtime.backends.gpu_common import DEFAULT_SHARED_LIMIT, PackedArgs
@@ -37,18 +38,10 @@ SHAPES = {"l8": (32, 8, 128), "smol": (9, 3, 64)}  # query heads, KV heads, head
 BATCH = 5  # launches per timed sample (one synchronize after them)
 
 
-def environment(folder: Path | None):
-    import jinja2
-
+def environment():
     from hipc.compiler.codegen.environment import environment as installed
 
-    if folder is None:
-        return installed()
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True,
-                             lstrip_blocks=True, keep_trailing_newline=True)  # fmt: skip
-    env.filters["c_float"] = c_float
-    return env
+    return installed()
 
 
 def program(env, arch: str, kernels) -> str:
@@ -63,16 +56,23 @@ def program(env, arch: str, kernels) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--templates", type=Path, action="append", default=[])
+    ap.add_argument("--forms", default="mma,mma:r2,generic")
+    ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--models", default="l8,smol")
     ap.add_argument("--tokens", default="512,4096")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--cache", type=Path, default=None, help="code objects by source hash")
+    ap.add_argument("--prebuild", default=None, metavar="ARCH",
+                    help="build the code object into --cache for ARCH and stop (no GPU)")  # fmt: skip
     a = ap.parse_args()
-    d = open_driver()
-    arch = d.arch
+    d = None if a.prebuild else open_driver()
+    arch = a.prebuild or d.arch
     tokens = [int(t) for t in a.tokens.split(",")]
-    rows = ["| templates | shape | T | us | TFLOP/s |", "|---|---|---|---|---|"]
+    rows = [
+        "| form | shape | start+T | us | TFLOP/s | max abs diff vs first form |",
+        "|---|---|---|---|---|---|",
+    ]
     rng = np.random.default_rng(0)
     bufs: list[int] = []
 
@@ -83,45 +83,56 @@ def main() -> None:
         bufs.append(ptr)
         return ptr
 
-    # every variant's kernels loaded first (a module stays loaded when the next one is), so
-    # that each shape's variants are timed in turns, after the GPU has warmed up
+    # every form's kernels in one module, so that each shape's forms are timed in turns, after
+    # the GPU has warmed up
+    env = environment()
+    forms = a.forms.split(",")
+    ctx = a.start + max(tokens)  # the block tables' stride: one sequence, block b is pool block b
+    specs = {}
+    for m in a.models.split(","):
+        NH, NKV, D = SHAPES[m]
+        p = AttentionParams(NH=NH, NKV=NKV, D=D, scale=D**-0.5, window=0, interleaved=False,
+                            norm_eps=0.0)  # fmt: skip
+        for v in forms:
+            form, *more = v.split(":")
+            keys = {"w": "waves", "b": "min_blocks", "r": "tiles"}
+            extra = {keys[x[0]]: int(x[1:]) for x in more}
+            fn = f"flash_{m}_{'_'.join([form, *more])}"
+            specs[v, m] = flash_attention(
+                fn, p, GpuTarget(arch), [m], "bfloat16", ctx, form, **extra
+            )
+    blob = compiled(program(env, arch, list(specs.values())), arch, a.cache)
+    if d is None:
+        return
+    d.load_module(blob)
     fns = {}
-    for folder in [None, *a.templates]:
-        env = environment(folder)
-        specs = {}
-        for m in a.models.split(","):
-            NH, NKV, D = SHAPES[m]
-            p = AttentionParams(NH=NH, NKV=NKV, D=D, scale=D**-0.5, window=0, interleaved=False,
-                                norm_eps=0.0)  # fmt: skip
-            ctx = max(tokens)  # the block tables' stride: one sequence, block b is pool block b
-            specs[m] = flash_attention(f"flash_{m}", p, GpuTarget(arch), [m], "bfloat16", ctx)
-        d.load_module(compiled(program(env, arch, list(specs.values())), arch))
-        for m, k in specs.items():
-            f = d.get_function(k.fn)
-            if k.shared > DEFAULT_SHARED_LIMIT:
-                d.set_dynamic_shared(f, k.shared)
-            fns[folder, m] = (f, k)
-    variants = [None, *a.templates]
+    for key, k in specs.items():
+        f = d.get_function(k.fn)
+        if k.shared > DEFAULT_SHARED_LIMIT:
+            d.set_dynamic_shared(f, k.shared)
+        fns[key] = (f, k)
     for m in a.models.split(","):
         NH, NKV, D = SHAPES[m]
         for T in tokens:
+            S = a.start
             q = rng.standard_normal((T, NH * D)).astype(np.float32)
-            ang = rng.uniform(0, 2 * np.pi, (T, D // 2))
-            kv = rng.standard_normal((T, NKV, D)).astype(np.float32).view(np.uint32) >> 16
+            ang = rng.uniform(0, 2 * np.pi, (S + T, D // 2))
+            kv = rng.standard_normal((S + T, NKV, D)).astype(np.float32).view(np.uint32) >> 16
             out = up(np.full((T, NH * D), np.nan, np.float32))
             args = PackedArgs([
                 ("u64", up(q)), ("i32", NH * D), ("i32", T),
-                ("u64", up(np.arange(T, dtype=np.int32))), ("u64", up(np.zeros(T, np.int32))),
-                ("u64", up(np.arange(-(-max(tokens) // KV_BLOCK), dtype=np.int32))),
+                ("u64", up(np.arange(S, S + T, dtype=np.int32))), ("u64", up(np.zeros(T, np.int32))),
+                ("u64", up(np.arange(-(-ctx // KV_BLOCK), dtype=np.int32))),
                 ("u64", 0), ("u64", up(np.cos(ang).astype(np.float32))),
                 ("u64", up(np.sin(ang).astype(np.float32))), ("u64", up(kv.astype(np.uint16))),
                 ("u64", up(kv.astype(np.uint16))), ("u64", out),
             ])  # fmt: skip
-            grid = (-(-T // FLASH_BQ), NH, 1)
-            times = {v: [] for v in variants}
+            times = {v: [] for v in forms}
+            outs = {}
             for i in range(a.repeats + 3):  # 3 warm-up rounds
-                for v in variants:
+                for v in forms:
                     f, k = fns[v, m]
+                    grid = (-(-T // k.ctx["bq"]), NH, 1)
                     d.synchronize()
                     t0 = time.perf_counter()
                     for _ in range(BATCH):
@@ -129,15 +140,20 @@ def main() -> None:
                     d.synchronize()
                     if i >= 3:
                         times[v].append((time.perf_counter() - t0) / BATCH)
-            got = np.empty((T, NH * D), np.float32)
-            d.d2h(got.ctypes.data, out, got.nbytes)
-            d.synchronize()
-            assert not np.isnan(got).any(), (m, T, "outputs left unwritten")
-            for v in variants:
+                    if i == 0:  # each form's output, to compare the forms with each other
+                        got = np.empty((T, NH * D), np.float32)
+                        d.d2h(got.ctypes.data, out, got.nbytes)
+                        d.synchronize()
+                        assert not np.isnan(got).any(), (m, T, v, "outputs left unwritten")
+                        outs[v] = got
+                        poison = np.full_like(got, np.nan)  # held: h2d reads it
+                        d.h2d(out, poison.ctypes.data, got.nbytes)
+            for v in forms:
                 us = statistics.median(times[v]) * 1e6
-                flops = 4 * NH * D * T * (T + 1) / 2
+                flops = 4 * NH * D * (T * S + T * (T + 1) / 2)
+                diff = float(np.abs(outs[v] - outs[forms[0]]).max())
                 rows.append(
-                    f"| {v or 'installed'} | {m} | {T} | {us:.1f} | {flops / us / 1e6:.1f} |"
+                    f"| {v} | {m} | {S}+{T} | {us:.1f} | {flops / us / 1e6:.1f} | {diff:.1e} |"
                 )
                 print(rows[-1], flush=True)
             for ptr in bufs:

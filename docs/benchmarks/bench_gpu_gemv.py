@@ -34,7 +34,13 @@ sys.path.insert(0, str(ROOT / "docs" / "benchmarks"))
 
 from hipc.base.launch_plan import KV_BLOCK  # noqa: E402
 from hipc.compiler.kernels.attention import AttentionParams, decode_attention  # noqa: E402
-from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv  # noqa: E402
+from hipc.compiler.kernels.linear import (  # noqa: E402
+    BulkSpec,
+    LinearParams,
+    QuantGemv,
+    QuantGemvBulk,
+    decode_gemv,
+)
 from hipc.compiler.targets import GpuTarget  # noqa: E402
 from hipc.runtime.backends.gpu_common import PackedArgs  # noqa: E402
 
@@ -72,6 +78,13 @@ GEOMETRIES = {
     "r2u4s2m1": (QuantGemv(16, 2, 4, 132, 1, 2, 8), QuantGemv(16, 2, 4, 132, 1, 2, 8)),
     "w8r2u2s6": (QuantGemv(8, 2, 2, 132, 1, 6, 8), QuantGemv(8, 2, 2, 132, 1, 6, 8)),
     "copy16r2u4": (QuantGemv(16, 2, 4, 128, 1, 1), QuantGemv(16, 2, 4, 128, 1, 1)),
+    # bulk copies into shared memory (linear_gemv_qbulk): (stage KiB at most, stages, waves at
+    # most, blocks per SM it is sized for[, outputs a wave multiplies at once[, Q4_K in
+    # 64-weight units]]); bulk_geometry makes the QuantGemvBulk
+    "bulk16x4m2": ((16, 4, 8, 2), None),
+    "bulk24x4m2": ((24, 4, 8, 2), None),
+    "bulk32x6m1": ((32, 6, 16, 1), None),
+    "bulk24x4m2r2": ((24, 4, 8, 2, 2), None),
 }
 # the K-quants' units are 128 weights (64-96 bytes of quants): fewer of them in flight
 KQUANT_GEOMETRIES = {
@@ -81,6 +94,20 @@ KQUANT_GEOMETRIES = {
     "k8r2s3": (QuantGemv(8, 2, 1, 132, 1, 3, 8), QuantGemv(8, 2, 1, 132, 1, 3, 8)),
     "k8r4s1": (QuantGemv(8, 4, 1, 132, 1, 1), QuantGemv(8, 4, 1, 132, 1, 1)),
     "k8r1s3m2": (QuantGemv(8, 1, 1, 132, 2, 3), QuantGemv(8, 4, 1, 132, 1, 1)),
+    "bulk16x4m2": ((16, 4, 8, 2), None),
+    "bulk24x4m2": ((24, 4, 8, 2), None),
+    "bulk32x6m1": ((32, 6, 16, 1), None),
+    "bulk24x4m2r2": ((24, 4, 8, 2, 2), None),
+    "bulk24x4m2k64": ((24, 4, 8, 2, 1, True), None),
+    # the register kernel with 64-weight units
+    "k8r4s1k64": (
+        QuantGemv(8, 4, 1, 132, 1, 1, unit64=True),
+        QuantGemv(8, 4, 1, 132, 1, 1, unit64=True),
+    ),
+    "k16r2s3k64": (
+        QuantGemv(16, 2, 1, 132, 1, 3, 8, unit64=True),
+        QuantGemv(16, 2, 1, 132, 1, 3, 8, unit64=True),
+    ),
 }
 KQUANTS = ("q4_k", "q5_k", "q6_k")
 
@@ -113,6 +140,11 @@ LAYERS = {
 }
 
 
+def bulk_geometry(spec: tuple, wtype: str, N: int, K: int, glu: bool) -> QuantGemvBulk:
+    """A bulk* variant's geometry for one matrix (linear.BulkSpec)."""
+    return BulkSpec(*spec).geometry(wtype, K, glu)
+
+
 def geometries(wtype: str) -> dict:
     return KQUANT_GEOMETRIES if wtype in KQUANTS else GEOMETRIES
 
@@ -126,6 +158,8 @@ def gemv_specs(arch: str, shapes: list[str], variants=None, activations=ACTIVATI
             if variants and g not in variants:
                 continue
             geo = geos[1] if epilogue == "glu" else geos[0]
+            if g.startswith("bulk"):
+                geo = bulk_geometry(geos[0], wtype, N, K, epilogue == "glu")
             if g == "base":
                 geo = base_geometry(wtype, N, K)
             elif geo and wtype == "q8_0" and geo.unroll > 1:  # the same bytes in flight
@@ -406,7 +440,7 @@ def bench_attention(dev, specs, launches) -> list[str]:
                 for kc, vc in caches
             ]
             fn = dev.function(spec.fn)
-            grid = (NH, splits, 1)
+            grid = (spec.grid[0], splits, 1)  # heads, or KV heads (the grouped kernel)
             d.launch(fn, grid, (spec.threads, 1, 1), spec.shared, packed[0].address)
             got = dev.read(out, NH * D)
             ref = got if ref is None else ref

@@ -24,22 +24,19 @@ def _is_hash(part: str) -> bool:
     return len(part) == 6 and all(c in "0123456789abcdef" for c in part)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("artifact")
-    ap.add_argument("--position", type=int, default=512)
-    ap.add_argument("--prefill", type=int, default=0, metavar="T", help="profile a T-token prefill")
-    args = ap.parse_args()
-    eng = load_engine(args.artifact, target="cuda")
+def kernel_times(eng, position: int, prefill: int = 0, reps: int = 5) -> tuple[dict, list]:
+    """Seconds per step by kernel kind (the name without its specialization hash), and the
+    launch list: a decode step at `position` (or a `prefill`-token prefill from 0), each
+    launch timed alone by CUDA events captured between launches."""
     b = eng.backend
-    T = args.prefill or 1
-    ids = np.random.default_rng(0).integers(0, eng.vocab_size, max(args.position, T)).tolist()
-    if args.prefill:
+    T = prefill or 1
+    ids = np.random.default_rng(0).integers(0, eng.vocab_size, max(position, T)).tolist()
+    if prefill:
         eng.forward(ids[:T], 0)  # leaves the step's inputs (ids, start) on the device
         launches = b.gpu.launches(T)
     else:
         eng.forward(ids, 0)
-        b.forward(np.array([5]), args.position, False)  # captures the graph
+        b.forward(np.array([5]), position, False)  # captures the graph
         launches = b.gpu.decode
     d = b._driver
     from cuda.bindings import driver as cu
@@ -57,7 +54,6 @@ def main() -> None:
         cu.cuEventRecordWithFlags(events[k + 1], d._stream, external)
     timed = d.instantiate(d.end_capture())
     per_kind: dict[str, float] = defaultdict(float)
-    reps = 5
     for _ in range(reps):
         d.graph_launch(timed)
         d.synchronize()
@@ -66,27 +62,51 @@ def main() -> None:
             # the kernel's name without its specialization hash (linear_q4_0_6144x4096_none_gemv)
             shape = "_".join(p for p in launch.kernel.split("_") if not _is_hash(p))
             per_kind[shape] += ms / 1e3 / reps
-    for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1]):
-        print(f"{k:48s} {v * 1e3:8.3f} ms per step")
-    print(f"sum of kernel times (back to back): {sum(per_kind.values()) * 1e3:.3f} ms")
-    print(f"{len(launches)} launches")
-    n = 10 if args.prefill else 50
-    if args.prefill:
-        t = time.perf_counter()
-        for _ in range(n):
-            eng.forward(ids[:T], 0)
-        print(f"the step as the runtime launches it: {(time.perf_counter() - t) / n * 1e3:.3f} ms")
-        return
+    d.destroy_graph(None, timed)
+    for e in events:
+        cu.cuEventDestroy(e)
+    return per_kind, launches
+
+
+def replay_ms(eng, position: int, n: int = 50) -> tuple[float, float]:
+    """ms per decode step: the runtime's replay with its copies (the logits back), and the
+    captured graph alone (kernels launched to overlap, as decode runs them)."""
+    b, d = eng.backend, eng.backend._driver
     t = time.perf_counter()
     for i in range(n):
-        b.forward(np.array([5]), args.position + 1 + i, False)
-    print(f"graph replay incl. copies: {(time.perf_counter() - t) / n * 1e3:.3f} ms per step")
+        b.forward(np.array([5]), position + 1 + i, False)
+    with_copies = (time.perf_counter() - t) / n * 1e3
     d.synchronize()
     t = time.perf_counter()
     for _ in range(n):
         d.graph_launch(b._graphs[("decode", 1)][1])
     d.synchronize()
-    print(f"graph replay alone: {(time.perf_counter() - t) / n * 1e3:.3f} ms per step")
+    return with_copies, (time.perf_counter() - t) / n * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("artifact")
+    ap.add_argument("--position", type=int, default=512)
+    ap.add_argument("--prefill", type=int, default=0, metavar="T", help="profile a T-token prefill")
+    args = ap.parse_args()
+    eng = load_engine(args.artifact, target="cuda")
+    per_kind, launches = kernel_times(eng, args.position, args.prefill)
+    for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1]):
+        print(f"{k:48s} {v * 1e3:8.3f} ms per step")
+    print(f"sum of kernel times (back to back): {sum(per_kind.values()) * 1e3:.3f} ms")
+    print(f"{len(launches)} launches")
+    if args.prefill:
+        T, n = args.prefill, 10
+        ids = np.random.default_rng(0).integers(0, eng.vocab_size, T).tolist()
+        t = time.perf_counter()
+        for _ in range(n):
+            eng.forward(ids, 0)
+        print(f"the step as the runtime launches it: {(time.perf_counter() - t) / n * 1e3:.3f} ms")
+        return
+    with_copies, alone = replay_ms(eng, args.position)
+    print(f"graph replay incl. copies: {with_copies:.3f} ms per step")
+    print(f"graph replay alone: {alone:.3f} ms per step")
 
 
 if __name__ == "__main__":

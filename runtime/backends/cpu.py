@@ -31,10 +31,11 @@ import numpy as np
 
 from hipc.base.cpu_features import cpu_features
 from hipc.base.errors import HipcError
-from hipc.base.launch_plan import TargetPlan, states
+from hipc.base.launch_plan import TOPK_MAX, TargetPlan, states
 from hipc.base.safetensors_file import SafetensorsFile
 from hipc.base.version import ABI_VERSION
 from hipc.runtime.artifact import Artifact
+from hipc.runtime.topk import top_of_logits
 
 # ~1000 pause instructions: tens of microseconds on current x86 cores
 SPIN_COUNT = "1000"
@@ -260,6 +261,17 @@ class CpuBackend:
                 f"{int(pos.min()) if T else 0}..{int(pos.max()) if T else 0}"
             )
         return out
+
+    # step_top picks on the host here: the caller gains nothing over step()'s logits
+    max_top_k = 0
+
+    def step_top(self, ids, pos, seq, tables, out_rows, k: int, logsumexp: bool = False):
+        """step() returning the out_rows' k largest logits (GpuBackend.step_top's contract;
+        here chosen from the logits on the host)."""
+        if not 1 <= k <= TOPK_MAX:
+            raise HipcError(f"step_top: k must be 1 to {TOPK_MAX}, got {k}")
+        top = top_of_logits(self.step(ids, pos, seq, tables, out_rows), k)
+        return top if logsumexp else top[:2]
 
     def close(self) -> None:
         self.kv.clear()

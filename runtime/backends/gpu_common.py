@@ -53,10 +53,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from hipc.base.errors import HipcError
-from hipc.base.launch_plan import Bases, Launch, StateSpec, TargetPlan, states
+from hipc.base.launch_plan import TOPK_MAX, Bases, Launch, StateSpec, TargetPlan, states
 from hipc.base.progress import byte_bar
 from hipc.base.safetensors_file import SafetensorsFile
 from hipc.runtime.artifact import Artifact
+from hipc.runtime.topk import TopK, logsumexp, top_of_logits
 
 SYNC_ENV = "HIPC_SYNC_LAUNCHES"
 ALIGN = 256  # offsets of tensors inside one allocation: cudaMalloc's own guarantee
@@ -183,6 +184,7 @@ class DeviceMemory:
     inputs: int  # ids, pos, seq
     tables: int
     logits: int
+    top: int = 0  # step_top's values, ids and row stats
 
     @property
     def total(self) -> int:
@@ -195,6 +197,7 @@ class DeviceMemory:
             + self.inputs
             + self.tables
             + self.logits
+            + self.top
         )
 
 
@@ -238,6 +241,7 @@ def device_memory(
         inputs=16 * gpu.max_tokens,
         tables=4 * table_rows(gpu) * kv_table,
         logits=4 * gpu.max_tokens * gpu.vocab,
+        top=4 * gpu.max_tokens * (2 * TOPK_MAX + 2) if gpu.topk else 0,
     )
 
 
@@ -337,6 +341,7 @@ class GpuBackend:
                 f"recompile with: hipc compile MODEL --target {self.arch}"
             ) from None
         self.max_tokens = self.gpu.max_tokens
+        self._buckets: tuple[int, ...] | None = None
         self.vocab = self.gpu.vocab
         self._states: tuple[StateSpec, ...] = states(plan)
         self.max_context = int(plan["max_context"])
@@ -427,6 +432,10 @@ class GpuBackend:
             logits=alloc("the logits", mem.logits),
         )
         MT = self.max_tokens
+        # step_top's results, [MT, k] values, [MT, k] ids, [MT, 2] row stats at the row
+        # stride of the step's k (packed, so one copy each brings them back)
+        self._top_base = alloc("the top-k buffer", mem.top)
+        self._top_host = self._pinned(np.float32, mem.top // 4) if mem.top else None
         raw = self._pinned(np.uint8, 16 * MT)
         self._inputs_host = raw
         self._ids_host = raw[: 8 * MT].view(np.int64)
@@ -443,6 +452,8 @@ class GpuBackend:
         self._logits_host = self._pinned(np.float32, self.max_tokens * self.vocab).reshape(
             self.max_tokens, self.vocab
         )
+        self._inputs_addr = self._inputs_host.ctypes.data
+        self._logits_addr = self._logits_host.ctypes.data
         try:
             if mem.states:
                 d.memset0(s_base, mem.states)
@@ -491,6 +502,8 @@ class GpuBackend:
         shared: dict[str, int] = {}
         for launch in (x for step in self.gpu.steps.values() for x in step):
             shared[launch.kernel] = max(shared.get(launch.kernel, 0), launch.shared)
+        if self.gpu.topk:
+            shared.setdefault(self.gpu.topk["kernel"], 0)
         functions = {}
         for kernel, nbytes in shared.items():
             try:
@@ -740,10 +753,13 @@ class GpuBackend:
         self._check_step(T)
         if not 0 <= start <= self.max_context - T:
             raise HipcError(f"start position {start} out of range")
-        pos = np.arange(start, start + T, dtype=np.int32)
         rows = T if all_logits else 1
-        self._queue(ids, pos, np.full(T, self.SOLO, np.int32), "decode" if T == 1 else "prefill",
-                    T, rows, slice(0, rows))  # fmt: skip
+        if T == 1:  # a decode step: scalars into the pinned inputs (no arrays to build)
+            self._queue(ids, start, self.SOLO, "decode", 1, 1, slice(0, 1))
+            return
+        pos = np.arange(start, start + T, dtype=np.int32)
+        self._queue(ids, pos, np.full(T, self.SOLO, np.int32), "prefill", T, rows,
+                    slice(0, rows))  # fmt: skip
 
     def step(
         self,
@@ -759,6 +775,42 @@ class GpuBackend:
         vocab]: a view of the pinned host buffer, valid until the next step (runtime/batch.py's
         callers sample from it first; a copy of 64 rows of a 128k vocabulary is 32 MiB of fresh
         pages every step)."""
+        self._queue(*self._batch_step(ids, pos, seq, tables, out_rows))
+        return self.collect(copy=False)
+
+    def step_top(
+        self,
+        ids: np.ndarray,
+        pos: np.ndarray,
+        seq: np.ndarray,
+        tables: np.ndarray,
+        out_rows: np.ndarray,
+        k: int,
+        logsumexp: bool = False,
+    ) -> tuple[np.ndarray, ...]:
+        """step() returning, instead of the out_rows' logits, their k (1..TOPK_MAX) largest:
+        (ids [n, k] int32, logits [n, k] float32), largest first, of equal values the lower id
+        (runtime/topk.py); with `logsumexp` also each row's log-sum-exp [n] (a token's
+        log-probability is logit - logsumexp). Arrays the caller owns. Selected on the device
+        where the artifact's plan has the top-k kernel (max_top_k > 0), so a step copies back
+        rows x k values, not rows x vocab logits (32 MiB at 64 rows of a 128k vocabulary);
+        else from the logits on the host, the same result."""
+        if not 1 <= k <= TOPK_MAX:
+            raise HipcError(f"step_top: k must be 1 to {TOPK_MAX}, got {k}")
+        if not self.gpu.topk:  # an artifact from before the kernel: chosen on the host
+            top = top_of_logits(self.step(ids, pos, seq, tables, out_rows), k)
+        else:
+            self._queue(*self._batch_step(ids, pos, seq, tables, out_rows), top=k)
+            top = self.collect()
+        return top if logsumexp else top[:2]
+
+    @property
+    def max_top_k(self) -> int:
+        """The most values per row step_top picks on the device (0: the plan has no kernel)."""
+        return int(self.gpu.topk["max_k"]) if self.gpu.topk else 0
+
+    def _batch_step(self, ids, pos, seq, tables, out_rows) -> tuple:
+        """step()'s checks and table upload; _queue's arguments."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         pos = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
         seq = np.ascontiguousarray(seq, dtype=np.int32).reshape(-1)
@@ -814,12 +866,14 @@ class GpuBackend:
             kind, B = "prefill", T
             rows = 1 if len(out_rows) == 1 and out_rows[0] == T - 1 else T
         pick = slice(0, 1) if rows == 1 else out_rows
-        self._queue(ids, pos, seq, kind, B, rows, pick)
-        return self.collect(copy=False)
+        return ids, pos, seq, kind, B, rows, pick
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        return tuple(b for b in BUCKETS if b <= self.max_tokens)
+        # read on every step (a decode step's graph is the 1-row bucket's): built once
+        if self._buckets is None:
+            self._buckets = tuple(b for b in BUCKETS if b <= self.max_tokens)
+        return self._buckets
 
     def _check_step(self, T: int) -> None:
         if self._closed:
@@ -833,9 +887,9 @@ class GpuBackend:
         if not 1 <= T <= self.max_tokens:
             raise HipcError(f"a step runs 1 to {self.max_tokens} tokens, got {T}")
 
-    def _queue(self, ids, pos, seq, kind: str, B: int, rows: int, pick) -> None:
+    def _queue(self, ids, pos, seq, kind: str, B: int, rows: int, pick, top: int = 0) -> None:
         """Copy T rows in (padded to B), launch `kind`'s list at B rows, copy out the logits
-        rows `pick` reads."""
+        rows `pick` reads (`top`: their top-k instead, selected on the device)."""
         T = len(ids)
         if kind == "decode":
             launches = self.gpu.decode
@@ -864,8 +918,10 @@ class GpuBackend:
         try:
             d.activate()
             self._ids_host[:T], self._pos_host[:T], self._seq_host[:T] = ids, pos, seq
-            self._ids_host[T:B], self._pos_host[T:B], self._seq_host[T:B] = 0, 0, self.PAD
-            d.h2d(self.bases.ids, self._inputs_host.ctypes.data, self._inputs_host.nbytes)
+            if B > T:
+                self._ids_host[T:B], self._pos_host[T:B], self._seq_host[T:B] = 0, 0, self.PAD
+            # (addresses read once: numpy's .ctypes builds an object per access, microseconds a step)
+            d.h2d(self.bases.ids, self._inputs_addr, self._inputs_host.nbytes)
             if self._upload_tables:
                 n, self._upload_tables = self._upload_tables, 0
                 d.h2d(self.bases.blocks, self._tables_host.ctypes.data, 4 * n * self.kv_table)
@@ -877,22 +933,45 @@ class GpuBackend:
             else:
                 self._run(launches, B, rows, self.sync_launches, kind)
             row = 4 * self.vocab
-            for at, to, n in runs:
-                d.d2h(
-                    self._logits_host.ctypes.data + to * row, self.bases.logits + at * row, n * row
-                )
+            if top:
+                self._queue_top(runs, top)
+            else:
+                for at, to, n in runs:
+                    d.d2h(self._logits_addr + to * row, self.bases.logits + at * row, n * row)
         except _KernelFailed as f:
             raise self._kernel_error(f.launch, f.err) from None
         except DriverError as e:
             raise self._step_error(e, where) from None
-        self._pending = (launches, B, rows, where, pick, kind)
+        self._pending = (launches, B, rows, where, pick, kind, top)
 
-    def collect(self, copy: bool = True) -> np.ndarray:
+    def _queue_top(self, runs: list[tuple[int, int, int]], k: int) -> None:
+        """The top-k kernel over each run of wanted logits rows (one block per row), then
+        the packed values, ids and row stats copied back."""
+        spec = self.gpu.topk
+        fn = self._functions[spec["kernel"]]
+        n_all = sum(n for _, _, n in runs)
+        vals, ids = self._top_base, self._top_base + 4 * self.max_tokens * k
+        stats = ids + 4 * self.max_tokens * k
+        for at, to, n in runs:
+            args = PackedArgs([("u64", self.bases.logits + 4 * at * self.vocab),
+                               ("i32", self.vocab), ("i32", k), ("u64", vals + 4 * to * k),
+                               ("u64", ids + 4 * to * k), ("u64", stats + 8 * to)])  # fmt: skip
+            try:
+                self._driver.launch(fn, (n, 1, 1), (int(spec["block"]), 1, 1), 0, args.address)
+            except DriverError as e:
+                raise HipcError(f"{spec['kernel']}: launch failed: {e}") from None
+        host = self._top_host.ctypes.data
+        d = self._driver
+        d.d2h(host, vals, 4 * n_all * k)
+        d.d2h(host + 4 * n_all * k, ids, 4 * n_all * k)
+        d.d2h(host + 8 * n_all * k, stats, 8 * n_all)
+
+    def collect(self, copy: bool = True) -> np.ndarray | TopK:
         """Wait for the step `submit` queued; its logits [rows, vocab] (`copy` False: a view
-        of the pinned buffer, which the next step overwrites)."""
+        of the pinned buffer, which the next step overwrites), or step_top's TopK."""
         if self._pending is None:
             raise HipcError("no step in flight")
-        launches, B, rows, where, pick, kind = self._pending
+        launches, B, rows, where, pick, kind, top = self._pending
         self._pending = None
         d = self._driver
         try:
@@ -909,6 +988,13 @@ class GpuBackend:
                 raise self._kernel_error(f.launch, f.err) from None
             except DriverError as e:
                 raise self._step_error(e, "the decode graph") from None
+        if top:
+            n = self._logits_host[pick].shape[0]
+            h = self._top_host
+            stats = h[2 * n * top : 2 * n * top + 2 * n].reshape(n, 2)
+            return TopK(h[n * top : 2 * n * top].view(np.int32).reshape(n, top).copy(),
+                        h[: n * top].reshape(n, top).copy(),
+                        logsumexp(stats[:, 0], stats[:, 1]))  # fmt: skip
         out = self._logits_host[pick]
         return out.copy() if copy else out
 

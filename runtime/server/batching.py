@@ -23,8 +23,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from hipc.base.errors import HipcError
-from hipc.runtime.batch import BatchEngine, Sequence
+from hipc.runtime.batch import BatchEngine, Sequence, StepOut
 from hipc.runtime.generate import Decoding, Generation
 from hipc.runtime.server.errors import bad_request, internal_error
 from hipc.runtime.server.scheduler import Job, QueueFull, ShuttingDown
@@ -89,6 +91,7 @@ class BatchScheduler:
         self._waiting: collections.deque[Job] = collections.deque()
         self._work: dict[Job, _Work] = {}  # submitted, not finished
         self._active: list[_Work] = []  # started (at least one choice admitted)
+        self._owner: dict[Sequence, tuple[_Work, _Choice]] = {}  # running sequences' choices
         self._cv = threading.Condition()
         self._closed = self._stop = False
         self._deadline = float("inf")
@@ -195,17 +198,21 @@ class BatchScheduler:
                     if self._waiting and not self._active:
                         self._cv.wait(0.05)
                 continue
+            # every running choice plain greedy: the backend may pick the tokens on the
+            # device (rows x 1 values back instead of rows x vocab logits)
+            top = 1 if self._all_greedy else 0
             try:
-                logits = self.batch.step()
+                out = self.batch.run_step(top)
+                self._publish_step()
+                self._advance(out)
             except Exception:
+                # a bug, not a request's fault: every running request gets a 500 and the loop
+                # goes on (a dead engine thread would hang every later request)
                 log.exception("batch step failed")
                 for w in list(self._active):
                     w.job.error = internal_error()
                     self._finish(w)
                 continue
-            self._publish_step()
-            for w in list(self._active):
-                self._advance(w, logits)
 
     def _admit(self) -> None:
         """Under the lock: start choices, first come first served, while they fit."""
@@ -247,30 +254,58 @@ class BatchScheduler:
             if seq.cached:
                 w.metrics.prompt_reuse.inc()
             c.seq, c.decoding, c.t0 = seq, c.gen.decoding(), time.perf_counter()
+            self._owner[seq] = (w, c)
             w.next_admit += 1
             if w.stream:
                 self._emit(w, c.spec.index, ("start", c.spec.index))
         return True
 
-    def _advance(self, w: _Work, logits) -> None:
-        for c in w.choices:
-            if c.seq is None or c.ended or c.seq not in logits:
+    def _advance(self, out: StepOut) -> None:
+        """Sample every finished row of the step and stream what it gives: the rows whose
+        sampling is the raw argmax in one call over the step's logits (or from the device's
+        picks), the others each by its own sampler."""
+        if not out.seqs:
+            return
+        greedy = None
+        if out.top_ids is not None:
+            greedy = out.top_ids[:, 0].tolist()
+        else:
+            plain = [self._owner[s][1].decoding.greedy_argmax for s in out.seqs]
+            if all(plain):
+                greedy = np.argmax(out.logits, axis=1).tolist()
+            elif any(plain):
+                # a mix: each greedy row's argmax over its view (gathering them would copy)
+                greedy = [int(np.argmax(out.logits[i])) if p else None for i, p in enumerate(plain)]
+        touched: dict[_Work, None] = {}
+        failed: set[_Work] = set()
+        now = time.perf_counter()
+        for i, seq in enumerate(out.seqs):
+            owner = self._owner.get(seq)  # gone when an earlier row's failure ended its job
+            if owner is None or owner[0] in failed or owner[1].ended:
                 continue
+            w, c = owner
             res = c.gen.result
             if not res.token_ids and not res.prefill_s:
-                res.prefill_s = time.perf_counter() - c.t0
-                c.t0 = time.perf_counter()
+                res.prefill_s = now - c.t0
+                c.t0 = now
             try:
-                step = c.decoding.advance(logits[c.seq])
+                token = greedy[i] if greedy is not None else None
+                if token is not None:
+                    step = c.decoding.advance_token(token)
+                else:
+                    step = c.decoding.advance(out.logits[i])
             except HipcError as e:
                 w.job.error = bad_request(str(e))
+                failed.add(w)
                 self._finish(w)
-                return
+                continue
             except Exception:
                 log.exception("generation failed")
                 w.job.error = internal_error()
+                failed.add(w)
                 self._finish(w)
-                return
+                continue
+            touched[w] = None
             if step is None:
                 self._end(w, c)
                 continue
@@ -278,11 +313,20 @@ class BatchScheduler:
             if w.stream:
                 self._emit(w, c.spec.index, ("step", c.spec.index, step))
             self.batch.feed(c.seq, c.decoding.next_token)
-        if w.done:
-            self._finish(w)
+        for w in touched:
+            if w not in failed and w.done:
+                self._finish(w)
+
+    @property
+    def _all_greedy(self) -> bool:
+        return bool(self._owner) and all(c.decoding.greedy_argmax for _, c in self._owner.values())
+
+    def _release(self, seq: Sequence) -> None:
+        self.batch.release(seq)
+        self._owner.pop(seq, None)
 
     def _end(self, w: _Work, c: _Choice) -> None:
-        self.batch.release(c.seq)
+        self._release(c.seq)
         res = c.gen.result
         res.decode_s = time.perf_counter() - c.t0
         last = c.decoding.finish()
@@ -309,6 +353,9 @@ class BatchScheduler:
 
     def _emit(self, w: _Work, index: int, event: tuple) -> None:
         """Stream events in choice order: choice i's wait until every choice before it ended."""
+        if len(w.choices) == 1:
+            w.job.emit(event)
+            return
         order = [c.spec.index for c in w.choices]
         if order[w.shown] == index:
             w.job.emit(event)
@@ -324,7 +371,7 @@ class BatchScheduler:
         """The job is over (finished, cancelled or failed): free its blocks, tell its waiter."""
         for c in w.choices:
             if c.seq is not None:
-                self.batch.release(c.seq)
+                self._release(c.seq)
         w.metrics.e2e.observe(time.monotonic() - w.job.arrived)
         w.job.emit(("done",))
         with self._cv:

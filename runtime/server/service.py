@@ -476,10 +476,20 @@ class Service:
         return self._cancelled(job) if job.cancelled else None
 
     def _stream(self, job: Job, chunks: Iterator[bytes]) -> Iterator[bytes]:
-        """The SSE body; if it is closed before its end (the client left), cancel the job."""
+        """The SSE body; if it is closed before its end (the client left), cancel the job.
+
+        Chunks are written together while more events are already queued (the engine ran
+        ahead of this thread): one socket write for them, not one per token."""
         finished = False
+        held: list[bytes] = []
         try:
-            yield from chunks
+            for chunk in chunks:
+                held.append(chunk)
+                if job.events.empty():
+                    yield held[0] if len(held) == 1 else b"".join(held)
+                    held.clear()
+            if held:
+                yield b"".join(held)
             finished = True
         finally:
             if not finished:

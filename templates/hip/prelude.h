@@ -77,6 +77,7 @@ __device__ __forceinline__ void hipc_sync_wave() {
 #define HIPC_BOUNDS_BLOCKS(n, b)
 #define __launch_bounds__(...)
 struct uint2 { uint32_t x, y; };
+struct alignas(8) float2 { float x, y; };
 struct alignas(16) uint4 { uint32_t x, y, z, w; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(16) float4 { float x, y, z, w; };
@@ -196,6 +197,8 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // another block's writes: read through L2, never a line this SM's L1 may hold
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return __ldcg(p); }
+// a shared-memory counter (histograms): no ordering with other memory
+HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 #elif defined(HIPC_HOST)
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
@@ -204,6 +207,7 @@ HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; 
 HIPC_DEVICE void hipc_publish() {}
 HIPC_DEVICE unsigned hipc_count(unsigned* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL); }
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }  // host blocks run one after another
+HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_let_next_start() {}
@@ -216,6 +220,9 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // the acquire in hipc_count invalidated this CU's vector L1
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }
+HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+}
 #endif
 
 // Pull `bytes` starting at p towards L2, one 128-byte line per lane and step (a wave's
@@ -325,6 +332,42 @@ HIPC_DEVICE float hipc_kv_dot_bf16(const float* q, const uint16_t* k, int D) {
   }
   return (dot[0] + dot[1]) + (dot[2] + dot[3]);
 }
+// q_g . k for G queries (q: [G][D] floats in shared memory) against one cached key row, the
+// row read once (batch attention: a KV head's group of query heads); k null: zeros
+template <int G, int D>
+HIPC_DEVICE void hipc_kv_dots_f32(const float* q, const float* k, float* out) {
+  float dot[G][2] = {};
+  if (k != nullptr) {
+#pragma unroll 4
+    for (int d = 0; d < D; d += 2) {
+      const float k0 = k[d], k1 = k[d + 1];
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g][0] += q[g * D + d] * k0, dot[g][1] += q[g * D + d + 1] * k1;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) out[g] = dot[g][0] + dot[g][1];
+}
+template <int G, int D>
+HIPC_DEVICE void hipc_kv_dots_bf16(const float* q, const uint16_t* k, float* out) {
+  static_assert(D % 8 == 0, "bf16 key rows are read 8 values at a time");
+  float dot[G][2] = {};
+  if (k != nullptr) {
+#pragma unroll
+    for (int d = 0; d < D; d += 8) {
+      const uint4 kv = *(const uint4*)(k + d);
+      const uint32_t w[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float k0 = __builtin_bit_cast(float, w[e] << 16), k1 = __builtin_bit_cast(float, w[e] & 0xffff0000u);
+#pragma unroll
+        for (int g = 0; g < G; ++g) dot[g][0] += q[g * D + d + 2 * e] * k0, dot[g][1] += q[g * D + d + 2 * e + 1] * k1;
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) out[g] = dot[g][0] + dot[g][1];
+}
 // PER consecutive cached values from p (p is PER-element aligned): one vector load
 template <int PER>
 HIPC_DEVICE void hipc_kv_load_vec(const float* p, float* out) {
@@ -419,6 +462,13 @@ HIPC_DEVICE uint4 hipc_load_quants16(const char* p) {
   r.w = h[6] | (uint32_t)h[7] << 16;
   return r;
 #endif
+}
+// 16 bytes of quants from global memory (the read-only path) or, SMEM, from a stage in shared
+// memory (linear_gemv_qbulk: the split layout copied there whole)
+template <bool SMEM>
+HIPC_DEVICE uint4 hipc_load_q16(const char* p) {
+  if constexpr (SMEM) return *(const uint4*)p;
+  else return hipc_load_quants16(p);
 }
 // the scale pair (d, m) of a q4_1 block as one word: d low, m high
 HIPC_DEVICE uint32_t hipc_load_scales32(const char* p) {
@@ -545,10 +595,20 @@ struct hipc_xq {
   static constexpr int INTS = LO ? 20 : 12;  // ints per staged block
   static constexpr int META = LO ? 16 : 8;   // the meta int4's first int
 };
+// the first int of staged block `blk` (padded: hipc_xqs below)
+template <bool LO>
+HIPC_DEVICE int hipc_xq_at(int blk, bool padded) {
+  return blk * hipc_xq<LO>::INTS + (padded ? 4 * (blk >> 3) : 0);
+}
 // 4 int8 products summed into c: __dp4a on NVIDIA, v_dot4 on AMD where the arch has it.
 HIPC_DEVICE int hipc_dot4_i8(int a, int b, int c) {
 #if defined(__CUDACC__)
-  return __dp4a(a, b, c);
+  // CUDA's __dp4a is `asm volatile`, which the compiler treats as a side effect: no load from
+  // shared memory was merged across one, so a GEMV of R rows loaded each staged x block R
+  // times (PTX of linear_gemv_q). The instruction is pure: plain asm lets those loads merge.
+  int r;
+  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
 #elif defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
   return __builtin_amdgcn_sdot4(a, b, c, false);
 #elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1150__) || \
@@ -581,7 +641,7 @@ HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
 // just written by the kernel before, and one L2 round trip per round was most of a
 // long-row GEMV's prologue. `red`: __shared__ float[32].
 #define HIPC_XQ_CHUNK 4
-template <bool LO, int ROUNDS, int CHUNK = HIPC_XQ_CHUNK>
+template <bool LO, int ROUNDS, int CHUNK = HIPC_XQ_CHUNK, bool PAD = false>
 HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red) {
   const int n4 = K / 4, stride = hipc_block_dim();
   float ss = 0.f;
@@ -625,7 +685,7 @@ HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, 
       const int sum16 = sum;  // lanes 0..3 of the 8: the block's first 16 values
       sum += __builtin_bit_cast(int, hipc_shfl_xor(__builtin_bit_cast(float, sum), 4));
       if (ok) {
-        int* blk = xq + (i / 8) * hipc_xq<LO>::INTS;
+        int* blk = xq + hipc_xq_at<LO>(i / 8, PAD);
         blk[part] = hipc_pack4_i8(hi[0], hi[1], hi[2], hi[3]);
         if constexpr (LO) blk[8 + part] = hipc_pack4_i8(lo[0], lo[1], lo[2], lo[3]);
         if (part == 0) {
@@ -652,9 +712,34 @@ struct hipc_xb {
   int4 meta;
   HIPC_DEVICE float scale() const { return __builtin_bit_cast(float, meta.x); }
 };
+// Staged x with 16 bytes of padding after every 8 blocks (hipc_stage_xq<..., true>): a lane
+// whose unit is 128 weights reads blocks 4l .. 4l + 3, and without the padding lanes l and
+// l + 2 of 8 would read the same banks (blocks 4 apart are 192 or 320 bytes apart: a
+// multiple of 64), 4 times the wavefronts of a conflict-free 16-byte load; with it, 8 lanes
+// hit 8 distinct 16-byte bank groups, and 8 lanes reading 8 consecutive blocks still do.
+struct hipc_xqs {
+  const int* p;
+};
+template <bool LO>
+HIPC_DEVICE hipc_xb<LO> hipc_load_xb(hipc_xqs xq, int blk);
 template <bool LO>
 HIPC_DEVICE hipc_xb<LO> hipc_load_xb(const int* xq, int blk) {
-  const int4* p = (const int4*)(xq + blk * hipc_xq<LO>::INTS);
+  const int4* p = (const int4*)(xq + hipc_xq_at<LO>(blk, false));
+  hipc_xb<LO> r;
+  const int4 h0 = p[0], h1 = p[1];
+  r.H[0] = h0.x, r.H[1] = h0.y, r.H[2] = h0.z, r.H[3] = h0.w;
+  r.H[4] = h1.x, r.H[5] = h1.y, r.H[6] = h1.z, r.H[7] = h1.w;
+  if constexpr (LO) {
+    const int4 l0 = p[2], l1 = p[3];
+    r.L[0] = l0.x, r.L[1] = l0.y, r.L[2] = l0.z, r.L[3] = l0.w;
+    r.L[4] = l1.x, r.L[5] = l1.y, r.L[6] = l1.z, r.L[7] = l1.w;
+  }
+  r.meta = p[hipc_xq<LO>::META / 4];
+  return r;
+}
+template <bool LO>
+HIPC_DEVICE hipc_xb<LO> hipc_load_xb(hipc_xqs xq, int blk) {
+  const int4* p = (const int4*)(xq.p + hipc_xq_at<LO>(blk, true));
   hipc_xb<LO> r;
   const int4 h0 = p[0], h1 = p[1];
   r.H[0] = h0.x, r.H[1] = h0.y, r.H[2] = h0.z, r.H[3] = h0.w;
@@ -708,53 +793,57 @@ struct hipc_unit_q4_0 { uint4 q; uint16_t d; };
 struct hipc_unit_q4_1 { uint4 q; uint32_t dm; };
 struct hipc_unit_q8_0 { uint4 qa, qb; uint16_t d; };
 struct hipc_unit_q6_k { uint4 ql[4], qh[2]; uint32_t sc[2]; uint16_t d; };
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_0& v, const hipc_qmat_q4_0& m, size_t u) {
-  v.q = hipc_load_quants16(m.qs(u));
+  v.q = hipc_load_q16<SMEM>(m.qs(u));
   v.d = *(const uint16_t*)m.sc(u);
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_1& v, const hipc_qmat_q4_1& m, size_t u) {
-  v.q = hipc_load_quants16(m.qs(u));
+  v.q = hipc_load_q16<SMEM>(m.qs(u));
   v.dm = hipc_load_scales32(m.sc(u));
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q8_0& v, const hipc_qmat_q8_0& m, size_t u) {
-  v.qa = hipc_load_quants16(m.qs(u));
-  v.qb = hipc_load_quants16(m.qs(u) + 16);
+  v.qa = hipc_load_q16<SMEM>(m.qs(u));
+  v.qb = hipc_load_q16<SMEM>(m.qs(u) + 16);
   v.d = *(const uint16_t*)m.sc(u);
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k& v, const hipc_qmat_q6_k& m, size_t u) {
   const size_t b = u / 2;
   const int h = (int)(u % 2);
   const char* q = m.qs(b);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) v.ql[j] = hipc_load_quants16(q + 64 * h + 16 * j);
+  for (int j = 0; j < 4; ++j) v.ql[j] = hipc_load_q16<SMEM>(q + 64 * h + 16 * j);
 #pragma unroll
-  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_quants16(q + 128 + 32 * h + 16 * j);
+  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16 * j);
   const uint16_t* sc = (const uint16_t*)(m.sc(b) + 8 * h);  // 8-byte aligned when split
   v.sc[0] = sc[0] | (uint32_t)sc[1] << 16;
   v.sc[1] = sc[2] | (uint32_t)sc[3] << 16;
   v.d = *(const uint16_t*)m.d(b);
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_0& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_0& v, XP xq, int i) {
   const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   // quants are stored + 8: subtract 8 * sum(x) in integers
   const int t = hipc_idot_q4<LO>(v.q, x) - 8 * x.meta.y;
   return hipc_f16_to_f32(v.d) * x.scale() * (float)t;
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_1& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_1& v, XP xq, int i) {
   const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   const float t = (float)hipc_idot_q4<LO>(v.q, x);
   // w = d * q + m: d * sum(q x) + m * sum(x)
   return x.scale() * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)x.meta.y);
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q8_0& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q8_0& v, XP xq, int i) {
   const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   return hipc_f16_to_f32(v.d) * x.scale() * (float)hipc_idot_q8<LO>(v.qa, v.qb, x);
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, XP xq, int i) {
   const uint32_t QL[16] = {v.ql[0].x, v.ql[0].y, v.ql[0].z, v.ql[0].w, v.ql[1].x, v.ql[1].y, v.ql[1].z, v.ql[1].w,
                            v.ql[2].x, v.ql[2].y, v.ql[2].z, v.ql[2].w, v.ql[3].x, v.ql[3].y, v.ql[3].z, v.ql[3].w};
   const uint32_t QH[8] = {v.qh[0].x, v.qh[0].y, v.qh[0].z, v.qh[0].w, v.qh[1].x, v.qh[1].y, v.qh[1].z, v.qh[1].w};
@@ -790,13 +879,15 @@ HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {
   return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
 #endif
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_0& v, const hipc_qmat_q5_0& m, size_t u) {
-  v.q = hipc_load_quants16(m.qs(u));
+  v.q = hipc_load_q16<SMEM>(m.qs(u));
   v.qh = hipc_load_u32(m.f2(u));
   v.d = *(const uint16_t*)m.f3(u);
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_1& v, const hipc_qmat_q5_1& m, size_t u) {
-  v.q = hipc_load_quants16(m.qs(u));
+  v.q = hipc_load_q16<SMEM>(m.qs(u));
   v.qh = hipc_load_u32(m.f2(u));
   v.dm = hipc_load_u32(m.f3(u));
 }
@@ -813,14 +904,14 @@ HIPC_DEVICE int hipc_idot_q5(uint4 q, uint32_t qh, const hipc_xb<LO>& x) {
   }
   return hipc_idot_words<LO, 8>(b, x, 0);
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_0& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_0& v, XP xq, int i) {
   const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   const int t = hipc_idot_q5<LO>(v.q, v.qh, x) - 16 * x.meta.y;  // quants stored + 16
   return hipc_f16_to_f32(v.d) * x.scale() * (float)t;
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_1& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_1& v, XP xq, int i) {
   const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   const float t = (float)hipc_idot_q5<LO>(v.q, v.qh, x);
   return x.scale() * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)x.meta.y);
@@ -833,26 +924,28 @@ HIPC_DEVICE void hipc_load_kscales(uint32_t* sc, uint32_t& dd, const char* s, co
   for (int j = 0; j < 3; ++j) sc[j] = hipc_load_u32(s + 4 * j);
   dd = hipc_load_u32(d);
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_k& v, const hipc_qmat_q4_k& m, size_t u) {
   const size_t b = u / 2;
   v.h = (int)(u % 2);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_quants16(m.qs(b) + 64 * v.h + 16 * j);
+  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_q16<SMEM>(m.qs(b) + 64 * v.h + 16 * j);
   hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
 }
+template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_k& v, const hipc_qmat_q5_k& m, size_t u) {
   const size_t b = u / 2;
   v.h = (int)(u % 2);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_quants16(m.qs(b) + 32 + 64 * v.h + 16 * j);
+  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_q16<SMEM>(m.qs(b) + 32 + 64 * v.h + 16 * j);
 #pragma unroll
-  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_quants16(m.qs(b) + 16 * j);
+  for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_q16<SMEM>(m.qs(b) + 16 * j);
   hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
 }
 // sum over sub-blocks s = 4h + k of d * scale(s) * sum(q x) - dmin * min(s) * sum(x)
-template <bool LO, bool Q5>
+template <bool LO, bool Q5, class XP>
 HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint32_t* sc3, uint32_t dd, int h,
-                                   const int* xq, int i) {
+                                   XP xq, int i) {
   const uint32_t Q[16] = {q4[0].x, q4[0].y, q4[0].z, q4[0].w, q4[1].x, q4[1].y, q4[1].z, q4[1].w,
                           q4[2].x, q4[2].y, q4[2].z, q4[2].w, q4[3].x, q4[3].y, q4[3].z, q4[3].w};
   uint8_t scales[12];
@@ -884,14 +977,64 @@ HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint3
   }
   return hipc_f16_to_f32((uint16_t)dd) * dsum - hipc_f16_to_f32((uint16_t)(dd >> 16)) * msum;
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k& v, XP xq, int i) {
   return hipc_dot_kquant<LO, false>(v.q, nullptr, v.sc, v.dd, v.h, xq, i);
 }
-template <bool LO>
-HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, const int* xq, int i) {
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, XP xq, int i) {
   return hipc_dot_kquant<LO, true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
 }
+
+// ---- bulk copies into shared memory (linear_gemv_qbulk, NVIDIA sm_90) ------------------
+// One thread copies a whole tile of weights (contiguous byte ranges) into a shared-memory
+// stage with cp.async.bulk; the stage's mbarrier counts the bytes, and every thread waits on
+// its phase parity. No register holds a load in flight, so a block keeps tens of KiB in
+// flight, and a block of the next kernel (PDL) issues its first tiles before its wait.
+// The host emulation copies at once and completes the phase at hipc_bulk_commit.
+#if defined(__CUDACC__)
+HIPC_DEVICE uint32_t hipc_bulk_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+HIPC_DEVICE void hipc_bulk_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(hipc_bulk_smem(bar)) : "memory");
+}
+HIPC_DEVICE void hipc_bulk_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+HIPC_DEVICE void hipc_bulk_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(hipc_bulk_smem(bar)), "r"(bytes) : "memory");
+}
+// bytes % 16 == 0, src and dst 16-byte aligned
+HIPC_DEVICE void hipc_bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(hipc_bulk_smem(dst)), "l"(src), "r"(bytes), "r"(hipc_bulk_smem(bar))
+               : "memory");
+}
+HIPC_DEVICE void hipc_bulk_commit(uint64_t*) {}
+HIPC_DEVICE void hipc_bulk_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(hipc_bulk_smem(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+#elif defined(HIPC_HOST)
+HIPC_DEVICE void hipc_bulk_init(uint64_t* bar) { __atomic_store_n(bar, 0ull, __ATOMIC_RELEASE); }
+HIPC_DEVICE void hipc_bulk_init_fence() {}
+HIPC_DEVICE void hipc_bulk_expect(uint64_t*, uint32_t) {}
+HIPC_DEVICE void hipc_bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t*) {
+  if ((size_t)dst % 16 || (size_t)src % 16 || bytes % 16) __builtin_trap();  // what the hardware requires
+  __builtin_memcpy(dst, src, bytes);
+}
+HIPC_DEVICE void hipc_bulk_commit(uint64_t* bar) { __atomic_fetch_add(bar, 1ull, __ATOMIC_ACQ_REL); }
+HIPC_DEVICE void hipc_bulk_wait(uint64_t* bar, uint32_t parity) {
+  while ((__atomic_load_n(bar, __ATOMIC_ACQUIRE) & 1) == parity) {
+  }
+}
+#endif
 
 // ---- quantized weights in the matrix-instruction GEMM ----------------------------------
 // hipc_qchunk8: 8 consecutive weights k .. k + 7 (k % 8 == 0) of row n as small integers q
@@ -1004,6 +1147,86 @@ HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q6_k& m, int K, int n, int k, uint
   const uint2 lo = hipc_load_bytes8(base + 64 * h + 32 * (c % 2) + l), hi = hipc_load_bytes8(base + 128 + 32 * h + l);
   q = hipc_ints8(lo, 4 * (c / 2), 15, -32, &hi, 2 * c, 4, 3);
   s = hipc_f16_to_f32(*(const uint16_t*)m.d(b)) * (float)((const int8_t*)m.sc(b))[8 * h + 2 * c + l / 16], o = 0.f;
+}
+// Q4_K in 64-weight units (the bulk-copy GEMV reads them from shared memory): unit u of a row
+// is sub-blocks 2q and 2q + 1 (q = u % 4) of super-block u / 4, the quants' bytes 32q ..
+// 32q + 31 (low nibbles: sub-block 2q, high: 2q + 1). 8 lanes of a 16-byte load phase read
+// 8 units 32 bytes apart, two per bank group: those with bit 2 of u set read their second
+// 16 bytes first, so every load covers all 32 banks once.
+struct hipc_unit_q4_k64 { uint4 a, b; uint32_t sc[3], dd; int q; };
+template <bool SMEM = false>
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_k64& v, const hipc_qmat_q4_k& m, size_t u) {
+  const size_t b = u / 4;
+  v.q = (int)(u % 4);
+  const int rot = (int)((u >> 2) & 1);
+  const char* p = m.qs(b) + 32 * v.q;
+  const uint4 first = hipc_load_q16<SMEM>(p + 16 * rot), second = hipc_load_q16<SMEM>(p + 16 - 16 * rot);
+  v.a = rot ? second : first;
+  v.b = rot ? first : second;
+  hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
+}
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k64& v, XP xq, int i) {
+  const uint32_t Q[8] = {v.a.x, v.a.y, v.a.z, v.a.w, v.b.x, v.b.y, v.b.z, v.b.w};
+  int lo[8], hi[8];
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {
+    lo[w] = (int)(Q[w] & 0x0f0f0f0fu);
+    hi[w] = (int)((Q[w] >> 4) & 0x0f0f0f0fu);
+  }
+  int sc0, mn0, sc1, mn1;
+  hipc_kscale_w(v.sc, 2 * v.q, sc0, mn0);
+  hipc_kscale_w(v.sc, 2 * v.q + 1, sc1, mn1);
+  const hipc_xb<LO> x0 = hipc_load_xb<LO>(xq, 2 * i), x1 = hipc_load_xb<LO>(xq, 2 * i + 1);
+  const float d0 = x0.scale(), d1 = x1.scale();
+  const float dsum = d0 * (float)sc0 * (float)hipc_idot_words<LO, 8>(lo, x0, 0) +
+                     d1 * (float)sc1 * (float)hipc_idot_words<LO, 8>(hi, x1, 0);
+  const float msum = d0 * (float)mn0 * (float)x0.meta.y + d1 * (float)mn1 * (float)x1.meta.y;
+  return hipc_f16_to_f32((uint16_t)v.dd) * dsum - hipc_f16_to_f32((uint16_t)(v.dd >> 16)) * msum;
+}
+// Q6_K in 64-weight units (the bulk-copy GEMV): unit u of a row is, in half h = (u % 4) / 2 of
+// super-block u / 4 and with p = u % 2, the 32 bytes ql[64h + 32p ..] (low nibbles: weights
+// 128h + 32p + l, high: 128h + 64 + 32p + l) and the 32 bytes qh[32h ..] (their 2-bit highs
+// at bits 2p and 4 + 2p); the 16-byte halves read in the bank-covering order of q4_k64.
+struct hipc_unit_q6_k64 { uint4 l0, l1, h0, h1; uint32_t sc[2]; uint16_t d; int u; };
+template <bool SMEM = false>
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k64& v, const hipc_qmat_q6_k& m, size_t u) {
+  const size_t b = u / 4;
+  const int r = (int)(u % 4), h = r / 2, p = r % 2, rot = (int)((u >> 2) & 1);
+  const char* q = m.qs(b);
+  const uint4 a0 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p + 16 * rot);
+  const uint4 a1 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p + 16 - 16 * rot);
+  const uint4 b0 = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16 * rot);
+  const uint4 b1 = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16 - 16 * rot);
+  v.l0 = rot ? a1 : a0, v.l1 = rot ? a0 : a1;
+  v.h0 = rot ? b1 : b0, v.h1 = rot ? b0 : b1;
+  const uint16_t* sc = (const uint16_t*)(m.sc(b) + 8 * h);
+  v.sc[0] = sc[0] | (uint32_t)sc[1] << 16;
+  v.sc[1] = sc[2] | (uint32_t)sc[3] << 16;
+  v.d = *(const uint16_t*)m.d(b);
+  v.u = r;
+}
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k64& v, XP xq, int i) {
+  const uint32_t QL[8] = {v.l0.x, v.l0.y, v.l0.z, v.l0.w, v.l1.x, v.l1.y, v.l1.z, v.l1.w};
+  const uint32_t QH[8] = {v.h0.x, v.h0.y, v.h0.z, v.h0.w, v.h1.x, v.h1.y, v.h1.z, v.h1.w};
+  const int h = v.u / 2, p = v.u % 2;
+  const int blk0 = (i / 4) * 8 + 4 * h + p;  // x block of chunk p of the half (then p + 2)
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {  // chunk p + 2k: the low (k 0) or high (k 1) nibbles
+    const hipc_xb<LO> x = hipc_load_xb<LO>(xq, blk0 + 2 * k);
+    const int hs = 2 * p + 4 * k;
+    int q[8];
+#pragma unroll
+    for (int w = 0; w < 8; ++w)
+      q[w] = (int)(((QL[w] >> (4 * k)) & 0x0f0f0f0fu) | (((QH[w] >> hs) & 0x03030303u) << 4));
+    const int t0 = hipc_idot_words<LO, 4>(q, x, 0) - 32 * x.meta.z;
+    const int t1 = hipc_idot_words<LO, 4>(q + 4, x, 4) - 32 * (x.meta.y - x.meta.z);
+    const uint32_t sw = v.sc[k] >> (16 * p);  // scales of chunk p + 2k: bytes 2(p + 2k), + 1
+    acc += x.scale() * ((float)(int8_t)sw * (float)t0 + (float)(int8_t)(sw >> 8) * (float)t1);
+  }
+  return hipc_f16_to_f32(v.d) * acc;
 }
 
 // The GEMV inner loops, one per storage type: lane `lane` of a wave takes every
@@ -1174,6 +1397,46 @@ HIPC_DEVICE void hipc_mma_store_bf16(uint16_t* s, int ld, const hipc_mma_c& c) {
   *(uint32_t*)(s + (g + 8) * ld + col) = hipc_f32_to_bf16(c[2]) | hipc_f32_to_bf16(c[3]) << 16;
 }
 
+// The FA2-style flash kernel's (attention_flash_mma.hip.j2) operands. Two B fragments at once
+// (ldmatrix.x4): columns 0..7 and 8..15 of a [n][k] tile (K), matrices j from lanes 8j..8j+7 at
+// (row l % 8 + 8 (l / 16), k ((l / 8) % 2) * 8), or of a [k][n] tile (V, .trans), lanes at
+// (row k = l % 16, column (l / 16) * 8).
+HIPC_DEVICE void hipc_mma_load_b2(const uint16_t* s, int ld, hipc_mma_b& b0, hipc_mma_b& b1) {
+  const int lane = hipc_thread() % 32;
+  const uint32_t p = (uint32_t)__cvta_generic_to_shared(s + (lane % 8 + 8 * (lane / 16)) * ld + ((lane / 8) % 2) * 8);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(b0.r[0]), "=r"(b0.r[1]), "=r"(b1.r[0]), "=r"(b1.r[1])
+               : "r"(p)
+               : "memory");
+}
+HIPC_DEVICE void hipc_mma_load_b2_t(const uint16_t* s, int ld, hipc_mma_b& b0, hipc_mma_b& b1) {
+  const int lane = hipc_thread() % 32;
+  const uint32_t p = (uint32_t)__cvta_generic_to_shared(s + (lane % 16) * ld + (lane / 16) * 8);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(b0.r[0]), "=r"(b0.r[1]), "=r"(b1.r[0]), "=r"(b1.r[1])
+               : "r"(p)
+               : "memory");
+}
+// two float32 -> bf16 pairs in one instruction (round to nearest even): lo in the low half
+HIPC_DEVICE uint32_t hipc_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// 16 bytes global -> shared without registers (sm_80+), zero-filled where !valid; a group per
+// commit, waited for (all of this thread's) before a barrier makes them visible to the block
+HIPC_DEVICE void hipc_cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+HIPC_DEVICE void hipc_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+HIPC_DEVICE void hipc_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+HIPC_DEVICE float hipc_exp2_approx(float x) {  // ex2.approx.ftz: 2^-inf = 0, ~2 ulp
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 #elif defined(HIPC_MMA_HOST)
 // Host tests only (tests/host_simt.py, HIPC_HOST_SIMT, wave 32): mma.sync.m16n8k16's fragment
 // layouts above, emulated. Loads read the tile directly (what ldmatrix hands each lane); an
@@ -1223,6 +1486,26 @@ HIPC_DEVICE int hipc_mma_colslot(int i) { return i % 2; }
 #define HIPC_MMA_ROWS 2
 #define HIPC_MMA_ROW_LANES 4
 HIPC_DEVICE int hipc_mma_rowslot(int i) { return i / 2; }
+// the flash kernel's operands as the NVIDIA forms above hand them (read from the tile directly)
+HIPC_DEVICE void hipc_mma_load_b2(const uint16_t* s, int ld, hipc_mma_b& b0, hipc_mma_b& b1) {
+  b0 = hipc_mma_load_b(s, ld), b1 = hipc_mma_load_b(s + 8 * ld, ld);
+}
+HIPC_DEVICE hipc_mma_b hipc_mma_load_b_t(const uint16_t* s, int ld) {
+  const int g = hipc_thread() % 32 / 4, q = hipc_thread() % 4;
+  const auto col = [&](int k) { return (uint32_t)s[k * ld + g] | (uint32_t)s[(k + 1) * ld + g] << 16; };
+  return {{col(2 * q), col(2 * q + 8)}};
+}
+HIPC_DEVICE void hipc_mma_load_b2_t(const uint16_t* s, int ld, hipc_mma_b& b0, hipc_mma_b& b1) {
+  b0 = hipc_mma_load_b_t(s, ld), b1 = hipc_mma_load_b_t(s + 8, ld);
+}
+HIPC_DEVICE uint32_t hipc_bf16x2(float lo, float hi) { return hipc_f32_to_bf16(lo) | hipc_f32_to_bf16(hi) << 16; }
+HIPC_DEVICE void hipc_cp_async16(void* dst, const void* src, bool valid) {
+  if (valid) __builtin_memcpy(dst, src, 16);
+  else __builtin_memset(dst, 0, 16);
+}
+HIPC_DEVICE void hipc_cp_async_commit() {}
+HIPC_DEVICE void hipc_cp_async_wait_all() {}
+HIPC_DEVICE float hipc_exp2_approx(float x) { return exp2f(x); }
 
 #elif defined(HIPC_MMA_WMMA) || defined(HIPC_MMA_WMMA12) || defined(HIPC_MMA_MFMA)
 // AMD: 16 x 16 x 16 bf16 -> f32 tiles. Lane l holds row l % 16 of A (column l % 16 of B) at

@@ -115,7 +115,9 @@ def prefill_linears(artifact, target) -> list[dict]:
 
 def test_bf16_prefill_on_wgmma_sm90(tmp_path):
     """sm_90: each bf16 linear's prefill is an _xb kernel (x -> bf16 in scratch) and the wgmma
-    GEMM reading it and W through tensor maps; --prefill-precision split keeps mma.sync."""
+    GEMM reading it and W through tensor maps, except where the kernel before it writes x in bf16
+    (down after gate/up, o after the flash attention); --prefill-precision split keeps
+    mma.sync."""
     model = write_tiny_hf(tmp_path / "m", dtype="bfloat16", hidden_size=64, intermediate_size=96)
     art = compiled(tmp_path, model, ("sm_90",))
     plan = json.loads((art / "plan.json").read_text())
@@ -129,8 +131,10 @@ def test_bf16_prefill_on_wgmma_sm90(tmp_path):
         launch, before = steps[i], steps[i - 1]
         xmap, wmap = launch["args"][0], launch["args"][1]
         assert xmap["kind"] == wmap["kind"] == "tmap"
-        if xmap["of"]["kind"] == "arena":  # down: the GLU GEMM before it wrote x in bf16
-            assert before["kernel"].endswith("_yb") and before["args"][-1] == xmap["of"]
+        if xmap["of"]["kind"] == "arena":  # x written in bf16 by the kernel before it:
+            # down's by the GLU GEMM, o's by the flash attention
+            assert before["kernel"].endswith(("_yb", "_ob_flash")), before["kernel"]
+            assert before["args"][-1] == xmap["of"]
             handoffs += 1
             continue
         assert before["kernel"] == launch["kernel"] + "_xb"
@@ -143,7 +147,7 @@ def test_bf16_prefill_on_wgmma_sm90(tmp_path):
         assert "wgmma.mma_async.sync.aligned.m64n" in ptx
         assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile" in ptx
         assert "mma.sync" not in ptx
-    assert handoffs == 2  # one per layer
+    assert handoffs == 4  # two per layer
     (tmp_path / "s").mkdir()
     (tmp_path / "o").mkdir()
     split = compiled(tmp_path / "s", model, ("sm_90",), prefill_precision="split")
@@ -450,8 +454,9 @@ def _sm90_program(folder, tmp_path):
 
 def test_glu_hands_bf16_to_the_down_linear(tmp_path):
     """sm_90, bf16 weights: the gate/up GEMM writes its output in bf16 and the down GEMM's
-    tensor map reads that buffer directly (no _xb launch); qkv, o and gate/up keep theirs, and
-    the decode GEMVs still read the buffer the GLU GEMV writes (float32)."""
+    tensor map reads that buffer directly (no _xb launch); o likewise reads the attention's
+    output, qkv and gate/up keep theirs, and the decode GEMVs still read the buffer the GLU
+    GEMV writes (float32)."""
     folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
     program = _sm90_program(folder, tmp_path)
     prefill = program.plan["steps"]["prefill"]
@@ -464,10 +469,15 @@ def test_glu_hands_bf16_to_the_down_linear(tmp_path):
         y, xmap = glu["args"][-1], d["args"][0]  # WGMMA's arguments: xmap first, y last
         assert xmap["kind"] == "tmap" and xmap["of"] == y and y["kind"] == "arena", (y, xmap)
         assert xmap["dims"][0] == 128  # K of down = the GLU's outputs, bf16 rows
-    # every other wgmma GEMM still has its _xb pass just before it
+    # o reads the attention's bf16 output likewise (head dim 8: the SIMT kernel's, Attention's
+    # bf16_reader); every other wgmma GEMM still has its _xb pass just before it
     for i, x in enumerate(prefill):
         if "_wg" in x["kernel"] and not x["kernel"].endswith("_xb") and x not in down:
-            assert prefill[i - 1]["kernel"] == x["kernel"] + "_xb", names
+            before = prefill[i - 1]
+            if before["kernel"].endswith("_ob_attn"):
+                assert x["args"][0]["of"] == before["args"][-1], names
+                continue
+            assert before["kernel"] == x["kernel"] + "_xb", names
     assert "hipc_f32_to_bf16(v0) | hipc_f32_to_bf16(v1) << 16" in program.source
     # decode: the GLU GEMV writes float32 where the down GEMV reads it
     decode = program.plan["steps"]["decode"]
@@ -499,3 +509,65 @@ def test_cluster_variants_in_the_plan(tmp_path, monkeypatch):
         assert x["args"][0]["box"] == [64, 64]
     assert "__cluster_dims__(1, 1, 2)" in program.source
     assert "__cluster_dims__(1, 2, 1)" in program.source
+
+
+def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
+    """sm_90, bf16 weights: batch steps of up to BATCH_GEMV_ROWS rows run each linear as the
+    weights-once GEMV of their size class (8, 16, 32 rows), after an _xb pass where the linear
+    has a norm; larger batch steps and every prefill step keep the wgmma GEMMs; with
+    HIPC_BATCH_GEMV_ROWS=0 the batch list is the prefill GEMMs' again."""
+    from hipc.base.launch_plan import Launch
+    from hipc.compiler.kernels.attention import BATCH_GROUP_ROWS
+    from hipc.compiler.kernels.linear import BATCH_GEMV_ROWS
+
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
+    plan = _sm90_program(folder, tmp_path).plan["steps"]
+    assert not any("_gemvm" in x["kernel"] for x in plan["prefill"] + plan["decode"])
+    batch = [Launch.from_json(x) for x in plan["batch"]]
+
+    def at(B: int) -> list[Launch]:
+        return [x for x in batch if x.runs_at(B)]
+
+    prefill_gemms = sum(
+        1 for x in plan["prefill"] if "_wg" in x["kernel"] and "_xb" not in x["kernel"]
+    )
+    for B in (2, 5, 8, 9, 16, 17, 32, 33, 64):
+        names = [x.kernel for x in at(B)]
+        gemv = [x for x in at(B) if "_gemvm" in x.kernel and not x.kernel.endswith("_xb")]
+        if B > BATCH_GEMV_ROWS:
+            assert not gemv and sum("_wg" in n and "_xb" not in n for n in names) == prefill_gemms
+            continue
+        nt = 1 if B <= 8 else 2 if B <= 16 else 4
+        assert len(gemv) == prefill_gemms, names  # every linear, the LM head included
+        assert all(x.kernel.endswith(f"_gemvm{nt}") and x.overlap for x in gemv), names
+        assert not any("_wg" in n for n in names), names
+        for x in gemv:
+            i = names.index(x.kernel)
+            if "_rms" in x.kernel:  # the norm: its _xb pass writes the bf16 rows it reads
+                assert names[i - 1] == x.kernel + "_xb"
+                assert at(B)[i - 1].args[2] == x.args[0] and x.args[0]["kind"] == "scratch"
+            else:
+                assert x.args[0]["kind"] == "arena"
+    # the batch attention: from BATCH_GROUP_ROWS rows a block per row and KV head, its 2 query
+    # heads together; fewer rows keep a block per head (enough blocks to fill the GPU)
+    for B, name, heads in ((8, "_attn", 4), (BATCH_GROUP_ROWS, "_attn_g2", 2)):
+        attn = [x for x in at(B) if "_attn" in x.kernel]
+        assert len(attn) == 2 and all(x.kernel.endswith(name) for x in attn), (B, attn)
+        assert all(x.grid[:2] == ("T", heads) and x.overlap for x in attn)
+    assert not any("_attn_g" in x["kernel"] for x in plan["prefill"])
+    # down reads the float32 rows the GLU GEMV wrote (no bf16 hand-off in these steps)
+    glu = [x for x in at(8) if "_glu_" in x.kernel and x.kernel.endswith("_gemvm1")]
+    down = [x for x in at(8) if "_32x128_residual_" in x.kernel]
+    assert [x.args[-1] for x in glu] == [x.args[0] for x in down] and len(glu) == 2
+    monkeypatch.setenv("HIPC_BATCH_GEMV_ROWS", "0")
+    (tmp_path / "off").mkdir()
+    off = _sm90_program(folder, tmp_path / "off").plan["steps"]
+    assert not any("_gemvm" in x["kernel"] for x in off["batch"])
+    # (head dim 8: the prefill attention is the SIMT one too, one head per block)
+    off_batch = [Launch.from_json(x) for x in off["batch"]]
+    for B in (8, BATCH_GROUP_ROWS):
+        g2 = "_g2" if B >= BATCH_GROUP_ROWS else ""
+        assert [x.kernel for x in off_batch if x.runs_at(B)] == [
+            x["kernel"] + g2 if x["kernel"].endswith("_attn") else x["kernel"]
+            for x in off["prefill"]
+        ]

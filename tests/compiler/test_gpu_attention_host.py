@@ -20,6 +20,7 @@ from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.kernels.attention import (
     ATTN_WAVES,
+    DECODE_BLOCKS,
     decode_attention,
     kv_context,
     prefill_signature,
@@ -35,7 +36,7 @@ EPS = 1e-5
 
 
 # name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, compiled context, p)
-CASES = {
+DECODE = {
     "llama_bf16_d128": (4, 2, 128, 0, False, False, "bfloat16", 512, 300),
     "f32_d64_chunks": (6, 3, 64, 0, False, False, "float32", 1024, 700),
     "window_f32_d32": (6, 3, 32, 100, False, False, "float32", 1024, 900),
@@ -48,18 +49,75 @@ CASES = {
     # OLMoE: q, k and v clamped to [-clip, clip] as read (then the per-head norm where fused)
     "clip_bf16": (4, 2, 64, 0, False, False, "bfloat16", 256, 50, 0, False, 0.4),
     "clip_qknorm_f32": (4, 1, 32, 0, True, True, "float32", 256, 70, 0, False, 0.7),
+    # several tiles per block (BLOCKS below), the tile of p not the owner's first
+    "tiles_per_block_bf16": (4, 2, 128, 0, False, False, "bfloat16", 1024, 700),
+    "tiles_window_qknorm_f32": (6, 2, 64, 200, True, True, "float32", 1024, 650),
+    # 8 query heads per KV head (two per wave), head dim 256 (16-key tiles), Qwen3.5's gate
+    "g8_d128_bf16": (16, 2, 128, 0, False, False, "bfloat16", 512, 333),
+    "d256_gated_partial_bf16": (16, 2, 256, 0, True, False, "bfloat16", 1024, 400, 64, True),
+    # p at the edges of a tile (32 keys) and of a cache block (16 positions)
+    "edge_p31": (9, 3, 64, 0, False, False, "bfloat16", 256, 31),
+    "edge_p32": (9, 3, 64, 0, False, False, "bfloat16", 256, 32),
+    "edge_p47_window": (9, 3, 64, 16, False, False, "bfloat16", 256, 47),
+    "edge_p64_one_split": (9, 3, 64, 0, False, False, "bfloat16", 256, 64),
+}
+# decode blocks in all (decode_attention's `blocks`), where not the default: few splits, so a
+# block loops over tiles
+BLOCKS = {
+    "tiles_per_block_bf16": 6,
+    "tiles_window_qknorm_f32": 4,
+    "d256_gated_partial_bf16": 8,
+    "edge_p64_one_split": 3,
 }
 
 
+# the grouped kernel (one block per KV head) on every case; the per-query-head one (the
+# default, and the fallback where the grouped one's tiles would not fit) on most; the grouped
+# one with AMD CDNA's 64-lane waves (gfx942: lanes past a tile's 32 keys idle) on a few
+HEAD_CASES = (
+    "llama_bf16_d128", "window_f32_d32", "gated_partial_d64_f32", "first_token",
+    "qknorm_d12_bf16", "clip_bf16", "f32_d64_chunks", "edge_p31", "tiles_per_block_bf16",
+)  # fmt: skip
+FORMS = (
+    {(n, "gqa"): c for n, c in DECODE.items()}
+    | {(n, "head"): DECODE[n] for n in HEAD_CASES}
+    | {
+        (n, "gqa-wave64"): DECODE[n]
+        for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "d256_gated_partial_bf16")
+    }
+)
+
+
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib32(tmp_path_factory):
+    return _build(tmp_path_factory, 32)
+
+
+@pytest.fixture(scope="module")
+def lib64(tmp_path_factory):
+    return _build(tmp_path_factory, 64)
+
+
+def _build(tmp_path_factory, wave: int):
+    """The kernels of one wave width (sm_90's 32 or gfx942's 64), built as one library."""
     kernels, wrappers = [], []
     specs = {}
-    for i, (name, case) in enumerate(CASES.items()):
+    for i, (key, case) in enumerate(FORMS.items()):
+        name, form = key
+        if (form == "gqa-wave64") != (wave == 64):
+            continue
         k = decode_attention(
-            f"att{i}", attention_params(case, EPS), GpuTarget("sm_90"), [name], case[7], case[6]
+            f"att{i}",
+            attention_params(case, EPS),
+            GpuTarget("gfx942" if wave == 64 else "sm_90"),
+            [name],
+            case[7],
+            case[6],
+            blocks=BLOCKS.get(name, DECODE_BLOCKS),
+            form=form.split("-")[0],
         )
-        specs[name] = k
+        assert k.template == f"attention_decode{'' if form == 'head' else '_gqa'}"
+        specs[key] = k
         kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         kv = "uint16_t" if case[6] == "bfloat16" else "float"
         wrappers.append(
@@ -71,22 +129,25 @@ def lib(tmp_path_factory):
             f"blocks, qw, kw, c, s, kc, vc, part, cnt, out); }});\n}}"
         )
     code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
-    handle = host_simt.build(tmp_path_factory.mktemp("attention"), "attention_host", code)
+    handle = host_simt.build(
+        tmp_path_factory.mktemp("attention"), f"attention_host{wave}", code, wave=wave
+    )
     handle.specs = specs
     return handle
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_decode_attention_on_the_host(lib, name):
-    NH, NKV, D, window, norm, interleaved, kv, ctx, p = CASES[name][:9]
-    rot, gated = attention_switches(CASES[name])
+@pytest.mark.parametrize("name,form", sorted(FORMS))
+def test_decode_attention_on_the_host(request, name, form):
+    lib = request.getfixturevalue("lib64" if form == "gqa-wave64" else "lib32")
+    NH, NKV, D, window, norm, interleaved, kv, ctx, p = DECODE[name][:9]
+    rot, gated = attention_switches(DECODE[name])
     r = rot or D
-    spec = lib.specs[name]
-    rng = np.random.default_rng(sorted(CASES).index(name))
+    spec = lib.specs[name, form]
+    rng = np.random.default_rng(sorted(DECODE).index(name))
     q_in = rng.standard_normal((NH, 2 * D if gated else D)).astype(np.float32)
     k = rng.standard_normal((NKV, D)).astype(np.float32)
     v = rng.standard_normal((NKV, D)).astype(np.float32)
-    clip = attention_clip(CASES[name])
+    clip = attention_clip(DECODE[name])
     q, k_read, v_read = q_in[:, :D], k, v
     if clip:
         q, k_read, v_read = (np.clip(x, -clip, clip) for x in (q, k, v))
@@ -170,6 +231,8 @@ PREFILL = {
     "clip_bf16_prefix": (4, 2, 32, 0, False, False, "bfloat16", 9, 6, 0, False, 0.5),
     "clip_qknorm_window_f32": (3, 1, 32, 5, True, True, "float32", 0, 7, 0, False, 0.8),
     "plain_f32": (2, 2, 32, 0, False, False, "float32", 3, 4),
+    # the output in bf16 (for the o projection's sm_90a GEMM: Attention.bf16_reader)
+    "plain_f32_out_bf16": (2, 2, 32, 0, False, False, "float32", 3, 4),
 }
 
 
@@ -196,7 +259,7 @@ def prefill_lib(tmp_path_factory):
         )
         code.append(render("hip/attention.hip.j2", fn=f"at{i}", nodes=[name], wave=32,
                            waves=ATTN_WAVES, params=prefill_signature(kt).render(GPU_INDENT),
-                           **kv, **p.context()))  # fmt: skip
+                           out_bf16=name.endswith("_out_bf16"), **kv, **p.context()))  # fmt: skip
         NH, NKV, T = case[0], case[1], case[8]
         code.append(
             f'extern "C" void run_{i}(const float* q, int ldq, const float* k, int ldk, '
@@ -285,5 +348,30 @@ def test_prefill_attention_on_the_host(prefill_lib, name):
             sc = keys[lo : p + 1, kvh] @ qr[t, h] * D**-0.5
             e = np.exp(sc - sc.max())
             want[t, h] = e @ vals[lo : p + 1, kvh] / e.sum()
+    bar = 1e-5
+    if name.endswith("_out_bf16"):  # bf16 rows from the buffer's start: 2^-9 of each value more
+        out = (out.view(np.uint16).reshape(-1)[: out.size].astype(np.uint32) << 16).view(np.float32)
+        bar += 2.0**-9
     err = float(np.max(np.abs(out.reshape(T, NH, D) - want)) / np.max(np.abs(want)))
-    assert err <= 1e-5, (name, err)
+    assert err <= bar, (name, err)
+
+
+def test_grouped_decode_attention_falls_back_where_its_tiles_do_not_fit():
+    """The grouped kernel's shared arrays hold a tile, the group's q rows and the merge's
+    weights; 64 query heads of 256 dims per KV head do not fit in 48 KiB, so the per-head
+    kernel serves them (and any shape asked for it). At most DECODE_GQA_SPLITS blocks per
+    KV head."""
+    from hipc.compiler.kernels.attention import AttentionParams
+
+    def kernel(NH, NKV, D, kv, form="gqa"):
+        p = AttentionParams(NH=NH, NKV=NKV, D=D, scale=D**-0.5, window=0, interleaved=False,
+                            norm_eps=0.0)  # fmt: skip
+        return decode_attention("a", p, GpuTarget("sm_90"), ["a"], 8192, kv, form=form)
+
+    llama = kernel(32, 8, 128, "bfloat16")
+    assert llama.template == "attention_decode_gqa" and llama.grid == [8, 32]
+    assert kernel(9, 3, 64, "bfloat16").grid == [3, 32]  # SmolLM2: 256 / 3, capped
+    assert kernel(64, 1, 256, "float32").template == "attention_decode"
+    assert kernel(32, 8, 128, "bfloat16", form="head").template == "attention_decode"
+    # 16-key tiles where a cached row is over 256 bytes
+    assert kernel(16, 2, 256, "bfloat16").ctx["tk"] == 16

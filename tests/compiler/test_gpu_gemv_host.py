@@ -7,6 +7,8 @@ groups, long rows in several batches, rings of 2-4 batch buffers whose last turn
 rows past the end of the matrix. The outputs start as NaN, so an output no wave writes fails,
 and each block's shared memory starts poisoned (the harness), so a block that read staged x
 it did not write fails too.
+The register kernels run again on blocks in GGUF's order (HIPC_QSPLIT 0); the bulk-copy
+kernel (linear_gemv_qbulk) reads the split layout only.
 tests/gpu runs the same kernels on a GPU.
 """
 
@@ -20,7 +22,7 @@ import pytest
 from test_gpu_prelude_host import aligned, blocks, gguf, stage_x
 
 from hipc.compiler.codegen.environment import render
-from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv
+from hipc.compiler.kernels.linear import LinearParams, QuantGemv, QuantGemvBulk, decode_gemv
 from hipc.compiler.passes.repack import split_quant_blocks
 from hipc.compiler.targets import GpuTarget
 
@@ -58,7 +60,88 @@ CASES = {
     "q5_0_residual_s2": ("q5_0", 17, 1536, "residual", False, QuantGemv(2, 2, 2, 2, 1, 2)),
     # one stage: the next item's loads copied in at the end of each step
     "q4_k_copy_rows4": ("q4_k", 21, 2048, "residual", False, QuantGemv(2, 4, 1, 2, 1, 1)),
+    # 64-weight K-quant units (bank-covering half order) in the register ring
+    "q4_k64_ring_glu": (
+        "q4_k",
+        2 * 21,
+        2048,
+        "glu",
+        True,
+        QuantGemv(2, 2, 1, 2, 1, 3, unit64=True),
+    ),
+    "q6_k64_copy_rows4": (
+        "q6_k",
+        21,
+        2048,
+        "residual",
+        False,
+        QuantGemv(2, 4, 2, 2, 1, 1, unit64=True),
+    ),
     "q4_0_copy_k2304_glu": ("q4_0", 2 * 23, 2304, "glu", True, QuantGemv(2, 2, 2, 3, 1, 1)),
+    # the bulk-copy GEMV (linear_gemv_qbulk): tiles through a ring of shared-memory stages,
+    # several turns of the ring per block, the last tile partial (rows past the end); tiles
+    # of fewer outputs than waves split each output's units over 2-4 waves
+    "bulk_q4_0_residual": ("q4_0", 45, 2048, "residual", False, QuantGemvBulk(2, 4, 3, 3)),
+    "bulk_q4_0_split2": ("q4_0", 45, 2048, "residual", False, QuantGemvBulk(4, 2, 3, 3)),
+    "bulk_q4_0_glu_norm": ("q4_0", 2 * 21, 1024, "glu", True, QuantGemvBulk(2, 4, 2, 2)),
+    "bulk_q4_0_glu_split2": ("q4_0", 2 * 21, 4096, "glu", True, QuantGemvBulk(2, 2, 2, 2)),
+    "bulk_q4_k_norm": ("q4_k", 21, 2048, "none", True, QuantGemvBulk(2, 2, 3, 2)),
+    # Q4_K in 64-weight units (K 2048: 32 units a row, one step per lane) and split over waves
+    "bulk_q4_k64_glu": ("q4_k", 2 * 13, 2048, "glu", True, QuantGemvBulk(2, 4, 2, 2, unit64=True)),
+    "bulk_q6_k64_residual": (
+        "q6_k",
+        23,
+        2048,
+        "residual",
+        False,
+        QuantGemvBulk(2, 3, 2, 2, unit64=True),
+    ),
+    "bulk_q6_k64_glu_split": (
+        "q6_k",
+        2 * 9,
+        8192,
+        "glu",
+        True,
+        QuantGemvBulk(4, 2, 3, 2, unit64=True),
+    ),
+    # rows whose units are not a multiple of a wave's 32 lanes (72 Q4_0 blocks, 48 Q4_K pairs)
+    "bulk_q4_0_k2304": ("q4_0", 27, 2304, "none", True, QuantGemvBulk(2, 2, 3, 3)),
+    "bulk_q4_k64_k3072": (
+        "q4_k",
+        2 * 15,
+        3072,
+        "glu",
+        False,
+        QuantGemvBulk(2, 2, 2, 3, unit64=True),
+    ),
+    "bulk_q4_k64_split": (
+        "q4_k",
+        19,
+        4096,
+        "residual",
+        False,
+        QuantGemvBulk(4, 2, 3, 3, unit64=True),
+    ),
+    # 2 outputs a wave at once: 5 outputs a tile over 2 waves (the last pass has one row)
+    "bulk_q4_k_rw2": (
+        "q4_k",
+        23,
+        2048,
+        "residual",
+        False,
+        QuantGemvBulk(2, 5, 2, 2, rows_per_wave=2),
+    ),
+    "bulk_q4_0_glu_rw2": (
+        "q4_0",
+        2 * 22,
+        1024,
+        "glu",
+        True,
+        QuantGemvBulk(2, 6, 2, 2, rows_per_wave=2),
+    ),
+    "bulk_q5_k_residual": ("q5_k", 13, 1024, "residual", False, QuantGemvBulk(2, 2, 2, 2)),
+    "bulk_q6_k_glu_split2": ("q6_k", 2 * 9, 8192, "glu", False, QuantGemvBulk(2, 2, 4, 2)),
+    "bulk_q8_0_norm": ("q8_0", 19, 512, "none", True, QuantGemvBulk(2, 3, 2, 2)),
 }
 
 
@@ -67,14 +150,13 @@ def params(case) -> LinearParams:
     return LinearParams(wtype, N, K, EPS if norm else 0.0, epilogue, bias=False)
 
 
-@pytest.fixture(scope="module", params=["int16", "int8"])
-def lib(request, tmp_path_factory):
+def build_cases(root, name: str, cases: dict, activations: str, defines: str = ""):
     kernels, wrappers, specs = [], [], {}
-    for i, (name, case) in enumerate(CASES.items()):
+    for i, (case_name, case) in enumerate(cases.items()):
         k = decode_gemv(
-            f"gemv{i}", params(case), GpuTarget("sm_90"), [name], case[5], request.param
+            f"gemv{i}", params(case), GpuTarget("sm_90"), [case_name], case[5], activations
         )
-        specs[name] = k
+        specs[case_name] = k
         kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         wrappers.append(
             f'extern "C" void run_{k.fn}(const float* x, const void* W, const float* g, '
@@ -83,24 +165,59 @@ def lib(request, tmp_path_factory):
             f"{k.shared});\n}}"
         )
     code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
-    handle = host_simt.build(tmp_path_factory.mktemp("gemv"), f"gemv_{request.param}", code)
-    handle.specs, handle.activations = specs, request.param
+    handle = host_simt.build(root, name, code, defines=defines)
+    handle.specs, handle.activations = specs, activations
+    handle.layout = "gguf" if "HIPC_QSPLIT 0" in defines else "split"
     return handle
+
+
+@pytest.fixture(scope="module", params=["int16", "int8"])
+def lib(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemv")
+    return build_cases(root, f"gemv_{request.param}", CASES, request.param)
+
+
+# the register kernels again with the blocks in GGUF's order (an artifact that also holds the
+# cpu target): narrow loads of the same fields (the bulk-copy GEMV needs the split layout)
+GGUF_CASES = {n: c for n, c in CASES.items() if not isinstance(c[5], QuantGemvBulk)}
+
+
+@pytest.fixture(scope="module")
+def lib_gguf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemv_gguf")
+    return build_cases(root, "gemv_gguf", GGUF_CASES, "int8", "#define HIPC_QSPLIT 0\n")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_quantized_gemv_on_the_host(lib, name):
+    run_case(lib, name)
+
+
+@pytest.mark.parametrize("name", sorted(GGUF_CASES))
+def test_quantized_gemv_gguf_order_on_the_host(lib_gguf, name):
+    run_case(lib_gguf, name)
+
+
+def run_case(lib, name):
     wtype, N, K, epilogue, norm, geo = CASES[name]
     spec = lib.specs[name]
-    groups = -(
-        -(N // 2 if epilogue == "glu" else N) // (geo.rows // 2 if epilogue == "glu" else geo.rows)
-    )
-    assert groups > spec.grid[0] * geo.waves, "every case streams several groups per wave"
+    if isinstance(geo, QuantGemvBulk):
+        tiles = -(
+            -(N // 2 if epilogue == "glu" else N) // (geo.tile_rows // (1 + (epilogue == "glu")))
+        )
+        assert tiles > spec.grid[0] * geo.stages, "every case turns the ring more than once"
+    else:
+        groups = -(
+            -(N // 2 if epilogue == "glu" else N)
+            // (geo.rows // 2 if epilogue == "glu" else geo.rows)
+        )
+        assert groups > spec.grid[0] * geo.waves, "every case streams several groups per wave"
     n_out = N // 2 if epilogue == "glu" else N
     rng = np.random.default_rng(sorted(CASES).index(name))
     raw = blocks(wtype, N, K, rng)
     w = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, wtype.upper()))
-    _wbuf, wptr = aligned(split_quant_blocks(raw, wtype))
+    stored = split_quant_blocks(raw, wtype) if lib.layout == "split" else raw
+    _wbuf, wptr = aligned(stored)
     x = (rng.standard_normal(K) * 3).astype(np.float32)
     x[rng.integers(0, K, 4)] *= 30
     g = (1 + 0.2 * rng.standard_normal(K)).astype(np.float32)
@@ -121,3 +238,24 @@ def test_quantized_gemv_on_the_host(lib, name):
     )  # fmt: skip
     assert np.isfinite(y).all()
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_bulk_default_follows_the_table(monkeypatch):
+    """QUANT_GEMV_BULK picks the bulk-copy GEMV for its (type, class) on sm_90 in the split
+    layout only; GGUF order, an AMD target or a row the copies cannot take keep the register
+    kernel."""
+    from hipc.compiler.kernels import linear
+
+    monkeypatch.setitem(linear.QUANT_GEMV_BULK, ("q4_k", "short"), linear.BulkSpec(24, 4, 8, 2))
+    p = LinearParams("q4_k", 4096, 4096, EPS, "none", bias=False)
+    k = decode_gemv("a", p, GpuTarget("sm_90"), ["n"], activations="int8")
+    assert k.template == "linear_gemv_qbulk"
+    assert k.ctx["tile_rows"] == 8 and k.ctx["stages"] == 4 and k.grid == [132]
+    assert decode_gemv("b", p, GpuTarget("sm_90"), ["n"], quant_layout="gguf").template == (
+        "linear_gemv_q"
+    )
+    assert decode_gemv("c", p, GpuTarget("gfx942"), ["n"]).template == "linear_gemv_q"
+    odd = LinearParams("q4_k", 4096, 3328, EPS, "none", bias=False)  # 13 super-blocks a row
+    assert decode_gemv("d", odd, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_q"
+    glu = LinearParams("q4_k", 2 * 4096, 4096, EPS, "glu", bias=False)  # another class
+    assert decode_gemv("e", glu, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_q"

@@ -17,7 +17,8 @@ import pytest
 
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.ir import Node
-from hipc.compiler.kernels.moe import XQ_BLOCK_BYTES, MoEParams, gpu_kernels
+from hipc.compiler.kernels import moe
+from hipc.compiler.kernels.moe import XQ_BLOCK_BYTES, XQ_BYTES, MoEParams, gpu_kernels
 from hipc.compiler.passes.repack import split_quant_blocks
 from hipc.compiler.reference.ops import IMPLS
 from hipc.compiler.targets import GpuTarget
@@ -33,6 +34,19 @@ CASES = {
     "q4_0_e16_k4_f32router_norm": ("q4_0", 16, 4, 256, 64, True, "float32", True),
     "f32_e7_k2_bf16router": ("float32", 7, 2, 64, 40, False, "bfloat16", False),
     "q8_0_e128_k8_f16router_norm": ("q8_0", 128, 8, 128, 32, True, "float16", True),
+    "q4_0_e16_k4_f32router_norm_int8": ("q4_0", 16, 4, 256, 64, True, "float32", True),
+}
+# cases compiled with CompileOptions.activations "int8" (x and act as one int8 plane)
+INT8 = {"q4_0_e16_k4_f32router_norm_int8"}
+# the opt-in decode routing (compiler/kernels/moe.py): the last block routing with one wave;
+# no hand-off, _up and _down each routing from the logits
+CASES["q8_0_e128_k8_f16router_norm_wave"] = CASES["q8_0_e128_k8_f16router_norm"]
+CASES["q4_0_e16_k4_f32router_norm_local"] = CASES["q4_0_e16_k4_f32router_norm"]
+CASES["q8_0_e128_k8_f16router_norm_local"] = CASES["q8_0_e128_k8_f16router_norm"]
+OPT_IN = {
+    "q8_0_e128_k8_f16router_norm_wave": {"MOE_ROUTE_WAVE": True},
+    "q4_0_e16_k4_f32router_norm_local": {"MOE_ROUTE_LOCAL": True},
+    "q8_0_e128_k8_f16router_norm_local": {"MOE_ROUTE_LOCAL": True},
 }
 
 
@@ -57,7 +71,11 @@ def lib(tmp_path_factory):
     ]
     wrappers, specs = [], {}
     for i, (name, case) in enumerate(CASES.items()):
-        m = gpu_kernels(f"m{i}", params(case), GpuTarget("sm_90"), [name], MAX_TOKENS)
+        act = "int8" if name in INT8 else "int16"
+        with pytest.MonkeyPatch.context() as mp:
+            for attr, value in OPT_IN.get(name, {}).items():
+                mp.setattr(moe, attr, value)
+            m = gpu_kernels(f"m{i}", params(case), GpuTarget("sm_90"), [name], MAX_TOKENS, act)
         specs[name] = m
         xq = max(m.up_shared, m.down_shared) // 4
         for k in (m.decode, m.prefill):
@@ -71,7 +89,7 @@ def lib(tmp_path_factory):
             f"  const int T = 1;\n"
             f"  grid({m.route_blocks}, 1, {m.threads}, [=] {{ {d}_route({route_args}); }});\n"
             f"  grid({m.up_blocks}, 1, {m.threads}, [=] {{ {d}_up(xn, lg, gate, up, act, ids, w); }});\n"
-            f"  grid({m.down_blocks}, 1, {m.down_threads}, [=] {{ {d}_down(act, ids, w, down, y, y); }});\n"
+            f"  grid({m.down_blocks}, 1, {m.down_threads}, [=] {{ {d}_down(act, ids, w, down, y, y, lg); }});\n"
             f'}}\nextern "C" void run_{p}(int T, const float* x, const float* g, const void* r, '
             f"float* xn, float* lg, unsigned* cnt, int* ids, float* w) {{\n"
             f"  grid((T + {tt} - 1) / {tt}, 1, 256, [=] {{ {p}_route({route_args}); }});\n}}"
@@ -82,7 +100,9 @@ def lib(tmp_path_factory):
     return handle
 
 
-def make(name: str, T: int):
+def make(name: str, T: int, tie: bool = False):
+    """`tie`: the k-th ranked expert's router row copied onto a lower ranked one's, so that
+    token 0's k-th largest logit is an exact tie of two computed the same way."""
     wtype, E, k, H, F, normalize, router, norm = CASES[name]
     rng = np.random.default_rng(sorted(CASES).index(name) * 10 + T)
     x = (3 * rng.standard_normal((T, H))).astype(np.float32)
@@ -91,8 +111,19 @@ def make(name: str, T: int):
     xn = x.astype(np.float64)
     if norm:
         xn = xn / np.sqrt(np.mean(xn * xn, -1, keepdims=True) + EPS) * g
-    logits = xn @ r.T
     node = Node("r", "MoERouter", ("l",), ("i", "w"), {"top_k": k, "normalize": int(normalize)})
+    if tie:  # the first copy torch orders other than "lower expert first" (a rule that fails)
+        a = np.argsort(-(xn[0] @ r.T), kind="stable")[k - 1]
+        for b in np.argsort(-(xn[0] @ r.T), kind="stable")[k:]:
+            rt = r.copy()
+            rt[b] = r[a]
+            ids, _ = IMPLS["hipc::MoERouter"](node, [xn[:1] @ rt.T], None)
+            if ids[0, k - 1] != min(a, b):
+                r_raw[b], r[b] = r_raw[a], r[a]
+                break
+        else:
+            raise AssertionError("no tie torch orders by more than the expert index")
+    logits = xn @ r.T
     ids, w = IMPLS["hipc::MoERouter"](node, [logits], None)
     idle = np.setdiff1d(np.arange(E), ids)
     experts = []
@@ -113,11 +144,16 @@ def ptrs(*arrays):
     return [a.ctypes.data_as(ctypes.c_void_p) for a in arrays]
 
 
+@pytest.mark.parametrize("tie", [False, True])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_decode_route_up_down_on_the_host(lib, name):
+def test_decode_route_up_down_on_the_host(lib, name, tie):
+    """`tie`: the route's one-wave path finds two of the top k + 1 equal and hands the token
+    to the block-wide replay of torch's order."""
     wtype, E, k, H, F, *_ = CASES[name]
     m = lib.specs[name]
-    x, g, r, xn_want, logits_want, ids_want, w_want, experts = make(name, 1)
+    x, g, r, xn_want, logits_want, ids_want, w_want, experts = make(name, 1, tie)
+    if tie:
+        assert logits_want[0, ids_want[0, k - 1]] in np.delete(logits_want[0], ids_want[0, k - 1])
     (gr, gv), (ur, uv), (dr, dv) = experts
     res = np.random.default_rng(1).standard_normal((1, H)).astype(np.float32)
     y = res.copy()  # in place, as the residual stream is updated
@@ -137,9 +173,34 @@ def test_decode_route_up_down_on_the_host(lib, name):
     node = Node("m", "Experts", ("x", "i", "w", "g", "u", "d"), ("y",), {}, "hipc")
     want = res + IMPLS["hipc::Experts"](node, [xn_want, ids_want, w_want, gv, uv, dv], None)[0]
     assert np.isfinite(y).all()
+    if name in INT8:
+        # x and act rounded to one int8 plane per 32 values: against NumPy's model of that
+        # rounding (tight), and the exact result within what 8 bits allow
+        rows = [(gv[e], uv[e], dv[e]) for e in ids_want[0]]
+        x8 = int8_blocks(xn_want[0])
+        act8 = [int8_blocks(silu(g @ x8) * (u @ x8)) for g, u, _ in rows]
+        model = res[0] + sum(
+            wj * (d @ a) for wj, (_, _, d), a in zip(w_want[0], rows, act8, strict=True)
+        )
+        assert rel_err(y[0], model) <= 2e-4, rel_err(y[0], model)
+        assert 1e-3 < rel_err(y, want) <= 3e-2, rel_err(y, want)
+        assert m.up_shared == H // 32 * XQ_BYTES["int8"]
+        return
     # quantized experts see x and act as int8 hi + lo planes (~16 significant bits)
     assert rel_err(y, want) <= (1e-4 if wtype != "float32" else 1e-5), rel_err(y, want)
     assert m.up_shared in (0, H // 32 * XQ_BLOCK_BYTES)
+
+
+def silu(v):
+    return v / (1 + np.exp(-v))
+
+
+def int8_blocks(v):
+    """v rounded as the GPU stages it with int8 activations: per 32 values, d = max|v| / 127
+    and round-half-even(v / d) * d."""
+    b = np.asarray(v, np.float64).reshape(-1, 32)
+    d = np.abs(b).max(1, keepdims=True) / 127
+    return (np.rint(b / np.where(d > 0, d, 1)) * d).reshape(-1)
 
 
 @pytest.mark.parametrize("T", [3, MAX_TOKENS])

@@ -3,7 +3,9 @@ on the host SIMT harness, against NumPy in float64: one step whose rows belong t
 sequences (a prefill chunk continuing a cached prefix, decode rows, a first token), each
 sequence's blocks scattered over a pool through its block table, every slot no sequence owns
 NaN, outputs NaN-poisoned. What this checks is the paging: each row writes its key and value
-to its own slot and attends to its own sequence's positions only.
+to its own slot and attends to its own sequence's positions only. The attention is the batch
+step's form (batch_group: a block per KV head and its group of 2 or 4 query heads where the
+case has groups; the one-head form elsewhere).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.kernels.attention import (
     ATTN_WAVES,
+    batch_group,
     kv_context,
     prefill_signature,
     rope_kv_signature,
@@ -33,6 +36,7 @@ WAVE = 32
 # name: (NH, NKV, D, window, qk norm, interleaved pairs, KV storage, compiled context)
 CASES = {
     "gqa_bf16_d64": (4, 2, 64, 0, False, False, "bfloat16", 96),
+    "gqa4_window_qknorm_bf16_d64": (8, 2, 64, 20, True, False, "bfloat16", 96),
     "window_qknorm_f32_d32": (4, 4, 32, 12, True, True, "float32", 64),
     "gated_partial_f32_d32": (2, 1, 32, 0, False, False, "float32", 64, 0, 16, True),
 }
@@ -53,8 +57,9 @@ def lib(tmp_path_factory):
             render("hip/rope_kv.hip.j2", fn=f"rope{i}", block=block,
                    params=rope_sig.render(GPU_INDENT), **ctx)
         )  # fmt: skip
+        G = batch_group(p)  # the batch step's kernel: a KV head's query heads per block
         code.append(
-            render("hip/attention.hip.j2", fn=f"attn{i}", waves=ATTN_WAVES,
+            render("hip/attention.hip.j2", fn=f"attn{i}", waves=ATTN_WAVES, group=G,
                    params=attn_sig.render(GPU_INDENT), **ctx)
         )  # fmt: skip
         code.append(
@@ -64,7 +69,7 @@ def lib(tmp_path_factory):
             f"{kv}* vc, float* out) {{\n"
             f"  grid(T, {p.NKV}, {block}, [=] {{ rope{i}(k, ldk, v, ldv, pos, seq, blocks, kw, "
             f"c, s, kc, vc); }});\n"
-            f"  grid(T, {p.NH}, {ATTN_WAVES * WAVE}, [=] {{ attn{i}(q, ldq, pos, seq, blocks, qw, "
+            f"  grid(T, {p.NH // G}, {ATTN_WAVES * WAVE}, [=] {{ attn{i}(q, ldq, pos, seq, blocks, qw, "
             f"c, s, kc, vc, out); }});\n}}"
         )
     source = "#define __launch_bounds__(n)\n" + "\n".join(code)

@@ -159,3 +159,29 @@ def test_a_prefix_cache_hit_gives_what_a_miss_gives(engine):
     assert hit[0] == miss[0]
     assert rel_err(np.stack(hit[1]), np.stack(miss[1])) <= 1e-6
     assert_pool_full(be)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+def test_step_top_picks_what_the_logits_rank_first(engine, rows):
+    """step_top on the device (the plan's top-k kernel) against the same step's logits: the
+    wanted rows' 5 largest ids and values, and each row's log-sum-exp, as NumPy ranks them
+    (runtime/topk.py's order); k = 1 (greedy) too. A batch step (one row per sequence) and a
+    decode step of one row."""
+    from hipc.runtime.topk import top_of_logits
+
+    eng, _ = engine
+    b = eng.backend
+    assert b.max_top_k == 64
+    per = b.kv_table
+    tables = (np.arange(rows * per, dtype=np.int32).reshape(rows, per)) % b.kv_blocks
+    ids = (np.arange(rows) * 37 + 11) % 512
+    pos = 3 + np.arange(rows, dtype=np.int32)
+    seq = np.arange(rows, dtype=np.int32)
+    out_rows = np.arange(rows)
+    logits = b.step(ids, pos, seq, tables, out_rows).copy()
+    for k in (1, 5):
+        want = top_of_logits(logits, k)
+        got_ids, got_logits, lse = b.step_top(ids, pos, seq, tables, out_rows, k, logsumexp=True)
+        np.testing.assert_array_equal(got_ids, want.ids)
+        np.testing.assert_array_equal(got_logits, want.logits)
+        np.testing.assert_allclose(lse, want.logsumexp, rtol=1e-5)

@@ -174,3 +174,35 @@ def test_glu_bf16_handoff_is_exact_on_gpu(tmp_path, monkeypatch):
     assert not any(k.endswith("_yb") for k in kernels_xb)
     assert len(kernels_xb) == len(kernels) + cfg["num_hidden_layers"]  # down's _xb passes
     assert np.array_equal(handed.view(np.uint32), own_xb.view(np.uint32))
+
+
+def test_attention_bf16_handoff_is_exact_on_gpu(tmp_path, monkeypatch):
+    """The flash attention's output written in bf16 for the o projection's TMA
+    (Attention.bf16_reader) gives the same logits, bit for bit, as the same model compiled with
+    o's own _xb pass (300 tokens in 128-token steps); batch steps' SIMT attention writes bf16
+    too (its rows checked against lone runs by test_batch_gpu.py)."""
+    from hipc.compiler.kernels.attention import Attention
+
+    cfg = {**TINY_FAMILIES["llama"], "hidden_size": 128, "intermediate_size": 256}
+    cfg.update(max_position_embeddings=1024, num_hidden_layers=2, vocab_size=97)
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", **cfg)
+    tokens = np.random.default_rng(4).integers(0, cfg["vocab_size"], 300).tolist()
+
+    def prefill(out):
+        options = CompileOptions(targets=(TARGET,), max_context=512, max_tokens=128)
+        compile_model(folder, out, options, verbose=False)
+        gpu = load_engine(out, target="cuda")
+        plan = gpu.artifact.plan["targets"][TARGET]["steps"]
+        got = gpu.logits(tokens)
+        gpu.close()
+        return got, [x["kernel"] for x in plan["prefill"]], [x["kernel"] for x in plan["batch"]]
+
+    handed, kernels, batch = prefill(tmp_path / "a.hipc")
+    monkeypatch.setattr(Attention, "bf16_reader", lambda *a: None)
+    own_xb, kernels_xb, _ = prefill(tmp_path / "b.hipc")
+    layers = cfg["num_hidden_layers"]
+    assert sum(k.endswith("_ob_flash") for k in kernels) == layers, kernels
+    assert sum(k.endswith("_ob_attn") for k in batch) == layers, batch
+    assert not any("_ob_" in k for k in kernels_xb)
+    assert len(kernels_xb) == len(kernels) + layers  # o's _xb passes
+    assert np.array_equal(handed.view(np.uint32), own_xb.view(np.uint32))

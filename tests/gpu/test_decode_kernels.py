@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from hipc.base.launch_plan import KV_BLOCK
-from hipc.compiler.kernels.attention import decode_attention
+from hipc.compiler.kernels.attention import DECODE_BLOCKS, decode_attention
 from hipc.compiler.kernels.embedding import EmbeddingParams
 from hipc.compiler.kernels.embedding import gpu_kernel as embedding_kernel
 from hipc.compiler.kernels.linear import (
@@ -24,6 +24,7 @@ from hipc.compiler.kernels.linear import (
     QUANT_GEMV_LARGE_GLU,
     LinearParams,
     QuantGemv,
+    QuantGemvBulk,
     decode_gemv,
     prefill_gemm,
 )
@@ -82,6 +83,20 @@ GEMVS = {
     "q4_0_large_glu_geometry": ("q4_0", 2 * 600, 4096, "glu", True, False),
     "q4_0_large_geometry_k14336": ("q4_0", 300, 14336, "residual", False, False),
     "q8_0_large_glu_geometry": ("q8_0", 2 * 300, 4096, "glu", True, False),
+    # the bulk-copy GEMV (split layout only): rings turned several times, partial last tiles
+    "bulk_q4_0_residual_k14336": ("q4_0", 61, 14336, "residual", False, True),
+    "bulk_q4_0_glu_norm": ("q4_0", 2 * 150, 4096, "glu", True, False),
+    "bulk_q4_k_norm": ("q4_k", 133, 4096, "none", True, False),
+    "bulk_q5_k_glu_k2048": ("q5_k", 2 * 70, 2048, "glu", False, True),
+    "bulk_q6_k_residual_k14336": ("q6_k", 41, 14336, "residual", False, False),
+    "bulk_q4_1_norm": ("q4_1", 90, 2048, "none", True, False),
+    "bulk_q4_k64_glu_norm": ("q4_k", 2 * 70, 4096, "glu", True, False),
+    "bulk_q4_k64_residual_k14336": ("q4_k", 37, 14336, "residual", False, True),
+    "bulk_q6_k64_residual_k14336": ("q6_k", 29, 14336, "residual", False, False),
+    "bulk_q6_k64_norm": ("q6_k", 70, 4096, "none", True, False),
+    "bulk_q4_0_k2304_norm": ("q4_0", 50, 2304, "none", True, True),
+    "q4_k64_ring_glu_norm": ("q4_k", 2 * 70, 4096, "glu", True, False),
+    "q6_k64_copy_residual_k14336": ("q6_k", 45, 14336, "residual", False, False),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
@@ -99,6 +114,19 @@ STREAMED = {
     "q4_0_large_glu_geometry": QUANT_GEMV_LARGE_GLU,
     "q4_0_large_geometry_k14336": QUANT_GEMV_LARGE,
     "q8_0_large_glu_geometry": replace(QUANT_GEMV_LARGE_GLU, unroll=1),
+    "bulk_q4_0_residual_k14336": QuantGemvBulk(4, 2, 3, 5),
+    "bulk_q4_0_glu_norm": QuantGemvBulk(8, 8, 4, 7),
+    "bulk_q4_k_norm": QuantGemvBulk(4, 4, 3, 6),
+    "bulk_q5_k_glu_k2048": QuantGemvBulk(2, 4, 2, 5),
+    "bulk_q6_k_residual_k14336": QuantGemvBulk(8, 2, 3, 4),
+    "bulk_q4_1_norm": QuantGemvBulk(4, 8, 2, 3),
+    "bulk_q4_k64_glu_norm": QuantGemvBulk(8, 8, 3, 5, unit64=True),
+    "bulk_q4_k64_residual_k14336": QuantGemvBulk(8, 2, 4, 4, rows_per_wave=2, unit64=True),
+    "bulk_q6_k64_residual_k14336": QuantGemvBulk(8, 2, 3, 4, unit64=True),
+    "bulk_q6_k64_norm": QuantGemvBulk(4, 4, 3, 5, unit64=True),
+    "bulk_q4_0_k2304_norm": QuantGemvBulk(4, 4, 2, 4),
+    "q4_k64_ring_glu_norm": QuantGemv(4, 2, 2, 5, 1, 3, unit64=True),
+    "q6_k64_copy_residual_k14336": QuantGemv(4, 4, 1, 3, 1, 1, unit64=True),
 }
 QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
 
@@ -110,10 +138,17 @@ def gemv_params(case) -> LinearParams:
     )
 
 
-def gemv_specs(arch: str) -> dict:
-    """Every GEMV case, and each quantized one again with --activations int8."""
+def bulk(name: str) -> bool:
+    return isinstance(STREAMED.get(name), QuantGemvBulk)
+
+
+def gemv_specs(arch: str, layout: str = "split") -> dict:
+    """Every GEMV case, and each quantized one again with --activations int8 (the bulk-copy
+    ones in the split layout only: they copy its regions)."""
     specs = {}
     for i, (name, case) in enumerate(GEMVS.items()):
+        if bulk(name) and layout != "split":
+            continue
         specs[name] = decode_gemv(
             f"g{i}", gemv_params(case), GpuTarget(arch), [name], STREAMED.get(name)
         )
@@ -135,7 +170,7 @@ def gemvs(request):
     specs = {}
 
     def build(arch):
-        specs.update(gemv_specs(arch))
+        specs.update(gemv_specs(arch, request.param))
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build, quant_layout=request.param)
@@ -194,8 +229,8 @@ def run_gemv(gemvs, name, activations):
 @pytest.mark.parametrize("name", sorted(GEMVS))
 def test_gemv_matches_numpy(gemvs, name):
     wtype = GEMVS[name][0]
-    if gemvs.layout != "split" and wtype not in QUANT:
-        pytest.skip("the layout is that of quantized blocks")
+    if gemvs.layout != "split" and (wtype not in QUANT or bulk(name)):
+        pytest.skip("the layout is that of quantized blocks (bulk copies: split only)")
     got, want = run_gemv(gemvs, name, "int16")
     # quantized: against x as held in int8 hi + lo planes (~16 significant bits; the planes'
     # rounding itself: tests/compiler/test_gpu_prelude_host.py). A bar on x itself failed
@@ -208,6 +243,8 @@ def test_gemv_matches_numpy(gemvs, name):
 def test_gemv_int8_activations_match_numpy(gemvs, name):
     """--activations int8: against float64 NumPy on x rounded as the kernel holds it (one
     int8 plane per 32 values), so only the kernel's own arithmetic is in the bound."""
+    if gemvs.layout != "split" and bulk(name):
+        pytest.skip("bulk copies read the split layout only")
     got, want = run_gemv(gemvs, name, "int8")
     assert rel_err(got, want) <= 1e-4, (name, rel_err(got, want))
 
@@ -229,7 +266,34 @@ ATTENTIONS = {
     "partial_interleaved_bf16": (6, 2, 64, 0, False, True, "bfloat16", 256, 40, 32, False),
     # OLMoE: q, k and v clamped as read (trailing field: clip)
     "clip_bf16": (16, 16, 128, 0, False, False, "bfloat16", 1024, 333, 0, False, 0.6),
+    # the grouped kernel: blocks looping over tiles (ATTENTION_BLOCKS), 8 query heads per KV
+    # head, p at tile (32) and cache-block (16) edges
+    "tiles_per_block_bf16": (32, 8, 128, 0, False, False, "bfloat16", 8192, 2500),
+    "tiles_window_qknorm_f32": (6, 2, 64, 200, True, True, "float32", 1024, 650),
+    "qwen3moe_g8_bf16": (32, 4, 128, 0, True, False, "bfloat16", 4096, 777),
+    "edge_p31_bf16": (9, 3, 64, 0, False, False, "bfloat16", 2048, 31),
+    "edge_p32_bf16": (9, 3, 64, 0, False, False, "bfloat16", 2048, 32),
+    "edge_p64_one_block": (9, 3, 64, 0, False, False, "bfloat16", 2048, 64),
 }
+ATTENTION_BLOCKS = {
+    "tiles_per_block_bf16": 40,
+    "tiles_window_qknorm_f32": 4,
+    "edge_p64_one_block": 3,
+}
+# both forms on every case: per query head (the default) and per KV head (the grouped one)
+ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("head", "gqa")]
+
+
+def decode_attention_specs(arch: str) -> dict:
+    """(case, form) -> the kernel (docs/benchmarks/declat_check.sh builds them ahead too)."""
+    specs = {}
+    for i, (name, form) in enumerate(ATTENTION_FORMS):
+        case = ATTENTIONS[name]
+        specs[name, form] = decode_attention(
+            f"a{i}", attention_params(case, EPS), GpuTarget(arch), [name], case[7], case[6],
+            blocks=ATTENTION_BLOCKS.get(name, DECODE_BLOCKS), form=form,
+        )  # fmt: skip
+    return specs
 
 
 @pytest.fixture(scope="module")
@@ -237,11 +301,7 @@ def attentions():
     specs = {}
 
     def build(arch):
-        for i, (name, case) in enumerate(ATTENTIONS.items()):
-            ctx, kv = case[7], case[6]
-            specs[name] = decode_attention(
-                f"a{i}", attention_params(case, EPS), GpuTarget(arch), [name], ctx, kv
-            )
+        specs.update(decode_attention_specs(arch))
         return [(k.fn, k.template, k.ctx, k.shared) for k in specs.values()]
 
     dev = DeviceKernels(build)
@@ -250,8 +310,8 @@ def attentions():
     dev.close()
 
 
-@pytest.mark.parametrize("name", sorted(ATTENTIONS))
-def test_decode_attention_matches_numpy(attentions, name):
+@pytest.mark.parametrize("name,form", sorted(ATTENTION_FORMS))
+def test_decode_attention_matches_numpy(attentions, name, form):
     NH, NKV, D, window, norm, interleaved, kv, ctx, p = ATTENTIONS[name][:9]
     rot, gated = attention_switches(ATTENTIONS[name])
     r = rot or D
@@ -294,7 +354,7 @@ def test_decode_attention_matches_numpy(attentions, name):
     kn = store(rotated(normed(k_, kw)))
     vn = store(v_)
 
-    spec = attentions.specs[name]
+    spec = attentions.specs[name, form]
     dev = attentions
     as_stored = (
         (lambda a: (a.view(np.uint32) >> 16).astype(np.uint16))

@@ -1,10 +1,11 @@
 """The prefill attention kernels alone on a real GPU, against NumPy in float64.
 
 Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). Each case renders
-the matrix-instruction kernel (attention_flash: mma.sync, WMMA or MFMA; on NVIDIA with a bfloat16
-cache also its double-buffered cp.async form, which is not compiled into artifacts yet; the AMD
-forms are checked in host emulation by tests/compiler/test_gpu_flash_host.py, never yet on an
-AMD GPU) and the SIMT one (attention) as
+the matrix-instruction kernel as compiled (on NVIDIA the FA2-style attention_flash_mma, and
+also its 8-warp and 32-rows-a-warp forms and the generic attention_flash that the AMD targets
+compile, on mma.sync:
+the AMD forms are checked in host emulation by tests/compiler/test_gpu_flash_host.py, never yet
+on an AMD GPU) and the SIMT one (attention) as
 compiler/kernels/attention.py renders them for the device, fills the paged KV pool the way
 rope_kv leaves it (keys rotated, in the storage type) at each sequence's positions through its
 block table (blocks scattered over the pool; every slot no sequence owns is NaN: nothing there
@@ -78,13 +79,17 @@ def kernel_specs(arch: str) -> dict:
     specs = {}
     for i, (name, case) in enumerate(CASES.items()):
         p, kv = attention_params(case, EPS), case[6]
-        fk = flash_attention(f"f{i}", p, GpuTarget(arch), [name], kv, CTX)
+        target = GpuTarget(arch)
+        fk = flash_attention(f"f{i}", p, target, [name], kv, CTX)
         if fk is not None:
-            specs[name, "flash"] = fk  # as compiled: K/V loaded, then used
-        if kv == "bfloat16":
-            fk = flash_attention(f"g{i}", p, GpuTarget(arch), [name], kv, CTX, pipelined=True)
-            if fk is not None and fk.ctx["pipelined"]:  # NVIDIA only
-                specs[name, "flash_pipelined"] = fk  # double-buffered with cp.async
+            specs[name, "flash"] = fk  # as compiled
+            if target.family == "nvidia":
+                specs[name, "flash_w8"] = flash_attention(f"w{i}", p, target, [name], kv, CTX,
+                                                          waves=8)  # fmt: skip
+                specs[name, "flash_r2"] = flash_attention(f"r{i}", p, target, [name], kv, CTX,
+                                                          tiles=2)  # fmt: skip
+                specs[name, "flash_generic"] = flash_attention(f"g{i}", p, target, [name], kv,
+                                                               CTX, "generic")  # fmt: skip
         kv_ctx = kv_context(kv, CTX)
         ctx = dict(
             nodes=[name],
@@ -112,7 +117,7 @@ def kernels():
     dev.close()
 
 
-@pytest.mark.parametrize("variant", ["flash", "flash_pipelined", "simt"])
+@pytest.mark.parametrize("variant", ["flash", "flash_w8", "flash_r2", "flash_generic", "simt"])
 @pytest.mark.parametrize("mixed", [False, True], ids=["one", "mixed"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_prefill_attention_matches_numpy(kernels, name, variant, mixed):
@@ -145,7 +150,7 @@ def test_prefill_attention_matches_numpy(kernels, name, variant, mixed):
             ("u64", out),
         ]
         if variant != "simt":
-            grid, threads = (-(-T // 64), NH), spec.threads
+            grid, threads = (-(-T // spec.ctx["bq"]), NH), spec.threads
         else:
             grid, threads = (T, NH), ATTN_WAVES * GpuTarget(kernels.arch).wave
         kernels.launch(spec.fn, grid, threads, args, spec.shared)

@@ -50,6 +50,7 @@ SIGNATURES = {
     "head": ["u64", "u64", "u64", "i32", "i32"],
     "big": ["u64", "i32"],
     "recur": ["u64", "i32", "u64", "u64", "u64"],
+    "topk": ["u64", "i32", "i32", "u64", "u64", "u64"],
 }
 OOM, INVALID_VALUE, INVALID_IMAGE, NOT_FOUND, ILLEGAL_ADDRESS, OUT_OF_RESOURCES = (
     2,
@@ -320,7 +321,20 @@ def k_recur(gpu, x, T, rec, pos, seq, grid):
         xs[t] = r
 
 
-KERNELS = {"embed": k_embed, "addpos": k_addpos, "head": k_head, "big": k_big, "recur": k_recur}
+def k_topk(gpu, logits, vocab, k, vals, ids, stats, grid):
+    """The row top-k kernel's contract: k per row, largest first, ties by lower id."""
+    rows = grid[0]
+    x = gpu.view(logits, np.float32, rows * vocab).reshape(rows, vocab)
+    order = np.argsort(-x, axis=1, kind="stable")[:, :k]
+    gpu.view(vals, np.float32, rows * k)[:] = np.take_along_axis(x, order, 1).reshape(-1)
+    gpu.view(ids, np.int32, rows * k)[:] = order.reshape(-1)
+    m = x.max(axis=1)
+    s = np.exp(x - m[:, None]).sum(axis=1)
+    gpu.view(stats, np.float32, 2 * rows)[:] = np.stack([m, s], 1).reshape(-1)
+
+
+KERNELS = {"embed": k_embed, "addpos": k_addpos, "head": k_head, "big": k_big, "recur": k_recur,
+           "topk": k_topk}  # fmt: skip
 
 
 class FakeCu:
@@ -914,6 +928,46 @@ def test_submit_then_collect_is_forward(api, artifact):
     np.testing.assert_allclose(eng.forward([1], 8), expected([1], 8, False)[-1], rtol=1e-6)
     kv = gpu.view(b.bases.states[1], np.float32, MAX_CTX * H).reshape(MAX_CTX, H)
     np.testing.assert_allclose(kv[5:9], EMB[[2, 0, 4, 1]] + np.arange(5, 9)[:, None])
+    # copy=False: the pinned buffer itself, which the next step's logits overwrite
+    eng.submit([3], 9)
+    view = eng.collect(copy=False)
+    np.testing.assert_allclose(view, expected([3], 9, False)[-1], rtol=1e-6)
+    eng.submit([2], 10)
+    eng.collect()
+    np.testing.assert_allclose(view, expected([2], 10, False)[-1], rtol=1e-6)
+
+
+class _Letters:
+    """A tokenizer for token ids as letters (Generation's detokenizing and stop ids)."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_generation_on_the_gpu_equals_a_forward_loop(api, artifact):
+    """The generation loop (a step submitted while the token before is detokenized, its
+    logits sampled from the pinned buffer before the next step is submitted) draws the tokens
+    a plain forward() loop draws with the same seed."""
+    from hipc.runtime.generate import Generation, GenerationRequest
+    from hipc.runtime.sampler import Sampler, SamplingParams
+
+    b = backend(api, artifact, FakeGpu())
+    eng = engine_mod.CompiledEngine(artifact, b)
+    # hot enough that the toy's tokens vary (its greedy tokens are all the same)
+    params, prompt, n = SamplingParams(temperature=8.0, seed=7), [2, 0, 4], 12
+    sampler, want, logits = Sampler(params), [], eng.forward(prompt, 0)
+    for i in range(n):
+        want.append(sampler(logits))
+        logits = eng.forward([want[-1]], len(prompt) + i)
+    assert len(set(want)) > 2
+    req = GenerationRequest(
+        prompt_ids=tuple(prompt), max_tokens=n, sampling=params, ignore_eos=True
+    )
+    gen = Generation(eng, _Letters(), req)
+    text = "".join(gen)
+    assert gen.result.token_ids == want and text == _Letters().decode(want)
     b.close()
 
 
@@ -986,7 +1040,7 @@ def test_fit_positions_sizes_the_kv_cache_to_free_memory():
         "states": [{"name": f"s{i}", "dtype": "float32", "shape": [4096, 8, 64]} for i in range(4)],
     }
     gpu = SimpleNamespace(
-        arena_bytes=1 << 20, scratch_bytes=4096, max_tokens=8, vocab=1000, kv_block=16
+        arena_bytes=1 << 20, scratch_bytes=4096, max_tokens=8, vocab=1000, kv_block=16, topk=None
     )
     weights = [50 << 20]
     full = gpu_common.device_memory(plan, gpu, weights).total
@@ -1778,3 +1832,44 @@ def test_a_plan_without_recurrent_slots_is_refused(api, tmp_path):
     with pytest.raises(HipcError, match="kernel recur updates a recurrent state without"):
         backend(api, art, gpu)
     assert not gpu.mem  # nothing left allocated
+
+
+@pytest.mark.parametrize("on_device", [True, False])
+def test_step_top_returns_each_wanted_rows_top_k(api, tmp_path, on_device):
+    """step_top(k): the wanted rows' k largest logits (ids, logits[, log-sum-exp]) as top_of_logits picks
+    them from step()'s logits; with the plan's top-k kernel only rows x k values (and ids, and
+    two stats per row) come back, never a logits row; without it (an older plan) the same
+    result from the logits on the host."""
+    from hipc.runtime.topk import top_of_logits
+
+    def edit(plan):
+        for sec in plan["targets"].values():
+            sec["topk"] = {"kernel": "topk", "block": 1024, "max_k": 64}
+
+    art = load_artifact(write_artifact(tmp_path / "t.hipc", edit=edit if on_device else None))
+    gpu = FakeGpu()
+    b = backend(api, art, gpu, kv_blocks=4)
+    tables = np.array([[0, 1, 2, 3], [3, 2, 1, 0], [1, 0, 3, 2]], np.int32)
+    steps = [  # (ids, pos, seq, out_rows): a batch of 3 rows, a mixed step, one row
+        (np.array([1, 4, 2]), np.array([5, 9, 3]), np.arange(3), np.arange(3)),
+        (np.array([1, 2, 3, 0]), np.array([0, 1, 2, 7]), np.array([0, 0, 0, 1]), np.array([2, 3])),
+        (np.array([3]), np.array([11]), np.array([2]), np.array([0])),
+    ]
+    for k in (1, 3, 5):
+        for ids, pos, seq, rows in steps:
+            want = top_of_logits(b.step(ids, pos, seq, tables, rows).copy(), k)
+            n = len(gpu.calls)
+            got_ids, got_logits, lse = b.step_top(ids, pos, seq, tables, rows, k, logsumexp=True)
+            np.testing.assert_array_equal(got_ids, want.ids)
+            np.testing.assert_array_equal(got_logits, want.logits)
+            np.testing.assert_allclose(lse, want.logsumexp, rtol=1e-6)
+            copies = [c[3] for c in gpu.calls[n:] if c[0] == "d2h"]
+            two = b.step_top(ids, pos, seq, tables, rows, k)  # the server's form: (ids, logits)
+            assert len(two) == 2 and np.array_equal(two[0], want.ids)
+            assert b.max_top_k == (64 if on_device else 0)
+            if on_device:
+                assert sorted(copies) == sorted([4 * len(rows) * k] * 2 + [8 * len(rows)])
+                assert [e[4][2] for e in gpu.executed if e[0] == "topk"][-1] == k
+    with pytest.raises(HipcError, match="k must be 1 to 64"):
+        b.step_top(np.array([3]), np.array([11]), np.array([2]), tables, np.array([0]), 65)
+    b.close()

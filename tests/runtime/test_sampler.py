@@ -136,3 +136,57 @@ def test_nucleus_is_the_sorted_prefix():
             want = np.zeros(probs.size, bool)
             want[order[: int(np.searchsorted(cum, top_p)) + 1]] = True
             np.testing.assert_array_equal(nucleus(probs, top_p), want, err_msg=f"top_p={top_p}")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=0.8, top_p=0.95),
+        dict(temperature=1.3, top_p=0.5, min_p=0.05),
+        dict(temperature=0.7, top_k=40),
+        dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.01),
+        dict(temperature=0.7, top_k=2**31 - 2),  # past the vocabulary: no truncation at all
+    ],
+    ids=["top_p", "top_p+min_p", "top_k", "all", "top_k-past-vocab"],
+)
+def test_truncated_draws_over_a_large_vocabulary_are_numpys_choice(params):
+    """top-k / top-p at a 32k vocabulary (the sampler draws from the likely tokens only,
+    runtime/sampler.py's _draw_truncated): each token is what the full-vocabulary path
+    (probabilities() then draw()) draws, bit for bit, for peaked, flat and tied logits; for
+    the peaked ones (a trained model's) also what numpy's choice draws, for the same seed,
+    from the distribution computed here in float64 over the whole vocabulary. (Over a flat
+    or tied nucleus of thousands of tokens float32's running sums put a boundary ~1e-6
+    away from float64's, and a draw now and then lands in between.)"""
+    rng = np.random.default_rng(3)
+    v = 32768
+    s = Sampler(SamplingParams(seed=9, **params))
+    full = Sampler(SamplingParams(seed=9, **params))
+    reference = np.random.default_rng(9)
+    for i in range(60):
+        logits = rng.standard_normal(v)
+        if i % 3 == 0:
+            logits[rng.integers(0, v, 8)] += 12  # peaked, as a trained model's
+        elif i % 3 == 1:
+            logits = np.round(2 * logits)  # ties at every cut
+        logits = logits.astype(np.float32)
+        z = logits.astype(np.float64) / params["temperature"]
+        want = np.exp(z - z.max())
+        if params.get("top_k", 0) < v and params.get("top_k"):
+            kth = np.partition(z, -params["top_k"])[-params["top_k"]]
+            want[z < kth] = 0.0
+        want /= want.sum()
+        if params.get("top_p", 1.0) < 1.0:
+            order = np.argsort(-want, kind="stable")
+            cut = int(np.searchsorted(np.cumsum(want[order]), params["top_p"])) + 1
+            mask = np.zeros(v, bool)
+            mask[order[:cut]] = True
+            want = np.where(mask, want, 0.0)
+        if params.get("min_p"):
+            want = np.where(want >= params["min_p"] * want.max(), want, 0.0)
+        want /= want.sum()
+        got = s(logits)
+        assert got == full.draw(full.probabilities(logits)), f"draw {i}"
+        if i % 3 == 0:
+            assert got == reference.choice(v, p=want), f"draw {i}"
+        else:
+            reference.random()  # the same stream: one uniform number a draw

@@ -333,6 +333,38 @@ def test_bad_tokenizer_json_and_metadata() -> None:
 # ----------------------------------------------------------------- incremental decoding
 
 
+class _Refusing:
+    """A DecodeStream that refuses its third step: the decoder goes on from Python."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.steps = stream, 0
+
+    def step(self, backend, token_id):
+        self.steps += 1
+        if self.steps == 3:
+            raise RuntimeError("refused")
+        return self.stream.step(backend, token_id)
+
+
+@pytest.fixture(params=["library", "python", "library-then-python"])
+def decode_path(request, monkeypatch):
+    """IncrementalDecoder's three ways: the tokenizers library's DecodeStream, the Python
+    window (a library without it), and the library refusing a step midway."""
+    import hipc.base.tokenizer as tokenizer
+
+    real = tokenizer._decode_stream
+    if request.param == "python":
+        monkeypatch.setattr(tokenizer, "_decode_stream", lambda *a: None)
+    elif request.param == "library-then-python":
+
+        def refusing(*a):
+            made = real(*a)
+            return None if made is None else (_Refusing(made[0]), made[1])
+
+        monkeypatch.setattr(tokenizer, "_decode_stream", refusing)
+    return request.param
+
+
 def _stream(tok: Tokenizer, ids: list[int], **kwargs) -> list[str]:
     decoder = IncrementalDecoder(tok, **kwargs)
     pieces = [decoder.feed(i) for i in ids]
@@ -340,7 +372,7 @@ def _stream(tok: Tokenizer, ids: list[int], **kwargs) -> list[str]:
     return pieces
 
 
-def test_incremental_decoder_holds_back_split_characters() -> None:
+def test_incremental_decoder_holds_back_split_characters(decode_path) -> None:
     tok = Tokenizer.from_json(
         byte_level_backend().to_str(),
         bos_token_id=0,
@@ -360,7 +392,7 @@ def test_incremental_decoder_holds_back_split_characters() -> None:
     assert pieces[first : first + emoji_bytes] == [""] * (emoji_bytes - 1) + ["😀"]
 
 
-def test_incremental_decoder_flush_and_special_tokens() -> None:
+def test_incremental_decoder_flush_and_special_tokens(decode_path) -> None:
     tok = Tokenizer.from_json(
         byte_level_backend().to_str(),
         bos_token_id=0,
@@ -380,7 +412,9 @@ def test_incremental_decoder_flush_and_special_tokens() -> None:
 
 
 @pytest.mark.oracle
-def test_incremental_decoder_sentencepiece_spaces_and_byte_fallback(tmp_path: Path) -> None:
+def test_incremental_decoder_sentencepiece_spaces_and_byte_fallback(
+    tmp_path: Path, decode_path
+) -> None:
     transformers = require("transformers")
     folder = write_folder(
         tmp_path,

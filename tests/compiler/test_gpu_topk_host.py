@@ -1,0 +1,71 @@
+"""The row top-k kernel (templates/hip/topk.hip.j2) run on the host: each block's threads as
+host threads, one block per row. Against NumPy (an argsort by value, then id: not the runtime's
+top_of_logits, which is checked against the same sort here too). Outputs poisoned; rows with
+ties at the k-th value (the selection goes on into the id bits), a row shorter than k, -inf
+entries (masked logits), k of 1 (greedy) and of the most (64).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import host_simt
+import numpy as np
+import pytest
+
+from hipc.base.launch_plan import TOPK_MAX
+from hipc.compiler.codegen.environment import render
+from hipc.runtime.topk import top_of_logits
+
+THREADS = 128  # the kernel takes any multiple of the wave (1024 on devices)
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    code = render("hip/topk.hip.j2", fn="topk", wave=32, max_k=TOPK_MAX) + (
+        'extern "C" void run(const float* l, int rows, int vocab, int k, float* v, int* i, '
+        "float* s) {\n"
+        f"  grid(rows, 1, {THREADS}, [=] {{ topk(l, vocab, k, v, i, s); }});\n}}"
+    )
+    return host_simt.build(tmp_path_factory.mktemp("topk"), "topk_host", code, 32)
+
+
+def _rows(rng, rows: int, vocab: int) -> np.ndarray:
+    x = rng.standard_normal((rows, vocab)).astype(np.float32)
+    x[0, rng.choice(vocab, 5, replace=False)] = x[0].max() + 1  # a 5-way tie at the top
+    x[1] = np.round(x[1] * 2) / 2  # many ties everywhere (values on a grid of 0.5)
+    x[2, : vocab // 2] = -np.inf  # masked logits
+    return x
+
+
+def _sorted(x: np.ndarray, k: int):
+    order = np.lexsort((np.arange(x.shape[1])[None, :].repeat(len(x), 0), -x), axis=1)[:, :k]
+    return np.take_along_axis(x, order, 1), order
+
+
+@pytest.mark.parametrize(
+    ("rows", "vocab", "k"), [(4, 1000, 1), (3, 777, 64), (4, 300, 17), (3, 40, 64)]
+)
+def test_row_top_k_on_the_host(lib, rows, vocab, k):
+    rng = np.random.default_rng(vocab + k)
+    x = _rows(rng, rows, vocab)
+    vals = np.full((rows, k), np.nan, np.float32)
+    ids = np.full((rows, k), -7, np.int32)
+    stats = np.full((rows, 2), np.nan, np.float32)
+    ptr = ctypes.c_void_p
+    lib.run(x.ctypes.data_as(ptr), rows, vocab, k, vals.ctypes.data_as(ptr),
+            ids.ctypes.data_as(ptr), stats.ctypes.data_as(ptr))  # fmt: skip
+    kk = min(k, vocab)
+    want_v, want_i = _sorted(x, kk)
+    np.testing.assert_array_equal(ids[:, :kk], want_i)
+    np.testing.assert_array_equal(vals[:, :kk], want_v)
+    assert (ids[:, kk:] == -1).all() and (vals[:, kk:] == -np.inf).all()
+    m = x.max(axis=1)
+    np.testing.assert_array_equal(stats[:, 0], m)
+    s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
+    np.testing.assert_allclose(stats[:, 1], s, rtol=1e-5)
+    # the host selection the runtime falls back to gives the same
+    host = top_of_logits(x, k)
+    np.testing.assert_array_equal(host.ids, ids)
+    np.testing.assert_array_equal(host.logits, vals)
+    np.testing.assert_allclose(host.logsumexp, m + np.log(s), rtol=1e-6)

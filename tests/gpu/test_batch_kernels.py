@@ -1,0 +1,147 @@
+"""The batch step's own kernels alone on a real GPU, against NumPy in float64.
+
+Run with `pytest -m gpu` on the GPU machine (skipped where no NVIDIA GPU is found). The
+weights-once GEMV (templates/hip/linear_gemvm.hip.j2, compiler/kernels/linear.py batch_gemv)
+for each size class of rows (n tiles 1, 2, 4, 8), rows not a multiple of 8, outputs not a
+multiple of the block's rows, K not a multiple of the 32-deep chunk, every epilogue, with and
+without the norm's _xb pass; launched with the overlap flag as the batch plans launch it.
+Outputs are poisoned with NaN; rows past T must keep what they held. The bar is 1e-4 relative
+against a reference that rounds x (after the norm) to bf16 as the kernel does: a wrong fragment
+is off by O(1), x rounded differently by ~3e-3.
+
+The row top-k (templates/hip/topk.hip.j2) at the Llama-3 vocabulary, 64 rows (with ties at
+the top, values on a coarse grid, masked rows), k 1, 40 and 64, against an argsort by value
+then id; its row max and sum of exp against NumPy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipc.base.launch_plan import TOPK_MAX
+from hipc.compiler.codegen.hip import TOPK_BLOCK, TOPK_KERNEL
+from hipc.compiler.kernels.linear import LinearParams, batch_gemv, gemvm_eligible
+from hipc.compiler.reference.executor import round_bf16
+from hipc.compiler.targets import GpuTarget
+from hipc.runtime.backends.gpu_common import PackedArgs
+
+from gpu_kernels import DeviceKernels, pack
+from support import rel_err
+
+pytestmark = pytest.mark.gpu
+EPS = 1e-5
+# name: (T rows, n tiles, N weight rows, K, epilogue, norm prologue, bias)
+CASES = {
+    "glu_norm_t3_k4096": (3, 1, 2 * 1000, 4096, "glu", True, False),
+    "residual_t8_k14336": (8, 1, 4096, 14336, "residual", False, False),
+    "none_norm_bias_t13_k1000": (13, 2, 1030, 1000, "none", True, True),
+    "glu_bias_t27_k200": (27, 4, 2 * 333, 200, "glu", False, True),
+    "residual_norm_t45_k4104": (45, 8, 517, 4104, "residual", True, True),
+    "none_t64_k4096": (64, 8, 6144, 4096, "none", False, False),
+}
+
+
+def _params(case) -> LinearParams:
+    _, _, N, K, epilogue, norm, bias = case
+    return LinearParams(wtype="bfloat16", N=N, K=K, norm_eps=EPS if norm else 0.0,
+                        epilogue=epilogue, bias=bias)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    specs = {}
+
+    def build(arch):
+        target = GpuTarget(arch)
+        out = [(TOPK_KERNEL, "topk", {"max_k": TOPK_MAX, "wave": target.wave}, 0)]
+        for i, (name, case) in enumerate(CASES.items()):
+            p = _params(case)
+            if not gemvm_eligible(p, target):
+                continue
+            k = batch_gemv(f"b{i}", p, target, [name], case[1])
+            specs[name] = k
+            out.append((k.fn, k.template, k.ctx, 0))  # with its _xb kernel, found by name
+        return out
+
+    from hipc.runtime.backends import cuda
+
+    if cuda.probe()[0] is None:
+        pytest.skip("no NVIDIA GPU")
+    dk = DeviceKernels(build)
+    dk.specs = specs
+    yield dk
+    dk.close()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_batch_gemv_matches_numpy(kernels, name):
+    T, nt, N, K, epilogue, norm, bias = CASES[name]
+    if name not in kernels.specs:
+        pytest.skip(f"{kernels.arch} has no batch GEMV")
+    k = kernels.specs[name]
+    n_out = N // 2 if epilogue == "glu" else N
+    rows = 8 * nt
+    rng = np.random.default_rng(list(CASES).index(name))
+    x = (rng.standard_normal((T, K)) * 10.0 ** rng.uniform(-1, 1, (T, 1))).astype(np.float32)
+    w_bits, w = pack(0.05 * rng.standard_normal((N, K)), "bfloat16")
+    g = (1 + 0.2 * rng.standard_normal(K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    r = rng.standard_normal((rows, n_out)).astype(np.float32)
+    x64 = x.astype(np.float64)
+    inv = (1 / np.sqrt(np.mean(x64 * x64, axis=1, keepdims=True) + EPS)).astype(np.float32)
+    xn = x * inv * g if norm else x
+    acc = round_bf16(xn).astype(np.float64) @ w.T + (b if bias else 0.0)
+    if epilogue == "glu":
+        want = acc[:, :n_out] / (1 + np.exp(-acc[:, :n_out])) * acc[:, n_out:]
+    else:
+        want = acc + (r[:T] if epilogue == "residual" else 0.0)
+    xs = np.full((rows, K), np.nan, np.float32)  # rows past T: NaN, never to be read
+    xs[:T] = x
+    y0 = r.copy() if epilogue == "residual" else np.full((rows, n_out), np.nan, np.float32)
+    try:
+        px, pw, pg, pb = (kernels.upload(a) for a in (xs, w_bits, g, b))
+        pr, py = kernels.upload(r), kernels.upload(y0)
+        pxb = kernels.upload(np.full(rows * K, 0xFFFF, np.uint16))
+        if norm:
+            kernels.launch(f"{k.fn}_xb", [T], 256, [("u64", px), ("u64", pg), ("u64", pxb)])
+        args = [("u64", pxb if norm else px), ("i32", T), ("u64", pw), ("u64", 0), ("u64", 0),
+                ("u64", pb if bias else 0), ("u64", pr), ("u64", py)]  # fmt: skip
+        packed = PackedArgs(args)
+        kernels.d.launch(kernels.function(k.fn), (k.grid[0], 1, 1), (k.threads, 1, 1), 0,
+                         packed.address, overlap=kernels.d.overlap_launches)  # fmt: skip
+        got = kernels.read(py, (rows, n_out))
+    finally:
+        kernels.free()
+    assert not np.isnan(got[:T]).any(), (name, "outputs left unwritten")
+    np.testing.assert_array_equal(got[T:], y0[T:])
+    assert rel_err(got[:T], want) <= 1e-4, (name, rel_err(got[:T], want))
+
+
+@pytest.mark.parametrize("k", [1, 40, 64])
+def test_row_top_k_matches_numpy(kernels, k):
+    rows, vocab = 64, 128256
+    rng = np.random.default_rng(k)
+    x = (3 * rng.standard_normal((rows, vocab))).astype(np.float32)
+    x[0, rng.choice(vocab, 70, replace=False)] = x[0].max() + 1  # 70 tied at the top
+    x[1] = np.round(x[1])  # ties everywhere
+    x[2, 100:] = -np.inf  # a masked row: 100 finite values
+    vals = np.full((rows, k), np.nan, np.float32)
+    ids = np.full((rows, k), -7, np.int32)
+    try:
+        px = kernels.upload(x)
+        pv, pi, ps = kernels.upload(vals), kernels.upload(ids), kernels.poisoned((rows, 2))
+        kernels.launch(TOPK_KERNEL, [rows], TOPK_BLOCK, [("u64", px), ("i32", vocab), ("i32", k),
+                       ("u64", pv), ("u64", pi), ("u64", ps)])  # fmt: skip
+        got_v = kernels.read(pv, (rows, k))
+        got_i = kernels.read(pi, (rows, k), np.int32)
+        stats = kernels.read(ps, (rows, 2))
+    finally:
+        kernels.free()
+    order = np.lexsort((np.broadcast_to(np.arange(vocab), x.shape), -x), axis=1)[:, :k]
+    np.testing.assert_array_equal(got_i, order)
+    np.testing.assert_array_equal(got_v, np.take_along_axis(x, order, 1))
+    m = x.max(axis=1)
+    np.testing.assert_array_equal(stats[:, 0], m)
+    s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
+    np.testing.assert_allclose(stats[:, 1], s, rtol=1e-4)

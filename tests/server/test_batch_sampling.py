@@ -1,0 +1,129 @@
+"""The batch loop's sampling (runtime/server/batching.py): greedy rows picked by one argmax
+over the step, or by the backend on the device (`step_top`), and every other row by its own
+sampler; each choice gets what the one-sequence generation loop gives it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipc.runtime.engine import load_engine
+from hipc.runtime.generate import Generation, GenerationRequest
+from hipc.runtime.sampler import SamplingParams
+from hipc.runtime.server.config import Config
+from hipc.runtime.server.runner import ChoiceSpec
+from hipc.runtime.server.service import Service
+
+
+class DeviceTop:
+    """The cpu backend plus a `step_top` as a GPU backend's would answer it: each row's k
+    likeliest token ids (ties to the lower id) and logits, here by a stable sort."""
+
+    max_top_k = 4
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.top_calls = self.logit_calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def step(self, *args):
+        self.logit_calls += 1
+        return self.inner.step(*args)
+
+    def step_top(self, ids, pos, seq, tables, out_rows, k):
+        self.top_calls += 1
+        logits = self.inner.step(ids, pos, seq, tables, out_rows)
+        order = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+        return order.astype(np.int32), np.take_along_axis(logits, order, axis=1)
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_artifact):
+    alone = load_engine(tiny_artifact, threads=1)
+    batched = load_engine(tiny_artifact, threads=1)
+    yield alone, batched
+    alone.close()
+    batched.close()
+
+
+def requests(engine, sampled: bool) -> list[GenerationRequest]:
+    rng = np.random.default_rng(4)
+    out = []
+    for i in range(6):
+        prompt = tuple(int(t) for t in rng.integers(3, engine.vocab_size, 5 + 3 * i))
+        sampling, n = SamplingParams(), 12 + i
+        if sampled and i % 2:
+            # short: the greedy rows then step on by themselves (the device's picks again)
+            sampling, n = SamplingParams(temperature=0.9, top_p=0.9, top_k=20, seed=i), 4
+        out.append(GenerationRequest(prompt, n, sampling, ignore_eos=True))
+    return out
+
+
+def alone(engine, request: GenerationRequest) -> list[int]:
+    gen = Generation(engine, engine.tokenizer, request)
+    for _ in gen.steps():
+        pass
+    return gen.result.token_ids
+
+
+def batched(service: Service, reqs: list[GenerationRequest]) -> list[list[int]]:
+    jobs = []
+    for r in reqs:
+        job = service.scheduler.job([ChoiceSpec(0, r)], False, len(r.prompt_ids))
+        service.scheduler.submit(job)
+        jobs.append(job)
+    out = []
+    for job in jobs:
+        assert job.done.wait(60)
+        assert job.error is None
+        out.append(job.results[0][1].token_ids)
+    return out
+
+
+@pytest.mark.parametrize("device_top", [False, True], ids=["host-argmax", "device-top"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "greedy+sampled"])
+def test_batched_choices_get_their_lone_tokens(engines, device_top, sampled):
+    lone, engine = engines
+    inner = engine.backend
+    backend = DeviceTop(inner) if device_top else None
+    if backend is not None:
+        engine.backend = backend
+    try:
+        service = Service(engine, Config(max_batch=4, eager_load=False))
+        try:
+            reqs = requests(engine, sampled)
+            got = batched(service, reqs)
+        finally:
+            service.close(5)
+    finally:
+        engine.backend = inner
+    for r, tokens in zip(reqs, got, strict=True):
+        assert tokens == alone(lone, r)
+    if backend is not None:
+        # all-greedy steps ask the device for tokens; a step with a sampled row, for logits
+        assert backend.top_calls > 0
+        assert (backend.logit_calls > 0) == sampled
+
+
+def test_a_choice_failing_mid_step_ends_its_request_and_the_loop_goes_on(engines):
+    """Two choices of one request fail in the same step (a logit_bias id past the
+    vocabulary: the sampler's 400); the request gets that error, the other row of the step is
+    skipped, not touched after its job ended, and the next request is served as alone."""
+    lone, engine = engines
+    service = Service(engine, Config(max_batch=4, eager_load=False))
+    try:
+        bad = SamplingParams(temperature=0.5, logit_bias=((10**6, 1.0),), seed=1)
+        prompt = tuple(range(3, 9))
+        req = GenerationRequest(prompt, 4, bad, ignore_eos=True)
+        job = service.scheduler.job([ChoiceSpec(0, req), ChoiceSpec(1, req)], False, 12)
+        service.scheduler.submit(job)
+        assert job.done.wait(60)
+        assert getattr(job.error, "status", None) == 400
+        assert "logit_bias" in str(job.error)
+        good = requests(engine, sampled=False)[:2]
+        assert batched(service, good) == [alone(lone, r) for r in good]
+        assert service.batch.pool.used == 0 and not service.batch.running
+    finally:
+        service.close(5)
