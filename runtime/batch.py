@@ -25,9 +25,8 @@ multiple of SNAPSHOT_INTERVAL positions and at the end of a prompt's last full b
 the same prompt again, the n choices of a request, can resume), keyed by the block hash of
 that prefix; a prefill chunk ends at each such point so the states are there to copy.
 
-Engines without a batched backend (the reference executor; a GPU backend whose artifact has
-recurrent states: it keeps one sequence's) are not wrapped: the server runs them one sequence
-at a time (runtime/server/runner.py).
+Engines without a batched backend (the reference executor) are not wrapped: the server runs
+them one sequence at a time (runtime/server/runner.py).
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ import numpy as np
 
 from hipc.base.errors import HipcError
 from hipc.runtime.kv_pool import KVPool, block_hashes
-from hipc.runtime.recurrent import MAX_SNAPSHOTS, SNAPSHOT_INTERVAL
+from hipc.runtime.recurrent import MAX_SNAPSHOTS, SNAPSHOT_INTERVAL, release_snapshot
 
 
 @dataclass
@@ -77,8 +76,8 @@ class Sequence:
 
 def batchable(engine) -> bool:
     """Whether the engine's backend steps rows of many sequences over a paged KV pool, with
-    a slot of every recurrent state per sequence where the model has them (the cpu backend;
-    the GPU backends keep one sequence's)."""
+    a slot of every recurrent state per sequence where the model has them (the cpu and GPU
+    backends)."""
     backend = getattr(engine, "backend", None)
     if not callable(getattr(backend, "step", None)):
         return False
@@ -325,9 +324,17 @@ class BatchEngine:
             return
         if self.max_snapshots <= 0:
             return
-        self.snapshots[key] = self.backend.snapshot(s.slot)
+        snapshot = self.backend.snapshot(s.slot)
+        if snapshot is None:  # no memory for a copy (a GPU's): none kept here
+            return
+        self.snapshots[key] = snapshot
         while len(self.snapshots) > self.max_snapshots:
-            self.snapshots.popitem(last=False)
+            release_snapshot(self.backend, self.snapshots.popitem(last=False)[1])
+
+    def drop_snapshots(self) -> None:
+        """Forget every snapshot (a GPU backend reuses their buffers)."""
+        while self.snapshots:
+            release_snapshot(self.backend, self.snapshots.popitem()[1])
 
     def _grow(self, s: Sequence, positions: int) -> None:
         while len(s.blocks) * self.block < positions:

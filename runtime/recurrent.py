@@ -44,7 +44,7 @@ class RecurrentStates(Protocol):
     def reset_recurrent(self) -> None: ...
 
 
-def _release(states: RecurrentStates, snapshot: Any) -> None:
+def release_snapshot(states: RecurrentStates, snapshot: Any) -> None:
     release = getattr(states, "release", None)
     if release is not None:
         release(snapshot)
@@ -162,7 +162,7 @@ class RecurrentSequence:
             return
         old = self.snapshots.pop(key, None)
         if old is not None:
-            _release(self.states, old[0])
+            release_snapshot(self.states, old[0])
         self.snapshots[key] = (snapshot, np.array(last, copy=True))
         while len(self.snapshots) > self.max_snapshots:
-            _release(self.states, self.snapshots.popitem(last=False)[1][0])
+            release_snapshot(self.states, self.snapshots.popitem(last=False)[1][0])

@@ -181,7 +181,8 @@ class Layer:
         b, a = (rng.standard_normal((T, NV)).astype(f32) for _ in range(2))
         return x, z, b, a
 
-    def args(self, x, z, b, a, conv_state, ssm_state, y, ldy):
+    def args(self, x, z, b, a, conv_state, ssm_state, y, ldy, pos=None, seq=None):
+        """The kernel's arguments; rows of one sequence in slot 0 unless `pos`/`seq` say."""
         NK, NV, DK, DV = self.case[:4]
         T, R, k = len(x), NV // NK, self.kernels
         if self.packed:
@@ -197,7 +198,11 @@ class Layer:
         for ptr, ld in acts:
             args += [("u64", ptr), ("i32", ld)]
         args += [("u64", ptr) for ptr in self.consts]
-        return [*args, ("u64", conv_state), ("u64", ssm_state), ("u64", y), ("i32", ldy)]
+        pos = np.arange(T) if pos is None else pos
+        seq = np.zeros(T) if seq is None else seq
+        rows = [k.upload(np.asarray(v, np.int32)) for v in (pos, seq)]
+        args += [("u64", conv_state), ("u64", ssm_state), ("u64", y), ("i32", ldy)]
+        return [*args, *(("u64", r) for r in rows)]
 
 
 def run_step(kernels, name, layer, args, T, chunks):
@@ -211,10 +216,11 @@ def run_step(kernels, name, layer, args, T, chunks):
             kernels.launch(kernel, dims, threads, [*args, ("u64", work)])
         return
     fn, threads = kernels.specs[name]
-    kernels.launch(fn, (layer.case[0],), threads, args)
+    kernels.launch(fn, (layer.case[0], T), threads, args)
 
 
-def check_steps(kernels, name: str, chunks=None) -> None:
+def check_steps(kernels, name: str, chunks=None, slot: int = 0) -> None:
+    """`slot`: the sequence's slot of pools of slot + 2 (the others must stay untouched)."""
     _, NV, DK, DV, KC, *_, steps = CASES[name]
     if chunks is not None:
         steps = CHUNKED[name][1]
@@ -222,24 +228,30 @@ def check_steps(kernels, name: str, chunks=None) -> None:
     C = layer.C
     ref = layer.reference()
     f32 = np.float32
-    conv_state = kernels.upload(np.zeros((KC - 1 or 1, C), f32))
-    ssm_state = kernels.upload(np.zeros((NV, DK, DV), f32))
+    W, n = KC - 1 or 1, slot + 2
+    conv_state = kernels.upload(np.zeros((n, W, C), f32))
+    ssm_state = kernels.upload(np.zeros((n, NV, DK, DV), f32))
+    start = 0
     try:
         for i, T in enumerate(steps):
             x, z, b, a = layer.inputs(T)
             ldy = NV * DV + 5
             y = kernels.poisoned((T, ldy))
-            args = layer.args(x, z, b, a, conv_state, ssm_state, y, ldy)
+            pos, seq = np.arange(start, start + T), np.full(T, slot)
+            args = layer.args(x, z, b, a, conv_state, ssm_state, y, ldy, pos, seq)
             run_step(kernels, name, layer, args, T, chunks)
+            start += T
             got = kernels.read(y, (T, ldy))[:, : NV * DV]
             want = ref.step(x.astype(np.float64), z, b, a)
             assert not np.isnan(got).any(), (name, i, "outputs left unwritten")
             assert rel_err(got, want) <= 1e-4, (name, i, rel_err(got, want))
-            got_s = kernels.read(ssm_state, (NV, DK, DV))
-            assert rel_err(got_s, ref.S) <= 1e-4, (name, i, "state", rel_err(got_s, ref.S))
+            got_s = kernels.read(ssm_state, (n, NV, DK, DV))
+            assert rel_err(got_s[slot], ref.S) <= 1e-4, (name, i, "state", rel_err(got_s, ref.S))
+            got_c = kernels.read(conv_state, (n, W, C))
+            others = [k for k in range(n) if k != slot]
+            assert not got_s[others].any() and not got_c[others].any(), (name, i, "other slots")
             if KC > 1:
-                got_c = kernels.read(conv_state, (KC - 1, C))
-                assert np.array_equal(got_c, ref.conv.astype(f32)), (name, i, "conv window")
+                assert np.array_equal(got_c[slot], ref.conv.astype(f32)), (name, i, "conv window")
     finally:
         kernels.free()
 
@@ -273,5 +285,59 @@ def check_forms(kernels, name: str, T: int, chunks) -> None:
         assert rel_err(yc, ys) <= 1e-4, (name, "outputs", rel_err(yc, ys))
         assert rel_err(sc, ss) <= 1e-4, (name, "state", rel_err(sc, ss))
         assert np.array_equal(cc, cs), (name, "conv window")
+    finally:
+        kernels.free()
+
+
+# steps of rows of several sequences (slots 0..2; 3 is the spare slot of padding rows): each
+# (slot, tokens) a run of that sequence's next tokens, in the order the step holds them
+BATCH_STEPS = (
+    ((1, 5), (0, 1), (2, 3)),
+    ((0, 1), (1, 1), (2, 1), (3, 1), (3, 1)),
+    ((2, 7), (0, 2)),
+    ((1, 1), (2, 1), (0, 4)),
+)
+
+
+def check_batch(kernels, name: str) -> None:
+    """BATCH_STEPS through the token-serial kernel on pools of four slots: each sequence's
+    rows (NaN-poisoned first) and its slot of both states after every step are what its own
+    NumPy recurrence gives; padding rows write only the spare slot."""
+    _, NV, DK, DV, KC, *_ = CASES[name]
+    layer = Layer(kernels, name)
+    C, f32 = layer.C, np.float32
+    refs = [layer.reference() for _ in range(3)]
+    at = [0, 0, 0]
+    conv_state = kernels.upload(np.zeros((4, KC - 1 or 1, C), f32))
+    ssm_state = kernels.upload(np.zeros((4, NV, DK, DV), f32))
+    try:
+        for i, runs in enumerate(BATCH_STEPS):
+            T = sum(n for _, n in runs)
+            x, z, b, a = layer.inputs(T)
+            pos, seq = [], []
+            for slot, n in runs:
+                start = at[slot] if slot < 3 else 0
+                pos += list(range(start, start + n)) if slot < 3 else [0] * n
+                seq += [slot] * n
+            ldy = NV * DV + 5
+            y = kernels.poisoned((T, ldy))
+            args = layer.args(x, z, b, a, conv_state, ssm_state, y, ldy, pos, seq)
+            fn, threads = kernels.specs[name]
+            kernels.launch(fn, (layer.case[0], T), threads, args)
+            got = kernels.read(y, (T, ldy))[:, : NV * DV]
+            S = kernels.read(ssm_state, (4, NV, DK, DV))
+            conv = kernels.read(conv_state, (4, KC - 1 or 1, C))
+            row = 0
+            for slot, n in runs:
+                if slot < 3:
+                    r = slice(row, row + n)
+                    want = refs[slot].step(x[r].astype(np.float64), z[r], b[r], a[r])
+                    assert rel_err(got[r], want) <= 1e-4, (name, i, slot, rel_err(got[r], want))
+                    at[slot] += n
+                row += n
+            for slot, ref in enumerate(refs):
+                assert rel_err(S[slot], ref.S) <= 1e-4, (name, i, slot, "state")
+                if KC > 1:
+                    assert np.array_equal(conv[slot], ref.conv.astype(f32)), (name, i, slot)
     finally:
         kernels.free()

@@ -12,12 +12,14 @@ CPU: templates/cpu/deltanet.cpp.j2: rows of many sequences, each reading and wri
 sequence's slot of the states (`seq`, as attention reads its block table); the conv for all
 tokens, then per (sequence, value head) pair (in parallel) the recurrence over its tokens (for several, a block of state columns at a
 time so the block stays in L1; measured faster than the chunked form on a CPU).
-GPU: templates/hip/deltanet.hip.j2 for decode steps and prefill steps shorter than the chunk:
-a block per key head (its value heads share its q/k conv channels, so each conv window has one
-owner), a thread per state column held in registers, the step's tokens through the
-recurrence in order. Steps of a chunk or more: templates/hip/deltanet_chunk.hip.j2, the
-chunked form in four launches (chunk_launches), _solve's Q K^T and K K^T on the target's
-matrix instruction where the prelude has one (chunk_mma), the rest SIMT.
+GPU: the states are pools of slots too, row t's in slot seq[t]. templates/hip/deltanet.hip.j2
+for decode steps, batch steps (rows of several sequences) and one sequence's prefill steps
+shorter than the chunk: a block per key head (its value heads share its q/k conv channels, so
+each conv window has one owner) and run of one sequence's rows, a thread per state column held
+in registers, the run's tokens through the recurrence in order. One sequence's steps of a
+chunk or more: templates/hip/deltanet_chunk.hip.j2, the chunked form in four launches
+(chunk_launches), _solve's Q K^T and K K^T on the target's matrix instruction where the
+prelude has one (chunk_mma), the rest SIMT.
 Qwen3-Next's projections packed per key head (HF's in_proj_qkvz and in_proj_ba, which the
 graph unpacks with Reshape/Split/Concat) are read where they are.
 """
@@ -97,7 +99,8 @@ GPU_ARGS = """
 int T, const float* __restrict__ x, int ldx, const float* __restrict__ z, int ldz,
 const float* __restrict__ b, int ldb, const float* __restrict__ a, int lda, const void* conv_w,
 const float* __restrict__ A, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
-float* conv_state, float* ssm_state, float* __restrict__ y, int ldy
+float* conv_state, float* ssm_state, float* __restrict__ y, int ldy,
+const int32_t* __restrict__ pos, const int32_t* __restrict__ seq
 """
 GPU = Signature.parse(GPU_ARGS)
 # the chunked prefill's kernels (templates/hip/deltanet_chunk.hip.j2): the GPU signature and
@@ -453,24 +456,29 @@ class DeltaNet(KernelKind):
                 f"threads, over the GPU deltanet block's {MAX_GPU_THREADS}"
             )
         fn = g.kernel(dk)
-        # GPU backends hold one sequence's states: no per-row slots
-        args = {"T": b.int("T"), **self._args(k, b)}
-        g.launch("decode", k.group, fn, dk.grid, [dk.threads], GPU, args, overlap=True)
+        # rows of many sequences: each run of one sequence's rows in its slot seq[t] (the
+        # serial kernel, a block per key head and row; the chunked ones: one sequence's step)
+        args = {"T": b.int("T"), **self._args(k, b), "pos": b.input("pos"), "seq": b.input("seq")}
+        grid = [*dk.grid, "T"]
+        g.launch("decode", k.group, fn, grid, [dk.threads], GPU, args, overlap=True)
         if not self.gpu_scratch(k, g):
-            g.launch("prefill", k.group, fn, dk.grid, [dk.threads], GPU, args)
+            g.launch("prefill", k.group, fn, grid, [dk.threads], GPU, args)
             return
-        # steps shorter than a chunk: token by token; the others chunked (the last chunk of a
-        # step may be short: its padding rows write nothing)
+        # one sequence's steps shorter than a chunk: token by token; the others chunked (the
+        # last chunk of a step may be short: its padding rows write nothing). The batch step
+        # (rows of several sequences, runs of any length) serial whatever its size.
         L = p.chunk
         if L > 2:
-            g.launch("prefill", k.group, fn, dk.grid, [dk.threads], GPU, args, tokens=(2, L - 1))
+            g.launch("prefill", k.group, fn, grid, [dk.threads], GPU, args, tokens=(2, L - 1),
+                     batch=False)  # fmt: skip
+        g.launch("batch", k.group, fn, grid, [dk.threads], GPU, args, overlap=True)
         mma = chunk_mma(g.target.arch)
         ck = gpu_chunk_kernel(f"{k.fn}_chunk", p, g.target.wave, k.nodes, mma)
         g.kernel(ck)
         cargs = {**args, "work": b.scratch(g.scratch(CHUNK_WORK))}
         for kernel, grid, threads in chunk_launches(p, ck):
             g.launch("prefill", k.group, kernel, grid, [threads], CHUNK_GPU, cargs,
-                     tokens=(L, g.max_tokens))  # fmt: skip
+                     tokens=(L, g.max_tokens), batch=False)  # fmt: skip
 
 
 KIND = DeltaNet()

@@ -3,9 +3,10 @@ decode-graph capture, error naming. Each backend is a thin `GpuDriver` adapter o
 its binding (cuda-bindings' driver API, hip-python); everything else lives here.
 
 One engine holds, on the device: the weights (one block, uploaded once from the
-memory-mapped safetensors file, tensors at 256-byte offsets), the states (one zeroed
-block: each KV state a paged pool of kv_block-position blocks, as on the cpu target,
-each recurrent state one sequence's), the activation arena, the scratch buffer, the step
+memory-mapped safetensors file, tensors at 256-byte offsets), the states (zeroed: each KV
+state a paged pool of kv_block-position blocks, as on the cpu target, in one block; each
+recurrent state a pool of slots, row t's sequence seq[t] also its slot, in another, which
+ensure_slots regrows), the activation arena, the scratch buffer, the step
 inputs (ids int64, pos and seq int32, max_tokens of each, in one buffer), the block
 tables and the logits (float32 x max_tokens x vocab); and pinned host mirrors of the
 inputs, tables and logits. A step copies the inputs (and the tables when they changed)
@@ -14,12 +15,16 @@ stream, copies the logits rows out and synchronizes.
 
 `step()` runs rows of many sequences with the cpu backend's contract (runtime/batch.py
 drives it): one row is the decode list; rows of as many sequences (decode rows) the batch
-list, padded up to a bucket of BUCKETS; any other step (prefill chunks) the prefill list.
+list, padded up to a bucket of BUCKETS; any other step (prefill chunks) the prefill list,
+except where a model with recurrent states mixes sequences: the batch list, eagerly (its
+deltanet kernel steps each sequence's run in its slot; the prefill list's chunked one takes
+one sequence).
 The decode list and each bucket's batch list are captured once as graphs and replayed:
 their kernels read ids, positions and block tables from device memory, so one graph
 serves every position and sequence. Padding rows are sequence PAD, whose table names only
-the spare block at the pool's end, so they write nowhere a sequence reads. `forward()` is
-the one-sequence view (the SOLO table: block b of the sequence is pool block b).
+the spare block at the pool's end (and whose recurrent slot is a spare one), so they write
+nowhere a sequence reads. `forward()` is the one-sequence view (the SOLO table: block b of
+the sequence is pool block b; SOLO's recurrent slot).
 
 Kernel arguments use the `kernelParams` convention of cuLaunchKernel and
 hipModuleLaunchKernel: a C array of N `void*`, entry i pointing at argument i's value
@@ -42,7 +47,7 @@ import ctypes
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -169,9 +174,11 @@ class DeviceMemory:
 
     weight_offsets: tuple[int, ...]
     weights: int
-    state_offsets: tuple[int, ...]
+    state_offsets: tuple[int, ...]  # the KV pools' in `states` (recurrent states: 0)
     states: int
-    kv_bytes: int  # the states without alignment padding
+    kv_bytes: int  # the states (KV pools and recurrent slots) without alignment padding
+    recurrent_offsets: tuple[int, ...]  # the recurrent pools' in `recurrent` (KV: 0)
+    recurrent: int  # a separate block: it grows with the batch's slots (ensure_slots)
     arena: int
     scratch: int
     inputs: int  # ids, pos, seq
@@ -184,6 +191,7 @@ class DeviceMemory:
         return (
             self.weights
             + self.states
+            + self.recurrent
             + self.arena
             + self.scratch
             + self.inputs
@@ -198,24 +206,36 @@ def table_rows(gpu: TargetPlan) -> int:
     return gpu.max_tokens + 2
 
 
+def recurrent_slots(slots: int) -> int:
+    """Slots of each recurrent pool for `slots` batch sequences: theirs, then the spare slot
+    padding rows write (PAD) and the one-sequence view's (SOLO)."""
+    return slots + 2
+
+
 def device_memory(
     plan: dict[str, Any],
     gpu: TargetPlan,
     weight_nbytes: Sequence[int],
     positions: int | None = None,
+    slots: int = 0,
 ) -> DeviceMemory:
-    """Device bytes per buffer; `positions` sizes the KV pools (default: as compiled)."""
+    """Device bytes per buffer; `positions` sizes the KV pools (default: as compiled),
+    `slots` the recurrent pools (batch sequences; recurrent_slots)."""
     specs = states(plan)
-    state_sizes = [s.nbytes(positions) for s in specs]
+    kv_sizes = [s.nbytes(positions) if s.positional else 0 for s in specs]
+    rec_sizes = [0 if s.positional else s.nbytes() * recurrent_slots(slots) for s in specs]
     w_off, w_total = aligned_offsets(weight_nbytes)
-    s_off, s_total = aligned_offsets(state_sizes)
+    s_off, s_total = aligned_offsets(kv_sizes)
+    r_off, r_total = aligned_offsets(rec_sizes)
     kv_table = -(-int(plan["max_context"]) // max(gpu.kv_block, 1))
     return DeviceMemory(
         weight_offsets=w_off,
         weights=w_total,
         state_offsets=s_off,
         states=s_total,
-        kv_bytes=sum(state_sizes),
+        kv_bytes=sum(kv_sizes) + sum(rec_sizes),
+        recurrent_offsets=r_off,
+        recurrent=r_total,
         arena=gpu.arena_bytes,
         scratch=gpu.scratch_bytes,
         inputs=16 * gpu.max_tokens,
@@ -226,7 +246,12 @@ def device_memory(
 
 
 def fit_positions(
-    plan: dict[str, Any], gpu: TargetPlan, weight_nbytes: Sequence[int], free: int, most: int
+    plan: dict[str, Any],
+    gpu: TargetPlan,
+    weight_nbytes: Sequence[int],
+    free: int,
+    most: int,
+    slots: int = 0,
 ) -> int:
     """The most KV positions (<= most) whose allocations fit in 95% of `free` (0 if none do).
 
@@ -236,7 +261,7 @@ def fit_positions(
     lo, hi = 0, most
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if device_memory(plan, gpu, weight_nbytes, mid).total <= budget:
+        if device_memory(plan, gpu, weight_nbytes, mid, slots).total <= budget:
             lo = mid
         else:
             hi = mid - 1
@@ -329,6 +354,7 @@ class GpuBackend:
                 f"{code_object}: cannot load the {self.arch} code object ({e})"
             ) from None
         self._functions = self._load_functions(code_object)
+        self._check_slots(artifact)
 
         B = self.kv_block = self.gpu.kv_block
         if B < 1:
@@ -342,11 +368,18 @@ class GpuBackend:
         nbytes = [a.nbytes for a in weights]
         context = self._requested_context or self.max_context
         blocks = max(self._requested_blocks or 0, -(-context // B))
+        # recurrent slots: as many as the KV pool holds whole sequences (more on demand:
+        # ensure_slots); a model without recurrent states has none
+        self.recurrent = any(not s.positional for s in self._states)
+        self.slots = slots = (
+            min(self.max_tokens, max(1, blocks * B // context)) if self.recurrent else 0
+        )
         # one block more than the sequences get: the one padding rows write to
-        self._mem = mem = device_memory(plan, self.gpu, nbytes, (blocks + 1) * B)
+        self._mem = mem = device_memory(plan, self.gpu, nbytes, (blocks + 1) * B, slots)
         free, total = d.mem_info()
         if mem.total > free:
-            fits = fit_positions(plan, self.gpu, nbytes, free, (blocks + 1) * B) // B - 1
+            most = (blocks + 1) * B
+            fits = fit_positions(plan, self.gpu, nbytes, free, most, slots) // B - 1
             if fits >= -(-context // B) and fits < blocks:
                 # a pool of many sequences: as many blocks as fit, one sequence at least
                 print(
@@ -363,7 +396,7 @@ class GpuBackend:
                     file=sys.stderr,
                 )
                 blocks, context = fits, fits * B
-            self._mem = mem = device_memory(plan, self.gpu, nbytes, (blocks + 1) * B)
+            self._mem = mem = device_memory(plan, self.gpu, nbytes, (blocks + 1) * B, slots)
         if mem.total > free:
             raise HipcError(self._oom_message(free, total))
         self.max_context = context
@@ -383,11 +416,15 @@ class GpuBackend:
 
         w_base = alloc("the weights", mem.weights)
         s_base = alloc("the KV cache", mem.states)
+        self._rec_base = r_base = alloc("the recurrent states", mem.recurrent)
+        self._states_base = s_base
+        # what ensure_slots sizes a larger recurrent block from
+        self._plan, self._weight_nbytes, self._positions = plan, nbytes, (blocks + 1) * B
         self.bases = Bases(
             arena=alloc("the activation arena", mem.arena),
             scratch=alloc("the scratch buffer", mem.scratch),
             weights=tuple(w_base + o for o in mem.weight_offsets),
-            states=tuple(s_base + o for o in mem.state_offsets),
+            states=self._state_bases(s_base, r_base, mem),
             ids=(inputs := alloc("the step inputs", mem.inputs)),
             pos=inputs + 8 * self.max_tokens,
             seq=inputs + 12 * self.max_tokens,
@@ -404,13 +441,14 @@ class GpuBackend:
         self._ids_host = raw[: 8 * MT].view(np.int64)
         self._pos_host = raw[8 * MT : 12 * MT].view(np.int32)
         self._seq_host = raw[12 * MT :].view(np.int32)
-        # table rows: a slot per sequence of a batch, then PAD (padding rows: every entry the
-        # spare block) and SOLO (forward(): block b of the one sequence is pool block b)
-        self.PAD, self.SOLO = MT, MT + 1
+        # table rows: a row per sequence of a batch, then PAD (padding rows: every entry the
+        # spare block) and SOLO (forward(): block b of the one sequence is pool block b). A
+        # row is also the sequence's slot of the recurrent states (the deltanet kernels read
+        # slot seq[t]), so with recurrent states PAD and SOLO follow the batch's slots
         rows = table_rows(self.gpu)
         self._tables_host = self._pinned(np.int32, rows * self.kv_table).reshape(rows, -1)
         self._tables_host[:] = self.kv_blocks  # the spare block
-        self._tables_host[self.SOLO] = np.arange(self.kv_table) % self.kv_blocks
+        self._place_pad_and_solo(self.slots if self.recurrent else MT)
         self._logits_host = self._pinned(np.float32, self.max_tokens * self.vocab).reshape(
             self.max_tokens, self.vocab
         )
@@ -419,6 +457,8 @@ class GpuBackend:
         try:
             if mem.states:
                 d.memset0(s_base, mem.states)
+            if mem.recurrent:
+                d.memset0(r_base, mem.recurrent)
             if mem.scratch:
                 d.memset0(self.bases.scratch, mem.scratch)  # the decode attention's counters
             self._upload(weights, self.bases.weights)
@@ -426,6 +466,36 @@ class GpuBackend:
             d.synchronize()
         except DriverError as e:
             raise HipcError(f"{d.api}: loading the model onto {self.device_name}: {e}") from None
+
+    def _state_bases(self, kv_base: int, rec_base: int, mem: DeviceMemory) -> tuple[int, ...]:
+        return tuple(
+            (kv_base + o) if spec.positional else (rec_base + r)
+            for spec, o, r in zip(
+                self._states, mem.state_offsets, mem.recurrent_offsets, strict=True
+            )
+        )
+
+    def _place_pad_and_solo(self, pad: int) -> None:
+        """PAD at table row `pad`, SOLO after it (every row past the batch's: the spare block)."""
+        self.PAD, self.SOLO = pad, pad + 1
+        self._tables_host[pad:] = self.kv_blocks  # the spare block
+        self._tables_host[self.SOLO] = np.arange(self.kv_table) % self.kv_blocks
+        self._upload_tables = len(self._tables_host)
+
+    def _check_slots(self, artifact: Artifact) -> None:
+        """Every launch binding a recurrent state also binds `seq` (its rows' slots): a plan
+        compiled before GPU recurrent states had slots kept one copy, which this runtime,
+        placing the one sequence in SOLO's slot, would read at slot 0."""
+        recurrent = {j for j, s in enumerate(self._states) if not s.positional}
+        for launch in (x for step in self.gpu.steps.values() for x in step):
+            binds = {a.get("index") for a in launch.args if a["kind"] == "state"}
+            inputs = {a.get("name") for a in launch.args if a["kind"] == "input"}
+            if binds & recurrent and "seq" not in inputs:
+                raise HipcError(
+                    f"{artifact.path}: kernel {launch.kernel} updates a recurrent state "
+                    "without per-sequence slots (compiled by an older hipc); recompile with: "
+                    f"hipc compile MODEL --target {self.arch}"
+                )
 
     def _load_functions(self, code_object) -> dict[str, Any]:
         d = self._driver
@@ -502,11 +572,11 @@ class GpuBackend:
 
     def _oom_message(self, free: int, total: int, failed: str | None = None) -> str:
         m = self._mem
-        io = m.inputs + m.tables + m.logits
+        io, kv = m.inputs + m.tables + m.logits, m.states + m.recurrent
         why = f" (allocating {failed} failed)" if failed else ""
         return (
             f"{self.device_name}: not enough GPU memory{why}: this artifact needs "
-            f"{gib(m.total)} ({m.total} bytes: weights {gib(m.weights)}, KV cache {gib(m.states)}, "
+            f"{gib(m.total)} ({m.total} bytes: weights {gib(m.weights)}, KV cache {gib(kv)}, "
             f"activations {gib(m.arena + m.scratch)}, ids/logits {gib(io)}), "
             f"{gib(free)} ({free} bytes) are free of {gib(total)}; "
             f"compile with a smaller --max-context to shrink the KV cache "
@@ -530,21 +600,27 @@ class GpuBackend:
         """Bytes one KV block takes over every layer's pools."""
         return sum(s.nbytes(self.kv_block) for s in self._states if s.positional)
 
-    def reset(self) -> None:
-        """A new sequence: apply each state's reset rule (zero the recurrent ones; a KV
-        cache's positions are written before they are read, so it is left as it is)."""
+    def reset(self, slot: int | None = None) -> None:
+        """A new sequence (in recurrent `slot`; None: every slot): apply each state's reset
+        rule (zero the recurrent ones; a KV cache's positions are written before they are
+        read, so it is left as it is)."""
         if self._closed:
             raise HipcError(f"{self.name} backend: used after close()")
         try:
             # the server steps from a worker thread: the context must be current there too
             self._driver.activate()
-            for spec, base in zip(self._states, self.bases.states, strict=True):
-                if spec.needs_reset:
-                    self._driver.memset0(base, spec.nbytes())
+            if slot is None:
+                if self._mem.recurrent:
+                    self._driver.memset0(self._rec_base, self._mem.recurrent)
+            else:
+                for base, n in self._recurrent(slot):
+                    self._driver.memset0(base, n)
         except DriverError as e:
             raise self._step_error(e, "resetting the states") from None
 
-    # -- recurrent states (runtime/recurrent.py takes and restores snapshots) --------
+    # -- recurrent states: a pool of slots per state, row t's in slot seq[t] (batch rows,
+    # then PAD's spare slot and SOLO's, the one-sequence view's); runtime/recurrent.py and
+    # runtime/batch.py take and restore snapshots -------------------------------------
 
     @property
     def snapshot_interval(self) -> int:
@@ -553,22 +629,82 @@ class GpuBackend:
         GPU prefill into small steps)."""
         return self.max_tokens
 
-    def _recurrent(self) -> list[tuple[int, int]]:
-        """(device address, bytes) of each recurrent state."""
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes one sequence's recurrent states take (a slot, or a snapshot)."""
+        return sum(s.nbytes() for s in self._states if s.needs_reset)
+
+    def _recurrent(self, slot: int | None = None) -> list[tuple[int, int]]:
+        """(device address, bytes) of each recurrent state's `slot` (None: SOLO's)."""
+        slot = self.SOLO if slot is None else slot
+        if not 0 <= slot < recurrent_slots(self.slots):
+            raise HipcError(f"recurrent slot {slot} outside the {self.slots} slots")
         return [
-            (base, spec.nbytes(self.max_context))
+            (base + slot * spec.nbytes(), spec.nbytes())
             for spec, base in zip(self._states, self.bases.states, strict=True)
             if spec.needs_reset
         ]
 
-    def reset_recurrent(self) -> None:
-        self.reset()
+    def ensure_slots(self, n: int) -> None:
+        """At least `n` recurrent slots (the batch's sequences): the pools are reallocated
+        larger (existing slots and SOLO's kept), PAD and SOLO move past them, and the
+        captured graphs (whose arguments hold the old addresses) are dropped."""
+        if not self.recurrent or n <= self.slots:
+            return
+        if n > self.max_tokens:
+            raise HipcError(f"{n} recurrent slots: a step holds at most {self.max_tokens} rows")
+        d, old, old_base = self._driver, self.slots, self._rec_base
+        mem = device_memory(self._plan, self.gpu, self._weight_nbytes, self._positions, n)
+        try:
+            d.activate()
+            d.synchronize()
+            try:
+                base = d.malloc(mem.recurrent)
+            except DriverError as e:
+                if e.oom:
+                    raise HipcError(
+                        f"{self.device_name}: no GPU memory for {n} recurrent slots of "
+                        f"{self.slot_bytes} bytes (have {old}); serve fewer sequences at once "
+                        "(--max-batch)"
+                    ) from None
+                raise
+            self._allocs.append(("the recurrent states", base))
+            d.memset0(base, mem.recurrent)
+            moves = ((0, 0, old), (old + 1, n + 1, 1))  # the batch's slots, SOLO's
+            for spec, r_old, r_new in zip(
+                self._states, self._mem.recurrent_offsets, mem.recurrent_offsets, strict=True
+            ):
+                if spec.needs_reset:
+                    size = spec.nbytes()
+                    for a, b, count in moves:
+                        src = old_base + r_old + a * size
+                        d.d2d(base + r_new + b * size, src, count * size)
+            d.synchronize()
+            d.free(old_base)
+        except DriverError as e:
+            raise self._step_error(e, "growing the recurrent states") from None
+        self._allocs.remove(("the recurrent states", old_base))
+        self._rec_base, self._mem, self.slots = base, mem, n
+        self.bases = replace(self.bases, states=self._state_bases(self._states_base, base, mem))
+        self._drop_graphs()
+        self._place_pad_and_solo(n)
 
-    def snapshot(self) -> int | None:
-        """A device copy of every recurrent state (one buffer, device-to-device copies on the
-        step's stream, so it holds what the steps before it wrote), or None where the GPU
-        has no memory left for one (the sequence then keeps no snapshot there)."""
-        parts = self._recurrent()
+    def _drop_graphs(self) -> None:
+        for graph, graph_exec, _ in self._graphs.values():
+            with contextlib.suppress(DriverError):
+                self._driver.destroy_graph(graph, graph_exec)
+        self._graphs.clear()
+        self._packed.clear()
+
+    def reset_recurrent(self) -> None:
+        self.reset(self.SOLO)
+
+    def snapshot(self, slot: int | None = None) -> int | None:
+        """A device copy of `slot`'s recurrent states (None: SOLO's; one buffer,
+        device-to-device copies on the step's stream, so it holds what the steps before it
+        wrote), or None where the GPU has no memory left for one (the sequence then keeps no
+        snapshot there)."""
+        parts = self._recurrent(slot)
         offsets, total = aligned_offsets([n for _, n in parts])
         d = self._driver
         try:
@@ -589,8 +725,8 @@ class GpuBackend:
             raise self._step_error(e, "copying the recurrent states") from None
         return buf
 
-    def restore(self, snapshot: int) -> None:
-        parts = self._recurrent()
+    def restore(self, snapshot: int, slot: int | None = None) -> None:
+        parts = self._recurrent(slot)
         offsets, _ = aligned_offsets([n for _, n in parts])
         d = self._driver
         try:
@@ -702,6 +838,15 @@ class GpuBackend:
         used = tables[np.arange(self.kv_table)[None, :] <= last[:, None]]
         if used.size and (used.min() < 0 or used.max() >= self.kv_blocks):
             raise HipcError(f"a block table names a block outside the pool of {self.kv_blocks}")
+        one_sequence = bool((seq == seq[0]).all())
+        if self.recurrent:
+            # the deltanet kernel steps each run of one sequence's rows (consecutive
+            # positions) in its slot, the runs in parallel: a sequence must be one run
+            cut = np.flatnonzero((np.diff(seq) != 0) | (np.diff(pos) != 1)) + 1
+            if len(cut) + 1 != len(np.unique(seq)):
+                raise HipcError(
+                    "a step's rows must be one run of consecutive positions per sequence"
+                )
         n = len(tables)
         if not np.array_equal(self._tables_host[:n], tables):
             self._tables_host[:n] = tables
@@ -712,6 +857,11 @@ class GpuBackend:
             # one row per sequence: the batch list, at the bucket's size (padding rows after)
             kind = "batch"
             B = rows = next((b for b in self.buckets if b >= T), T)
+        elif self.recurrent and not one_sequence:
+            # prefill chunks beside other rows: the batch list (its deltanet kernel steps
+            # runs of several sequences; the chunked one takes one sequence's), eagerly
+            kind, B = "mixed", T
+            rows = 1 if len(out_rows) == 1 and out_rows[0] == T - 1 else T
         else:
             kind, B = "prefill", T
             rows = 1 if len(out_rows) == 1 and out_rows[0] == T - 1 else T
@@ -743,11 +893,11 @@ class GpuBackend:
         T = len(ids)
         if kind == "decode":
             launches = self.gpu.decode
-        elif kind == "batch":
+        elif kind in ("batch", "mixed"):
             launches = self.gpu.batch(B)
         else:
             launches = self.gpu.launches(B)
-        use_graph = kind != "prefill" and B in self.buckets and not self.sync_launches
+        use_graph = kind in ("decode", "batch") and B in self.buckets and not self.sync_launches
         where = (
             ("the decode graph" if kind == "decode" else f"the {B}-row batch graph")
             if use_graph

@@ -1,7 +1,8 @@
 """Generation on the engine thread: a job's choices, one after another, token by token.
 
-Used for engines that run one sequence at a time (GPU backends, test fakes); an engine
-whose backend steps many sequences is served by batching.py instead.
+Used for engines that run one sequence at a time (the reference executor, test fakes); an
+engine whose backend steps many sequences (the cpu and GPU backends) is served by batching.py
+instead.
 
 The engine is wrapped once in an EngineSlot: it admits `max_context` positions (which may
 be fewer than the engine holds) and keeps the last prompt's logits. When the engine's

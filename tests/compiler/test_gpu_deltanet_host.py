@@ -18,6 +18,7 @@ from deltanet_cases import (
     CASES,
     CHUNKED,
     LANES,
+    check_batch,
     check_forms,
     check_steps,
     chunk_kernels,
@@ -124,6 +125,13 @@ def test_deltanet_kernel_on_the_host(kernels, name):
     check_steps(kernels, name)
 
 
+@pytest.mark.parametrize("name", ["grouped_odd", "next_packed_f16", "dk256"])
+def test_rows_of_several_sequences_on_the_host(kernels, name):
+    """A step's runs of several sequences (and padding rows) each in its own slot of the
+    states: what each sequence's own recurrence gives."""
+    check_batch(kernels, name)
+
+
 PATHS = ["simt", "mma", "mma_scan"]
 
 
@@ -134,6 +142,14 @@ def test_chunked_prefill_on_the_host(kernels, name, path):
     emulated mma.sync; _scan's too), shorter ones through the serial one, on the same
     states, against the NumPy recurrence."""
     check_steps(kernels, name, kernels.on(path, name))
+
+
+@pytest.mark.parametrize("path", ["simt", "mma"])
+@pytest.mark.parametrize("name", ["grouped_odd", "next_packed_f16"])
+def test_one_sequence_in_another_slot_on_the_host(kernels, name, path):
+    """One sequence's steps in slot 2 of the pools (the one-sequence view's slot sits past
+    the batch's): the serial and the chunked kernels read and write that slot only."""
+    check_steps(kernels, name, kernels.on(path, name), slot=2)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -51,14 +51,24 @@ def test_deltanet_launches_per_linear_layer_step(hybrid, target):
     plan = json.loads((art / "plan.json").read_text())
     steps, max_tokens = plan["targets"][target]["steps"], plan["max_tokens"]
     assert max_tokens >= 64
-    for step in ("decode", "prefill"):
+    for step in ("decode", "prefill", "batch"):
         launches = [x for x in steps[step] if x["kernel"].startswith("deltanet_")]
         groups = [x["group"].split(".")[0] for x in launches]
-        assert groups == [g for g in linear for _ in range(1 if step == "decode" else 5)], family
-        # the conv window and the delta-rule matrices are each launch's two state arguments
+        per_layer = 5 if step == "prefill" else 1
+        assert groups == [g for g in linear for _ in range(per_layer)], family
+        # the conv window and the delta-rule matrices are each launch's two state arguments,
+        # their slots the rows' sequences
         assert all(sum(a["kind"] == "state" for a in x["args"]) == 2 for x in launches)
-        serial = launches if step == "decode" else launches[::5]
-        assert all(x["grid"] == [nk] and x["block"] == [threads] for x in serial)
+        assert all(
+            [a["name"] for a in x["args"] if a["kind"] == "input"] == ["pos", "seq"]
+            for x in launches
+        )
+        serial = launches[::per_layer]
+        # a block per key head and row (the rows of one sequence's run: its first row's)
+        assert all(x["grid"] == [nk, "T"] and x["block"] == [threads] for x in serial)
+        if step == "batch":
+            # rows of several sequences: the serial kernel whatever the step's size
+            assert all("tokens" not in x for x in serial)
         if step == "prefill":
             assert all(x["tokens"] == [2, 63] for x in serial)
             chunked = [x for x in launches if x not in serial]

@@ -42,13 +42,9 @@ NEW = [10, 7, 12, 5, 9, 6, 14, 8, 11]
 BARS = {"split": 2e-3, "bf16": 0.1}
 
 
-@pytest.fixture(scope="module", params=["split", "bf16"])
-def engine(request, tmp_path_factory):
-    from hipc.runtime.backends import cuda
-
-    if cuda.probe()[0] is None:
-        pytest.skip("no NVIDIA GPU")
-    root = tmp_path_factory.mktemp("batch")
+def compiled_model(root, policy: str):
+    """The tiny dense model compiled at `policy` into root (docs/benchmarks/hybatch_check.sh
+    builds its code objects ahead)."""
     # head dim 64: the flash prefill attention under the default policy
     folder = write_tiny_hf(
         root / "m",
@@ -65,9 +61,19 @@ def engine(request, tmp_path_factory):
         targets=(TARGET,),
         max_context=CONTEXT,
         max_tokens=STEP,
-        prefill_precision=request.param,
+        prefill_precision=policy,
     )
     compile_model(folder, out, options, verbose=False)
+    return out
+
+
+@pytest.fixture(scope="module", params=["split", "bf16"])
+def engine(request, tmp_path_factory):
+    from hipc.runtime.backends import cuda
+
+    if cuda.probe()[0] is None:
+        pytest.skip("no NVIDIA GPU")
+    out = compiled_model(tmp_path_factory.mktemp("batch"), request.param)
     e = load_engine(out, target="cuda", kv_pool_tokens=60 * 16)
     yield e, request.param
     e.close()

@@ -21,7 +21,14 @@ until measured faster: bench_gpu_deltanet.py times it).
 from __future__ import annotations
 
 import pytest
-from deltanet_cases import CASES, CHUNKED, check_forms, check_steps, device_specs
+from deltanet_cases import (
+    CASES,
+    CHUNKED,
+    check_batch,
+    check_forms,
+    check_steps,
+    device_specs,
+)
 
 from gpu_kernels import DeviceKernels
 
@@ -53,6 +60,18 @@ def on(kernels, path: str, name: str):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_deltanet_steps_match_numpy(kernels, name):
     check_steps(kernels, name)
+
+
+@pytest.mark.parametrize("name", ["grouped_odd", "next_packed_f16", "qwen35_35b", "dk256"])
+def test_rows_of_several_sequences_in_their_slots(kernels, name):
+    """A step's runs of several sequences (and padding rows) each in its own slot."""
+    check_batch(kernels, name)
+
+
+@pytest.mark.parametrize("name", ["grouped_odd", "qwen35_35b"])
+def test_one_sequence_in_another_slot(kernels, name):
+    """Slot 2 of the pools: the serial and chunked kernels touch that slot only."""
+    check_steps(kernels, name, on(kernels, "target", name), slot=2)
 
 
 @pytest.mark.parametrize("path", ["target", "simt", "mma_scan"])

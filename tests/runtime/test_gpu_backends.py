@@ -49,7 +49,7 @@ SIGNATURES = {
     "addpos": ["u64", "u64", "u64", "u64", "i32", "u64"],
     "head": ["u64", "u64", "u64", "i32", "i32"],
     "big": ["u64", "i32"],
-    "recur": ["u64", "i32", "u64"],
+    "recur": ["u64", "i32", "u64", "u64", "u64"],
     "topk": ["u64", "i32", "i32", "u64", "u64", "u64"],
 }
 OOM, INVALID_VALUE, INVALID_IMAGE, NOT_FOUND, ILLEGAL_ADDRESS, OUT_OF_RESOURCES = (
@@ -306,11 +306,17 @@ def k_big(gpu, scratch, seven, grid):
     assert seven == 7
 
 
-def k_recur(gpu, x, T, rec, grid):
-    """A recurrent state: rec = rec / 2 + x[t], then x[t] = rec, token after token."""
+def k_recur(gpu, x, T, rec, pos, seq, grid):
+    """A recurrent state in slot seq[t] of its pool: rec = rec / 2 + x[t], then x[t] = rec,
+    token after token."""
+    assert grid == (1, T, 1)
     xs = gpu.view(x, np.float32, T * H).reshape(T, H)
-    r = gpu.view(rec, np.float32, H)
+    sq = gpu.view(seq, np.int32, T)
+    buf, off = gpu.find(rec)
+    pool = np.frombuffer(buf, np.float32, (len(buf) - off) // 4, off).reshape(-1, H)
+    assert sq.max() < len(pool), "a recurrent slot past the pool"
     for t in range(T):
+        r = pool[sq[t]]
         r[:] = r / 2 + xs[t]
         xs[t] = r
 
@@ -1269,7 +1275,9 @@ def test_reset_zeroes_recurrent_states_only(api, tmp_path):
         b.reset()
         assert not conv.any()  # the recurrent state: 3 x 4 floats, whatever the context
         np.testing.assert_array_equal(kv, kv_before)  # a KV cache is left as it is
-        assert ("memset", b.bases.states[2], 0, 48) in gpu.calls
+        # every slot of the pool: the batch's, PAD's and SOLO's
+        assert b._mem.recurrent >= 48 * (b.slots + 2)
+        assert ("memset", b.bases.states[2], 0, b._mem.recurrent) in gpu.calls
     finally:
         b.close()
 
@@ -1506,12 +1514,14 @@ def add_recurrent_layer(plan):
     recur = {
         "group": "g_rec",
         "kernel": "recur",
-        "grid": [1],
+        "grid": [1, "T"],
         "block": [32],
         "args": [
             {"kind": "arena", "offset": 0},
             {"kind": "int", "value": "T"},
             {"kind": "state", "index": 2},
+            {"kind": "input", "name": "pos"},
+            {"kind": "input", "name": "seq"},
         ],
     }
     for sec in plan["targets"].values():
@@ -1537,12 +1547,13 @@ def recurrent_artifact(tmp_path):
 def test_snapshot_and_restore_copy_on_the_device(api, recurrent_artifact):
     gpu = FakeGpu()
     b = backend(api, recurrent_artifact, gpu)
-    rec = gpu.view(b.bases.states[2], np.float32, H)
+    solo = b.bases.states[2] + 4 * H * b.SOLO  # the one-sequence view's slot
+    rec = gpu.view(solo, np.float32, H)
     rec[:] = [1, 2, 3, 4]
     allocs = gpu.count("malloc")
     snap = b.snapshot()
     assert gpu.count("malloc") == allocs + 1
-    assert ("d2d", snap, b.bases.states[2], 4 * H) in gpu.calls  # the recurrent state only
+    assert ("d2d", snap, solo, 4 * H) in gpu.calls  # the recurrent state only
     assert gpu.count("d2d") == 1 and gpu.count("d2h") == 0
     b.reset()
     assert not rec.any()
@@ -1715,6 +1726,112 @@ def test_amd_prefill_plan_on_the_fake_hip(arch, tmp_path):
         assert gpu.executed and all(e[5] == "graph" for e in gpu.executed)
     finally:
         b.close()
+
+
+# -- recurrent states in slots: hybrids batch on a GPU backend ----------------------------
+
+
+def test_hybrids_batch_on_a_gpu_backend(api, recurrent_artifact):
+    """runtime/batch.py over a recurrent model on a GPU backend: each sequence's state in its
+    slot (the pools grown to the batch's slots, the captured graphs dropped with the old
+    addresses), prefill chunks beside decode rows through the batch list eagerly, decode rows
+    through the bucket graphs; each sequence gets what the toy model gives in NumPy and
+    what it gets alone, and the one-sequence view's state survives the growth."""
+    from hipc.runtime.batch import BatchEngine, batchable
+
+    gpu = FakeGpu()
+    eng = engine_mod.CompiledEngine(
+        recurrent_artifact, backend(api, recurrent_artifact, gpu, kv_blocks=8)
+    )
+    b = eng.backend
+    assert batchable(eng) and b.slots == 2 and (b.PAD, b.SOLO) == (2, 3)
+    eng.reset()
+    solo = eng.forward([1, 2, 3], 0)  # the SOLO slot holds this sequence's state
+    assert b.graph_captured
+    be = BatchEngine(eng, max_batch=4, prefill_chunk=2)
+    assert b.slots == 4 and (b.PAD, b.SOLO) == (4, 5) and not b._graphs
+    # the one sequence continues where it was, in its moved slot
+    np.testing.assert_allclose(solo, toy_recurrent_logits([1, 2, 3])[-1], rtol=1e-5)
+    np.testing.assert_allclose(
+        eng.forward([4], 3), toy_recurrent_logits([1, 2, 3, 4])[-1], rtol=1e-5
+    )
+    want = {i: batch_runs.alone(eng, i, PROMPTS, NEW) for i in range(len(PROMPTS))}
+    seen = []
+    real_step = b.step
+
+    def spy(ids, pos, seq, tables, out_rows):
+        seen.append((len(ids), len(set(seq.tolist()))))
+        return real_step(ids, pos, seq, tables, out_rows)
+
+    b.step = spy
+    got = batch_runs.run(be, [0, 0, 1, 3], NEW, PROMPTS)
+    for i in want:
+        assert got[i][0] == want[i][0]
+        model = toy_recurrent_logits(PROMPTS[i] + got[i][0])[len(PROMPTS[i]) - 1 :][: NEW[i]]
+        np.testing.assert_allclose(np.array(got[i][1]), model, rtol=1e-5)
+        # the fake head's matrix product rounds by the number of rows
+        np.testing.assert_allclose(np.array(got[i][1]), np.array(want[i][1]), atol=1e-5)
+    kinds = {"mixed" if d < n else "batch" if n > 1 else "one" for n, d in seen}
+    assert kinds == {"mixed", "batch", "one"}, seen
+    assert any(k == "batch" for k, _ in b._graphs)
+    batch_runs.assert_pool_full(be)
+    assert sorted(be._slots) == list(range(be.max_batch))
+    be.drop_snapshots()
+    eng.close()
+    assert not gpu.mem
+
+
+def test_cancelled_hybrid_sequences_free_their_blocks_and_slots(api, recurrent_artifact):
+    """Sequences cancelled in prefill and in decode: blocks back to the pool, slots back to
+    the batch, and a later sequence in a reused slot starts from a zeroed state."""
+    from hipc.runtime.batch import BatchEngine
+
+    eng = engine_mod.CompiledEngine(
+        recurrent_artifact, backend(api, recurrent_artifact, FakeGpu(), kv_blocks=8)
+    )
+    be = BatchEngine(eng, max_batch=4, prefill_chunk=2)
+    for round_ in range(3):
+
+        def leave(i, step, round_=round_):
+            return step >= 1 + (i + round_) % 4
+
+        got = batch_runs.run(be, [0, 0, 1, 2], [20] * 4, PROMPTS, leave=leave)
+        assert len(got) == 4
+        batch_runs.assert_pool_full(be)
+        assert sorted(be._slots) == list(range(be.max_batch))
+    got = batch_runs.run(be, [0, 1], NEW[:2], PROMPTS[:2])
+    for i in (0, 1):
+        model = toy_recurrent_logits(PROMPTS[i] + got[i][0])[len(PROMPTS[i]) - 1 :][: NEW[i]]
+        np.testing.assert_allclose(np.array(got[i][1]), model, rtol=1e-5)
+    eng.close()
+
+
+def test_a_hybrid_step_refuses_a_sequence_in_two_runs(api, recurrent_artifact):
+    b = backend(api, recurrent_artifact, FakeGpu(), kv_blocks=8)
+    tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
+    with pytest.raises(HipcError, match="one run of consecutive positions per sequence"):
+        b.step(np.array([1, 2, 3]), np.array([0, 0, 1]), np.array([0, 1, 0]), tables, np.arange(3))
+    with pytest.raises(HipcError, match="one run of consecutive positions per sequence"):
+        b.step(np.array([1, 2]), np.array([3, 5]), np.array([0, 0]), tables, np.arange(2))
+    b.close()
+
+
+def test_a_plan_without_recurrent_slots_is_refused(api, tmp_path):
+    """A launch updating a recurrent state without `seq` (a plan from before GPU slots)."""
+
+    def old_recurrent(plan):
+        add_recurrent_layer(plan)
+        for sec in plan["targets"].values():
+            for steps in sec["steps"].values():
+                for x in steps:
+                    if x["kernel"] == "recur":
+                        x["args"] = [a for a in x["args"] if a.get("name") != "seq"]
+
+    art = load_artifact(write_artifact(tmp_path / "old.hipc", edit=old_recurrent))
+    gpu = FakeGpu()
+    with pytest.raises(HipcError, match="kernel recur updates a recurrent state without"):
+        backend(api, art, gpu)
+    assert not gpu.mem  # nothing left allocated
 
 
 @pytest.mark.parametrize("on_device", [True, False])
