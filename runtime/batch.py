@@ -108,7 +108,14 @@ class BatchEngine:
         if self.recurrent:
             backend.ensure_slots(self.max_batch)
         self.snapshots: OrderedDict[bytes, object] = OrderedDict()
-        self.snapshot_every = SNAPSHOT_INTERVAL
+        # a step ends at every snapshot mark, so on a GPU (a step of max_tokens rows costs
+        # little more than one of 64) marks as far apart as the prefill chunk: a long prompt
+        # then prefills in whole chunks; prefix reuse still ends at each prompt's last block
+        self.snapshot_every = (
+            SNAPSHOT_INTERVAL
+            if backend.name == "cpu"
+            else max(SNAPSHOT_INTERVAL, self.prefill_chunk // SNAPSHOT_INTERVAL * SNAPSHOT_INTERVAL)
+        )
         self.max_snapshots = MAX_SNAPSHOTS
         self.tables = np.zeros((self.max_batch, backend.kv_table), np.int32)
         self._slots = list(range(self.max_batch))
