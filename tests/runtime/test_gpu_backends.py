@@ -1873,3 +1873,25 @@ def test_step_top_returns_each_wanted_rows_top_k(api, tmp_path, on_device):
     with pytest.raises(HipcError, match="k must be 1 to 64"):
         b.step_top(np.array([3]), np.array([11]), np.array([2]), tables, np.array([0]), 65)
     b.close()
+
+
+def test_gpu_snapshot_marks_follow_the_prefill_chunk(api, tmp_path):
+    """A step ends at each snapshot mark: on a GPU they sit a prefill chunk apart (rounded down
+    to the delta rule's 64), so a long prompt is not prefilled in 64-token steps; the end of
+    the prompt's last full block stays a mark for prefix reuse."""
+    from hipc.runtime.batch import BatchEngine, Sequence
+
+    def wide(plan):
+        add_recurrent_layer(plan)
+        plan["max_tokens"], plan["max_context"] = 200, 1024
+        for st in plan["states"]:
+            if st["kind"] == "kv":
+                st["shape"][0] = 1024
+
+    art = load_artifact(write_artifact(tmp_path / "wide.hipc", edit=wide))
+    eng = engine_mod.CompiledEngine(art, backend(api, art, FakeGpu(), kv_blocks=64))
+    be = BatchEngine(eng, max_batch=2)
+    s = Sequence(id=0, tokens=list(range(600)), prompt_len=600, slot=0)
+    assert be._marks(s, 599) == [192, 384, 576, 592]  # 592: the last full block of 16
+    be.drop_snapshots()
+    eng.close()
