@@ -20,7 +20,7 @@ from hipc.compiler.kernels.linear import MMA_TILES, LinearParams, prefill_gemm
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 
-from gpu_kernels import offsets, pack
+from gpu_kernels import pack
 from support import rel_err
 
 EPS = 1e-5
@@ -77,10 +77,9 @@ def test_amd_prefill_gemm_on_the_host(lib, name):
     x64 = x.astype(np.float64)
     inv = (1 / np.sqrt(np.mean(x64 * x64, axis=1, keepdims=True) + EPS)).astype(np.float32)
     xn = x * inv * g if norm else x  # float32, as the kernel scales x on its way to the tiles
-    # the tiles hold bf16(x) and the weights exactly (a quantized type's integer quants), the
-    # offsets multiply float32 sums of x
-    off = offsets(w, wtype) if wtype != "bfloat16" else np.zeros_like(w)
-    acc = round_bf16(xn).astype(np.float64) @ (w - off).T + xn.astype(np.float64) @ off.T
+    # the tiles hold bf16(x) and the weights exactly (a quantized type's integer quants), and
+    # the offsets multiply sums of that same rounded x: the whole product sees one x
+    acc = round_bf16(xn).astype(np.float64) @ w.T
     acc += b if bias else 0.0
     if epilogue == "glu":
         want = acc[:, :n_out] / (1 + np.exp(-acc[:, :n_out])) * acc[:, n_out:]

@@ -37,7 +37,6 @@ from gpu_kernels import (
     attention_params,
     attention_switches,
     held_x,
-    offsets,
     pack,
     rope,
 )
@@ -542,11 +541,11 @@ def test_quantized_prefill_gemm(qgemms, wtype, case, variant):
         dev.free()
     x64 = x.astype(np.float64)
     if variant == "mma":
-        # x rounded to bf16 for the quants' products; the offsets multiply each group's
-        # float32 sum of x (linear_mma.hip.j2). Rounding the offset term too measured
-        # 1.6e-4..4.2e-3 on the H200 for q4_1/q5_1/q4_k, which this model reproduces.
-        o = offsets(wf, wtype)
-        acc = round_bf16(x).astype(np.float64) @ (w - o).T + x64 @ o.T + (b if bias else 0.0)
+        # x rounded to bf16 once, for the quants' products and the offsets' group sums alike
+        # (linear_mma.hip.j2): the product sees one x. (The offsets once took float32 sums of
+        # x; this model and that kernel differed by 1.6e-4..4.2e-3 on the H200 for
+        # q4_1/q5_1/q4_k, so the bar tells the two apart.)
+        acc = round_bf16(x).astype(np.float64) @ w.T + (b if bias else 0.0)
     else:
         acc = x64 @ w.T + (b if bias else 0.0)
     if epilogue == "glu":
