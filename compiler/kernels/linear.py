@@ -372,9 +372,8 @@ class Linear(KernelKind):
             return 0
         # an attention writer hands x over in bf16 in every batch step (its bf16_reader), where
         # a GLU linear does so only from its own GEMM's launches (larger steps than these)
-        bf16_in = any(
-            w.group in self._bf16_writers(k, b, g) and w.kind is not self for w in g.selected
-        )
+        writers = self._bf16_writers(k, b, g)
+        bf16_in = any(w.group in writers and w.kind is not self for w in g.selected)
         lo = 1
         for nt in GEMVM_TILES:
             if lo > most:
