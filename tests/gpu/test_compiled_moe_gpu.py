@@ -20,7 +20,7 @@ from test_compiled_gpu import check
 from gguf_writer import write_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
-from test_moe import make_moe_model
+from test_moe import make_moe_model, sharp_router_moe
 
 pytestmark = pytest.mark.gpu
 
@@ -55,18 +55,7 @@ def test_quantized_gguf_experts_on_gpu(qtype, tmp_path):
     ~2e-3 (the NumPy model of that rounding in tests/graphs/test_moe_rounding_model.py:
     2.1e-3 for Q8_0's, where the H200 measured 2.28e-3 with them unscaled; 2e-4 scaled);
     gentler routers keep the comparison about the kernels."""
-    torch = pytest.importorskip("torch")
-    src = make_moe_model(
-        "qwen3_moe-e9-k8-step2",
-        hidden_size=64,
-        head_dim=16,
-        decoder_sparse_step=1,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    )
-    with torch.no_grad():
-        for name, p in src.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                p.mul_(0.1)
+    pytest.importorskip("torch")
+    src = sharp_router_moe(0.1)
     path = write_gguf(src, tmp_path / "m.gguf", "qwen3moe", qtype, tokenizer=False)
     check(path, tmp_path, ctx=48)

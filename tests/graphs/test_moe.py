@@ -343,3 +343,23 @@ def test_canonical_moe_graph_keeps_logits(family, dtype, tmp_path):
     want = ReferenceExecutor(graph).logits(tokens)
     got = ReferenceExecutor(canonical).logits(tokens)
     assert rel_err(got, want) <= 1e-5
+
+
+def sharp_router_moe(router_scale: float):
+    """The tiny Qwen3-MoE whose stepwise quantized decode the GPU test and the rounding model
+    compare (9 experts, all 8 routed, every layer sparse), routers scaled by `router_scale`."""
+    import torch
+
+    src = make_moe_model(
+        "qwen3_moe-e9-k8-step2",
+        hidden_size=64,
+        head_dim=16,
+        decoder_sparse_step=1,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    )
+    with torch.no_grad():
+        for name, p in src.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.mul_(router_scale)
+    return src

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_moe import make_moe_model
+from test_moe import sharp_router_moe
 
 from hipc.compiler.reference import ops
 from hipc.compiler.reference.engine import ReferenceEngine
@@ -73,19 +73,8 @@ def stepwise(path: Path, rounding: bool, monkeypatch) -> np.ndarray:
 def test_activation_rounding_alone_explains_the_q8_0_decode_error(
     router_scale, low, high, tmp_path, monkeypatch
 ):
-    torch = pytest.importorskip("torch")
-    src = make_moe_model(
-        "qwen3_moe-e9-k8-step2",
-        hidden_size=64,
-        head_dim=16,
-        decoder_sparse_step=1,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    )
-    with torch.no_grad():
-        for name, p in src.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                p.mul_(router_scale)
+    pytest.importorskip("torch")
+    src = sharp_router_moe(router_scale)
     path = write_gguf(src, tmp_path / "m.gguf", "qwen3moe", "Q8_0", tokenizer=False)
     exact = stepwise(path, False, monkeypatch)
     err = rel_err(stepwise(path, True, monkeypatch), exact)
