@@ -21,7 +21,8 @@ Recurrent states (hybrid models' linear-attention layers) live in the backend's 
 per batch slot (the sequence's row of the block tables): zeroed when a sequence starts there.
 They follow their kind's rule for prefix reuse: shared KV blocks are usable only up to a
 prefix end where a snapshot of the recurrent states was kept. Snapshots are taken at every
-multiple of SNAPSHOT_INTERVAL positions and at the end of a prompt's last full block (where
+multiple of `snapshot_every` positions (SNAPSHOT_INTERVAL on the CPU, the prefill chunk on
+GPUs) and at the end of a prompt's last full block (where
 the same prompt again, the n choices of a request, can resume), keyed by the block hash of
 that prefix; a prefill chunk ends at each such point so the states are there to copy.
 
