@@ -52,11 +52,13 @@ def log(*a) -> None:
 
 def write_tokenizer(folder: Path, vocab: int) -> None:
     """A word-level tokenizer.json with exactly `vocab` ids (w3, w4, ...; EOS <|im_end|>):
-    prompts are sent as token ids, so only detokenizing the replies needs it."""
+    prompts are sent as token ids, so only detokenizing the replies needs it. The three
+    added tokens are not marked special: random weights do generate them (ignore_eos), and a
+    skipped special token has no text, so no event of its own to time."""
 
     def special(text: str, i: int) -> dict:
         flags = ("single_word", "lstrip", "rstrip", "normalized")
-        return {"id": i, "content": text, **dict.fromkeys(flags, False), "special": True}
+        return {"id": i, "content": text, **dict.fromkeys(flags, False), "special": False}
 
     words = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
     words.update({f"w{i}": i for i in range(3, vocab)})
@@ -291,7 +293,11 @@ def table(rows: list[dict], peer: dict[int, float]) -> str:
     ]
     for r in rows:
         if "errors" in r:
-            lines.append(f"| {r['clients']} | errors: {r['errors'][:2]} | | | | | | | |")
+            p = peer.get(r["clients"])
+            lines.append(
+                f"| {r['clients']} | errors: {r['errors'][:2]} | | | | | | "
+                f"{f'{p:,.1f}' if p else ''} | |"
+            )
             continue
         ratio = f"{r['decode_tok_s'] / base:.2f}" if base else ""
         p = peer.get(r["clients"])
