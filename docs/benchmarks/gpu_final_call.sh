@@ -17,9 +17,9 @@ echo "$FIRST done at $((SECONDS - T0)) s"; tail -14 "$OUT/first.log"
 rm -rf /tmp/hipc-quant /tmp/hipc-prefill
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 t=$(( $(left) > 150 ? 120 : $(left) - 30 ))
-(export HIPC_HYBRID_MODELS=$PWD/.work/hybrid-models; ls ${TESTS:?} | xargs -P 8 -I{} sh -c \
+(export HIPC_HYBRID_MODELS=$PWD/.work/hybrid-models; printf "%s\n" ${TESTS:?} | xargs -P 8 -I{} sh -c \
   "timeout $t python3 -m pytest -q -p no:cacheprovider -m gpu -rfE {} > /tmp/\$(basename {}).log 2>&1"
- for f in /tmp/test_*.py.log; do tail -8 "$f" | sed "s|^|$(basename "$f" .log): |"; done >"$OUT/gpu-tests.log") &
+ for f in /tmp/test_*.log; do tail -8 "$f" | sed "s|^|$(basename "$f" .log): |"; done >"$OUT/gpu-tests.log") &
 tests=$!
 [ "$(left)" -gt 120 ] && PHASES=$SECOND PHASE_SECONDS=$(($(left) - 5)) bash docs/benchmarks/gpu_session.sh bench >"$OUT/second.log" 2>&1
 echo "$SECOND done at $((SECONDS - T0)) s"; tail -16 "$OUT/second.log"
