@@ -345,12 +345,10 @@ def test_canonical_moe_graph_keeps_logits(family, dtype, tmp_path):
     assert rel_err(got, want) <= 1e-5
 
 
-def sharp_router_moe(router_scale: float):
-    """The tiny Qwen3-MoE whose stepwise quantized decode the GPU test and the rounding model
-    compare (9 experts, all 8 routed, every layer sparse), routers scaled by `router_scale`."""
-    import torch
-
-    src = make_moe_model(
+def quantizable_moe():
+    """The tiny Qwen3-MoE the quantized-expert tests write as GGUF (9 experts, all 8 routed,
+    every layer sparse, widths that are whole quant blocks)."""
+    return make_moe_model(
         "qwen3_moe-e9-k8-step2",
         hidden_size=64,
         head_dim=16,
@@ -358,6 +356,14 @@ def sharp_router_moe(router_scale: float):
         moe_intermediate_size=32,
         norm_topk_prob=True,
     )
+
+
+def sharp_router_moe(router_scale: float):
+    """quantizable_moe with its routers scaled by `router_scale`: the model whose stepwise
+    quantized decode the GPU test and the rounding model compare."""
+    import torch
+
+    src = quantizable_moe()
     with torch.no_grad():
         for name, p in src.named_parameters():
             if name.endswith("mlp.gate.weight"):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_moe import make_moe_model
+from test_moe import make_moe_model, quantizable_moe
 from test_vs_transformers import hf_logits_incremental
 
 from hipc.compiler.options import CompileOptions
@@ -180,14 +180,7 @@ def test_bf16_experts_and_one_expert_at_a_time(tmp_path, monkeypatch):
 def test_quantized_gguf_experts_stay_quantized(qtype, tmp_path, capsys, monkeypatch):
     from hipc.cli.main import main
 
-    src = make_moe_model(
-        "qwen3_moe-e9-k8-step2",
-        hidden_size=64,
-        head_dim=16,
-        decoder_sparse_step=1,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    )
+    src = quantizable_moe()
     path = write_gguf(src, tmp_path / "m.gguf", "qwen3moe", qtype, tokenizer=False)
     out = tmp_path / "m.hipc"
     argv = ["compile", str(path), "--target", "cpu", "-o", str(out), "--max-context", "48"]
