@@ -209,27 +209,6 @@ def _layout(raw: np.ndarray, wtype: str, layout: str) -> np.ndarray:
     return split_quant_blocks(raw, wtype) if layout == "split" else raw
 
 
-# bytes per GGUF block, and where its quants (and high bits) start: what follows is zeroed
-# to leave each weight's offset (the types that have one: d * q + m, or d * sc * q - dmin * m)
-_OFFSET_BLOCKS = {"q4_1": (20, 4), "q5_1": (24, 4), "q4_k": (144, 16), "q5_k": (176, 16)}
-
-
-def offsets(w: np.ndarray, wtype: str) -> np.ndarray:
-    """[N, K] float64: each weight's offset term in `pack(w, wtype)`'s blocks, zeros for the
-    types without one: the blocks with their quants zeroed, dequantized by gguf-py."""
-    if wtype not in _OFFSET_BLOCKS:
-        return np.zeros(w.shape)
-    import gguf
-    from gguf import quants
-
-    size, keep = _OFFSET_BLOCKS[wtype]
-    raw, _ = pack(w, wtype, "gguf")
-    blocks = np.asarray(raw).reshape(-1, size).copy()
-    blocks[:, keep:] = 0
-    qtype = gguf.GGMLQuantizationType[wtype.upper()]
-    return quants.dequantize(blocks.reshape(w.shape[0], -1), qtype).astype(np.float64)
-
-
 def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.ndarray]:
     """Blocks quantized by gguf-py (Q5_0, Q5_1) or random (the K-quants: gguf-py has no
     quantizer for them; every quant and scale byte is valid, extremes included, and the f16
