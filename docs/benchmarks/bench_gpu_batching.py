@@ -56,9 +56,9 @@ def write_tokenizer(folder: Path, vocab: int) -> None:
     added tokens are not marked special: random weights do generate them (ignore_eos), and a
     skipped special token has no text, so no event of its own to time."""
 
-    def special(text: str, i: int) -> dict:
-        flags = ("single_word", "lstrip", "rstrip", "normalized")
-        return {"id": i, "content": text, **dict.fromkeys(flags, False), "special": False}
+    def added(text: str, i: int) -> dict:
+        flags = ("single_word", "lstrip", "rstrip", "normalized", "special")
+        return {"id": i, "content": text, **dict.fromkeys(flags, False)}
 
     words = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
     words.update({f"w{i}": i for i in range(3, vocab)})
@@ -66,7 +66,7 @@ def write_tokenizer(folder: Path, vocab: int) -> None:
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": [special(t, i) for t, i in list(words.items())[:3]],
+        "added_tokens": [added(t, i) for t, i in list(words.items())[:3]],
         "normalizer": None,
         "pre_tokenizer": {"type": "Whitespace"},
         "post_processor": None,
@@ -292,15 +292,14 @@ def table(rows: list[dict], peer: dict[int, float]) -> str:
         "|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
+        p = peer.get(r["clients"])
         if "errors" in r:
-            p = peer.get(r["clients"])
             lines.append(
                 f"| {r['clients']} | errors: {r['errors'][:2]} | | | | | | "
                 f"{f'{p:,.1f}' if p else ''} | |"
             )
             continue
         ratio = f"{r['decode_tok_s'] / base:.2f}" if base else ""
-        p = peer.get(r["clients"])
         vs = (f"{p:,.1f}", f"{r['decode_tok_s'] / p:.2f}") if p else ("", "")
         lines.append(
             f"| {r['clients']} | {r['decode_tok_s']:,.1f} | {ratio} | {r['e2e_tok_s']:,.1f} "
