@@ -161,7 +161,7 @@ def bench_hipc(
     ids = np.random.default_rng(1).integers(0, eng.vocab_size, prompt).tolist()
     eng.forward(ids, 0)
     eng.forward([1], prompt)
-    pf, dc, ev = [], [], []
+    pf, dc, ev, ev0 = [], [], [], []
     for _ in range(repeats):
         t = time.perf_counter()
         logits = eng.forward(ids, 0)
@@ -177,12 +177,18 @@ def bench_hipc(
         for i in range(decode):
             eng.forward([tok], prompt + i)
         ev.append(decode / (time.perf_counter() - t))
+        # ... and from an empty cache, as llama-bench's tg128 (depth 0) runs
+        t = time.perf_counter()
+        for i in range(decode):
+            eng.forward([tok], i)
+        ev0.append(decode / (time.perf_counter() - t))
     eng.close()
     return {
         "load_s": load_s,
         "prefill": statistics.median(pf),
         "decode": statistics.median(dc),
         "decode_eval": statistics.median(ev),
+        "decode_eval0": statistics.median(ev0),
         "kernels": kernels,
     }
 
