@@ -293,7 +293,7 @@ class Linear(KernelKind):
             need |= {"xb": 2 * g.max_tokens * p.K, "wdq": 2 * p.N * p.K}
         if gemvm_eligible(p, g.target):
             # the batch GEMV's (normalized) bf16 rows: steps of up to 64
-            need["xb"] = 2 * min(g.max_tokens, 8 * GEMVM_TILES[-1]) * p.K
+            need["xb"] = max(need.get("xb", 0), 2 * min(g.max_tokens, 8 * GEMVM_TILES[-1]) * p.K)
         return need
 
     def gpu(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder) -> None:
