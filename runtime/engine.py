@@ -25,6 +25,7 @@ class CompiledEngine:
         self.vocab_size = artifact.plan["vocab_size"]
         self._tokenizer = None
         self._queued: tuple | None = None  # (tokens, start, on the backend) of a submitted step
+        self._argmax = False  # that step picks its argmax on the device (submit(argmax=True))
         # recurrent states: prefix reuse from snapshots, where the backend can copy them
         self.sequence = None
         if any(s.kind == "recurrent" for s in artifact.states) and hasattr(backend, "snapshot"):
@@ -104,15 +105,17 @@ class CompiledEngine:
             return self.sequence.forward(list(tokens), start)
         return self._run(tokens, start, False)[-1]
 
-    def submit(self, tokens: Sequence[int], start: int) -> None:
+    def submit(self, tokens: Sequence[int], start: int, argmax: bool = False) -> None:
         """Start the step of `tokens` (at most one step's worth) and return before it ends;
         `collect()` gives its last token's logits. On a GPU the host is free meanwhile (the
         generation loop detokenizes the token before while the next step runs), recurrent
         states too where the step only continues the sequence (no snapshot to take or
         restore around it: most decode steps); elsewhere (the CPU backend, a step at a
         snapshot boundary) the step runs in `collect()`. A step left uncollected is waited
-        for by the next call."""
+        for by the next call. `argmax`: only the last token's argmax is wanted
+        (`collect_argmax()`), which a GPU backend with the top-k kernel picks on the device."""
         self._drain()
+        self._argmax = argmax and getattr(self.backend, "max_top_k", 0) >= 1
         self._check(tokens, start)
         if len(tokens) > self.backend.max_tokens or start + len(tokens) > self.max_context:
             raise HipcError(
@@ -126,7 +129,8 @@ class CompiledEngine:
         )
         self._queued = (tokens, start, passed)
         if passed:
-            self.backend.submit(np.asarray(tokens, dtype=np.int64), start, False)
+            top = 1 if self._argmax else 0
+            self.backend.submit(np.asarray(tokens, dtype=np.int64), start, False, top=top)
 
     def collect(self, copy: bool = True) -> np.ndarray:
         """Logits of the last token [vocab] of the step `submit` started (`copy` False: a view
@@ -134,6 +138,8 @@ class CompiledEngine:
         for a caller done with it before the next submit, such as the generation loop)."""
         if self._queued is None:
             raise HipcError("no step in flight")
+        if self._argmax and self._queued[2]:
+            raise HipcError("the step in flight was submitted for collect_argmax()")
         tokens, start, passed = self._queued
         self._queued = None
         if passed:
@@ -143,6 +149,19 @@ class CompiledEngine:
             return logits
         return self.forward(tokens, start)
 
+    def collect_argmax(self) -> int:
+        """The argmax of the last token's logits of the step `submit` started (the lowest id
+        of equal maxima, as np.argmax): picked on the device where submit(argmax=True) could
+        ask for it, else from the logits."""
+        if self._queued is None or not (self._argmax and self._queued[2]):
+            return int(np.argmax(self.collect(copy=False)))
+        tokens, start, _ = self._queued
+        self._queued = None
+        top = self.backend.collect()
+        if self.sequence is not None:
+            self.sequence.ran(tokens, start)
+        return int(top[0][-1, 0])
+
     @property
     def _async(self) -> bool:
         return self.sequence is None and hasattr(self.backend, "submit")
@@ -150,7 +169,7 @@ class CompiledEngine:
     def _drain(self) -> None:
         """Wait for (and drop) a step submitted and never collected."""
         if self._queued is not None:
-            self.collect()
+            self.collect_argmax() if self._argmax else self.collect()
 
     def logits(self, tokens: Sequence[int], start: int = 0) -> np.ndarray:
         """Logits of every token [len(tokens), vocab]."""

@@ -138,20 +138,30 @@ class Generation:
         # engine's buffer serves (a copy of a 128k vocabulary is tens of microseconds per
         # token, with the GPU idle)
         view = submit is not None and "copy" in inspect.signature(self.engine.collect).parameters
-        while (token := decoding.sample(logits)) is not None:
+        # a greedy sequence wants only each step's argmax, which the engine may pick on the
+        # device (one value copied back instead of a vocabulary of logits)
+        argmax = (
+            submit is not None and decoding.greedy_argmax and hasattr(self.engine, "collect_argmax")
+        )
+        picked = None  # the step's argmax, where collected as such
+        while (
+            token := decoding.sample(logits) if picked is None else decoding.take(picked)
+        ) is not None:
             running = submit is not None and decoding.continues()
             if running:
-                submit([token], pos)
+                submit([token], pos, argmax=True) if argmax else submit([token], pos)
             step = decoding.emit()
             if step is None:
                 if running:
-                    self.engine.collect()
+                    self.engine.collect_argmax() if argmax else self.engine.collect()
                 break
             yield step
-            if running:
+            if argmax and running:
+                picked = self.engine.collect_argmax()
+            elif running:
                 logits = self.engine.collect(copy=False) if view else self.engine.collect()
             else:
-                logits = self.engine.forward([token], pos)
+                logits, picked = self.engine.forward([token], pos), None
             pos += 1
         res.decode_s = time.perf_counter() - t0
         last = decoding.finish()

@@ -744,22 +744,27 @@ class GpuBackend:
         self.submit(ids, start, all_logits)
         return self.collect()
 
-    def submit(self, ids: np.ndarray, start: int, all_logits: bool = False) -> None:
+    def submit(self, ids: np.ndarray, start: int, all_logits: bool = False, top: int = 0) -> None:
         """Queue one sequence's step (copies in, the launches, the logits' copy out) without
         waiting for it: the host may do other work (detokenizing the last token) while the
-        GPU runs; `collect` waits and returns the logits. One step is in flight at most."""
+        GPU runs; `collect` waits and returns the logits. One step is in flight at most.
+        `top` (1..max_top_k, last row only): the row's top-k picked on the device instead,
+        `collect` then returning step_top's TopK (a greedy step copies back one value, not a
+        vocabulary of logits)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         T = int(ids.size)
         self._check_step(T)
         if not 0 <= start <= self.max_context - T:
             raise HipcError(f"start position {start} out of range")
+        if top and (all_logits or not 1 <= top <= self.max_top_k):
+            raise HipcError(f"submit: top {top} needs the device top-k (at most {self.max_top_k})")
         rows = T if all_logits else 1
         if T == 1:  # a decode step: scalars into the pinned inputs (no arrays to build)
-            self._queue(ids, start, self.SOLO, "decode", 1, 1, slice(0, 1))
+            self._queue(ids, start, self.SOLO, "decode", 1, 1, slice(0, 1), top)
             return
         pos = np.arange(start, start + T, dtype=np.int32)
         self._queue(ids, pos, np.full(T, self.SOLO, np.int32), "prefill", T, rows,
-                    slice(0, rows))  # fmt: skip
+                    slice(0, rows), top)  # fmt: skip
 
     def step(
         self,

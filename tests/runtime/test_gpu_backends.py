@@ -971,6 +971,40 @@ def test_generation_on_the_gpu_equals_a_forward_loop(api, artifact):
     b.close()
 
 
+@pytest.mark.parametrize("on_device", [True, False])
+def test_greedy_generation_picks_on_the_device(api, tmp_path, on_device):
+    """A greedy generation (no penalty, logprobs or grammar) asks each decode step for its
+    argmax only: with the plan's top-k kernel it is picked on the device and one value, id
+    and the row's stats come back per step instead of a vocabulary of logits; without it the
+    host takes np.argmax. Either way the tokens are a plain forward() loop's argmaxes."""
+    from hipc.runtime.generate import Generation, GenerationRequest
+
+    def edit(plan):
+        for sec in plan["targets"].values():
+            sec["topk"] = {"kernel": "topk", "block": 1024, "max_k": 64}
+
+    art = load_artifact(write_artifact(tmp_path / "g.hipc", edit=edit if on_device else None))
+    gpu = FakeGpu()
+    eng = engine_mod.CompiledEngine(art, backend(api, art, gpu))
+    prompt, n = [2, 0, 4], 6
+    want, logits = [], eng.forward(prompt, 0)
+    for i in range(n):
+        want.append(int(np.argmax(logits)))
+        logits = eng.forward([want[-1]], len(prompt) + i)
+    calls = len(gpu.calls)
+    req = GenerationRequest(prompt_ids=tuple(prompt), max_tokens=n, ignore_eos=True)
+    gen = Generation(eng, _Letters(), req)
+    "".join(gen)
+    assert gen.result.token_ids == want
+    copies = [c[3] for c in gpu.calls[calls:] if c[0] == "d2h"]
+    picks = sum(1 for e in gpu.executed if e[0] == "topk")
+    if on_device:  # the prompt's logits, then n - 1 decode steps of one value, id and stats
+        assert picks == n - 1 and copies.count(4 * V) == 1 and copies.count(4) == 2 * (n - 1)
+    else:
+        assert picks == 0 and copies.count(4 * V) == n
+    eng.close()
+
+
 @pytest.mark.parametrize("env, overlapped", [(None, 1), ("0", 0)])
 def test_decode_kernels_marked_overlap_start_early_on_sm90(artifact, monkeypatch, env, overlapped):
     if env is not None:
