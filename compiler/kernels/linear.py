@@ -1291,3 +1291,53 @@ def batch_gemv(
         outs,
         8 * nt,
     )
+
+
+def batch_gemv_split(
+    fn: str,
+    p: LinearParams,
+    target: GpuTarget,
+    nodes: list[str],
+    nt: int,
+    warps: int = 4,
+    mt: int = 2,
+    unroll: int = 4,
+    splits: int = 1,
+    piece: int | None = None,
+    xb: bool | None = None,
+) -> GpuKernel:
+    """The batch GEMV with x shared by the block (linear_gemvs.hip.j2): `warps` warps of `mt`
+    16-row weight tiles each walk the same k, a piece of `piece` 32-deep chunks of every row's x
+    staged once in shared memory for all of them, `unroll` chunks of weights in flight per warp;
+    K cut into `splits` runs (grid.y), the last block of a column adding the runs' partials in
+    order. A candidate beside batch_gemv ("base") for steps of 16-64 rows."""
+    piece = piece or unroll
+    if piece % unroll or warps * 32 > 1024:
+        raise ValueError(f"batch_gemv_split: piece {piece} not a multiple of unroll {unroll}")
+    glu = p.epilogue == "glu"
+    ctx = dict(
+        nodes=nodes,
+        wave=target.wave,
+        n_out=p.n_out,
+        nt=nt,
+        mt=mt,
+        warps=warps,
+        unroll=unroll,
+        splits=splits,
+        piece=piece,
+        xb=bool(p.norm_eps) if xb is None else xb,
+        params=GEMM.render(GPU_INDENT),
+        xb_params=XB.render(0),
+        **p.context(),
+    )
+    outs = (8 if glu else 16) * mt * warps
+    return GpuKernel(
+        f"{fn}_gemvs{nt}",
+        "linear_gemvs",
+        ctx,
+        [-(-p.n_out // outs), splits],
+        warps * target.wave,
+        0,
+        outs,
+        8 * nt,
+    )

@@ -38,6 +38,8 @@ __device__ __forceinline__ float hipc_fmaxf(float a, float b) { return fmaxf(a, 
 // the wave's shared-memory writes visible to its other lanes
 __device__ __forceinline__ void hipc_sync_wave() { __syncwarp(); }
 #define HIPC_DYNAMIC_SHARED(T, name) extern __shared__ __attribute__((aligned(16))) T name[]
+// a module-scope array in device memory, zero when the module loads
+#define HIPC_MODULE_ARRAY(T, name, n) __device__ T name[n]
 
 #elif defined(HIPC_ROCM)
 // ---- AMD with ROCm headers ---------------------------------------------------------
@@ -65,6 +67,8 @@ __device__ __forceinline__ void hipc_sync_wave() {
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
 }
 #define HIPC_DYNAMIC_SHARED(T, name) extern __shared__ __attribute__((aligned(16))) T name[]
+// a module-scope array in device memory, zero when the module loads
+#define HIPC_MODULE_ARRAY(T, name, n) __device__ T name[n]
 
 #elif defined(HIPC_HOST)
 // ---- the host, one thread (tests/compiler/test_gpu_prelude_host.py only: the weight
@@ -97,6 +101,7 @@ float hipc_shfl(float v, int lane);
 // the launch's dynamic shared memory (the harness allocates it per block)
 void* hipc_dynamic_shared();
 #define HIPC_DYNAMIC_SHARED(T, name) T* const name = (T*)hipc_dynamic_shared()
+#define HIPC_MODULE_ARRAY(T, name, n) static T name[n]
 #else
 #define __shared__
 HIPC_DEVICE int hipc_thread() { return 0; }
@@ -156,6 +161,8 @@ HIPC_DEVICE void hipc_sync_wave() {
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
 }
 #define HIPC_DYNAMIC_SHARED(T, name) extern __shared__ __attribute__((aligned(16))) T name[]
+// a module-scope array in device memory, zero when the module loads
+#define HIPC_MODULE_ARRAY(T, name, n) __device__ T name[n]
 #endif
 
 // ---- kernel overlap, L2 prefetch, cross-block hand-off ------------------------------
