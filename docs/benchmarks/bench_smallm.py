@@ -1,0 +1,288 @@
+"""The batch step's bf16 linears (small-M GEMMs) at the Llama-3-8B shapes: the current batch GEMV
+("base", linear_gemvm) against its variants, at 8, 16, 32 and 64 rows, beside the copy rate.
+
+    python docs/benchmarks/bench_smallm.py [--cache DIR] [--prebuild sm_90] [--out DIR]
+
+Per shape (qkv 6144x4096 and gate/up 28672x4096 GLU with their norm's _xb pass, o 4096x4096 with
+the residual and bf16 x as the attention hands it over in batch steps, down 4096x14336 with the
+residual and float32 x, as the batch plans bind them), rows and variant: the kernel's median time over
+--reps launches between CUDA events (the _xb pass not included), as TB/s of weights and as a
+share of the device-to-device copy rate measured first (read + write counted, as every hipc
+table does); each variant's output against base's on the same inputs (relative error: a
+broken geometry shows). Then a 32-layer chain of a layer's four linears (qkv, o, gate/up, down,
+the norm shapes with their _xb pass; 32 distinct weight sets, 14 GB, so nothing stays in L2),
+captured as one CUDA graph with the overlap launches of a batch plan: ms per chain and TB/s, for
+base, each uniform variant family and "best" (each shape's fastest variant at those rows in this
+run). Results as JSON and markdown under --out (default $OUT/smallm). --prebuild ARCH compiles
+the code object into --cache on a machine with no GPU.
+
+Variants: "base" = batch_gemv with gemvm_geometry (the default), "base-p" x a batch ahead,
+"base-m2p" two 16-row tiles a block and x a batch ahead; "sWxMuU" = batch_gemv_split with W
+warps of M tiles and U chunks in flight, K split so the grid is about 8 warps per SM ("...-2s":
+twice those splits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path[:0] = [str(Path(__file__).parents[2] / "tests")]
+
+from hipc.compiler.kernels.linear import (  # noqa: E402
+    LinearParams,
+    batch_gemv,
+    batch_gemv_split,
+    gemvm_geometry,
+)
+from hipc.compiler.targets import GpuTarget  # noqa: E402
+
+SHAPES = {  # name: N weight rows, K, epilogue, norm
+    "qkv": (6144, 4096, "none", True),
+    "o": (4096, 4096, "residual", False),  # x: bf16 rows from the attention (BF16_IN)
+    "gate_up": (28672, 4096, "glu", True),
+    "down": (4096, 14336, "residual", False),
+}
+BF16_IN = {"o"}
+ROWS = (8, 16, 32, 64)
+SMS = 132  # H200
+# batch_gemv_split geometries: (warps, mt, unroll, splits factor)
+SPLITS = {
+    "s4x2u4": (4, 2, 4, 1),
+    "s4x2u4-2s": (4, 2, 4, 2),
+    "s8x1u4": (8, 1, 4, 1),
+    "s4x1u8": (4, 1, 8, 1),
+    "s2x2u4": (2, 2, 4, 1),
+    "s4x4u2": (4, 4, 2, 1),
+}
+BASES = {"base": {}, "base-p": dict(xpipe=True), "base-m2p": dict(mt=2, xpipe=True)}
+
+
+def split_count(p: LinearParams, warps: int, mt: int, unroll: int, factor: int) -> int:
+    """K splits for about 8 resident warps per SM (a 4-warp block of ~250 registers: 2 an SM)."""
+    outs = (8 if p.epilogue == "glu" else 16) * mt * warps
+    blocks = -(-p.n_out // outs)
+    want = max(1, round(SMS * 8 / warps / blocks)) * factor
+    return max(1, min(want, (p.K // 32) // (2 * unroll)))
+
+
+def params(name: str) -> LinearParams:
+    N, K, ep, norm = SHAPES[name]
+    return LinearParams("bfloat16", N, K, 1e-5 if norm else 0.0, ep, False)
+
+
+def kernels(target: GpuTarget) -> dict:
+    out = {}
+    for name in SHAPES:
+        p = params(name)
+        for rows in ROWS:
+            nt = rows // 8
+            xb = {"xb": True} if name in BF16_IN else {}
+            for var, extra in BASES.items():
+                geo = {**gemvm_geometry(p, nt), **extra, **xb}
+                fn = f"{name}_{var.replace('-', '_')}"
+                out[name, rows, var] = batch_gemv(fn, p, target, [name], nt, **geo)
+            for var, (w, mt, u, factor) in SPLITS.items():
+                if mt * nt > 16:
+                    continue  # accumulators past the register file
+                s = split_count(p, w, mt, u, factor)
+                fn = f"{name}_{var.replace('-', '_')}"
+                out[name, rows, var] = batch_gemv_split(
+                    fn, p, target, [name], nt, w, mt, u, s, **xb
+                )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cache", type=Path, default=None)
+    ap.add_argument("--prebuild", metavar="ARCH")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "smallm")
+    args = ap.parse_args()
+    from gpu_kernels import DeviceKernels, compiled, kernels_source
+
+    if args.prebuild:
+        ks = kernels(GpuTarget(args.prebuild))
+        specs = [(k.fn, k.template, k.ctx, 0) for k in ks.values()]
+        compiled(kernels_source(specs, args.prebuild), args.prebuild, args.cache)
+        print(f"{len(specs)} kernels built into {args.cache}")
+        return
+    from cuda.bindings import driver as cu
+
+    from hipc.runtime.backends.gpu_common import PackedArgs
+
+    ks: dict = {}
+
+    def build(arch):
+        ks.update(kernels(GpuTarget(arch)))
+        return [(k.fn, k.template, k.ctx, 0) for k in ks.values()]
+
+    dk = DeviceKernels(build, cache=args.cache)
+    d = dk.d
+    rng = np.random.default_rng(0)
+    ev = [cu.cuEventCreate(0)[1] for _ in range(2)]
+
+    def elapsed(reps: int, run, *a) -> float:
+        """Median ms of `run(*a)` between two events."""
+        times = []
+        for _ in range(reps):
+            cu.cuEventRecord(ev[0], d._stream)
+            run(*a)
+            cu.cuEventRecord(ev[1], d._stream)
+            d.synchronize()
+            times.append(cu.cuEventElapsedTime(ev[0], ev[1])[1])
+        return statistics.median(times)
+
+    n = 1 << 30
+    a, b = d.malloc(n), d.malloc(n)
+    d.d2d(b, a, n)
+    d.synchronize()
+    copy = 2 * n / (elapsed(5, d.d2d, b, a, n) / 1e3) / 1e12
+    d.free(a)
+    d.free(b)
+    print(f"device copy: {copy:.2f} TB/s (read + write)", flush=True)
+
+    def launch(k, src, T, w, res, y, overlap=False):
+        packed = PackedArgs([("u64", src), ("i32", T), ("u64", w), ("u64", 0), ("u64", 0),
+                             ("u64", 0), ("u64", res), ("u64", y)])  # fmt: skip
+        grid = (k.grid[0], k.grid[1] if len(k.grid) > 1 else 1, 1)
+        d.launch(dk.function(k.fn), grid, (k.threads, 1, 1), 0, packed.address, overlap=overlap)
+        return packed
+
+    # each kernel alone
+    base_bits = rng.integers(0x3C00, 0x3F80, 1 << 24, dtype=np.uint16)  # bf16 in [2^-7, 1)
+    kern: dict = {}
+    for name, (N, K, ep, _) in SHAPES.items():
+        n_out = N // 2 if ep == "glu" else N
+        w = dk.upload(np.resize(base_bits, N * K))
+        x = dk.upload(rng.standard_normal(64 * K).astype(np.float32) * 0.1)
+        xb = dk.upload(np.resize(base_bits, 64 * K))  # what an _xb pass hands a norm shape
+        res = dk.upload(rng.standard_normal(64 * n_out).astype(np.float32))
+        y = dk.upload(np.zeros(64 * n_out, np.float32))
+        for rows in ROWS:
+            want = None
+            for (sname, r, var), k in ks.items():
+                if (sname, r) != (name, rows):
+                    continue
+                src = xb if k.ctx["xb"] else x
+                d.memset0(y, 64 * n_out * 4)
+                launch(k, src, rows, w, res, y)
+                got = dk.read(y, (rows, n_out))
+                if want is None:
+                    want = got  # base, the first of each (shape, rows)
+                err = float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
+                ms = elapsed(args.reps, launch, k, src, rows, w, res, y)
+                tbs = 2 * N * K / (ms / 1e3) / 1e12
+                kern[name, rows, var] = dict(us=ms * 1e3, tbs=tbs, err=err,
+                                             grid=list(k.grid), threads=k.threads)  # fmt: skip
+                print(f"# {name} rows {rows} {var} grid {k.grid}x{k.threads}: {ms * 1e3:.1f} us "
+                      f"{tbs:.2f} TB/s ({tbs / copy:.0%} of copy), vs base {err:.1e}", flush=True)  # fmt: skip
+        dk.free()
+
+    variants = list(BASES) + list(SPLITS)
+    best = {}
+    for name in SHAPES:
+        for rows in ROWS:
+            cands = {v: kern[name, rows, v] for v in variants if (name, rows, v) in kern}
+            ok = {v: c for v, c in cands.items() if c["err"] <= 1e-3}
+            best[name, rows] = min(ok, key=lambda v: ok[v]["us"])
+
+    # the 32-layer chain, one graph per (config, rows)
+    layer_bytes = sum(2 * N * K for N, K, _, _ in SHAPES.values())
+    L = args.layers
+    weights = {
+        name: [d.malloc(2 * N * K) for _ in range(L)] for name, (N, K, _, _) in SHAPES.items()
+    }
+    for name, ptrs in weights.items():
+        N, K = SHAPES[name][:2]
+        for ptr in ptrs:  # +v, -v alternating: the chain's values stay bounded
+            cu.cuMemsetD32Async(ptr, 0xBC003C00, N * K // 2, d._stream)
+    h = dk.upload(rng.standard_normal(64 * 4096).astype(np.float32))
+    attn = dk.upload(np.resize(base_bits, 64 * 4096))  # bf16, as the attention writes it
+    qkv_out = dk.upload(np.zeros(64 * 6144, np.float32))
+    glu_out = dk.upload(np.zeros(64 * 14336, np.float32))
+    xbuf = dk.upload(np.zeros(64 * 14336, np.uint16))
+    outs = {"qkv": qkv_out, "gate_up": glu_out}
+    norm_w = dk.upload(np.ones(4096, np.float32))
+    configs = {"base": {}, **{v: {} for v in variants[1:]}, "best": {}}
+    chain: dict = {}
+    for rows in ROWS:
+        for config in configs:
+            pick = {}
+            for name in SHAPES:
+                var = best[name, rows] if config == "best" else config
+                pick[name] = ks.get((name, rows, var))
+            if any(k is None for k in pick.values()):
+                continue
+            keep = []
+            d.begin_capture()
+            for layer in range(L):
+                for name in SHAPES:
+                    k = pick[name]
+                    src = {"qkv": h, "o": attn, "gate_up": h, "down": glu_out}[name]
+                    if k.ctx["xb"] and name not in BF16_IN:
+                        xb_args = PackedArgs([("u64", src), ("u64", norm_w), ("u64", xbuf)])
+                        d.launch(dk.function(f"{k.fn}_xb"), (rows, 1, 1), (256, 1, 1), 0,
+                                 xb_args.address, overlap=True)  # fmt: skip
+                        keep.append(xb_args)
+                        src = xbuf
+                    y = outs.get(name, h)
+                    keep.append(launch(k, src, rows, weights[name][layer], h, y, overlap=True))
+            graph = d.end_capture()
+            exe = d.instantiate(graph)
+            d.graph_launch(exe)
+            d.synchronize()
+            ms = elapsed(5, d.graph_launch, exe)
+            d.destroy_graph(graph, exe)
+            tbs = L * layer_bytes / (ms / 1e3) / 1e12
+            chain[config, rows] = dict(ms=ms, tbs=tbs)
+            print(f"# chain {config} rows {rows}: {ms:.3f} ms, {tbs:.2f} TB/s", flush=True)
+
+    lines = [f"device copy {copy:.2f} TB/s (read + write). us per launch (TB/s of weights, % of "
+             "copy); `*` the fastest of the row; `!` output differs from base by > 1e-3", ""]  # fmt: skip
+    lines.append("| shape | rows | " + " | ".join(variants) + " |")
+    lines.append("|---|---:|" + "---:|" * len(variants))
+    for name in SHAPES:
+        for rows in ROWS:
+            cells = []
+            for v in variants:
+                c = kern.get((name, rows, v))
+                if c is None:
+                    cells.append("")
+                    continue
+                mark = ("*" if best[name, rows] == v else "") + ("!" if c["err"] > 1e-3 else "")
+                cells.append(f"{c['us']:.1f} ({c['tbs']:.2f}, {c['tbs'] / copy:.0%}){mark}")
+            lines.append(f"| {name} | {rows} | " + " | ".join(cells) + " |")
+    lines += ["", f"{L}-layer chain (qkv, o, gate/up, down + the _xb passes), one graph: ms "
+              f"(TB/s of {L * layer_bytes / 1e9:.1f} GB of weights)", ""]  # fmt: skip
+    cols = [c for c in configs if any((c, r) in chain for r in ROWS)]
+    lines.append("| rows | " + " | ".join(cols) + " | best picks |")
+    lines.append("|---:|" + "---:|" * len(cols) + "---|")
+    for rows in ROWS:
+        cells = [f"{chain[c, rows]['ms']:.3f} ({chain[c, rows]['tbs']:.2f})"
+                 if (c, rows) in chain else "" for c in cols]  # fmt: skip
+        picks = ", ".join(f"{n} {best[n, rows]}" for n in SHAPES)
+        lines.append(f"| {rows} | " + " | ".join(cells) + f" | {picks} |")
+    table = "\n".join(lines)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "table.md").write_text(table + "\n")
+    (args.out / "results.json").write_text(json.dumps({
+        "copy_tbs": copy,
+        "kernels": [dict(shape=n, rows=r, variant=v, **c) for (n, r, v), c in kern.items()],
+        "chain": [dict(config=c, rows=r, **m) for (c, r), m in chain.items()],
+        "best": [dict(shape=n, rows=r, variant=v) for (n, r), v in best.items()],
+    }, indent=1))  # fmt: skip
+    print("\n" + table)
+    dk.close()
+
+
+if __name__ == "__main__":
+    main()
