@@ -1305,15 +1305,21 @@ def batch_gemv_split(
     splits: int = 1,
     piece: int | None = None,
     xb: bool | None = None,
+    xasync: bool = False,
 ) -> GpuKernel:
     """The batch GEMV with x shared by the block (linear_gemvs.hip.j2): `warps` warps of `mt`
     16-row weight tiles each walk the same k, a piece of `piece` 32-deep chunks of every row's x
     staged once in shared memory for all of them, `unroll` chunks of weights in flight per warp;
     K cut into `splits` runs (grid.y), the last block of a column adding the runs' partials in
-    order. A candidate beside batch_gemv ("base") for steps of 16-64 rows."""
+    order; `xasync`: x double-buffered by cp.async (float32 x kept as stored, rounded as read),
+    so the next piece lands while this one is used. A candidate beside batch_gemv ("base")."""
     piece = piece or unroll
-    if piece % unroll or warps * 32 > 1024:
-        raise ValueError(f"batch_gemv_split: piece {piece} not a multiple of unroll {unroll}")
+    xb = bool(p.norm_eps) if xb is None else xb
+    x_bytes = (2 if xasync else 1) * piece * nt * 32 * (16 if xb or not xasync else 32)
+    if piece % unroll or x_bytes > 48 * 1024:
+        raise ValueError(
+            f"batch_gemv_split: piece {piece} (a multiple of unroll {unroll}), x {x_bytes} bytes"
+        )
     glu = p.epilogue == "glu"
     ctx = dict(
         nodes=nodes,
@@ -1325,7 +1331,8 @@ def batch_gemv_split(
         unroll=unroll,
         splits=splits,
         piece=piece,
-        xb=bool(p.norm_eps) if xb is None else xb,
+        xb=xb,
+        xasync=xasync,
         params=GEMM.render(GPU_INDENT),
         xb_params=XB.render(0),
         **p.context(),

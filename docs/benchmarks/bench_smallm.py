@@ -19,7 +19,7 @@ the code object into --cache on a machine with no GPU.
 Variants: "base" = batch_gemv with gemvm_geometry (the default), "base-p" x a batch ahead,
 "base-m2p" two 16-row tiles a block and x a batch ahead; "sWxMuU" = batch_gemv_split with W
 warps of M tiles and U chunks in flight, K split so the grid is about 8 warps per SM ("...-2s":
-twice those splits).
+twice those splits); "aWxMuU" the same with x double-buffered by cp.async.
 """
 
 from __future__ import annotations
@@ -36,10 +36,13 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).parents[2] / "tests")]
 
 from hipc.compiler.kernels.linear import (  # noqa: E402
+    GEMVM_WARPS,
     LinearParams,
     batch_gemv,
     batch_gemv_split,
     gemvm_geometry,
+    prefill_gemm,
+    select_wgmma,
 )
 from hipc.compiler.targets import GpuTarget  # noqa: E402
 
@@ -52,15 +55,20 @@ SHAPES = {  # name: N weight rows, K, epilogue, norm
 BF16_IN = {"o"}
 ROWS = (8, 16, 32, 64)
 SMS = 132  # H200
-# batch_gemv_split geometries: (warps, mt, unroll, splits factor)
+# batch_gemv_split geometries: (warps, mt, unroll, splits factor, x by cp.async); a geometry
+# whose x pieces pass 48 KiB of shared memory runs with half the chunks in flight
 SPLITS = {
-    "s4x2u4": (4, 2, 4, 1),
-    "s4x2u4-2s": (4, 2, 4, 2),
-    "s8x1u4": (8, 1, 4, 1),
-    "s4x1u8": (4, 1, 8, 1),
-    "s2x2u4": (2, 2, 4, 1),
-    "s4x4u2": (4, 4, 2, 1),
+    "s4x2u4": (4, 2, 4, 1, False),
+    "s4x2u4-2s": (4, 2, 4, 2, False),
+    "s8x1u4": (8, 1, 4, 1, False),
+    "s4x1u8": (4, 1, 8, 1, False),
+    "s2x2u4": (2, 2, 4, 1, False),
+    "s4x4u2": (4, 4, 2, 1, False),
+    "a4x2u4": (4, 2, 4, 1, True),
+    "a4x2u4-2s": (4, 2, 4, 2, True),
+    "a8x1u4": (8, 1, 4, 1, True),
 }
+GEMM_TILES: dict = {}  # the prefill GEMMs' wgmma tiles, by kernel name
 BASES = {"base": {}, "base-p": dict(xpipe=True), "base-m2p": dict(mt=2, xpipe=True)}
 
 
@@ -81,22 +89,39 @@ def kernels(target: GpuTarget) -> dict:
     out = {}
     for name in SHAPES:
         p = params(name)
+        # the prefill GEMM that batch steps above BATCH_GEMV_ROWS run now: the tile the plans
+        # pick for their short steps (select_wgmma at 512 tokens), x in bf16
+        tile = select_wgmma(p, 512)
+        gemm = prefill_gemm(f"{name}_gemm", p, target, [name], wgmma=tile)
+        GEMM_TILES[gemm.fn] = tile
         for rows in ROWS:
             nt = rows // 8
             xb = {"xb": True} if name in BF16_IN else {}
             for var, extra in BASES.items():
                 geo = {**gemvm_geometry(p, nt), **extra, **xb}
+                if geo.get("warps", GEMVM_WARPS) * nt * geo.get("mt", 1) > 64:
+                    continue  # its partial tiles past 48 KiB of static shared memory
                 fn = f"{name}_{var.replace('-', '_')}"
                 out[name, rows, var] = batch_gemv(fn, p, target, [name], nt, **geo)
-            for var, (w, mt, u, factor) in SPLITS.items():
+            for var, (w, mt, u, factor, xasync) in SPLITS.items():
                 if mt * nt > 16:
                     continue  # accumulators past the register file
                 s = split_count(p, w, mt, u, factor)
                 fn = f"{name}_{var.replace('-', '_')}"
-                out[name, rows, var] = batch_gemv_split(
-                    fn, p, target, [name], nt, w, mt, u, s, **xb
-                )
+                while True:
+                    try:
+                        out[name, rows, var] = batch_gemv_split(
+                            fn, p, target, [name], nt, w, mt, u, s, xasync=xasync, **xb
+                        )
+                        break
+                    except ValueError:
+                        u //= 2
+            out[name, rows, "gemm"] = gemm
     return out
+
+
+def unique_specs(ks: dict) -> list:
+    return list({k.fn: (k.fn, k.template, k.ctx, k.shared) for k in ks.values()}.values())
 
 
 def main() -> None:
@@ -110,8 +135,7 @@ def main() -> None:
     from gpu_kernels import DeviceKernels, compiled, kernels_source
 
     if args.prebuild:
-        ks = kernels(GpuTarget(args.prebuild))
-        specs = [(k.fn, k.template, k.ctx, 0) for k in ks.values()]
+        specs = unique_specs(kernels(GpuTarget(args.prebuild)))
         compiled(kernels_source(specs, args.prebuild), args.prebuild, args.cache)
         print(f"{len(specs)} kernels built into {args.cache}")
         return
@@ -123,7 +147,7 @@ def main() -> None:
 
     def build(arch):
         ks.update(kernels(GpuTarget(arch)))
-        return [(k.fn, k.template, k.ctx, 0) for k in ks.values()]
+        return unique_specs(ks)
 
     dk = DeviceKernels(build, cache=args.cache)
     d = dk.d
@@ -151,20 +175,38 @@ def main() -> None:
     print(f"device copy: {copy:.2f} TB/s (read + write)", flush=True)
 
     def launch(k, src, T, w, res, y, overlap=False):
+        """One launch of kernel `k` (x `src`: float32 rows, or bf16 where k.ctx["xb"] or the
+        GEMM); returns its packed arguments (kept alive by a graph's caller)."""
+        if k.template == "linear_wgmma":
+            tile = GEMM_TILES[k.fn]
+            N, K = k.ctx["N"], k.ctx["K"]
+            xmap = d.tensor_map(src, K, 64, 64, tile.bm // tile.cm)
+            wmap = d.tensor_map(w, K, N, 64, tile.bn // 2)
+            packed = PackedArgs([("tmap", xmap), ("tmap", wmap), ("i32", T), ("u64", 0),
+                                 ("u64", res), ("u64", y)])  # fmt: skip
+            grid = tile.grid(T, k.ctx["n_out"], k.ctx["epilogue"] == "glu")
+            d.launch(dk.function(k.fn), grid, (k.threads, 1, 1), k.shared, packed.address,
+                     overlap=tile.pdl)  # fmt: skip
+            return packed
         packed = PackedArgs([("u64", src), ("i32", T), ("u64", w), ("u64", 0), ("u64", 0),
                              ("u64", 0), ("u64", res), ("u64", y)])  # fmt: skip
         grid = (k.grid[0], k.grid[1] if len(k.grid) > 1 else 1, 1)
         d.launch(dk.function(k.fn), grid, (k.threads, 1, 1), 0, packed.address, overlap=overlap)
         return packed
 
-    # each kernel alone
+    def bf16_x(k) -> bool:
+        return k.template == "linear_wgmma" or k.ctx["xb"]
+
+    # each kernel alone: x as float32 and as bf16 rows of the same values (so every kernel
+    # multiplies the same numbers); residual in place (res = y), as the plans bind it
     base_bits = rng.integers(0x3C00, 0x3F80, 1 << 24, dtype=np.uint16)  # bf16 in [2^-7, 1)
     kern: dict = {}
     for name, (N, K, ep, _) in SHAPES.items():
         n_out = N // 2 if ep == "glu" else N
         w = dk.upload(np.resize(base_bits, N * K))
-        x = dk.upload(rng.standard_normal(64 * K).astype(np.float32) * 0.1)
-        xb = dk.upload(np.resize(base_bits, 64 * K))  # what an _xb pass hands a norm shape
+        xbits = np.resize(base_bits, 64 * K)
+        x = dk.upload((xbits.astype(np.uint32) << 16).view(np.float32))
+        xb = dk.upload(xbits)
         res = dk.upload(rng.standard_normal(64 * n_out).astype(np.float32))
         y = dk.upload(np.zeros(64 * n_out, np.float32))
         for rows in ROWS:
@@ -172,14 +214,18 @@ def main() -> None:
             for (sname, r, var), k in ks.items():
                 if (sname, r) != (name, rows):
                     continue
-                src = xb if k.ctx["xb"] else x
-                d.memset0(y, 64 * n_out * 4)
-                launch(k, src, rows, w, res, y)
-                got = dk.read(y, (rows, n_out))
+                src = xb if bf16_x(k) else x
+                d.d2d(y, res, 64 * n_out * 4)
+                try:
+                    launch(k, src, rows, w, y, y)
+                    got = dk.read(y, (rows, n_out))
+                except Exception as e:  # a geometry the device refuses: the others still run
+                    print(f"{name} rows {rows} {var}: {e}", flush=True)
+                    continue
                 if want is None:
                     want = got  # base, the first of each (shape, rows)
                 err = float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
-                ms = elapsed(args.reps, launch, k, src, rows, w, res, y)
+                ms = elapsed(args.reps, launch, k, src, rows, w, y, y)
                 tbs = 2 * N * K / (ms / 1e3) / 1e12
                 kern[name, rows, var] = dict(us=ms * 1e3, tbs=tbs, err=err,
                                              grid=list(k.grid), threads=k.threads)  # fmt: skip
@@ -187,7 +233,7 @@ def main() -> None:
                       f"{tbs:.2f} TB/s ({tbs / copy:.0%} of copy), vs base {err:.1e}", flush=True)  # fmt: skip
         dk.free()
 
-    variants = list(BASES) + list(SPLITS)
+    variants = list(BASES) + list(SPLITS) + ["gemm"]
     best = {}
     for name in SHAPES:
         for rows in ROWS:
@@ -209,6 +255,7 @@ def main() -> None:
     attn = dk.upload(np.resize(base_bits, 64 * 4096))  # bf16, as the attention writes it
     qkv_out = dk.upload(np.zeros(64 * 6144, np.float32))
     glu_out = dk.upload(np.zeros(64 * 14336, np.float32))
+    glu_b = dk.upload(np.resize(base_bits, 64 * 14336))  # as gate/up's GEMM hands down bf16
     xbuf = dk.upload(np.zeros(64 * 14336, np.uint16))
     outs = {"qkv": qkv_out, "gate_up": glu_out}
     norm_w = dk.upload(np.ones(4096, np.float32))
@@ -219,7 +266,7 @@ def main() -> None:
             pick = {}
             for name in SHAPES:
                 var = best[name, rows] if config == "best" else config
-                pick[name] = ks.get((name, rows, var))
+                pick[name] = ks.get((name, rows, var)) if (name, rows, var) in kern else None
             if any(k is None for k in pick.values()):
                 continue
             keep = []
@@ -228,7 +275,9 @@ def main() -> None:
                 for name in SHAPES:
                     k = pick[name]
                     src = {"qkv": h, "o": attn, "gate_up": h, "down": glu_out}[name]
-                    if k.ctx["xb"] and name not in BF16_IN:
+                    if name == "down" and bf16_x(k):
+                        src = glu_b
+                    if SHAPES[name][3]:  # the norm's _xb pass
                         xb_args = PackedArgs([("u64", src), ("u64", norm_w), ("u64", xbuf)])
                         d.launch(dk.function(f"{k.fn}_xb"), (rows, 1, 1), (256, 1, 1), 0,
                                  xb_args.address, overlap=True)  # fmt: skip

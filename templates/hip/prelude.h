@@ -1438,6 +1438,8 @@ HIPC_DEVICE void hipc_cp_async16(void* dst, const void* src, bool valid) {
 }
 HIPC_DEVICE void hipc_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 HIPC_DEVICE void hipc_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// all but the group committed last (a double buffer: this piece landed, the next in flight)
+HIPC_DEVICE void hipc_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 HIPC_DEVICE float hipc_exp2_approx(float x) {  // ex2.approx.ftz: 2^-inf = 0, ~2 ulp
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
@@ -1512,6 +1514,7 @@ HIPC_DEVICE void hipc_cp_async16(void* dst, const void* src, bool valid) {
 }
 HIPC_DEVICE void hipc_cp_async_commit() {}
 HIPC_DEVICE void hipc_cp_async_wait_all() {}
+HIPC_DEVICE void hipc_cp_async_wait_one() {}
 HIPC_DEVICE float hipc_exp2_approx(float x) { return exp2f(x); }
 
 #elif defined(HIPC_MMA_WMMA) || defined(HIPC_MMA_WMMA12) || defined(HIPC_MMA_MFMA)

@@ -42,58 +42,25 @@ CASES = {
     "glu_norm_xpipe_mt2_t27": (27, 4, 2 * 24, 1000, "glu", True, False, 2, None, True),
 }
 # the shared-x variant: name: (T, n tiles, N, K, epilogue, norm, bias, batch_gemv_split geometry)
+# fmt: off
 SPLIT_CASES = {
-    "split_residual_t13_s3": (
-        13,
-        2,
-        40,
-        1064,
-        "residual",
-        False,
-        True,
-        dict(warps=2, mt=1, unroll=2, splits=3, piece=4),
-    ),
-    "split_glu_norm_t27_s2": (
-        27,
-        4,
-        2 * 40,
-        520,
-        "glu",
-        True,
-        True,
-        dict(warps=2, mt=2, unroll=2, splits=2),
-    ),
-    "split_none_t64_s4": (
-        64,
-        8,
-        70,
-        1000,
-        "none",
-        False,
-        False,
-        dict(warps=2, mt=2, unroll=2, splits=4, piece=2),
-    ),
-    "split_none_norm_t5_s1": (
-        5,
-        1,
-        24,
-        200,
-        "none",
-        True,
-        True,
-        dict(warps=1, mt=2, unroll=4, splits=1, piece=4),
-    ),
-    "split_residual_xb_t45_s5": (
-        45,
-        8,
-        36,
-        136,
-        "residual",
-        False,
-        False,
-        dict(warps=4, mt=1, unroll=1, splits=5, xb=True),
-    ),
+    "split_residual_t13_s3": (13, 2, 40, 1064, "residual", False, True,
+                              dict(warps=2, mt=1, unroll=2, splits=3, piece=4)),
+    "split_glu_norm_t27_s2": (27, 4, 2 * 40, 520, "glu", True, True,
+                              dict(warps=2, mt=2, unroll=2, splits=2)),
+    "split_none_t64_s4": (64, 8, 70, 1000, "none", False, False,
+                          dict(warps=2, mt=2, unroll=2, splits=4, piece=2)),
+    "split_none_norm_t5_s1": (5, 1, 24, 200, "none", True, True,
+                              dict(warps=1, mt=2, unroll=4, splits=1, piece=4)),
+    "split_residual_xb_t45_s5": (45, 8, 36, 136, "residual", False, False,
+                                 dict(warps=4, mt=1, unroll=1, splits=5, xb=True)),
+    # x double-buffered by cp.async: float32 rows, and bf16 rows from _xb
+    "split_async_residual_t29_s3": (29, 4, 40, 1064, "residual", False, True,
+                                    dict(warps=2, mt=1, unroll=2, splits=3, piece=4, xasync=True)),
+    "split_async_glu_norm_t64_s2": (64, 8, 2 * 20, 520, "glu", True, False,
+                                    dict(warps=2, mt=2, unroll=2, splits=2, xasync=True)),
 }
+# fmt: on
 ALL = {**CASES, **SPLIT_CASES}
 
 

@@ -47,58 +47,26 @@ CASES = {
 }
 # the shared-x variant (linear_gemvs, batch_gemv_split) at 8B-like shapes and odd edges:
 # (T, n tiles, N, K, epilogue, norm, bias, geometry); each launched twice (its column counters)
+# fmt: off
 SPLIT_CASES = {
-    "split_residual_t64_k4096_s8": (
-        64,
-        8,
-        4096,
-        4096,
-        "residual",
-        False,
-        False,
-        dict(warps=4, mt=2, unroll=4, splits=8),
-    ),
-    "split_residual_t29_k14336_s8": (
-        29,
-        4,
-        4096,
-        14336,
-        "residual",
-        False,
-        True,
-        dict(warps=8, mt=1, unroll=4, splits=8),
-    ),
-    "split_glu_norm_t16_k4096_s2": (
-        16,
-        2,
-        2 * 1000,
-        4096,
-        "glu",
-        True,
-        False,
-        dict(warps=4, mt=2, unroll=4, splits=2),
-    ),
-    "split_none_norm_t8_k4104_s6": (
-        8,
-        1,
-        6150,
-        4104,
-        "none",
-        True,
-        True,
-        dict(warps=4, mt=2, unroll=8, splits=6),
-    ),
-    "split_none_t45_k200_s3": (
-        45,
-        8,
-        517,
-        200,
-        "none",
-        False,
-        False,
-        dict(warps=2, mt=2, unroll=2, splits=3),
-    ),
+    "split_residual_t64_k4096_s8": (64, 8, 4096, 4096, "residual", False, False,
+                                    dict(warps=4, mt=2, unroll=4, splits=8)),
+    "split_residual_t29_k14336_s8": (29, 4, 4096, 14336, "residual", False, True,
+                                     dict(warps=8, mt=1, unroll=4, splits=8)),
+    "split_glu_norm_t16_k4096_s2": (16, 2, 2 * 1000, 4096, "glu", True, False,
+                                    dict(warps=4, mt=2, unroll=4, splits=2)),
+    "split_none_norm_t8_k4104_s6": (8, 1, 6150, 4104, "none", True, True,
+                                    dict(warps=4, mt=2, unroll=8, splits=6)),
+    "split_none_t45_k200_s3": (45, 8, 517, 200, "none", False, False,
+                               dict(warps=2, mt=2, unroll=2, splits=3)),
+    # x double-buffered by cp.async: float32 rows, and bf16 rows from _xb
+    "split_async_residual_t64_k14336_s8": (64, 8, 4096, 14336, "residual", False, True,
+                                           dict(warps=4, mt=2, unroll=2, splits=8, piece=2,
+                                                xasync=True)),
+    "split_async_glu_norm_t32_k4096_s2": (32, 4, 2 * 1000, 4096, "glu", True, False,
+                                          dict(warps=4, mt=2, unroll=4, splits=2, xasync=True)),
 }
+# fmt: on
 
 
 def _params(case) -> LinearParams:
