@@ -380,11 +380,13 @@ class Linear(KernelKind):
                 break
             hi = min(8 * nt, most)
             geometry = gemvm_geometry(p, nt)
-            if g.batch_gemv_xpipe:
+            if not g.batch_gemv_split:
+                geometry.pop("split", None)
+            if g.batch_gemv_xpipe and "split" not in geometry:
                 geometry["xpipe"] = True
             if bf16_in:
                 geometry["xb"] = True
-            gk = batch_gemv(k.fn, p, g.target, k.nodes, nt, **geometry)
+            gk = gemvm_kernel(k.fn, p, g.target, k.nodes, nt, geometry)
             fn = g.kernel(gk)
             args = common
             if bf16_in:  # the bf16 rows the _xb pass would have written, there already
@@ -1225,8 +1227,9 @@ BATCH_GEMV_ROWS = 8
 
 
 # Geometry overrides by (N, K, epilogue) and n tiles, from bench_batch_kernels.py on the H200:
-# warps, unroll, mt (16-row tiles per block), xb (x through _xb without a norm). The 8B qkv at
-# 2-8 rows: 4 warps x 4 chunks 2.46 TB/s against 8 x 2's 2.32.
+# warps, unroll, mt (16-row tiles per block), xb (x through _xb without a norm); or `split`:
+# batch_gemv_split's arguments (the shared-x kernel, linear_gemvs) in place of linear_gemvm's.
+# The 8B qkv at 2-8 rows: 4 warps x 4 chunks 2.46 TB/s against 8 x 2's 2.32.
 GEMVM_MEASURED: dict[tuple[int, int, str], dict[int, dict]] = {
     (6144, 4096, "none"): {1: dict(warps=4, unroll=4)},
 }
@@ -1235,6 +1238,18 @@ GEMVM_MEASURED: dict[tuple[int, int, str], dict[int, dict]] = {
 def gemvm_geometry(p: LinearParams, nt: int) -> dict:
     """batch_gemv's geometry arguments for a linear at n tiles `nt` (defaults where unmeasured)."""
     return dict(GEMVM_MEASURED.get((p.N, p.K, p.epilogue), {}).get(nt, {}))
+
+
+def gemvm_kernel(
+    fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], nt: int, geometry: dict
+) -> GpuKernel:
+    """The batch GEMV of a geometry (gemvm_geometry's): batch_gemv_split's where it has a
+    `split` entry, else batch_gemv's."""
+    geometry = dict(geometry)
+    split = geometry.pop("split", None)
+    if split is not None:
+        return batch_gemv_split(fn, p, target, nodes, nt, **split, xb=geometry.get("xb"))
+    return batch_gemv(fn, p, target, nodes, nt, **geometry)
 
 
 def gemvm_eligible(p: LinearParams, target: GpuTarget) -> bool:

@@ -571,3 +571,34 @@ def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
             x["kernel"] + g2 if x["kernel"].endswith("_attn") else x["kernel"]
             for x in off["prefill"]
         ]
+
+
+def test_batch_steps_take_the_shared_x_gemv_where_its_geometry_says(tmp_path, monkeypatch):
+    """A `split` geometry (GEMVM_MEASURED) makes a size class's batch GEMV the shared-x kernel
+    (linear_gemvs): its launch has grid.y = the K splits and the same arguments as linear_gemvm's,
+    its partials live in the module (HIPC_MODULE_ARRAY); HIPC_BATCH_GEMV_SPLIT=0 keeps
+    linear_gemvm."""
+    from hipc.base.launch_plan import Launch
+    from hipc.compiler.kernels import linear
+
+    geo = dict(warps=2, mt=1, unroll=2, splits=3, xasync=True)
+    monkeypatch.setattr(
+        linear, "gemvm_geometry", lambda p, nt: {"split": dict(geo)} if nt >= 2 else {}
+    )
+    monkeypatch.setenv("HIPC_BATCH_GEMV_ROWS", "64")
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
+    program = _sm90_program(folder, tmp_path)
+    batch = [Launch.from_json(x) for x in program.plan["steps"]["batch"]]
+    gemvm = [x for x in batch if x.runs_at(8) and "_gemvm" in x.kernel and "_xb" not in x.kernel]
+    split = [x for x in batch if x.runs_at(9) and "_gemvs" in x.kernel and "_xb" not in x.kernel]
+    assert gemvm and len(split) == len(gemvm), [x.kernel for x in batch if x.runs_at(9)]
+    for a, b in zip(gemvm, split, strict=True):
+        assert b.kernel == a.kernel.replace("_gemvm1", "_gemvs2")
+        assert b.grid[1] == 3 and b.args == a.args and b.overlap
+    assert all(any(x.runs_at(B) and x.kernel.endswith(f"_gemvs{nt}") for x in batch)
+               for B, nt in ((16, 2), (32, 4), (64, 8)))  # fmt: skip
+    assert "HIPC_MODULE_ARRAY(unsigned" in program.source
+    monkeypatch.setenv("HIPC_BATCH_GEMV_SPLIT", "0")
+    (tmp_path / "off").mkdir()
+    off = _sm90_program(folder, tmp_path / "off").plan["steps"]["batch"]
+    assert not any("_gemvs" in x["kernel"] for x in off)
