@@ -19,7 +19,7 @@ the code object into --cache on a machine with no GPU.
 Variants: "base" = batch_gemv with gemvm_geometry (the default), "base-p" x a batch ahead,
 "base-m2p" two 16-row tiles a block and x a batch ahead; "sWxMuU" = batch_gemv_split with W
 warps of M tiles and U chunks in flight, K split so the grid is about 8 warps per SM ("...-2s":
-twice those splits); "aWxMuU" the same with x double-buffered by cp.async.
+twice those splits, "-hs" half); "aWxMuU" the same with x double-buffered by cp.async.
 """
 
 from __future__ import annotations
@@ -59,24 +59,25 @@ SMS = 132  # H200
 # whose x pieces pass 48 KiB of shared memory runs with half the chunks in flight
 SPLITS = {
     "s4x2u4": (4, 2, 4, 1, False),
-    "s4x2u4-2s": (4, 2, 4, 2, False),
     "s8x1u4": (8, 1, 4, 1, False),
     "s4x1u8": (4, 1, 8, 1, False),
-    "s2x2u4": (2, 2, 4, 1, False),
     "s4x4u2": (4, 4, 2, 1, False),
     "a4x2u4": (4, 2, 4, 1, True),
     "a4x2u4-2s": (4, 2, 4, 2, True),
+    "a4x2u4-hs": (4, 2, 4, 0.5, True),
     "a8x1u4": (8, 1, 4, 1, True),
+    "a8x2u2": (8, 2, 2, 1, True),
 }
 GEMM_TILES: dict = {}  # the prefill GEMMs' wgmma tiles, by kernel name
 BASES = {"base": {}, "base-p": dict(xpipe=True), "base-m2p": dict(mt=2, xpipe=True)}
 
 
-def split_count(p: LinearParams, warps: int, mt: int, unroll: int, factor: int) -> int:
-    """K splits for about 8 resident warps per SM (a 4-warp block of ~250 registers: 2 an SM)."""
+def split_count(p: LinearParams, warps: int, mt: int, unroll: int, factor: float) -> int:
+    """K splits for about 8 resident warps per SM (a 4-warp block of ~250 registers: 2 an SM),
+    times `factor`."""
     outs = (8 if p.epilogue == "glu" else 16) * mt * warps
     blocks = -(-p.n_out // outs)
-    want = max(1, round(SMS * 8 / warps / blocks)) * factor
+    want = max(1, round(SMS * 8 / warps / blocks * factor))
     return max(1, min(want, (p.K // 32) // (2 * unroll)))
 
 
