@@ -69,6 +69,7 @@ class GpuProgramBuilder:
         # sets batch_min for it
         env = os.environ.get("HIPC_BATCH_GEMV_ROWS")
         self.batch_gemv_rows = int(env) if env else BATCH_GEMV_ROWS
+        self.batch_gemv_rows_set = bool(env)  # for every linear, LM heads included
         # and their attention takes a KV head's query heads per block (HIPC_BATCH_ATTN_GROUP=0:
         # one head per block, as before, for benchmarks)
         self.batch_attn_group = os.environ.get("HIPC_BATCH_ATTN_GROUP") != "0"

@@ -363,7 +363,7 @@ class Linear(KernelKind):
         8, 16, 32, 64 rows up to the program's limit (GpuProgramBuilder.batch_gemv_rows);
         returns the largest step they serve (0: none, the linear is not eligible)."""
         p: LinearParams = k.params
-        most = min(g.batch_gemv_rows, g.max_tokens)
+        most = min(gemvm_rows(p, g.batch_gemv_rows, g.batch_gemv_rows_set), g.max_tokens)
         # --prefill-precision split promises float32-class linears: the GEMV's bf16 x is not
         if most < 2 or g.prefill_precision == "split" or not gemvm_eligible(p, g.target):
             return 0
@@ -1224,6 +1224,18 @@ GEMVM_WARPS = 8  # warps per block, splitting K between them over the block's 16
 # x read per chunk, not ahead of use) fall to 0.7-1.2 TB/s at 16-32 rows where the wgmma GEMMs
 # stream 1.3-1.7 (their x latency is the next thing to measure: batch_gemv's `xpipe`).
 BATCH_GEMV_ROWS = 8
+# Linears with this many weight rows or more (LM heads) keep the batch GEMV to 8-row steps: at
+# 16-64 rows the wgmma GEMM streams the 8B head at 4.0 TB/s (bench_batch_gemv.py profile, 32
+# rows) where linear_gemvm fell to 3.7 / 2.9 / 1.9 TB/s at 16 / 32 / 64 (bench_batch_kernels.py).
+GEMVM_WIDE_ROWS = 65536
+
+
+def gemvm_rows(p: LinearParams, rows: int, forced: bool = False) -> int:
+    """The largest batch step linear `p` runs on the batch GEMV, given the program's limit
+    `rows` (BATCH_GEMV_ROWS, or HIPC_BATCH_GEMV_ROWS when `forced`: then for every linear)."""
+    if forced or p.N < GEMVM_WIDE_ROWS:
+        return rows
+    return min(rows, 8)
 
 
 # Geometry overrides by (N, K, epilogue) and n tiles, from bench_batch_kernels.py on the H200:

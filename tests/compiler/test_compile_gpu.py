@@ -602,3 +602,36 @@ def test_batch_steps_take_the_shared_x_gemv_where_its_geometry_says(tmp_path, mo
     (tmp_path / "off").mkdir()
     off = _sm90_program(folder, tmp_path / "off").plan["steps"]["batch"]
     assert not any("_gemvs" in x["kernel"] for x in off)
+
+
+def test_wide_linears_keep_the_batch_gemv_to_8_rows(tmp_path, monkeypatch):
+    """With the batch GEMV up to 32 rows, an LM head of GEMVM_WIDE_ROWS outputs or more takes it
+    for steps of up to 8 rows only and the wgmma GEMM above (it streams a wide head faster
+    there); the other linears take it up to 32. HIPC_BATCH_GEMV_ROWS forces it on every linear."""
+    from hipc.base.launch_plan import Launch
+    from hipc.compiler.codegen import hip
+    from hipc.compiler.kernels.linear import GEMVM_WIDE_ROWS
+
+    monkeypatch.setattr(hip, "BATCH_GEMV_ROWS", 32)
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", vocab_size=GEMVM_WIDE_ROWS)
+
+    def gemv_heads(sub: str) -> dict[int, list[str]]:
+        (tmp_path / sub).mkdir()
+        batch = [
+            Launch.from_json(x)
+            for x in _sm90_program(folder, tmp_path / sub).plan["steps"]["batch"]
+        ]
+        at = {
+            B: [x.kernel for x in batch if x.runs_at(B) and "_xb" not in x.kernel]
+            for B in (8, 9, 32)
+        }
+        head = f"_{GEMVM_WIDE_ROWS}x"
+        return {B: [n for n in names if head in n] for B, names in at.items()}, at
+
+    heads, at = gemv_heads("cap")
+    assert heads[8] and all("_gemvm1" in n for n in heads[8])
+    assert heads[9] and all("_wg" in n for n in heads[9]) and heads[32] == heads[9]
+    assert sum("_gemvm4" in n for n in at[32]) == sum("_gemvm1" in n for n in at[8]) - 1
+    monkeypatch.setenv("HIPC_BATCH_GEMV_ROWS", "32")
+    heads, _ = gemv_heads("forced")
+    assert all("_gemvm4" in n for n in heads[32]) and heads[32]
