@@ -204,6 +204,7 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // another block's writes: read through L2, never a line this SM's L1 may hold
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return __ldcg(p); }
+HIPC_DEVICE float4 hipc_load_coherent4(const float* p) { return __ldcg((const float4*)p); }
 // a shared-memory counter (histograms): no ordering with other memory
 HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 #elif defined(HIPC_HOST)
@@ -214,6 +215,7 @@ HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; 
 HIPC_DEVICE void hipc_publish() {}
 HIPC_DEVICE unsigned hipc_count(unsigned* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL); }
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }  // host blocks run one after another
+HIPC_DEVICE float4 hipc_load_coherent4(const float* p) { return *(const float4*)p; }
 HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
@@ -227,6 +229,7 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // the acquire in hipc_count invalidated this CU's vector L1
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }
+HIPC_DEVICE float4 hipc_load_coherent4(const float* p) { return *(const float4*)p; }
 HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) {
   return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
 }
