@@ -5,7 +5,8 @@
 
 Per shape (qkv 6144x4096 and gate/up 28672x4096 GLU with their norm's _xb pass, o 4096x4096 with
 the residual and bf16 x as the attention hands it over in batch steps, down 4096x14336 with the
-residual and float32 x, as the batch plans bind them), rows and variant: the kernel's median time over
+residual and float32 x, as the batch plans bind them; and the 128256x4096 LM head with a few
+of the variants), rows and variant: the kernel's median time over
 --reps launches between CUDA events (the _xb pass not included), as TB/s of weights and as a
 share of the device-to-device copy rate measured first (read + write counted, as every hipc
 table does); each variant's output against base's on the same inputs (relative error: a
@@ -52,6 +53,9 @@ SHAPES = {  # name: N weight rows, K, epilogue, norm
     "gate_up": (28672, 4096, "glu", True),
     "down": (4096, 14336, "residual", False),
 }
+# timed alone too: the LM head (not in the chain; it runs once a step), with fewer variants
+ALONE = {**SHAPES, "head": (128256, 4096, "none", True)}
+HEAD_VARIANTS = {"base", "s8x1u4", "a4x2u4", "a8x1u4", "a8x2u2", "gemm"}
 BF16_IN = {"o"}
 ROWS = (8, 16, 32, 64)
 SMS = 132  # H200
@@ -82,13 +86,13 @@ def split_count(p: LinearParams, warps: int, mt: int, unroll: int, factor: float
 
 
 def params(name: str) -> LinearParams:
-    N, K, ep, norm = SHAPES[name]
+    N, K, ep, norm = ALONE[name]
     return LinearParams("bfloat16", N, K, 1e-5 if norm else 0.0, ep, False)
 
 
 def kernels(target: GpuTarget) -> dict:
     out = {}
-    for name in SHAPES:
+    for name in ALONE:
         p = params(name)
         # the prefill GEMM that batch steps above BATCH_GEMV_ROWS run now: the tile the plans
         # pick for their short steps (select_wgmma at 512 tokens), x in bf16
@@ -99,13 +103,15 @@ def kernels(target: GpuTarget) -> dict:
             nt = rows // 8
             xb = {"xb": True} if name in BF16_IN else {}
             for var, extra in BASES.items():
+                if name == "head" and var not in HEAD_VARIANTS:
+                    continue
                 geo = {**gemvm_geometry(p, nt), **extra, **xb}
                 if geo.get("warps", GEMVM_WARPS) * nt * geo.get("mt", 1) > 64:
                     continue  # its partial tiles past 48 KiB of static shared memory
                 fn = f"{name}_{var.replace('-', '_')}"
                 out[name, rows, var] = batch_gemv(fn, p, target, [name], nt, **geo)
             for var, (w, mt, u, factor, xasync) in SPLITS.items():
-                if mt * nt > 16:
+                if mt * nt > 16 or (name == "head" and var not in HEAD_VARIANTS):
                     continue  # accumulators past the register file
                 s = split_count(p, w, mt, u, factor)
                 fn = f"{name}_{var.replace('-', '_')}"
@@ -202,7 +208,7 @@ def main() -> None:
     # multiplies the same numbers); residual in place (res = y), as the plans bind it
     base_bits = rng.integers(0x3C00, 0x3F80, 1 << 24, dtype=np.uint16)  # bf16 in [2^-7, 1)
     kern: dict = {}
-    for name, (N, K, ep, _) in SHAPES.items():
+    for name, (N, K, ep, _) in ALONE.items():
         n_out = N // 2 if ep == "glu" else N
         w = dk.upload(np.resize(base_bits, N * K))
         xbits = np.resize(base_bits, 64 * K)
@@ -236,7 +242,7 @@ def main() -> None:
 
     variants = list(BASES) + list(SPLITS) + ["gemm"]
     best = {}
-    for name in SHAPES:
+    for name in ALONE:
         for rows in ROWS:
             cands = {v: kern[name, rows, v] for v in variants if (name, rows, v) in kern}
             ok = {v: c for v, c in cands.items() if c["err"] <= 1e-3}
@@ -300,7 +306,7 @@ def main() -> None:
              "copy); `*` the fastest of the row; `!` output differs from base by > 1e-3", ""]  # fmt: skip
     lines.append("| shape | rows | " + " | ".join(variants) + " |")
     lines.append("|---|---:|" + "---:|" * len(variants))
-    for name in SHAPES:
+    for name in ALONE:
         for rows in ROWS:
             cells = []
             for v in variants:
