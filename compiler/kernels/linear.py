@@ -1315,9 +1315,28 @@ GEMVM_MEASURED: dict[tuple[int, int, str], dict[int, dict]] = {
 }
 
 
+# The geometry of an unlisted shape by n tiles (GEMVM_MEASURED's form; a `split` entry without
+# `splits` gets gemvs_splits' count): linear_gemvm's defaults everywhere until measured.
+GEMVM_DEFAULT: dict[int, dict] = {}
+
+
 def gemvm_geometry(p: LinearParams, nt: int) -> dict:
     """batch_gemv's geometry arguments for a linear at n tiles `nt` (defaults where unmeasured)."""
-    return dict(GEMVM_MEASURED.get((p.N, p.K, p.epilogue), {}).get(nt, {}))
+    measured = GEMVM_MEASURED.get((p.N, p.K, p.epilogue), {})
+    geometry = dict(measured[nt] if nt in measured else GEMVM_DEFAULT.get(nt, {}))
+    if "split" in geometry:
+        geometry["split"] = dict(geometry["split"])
+    return geometry
+
+
+def gemvs_splits(p: LinearParams, warps: int, mt: int, unroll: int, factor: float = 1.0) -> int:
+    """K splits of linear_gemvs for about 8 resident warps per SM (a 4-warp block of ~250
+    registers: 2 an SM) on SMS multiprocessors, times `factor`; each split at least two batches
+    of `unroll` chunks."""
+    outs = (8 if p.epilogue == "glu" else 16) * mt * warps
+    blocks = -(-p.n_out // outs)
+    want = max(1, round(SMS * 8 / warps / blocks * factor))
+    return max(1, min(want, (p.K // 32) // (2 * unroll)))
 
 
 def gemvm_kernel(
@@ -1328,6 +1347,9 @@ def gemvm_kernel(
     geometry = dict(geometry)
     split = geometry.pop("split", None)
     if split is not None:
+        split = dict(split)
+        if "splits" not in split:
+            split["splits"] = gemvs_splits(p, split["warps"], split["mt"], split["unroll"])
         return batch_gemv_split(fn, p, target, nodes, nt, **split, xb=geometry.get("xb"))
     return batch_gemv(fn, p, target, nodes, nt, **geometry)
 

@@ -42,6 +42,7 @@ from hipc.compiler.kernels.linear import (  # noqa: E402
     batch_gemv,
     batch_gemv_split,
     gemvm_geometry,
+    gemvs_splits,
     prefill_gemm,
     select_wgmma,
 )
@@ -58,7 +59,6 @@ ALONE = {**SHAPES, "head": (128256, 4096, "none", True)}
 HEAD_VARIANTS = {"base", "s8x1u4", "a4x2u4", "a8x1u4", "a8x2u2", "gemm"}
 BF16_IN = {"o"}
 ROWS = (8, 16, 32, 64)
-SMS = 132  # H200
 # batch_gemv_split geometries: (warps, mt, unroll, splits factor, x by cp.async); a geometry
 # whose x pieces pass 48 KiB of shared memory runs with half the chunks in flight
 SPLITS = {
@@ -77,12 +77,7 @@ BASES = {"base": {}, "base-p": dict(xpipe=True), "base-m2p": dict(mt=2, xpipe=Tr
 
 
 def split_count(p: LinearParams, warps: int, mt: int, unroll: int, factor: float) -> int:
-    """K splits for about 8 resident warps per SM (a 4-warp block of ~250 registers: 2 an SM),
-    times `factor`."""
-    outs = (8 if p.epilogue == "glu" else 16) * mt * warps
-    blocks = -(-p.n_out // outs)
-    want = max(1, round(SMS * 8 / warps / blocks * factor))
-    return max(1, min(want, (p.K // 32) // (2 * unroll)))
+    return gemvs_splits(p, warps, mt, unroll, factor)
 
 
 def params(name: str) -> LinearParams:

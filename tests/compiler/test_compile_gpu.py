@@ -574,17 +574,16 @@ def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
 
 
 def test_batch_steps_take_the_shared_x_gemv_where_its_geometry_says(tmp_path, monkeypatch):
-    """A `split` geometry (GEMVM_MEASURED) makes a size class's batch GEMV the shared-x kernel
-    (linear_gemvs): its launch has grid.y = the K splits and the same arguments as linear_gemvm's,
-    its partials live in the module (HIPC_MODULE_ARRAY); HIPC_BATCH_GEMV_SPLIT=0 keeps
-    linear_gemvm."""
+    """A `split` geometry (GEMVM_MEASURED, or GEMVM_DEFAULT for unlisted shapes) makes a size
+    class's batch GEMV the shared-x kernel (linear_gemvs): its launch has grid.y = the K splits
+    (given, or gemvs_splits') and the same arguments as linear_gemvm's, its partials live in the
+    module (HIPC_MODULE_ARRAY); HIPC_BATCH_GEMV_SPLIT=0 keeps linear_gemvm."""
     from hipc.base.launch_plan import Launch
     from hipc.compiler.kernels import linear
 
-    geo = dict(warps=2, mt=1, unroll=2, splits=3, xasync=True)
-    monkeypatch.setattr(
-        linear, "gemvm_geometry", lambda p, nt: {"split": dict(geo)} if nt >= 2 else {}
-    )
+    geo = dict(warps=2, mt=1, unroll=2, xasync=True)  # 16-row steps: 3 splits; else the rule's
+    default = {2: {"split": dict(geo, splits=3)}, 4: {"split": geo}, 8: {"split": geo}}
+    monkeypatch.setattr(linear, "GEMVM_DEFAULT", default)
     monkeypatch.setenv("HIPC_BATCH_GEMV_ROWS", "64")
     folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
     program = _sm90_program(folder, tmp_path)
