@@ -10,6 +10,9 @@
 # Here (the build box), in the repo root:
 #   bash docs/benchmarks/smallm_check.sh prebuild   (.whl: hipc; .work/smallm-fatbins: code objects)
 # On the GPU machine: bash docs/benchmarks/smallm_check.sh
+#   bash docs/benchmarks/smallm_check.sh step   (second call, after the defaults were chosen from the
+#   first: the batch GPU tests through the engine, then bench_batch_gemv.py's 2-layer 8B step at
+#   1-64 rows, session 7's batch GEMV defaults (gemv8) against the new ones (gemv), profiled)
 set -uo pipefail
 FATBINS=.work/smallm-fatbins
 if [ "${1:-}" = prebuild ]; then
@@ -36,6 +39,19 @@ source docs/benchmarks/install_wheels.sh .whl
 export HIPC_KERNEL_CACHE=$PWD/$FATBINS
 t0=$(date +%s)
 nvidia-smi -L
+if [ "${1:-}" = step ]; then
+  for f in test_batch_kernels test_batch_gpu; do
+    echo "== tests/gpu/$f.py"
+    timeout 45 python3 -m pytest -q -p no:cacheprovider -m gpu -rfs tests/gpu/$f.py 2>&1 \
+      | tail -15 | tee "$OUT/smallm/$f.log"
+    echo "($(($(date +%s) - t0)) s)"
+  done
+  echo "== bench_batch_gemv.py"
+  timeout $((118 - ($(date +%s) - t0))) python3 docs/benchmarks/bench_batch_gemv.py --layers 2 \
+    --rows 1 8 16 32 64 --steps 15 --variants gemv8 gemv --profile 32 64 2>&1 | tee "$OUT/smallm/step.log"
+  echo "($(($(date +%s) - t0)) s)"
+  exit 0
+fi
 echo "== tests/gpu/test_batch_kernels.py"
 timeout 40 python3 -m pytest -q -p no:cacheprovider -m gpu -rfs tests/gpu/test_batch_kernels.py 2>&1 \
   | tail -25 | tee "$OUT/smallm/tests.log"
