@@ -7,7 +7,7 @@ Per shape (qkv 6144x4096 and gate/up 28672x4096 GLU with their norm's _xb pass, 
 the residual and bf16 x as the attention hands it over in batch steps, down 4096x14336 with the
 residual and float32 x, as the batch plans bind them; and the 128256x4096 LM head with a few
 of the variants), rows and variant: the kernel's median time over
---reps launches between CUDA events (the _xb pass not included), as TB/s of weights and as a
+--reps launches between CUDA events (L2 overwritten before each; the _xb pass not included), as TB/s of weights and as a
 share of the device-to-device copy rate measured first (read + write counted, as every hipc
 table does); each variant's output against base's on the same inputs (relative error: a
 broken geometry shows). Then a 32-layer chain of a layer's four linears (qkv, o, gate/up, down,
@@ -58,6 +58,7 @@ SHAPES = {  # name: N weight rows, K, epilogue, norm
 ALONE = {**SHAPES, "head": (128256, 4096, "none", True)}
 HEAD_VARIANTS = {"base", "s8x1u4", "a4x2u4", "a8x1u4", "a8x2u2", "gemm"}
 BF16_IN = {"o"}
+FLUSH = 256 << 20  # bytes written between timed launches
 ROWS = (8, 16, 32, 64)
 # batch_gemv_split geometries: (warps, mt, unroll, splits factor, x by cp.async); a geometry
 # whose x pieces pass 48 KiB of shared memory runs with half the chunks in flight
@@ -156,10 +157,14 @@ def main() -> None:
     rng = np.random.default_rng(0)
     ev = [cu.cuEventCreate(0)[1] for _ in range(2)]
 
+    flush = d.malloc(FLUSH)
+
     def elapsed(reps: int, run, *a) -> float:
-        """Median ms of `run(*a)` between two events."""
+        """Median ms of `run(*a)` between two events, L2 (50 MiB) overwritten before each: the
+        o and qkv weights would otherwise stay there from one launch to the next."""
         times = []
         for _ in range(reps):
+            d.memset0(flush, FLUSH)
             cu.cuEventRecord(ev[0], d._stream)
             run(*a)
             cu.cuEventRecord(ev[1], d._stream)
