@@ -78,9 +78,9 @@ class GpuProgramBuilder:
         self.batch_attn_group = os.environ.get("HIPC_BATCH_ATTN_GROUP") != "0"
         # HIPC_BATCH_GEMV_XPIPE=1: every batch GEMV loads x a batch ahead (being measured)
         self.batch_gemv_xpipe = os.environ.get("HIPC_BATCH_GEMV_XPIPE") == "1"
-        # HIPC_BATCH_GEMV_SPLIT=0: linear_gemvm everywhere, no shared-x kernel (GEMVM_MEASURED's
-        # `split` geometries), for benchmarks comparing the two
-        self.batch_gemv_split = os.environ.get("HIPC_BATCH_GEMV_SPLIT") != "0"
+        # HIPC_BATCH_GEMV_TUNED=0: linear_gemvm everywhere with session 7's geometry (gemvm_plain,
+        # none of GEMVM_MEASURED's / GEMVM_DEFAULT's), for benchmarks comparing the two
+        self.batch_gemv_tuned = os.environ.get("HIPC_BATCH_GEMV_TUNED") != "0"
         self.batch_min = 1
         # The scratch buffer: one region per name the kinds ask for (KernelKind.gpu_scratch),
         # as large as the largest ask, in order of first ask, each 256-byte aligned. Kernels of

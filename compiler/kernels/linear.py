@@ -400,9 +400,7 @@ class Linear(KernelKind):
             if lo > most:
                 break
             hi = min(8 * nt, most)
-            geometry = gemvm_geometry(p, nt)
-            if not g.batch_gemv_split:
-                geometry.pop("split", None)
+            geometry = gemvm_geometry(p, nt) if g.batch_gemv_tuned else gemvm_plain(p, nt)
             if g.batch_gemv_xpipe and "split" not in geometry:
                 geometry["xpipe"] = True
             if bf16_in:
@@ -1287,11 +1285,11 @@ GEMVM_TILES = (1, 2, 4, 8)
 GEMVM_UNROLL = {1: 2, 2: 2, 4: 2, 8: 1}
 GEMVM_WARPS = 8  # warps per block, splitting K between them over the block's 16 weight rows
 # Batch steps of up to this many rows take the GEMV; larger ones the prefill GEMM. On the H200
-# (bench_batch_gemv.py, 2-layer 8B, 2026-12-03 mid call) the 8-row step took 0.817 ms against
-# the GEMMs' 1.007 and 16 rows 1.238 against 1.015: the GEMV's norm-less linears (o, down: float32
-# x read per chunk, not ahead of use) fall to 0.7-1.2 TB/s at 16-32 rows where the wgmma GEMMs
-# stream 1.3-1.7 (their x latency is the next thing to measure: batch_gemv's `xpipe`).
-BATCH_GEMV_ROWS = 8
+# (bench_smallm.py, session 8: 32 layers of the 8B qkv, o, gate/up and down as one graph, ms)
+# with the geometries below against the wgmma GEMMs: 8 rows 4.15 / 6.63, 16 rows 4.45 / 6.74,
+# 32 rows 5.42 / 6.91; at 64 rows the GEMMs' 7.11 beat any GEMV mix (7.23; down 83 us a layer
+# on the GEMM, 140 on the best GEMV).
+BATCH_GEMV_ROWS = 32
 # Linears with this many weight rows or more (LM heads) keep the batch GEMV to 8-row steps: at
 # 16-64 rows the wgmma GEMM streams the 8B head at 4.0 TB/s (bench_batch_gemv.py profile, 32
 # rows) where linear_gemvm fell to 3.7 / 2.9 / 1.9 TB/s at 16 / 32 / 64 (bench_batch_kernels.py).
@@ -1306,18 +1304,38 @@ def gemvm_rows(p: LinearParams, rows: int, forced: bool = False) -> int:
     return min(rows, 8)
 
 
-# Geometry overrides by (N, K, epilogue) and n tiles, from bench_batch_kernels.py on the H200:
-# warps, unroll, mt (16-row tiles per block), xb (x through _xb without a norm); or `split`:
-# batch_gemv_split's arguments (the shared-x kernel, linear_gemvs) in place of linear_gemvm's.
-# The 8B qkv at 2-8 rows: 4 warps x 4 chunks 2.46 TB/s against 8 x 2's 2.32.
+# Geometry overrides by (N, K, epilogue) and n tiles, from bench_batch_kernels.py and
+# bench_smallm.py on the H200: warps, unroll, mt (16-row tiles per block), xpipe (x a batch
+# ahead), xb (x through _xb without a norm); or `split`: batch_gemv_split's arguments (the
+# shared-x kernel, linear_gemvs) in place of linear_gemvm's. Session 8 (bench_smallm, us per
+# launch at 8 / 16 / 32 rows): qkv keeps 4 warps x 4 chunks at 8 rows and the plain geometry
+# above (16: 22.1 against 27-29 with x ahead or two tiles); gate/up the plain one at 8 rows (68.5
+# against 69.9 with x ahead), the shared-x kernel at 16 (8 warps: 71.9 against 74.4) and 32
+# (4 warps of 2 tiles, x by cp.async: 77.3 against 90.9); the LM head as before (not measured
+# with x ahead).
 GEMVM_MEASURED: dict[tuple[int, int, str], dict[int, dict]] = {
-    (6144, 4096, "none"): {1: dict(warps=4, unroll=4)},
+    (6144, 4096, "none"): {1: dict(warps=4, unroll=4, xpipe=True), 2: {}, 4: {}},  # qkv
+    (28672, 4096, "glu"): {  # gate/up
+        1: {},
+        2: {"split": dict(warps=8, mt=1, unroll=4, xasync=True)},
+        4: {"split": dict(warps=4, mt=2, unroll=4, xasync=True)},
+    },
+    (128256, 4096, "none"): {1: {}},  # the LM head
 }
 
 
 # The geometry of an unlisted shape by n tiles (GEMVM_MEASURED's form; a `split` entry without
-# `splits` gets gemvs_splits' count): linear_gemvm's defaults everywhere until measured.
-GEMVM_DEFAULT: dict[int, dict] = {}
+# `splits` gets gemvs_splits' count). Session 8 (bench_smallm, the 8B o and down, us at 8 / 16 /
+# 32 rows): x a batch ahead at 8 rows (down 45.2 against 71.9, o 16.3 / 16.6), and two 16-row
+# tiles a block too from 16 rows (down 49.0 / 100.0 and 62.8 / 157.9, o 17.6 / 17.8 and
+# 20.7 / 21.2); a 32-layer chain of the four linears with these picks: 4.15 / 4.45 / 5.42 ms
+# against linear_gemvm's plain geometry 4.88 / 6.09 / 8.96.
+GEMVM_DEFAULT: dict[int, dict] = {
+    1: {"xpipe": True},
+    2: {"mt": 2, "xpipe": True},
+    4: {"mt": 2, "xpipe": True},
+    8: {"warps": 4, "mt": 2, "xpipe": True},  # (unmeasured: steps of 64 rows take the GEMMs)
+}
 
 
 def gemvm_geometry(p: LinearParams, nt: int) -> dict:
@@ -1327,6 +1345,12 @@ def gemvm_geometry(p: LinearParams, nt: int) -> dict:
     if "split" in geometry:
         geometry["split"] = dict(geometry["split"])
     return geometry
+
+
+def gemvm_plain(p: LinearParams, nt: int) -> dict:
+    """Session 7's geometry (linear_gemvm, x read as used, one tile a block; qkv 4 warps x 4
+    chunks at 8 rows): what HIPC_BATCH_GEMV_TUNED=0 compiles, for comparisons."""
+    return dict(warps=4, unroll=4) if (p.N, p.K, p.epilogue, nt) == (6144, 4096, "none", 1) else {}
 
 
 def gemvs_splits(p: LinearParams, warps: int, mt: int, unroll: int, factor: float = 1.0) -> int:

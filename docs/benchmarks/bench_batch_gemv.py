@@ -41,7 +41,7 @@ VARIANTS = {
     "gemv": {},  # the defaults
     "gemv32x": {"HIPC_BATCH_GEMV_ROWS": "32", "HIPC_BATCH_GEMV_XPIPE": "1"},  # being measured
     # session 7's defaults: linear_gemvm (no shared-x kernel) up to 8 rows, the GEMMs above
-    "gemv8": {"HIPC_BATCH_GEMV_ROWS": "8", "HIPC_BATCH_GEMV_SPLIT": "0"},
+    "gemv8": {"HIPC_BATCH_GEMV_ROWS": "8", "HIPC_BATCH_GEMV_TUNED": "0"},
 }
 
 
@@ -60,7 +60,7 @@ def artifact(layers: int, work: Path, variant: str) -> Path:
     if not out.exists():
         env = dict(os.environ)
         for var in ("HIPC_BATCH_GEMV_ROWS", "HIPC_BATCH_ATTN_GROUP", "HIPC_BATCH_GEMV_XPIPE",
-                    "HIPC_BATCH_GEMV_SPLIT"):  # fmt: skip
+                    "HIPC_BATCH_GEMV_TUNED"):  # fmt: skip
             env.pop(var, None)
         env.update(VARIANTS[variant])
         t = time.perf_counter()

@@ -17,10 +17,12 @@ base, each uniform variant family and "best" (each shape's fastest variant at th
 run). Results as JSON and markdown under --out (default $OUT/smallm). --prebuild ARCH compiles
 the code object into --cache on a machine with no GPU.
 
-Variants: "base" = batch_gemv with gemvm_geometry (the default), "base-p" x a batch ahead,
-"base-m2p" two 16-row tiles a block and x a batch ahead; "sWxMuU" = batch_gemv_split with W
-warps of M tiles and U chunks in flight, K split so the grid is about 8 warps per SM ("...-2s":
-twice those splits, "-hs" half); "aWxMuU" the same with x double-buffered by cp.async.
+Variants: "base" = linear_gemvm with session 7's geometry (gemvm_plain), "base-p" x a batch
+ahead, "base-m2p" two 16-row tiles a block and x a batch ahead ("base-w4m2p" the same with 4
+warps); "aWxMuU" = batch_gemv_split (linear_gemvs) with W warps of M tiles and U chunks in
+flight, x double-buffered by cp.async, K split so the grid is about 8 warps per SM ("-hs": half
+those splits); "gemm" the wgmma GEMM (the batch steps' linear above 8 rows in session 7);
+"default" what the compiler picks now (gemvm_geometry up to gemvm_rows, else the GEMM).
 """
 
 from __future__ import annotations
@@ -37,11 +39,15 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).parents[2] / "tests")]
 
 from hipc.compiler.kernels.linear import (  # noqa: E402
+    BATCH_GEMV_ROWS,
     GEMVM_WARPS,
     LinearParams,
     batch_gemv,
     batch_gemv_split,
     gemvm_geometry,
+    gemvm_kernel,
+    gemvm_plain,
+    gemvm_rows,
     gemvs_splits,
     prefill_gemm,
     select_wgmma,
@@ -56,25 +62,27 @@ SHAPES = {  # name: N weight rows, K, epilogue, norm
 }
 # timed alone too: the LM head (not in the chain; it runs once a step), with fewer variants
 ALONE = {**SHAPES, "head": (128256, 4096, "none", True)}
-HEAD_VARIANTS = {"base", "s8x1u4", "a4x2u4", "a8x1u4", "a8x2u2", "gemm"}
+HEAD_VARIANTS = {"base", "base-p", "a4x2u4", "a8x1u4", "a8x2u2", "gemm", "default"}
 BF16_IN = {"o"}
 FLUSH = 256 << 20  # bytes written between timed launches
 ROWS = (8, 16, 32, 64)
 # batch_gemv_split geometries: (warps, mt, unroll, splits factor, x by cp.async); a geometry
 # whose x pieces pass 48 KiB of shared memory runs with half the chunks in flight
+# (session 8's first call also had the plain-staged s4x2u4, s8x1u4, s4x1u8, s4x4u2, s2x2u4 and
+# a4x2u4 with twice the splits: slower than these everywhere)
 SPLITS = {
-    "s4x2u4": (4, 2, 4, 1, False),
-    "s8x1u4": (8, 1, 4, 1, False),
-    "s4x1u8": (4, 1, 8, 1, False),
-    "s4x4u2": (4, 4, 2, 1, False),
     "a4x2u4": (4, 2, 4, 1, True),
-    "a4x2u4-2s": (4, 2, 4, 2, True),
     "a4x2u4-hs": (4, 2, 4, 0.5, True),
     "a8x1u4": (8, 1, 4, 1, True),
     "a8x2u2": (8, 2, 2, 1, True),
 }
 GEMM_TILES: dict = {}  # the prefill GEMMs' wgmma tiles, by kernel name
-BASES = {"base": {}, "base-p": dict(xpipe=True), "base-m2p": dict(mt=2, xpipe=True)}
+BASES = {  # linear_gemvm: session 7's geometry (gemvm_plain) and these changes
+    "base": {},
+    "base-p": dict(xpipe=True),
+    "base-m2p": dict(mt=2, xpipe=True),
+    "base-w4m2p": dict(warps=4, mt=2, xpipe=True),
+}
 
 
 def split_count(p: LinearParams, warps: int, mt: int, unroll: int, factor: float) -> int:
@@ -101,7 +109,7 @@ def kernels(target: GpuTarget) -> dict:
             for var, extra in BASES.items():
                 if name == "head" and var not in HEAD_VARIANTS:
                     continue
-                geo = {**gemvm_geometry(p, nt), **extra, **xb}
+                geo = {**gemvm_plain(p, nt), **extra, **xb}
                 if geo.get("warps", GEMVM_WARPS) * nt * geo.get("mt", 1) > 64:
                     continue  # its partial tiles past 48 KiB of static shared memory
                 fn = f"{name}_{var.replace('-', '_')}"
@@ -120,6 +128,14 @@ def kernels(target: GpuTarget) -> dict:
                     except ValueError:
                         u //= 2
             out[name, rows, "gemm"] = gemm
+            # what the compiler picks now: the batch GEMV's geometry up to its rows, else the GEMM
+            if rows <= gemvm_rows(p, BATCH_GEMV_ROWS):
+                geo = {**gemvm_geometry(p, nt), **xb}
+                out[name, rows, "default"] = gemvm_kernel(
+                    f"{name}_default", p, target, [name], nt, geo
+                )
+            else:
+                out[name, rows, "default"] = gemm
     return out
 
 
@@ -240,7 +256,7 @@ def main() -> None:
                       f"{tbs:.2f} TB/s ({tbs / copy:.0%} of copy), vs base {err:.1e}", flush=True)  # fmt: skip
         dk.free()
 
-    variants = list(BASES) + list(SPLITS) + ["gemm"]
+    variants = list(BASES) + list(SPLITS) + ["gemm", "default"]
     best = {}
     for name in ALONE:
         for rows in ROWS:

@@ -577,7 +577,7 @@ def test_batch_steps_take_the_shared_x_gemv_where_its_geometry_says(tmp_path, mo
     """A `split` geometry (GEMVM_MEASURED, or GEMVM_DEFAULT for unlisted shapes) makes a size
     class's batch GEMV the shared-x kernel (linear_gemvs): its launch has grid.y = the K splits
     (given, or gemvs_splits') and the same arguments as linear_gemvm's, its partials live in the
-    module (HIPC_MODULE_ARRAY); HIPC_BATCH_GEMV_SPLIT=0 keeps linear_gemvm."""
+    module (HIPC_MODULE_ARRAY); HIPC_BATCH_GEMV_TUNED=0 keeps linear_gemvm."""
     from hipc.base.launch_plan import Launch
     from hipc.compiler.kernels import linear
 
@@ -597,7 +597,7 @@ def test_batch_steps_take_the_shared_x_gemv_where_its_geometry_says(tmp_path, mo
     assert all(any(x.runs_at(B) and x.kernel.endswith(f"_gemvs{nt}") for x in batch)
                for B, nt in ((16, 2), (32, 4), (64, 8)))  # fmt: skip
     assert "HIPC_MODULE_ARRAY(unsigned" in program.source
-    monkeypatch.setenv("HIPC_BATCH_GEMV_SPLIT", "0")
+    monkeypatch.setenv("HIPC_BATCH_GEMV_TUNED", "0")
     (tmp_path / "off").mkdir()
     off = _sm90_program(folder, tmp_path / "off").plan["steps"]["batch"]
     assert not any("_gemvs" in x["kernel"] for x in off)

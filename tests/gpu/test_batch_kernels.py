@@ -22,10 +22,13 @@ import pytest
 from hipc.base.launch_plan import TOPK_MAX
 from hipc.compiler.codegen.hip import TOPK_BLOCK, TOPK_KERNEL
 from hipc.compiler.kernels.linear import (
+    GEMVM_DEFAULT,
+    GEMVM_MEASURED,
     LinearParams,
     batch_gemv,
     batch_gemv_split,
     gemvm_eligible,
+    gemvm_kernel,
 )
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
@@ -67,6 +70,23 @@ SPLIT_CASES = {
                                           dict(warps=4, mt=2, unroll=4, splits=2, xasync=True)),
 }
 # fmt: on
+# the geometries the compiler picks (GEMVM_DEFAULT, GEMVM_MEASURED's gate/up) through
+# gemvm_kernel, at 8B-like shapes; o's kind with x in bf16 as the attention hands it over
+GLU = (28672, 4096, "glu")
+# fmt: off
+DEFAULT_CASES = {
+    "default_residual_t8_k14336": (8, 1, 4096, 14336, "residual", False, False, GEMVM_DEFAULT[1]),
+    "default_residual_t13_k4096": (13, 2, 4096, 4096, "residual", False, True, GEMVM_DEFAULT[2]),
+    "default_residual_xb_t20_k4096": (20, 4, 4096, 4096, "residual", False, False,
+                                      {**GEMVM_DEFAULT[4], "xb": True}),
+    "default_none_norm_t29_k1000": (29, 4, 1030, 1000, "none", True, True, GEMVM_DEFAULT[4]),
+    "default_glu_norm_t16_k4096": (16, 2, 2 * 1000, 4096, "glu", True, False,
+                                   GEMVM_MEASURED[GLU][2]),
+    "default_glu_norm_t27_k4096": (27, 4, 2 * 1000, 4096, "glu", True, True,
+                                   GEMVM_MEASURED[GLU][4]),
+}
+# fmt: on
+ALL = {**CASES, **SPLIT_CASES, **DEFAULT_CASES}
 
 
 def _params(case) -> LinearParams:
@@ -80,12 +100,14 @@ def kernel_specs(arch: str, specs: dict) -> list:
     batch GEMVs by case name into `specs`."""
     target = GpuTarget(arch)
     out = [(TOPK_KERNEL, "topk", {"max_k": TOPK_MAX, "wave": target.wave}, 0)]
-    for i, (name, case) in enumerate({**CASES, **SPLIT_CASES}.items()):
+    for i, (name, case) in enumerate(ALL.items()):
         p = _params(case)
         if not gemvm_eligible(p, target):
             continue
         if name in SPLIT_CASES:
             k = batch_gemv_split(f"b{i}", p, target, [name], case[1], **case[7])
+        elif name in DEFAULT_CASES:
+            k = gemvm_kernel(f"b{i}", p, target, [name], case[1], case[7])
         else:
             k = batch_gemv(f"b{i}", p, target, [name], case[1])
         specs[name] = k
@@ -110,9 +132,9 @@ def kernels():
     dk.close()
 
 
-@pytest.mark.parametrize("name", list(CASES) + list(SPLIT_CASES))
+@pytest.mark.parametrize("name", list(ALL))
 def test_batch_gemv_matches_numpy(kernels, name):
-    T, nt, N, K, epilogue, norm, bias = {**CASES, **SPLIT_CASES}[name][:7]
+    T, nt, N, K, epilogue, norm, bias = ALL[name][:7]
     if name not in kernels.specs:
         pytest.skip(f"{kernels.arch} has no batch GEMV")
     k = kernels.specs[name]
@@ -139,16 +161,16 @@ def test_batch_gemv_matches_numpy(kernels, name):
         px, pw, pg, pb = (kernels.upload(a) for a in (xs, w_bits, g, b))
         pr, py = kernels.upload(r), kernels.upload(y0)
         pxb = kernels.upload(np.full(rows * K, 0xFFFF, np.uint16))
-        if norm:
+        if k.ctx["xb"]:  # bf16 rows (normalized where the linear has a norm)
             kernels.launch(f"{k.fn}_xb", [T], 256, [("u64", px), ("u64", pg), ("u64", pxb)])
-        args = [("u64", pxb if norm else px), ("i32", T), ("u64", pw), ("u64", 0), ("u64", 0),
+        args = [("u64", pxb if k.ctx["xb"] else px), ("i32", T), ("u64", pw), ("u64", 0), ("u64", 0),
                 ("u64", pb if bias else 0), ("u64", pr), ("u64", py)]  # fmt: skip
         packed = PackedArgs(args)
         grid = (k.grid[0], k.grid[1] if len(k.grid) > 1 else 1, 1)
         # the split variant twice, its outputs poisoned between (its column counters reset)
         poison = y0.copy()
         poison[:T] = np.nan
-        for _ in range(2 if name in SPLIT_CASES else 1):
+        for _ in range(1 if name in CASES else 2):
             kernels.d.h2d(py, poison.ctypes.data, poison.nbytes)
             kernels.d.launch(kernels.function(k.fn), grid, (k.threads, 1, 1), 0, packed.address,
                              overlap=kernels.d.overlap_launches)  # fmt: skip
