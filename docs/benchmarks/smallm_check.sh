@@ -11,7 +11,7 @@
 #   bash docs/benchmarks/smallm_check.sh prebuild   (.whl: hipc; .work/smallm-fatbins: code objects)
 # On the GPU machine: bash docs/benchmarks/smallm_check.sh
 #   bash docs/benchmarks/smallm_check.sh step   (second call, after the defaults were chosen from the
-#   first: the batch GPU tests through the engine, then bench_batch_gemv.py's 2-layer 8B step at
+#   first: tests/gpu/test_batch_gpu.py (through the engine), then bench_batch_gemv.py's 2-layer 8B step at
 #   1-64 rows, session 7's batch GEMV defaults (gemv8) against the new ones (gemv), profiled)
 set -uo pipefail
 FATBINS=.work/smallm-fatbins
@@ -40,7 +40,7 @@ export HIPC_KERNEL_CACHE=$PWD/$FATBINS
 t0=$(date +%s)
 nvidia-smi -L
 if [ "${1:-}" = step ]; then
-  for f in test_batch_kernels test_batch_gpu; do
+  for f in test_batch_gpu; do  # (test_batch_kernels: the first mode)
     echo "== tests/gpu/$f.py"
     timeout 45 python3 -m pytest -q -p no:cacheprovider -m gpu -rfs tests/gpu/$f.py 2>&1 \
       | tail -15 | tee "$OUT/smallm/$f.log"
