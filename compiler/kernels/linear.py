@@ -1446,18 +1446,22 @@ def batch_gemv_split(
     splits: int = 1,
     piece: int | None = None,
     xb: bool | None = None,
-    xasync: bool = False,
+    xasync: bool | int = False,
 ) -> GpuKernel:
     """The batch GEMV with x shared by the block (linear_gemvs.hip.j2): `warps` warps of `mt`
     16-row weight tiles each walk the same k, a piece of `piece` 32-deep chunks of every row's x
     staged once in shared memory for all of them, `unroll` chunks of weights in flight per warp;
     K cut into `splits` runs (grid.y), the last block of a column adding the runs' partials in
-    order; `xasync`: x double-buffered by cp.async (float32 x kept as stored, rounded as read),
-    so the next piece lands while this one is used. A candidate beside batch_gemv ("base")."""
+    order; `xasync`: x in 2 (True) or 3 buffers filled by cp.async (float32 x kept as stored,
+    rounded as read), so the next piece (pieces) land while this one is used; 3 buffers need
+    one barrier a piece where 2 need two. A candidate beside batch_gemv ("base")."""
     piece = piece or unroll
     xb = bool(p.norm_eps) if xb is None else xb
-    x_bytes = (2 if xasync else 1) * piece * nt * 32 * (16 if xb or not xasync else 32)
-    if piece % unroll or x_bytes > 48 * 1024:
+    xasync = int(xasync) and max(2, int(xasync))  # True: 2 buffers
+    if xasync not in (0, 2, 3):
+        raise ValueError(f"batch_gemv_split: xasync {xasync} (2 or 3 buffers)")
+    x_bytes = max(1, xasync) * piece * nt * 32 * (16 if xb or not xasync else 32)
+    if piece % unroll or x_bytes + 16 > 48 * 1024:  # (+ the block's last-block flag)
         raise ValueError(
             f"batch_gemv_split: piece {piece} (a multiple of unroll {unroll}), x {x_bytes} bytes"
         )

@@ -20,8 +20,8 @@ the code object into --cache on a machine with no GPU.
 Variants: "base" = linear_gemvm with session 7's geometry (gemvm_plain), "base-p" x a batch
 ahead, "base-m2p" two 16-row tiles a block and x a batch ahead ("base-w4m2p" the same with 4
 warps); "aWxMuU" = batch_gemv_split (linear_gemvs) with W warps of M tiles and U chunks in
-flight, x double-buffered by cp.async, K split so the grid is about 8 warps per SM ("-hs": half
-those splits); "gemm" the wgmma GEMM (the batch steps' linear above 8 rows in session 7);
+flight, x double-buffered by cp.async ("-3b": three buffers, one barrier a piece), K split so
+the grid is about 8 warps per SM ("-hs": half those splits); "gemm" the wgmma GEMM (the batch steps' linear above 8 rows in session 7);
 "default" what the compiler picks now (gemvm_geometry up to gemvm_rows, else the GEMM).
 """
 
@@ -66,15 +66,17 @@ HEAD_VARIANTS = {"base", "base-p", "a4x2u4", "a8x1u4", "a8x2u2", "gemm", "defaul
 BF16_IN = {"o"}
 FLUSH = 256 << 20  # bytes written between timed launches
 ROWS = (8, 16, 32, 64)
-# batch_gemv_split geometries: (warps, mt, unroll, splits factor, x by cp.async); a geometry
+# batch_gemv_split geometries: (warps, mt, unroll, splits factor, x buffers filled by cp.async); a geometry
 # whose x pieces pass 48 KiB of shared memory runs with half the chunks in flight
 # (session 8's first call also had the plain-staged s4x2u4, s8x1u4, s4x1u8, s4x4u2, s2x2u4 and
 # a4x2u4 with twice the splits: slower than these everywhere)
 SPLITS = {
-    "a4x2u4": (4, 2, 4, 1, True),
-    "a4x2u4-hs": (4, 2, 4, 0.5, True),
-    "a8x1u4": (8, 1, 4, 1, True),
-    "a8x2u2": (8, 2, 2, 1, True),
+    "a4x2u4": (4, 2, 4, 1, 2),
+    "a4x2u4-hs": (4, 2, 4, 0.5, 2),
+    "a8x1u4": (8, 1, 4, 1, 2),
+    "a8x2u2": (8, 2, 2, 1, 2),
+    "a4x2u4-3b": (4, 2, 4, 1, 3),
+    "a8x1u4-3b": (8, 1, 4, 1, 3),
 }
 GEMM_TILES: dict = {}  # the prefill GEMMs' wgmma tiles, by kernel name
 BASES = {  # linear_gemvm: session 7's geometry (gemvm_plain) and these changes

@@ -59,6 +59,12 @@ SPLIT_CASES = {
                                     dict(warps=2, mt=1, unroll=2, splits=3, piece=4, xasync=True)),
     "split_async_glu_norm_t64_s2": (64, 8, 2 * 20, 520, "glu", True, False,
                                     dict(warps=2, mt=2, unroll=2, splits=2, xasync=True)),
+    # three buffers (one barrier a piece): pieces ending inside and past a split
+    "split_async3_residual_t13_s2": (13, 2, 40, 1064, "residual", False, True,
+                                     dict(warps=2, mt=1, unroll=2, splits=2, piece=2, xasync=3)),
+    # (bf16 x through _xb without a norm: a norm's float32 sum rounds a few x the other way)
+    "split_async3_glu_xb_t45_s1": (45, 8, 2 * 24, 456, "glu", False, True,
+                                   dict(warps=2, mt=2, unroll=1, splits=1, xasync=3, xb=True)),
 }
 # fmt: on
 ALL = {**CASES, **SPLIT_CASES}
