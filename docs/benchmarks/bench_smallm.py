@@ -19,7 +19,7 @@ the code object into --cache on a machine with no GPU.
 
 Variants: "base" = linear_gemvm with session 7's geometry (gemvm_plain), "base-p" x a batch
 ahead, "base-m2p" two 16-row tiles a block and x a batch ahead ("base-w4m2p" the same with 4
-warps); "aWxMuU" = batch_gemv_split (linear_gemvs) with W warps of M tiles and U chunks in
+warps, "base-w2m4p" 2 warps of 4 tiles); "aWxMuU" = batch_gemv_split (linear_gemvs) with W warps of M tiles and U chunks in
 flight, x double-buffered by cp.async ("-3b": three buffers, one barrier a piece), K split so
 the grid is about 8 warps per SM ("-hs": half those splits); "gemm" the wgmma GEMM (the batch steps' linear above 8 rows in session 7);
 "default" what the compiler picks now (gemvm_geometry up to gemvm_rows, else the GEMM).
@@ -84,6 +84,7 @@ BASES = {  # linear_gemvm: session 7's geometry (gemvm_plain) and these changes
     "base-p": dict(xpipe=True),
     "base-m2p": dict(mt=2, xpipe=True),
     "base-w4m2p": dict(warps=4, mt=2, xpipe=True),
+    "base-w2m4p": dict(warps=2, mt=4, xpipe=True),
 }
 
 

@@ -40,6 +40,8 @@ CASES = {
     # x loaded a batch ahead (xpipe): float32 rows, and bf16 rows from _xb
     "residual_xpipe_t13": (13, 2, 40, 1064, "residual", False, True, 1, None, True),
     "glu_norm_xpipe_mt2_t27": (27, 4, 2 * 24, 1000, "glu", True, False, 2, None, True),
+    # four 16-row tiles a block (each x fragment serves all four), x a batch ahead
+    "residual_xpipe_mt4_t64": (64, 8, 72, 1000, "residual", False, True, 4, None, True),
 }
 # the shared-x variant: name: (T, n tiles, N, K, epilogue, norm, bias, batch_gemv_split geometry)
 # fmt: off
