@@ -72,11 +72,15 @@ class GpuProgramBuilder:
         # sets batch_min for it
         env = os.environ.get("HIPC_BATCH_GEMV_ROWS")
         self.batch_gemv_rows = int(env) if env else BATCH_GEMV_ROWS
+        self.batch_gemv_rows_set = bool(env)  # for every linear, LM heads included
         # and their attention takes a KV head's query heads per block (HIPC_BATCH_ATTN_GROUP=0:
         # one head per block, as before, for benchmarks)
         self.batch_attn_group = os.environ.get("HIPC_BATCH_ATTN_GROUP") != "0"
         # HIPC_BATCH_GEMV_XPIPE=1: every batch GEMV loads x a batch ahead (being measured)
         self.batch_gemv_xpipe = os.environ.get("HIPC_BATCH_GEMV_XPIPE") == "1"
+        # HIPC_BATCH_GEMV_TUNED=0: linear_gemvm everywhere with session 7's geometry (gemvm_plain,
+        # none of GEMVM_MEASURED's / GEMVM_DEFAULT's), for benchmarks comparing the two
+        self.batch_gemv_tuned = os.environ.get("HIPC_BATCH_GEMV_TUNED") != "0"
         self.batch_min = 1
         # The scratch buffer: one region per name the kinds ask for (KernelKind.gpu_scratch),
         # as large as the largest ask, in order of first ask, each 256-byte aligned. Kernels of

@@ -384,7 +384,7 @@ class Linear(KernelKind):
         8, 16, 32, 64 rows up to the program's limit (GpuProgramBuilder.batch_gemv_rows);
         returns the largest step they serve (0: none, the linear is not eligible)."""
         p: LinearParams = k.params
-        most = min(g.batch_gemv_rows, g.max_tokens)
+        most = min(gemvm_rows(p, g.batch_gemv_rows, g.batch_gemv_rows_set), g.max_tokens)
         # --prefill-precision split promises float32-class linears: the GEMV's bf16 x is not
         if most < 2 or g.prefill_precision == "split" or not gemvm_eligible(p, g.target):
             return 0
@@ -400,12 +400,12 @@ class Linear(KernelKind):
             if lo > most:
                 break
             hi = min(8 * nt, most)
-            geometry = gemvm_geometry(p, nt)
-            if g.batch_gemv_xpipe:
+            geometry = gemvm_geometry(p, nt) if g.batch_gemv_tuned else gemvm_plain(p, nt)
+            if g.batch_gemv_xpipe and "split" not in geometry:
                 geometry["xpipe"] = True
             if bf16_in:
                 geometry["xb"] = True
-            gk = batch_gemv(k.fn, p, g.target, k.nodes, nt, **geometry)
+            gk = gemvm_kernel(k.fn, p, g.target, k.nodes, nt, geometry)
             fn = g.kernel(gk)
             args = common
             if bf16_in:  # the bf16 rows the _xb pass would have written, there already
@@ -1285,24 +1285,97 @@ GEMVM_TILES = (1, 2, 4, 8)
 GEMVM_UNROLL = {1: 2, 2: 2, 4: 2, 8: 1}
 GEMVM_WARPS = 8  # warps per block, splitting K between them over the block's 16 weight rows
 # Batch steps of up to this many rows take the GEMV; larger ones the prefill GEMM. On the H200
-# (bench_batch_gemv.py, 2-layer 8B, 2026-12-03 mid call) the 8-row step took 0.817 ms against
-# the GEMMs' 1.007 and 16 rows 1.238 against 1.015: the GEMV's norm-less linears (o, down: float32
-# x read per chunk, not ahead of use) fall to 0.7-1.2 TB/s at 16-32 rows where the wgmma GEMMs
-# stream 1.3-1.7 (their x latency is the next thing to measure: batch_gemv's `xpipe`).
-BATCH_GEMV_ROWS = 8
+# (bench_smallm.py, session 8: 32 layers of the 8B qkv, o, gate/up and down as one graph, ms)
+# with the geometries below against the wgmma GEMMs: 8 rows 4.15 / 6.63, 16 rows 4.45 / 6.74,
+# 32 rows 5.42 / 6.91; at 64 rows the GEMMs' 7.11 beat any GEMV mix (7.23; down 83 us a layer
+# on the GEMM, 140 on the best GEMV).
+BATCH_GEMV_ROWS = 32
+# Linears with this many weight rows or more (LM heads) keep the batch GEMV to 8-row steps: at
+# 16-64 rows the wgmma GEMM streams the 8B head at 4.0 TB/s (bench_batch_gemv.py profile, 32
+# rows) where linear_gemvm fell to 3.7 / 2.9 / 1.9 TB/s at 16 / 32 / 64 (bench_batch_kernels.py).
+GEMVM_WIDE_ROWS = 65536
 
 
-# Geometry overrides by (N, K, epilogue) and n tiles, from bench_batch_kernels.py on the H200:
-# warps, unroll, mt (16-row tiles per block), xb (x through _xb without a norm). The 8B qkv at
-# 2-8 rows: 4 warps x 4 chunks 2.46 TB/s against 8 x 2's 2.32.
+def gemvm_rows(p: LinearParams, rows: int, forced: bool = False) -> int:
+    """The largest batch step linear `p` runs on the batch GEMV, given the program's limit
+    `rows` (BATCH_GEMV_ROWS, or HIPC_BATCH_GEMV_ROWS when `forced`: then for every linear)."""
+    if forced or p.N < GEMVM_WIDE_ROWS:
+        return rows
+    return min(rows, 8)
+
+
+# Geometry overrides by (N, K, epilogue) and n tiles, from bench_batch_kernels.py and
+# bench_smallm.py on the H200: warps, unroll, mt (16-row tiles per block), xpipe (x a batch
+# ahead), xb (x through _xb without a norm); or `split`: batch_gemv_split's arguments (the
+# shared-x kernel, linear_gemvs) in place of linear_gemvm's. Session 8 (bench_smallm, us per
+# launch at 8 / 16 / 32 rows): qkv keeps 4 warps x 4 chunks at 8 rows and the plain geometry
+# above (16: 22.1 against 27-29 with x ahead or two tiles); gate/up the plain one at 8 rows (68.5
+# against 69.9 with x ahead), the shared-x kernel at 16 (8 warps: 71.9 against 74.4) and 32
+# (4 warps of 2 tiles, x by cp.async: 77.3 against 90.9); the LM head as before (not measured
+# with x ahead).
 GEMVM_MEASURED: dict[tuple[int, int, str], dict[int, dict]] = {
-    (6144, 4096, "none"): {1: dict(warps=4, unroll=4)},
+    (6144, 4096, "none"): {1: dict(warps=4, unroll=4, xpipe=True), 2: {}, 4: {}},  # qkv
+    (28672, 4096, "glu"): {  # gate/up
+        1: {},
+        2: {"split": dict(warps=8, mt=1, unroll=4, xasync=True)},
+        4: {"split": dict(warps=4, mt=2, unroll=4, xasync=True)},
+    },
+    (128256, 4096, "none"): {1: {}},  # the LM head
+}
+
+
+# The geometry of an unlisted shape by n tiles (GEMVM_MEASURED's form; a `split` entry without
+# `splits` gets gemvs_splits' count). Session 8 (bench_smallm, the 8B o and down, us at 8 / 16 /
+# 32 rows): x a batch ahead at 8 rows (down 45.2 against 71.9, o 16.3 / 16.6), and two 16-row
+# tiles a block too from 16 rows (down 49.0 / 100.0 and 62.8 / 157.9, o 17.6 / 17.8 and
+# 20.7 / 21.2); a 32-layer chain of the four linears with these picks: 4.15 / 4.45 / 5.42 ms
+# against linear_gemvm's plain geometry 4.88 / 6.09 / 8.96.
+GEMVM_DEFAULT: dict[int, dict] = {
+    1: {"xpipe": True},
+    2: {"mt": 2, "xpipe": True},
+    4: {"mt": 2, "xpipe": True},
+    8: {"warps": 4, "mt": 2, "xpipe": True},  # (unmeasured: steps of 64 rows take the GEMMs)
 }
 
 
 def gemvm_geometry(p: LinearParams, nt: int) -> dict:
     """batch_gemv's geometry arguments for a linear at n tiles `nt` (defaults where unmeasured)."""
-    return dict(GEMVM_MEASURED.get((p.N, p.K, p.epilogue), {}).get(nt, {}))
+    measured = GEMVM_MEASURED.get((p.N, p.K, p.epilogue), {})
+    geometry = dict(measured[nt] if nt in measured else GEMVM_DEFAULT.get(nt, {}))
+    if "split" in geometry:
+        geometry["split"] = dict(geometry["split"])
+    return geometry
+
+
+def gemvm_plain(p: LinearParams, nt: int) -> dict:
+    """Session 7's geometry (linear_gemvm, x read as used, one tile a block; qkv 4 warps x 4
+    chunks at 8 rows): what HIPC_BATCH_GEMV_TUNED=0 compiles, for comparisons."""
+    return dict(warps=4, unroll=4) if (p.N, p.K, p.epilogue, nt) == (6144, 4096, "none", 1) else {}
+
+
+def gemvs_splits(p: LinearParams, warps: int, mt: int, unroll: int, factor: float = 1.0) -> int:
+    """K splits of linear_gemvs for about 8 resident warps per SM (a 4-warp block of ~250
+    registers: 2 an SM) on SMS multiprocessors, times `factor`; each split at least two batches
+    of `unroll` chunks."""
+    outs = (8 if p.epilogue == "glu" else 16) * mt * warps
+    blocks = -(-p.n_out // outs)
+    want = max(1, round(SMS * 8 / warps / blocks * factor))
+    return max(1, min(want, (p.K // 32) // (2 * unroll)))
+
+
+def gemvm_kernel(
+    fn: str, p: LinearParams, target: GpuTarget, nodes: list[str], nt: int, geometry: dict
+) -> GpuKernel:
+    """The batch GEMV of a geometry (gemvm_geometry's): batch_gemv_split's where it has a
+    `split` entry, else batch_gemv's."""
+    geometry = dict(geometry)
+    split = geometry.pop("split", None)
+    if split is not None:
+        split = dict(split)
+        if "splits" not in split:
+            split["splits"] = gemvs_splits(p, split["warps"], split["mt"], split["unroll"])
+        return batch_gemv_split(fn, p, target, nodes, nt, **split, xb=geometry.get("xb"))
+    return batch_gemv(fn, p, target, nodes, nt, **geometry)
 
 
 def gemvm_eligible(p: LinearParams, target: GpuTarget) -> bool:
@@ -1354,6 +1427,67 @@ def batch_gemv(
         "linear_gemvm",
         ctx,
         [-(-p.n_out // outs)],
+        warps * target.wave,
+        0,
+        outs,
+        8 * nt,
+    )
+
+
+def batch_gemv_split(
+    fn: str,
+    p: LinearParams,
+    target: GpuTarget,
+    nodes: list[str],
+    nt: int,
+    warps: int = 4,
+    mt: int = 2,
+    unroll: int = 4,
+    splits: int = 1,
+    piece: int | None = None,
+    xb: bool | None = None,
+    xasync: bool | int = False,
+) -> GpuKernel:
+    """The batch GEMV with x shared by the block (linear_gemvs.hip.j2): `warps` warps of `mt`
+    16-row weight tiles each walk the same k, a piece of `piece` 32-deep chunks of every row's x
+    staged once in shared memory for all of them, `unroll` chunks of weights in flight per warp;
+    K cut into `splits` runs (grid.y), the last block of a column adding the runs' partials in
+    order; `xasync`: x in 2 (True) or 3 buffers filled by cp.async (float32 x kept as stored,
+    rounded as read), so the next piece (pieces) land while this one is used; 3 buffers need
+    one barrier a piece where 2 need two. A candidate beside batch_gemv ("base")."""
+    piece = piece or unroll
+    xb = bool(p.norm_eps) if xb is None else xb
+    xasync = int(xasync) and max(2, int(xasync))  # True: 2 buffers
+    if xasync not in (0, 2, 3):
+        raise ValueError(f"batch_gemv_split: xasync {xasync} (2 or 3 buffers)")
+    x_bytes = max(1, xasync) * piece * nt * 32 * (16 if xb or not xasync else 32)
+    if piece % unroll or x_bytes + 16 > 48 * 1024:  # (+ the block's last-block flag)
+        raise ValueError(
+            f"batch_gemv_split: piece {piece} (a multiple of unroll {unroll}), x {x_bytes} bytes"
+        )
+    glu = p.epilogue == "glu"
+    ctx = dict(
+        nodes=nodes,
+        wave=target.wave,
+        n_out=p.n_out,
+        nt=nt,
+        mt=mt,
+        warps=warps,
+        unroll=unroll,
+        splits=splits,
+        piece=piece,
+        xb=xb,
+        xasync=xasync,
+        params=GEMM.render(GPU_INDENT),
+        xb_params=XB.render(0),
+        **p.context(),
+    )
+    outs = (8 if glu else 16) * mt * warps
+    return GpuKernel(
+        f"{fn}_gemvs{nt}",
+        "linear_gemvs",
+        ctx,
+        [-(-p.n_out // outs), splits],
         warps * target.wave,
         0,
         outs,

@@ -14,7 +14,8 @@ logits of every row copied back, as the server gets them today) and, on "gemv", 
 with k = 1 (greedy: R x 1 values back). Prints the median ms per step over --steps steps and
 each against the 1-row step; --profile R: the last variant's R-row batch graph's kernels timed
 one by one (CUDA events captured between them), with each GEMV's weight bytes per second.
---variants gemv32x: the batch GEMV up to 32 rows with x loaded a batch ahead (xpipe).
+--variants gemv32x: the batch GEMV up to 32 rows with x loaded a batch ahead (xpipe); gemv8:
+session 7's defaults (linear_gemvm up to 8 rows, no shared-x kernel).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ VARIANTS = {
     "gemm": {"HIPC_BATCH_GEMV_ROWS": "0", "HIPC_BATCH_ATTN_GROUP": "0"},  # before
     "gemv": {},  # the defaults
     "gemv32x": {"HIPC_BATCH_GEMV_ROWS": "32", "HIPC_BATCH_GEMV_XPIPE": "1"},  # being measured
+    # session 7's defaults: linear_gemvm (no shared-x kernel) up to 8 rows, the GEMMs above
+    "gemv8": {"HIPC_BATCH_GEMV_ROWS": "8", "HIPC_BATCH_GEMV_TUNED": "0"},
 }
 
 
@@ -56,7 +59,8 @@ def artifact(layers: int, work: Path, variant: str) -> Path:
         print(f"# wrote the {layers}-layer model in {time.perf_counter() - t:.1f} s", flush=True)
     if not out.exists():
         env = dict(os.environ)
-        for var in ("HIPC_BATCH_GEMV_ROWS", "HIPC_BATCH_ATTN_GROUP", "HIPC_BATCH_GEMV_XPIPE"):
+        for var in ("HIPC_BATCH_GEMV_ROWS", "HIPC_BATCH_ATTN_GROUP", "HIPC_BATCH_GEMV_XPIPE",
+                    "HIPC_BATCH_GEMV_TUNED"):  # fmt: skip
             env.pop(var, None)
         env.update(VARIANTS[variant])
         t = time.perf_counter()

@@ -38,6 +38,8 @@ __device__ __forceinline__ float hipc_fmaxf(float a, float b) { return fmaxf(a, 
 // the wave's shared-memory writes visible to its other lanes
 __device__ __forceinline__ void hipc_sync_wave() { __syncwarp(); }
 #define HIPC_DYNAMIC_SHARED(T, name) extern __shared__ __attribute__((aligned(16))) T name[]
+// a module-scope array in device memory, zero when the module loads
+#define HIPC_MODULE_ARRAY(T, name, n) __device__ T name[n]
 
 #elif defined(HIPC_ROCM)
 // ---- AMD with ROCm headers ---------------------------------------------------------
@@ -65,6 +67,8 @@ __device__ __forceinline__ void hipc_sync_wave() {
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
 }
 #define HIPC_DYNAMIC_SHARED(T, name) extern __shared__ __attribute__((aligned(16))) T name[]
+// a module-scope array in device memory, zero when the module loads
+#define HIPC_MODULE_ARRAY(T, name, n) __device__ T name[n]
 
 #elif defined(HIPC_HOST)
 // ---- the host, one thread (tests/compiler/test_gpu_prelude_host.py only: the weight
@@ -97,6 +101,7 @@ float hipc_shfl(float v, int lane);
 // the launch's dynamic shared memory (the harness allocates it per block)
 void* hipc_dynamic_shared();
 #define HIPC_DYNAMIC_SHARED(T, name) T* const name = (T*)hipc_dynamic_shared()
+#define HIPC_MODULE_ARRAY(T, name, n) static T name[n]
 #else
 #define __shared__
 HIPC_DEVICE int hipc_thread() { return 0; }
@@ -156,6 +161,8 @@ HIPC_DEVICE void hipc_sync_wave() {
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
 }
 #define HIPC_DYNAMIC_SHARED(T, name) extern __shared__ __attribute__((aligned(16))) T name[]
+// a module-scope array in device memory, zero when the module loads
+#define HIPC_MODULE_ARRAY(T, name, n) __device__ T name[n]
 #endif
 
 // ---- kernel overlap, L2 prefetch, cross-block hand-off ------------------------------
@@ -197,6 +204,7 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // another block's writes: read through L2, never a line this SM's L1 may hold
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return __ldcg(p); }
+HIPC_DEVICE float4 hipc_load_coherent4(const float* p) { return __ldcg((const float4*)p); }
 // a shared-memory counter (histograms): no ordering with other memory
 HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 #elif defined(HIPC_HOST)
@@ -207,6 +215,7 @@ HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; 
 HIPC_DEVICE void hipc_publish() {}
 HIPC_DEVICE unsigned hipc_count(unsigned* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL); }
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }  // host blocks run one after another
+HIPC_DEVICE float4 hipc_load_coherent4(const float* p) { return *(const float4*)p; }
 HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
@@ -220,6 +229,7 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
 }
 // the acquire in hipc_count invalidated this CU's vector L1
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }
+HIPC_DEVICE float4 hipc_load_coherent4(const float* p) { return *(const float4*)p; }
 HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) {
   return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
 }
@@ -1431,6 +1441,8 @@ HIPC_DEVICE void hipc_cp_async16(void* dst, const void* src, bool valid) {
 }
 HIPC_DEVICE void hipc_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 HIPC_DEVICE void hipc_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// all but the group committed last (a double buffer: this piece landed, the next in flight)
+HIPC_DEVICE void hipc_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 HIPC_DEVICE float hipc_exp2_approx(float x) {  // ex2.approx.ftz: 2^-inf = 0, ~2 ulp
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
@@ -1511,6 +1523,7 @@ HIPC_DEVICE void hipc_cp_async16(void* dst, const void* src, bool valid) {
 }
 HIPC_DEVICE void hipc_cp_async_commit() {}
 HIPC_DEVICE void hipc_cp_async_wait_all() {}
+HIPC_DEVICE void hipc_cp_async_wait_one() {}
 HIPC_DEVICE float hipc_exp2_approx(float x) { return exp2f(x); }
 
 #elif defined(HIPC_MMA_WMMA) || defined(HIPC_MMA_WMMA12) || defined(HIPC_MMA_MFMA)

@@ -571,3 +571,66 @@ def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
             x["kernel"] + g2 if x["kernel"].endswith("_attn") else x["kernel"]
             for x in off["prefill"]
         ]
+
+
+def test_batch_steps_take_the_shared_x_gemv_where_its_geometry_says(tmp_path, monkeypatch):
+    """A `split` geometry (GEMVM_MEASURED, or GEMVM_DEFAULT for unlisted shapes) makes a size
+    class's batch GEMV the shared-x kernel (linear_gemvs): its launch has grid.y = the K splits
+    (given, or gemvs_splits') and the same arguments as linear_gemvm's, its partials live in the
+    module (HIPC_MODULE_ARRAY); HIPC_BATCH_GEMV_TUNED=0 keeps linear_gemvm."""
+    from hipc.base.launch_plan import Launch
+    from hipc.compiler.kernels import linear
+
+    geo = dict(warps=2, mt=1, unroll=2, xasync=True)  # 16-row steps: 3 splits; else the rule's
+    default = {2: {"split": dict(geo, splits=3)}, 4: {"split": geo}, 8: {"split": geo}}
+    monkeypatch.setattr(linear, "GEMVM_DEFAULT", default)
+    monkeypatch.setenv("HIPC_BATCH_GEMV_ROWS", "64")
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
+    program = _sm90_program(folder, tmp_path)
+    batch = [Launch.from_json(x) for x in program.plan["steps"]["batch"]]
+    gemvm = [x for x in batch if x.runs_at(8) and "_gemvm" in x.kernel and "_xb" not in x.kernel]
+    split = [x for x in batch if x.runs_at(9) and "_gemvs" in x.kernel and "_xb" not in x.kernel]
+    assert gemvm and len(split) == len(gemvm), [x.kernel for x in batch if x.runs_at(9)]
+    for a, b in zip(gemvm, split, strict=True):
+        assert b.kernel == a.kernel.replace("_gemvm1", "_gemvs2")
+        assert b.grid[1] == 3 and b.args == a.args and b.overlap
+    assert all(any(x.runs_at(B) and x.kernel.endswith(f"_gemvs{nt}") for x in batch)
+               for B, nt in ((16, 2), (32, 4), (64, 8)))  # fmt: skip
+    assert "HIPC_MODULE_ARRAY(unsigned" in program.source
+    monkeypatch.setenv("HIPC_BATCH_GEMV_TUNED", "0")
+    (tmp_path / "off").mkdir()
+    off = _sm90_program(folder, tmp_path / "off").plan["steps"]["batch"]
+    assert not any("_gemvs" in x["kernel"] for x in off)
+
+
+def test_wide_linears_keep_the_batch_gemv_to_8_rows(tmp_path, monkeypatch):
+    """With the batch GEMV up to 32 rows, an LM head of GEMVM_WIDE_ROWS outputs or more takes it
+    for steps of up to 8 rows only and the wgmma GEMM above (it streams a wide head faster
+    there); the other linears take it up to 32. HIPC_BATCH_GEMV_ROWS forces it on every linear."""
+    from hipc.base.launch_plan import Launch
+    from hipc.compiler.codegen import hip
+    from hipc.compiler.kernels.linear import GEMVM_WIDE_ROWS
+
+    monkeypatch.setattr(hip, "BATCH_GEMV_ROWS", 32)
+    folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", vocab_size=GEMVM_WIDE_ROWS)
+
+    def gemv_heads(sub: str) -> dict[int, list[str]]:
+        (tmp_path / sub).mkdir()
+        batch = [
+            Launch.from_json(x)
+            for x in _sm90_program(folder, tmp_path / sub).plan["steps"]["batch"]
+        ]
+        at = {
+            B: [x.kernel for x in batch if x.runs_at(B) and "_xb" not in x.kernel]
+            for B in (8, 9, 32)
+        }
+        head = f"_{GEMVM_WIDE_ROWS}x"
+        return {B: [n for n in names if head in n] for B, names in at.items()}, at
+
+    heads, at = gemv_heads("cap")
+    assert heads[8] and all("_gemvm1" in n for n in heads[8])
+    assert heads[9] and all("_wg" in n for n in heads[9]) and heads[32] == heads[9]
+    assert sum("_gemvm4" in n for n in at[32]) == sum("_gemvm1" in n for n in at[8]) - 1
+    monkeypatch.setenv("HIPC_BATCH_GEMV_ROWS", "32")
+    heads, _ = gemv_heads("forced")
+    assert all("_gemvm4" in n for n in heads[32]) and heads[32]

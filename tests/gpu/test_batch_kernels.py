@@ -21,7 +21,15 @@ import pytest
 
 from hipc.base.launch_plan import TOPK_MAX
 from hipc.compiler.codegen.hip import TOPK_BLOCK, TOPK_KERNEL
-from hipc.compiler.kernels.linear import LinearParams, batch_gemv, gemvm_eligible
+from hipc.compiler.kernels.linear import (
+    GEMVM_DEFAULT,
+    GEMVM_MEASURED,
+    LinearParams,
+    batch_gemv,
+    batch_gemv_split,
+    gemvm_eligible,
+    gemvm_kernel,
+)
 from hipc.compiler.reference.executor import round_bf16
 from hipc.compiler.targets import GpuTarget
 from hipc.runtime.backends.gpu_common import PackedArgs
@@ -40,12 +48,77 @@ CASES = {
     "residual_norm_t45_k4104": (45, 8, 517, 4104, "residual", True, True),
     "none_t64_k4096": (64, 8, 6144, 4096, "none", False, False),
 }
+# the shared-x variant (linear_gemvs, batch_gemv_split) at 8B-like shapes and odd edges:
+# (T, n tiles, N, K, epilogue, norm, bias, geometry); each launched twice (its column counters)
+# fmt: off
+SPLIT_CASES = {
+    "split_residual_t64_k4096_s8": (64, 8, 4096, 4096, "residual", False, False,
+                                    dict(warps=4, mt=2, unroll=4, splits=8)),
+    "split_residual_t29_k14336_s8": (29, 4, 4096, 14336, "residual", False, True,
+                                     dict(warps=8, mt=1, unroll=4, splits=8)),
+    "split_glu_norm_t16_k4096_s2": (16, 2, 2 * 1000, 4096, "glu", True, False,
+                                    dict(warps=4, mt=2, unroll=4, splits=2)),
+    "split_none_norm_t8_k4104_s6": (8, 1, 6150, 4104, "none", True, True,
+                                    dict(warps=4, mt=2, unroll=8, splits=6)),
+    "split_none_t45_k200_s3": (45, 8, 517, 200, "none", False, False,
+                               dict(warps=2, mt=2, unroll=2, splits=3)),
+    # x double-buffered by cp.async: float32 rows, and bf16 rows from _xb
+    "split_async_residual_t64_k14336_s8": (64, 8, 4096, 14336, "residual", False, True,
+                                           dict(warps=4, mt=2, unroll=2, splits=8, piece=2,
+                                                xasync=True)),
+    "split_async_glu_norm_t32_k4096_s2": (32, 4, 2 * 1000, 4096, "glu", True, False,
+                                          dict(warps=4, mt=2, unroll=4, splits=2, xasync=True)),
+    "split_async3_residual_t64_k14336_s4": (64, 8, 4096, 14336, "residual", False, False,
+                                            dict(warps=4, mt=2, unroll=1, splits=4, xasync=3)),
+    "split_async3_glu_xb_t30_k4096_s1": (30, 4, 2 * 1000, 4096, "glu", False, True,
+                                         dict(warps=8, mt=1, unroll=2, splits=1, xasync=3, xb=True)),
+}
+# fmt: on
+# the geometries the compiler picks (GEMVM_DEFAULT, GEMVM_MEASURED's gate/up) through
+# gemvm_kernel, at 8B-like shapes; o's kind with x in bf16 as the attention hands it over
+GLU = (28672, 4096, "glu")
+# fmt: off
+DEFAULT_CASES = {
+    "default_residual_t8_k14336": (8, 1, 4096, 14336, "residual", False, False, GEMVM_DEFAULT[1]),
+    "default_residual_t13_k4096": (13, 2, 4096, 4096, "residual", False, True, GEMVM_DEFAULT[2]),
+    "default_residual_xb_t20_k4096": (20, 4, 4096, 4096, "residual", False, False,
+                                      {**GEMVM_DEFAULT[4], "xb": True}),
+    "default_none_norm_t29_k1000": (29, 4, 1030, 1000, "none", True, True, GEMVM_DEFAULT[4]),
+    # (bf16 x from an _xb pass without the norm: a norm's float32 sum may round a few x the
+    # other way than the reference's, ~1e-4 off where a wrong fragment is O(1))
+    "default_glu_xb_t16_k4096": (16, 2, 2 * 1000, 4096, "glu", False, False,
+                                 {**GEMVM_MEASURED[GLU][2], "xb": True}),
+    "default_glu_xb_t27_k4096": (27, 4, 2 * 1000, 4096, "glu", False, True,
+                                 {**GEMVM_MEASURED[GLU][4], "xb": True}),
+}
+# fmt: on
+ALL = {**CASES, **SPLIT_CASES, **DEFAULT_CASES}
 
 
 def _params(case) -> LinearParams:
-    _, _, N, K, epilogue, norm, bias = case
+    _, _, N, K, epilogue, norm, bias = case[:7]
     return LinearParams(wtype="bfloat16", N=N, K=K, norm_eps=EPS if norm else 0.0,
                         epilogue=epilogue, bias=bias)  # fmt: skip
+
+
+def kernel_specs(arch: str, specs: dict) -> list:
+    """The module's kernels for `arch` (also what docs/benchmarks/*_check.sh prebuild), the
+    batch GEMVs by case name into `specs`."""
+    target = GpuTarget(arch)
+    out = [(TOPK_KERNEL, "topk", {"max_k": TOPK_MAX, "wave": target.wave}, 0)]
+    for i, (name, case) in enumerate(ALL.items()):
+        p = _params(case)
+        if not gemvm_eligible(p, target):
+            continue
+        if name in SPLIT_CASES:
+            k = batch_gemv_split(f"b{i}", p, target, [name], case[1], **case[7])
+        elif name in DEFAULT_CASES:
+            k = gemvm_kernel(f"b{i}", p, target, [name], case[1], case[7])
+        else:
+            k = batch_gemv(f"b{i}", p, target, [name], case[1])
+        specs[name] = k
+        out.append((k.fn, k.template, k.ctx, 0))  # with its _xb kernel, found by name
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +126,7 @@ def kernels():
     specs = {}
 
     def build(arch):
-        target = GpuTarget(arch)
-        out = [(TOPK_KERNEL, "topk", {"max_k": TOPK_MAX, "wave": target.wave}, 0)]
-        for i, (name, case) in enumerate(CASES.items()):
-            p = _params(case)
-            if not gemvm_eligible(p, target):
-                continue
-            k = batch_gemv(f"b{i}", p, target, [name], case[1])
-            specs[name] = k
-            out.append((k.fn, k.template, k.ctx, 0))  # with its _xb kernel, found by name
-        return out
+        return kernel_specs(arch, specs)
 
     from hipc.runtime.backends import cuda
 
@@ -74,15 +138,15 @@ def kernels():
     dk.close()
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(ALL))
 def test_batch_gemv_matches_numpy(kernels, name):
-    T, nt, N, K, epilogue, norm, bias = CASES[name]
+    T, nt, N, K, epilogue, norm, bias = ALL[name][:7]
     if name not in kernels.specs:
         pytest.skip(f"{kernels.arch} has no batch GEMV")
     k = kernels.specs[name]
     n_out = N // 2 if epilogue == "glu" else N
     rows = 8 * nt
-    rng = np.random.default_rng(list(CASES).index(name))
+    rng = np.random.default_rng(list(CASES).index(name) if name in CASES else 7 + len(name))
     x = (rng.standard_normal((T, K)) * 10.0 ** rng.uniform(-1, 1, (T, 1))).astype(np.float32)
     w_bits, w = pack(0.05 * rng.standard_normal((N, K)), "bfloat16")
     g = (1 + 0.2 * rng.standard_normal(K)).astype(np.float32)
@@ -103,14 +167,20 @@ def test_batch_gemv_matches_numpy(kernels, name):
         px, pw, pg, pb = (kernels.upload(a) for a in (xs, w_bits, g, b))
         pr, py = kernels.upload(r), kernels.upload(y0)
         pxb = kernels.upload(np.full(rows * K, 0xFFFF, np.uint16))
-        if norm:
+        if k.ctx["xb"]:  # bf16 rows (normalized where the linear has a norm)
             kernels.launch(f"{k.fn}_xb", [T], 256, [("u64", px), ("u64", pg), ("u64", pxb)])
-        args = [("u64", pxb if norm else px), ("i32", T), ("u64", pw), ("u64", 0), ("u64", 0),
+        args = [("u64", pxb if k.ctx["xb"] else px), ("i32", T), ("u64", pw), ("u64", 0), ("u64", 0),
                 ("u64", pb if bias else 0), ("u64", pr), ("u64", py)]  # fmt: skip
         packed = PackedArgs(args)
-        kernels.d.launch(kernels.function(k.fn), (k.grid[0], 1, 1), (k.threads, 1, 1), 0,
-                         packed.address, overlap=kernels.d.overlap_launches)  # fmt: skip
-        got = kernels.read(py, (rows, n_out))
+        grid = (k.grid[0], k.grid[1] if len(k.grid) > 1 else 1, 1)
+        # the split variant twice, its outputs poisoned between (its column counters reset)
+        poison = y0.copy()
+        poison[:T] = np.nan
+        for _ in range(1 if name in CASES else 2):
+            kernels.d.h2d(py, poison.ctypes.data, poison.nbytes)
+            kernels.d.launch(kernels.function(k.fn), grid, (k.threads, 1, 1), 0, packed.address,
+                             overlap=kernels.d.overlap_launches)  # fmt: skip
+            got = kernels.read(py, (rows, n_out))
     finally:
         kernels.free()
     assert not np.isnan(got[:T]).any(), (name, "outputs left unwritten")
