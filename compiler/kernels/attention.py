@@ -316,6 +316,7 @@ class Attention(KernelKind):
                 "out": b.act(r["out"][1]),
             },
             overlap=True,
+            shared=dk.shared,
         )
 
 
@@ -529,12 +530,18 @@ def decode_attention(
     blocks: int = DECODE_BLOCKS,
     form: str | None = None,
 ) -> GpuKernel:
-    """The decode attention of one layer: the grouped kernel (attention_decode_gqa.hip.j2)
-    where its tiles fit in shared memory, else the per-head one (attention_decode.hip.j2).
-    `form` ("gqa" / "head") overrides DECODE_FORM; `waves` and `blocks` override
+    """The decode attention of one layer: the grouped kernels (attention_decode_gqa.hip.j2,
+    attention_decode_tile.hip.j2) where their tiles fit in shared memory, else the per-head
+    one (attention_decode.hip.j2). `form` ("gqa" / "head" / "tile[:option...]", see
+    decode_attention_tile) overrides DECODE_FORM; `waves` and `blocks` override
     DECODE_WAVES and DECODE_BLOCKS (bench_gpu_gemv.py times several)."""
-    if (form or DECODE_FORM) == "gqa":
+    form = form or DECODE_FORM
+    if form == "gqa":
         k = decode_attention_gqa(fn, p, target, nodes, max_ctx, kv_storage, waves, blocks)
+        if k is not None:
+            return k
+    if form.split(":")[0] == "tile":
+        k = decode_attention_tile(fn, p, target, nodes, max_ctx, kv_storage, form, blocks)
         if k is not None:
             return k
     wave = target.wave
@@ -612,3 +619,71 @@ def decode_attention_gqa(
         **p.context(),
     )
     return GpuKernel(f"{fn}_decode", "attention_decode_gqa", ctx, [p.NKV, splits], threads)
+
+
+# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128" overrides each)
+TILE_KEYS = 64  # keys per tile (a block's whole share up to TILE_KEYS x splits positions)
+TILE_WAVES = 8
+TILE_LANES = 4  # lanes per (head, key) score
+TILE_BLOCKS = 256  # blocks per layer (KV heads x splits), fewer where the context is short
+TILE_MIN_BLOCKS = 2  # blocks per SM the registers are capped for
+TILE_MAX_SHARED = 200 * 1024  # dynamic shared memory a block may take (sm_90: 227 KiB)
+
+
+def decode_attention_tile(
+    fn: str,
+    p: AttentionParams,
+    target: GpuTarget,
+    nodes: list[str],
+    max_ctx: int,
+    kv_storage: str,
+    form: str = "tile",
+    blocks: int = TILE_BLOCKS,
+) -> GpuKernel | None:
+    """The grouped decode attention with its work after the PDL wait shortened
+    (attention_decode_tile.hip.j2): a block per (KV head, tile of `k` keys), the block's first
+    tile in shared memory before the wait, scores `l` lanes per (head, key), and the merge's
+    (m, l, acc) loads of up to `m` blocks issued together. `form` options after "tile",
+    colon-separated: kN keys per tile, wN waves, lN lanes per score, mN blocks per merge
+    step, bN blocks per layer (default `blocks`). None where the tiles do not fit in shared
+    memory."""
+    opts = {"k": TILE_KEYS, "w": TILE_WAVES, "l": TILE_LANES, "m": 0, "b": blocks}
+    for o in form.split(":")[1:]:
+        if o[:1] not in opts or not o[1:].isdigit():
+            raise ValueError(f"decode attention form {form!r}: unknown option {o!r}")
+        opts[o[0]] = int(o[1:])
+    kv_ctx = kv_context(kv_storage, max_ctx)
+    esize = 2 if kv_storage == "bfloat16" else 4
+    lpk, tk = opts["l"], opts["k"]
+    if p.D % 2 or p.NH % p.NKV or lpk & (lpk - 1) or lpk > target.wave:
+        return None
+    G, threads = p.NH // p.NKV, opts["w"] * target.wave
+    splits = max(1, min(-(-max_ctx // tk), -(-opts["b"] // p.NKV)))
+    rw = p.D * esize // 4
+    ks = rw + (1 - rw % 2 if lpk == 1 else (lpk - rw % 32) % 32)
+    tiles = 4 * tk * (ks + rw)
+    statics = 4 * (G * p.D + 2 * p.D + G * tk + G + p.D + 2 * G)
+    dyn = tiles + statics > STATIC_SHARED
+    if statics > STATIC_SHARED or (dyn and tiles > TILE_MAX_SHARED):
+        return None
+    outputs = -(-G * p.D // threads)
+    mu = opts["m"] or max(2, min(8, 16 // outputs))
+    ctx = dict(
+        nodes=nodes,
+        wave=target.wave,
+        threads=threads,
+        tk=tk,
+        lpk=lpk,
+        mu=mu,
+        dyn=dyn,
+        # registers for two blocks per SM: a layer's 256 blocks resident at once on an H200
+        min_blocks=TILE_MIN_BLOCKS,
+        splits=splits,
+        params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+        **kv_ctx,
+        **p.context(),
+    )
+    return GpuKernel(
+        f"{fn}_decode", "attention_decode_tile", ctx, [p.NKV, splits], threads,
+        tiles if dyn else 0,
+    )  # fmt: skip

@@ -74,6 +74,11 @@ BLOCKS = {
 # the grouped kernel (one block per KV head) on every case; the per-query-head one (the
 # default, and the fallback where the grouped one's tiles would not fit) on most; the grouped
 # one with AMD CDNA's 64-lane waves (gfx942: lanes past a tile's 32 keys idle) on a few
+TILE_GEOMETRIES = (
+    ("llama_bf16_d128", "l1"), ("f32_d64_chunks", "k32:w4:m2"), ("tiles_per_block_bf16", "k128"),
+    ("qknorm_d12_bf16", "l2:k16"), ("d256_gated_partial_bf16", "k32:m2"),
+    ("edge_p47_window", "k16:w2"),
+)  # fmt: skip
 HEAD_CASES = (
     "llama_bf16_d128", "window_f32_d32", "gated_partial_d64_f32", "first_token",
     "qknorm_d12_bf16", "clip_bf16", "f32_d64_chunks", "edge_p31", "tiles_per_block_bf16",
@@ -83,6 +88,15 @@ FORMS = (
     | {(n, "head"): DECODE[n] for n in HEAD_CASES}
     | {
         (n, "gqa-wave64"): DECODE[n]
+        for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "d256_gated_partial_bf16")
+    }
+    # the tile form (attention_decode_tile) on every case, and some of its geometries: one lane
+    # per score, 32-key tiles of 4 waves, 128-key tiles in dynamic shared memory, merges of
+    # 2 blocks a step, 64-lane waves
+    | {(n, "tile"): c for n, c in DECODE.items()}
+    | {(n, f"tile:{o}"): DECODE[n] for n, o in TILE_GEOMETRIES}
+    | {
+        (n, "tile-wave64"): DECODE[n]
         for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "d256_gated_partial_bf16")
     }
 )
@@ -104,7 +118,7 @@ def _build(tmp_path_factory, wave: int):
     specs = {}
     for i, (key, case) in enumerate(FORMS.items()):
         name, form = key
-        if (form == "gqa-wave64") != (wave == 64):
+        if form.endswith("-wave64") != (wave == 64):
             continue
         k = decode_attention(
             f"att{i}",
@@ -116,7 +130,8 @@ def _build(tmp_path_factory, wave: int):
             blocks=BLOCKS.get(name, DECODE_BLOCKS),
             form=form.split("-")[0],
         )
-        assert k.template == f"attention_decode{'' if form == 'head' else '_gqa'}"
+        want = {"head": "", "gqa": "_gqa", "tile": "_tile"}[form.split("-")[0].split(":")[0]]
+        assert k.template == f"attention_decode{want}"
         specs[key] = k
         kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         kv = "uint16_t" if case[6] == "bfloat16" else "float"
@@ -126,7 +141,7 @@ def _build(tmp_path_factory, wave: int):
             f"const float* c, const float* s, {kv}* kc, {kv}* vc, float* part, unsigned* cnt, "
             f"float* out) {{\n"
             f"  grid({k.grid[0]}, {k.grid[1]}, {k.threads}, [=] {{ {k.fn}(q, k, v, pos, seq, "
-            f"blocks, qw, kw, c, s, kc, vc, part, cnt, out); }});\n}}"
+            f"blocks, qw, kw, c, s, kc, vc, part, cnt, out); }}, {k.shared});\n}}"
         )
     code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
     handle = host_simt.build(
@@ -138,7 +153,7 @@ def _build(tmp_path_factory, wave: int):
 
 @pytest.mark.parametrize("name,form", sorted(FORMS))
 def test_decode_attention_on_the_host(request, name, form):
-    lib = request.getfixturevalue("lib64" if form == "gqa-wave64" else "lib32")
+    lib = request.getfixturevalue("lib64" if form.endswith("-wave64") else "lib32")
     NH, NKV, D, window, norm, interleaved, kv, ctx, p = DECODE[name][:9]
     rot, gated = attention_switches(DECODE[name])
     r = rot or D

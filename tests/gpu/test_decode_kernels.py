@@ -279,8 +279,16 @@ ATTENTION_BLOCKS = {
     "tiles_window_qknorm_f32": 4,
     "edge_p64_one_block": 3,
 }
-# both forms on every case: per query head (the default) and per KV head (the grouped one)
-ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("head", "gqa")]
+# every form on every case: per query head (the default), per KV head (the grouped one) and its
+# tile form; and some tile geometries (one lane per score, 128- and 16-key tiles, 2-block merge
+# steps)
+ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("head", "gqa", "tile")] + [
+    ("llama8b_bf16_loops_chunks", "tile:l1"),
+    ("smollm2_bf16", "tile:k128"),
+    ("tiles_per_block_bf16", "tile:k128:m2"),
+    ("qwen35_gated_partial_bf16", "tile:k32"),
+    ("window_f32", "tile:k16:w2"),
+]
 
 
 def decode_attention_specs(arch: str) -> dict:
