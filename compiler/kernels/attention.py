@@ -666,8 +666,12 @@ def decode_attention_tile(
     dyn = tiles + statics > STATIC_SHARED
     if statics > STATIC_SHARED or (dyn and tiles > TILE_MAX_SHARED):
         return None
+    # the merge: a thread's consecutive outputs, one (m, l) per block where they are one head's;
+    # a step's loads held in <= 64 registers (32 where a thread has more outputs to keep: the
+    # 256-dim heads spilled at 64)
     outputs = -(-G * p.D // threads)
-    mu = opts["m"] or max(2, min(8, 16 // outputs))
+    loads = outputs + (2 if p.D % outputs == 0 else 2 * outputs)
+    mu = opts["m"] or max(2, min(16, (64 if outputs <= 2 else 32) // loads))
     ctx = dict(
         nodes=nodes,
         wave=target.wave,

@@ -78,6 +78,8 @@ TILE_GEOMETRIES = (
     ("llama_bf16_d128", "l1"), ("f32_d64_chunks", "k32:w4:m2"), ("tiles_per_block_bf16", "k128"),
     ("qknorm_d12_bf16", "l2:k16"), ("d256_gated_partial_bf16", "k32:m2"),
     ("edge_p47_window", "k16:w2"),
+    # one wave: 6 outputs a thread, two heads' (an m, l per output), 5 blocks merged 2 a step
+    ("edge_p64_one_split", "w1:k16:m2:b48"),
 )  # fmt: skip
 HEAD_CASES = (
     "llama_bf16_d128", "window_f32_d32", "gated_partial_d64_f32", "first_token",
