@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call (<= 120 s on an H200: 25 + 25 + 65 s caps): the batch-1 decode attention forms, checked and timed.
+# One device call (<= 120 s on an H200: 20 + 20 + 75 s caps): the batch-1 decode attention
+# forms, checked and timed.
 # 1. tests/gpu/test_decode_kernels.py -k attention: every form ("head", "gqa", "tile" and some
 #    tile geometries) on every case, NaN-poisoned outputs against NumPy, paged KV;
 # 2. bench_decode_attention.py: the kernels alone at 128/512/2048 positions, Llama-3-8B and
@@ -20,7 +21,7 @@
 #   bash docs/benchmarks/decattn_check.sh   # $OUT/decattn/{tests,kernels,bench}.log, *.md
 set -uo pipefail
 export HIPC_CACHE_DIR=$PWD/.work/decattn-cache HIPC_KERNEL_CACHE=$PWD/.work/decattn-fatbins
-FORMS=${FORMS:-head,gqa,tile}
+FORMS=${FORMS:-tile,head,gqa}  # the new form first: a cut run still compares it
 WORK=/tmp/hipc-decattn  # the 4-layer GGUF and its artifacts (written on the device: ~1.7 GB)
 
 if [ "${1:-}" = prebuild ]; then
@@ -67,13 +68,13 @@ if [ ! -e /usr/local/bin/nvcc ] && [ -n "$real" ]; then
 fi
 nvcc --version | tail -1
 nvidia-smi -L
-timeout 25 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_decode_kernels.py \
+timeout 20 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_decode_kernels.py \
   -k attention 2>&1 | tail -15 | tee "$OUT/tests.log"
 # (each writes its rows as they finish: a cut run keeps them)
-timeout 25 python3 docs/benchmarks/bench_decode_attention.py --out "$OUT/kernels.md" \
+timeout 20 python3 docs/benchmarks/bench_decode_attention.py --out "$OUT/kernels.md" \
   > "$OUT/kernels.log" 2>&1
 echo "kernels rc=$?"
-timeout 65 python3 docs/benchmarks/bench_decode_latency.py --models l8_q4_0 --forms "$FORMS" \
+timeout 75 python3 docs/benchmarks/bench_decode_latency.py --models l8_q4_0 --forms "$FORMS" \
   --positions 128,512,2048 --work "$WORK" --out "$OUT/latency.md" > "$OUT/bench.log" 2>&1
 echo "latency rc=$?"
 grep -E "^(compiled|wrote|Traceback)|Error" "$OUT/bench.log" | head -20
