@@ -527,7 +527,7 @@ def decode_attention(
     max_ctx: int,
     kv_storage: str,
     waves: int = DECODE_WAVES,
-    blocks: int = DECODE_BLOCKS,
+    blocks: int | None = None,
     form: str | None = None,
 ) -> GpuKernel:
     """The decode attention of one layer: the grouped kernels (attention_decode_gqa.hip.j2,
@@ -537,15 +537,19 @@ def decode_attention(
     DECODE_WAVES and DECODE_BLOCKS (bench_gpu_gemv.py times several)."""
     form = form or DECODE_FORM
     if form == "gqa":
-        k = decode_attention_gqa(fn, p, target, nodes, max_ctx, kv_storage, waves, blocks)
+        k = decode_attention_gqa(
+            fn, p, target, nodes, max_ctx, kv_storage, waves, blocks or DECODE_BLOCKS
+        )
         if k is not None:
             return k
     if form.split(":")[0] == "tile":
-        k = decode_attention_tile(fn, p, target, nodes, max_ctx, kv_storage, form, blocks)
+        k = decode_attention_tile(
+            fn, p, target, nodes, max_ctx, kv_storage, form, blocks or TILE_BLOCKS
+        )
         if k is not None:
             return k
     wave = target.wave
-    splits = decode_splits(p.NH, max_ctx, wave, waves, blocks)
+    splits = decode_splits(p.NH, max_ctx, wave, waves, blocks or DECODE_BLOCKS)
     kv_ctx = kv_context(kv_storage, max_ctx)
     ctx = dict(
         nodes=nodes,
@@ -569,11 +573,13 @@ def decode_splits(
     return max(1, min(chunks, -(-blocks // heads)))
 
 
-# decode attention: "head" (a block per query head and split) or "gqa" (a block per KV head and
-# split). "head" stays the default: on the H200 (docs/benchmarks/gpu-h200.md, declat) "gqa" was
-# slower from 512 positions on (its last block merged up to 64 partials with 4 loads in flight)
-# and faster only at short context; the merge is rewritten since, not yet measured.
-DECODE_FORM = "head"
+# decode attention: "tile" (a block per KV head and 64-key tile, the tile loaded before the PDL
+# wait), "head" (a block per query head and split) or "gqa" (a block per KV head and split).
+# "tile" is the default since the H200 measured it (docs/benchmarks/gpu-h200.md, decattn: the
+# 4-layer 8B Q4_0's decode graph 0.304 / 0.312 / 0.334 ms at 128 / 512 / 2048 positions, "head"
+# 0.313 / 0.330 / 0.372, "gqa" 0.307 / 0.316 / 0.343; its kernel alone faster than "head" at
+# every position on the 8B and SmolLM2 heads).
+DECODE_FORM = "tile"
 DECODE_TILE = 32  # keys per tile of the grouped decode kernel (16 where a row is over 256 bytes)
 # blocks per KV head at most: the last one merges every block's partial sums
 DECODE_GQA_SPLITS = 32
@@ -624,8 +630,13 @@ def decode_attention_gqa(
 # the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128" overrides each)
 TILE_KEYS = 64  # keys per tile (a block's whole share up to TILE_KEYS x splits positions)
 TILE_WAVES = 8
-TILE_LANES = 4  # lanes per (head, key) score
-TILE_BLOCKS = 256  # blocks per layer (KV heads x splits), fewer where the context is short
+# lanes per (head, key) score: one measured faster than 4 on the H200 at every position, 8B and
+# SmolLM2 heads (no shuffles; a wave's q reads one address)
+TILE_LANES = 1
+# blocks per layer (KV heads x splits; fewer run where the context is short): 512 gives the 8B's
+# 8 KV heads a block per tile up to 4,096 positions (at 2,048: 11.2 us alone with PDL, 12.7
+# with 256 blocks, where one block took two tiles; the same at 128 and 512)
+TILE_BLOCKS = 512
 TILE_MIN_BLOCKS = 2  # blocks per SM the registers are capped for
 TILE_MAX_SHARED = 200 * 1024  # dynamic shared memory a block may take (sm_90: 227 KiB)
 

@@ -38,8 +38,10 @@ from hipc.runtime.backends.gpu_common import PackedArgs  # noqa: E402
 from gpu_kernels import DeviceKernels, compiled, kernels_source, rope  # noqa: E402
 
 SHAPES = {"l8": (32, 8, 128), "smol": (9, 3, 64)}
+# the tile form's default first (1 lane per score, 64-key tiles, 512 blocks, 16-block merge
+# steps), then the other forms and the tile geometries it was chosen over
 FORMS = (
-    "head", "gqa", "tile", "tile:l1", "tile:k32", "tile:k128", "tile:b512", "tile:m4", "tile:w4",
+    "tile", "head", "gqa", "tile:l4", "tile:b256", "tile:k32", "tile:k128", "tile:m8",
 )  # fmt: skip
 POSITIONS = (128, 512, 2048)
 CTX = 8192

@@ -79,7 +79,7 @@ def compile_model(src: Path, form: str, work: Path) -> Path:
     return out
 
 
-def engine_loop(eng, position: int, n: int = 128, repeats: int = 3) -> float:
+def engine_loop(eng, position: int, n: int = 128, repeats: int = 5) -> float:
     ids = np.random.default_rng(1).integers(0, eng.vocab_size, position).tolist()
     rates = []
     for _ in range(repeats):

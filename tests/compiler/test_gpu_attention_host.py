@@ -20,7 +20,6 @@ from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.kernels.attention import (
     ATTN_WAVES,
-    DECODE_BLOCKS,
     decode_attention,
     kv_context,
     prefill_signature,
@@ -71,16 +70,18 @@ BLOCKS = {
 }
 
 
-# the grouped kernel (one block per KV head) on every case; the per-query-head one (the
-# default, and the fallback where the grouped one's tiles would not fit) on most; the grouped
-# one with AMD CDNA's 64-lane waves (gfx942: lanes past a tile's 32 keys idle) on a few
+# tile form geometries: 4 and 2 lanes per score, 32-key tiles of 4 waves, 128-key tiles in
+# dynamic shared memory, merges of 2 blocks a step, 16-key tiles of 2 waves
 TILE_GEOMETRIES = (
-    ("llama_bf16_d128", "l1"), ("f32_d64_chunks", "k32:w4:m2"), ("tiles_per_block_bf16", "k128"),
-    ("qknorm_d12_bf16", "l2:k16"), ("d256_gated_partial_bf16", "k32:m2"),
-    ("edge_p47_window", "k16:w2"),
+    ("llama_bf16_d128", "l4"), ("f32_d64_chunks", "k32:w4:m2"), ("tiles_per_block_bf16", "k128"),
+    ("qknorm_d12_bf16", "l2:k16"), ("window_f32_d32", "l4:k32:b256"),
+    ("d256_gated_partial_bf16", "k32:m2"), ("edge_p47_window", "k16:w2"),
     # one wave: 6 outputs a thread, two heads' (an m, l per output), 5 blocks merged 2 a step
     ("edge_p64_one_split", "w1:k16:m2:b48"),
 )  # fmt: skip
+# the grouped kernel (one block per KV head and split) on every case; the per-query-head one
+# (the fallback where the grouped ones' tiles would not fit) on most; the grouped one with AMD
+# CDNA's 64-lane waves (gfx942: lanes past a tile's 32 keys idle) on a few
 HEAD_CASES = (
     "llama_bf16_d128", "window_f32_d32", "gated_partial_d64_f32", "first_token",
     "qknorm_d12_bf16", "clip_bf16", "f32_d64_chunks", "edge_p31", "tiles_per_block_bf16",
@@ -92,9 +93,8 @@ FORMS = (
         (n, "gqa-wave64"): DECODE[n]
         for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "d256_gated_partial_bf16")
     }
-    # the tile form (attention_decode_tile) on every case, and some of its geometries: one lane
-    # per score, 32-key tiles of 4 waves, 128-key tiles in dynamic shared memory, merges of
-    # 2 blocks a step, 64-lane waves
+    # the tile form (attention_decode_tile, the default) on every case, and some of its
+    # geometries; the tile and grouped forms with AMD CDNA's 64-lane waves on a few
     | {(n, "tile"): c for n, c in DECODE.items()}
     | {(n, f"tile:{o}"): DECODE[n] for n, o in TILE_GEOMETRIES}
     | {
@@ -129,7 +129,7 @@ def _build(tmp_path_factory, wave: int):
             [name],
             case[7],
             case[6],
-            blocks=BLOCKS.get(name, DECODE_BLOCKS),
+            blocks=BLOCKS.get(name),
             form=form.split("-")[0],
         )
         want = {"head": "", "gqa": "_gqa", "tile": "_tile"}[form.split("-")[0].split(":")[0]]
