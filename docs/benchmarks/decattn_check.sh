@@ -62,10 +62,12 @@ cp .work/decattn-whl/*.whl "$W"/
 source docs/benchmarks/install_wheels.sh "$W"
 # the artifacts' code objects hit HIPC_CACHE_DIR only where nvcc's identity is the build box's
 # (/usr/local/bin/nvcc, cuda 13.0.88): a wrapper there where the path is free (as moedec does)
-real=$(command -v nvcc)
+real=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 if [ ! -e /usr/local/bin/nvcc ] && [ -n "$real" ]; then
   printf '#!/bin/sh\nexec %s "$@"\n' "$real" > /usr/local/bin/nvcc && chmod +x /usr/local/bin/nvcc
 fi
+export PATH=/usr/local/bin:$PATH  # (run 1 missed: another nvcc came first on PATH there)
+command -v nvcc
 nvcc --version | tail -1
 nvidia-smi -L
 timeout 20 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_decode_kernels.py \
