@@ -204,14 +204,16 @@ def write_gguf(
     return path
 
 
-def _tiny_llama_writer(path: Path, H: int, F: int, V: int, L: int, NH: int, NKV: int):
+def _tiny_llama_writer(
+    path: Path, H: int, F: int, V: int, L: int, NH: int, NKV: int, context: int = 64
+):
     """A GGUFWriter holding a tiny llama's metadata and a tokenizer hipc can build: byte-level
     symbols for the first ids, then one merged token (no byte needs more)."""
     import gguf
 
     D = H // NH
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_context_length(64)
+    w.add_context_length(context)
     w.add_embedding_length(H)
     w.add_block_count(L)
     w.add_feed_forward_length(F)
@@ -239,6 +241,7 @@ def write_numpy_gguf(
     hidden: int = 64,
     ffn: int = 96,
     types: Callable[[str], str] | None = None,
+    context: int = 64,
 ) -> Path:
     """A tiny random llama-architecture GGUF written with numpy alone (no transformers).
 
@@ -252,7 +255,7 @@ def write_numpy_gguf(
     rng = np.random.default_rng(seed)
     H, F, V, L, NH, NKV = hidden, ffn, 160, 2, 4, 2
     D = H // NH
-    w = _tiny_llama_writer(path, H, F, V, L, NH, NKV)
+    w = _tiny_llama_writer(path, H, F, V, L, NH, NKV, context)
     qt = getattr(gguf.GGMLQuantizationType, qtype)
 
     def mat(name: str, *shape: int) -> None:

@@ -11,6 +11,7 @@ Python decides names, geometry and bindings, the templates only place them.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,8 +52,10 @@ class GpuProgramBuilder:
         prefill_precision: str = "bf16",
         activations: str = "int16",
         quant_layout: str = "split",
+        is_output: Callable[[str], bool] = lambda value: False,
     ) -> None:
         self.target, self.max_tokens = target, max_tokens
+        self.is_output = is_output  # whether an activation is a graph output (Binder.is_output)
         self.prefill_precision = prefill_precision  # CompileOptions.prefill_precision
         self.activations = activations  # how quantized GEMVs round x (CompileOptions)
         self.quant_layout = (
@@ -159,6 +162,7 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
         c.options.prefill_precision,
         c.options.activations,
         c.options.quant_layout,
+        binder.is_output,
     )
     for k in c.kernels:
         k.kind.gpu(k, binder, g)

@@ -30,7 +30,7 @@ from hipc.compiler.kernels.base import (
     SelectedKernel,
     Signature,
 )
-from hipc.compiler.kernels.linear import MMA_TILES, SHORT_STEP, wgmma_bf16_reader
+from hipc.compiler.kernels.linear import MMA_TILES, SHORT_STEP, WGMMA_ARCHS, wgmma_bf16_reader
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
@@ -458,6 +458,9 @@ FLASH_BY_STEP: dict[str, tuple[dict[str, int], dict[str, int]]] = {"nvidia": ({}
 FLASH_FORMS = ("mma", "generic")
 
 
+WIDE_FLASH_ARCHS = frozenset({"sm_80", "sm_90"})  # up to 163 / 227 KiB of shared memory a block
+
+
 def flash_attention(
     fn: str,
     p: AttentionParams,
@@ -473,9 +476,10 @@ def flash_attention(
 ) -> GpuKernel | None:
     """The matrix-instruction prefill attention, or None for the SIMT one: on the target's
     prefill GEMM instruction (MMA_TILES: mma.sync, WMMA, MFMA), head dims of whole k steps up
-    to 128 (the accumulators of 16 rows x D stay in registers). Its query rows per block are
-    `ctx["bq"]` (the grid's x is cdiv(T, bq)). `out_bf16` ("mma" only): the output in bf16, for
-    the o projection's sm_90a GEMM (Attention.bf16_reader).
+    to 128 (the accumulators of 16 rows x D stay in registers), and up to 256 on
+    WIDE_FLASH_ARCHS in the generic form (254 registers a thread at 256 on sm_90, no spills).
+    Its query rows per block are `ctx["bq"]` (the grid's x is cdiv(T, bq)). `out_bf16` (sm_90a
+    only): the output in bf16, for the o projection's GEMM (Attention.bf16_reader).
 
     `form`: "mma" (NVIDIA's default, templates/hip/attention_flash_mma.hip.j2): FA2-style, `waves`
     warps of `tiles` x 16 rows (1: q's fragments in registers; 2: q read from shared memory per
@@ -485,13 +489,19 @@ def flash_attention(
     structure on real hardware, and the "before" of bench_gpu_flash.py): 4 waves, K/V
     loaded then used, P through shared memory."""
     tile = MMA_TILES.get(target.arch)
-    if tile is None or p.D % 16 or p.D > 128:
+    if tile is None or p.D % 16 or p.D > 256:
         return None
+    if p.D > 128:
+        # wide heads (Qwen3.5's 256): the generic form with q read from shared memory; its
+        # K/V and q tiles take ~110 KiB, which only the big-shared-memory archs hold
+        if target.arch not in WIDE_FLASH_ARCHS:
+            return None
+        form, waves, tiles, min_blocks = "generic", FLASH_WAVES, 1, None
     form = form or ("mma" if target.family == "nvidia" else "generic")
     if form not in FLASH_FORMS or (form == "mma" and target.family != "nvidia"):
         raise ValueError(f"flash form {form!r} on {target.arch}")
-    if out_bf16 and form != "mma":  # only the sm_90a GEMM reads bf16 activations
-        raise ValueError(f"flash form {form!r} writes float32 only")
+    if out_bf16 and target.arch not in WGMMA_ARCHS:  # only the sm_90a GEMM reads bf16 activations
+        raise ValueError(f"flash on {target.arch} writes float32 only")
     kv_ctx = kv_context(kv_storage, max_ctx)
     base = dict(nodes=nodes, params=flash_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
                 **kv_ctx, **p.context())  # fmt: skip
@@ -510,7 +520,8 @@ def flash_attention(
     # q's fragments stay in registers up to 32 a lane; RDNA3's take 8 each, and at D = 128 its
     # kernel then spilled past 256 VGPRs (clang-19), so q is read from shared memory there
     q_regs = p.D // 16 * tile.a_regs <= 32
-    ctx = dict(base, bq=64, instruction=tile.instruction, wave=target.wave, q_regs=q_regs)
+    ctx = dict(base, bq=64, instruction=tile.instruction, wave=target.wave, q_regs=q_regs,
+               out_bf16=out_bf16)  # fmt: skip
     # q (then the 4 waves' 16 x 64 P tiles, the larger below D = 64; both where q stays in shared
     # memory), and K and V in bf16, rows padded: at most 52 KiB (D = 128), within AMD's 64 KiB
     qp = 64 * (p.D + 8), 4 * 16 * (64 + 8)

@@ -115,6 +115,8 @@ WGMMA = Signature.parse("""
 const __grid_constant__ hipc_tmap xmap, const __grid_constant__ hipc_tmap wmap, int T,
 const float* __restrict__ bias, const float* res, float* y
 """)
+# sm_90a, quantized W: its blocks to bf16 rows in scratch, which the GEMM then reads by TMA
+DEQUANT = Signature.parse("const void* __restrict__ W, uint16_t* __restrict__ wb")
 
 
 class Linear(KernelKind):
@@ -286,6 +288,9 @@ class Linear(KernelKind):
             return {"xb": 2 * g.max_tokens * p.K}
         # the prefill GEMM's norm: 1 / rms per token, from the _stats kernel before it
         need = {"inv_rms": 4 * g.max_tokens} if p.norm_eps else {}
+        if dequant_steps(k, g):
+            # long steps: x in bf16 as above, and W dequantized to bf16 rows
+            need |= {"xb": 2 * g.max_tokens * p.K, "wdq": 2 * p.N * p.K}
         if gemvm_eligible(p, g.target):
             # the batch GEMV's (normalized) bf16 rows: steps of up to 64
             need["xb"] = 2 * min(g.max_tokens, 8 * GEMVM_TILES[-1]) * p.K
@@ -331,22 +336,17 @@ class Linear(KernelKind):
     def _prefill_launches(self, k, b, g, common, x, rows: str, split: bool) -> None:
         p: LinearParams = k.params
         if wgmma_gemm(p, g.target, split, False):
-            # tiles chosen for short steps and, where the chunk is longer, for long ones
-            lo = select_wgmma(p, min(g.max_tokens, 512))
-            hi = select_wgmma(p, g.max_tokens)
-            buckets = [(lo, None)] if lo == hi else [
-                (lo, (1, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
             y_bf16 = k.group in self._handoffs(b, g)
-            for tile, tokens in buckets:
-                pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile, y_bf16=y_bf16)
-                self._wgmma_launches(k, b, g, pg, tile, common, x, rows, tokens)
+            self._wgmma_buckets(k, b, g, common, x, rows, 1, y_bf16)
             return
+        long = dequant_steps(k, g)
+        short = (1, DEQUANT_MIN_TOKENS - 1) if long else None
         pg = prefill_gemm(k.fn, p, g.target, k.nodes, split=split)
         gemm = g.kernel(pg)
         inv_rms = b.scratch(g.scratch("inv_rms")) if p.norm_eps else b.null()
         if p.norm_eps:
             g.launch("prefill", k.group, f"{gemm}_stats", [rows], [256], STATS,
-                     {"x": x, "T": b.int(rows), "inv_rms": inv_rms})  # fmt: skip
+                     {"x": x, "T": b.int(rows), "inv_rms": inv_rms}, tokens=short)  # fmt: skip
         g.launch(
             "prefill",
             k.group,
@@ -356,7 +356,28 @@ class Linear(KernelKind):
             gemm_signature(p),
             {**common, "T": b.int(rows), "inv_rms": inv_rms},
             shared=pg.shared,
+            tokens=short,
         )
+        if long:
+            # the steps of DEQUANT_MIN_TOKENS and more: W to bf16 rows, then the bf16 GEMM
+            wdq = b.scratch(g.scratch("wdq"))
+            dk = dequant_kernel(k.fn, p)
+            g.launch("prefill", k.group, g.kernel(dk), dk.grid, [dk.threads], DEQUANT,
+                     {"W": common["W"], "wb": wdq}, tokens=(DEQUANT_MIN_TOKENS, g.max_tokens))  # fmt: skip
+            self._wgmma_buckets(k, b, g, {**common, "W": wdq}, x, rows, DEQUANT_MIN_TOKENS, False)
+
+    def _wgmma_buckets(self, k, b, g, common, x, rows: str, first: int, y_bf16: bool) -> None:
+        """The sm_90a GEMM's launches for steps of `first` tokens and more: tiles chosen for
+        short steps and, where the chunk is longer, for long ones."""
+        p: LinearParams = k.params
+        lo = select_wgmma(p, min(g.max_tokens, 512))
+        hi = select_wgmma(p, g.max_tokens)
+        everything = None if first == 1 else (first, g.max_tokens)
+        buckets = [(lo, everything)] if lo == hi else [
+            (lo, (first, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
+        for tile, tokens in buckets:
+            pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile, y_bf16=y_bf16)
+            self._wgmma_launches(k, b, g, pg, tile, common, x, rows, tokens)
 
     def _gemvm_launches(self, k, b, g, common, x, rows: str) -> int:
         """The batch step's launches of the weights-once GEMV, one kernel per size class of
@@ -772,6 +793,52 @@ def wgmma_gemm(p: LinearParams, target: GpuTarget, split: bool, simt: bool) -> b
     )
 
 
+# sm_90a prefill steps of at least this many tokens dequantize a quantized W to bf16 rows (one
+# extra pass: 2 bytes written and read per weight) and multiply on the bf16 wgmma GEMM; shorter
+# steps (batch steps of a few sequences) keep the mma GEMM on the quants, whose cost grows with
+# the tokens where the pass's does not. An estimate from the 8B Q4_0 figures (mma GEMM 4,646
+# tok/s at 512; the pass ~8 ms a step for 15 GB of bf16), not a measured crossover.
+DEQUANT_MIN_TOKENS = 128
+
+
+def dequant_wgmma(p: LinearParams, target: GpuTarget, split: bool) -> bool:
+    """Whether a quantized linear's long prefill steps may run dequantize + the sm_90a GEMM
+    (not with --prefill-precision split, which promises float32-class sums, nor the gated
+    residual, which that GEMM's epilogue lacks)."""
+    return (
+        target.arch in WGMMA_ARCHS
+        and not (split or p.gated)
+        and WEIGHT_SUFFIX.get(p.wtype) in QUANT_TYPES
+        and p.K % 8 == 0
+    )
+
+
+def dequant_steps(k: SelectedKernel, g: GpuProgramBuilder) -> bool:
+    """dequant_wgmma for linear `k` in this program: its prefill chunk reaches
+    DEQUANT_MIN_TOKENS and it writes every token's row (not a last-row-only LM head, whose
+    one row a step is no matrix product worth a pass over a vocabulary-sized W)."""
+    return (
+        g.max_tokens >= DEQUANT_MIN_TOKENS
+        and dequant_wgmma(k.params, g.target, g.prefill_precision == "split")
+        and not g.is_output(k.refs["y"][1])
+    )
+
+
+def dequant_kernel(fn: str, p: LinearParams) -> GpuKernel:
+    """`fn`'s dequantize pass (templates/hip/linear_dequant.hip.j2): one thread per 8 weights."""
+    ws = WEIGHT_SUFFIX[p.wtype]
+    ctx = dict(
+        wtype=p.wtype,
+        wsuffix=ws,
+        N=p.N,
+        K=p.K,
+        block_values=QUANT_TYPES[ws].block_values,
+        min_tokens=DEQUANT_MIN_TOKENS,
+        params=DEQUANT.render(GPU_INDENT),
+    )
+    return GpuKernel(f"{fn}_dq", "linear_dequant", ctx, [-(-p.N * p.K // 8 // 256)], 256)
+
+
 def prefill_gemm(
     fn: str,
     p: LinearParams,
@@ -798,7 +865,7 @@ def prefill_gemm(
         stats_params=STATS.render(0),
         **p.context(),
     )
-    if wgmma_gemm(p, target, split, simt):
+    if wgmma is not None or wgmma_gemm(p, target, split, simt):
         t = wgmma or select_wgmma(p, tokens)
         bn_out = t.bn // 2 if p.epilogue == "glu" else t.bn
         ctx = dict(
@@ -817,6 +884,7 @@ def prefill_gemm(
             cluster=t.cm * t.ct * t.sk,
             pdl=t.pdl,
             y_bf16=y_bf16,
+            dequantized=f"{fn}_dq" if p.wtype != "bfloat16" else "",
         )
         return GpuKernel(
             f"{fn}_{t.name}" + ("_yb" if y_bf16 else ""),

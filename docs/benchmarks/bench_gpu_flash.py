@@ -34,7 +34,12 @@ from hipc.runtime.backends.gpu_common import DEFAULT_SHARED_LIMIT, PackedArgs
 
 from gpu_kernels import compiled, open_driver
 
-SHAPES = {"l8": (32, 8, 128), "smol": (9, 3, 64)}  # query heads, KV heads, head dim
+SHAPES = {
+    "l8": (32, 8, 128),
+    "smol": (9, 3, 64),
+    "q35": (16, 2, 256),
+}  # query heads, KV heads, head dim
+# q35: the full-attention layers of Qwen3.5-35B-A3B (bench_gpu_hybrid.py's shape)
 BATCH = 5  # launches per timed sample (one synchronize after them)
 
 

@@ -120,6 +120,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/hipc-hybrid-bench"))
     ap.add_argument("--llamacpp-bin", type=Path, default=None, help="folder with llama-bench")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="per-kernel times of the 512-token prefill steps at 0 and at 3584")  # fmt: skip
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     cfg = dict(PRESETS[args.preset])
@@ -147,6 +149,14 @@ def main() -> None:
     r = bench_hipc(artifact, args.repeats)
     rows = [(label, "hipc", r["prefill512"], r["prefill4096"], r["decode"])]
     log(rows[-1])
+    profiles = []
+    if args.profile:
+        for start in (0, PROMPTS[-1] - args.prefill_chunk):
+            cmd = [sys.executable, str(HERE / "profile_gpu_decode.py"), str(artifact)]
+            cmd += ["--prefill", str(args.prefill_chunk), "--start", str(start)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            profiles.append(f"prefill step at {start}:\n{proc.stdout}{proc.stderr[-1500:]}")
+            log(profiles[-1])
     shutil.rmtree(artifact, ignore_errors=True)
     if args.llamacpp_bin:
         lc = llama_bench(args.llamacpp_bin, src, args.repeats)
@@ -186,7 +196,7 @@ def main() -> None:
         f"{compile_s:.0f} s, load {r['load_s']:.1f} s, {r['kernels']} kernels per decode step, "
         f"prefill in steps of {args.prefill_chunk} tokens",
     ]
-    text = "\n".join(lines)
+    text = "\n".join([*lines, "", *profiles])
     print(text)
     if args.out:
         cmd = "python docs/benchmarks/bench_gpu_hybrid.py " + " ".join(sys.argv[1:])

@@ -16,7 +16,8 @@
 # .work/llamabin/llamabin.part-* (an xz'd tar of a build's bin/, split into 15 MB parts) replaces the build.
 # TESTS (default: every tests/gpu file and the GPU server test) picks the test files.
 # PHASES (default "prefill quant deltanet moe"; also moeprof, olmoe, hybrid, batching) picks the benchmarks; PEERS=0 skips
-# llama.cpp; PROFILE=l8_q4_0,... adds bench_gpu_quant's per-kernel decode profiles.
+# llama.cpp; PROFILE=l8_q4_0,... adds bench_gpu_quant's per-kernel decode profiles, QUANT_MODELS picks its models,
+# HYBRID_PROFILE=1 bench_gpu_hybrid's per-kernel prefill profiles.
 # Writes $OUT/gpu-tests.log (+ -full.log), $OUT/deltanet.md, $OUT/moe.md (+ moe-olmoe.md), $OUT/prefill.md, $OUT/quant.md,
 # $OUT/batching.md (PHASES=batching), $OUT/hybrid.md, $OUT/bench.log.
 # PHASE_SECONDS bounds each phase (default 540); the benchmarks run in the order of
@@ -84,7 +85,7 @@ bench)
       rm -rf /tmp/hipc-prefill ;;
     quant)
       waitllama
-      run quant docs/benchmarks/bench_gpu_quant.py --meta .work/gpuq-meta --models l8_q4_0,l8_q4_k_m,smol_q4_1 \
+      run quant docs/benchmarks/bench_gpu_quant.py --meta .work/gpuq-meta --models "${QUANT_MODELS:-l8_q4_0,l8_q4_k_m,smol_q4_1}" \
         --activations int8 --repeats 3 $(peer --llamacpp-bin $LLAMA --peers .work/peers) \
         --profile "${PROFILE:-}" --out "$OUT/quant.md" ;;
     deltanet)
@@ -110,7 +111,7 @@ bench)
       rm -rf /tmp/hipc-moe-bench ;;
     hybrid)  # Qwen3.5-35B-A3B shape, Q4_0 (~20 GB written, compiled, then read by llama-bench)
       waitllama
-      run hybrid docs/benchmarks/bench_gpu_hybrid.py --repeats 2 \
+      run hybrid docs/benchmarks/bench_gpu_hybrid.py --repeats 2 ${HYBRID_PROFILE:+--profile} \
         $(peer --llamacpp-bin $LLAMA) --out "$OUT/hybrid.md"
       rm -rf /tmp/hipc-hybrid-bench ;;
     esac

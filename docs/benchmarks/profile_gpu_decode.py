@@ -1,12 +1,13 @@
 """Where a GPU decode (or prefill) step's time goes: each launch of the step timed alone.
 
-    python docs/benchmarks/profile_gpu_decode.py ARTIFACT [--position 512] [--prefill T]
+    python docs/benchmarks/profile_gpu_decode.py ARTIFACT [--position 512] [--prefill T [--start S]]
 
 Runs the step's launch list with a CUDA event between launches, captured into one graph (no
 host in between), so each kernel's GPU time is measured without launch overhead; prints the
-time per kernel kind, then the whole step. --prefill T: a T-token prefill from position 0
-instead of a decode step at --position (the last token's logits only, as a prompt runs; the
-launches marked to overlap run back to back here, so their overlap is not counted).
+time per kernel kind, then the whole step. --prefill T: a T-token prefill step from position
+--start (0; the cache filled before it) instead of a decode step at --position (the last token's
+logits only, as a prompt runs; the launches marked to overlap run back to back here, so their
+overlap is not counted).
 """
 
 from __future__ import annotations
@@ -24,15 +25,19 @@ def _is_hash(part: str) -> bool:
     return len(part) == 6 and all(c in "0123456789abcdef" for c in part)
 
 
-def kernel_times(eng, position: int, prefill: int = 0, reps: int = 5) -> tuple[dict, list]:
+def kernel_times(
+    eng, position: int, prefill: int = 0, reps: int = 5, start: int = 0
+) -> tuple[dict, list]:
     """Seconds per step by kernel kind (the name without its specialization hash), and the
-    launch list: a decode step at `position` (or a `prefill`-token prefill from 0), each
-    launch timed alone by CUDA events captured between launches."""
+    launch list: a decode step at `position` (or a `prefill`-token prefill step from `start`),
+    each launch timed alone by CUDA events captured between launches."""
     b = eng.backend
     T = prefill or 1
-    ids = np.random.default_rng(0).integers(0, eng.vocab_size, max(position, T)).tolist()
+    ids = np.random.default_rng(0).integers(0, eng.vocab_size, max(position, start + T)).tolist()
     if prefill:
-        eng.forward(ids[:T], 0)  # leaves the step's inputs (ids, start) on the device
+        if start:
+            eng.forward(ids[:start], 0)
+        eng.forward(ids[start : start + T], start)  # leaves the step's inputs on the device
         launches = b.gpu.launches(T)
     else:
         eng.forward(ids, 0)
@@ -89,9 +94,10 @@ def main() -> None:
     ap.add_argument("artifact")
     ap.add_argument("--position", type=int, default=512)
     ap.add_argument("--prefill", type=int, default=0, metavar="T", help="profile a T-token prefill")
+    ap.add_argument("--start", type=int, default=0, help="the prefill step's first position")
     args = ap.parse_args()
     eng = load_engine(args.artifact, target="cuda")
-    per_kind, launches = kernel_times(eng, args.position, args.prefill)
+    per_kind, launches = kernel_times(eng, args.position, args.prefill, start=args.start)
     for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1]):
         print(f"{k:48s} {v * 1e3:8.3f} ms per step")
     print(f"sum of kernel times (back to back): {sum(per_kind.values()) * 1e3:.3f} ms")
@@ -101,7 +107,7 @@ def main() -> None:
         ids = np.random.default_rng(0).integers(0, eng.vocab_size, T).tolist()
         t = time.perf_counter()
         for _ in range(n):
-            eng.forward(ids, 0)
+            eng.forward(ids, args.start)
         print(f"the step as the runtime launches it: {(time.perf_counter() - t) / n * 1e3:.3f} ms")
         return
     with_copies, alone = replay_ms(eng, args.position)

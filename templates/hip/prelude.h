@@ -1486,6 +1486,12 @@ HIPC_DEVICE int hipc_mma_colslot(int i) { return i % 2; }
 #define HIPC_MMA_ROWS 2
 #define HIPC_MMA_ROW_LANES 4
 HIPC_DEVICE int hipc_mma_rowslot(int i) { return i / 2; }
+// as HIPC_MMA_NV's (the generic flash kernel's P tiles: its wide-head form on NVIDIA)
+HIPC_DEVICE void hipc_mma_store_bf16(uint16_t* s, int ld, const hipc_mma_c& c) {
+  const int lane = hipc_thread() % 32, g = lane / 4, col = 2 * (lane % 4);
+  *(uint32_t*)(s + g * ld + col) = hipc_f32_to_bf16(c[0]) | hipc_f32_to_bf16(c[1]) << 16;
+  *(uint32_t*)(s + (g + 8) * ld + col) = hipc_f32_to_bf16(c[2]) | hipc_f32_to_bf16(c[3]) << 16;
+}
 // the flash kernel's operands as the NVIDIA forms above hand them (read from the tile directly)
 HIPC_DEVICE void hipc_mma_load_b2(const uint16_t* s, int ld, hipc_mma_b& b0, hipc_mma_b& b1) {
   b0 = hipc_mma_load_b(s, ld), b1 = hipc_mma_load_b(s + 8 * ld, ld);

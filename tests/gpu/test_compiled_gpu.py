@@ -147,6 +147,46 @@ def test_bf16_prefill_policy_on_gpu(family, tmp_path):
     gpu.close()
 
 
+def _kquant_mix(name: str) -> str:
+    """Q4_K_M-like: Q6_K for the down projections and the LM head, Q4_K elsewhere."""
+    return "q6_k" if "ffn_down" in name or name == "output.weight" else "q4_k"
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q5_1", "k-mix"])
+def test_quantized_bf16_prefill_policy_on_gpu(qtype, tmp_path):
+    """Quantized weights under the default policy: a prefill step of 128 tokens or more
+    dequantizes each linear's W to bf16 rows for the wgmma GEMM (linear_dequant), a shorter
+    one multiplies the quants on the mma GEMM, decode runs the quantized GEMVs. 300 tokens in
+    128-token steps, then a 40-token step, then decode, against the reference executor with
+    the bf16-policy bar of test_bf16_prefill_policy_on_gpu (bf16 rounding of x and now of W)."""
+    if qtype == "k-mix":
+        path = write_numpy_gguf(
+            tmp_path / "m.gguf", hidden=256, ffn=512, types=_kquant_mix, context=512
+        )
+    else:
+        path = write_numpy_gguf(tmp_path / "m.gguf", qtype, hidden=128, ffn=256, context=512)
+    out = tmp_path / "m.hipc"
+    compile_model(
+        path, out, CompileOptions(targets=(TARGET,), max_context=512, max_tokens=128),
+        verbose=False,
+    )  # fmt: skip
+    gpu = load_engine(out, target="cuda")
+    steps = gpu.artifact.plan["targets"][TARGET]["steps"]["prefill"]
+    assert any(x["kernel"].endswith("_dq") for x in steps)
+    ref = ReferenceEngine(load_model(path), 512, kv_storage=gpu.artifact.kv_storage)
+    tokens = np.random.default_rng(11).integers(0, gpu.vocab_size, 345).tolist()
+    got, want = gpu.logits(tokens[:300]), ref.logits(tokens[:300], 0)
+    assert rel_err(got, want) <= 0.1, rel_err(got, want)
+    assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9
+    got = gpu.forward(tokens[300:340], 300)  # one step of 40: the mma GEMM on the quants
+    want = ref.logits(tokens[300:340], 300)[-1]
+    assert rel_err(got, want) <= 0.1, rel_err(got, want)
+    dec = [gpu.forward([t], 340 + i) for i, t in enumerate(tokens[340:])]
+    refs = [ref.logits([t], 340 + i)[-1] for i, t in enumerate(tokens[340:])]
+    assert rel_err(np.stack(dec), np.stack(refs)) <= 0.1
+    gpu.close()
+
+
 def test_glu_bf16_handoff_is_exact_on_gpu(tmp_path, monkeypatch):
     """The gate/up GEMM's output written in bf16 and read directly by down's TMA (linear.py's
     bf16_reader) gives the same logits, bit for bit, as the same model compiled with down's

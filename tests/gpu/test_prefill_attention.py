@@ -63,6 +63,9 @@ CASES = {
     "partial_interleaved_f32": (4, 2, 64, 0, False, True, "float32", 3, 40, 48, False),
     # OLMoE: q clamped as read (rope_kv clamps k and v: the cache here holds them as stored)
     "clip_bf16": (16, 16, 64, 0, False, False, "bfloat16", 0, 130, 0, False, 0.5),
+    # Qwen3.5-35B-A3B's full-attention heads: D = 256 (the generic flash form on sm_80/sm_90),
+    # RoPE on 64 dims, gated output, after a cached prefix
+    "qwen35_d256_bf16": (16, 2, 256, 0, True, False, "bfloat16", 100, 300, 64, True),
 }
 # cases whose step holds other sequences' rows too: [(sequence, first position, rows)], the
 # case's own chunk being sequence 0's
@@ -71,6 +74,7 @@ MIXED = {
     "window_bf16": [(0, 0, 0), (1, 130, 1), (2, 63, 2)],
     "prefix_start_bf16": [(4, 5, 1), (1, 70, 1), (0, 0, 0), (2, 31, 1), (3, 16, 1)],
     "qknorm_interleaved_f32": [(1, 3, 1), (2, 90, 1), (0, 0, 0)],
+    "qwen35_d256_bf16": [(1, 40, 1), (0, 0, 0), (2, 7, 2)],
 }
 
 
