@@ -43,7 +43,7 @@ SHAPES = {"l8": (32, 8, 128), "smol": (9, 3, 64)}
 FORMS = (
     "tile", "head", "gqa", "tile:l4", "tile:b256", "tile:k32", "tile:k128", "tile:m8",
 )  # fmt: skip
-POSITIONS = (128, 512, 2048)
+POSITIONS = (0, 128, 512, 2048)  # 0: one key, no merge (the fixed cost)
 CTX = 8192
 L2_BYTES = 60 << 20
 

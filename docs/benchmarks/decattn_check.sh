@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One device call (<= 120 s on an H200: 20 + 20 + 75 s caps): the batch-1 decode attention
+# One device call (<= 120 s on an H200: 20 + 25 + 70 s caps): the batch-1 decode attention
 # forms, checked and timed.
 # 1. tests/gpu/test_decode_kernels.py -k attention: every form ("head", "gqa", "tile" and some
 #    tile geometries) on every case, NaN-poisoned outputs against NumPy, paged KV;
-# 2. bench_decode_attention.py: the kernels alone at 128/512/2048 positions, Llama-3-8B and
+# 2. bench_decode_attention.py: the kernels alone at 0/128/512/2048 positions, Llama-3-8B and
 #    SmolLM2 heads, each checked against NumPy, then timed launched as decode launches them
 #    (pdl) and alone;
 # 3. bench_decode_latency.py: Llama-3-8B Q4_0 cut to 4 layers compiled with each form (FORMS):
@@ -73,10 +73,10 @@ nvidia-smi -L
 timeout 20 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_decode_kernels.py \
   -k attention 2>&1 | tail -15 | tee "$OUT/tests.log"
 # (each writes its rows as they finish: a cut run keeps them)
-timeout 20 python3 docs/benchmarks/bench_decode_attention.py --out "$OUT/kernels.md" \
+timeout 25 python3 docs/benchmarks/bench_decode_attention.py --out "$OUT/kernels.md" \
   > "$OUT/kernels.log" 2>&1
 echo "kernels rc=$?"
-timeout 75 python3 docs/benchmarks/bench_decode_latency.py --models l8_q4_0 --forms "$FORMS" \
+timeout 70 python3 docs/benchmarks/bench_decode_latency.py --models l8_q4_0 --forms "$FORMS" \
   --positions 128,512,2048 --work "$WORK" --out "$OUT/latency.md" > "$OUT/bench.log" 2>&1
 echo "latency rc=$?"
 grep -E "^(compiled|wrote|Traceback)|Error" "$OUT/bench.log" | head -20
