@@ -649,7 +649,8 @@ TILE_LANES = 1
 # with 256 blocks, where one block took two tiles; the same at 128 and 512)
 TILE_BLOCKS = 512
 TILE_MIN_BLOCKS = 2  # blocks per SM the registers are capped for
-TILE_MAX_SHARED = 200 * 1024  # dynamic shared memory a block may take (sm_90: 227 KiB)
+# shared memory a block may take in all, per target family (sm_80/90: 163/227 KiB; AMD: 64 KiB LDS)
+TILE_MAX_SHARED = {"nvidia": 160 * 1024, "amd": 64 * 1024}
 
 
 def decode_attention_tile(
@@ -686,7 +687,7 @@ def decode_attention_tile(
     tiles = 4 * tk * (ks + rw)
     statics = 4 * (G * p.D + 2 * p.D + G * tk + G + p.D + 2 * G)
     dyn = tiles + statics > STATIC_SHARED
-    if statics > STATIC_SHARED or (dyn and tiles > TILE_MAX_SHARED):
+    if statics > STATIC_SHARED or tiles + statics > TILE_MAX_SHARED.get(target.family, 0):
         return None
     # the merge: a thread's consecutive outputs, one (m, l) per block where they are one head's;
     # a step's loads held in <= 64 registers (32 where a thread has more outputs to keep: the

@@ -99,7 +99,7 @@ FORMS = (
     | {(n, f"tile:{o}"): DECODE[n] for n, o in TILE_GEOMETRIES}
     | {
         (n, "tile-wave64"): DECODE[n]
-        for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "d256_gated_partial_bf16")
+        for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "gated_partial_d64_f32")
     }
 )
 
@@ -392,3 +392,10 @@ def test_grouped_decode_attention_falls_back_where_its_tiles_do_not_fit():
     assert kernel(32, 8, 128, "bfloat16", form="head").template == "attention_decode"
     # 16-key tiles where a cached row is over 256 bytes
     assert kernel(16, 2, 256, "bfloat16").ctx["tk"] == 16
+    # the tile form: its tiles past 48 KiB in dynamic shared memory on NVIDIA; on AMD, whose
+    # 64 KiB of LDS they would overflow, the per-head kernel
+    assert kernel(16, 2, 256, "bfloat16", form="tile").shared > 48 << 10
+    p = AttentionParams(NH=16, NKV=2, D=256, scale=0.0625, window=0, interleaved=False,
+                        norm_eps=0.0)  # fmt: skip
+    amd = decode_attention("a", p, GpuTarget("gfx942"), ["a"], 8192, "bfloat16", form="tile")
+    assert amd.template == "attention_decode"
