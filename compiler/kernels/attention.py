@@ -316,6 +316,7 @@ class Attention(KernelKind):
                 "out": b.act(r["out"][1]),
             },
             overlap=True,
+            shared=dk.shared,
         )
 
 
@@ -537,19 +538,29 @@ def decode_attention(
     max_ctx: int,
     kv_storage: str,
     waves: int = DECODE_WAVES,
-    blocks: int = DECODE_BLOCKS,
+    blocks: int | None = None,
     form: str | None = None,
 ) -> GpuKernel:
-    """The decode attention of one layer: the grouped kernel (attention_decode_gqa.hip.j2)
-    where its tiles fit in shared memory, else the per-head one (attention_decode.hip.j2).
-    `form` ("gqa" / "head") overrides DECODE_FORM; `waves` and `blocks` override
+    """The decode attention of one layer: the grouped kernels (attention_decode_gqa.hip.j2,
+    attention_decode_tile.hip.j2) where their tiles fit in shared memory, else the per-head
+    one (attention_decode.hip.j2). `form` ("gqa" / "head" / "tile[:option...]", see
+    decode_attention_tile) overrides DECODE_FORM; `waves` and `blocks` override
     DECODE_WAVES and DECODE_BLOCKS (bench_gpu_gemv.py times several)."""
-    if (form or DECODE_FORM) == "gqa":
-        k = decode_attention_gqa(fn, p, target, nodes, max_ctx, kv_storage, waves, blocks)
+    form = form or DECODE_FORM
+    if form == "gqa":
+        k = decode_attention_gqa(
+            fn, p, target, nodes, max_ctx, kv_storage, waves, blocks or DECODE_BLOCKS
+        )
+        if k is not None:
+            return k
+    if form.split(":")[0] == "tile":
+        k = decode_attention_tile(
+            fn, p, target, nodes, max_ctx, kv_storage, form, blocks or TILE_BLOCKS
+        )
         if k is not None:
             return k
     wave = target.wave
-    splits = decode_splits(p.NH, max_ctx, wave, waves, blocks)
+    splits = decode_splits(p.NH, max_ctx, wave, waves, blocks or DECODE_BLOCKS)
     kv_ctx = kv_context(kv_storage, max_ctx)
     ctx = dict(
         nodes=nodes,
@@ -573,11 +584,13 @@ def decode_splits(
     return max(1, min(chunks, -(-blocks // heads)))
 
 
-# decode attention: "head" (a block per query head and split) or "gqa" (a block per KV head and
-# split). "head" stays the default: on the H200 (docs/benchmarks/gpu-h200.md, declat) "gqa" was
-# slower from 512 positions on (its last block merged up to 64 partials with 4 loads in flight)
-# and faster only at short context; the merge is rewritten since, not yet measured.
-DECODE_FORM = "head"
+# decode attention: "tile" (a block per KV head and 64-key tile, the tile loaded before the PDL
+# wait), "head" (a block per query head and split) or "gqa" (a block per KV head and split).
+# "tile" is the default since the H200 measured it (docs/benchmarks/gpu-h200.md, decattn: the
+# 4-layer 8B Q4_0's decode graph 0.304 / 0.312 / 0.334 ms at 128 / 512 / 2048 positions, "head"
+# 0.313 / 0.330 / 0.372, "gqa" 0.307 / 0.316 / 0.343; its kernel alone faster than "head" at
+# every position on the 8B and SmolLM2 heads).
+DECODE_FORM = "tile"
 DECODE_TILE = 32  # keys per tile of the grouped decode kernel (16 where a row is over 256 bytes)
 # blocks per KV head at most: the last one merges every block's partial sums
 DECODE_GQA_SPLITS = 32
@@ -623,3 +636,81 @@ def decode_attention_gqa(
         **p.context(),
     )
     return GpuKernel(f"{fn}_decode", "attention_decode_gqa", ctx, [p.NKV, splits], threads)
+
+
+# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128" overrides each)
+TILE_KEYS = 64  # keys per tile (a block's whole share up to TILE_KEYS x splits positions)
+TILE_WAVES = 8
+# lanes per (head, key) score: one measured faster than 4 on the H200 at every position, 8B and
+# SmolLM2 heads (no shuffles; a wave's q reads one address)
+TILE_LANES = 1
+# blocks per layer (KV heads x splits; fewer run where the context is short): 512 gives the 8B's
+# 8 KV heads a block per tile up to 4,096 positions (at 2,048: 11.2 us alone with PDL, 12.7
+# with 256 blocks, where one block took two tiles; the same at 128 and 512)
+TILE_BLOCKS = 512
+TILE_MIN_BLOCKS = 2  # blocks per SM the registers are capped for
+# shared memory a block may take in all, per target family (sm_80/90: 163/227 KiB; AMD: 64 KiB LDS)
+TILE_MAX_SHARED = {"nvidia": 160 * 1024, "amd": 64 * 1024}
+
+
+def decode_attention_tile(
+    fn: str,
+    p: AttentionParams,
+    target: GpuTarget,
+    nodes: list[str],
+    max_ctx: int,
+    kv_storage: str,
+    form: str = "tile",
+    blocks: int = TILE_BLOCKS,
+) -> GpuKernel | None:
+    """The grouped decode attention with its work after the PDL wait shortened
+    (attention_decode_tile.hip.j2): a block per (KV head, tile of `k` keys), the block's first
+    tile in shared memory before the wait, scores `l` lanes per (head, key), and the merge's
+    (m, l, acc) loads of up to `m` blocks issued together. `form` options after "tile",
+    colon-separated: kN keys per tile, wN waves, lN lanes per score, mN blocks per merge
+    step, bN blocks per layer (default `blocks`). None where the tiles do not fit in shared
+    memory."""
+    opts = {"k": TILE_KEYS, "w": TILE_WAVES, "l": TILE_LANES, "m": 0, "b": blocks}
+    for o in form.split(":")[1:]:
+        if o[:1] not in opts or not o[1:].isdigit():
+            raise ValueError(f"decode attention form {form!r}: unknown option {o!r}")
+        opts[o[0]] = int(o[1:])
+    kv_ctx = kv_context(kv_storage, max_ctx)
+    esize = 2 if kv_storage == "bfloat16" else 4
+    lpk, tk = opts["l"], opts["k"]
+    if p.D % 2 or p.NH % p.NKV or lpk & (lpk - 1) or lpk > target.wave:
+        return None
+    G, threads = p.NH // p.NKV, opts["w"] * target.wave
+    splits = max(1, min(-(-max_ctx // tk), -(-opts["b"] // p.NKV)))
+    rw = p.D * esize // 4
+    ks = rw + (1 - rw % 2 if lpk == 1 else (lpk - rw % 32) % 32)
+    tiles = 4 * tk * (ks + rw)
+    statics = 4 * (G * p.D + 2 * p.D + G * tk + G + p.D + 2 * G)
+    dyn = tiles + statics > STATIC_SHARED
+    if statics > STATIC_SHARED or tiles + statics > TILE_MAX_SHARED.get(target.family, 0):
+        return None
+    # the merge: a thread's consecutive outputs, one (m, l) per block where they are one head's;
+    # a step's loads held in <= 64 registers (32 where a thread has more outputs to keep: the
+    # 256-dim heads spilled at 64)
+    outputs = -(-G * p.D // threads)
+    loads = outputs + (2 if p.D % outputs == 0 else 2 * outputs)
+    mu = opts["m"] or max(2, min(16, (64 if outputs <= 2 else 32) // loads))
+    ctx = dict(
+        nodes=nodes,
+        wave=target.wave,
+        threads=threads,
+        tk=tk,
+        lpk=lpk,
+        mu=mu,
+        dyn=dyn,
+        # registers for two blocks per SM: a layer's 256 blocks resident at once on an H200
+        min_blocks=TILE_MIN_BLOCKS,
+        splits=splits,
+        params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+        **kv_ctx,
+        **p.context(),
+    )
+    return GpuKernel(
+        f"{fn}_decode", "attention_decode_tile", ctx, [p.NKV, splits], threads,
+        tiles if dyn else 0,
+    )  # fmt: skip

@@ -1,6 +1,7 @@
 """Batch-1 decode time that is not weight streaming, before/after: each model compiled with
 each decode-attention form (compiler/kernels/attention.py DECODE_FORM: "head", one block per
-query head and split; "gqa", one block per KV head and split), then timed on one GPU.
+query head and split; "gqa", one block per KV head and split; "tile[:options]", the grouped
+kernel with its tile loaded before the wait), then timed on one GPU.
 
     # here: the SmolLM2 metadata (bench_gpu_quant.py --prep-smol), and the kernels prebuilt
     python docs/benchmarks/bench_decode_latency.py --meta .work/gpuq-meta --prebuild
@@ -31,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 MODELS = ("l8_q4_0", "smol_q4_1", "smol_bf16")
-FORMS = ("head", "gqa")
+FORMS = ("head", "gqa", "tile")
 
 
 def log(*a) -> None:
@@ -63,7 +64,7 @@ def compile_model(src: Path, form: str, work: Path) -> Path:
     from hipc.cli.main import main as hipc
     from hipc.compiler.kernels import attention
 
-    out = work / f"{src.stem}-{form}.hipc"
+    out = work / f"{src.stem}-{form.replace(':', '_')}.hipc"
     if out.exists():
         return out
     attention.DECODE_FORM = form
@@ -78,7 +79,7 @@ def compile_model(src: Path, form: str, work: Path) -> Path:
     return out
 
 
-def engine_loop(eng, position: int, n: int = 128, repeats: int = 3) -> float:
+def engine_loop(eng, position: int, n: int = 128, repeats: int = 5) -> float:
     ids = np.random.default_rng(1).integers(0, eng.vocab_size, position).tolist()
     rates = []
     for _ in range(repeats):
@@ -187,9 +188,7 @@ def measure(art: Path, positions: list[int], gen: bool) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument(
-        "--meta", type=Path, required=True, help="bench_gpu_quant.py --prep-smol's folder"
-    )
+    ap.add_argument("--meta", type=Path, help="bench_gpu_quant.py --prep-smol's folder (smol_q4_1)")
     # smol_bf16 only when asked: a call of ~150 s fits the other two, both forms
     ap.add_argument("--models", default="l8_q4_0,smol_q4_1", help=f"of {','.join(MODELS)}")
     ap.add_argument("--forms", default=",".join(FORMS))

@@ -20,7 +20,6 @@ from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.kernels.attention import (
     ATTN_WAVES,
-    DECODE_BLOCKS,
     decode_attention,
     kv_context,
     prefill_signature,
@@ -71,9 +70,18 @@ BLOCKS = {
 }
 
 
-# the grouped kernel (one block per KV head) on every case; the per-query-head one (the
-# default, and the fallback where the grouped one's tiles would not fit) on most; the grouped
-# one with AMD CDNA's 64-lane waves (gfx942: lanes past a tile's 32 keys idle) on a few
+# tile form geometries: 4 and 2 lanes per score, 32-key tiles of 4 waves, 128-key tiles in
+# dynamic shared memory, merges of 2 blocks a step, 16-key tiles of 2 waves
+TILE_GEOMETRIES = (
+    ("llama_bf16_d128", "l4"), ("f32_d64_chunks", "k32:w4:m2"), ("tiles_per_block_bf16", "k128"),
+    ("qknorm_d12_bf16", "l2:k16"), ("window_f32_d32", "l4:k32:b256"),
+    ("d256_gated_partial_bf16", "k32:m2"), ("edge_p47_window", "k16:w2"),
+    # one wave: 6 outputs a thread, two heads' (an m, l per output), 5 blocks merged 2 a step
+    ("edge_p64_one_split", "w1:k16:m2:b48"),
+)  # fmt: skip
+# the grouped kernel (one block per KV head and split) on every case; the per-query-head one
+# (the fallback where the grouped ones' tiles would not fit) on most; the grouped one with AMD
+# CDNA's 64-lane waves (gfx942: lanes past a tile's 32 keys idle) on a few
 HEAD_CASES = (
     "llama_bf16_d128", "window_f32_d32", "gated_partial_d64_f32", "first_token",
     "qknorm_d12_bf16", "clip_bf16", "f32_d64_chunks", "edge_p31", "tiles_per_block_bf16",
@@ -84,6 +92,14 @@ FORMS = (
     | {
         (n, "gqa-wave64"): DECODE[n]
         for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "d256_gated_partial_bf16")
+    }
+    # the tile form (attention_decode_tile, the default) on every case, and some of its
+    # geometries; the tile and grouped forms with AMD CDNA's 64-lane waves on a few
+    | {(n, "tile"): c for n, c in DECODE.items()}
+    | {(n, f"tile:{o}"): DECODE[n] for n, o in TILE_GEOMETRIES}
+    | {
+        (n, "tile-wave64"): DECODE[n]
+        for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "gated_partial_d64_f32")
     }
 )
 
@@ -104,7 +120,7 @@ def _build(tmp_path_factory, wave: int):
     specs = {}
     for i, (key, case) in enumerate(FORMS.items()):
         name, form = key
-        if (form == "gqa-wave64") != (wave == 64):
+        if form.endswith("-wave64") != (wave == 64):
             continue
         k = decode_attention(
             f"att{i}",
@@ -113,10 +129,11 @@ def _build(tmp_path_factory, wave: int):
             [name],
             case[7],
             case[6],
-            blocks=BLOCKS.get(name, DECODE_BLOCKS),
+            blocks=BLOCKS.get(name),
             form=form.split("-")[0],
         )
-        assert k.template == f"attention_decode{'' if form == 'head' else '_gqa'}"
+        want = {"head": "", "gqa": "_gqa", "tile": "_tile"}[form.split("-")[0].split(":")[0]]
+        assert k.template == f"attention_decode{want}"
         specs[key] = k
         kernels.append(render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx))
         kv = "uint16_t" if case[6] == "bfloat16" else "float"
@@ -126,7 +143,7 @@ def _build(tmp_path_factory, wave: int):
             f"const float* c, const float* s, {kv}* kc, {kv}* vc, float* part, unsigned* cnt, "
             f"float* out) {{\n"
             f"  grid({k.grid[0]}, {k.grid[1]}, {k.threads}, [=] {{ {k.fn}(q, k, v, pos, seq, "
-            f"blocks, qw, kw, c, s, kc, vc, part, cnt, out); }});\n}}"
+            f"blocks, qw, kw, c, s, kc, vc, part, cnt, out); }}, {k.shared});\n}}"
         )
     code = "\n".join(kernels) + "\n" + "\n".join(wrappers)
     handle = host_simt.build(
@@ -138,7 +155,7 @@ def _build(tmp_path_factory, wave: int):
 
 @pytest.mark.parametrize("name,form", sorted(FORMS))
 def test_decode_attention_on_the_host(request, name, form):
-    lib = request.getfixturevalue("lib64" if form == "gqa-wave64" else "lib32")
+    lib = request.getfixturevalue("lib64" if form.endswith("-wave64") else "lib32")
     NH, NKV, D, window, norm, interleaved, kv, ctx, p = DECODE[name][:9]
     rot, gated = attention_switches(DECODE[name])
     r = rot or D
@@ -375,3 +392,10 @@ def test_grouped_decode_attention_falls_back_where_its_tiles_do_not_fit():
     assert kernel(32, 8, 128, "bfloat16", form="head").template == "attention_decode"
     # 16-key tiles where a cached row is over 256 bytes
     assert kernel(16, 2, 256, "bfloat16").ctx["tk"] == 16
+    # the tile form: its tiles past 48 KiB in dynamic shared memory on NVIDIA; on AMD, whose
+    # 64 KiB of LDS they would overflow, the per-head kernel
+    assert kernel(16, 2, 256, "bfloat16", form="tile").shared > 48 << 10
+    p = AttentionParams(NH=16, NKV=2, D=256, scale=0.0625, window=0, interleaved=False,
+                        norm_eps=0.0)  # fmt: skip
+    amd = decode_attention("a", p, GpuTarget("gfx942"), ["a"], 8192, "bfloat16", form="tile")
+    assert amd.template == "attention_decode"

@@ -182,7 +182,7 @@ def attention_bodies(artifact, target) -> dict[str, str]:
     source = (artifact / "kernels" / f"{target}.hip").read_text()
     bodies = {}
     for part in source.split("\nHIPC_KERNEL ")[1:]:
-        name = re.match(r"void\s+(?:\w+\(\d+\)\s+)?(\w+)\(", part)  # after the bounds macro
+        name = re.match(r"void\s+(?:\w+\([\d, ]+\)\s+)?(\w+)\(", part)  # after the bounds macro
         if name and name.group(1).startswith("attention_"):
             bodies[name.group(1)] = part
     return bodies

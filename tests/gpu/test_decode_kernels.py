@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from hipc.base.launch_plan import KV_BLOCK
-from hipc.compiler.kernels.attention import DECODE_BLOCKS, decode_attention
+from hipc.compiler.kernels.attention import decode_attention
 from hipc.compiler.kernels.embedding import EmbeddingParams
 from hipc.compiler.kernels.embedding import gpu_kernel as embedding_kernel
 from hipc.compiler.kernels.linear import (
@@ -279,8 +279,15 @@ ATTENTION_BLOCKS = {
     "tiles_window_qknorm_f32": 4,
     "edge_p64_one_block": 3,
 }
-# both forms on every case: per query head (the default) and per KV head (the grouped one)
-ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("head", "gqa")]
+# every form on every case: per KV head and tile (the default), per query head, per KV head and
+# split; and some tile geometries (4 lanes per score, 128- and 16-key tiles, 2-block merge steps)
+ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("tile", "head", "gqa")] + [
+    ("llama8b_bf16_loops_chunks", "tile:l4"),
+    ("smollm2_bf16", "tile:k128"),
+    ("tiles_per_block_bf16", "tile:k128:m2"),
+    ("qwen35_gated_partial_bf16", "tile:k32"),
+    ("window_f32", "tile:k16:w2"),
+]
 
 
 def decode_attention_specs(arch: str) -> dict:
@@ -290,7 +297,7 @@ def decode_attention_specs(arch: str) -> dict:
         case = ATTENTIONS[name]
         specs[name, form] = decode_attention(
             f"a{i}", attention_params(case, EPS), GpuTarget(arch), [name], case[7], case[6],
-            blocks=ATTENTION_BLOCKS.get(name, DECODE_BLOCKS), form=form,
+            blocks=ATTENTION_BLOCKS.get(name), form=form,
         )  # fmt: skip
     return specs
 
