@@ -584,13 +584,16 @@ def decode_splits(
     return max(1, min(chunks, -(-blocks // heads)))
 
 
-# decode attention: "tile" (a block per KV head and 64-key tile, the tile loaded before the PDL
-# wait), "head" (a block per query head and split) or "gqa" (a block per KV head and split).
-# "tile" is the default since the H200 measured it (docs/benchmarks/gpu-h200.md, decattn: the
-# 4-layer 8B Q4_0's decode graph 0.304 / 0.312 / 0.334 ms at 128 / 512 / 2048 positions, "head"
-# 0.313 / 0.330 / 0.372, "gqa" 0.307 / 0.316 / 0.343; its kernel alone faster than "head" at
-# every position on the 8B and SmolLM2 heads).
-DECODE_FORM = "tile"
+# decode attention: "head" (a block per query head and split), "tile" (a block per KV head and
+# 64-key tile, the tile loaded before the PDL wait) or "gqa" (a block per KV head and split).
+# "tile" measured faster where the decode graph is replayed alone (docs/benchmarks/gpu-h200.md,
+# decattn: the 4-layer 8B Q4_0's graph 0.304 / 0.312 / 0.334 ms at 128 / 512 / 2048 positions,
+# "head" 0.313 / 0.330 / 0.372) and its kernel alone beat "head" at every position, but the
+# engine's forward() loop ran slower with it (the same 4-layer 8B at 128 positions 2,386 tok/s
+# against 2,654), and with it as the default (512 blocks a layer) the SmolLM2 Q4_1 decode fell
+# from 2,413 to 2,058 tok/s in session 8's last call: "head" stays the default until "tile" wins
+# the end-to-end measure too (bench_decode_latency.py --forms compiles each form).
+DECODE_FORM = "head"
 DECODE_TILE = 32  # keys per tile of the grouped decode kernel (16 where a row is over 256 bytes)
 # blocks per KV head at most: the last one merges every block's partial sums
 DECODE_GQA_SPLITS = 32

@@ -316,9 +316,10 @@ def test_gpu_plan_matches_the_runtime_reader(artifact):
     assert len(attn) == 2  # one per layer of the tiny model
     assert len(gp.decode) == len(gp.prefill) - stats - len(attn)
     assert all(x.overlap for x in gp.decode) and not any(x.overlap for x in gp.prefill)
-    # max_context 64 is a single tile of the default (tile) form's 64 keys: one block per KV head
-    kv_heads = json.loads((artifact / "manifest.json").read_text())["config"]["num_kv_heads"]
-    assert attn[0].grid_dims(1, 1) == (kv_heads, 1, 1)
+    # max_context 64 is a single chunk of the default (head) form's 4 waves x 32 keys: one block
+    # per query head
+    heads = json.loads((artifact / "manifest.json").read_text())["config"]["num_heads"]
+    assert attn[0].grid_dims(1, 1) == (heads, 1, 1)
     # the counters the merging blocks reset live inside the scratch buffer
     counters = attn[0].args[13]
     assert counters["kind"] == "scratch"
