@@ -41,7 +41,7 @@ SHAPES = {"l8": (32, 8, 128), "smol": (9, 3, 64)}
 # the tile form's default first (1 lane per score, 64-key tiles, 512 blocks, 16-block merge
 # steps), then the other forms and the tile geometries it was chosen over
 FORMS = (
-    "tile", "head", "gqa", "tile:l4", "tile:b256", "tile:k32", "tile:k128", "tile:m8",
+    "tile", "head", "gqa", "tile:b128", "tile:b256", "tile:l4", "tile:m8", "tile:k32",
 )  # fmt: skip
 POSITIONS = (0, 128, 512, 2048)  # 0: one key, no merge (the fixed cost)
 CTX = 8192

@@ -22,6 +22,9 @@
 set -uo pipefail
 export HIPC_CACHE_DIR=$PWD/.work/decattn-cache HIPC_KERNEL_CACHE=$PWD/.work/decattn-fatbins
 FORMS=${FORMS:-tile,head,gqa}  # the new form first: a cut run still compares it
+MODELS=${MODELS:-l8_q4_0}  # bench_decode_latency's (smol_q4_1 needs META)
+META=${META:-../gpuq-meta}  # bench_gpu_quant.py --prep-smol's folder (main's .work/gpuq-meta)
+KFORMS=${KFORMS:-}  # bench_decode_attention's forms (default: its FORMS)
 WORK=/tmp/hipc-decattn  # the 4-layer GGUF and its artifacts (written on the device: ~1.7 GB)
 
 if [ "${1:-}" = prebuild ]; then
@@ -43,8 +46,8 @@ compiled(kernels_source(specs, "sm_90", "split"), "sm_90", Path(".work/decattn-f
 EOF
   python docs/benchmarks/bench_decode_attention.py --prebuild .work/decattn-fatbins
   rm -rf "$WORK"/*.hipc  # compiled again from the templates as they are (cache hits if unchanged)
-  python docs/benchmarks/bench_decode_latency.py --models l8_q4_0 --forms "$FORMS" \
-    --work "$WORK" --prebuild
+  python docs/benchmarks/bench_decode_latency.py --models "$MODELS" --forms "$FORMS" \
+    --work "$WORK" --meta "$META" --prebuild
   # carried packed (cubins compress ~3x): the call's tree stays under 12 MB
   tar -cJf .work/decattn-prebuilt.tar.xz -C .work decattn-fatbins decattn-cache
   du -sh .work/decattn-*
@@ -73,11 +76,12 @@ nvidia-smi -L
 timeout 20 python3 -m pytest -q -p no:cacheprovider -m gpu -rf tests/gpu/test_decode_kernels.py \
   -k attention 2>&1 | tail -15 | tee "$OUT/tests.log"
 # (each writes its rows as they finish: a cut run keeps them)
-timeout 25 python3 docs/benchmarks/bench_decode_attention.py --out "$OUT/kernels.md" \
+timeout 25 python3 docs/benchmarks/bench_decode_attention.py --out "$OUT/kernels.md" ${KFORMS:+--forms "$KFORMS"} \
   > "$OUT/kernels.log" 2>&1
 echo "kernels rc=$?"
-timeout 70 python3 docs/benchmarks/bench_decode_latency.py --models l8_q4_0 --forms "$FORMS" \
-  --positions 128,512,2048 --work "$WORK" --out "$OUT/latency.md" > "$OUT/bench.log" 2>&1
+timeout ${LATENCY_S:-70} python3 docs/benchmarks/bench_decode_latency.py --models "$MODELS" \
+  --forms "$FORMS" --meta "$META" --positions 128,512,2048 --work "$WORK" --out "$OUT/latency.md" \
+  > "$OUT/bench.log" 2>&1
 echo "latency rc=$?"
 grep -E "^(compiled|wrote|Traceback)|Error" "$OUT/bench.log" | head -20
 grep -h " @" "$OUT/bench.log" | cut -c1-400
