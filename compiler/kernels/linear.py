@@ -783,14 +783,16 @@ def select_wgmma(p: LinearParams, tokens: int) -> WgmmaTile:
 
 
 def wgmma_gemm(p: LinearParams, target: GpuTarget, split: bool, simt: bool) -> bool:
-    """Whether a linear's prefill runs on the sm_90a GEMM: bf16 weights, bf16 activations,
-    rows of 16-byte multiples (TMA's global stride); its epilogue has no gated residual."""
-    return (
-        target.arch in WGMMA_ARCHS
-        and not (split or simt or p.gated)
-        and p.wtype == "bfloat16"
-        and p.K % 8 == 0
-    )
+    """Whether a linear's prefill runs on the sm_90a GEMM as its weights are stored: bf16
+    weights (quantized ones reach it through dequant_wgmma) and the GEMM's other terms."""
+    return p.wtype == "bfloat16" and _wgmma_takes(p, target, split or simt)
+
+
+def _wgmma_takes(p: LinearParams, target: GpuTarget, split: bool) -> bool:
+    """The sm_90a GEMM's terms beside the weight type: bf16 activations (not
+    --prefill-precision split, nor the SIMT kernel forced), rows of 16-byte multiples (TMA's
+    global stride), no gated-residual epilogue."""
+    return target.arch in WGMMA_ARCHS and not (split or p.gated) and p.K % 8 == 0
 
 
 # sm_90a prefill steps of at least this many tokens dequantize a quantized W to bf16 rows (one
@@ -803,14 +805,8 @@ DEQUANT_MIN_TOKENS = 128
 
 def dequant_wgmma(p: LinearParams, target: GpuTarget, split: bool) -> bool:
     """Whether a quantized linear's long prefill steps may run dequantize + the sm_90a GEMM
-    (not with --prefill-precision split, which promises float32-class sums, nor the gated
-    residual, which that GEMM's epilogue lacks)."""
-    return (
-        target.arch in WGMMA_ARCHS
-        and not (split or p.gated)
-        and WEIGHT_SUFFIX.get(p.wtype) in QUANT_TYPES
-        and p.K % 8 == 0
-    )
+    (its terms as for bf16 weights: wgmma_gemm)."""
+    return WEIGHT_SUFFIX.get(p.wtype) in QUANT_TYPES and _wgmma_takes(p, target, split)
 
 
 def dequant_steps(k: SelectedKernel, g: GpuProgramBuilder) -> bool:
