@@ -24,8 +24,8 @@ class CompiledEngine:
         self.max_context = backend.max_context
         self.vocab_size = artifact.plan["vocab_size"]
         self._tokenizer = None
-        self._queued: tuple | None = None  # (tokens, start, on the backend) of a submitted step
-        self._argmax = False  # that step picks its argmax on the device (submit(argmax=True))
+        # a submitted step: (tokens, start, on the backend, its argmax picked there)
+        self._queued: tuple | None = None
         # recurrent states: prefix reuse from snapshots, where the backend can copy them
         self.sequence = None
         if any(s.kind == "recurrent" for s in artifact.states) and hasattr(backend, "snapshot"):
@@ -115,7 +115,6 @@ class CompiledEngine:
         for by the next call. `argmax`: only the last token's argmax is wanted
         (`collect_argmax()`), which a GPU backend with the top-k kernel picks on the device."""
         self._drain()
-        self._argmax = argmax and getattr(self.backend, "max_top_k", 0) >= 1
         self._check(tokens, start)
         if len(tokens) > self.backend.max_tokens or start + len(tokens) > self.max_context:
             raise HipcError(
@@ -127,9 +126,10 @@ class CompiledEngine:
             and hasattr(self.backend, "submit")
             and self.sequence.continues(tokens, start)
         )
-        self._queued = (tokens, start, passed)
+        on_device = passed and argmax and getattr(self.backend, "max_top_k", 0) >= 1
+        self._queued = (tokens, start, passed, on_device)
         if passed:
-            top = 1 if self._argmax else 0
+            top = 1 if on_device else 0
             self.backend.submit(np.asarray(tokens, dtype=np.int64), start, False, top=top)
 
     def collect(self, copy: bool = True) -> np.ndarray:
@@ -138,9 +138,9 @@ class CompiledEngine:
         for a caller done with it before the next submit, such as the generation loop)."""
         if self._queued is None:
             raise HipcError("no step in flight")
-        if self._argmax and self._queued[2]:
+        tokens, start, passed, on_device = self._queued
+        if on_device:
             raise HipcError("the step in flight was submitted for collect_argmax()")
-        tokens, start, passed = self._queued
         self._queued = None
         if passed:
             logits = self.backend.collect(copy=copy)[-1]
@@ -153,9 +153,9 @@ class CompiledEngine:
         """The argmax of the last token's logits of the step `submit` started (the lowest id
         of equal maxima, as np.argmax): picked on the device where submit(argmax=True) could
         ask for it, else from the logits."""
-        if self._queued is None or not (self._argmax and self._queued[2]):
+        if self._queued is None or not self._queued[3]:
             return int(np.argmax(self.collect(copy=False)))
-        tokens, start, _ = self._queued
+        tokens, start, _, _ = self._queued
         self._queued = None
         top = self.backend.collect()
         if self.sequence is not None:
@@ -168,8 +168,10 @@ class CompiledEngine:
 
     def _drain(self) -> None:
         """Wait for (and drop) a step submitted and never collected."""
-        if self._queued is not None:
-            self.collect_argmax() if self._argmax else self.collect()
+        if self._queued is not None and self._queued[3]:
+            self.collect_argmax()
+        elif self._queued is not None:
+            self.collect()
 
     def logits(self, tokens: Sequence[int], start: int = 0) -> np.ndarray:
         """Logits of every token [len(tokens), vocab]."""

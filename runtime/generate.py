@@ -148,12 +148,16 @@ class Generation:
             token := decoding.sample(logits) if picked is None else decoding.take(picked)
         ) is not None:
             running = submit is not None and decoding.continues()
-            if running:
-                submit([token], pos, argmax=True) if argmax else submit([token], pos)
+            if running and argmax:
+                submit([token], pos, argmax=True)
+            elif running:
+                submit([token], pos)
             step = decoding.emit()
             if step is None:
-                if running:
-                    self.engine.collect_argmax() if argmax else self.engine.collect()
+                if running and argmax:
+                    self.engine.collect_argmax()
+                elif running:
+                    self.engine.collect()
                 break
             yield step
             if argmax and running:
