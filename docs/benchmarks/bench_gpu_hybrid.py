@@ -151,12 +151,12 @@ def main() -> None:
     log(rows[-1])
     profiles = []
     if args.profile:
-        for start in (PROMPTS[-1] - args.prefill_chunk,):
-            cmd = [sys.executable, str(HERE / "profile_gpu_decode.py"), str(artifact)]
-            cmd += ["--prefill", str(args.prefill_chunk), "--start", str(start)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            profiles.append(f"prefill step at {start}:\n{proc.stdout}{proc.stderr[-1500:]}")
-            log(profiles[-1])
+        start = PROMPTS[-1] - args.prefill_chunk
+        cmd = [sys.executable, str(HERE / "profile_gpu_decode.py"), str(artifact)]
+        cmd += ["--prefill", str(args.prefill_chunk), "--start", str(start)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        profiles.append(f"prefill step at {start}:\n{proc.stdout}{proc.stderr[-1500:]}")
+        log(profiles[-1])
     shutil.rmtree(artifact, ignore_errors=True)
     if args.llamacpp_bin:
         lc = llama_bench(args.llamacpp_bin, src, args.repeats)
