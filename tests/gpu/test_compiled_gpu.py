@@ -112,6 +112,25 @@ def test_long_context_decode(family, overrides, tmp_path):
     gpu.close()
 
 
+def prompt_under_default_policy(model_path, tmp_path, seed: int, n: int):
+    """`model_path` compiled under the default (bf16) prefill policy, context 512 in 128-token
+    steps, beside the reference executor; `n` random tokens, the first 300 of them prefilled
+    as one prompt by both and held to the bf16-policy bar (test_bf16_prefill_policy_on_gpu).
+    Returns (gpu engine, reference, tokens) for the steps after the prompt."""
+    out = tmp_path / "m.hipc"
+    compile_model(
+        model_path, out, CompileOptions(targets=(TARGET,), max_context=512, max_tokens=128),
+        verbose=False,
+    )  # fmt: skip
+    gpu = load_engine(out, target="cuda")
+    ref = ReferenceEngine(load_model(model_path), 512, kv_storage=gpu.artifact.kv_storage)
+    tokens = np.random.default_rng(seed).integers(0, gpu.vocab_size, n).tolist()
+    got, want = gpu.logits(tokens[:300]), ref.logits(tokens[:300], 0)
+    assert rel_err(got, want) <= 0.1, rel_err(got, want)
+    assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9
+    return gpu, ref, tokens
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3-qknorm", "mistral-window", "qwen2-bias"])
 def test_bf16_prefill_policy_on_gpu(family, tmp_path):
     """The default policy on bf16 weights (wgmma GEMMs, flash attention): a 300-token prompt
@@ -125,22 +144,12 @@ def test_bf16_prefill_policy_on_gpu(family, tmp_path):
     if "head_dim" in cfg:
         cfg["head_dim"] = 32  # whole 16s: the flash kernel (12 keeps the SIMT one)
     folder = write_tiny_hf(tmp_path / family, dtype="bfloat16", **cfg)
-    out = tmp_path / "m.hipc"
-    compile_model(
-        folder, out, CompileOptions(targets=(TARGET,), max_context=512, max_tokens=128),
-        verbose=False,
-    )  # fmt: skip
-    gpu = load_engine(out, target="cuda")
+    gpu, ref, tokens = prompt_under_default_policy(folder, tmp_path, seed=9, n=304)
     kinds = {
         x["kernel"].rsplit("_", 1)[-1]
         for x in gpu.artifact.plan["targets"][TARGET]["steps"]["prefill"]
     }
     assert "flash" in kinds and any(k.startswith("wg") for k in kinds), kinds
-    ref = ReferenceEngine(load_model(folder), 512, kv_storage=gpu.artifact.kv_storage)
-    tokens = np.random.default_rng(9).integers(0, gpu.vocab_size, 304).tolist()
-    got, want = gpu.logits(tokens[:300]), ref.logits(tokens[:300], 0)
-    assert rel_err(got, want) <= 0.1, rel_err(got, want)
-    assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9
     steps = [gpu.forward([t], 300 + i) for i, t in enumerate(tokens[300:])]
     refs = [ref.logits([t], 300 + i)[-1] for i, t in enumerate(tokens[300:])]
     assert rel_err(np.stack(steps), np.stack(refs)) <= 0.1
@@ -165,19 +174,9 @@ def test_quantized_bf16_prefill_policy_on_gpu(qtype, tmp_path):
         )
     else:
         path = write_numpy_gguf(tmp_path / "m.gguf", qtype, hidden=128, ffn=256, context=512)
-    out = tmp_path / "m.hipc"
-    compile_model(
-        path, out, CompileOptions(targets=(TARGET,), max_context=512, max_tokens=128),
-        verbose=False,
-    )  # fmt: skip
-    gpu = load_engine(out, target="cuda")
+    gpu, ref, tokens = prompt_under_default_policy(path, tmp_path, seed=11, n=345)
     steps = gpu.artifact.plan["targets"][TARGET]["steps"]["prefill"]
     assert any(x["kernel"].endswith("_dq") for x in steps)
-    ref = ReferenceEngine(load_model(path), 512, kv_storage=gpu.artifact.kv_storage)
-    tokens = np.random.default_rng(11).integers(0, gpu.vocab_size, 345).tolist()
-    got, want = gpu.logits(tokens[:300]), ref.logits(tokens[:300], 0)
-    assert rel_err(got, want) <= 0.1, rel_err(got, want)
-    assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9
     got = gpu.forward(tokens[300:340], 300)  # one step of 40: the mma GEMM on the quants
     want = ref.logits(tokens[300:340], 300)[-1]
     assert rel_err(got, want) <= 0.1, rel_err(got, want)
