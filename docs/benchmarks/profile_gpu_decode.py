@@ -1,13 +1,15 @@
 """Where a GPU decode (or prefill) step's time goes: each launch of the step timed alone.
 
     python docs/benchmarks/profile_gpu_decode.py ARTIFACT [--position 512] [--prefill T [--start S]]
+    python docs/benchmarks/profile_gpu_decode.py ARTIFACT --batch R [--position 256]
 
 Runs the step's launch list with a CUDA event between launches, captured into one graph (no
 host in between), so each kernel's GPU time is measured without launch overhead; prints the
 time per kernel kind, then the whole step. --prefill T: a T-token prefill step from position
 --start (0; the cache filled before it) instead of a decode step at --position (the last token's
 logits only, as a prompt runs; the launches marked to overlap run back to back here, so their
-overlap is not counted).
+overlap is not counted). --batch R: a batch step of R sequences (one row each, all at
+--position; the launch list of the bucket that holds R rows, as the batching engine steps it).
 """
 
 from __future__ import annotations
@@ -25,16 +27,37 @@ def _is_hash(part: str) -> bool:
     return len(part) == 6 and all(c in "0123456789abcdef" for c in part)
 
 
+def batch_step(b, rows: int, position: int):
+    """A step of `rows` sequences at `position` (each its own blocks), as a function that runs
+    it (the bucket's captured graph, the logits copied back)."""
+    blocks = position // b.kv_block + 1
+    if rows * blocks > b.kv_blocks:
+        raise SystemExit(
+            f"--batch {rows} at {position}: {rows * blocks} KV blocks, the pool has {b.kv_blocks}"
+        )
+    tables = np.zeros((rows, b.kv_table), np.int32)
+    tables[:, :blocks] = np.arange(rows * blocks).reshape(rows, blocks)
+    ids = np.random.default_rng(0).integers(0, b.vocab, rows)
+    pos = np.full(rows, position, np.int32)
+    return lambda: b.step(ids, pos, np.arange(rows, dtype=np.int32), tables, np.arange(rows))
+
+
 def kernel_times(
-    eng, position: int, prefill: int = 0, reps: int = 5, start: int = 0
+    eng, position: int, prefill: int = 0, reps: int = 5, start: int = 0, batch: int = 0
 ) -> tuple[dict, list]:
     """Seconds per step by kernel kind (the name without its specialization hash), and the
-    launch list: a decode step at `position` (or a `prefill`-token prefill step from `start`),
-    each launch timed alone by CUDA events captured between launches."""
+    launch list: a decode step at `position` (or a `prefill`-token prefill step from `start`,
+    or a `batch`-row batch step), each launch timed alone by CUDA events captured between
+    launches."""
     b = eng.backend
     T = prefill or 1
     ids = np.random.default_rng(0).integers(0, eng.vocab_size, max(position, start + T)).tolist()
-    if prefill:
+    rows = 1
+    if batch:
+        batch_step(b, batch, position)()  # leaves the step's inputs on the device
+        T = rows = next(k for k in b.buckets if k >= batch)
+        launches = b.gpu.batch(T)
+    elif prefill:
         if start:
             eng.forward(ids[:start], 0)
         eng.forward(ids[start : start + T], start)  # leaves the step's inputs on the device
@@ -49,13 +72,13 @@ def kernel_times(
     # Event records captured into a graph between the kernels: the GPU runs them back to
     # back (no host in between), and each gap is one kernel's time.
     events = [cu.cuEventCreate(0)[1] for _ in range(len(launches) + 1)]
-    packed = [b._pack(launch, T, 1) for launch in launches]
+    packed = [b._pack(launch, T, rows) for launch in launches]
     external = cu.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL
     d.synchronize()
     d.begin_capture()
     cu.cuEventRecordWithFlags(events[0], d._stream, external)
     for k, launch in enumerate(launches):
-        b._launch(launch, launch.grid_dims(T, 1), packed[k])
+        b._launch(launch, launch.grid_dims(T, rows), packed[k])
         cu.cuEventRecordWithFlags(events[k + 1], d._stream, external)
     timed = d.instantiate(d.end_capture())
     per_kind: dict[str, float] = defaultdict(float)
@@ -95,13 +118,29 @@ def main() -> None:
     ap.add_argument("--position", type=int, default=512)
     ap.add_argument("--prefill", type=int, default=0, metavar="T", help="profile a T-token prefill")
     ap.add_argument("--start", type=int, default=0, help="the prefill step's first position")
+    ap.add_argument("--batch", type=int, default=0, metavar="R", help="profile an R-row batch step")
     args = ap.parse_args()
-    eng = load_engine(args.artifact, target="cuda")
-    per_kind, launches = kernel_times(eng, args.position, args.prefill, start=args.start)
+    # a batch's sequences each need their own blocks (the pool's default is one sequence)
+    pool = args.batch * (args.position + 64) if args.batch else None
+    eng = load_engine(args.artifact, target="cuda", kv_pool_tokens=pool)
+    per_kind, launches = kernel_times(
+        eng, args.position, args.prefill, start=args.start, batch=args.batch
+    )
     for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1]):
         print(f"{k:48s} {v * 1e3:8.3f} ms per step")
     print(f"sum of kernel times (back to back): {sum(per_kind.values()) * 1e3:.3f} ms")
     print(f"{len(launches)} launches")
+    if args.batch:
+        step, n = batch_step(eng.backend, args.batch, args.position), 20
+        step()
+        t = time.perf_counter()
+        for _ in range(n):
+            step()
+        ms = (time.perf_counter() - t) / n * 1e3
+        print(
+            f"the {args.batch}-row step as the runtime replays it (logits copied back): {ms:.3f} ms"
+        )
+        return
     if args.prefill:
         T, n = args.prefill, 10
         ids = np.random.default_rng(0).integers(0, eng.vocab_size, T).tolist()
