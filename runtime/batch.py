@@ -11,7 +11,11 @@ and GPU backends' `step`: per-row positions, block tables over paged KV pools). 
 
 It returns the logits of every sequence whose pending tokens are all computed; the caller
 samples (each sequence with its own Decoding: sampler, seed, stops, logprobs) and `feed()`s
-the next token. `run_step(top=k)` returns them as one [rows, vocab] array, or, from a backend
+the next token. A step is `submit()` then `collect()`: on a backend that `overlaps` (a
+GPU's submit_step) submit returns at once, so the caller can feed the tokens it has just
+picked, submit the next step and do the rest of the host work (detokenizing, stops,
+streaming) while the device computes; sequences released meanwhile keep their blocks until
+the step in flight is collected. `run_step(top=k)` returns them as one [rows, vocab] array, or, from a backend
 that picks tokens on the device (`step_top`, `max_top_k` >= k), each row's k likeliest ids
 and logits: what an all-greedy batch needs, rows x k values instead of rows x vocab. Blocks come from a KVPool: a sequence is admitted only when every block it
 may need can be promised (prompt + max_tokens), and the full blocks of its prompt that an
@@ -127,6 +131,14 @@ class BatchEngine:
         self._coming: dict[bytes, Sequence] = {}
         self.steps = 0
         self.last_batch = 0
+        submit_step = getattr(backend, "submit_step", None)
+        self._submit_step = (
+            submit_step
+            if callable(submit_step) and callable(getattr(backend, "collect", None))
+            else None
+        )
+        self._in_flight: StepOut | tuple | None = None  # submitted, not collected
+        self._released: list[Sequence] = []  # released while a step was in flight
 
     # -------------------------------------------------------------- admission
 
@@ -215,6 +227,14 @@ class BatchEngine:
         if seq not in self.running:
             return
         self.running.remove(seq)
+        if self._in_flight is not None:
+            # a row of the step in flight may still write its blocks (a token fed before it
+            # ended): they go back when that step is collected
+            self._released.append(seq)
+            return
+        self._free(seq)
+
+    def _free(self, seq: Sequence) -> None:
         for b in seq.blocks:
             self.pool.release(b)
         self.pool.unreserve(seq.quota)
@@ -239,12 +259,91 @@ class BatchEngine:
         0 when it returns logits only."""
         return int(getattr(self.backend, "max_top_k", 0) or 0) if self._step_top else 0
 
+    @property
+    def overlaps(self) -> bool:
+        """Whether a step can be in flight while the host works (a backend with
+        `submit_step` and `collect`: a GPU's): `submit` then returns at once and the caller
+        streams the last step's tokens while the device runs the next. Models with
+        recurrent states step synchronously (their snapshots are taken between steps)."""
+        return self._submit_step is not None and not self.recurrent
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight is not None
+
     def run_step(self, top: int = 0) -> StepOut:
         """Run one step. The sequences whose tokens are now all computed, in row order, and
         their logits as one [rows, vocab] array (valid until the next step); with `top` k > 0
         and a backend that picks them on the device (`tops_on_device` >= k), their k most
         likely token ids and logits instead: the host then receives rows x k values, not
         rows x vocab."""
+        self.submit(top)
+        return self.collect()
+
+    def submit(self, top: int = 0) -> bool:
+        """Start one step (run_step's, without waiting where the backend `overlaps`); False
+        when no sequence has a token to compute (nothing is in flight then). Between submit
+        and `collect` sequences may be fed (those whose tokens are all queued), admitted and
+        released (their blocks go back once the step in flight is collected)."""
+        if self._in_flight is not None:
+            raise HipcError("a step is already in flight: collect() it first")
+        planned = self._plan()
+        if planned is None:
+            return False
+        rows, ids, pos, seq_rows, out_rows, wanted = planned
+        args = (ids, pos, seq_rows, self.tables)
+        on_device = 0 < top <= self.tops_on_device
+        if self.overlaps:
+            if wanted:
+                self._submit_step(*args, out_rows, top if on_device else 0)
+            else:  # the entry point writes at least one row of logits: the last, dropped
+                self._submit_step(*args, np.array([len(ids) - 1], np.int32), 0)
+            self._in_flight = (wanted, on_device)
+        elif not wanted:
+            self._in_flight = StepOut([], self._step_without_logits(ids, pos, seq_rows))
+        elif on_device:
+            top_ids, top_logits = self._step_top(*args, out_rows, top)
+            self._in_flight = StepOut(wanted, None, np.asarray(top_ids), np.asarray(top_logits))
+        else:
+            self._in_flight = StepOut(wanted, self.backend.step(*args, out_rows))
+        for s, n in rows:
+            marks = self._marks(s, s.computed + n) if self.recurrent else []
+            self._computed(s, s.computed + n)
+            if marks and marks[-1] == s.computed:
+                self._keep(s)
+        self.steps += 1
+        self.last_batch = len(rows)
+        return True
+
+    def collect(self) -> StepOut:
+        """The step `submit` started (waiting for it where it runs on a device); the
+        sequences released meanwhile give their blocks back now. Empty when none is in
+        flight."""
+        pending = self._in_flight
+        try:
+            if pending is None:
+                return StepOut([], np.empty((0, self.vocab_size), np.float32))
+            if isinstance(pending, StepOut):
+                return pending
+            wanted, on_device = pending
+            if on_device:
+                top = self.backend.collect()
+                return StepOut(wanted, None, np.asarray(top[0]), np.asarray(top[1]))
+            logits = self.backend.collect(copy=False)
+            if not wanted:
+                return StepOut([], np.empty((0, self.vocab_size), np.float32))
+            return StepOut(wanted, logits)
+        finally:
+            # (also when the step failed: the backend has nothing in flight after collect)
+            released, self._released = self._released, []
+            for seq in released:
+                self._free(seq)
+            self._in_flight = None
+
+    def _plan(self) -> tuple | None:
+        """The next step's rows: (rows as (sequence, tokens), ids, positions, sequence rows,
+        out rows, the sequences whose logits it returns), blocks grown for them; None when
+        no sequence has a token to compute."""
         rows: list[tuple[Sequence, int]] = []  # (sequence, tokens this step)
         budget = self.step_rows
         prefilling = []
@@ -265,8 +364,8 @@ class BatchEngine:
             rows.append((s, n))
             budget -= n
         if not rows:
-            return StepOut([], np.empty((0, self.vocab_size), np.float32))
-        if len(rows) == len(self.running) and not prefilling:
+            return None
+        if not prefilling:
             # every row a decoding sequence's one token (the steady state): no per-token lists
             seqs = [s for s, _ in rows]
             for s in seqs:
@@ -275,39 +374,21 @@ class BatchEngine:
             ids = np.fromiter((s.tokens[-1] for s in seqs), np.int64, len(seqs))
             pos = np.fromiter((s.computed for s in seqs), np.int32, len(seqs))
             seq_rows = np.fromiter((s.slot for s in seqs), np.int32, len(seqs))
-            out_rows = np.arange(len(seqs), dtype=np.int32)
-            wanted = seqs
-        else:
-            ids_l, pos_l, seq_l, out_l, wanted = [], [], [], [], []
-            for s, n in rows:
-                first = s.computed
-                self._grow(s, first + n)
-                ids_l.extend(s.tokens[first : first + n])
-                pos_l.extend(range(first, first + n))
-                seq_l.extend([s.slot] * n)
-                if first + n == len(s.tokens):
-                    out_l.append(len(ids_l) - 1)
-                    wanted.append(s)
-            ids = np.array(ids_l, np.int64)
-            pos = np.array(pos_l, np.int32)
-            seq_rows = np.array(seq_l, np.int32)
-            out_rows = np.array(out_l, np.int32)
-        args = (ids, pos, seq_rows, self.tables)
-        if not wanted:
-            out = StepOut([], self._step_without_logits(ids, pos, seq_rows))
-        elif 0 < top <= self.tops_on_device:
-            top_ids, top_logits = self._step_top(*args, out_rows, top)
-            out = StepOut(wanted, None, np.asarray(top_ids), np.asarray(top_logits))
-        else:
-            out = StepOut(wanted, self.backend.step(*args, out_rows))
+            return rows, ids, pos, seq_rows, np.arange(len(seqs), dtype=np.int32), seqs
+        ids_l, pos_l, seq_l, out_l, wanted = [], [], [], [], []
         for s, n in rows:
-            marks = self._marks(s, s.computed + n) if self.recurrent else []
-            self._computed(s, s.computed + n)
-            if marks and marks[-1] == s.computed:
-                self._keep(s)
-        self.steps += 1
-        self.last_batch = len(rows)
-        return out
+            first = s.computed
+            self._grow(s, first + n)
+            ids_l.extend(s.tokens[first : first + n])
+            pos_l.extend(range(first, first + n))
+            seq_l.extend([s.slot] * n)
+            if first + n == len(s.tokens):
+                out_l.append(len(ids_l) - 1)
+                wanted.append(s)
+        ids = np.array(ids_l, np.int64)
+        pos = np.array(pos_l, np.int32)
+        seq_rows = np.array(seq_l, np.int32)
+        return rows, ids, pos, seq_rows, np.array(out_l, np.int32), wanted
 
     def _step_without_logits(self, ids, pos, seq_rows) -> np.ndarray:
         # every row is a prefill chunk that does not reach its prompt's end: the entry point

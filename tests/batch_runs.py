@@ -37,6 +37,40 @@ def run(be: BatchEngine, joins: list[int], new: list[int], prompts, leave=None):
                 be.feed(s, token)
 
 
+def run_overlapped(be: BatchEngine, picks, new: list[int], prompts, fed_past=()):
+    """Greedy decoding as the server's loop runs it on a backend that `overlaps`: each step's
+    tokens are fed and the next step submitted before the ended sequences are released.
+    Sequences `picks` start together; those in `fed_past` are fed their last token too (as
+    when a stop string ends a sequence after the next step started: a wasted row). Checks
+    that a sequence released while a step is in flight keeps its blocks until then. Returns
+    {i: (tokens, logits)}."""
+    assert be.overlaps
+    seqs = {i: be.admit(prompts[i], len(prompts[i]) + new[i]) for i in picks}
+    got = {i: ([], []) for i in picks}
+    assert be.submit()
+    while be.in_flight:
+        out = be.collect()
+        ending = []
+        for s, row in zip(out.seqs, out.logits, strict=True):
+            i = next(k for k, v in seqs.items() if v is s)
+            if len(got[i][0]) >= new[i]:
+                continue  # the wasted row of a sequence that already ended
+            token = int(np.argmax(row))
+            got[i][0].append(token)
+            got[i][1].append(row.copy())
+            if len(got[i][0]) < new[i] or i in fed_past:
+                be.feed(s, token)
+            if len(got[i][0]) == new[i]:
+                ending.append(s)
+        stepping = be.submit()
+        for s in ending:
+            held = be.pool.free
+            be.release(s)
+            if stepping:
+                assert be.pool.free == held  # its blocks may still be written
+    return got
+
+
 def assert_pool_full(be: BatchEngine):
     assert be.pool.free == be.pool.n_blocks and be.pool.reserved == 0
     assert not any(be.pool.refs) and not be.running

@@ -82,18 +82,50 @@ class StubBackend:
         self.top_vals = np.take_along_axis(self.buf, order, axis=1)
         self.rows = rows
         self.steps = 0
+        self.step_s = 0.0  # --step-ms: each step waits this long, the GIL released (a GPU's)
+        self._due: float | None = None
+        self.idle_s, self.idle_steps, self.woke_s = 0.0, 0, 0.0
 
     def _rows(self, n: int) -> slice:
         o = self.steps % self.rows
         self.steps += 1
         return slice(o, o + n)
 
+    def _wait(self) -> None:
+        if self.step_s:
+            time.sleep(self.step_s)
+
     def step(self, ids, pos, seq, tables, out_rows) -> np.ndarray:
+        self._wait()
         return self.buf[self._rows(len(out_rows))]
 
     def step_top(self, ids, pos, seq, tables, out_rows, k: int):
+        self._wait()
         r = self._rows(len(out_rows))
-        return self.top_ids[r, :k], self.top_vals[r, :k]
+        return self.top_ids[r, :k].copy(), self.top_vals[r, :k].copy()
+
+    # a GPU backend's asynchronous step (gpu_common): submit returns at once, collect
+    # waits (the GIL released) for what is left of the step's time
+    def submit_step(self, ids, pos, seq, tables, out_rows, top: int = 0) -> None:
+        now = time.perf_counter()
+        if self._due is not None:  # the "device" sat idle from the last step's end to now
+            self.idle_s += max(now - self._due, 0.0)
+            self.idle_steps += 1
+        self._due = now + self.step_s
+        r = self._rows(len(out_rows))
+        self._result = (
+            (self.top_ids[r, :top].copy(), self.top_vals[r, :top].copy()) if top else self.buf[r]
+        )
+
+    def collect(self, copy: bool = True):
+        wait = self._due - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        self.woke_s += max(time.perf_counter() - self._due, 0.0)
+        return self._result
+
+    def idle_reset(self) -> None:
+        self._due, self.idle_s, self.idle_steps, self.woke_s = None, 0.0, 0, 0.0
 
 
 class StubEngine:
@@ -140,6 +172,9 @@ def start_server(args, streams: int, profiles: Profiles | None = None):
     tok = args.tokenizer
     context = args.prompt + args.tokens + 16
     backend = StubBackend(args.vocab, tok.vocab_size, max(streams, 8), context)
+    backend.step_s = args.step_ms / 1e3
+    if args.sync:
+        backend.submit_step = None  # each step waited for before its tokens are streamed
     if args.mode == "logits":
         backend.step_top = None  # the host gets logits only
         backend.max_top_k = 0
@@ -180,7 +215,7 @@ def start_server(args, streams: int, profiles: Profiles | None = None):
         wasyncore.close_all(sockets)
         server.task_dispatcher.shutdown(timeout=2)
 
-    return port, close
+    return port, close, backend
 
 
 # ------------------------------------------------------------------ the clients, in a child
@@ -369,9 +404,10 @@ def clients(args, port: int, streams: int, tokens: int) -> list[dict]:
 
 
 def run(args, streams: int) -> dict:
-    port, close = start_server(args, streams)
+    port, close, backend = start_server(args, streams)
     try:
         clients(args, port, streams, 8)  # warm up: routes, validators, caches
+        backend.idle_reset()
         threads0, w0 = thread_cpu(), time.perf_counter()
         out = clients(args, port, streams, args.tokens)
         wall = time.perf_counter() - w0
@@ -393,11 +429,16 @@ def run(args, streams: int) -> dict:
         "tok_s": tokens / (last - first) if last > first else 0.0,
         "cpu_us_per_token": 1e6 * cpu / tokens,
         "itl_p50_ms": 1e3 * gaps[len(gaps) // 2] if gaps else 0.0,
+        # --step-ms with overlapped steps: the stub device's idle time between steps (the
+        # host's critical path: collect to the next submit), idle spans between requests too
+        "idle_ms_per_step": 1e3 * backend.idle_s / max(backend.idle_steps, 1),
+        # of which the collecting thread's wake-up (the sleep's lateness and the GIL's)
+        "wake_ms_per_step": 1e3 * backend.woke_s / max(backend.idle_steps, 1),
         "threads_us": {k: round(1e6 * v / tokens, 1) for k, v in by_thread.items() if v > 1e-4},
     }
     if args.profile:
         profiles = Profiles()
-        port, close = start_server(args, streams, profiles)
+        port, close, _ = start_server(args, streams, profiles)
         try:
             clients(args, port, streams, 8)
             profiles.done.clear()
@@ -416,15 +457,16 @@ def run(args, streams: int) -> dict:
 def table(rows: list[dict]) -> str:
     lines = [
         "| streams | host CPU us / row-token | tok/s (host bound) | inter-token p50 ms "
-        "| by thread (us / token) | by phase (us / token, cProfile shares) |",
-        "|---:|---:|---:|---:|---|---|",
+        "| device idle ms / step (wake-up) | by thread (us / token) | by phase (us / token, cProfile shares) |",
+        "|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         th = ", ".join(f"{k} {v}" for k, v in sorted(r["threads_us"].items(), key=lambda x: -x[1]))
         ph = ", ".join(f"{k} {v}" for k, v in r.get("phases_us", {}).items())
         lines.append(
             f"| {r['streams']} | {r['cpu_us_per_token']:.1f} | {r['tok_s']:,.0f} "
-            f"| {r['itl_p50_ms']:.2f} | {th} | {ph} |"
+            f"| {r['itl_p50_ms']:.2f} | {r['idle_ms_per_step']:.3f} ({r['wake_ms_per_step']:.3f}) "
+            f"| {th} | {ph} |"
         )
     return "\n".join(lines)
 
@@ -441,6 +483,13 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--mode", choices=["logits", "ids"], default="logits")
     ap.add_argument("--sampling", choices=["greedy", "sampled"], default="greedy")
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="each step waits this long with the GIL released (a GPU step's time)",
+    )
+    ap.add_argument("--sync", action="store_true", help="no step in flight while the host streams")
     ap.add_argument("--profile", action="store_true", help="a second run under cProfile")
     ap.add_argument(
         "--tokenizer",

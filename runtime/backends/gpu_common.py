@@ -783,6 +783,24 @@ class GpuBackend:
         self._queue(*self._batch_step(ids, pos, seq, tables, out_rows))
         return self.collect(copy=False)
 
+    def submit_step(
+        self,
+        ids: np.ndarray,
+        pos: np.ndarray,
+        seq: np.ndarray,
+        tables: np.ndarray,
+        out_rows: np.ndarray,
+        top: int = 0,
+    ) -> None:
+        """Queue step()'s work (`top` 1..max_top_k: step_top's, picked on the device) without
+        waiting: the host streams the last step's tokens while the GPU runs this one;
+        `collect(copy=False)` returns its logits (a view of the pinned buffer), or with `top`
+        its TopK. The arrays are read before this returns (into pinned buffers), so the
+        caller may change them while the step runs."""
+        if top and not 1 <= top <= self.max_top_k:
+            raise HipcError(f"submit_step: top {top} needs the device top-k (<= {self.max_top_k})")
+        self._queue(*self._batch_step(ids, pos, seq, tables, out_rows), top=top)
+
     def step_top(
         self,
         ids: np.ndarray,

@@ -4,7 +4,9 @@ The engine thread loops: admit waiting choices while the batch has a free slot a
 pool can promise a choice every block it may need (a request waits in the queue until then:
 it never fails mid-stream for lack of memory), drop cancelled requests (their blocks go back
 at once), run one step of every running sequence, and hand each sequence's logits to its own
-Decoding (sampler, seed, stop conditions, logprobs, grammar). A request starts when its first
+Decoding (sampler, seed, stop conditions, logprobs, grammar). Where the backend can leave a
+step in flight (a GPU), each row's token is picked and fed first, the next step submitted,
+and only then is the text made, stops checked and the events streamed, while it runs. A request starts when its first
 choice is admitted; its choices run side by side (their shared prompt is computed once, then
 found in the prefix cache), and their stream events are released in choice order, as the one
 at a time runner emits them.
@@ -68,6 +70,7 @@ class _Work:
     held: dict[int, list[Any]] = field(default_factory=lambda: collections.defaultdict(list))
     last_token: float | None = None
     metrics: Any = None  # the server's, or _Quiet for the warmup
+    finished: bool = False  # _finish ran: nothing more is streamed
 
     @property
     def done(self) -> bool:
@@ -92,6 +95,7 @@ class BatchScheduler:
         self._work: dict[Job, _Work] = {}  # submitted, not finished
         self._active: list[_Work] = []  # started (at least one choice admitted)
         self._owner: dict[Sequence, tuple[_Work, _Choice]] = {}  # running sequences' choices
+        self._sampled = 0  # of them, those not plain greedy (no device-picked tokens then)
         self._cv = threading.Condition()
         self._closed = self._stop = False
         self._deadline = float("inf")
@@ -184,27 +188,39 @@ class BatchScheduler:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._active and not self._waiting and not self._stop:
+                while (
+                    not self._active
+                    and not self._waiting
+                    and not self._stop
+                    and not self.batch.in_flight
+                ):
                     self._cv.wait()
-                if self._stop and not self._active and not self._waiting:
+                if (
+                    self._stop
+                    and not self._active
+                    and not self._waiting
+                    and not self.batch.in_flight
+                ):
                     return
-                self._admit()
-                active = list(self._active)
-            for w in active:
-                if w.job.cancelled or w.job.error is not None:
-                    self._finish(w)
-            if not self.batch.running:
-                with self._cv:  # nothing admissible now: wait for a change
-                    if self._waiting and not self._active:
-                        self._cv.wait(0.05)
-                continue
-            # every running choice plain greedy: the backend may pick the tokens on the
-            # device (rows x 1 values back instead of rows x vocab logits)
-            top = 1 if self._all_greedy else 0
             try:
-                out = self.batch.run_step(top)
-                self._publish_step()
-                self._advance(out)
+                if not self.batch.in_flight:
+                    self._prepare()
+                    if not self._submit():
+                        with self._cv:  # nothing admissible now: wait for a change
+                            if self._waiting and not self._active:
+                                self._cv.wait(0.05)
+                        continue
+                out = self.batch.collect()
+                rows = self.batch.last_batch
+                taken = self._take(out)
+                if self.batch.overlaps:
+                    # the next step's inputs are fed: the device runs it while this thread
+                    # detokenizes, checks stops and streams this step's tokens (and the HTTP
+                    # threads write them)
+                    self._prepare()
+                    self._submit()
+                self._publish_step(rows)
+                self._stream(taken)
             except Exception:
                 # a bug, not a request's fault: every running request gets a 500 and the loop
                 # goes on (a dead engine thread would hang every later request)
@@ -213,6 +229,23 @@ class BatchScheduler:
                     w.job.error = internal_error()
                     self._finish(w)
                 continue
+
+    def _prepare(self) -> None:
+        """Admit what fits, drop cancelled and failed requests (their blocks go back)."""
+        with self._cv:
+            self._admit()
+            active = list(self._active)
+        for w in active:
+            if w.job.cancelled or w.job.error is not None:
+                self._finish(w)
+
+    def _submit(self) -> bool:
+        """Start the next step; False when no sequence has a token to compute."""
+        if not self.batch.running:
+            return False
+        # every running choice plain greedy: the backend may pick the tokens on the
+        # device (rows x 1 values back instead of rows x vocab logits)
+        return self.batch.submit(1 if self._all_greedy else 0)
 
     def _admit(self) -> None:
         """Under the lock: start choices, first come first served, while they fit."""
@@ -255,17 +288,22 @@ class BatchScheduler:
                 w.metrics.prompt_reuse.inc()
             c.seq, c.decoding, c.t0 = seq, c.gen.decoding(), time.perf_counter()
             self._owner[seq] = (w, c)
+            if not c.decoding.greedy_argmax:
+                self._sampled += 1
             w.next_admit += 1
             if w.stream:
                 self._emit(w, c.spec.index, ("start", c.spec.index))
         return True
 
-    def _advance(self, out: StepOut) -> None:
-        """Sample every finished row of the step and stream what it gives: the rows whose
-        sampling is the raw argmax in one call over the step's logits (or from the device's
-        picks), the others each by its own sampler."""
+    def _take(self, out: StepOut) -> list[tuple[_Work, _Choice, int | None]]:
+        """Sample every finished row of the step and feed its token (the next step's input):
+        the rows whose sampling is the raw argmax in one call over the step's logits (or
+        from the device's picks), the others each by its own sampler. The rest of each
+        row's work (text, stops, streaming) is `_stream`'s, which may run while the next
+        step does: a token fed here whose row then ends (a stop string) costs a wasted row."""
+        taken: list[tuple[_Work, _Choice, int | None]] = []
         if not out.seqs:
-            return
+            return taken
         greedy = None
         if out.top_ids is not None:
             greedy = out.top_ids[:, 0].tolist()
@@ -276,33 +314,51 @@ class BatchScheduler:
             elif any(plain):
                 # a mix: each greedy row's argmax over its view (gathering them would copy)
                 greedy = [int(np.argmax(out.logits[i])) if p else None for i, p in enumerate(plain)]
-        touched: dict[_Work, None] = {}
-        failed: set[_Work] = set()
         now = time.perf_counter()
+        feed = self.batch.feed
         for i, seq in enumerate(out.seqs):
             owner = self._owner.get(seq)  # gone when an earlier row's failure ended its job
-            if owner is None or owner[0] in failed or owner[1].ended:
+            if owner is None or owner[0].finished or owner[1].ended:
                 continue
             w, c = owner
             res = c.gen.result
             if not res.token_ids and not res.prefill_s:
                 res.prefill_s = now - c.t0
                 c.t0 = now
+            d = c.decoding
             try:
                 token = greedy[i] if greedy is not None else None
-                if token is not None:
-                    step = c.decoding.advance_token(token)
-                else:
-                    step = c.decoding.advance(out.logits[i])
+                token = d.take(token) if token is not None else d.sample(out.logits[i])
             except HipcError as e:
                 w.job.error = bad_request(str(e))
-                failed.add(w)
                 self._finish(w)
                 continue
             except Exception:
                 log.exception("generation failed")
                 w.job.error = internal_error()
-                failed.add(w)
+                self._finish(w)
+                continue
+            if token is not None and d.continues():
+                feed(seq, token)
+            taken.append((w, c, token))
+        return taken
+
+    def _stream(self, taken: list[tuple[_Work, _Choice, int | None]]) -> None:
+        """The second half of each row's work: detokenize its token, check the stop strings
+        and the length, stream the text; end the choices (and jobs) that finished."""
+        touched: dict[_Work, None] = {}
+        for w, c, token in taken:
+            if w.finished or c.ended:  # failed, or cancelled since _take
+                continue
+            try:
+                step = None if token is None else c.decoding.emit()
+            except HipcError as e:
+                w.job.error = bad_request(str(e))
+                self._finish(w)
+                continue
+            except Exception:
+                log.exception("generation failed")
+                w.job.error = internal_error()
                 self._finish(w)
                 continue
             touched[w] = None
@@ -312,18 +368,19 @@ class BatchScheduler:
             self._count_tokens(w, len(step.token_ids))
             if w.stream:
                 self._emit(w, c.spec.index, ("step", c.spec.index, step))
-            self.batch.feed(c.seq, c.decoding.next_token)
         for w in touched:
-            if w not in failed and w.done:
+            if not w.finished and w.done:
                 self._finish(w)
 
     @property
     def _all_greedy(self) -> bool:
-        return bool(self._owner) and all(c.decoding.greedy_argmax for _, c in self._owner.values())
+        return bool(self._owner) and not self._sampled
 
     def _release(self, seq: Sequence) -> None:
         self.batch.release(seq)
-        self._owner.pop(seq, None)
+        owner = self._owner.pop(seq, None)
+        if owner is not None and not owner[1].decoding.greedy_argmax:
+            self._sampled -= 1
 
     def _end(self, w: _Work, c: _Choice) -> None:
         self._release(c.seq)
@@ -369,6 +426,9 @@ class BatchScheduler:
 
     def _finish(self, w: _Work) -> None:
         """The job is over (finished, cancelled or failed): free its blocks, tell its waiter."""
+        if w.finished:
+            return
+        w.finished = True
         for c in w.choices:
             if c.seq is not None:
                 self._release(c.seq)
@@ -392,8 +452,8 @@ class BatchScheduler:
         waiting_seqs += sum(len(w.choices) - w.next_admit for w in self._active)
         self.metrics.set_sequences(len(self.batch.running), waiting_seqs)
 
-    def _publish_step(self) -> None:
-        self.metrics.batch_size.observe(self.batch.last_batch)
+    def _publish_step(self, rows: int) -> None:
+        self.metrics.batch_size.observe(rows)
         self._publish_pool()
 
     def _publish_pool(self) -> None:

@@ -29,7 +29,7 @@ from hipc.compiler.pipeline import compile_model
 from hipc.runtime.batch import BatchEngine
 from hipc.runtime.engine import load_engine
 
-from batch_runs import alone, assert_pool_full, run
+from batch_runs import alone, assert_pool_full, run, run_overlapped
 from support import rel_err, write_tiny_hf
 
 pytestmark = pytest.mark.gpu
@@ -110,6 +110,21 @@ def test_every_sequence_of_a_batch_gives_what_it_gives_alone(engine):
     # batches of several sizes ran, some padded up to their bucket
     graphs = {rows for kind, rows in eng.backend._graphs if kind == "batch"}
     assert len(graphs) >= 2 and max(sizes) >= 5, (graphs, sizes)
+
+
+def test_the_next_step_in_flight_while_tokens_are_handled_changes_nothing(engine):
+    """The server's order on a GPU (runtime/server/batching.py): a step's tokens fed, the
+    next step submitted, then the ended sequences released while it runs (one of them fed
+    past its end, as a stop string leaves it): each gives what it gives alone and every
+    block comes back once the step in flight is collected."""
+    eng, policy = engine
+    picks = (0, 2, 5, 7)
+    want = {i: alone(eng, i, PROMPTS, NEW) for i in picks}
+    be = BatchEngine(eng, max_batch=4, prefill_chunk=8)
+    got = run_overlapped(be, picks, NEW, PROMPTS, fed_past=(2,))
+    for i in picks:
+        assert_like_alone(got[i], want[i], policy)
+    assert_pool_full(be)
 
 
 def test_many_decode_rows_pad_up_to_the_bucket(engine):

@@ -18,7 +18,7 @@ from hipc.compiler.pipeline import compile_model
 from hipc.runtime.batch import BatchEngine
 from hipc.runtime.engine import load_engine
 
-from batch_runs import assert_pool_full, run
+from batch_runs import assert_pool_full, run, run_overlapped
 from support import write_tiny_hf
 
 STEP = 16  # the artifact's tokens per step: prompts longer than it prefill in chunks
@@ -141,3 +141,39 @@ def test_a_prefix_cache_hit_gives_what_a_miss_gives(engine, artifact):
     assert_same(both[0], both[1], artifact[1])
     assert_same(both[1], alone(engine, 0, [longer], [6]), artifact[1])
     assert_pool_full(be2)
+
+
+class _Overlapping:
+    """The engine with its cpu backend given a GPU backend's asynchronous step (submit_step,
+    collect): the inputs are copied at submit and the step runs at collect, as a device's
+    result exists only then."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.backend = self
+        self._queued = None
+
+    def __getattr__(self, name):
+        inner = self.__dict__["_engine"]
+        return getattr(inner.backend if hasattr(inner.backend, name) else inner, name)
+
+    def submit_step(self, ids, pos, seq, tables, out_rows, top=0):
+        assert self._queued is None and top == 0
+        self._queued = tuple(np.array(a) for a in (ids, pos, seq, tables, out_rows))
+
+    def collect(self, copy=True):
+        args, self._queued = self._queued, None
+        return self._engine.backend.step(*args)
+
+
+def test_overlapped_steps_give_the_lone_tokens_and_keep_blocks_until_collected(engine, artifact):
+    """The next step is submitted before the last one's tokens are handled (runtime/server/
+    batching.py's loop on a GPU): each sequence still gets its lone tokens, including one fed
+    a token past its end (a stop string found after the next step started: a wasted row),
+    and a sequence released while a step is in flight keeps its blocks until that step is
+    collected, when they all come back."""
+    be = BatchEngine(_Overlapping(engine), max_batch=4)
+    got = run_overlapped(be, (0, 2, 4), NEW, PROMPTS, fed_past=(0,))
+    for i in (0, 2, 4):
+        assert_same(got[i], alone(engine, i), artifact[1])
+    assert_pool_full(be)

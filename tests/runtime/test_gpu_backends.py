@@ -1473,19 +1473,25 @@ def test_the_batch_engine_runs_on_a_gpu_backend(api, artifact):
         positions = range(len(PROMPTS[i]) - 1, len(PROMPTS[i]) + len(tokens) - 1)
         fed = [PROMPTS[i][-1], *tokens[:-1]]
         np.testing.assert_allclose(np.array(logits), rows_expected(fed, positions), atol=1e-5)
-    be = BatchEngine(eng, max_batch=4, prefill_chunk=2)
-    seen = []
-    real_step = eng.backend.step
+    seen, queued = [], []
+    real_submit, real_collect = eng.backend.submit_step, eng.backend.collect
 
-    def spy(ids, pos, seq, tables, out_rows):
+    def submit_spy(ids, pos, seq, tables, out_rows, top=0):
         seen.append((len(ids), len(set(seq.tolist()))))
-        out = real_step(ids, pos, seq, tables, out_rows)
+        queued.append([np.array(a) for a in (ids, pos, seq, tables)])
+        real_submit(ids, pos, seq, tables, out_rows, top)
+
+    def collect_spy(copy=True):
+        out = real_collect(copy)
         pool = pool_of(gpu, eng.backend)
+        ids, pos, seq, tables = queued.pop()
         for i, p, s in zip(ids, pos, seq, strict=True):
             np.testing.assert_array_equal(pool[slot(tables, s, p)], EMB[i] + np.float32(p))
         return out
 
-    eng.backend.step = spy
+    eng.backend.submit_step, eng.backend.collect = submit_spy, collect_spy
+    be = BatchEngine(eng, max_batch=4, prefill_chunk=2)
+    assert be.overlaps  # each step: submit_step, then collect
     got = batch_runs.run(be, [0, 0, 1, 3], NEW, PROMPTS)
     assert got.keys() == want.keys()
     for i in want:
@@ -1496,6 +1502,15 @@ def test_the_batch_engine_runs_on_a_gpu_backend(api, artifact):
     # steps of every kind: prefill chunks beside decode rows, decode rows only, one row
     kinds = {"mixed" if d < n else "batch" if n > 1 else "one" for n, d in seen}
     assert kinds == {"mixed", "batch", "one"}, seen
+    batch_runs.assert_pool_full(be)
+    # the server's order (the next step submitted before the last one's sequences end, one
+    # of them fed past its end): the same tokens, the pool full again
+    be = BatchEngine(eng, max_batch=4, prefill_chunk=2)
+    got = batch_runs.run_overlapped(be, (0, 1, 2, 3), NEW, PROMPTS, fed_past=(1,))
+    for i in (0, 1, 2, 3):
+        assert got[i][0] == want[i][0]
+        for g, w in zip(got[i][1], want[i][1], strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-6)
     batch_runs.assert_pool_full(be)
     eng.close()
 

@@ -4,6 +4,8 @@ sampler; each choice gets what the one-sequence generation loop gives it."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -37,6 +39,31 @@ class DeviceTop:
         logits = self.inner.step(ids, pos, seq, tables, out_rows)
         order = np.argsort(-logits, axis=1, kind="stable")[:, :k]
         return order.astype(np.int32), np.take_along_axis(logits, order, axis=1)
+
+
+class Overlapped(DeviceTop):
+    """DeviceTop plus a GPU backend's asynchronous step (gpu_common's submit_step/collect):
+    submit_step keeps copies of the inputs, as the GPU backend copies them to pinned
+    buffers, and the step runs only at collect, as the device's result is there only then;
+    whatever the batch changes between the two (sequences fed, admitted or released) must
+    not reach the step in flight."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.queued = None
+        self.submits = 0
+
+    def submit_step(self, ids, pos, seq, tables, out_rows, top=0):
+        assert self.queued is None, "a second step submitted before the first was collected"
+        self.submits += 1
+        self.queued = tuple(np.array(a) for a in (ids, pos, seq, tables, out_rows)), top
+
+    def collect(self, copy=True):
+        (args, top), self.queued = self.queued, None
+        return self.step_top(*args, top) if top else self.step(*args)
+
+
+BACKENDS = {"host-argmax": None, "device-top": DeviceTop, "overlapped": Overlapped}
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +109,12 @@ def batched(service: Service, reqs: list[GenerationRequest]) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("device_top", [False, True], ids=["host-argmax", "device-top"])
+@pytest.mark.parametrize("kind", list(BACKENDS))
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "greedy+sampled"])
-def test_batched_choices_get_their_lone_tokens(engines, device_top, sampled):
+def test_batched_choices_get_their_lone_tokens(engines, kind, sampled):
     lone, engine = engines
     inner = engine.backend
-    backend = DeviceTop(inner) if device_top else None
+    backend = BACKENDS[kind](inner) if BACKENDS[kind] else None
     if backend is not None:
         engine.backend = backend
     try:
@@ -105,6 +132,66 @@ def test_batched_choices_get_their_lone_tokens(engines, device_top, sampled):
         # all-greedy steps ask the device for tokens; a step with a sampled row, for logits
         assert backend.top_calls > 0
         assert (backend.logit_calls > 0) == sampled
+    if kind == "overlapped":
+        assert backend.submits > 0 and backend.queued is None
+
+
+def test_overlapped_steps_keep_stop_strings_and_return_every_block(engines):
+    """With the next step in flight while a step's tokens are streamed, a choice that a stop
+    string ends has one more token fed (its row of the next step is wasted): its text and
+    tokens are still what it gets alone, and every block comes back."""
+    lone, engine = engines
+    inner = engine.backend
+    engine.backend = backend = Overlapped(inner)
+    try:
+        service = Service(engine, Config(max_batch=4, eager_load=False))
+        try:
+            reqs = []
+            for r in requests(engine, sampled=False):
+                text = Generation(lone, lone.tokenizer, r)
+                for _ in text.steps():
+                    pass
+                full = text.result.text
+                # a stop string from the middle of the lone reply (where it has one)
+                stop = full[len(full) // 2 : len(full) // 2 + 3].strip()
+                reqs.append(
+                    GenerationRequest(r.prompt_ids, r.max_tokens, stop=(stop,) if stop else ())
+                )
+            jobs = []
+            for r in reqs:
+                job = service.scheduler.job([ChoiceSpec(0, r)], False, len(r.prompt_ids))
+                service.scheduler.submit(job)
+                jobs.append(job)
+            for r, job in zip(reqs, jobs, strict=True):
+                assert job.done.wait(60) and job.error is None
+                res = job.results[0][1]
+                want = Generation(lone, lone.tokenizer, r)
+                for _ in want.steps():
+                    pass
+                assert (res.text, res.token_ids, res.finish_reason) == (
+                    want.result.text,
+                    want.result.token_ids,
+                    want.result.finish_reason,
+                )
+            assert sum(r.stop != () for r in reqs) >= 3
+            assert any(j.results[0][1].finish_reason == "stop" for j in jobs)
+            assert wait_idle(service)
+            assert service.batch.pool.used == 0 and not service.batch.running
+            assert not service.batch.in_flight
+        finally:
+            service.close(5)
+    finally:
+        engine.backend = inner
+    assert backend.submits > 0
+
+
+def wait_idle(service: Service, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if service.scheduler.idle() and not service.batch.in_flight:
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def test_a_choice_failing_mid_step_ends_its_request_and_the_loop_goes_on(engines):
