@@ -76,7 +76,11 @@ def main() -> None:
     stop.set()
     t.join()
     ok(cu.cuMemFree(buf))
-    print(f"memset of 1 GiB: {one * 1e3:.2f} ms")
+    import cuda.bindings
+
+    print(
+        f"cuda-bindings {getattr(cuda.bindings, '__version__', '?')}; 1 GiB memset {one * 1e3:.2f} ms"
+    )
     for name, (r, dt) in (("sleep", sleeping), ("cuStreamSynchronize", syncing),
                           ("Python spin (GIL held)", spinning)):  # fmt: skip
         print(f"counting thread while the main thread {name}: {r:,.0f} /s over {dt:.2f} s "
