@@ -217,7 +217,7 @@ def _create_server(app, config: Config):
 
     from hipc.runtime.server.connections import CLEANUP_INTERVAL, harden
 
-    threads = min(config.max_queued_requests + 1 + SPARE_HTTP_THREADS, MAX_HTTP_THREADS)
+    threads = http_threads(config)
     try:
         server = waitress.create_server(
             app,
@@ -243,6 +243,14 @@ def _create_server(app, config: Config):
         raise HipcError(f"cannot listen on {config.host}:{config.port}: {e.strerror}") from None
     harden(server, config.read_timeout)
     return server
+
+
+def http_threads(config: Config) -> int:
+    """A waitress thread per request the engine may hold at once (a streamed one keeps its
+    thread to the end): --max-batch running and --max-queued-requests waiting, plus spares
+    for /health, /metrics and the 429s. Fewer would leave batch slots empty while requests
+    wait inside waitress, unseen by the scheduler."""
+    return min(config.max_batch + config.max_queued_requests + SPARE_HTTP_THREADS, MAX_HTTP_THREADS)
 
 
 def _connection_limit(wanted: int) -> int:

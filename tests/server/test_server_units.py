@@ -318,3 +318,16 @@ def test_serve_refuses_a_partial_server_extra_at_start(monkeypatch, capsys):
     assert (
         "missing: pydantic" in err and "hipc-compiler[server]" in err and len(err.splitlines()) == 1
     )
+
+
+@pytest.mark.parametrize("max_batch,max_queued", [(64, 0), (64, 128), (1, 64), (8, 2)])
+def test_waitress_has_a_thread_for_every_request_the_engine_may_hold(max_batch, max_queued):
+    """A streamed request keeps its waitress thread to the end: --max-batch running plus
+    --max-queued-requests waiting each need one, and spares answer /health and 429s;
+    with fewer, batch slots stay empty while requests wait inside waitress."""
+    from hipc.runtime.server.serve import MAX_HTTP_THREADS, SPARE_HTTP_THREADS, http_threads
+
+    threads = http_threads(Config(max_batch=max_batch, max_queued_requests=max_queued))
+    held = max_batch + max_queued  # requests past these get a 429 at once
+    assert threads == MAX_HTTP_THREADS or threads >= held + SPARE_HTTP_THREADS
+    assert threads <= MAX_HTTP_THREADS
