@@ -15,9 +15,10 @@ the next token. A step is `submit()` then `collect()`: on a backend that `overla
 GPU's submit_step) submit returns at once, so the caller can feed the tokens it has just
 picked, submit the next step and do the rest of the host work (detokenizing, stops,
 streaming) while the device computes; sequences released meanwhile keep their blocks until
-the step in flight is collected. `run_step(top=k)` returns them as one [rows, vocab] array, or, from a backend
-that picks tokens on the device (`step_top`, `max_top_k` >= k), each row's k likeliest ids
-and logits: what an all-greedy batch needs, rows x k values instead of rows x vocab. Blocks come from a KVPool: a sequence is admitted only when every block it
+the step in flight is collected. `run_step(top=k)` returns them as one [rows, vocab] array,
+or, from a backend that picks tokens on the device (`step_top`, `max_top_k` >= k), each
+row's k likeliest ids and logits: what an all-greedy batch needs, rows x k values instead
+of rows x vocab. Blocks come from a KVPool: a sequence is admitted only when every block it
 may need can be promised (prompt + max_tokens), and the full blocks of its prompt that an
 earlier sequence computed are shared instead of recomputed (prefix caching by block hash).
 
