@@ -299,10 +299,12 @@ def random_raw(wtype: str, N: int, K: int, rng) -> np.ndarray:
     return split_quant_blocks(random_blocks(wtype.upper(), N, K, rng), wtype)
 
 
-# Replays before timing (at least WARM_S seconds of them: a GPU idle while the host packs
-# weights runs its first milliseconds at low clocks, which made whichever variant was timed
-# first after each shape's upload up to 3x slower), then TRIALS timed runs of at least TRIAL_S
-# seconds each; the fastest counts.
+# Replays before timing (at least WARM_S seconds of them), then TRIALS timed runs of at least
+# TRIAL_S seconds each; the fastest counts. Timed as cold_time (1 replay, then 5 timed: about
+# 2 ms for a small matrix, right after the host spent seconds packing weights), the variant
+# timed first for each shape (default) came out 3x slower than base on the 8B's small
+# matrices on 2026-12-04 (o: 15.0 against 4.5 us) though both preload their whole rows before
+# the wait and run one block per SM; the first variant's cold time is printed beside its own.
 WARM_S, TRIAL_S, TRIALS = 0.05, 0.02, 3
 
 
