@@ -1099,18 +1099,42 @@ def bulk_gemv_fits(wsuffix: str, K: int, target: GpuTarget) -> bool:
     return all(bpr * rb % 16 == 0 for rb in QUANT_REGIONS[wsuffix])
 
 
-def quant_gemv(wsuffix: str, N: int, K: int, glu: bool = False) -> QuantGemv:
-    """The geometry of a quantized GEMV of an [N, K] matrix (`glu`: gate/up row pairs)."""
-    if wsuffix == "q6_k":
-        return QUANT_GEMV_Q6_K
-    if QUANT_TYPES[wsuffix].unit_values > 32:  # the K-quants' units of 128
-        return QUANT_GEMV_KQUANT
+# quant_gemv's table: (family, matrix class) -> geometry. Families: "q" (the 32-weight types),
+# "k" (Q4_K, Q5_K: 128-weight units), "q6_k". Classes: "small" (under QUANT_GEMV_LARGE_BYTES,
+# rows shorter than QUANT_GEMV_LONG_K), "small_long" (under, rows that long), and at or over it
+# "glu" (gate/up), "long" (rows of QUANT_GEMV_LONG_ROWS and more: a down projection) and
+# "short" (the rest: qkv, o). bench_gpu_gemv.py's pick:* variants time other tables whole.
+QUANT_GEMV_LONG_ROWS = 8192
+QUANT_GEMV_TABLE: dict[tuple[str, str], QuantGemv] = {
+    ("q", "small"): QUANT_GEMV_SMALL,
+    ("q", "small_long"): QUANT_GEMV_LONG,
+    ("q", "short"): QUANT_GEMV_LARGE,
+    ("q", "long"): QUANT_GEMV_LARGE,
+    ("q", "glu"): QUANT_GEMV_LARGE_GLU,
+    **{("k", c): QUANT_GEMV_KQUANT for c in ("small", "small_long", "short", "long", "glu")},
+    **{("q6_k", c): QUANT_GEMV_Q6_K for c in ("small", "small_long", "short", "long", "glu")},
+}
+
+
+def gemv_class(wsuffix: str, N: int, K: int, glu: bool) -> tuple[str, str]:
+    """The (family, matrix class) of QUANT_GEMV_TABLE an [N, K] matrix falls in."""
     qt = QUANT_TYPES[wsuffix]
-    big = N * (K // qt.block_values) * qt.block_bytes >= QUANT_GEMV_LARGE_BYTES
-    if big:
-        g = QUANT_GEMV_LARGE_GLU if glu else QUANT_GEMV_LARGE
-    else:
-        g = QUANT_GEMV_LONG if K >= QUANT_GEMV_LONG_K else QUANT_GEMV_SMALL
+    family = "q6_k" if wsuffix == "q6_k" else "k" if qt.unit_values > 32 else "q"
+    if N * (K // qt.block_values) * qt.block_bytes < QUANT_GEMV_LARGE_BYTES:
+        return family, "small_long" if K >= QUANT_GEMV_LONG_K else "small"
+    return family, "glu" if glu else "long" if K >= QUANT_GEMV_LONG_ROWS else "short"
+
+
+def quant_gemv(
+    wsuffix: str,
+    N: int,
+    K: int,
+    glu: bool = False,
+    table: dict[tuple[str, str], QuantGemv] | None = None,
+) -> QuantGemv:
+    """The geometry of a quantized GEMV of an [N, K] matrix (`glu`: gate/up row pairs), from
+    `table` (default QUANT_GEMV_TABLE)."""
+    g = (QUANT_GEMV_TABLE if table is None else table)[gemv_class(wsuffix, N, K, glu)]
     if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
         g = replace(g, rows=2, unroll=2, stages=1, min_blocks=min(g.min_blocks, 2))
     if wsuffix == "q8_0":  # 9 registers a unit

@@ -11,7 +11,9 @@ residual), every QuantGemv geometry listed is rendered with each --activations r
 (tests/gpu_kernels.DeviceKernels), checked once against NumPy in float64 (x as the kernel
 holds it), and timed as a captured graph of back-to-back launches (overlapped as decode
 launches them), each launch reading another copy of the weights so that L2 holds none of
-them. GB/s counts the weight bytes read once per launch.
+them (replayed warm first: replay_time). GB/s counts the weight bytes read once per launch.
+With --layers, each LAYERS chain is timed per variant, per pick:* table (quant_gemv's choice
+for each matrix from another table) and as the mix of each shape's fastest variant alone.
 
 The decode attention (Llama-3-8B heads, bf16 KV cache) is timed the same way for several
 (waves per block, blocks per layer) at a few positions, each launch on another copy of the
@@ -35,11 +37,13 @@ sys.path.insert(0, str(ROOT / "docs" / "benchmarks"))
 from hipc.base.launch_plan import KV_BLOCK  # noqa: E402
 from hipc.compiler.kernels.attention import AttentionParams, decode_attention  # noqa: E402
 from hipc.compiler.kernels.linear import (  # noqa: E402
+    QUANT_GEMV_TABLE,
     BulkSpec,
     LinearParams,
     QuantGemv,
     QuantGemvBulk,
     decode_gemv,
+    quant_gemv,
 )
 from hipc.compiler.targets import GpuTarget  # noqa: E402
 from hipc.runtime.backends.gpu_common import PackedArgs  # noqa: E402
@@ -53,6 +57,7 @@ SHAPES = {
     "l8_gate_up": ("q4_0", 2 * 14336, 4096, "glu", True),
     "l8_down": ("q4_0", 4096, 14336, "residual", False),
     "l8_head_q6k": ("q6_k", 128256, 4096, "none", True),
+    "l8_qkv_q4k": ("q4_k", 6144, 4096, "none", True),
     "l8_qk_q4k": ("q4_k", 5120, 4096, "none", True),
     "l8_v_q6k": ("q6_k", 1024, 4096, "none", True),
     "l8_o_q4k": ("q4_k", 4096, 4096, "residual", False),
@@ -69,10 +74,21 @@ SHAPES = {
 }
 # name: (geometry, the GLU's geometry: a GLU group is a gate + up row pair, so rows >= 2);
 # "default" is quant_gemv's choice by matrix size, "base" the kernel this branch started from
-# (--baseline TEMPLATE, with the geometry it chose: BASE_GEOMETRY)
+# (--baseline TEMPLATE, with the geometry it chose: BASE_GEOMETRY), "lp" quant_gemv's choice
+# with the wave's rows prefetched to L2 before the wait (QuantGemv.l2_prefetch)
 GEOMETRIES = {
     "default": (None, None),
     "base": (None, None),
+    "lp": (None, None),
+    # 8-wave blocks capped at 128 registers, one per SM: the next kernel's block fits beside
+    # (its ring loaded before its wait while this one runs)
+    "w8s3m2": (QuantGemv(8, 2, 2, 132, 2, 3, 8), QuantGemv(8, 2, 2, 132, 2, 3, 8)),
+    "w8s3m2lp": (
+        QuantGemv(8, 2, 2, 132, 2, 3, 8, l2_prefetch=True),
+        QuantGemv(8, 2, 2, 132, 2, 3, 8, l2_prefetch=True),
+    ),
+    # 1-row groups of 4 units: qkv's 6144 rows over 128 blocks (2-row groups: 96)
+    "r1u4s3": (QuantGemv(16, 1, 4, 132, 1, 3, 8), QuantGemv(16, 2, 2, 132, 1, 4, 8)),
     "r2u2s4m1": (QuantGemv(16, 2, 2, 132, 1, 4, 8), QuantGemv(16, 2, 2, 132, 1, 4, 8)),
     "r4u2s2m1": (QuantGemv(16, 4, 2, 132, 1, 2, 8), QuantGemv(16, 4, 1, 132, 1, 3, 8)),
     "r2u4s2m1": (QuantGemv(16, 2, 4, 132, 1, 2, 8), QuantGemv(16, 2, 4, 132, 1, 2, 8)),
@@ -90,6 +106,17 @@ GEOMETRIES = {
 KQUANT_GEOMETRIES = {
     "default": (None, None),
     "base": (None, None),
+    "lp": (None, None),
+    # Q4_K in 64-weight units on 128 registers (Q6_K spills there): room for the next block
+    "k8r2s3k64m2": (
+        QuantGemv(8, 2, 1, 132, 2, 3, 8, unit64=True),
+        QuantGemv(8, 2, 1, 132, 2, 3, 8, unit64=True),
+    ),
+    # 16 waves of 2-row rings of 2 64-weight units (Q6_K without spills on 128 registers)
+    "k16r2s2k64": (
+        QuantGemv(16, 2, 1, 132, 1, 2, 8, unit64=True),
+        QuantGemv(16, 2, 1, 132, 1, 2, 8, unit64=True),
+    ),
     "k8r4s2p1": (QuantGemv(8, 4, 1, 132, 1, 2, 4, 1), QuantGemv(8, 4, 1, 132, 1, 2, 4, 1)),
     "k8r2s3": (QuantGemv(8, 2, 1, 132, 1, 3, 8), QuantGemv(8, 2, 1, 132, 1, 3, 8)),
     "k8r4s1": (QuantGemv(8, 4, 1, 132, 1, 1), QuantGemv(8, 4, 1, 132, 1, 1)),
@@ -110,6 +137,32 @@ KQUANT_GEOMETRIES = {
     ),
 }
 KQUANTS = ("q4_k", "q5_k", "q6_k")
+# "pick:NAME": every matrix gets what quant_gemv would give it from the table PICKS[NAME]
+# (linear.QUANT_GEMV_TABLE with some classes replaced), so a layer chain can mix the
+# geometries that won alone shape by shape; the chains also time the mix of each shape's
+# fastest variant alone ("best alone") without naming it
+W8S3M2 = QuantGemv(8, 2, 2, 132, 2, 3, 8)
+PICKS = {
+    # the down projections' rows prefetched to L2, the rest as now
+    "lpdown": {
+        **QUANT_GEMV_TABLE,
+        **{
+            (f, "long"): replace(QUANT_GEMV_TABLE[f, "long"], l2_prefetch=True)
+            for f in ("q", "k", "q6_k")
+        },
+    },
+    # the 32-weight types' large matrices in 8-wave 128-register blocks, downs prefetched
+    "m2lpdown": {
+        **QUANT_GEMV_TABLE,
+        ("q", "short"): W8S3M2,
+        ("q", "glu"): W8S3M2,
+        **{
+            (f, "long"): replace(g, l2_prefetch=True)
+            for f, g in (("q", W8S3M2), ("k", QUANT_GEMV_TABLE["k", "long"]))
+        },
+        ("q6_k", "long"): replace(QUANT_GEMV_TABLE["q6_k", "long"], l2_prefetch=True),
+    },
+}
 
 
 def base_geometry(wtype: str, N: int, K: int) -> QuantGemv:
@@ -135,8 +188,10 @@ CHECK_MAX_VALUES = 64_000_000  # larger matrices are timed, not checked (float64
 # a decode layer's GEMVs in launch order (attention between qkv and o is left out)
 LAYERS = {
     "q4_0": ("l8_qkv", "l8_o", "l8_gate_up", "l8_down"),
-    # a Q4_K_M layer with its Q4_K down (llama-quantize gives a third of them Q6_K downs)
-    "q4_k_m": ("l8_qk_q4k", "l8_v_q6k", "l8_o_q4k", "l8_gate_up_q4k", "l8_down_q4k"),
+    # Llama-3-8B's Q4_K_M: half the layers Q4_K throughout (q, k, v fused), half with Q6_K v
+    # and down (llama-quantize's use_more_bits)
+    "q4_k_m": ("l8_qkv_q4k", "l8_o_q4k", "l8_gate_up_q4k", "l8_down_q4k"),
+    "q4_k_m6": ("l8_qk_q4k", "l8_v_q6k", "l8_o_q4k", "l8_gate_up_q4k", "l8_down_q6k"),
 }
 
 
@@ -145,8 +200,29 @@ def bulk_geometry(spec: tuple, wtype: str, N: int, K: int, glu: bool) -> QuantGe
     return BulkSpec(*spec).geometry(wtype, K, glu)
 
 
-def geometries(wtype: str) -> dict:
-    return KQUANT_GEOMETRIES if wtype in KQUANTS else GEOMETRIES
+def geometries(wtype: str) -> list[str]:
+    """The variants of a weight type, in the order they are built and timed."""
+    return list(KQUANT_GEOMETRIES if wtype in KQUANTS else GEOMETRIES) + [
+        f"pick:{n}" for n in PICKS
+    ]
+
+
+def variant_geometry(g: str, wtype: str, N: int, K: int, epilogue: str):
+    """The geometry of variant `g` for one matrix (None: quant_gemv's)."""
+    glu = epilogue == "glu"
+    if g.startswith("pick:"):
+        return quant_gemv(wtype, N, K, glu, table=PICKS[g.removeprefix("pick:")])
+    if g == "base":
+        return base_geometry(wtype, N, K)
+    if g == "lp":
+        return replace(quant_gemv(wtype, N, K, glu), l2_prefetch=True)
+    geos = (KQUANT_GEOMETRIES if wtype in KQUANTS else GEOMETRIES)[g]
+    if g.startswith("bulk"):
+        return bulk_geometry(geos[0], wtype, N, K, glu)
+    geo = geos[1] if glu else geos[0]
+    if geo and wtype == "q8_0" and geo.unroll > 1:  # the same bytes in flight
+        geo = replace(geo, unroll=geo.unroll // 2)
+    return geo
 
 
 def gemv_specs(arch: str, shapes: list[str], variants=None, activations=ACTIVATIONS) -> dict:
@@ -154,16 +230,10 @@ def gemv_specs(arch: str, shapes: list[str], variants=None, activations=ACTIVATI
     for si, s in enumerate(shapes):
         wtype, N, K, epilogue, norm = SHAPES[s]
         p = LinearParams(wtype, N, K, 1e-5 if norm else 0.0, epilogue, bias=False)
-        for gi, (g, geos) in enumerate(geometries(wtype).items()):
+        for gi, g in enumerate(geometries(wtype)):
             if variants and g not in variants:
                 continue
-            geo = geos[1] if epilogue == "glu" else geos[0]
-            if g.startswith("bulk"):
-                geo = bulk_geometry(geos[0], wtype, N, K, epilogue == "glu")
-            if g == "base":
-                geo = base_geometry(wtype, N, K)
-            elif geo and wtype == "q8_0" and geo.unroll > 1:  # the same bytes in flight
-                geo = replace(geo, unroll=geo.unroll // 2)
+            geo = variant_geometry(g, wtype, N, K, epilogue)
             for a in activations:
                 fn = f"s{si}g{gi}{a}"
                 k = decode_gemv(fn, p, GpuTarget(arch), [s], geo, activations=a)
@@ -229,27 +299,63 @@ def random_raw(wtype: str, N: int, K: int, rng) -> np.ndarray:
     return split_quant_blocks(random_blocks(wtype.upper(), N, K, rng), wtype)
 
 
-def graph_time(d, fn, grid, threads, shared, packed, launches) -> float:
-    """us per launch of `launches` back-to-back launches (overlapped), cycling `packed`."""
+# Replays before timing (at least WARM_S seconds of them), then TRIALS timed runs of at least
+# TRIAL_S seconds each; the fastest counts. Timed as cold_time (1 replay, then 5 timed: about
+# 2 ms for a small matrix, right after the host spent seconds packing weights), the variant
+# timed first for each shape (default) came out 3x slower than base on the 8B's small
+# matrices on 2026-12-04 (o: 15.0 against 4.5 us) though both preload their whole rows before
+# the wait and run one block per SM; the first variant's cold time is printed beside its own.
+WARM_S, TRIAL_S, TRIALS = 0.05, 0.02, 3
+
+
+def replay_time(d, ge, per_replay: int) -> float:
+    """us per unit of work of the instantiated graph `ge` (`per_replay` units a replay)."""
+    n, t = 0, time.perf_counter()
+    while n < 2 or time.perf_counter() - t < WARM_S:
+        d.graph_launch(ge)
+        d.synchronize()
+        n += 1
+    reps = max(2, int(TRIAL_S / ((time.perf_counter() - t) / n)) + 1)
+    best = float("inf")
+    for _ in range(TRIALS):
+        t = time.perf_counter()
+        for _ in range(reps):
+            d.graph_launch(ge)
+        d.synchronize()
+        best = min(best, (time.perf_counter() - t) / reps)
+    return best / per_replay * 1e6
+
+
+def cold_time(d, ge, per_replay: int) -> float:
+    """us per unit as this benchmark timed before replay_time: one replay, then 5 timed."""
+    d.graph_launch(ge)
+    d.synchronize()
+    t = time.perf_counter()
+    for _ in range(5):
+        d.graph_launch(ge)
+    d.synchronize()
+    return (time.perf_counter() - t) / (5 * per_replay) * 1e6
+
+
+def graph_time(d, fn, grid, threads, shared, packed, launches, cold=False):
+    """(us per launch of `launches` back-to-back launches (overlapped), cycling `packed`;
+    with `cold`, the same as cold_time measured before, else None)."""
     d.synchronize()
     d.begin_capture()
     for i in range(launches):
         p = packed[i % len(packed)]
         d.launch(fn, grid, (threads, 1, 1), shared, p.address, overlap=True)
     ge = d.instantiate(d.end_capture())
-    d.graph_launch(ge)
-    d.synchronize()
-    t = time.perf_counter()
-    reps = 5
-    for _ in range(reps):
-        d.graph_launch(ge)
-    d.synchronize()
-    return (time.perf_counter() - t) / (reps * launches) * 1e6
+    first = cold_time(d, ge, launches) if cold else None
+    us = replay_time(d, ge, launches)
+    return us, first
 
 
 def bench_gemvs(
-    dev, specs, shapes, launches, activations=ACTIVATIONS, check_max=CHECK_MAX_VALUES
+    dev, specs, shapes, launches, activations=ACTIVATIONS, check_max=CHECK_MAX_VALUES, times=None
 ) -> list[str]:
+    """Each shape's variants alone; `times` (if given) gets {(shape, variant, activations): us}
+    of those whose numbers are right (or unchecked and finite)."""
     d = dev.d
     lines = []
     rng = np.random.default_rng(0)
@@ -295,7 +401,12 @@ def bench_gemvs(
                     flag = f" e={err:.0e}" + (" BAD" if not err <= 1e-4 else "")
                 else:
                     flag = "" if np.isfinite(got).all() else " NaN"
-                us = graph_time(d, fn, grid, k.threads, k.shared, packed, launches)
+                # the first variant after the upload also as timed before replay_time
+                us, cold = graph_time(d, fn, grid, k.threads, k.shared, packed, launches, not cells)
+                if times is not None and not flag.endswith(("BAD", "NaN")):
+                    times[s, gname, a] = us
+                if not cells:
+                    flag += f" (cold {cold:.1f} us)"
                 cells.append(f"{gname}/{a}: {us:.1f} us {raw.nbytes / us / 1e3:,.0f} GB/s{flag}")
         best = min(cells, key=lambda c: float(c.split(": ")[1].split(" us")[0]))
         lines.append(f"| {s} | {raw.nbytes / 1e6:.1f} | best {best} | " + "; ".join(cells) + " |")
@@ -304,15 +415,37 @@ def bench_gemvs(
     return lines
 
 
-def bench_layers(dev, specs, variants, activations, layers: int) -> list[str]:
+def best_alone(times: dict, chain, activations) -> dict:
+    """{label: ({shape: variant}, activations)}: per activations, each shape of `chain` with
+    its fastest variant alone (pick:* variants aside: they repeat others' geometries; base
+    too: its template is not this checkout's)."""
+    mixes = {}
+    for a in activations:
+        mix = {}
+        for s in chain:
+            cands = {v: us for (s2, v, a2), us in times.items() if s2 == s and a2 == a}
+            cands = {v: us for v, us in cands.items() if not v.startswith(("pick:", "base"))}
+            if not cands:
+                break
+            mix[s] = min(cands, key=cands.get)
+        else:
+            mixes[f"best alone ({', '.join(mix[s] for s in chain)})/{a}"] = (mix, a)
+    return mixes
+
+
+def bench_layers(dev, specs, variants, activations, layers: int, times=None) -> list[str]:
     """Each LAYERS chain (a decode layer's GEMVs in order, on random blocks) `layers` times
     in one captured graph, launched overlapped as decode launches them, for each variant
-    that has every shape: us per layer and GB/s of weights. Unlike one kernel timed after
-    itself, this has the boundaries between different kernels that a decode step has."""
+    that has every shape, and for the mix of each shape's fastest variant alone (`times`:
+    bench_gemvs's): us per layer and GB/s of weights. Unlike one kernel timed after itself,
+    this has the boundaries between different kernels that a decode step has."""
     d = dev.d
     rng = np.random.default_rng(2)
     lines = []
+    built = {s for s, _, _ in specs}
     for wtype, chain in LAYERS.items():
+        if not built.issuperset(chain):
+            continue
         sets, nbytes = [], 0
         x = dev.upload((rng.standard_normal(14336) * 3).astype(np.float32))
         g = dev.upload((1 + 0.2 * rng.standard_normal(14336)).astype(np.float32))
@@ -323,31 +456,25 @@ def bench_layers(dev, specs, variants, activations, layers: int) -> list[str]:
             nbytes = sum(a.nbytes for a in raws)
             sets.append([dev.upload(a) for a in raws])
         cells, keep = [], []
-        for v in variants:
-            for a in activations:
-                ks = [specs.get((s, v, a)) for s in chain]
-                if None in ks:
-                    continue
-                d.synchronize()
-                d.begin_capture()
-                for i in range(layers):
-                    for j, (s, k) in enumerate(zip(chain, ks, strict=True)):
-                        norm, residual = SHAPES[s][4], SHAPES[s][3] == "residual"
-                        args = [x, sets[i % 2][j], g if norm else 0, 0, r if residual else 0, ys[j]]
-                        packed = PackedArgs([("u64", p) for p in args])
-                        keep.append(packed)  # the graph holds their addresses
-                        grid = (*k.grid, 1, 1)[:3]
-                        d.launch(dev.function(k.fn), grid, (k.threads, 1, 1), k.shared,
-                                 packed.address, overlap=True)  # fmt: skip
-                ge = d.instantiate(d.end_capture())
-                d.graph_launch(ge)
-                d.synchronize()
-                t = time.perf_counter()
-                for _ in range(5):
-                    d.graph_launch(ge)
-                d.synchronize()
-                us = (time.perf_counter() - t) / (5 * layers) * 1e6
-                cells.append(f"{v}/{a}: {us:.1f} us {nbytes / us / 1e3:,.0f} GB/s")
+        runs = {f"{v}/{a}": ({s: v for s in chain}, a) for v in variants for a in activations}
+        runs.update(best_alone(times or {}, chain, activations))
+        for label, (mix, a) in runs.items():
+            ks = [specs.get((s, mix[s], a)) for s in chain]
+            if None in ks:
+                continue
+            d.synchronize()
+            d.begin_capture()
+            for i in range(layers):
+                for j, (s, k) in enumerate(zip(chain, ks, strict=True)):
+                    norm, residual = SHAPES[s][4], SHAPES[s][3] == "residual"
+                    args = [x, sets[i % 2][j], g if norm else 0, 0, r if residual else 0, ys[j]]
+                    packed = PackedArgs([("u64", p) for p in args])
+                    keep.append(packed)  # the graph holds their addresses
+                    grid = (*k.grid, 1, 1)[:3]
+                    d.launch(dev.function(k.fn), grid, (k.threads, 1, 1), k.shared,
+                             packed.address, overlap=True)  # fmt: skip
+            us = replay_time(d, d.instantiate(d.end_capture()), layers)
+            cells.append(f"{label}: {us:.1f} us {nbytes / us / 1e3:,.0f} GB/s")
         lines.append(
             f"| {wtype} layer ({'+'.join(chain)}) | {nbytes / 1e6:.1f} | " + "; ".join(cells) + " |"
         )
@@ -445,7 +572,7 @@ def bench_attention(dev, specs, launches) -> list[str]:
             got = dev.read(out, NH * D)
             ref = got if ref is None else ref
             err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-            us = graph_time(d, fn, grid, spec.threads, spec.shared, packed, launches)
+            us, _ = graph_time(d, fn, grid, spec.threads, spec.shared, packed, launches)
             cells.append(
                 f"w{var[0]}/b{var[1]} ({splits} splits): {us:.1f} us"
                 + ("" if err <= 1e-5 else f" DIFFERS {err:.0e}")
@@ -476,7 +603,8 @@ def main() -> None:
     if variants and "base" in variants and not args.baseline:
         ap.error("--variants base needs --baseline TEMPLATE")
     if not args.baseline:
-        variants = variants or [v for v in GEOMETRIES if v != "base"] + list(KQUANT_GEOMETRIES)
+        every = [*GEOMETRIES, *KQUANT_GEOMETRIES, *(f"pick:{n}" for n in PICKS)]
+        variants = variants or list(dict.fromkeys(every))
         variants = [v for v in variants if v != "base"]
     else:
         use_baseline(args.baseline)
@@ -500,7 +628,8 @@ def main() -> None:
         "| shape | MB | fastest | every variant (geometry/activations) |",
         "|---|---:|---|---|",
     ]
-    lines += bench_gemvs(dev, specs, shapes, args.launches, activations, args.check_max)
+    times = {}
+    lines += bench_gemvs(dev, specs, shapes, args.launches, activations, args.check_max, times)
     if args.layers:
         names = list(dict.fromkeys(v for _, v, _ in specs))
         lines += [
@@ -508,7 +637,7 @@ def main() -> None:
             f"| {args.layers} layers | MB per layer | us per layer, GB/s |",
             "|---|---:|---|",
         ]
-        lines += bench_layers(dev, specs, names, activations, args.layers)
+        lines += bench_layers(dev, specs, names, activations, args.layers, times)
     dev.close()
     if not args.no_attention:
         att = {}

@@ -12,8 +12,8 @@
 #   bash docs/benchmarks/gpu_gemv_check.sh
 # Writes $OUT/gemv/{tests.log,bench.log,gemv.md}.
 set -uo pipefail
-SHAPES=l8_qkv,l8_o,l8_gate_up,l8_down,l8_head_q6k,l8_qk_q4k,l8_v_q6k,l8_o_q4k,l8_gate_up_q4k,l8_down_q6k,l8_down_q4k
-VARIANTS=${VARIANTS:-base,default,bulk16x4m2,bulk24x4m2,bulk24x4m2k64,k8r4s1k64}
+SHAPES=${SHAPES:-l8_qkv,l8_o,l8_gate_up,l8_down,l8_qkv_q4k,l8_qk_q4k,l8_v_q6k,l8_o_q4k,l8_gate_up_q4k,l8_down_q4k,l8_down_q6k}
+VARIANTS=${VARIANTS:-default,base,lp,w8s3m2,w8s3m2lp,r1u4s3,k8r2s3k64m2,k16r2s3k64,k16r2s2k64,pick:lpdown,pick:m2lpdown}
 BENCH=(docs/benchmarks/bench_gpu_gemv.py --baseline .work/base/linear_gemv_q.hip.j2
   --activations int8 --no-attention --shapes "$SHAPES" --variants "$VARIANTS")
 
@@ -54,5 +54,5 @@ timeout 45 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_decode
   -k gemv 2>&1 | tee "$OUT/tests.log" | tail -8
 # numerics of the matrices up to 30M weights here (the rest: tests/gpu's K 14336 cases); each
 # line is in bench.log as it is measured, the whole table in gemv.md at the end
-timeout 70 python3 "${BENCH[@]}" --cache .work/fatbins --layers 32 --check-max 30000000 \
+timeout 110 python3 "${BENCH[@]}" --cache .work/fatbins --layers 32 --check-max 30000000 \
   --out "$OUT/gemv.md" 2>&1 | tee "$OUT/bench.log" | tail -40

@@ -259,3 +259,45 @@ def test_bulk_default_follows_the_table(monkeypatch):
     assert decode_gemv("d", odd, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_q"
     glu = LinearParams("q4_k", 2 * 4096, 4096, EPS, "glu", bias=False)  # another class
     assert decode_gemv("e", glu, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_q"
+
+
+def test_quant_gemv_classes():
+    """The Llama-3-8B and SmolLM2 matrices fall in the QUANT_GEMV_TABLE classes its comment
+    names: the 8B's qkv and o "short", gate/up "glu", down "long" (K 14336), matrices under
+    4 MiB "small" or, with rows of 1536 and more, "small_long"; K-quants and Q6_K each their
+    own family."""
+    from hipc.compiler.kernels.linear import gemv_class
+
+    assert gemv_class("q4_0", 6144, 4096, False) == ("q", "short")
+    assert gemv_class("q4_0", 4096, 4096, False) == ("q", "short")
+    assert gemv_class("q8_0", 2 * 14336, 4096, True) == ("q", "glu")
+    assert gemv_class("q4_0", 4096, 14336, False) == ("q", "long")
+    assert gemv_class("q4_1", 960, 576, False) == ("q", "small")
+    assert gemv_class("q4_1", 576, 1536, False) == ("q", "small_long")
+    assert gemv_class("q4_1", 2 * 1536, 576, True) == ("q", "small")
+    assert gemv_class("q5_k", 5120, 4096, False) == ("k", "short")
+    assert gemv_class("q4_k", 4096, 14336, False) == ("k", "long")
+    assert gemv_class("q6_k", 1024, 4096, False) == ("q6_k", "small_long")  # 3.4 MB
+    assert gemv_class("q6_k", 128256, 4096, False) == ("q6_k", "short")
+
+
+def test_decode_gemv_follows_the_geometry_table(monkeypatch):
+    """decode_gemv renders what QUANT_GEMV_TABLE gives the matrix's class (and only that
+    class), with q8_0's unroll halved (its blocks are twice the bytes) and Q5_0's copy loop of
+    4 units; quant_gemv's `table` replaces the table whole."""
+    from dataclasses import replace
+
+    from hipc.compiler.kernels import linear
+
+    down = QuantGemv(8, 2, 4, 132, 2, 3, 8, l2_prefetch=True)
+    monkeypatch.setitem(linear.QUANT_GEMV_TABLE, ("q", "long"), down)
+    p = LinearParams("q4_0", 4096, 14336, 0.0, "residual", bias=False)
+    k = decode_gemv("a", p, GpuTarget("sm_90"), ["n"], activations="int8", quant_layout="gguf")
+    assert (k.threads, k.ctx["unroll"], k.ctx["stages"], k.ctx["l2_prefetch"]) == (256, 4, 3, True)
+    assert k.ctx["min_blocks"] == 2 and k.grid == [128]  # 2048 groups: 2 per wave
+    assert linear.quant_gemv("q8_0", 4096, 14336) == replace(down, unroll=2)
+    assert linear.quant_gemv("q5_0", 4096, 14336) == replace(down, unroll=2, stages=1)
+    o = linear.quant_gemv("q4_0", 4096, 4096)
+    assert o == linear.QUANT_GEMV_LARGE and not o.l2_prefetch
+    table = {**linear.QUANT_GEMV_TABLE, ("q", "short"): down}
+    assert linear.quant_gemv("q4_0", 4096, 4096, table=table) == down

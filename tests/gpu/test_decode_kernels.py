@@ -96,6 +96,15 @@ GEMVS = {
     "bulk_q4_0_k2304_norm": ("q4_0", 50, 2304, "none", True, True),
     "q4_k64_ring_glu_norm": ("q4_k", 2 * 70, 4096, "glu", True, False),
     "q6_k64_copy_residual_k14336": ("q6_k", 45, 14336, "residual", False, False),
+    # bench_gpu_gemv.py's candidates for quant_gemv's table (8-wave 128-register blocks,
+    # rows prefetched to L2, 64-weight K-quant units), each wave several groups
+    "q4_0_w8m2_glu_norm": ("q4_0", 2 * 700, 4096, "glu", True, False),
+    "q4_0_w8m2_l2_residual_k14336": ("q4_0", 600, 14336, "residual", False, True),
+    "q4_k64_w8m2_norm": ("q4_k", 700, 4096, "none", True, False),
+    "q4_k64_w16_residual_k14336": ("q4_k", 300, 14336, "residual", False, False),
+    "q4_k_copy_l2_glu_norm": ("q4_k", 2 * 300, 4096, "glu", True, False),
+    "q6_k_ring_l2_residual_k14336": ("q6_k", 300, 14336, "residual", False, True),
+    "q6_k64_w16_ring_norm": ("q6_k", 300, 4096, "none", True, False),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
@@ -126,6 +135,13 @@ STREAMED = {
     "bulk_q4_0_k2304_norm": QuantGemvBulk(4, 4, 2, 4),
     "q4_k64_ring_glu_norm": QuantGemv(4, 2, 2, 5, 1, 3, unit64=True),
     "q6_k64_copy_residual_k14336": QuantGemv(4, 4, 1, 3, 1, 1, unit64=True),
+    "q4_0_w8m2_glu_norm": QuantGemv(8, 2, 2, 40, 2, 3, 8),
+    "q4_0_w8m2_l2_residual_k14336": QuantGemv(8, 2, 2, 20, 2, 3, 8, l2_prefetch=True),
+    "q4_k64_w8m2_norm": QuantGemv(8, 2, 1, 30, 2, 3, 8, unit64=True),
+    "q4_k64_w16_residual_k14336": QuantGemv(16, 2, 1, 5, 1, 3, 8, unit64=True),
+    "q4_k_copy_l2_glu_norm": QuantGemv(8, 4, 1, 8, 1, 1, l2_prefetch=True),
+    "q6_k_ring_l2_residual_k14336": QuantGemv(8, 2, 1, 9, 1, 3, 8, l2_prefetch=True),
+    "q6_k64_w16_ring_norm": QuantGemv(16, 2, 1, 3, 1, 2, 8, unit64=True),
 }
 QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
 
