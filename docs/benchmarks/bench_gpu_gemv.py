@@ -148,7 +148,7 @@ PICKS = {
         **QUANT_GEMV_TABLE,
         **{
             (f, "long"): replace(QUANT_GEMV_TABLE[f, "long"], l2_prefetch=True)
-            for f in ("q", "k", "q6_k")
+            for f in ("q", "q4_k", "q5_k", "q6_k")
         },
     },
     # the 32-weight types' large matrices in 8-wave 128-register blocks, downs prefetched
@@ -158,7 +158,7 @@ PICKS = {
         ("q", "glu"): W8S3M2,
         **{
             (f, "long"): replace(g, l2_prefetch=True)
-            for f, g in (("q", W8S3M2), ("k", QUANT_GEMV_TABLE["k", "long"]))
+            for f, g in (("q", W8S3M2), ("q4_k", QUANT_GEMV_TABLE["q4_k", "long"]))
         },
         ("q6_k", "long"): replace(QUANT_GEMV_TABLE["q6_k", "long"], l2_prefetch=True),
     },

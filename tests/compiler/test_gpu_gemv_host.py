@@ -77,6 +77,23 @@ CASES = {
         False,
         QuantGemv(2, 4, 2, 2, 1, 1, unit64=True),
     ),
+    # the down projections' default (QUANT_GEMV_K64) in small: 2-row rings of 2 units
+    "q4_k64_ring2_k14336": (
+        "q4_k",
+        9,
+        14336,
+        "residual",
+        False,
+        QuantGemv(2, 2, 1, 2, 1, 2, 8, unit64=True),
+    ),
+    "q6_k64_ring2_k14336": (
+        "q6_k",
+        9,
+        14336,
+        "residual",
+        False,
+        QuantGemv(2, 2, 1, 2, 1, 2, 8, unit64=True),
+    ),
     "q4_0_copy_k2304_glu": ("q4_0", 2 * 23, 2304, "glu", True, QuantGemv(2, 2, 2, 3, 1, 1)),
     # the bulk-copy GEMV (linear_gemv_qbulk): tiles through a ring of shared-memory stages,
     # several turns of the ring per block, the last tile partial (rows past the end); tiles
@@ -275,8 +292,8 @@ def test_quant_gemv_classes():
     assert gemv_class("q4_1", 960, 576, False) == ("q", "small")
     assert gemv_class("q4_1", 576, 1536, False) == ("q", "small_long")
     assert gemv_class("q4_1", 2 * 1536, 576, True) == ("q", "small")
-    assert gemv_class("q5_k", 5120, 4096, False) == ("k", "short")
-    assert gemv_class("q4_k", 4096, 14336, False) == ("k", "long")
+    assert gemv_class("q5_k", 5120, 4096, False) == ("q5_k", "short")
+    assert gemv_class("q4_k", 4096, 14336, False) == ("q4_k", "long")
     assert gemv_class("q6_k", 1024, 4096, False) == ("q6_k", "small_long")  # 3.4 MB
     assert gemv_class("q6_k", 128256, 4096, False) == ("q6_k", "short")
 
@@ -301,3 +318,19 @@ def test_decode_gemv_follows_the_geometry_table(monkeypatch):
     assert o == linear.QUANT_GEMV_LARGE and not o.l2_prefetch
     table = {**linear.QUANT_GEMV_TABLE, ("q", "short"): down}
     assert linear.quant_gemv("q4_0", 4096, 4096, table=table) == down
+
+
+def test_kquant_down_projections_take_64_weight_units():
+    """Q4_K and Q6_K matrices of the "long" class (the 8B's down) get QUANT_GEMV_K64, rendered
+    with the 64-weight units; Q5_K, which has no such unit, and the other classes keep
+    theirs."""
+    from hipc.compiler.kernels import linear
+
+    for wtype in ("q4_k", "q6_k"):
+        assert linear.quant_gemv(wtype, 4096, 14336) == linear.QUANT_GEMV_K64
+        p = LinearParams(wtype, 4096, 14336, 0.0, "residual", bias=False)
+        k = decode_gemv("a", p, GpuTarget("sm_90"), ["n"], activations="int8")
+        assert k.ctx["unit"] == f"{wtype}64" and k.threads == 16 * 32
+    assert linear.quant_gemv("q5_k", 4096, 14336) == linear.QUANT_GEMV_KQUANT
+    assert linear.quant_gemv("q4_k", 4096, 4096) == linear.QUANT_GEMV_KQUANT
+    assert linear.quant_gemv("q6_k", 128256, 4096) == linear.QUANT_GEMV_Q6_K

@@ -105,6 +105,9 @@ GEMVS = {
     "q4_k_copy_l2_glu_norm": ("q4_k", 2 * 300, 4096, "glu", True, False),
     "q6_k_ring_l2_residual_k14336": ("q6_k", 300, 14336, "residual", False, True),
     "q6_k64_w16_ring_norm": ("q6_k", 300, 4096, "none", True, False),
+    # quant_gemv's own choice for down projections of 4 MiB and more (QUANT_GEMV_K64)
+    "q4_k_default_long_k14336": ("q4_k", 600, 14336, "residual", False, False),
+    "q6_k_default_long_k14336": ("q6_k", 600, 14336, "residual", False, False),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
