@@ -179,23 +179,31 @@ _NV_SHORT = {
     16: MmaTile("HIPC_MMA_NV", "mma.sync.m16n8k16 bf16", 16, 128, 32, 1, 4),
 }
 MOE_SHORT_TILES = dict.fromkeys(("sm_80", "sm_89", "sm_90"), _NV_SHORT)
-# Compiled models take the short tiles only when this is set (HIPC_MOE_SHORT_TILES=1): not yet
-# measured against the 64-row tile, whose MMA slices past a tile's rows are skipped too (the
-# same matrix work; a short tile reads an expert's weights once per tile, the 64-row one has
-# idle waves). bench_gpu_moe_prefill.py times every height.
+# The heights compiled models take, each for the steps whose average expert has at most half
+# its rows (tile_ranges). On the H200 (bench_gpu_moe_prefill.py, Q4_0 experts, x in bf16,
+# session 10), one layer's chain at 512 tokens: Qwen3.5-35B (16 rows an expert) 1,124 us on
+# 32-row tiles, 1,316 on 64, 1,364 on 16; Qwen3-30B (32 rows an expert) 1,069 on 64, 1,196 on
+# 32; at 4,096 tokens 64 rows won both by 23-30%. The 16-row tile lost everywhere it was timed.
+MOE_SHORT_ROWS = (32,)
+# HIPC_MOE_SHORT_TILES=1 compiles every height of MOE_SHORT_TILES (experiments), =0 none
 SHORT_TILES_ENV = "HIPC_MOE_SHORT_TILES"
-MOE_USE_SHORT_TILES = False  # or this (bench_gpu_moe.py's --variant sets constants)
 
 
 def short_tiles(arch: str) -> dict[int, MmaTile]:
-    """The short tiles compiled models use on `arch` (none unless opted in)."""
-    on = MOE_USE_SHORT_TILES or os.environ.get(SHORT_TILES_ENV) == "1"
-    return MOE_SHORT_TILES.get(arch, {}) if on else {}
+    """The short tiles compiled models use on `arch` (MOE_SHORT_ROWS, or as SHORT_TILES_ENV
+    says)."""
+    every = MOE_SHORT_TILES.get(arch, {})
+    env = os.environ.get(SHORT_TILES_ENV)
+    if env == "1":
+        return every
+    if env == "0":
+        return {}
+    return {bm: t for bm, t in every.items() if bm in MOE_SHORT_ROWS}
 
 
 def tile_rows(tokens: int, p: MoEParams, arch: str) -> int:
     """The prefill tiles' rows for a step of `tokens`: the shortest short tile (short_tiles)
-    whose 4/3 the average expert (tokens * k / E rows) does not pass, else TILE."""
+    that the average expert (tokens * k / E rows) fills at most half of, else TILE."""
     for bm, lo, hi in tile_ranges(tokens, p, arch):
         if lo <= tokens <= hi:
             return bm
@@ -207,7 +215,7 @@ def tile_ranges(max_tokens: int, p: MoEParams, arch: str) -> list[tuple[int, int
     1..max_tokens (a compiled model launches each height's GEMMs for its steps only)."""
     out, lo = [], 1
     for bm in sorted(short_tiles(arch)):
-        hi = min(max_tokens, bm * 4 * p.E // (3 * p.top_k))
+        hi = min(max_tokens, bm * p.E // (2 * p.top_k))
         if hi >= lo:
             out.append((bm, lo, hi))
             lo = hi + 1

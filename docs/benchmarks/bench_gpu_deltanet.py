@@ -95,12 +95,15 @@ def main() -> None:
     ssm = dev.upload(np.zeros((P.NV, P.DK, P.DV), f32))
     y = dev.upload(np.zeros((T_MAX, P.NV * P.DV), f32))
     work = dev.upload(np.zeros(chunk_work_bytes(P, T_MAX) // 4, f32))
+    # one sequence (slot 0) at positions 0..T-1: one run of rows for the serial kernel
+    pos = dev.upload(np.arange(T_MAX, dtype=np.int32))
+    seq = dev.upload(np.zeros(T_MAX, np.int32))
 
     def kargs(T):
         return [("i32", T), ("u64", x), ("i32", C), ("u64", z), ("i32", P.NV * P.DV),
                 ("u64", ba), ("i32", P.NV), ("u64", ba), ("i32", P.NV), ("u64", w), ("u64", A),
                 ("u64", dt), ("u64", nw), ("u64", conv), ("u64", ssm), ("u64", y),
-                ("i32", P.NV * P.DV)]  # fmt: skip
+                ("i32", P.NV * P.DV), ("u64", pos), ("u64", seq)]  # fmt: skip
 
     def serial(k):
         return lambda T: dev.launch(k.fn, (P.NK,), k.threads, kargs(T))

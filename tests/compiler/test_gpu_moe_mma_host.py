@@ -185,17 +185,24 @@ def check(lib, name, rows, T, skew, split):
 
 
 def test_tile_rows_follow_the_rows_per_expert(monkeypatch):
-    """Opted in, a full step's average expert fills the tile chosen (Qwen3.5-35B at 512
-    tokens: 16 rows; Qwen3-30B: 32); many rows keep the 64-row tile; AMD keeps it always;
-    not opted in, 64 rows everywhere."""
+    """By default NVIDIA takes the 32-row tile for steps whose average expert fills at most
+    half of it (Qwen3.5-35B at 512 tokens: 16 rows an expert; not Qwen3-30B's 32); many rows
+    keep the 64-row tile; AMD keeps it always. Opted in, every height (16-row tiles for the
+    shortest steps); opted out, 64 rows everywhere."""
     p30 = MoEParams("q4_0", 128, 8, 2048, 768, True, False, True)
-    assert tile_rows(512, p30, "sm_90") == TILE
-    monkeypatch.setenv(SHORT_TILES_ENV, "1")
     p35 = MoEParams("q4_0", 256, 8, 2048, 512, True, False, True)
-    assert tile_rows(512, p35, "sm_90") == 16
-    assert tile_rows(512, p30, "sm_90") == 32
+    assert tile_rows(512, p35, "sm_90") == 32
+    assert tile_rows(513, p35, "sm_90") == TILE
+    assert tile_rows(512, p30, "sm_90") == TILE
+    assert tile_rows(256, p30, "sm_90") == 32
     assert tile_rows(4096, p35, "sm_90") == TILE
     assert tile_rows(512, p35, "gfx942") == TILE
-    m = gpu_kernels("t", p35, GpuTarget("sm_90"), ["t"], 512)
+    monkeypatch.setenv(SHORT_TILES_ENV, "0")
+    assert tile_rows(512, p35, "sm_90") == TILE
+    monkeypatch.setenv(SHORT_TILES_ENV, "1")
+    assert tile_rows(256, p35, "sm_90") == 16
+    assert tile_rows(512, p35, "sm_90") == 32
+    assert tile_rows(128, p30, "sm_90") == 16
+    m = gpu_kernels("t", p35, GpuTarget("sm_90"), ["t"], 256)
     assert m.prefill.ctx["bm"] == m.mma.ctx["bm"] == 16
-    assert m.max_tiles == 512 * 8 // 16 + 256
+    assert m.max_tiles == 256 * 8 // 16 + 256
