@@ -78,7 +78,7 @@ def device_specs(arch: str):
     "simt" (all SIMT) and "mma_scan" (_scan on it too, where the shape fits))."""
     wave, mma = GpuTarget(arch).wave, chunk_mma(arch)
     specs, serial = [], {}
-    paths: dict[str, dict] = {"target": {}, "simt": {}, "mma_scan": {}}
+    paths: dict[str, dict] = {"target": {}, "simt": {}, "mma_solve": {}, "mma_scan": {}}
     for name, case in CASES.items():
         k = gpu_kernel(f"dn_{name}", params(case), wave, [name], LANES.get(name))
         serial[name] = (k.fn, k.threads)
@@ -89,6 +89,9 @@ def device_specs(arch: str):
         if mma:
             paths["simt"][name] = k, _ = chunk_kernels(name, wave)
             specs.append((k.fn, k.template, k.ctx, None))
+            # _solve on it, _scan SIMT: the default where the scan on mma is not (AMD)
+            paths["mma_solve"][name] = k, _ = chunk_kernels(name, wave, mma, False)
+            specs.append((k.fn, k.template, k.ctx, None))
         if scan_mma_fits(p, mma):
             paths["mma_scan"][name] = k, _ = chunk_kernels(name, wave, mma, True)
             specs.append((k.fn, k.template, k.ctx, None))
@@ -96,11 +99,11 @@ def device_specs(arch: str):
 
 
 def chunk_kernels(
-    name: str, wave: int, mma: str = "", scan_mma: bool = False
+    name: str, wave: int, mma: str = "", scan_mma: bool | None = None
 ) -> tuple[GpuKernel, DeltaNetParams]:
     """Case `name`'s chunked prefill kernels (CHUNKED's chunk) as compiler/kernels/deltanet.py
     renders them, and their parameters; `mma` as chunk_mma says, `scan_mma` _scan on it too
-    (each suffixing the name)."""
+    (each suffixing the name; None: as compiled, deltanet.scan_on_mma)."""
     p = params(CASES[name], CHUNKED[name][0])
     fn = f"dnc_{name}" + ("_mma" if mma else "") + ("_scan" if scan_mma else "")
     return gpu_chunk_kernel(fn, p, wave, [name], mma, scan_mma=scan_mma), p

@@ -193,20 +193,37 @@ def scan_mma_fits(p: DeltaNetParams, mma: str, columns: int = SCAN_COLUMNS) -> b
     return bool(mma) and p.DK % 16 == 0 and chunk_columns(p, columns) % n == 0
 
 
+# _scan on mma.sync with 32 state columns a block where it fits. On the H200 (bench_gpu_deltanet.py,
+# the 35B linear layer, session 10) 0.637 us a token and layer at 4,096 tokens (0.617 at 512)
+# against 0.808 (0.823) for the SIMT scan of 8 columns, the default before; on mma with 8
+# columns it took 0.904. WMMA / MFMA (AMD) are not measured: they keep the SIMT scan.
+SCAN_MMA_COLUMNS = 32
+
+
+def scan_on_mma(p: DeltaNetParams, mma: str) -> bool:
+    """Whether compiled models run _scan on `mma` (chunk_mma's), SCAN_MMA_COLUMNS wide."""
+    return mma.startswith("mma.sync") and scan_mma_fits(p, mma, SCAN_MMA_COLUMNS)
+
+
 def gpu_chunk_kernel(
     fn: str,
     p: DeltaNetParams,
     wave: int,
     nodes: list[str],
     mma: str = "",
-    columns: int = SCAN_COLUMNS,
-    scan_mma: bool = False,
+    columns: int | None = None,
+    scan_mma: bool | None = None,
 ) -> GpuKernel:
     """The chunked prefill (templates/hip/deltanet_chunk.hip.j2): {fn}_prep (grid T x key
     heads), _solve (value heads x chunks), _scan (value heads x DV / its columns), _norm (T).
     `mma`: chunk_mma's instruction (the program's prelude must define its HIPC_MMA_*);
-    `columns`: chunk_columns' most per _scan block (benchmarks try others); `scan_mma`: _scan
-    on `mma` too (scan_mma_fits; not the compiled default until measured faster)."""
+    `columns`: chunk_columns' most per _scan block; `scan_mma`: _scan on `mma` too
+    (scan_mma_fits). Either left out: as compiled (scan_on_mma); benchmarks try others."""
+    if scan_mma is None:
+        scan_mma = scan_on_mma(p, mma)
+    if columns is None:
+        wide = scan_mma and scan_mma_fits(p, mma, SCAN_MMA_COLUMNS)
+        columns = SCAN_MMA_COLUMNS if wide else SCAN_COLUMNS
     if scan_mma and not scan_mma_fits(p, mma, columns):
         raise ValueError(f"{fn}: _scan does not fit {mma or 'SIMT'} at DK {p.DK}, DV {p.DV}")
     nch = 2 * p.DK + (p.NV // p.NK) * p.DV

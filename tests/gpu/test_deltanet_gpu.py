@@ -13,9 +13,9 @@ weight types, Qwen3-Next's projections packed per key head, and the Qwen3.5-35B 
 256 with the default two lanes and with four. The chunked prefill runs steps shorter than
 (serial), equal to and several times its chunk, and the two forms are compared with each
 other on one long step from the same random states; the chunked kernels as compiled for the
-device (sm_90: _solve's products on mma.sync), all SIMT (the path of targets without a
-matrix instruction), and with _scan on the matrix instruction too (not the compiled default
-until measured faster: bench_gpu_deltanet.py times it).
+device (sm_90: _solve's and _scan's products on mma.sync, 32 state columns a scan block), all
+SIMT (the path of targets without a matrix instruction), and _solve on the matrix instruction
+with the SIMT _scan (AMD's default).
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def kernels():
 
 def on(kernels, path: str, name: str):
     """Case `name`'s chunked kernels on `path`: "target" (as compiled), "simt" (the path of
-    targets without a matrix instruction), "mma_scan" (_scan on it too)."""
+    targets without a matrix instruction), "mma_solve" (_solve on it, _scan SIMT), "mma_scan"
+    (_scan on it too)."""
     if name not in kernels.paths[path]:
         pytest.skip(f"no {path} chunked kernels for {name} on this target")
     return kernels.paths[path][name]
@@ -74,7 +75,7 @@ def test_one_sequence_in_another_slot(kernels, name):
     check_steps(kernels, name, on(kernels, "target", name), slot=2)
 
 
-@pytest.mark.parametrize("path", ["target", "simt", "mma_scan"])
+@pytest.mark.parametrize("path", ["target", "simt", "mma_solve", "mma_scan"])
 @pytest.mark.parametrize("name", sorted(CHUNKED))
 def test_chunked_prefill_steps_match_numpy(kernels, name, path):
     check_steps(kernels, name, on(kernels, path, name))
@@ -88,6 +89,6 @@ def test_chunked_and_serial_kernels_agree(kernels, name, T):
     check_forms(kernels, name, T, on(kernels, "target", name))
 
 
-@pytest.mark.parametrize("path", ["simt", "mma_scan"])
+@pytest.mark.parametrize("path", ["simt", "mma_solve", "mma_scan"])
 def test_other_chunked_paths_and_serial_kernels_agree(kernels, path):
     check_forms(kernels, "qwen35_35b", 200, on(kernels, path, "qwen35_35b"))
