@@ -723,13 +723,21 @@ class SgemmTile:
 
 # Why a float32 GEMM of its own: a GGUF's MoE router (ffn_gate_inp) stays float32, and its
 # top-k must be the reference's, so neither bf16 W nor the bf16 hi + lo split of x will do. On
-# the H200 the 64 x 64 SIMT kernel (linear_gemm) took 290 us a layer for Qwen3.5-35B-A3B's
-# 257 x 2048 router at 512 tokens (~2 TFLOP/s): 40 blocks for 132 SMs, scalar loads, 4 x 4
-# products a thread. linear_sgemm keeps float32 arithmetic and fixes all three: float4 loads,
-# 8 x 8 products a thread, and K split until there are SGEMM_BLOCKS blocks (not below
-# SGEMM_MIN_KS per split: each split's partial sums cost a write and a read of T x N floats).
-SGEMM_BLOCKS = 4 * SMS
-SGEMM_MIN_KS = 256
+# the H200 the 64 x 64 SIMT kernel (linear_gemm) took 211 us alone (290 us a layer in the
+# hybrid's step profile) for Qwen3.5-35B-A3B's 257 x 2048 router at 512 tokens: 40 blocks for
+# 132 SMs, scalar loads, 4 x 4 products a thread. linear_sgemm keeps float32 arithmetic and
+# fixes all three: float4 loads, 8 x 8 products a thread, and K split (doubling) until there
+# are SGEMM_BLOCKS blocks, each split at least SGEMM_MIN_KS deep.
+# Measured on the H200 (bench_gpu_gemm.py --f32, session 10 call 3; docs/benchmarks/
+# gpu-h200-hybrid.md), us with the _sum pass: about 2.4 blocks per SM is the sweet spot --
+# 257 x 2048 at 512 tokens (40 tiles) 77 / 46 / 36 / 44 for 2 / 4 / 8 / 16 splits, 129 x 2048
+# (24 tiles) 42 / 28 / 21 for 4 / 8 / 16, 257 x 4096 63 / 72 for 8 / 16; at 128 tokens every
+# shape wants 16 splits (10 and 6 tiles). So: splits while under 2 x SMS blocks, 128 of K
+# apiece at least (the 129-wide router's best: 16 splits of 128). The 128 x 64 and 64 x 32
+# tiles were within 10% at these shapes except 257 x 4096 at 512 tokens (128 x 64 with 16
+# splits: 54 us against 63); not taken, one shape.
+SGEMM_BLOCKS = 2 * SMS
+SGEMM_MIN_KS = 128
 SGEMM_MAX_SPLITS = 16
 
 

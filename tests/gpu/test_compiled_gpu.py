@@ -67,7 +67,7 @@ def test_float32_kv_cache_on_gpu(family, tmp_path):
 
 def test_float32_gemm_k_splits_on_gpu(tmp_path):
     """Float32 linears over K of 512 and 1024: at these 8-token steps linear_sgemm splits K
-    2 and 4 ways (the parts in the plan's scratch, then the _sum launches)."""
+    4 and 8 ways (the parts in the plan's scratch, then the _sum launches)."""
     model = write_tiny_hf(tmp_path / "m", **TINY_FAMILIES["llama"], hidden_size=512,
                           intermediate_size=1024)  # fmt: skip
     check(model, tmp_path)
