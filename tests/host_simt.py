@@ -43,7 +43,7 @@ struct Barrier {
   std::condition_variable cv;
 };
 static thread_local int t_id;
-static int g_dim, g_bx, g_by, g_gx;
+static int g_dim, g_bx, g_by, g_bz, g_gx;
 static Barrier* g_bar;  // the block's (hipc_sync)
 static std::vector<Barrier*> g_wbar;  // each wave's (shuffles: waves may run apart)
 static float g_slots[1024];
@@ -51,6 +51,7 @@ int hipc_thread() { return t_id; }
 int hipc_block_dim() { return g_dim; }
 int hipc_block_x() { return g_bx; }
 int hipc_block_y() { return g_by; }
+int hipc_block_z() { return g_bz; }
 int hipc_grid_x() { return g_gx; }
 void hipc_sync() { g_bar->arrive_and_wait(); }
 void hipc_sync_wave() { g_wbar[t_id / HIPC_WAVE]->arrive_and_wait(); }
@@ -80,7 +81,8 @@ void hipc_host_wave_gather(const uint32_t* mine, int n, uint32_t* all) {
 float hipc_shfl(float v, int lane) { return exchange(v, t_id / HIPC_WAVE * HIPC_WAVE + lane); }
 // `shared` bytes of dynamic shared memory per block, all ones (NaN in bf16 and float32) to start
 template <class F>
-void grid(int gx, int gy, int threads, F kernel, size_t shared = 0) {
+void grid3(int gx, int gy, int gz, int threads, F kernel, size_t shared = 0) {
+  for (int bz = 0; bz < gz; ++bz)
   for (int by = 0; by < gy; ++by)
     for (int bx = 0; bx < gx; ++bx) {
       g_dyn.assign((shared + 7) / 8, ~0ull);
@@ -91,11 +93,15 @@ void grid(int gx, int gy, int threads, F kernel, size_t shared = 0) {
         waves.emplace_back(new Barrier(HIPC_WAVE));
         g_wbar.push_back(waves.back().get());
       }
-      g_bar = &bar, g_dim = threads, g_bx = bx, g_by = by, g_gx = gx;
+      g_bar = &bar, g_dim = threads, g_bx = bx, g_by = by, g_bz = bz, g_gx = gx;
       std::vector<std::thread> ts;
       for (int t = 0; t < threads; ++t) ts.emplace_back([=] { t_id = t; kernel(); });
       for (auto& th : ts) th.join();
     }
+}
+template <class F>
+void grid(int gx, int gy, int threads, F kernel, size_t shared = 0) {
+  grid3(gx, gy, 1, threads, kernel, shared);
 }
 """
 
@@ -147,7 +153,8 @@ void hipc_mma_emulate(float* c, const uint16_t* a, const uint16_t* b) {
 def build(
     root: Path, name: str, code: str, wave: int = 32, mma: str | None = None, defines: str = ""
 ) -> ctypes.CDLL:
-    """`code` (kernels and their extern "C" wrappers, calling `grid(gx, gy, threads, f)`)
+    """`code` (kernels and their extern "C" wrappers, calling `grid(gx, gy, threads, f)` or
+    `grid3(gx, gy, gz, threads, f)`)
     after the prelude and the harness, compiled into ROOT/NAME.so and loaded. `mma`: an AMD
     HIPC_MMA_* macro, the matrix instruction emulated across the wave (MMA_EMULATION), or
     HIPC_MMA_HOST (mma.sync's, emulated by the prelude; wave 32). `defines`: lines put before

@@ -8,9 +8,11 @@ Split -> act * Mul with equal halves (gate/up, act SiLU or tanh-GELU: only the p
 written), Split (q/k/v stay column views of one buffer), or SoftCap (Gemma-2's final logits).
 
 CPU: one function over T tokens (templates/cpu/linear.cpp.j2). GPU: a GEMV for decode
-(templates/hip/linear_gemv.hip.j2) and, for prefill, a tiled SIMT GEMM
-(linear_gemm.hip.j2) or the matrix-instruction GEMM for bf16 weights (linear_mma.hip.j2),
-preceded by a one-value-per-token `_stats` kernel when there is a norm.
+(templates/hip/linear_gemv.hip.j2) and, for prefill, the matrix-instruction GEMMs for bf16
+and quantized weights (linear_mma.hip.j2, sm_90's linear_wgmma.hip.j2), the float32 GEMM
+for float32 weights (linear_sgemm.hip.j2: K split where there are few output tiles, then a
+`_sum` kernel) or the tiled SIMT GEMM for the rest (linear_gemm.hip.j2), preceded by a
+one-value-per-token `_stats` kernel when there is a norm.
 """
 
 from __future__ import annotations
@@ -104,6 +106,28 @@ GEMM_GATED = Signature.parse(
     """
 const float* __restrict__ x, int T, const void* __restrict__ W, const float* __restrict__ norm_w,
 const float* __restrict__ inv_rms, const float* __restrict__ bias, const float* res, float* y"""
+    + _GATE
+)
+# the float32 GEMM split over K: GEMM's arguments and the partial sums' scratch after them
+SGEMM = Signature.parse(
+    """
+const float* __restrict__ x, int T, const void* __restrict__ W, const float* __restrict__ norm_w,
+const float* __restrict__ inv_rms, const float* __restrict__ bias, const float* res, float* y,
+float* __restrict__ part"""
+)
+SGEMM_GATED = Signature.parse(
+    """
+const float* __restrict__ x, int T, const void* __restrict__ W, const float* __restrict__ norm_w,
+const float* __restrict__ inv_rms, const float* __restrict__ bias, const float* res, float* y"""
+    + _GATE
+    + ", float* __restrict__ part"
+)
+# its second pass: the parts added in order, then the epilogue
+SGEMM_SUM = Signature.parse(
+    "int T, const float* __restrict__ part, const float* __restrict__ bias, const float* res, float* y"
+)
+SGEMM_SUM_GATED = Signature.parse(
+    "int T, const float* __restrict__ part, const float* __restrict__ bias, const float* res, float* y"
     + _GATE
 )
 STATS = Signature.parse("const float* __restrict__ x, int T, float* inv_rms")
@@ -288,6 +312,10 @@ class Linear(KernelKind):
             return {"xb": 2 * g.max_tokens * p.K}
         # the prefill GEMM's norm: 1 / rms per token, from the _stats kernel before it
         need = {"inv_rms": 4 * g.max_tokens} if p.norm_eps else {}
+        st = select_sgemm(p, min(g.max_tokens, 512))
+        if st is not None and st.splits > 1:
+            # the float32 GEMM's partial sums, a row of N per split and token
+            need["sgemm_part"] = 4 * st.splits * g.max_tokens * p.N
         if dequant_steps(k, g):
             # long steps: x in bf16 as above, and W dequantized to bf16 rows
             need |= {"xb": 2 * g.max_tokens * p.K, "wdq": 2 * p.N * p.K}
@@ -341,23 +369,31 @@ class Linear(KernelKind):
             return
         long = dequant_steps(k, g)
         short = (1, DEQUANT_MIN_TOKENS - 1) if long else None
-        pg = prefill_gemm(k.fn, p, g.target, k.nodes, split=split)
+        # the float32 GEMM loads x rows as float4s: a row view that is not 16-byte aligned
+        # (never seen) takes the SIMT kernel
+        simt = x.get("offset", 0) % 16 != 0
+        pg = prefill_gemm(k.fn, p, g.target, k.nodes, simt=simt, split=split,
+                          tokens=min(g.max_tokens, 512))  # fmt: skip
         gemm = g.kernel(pg)
         inv_rms = b.scratch(g.scratch("inv_rms")) if p.norm_eps else b.null()
         if p.norm_eps:
             g.launch("prefill", k.group, f"{gemm}_stats", [rows], [256], STATS,
                      {"x": x, "T": b.int(rows), "inv_rms": inv_rms}, tokens=short)  # fmt: skip
-        g.launch(
-            "prefill",
-            k.group,
-            gemm,
-            [-(-p.n_out // pg.block_outputs), f"cdiv({rows},{pg.block_tokens})"],
-            [pg.threads],
-            gemm_signature(p),
-            {**common, "T": b.int(rows), "inv_rms": inv_rms},
-            shared=pg.shared,
-            tokens=short,
-        )
+        splits = pg.ctx.get("splits", 1)
+        grid = [-(-p.n_out // pg.block_outputs), f"cdiv({rows},{pg.block_tokens})"]
+        args = {**common, "T": b.int(rows), "inv_rms": inv_rms}
+        if splits == 1:
+            g.launch("prefill", k.group, gemm, grid, [pg.threads], gemm_signature(p), args,
+                     shared=pg.shared, tokens=short)  # fmt: skip
+        else:
+            part = b.scratch(g.scratch("sgemm_part"))
+            sig, sum_sig = (SGEMM_GATED, SGEMM_SUM_GATED) if p.gated else (SGEMM, SGEMM_SUM)
+            g.launch("prefill", k.group, gemm, [*grid, splits], [pg.threads], sig,
+                     {**args, "part": part}, tokens=short)  # fmt: skip
+            names = ("T", "bias", "res", "y", "gate", "ldg")
+            sums = {n: args[n] for n in names if n in args} | {"part": part}
+            g.launch("prefill", k.group, f"{gemm}_sum", [rows], [256], sum_sig, sums,
+                     tokens=short)  # fmt: skip
         if long:
             # the steps of DEQUANT_MIN_TOKENS and more: W to bf16 rows, then the bf16 GEMM
             wdq = b.scratch(g.scratch("wdq"))
@@ -572,6 +608,7 @@ GEMV_WAVES = 8  # 8 waves: more rows in flight per SM when x (K floats) fills sh
 GEMV_PREFETCH_MAX = 16 << 20
 MAX_GEMV_K = 16384  # the GEMV stages x in shared memory: 64 KiB, the smallest limit (AMD LDS)
 SIMT_TILE = 64  # the SIMT GEMM's tokens and outputs per block
+SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choices round to
 
 
 @dataclass(frozen=True)
@@ -662,6 +699,67 @@ def mma_tile(target: GpuTarget, p: LinearParams, split: bool = False) -> MmaTile
 
 
 @dataclass(frozen=True)
+class SgemmTile:
+    """The float32 GEMM's geometry (linear_sgemm.hip.j2): bm tokens x bn weight rows per block
+    (with the GLU epilogue bn // 2 gate rows and their up rows), 8 x 8 products per thread, K
+    split `splits` ways (grid z) with a `_sum` kernel adding the parts in a fixed order."""
+
+    bm: int = 64
+    bn: int = 64
+    splits: int = 1
+
+    @property
+    def threads(self) -> int:
+        return self.bm * self.bn // 64
+
+    @property
+    def name(self) -> str:
+        return f"s{self.bm}x{self.bn}" + (f"k{self.splits}" if self.splits > 1 else "")
+
+    def ks(self, K: int) -> int:
+        """K per split: a multiple of the 16-deep slice."""
+        return -(-K // (16 * self.splits)) * 16
+
+
+# Why a float32 GEMM of its own: a GGUF's MoE router (ffn_gate_inp) stays float32, and its
+# top-k must be the reference's, so neither bf16 W nor the bf16 hi + lo split of x will do. On
+# the H200 the 64 x 64 SIMT kernel (linear_gemm) took 211 us alone (290 us a layer in the
+# hybrid's step profile) for Qwen3.5-35B-A3B's 257 x 2048 router at 512 tokens: 40 blocks for
+# 132 SMs, scalar loads, 4 x 4 products a thread. linear_sgemm keeps float32 arithmetic and
+# fixes all three: float4 loads, 8 x 8 products a thread, and K split (doubling) until there
+# are SGEMM_BLOCKS blocks, each split at least SGEMM_MIN_KS deep.
+# Measured on the H200 (bench_gpu_gemm.py --f32, session 10 call 3; docs/benchmarks/
+# gpu-h200-hybrid.md), us with the _sum pass: about 2.4 blocks per SM is the sweet spot --
+# 257 x 2048 at 512 tokens (40 tiles) 77 / 46 / 36 / 44 for 2 / 4 / 8 / 16 splits, 129 x 2048
+# (24 tiles) 42 / 28 / 21 for 4 / 8 / 16, 257 x 4096 63 / 72 for 8 / 16; at 128 tokens every
+# shape wants 16 splits (10 and 6 tiles). So: splits while under 2 x SMS blocks, 128 of K
+# apiece at least (the 129-wide router's best: 16 splits of 128). The 128 x 64 and 64 x 32
+# tiles were within 10% at these shapes except 257 x 4096 at 512 tokens (128 x 64 with 16
+# splits: 54 us against 63); not taken, one shape.
+SGEMM_BLOCKS = 2 * SMS
+SGEMM_MIN_KS = 128
+SGEMM_MAX_SPLITS = 16
+
+
+def select_sgemm(p: LinearParams, tokens: int) -> SgemmTile | None:
+    """The float32 GEMM for float32 weights (None: another kernel; K % 4 for float4 rows),
+    its K split for a step of `tokens` tokens."""
+    if p.wtype != "float32" or p.K % 4:
+        return None
+    tile = SgemmTile()
+    bn_out = tile.bn // 2 if p.epilogue == "glu" else tile.bn
+    blocks = -(-p.n_out // bn_out) * -(-tokens // tile.bm)
+    splits = 1
+    while (
+        blocks * splits < SGEMM_BLOCKS
+        and splits < SGEMM_MAX_SPLITS
+        and p.K // (2 * splits) >= SGEMM_MIN_KS
+    ):
+        splits *= 2
+    return replace(tile, splits=splits)
+
+
+@dataclass(frozen=True)
 class WgmmaTile:
     """The sm_90a GEMM's geometry: bm tokens (64 per consumer warp group) x bn weight rows
     (one wgmma.m64n<bn>k16 per consumer and 16-deep k step) per block, K 64 deep per stage;
@@ -737,7 +835,6 @@ WGMMA_VARIANTS = (
     WgmmaTile(128, 256, 4, _R, ct=2, pdl=True),
 )
 WGMMA_ARCHS = frozenset({"sm_90"})
-SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choice rounds to
 # Steps of up to this many tokens get their own tiles where the chunk is longer (launch "tokens")
 SHORT_STEP = 1024
 # time per output element relative to 128 x 256 (measured on the H200: docs/benchmarks/gpu-prefill.md)
@@ -845,12 +942,14 @@ def prefill_gemm(
     tokens: int = 512,
     wgmma: WgmmaTile | None = None,
     y_bf16: bool = False,
+    sgemm: SgemmTile | None = None,
 ) -> GpuKernel:
     """`fn`: the linear's kernel stem. `simt` forces the SIMT kernel (the GPU tests time one
     against the other). `split`: the matrix-instruction GEMM multiplies x as bf16 hi + lo
     (--prefill-precision split) instead of bf16(x) once. `tokens`: the prefill chunk the
     sm_90a tile is chosen for; `wgmma` forces that tile (benchmarks). `y_bf16`: the sm_90a
-    GEMM writes y in bf16 (its reader loads it by TMA: bf16_reader)."""
+    GEMM writes y in bf16 (its reader loads it by TMA: bf16_reader). `sgemm` forces the
+    float32 GEMM's tile (benchmarks); float32 weights get select_sgemm's for `tokens`."""
     wave = target.wave
     common = dict(
         nodes=nodes,
@@ -892,6 +991,22 @@ def prefill_gemm(
             bn_out,
             t.bm,
         )
+    st = sgemm or (None if simt else select_sgemm(p, tokens))
+    if st is not None:
+        bn_out = st.bn // 2 if p.epilogue == "glu" else st.bn
+        sig, sum_sig = (SGEMM_GATED, SGEMM_SUM_GATED) if p.gated else (SGEMM, SGEMM_SUM)
+        ctx = dict(
+            common,
+            params=(sig if st.splits > 1 else gemm_signature(p)).render(GPU_INDENT),
+            sum_params=sum_sig.render(GPU_INDENT),
+            bm=st.bm,
+            bn=st.bn,
+            bn_out=bn_out,
+            threads=st.threads,
+            splits=st.splits,
+            ks=st.ks(p.K),
+        )
+        return GpuKernel(f"{fn}_{st.name}", "linear_sgemm", ctx, [], st.threads, 0, bn_out, st.bm)
     tile = None if simt else mma_tile(target, p, split)
     if tile is None:
         return GpuKernel(f"{fn}_gemm", "linear_gemm", common, [], 256, 0, SIMT_TILE, SIMT_TILE)

@@ -13,6 +13,13 @@ selected one marked *; `same` says a second run gave the same bits) and, with --
 mma kernel with bf16 and with split activations. The wgmma time includes its _xb kernel (x ->
 bf16, the norm); the `p` variants are launched to overlap it (programmatic dependent launch).
 Beside them: torch's bf16 matmul of the same shape (cuBLAS: no norm, no epilogue) and the 8192^3 bf16 product as the matrix ceiling. TFLOP/s count 2*T*N*K.
+
+With --f32, float32 weights instead, at the MoE routers' shapes (F32_SHAPES: a GGUF keeps
+ffn_gate_inp in float32): the SIMT kernel (linear_gemm) against the float32 GEMM
+(linear_sgemm) in each tile and K split of F32_TILES (the selected one marked *), each with
+its _stats (with the norm) and, split, its _sum pass (and the GEMM launch alone); checked against
+float64 and timed as above; beside them torch's float32 matmul (cuBLAS SGEMM, TF32 off: no
+norm).
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ from hipc.compiler.kernels.linear import (
     WGMMA_TILES,
     WGMMA_VARIANTS,
     LinearParams,
+    SgemmTile,
     prefill_gemm,
+    select_sgemm,
     select_wgmma,
 )
 from hipc.compiler.targets import GpuTarget
@@ -45,6 +54,20 @@ SHAPES = {  # name: N weight rows, K, epilogue, norm
     "gate_up": (2 * F, H, "glu", True),
     "down": (H, F, "residual", False),
 }
+
+# --f32: name: N weight rows (experts + the shared expert's gate), K, norm prologue. The
+# hybrid's router has none (its norm's output is also the experts' input: not fused).
+F32_SHAPES = {
+    "router257": (257, 2048, False),  # Qwen3.5-35B-A3B
+    "router257_rms": (257, 2048, True),
+    "router129": (129, 2048, False),  # Qwen3-30B-A3B's 128 experts, + 1 as a shared gate would add
+    "router257_k4096": (257, 4096, False),
+}
+F32_TILES = [
+    *(SgemmTile(64, 64, s) for s in (1, 2, 4, 8, 16)),
+    *(SgemmTile(128, 64, s) for s in (4, 8, 16)),
+    *(SgemmTile(64, 32, s) for s in (4, 8, 16)),
+]
 
 
 def log(*a) -> None:
@@ -88,6 +111,7 @@ def main() -> None:
     ap.add_argument(
         "--tiles", default="", help="only these wgmma variants (names, comma-separated)"
     )
+    ap.add_argument("--f32", action="store_true", help="float32 weights: F32_SHAPES")
     ap.add_argument("--cache", type=Path, help="code objects by source hash (tests/gpu_kernels)")
     ap.add_argument("--build-only", metavar="ARCH", help="fill --cache for ARCH (no GPU) and exit")
     args = ap.parse_args()
@@ -100,6 +124,9 @@ def main() -> None:
         d = CudaDriver(0)
         arch = d.arch
     tokens = [int(t) for t in args.tokens.split(",")]
+    if args.f32:
+        f32_main(args, d, arch, tokens, compiled)
+        return
     shapes = {k: SHAPES[k] for k in args.shapes.split(",")}
 
     # every variant's kernels, one code object per shape (built in parallel)
@@ -287,6 +314,126 @@ def main() -> None:
             log(rows[-1])
             del x, w, y, yb, xb, res, want, acc, xn
             torch.cuda.empty_cache()
+    table = "\n".join(rows)
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+
+
+def f32_main(args, d, arch: str, tokens: list[int], compiled) -> None:
+    """--f32: the routers' float32 linears, SIMT vs the float32 GEMM's tiles (module doc)."""
+    shapes = {k: F32_SHAPES[k] for k in args.shapes.split(",") if k in F32_SHAPES} or F32_SHAPES
+    target = GpuTarget(arch)
+    kernels = {}
+    for name, (N, K, norm) in shapes.items():
+        p = LinearParams("float32", N, K, 1e-6 if norm else 0.0, "none", False)
+        kernels[name, "simt"] = prefill_gemm(f"{name}_simt", p, target, [name], simt=True)
+        for t in F32_TILES:
+            kernels[name, t.name] = prefill_gemm(f"{name}_f32", p, target, [name], sgemm=t)
+    log(f"building {len(kernels)} kernels for {arch}")
+    sources = [render(f"hip/{g.template}.hip.j2", fn=g.fn, **g.ctx) for g in kernels.values()]
+    image = compiled(program_source("gemm_f32", HIPC_VERSION, arch, sources), arch, args.cache)
+    if d is None:
+        return
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    module = d._call("cuModuleLoadData", image)
+
+    def fn(name: str):
+        return d._call("cuModuleGetFunction", module, name.encode())
+
+    ev = Events(d)
+    rows = [
+        "| shape | T | kernel | us | TFLOP/s | rel err | same | GEMM alone us |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, (N, K, norm) in shapes.items():
+        p = LinearParams("float32", N, K, 1e-6 if norm else 0.0, "none", False)
+        for T in tokens:
+            chosen = select_sgemm(p, min(T, 512))
+            g_ = torch.Generator(device="cuda").manual_seed(T + N)
+            x = torch.randn(T, K, device="cuda", generator=g_, dtype=torch.float64)
+            x *= 10.0 ** (
+                4 * torch.rand(T, 1, device="cuda", generator=g_, dtype=torch.float64) - 2
+            )
+            w = 0.05 * torch.randn(N, K, device="cuda", generator=g_, dtype=torch.float64)
+            gw = 1 + 0.2 * torch.randn(K, device="cuda", generator=g_, dtype=torch.float64)
+            x, w, gw = x.float(), w.float(), gw.float()
+            x64 = x.double()
+            xn = x64 * torch.rsqrt((x64 * x64).mean(1, keepdim=True) + 1e-6) * gw.double()
+            xn = xn if norm else x64
+            want = xn @ w.double().T
+            y = torch.empty(T, N, device="cuda")
+            inv = torch.empty(T, device="cuda")
+            flops = 2 * T * N * K
+            for (sname, v), g in kernels.items():
+                if sname != name:
+                    continue
+                splits = g.ctx.get("splits", 1)
+                part = torch.empty(max(splits, 2) * T * N, device="cuda")
+                a1 = PackedArgs([("u64", x.data_ptr()), ("i32", T), ("u64", inv.data_ptr())])
+                ptrs = [w.data_ptr(), gw.data_ptr() if norm else 0, inv.data_ptr() if norm else 0]
+                ptrs += [0, 0, y.data_ptr()]
+                a2 = [("u64", x.data_ptr()), ("i32", T), *(("u64", q) for q in ptrs)]
+                if splits > 1:
+                    a2.append(("u64", part.data_ptr()))
+                grid = (-(-N // g.block_outputs), -(-T // g.block_tokens), splits)
+                launches = [(fn(g.fn + "_stats"), (T, 1, 1), 256, a1)] if norm else []
+                launches.append((fn(g.fn), grid, g.threads, PackedArgs(a2)))
+                gemm = launches[-1:]
+                if splits > 1:
+                    a3 = [
+                        ("i32", T),
+                        ("u64", part.data_ptr()),
+                        ("u64", 0),
+                        ("u64", 0),
+                        ("u64", y.data_ptr()),
+                    ]
+                    launches.append((fn(g.fn + "_sum"), (T, 1, 1), 256, PackedArgs(a3)))
+
+                def run(launches=launches):
+                    for f, grid_, block, a_ in launches:
+                        d.launch(f, grid_, (block, 1, 1), 0, a_.address)
+
+                def once(run=run, y=y):
+                    y.fill_(float("nan"))
+                    torch.cuda.synchronize()
+                    run()
+                    d.synchronize()
+                    return y.clone()
+
+                first = once()
+                err = float((first.double() - want).abs().max() / want.abs().max())
+                if torch.isnan(first).any():
+                    err = float("nan")
+                same = "yes" if torch.equal(first, once()) else "NO"
+                sec = ev.time(run, args.iters, args.repeats)
+                # the GEMM launch alone (without _stats and _sum): what folding them would save
+                gsec = ev.time(lambda gemm=gemm: run(gemm), args.iters, args.repeats)
+                mark = "*" if v == chosen.name else ""
+                rows.append(
+                    f"| {name} | {T} | {v}{mark} | {sec * 1e6:.1f} | {flops / sec / 1e12:.1f} | "
+                    f"{err:.1e} | {same} | {gsec * 1e6:.1f} |"
+                )
+                log(rows[-1])
+            # cuBLAS SGEMM of the normalized x: the bare product
+            xf = xn.float()
+            xf @ w.T
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            s.record()
+            for _ in range(args.iters * args.repeats):
+                xf @ w.T
+            e.record()
+            torch.cuda.synchronize()
+            sec = s.elapsed_time(e) / 1e3 / (args.iters * args.repeats)
+            err = float(((xf @ w.T).double() - want).abs().max() / want.abs().max())
+            rows.append(
+                f"| {name} | {T} | cuBLAS fp32 (torch) | {sec * 1e6:.1f} | "
+                f"{flops / sec / 1e12:.1f} | {err:.1e} | | |"
+            )
+            log(rows[-1])
     table = "\n".join(rows)
     print(table)
     if args.out:

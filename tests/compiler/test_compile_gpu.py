@@ -11,6 +11,7 @@ machine (tests/gpu); AMD's are compiled, disassembled and run in host emulation
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -185,10 +186,37 @@ def test_bf16_prefill_on_matrix_instructions(bf16_artifact, target):
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx942"])
-def test_other_weight_types_prefill_on_the_simt_gemm(artifact, target):
-    linears = prefill_linears(artifact, target)  # float32 weights
-    assert linears and all(x["kernel"].endswith("_gemm") for x in linears)
-    assert all(x["block"] == [256] and x["shared"] == 0 for x in linears)
+def test_float32_weights_prefill_on_the_float32_gemm(artifact, target):
+    """float32 linears prefill on linear_sgemm in float32 (not the SIMT linear_gemm, nor
+    the matrix instructions in bf16), with select_sgemm's tile: 64 x 64, 64 threads; K split
+    (grid z) where the tiny model's few tiles would leave the GPU idle, then a _sum pass."""
+    steps = json.loads((artifact / "plan.json").read_text())["targets"][target]["steps"]
+    gemms = [x for x in steps["prefill"] if re.search(r"_s64x64(k\d+)?$", x["kernel"])]
+    assert gemms and not prefill_linears(artifact, target)
+    assert all(x["block"] == [64] and x["grid"][1] in ("cdiv(T,64)", "cdiv(rows,64)")
+               for x in gemms)  # fmt: skip
+    # K of 64: too short to split (SGEMM_MIN_KS per split)
+    assert all(len(x["grid"]) == 2 for x in gemms)
+
+
+def test_float32_gemm_splits_k(tmp_path):
+    """Float32 linears over K of 512 and 1024 at 8-token steps (few output tiles) split K 4
+    and 8 ways: each GEMM launch has the splits as grid z and writes the parts to the
+    sgemm_part scratch, and its _sum launch right after reads them and writes the linear's
+    output (the residual, in place; the LM head's logits)."""
+    model = write_tiny_hf(tmp_path / "m", **TINY_FAMILIES["llama"], hidden_size=512,
+                          intermediate_size=1024)  # fmt: skip
+    art = compiled(tmp_path, model, ("sm_90",), max_tokens=8)
+    steps = json.loads((art / "plan.json").read_text())["targets"]["sm_90"]["steps"]["prefill"]
+    gemms = [(i, x) for i, x in enumerate(steps) if re.search(r"_s64x64k\d+$", x["kernel"])]
+    assert {x["grid"][2] for _, x in gemms} == {4, 8}
+    assert len(gemms) == 2 * 4 + 1  # qkv, o, gate/up, down per layer; the LM head
+    for i, x in gemms:
+        assert x["grid"][2] == int(x["kernel"].rsplit("k", 1)[1])
+        after = steps[i + 1]
+        assert after["kernel"] == x["kernel"] + "_sum"
+        assert x["args"][-1] == after["args"][1] and x["args"][-1]["kind"] == "scratch"
+        assert after["args"][-1] == x["args"][-2]  # y
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx1201"])
@@ -419,6 +447,29 @@ def test_wgmma_tiles_follow_the_measured_choice():
     p = LinearParams("bfloat16", 3072, 576, 0.0, "glu", False)
     assert select_wgmma(p, 512).name == "wg128x128"  # 4 x 12 blocks: the narrowest fills most
     assert select_wgmma(p, 4096).name == "wg128x256"
+
+
+def test_float32_gemm_selection():
+    """select_sgemm: float32 weights whose rows load as float4s (K % 4 == 0) only; K split
+    in powers of two while the output tiles at the step size are fewer than SGEMM_BLOCKS and
+    each split keeps SGEMM_MIN_KS of K, at most SGEMM_MAX_SPLITS."""
+    from hipc.compiler.kernels.linear import LinearParams, select_sgemm
+
+    def tile(N, K, tokens, epilogue="none", wtype="float32"):
+        t = select_sgemm(LinearParams(wtype, N, K, 0.0, epilogue, False), tokens)
+        return t and t.name
+
+    # the fastest split measured on the H200 (bench_gpu_gemm.py --f32) at each router shape
+    assert tile(257, 2048, 512) == "s64x64k8"  # Qwen3.5-35B-A3B's router: 5 x 8 tiles
+    assert tile(129, 2048, 512) == "s64x64k16"  # Qwen3-30B-A3B's (+ 1): 3 x 8
+    assert tile(257, 4096, 512) == "s64x64k8"
+    assert tile(257, 2048, 128) == "s64x64k16"  # at most 16 splits
+    assert tile(2 * 257, 2048, 512, "glu") == "s64x64k4"  # GLU tiles: 32 outputs each
+    assert tile(257, 256, 512) == "s64x64k2"  # 128 of K a split at least
+    assert tile(257, 128, 512) == "s64x64"
+    assert tile(4096, 4096, 4096) == "s64x64"  # 64 x 64 tiles fill the GPU
+    assert tile(257, 2046, 512) is None  # rows not float4-aligned: the SIMT GEMM
+    assert tile(257, 2048, 512, wtype="bfloat16") is None
 
 
 def test_launches_by_step_size():

@@ -65,6 +65,14 @@ def test_float32_kv_cache_on_gpu(family, tmp_path):
     check(write_tiny_hf(tmp_path / family, **TINY_FAMILIES[family]), tmp_path, kv_storage="float32")
 
 
+def test_float32_gemm_k_splits_on_gpu(tmp_path):
+    """Float32 linears over K of 512 and 1024: at these 8-token steps linear_sgemm splits K
+    4 and 8 ways (the parts in the plan's scratch, then the _sum launches)."""
+    model = write_tiny_hf(tmp_path / "m", **TINY_FAMILIES["llama"], hidden_size=512,
+                          intermediate_size=1024)  # fmt: skip
+    check(model, tmp_path)
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "F16"])
 def test_quantized_on_gpu(qtype, tmp_path):
     check(write_numpy_gguf(tmp_path / "m.gguf", qtype), tmp_path)
