@@ -449,7 +449,9 @@ BATCH_GROUP_MAX = 8
 # ... in steps of this many rows and more. On the H200 (2-layer 8B, mid call) the one-head kernel
 # took 20 us a layer at 8 rows (256 blocks) and 37 at 32 (1,024 blocks); grouping makes a
 # quarter of the blocks, each reading its rows once for the group: kept for steps whose block
-# count still covers the GPU (the grouped form is not yet timed)
+# count still covers the GPU. Timed alone in session 10 (battn: 8B heads, 64 rows of 256
+# positions 43.9 us, 79.8 one head a block); the split kernel below now takes every batch step
+# from BATCH_SPLIT_ROWS rows, these where it has no kernel or HIPC_BATCH_ATTN_SPLIT=0
 BATCH_GROUP_ROWS = 16
 
 
@@ -468,11 +470,17 @@ def batch_group(p: AttentionParams) -> int:
 # load of a pass in flight at once, the group's query heads sharing each row. It serves batch
 # steps from BATCH_SPLIT_ROWS rows (the kernels above below that), in BATCH_WAVES waves a block
 # and about BATCH_BLOCKS blocks a layer (splits of a power of two up to BATCH_SPLITS_MAX; a row
-# whose context has fewer tiles uses fewer). Not yet measured: see bench_decode_attention.py
-# --batch.
+# whose context has fewer tiles uses fewer). Measured on the H200 (docs/benchmarks/gpu-h200.md,
+# "Session 10, battn": bench_decode_attention.py --batch, 8B heads, us per launch at contexts
+# 256 / 1024 / 4096): 256 blocks was the best splits count or near it at every row count
+# (4 rows: 10.5 / 17.9 / 43.6 against the one-head kernel's 17.5 / 62.8 / 240; 16 rows, 2
+# splits: 17.0 / 43.0 / 141 against the grouped kernel's 16.0 / 53.4 / 196; 32 and 64 rows, 1
+# split: 22.7 / 72.3 / 266 and 42.6 / 139 / 525 against 23.4 / 76.9 / 269 and 43.9 / 145 / 521),
+# while 1,024 (2 splits at 64 rows: 56.5 us at 256) paid each block's fixed cost twice. Taken at
+# every row count: slower only at 16 rows of 256 positions (6%).
 BATCH_SPLIT_ROWS = 1
 BATCH_WAVES = 4
-BATCH_BLOCKS = 1024
+BATCH_BLOCKS = 256
 BATCH_SPLITS_MAX = 16
 
 
