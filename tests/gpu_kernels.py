@@ -276,14 +276,15 @@ def rope(x: np.ndarray, c: np.ndarray, s: np.ndarray, interleaved: bool) -> np.n
 PREFILL_CTX = 1024
 
 
-def prefill_attention_inputs(case, seed: int, segments=None) -> dict:
+def prefill_attention_inputs(case, seed: int, segments=None, ctx: int = PREFILL_CTX) -> dict:
     """Random q (a column view: ldq wider than the heads), q-norm weight, RoPE tables, and the
     step's rows: `segments` [(sequence, first position, rows)] (default: sequence 0's rows
     start..start+T-1 of the case), each sequence's rows consecutive. Every sequence's positions
     0..its last row's are in paged KV pools as rope_kv leaves them (keys already rotated, in
     the storage type), in blocks scattered over the pool through its block table; every slot
     no sequence owns is NaN: nothing there may be read. kc/vc are the pools, logical[s] a
-    sequence's (keys, values) by position."""
+    sequence's (keys, values) by position. `ctx`: the compiled context (the tables' stride,
+    the RoPE tables' rows)."""
     from hipc.base.launch_plan import KV_BLOCK
     from hipc.compiler.reference.executor import round_bf16
 
@@ -297,7 +298,7 @@ def prefill_attention_inputs(case, seed: int, segments=None) -> dict:
     ldq = NH * (2 * D if gated else D) + 40
     q = rng.standard_normal((T, ldq)).astype(np.float32) * 2
     qw = (1 + 0.2 * rng.standard_normal(D)).astype(np.float32)
-    ang = rng.uniform(0, 2 * np.pi, (PREFILL_CTX, (rot or D) // 2))
+    ang = rng.uniform(0, 2 * np.pi, (ctx, (rot or D) // 2))
     cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
     store = round_bf16 if kv == "bfloat16" else (lambda a: a.astype(np.float32))
     n_seq = int(seq.max()) + 1
@@ -305,7 +306,7 @@ def prefill_attention_inputs(case, seed: int, segments=None) -> dict:
     need = [-(-n // KV_BLOCK) for n in held]
     pool_blocks = sum(need) + 7
     order = iter(rng.permutation(pool_blocks))
-    tables = np.full((n_seq, -(-PREFILL_CTX // KV_BLOCK)), -1, np.int32)
+    tables = np.full((n_seq, -(-ctx // KV_BLOCK)), -1, np.int32)
     kc, vc = (np.full((pool_blocks * KV_BLOCK, NKV, D), np.nan, np.float32) for _ in range(2))
     logical = {}
     for s in range(n_seq):

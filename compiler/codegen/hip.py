@@ -76,6 +76,9 @@ class GpuProgramBuilder:
         # and their attention takes a KV head's query heads per block (HIPC_BATCH_ATTN_GROUP=0:
         # one head per block, as before, for benchmarks)
         self.batch_attn_group = os.environ.get("HIPC_BATCH_ATTN_GROUP") != "0"
+        # and the split-context attention from attention.BATCH_SPLIT_ROWS rows
+        # (HIPC_BATCH_ATTN_SPLIT=0: the kernels above at every size, for benchmarks)
+        self.batch_attn_split = os.environ.get("HIPC_BATCH_ATTN_SPLIT") != "0"
         # HIPC_BATCH_GEMV_XPIPE=1: every batch GEMV loads x a batch ahead (being measured)
         self.batch_gemv_xpipe = os.environ.get("HIPC_BATCH_GEMV_XPIPE") == "1"
         # HIPC_BATCH_GEMV_TUNED=0: linear_gemvm everywhere with session 7's geometry (gemvm_plain,

@@ -84,6 +84,16 @@ const {kv}* __restrict__ v_cache, float* out
 """)
 
 
+def batch_signature(kv: str) -> Signature:
+    """The batch step's split-context attention: the SIMT one's arguments, then its partial
+    sums and a counter per row and KV head (attention_batch.hip.j2)."""
+    return Signature.parse(f"""
+const float* __restrict__ q, int ldq, const int* pos, const int* seq, const int* blocks,
+const float* __restrict__ q_norm_w, const float* __restrict__ cos_t, const float* __restrict__ sin_t, const {kv}* __restrict__ k_cache,
+const {kv}* __restrict__ v_cache, float* partial, unsigned* counters, float* out
+""")
+
+
 def flash_signature(kv: str) -> Signature:
     """The matrix-instruction prefill attention: the SIMT one's arguments and T (its grid
     covers query blocks, so rows past T are skipped in-kernel)."""
@@ -201,7 +211,12 @@ class Attention(KernelKind):
         # the decode kernel's per-block partials (max, sum, acc[D]), then a counter per head
         p: AttentionParams = k.params
         dk = decode_attention(k.fn, p, g.target, k.nodes, g.max_ctx, g.kv_storage)
-        return {"attention": 4 * p.NH * dk.grid[1] * (p.D + 2) + 4 * p.NH}
+        sizes = {"attention": 4 * p.NH * dk.grid[1] * (p.D + 2) + 4 * p.NH}
+        # the split batch attention's partials, then a counter per row and KV head
+        forms = batch_attention_forms(k.fn, p, g, k.nodes)
+        if any(s > 1 for _, s, _ in forms):
+            sizes["attention_batch"] = batch_scratch(p, forms) + 4 * g.max_tokens * p.NKV
+        return sizes
 
     def bf16_reader(self, k: SelectedKernel, b: Binder, g: GpuProgramBuilder):
         """The o projection, where it reads this attention's output in bf16 on the sm_90a GEMM
@@ -272,13 +287,6 @@ class Attention(KernelKind):
         g.launch("batch", k.group, rope, ["T", p.NKV], [block], rope_sig, rope_args, overlap=True)
         q_args = {**shared, "q": q, "ldq": b.int(b.ld(r["q"][1])),
                   "q_norm_w": b.ref(r["q_norm_w"]), "out": b.act(r["out"][1])}  # fmt: skip
-        # batch steps: a block per row and KV head, its group of query heads together
-        G = batch_group(p) if g.batch_attn_group else 1
-        batch_attn = attn if G == 1 else g.kernel(
-            GpuKernel(f"{fn}_attn_g{G}", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
-                      group=G, params=attn_sig.render(GPU_INDENT), out_bf16=ob, **kv_ctx,
-                      **p.context()), [], 0)
-        )  # fmt: skip
         if fk is None:
             g.launch("prefill", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args,
                      batch=False)  # fmt: skip
@@ -287,16 +295,34 @@ class Attention(KernelKind):
                 g.launch("prefill", k.group, g.kernel(fk), [f"cdiv(T,{fk.ctx['bq']})", p.NH],
                          [fk.threads], flash_signature(kv), {**q_args, "T": b.int("T")},
                          shared=fk.shared, tokens=tokens, batch=False)  # fmt: skip
-        if G == 1:
+        # batch steps: the split attention from BATCH_SPLIT_ROWS rows; below that a block per row
+        # and head, or from BATCH_GROUP_ROWS per row and KV head (its query heads together)
+        split = batch_attention_forms(fn, p, g, k.nodes, ob)
+        if split:
+            if any(s > 1 for _, s, _ in split):
+                at = g.scratch("attention_batch")
+                counters = b.scratch(at + batch_scratch(p, split))
+            else:
+                at, counters = 0, b.scratch(0)  # (a kernel of one split never touches them)
+            for bk, s, tokens in split:
+                g.launch("batch", k.group, g.kernel(bk), ["T", p.NKV * s], [bk.threads],
+                         batch_signature(kv), {**q_args, "partial": b.scratch(at),
+                         "counters": counters}, overlap=True, tokens=tokens)  # fmt: skip
+        first = split[0][2][0] if split else g.max_tokens + 1
+        G = batch_group(p) if g.batch_attn_group else 1
+        grouped_from = min(BATCH_GROUP_ROWS, first) if G > 1 else first
+        if grouped_from > 1:
+            full = grouped_from > g.max_tokens  # every step: no token range
             g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args,
-                     overlap=True)  # fmt: skip
-        else:
-            # few rows: one head per block, so that the step still fills the GPU with blocks
-            few = (1, BATCH_GROUP_ROWS - 1)
-            g.launch("batch", k.group, attn, ["T", p.NH], [ATTN_WAVES * wave], attn_sig, q_args,
-                     overlap=True, tokens=few)  # fmt: skip
-            g.launch("batch", k.group, batch_attn, ["T", p.NH // G], [ATTN_WAVES * wave],
-                     attn_sig, q_args, overlap=True, tokens=(BATCH_GROUP_ROWS, g.max_tokens))  # fmt: skip
+                     overlap=True, tokens=None if full else (1, grouped_from - 1))  # fmt: skip
+        if grouped_from < first:
+            grouped = g.kernel(
+                GpuKernel(f"{fn}_attn_g{G}", "attention", dict(nodes=k.nodes, waves=ATTN_WAVES,
+                          group=G, params=attn_sig.render(GPU_INDENT), out_bf16=ob, **kv_ctx,
+                          **p.context()), [], 0)
+            )  # fmt: skip
+            g.launch("batch", k.group, grouped, ["T", p.NH // G], [ATTN_WAVES * wave], attn_sig,
+                     q_args, overlap=True, tokens=(grouped_from, first - 1))  # fmt: skip
         g.launch(
             "decode",
             k.group,
@@ -423,7 +449,9 @@ BATCH_GROUP_MAX = 8
 # ... in steps of this many rows and more. On the H200 (2-layer 8B, mid call) the one-head kernel
 # took 20 us a layer at 8 rows (256 blocks) and 37 at 32 (1,024 blocks); grouping makes a
 # quarter of the blocks, each reading its rows once for the group: kept for steps whose block
-# count still covers the GPU (the grouped form is not yet timed)
+# count still covers the GPU. Timed alone in session 10 (battn: 8B heads, 64 rows of 256
+# positions 43.9 us, 79.8 one head a block); the split kernel below now takes every batch step
+# from BATCH_SPLIT_ROWS rows, these where it has no kernel or HIPC_BATCH_ATTN_SPLIT=0
 BATCH_GROUP_ROWS = 16
 
 
@@ -435,6 +463,95 @@ def batch_group(p: AttentionParams) -> int:
     if G < 2 or G > BATCH_GROUP_MAX or not fits or p.D % 8:
         return 1
     return G
+
+
+# The batch step's split-context attention (attention_batch.hip.j2): a block per row, KV head and
+# split of the context, each wave's keys read a row per D / 8 lanes (16-byte loads) with every
+# load of a pass in flight at once, the group's query heads sharing each row. It serves batch
+# steps from BATCH_SPLIT_ROWS rows (the kernels above below that), in BATCH_WAVES waves a block
+# and about BATCH_BLOCKS blocks a layer (splits of a power of two up to BATCH_SPLITS_MAX; a row
+# whose context has fewer tiles uses fewer). Measured on the H200 (docs/benchmarks/gpu-h200.md,
+# "Session 10, battn": bench_decode_attention.py --batch, 8B heads, us per launch at contexts
+# 256 / 1024 / 4096): 256 blocks was the best splits count or near it at every row count
+# (4 rows: 10.5 / 17.9 / 43.6 against the one-head kernel's 17.5 / 62.8 / 240; 16 rows, 2
+# splits: 17.0 / 43.0 / 141 against the grouped kernel's 16.0 / 53.4 / 196; 32 and 64 rows, 1
+# split: 22.7 / 72.3 / 266 and 42.6 / 139 / 525 against 23.4 / 76.9 / 269 and 43.9 / 145 / 521),
+# while 1,024 (2 splits at 64 rows: 56.5 us at 256) paid each block's fixed cost twice. Taken at
+# every row count: slower only at 16 rows of 256 positions (6%).
+BATCH_SPLIT_ROWS = 1
+BATCH_WAVES = 4
+BATCH_BLOCKS = 256
+BATCH_SPLITS_MAX = 16
+
+
+def batch_attention(
+    fn: str,
+    p: AttentionParams,
+    target: GpuTarget,
+    nodes: list[str],
+    max_ctx: int,
+    kv_storage: str,
+    splits: int,
+    out_bf16: bool = False,
+    waves: int = BATCH_WAVES,
+    unroll: int | None = None,
+) -> GpuKernel | None:
+    """The split-context batch attention with `splits` blocks per row and KV head (its grid:
+    (T, NKV x splits)), `waves` waves a block and `unroll` loads of keys and values in flight
+    per lane, or None where its lanes or shared arrays do not fit the shape (head dims not a
+    multiple of 8, rows wider than a wave of 8-dim lanes, over 48 KiB of shared arrays)."""
+    G = p.NH // p.NKV
+    lanes = p.D // 8
+    if p.NH % p.NKV or p.D % 8 or lanes > target.wave or waves * target.wave < p.D // 2:
+        return None
+    shared = 4 * (G * p.D + 32 + waves * G * (p.D + 2) + 2 * G * splits)
+    if shared > STATIC_SHARED:
+        return None
+    # loads in flight per lane and pass, keys and values each: fewer for big groups, whose q,
+    # scores and sums take more registers
+    unroll = unroll or max(2, min(8, 32 // G))
+    kv_ctx = kv_context(kv_storage, max_ctx)
+    ctx = dict(nodes=nodes, wave=target.wave, waves=waves, splits=splits, unroll=unroll,
+               keys=unroll * target.wave // lanes, out_bf16=out_bf16,
+               params=batch_signature(kv_ctx["kv_type"]).render(GPU_INDENT), **kv_ctx,
+               **p.context())  # fmt: skip
+    return GpuKernel(f"{fn}_battn_s{splits}", "attention_batch", ctx, [], waves * target.wave)
+
+
+def batch_splits(rows: int, NKV: int, blocks: int = BATCH_BLOCKS) -> int:
+    """Blocks per row and KV head of the split batch attention at `rows` rows: the least power of
+    two giving `blocks` in all, at most BATCH_SPLITS_MAX."""
+    s = 1
+    while s < BATCH_SPLITS_MAX and rows * NKV * s < blocks:
+        s *= 2
+    return s
+
+
+def batch_attention_forms(
+    fn: str, p: AttentionParams, g: GpuProgramBuilder, nodes: list[str], out_bf16: bool = False
+) -> list[tuple[GpuKernel, int, tuple[int, int]]]:
+    """The split batch attention's kernels, (kernel, splits, (first, last) rows) for steps of
+    BATCH_SPLIT_ROWS rows and more; none where the shape has no such kernel or
+    HIPC_BATCH_ATTN_SPLIT=0 asked for the one-block-per-row kernels (benchmarks)."""
+    if not g.batch_attn_split:
+        return []
+    forms: list[tuple[GpuKernel, int, tuple[int, int]]] = []
+    for T in range(BATCH_SPLIT_ROWS, g.max_tokens + 1):
+        s = batch_splits(T, p.NKV)
+        if forms and forms[-1][1] == s:
+            forms[-1] = (forms[-1][0], s, (forms[-1][2][0], T))
+            continue
+        k = batch_attention(fn, p, g.target, nodes, g.max_ctx, g.kv_storage, s, out_bf16)
+        if k is None:
+            return []
+        forms.append((k, s, (T, T)))
+    return forms
+
+
+def batch_scratch(p: AttentionParams, forms: list[tuple[GpuKernel, int, tuple[int, int]]]) -> int:
+    """Bytes of the split batch attention's partials (a row's (m, l, acc[D]) per head and split,
+    for the largest step that splits); its counters (one per row and KV head) follow."""
+    return max((4 * hi * p.NH * s * (p.D + 2) for _, s, (_, hi) in forms if s > 1), default=0)
 
 
 DECODE_WAVES = 4  # decode attention: a chunk of 4 waves x one 32/64-key tile each per block

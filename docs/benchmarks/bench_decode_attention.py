@@ -1,4 +1,5 @@
-"""The batch-1 decode attention kernels alone on one GPU: every form (compiler/kernels/attention.py
+"""The decode attention kernels alone on one GPU: the batch-1 forms, or with --batch the batch
+step's (see bench_batch below). Batch-1: every form (compiler/kernels/attention.py
 decode_attention: "head", "gqa", "tile[:options]") at a few positions, for the Llama-3-8B
 (32 / 8 heads of 128) and SmolLM2 (9 / 3 heads of 64) shapes, bf16 KV cache, compiled for the
 model's whole context (8192) as an artifact compiles it.
@@ -15,11 +16,24 @@ stream through L2 between two steps' attention): "pdl" launched as decode launch
 next kernel starts while this one finishes, so its work before hipc_wait_prior() overlaps:
 about what the kernel adds to a step), "alone" without (its whole latency: the table, the
 cache rows and the merge).
+
+    # the batch step's attention at 16, 32, 64 rows x contexts 256, 1024, 4096 (8B heads)
+    python docs/benchmarks/bench_decode_attention.py --batch 16,32,64 --prebuild DIR
+    python docs/benchmarks/bench_decode_attention.py --batch 16,32,64 --cache DIR --out FILE
+
+--batch: the one-block-per-row kernels (attention.hip.j2: "head" one query head a block,
+"g4" a KV head's group) against the split-context one (attention_batch.hip.j2) at each
+splits count and a few geometries, every row its own sequence at about the context (rows end
+0..21 positions short of it), its blocks scattered over a pool; timed as a graph of launches
+cycling over copies of the step's cache (different blocks of the pool: L2 holds none), with
+programmatic launch as batch steps launch it, as TB/s of K and V read beside the device's
+copy rate (a 1 GiB device-to-device copy, read + write, measured in the same run).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,7 +44,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from hipc.base.launch_plan import KV_BLOCK  # noqa: E402
-from hipc.compiler.kernels.attention import AttentionParams, decode_attention  # noqa: E402
+from hipc.compiler.kernels.attention import (  # noqa: E402
+    ATTN_WAVES,
+    BATCH_WAVES,
+    AttentionParams,
+    batch_attention,
+    decode_attention,
+    kv_context,
+    prefill_signature,
+)
+from hipc.compiler.kernels.base import GPU_INDENT  # noqa: E402
 from hipc.compiler.reference.executor import round_bf16  # noqa: E402
 from hipc.compiler.targets import GpuTarget  # noqa: E402
 from hipc.runtime.backends.gpu_common import PackedArgs  # noqa: E402
@@ -170,6 +193,179 @@ def bench(dev, sp: dict, shapes, forms, positions) -> list[str]:
     return rows
 
 
+# the batch step's forms: the one-block-per-row kernels, then the split one as sN[wW][uU] (N
+# splits, W waves a block, U loads in flight per lane; the defaults where not named)
+BATCH_FORMS = (
+    "head", "g4", "s1", "s2", "s4", "s8", "s16", "s2w8u4", "s4w8u4", "s2u4", "s4u4",
+)  # fmt: skip
+BATCH_CONTEXTS = (256, 1024, 4096)
+FORM = re.compile(r"s(\d+)(?:w(\d+))?(?:u(\d+))?")
+
+
+def batch_specs(arch: str, shape: str, forms) -> dict:
+    """form -> (fn, template, ctx, splits or 0, threads) of the batch step's kernels."""
+    p, target = params(shape), GpuTarget(arch)
+    kv_ctx = kv_context("bfloat16", CTX)
+    out = {}
+    for f in forms:
+        if f in ("head", "g4"):
+            G = 1 if f == "head" else p.NH // p.NKV
+            ctx = dict(nodes=["att"], waves=ATTN_WAVES, group=G, wave=target.wave,
+                       params=prefill_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
+                       **kv_ctx, **p.context())  # fmt: skip
+            out[f] = (f"{shape}_b{f}", "attention", ctx, 0, ATTN_WAVES * target.wave)
+            continue
+        splits, waves, unroll = (int(x) if x else None for x in FORM.fullmatch(f).groups())
+        k = batch_attention(f"{shape}_{f}", p, target, ["att"], CTX, "bfloat16", splits,
+                            waves=waves or BATCH_WAVES, unroll=unroll)  # fmt: skip
+        out[f] = (k.fn, k.template, k.ctx, splits, k.threads)
+    return out
+
+
+def batch_reference(q, pos, tables, t, kp, vp, cos_t, sin_t, NH, NKV, D) -> np.ndarray:
+    """float64 attention of row t (query q[t], rotated at pos[t]) over its positions 0..pos[t]
+    of the pools kp, vp [slots, NKV, D] (bf16 bits) through its block table."""
+    c = np.arange(pos[t] + 1)
+    slots = tables[t, c // KV_BLOCK] * KV_BLOCK + c % KV_BLOCK
+    K, V = (((a[slots].astype(np.uint32) << 16).view(np.float32)).astype(np.float64)
+            for a in (kp, vp))  # fmt: skip
+    qr = rope(q[t].reshape(NH, D).astype(np.float64), cos_t[pos[t]], sin_t[pos[t]], False)
+    G = NH // NKV
+    sc = np.einsum("kgd,nkd->kgn", qr.reshape(NKV, G, D), K) * D**-0.5
+    e = np.exp(sc - sc.max(-1, keepdims=True))
+    return (np.einsum("kgn,nkd->kgd", e, V) / e.sum(-1)[..., None]).reshape(NH * D)
+
+
+def bench_batch(dev, sp: dict, shape: str, rows_list, contexts, copy: float) -> list[str]:
+    """Each (rows, context, form): checked against NumPy on a few rows, then timed."""
+    d = dev.d
+    NH, NKV, D = SHAPES[shape]
+    rng = np.random.default_rng(2)
+    row_bytes = NKV * D * 2  # a position's keys (or values) of every KV head
+    # copies of each step's cache, enough that L2 holds none; one pool for every case
+    steps = [(R, C, max(1, min(16, -(-2 * L2_BYTES // (2 * R * C * row_bytes)))))
+             for R in rows_list for C in contexts]  # fmt: skip
+    pool_blocks = max(n * R * -(-C // KV_BLOCK) for R, C, n in steps)
+    base = round_bf16(rng.standard_normal(1 << 22).astype(np.float32))
+    base = (base.view(np.uint32) >> 16).astype(np.uint16)
+    kp = np.resize(base, (pool_blocks * KV_BLOCK, NKV, D))
+    vp = np.resize(base[::-1], (pool_blocks * KV_BLOCK, NKV, D))
+    kb, vb = dev.upload(kp), dev.upload(vp)
+    ang = rng.uniform(0, 2 * np.pi, (CTX, D // 2))
+    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cb, sb = dev.upload(cos_t), dev.upload(sin_t)
+    table_len = -(-CTX // KV_BLOCK)
+    rows = []
+    for R, C, n in steps:
+        q = rng.standard_normal((R, NH * D)).astype(np.float32)
+        pos = (C - 1 - np.arange(R) * 3 % 22).astype(np.int32)
+        seq = np.arange(R, dtype=np.int32)
+        nbytes = 2 * int((pos + 1).sum()) * row_bytes
+        perm = rng.permutation(pool_blocks)
+        tables = []
+        for c in range(n):  # copy c: its rows' blocks scattered over its share of the pool
+            tb = np.zeros((R, table_len), np.int32)
+            nb = -(-C // KV_BLOCK)
+            tb[:, :nb] = perm[c * R * nb : (c + 1) * R * nb].reshape(R, -1)
+            tables.append(tb)
+        qb, pb, seqb = dev.upload(q), dev.upload(pos), dev.upload(seq)
+        tbs = [dev.upload(tb) for tb in tables]
+        check = sorted({0, R // 2, R - 1})
+        want = [batch_reference(q, pos, tables[0], t, kp, vp, cos_t, sin_t, NH, NKV, D)
+                for t in check]  # fmt: skip
+        for f, (fn_name, _, _, splits, threads) in sp.items():
+            out = dev.poisoned(R * NH * D)
+            # the prefill signature's, the split one's partials and counters before out
+            tail = [("u64", a) for a in (0, cb, sb, kb, vb)]
+            if splits:
+                partial = dev.poisoned(R * NH * splits * (D + 2))
+                counters = dev.upload(np.zeros(R * NKV, np.uint32))
+                tail += [("u64", partial), ("u64", counters)]
+                grid = (R, NKV * splits, 1)
+            else:
+                grid = (R, NH if f == "head" else NKV, 1)
+            packed = [
+                PackedArgs([("u64", qb), ("i32", NH * D), ("u64", pb), ("u64", seqb),
+                            ("u64", tb), *tail, ("u64", out)])
+                for tb in tbs * max(1, -(-8 // n))
+            ]  # fmt: skip
+            fn = dev.function(fn_name)
+            d.launch(fn, grid, (threads, 1, 1), 0, packed[0].address)
+            got = dev.read(out, (R, NH * D))
+            err = max(float(np.max(np.abs(got[t] - w)) / np.max(np.abs(w)))
+                      for t, w in zip(check, want, strict=True))  # fmt: skip
+            us = graph_us(d, fn, grid, threads, 0, packed, True)
+            bad = "" if err <= 1e-5 else f" WRONG ({err:.1e})"
+            tbs_ = nbytes / us / 1e6
+            rows.append((R, C, f, us, tbs_, bad))
+            print(f"| {shape} | {R} | {C} | {f} | {grid[0]}x{grid[1]}x{threads} | {us:.1f} | "
+                  f"{tbs_:.2f} | {tbs_ / copy:.0%} |{bad}", flush=True)  # fmt: skip
+    return rows
+
+
+def batch_main(args) -> None:
+    shape = args.shapes.split(",")[0] if args.shapes != ",".join(SHAPES) else "l8"
+    forms = args.forms.split(",") if args.forms != ",".join(FORMS) else list(BATCH_FORMS)
+    rows_list = [int(x) for x in args.batch.split(",")]
+    contexts = [int(x) for x in args.contexts.split(",")]
+    if args.prebuild:
+        specs = [(*v[:3], 0) for v in batch_specs(args.arch, shape, forms).values()]
+        compiled(kernels_source(specs, args.arch), args.arch, args.prebuild)
+        print(f"built into {args.prebuild}")
+        return
+    sp: dict = {}
+
+    def build(arch):
+        sp.update(batch_specs(arch, shape, forms))
+        return [(*v[:3], 0) for v in sp.values()]
+
+    dev = DeviceKernels(build, cache=args.cache)
+    copy = copy_rate(dev.d)
+    print(f"device copy: {copy:.2f} TB/s (read + write)", flush=True)
+    head = ["| shape | rows | context | form | grid x threads | us | TB/s K+V | of copy |",
+            "|---|---:|---:|---|---|---:|---:|---:|"]  # fmt: skip
+    rows = bench_batch(dev, sp, shape, rows_list, contexts, copy)
+    dev.close()
+    # the summary: each case's old kernel (g4 from 16 rows, else head) against the best split
+    summary = [f"device copy {copy:.2f} TB/s; us per launch (TB/s of K+V)",
+               "| rows | context | head | g4 | best split | its us | TB/s | x g4 |",
+               "|---:|---:|---:|---:|---|---:|---:|---:|"]  # fmt: skip
+    for R in rows_list:
+        for C in contexts:
+            mine = {f: (us, tb) for r, c, f, us, tb, bad in rows if (r, c) == (R, C) and not bad}
+            split = {f: v for f, v in mine.items() if f.startswith("s")}
+            if not split:
+                continue
+            best = min(split, key=lambda f: split[f][0])
+            old = {f: f"{mine[f][0]:.1f}" if f in mine else "-" for f in ("head", "g4")}
+            ref = mine.get("g4", mine.get("head", (float("nan"), 0)))[0]
+            summary.append(f"| {R} | {C} | {old['head']} | {old['g4']} | {best} | "
+                           f"{split[best][0]:.1f} | {split[best][1]:.2f} | "
+                           f"{ref / split[best][0]:.2f} |")  # fmt: skip
+    text = "\n".join(head + [
+        f"| {shape} | {r} | {c} | {f} | | {us:.1f} | {tb:.2f} | {tb / copy:.0%} |{bad}"
+        for r, c, f, us, tb, bad in rows] + [""] + summary) + "\n"  # fmt: skip
+    if args.out:
+        args.out.write_text(text)
+    print("\n".join(summary))
+
+
+def copy_rate(d) -> float:
+    """TB/s of a 1 GiB device-to-device copy (read + write), timed over 5 copies."""
+    n = 1 << 30
+    a, b = d.malloc(n), d.malloc(n)
+    d.d2d(b, a, n)
+    d.synchronize()
+    t = time.perf_counter()
+    for _ in range(5):
+        d.d2d(b, a, n)
+    d.synchronize()
+    rate = 2 * n * 5 / (time.perf_counter() - t) / 1e12
+    d.free(a)
+    d.free(b)
+    return rate
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -179,7 +375,12 @@ def main() -> None:
     ap.add_argument("--prebuild", type=Path, help="build the code object for --arch into DIR")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--batch", help="the batch step's attention at these row counts")
+    ap.add_argument("--contexts", default=",".join(map(str, BATCH_CONTEXTS)))
     args = ap.parse_args()
+    if args.batch:
+        batch_main(args)
+        return
     shapes, forms = args.shapes.split(","), args.forms.split(",")
     positions = [int(x) for x in args.positions.split(",")]
     if args.prebuild:

@@ -407,6 +407,29 @@ HIPC_DEVICE void hipc_kv_load_vec(const uint16_t* p, float* out) {
   }
 }
 
+// 8 consecutive cached values of a row, loaded (one 16-byte load of bf16, two of float32) and
+// unpacked apart: a loop issues several rows' loads before it uses the first (the batch attention)
+template <class T>
+struct hipc_kv8;
+template <>
+struct hipc_kv8<uint16_t> {
+  uint32_t w[4];
+  HIPC_DEVICE void load(const uint16_t* p) {
+    const uint4 v = *(const uint4*)p;
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  }
+  HIPC_DEVICE float get(int e) const { return __builtin_bit_cast(float, e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16); }
+};
+template <>
+struct hipc_kv8<float> {
+  float w[8];
+  HIPC_DEVICE void load(const float* p) {
+    const float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+  }
+  HIPC_DEVICE float get(int e) const { return w[e]; }
+};
+
 // ---- quantized weights ----------------------------------------------------------------
 // GGUF stores a matrix as rows of 32-weight blocks, each its scale(s) then its quants:
 // q4_0 {f16 d; 16 bytes of nibbles} (18 bytes), q4_1 {f16 d, m; nibbles} (20), q8_0 {f16 d;

@@ -569,7 +569,7 @@ def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
     has a norm; larger batch steps and every prefill step keep the wgmma GEMMs; with
     HIPC_BATCH_GEMV_ROWS=0 the batch list is the prefill GEMMs' again."""
     from hipc.base.launch_plan import Launch
-    from hipc.compiler.kernels.attention import BATCH_GROUP_ROWS
+    from hipc.compiler.kernels.attention import BATCH_GROUP_ROWS, BATCH_SPLIT_ROWS, batch_splits
     from hipc.compiler.kernels.linear import BATCH_GEMV_ROWS
 
     folder = write_tiny_hf(tmp_path / "m", dtype="bfloat16", intermediate_size=128)
@@ -600,13 +600,18 @@ def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
                 assert at(B)[i - 1].args[2] == x.args[0] and x.args[0]["kind"] == "scratch"
             else:
                 assert x.args[0]["kind"] == "arena"
-    # the batch attention: from BATCH_GROUP_ROWS rows a block per row and KV head, its 2 query
-    # heads together; fewer rows keep a block per head (enough blocks to fill the GPU)
-    for B, name, heads in ((8, "_attn", 4), (BATCH_GROUP_ROWS, "_attn_g2", 2)):
-        attn = [x for x in at(B) if "_attn" in x.kernel]
+    # the batch attention: from BATCH_SPLIT_ROWS rows the split-context kernel (a block per
+    # row, KV head and split: batch_splits of them); below that a block per row and head, or from
+    # BATCH_GROUP_ROWS per row and KV head, its 2 query heads together
+    for B in (1, 8, BATCH_GROUP_ROWS, 33, 64):
+        attn = [x for x in at(B) if "attn" in x.kernel]
+        if B >= BATCH_SPLIT_ROWS:
+            name, grid = f"_battn_s{batch_splits(B, 2)}", ("T", 2 * batch_splits(B, 2))
+        else:
+            name, grid = ("_attn_g2", ("T", 2)) if B >= BATCH_GROUP_ROWS else ("_attn", ("T", 4))
         assert len(attn) == 2 and all(x.kernel.endswith(name) for x in attn), (B, attn)
-        assert all(x.grid[:2] == ("T", heads) and x.overlap for x in attn)
-    assert not any("_attn_g" in x["kernel"] for x in plan["prefill"])
+        assert all(x.grid[:2] == grid and x.overlap for x in attn)
+    assert not any("attn_g" in x["kernel"] or "battn" in x["kernel"] for x in plan["prefill"])
     # down reads the float32 rows the GLU GEMV wrote (no bf16 hand-off in these steps)
     glu = [x for x in at(8) if "_glu_" in x.kernel and x.kernel.endswith("_gemvm1")]
     down = [x for x in at(8) if "_32x128_residual_" in x.kernel]
@@ -618,10 +623,16 @@ def test_batch_steps_take_the_weights_once_gemv(tmp_path, monkeypatch):
     # (head dim 8: the prefill attention is the SIMT one too, one head per block)
     off_batch = [Launch.from_json(x) for x in off["batch"]]
     for B in (8, BATCH_GROUP_ROWS):
-        g2 = "_g2" if B >= BATCH_GROUP_ROWS else ""
+
+        def batch_form(name: str, B: int = B) -> str:
+            if not name.endswith("_attn"):
+                return name
+            if B >= BATCH_SPLIT_ROWS:
+                return f"{name.removesuffix('_attn')}_battn_s{batch_splits(B, 2)}"
+            return name + ("_g2" if B >= BATCH_GROUP_ROWS else "")
+
         assert [x.kernel for x in off_batch if x.runs_at(B)] == [
-            x["kernel"] + g2 if x["kernel"].endswith("_attn") else x["kernel"]
-            for x in off["prefill"]
+            batch_form(x["kernel"]) for x in off["prefill"]
         ]
 
 
@@ -686,3 +697,55 @@ def test_wide_linears_keep_the_batch_gemv_to_8_rows(tmp_path, monkeypatch):
     monkeypatch.setenv("HIPC_BATCH_GEMV_ROWS", "32")
     heads, _ = gemv_heads("forced")
     assert all("_gemvm4" in n for n in heads[32]) and heads[32]
+
+
+def test_batch_attention_splits_and_forms():
+    """The split batch attention's geometry: splits a power of two giving ~BATCH_BLOCKS blocks
+    (at most BATCH_SPLITS_MAX, at least one); its launches' row ranges cover every batch step
+    from BATCH_SPLIT_ROWS on without gaps; partials only for steps that split; no kernel for
+    shapes its lanes or shared arrays do not fit; HIPC_BATCH_ATTN_SPLIT=0 leaves none."""
+    from itertools import pairwise
+    from types import SimpleNamespace
+
+    from hipc.compiler.kernels.attention import (
+        BATCH_BLOCKS,
+        BATCH_SPLIT_ROWS,
+        BATCH_SPLITS_MAX,
+        AttentionParams,
+        batch_attention,
+        batch_attention_forms,
+        batch_scratch,
+        batch_splits,
+    )
+    from hipc.compiler.targets import GpuTarget
+
+    for rows in (1, 3, 16, 17, 64, 65, 512):
+        s = batch_splits(rows, 8)
+        assert s & (s - 1) == 0 and 1 <= s <= BATCH_SPLITS_MAX
+        assert rows * 8 * s >= BATCH_BLOCKS or s == BATCH_SPLITS_MAX
+        assert s == 1 or rows * 8 * s // 2 < BATCH_BLOCKS  # the least that reaches it
+    assert batch_splits(1, 8) == BATCH_SPLITS_MAX and batch_splits(512, 8) == 1
+
+    def params(NH, NKV, D):
+        return AttentionParams(NH=NH, NKV=NKV, D=D, scale=D**-0.5, window=0, interleaved=False,
+                               norm_eps=0.0)  # fmt: skip
+
+    p = params(32, 8, 128)
+    g = SimpleNamespace(batch_attn_split=True, max_tokens=200, target=GpuTarget("sm_90"),
+                        max_ctx=8192, kv_storage="bfloat16")  # fmt: skip
+    forms = batch_attention_forms("a", p, g, ["att"])
+    ranges = [r for _, _, r in forms]
+    assert ranges[0][0] == BATCH_SPLIT_ROWS and ranges[-1][1] == 200
+    assert all(a[1] + 1 == b[0] for a, b in pairwise(ranges))
+    for k, s, (lo, hi) in forms:
+        assert k.fn == f"a_battn_s{s}" and k.ctx["splits"] == s
+        assert all(batch_splits(T, 8) == s for T in range(lo, hi + 1))
+    # the largest splitting step's partials: rows x heads x splits x (m, l, D sums)
+    split = [(s, hi) for _, s, (_, hi) in forms if s > 1]
+    assert batch_scratch(p, forms) == max(4 * hi * 32 * s * 130 for s, hi in split)
+    g.batch_attn_split = False
+    assert batch_attention_forms("a", p, g, ["att"]) == []
+    target = GpuTarget("sm_90")
+    assert batch_attention("a", params(8, 2, 12), target, ["x"], 64, "bfloat16", 1) is None
+    assert batch_attention("a", params(8, 2, 512), target, ["x"], 64, "bfloat16", 1) is None
+    assert batch_attention("a", params(9, 3, 64), target, ["x"], 64, "bfloat16", 4) is not None

@@ -4,8 +4,11 @@ sequences (a prefill chunk continuing a cached prefix, decode rows, a first toke
 sequence's blocks scattered over a pool through its block table, every slot no sequence owns
 NaN, outputs NaN-poisoned. What this checks is the paging: each row writes its key and value
 to its own slot and attends to its own sequence's positions only. The attention is the batch
-step's form (batch_group: a block per KV head and its group of 2 or 4 query heads where the
-case has groups; the one-head form elsewhere).
+step's forms: the one-block-per-row kernel (batch_group: a block per KV head and its group of 2
+or 4 query heads where the case has groups; the one-head form elsewhere) and the split-context
+one (attention_batch.hip.j2, batch_attention) at geometries whose tiles are short enough that
+these contexts take several tiles and several blocks (the merge by the last block to count,
+whose counters are zero again afterwards).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.kernels.attention import (
     ATTN_WAVES,
+    BATCH_WAVES,
+    batch_attention,
     batch_group,
     kv_context,
     prefill_signature,
@@ -27,6 +32,7 @@ from hipc.compiler.kernels.attention import (
 )
 from hipc.compiler.kernels.base import GPU_INDENT
 from hipc.compiler.reference.executor import round_bf16
+from hipc.compiler.targets import GpuTarget
 
 from gpu_kernels import attention_params, attention_switches, rope
 
@@ -42,6 +48,9 @@ CASES = {
 }
 # the step: (sequence's table row, positions of its rows this step); earlier positions are cached
 ROWS = [(2, [5, 6, 7]), (0, [37]), (3, [0]), (1, [16])]
+# the split kernel's geometries: (splits, waves, loads per lane and pass); the default's tiles
+# (64+ keys) hold these whole contexts, one wave of 2 loads takes 8-16 keys a tile
+SPLIT_FORMS = [(1, BATCH_WAVES, None), (4, 1, 2), (3, 2, 2)]
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +81,41 @@ def lib(tmp_path_factory):
             f"  grid(T, {p.NH // G}, {ATTN_WAVES * WAVE}, [=] {{ attn{i}(q, ldq, pos, seq, blocks, qw, "
             f"c, s, kc, vc, out); }});\n}}"
         )
+        # the split form at each geometry: the same rope_kv, then its partials and counters
+        for j, (splits, waves, unroll) in enumerate(SPLIT_FORMS):
+            bk = batch_attention(f"b{i}_{j}", p, GpuTarget("sm_90"), [name], case[7], case[6],
+                                 splits, waves=waves, unroll=unroll)  # fmt: skip
+            assert bk is not None
+            code.append(render("hip/attention_batch.hip.j2", fn=bk.fn, **bk.ctx))
+            code.append(
+                f'extern "C" void split{i}_{j}(int T, const float* q, int ldq, const float* k, '
+                f"int ldk, const float* v, int ldv, const int* pos, const int* seq, "
+                f"const int* blocks, const float* qw, const float* kw, const float* c, "
+                f"const float* s, {kv}* kc, {kv}* vc, float* partial, unsigned* counters, "
+                f"float* out) {{\n"
+                f"  grid(T, {p.NKV}, {block}, [=] {{ rope{i}(k, ldk, v, ldv, pos, seq, blocks, "
+                f"kw, c, s, kc, vc); }});\n"
+                f"  grid(T, {p.NKV * splits}, {bk.threads}, [=] {{ {bk.fn}(q, ldq, pos, seq, "
+                f"blocks, qw, c, s, kc, vc, partial, counters, out); }});\n}}"
+            )
     source = "#define __launch_bounds__(n)\n" + "\n".join(code)
     return host_simt.build(tmp_path_factory.mktemp("paged"), "paged_host", source, WAVE)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_rows_of_many_sequences_over_scattered_blocks(lib, name):
+    check(lib, name, None)
+
+
+@pytest.mark.parametrize("form", range(len(SPLIT_FORMS)))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_split_batch_attention(lib, name, form):
+    check(lib, name, form)
+
+
+def check(lib, name, form):
+    """Runs case `name`'s step (rope_kv, then the one-block-per-row attention, or with `form`
+    the split one at SPLIT_FORMS[form]) and compares the cache and the outputs with NumPy."""
     NH, NKV, D, window, norm, interleaved, kv, ctx = CASES[name][:8]
     rot, gated = attention_switches(CASES[name])
     r = rot or D
@@ -125,11 +163,21 @@ def test_rows_of_many_sequences_over_scattered_blocks(lib, name):
 
     out = np.full((T, NH * D), np.nan, np.float32)
     ptr = ctypes.c_void_p
-    args = [q_in, ldq, k, NKV * D, v, NKV * D, pos, seq, tables, qw, kw, cos_t, sin_t, kc, vc, out]
-    getattr(lib, f"run{list(CASES).index(name)}")(
+    args = [q_in, ldq, k, NKV * D, v, NKV * D, pos, seq, tables, qw, kw, cos_t, sin_t, kc, vc]
+    i = list(CASES).index(name)
+    if form is None:
+        args, run = [*args, out], f"run{i}"
+    else:
+        splits = SPLIT_FORMS[form][0]
+        partial = np.full((T, NH, splits, D + 2), np.nan, np.float32)
+        counters = np.zeros((T, NKV), np.uint32)
+        args, run = [*args, partial, counters, out], f"split{i}_{form}"
+    getattr(lib, run)(
         ctypes.c_int(T),
         *(ctypes.c_int(a) if isinstance(a, int) else a.ctypes.data_as(ptr) for a in args),
     )
+    if form is not None:
+        assert not counters.any(), "each row's last block resets its counter"
 
     def normed(x, w):
         x = x.astype(np.float64)
