@@ -15,7 +15,10 @@ preceded by a one-value-per-token `_stats` kernel when there is a norm.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
@@ -367,15 +370,9 @@ class Linear(KernelKind):
             self._wgmma_buckets(k, b, g, {**common, "W": wdq}, x, rows, DEQUANT_MIN_TOKENS, False)
 
     def _wgmma_buckets(self, k, b, g, common, x, rows: str, first: int, y_bf16: bool) -> None:
-        """The sm_90a GEMM's launches for steps of `first` tokens and more: tiles chosen for
-        short steps and, where the chunk is longer, for long ones."""
+        """The sm_90a GEMM's launches for steps of `first` tokens and more (wgmma_buckets)."""
         p: LinearParams = k.params
-        lo = select_wgmma(p, min(g.max_tokens, 512))
-        hi = select_wgmma(p, g.max_tokens)
-        everything = None if first == 1 else (first, g.max_tokens)
-        buckets = [(lo, everything)] if lo == hi else [
-            (lo, (first, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
-        for tile, tokens in buckets:
+        for tile, tokens in wgmma_buckets(p, first, g.max_tokens):
             pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile, y_bf16=y_bf16)
             self._wgmma_launches(k, b, g, pg, tile, common, x, rows, tokens)
 
@@ -678,6 +675,12 @@ class WgmmaTile:
     pdl: bool = False
     ct: int = 1  # blocks along the tokens in one cluster sharing each W tile (grid z)
 
+    def __post_init__(self) -> None:
+        # a cluster is at most 8 CTAs (the portable size); a K split's CTAs finish equal shares
+        # of the output column groups of 8 (bn / 16 with a GLU epilogue, whose bn is gate + up)
+        if self.cm * self.ct * self.sk > 8 or (self.bn // 16) % self.sk:
+            raise ValueError(f"{self.name}: no such wgmma tile")
+
     @property
     def threads(self) -> int:
         return 128 * (self.bm // 64 + 1)
@@ -735,6 +738,23 @@ WGMMA_VARIANTS = (
     WgmmaTile(128, 256, 4, _R, cm=2, pdl=True),
     WgmmaTile(128, 256, 4, _R, sk=2, pdl=True),
     WgmmaTile(128, 256, 4, _R, ct=2, pdl=True),
+    # Batch steps (33-64 rows; 17-32 where a linear leaves the batch GEMV): one 64-token consumer
+    # and enough blocks to keep the 132 SMs streaming W, by narrower tiles or K split 2-8 ways;
+    # as many stages as fit, for the bytes in flight. Blocks at the 8B shapes: qkv 6144 rows /
+    # 192 x 4 = 128, / 96 x 2 = 128; o and down 4096 / 128 x 4, / 64 x 2, / 256 x 8 = 128;
+    # gate/up 14336 outputs / 112 = 128 (and / 128 = 112 with wg64x256 above).
+    WgmmaTile(64, 192, 7, None, sk=4),
+    WgmmaTile(64, 192, 7, None, sk=4, pdl=True),
+    WgmmaTile(64, 96, 11, None, sk=2),
+    WgmmaTile(64, 128, 9, None, sk=4),
+    WgmmaTile(64, 128, 9, None, sk=2),
+    WgmmaTile(64, 64, 13, None, sk=2),
+    WgmmaTile(64, 256, 5, None, sk=8),
+    WgmmaTile(64, 224, 6, None),
+    WgmmaTile(64, 224, 6, None, pdl=True),
+    WgmmaTile(64, 256, 5, None, pdl=True),
+    # 4 stages (90 KiB): two blocks an SM, 256 for gate/up (two pipelines per SM in one wave)
+    WgmmaTile(64, 112, 4, None),
 )
 WGMMA_ARCHS = frozenset({"sm_90"})
 SMS = 132  # H100/H200 SXM multiprocessors: the wave size the tile choice rounds to
@@ -760,14 +780,34 @@ WGMMA_MEASURED: dict[tuple[int, int, str], dict[int, str]] = {
     (28672, 4096, "glu"): {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"},  # gate/up
     (4096, 14336, "residual"): {512: "wg128x128", 2048: "wg128x256", 4096: "wg128x256"},  # down
 }
+# Tiles for short steps (the batch steps: runtime buckets of 32 and 64 rows) per shape, from
+# bench_gpu_gemm.py at 32 and 64 tokens on the H200: step size -> the variant for steps of up to
+# that many tokens (above the next smaller listed size). Shapes not listed keep their tile for
+# 512-token steps there. HIPC_WGMMA_SHORT names a JSON file of entries to use instead
+# ({"N,K,epilogue": {"64": variant}}: benchmarks time a selection without a new wheel).
+WGMMA_SHORT: dict[tuple[int, int, str], dict[int, str]] = {}
 WGMMA_BY_NAME = {t.name: t for t in WGMMA_TILES + WGMMA_VARIANTS}
 
 
+def wgmma_short(p: LinearParams) -> dict[int, str]:
+    """Linear `p`'s short-step tiles (WGMMA_SHORT, or HIPC_WGMMA_SHORT's file)."""
+    path = os.environ.get("HIPC_WGMMA_SHORT")
+    if path:
+        table = json.loads(Path(path).read_text())
+        entry = table.get(f"{p.N},{p.K},{p.epilogue}", {})
+        return {int(n): v for n, v in entry.items()}
+    return WGMMA_SHORT.get((p.N, p.K, p.epilogue), {})
+
+
 def select_wgmma(p: LinearParams, tokens: int) -> WgmmaTile:
-    """The measured variant for a listed shape (WGMMA_MEASURED: the step size nearest
-    `tokens`, by ratio, the smaller on a tie), else the plain tile with the least estimated
+    """The measured variant for a listed shape: for steps up to a short-step size listed
+    (wgmma_short) the smallest such size's; else WGMMA_MEASURED's at the step size nearest
+    `tokens`, by ratio, the smaller on a tie. Else the plain tile with the least estimated
     time at `tokens` tokens: waves of SMS blocks, each block's time its output elements x the
     tile's cost."""
+    short = [n for n in sorted(wgmma_short(p)) if tokens <= n]
+    if short:
+        return WGMMA_BY_NAME[wgmma_short(p)[short[0]]]
     measured = WGMMA_MEASURED.get((p.N, p.K, p.epilogue))
     if measured:
         steps = sorted(measured)
@@ -780,6 +820,35 @@ def select_wgmma(p: LinearParams, tokens: int) -> WgmmaTile:
         return -(-(x * y * z) // SMS) * t.bm * t.bn * WGMMA_COST[t.bm, t.bn] / t.sk
 
     return min(WGMMA_TILES, key=time)
+
+
+def wgmma_buckets(
+    p: LinearParams, first: int, max_tokens: int
+) -> list[tuple[WgmmaTile, tuple[int, int] | None]]:
+    """The sm_90a tiles for steps of `first` to `max_tokens` tokens, each with the step sizes
+    it runs at (None: all of them): the short-step tiles up to each listed size (wgmma_short),
+    then the tile for 512-token steps up to SHORT_STEP and, where the chunk is longer, the one
+    for `max_tokens`; neighbours with the same tile as one."""
+    lo = select_wgmma(p, min(max_tokens, 512))
+    hi = select_wgmma(p, max_tokens)
+    start, buckets = first, []
+    for n in sorted(wgmma_short(p)):
+        if first <= n < max_tokens:
+            buckets.append((select_wgmma(p, n), (start, n)))
+            start = n + 1
+    if lo == hi:
+        buckets.append((lo, (start, max_tokens)))
+    else:
+        buckets += [(lo, (start, SHORT_STEP)), (hi, (SHORT_STEP + 1, max_tokens))]
+    merged: list = []
+    for tile, (a, z) in buckets:
+        if merged and merged[-1][0] == tile:
+            merged[-1] = (tile, (merged[-1][1][0], z))
+        else:
+            merged.append((tile, (a, z)))
+    if len(merged) == 1 and first == 1:
+        return [(merged[0][0], None)]
+    return merged
 
 
 def wgmma_gemm(p: LinearParams, target: GpuTarget, split: bool, simt: bool) -> bool:
