@@ -382,6 +382,12 @@ class Linear(KernelKind):
         returns the largest step they serve (0: none, the linear is not eligible)."""
         p: LinearParams = k.params
         most = min(gemvm_rows(p, g.batch_gemv_rows, g.batch_gemv_rows_set), g.max_tokens)
+        # a short wgmma tile listed for steps the GEMV would take measured faster there: the
+        # GEMV keeps the buckets below (half the size: the runtime's buckets double)
+        faster = [n for n in wgmma_short(p) if n <= most]
+        split = g.prefill_precision == "split"
+        if faster and wgmma_gemm(p, g.target, split, False) and not g.batch_gemv_rows_set:
+            most = min(faster) // 2
         # --prefill-precision split promises float32-class linears: the GEMV's bf16 x is not
         if most < 2 or g.prefill_precision == "split" or not gemvm_eligible(p, g.target):
             return 0
@@ -780,12 +786,29 @@ WGMMA_MEASURED: dict[tuple[int, int, str], dict[int, str]] = {
     (28672, 4096, "glu"): {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"},  # gate/up
     (4096, 14336, "residual"): {512: "wg128x128", 2048: "wg128x256", 4096: "wg128x256"},  # down
 }
-# Tiles for short steps (the batch steps: runtime buckets of 32 and 64 rows) per shape, from
-# bench_gpu_gemm.py at 32 and 64 tokens on the H200: step size -> the variant for steps of up to
-# that many tokens (above the next smaller listed size). Shapes not listed keep their tile for
-# 512-token steps there. HIPC_WGMMA_SHORT names a JSON file of entries to use instead
-# ({"N,K,epilogue": {"64": variant}}: benchmarks time a selection without a new wheel).
-WGMMA_SHORT: dict[tuple[int, int, str], dict[int, str]] = {}
+# Tiles for short steps (the batch steps: runtime buckets of 32 and 64 rows) per shape: step size
+# -> the variant for steps of up to that many tokens (above the next smaller listed size). A size
+# within the batch GEMV's reach (BATCH_GEMV_ROWS) also takes those steps off the GEMV: the GEMM
+# measured faster there. Shapes not listed keep their tile for 512-token steps. HIPC_WGMMA_SHORT
+# names a JSON file of entries to use instead ({"N,K,epilogue": {"64": variant}}: benchmarks
+# time a selection without a new wheel).
+# Session 10 (bench_gpu_gemm.py --tokens 32,64 --cold on the H200: W from memory every launch,
+# the _xb pass included; docs/benchmarks/gpu-h200.md "Session 10, bgemm"), us at 32 / 64 tokens
+# against the 512-token tile the batch steps ran before, and the batch GEMV at 32 rows (the
+# 32-row step's profile, its _xb pass added where it has one): qkv 21.9 / 22.2 (wg128x192 37.4 /
+# 39.1, GEMV 31.1); o 16.9 / 17.6 (wg128x128 27.4 / 28.3, GEMV 19.3; o reads the attention's
+# bf16 rows in a model, ~5 us of _xb less); gate/up 68.9 / 68.1 (wg128x192 91.3 / 90.2, GEMV
+# 77.0; wg64x224 without PDL 68.1 / 69.3, wg64x112 68.6 / 68.1: within 1.5%, one tile for both
+# sizes); down 42.0 / 42.3 (wg128x128 77.6 / 77.7, GEMV 55.3; wg64x64k2 42.9 / 42.5); the LM head
+# 259.4 / 265.1 (wg128x256 281.8 / 281.8; wg64x256 259.1 / 267.4). Copy ceiling 4.29 TB/s: down
+# at 2.77 TB/s of W, gate/up 3.45, the head 3.96.
+WGMMA_SHORT: dict[tuple[int, int, str], dict[int, str]] = {
+    (6144, 4096, "none"): {32: "wg64x96k2", 64: "wg64x96k2"},  # qkv
+    (4096, 4096, "residual"): {32: "wg64x192k4p", 64: "wg64x192k4p"},  # o
+    (28672, 4096, "glu"): {32: "wg64x224p", 64: "wg64x224p"},  # gate/up
+    (4096, 14336, "residual"): {32: "wg64x192k4p", 64: "wg64x192k4p"},  # down
+    (128256, 4096, "none"): {32: "wg64x256p", 64: "wg64x256p"},  # LM head
+}
 WGMMA_BY_NAME = {t.name: t for t in WGMMA_TILES + WGMMA_VARIANTS}
 
 
@@ -1390,7 +1413,8 @@ GEMVM_WARPS = 8  # warps per block, splitting K between them over the block's 16
 # (bench_smallm.py, session 8: 32 layers of the 8B qkv, o, gate/up and down as one graph, ms)
 # with the geometries below against the wgmma GEMMs: 8 rows 4.15 / 6.63, 16 rows 4.45 / 6.74,
 # 32 rows 5.42 / 6.91; at 64 rows the GEMMs' 7.11 beat any GEMV mix (7.23; down 83 us a layer
-# on the GEMM, 140 on the best GEMV).
+# on the GEMM, 140 on the best GEMV). Shapes with a short wgmma tile listed at 32 tokens
+# (WGMMA_SHORT: session 10's 64-token tiles) take the GEMM from 17 rows.
 BATCH_GEMV_ROWS = 32
 # Linears with this many weight rows or more (LM heads) keep the batch GEMV to 8-row steps: at
 # 16-64 rows the wgmma GEMM streams the 8B head at 4.0 TB/s (bench_batch_gemv.py profile, 32
