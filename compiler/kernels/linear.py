@@ -669,7 +669,7 @@ class WgmmaTile:
     """The sm_90a GEMM's geometry: bm tokens (64 per consumer warp group) x bn weight rows
     (one wgmma.m64n<bn>k16 per consumer and 16-deep k step) per block, K 64 deep per stage;
     cm blocks along the outputs in one cluster share each x tile (TMA multicast), sk splits
-    of K (grid z, paired in a cluster, summed through shared memory in a fixed order); pdl:
+    of K (grid z, the sk CTAs of a cluster, summed through shared memory in a fixed order); pdl:
     launched to overlap its _xb kernel (W's first stages requested before x is ready)."""
 
     bm: int
@@ -723,8 +723,9 @@ WGMMA_TILES = (
 )
 # Variants measured against the tiles above by bench_gpu_gemm.py (select_wgmma takes one only
 # through WGMMA_MEASURED): multicast pairs along the outputs (c: x read from L2 once per pair)
-# or along the tokens (t: W once per pair), K split in two (k) for steps with fewer output tiles
-# than SMs, launches overlapping the _xb pass (p), and widths that fill the last wave better.
+# or along the tokens (t: W once per pair), K split (k2-k8) for steps with fewer output tiles
+# than SMs, launches overlapping the _xb pass (p), and widths that fill the last wave better;
+# select_wgmma takes the 64-token ones for short steps through WGMMA_SHORT.
 WGMMA_VARIANTS = (
     # 224 wide (5 stages of 44 KiB): 128 column blocks for the 8B gate/up, 4 waves at 512 tokens
     WgmmaTile(128, 224, 5, _R),
