@@ -383,8 +383,13 @@ class Linear(KernelKind):
         p: LinearParams = k.params
         most = min(gemvm_rows(p, g.batch_gemv_rows, g.batch_gemv_rows_set), g.max_tokens)
         # a short wgmma tile listed for steps the GEMV would take measured faster there: the
-        # GEMV keeps the buckets below (half the size: the runtime's buckets double)
-        faster = [n for n in wgmma_short(p) if n <= most]
+        # GEMV keeps the buckets below (half the size: the runtime's buckets double). A GLU
+        # linear and the linear reading its bf16 output (_handoffs) leave the GEMV together:
+        # the GLU GEMM writes bf16 where the GEMV reader would read float32
+        pairs = self._handoffs(b, g)  # writer group -> its bf16 reader's
+        linked = {k.group, pairs.get(k.group)} | {w for w, r in pairs.items() if r == k.group}
+        faster = [n for q in g.selected if q.kind is self and q.group in linked
+                  for n in wgmma_short(q.params) if n <= most]  # fmt: skip
         split = g.prefill_precision == "split"
         if faster and wgmma_gemm(p, g.target, split, False) and not g.batch_gemv_rows_set:
             most = min(faster) // 2

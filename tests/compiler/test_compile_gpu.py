@@ -703,7 +703,8 @@ def test_short_wgmma_tiles_in_the_batch_plan(tmp_path, monkeypatch):
     """The plan for a listed shape: the batch step's GEMM above the batch GEMV and prefill steps
     of up to 64 tokens run the short tile with its K split over a cluster (grid z,
     __cluster_dims__); steps of 65 tokens and more keep the 512-token tile. Listed at 32 tokens
-    too, the linear takes 17-32-row batch steps off the GEMV."""
+    too, the linear takes 17-32-row batch steps off the GEMV, and so does the GLU linear whose
+    bf16 output it reads (that GEMM writes bf16 where the GEMV would read float32)."""
     from hipc.base.launch_plan import Launch
     from hipc.compiler.kernels import linear
 
@@ -732,8 +733,11 @@ def test_short_wgmma_tiles_in_the_batch_plan(tmp_path, monkeypatch):
         assert [x.grid for x in k2] == [("cdiv(T,64)", 1, 2)] * 2  # one output block, K in two
         assert "__cluster_dims__(1, 1, 2)" in program.source
         assert down(batch, 16, "_gemvm") == ["gemvm2"] * 2
-        if 32 in sizes:  # 17-32 rows: the GEMM
+        if 32 in sizes:  # 17-32 rows: the GEMM, gate/up's too (unlisted: its one tile)
             assert down(batch, 17) == down(batch, 32) == ["wg64x64k2"] * 2
             assert not down(batch, 32, "_gemvm")
+            glu = [x.kernel for x in batch if x.runs_at(17) and "_glu_" in x.kernel]
+            assert glu == [x.kernel for x in batch if x.runs_at(64) and "_glu_" in x.kernel]
+            assert len(glu) == 4 and all("_wg128x128_yb" in n for n in glu), glu  # +_xb
         else:
             assert not down(batch, 32) and down(batch, 32, "_gemvm") == ["gemvm4"] * 2
