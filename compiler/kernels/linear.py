@@ -17,7 +17,10 @@ one-value-per-token `_stats` kernel when there is a norm.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
@@ -403,15 +406,9 @@ class Linear(KernelKind):
             self._wgmma_buckets(k, b, g, {**common, "W": wdq}, x, rows, DEQUANT_MIN_TOKENS, False)
 
     def _wgmma_buckets(self, k, b, g, common, x, rows: str, first: int, y_bf16: bool) -> None:
-        """The sm_90a GEMM's launches for steps of `first` tokens and more: tiles chosen for
-        short steps and, where the chunk is longer, for long ones."""
+        """The sm_90a GEMM's launches for steps of `first` tokens and more (wgmma_buckets)."""
         p: LinearParams = k.params
-        lo = select_wgmma(p, min(g.max_tokens, 512))
-        hi = select_wgmma(p, g.max_tokens)
-        everything = None if first == 1 else (first, g.max_tokens)
-        buckets = [(lo, everything)] if lo == hi else [
-            (lo, (first, SHORT_STEP)), (hi, (SHORT_STEP + 1, g.max_tokens))]  # fmt: skip
-        for tile, tokens in buckets:
+        for tile, tokens in wgmma_buckets(p, first, g.max_tokens):
             pg = prefill_gemm(k.fn, p, g.target, k.nodes, wgmma=tile, y_bf16=y_bf16)
             self._wgmma_launches(k, b, g, pg, tile, common, x, rows, tokens)
 
@@ -421,6 +418,17 @@ class Linear(KernelKind):
         returns the largest step they serve (0: none, the linear is not eligible)."""
         p: LinearParams = k.params
         most = min(gemvm_rows(p, g.batch_gemv_rows, g.batch_gemv_rows_set), g.max_tokens)
+        # a short wgmma tile listed for steps the GEMV would take measured faster there: the
+        # GEMV keeps the buckets below (half the size: the runtime's buckets double). A GLU
+        # linear and the linear reading its bf16 output (_handoffs) leave the GEMV together:
+        # the GLU GEMM writes bf16 where the GEMV reader would read float32
+        pairs = self._handoffs(b, g)  # writer group -> its bf16 reader's
+        linked = {k.group, pairs.get(k.group)} | {w for w, r in pairs.items() if r == k.group}
+        faster = [n for q in g.selected if q.kind is self and q.group in linked
+                  for n in wgmma_short(q.params) if n <= most]  # fmt: skip
+        split = g.prefill_precision == "split"
+        if faster and wgmma_gemm(p, g.target, split, False) and not g.batch_gemv_rows_set:
+            most = min(faster) // 2
         # --prefill-precision split promises float32-class linears: the GEMV's bf16 x is not
         if most < 2 or g.prefill_precision == "split" or not gemvm_eligible(p, g.target):
             return 0
@@ -764,7 +772,7 @@ class WgmmaTile:
     """The sm_90a GEMM's geometry: bm tokens (64 per consumer warp group) x bn weight rows
     (one wgmma.m64n<bn>k16 per consumer and 16-deep k step) per block, K 64 deep per stage;
     cm blocks along the outputs in one cluster share each x tile (TMA multicast), sk splits
-    of K (grid z, paired in a cluster, summed through shared memory in a fixed order); pdl:
+    of K (grid z, the sk CTAs of a cluster, summed through shared memory in a fixed order); pdl:
     launched to overlap its _xb kernel (W's first stages requested before x is ready)."""
 
     bm: int
@@ -775,6 +783,12 @@ class WgmmaTile:
     sk: int = 1
     pdl: bool = False
     ct: int = 1  # blocks along the tokens in one cluster sharing each W tile (grid z)
+
+    def __post_init__(self) -> None:
+        # a cluster is at most 8 CTAs (the portable size); a K split's CTAs finish equal shares
+        # of the output column groups of 8 (bn / 16 with a GLU epilogue, whose bn is gate + up)
+        if self.cm * self.ct * self.sk > 8 or (self.bn // 16) % self.sk:
+            raise ValueError(f"{self.name}: no such wgmma tile")
 
     @property
     def threads(self) -> int:
@@ -812,8 +826,9 @@ WGMMA_TILES = (
 )
 # Variants measured against the tiles above by bench_gpu_gemm.py (select_wgmma takes one only
 # through WGMMA_MEASURED): multicast pairs along the outputs (c: x read from L2 once per pair)
-# or along the tokens (t: W once per pair), K split in two (k) for steps with fewer output tiles
-# than SMs, launches overlapping the _xb pass (p), and widths that fill the last wave better.
+# or along the tokens (t: W once per pair), K split (k2-k8) for steps with fewer output tiles
+# than SMs, launches overlapping the _xb pass (p), and widths that fill the last wave better;
+# select_wgmma takes the 64-token ones for short steps through WGMMA_SHORT.
 WGMMA_VARIANTS = (
     # 224 wide (5 stages of 44 KiB): 128 column blocks for the 8B gate/up, 4 waves at 512 tokens
     WgmmaTile(128, 224, 5, _R),
@@ -833,6 +848,23 @@ WGMMA_VARIANTS = (
     WgmmaTile(128, 256, 4, _R, cm=2, pdl=True),
     WgmmaTile(128, 256, 4, _R, sk=2, pdl=True),
     WgmmaTile(128, 256, 4, _R, ct=2, pdl=True),
+    # Batch steps (33-64 rows; 17-32 where a linear leaves the batch GEMV): one 64-token consumer
+    # and enough blocks to keep the 132 SMs streaming W, by narrower tiles or K split 2-8 ways;
+    # as many stages as fit, for the bytes in flight. Blocks at the 8B shapes: qkv 6144 rows /
+    # 192 x 4 = 128, / 96 x 2 = 128; o and down 4096 / 128 x 4, / 64 x 2, / 256 x 8 = 128;
+    # gate/up 14336 outputs / 112 = 128 (and / 128 = 112 with wg64x256 above).
+    WgmmaTile(64, 192, 7, None, sk=4),
+    WgmmaTile(64, 192, 7, None, sk=4, pdl=True),
+    WgmmaTile(64, 96, 11, None, sk=2),
+    WgmmaTile(64, 128, 9, None, sk=4),
+    WgmmaTile(64, 128, 9, None, sk=2),
+    WgmmaTile(64, 64, 13, None, sk=2),
+    WgmmaTile(64, 256, 5, None, sk=8),
+    WgmmaTile(64, 224, 6, None),
+    WgmmaTile(64, 224, 6, None, pdl=True),
+    WgmmaTile(64, 256, 5, None, pdl=True),
+    # 4 stages (90 KiB): two blocks an SM, 256 for gate/up (two pipelines per SM in one wave)
+    WgmmaTile(64, 112, 4, None),
 )
 WGMMA_ARCHS = frozenset({"sm_90"})
 # Steps of up to this many tokens get their own tiles where the chunk is longer (launch "tokens")
@@ -857,14 +889,51 @@ WGMMA_MEASURED: dict[tuple[int, int, str], dict[int, str]] = {
     (28672, 4096, "glu"): {512: "wg128x192", 2048: "wg128x256", 4096: "wg128x256"},  # gate/up
     (4096, 14336, "residual"): {512: "wg128x128", 2048: "wg128x256", 4096: "wg128x256"},  # down
 }
+# Tiles for short steps (the batch steps: runtime buckets of 32 and 64 rows) per shape: step size
+# -> the variant for steps of up to that many tokens (above the next smaller listed size). A size
+# within the batch GEMV's reach (BATCH_GEMV_ROWS) also takes those steps off the GEMV: the GEMM
+# measured faster there. Shapes not listed keep their tile for 512-token steps. HIPC_WGMMA_SHORT
+# names a JSON file of entries to use instead ({"N,K,epilogue": {"64": variant}}: benchmarks
+# time a selection without a new wheel).
+# Session 10 (bench_gpu_gemm.py --tokens 32,64 --cold on the H200: W from memory every launch,
+# the _xb pass included; docs/benchmarks/gpu-h200.md "Session 10, bgemm"), us at 32 / 64 tokens
+# against the 512-token tile the batch steps ran before, and the batch GEMV at 32 rows (the
+# 32-row step's profile, its _xb pass added where it has one): qkv 21.9 / 22.2 (wg128x192 37.4 /
+# 39.1, GEMV 31.1); o 16.9 / 17.6 (wg128x128 27.4 / 28.3, GEMV 19.3; o reads the attention's
+# bf16 rows in a model, ~5 us of _xb less); gate/up 68.9 / 68.1 (wg128x192 91.3 / 90.2, GEMV
+# 77.0; wg64x224 without PDL 68.1 / 69.3, wg64x112 68.6 / 68.1: within 1.5%, one tile for both
+# sizes); down 42.0 / 42.3 (wg128x128 77.6 / 77.7, GEMV 55.3; wg64x64k2 42.9 / 42.5); the LM head
+# 259.4 / 265.1 (wg128x256 281.8 / 281.8; wg64x256 259.1 / 267.4). Copy ceiling 4.29 TB/s: down
+# at 2.77 TB/s of W, gate/up 3.45, the head 3.96.
+WGMMA_SHORT: dict[tuple[int, int, str], dict[int, str]] = {
+    (6144, 4096, "none"): {32: "wg64x96k2", 64: "wg64x96k2"},  # qkv
+    (4096, 4096, "residual"): {32: "wg64x192k4p", 64: "wg64x192k4p"},  # o
+    (28672, 4096, "glu"): {32: "wg64x224p", 64: "wg64x224p"},  # gate/up
+    (4096, 14336, "residual"): {32: "wg64x192k4p", 64: "wg64x192k4p"},  # down
+    (128256, 4096, "none"): {32: "wg64x256p", 64: "wg64x256p"},  # LM head
+}
 WGMMA_BY_NAME = {t.name: t for t in WGMMA_TILES + WGMMA_VARIANTS}
 
 
+def wgmma_short(p: LinearParams) -> dict[int, str]:
+    """Linear `p`'s short-step tiles (WGMMA_SHORT, or HIPC_WGMMA_SHORT's file)."""
+    path = os.environ.get("HIPC_WGMMA_SHORT")
+    if path:
+        table = json.loads(Path(path).read_text())
+        entry = table.get(f"{p.N},{p.K},{p.epilogue}", {})
+        return {int(n): v for n, v in entry.items()}
+    return WGMMA_SHORT.get((p.N, p.K, p.epilogue), {})
+
+
 def select_wgmma(p: LinearParams, tokens: int) -> WgmmaTile:
-    """The measured variant for a listed shape (WGMMA_MEASURED: the step size nearest
-    `tokens`, by ratio, the smaller on a tie), else the plain tile with the least estimated
+    """The measured variant for a listed shape: for steps up to a short-step size listed
+    (wgmma_short) the smallest such size's; else WGMMA_MEASURED's at the step size nearest
+    `tokens`, by ratio, the smaller on a tie. Else the plain tile with the least estimated
     time at `tokens` tokens: waves of SMS blocks, each block's time its output elements x the
     tile's cost."""
+    short = [n for n in sorted(wgmma_short(p)) if tokens <= n]
+    if short:
+        return WGMMA_BY_NAME[wgmma_short(p)[short[0]]]
     measured = WGMMA_MEASURED.get((p.N, p.K, p.epilogue))
     if measured:
         steps = sorted(measured)
@@ -877,6 +946,35 @@ def select_wgmma(p: LinearParams, tokens: int) -> WgmmaTile:
         return -(-(x * y * z) // SMS) * t.bm * t.bn * WGMMA_COST[t.bm, t.bn] / t.sk
 
     return min(WGMMA_TILES, key=time)
+
+
+def wgmma_buckets(
+    p: LinearParams, first: int, max_tokens: int
+) -> list[tuple[WgmmaTile, tuple[int, int] | None]]:
+    """The sm_90a tiles for steps of `first` to `max_tokens` tokens, each with the step sizes
+    it runs at (None: all of them): the short-step tiles up to each listed size (wgmma_short),
+    then the tile for 512-token steps up to SHORT_STEP and, where the chunk is longer, the one
+    for `max_tokens`; neighbours with the same tile as one."""
+    lo = select_wgmma(p, min(max_tokens, 512))
+    hi = select_wgmma(p, max_tokens)
+    start, buckets = first, []
+    for n in sorted(wgmma_short(p)):
+        if first <= n < max_tokens:
+            buckets.append((select_wgmma(p, n), (start, n)))
+            start = n + 1
+    if lo == hi:
+        buckets.append((lo, (start, max_tokens)))
+    else:
+        buckets += [(lo, (start, SHORT_STEP)), (hi, (SHORT_STEP + 1, max_tokens))]
+    merged: list = []
+    for tile, (a, z) in buckets:
+        if merged and merged[-1][0] == tile:
+            merged[-1] = (tile, (merged[-1][1][0], z))
+        else:
+            merged.append((tile, (a, z)))
+    if len(merged) == 1 and first == 1:
+        return [(merged[0][0], None)]
+    return merged
 
 
 def wgmma_gemm(p: LinearParams, target: GpuTarget, split: bool, simt: bool) -> bool:
@@ -1436,7 +1534,8 @@ GEMVM_WARPS = 8  # warps per block, splitting K between them over the block's 16
 # (bench_smallm.py, session 8: 32 layers of the 8B qkv, o, gate/up and down as one graph, ms)
 # with the geometries below against the wgmma GEMMs: 8 rows 4.15 / 6.63, 16 rows 4.45 / 6.74,
 # 32 rows 5.42 / 6.91; at 64 rows the GEMMs' 7.11 beat any GEMV mix (7.23; down 83 us a layer
-# on the GEMM, 140 on the best GEMV).
+# on the GEMM, 140 on the best GEMV). Shapes with a short wgmma tile listed at 32 tokens
+# (WGMMA_SHORT: session 10's 64-token tiles) take the GEMM from 17 rows.
 BATCH_GEMV_ROWS = 32
 # Linears with this many weight rows or more (LM heads) keep the batch GEMV to 8-row steps: at
 # 16-64 rows the wgmma GEMM streams the 8B head at 4.0 TB/s (bench_batch_gemv.py profile, 32

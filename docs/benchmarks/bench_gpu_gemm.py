@@ -20,12 +20,20 @@ ffn_gate_inp in float32): the SIMT kernel (linear_gemm) against the float32 GEMM
 its _stats (with the norm) and, split, its _sum pass (and the GEMM launch alone); checked against
 float64 and timed as above; beside them torch's float32 matmul (cuBLAS SGEMM, TF32 off: no
 norm).
+
+Short steps (the batch steps' 32 and 64 rows) stream W: there TB/s of weight bytes counts
+against the device-to-device copy ceiling measured in the same run (bench_gpu.ceilings), and
+--cold rotates each launch over enough copies of W (256 MB and more in all) that no launch finds
+its W in the 50 MB L2 as a model's step would not. --best FILE writes the fastest variant per
+shape and step size as HIPC_WGMMA_SHORT reads it (linear.wgmma_short). The shape "head" is the
+8B LM head (128256 rows, norm prologue).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +61,9 @@ SHAPES = {  # name: N weight rows, K, epilogue, norm
     "o": (H, H, "residual", False),
     "gate_up": (2 * F, H, "glu", True),
     "down": (H, F, "residual", False),
+    "head": (128256, H, "none", True),
 }
+COLD_BYTES = 256 << 20  # W copies per launch rotation with --cold: five times the L2
 
 # --f32: name: N weight rows (experts + the shared expert's gate), K, norm prologue. The
 # hybrid's router has none (its norm's output is also the experts' input: not fused).
@@ -103,7 +113,7 @@ class Events:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="512,4096")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default="qkv,o,gate_up,down")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
@@ -114,6 +124,8 @@ def main() -> None:
     ap.add_argument("--f32", action="store_true", help="float32 weights: F32_SHAPES")
     ap.add_argument("--cache", type=Path, help="code objects by source hash (tests/gpu_kernels)")
     ap.add_argument("--build-only", metavar="ARCH", help="fill --cache for ARCH (no GPU) and exit")
+    ap.add_argument("--cold", action="store_true", help="W from memory every launch (copies)")
+    ap.add_argument("--best", type=Path, help="write the fastest wgmma variants (JSON)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from gpu_kernels import compiled
@@ -167,6 +179,10 @@ def main() -> None:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_gpu import ceilings
+
+    copy_bw = ceilings()["copy_bytes_per_s"]
     modules = {name: d._call("cuModuleLoadData", image) for name, image in images.items()}
     fns = {}
     for (name, _), g in kernels.items():
@@ -193,8 +209,12 @@ def main() -> None:
     ceiling = 2 * 8192**3 * 20 / (s.elapsed_time(e) / 1e3)
     del a, b
     rows = [f"bf16 matrix ceiling (torch 8192^3): {ceiling / 1e12:.0f} TFLOP/s", ""]
-    rows.append("| shape | T | variant | us | TFLOP/s | % ceiling | rel err | same |")
-    rows.append("|---|---|---|---|---|---|---|---|")
+    rows[-1:-1] = [f"copy ceiling (device to device): {copy_bw / 1e12:.2f} TB/s"]
+    rows.append(
+        "| shape | T | variant | us | TFLOP/s | % ceiling | W TB/s | % copy | rel err | same |"
+    )
+    rows.append("|---|---|---|---|---|---|---|---|---|---|")
+    best: dict[str, dict[str, tuple[float, str]]] = {}
 
     def ptr(t) -> int:
         return t.data_ptr()
@@ -207,6 +227,9 @@ def main() -> None:
             g_ = torch.Generator(device="cuda").manual_seed(T + N)
             x = torch.randn(T, K, device="cuda", generator=g_)
             w = (0.02 * torch.randn(N, K, device="cuda", generator=g_)).to(torch.bfloat16)
+            # --cold: the launches rotate over copies of W (the first is w itself)
+            copies = [w] + [w.clone() for _ in range(-(-COLD_BYTES // (2 * N * K)) - 1)]
+            copies = copies if args.cold else [w]
             gw = 1 + 0.1 * torch.randn(K, device="cuda", generator=g_)
             res = torch.randn(T, n_out, device="cuda", generator=g_)
             xn = x * torch.rsqrt((x * x).mean(1, keepdim=True) + 1e-5) * gw if norm else x
@@ -219,12 +242,12 @@ def main() -> None:
             yb = torch.empty(T, n_out, dtype=torch.bfloat16, device="cuda")
             xb = torch.empty(T, K, dtype=torch.bfloat16, device="cuda")
             inv = torch.empty(T, device="cuda")
-            flops = 2 * T * N * K
+            flops, wbytes = 2 * T * N * K, 2 * N * K
             torch.cuda.synchronize()
             for (sname, v), g in kernels.items():
                 if sname != name:
                     continue
-                launches = []
+                launches, rotation = [], []
                 if g.template == "linear_wgmma":
                     bm, bn, cm = g.ctx["bm"], g.ctx["bn"], g.ctx["cm"]
                     tile = next(
@@ -232,17 +255,21 @@ def main() -> None:
                     )
                     out = yb if g.ctx["y_bf16"] else y
                     xmap = d.tensor_map(ptr(xb), K, T, 64, bm // cm)
-                    wmap = d.tensor_map(ptr(w), K, N, 64, bn // 2)
                     a1 = PackedArgs(
                         [("u64", ptr(x)), ("u64", ptr(gw) if norm else 0), ("u64", ptr(xb))]
                     )
-                    launches.append((fns[g.fn + "_xb"], (T, 1, 1), (256, 1, 1), 0, a1, False))
-                    a2 = PackedArgs(
-                        [("tmap", xmap), ("tmap", wmap), ("i32", T), ("u64", 0),
-                         ("u64", ptr(y) if ep == "residual" else 0), ("u64", ptr(out))]
-                    )  # fmt: skip
                     grid = tile.grid(T, n_out, ep == "glu")
-                    launches.append((fns[g.fn], grid, (g.threads, 1, 1), g.shared, a2, tile.pdl))
+                    for wc in copies:
+                        wmap = d.tensor_map(ptr(wc), K, N, 64, bn // 2)
+                        a2 = PackedArgs(
+                            [("tmap", xmap), ("tmap", wmap), ("i32", T), ("u64", 0),
+                             ("u64", ptr(y) if ep == "residual" else 0), ("u64", ptr(out))]
+                        )  # fmt: skip
+                        rotation.append([
+                            (fns[g.fn + "_xb"], (T, 1, 1), (256, 1, 1), 0, a1, False),
+                            (fns[g.fn], grid, (g.threads, 1, 1), g.shared, a2, tile.pdl),
+                        ])  # fmt: skip
+                    launches = rotation[0]
                 else:
                     if norm:
                         a1 = PackedArgs([("u64", ptr(x)), ("i32", T), ("u64", ptr(inv))])
@@ -257,7 +284,13 @@ def main() -> None:
                     grid = (-(-n_out // g.block_outputs), -(-T // g.block_tokens), 1)
                     launches.append((fns[g.fn], grid, (g.threads, 1, 1), g.shared, a2, False))
 
-                def run(launches=launches):
+                rotation = rotation or [launches]
+                turn = [0]
+
+                def run(launches=None, rotation=rotation, turn=turn):
+                    if launches is None:  # the next W copy's launches
+                        launches = rotation[turn[0] % len(rotation)]
+                        turn[0] += 1
                     for fn, grid, block, shared, a_, pdl in launches:
                         d.launch(fn, grid, block, shared, a_.address, overlap=pdl)
 
@@ -277,25 +310,33 @@ def main() -> None:
 
                 try:
                     first = once()
+                    turn[0] = 0  # the runs compared: on the first copy (w itself)
                     err = float((first - want).abs().max() / want.abs().max())
                     if torch.isnan(first).any():
                         err = float("nan")
+                    turn[0] = 0
                     same = "yes" if torch.equal(first, once()) else "NO"
                     sec = ev.time(run, args.iters, args.repeats)
                 except DriverError as why:  # a variant the driver refuses: say so, go on
-                    rows.append(f"| {name} | {T} | {v} | failed: {why} | | | | |")
+                    rows.append(f"| {name} | {T} | {v} | failed: {why} | | | | | | |")
                     log(rows[-1])
                     continue
                 if g.template == "linear_wgmma" and v == WGMMA_TILES[0].name:
                     # the x -> bf16 (+ norm) pre-pass alone: what fusing it away would save
                     xsec = ev.time(lambda xb_=launches[:1]: run(xb_), args.iters, args.repeats)
-                    rows.append(f"| {name} | {T} | _xb alone | {xsec * 1e6:.1f} | | | | |")
+                    rows.append(f"| {name} | {T} | _xb alone | {xsec * 1e6:.1f} | | | | | | |")
                     log(rows[-1])
                 mark = "*" if v == chosen.name else ""
                 rows.append(
                     f"| {name} | {T} | {v}{mark} | {sec * 1e6:.1f} | {flops / sec / 1e12:.0f} | "
-                    f"{100 * flops / sec / ceiling:.0f} | {err:.1e} | {same} |"
+                    f"{100 * flops / sec / ceiling:.0f} | {wbytes / sec / 1e12:.2f} | "
+                    f"{100 * wbytes / sec / copy_bw:.0f} | {err:.1e} | {same} |"
                 )
+                # the fastest correct variant (a model's output: the _yb form of a GLU)
+                key, fast = f"{N},{K},{ep}", best.setdefault(f"{N},{K},{ep}", {})
+                ok = err <= 1e-2 and same == "yes" and (ep != "glu" or v.endswith("_yb"))
+                if g.template == "linear_wgmma" and ok and sec < fast.get(str(T), (1e9, ""))[0]:
+                    best[key][str(T)] = (sec, v.removesuffix("_yb"))
                 log(rows[-1])
             # cuBLAS: the bare product, bf16 in and out
             xb16 = xn.to(torch.bfloat16)
@@ -309,15 +350,19 @@ def main() -> None:
             sec = s.elapsed_time(e) / 1e3 / (args.iters * args.repeats)
             rows.append(
                 f"| {name} | {T} | cuBLAS (torch) | {sec * 1e6:.1f} | {flops / sec / 1e12:.0f} | "
-                f"{100 * flops / sec / ceiling:.0f} | | |"
+                f"{100 * flops / sec / ceiling:.0f} | {wbytes / sec / 1e12:.2f} | "
+                f"{100 * wbytes / sec / copy_bw:.0f} | | |"
             )
             log(rows[-1])
-            del x, w, y, yb, xb, res, want, acc, xn
+            del x, w, y, yb, xb, res, want, acc, xn, copies
             torch.cuda.empty_cache()
     table = "\n".join(rows)
     print(table)
     if args.out:
         args.out.write_text(table + "\n")
+    if args.best:
+        pick = {k: {t: v for t, (_, v) in by_t.items()} for k, by_t in best.items()}
+        args.best.write_text(json.dumps(pick, indent=1) + "\n")
 
 
 def f32_main(args, d, arch: str, tokens: list[int], compiled) -> None:

@@ -749,3 +749,109 @@ def test_batch_attention_splits_and_forms():
     assert batch_attention("a", params(8, 2, 12), target, ["x"], 64, "bfloat16", 1) is None
     assert batch_attention("a", params(8, 2, 512), target, ["x"], 64, "bfloat16", 1) is None
     assert batch_attention("a", params(9, 3, 64), target, ["x"], 64, "bfloat16", 4) is not None
+
+
+def test_short_steps_take_their_measured_wgmma_tiles(monkeypatch, tmp_path):
+    """The 8B shapes' batch steps (32 and 64 tokens) on the 64-token tiles bench_gpu_gemm.py
+    measured fastest (WGMMA_SHORT), their 512+-token steps on the tiles they had; a shape's
+    steps up to each listed size on that size's tile (17-32 tokens on the 32-token one, 33-64 on
+    the 64-token one), tiles equal to their neighbour's one launch, quantized steps (from
+    DEQUANT_MIN_TOKENS) never on them; unlisted shapes as before; HIPC_WGMMA_SHORT's file in
+    place of the table."""
+    import json
+
+    from hipc.compiler.kernels import linear
+    from hipc.compiler.kernels.linear import LinearParams, select_wgmma, wgmma_buckets
+
+    shapes = {  # N, K, epilogue: the short tile; {tokens: the tile before, unchanged}
+        "qkv": (6144, 4096, "none", "wg64x96k2", {512: "wg128x192", 4096: "wg128x256"}),
+        "o": (4096, 4096, "residual", "wg64x192k4p", {512: "wg128x128", 4096: "wg128x256c2p"}),
+        "gate_up": (28672, 4096, "glu", "wg64x224p", {512: "wg128x192", 4096: "wg128x256"}),
+        "down": (4096, 14336, "residual", "wg64x192k4p", {512: "wg128x128", 4096: "wg128x256"}),
+    }
+    names = lambda buckets: [(t.name, r) for t, r in buckets]  # noqa: E731
+    for name, (N, K, ep, short, long) in shapes.items():
+        p = LinearParams("bfloat16", N, K, 0.0, ep, False)
+        for tokens in (1, 17, 32, 37, 64):
+            assert select_wgmma(p, tokens).name == short, (name, tokens)
+        for tokens, want in long.items():
+            assert select_wgmma(p, tokens).name == want, (name, tokens)
+        assert select_wgmma(p, 65).name == long[512], name
+        assert names(wgmma_buckets(p, 1, 4096)) == [
+            (short, (1, 64)),
+            (long[512], (65, 1024)),
+            (long[4096], (1025, 4096)),
+        ], name
+        assert names(wgmma_buckets(p, 128, 4096)) == [
+            (long[512], (128, 1024)),
+            (long[4096], (1025, 4096)),
+        ], name
+    head = LinearParams("bfloat16", 128256, 4096, 1e-5, "none", False)
+    assert select_wgmma(head, 64).name == "wg64x256p"
+    assert select_wgmma(head, 512).name == "wg128x256"  # the wave model's, as before
+
+    # different tiles at 32 and 64 tokens: a launch each
+    down = LinearParams("bfloat16", 4096, 14336, 0.0, "residual", False)
+    monkeypatch.setitem(linear.WGMMA_SHORT, (4096, 14336, "residual"),
+                        {32: "wg64x128k4", 64: "wg64x256k8"})  # fmt: skip
+    assert [select_wgmma(down, t).name for t in (1, 32, 33, 64)] == [
+        "wg64x128k4", "wg64x128k4", "wg64x256k8", "wg64x256k8"]  # fmt: skip
+    assert names(wgmma_buckets(down, 1, 4096))[:2] == [
+        ("wg64x128k4", (1, 32)),
+        ("wg64x256k8", (33, 64)),
+    ]
+    assert names(wgmma_buckets(down, 1, 48)) == [("wg64x128k4", (1, 32)), ("wg64x256k8", (33, 48))]
+    # an unlisted shape (SmolLM2's gate/up): one tile for every step up to SHORT_STEP
+    smol = LinearParams("bfloat16", 3072, 576, 0.0, "glu", False)
+    assert names(wgmma_buckets(smol, 1, 512)) == [("wg128x128", None)]
+    assert select_wgmma(smol, 64).name == "wg128x128"
+    # the benchmarks' override: a JSON file of entries in place of the table
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps({"3072,576,glu": {"64": "wg64x224p"}}))
+    monkeypatch.setenv("HIPC_WGMMA_SHORT", str(path))
+    assert select_wgmma(smol, 64).name == "wg64x224p"
+    assert select_wgmma(down, 32).name == "wg128x128"  # not in the file: the 512 tile
+
+
+def test_short_wgmma_tiles_in_the_batch_plan(tmp_path, monkeypatch):
+    """The plan for a listed shape: the batch step's GEMM above the batch GEMV and prefill steps
+    of up to 64 tokens run the short tile with its K split over a cluster (grid z,
+    __cluster_dims__); steps of 65 tokens and more keep the 512-token tile. Listed at 32 tokens
+    too, the linear takes 17-32-row batch steps off the GEMV, and so does the GLU linear whose
+    bf16 output it reads (that GEMM writes bf16 where the GEMV would read float32)."""
+    from hipc.base.launch_plan import Launch
+    from hipc.compiler.kernels import linear
+
+    def down(launches: list[Launch], T: int, kind: str = "_wg") -> list[str]:
+        # the tiny model's down projection (32 outputs, K = 128) at T tokens: its kernels' tiles
+        return [
+            x.kernel.rsplit("_", 1)[1]
+            for x in launches
+            if x.runs_at(T) and "_32x128_residual_" in x.kernel and kind in x.kernel
+        ]
+
+    for sizes in ({64: "wg64x64k2"}, {32: "wg64x64k2", 64: "wg64x64k2"}):
+        monkeypatch.setitem(linear.WGMMA_SHORT, (32, 128, "residual"), sizes)
+        work = tmp_path / str(len(sizes))
+        folder = write_tiny_hf(  # 256-token steps: a longer context
+            work / "m", dtype="bfloat16", intermediate_size=128, max_position_embeddings=256
+        )
+        program = _sm90_program(folder, work)
+        steps = program.plan["steps"]
+        batch = [Launch.from_json(x) for x in steps["batch"]]
+        prefill = [Launch.from_json(x) for x in steps["prefill"]]
+        assert down(batch, 33) == down(batch, 64) == ["wg64x64k2"] * 2  # one per layer
+        assert down(prefill, 37) == down(prefill, 64) == ["wg64x64k2"] * 2
+        assert down(prefill, 65) == down(prefill, 256) == ["wg128x128"] * 2  # the wave model's
+        k2 = [x for x in batch if x.runs_at(64) and x.kernel.endswith("_wg64x64k2")]
+        assert [x.grid for x in k2] == [("cdiv(T,64)", 1, 2)] * 2  # one output block, K in two
+        assert "__cluster_dims__(1, 1, 2)" in program.source
+        assert down(batch, 16, "_gemvm") == ["gemvm2"] * 2
+        if 32 in sizes:  # 17-32 rows: the GEMM, gate/up's too (unlisted: its one tile)
+            assert down(batch, 17) == down(batch, 32) == ["wg64x64k2"] * 2
+            assert not down(batch, 32, "_gemvm")
+            glu = [x.kernel for x in batch if x.runs_at(17) and "_glu_" in x.kernel]
+            assert glu == [x.kernel for x in batch if x.runs_at(64) and "_glu_" in x.kernel]
+            assert len(glu) == 4 and all("_wg128x128_yb" in n for n in glu), glu  # +_xb
+        else:
+            assert not down(batch, 32) and down(batch, 32, "_gemvm") == ["gemvm4"] * 2

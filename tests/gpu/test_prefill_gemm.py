@@ -7,7 +7,7 @@ arch's toolchain, and they are launched through the backends' driver layer with
 gpu_common.PackedArgs: no model, no plan. The cases cover partial tiles in T and N, K that is
 and is not a multiple of the K slice (576, 1536, 4096; 48, 200, 4160), and every epilogue, for
 every kernel a bf16 linear may prefill on: the sm_90a wgmma GEMM (each tile of WGMMA_TILES and
-each variant of WGMMA_VARIANTS -- x or W multicast, K split in two, the launch
+each variant of WGMMA_VARIANTS -- x or W multicast, K split 2 to 8 ways, the launch
 overlapping _xb --, x through its _xb kernel and tensor maps), the mma GEMM with bf16
 activations and with the hi + lo split, and, as a control, the SIMT one on the same data. The
 K-split variants are also run twice on the same input: the two outputs must be equal bit for bit
@@ -71,16 +71,18 @@ def _params(case) -> LinearParams:
 
 
 class Kernels(DeviceKernels):
-    """Every case's kernels (matrix-instruction and SIMT) in one code object."""
+    """Every case's kernels (matrix-instruction and SIMT; `variants`: VARIANTS' form) in one
+    code object."""
 
-    def __init__(self, cases: dict) -> None:
+    def __init__(self, cases: dict, variants: dict = VARIANTS) -> None:
         self.gemms = {}
+        self.variants = variants
 
         def build(arch):
             target = GpuTarget(arch)
             for i, (name, case) in enumerate(cases.items()):
                 p = _params(case)
-                for v, (simt, split, tile) in VARIANTS.items():
+                for v, (simt, split, tile) in variants.items():
                     if tile is not None and not wgmma_gemm(p, target, False, False):
                         continue
                     # sm_90's bf16 linears prefill on wgmma; its mma kernel (sm_80/89's) is the
@@ -159,7 +161,7 @@ class Kernels(DeviceKernels):
             args = PackedArgs([("u64", bufs["x"]), ("u64", bufs["g"]), ("u64", bufs["xb"])])
             out.append((self.function(f"{g.fn}_xb"), (T, 1, 1), (256, 1, 1), 0, args, False))
             bm, bn, cm = g.ctx["bm"], g.ctx["bn"], g.ctx["cm"]
-            tile = VARIANTS[variant][2]
+            tile = self.variants[variant][2]
             xmap = self.d.tensor_map(bufs["xb"], K, T, 64, bm // cm)
             wmap = self.d.tensor_map(bufs["w"], K, N, 64, bn // 2)
             ptrs = [bufs["b"], res, bufs["y"]]
