@@ -103,9 +103,10 @@ def chunk_kernels(
 ) -> tuple[GpuKernel, DeltaNetParams]:
     """Case `name`'s chunked prefill kernels (CHUNKED's chunk) as compiler/kernels/deltanet.py
     renders them, and their parameters; `mma` as chunk_mma says, `scan_mma` _scan on it too
-    (each suffixing the name; None: as compiled, deltanet.scan_on_mma)."""
+    (each suffixing the name unless None: as compiled, deltanet.scan_on_mma)."""
     p = params(CASES[name], CHUNKED[name][0])
-    fn = f"dnc_{name}" + ("_mma" if mma else "") + ("_scan" if scan_mma else "")
+    scan = {None: "", True: "_scan", False: "_simtscan"}[scan_mma]
+    fn = f"dnc_{name}" + ("_mma" if mma else "") + scan
     return gpu_chunk_kernel(fn, p, wave, [name], mma, scan_mma=scan_mma), p
 
 

@@ -156,3 +156,14 @@ def test_one_sequence_in_another_slot_on_the_host(kernels, name, path):
 @pytest.mark.parametrize(("name", "T"), [("grouped_odd", 37), ("next_packed_f16", 16)])
 def test_chunked_and_serial_kernels_agree_on_the_host(kernels, name, T, path):
     check_forms(kernels, name, T, kernels.on(path, name))
+
+
+def test_device_specs_name_each_kernel_once():
+    """tests/gpu/test_deltanet_gpu.py compiles every path's kernels into one code object: each
+    path (as compiled, SIMT, _solve alone on mma, _scan on it too) needs names of its own."""
+    from deltanet_cases import device_specs
+
+    specs, _, paths = device_specs("sm_90")
+    names = [fn for fn, *_ in specs]
+    assert len(names) == len(set(names))
+    assert all(paths[p] for p in ("target", "simt", "mma_solve", "mma_scan"))
