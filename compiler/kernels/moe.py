@@ -180,11 +180,14 @@ _NV_SHORT = {
 }
 MOE_SHORT_TILES = dict.fromkeys(("sm_80", "sm_89", "sm_90"), _NV_SHORT)
 # The heights compiled models take, each for the steps whose average expert has at most half
-# its rows (tile_ranges). On the H200 (bench_gpu_moe_prefill.py, Q4_0 experts, x in bf16,
-# session 10), one layer's chain at 512 tokens: Qwen3.5-35B (16 rows an expert) 1,124 us on
-# 32-row tiles, 1,316 on 64, 1,364 on 16; Qwen3-30B (32 rows an expert) 1,069 on 64, 1,196 on
-# 32; at 4,096 tokens 64 rows won both by 23-30%. The 16-row tile lost everywhere it was timed.
-MOE_SHORT_ROWS = (32,)
+# its rows (tile_rows). None by default: on the H200 the kernels alone (bench_gpu_moe_prefill.py,
+# Q4_0 experts, x in bf16, session 10) favoured 32-row tiles where the average expert has 16 rows
+# (Qwen3.5-35B at 512 tokens: one layer's chain 1,124 us against 1,316 on 64 rows; Qwen3-30B at
+# 512, 32 rows an expert: 1,196 against 1,069), but in the compiled Qwen3.5-35B shape the experts'
+# gate/up took 21.1 ms per 512-token step on 32-row tiles against 17.9 on 64-row ones (the
+# per-kernel profile of bench_gpu_hybrid.py, two calls), so the 64-row tile stays. The 16-row
+# tile lost everywhere it was timed.
+MOE_SHORT_ROWS: tuple[int, ...] = ()
 # HIPC_MOE_SHORT_TILES=1 compiles every height of MOE_SHORT_TILES (experiments), =0 none
 SHORT_TILES_ENV = "HIPC_MOE_SHORT_TILES"
 

@@ -185,12 +185,17 @@ def check(lib, name, rows, T, skew, split):
 
 
 def test_tile_rows_follow_the_rows_per_expert(monkeypatch):
-    """By default NVIDIA takes the 32-row tile for steps whose average expert fills at most
-    half of it (Qwen3.5-35B at 512 tokens: 16 rows an expert; not Qwen3-30B's 32); many rows
-    keep the 64-row tile; AMD keeps it always. Opted in, every height (16-row tiles for the
-    shortest steps); opted out, 64 rows everywhere."""
+    """By default 64 rows everywhere (MOE_SHORT_ROWS empty); a height listed there is taken on
+    NVIDIA for steps whose average expert fills at most half of it (32 rows: Qwen3.5-35B at 512
+    tokens, 16 rows an expert; not Qwen3-30B's 32), many rows keeping the 64-row tile and AMD
+    keeping it always. Opted in (HIPC_MOE_SHORT_TILES=1), every height (16-row tiles for the
+    shortest steps); opted out (=0), none."""
+    from hipc.compiler.kernels import moe
+
     p30 = MoEParams("q4_0", 128, 8, 2048, 768, True, False, True)
     p35 = MoEParams("q4_0", 256, 8, 2048, 512, True, False, True)
+    assert tile_rows(512, p35, "sm_90") == tile_rows(64, p35, "sm_90") == TILE
+    monkeypatch.setattr(moe, "MOE_SHORT_ROWS", (32,))
     assert tile_rows(512, p35, "sm_90") == 32
     assert tile_rows(513, p35, "sm_90") == TILE
     assert tile_rows(512, p30, "sm_90") == TILE
