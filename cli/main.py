@@ -557,7 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="tokens per forward step: longer prompts are prefilled in chunks of N "
-        "(default 256 for cpu, 2048 for GPUs)",
+        "(default 256 for cpu, 2048 for GPUs, at most --max-context; a larger N lets a "
+        "served batch prefill several prompts in one step)",
     )
     # NOTE: the old spelling, easy to mistake for generate's --max-tokens; kept working
     sp.add_argument("--max-tokens", dest="old_max_tokens", type=int, help=argparse.SUPPRESS)

@@ -104,7 +104,13 @@ class CompileOptions:
         return "gguf" if "cpu" in self.targets else "split"
 
     def resolved_max_tokens(self, max_context: int) -> int:
-        return min(self.max_tokens or min(DEFAULT_MAX_TOKENS[t] for t in self.targets), max_context)
+        """Rows a forward step holds. The default is the targets' step, at most the context
+        (one sequence's prompt never needs more); an explicit --prefill-chunk is kept above
+        the context too, since a batched step holds rows of many sequences (the prompts of
+        clients joining at once prefill together)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return min(min(DEFAULT_MAX_TOKENS[t] for t in self.targets), max_context)
 
     def to_json(self) -> dict:
         return asdict(self)

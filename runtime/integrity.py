@@ -169,8 +169,13 @@ def check_plan(
     max_context = _int(f"{where}: max_context", plan.get("max_context"))
     max_tokens = _int(f"{where}: max_tokens", plan.get("max_tokens"))
     vocab = _int(f"{where}: vocab_size", plan.get("vocab_size"))
-    if max_tokens > max_context:
-        raise HipcError(f"{where}: max_tokens {max_tokens} exceeds max_context {max_context}")
+    # a step may hold more rows than one context (several sequences' prompts at once), up
+    # to the compiler's --prefill-chunk bound
+    if not 1 <= max_tokens <= 8192 or max_context < 2:
+        raise HipcError(
+            f"{where}: max_tokens {max_tokens} / max_context {max_context} out of range "
+            "(1..8192 tokens a step, a context of 2 or more)"
+        )
 
     specs = plan.get("weights")
     if not isinstance(specs, list):

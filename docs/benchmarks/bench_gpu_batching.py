@@ -7,7 +7,10 @@ Run on the GPU machine (issue 13's speed goal):
         [--work /tmp/hipc-bench] [--out $OUT/gpu-batching.md]
 
 1. bench_gpu.py's random bf16 model of --shape (l8: Llama-3-8B) with a word-level tokenizer
-   of its vocabulary, compiled for --target with --max-context prompt + gen (rounded up).
+   of its vocabulary, compiled for --target with --max-context prompt + gen (rounded up, to
+   keep the KV pool small) and --prefill-chunk (default 2048: the GPU step of any model
+   compiled with a context of 2048 or more; without it this short context would cap each
+   step, and so the prompts prefilled beside the decode rows, at prompt + gen rows).
 2. The one-sequence decode loop in this process (`forward()` per token, as bench_gpu.py
    times it: the batch-1 path, the same graph as before batching) for reference.
 3. `hipc serve` with --max-batch the most clients, a KV pool of that many contexts.
@@ -91,7 +94,7 @@ def prepare(args) -> Path:
     if args.layers:
         shape[3] = args.layers
         bench_gpu.SHAPES[args.shape] = tuple(shape)
-    name = f"{args.shape}-{args.layers or 'all'}"
+    name = f"{args.shape}-{args.layers or 'all'}-p{args.prefill_chunk}"
     folder, artifact = args.work / name, args.work / f"{name}-{args.target}-batch.hipc"
     if artifact.exists():
         return artifact
@@ -102,6 +105,7 @@ def prepare(args) -> Path:
     t = time.perf_counter()
     cmd = [sys.executable, "-m", "hipc.cli.main", "compile", str(folder), "--target", args.target]
     cmd += ["-o", str(artifact), "-q", "--max-context", str(args.context)]
+    cmd += ["--prefill-chunk", str(args.prefill_chunk)]
     subprocess.run(cmd, check=True)
     log(f"{name}: compiled in {time.perf_counter() - t:.0f} s")
     for f in folder.glob("*.safetensors"):
@@ -331,6 +335,9 @@ def main() -> int:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument(
+        "--prefill-chunk", type=int, default=2048, help="rows a step holds (hipc compile's)"
+    )
     ap.add_argument("--work", type=Path, default=Path("/tmp/hipc-bench"))
     ap.add_argument(
         "--llamacpp-bin", type=Path, default=None, help="folder with llama-batched-bench"

@@ -177,3 +177,34 @@ def test_overlapped_steps_give_the_lone_tokens_and_keep_blocks_until_collected(e
     for i in (0, 2, 4):
         assert_same(got[i], alone(engine, i), artifact[1])
     assert_pool_full(be)
+
+
+def test_a_step_wider_than_the_context_prefills_several_prompts_at_once(tmp_path):
+    """--prefill-chunk above --max-context: one step holds the prompts of several joining
+    sequences (a served batch's clients arriving together), each as it is alone."""
+    src = write_tiny_hf(tmp_path / "src", hidden_size=64, intermediate_size=128,
+                        num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=32)  # fmt: skip
+    out = tmp_path / "wide.hipc"
+    compile_model(src, out, CompileOptions(max_context=32, max_tokens=96), verbose=False)
+    eng = load_engine(out, target="cpu", threads=1, kv_pool_tokens=4 * 32)
+    try:
+        assert eng.backend.max_tokens == 96
+        prompts = [[int(t) for t in RNG.integers(0, 97, 20)] for _ in range(4)]
+        new = [6, 6, 6, 6]
+        want = [
+            run(BatchEngine(eng, max_batch=4), [0], [n], [p])[0]
+            for p, n in zip(prompts, new, strict=True)
+        ]
+        be = BatchEngine(eng, max_batch=4)
+        got = run(be, [0, 0, 0, 0], new, prompts)
+        # the four prompts (80 rows) in the first step, then one decode step per token
+        assert be.steps == max(new)
+        for i, w in enumerate(want):
+            g = got[i]
+            assert g[0] == w[0]
+            for a, b in zip(g[1], w[1], strict=True):
+                np.testing.assert_array_equal(a, b)
+        assert_pool_full(be)
+    finally:
+        eng.close()
