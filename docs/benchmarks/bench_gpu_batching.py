@@ -25,6 +25,9 @@ Run on the GPU machine (issue 13's speed goal):
    llama-batched-bench's setting, C sequences generating together with no prompt being
    processed beside them; the aggregate's span adds the staggered start (the other
    clients' prompts prefilled between decode steps) and the tail (a shrinking batch).
+   Step wait / host gap, per engine step, from the server's /metrics: how long the engine
+   thread waited for each step in flight, and its host time from collecting a step to
+   submitting the next (the device idles that long between steps).
 5. With --llamacpp-bin DIR (llama-batched-bench there) and --peers DIR (mkgguf.py): an F16 GGUF
    of the same shape and `llama-batched-bench -npp PROMPT -ntg GEN -npl C1,C2,...` (its
    speed_tg: generated tokens / generation time over all C sequences).
@@ -195,17 +198,25 @@ def stream(port: int, prompt: list[int], gen: int, out: dict) -> None:
     out["times"], out["usage"] = times, usage
 
 
-def batch_steps(port: int) -> tuple[float, float]:
-    """(sum, count) of the server's hipc_batch_size histogram: sequences per engine step."""
+SCRAPED = ("hipc_batch_size", "hipc_step_wait_seconds", "hipc_step_gap_seconds")
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The server's step histograms' sums and counts: sequences per engine step, the engine
+    thread's wait for each step in flight, and its host time from collecting a step to
+    submitting the next (the device idle between steps)."""
     conn = http.client.HTTPConnection(HOST, port, timeout=30)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
-    total = re.search(r"^hipc_batch_size_sum ([0-9.e+]+)", text, re.M)
-    count = re.search(r"^hipc_batch_size_count ([0-9.e+]+)", text, re.M)
-    if not total or not count:
-        sys.exit("/metrics has no hipc_batch_size histogram: is the server batching?")
-    return float(total.group(1)), float(count.group(1))
+    out = {}
+    for name in SCRAPED:
+        for part in ("sum", "count"):
+            m = re.search(rf"^{name}_{part} ([0-9.e+-]+)", text, re.M)
+            if not m:
+                sys.exit(f"/metrics has no {name} histogram: is the server batching?")
+            out[f"{name}_{part}"] = float(m.group(1))
+    return out
 
 
 def pct(values: list[float], q: float) -> float:
@@ -221,14 +232,14 @@ def run_clients(port: int, clients: int, args, seed: int) -> dict:
         threading.Thread(target=stream, args=(port, p, args.gen, o))
         for p, o in zip(prompts, outs, strict=True)
     ]
-    steps0 = batch_steps(port)
+    m0 = scrape(port)
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    steps1 = batch_steps(port)
+    m1 = scrape(port)
     errors = [o.get("error", "no tokens") for o in outs if "error" in o or not o.get("times")]
     if errors:
         return {"clients": clients, "errors": errors}
@@ -237,7 +248,13 @@ def run_clients(port: int, clients: int, args, seed: int) -> dict:
     last = max(o["times"][-1] for o in outs)
     decode_tokens = sum(len(o["times"]) - 1 for o in outs)
     gaps = [b - a for o in outs for a, b in zip(o["times"], o["times"][1:], strict=False)]
-    n_steps = steps1[1] - steps0[1]
+    d = {k: m1[k] - m0[k] for k in m0}
+    n_steps = d["hipc_batch_size_count"]
+
+    def per_step(name: str) -> float:
+        count = d[f"{name}_count"]
+        return 1e3 * d[f"{name}_sum"] / count if count else 0.0
+
     # the window where all `clients` streams decode: llama-batched-bench's steady state
     a = max(o["times"][0] for o in outs)
     b = min(o["times"][-1] for o in outs)
@@ -253,7 +270,9 @@ def run_clients(port: int, clients: int, args, seed: int) -> dict:
         "itl_p50_ms": 1e3 * pct(gaps, 50),
         "itl_p95_ms": 1e3 * pct(gaps, 95),
         # prefill chunks count as steps too: a little under `clients` when all batch
-        "rows_per_step": (steps1[0] - steps0[0]) / n_steps if n_steps else 0.0,
+        "rows_per_step": d["hipc_batch_size_sum"] / n_steps if n_steps else 0.0,
+        "wait_ms": per_step("hipc_step_wait_seconds"),
+        "gap_ms": per_step("hipc_step_gap_seconds"),
     }
 
 
@@ -301,14 +320,15 @@ def table(rows: list[dict], peer: dict[int, float]) -> str:
     lines = [
         "| clients | decode tok/s (aggregate) | x batch-1 | all decoding tok/s "
         "| end-to-end tok/s | TTFT p50 s | inter-token p50 / p95 ms | rows per step "
-        "| llama-batched-bench tok/s | hipc / llama.cpp (aggregate / all decoding) |",
-        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| step wait / host gap ms | llama-batched-bench tok/s "
+        "| hipc / llama.cpp (aggregate / all decoding) |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---:|",
     ]
     for r in rows:
         p = peer.get(r["clients"])
         if "errors" in r:
             lines.append(
-                f"| {r['clients']} | errors: {r['errors'][:2]} | | | | | | | "
+                f"| {r['clients']} | errors: {r['errors'][:2]} | | | | | | | | "
                 f"{f'{p:,.1f}' if p else ''} | |"
             )
             continue
@@ -322,7 +342,8 @@ def table(rows: list[dict], peer: dict[int, float]) -> str:
             f"| {r['clients']} | {r['decode_tok_s']:,.1f} | {ratio} "
             f"| {r['all_decoding_tok_s']:,.1f} | {r['e2e_tok_s']:,.1f} "
             f"| {r['ttft_p50_s']:.3f} | {r['itl_p50_ms']:.2f} / {r['itl_p95_ms']:.2f} "
-            f"| {r['rows_per_step']:.1f} | {vs[0]} | {vs[1]} |"
+            f"| {r['rows_per_step']:.1f} | {r['wait_ms']:.2f} / {r['gap_ms']:.2f} "
+            f"| {vs[0]} | {vs[1]} |"
         )
     return "\n".join(lines)
 

@@ -210,7 +210,9 @@ class BatchScheduler:
                             if self._waiting and not self._active:
                                 self._cv.wait(0.05)
                         continue
+                t0 = time.perf_counter()
                 out = self.batch.collect()
+                collected = time.perf_counter()
                 rows = self.batch.last_batch
                 taken = self._take(out)
                 if self.batch.overlaps:
@@ -218,7 +220,9 @@ class BatchScheduler:
                     # detokenizes, checks stops and streams this step's tokens (and the HTTP
                     # threads write them)
                     self._prepare()
-                    self._submit()
+                    if self._submit():
+                        self.metrics.step_gap.observe(time.perf_counter() - collected)
+                    self.metrics.step_wait.observe(collected - t0)
                 self._publish_step(rows)
                 self._stream(taken)
             except Exception:

@@ -142,6 +142,21 @@ class ServerMetrics:
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
             registry=r,
         )
+        # where a step stays in flight while the host works (a GPU's): how long the engine
+        # thread waited for each step, and its critical path from collecting a step to
+        # submitting the next (the device idles that long): the host's share of a step
+        self.step_wait = Histogram(
+            "hipc_step_wait_seconds",
+            "time the engine thread waited for a step in flight to finish",
+            buckets=(0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.02, 0.05, 0.1, 0.5),
+            registry=r,
+        )
+        self.step_gap = Histogram(
+            "hipc_step_gap_seconds",
+            "host time from collecting a step to submitting the next (the device idle)",
+            buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
+            registry=r,
+        )
         self.kv_blocks_used = Gauge(
             "hipc_kv_blocks_used",
             "KV pool blocks held by sequences",

@@ -4,6 +4,7 @@ sampler; each choice gets what the one-sequence generation loop gives it."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -122,6 +123,7 @@ def test_batched_choices_get_their_lone_tokens(engines, kind, sampled):
         try:
             reqs = requests(engine, sampled)
             got = batched(service, reqs)
+            body = service.metrics.render()[0].decode()
         finally:
             service.close(5)
     finally:
@@ -134,6 +136,10 @@ def test_batched_choices_get_their_lone_tokens(engines, kind, sampled):
         assert (backend.logit_calls > 0) == sampled
     if kind == "overlapped":
         assert backend.submits > 0 and backend.queued is None
+        # every step waited for and every gap to the next submit, in /metrics
+        waits = re.search(r"^hipc_step_wait_seconds_count (\S+)", body, re.M)
+        gaps = re.search(r"^hipc_step_gap_seconds_count (\S+)", body, re.M)
+        assert waits and gaps and 0 < float(gaps.group(1)) < float(waits.group(1)), body[-600:]
 
 
 def test_overlapped_steps_keep_stop_strings_and_return_every_block(engines):
