@@ -15,7 +15,10 @@ the next token. A step is `submit()` then `collect()`: on a backend that `overla
 GPU's submit_step) submit returns at once, so the caller can feed the tokens it has just
 picked, submit the next step and do the rest of the host work (detokenizing, stops,
 streaming) while the device computes; sequences released meanwhile keep their blocks until
-the step in flight is collected. `run_step(top=k)` returns them as one [rows, vocab] array,
+the steps in flight with rows of them are collected. Where the backend `pipelines` and the
+step in flight picks its tokens on the device, `submit(top, ahead=True)` queues the next
+one before that step is collected, its decode rows' ids copied on the device from that
+step's picks; the host feeds each sequence the same token when it collects the step. `run_step(top=k)` returns them as one [rows, vocab] array,
 or, from a backend that picks tokens on the device (`step_top`, `max_top_k` >= k), each
 row's k likeliest ids and logits: what an all-greedy batch needs, rows x k values instead
 of rows x vocab. Blocks come from a KVPool: a sequence is admitted only when every block it
@@ -38,7 +41,7 @@ them one sequence at a time (runtime/server/runner.py).
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -74,9 +77,13 @@ class Sequence:
     cached: int = 0  # prompt positions found in the prefix cache
     quota: int = 0  # blocks promised and not allocated yet
     hashes: list[bytes] = field(default_factory=list)  # of its full prompt blocks
+    published: int = 0  # its blocks offered to the prefix cache
+    last_step: int = -1  # the last step with a row of it (its blocks in use until collected)
 
     @property
     def pending(self) -> int:
+        """Tokens known and not computed yet: -1 while a step ahead computes a token the
+        device picked and the host has not been fed yet."""
         return len(self.tokens) - self.computed
 
 
@@ -88,6 +95,18 @@ def batchable(engine) -> bool:
     if not callable(getattr(backend, "step", None)):
         return False
     return getattr(engine, "prefix_reuse", True) or callable(getattr(backend, "ensure_slots", None))
+
+
+def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(row, source) pairs, rows ascending, as runs (row, source, count) of consecutive rows
+    from consecutive sources: one device copy each."""
+    runs: list[list[int]] = []
+    for row, src in pairs:
+        if runs and runs[-1][0] + runs[-1][2] == row and runs[-1][1] + runs[-1][2] == src:
+            runs[-1][2] += 1
+        else:
+            runs.append([row, src, 1])
+    return [(r, s, n) for r, s, n in runs]
 
 
 class BatchEngine:
@@ -138,8 +157,11 @@ class BatchEngine:
             if callable(submit_step) and callable(getattr(backend, "collect", None))
             else None
         )
-        self._in_flight: StepOut | tuple | None = None  # submitted, not collected
-        self._released: list[Sequence] = []  # released while a step was in flight
+        # submitted and not collected, oldest first, with their step numbers: one step, or
+        # two where one was submitted `ahead` (its decode rows fed on the device)
+        self._in_flight: deque[tuple[int, StepOut | tuple]] = deque()
+        self._collected = 0  # steps collected: a row of step k is done once k < this
+        self._released: list[Sequence] = []  # released while a step with a row of it ran
 
     # -------------------------------------------------------------- admission
 
@@ -181,6 +203,7 @@ class BatchEngine:
         slot = self._slots.pop(0)
         seq = Sequence(next(self._ids), prompt, len(prompt), slot, list(hits))
         seq.computed = seq.cached = len(hits) * self.block
+        seq.published = len(hits)
         seq.quota = need - len(hits)
         seq.hashes = hashes
         self.pool.queried_tokens += len(prompt)
@@ -213,8 +236,10 @@ class BatchEngine:
         return sorted(marks)
 
     def feed(self, seq: Sequence, token: int) -> None:
-        """The token sampled for `seq`: computed (and its logits returned) in the next step."""
-        if seq.pending:
+        """The token sampled for `seq`: computed (and its logits returned) in the next step,
+        or already being computed by a step submitted ahead, which took the device's pick
+        (the same token: ahead steps run only when every sequence decodes greedily)."""
+        if seq.pending > 0:
             raise HipcError("a sequence was fed before its pending tokens were computed")
         if (
             len(seq.tokens) >= self.max_context
@@ -222,14 +247,16 @@ class BatchEngine:
         ):
             raise HipcError("a sequence was fed past the positions it was admitted for")
         seq.tokens.append(int(token))
+        if seq.pending < 1:
+            self._publish(seq)
 
     def release(self, seq: Sequence) -> None:
         """The sequence has ended or was cancelled: its blocks go back to the pool."""
         if seq not in self.running:
             return
         self.running.remove(seq)
-        if self._in_flight is not None:
-            # a row of the step in flight may still write its blocks (a token fed before it
+        if seq.last_step >= self._collected:
+            # a row of a step in flight may still write its blocks (a token fed before it
             # ended): they go back when that step is collected
             self._released.append(seq)
             return
@@ -269,8 +296,23 @@ class BatchEngine:
         return self._submit_step is not None and not self.recurrent
 
     @property
+    def pipelines(self) -> bool:
+        """Whether a step may be submitted `ahead` of the one in flight: a backend that feeds
+        a step's rows from the last step's device picks (`pipelines`: events and device
+        copies). The device then never waits for the host between steps."""
+        return self.overlaps and bool(getattr(self.backend, "pipelines", False))
+
+    @property
+    def can_submit_ahead(self) -> bool:
+        """One step in flight, its tokens picked on the device, and steps ahead possible."""
+        if len(self._in_flight) != 1 or not self.pipelines:
+            return False
+        pending = self._in_flight[0][1]
+        return isinstance(pending, tuple) and bool(pending[1])
+
+    @property
     def in_flight(self) -> bool:
-        return self._in_flight is not None
+        return bool(self._in_flight)
 
     def run_step(self, top: int = 0) -> StepOut:
         """Run one step. The sequences whose tokens are now all computed, in row order, and
@@ -281,33 +323,49 @@ class BatchEngine:
         self.submit(top)
         return self.collect()
 
-    def submit(self, top: int = 0) -> bool:
+    def submit(self, top: int = 0, ahead: bool = False) -> bool:
         """Start one step (run_step's, without waiting where the backend `overlaps`); False
-        when no sequence has a token to compute (nothing is in flight then). Between submit
-        and `collect` sequences may be fed (those whose tokens are all queued), admitted and
-        released (their blocks go back once the step in flight is collected)."""
-        if self._in_flight is not None:
-            raise HipcError("a step is already in flight: collect() it first")
-        planned = self._plan()
+        when no sequence has a token to compute. Between submit and `collect` sequences may
+        be fed (those whose tokens are all queued), admitted and released (their blocks go
+        back once the steps in flight with rows of them are collected).
+
+        `ahead` (where `can_submit_ahead`, with `top`): submitted before the step in flight
+        is collected. Each sequence that step returns a token for decodes on in this one
+        from that token, which the device copies from its own pick (top-1); `collect`
+        returns the two in order, and the host feeds each sequence that same token. A
+        sequence that the earlier step's token ends has its row here computed for nothing."""
+        feed_from = None
+        if self._in_flight:
+            if not ahead:
+                raise HipcError("a step is already in flight: collect() it first")
+            if not self.can_submit_ahead or not 0 < top <= self.tops_on_device:
+                raise HipcError("a step goes ahead only of one picked on the device, with top")
+            feed_from = {s: i for i, s in enumerate(self._in_flight[0][1][0])}
+        planned = self._plan(feed_from)
         if planned is None:
             return False
-        rows, ids, pos, seq_rows, out_rows, wanted = planned
+        rows, ids, pos, seq_rows, out_rows, wanted, feed = planned
         args = (ids, pos, seq_rows, self.tables)
         on_device = 0 < top <= self.tops_on_device
+        serial = self.steps
         if self.overlaps:
+            extra = {"feed": feed} if feed_from is not None else {}
             if wanted:
-                self._submit_step(*args, out_rows, top if on_device else 0)
+                self._submit_step(*args, out_rows, top if on_device else 0, **extra)
             else:  # the entry point writes at least one row of logits: the last, dropped
-                self._submit_step(*args, np.array([len(ids) - 1], np.int32), 0)
-            self._in_flight = (wanted, on_device)
+                self._submit_step(*args, np.array([len(ids) - 1], np.int32), 0, **extra)
+            self._in_flight.append((serial, (wanted, on_device)))
         elif not wanted:
-            self._in_flight = StepOut([], self._step_without_logits(ids, pos, seq_rows))
+            out = StepOut([], self._step_without_logits(ids, pos, seq_rows))
+            self._in_flight.append((serial, out))
         elif on_device:
             top_ids, top_logits = self._step_top(*args, out_rows, top)
-            self._in_flight = StepOut(wanted, None, np.asarray(top_ids), np.asarray(top_logits))
+            out = StepOut(wanted, None, np.asarray(top_ids), np.asarray(top_logits))
+            self._in_flight.append((serial, out))
         else:
-            self._in_flight = StepOut(wanted, self.backend.step(*args, out_rows))
+            self._in_flight.append((serial, StepOut(wanted, self.backend.step(*args, out_rows))))
         for s, n in rows:
+            s.last_step = serial
             marks = self._marks(s, s.computed + n) if self.recurrent else []
             self._computed(s, s.computed + n)
             if marks and marks[-1] == s.computed:
@@ -317,13 +375,14 @@ class BatchEngine:
         return True
 
     def collect(self) -> StepOut:
-        """The step `submit` started (waiting for it where it runs on a device); the
-        sequences released meanwhile give their blocks back now. Empty when none is in
-        flight."""
-        pending = self._in_flight
+        """The oldest step in flight (waiting for it where it runs on a device); the
+        sequences released meanwhile whose rows it ran last give their blocks back now.
+        Empty when none is in flight."""
+        if not self._in_flight:
+            return StepOut([], np.empty((0, self.vocab_size), np.float32))
+        serial, pending = self._in_flight.popleft()
+        done = serial + 1
         try:
-            if pending is None:
-                return StepOut([], np.empty((0, self.vocab_size), np.float32))
             if isinstance(pending, StepOut):
                 return pending
             wanted, on_device = pending
@@ -334,26 +393,43 @@ class BatchEngine:
             if not wanted:
                 return StepOut([], np.empty((0, self.vocab_size), np.float32))
             return StepOut(wanted, logits)
+        except BaseException:
+            # a failed step leaves nothing in flight on the backend: a step ahead of it is
+            # gone too
+            self._in_flight.clear()
+            done = self.steps
+            raise
         finally:
-            # (also when the step failed: the backend has nothing in flight after collect)
-            released, self._released = self._released, []
-            for seq in released:
-                self._free(seq)
-            self._in_flight = None
+            self._collected = done
+            keep = []
+            for seq in self._released:
+                if seq.last_step < done:
+                    self._free(seq)
+                else:
+                    keep.append(seq)
+            self._released = keep
 
-    def _plan(self) -> tuple | None:
+    def _plan(self, feed_from: dict[Sequence, int] | None = None) -> tuple | None:
         """The next step's rows: (rows as (sequence, tokens), ids, positions, sequence rows,
-        out rows, the sequences whose logits it returns), blocks grown for them; None when
-        no sequence has a token to compute."""
+        out rows, the sequences whose logits it returns, feed runs), blocks grown for them;
+        None when no sequence has a token to compute. `feed_from` (a step ahead): the step in
+        flight's returned sequences by out row; those with no token left to compute decode
+        on from its pick, their ids copied on the device: the feed runs (row, out row, count)."""
         rows: list[tuple[Sequence, int]] = []  # (sequence, tokens this step)
+        fed: list[tuple[int, int]] = []  # (row, out row of the step in flight)
         budget = self.step_rows
         prefilling = []
         for s in self.running:
-            if s.pending == 1:
+            pending = s.pending
+            if pending == 1:
                 rows.append((s, 1))
                 budget -= 1
-            elif s.pending > 1:
+            elif pending > 1:
                 prefilling.append(s)
+            elif pending == 0 and feed_from is not None and s in feed_from and self._room(s):
+                fed.append((len(rows), feed_from[s]))
+                rows.append((s, 1))
+                budget -= 1
         for s in prefilling:
             if budget <= 0:
                 break
@@ -366,30 +442,40 @@ class BatchEngine:
             budget -= n
         if not rows:
             return None
+        feed = _runs(fed)
         if not prefilling:
             # every row a decoding sequence's one token (the steady state): no per-token lists
             seqs = [s for s, _ in rows]
             for s in seqs:
                 if s.computed >= len(s.blocks) * self.block:
                     self._grow(s, s.computed + 1)
-            ids = np.fromiter((s.tokens[-1] for s in seqs), np.int64, len(seqs))
+            # a fed row's id is a placeholder: the device writes it
+            ids = np.fromiter((s.tokens[-1] if s.pending else 0 for s in seqs), np.int64, len(seqs))
             pos = np.fromiter((s.computed for s in seqs), np.int32, len(seqs))
             seq_rows = np.fromiter((s.slot for s in seqs), np.int32, len(seqs))
-            return rows, ids, pos, seq_rows, np.arange(len(seqs), dtype=np.int32), seqs
+            out = np.arange(len(seqs), dtype=np.int32)
+            return rows, ids, pos, seq_rows, out, seqs, feed
         ids_l, pos_l, seq_l, out_l, wanted = [], [], [], [], []
         for s, n in rows:
             first = s.computed
             self._grow(s, first + n)
-            ids_l.extend(s.tokens[first : first + n])
+            if s.pending:
+                ids_l.extend(s.tokens[first : first + n])
+            else:
+                ids_l.append(0)  # fed on the device
             pos_l.extend(range(first, first + n))
             seq_l.extend([s.slot] * n)
-            if first + n == len(s.tokens):
+            if first + n >= len(s.tokens):
                 out_l.append(len(ids_l) - 1)
                 wanted.append(s)
         ids = np.array(ids_l, np.int64)
         pos = np.array(pos_l, np.int32)
         seq_rows = np.array(seq_l, np.int32)
-        return rows, ids, pos, seq_rows, np.array(out_l, np.int32), wanted
+        return rows, ids, pos, seq_rows, np.array(out_l, np.int32), wanted, feed
+
+    def _room(self, s: Sequence) -> bool:
+        """Whether s may compute one more position than it has tokens (a fed row)."""
+        return s.computed < min(self.max_context, (len(s.blocks) + s.quota) * self.block)
 
     def _step_without_logits(self, ids, pos, seq_rows) -> np.ndarray:
         # every row is a prefill chunk that does not reach its prompt's end: the entry point
@@ -434,18 +520,25 @@ class BatchEngine:
             s.blocks.append(b)
 
     def _computed(self, s: Sequence, computed: int) -> None:
-        before = s.computed // self.block
         s.computed = computed
-        full = computed // self.block
-        if self.pool.caching and full > before:
-            # the prompt's blocks by their known hashes; blocks past the prompt by the hash
-            # chained over every token fed so far (a chat's earlier reply, sent back as its
-            # next prompt, finds them)
-            if full > len(s.hashes):
-                parent = s.hashes[-1] if s.hashes else b""
-                tail = s.tokens[len(s.hashes) * self.block : full * self.block]
-                s.hashes.extend(block_hashes(tail, self.block, parent))
-            for i in range(before, full):
-                self.pool.publish(s.blocks[i], s.hashes[i])
-                if self._coming.get(s.hashes[i]) is s:
-                    del self._coming[s.hashes[i]]
+        self._publish(s)
+
+    def _publish(self, s: Sequence) -> None:
+        """Offer s's full blocks to the prefix cache: those computed (or being computed) whose
+        tokens are all known. The prompt's blocks by their known hashes; blocks past the
+        prompt by the hash chained over every token fed so far (a chat's earlier reply, sent
+        back as its next prompt, finds them)."""
+        if not self.pool.caching:
+            return
+        full = min(s.computed, len(s.tokens)) // self.block
+        if full <= s.published:
+            return
+        if full > len(s.hashes):
+            parent = s.hashes[-1] if s.hashes else b""
+            tail = s.tokens[len(s.hashes) * self.block : full * self.block]
+            s.hashes.extend(block_hashes(tail, self.block, parent))
+        for i in range(s.published, full):
+            self.pool.publish(s.blocks[i], s.hashes[i])
+            if self._coming.get(s.hashes[i]) is s:
+                del self._coming[s.hashes[i]]
+        s.published = full

@@ -42,7 +42,8 @@ def run_overlapped(be: BatchEngine, picks, new: list[int], prompts, fed_past=())
     tokens are fed and the next step submitted before the ended sequences are released.
     Sequences `picks` start together; those in `fed_past` are fed their last token too (as
     when a stop string ends a sequence after the next step started: a wasted row). Checks
-    that a sequence released while a step is in flight keeps its blocks until then. Returns
+    that a sequence released while a step with a row of it is in flight keeps its blocks
+    until then. Returns
     {i: (tokens, logits)}."""
     assert be.overlaps
     seqs = {i: be.admit(prompts[i], len(prompts[i]) + new[i]) for i in picks}
@@ -50,7 +51,7 @@ def run_overlapped(be: BatchEngine, picks, new: list[int], prompts, fed_past=())
     assert be.submit()
     while be.in_flight:
         out = be.collect()
-        ending = []
+        ending, fed = [], set()
         for s, row in zip(out.seqs, out.logits, strict=True):
             i = next(k for k, v in seqs.items() if v is s)
             if len(got[i][0]) >= new[i]:
@@ -60,14 +61,16 @@ def run_overlapped(be: BatchEngine, picks, new: list[int], prompts, fed_past=())
             got[i][1].append(row.copy())
             if len(got[i][0]) < new[i] or i in fed_past:
                 be.feed(s, token)
+                fed.add(s)
             if len(got[i][0]) == new[i]:
                 ending.append(s)
         stepping = be.submit()
         for s in ending:
             held = be.pool.free
             be.release(s)
-            if stepping:
-                assert be.pool.free == held  # its blocks may still be written
+            if stepping and s in fed:
+                # a row of the step just submitted: its blocks may still be written
+                assert be.pool.free == held
     return got
 
 
@@ -81,3 +84,35 @@ def alone(engine, i: int, prompts, new, max_batch: int = 4):
     joins = [None] * len(prompts)
     joins[i] = 0
     return run(BatchEngine(engine, max_batch=max_batch), joins, new, prompts)[i]
+
+
+def run_pipelined(be: BatchEngine, picks, new: list[int], prompts, top: int = 1):
+    """Greedy decoding as the server's loop runs it where steps go ahead: before each step is
+    collected the next one is submitted, its decode rows fed on the device from the first
+    one's picks (top-1 of `top`); the host then feeds each sequence the same token and releases the
+    ended ones, whose rows in the step ahead are wasted. Returns ({i: tokens}, the number of
+    steps submitted ahead)."""
+    assert be.pipelines
+    seqs = {i: be.admit(prompts[i], len(prompts[i]) + new[i]) for i in picks}
+    got: dict[int, list[int]] = {i: [] for i in picks}
+    ahead = 0
+    assert be.submit(top)
+    while be.in_flight:
+        if be.can_submit_ahead and be.running:
+            ahead += be.submit(top, ahead=True)
+        out = be.collect()
+        for s, ids in zip(out.seqs, out.top_ids, strict=True):
+            i = next(k for k, v in seqs.items() if v is s)
+            if len(got[i]) >= new[i]:
+                continue  # the wasted row of a sequence that already ended
+            got[i].append(int(ids[0]))
+            if len(got[i]) < new[i]:
+                be.feed(s, int(ids[0]))
+            else:
+                held = be.pool.free
+                be.release(s)
+                if be.in_flight and s.last_step >= be.steps - 1:
+                    assert be.pool.free == held  # a row of the step ahead may write them
+        if not be.in_flight and be.running:
+            be.submit(top)
+    return got, ahead

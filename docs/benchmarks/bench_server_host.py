@@ -83,8 +83,10 @@ class StubBackend:
         self.rows = rows
         self.steps = 0
         self.step_s = 0.0  # --step-ms: each step waits this long, the GIL released (a GPU's)
+        self.pipelines = False  # --ahead: a step may be queued behind the one in flight
         self._due: float | None = None
-        self.idle_s, self.idle_steps, self.woke_s = 0.0, 0, 0.0
+        self._queued: collections.deque = collections.deque()  # (due, result) in order
+        self.idle_s, self.idle_steps, self.woke_s, self.collects = 0.0, 0, 0.0, 0
 
     def _rows(self, n: int) -> slice:
         o = self.steps % self.rows
@@ -106,26 +108,35 @@ class StubBackend:
 
     # a GPU backend's asynchronous step (gpu_common): submit returns at once, collect
     # waits (the GIL released) for what is left of the step's time
-    def submit_step(self, ids, pos, seq, tables, out_rows, top: int = 0) -> None:
+    def submit_step(self, ids, pos, seq, tables, out_rows, top: int = 0, feed=None) -> None:
         now = time.perf_counter()
-        if self._due is not None:  # the "device" sat idle from the last step's end to now
-            self.idle_s += max(now - self._due, 0.0)
-            self.idle_steps += 1
-        self._due = now + self.step_s
+        if self._queued:  # queued ahead (feed): it starts when the one in flight ends
+            assert feed is not None and self.pipelines and len(self._queued) == 1
+            start = self._queued[-1][0]
+        else:
+            start = now
+            if self._due is not None:  # the "device" sat idle from the last step's end to now
+                self.idle_s += max(now - self._due, 0.0)
+                self.idle_steps += 1
+        self._due = start + self.step_s
         r = self._rows(len(out_rows))
-        self._result = (
+        result = (
             (self.top_ids[r, :top].copy(), self.top_vals[r, :top].copy()) if top else self.buf[r]
         )
+        self._queued.append((self._due, result))
 
     def collect(self, copy: bool = True):
-        wait = self._due - time.perf_counter()
+        due, result = self._queued.popleft()
+        wait = due - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
-        self.woke_s += max(time.perf_counter() - self._due, 0.0)
-        return self._result
+        self.woke_s += max(time.perf_counter() - due, 0.0)
+        self.collects += 1
+        return result
 
     def idle_reset(self) -> None:
         self._due, self.idle_s, self.idle_steps, self.woke_s = None, 0.0, 0, 0.0
+        self.collects = 0
 
 
 class StubEngine:
@@ -175,6 +186,7 @@ def start_server(args, streams: int, profiles: Profiles | None = None):
     backend.step_s = args.step_ms / 1e3
     if args.sync:
         backend.submit_step = None  # each step waited for before its tokens are streamed
+    backend.pipelines = args.ahead
     if args.mode == "logits":
         backend.step_top = None  # the host gets logits only
         backend.max_top_k = 0
@@ -431,9 +443,9 @@ def run(args, streams: int) -> dict:
         "itl_p50_ms": 1e3 * gaps[len(gaps) // 2] if gaps else 0.0,
         # --step-ms with overlapped steps: the stub device's idle time between steps (the
         # host's critical path: collect to the next submit), idle spans between requests too
-        "idle_ms_per_step": 1e3 * backend.idle_s / max(backend.idle_steps, 1),
+        "idle_ms_per_step": 1e3 * backend.idle_s / max(backend.collects, 1),
         # of which the collecting thread's wake-up (the sleep's lateness and the GIL's)
-        "wake_ms_per_step": 1e3 * backend.woke_s / max(backend.idle_steps, 1),
+        "wake_ms_per_step": 1e3 * backend.woke_s / max(backend.collects, 1),
         "threads_us": {k: round(1e6 * v / tokens, 1) for k, v in by_thread.items() if v > 1e-4},
     }
     if args.profile:
@@ -490,6 +502,11 @@ def main() -> int:
         help="each step waits this long with the GIL released (a GPU step's time)",
     )
     ap.add_argument("--sync", action="store_true", help="no step in flight while the host streams")
+    ap.add_argument(
+        "--ahead",
+        action="store_true",
+        help="steps queued ahead of the one in flight (a GPU backend that `pipelines`)",
+    )
     ap.add_argument("--profile", action="store_true", help="a second run under cProfile")
     ap.add_argument(
         "--tokenizer",

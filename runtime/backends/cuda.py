@@ -220,6 +220,25 @@ class CudaDriver:
     def synchronize(self) -> None:
         self._call("cuStreamSynchronize", self._stream)
 
+    def new_event(self) -> Any:
+        return self._call("cuEventCreate", int(self.cu.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+
+    def record(self, event: Any) -> None:
+        self._call("cuEventRecord", event, self._stream)
+
+    def wait(self, event: Any) -> None:
+        self._call("cuEventSynchronize", event)
+
+    def destroy_event(self, event: Any) -> None:
+        self._call("cuEventDestroy", event)
+
+    def d2d_2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int) -> None:
+        c = self.cu.CUDA_MEMCPY2D()
+        c.srcMemoryType = c.dstMemoryType = self.cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        c.srcDevice, c.srcPitch, c.dstDevice, c.dstPitch = src, spitch, dst, dpitch
+        c.WidthInBytes, c.Height = width, height
+        self._call("cuMemcpy2DAsync", c, self._stream)
+
     def begin_capture(self) -> None:
         mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         self._call("cuStreamBeginCapture", self._stream, mode)

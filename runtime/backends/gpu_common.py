@@ -11,7 +11,10 @@ inputs (ids int64, pos and seq int32, max_tokens of each, in one buffer), the bl
 tables and the logits (float32 x max_tokens x vocab); and pinned host mirrors of the
 inputs, tables and logits. A step copies the inputs (and the tables when they changed)
 in, runs a launch list (the plan's targets[arch] steps, see hipc.base.launch_plan) on one
-stream, copies the logits rows out and synchronizes.
+stream, copies the logits rows out and synchronizes (waits for its event, where the driver
+has events: a second step may then be queued behind it, `submit_step(feed=...)`, its decode
+rows' ids copied on the device from the first one's top-1 picks; host staging alternates
+between two pinned slots so that the host never writes what a queued copy still reads).
 
 `step()` runs rows of many sequences with the cpu backend's contract (runtime/batch.py
 drives it): one row is the decode list; rows of as many sequences (decode rows) the batch
@@ -42,13 +45,14 @@ after the fact; the message then says to rerun with HIPC_SYNC_LAUNCHES=1.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -117,6 +121,15 @@ class GpuDriver(Protocol):
         overlap: bool = False,
     ) -> None: ...
     def synchronize(self) -> None: ...
+    # steps ahead (optional: a driver without them runs one step in flight at most): events
+    # on the stream, and a 2-D device copy (`height` rows of `width` bytes, pitches apart)
+    def new_event(self) -> Any: ...
+    def record(self, event: Any) -> None: ...
+    def wait(self, event: Any) -> None: ...  # the host waits for the work before its record
+    def destroy_event(self, event: Any) -> None: ...
+    def d2d_2d(
+        self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int
+    ) -> None: ...
     # a 2-D bf16 TMA tensor map (CUDA sm_90): rows x cols at addr, copied in box_cols x
     # box_rows boxes with the 128-byte swizzle; a ctypes object holding its 128 bytes
     def tensor_map(self, addr: int, cols: int, rows: int, box_cols: int, box_rows: int) -> Any: ...
@@ -272,6 +285,21 @@ def gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+class _Pending(NamedTuple):
+    """A queued step: what collect() waits for and reads back."""
+
+    launches: Sequence[Launch]
+    B: int
+    rows: int
+    where: str
+    pick: Any
+    kind: str
+    top: int
+    slot: int  # its host staging slot
+    event: Any  # recorded after its copies back, or None (collect synchronizes the stream)
+    n_out: int  # the rows it returns (a step fed from it reads these picks)
+
+
 def sync_launches_from_env() -> bool:
     return os.environ.get(SYNC_ENV, "").strip() not in ("", "0")
 
@@ -308,7 +336,11 @@ class GpuBackend:
         self._tmaps: dict[tuple[int, ...], Any] = {}
         self._packed: dict[tuple[int, int, int], list] = {}
         self._broken: str | None = None
-        self._pending: tuple | None = None  # the step submit() queued, until collect()
+        # the steps submitted and not collected, oldest first: one, or two where a step was
+        # queued ahead of the last one (its decode rows' ids from that step's device picks)
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._queued = 0  # steps queued so far: step k uses host staging slot k % 2
+        self._events: list[Any] = []
         self._upload_tables = 0  # table rows changed on the host since the last step
         self._spare_snapshots: list[int] = []  # released snapshot buffers, reused first
         self.sync_launches = sync_launches_from_env()
@@ -435,25 +467,38 @@ class GpuBackend:
         # step_top's results, [MT, k] values, [MT, k] ids, [MT, 2] row stats at the row
         # stride of the step's k (packed, so one copy each brings them back)
         self._top_base = alloc("the top-k buffer", mem.top)
-        self._top_host = self._pinned(np.float32, mem.top // 4) if mem.top else None
-        raw = self._pinned(np.uint8, 16 * MT)
-        self._inputs_host = raw
-        self._ids_host = raw[: 8 * MT].view(np.int64)
-        self._pos_host = raw[8 * MT : 12 * MT].view(np.int32)
-        self._seq_host = raw[12 * MT :].view(np.int32)
+        # host staging in two slots, alternating by step: with a step queued ahead of the one
+        # running, the host fills one slot while the device may still read the other
+        self._top_hosts = [self._pinned(np.float32, mem.top // 4) if mem.top else None
+                           for _ in range(2)]  # fmt: skip
+        self._inputs_hosts = [self._pinned(np.uint8, 16 * MT) for _ in range(2)]
+        # per slot: the inputs (ids int64, pos and seq int32, MT each), their address, views
+        self._slot_views = [
+            (raw, raw.ctypes.data, raw[: 8 * MT].view(np.int64),
+             raw[8 * MT : 12 * MT].view(np.int32), raw[12 * MT :].view(np.int32), top)
+            for raw, top in zip(self._inputs_hosts, self._top_hosts, strict=True)
+        ]  # fmt: skip
+        self._use_slot(0)
         # table rows: a row per sequence of a batch, then PAD (padding rows: every entry the
         # spare block) and SOLO (forward(): block b of the one sequence is pool block b). A
         # row is also the sequence's slot of the recurrent states (the deltanet kernels read
         # slot seq[t]), so with recurrent states PAD and SOLO follow the batch's slots
         rows = table_rows(self.gpu)
         self._tables_host = self._pinned(np.int32, rows * self.kv_table).reshape(rows, -1)
+        # what a step's changed table rows are uploaded from (the mirror above may change for
+        # the next step before this one's upload has run)
+        self._tables_stages = [
+            self._pinned(np.int32, rows * self.kv_table).reshape(rows, -1) for _ in range(2)
+        ]
         self._tables_host[:] = self.kv_blocks  # the spare block
         self._place_pad_and_solo(self.slots if self.recurrent else MT)
         self._logits_host = self._pinned(np.float32, self.max_tokens * self.vocab).reshape(
             self.max_tokens, self.vocab
         )
-        self._inputs_addr = self._inputs_host.ctypes.data
         self._logits_addr = self._logits_host.ctypes.data
+        self.pipelines = self._can_pipeline()
+        if self.pipelines:
+            self._events = [d.new_event() for _ in range(2)]
         try:
             if mem.states:
                 d.memset0(s_base, mem.states)
@@ -791,15 +836,54 @@ class GpuBackend:
         tables: np.ndarray,
         out_rows: np.ndarray,
         top: int = 0,
+        feed: Sequence[tuple[int, int, int]] | None = None,
     ) -> None:
         """Queue step()'s work (`top` 1..max_top_k: step_top's, picked on the device) without
         waiting: the host streams the last step's tokens while the GPU runs this one;
         `collect(copy=False)` returns its logits (a view of the pinned buffer), or with `top`
         its TopK. The arrays are read before this returns (into pinned buffers), so the
-        caller may change them while the step runs."""
+        caller may change them while the step runs.
+
+        `feed` (a list, maybe empty) queues this step ahead of the one in flight (where
+        `pipelines`; that step picked its tokens on the device): runs (row, out row, count) of
+        rows whose ids are that step's top-1 picks of its out rows, copied on the device, so
+        this step needs nothing from the host the last one computes and the device never
+        waits for the host between them. Those rows' `ids` are placeholders. `collect` then
+        returns the steps in order."""
         if top and not 1 <= top <= self.max_top_k:
             raise HipcError(f"submit_step: top {top} needs the device top-k (<= {self.max_top_k})")
-        self._queue(*self._batch_step(ids, pos, seq, tables, out_rows), top=top)
+        if feed is not None:
+            self._check_feed(feed, len(ids))
+        self._queue(*self._batch_step(ids, pos, seq, tables, out_rows, ahead=feed is not None),
+                    top=top, feed=feed or ())  # fmt: skip
+
+    def _check_feed(self, feed: Sequence[tuple[int, int, int]], T: int) -> None:
+        if not self.pipelines:
+            raise HipcError(f"{self.name} backend: no steps ahead on this driver")
+        if len(self._pending) != 1 or not self._pending[0].top:
+            raise HipcError("a step is fed only from the one step in flight, picked on the device")
+        n_out = self._pending[0].n_out
+        for row, src, n in feed:
+            if n < 1 or row < 0 or row + n > T or src < 0 or src + n > n_out:
+                raise HipcError(f"feed run {(row, src, n)} outside {T} rows / {n_out} picks")
+
+    def _can_pipeline(self) -> bool:
+        """Whether a step may be queued ahead of another: the driver has events and 2-D
+        copies, the plan has the device top-k, and launches are not synchronized one by one."""
+        d = self._driver
+        has = all(callable(getattr(d, m, None)) for m in ("new_event", "record", "wait", "d2d_2d"))
+        return has and bool(self.gpu.topk) and not self.sync_launches
+
+    def _use_slot(self, k: int) -> None:
+        """Point the staging views at host slot k (a step's inputs, its top-k results)."""
+        (
+            self._inputs_host,
+            self._inputs_addr,
+            self._ids_host,
+            self._pos_host,
+            self._seq_host,
+            self._top_host,
+        ) = self._slot_views[k]
 
     def step_top(
         self,
@@ -832,7 +916,7 @@ class GpuBackend:
         """The most values per row step_top picks on the device (0: the plan has no kernel)."""
         return int(self.gpu.topk["max_k"]) if self.gpu.topk else 0
 
-    def _batch_step(self, ids, pos, seq, tables, out_rows) -> tuple:
+    def _batch_step(self, ids, pos, seq, tables, out_rows, ahead: bool = False) -> tuple:
         """step()'s checks and table upload; _queue's arguments."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         pos = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
@@ -840,7 +924,7 @@ class GpuBackend:
         tables = np.ascontiguousarray(tables, dtype=np.int32)
         out_rows = np.ascontiguousarray(out_rows, dtype=np.int64).reshape(-1)
         T = int(ids.size)
-        self._check_step(T)
+        self._check_step(T, ahead)
         if tables.ndim != 2 or tables.shape[1] != self.kv_table or len(tables) > self.PAD:
             raise HipcError(f"block tables must be [at most {self.PAD} sequences, {self.kv_table}]")
         if len(pos) != T or len(seq) != T or not len(out_rows):
@@ -898,21 +982,24 @@ class GpuBackend:
             self._buckets = tuple(b for b in BUCKETS if b <= self.max_tokens)
         return self._buckets
 
-    def _check_step(self, T: int) -> None:
+    def _check_step(self, T: int, ahead: bool = False) -> None:
         if self._closed:
             raise HipcError(f"{self.name} backend: used after close()")
         if self._broken:
             raise HipcError(
                 f"the GPU failed earlier ({self._broken}); restart the process to use it again"
             )
-        if self._pending is not None:
+        if self._pending and not ahead:
             raise HipcError("a step is already in flight: collect() it first")
         if not 1 <= T <= self.max_tokens:
             raise HipcError(f"a step runs 1 to {self.max_tokens} tokens, got {T}")
 
-    def _queue(self, ids, pos, seq, kind: str, B: int, rows: int, pick, top: int = 0) -> None:
-        """Copy T rows in (padded to B), launch `kind`'s list at B rows, copy out the logits
-        rows `pick` reads (`top`: their top-k instead, selected on the device)."""
+    def _queue(
+        self, ids, pos, seq, kind: str, B: int, rows: int, pick, top: int = 0, feed=()
+    ) -> None:
+        """Copy T rows in (padded to B; `feed`'s rows from the step in flight's picks), launch
+        `kind`'s list at B rows, copy out the logits rows `pick` reads (`top`: their top-k
+        instead, selected on the device)."""
         T = len(ids)
         if kind == "decode":
             launches = self.gpu.decode
@@ -938,16 +1025,28 @@ class GpuBackend:
                 to += len(r)
             pick = slice(0, to)
         d = self._driver
+        slot = self._queued % 2
+        self._use_slot(slot)
         try:
             d.activate()
             self._ids_host[:T], self._pos_host[:T], self._seq_host[:T] = ids, pos, seq
             if B > T:
                 self._ids_host[T:B], self._pos_host[T:B], self._seq_host[T:B] = 0, 0, self.PAD
+            for row, _, n in feed:  # the copies below write their low halves only
+                self._ids_host[row : row + n] = 0
             # (addresses read once: numpy's .ctypes builds an object per access, microseconds a step)
             d.h2d(self.bases.ids, self._inputs_addr, self._inputs_host.nbytes)
+            if feed:
+                # the int32 ids of the last step's picks ([rows, k] at its k) into int64 rows
+                k = self._pending[-1].top
+                picks = self._top_base + 4 * self.max_tokens * k
+                for row, src, n in feed:
+                    d.d2d_2d(self.bases.ids + 8 * row, 8, picks + 4 * k * src, 4 * k, 4, n)
             if self._upload_tables:
                 n, self._upload_tables = self._upload_tables, 0
-                d.h2d(self.bases.blocks, self._tables_host.ctypes.data, 4 * n * self.kv_table)
+                stage = self._tables_stages[slot]
+                stage[:n] = self._tables_host[:n]
+                d.h2d(self.bases.blocks, stage.ctypes.data, 4 * n * self.kv_table)
             if use_graph:
                 key = (kind, B)
                 if key not in self._graphs:
@@ -961,11 +1060,20 @@ class GpuBackend:
             else:
                 for at, to, n in runs:
                     d.d2h(self._logits_addr + to * row, self.bases.logits + at * row, n * row)
+            event = self._events[slot] if self._events else None
+            if event is not None:
+                d.record(event)
         except _KernelFailed as f:
+            self._pending.clear()
             raise self._kernel_error(f.launch, f.err) from None
         except DriverError as e:
+            self._pending.clear()
             raise self._step_error(e, where) from None
-        self._pending = (launches, B, rows, where, pick, kind, top)
+        n_out = pick.stop - pick.start if isinstance(pick, slice) else len(pick)
+        self._pending.append(
+            _Pending(launches, B, rows, where, pick, kind, top, slot, event, n_out)
+        )
+        self._queued += 1
 
     def _queue_top(self, runs: list[tuple[int, int, int]], k: int) -> None:
         """The top-k kernel over each run of wanted logits rows (one block per row), then
@@ -992,17 +1100,28 @@ class GpuBackend:
     def collect(self, copy: bool = True) -> np.ndarray | TopK:
         """Wait for the step `submit` queued; its logits [rows, vocab] (`copy` False: a view
         of the pinned buffer, which the next step overwrites), or step_top's TopK."""
-        if self._pending is None:
+        if not self._pending:
             raise HipcError("no step in flight")
-        launches, B, rows, where, pick, kind, top = self._pending
-        self._pending = None
+        p = self._pending.popleft()
+        launches, B, rows, where, pick, kind, top = p[:7]
         d = self._driver
         try:
             d.activate()
-            d.synchronize()
+            # the step's own event where one was recorded: a step queued behind it runs on
+            if p.event is not None:
+                d.wait(p.event)
+            else:
+                d.synchronize()
         except DriverError as e:
+            self._pending.clear()  # a step queued behind it read what it computed
             raise self._locate(e, launches, B, rows, where, kind) from None
-        if kind == "prefill" and not self.graph_captured and not self.sync_launches:
+        self._use_slot(p.slot)
+        if (
+            kind == "prefill"
+            and not self.graph_captured
+            and not self.sync_launches
+            and not self._pending
+        ):
             # record the decode graph after the first prefill, so that the first decode
             # step (the timed part of a generation) does not pay for capturing it
             try:
@@ -1163,7 +1282,12 @@ class GpuBackend:
             attempt(d.destroy_graph, graph, graph_exec)
         self._graphs.clear()
         self._inputs_host = self._ids_host = self._pos_host = self._seq_host = None
-        self._tables_host = self._logits_host = None
+        self._inputs_hosts, self._top_hosts, self._tables_stages, self._slot_views = [], [], [], []
+        self._tables_host = self._logits_host = self._top_host = None
+        for event in self._events:
+            attempt(d.destroy_event, event)
+        self._events = []
+        self._pending.clear()
         for _, ptr in reversed(self._allocs):
             attempt(d.free, ptr)
         self._allocs.clear()

@@ -30,6 +30,7 @@ from hipc.runtime.backends.gpu_common import DriverError, GpuBackend
 
 OUT_OF_MEMORY = 2  # hipErrorOutOfMemory
 STREAM_NON_BLOCKING = 1  # hipStreamNonBlocking
+EVENT_DISABLE_TIMING = 2  # hipEventDisableTiming
 
 
 def import_hip():
@@ -183,6 +184,22 @@ class HipDriver:
 
     def synchronize(self) -> None:
         self._call("hipStreamSynchronize", self._stream)
+
+    def new_event(self) -> Any:
+        return self._call("hipEventCreateWithFlags", EVENT_DISABLE_TIMING)
+
+    def record(self, event: Any) -> None:
+        self._call("hipEventRecord", event, self._stream)
+
+    def wait(self, event: Any) -> None:
+        self._call("hipEventSynchronize", event)
+
+    def destroy_event(self, event: Any) -> None:
+        self._call("hipEventDestroy", event)
+
+    def d2d_2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int) -> None:
+        kind = self.hip.hipMemcpyKind.hipMemcpyDeviceToDevice
+        self._call("hipMemcpy2DAsync", dst, dpitch, src, spitch, width, height, kind, self._stream)
 
     def tensor_map(self, addr: int, cols: int, rows: int, box_cols: int, box_rows: int) -> Any:
         # only the sm_90 GEMM takes tensor maps; an AMD plan section never binds one

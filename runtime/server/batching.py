@@ -6,7 +6,9 @@ it never fails mid-stream for lack of memory), drop cancelled requests (their bl
 at once), run one step of every running sequence, and hand each sequence's logits to its own
 Decoding (sampler, seed, stop conditions, logprobs, grammar). Where the backend can leave a
 step in flight (a GPU), each row's token is picked and fed first, the next step submitted,
-and only then is the text made, stops checked and the events streamed, while it runs. A request starts when its first
+and only then is the text made, stops checked and the events streamed, while it runs; and
+where every running choice is plain greedy and the backend `pipelines`, the step after is
+submitted before a step is collected, fed the device's picks (runtime/batch.py). A request starts when its first
 choice is admitted; its choices run side by side (their shared prompt is computed once, then
 found in the prefix cache), and their stream events are released in choice order, as the one
 at a time runner emits them.
@@ -210,18 +212,25 @@ class BatchScheduler:
                             if self._waiting and not self._active:
                                 self._cv.wait(0.05)
                         continue
+                if self.batch.can_submit_ahead:
+                    # the next step goes in before this one is collected: its decode rows
+                    # take this step's tokens as the device picked them, so the device never
+                    # waits for this thread between steps
+                    self._prepare()
+                    self._submit(ahead=True)
                 t0 = time.perf_counter()
                 out = self.batch.collect()
                 collected = time.perf_counter()
                 rows = self.batch.last_batch
                 taken = self._take(out)
                 if self.batch.overlaps:
-                    # the next step's inputs are fed: the device runs it while this thread
-                    # detokenizes, checks stops and streams this step's tokens (and the HTTP
-                    # threads write them)
-                    self._prepare()
-                    if self._submit():
-                        self.metrics.step_gap.observe(time.perf_counter() - collected)
+                    if not self.batch.in_flight:
+                        # the next step's inputs are fed: the device runs it while this
+                        # thread detokenizes, checks stops and streams this step's tokens
+                        # (and the HTTP threads write them)
+                        self._prepare()
+                        if self._submit():
+                            self.metrics.step_gap.observe(time.perf_counter() - collected)
                     self.metrics.step_wait.observe(collected - t0)
                 self._publish_step(rows)
                 self._stream(taken)
@@ -243,13 +252,17 @@ class BatchScheduler:
             if w.job.cancelled or w.job.error is not None:
                 self._finish(w)
 
-    def _submit(self) -> bool:
-        """Start the next step; False when no sequence has a token to compute."""
+    def _submit(self, ahead: bool = False) -> bool:
+        """Start the next step (`ahead` of the one in flight where every running choice is
+        plain greedy); False when no sequence has a token to compute or it cannot go ahead."""
         if not self.batch.running:
             return False
         # every running choice plain greedy: the backend may pick the tokens on the
         # device (rows x 1 values back instead of rows x vocab logits)
-        return self.batch.submit(1 if self._all_greedy else 0)
+        top = 1 if self._all_greedy else 0
+        if ahead and not top:
+            return False
+        return self.batch.submit(top, ahead=ahead)
 
     def _admit(self) -> None:
         """Under the lock: start choices, first come first served, while they fit."""

@@ -29,7 +29,7 @@ from hipc.compiler.pipeline import compile_model
 from hipc.runtime.batch import BatchEngine
 from hipc.runtime.engine import load_engine
 
-from batch_runs import alone, assert_pool_full, run, run_overlapped
+from batch_runs import alone, assert_pool_full, run, run_overlapped, run_pipelined
 from support import rel_err, write_tiny_hf
 
 pytestmark = pytest.mark.gpu
@@ -124,6 +124,31 @@ def test_the_next_step_in_flight_while_tokens_are_handled_changes_nothing(engine
     got = run_overlapped(be, picks, NEW, PROMPTS, fed_past=(2,))
     for i in picks:
         assert_like_alone(got[i], want[i], policy)
+    assert_pool_full(be)
+
+
+def test_steps_ahead_fed_on_the_device_give_the_lone_tokens(engine):
+    """The server's all-greedy order on a GPU: the next step queued before a step is
+    collected, its decode rows' ids copied on the device from that step's top-1 picks
+    (cuMemcpy2DAsync), two steps in flight on events. Each sequence's tokens are its lone
+    greedy tokens (up to a near-tie of its lone logits), every block comes back."""
+    eng, policy = engine
+    picks = (0, 2, 5, 8)
+    want = {i: alone(eng, i, PROMPTS, NEW) for i in picks}
+    be = BatchEngine(eng, max_batch=4, prefill_chunk=8)
+    assert be.pipelines
+    got, ahead = run_pipelined(be, picks, NEW, PROMPTS)
+    assert ahead >= max(NEW[i] for i in picks) - 2
+    bar = BARS[policy]
+    for i in picks:
+        tokens, logits = want[i]
+        for k, t in enumerate(got[i]):
+            if t != tokens[k]:
+                top2 = np.sort(logits[k])[-2:]
+                assert top2[1] - top2[0] <= bar * np.abs(logits[k]).max(), (i, k)
+                break
+        else:
+            assert got[i] == tokens
     assert_pool_full(be)
 
 

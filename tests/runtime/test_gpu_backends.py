@@ -172,6 +172,23 @@ class FakeGpu:
         dbuf[doff : doff + n] = bytes(sbuf[soff : soff + n])
         return 0
 
+    def d2d_2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int):
+        if e := self.enter("d2d_2d", dst, dpitch, src, spitch, width, height):
+            return e
+        for r in range(height):
+            dbuf, doff = self.find(dst + r * dpitch)
+            sbuf, soff = self.find(src + r * spitch)
+            dbuf[doff : doff + width] = bytes(sbuf[soff : soff + width])
+        return 0
+
+    # events: the fake runs every operation as it is queued, so waiting for one is the
+    # stream's synchronize (the pending error of a failed kernel comes back there)
+    def event_create(self):
+        if e := self.enter("event_create"):
+            return e, None
+        self.events = getattr(self, "events", 0) + 1
+        return 0, f"event{self.events}"
+
     def load_module(self, image: bytes):
         if e := self.enter("load_module", len(image)):
             return e, None
@@ -376,6 +393,15 @@ class FakeCu:
             self.attrs: list = []
             self.numAttrs = 0
 
+    class CUevent_flags(enum.IntEnum):
+        CU_EVENT_DISABLE_TIMING = 2
+
+    class CUmemorytype(enum.IntEnum):
+        CU_MEMORYTYPE_DEVICE = 2
+
+    class CUDA_MEMCPY2D:
+        pass
+
     def __init__(self, gpu: FakeGpu) -> None:
         self.gpu = gpu
 
@@ -482,6 +508,27 @@ class FakeCu:
 
     def cuStreamSynchronize(self, stream):
         return self._r(self.gpu.synchronize())
+
+    def cuEventCreate(self, flags):
+        assert flags == self.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        return self._r(*self.gpu.event_create())
+
+    def cuEventRecord(self, event, stream):
+        assert stream == "stream"
+        return self._r(self.gpu.simple("event_record", event))
+
+    def cuEventSynchronize(self, event):
+        return self._r(self.gpu.synchronize())
+
+    def cuEventDestroy(self, event):
+        return self._r(self.gpu.simple("event_destroy", event))
+
+    def cuMemcpy2DAsync(self, c, stream):
+        assert stream == "stream"
+        D = self.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        assert c.srcMemoryType == D and c.dstMemoryType == D
+        return self._r(self.gpu.d2d_2d(c.dstDevice, c.dstPitch, c.srcDevice, c.srcPitch,
+                                       c.WidthInBytes, c.Height))  # fmt: skip
 
     def cuStreamBeginCapture(self, stream, mode):
         assert mode == self.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
@@ -592,6 +639,27 @@ class FakeHip:
 
     def hipStreamSynchronize(self, stream):
         return self._r(self.gpu.synchronize())
+
+    class hipMemcpyKind(enum.IntEnum):
+        hipMemcpyDeviceToDevice = 3
+
+    def hipEventCreateWithFlags(self, flags):
+        assert flags == 2  # hipEventDisableTiming
+        return self._r(*self.gpu.event_create())
+
+    def hipEventRecord(self, event, stream):
+        assert stream == "stream"
+        return self._r(self.gpu.simple("event_record", event))
+
+    def hipEventSynchronize(self, event):
+        return self._r(self.gpu.synchronize())
+
+    def hipEventDestroy(self, event):
+        return self._r(self.gpu.simple("event_destroy", event))
+
+    def hipMemcpy2DAsync(self, dst, dpitch, src, spitch, width, height, kind, stream):
+        assert stream == "stream" and kind == self.hipMemcpyKind.hipMemcpyDeviceToDevice
+        return self._r(self.gpu.d2d_2d(dst, dpitch, src, spitch, width, height))
 
     def hipStreamBeginCapture(self, stream, mode):
         assert mode == self.hipStreamCaptureMode.hipStreamCaptureModeThreadLocal
@@ -1164,7 +1232,8 @@ def test_sticky_failure_says_how_to_name_the_kernel(api, artifact):
     with pytest.raises(HipcError, match="failed earlier"):
         b.forward(np.array([1]), 0, False)
     b.close()  # every call fails now; close still tries each free once and does not raise
-    assert gpu.count("free") == 7 and gpu.count("host_free") == 3
+    # pinned: the inputs' two staging slots, the table mirror and its two upload stages, logits
+    assert gpu.count("free") == 7 and gpu.count("host_free") == 6
     b.close()
     assert gpu.count("free") == 7
 
@@ -1190,7 +1259,8 @@ def test_close_frees_everything_exactly_once(api, artifact):
     b.forward(np.array([1]), 0, False)
     b.forward(np.array([1, 2, 3]), 1, True)
     allocated = set(gpu.mem)
-    assert len(allocated) == 7 and len(gpu.host) == 3
+    # pinned: two input staging slots, the table mirror and its two upload stages, logits
+    assert len(allocated) == 7 and len(gpu.host) == 6
     b.close()
     assert sorted(gpu.freed) == sorted(allocated) and gpu.mem == {}
     assert sorted(gpu.host_freed) == sorted(gpu.host)
@@ -1513,6 +1583,95 @@ def test_the_batch_engine_runs_on_a_gpu_backend(api, artifact):
             np.testing.assert_allclose(g, w, atol=1e-6)
     batch_runs.assert_pool_full(be)
     eng.close()
+
+
+def test_a_step_fed_ahead_takes_the_picks_of_the_step_in_flight(api, tmp_path):
+    """submit_step(feed=runs): the rows' int64 ids are the step in flight's top-1 picks (at
+    its k, in any order), copied on the device before this step's kernels; the rest come
+    from the host. The two steps are collected in order."""
+    from hipc.runtime.topk import top_of_logits
+
+    def edit(plan):
+        for sec in plan["targets"].values():
+            sec["topk"] = {"kernel": "topk", "block": 1024, "max_k": 64}
+
+    art = load_artifact(write_artifact(tmp_path / "f.hipc", edit=edit))
+    gpu = FakeGpu()
+    b = backend(api, art, gpu, kv_blocks=8)
+    tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]], np.int32)
+    b.submit_step(np.array([3, 1, 4]), np.array([5, 9, 2]), np.arange(3), tables, np.arange(3), 3)
+    feed = [(0, 2, 1), (2, 0, 2)]  # rows 0 <- pick 2; rows 2, 3 <- picks 0, 1
+    ids = np.array([-1, 2, -1, -1])  # placeholders: the copies write the low halves only
+    b.submit_step(ids, np.array([6, 7, 10, 3]), np.array([2, 0, 0, 1]), tables, np.arange(4), 1,
+                  feed=feed)  # fmt: skip
+    used = gpu.view(b.bases.ids, np.int64, 4).copy()  # the fake ran it as it was queued
+    first, second = b.collect(), b.collect()
+    picks = first[0][:, 0]
+    assert first[0].shape == (3, 3) and second[0].shape == (4, 1)
+    np.testing.assert_array_equal(used, [picks[2], 2, picks[0], picks[1]])
+    np.testing.assert_array_equal(
+        first[0], top_of_logits(rows_expected([3, 1, 4], [5, 9, 2]), 3)[0]
+    )
+    with pytest.raises(HipcError, match="no step in flight"):
+        b.collect()
+    # feeding needs the one step in flight, picked on the device, and runs inside both
+    with pytest.raises(HipcError, match="picked on the device"):
+        b.submit_step(ids, np.array([6, 7, 10, 3]), np.arange(4), tables[:4], np.arange(4), 1,
+                      feed=[(0, 0, 1)])  # fmt: skip
+    b.submit_step(np.array([3]), np.array([5]), np.array([0]), tables, np.array([0]), 1)
+    with pytest.raises(HipcError, match="outside 1 rows / 1 picks"):
+        b.submit_step(np.array([0]), np.array([6]), np.array([0]), tables, np.array([0]), 1,
+                      feed=[(0, 1, 1)])  # fmt: skip
+    b.collect()
+    b.close()
+
+
+@pytest.mark.parametrize("top", [1, 3])
+def test_steps_ahead_feed_decode_rows_from_the_device_picks(api, tmp_path, top):
+    """With the plan's top-k kernel a batch step goes in before the one in flight is
+    collected: its decode rows' ids are that step's top-1 picks, copied on the device (int32
+    picks into the int64 ids' low halves). Every sequence still gets its lone greedy tokens,
+    with prompts chunked beside decode rows and sequences leaving at different steps; the pool
+    is full after."""
+    from hipc.runtime.batch import BatchEngine
+
+    def edit(plan):
+        for sec in plan["targets"].values():
+            sec["topk"] = {"kernel": "topk", "block": 1024, "max_k": 64}
+
+    art = load_artifact(write_artifact(tmp_path / "p.hipc", edit=edit))
+    gpu = FakeGpu()
+    eng = engine_mod.CompiledEngine(art, backend(api, art, gpu, kv_blocks=8))
+    assert eng.backend.pipelines and len(eng.backend._events) == 2
+    want = {i: batch_runs.alone(eng, i, PROMPTS, NEW)[0] for i in range(len(PROMPTS))}
+    feeds = []
+    real_submit = eng.backend.submit_step
+
+    def submit_spy(*args, feed=None):
+        feeds.extend(feed or ())
+        real_submit(*args, feed=feed)
+
+    eng.backend.submit_step = submit_spy
+    be = BatchEngine(eng, max_batch=4, prefill_chunk=2)
+    assert be.pipelines
+    got, ahead = batch_runs.run_pipelined(be, (0, 1, 2, 3), NEW, PROMPTS, top)
+    assert got == want
+    assert ahead >= max(NEW) - 2 and gpu.count("d2d_2d") == len(feeds)
+    # rows fed from picks in another order (a sequence whose prompt ended in the step in
+    # flight returns its token after that step's decode rows, and decodes among them now)
+    assert any(row != src for row, src, _ in feeds), feeds
+    assert gpu.count("event_record") >= be.steps
+    batch_runs.assert_pool_full(be)
+    # a step goes ahead only of one whose tokens were picked on the device
+    s = be.admit(PROMPTS[0], len(PROMPTS[0]) + 2)
+    assert be.submit(0)
+    with pytest.raises(HipcError, match="picked on the device"):
+        be.submit(1, ahead=True)
+    be.collect()
+    be.release(s)
+    batch_runs.assert_pool_full(be)
+    eng.close()
+    assert gpu.count("event_destroy") == 2
 
 
 def test_eager_batch_and_prefill_steps_of_one_size_keep_their_lists(api, tmp_path, monkeypatch):

@@ -64,7 +64,51 @@ class Overlapped(DeviceTop):
         return self.step_top(*args, top) if top else self.step(*args)
 
 
-BACKENDS = {"host-argmax": None, "device-top": DeviceTop, "overlapped": Overlapped}
+class Pipelined(DeviceTop):
+    """Overlapped plus steps ahead (gpu_common's `pipelines`): a step may be submitted
+    before the one in flight is collected, its `feed` runs' ids taken from that step's top-1
+    picks as the device copies them. Steps run in order, each when the next one needs its
+    picks or at its collect."""
+
+    pipelines = True
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.queue: list[list] = []  # [inputs, top, result or None]
+        self.submits = self.ahead = 0
+
+    def _run(self, entry) -> None:
+        if entry[2] is None:
+            args, top = entry[0], entry[1]
+            entry[2] = self.step_top(*args, top) if top else self.step(*args).copy()
+
+    def submit_step(self, ids, pos, seq, tables, out_rows, top=0, feed=None):
+        self.submits += 1
+        ids = np.array(ids)
+        if feed is not None:
+            assert len(self.queue) == 1 and self.queue[0][1], "fed from a device-picked step"
+            self.ahead += 1
+            self._run(self.queue[0])
+            picks = self.queue[0][2][0][:, 0]
+            for row, src, n in feed:
+                ids[row : row + n] = picks[src : src + n]
+        else:
+            assert not self.queue, "a second step submitted before the first was collected"
+        args = (ids, *(np.array(a) for a in (pos, seq, tables, out_rows)))
+        self.queue.append([args, top, None])
+
+    def collect(self, copy=True):
+        entry = self.queue.pop(0)
+        self._run(entry)
+        return entry[2]
+
+
+BACKENDS = {
+    "host-argmax": None,
+    "device-top": DeviceTop,
+    "overlapped": Overlapped,
+    "pipelined": Pipelined,
+}
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +178,9 @@ def test_batched_choices_get_their_lone_tokens(engines, kind, sampled):
         # all-greedy steps ask the device for tokens; a step with a sampled row, for logits
         assert backend.top_calls > 0
         assert (backend.logit_calls > 0) == sampled
+    if kind == "pipelined":
+        # all-greedy runs go ahead; a sampled row stops that until it ends
+        assert backend.submits > 0 and not backend.queue and backend.ahead > 0
     if kind == "overlapped":
         assert backend.submits > 0 and backend.queued is None
         # every step waited for and every gap to the next submit, in /metrics
@@ -142,13 +189,15 @@ def test_batched_choices_get_their_lone_tokens(engines, kind, sampled):
         assert waits and gaps and 0 < float(gaps.group(1)) < float(waits.group(1)), body[-600:]
 
 
-def test_overlapped_steps_keep_stop_strings_and_return_every_block(engines):
-    """With the next step in flight while a step's tokens are streamed, a choice that a stop
-    string ends has one more token fed (its row of the next step is wasted): its text and
-    tokens are still what it gets alone, and every block comes back."""
+@pytest.mark.parametrize("wrapper", [Overlapped, Pipelined], ids=["overlapped", "pipelined"])
+def test_overlapped_steps_keep_stop_strings_and_return_every_block(engines, wrapper):
+    """With the next step in flight while a step's tokens are streamed (and, pipelined, one
+    more ahead of it), a choice that a stop string ends has a token or two more computed (its
+    rows of the steps in flight are wasted): its text and tokens are still what it gets
+    alone, and every block comes back."""
     lone, engine = engines
     inner = engine.backend
-    engine.backend = backend = Overlapped(inner)
+    engine.backend = backend = wrapper(inner)
     try:
         service = Service(engine, Config(max_batch=4, eager_load=False))
         try:
