@@ -354,7 +354,8 @@ class BatchEngine:
                 self._submit_step(*args, out_rows, top if on_device else 0, **extra)
             else:  # the entry point writes at least one row of logits: the last, dropped
                 self._submit_step(*args, np.array([len(ids) - 1], np.int32), 0, **extra)
-            self._in_flight.append((serial, (wanted, on_device)))
+            # (a step of prompt chunks only returns no token: none to feed a step ahead from)
+            self._in_flight.append((serial, (wanted, on_device and bool(wanted))))
         elif not wanted:
             out = StepOut([], self._step_without_logits(ids, pos, seq_rows))
             self._in_flight.append((serial, out))

@@ -101,7 +101,8 @@ def run_pipelined(be: BatchEngine, picks, new: list[int], prompts, top: int = 1)
         if be.can_submit_ahead and be.running:
             ahead += be.submit(top, ahead=True)
         out = be.collect()
-        for s, ids in zip(out.seqs, out.top_ids, strict=True):
+        # (a step of prompt chunks only returns no rows)
+        for s, ids in zip(out.seqs, out.top_ids if out.seqs else [], strict=True):
             i = next(k for k, v in seqs.items() if v is s)
             if len(got[i]) >= new[i]:
                 continue  # the wasted row of a sequence that already ended

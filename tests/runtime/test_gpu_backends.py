@@ -1662,6 +1662,11 @@ def test_steps_ahead_feed_decode_rows_from_the_device_picks(api, tmp_path, top):
     assert any(row != src for row, src, _ in feeds), feeds
     assert gpu.count("event_record") >= be.steps
     batch_runs.assert_pool_full(be)
+    # a long prompt alone: its first steps return no token, so none goes ahead of them
+    be = BatchEngine(eng, max_batch=4, prefill_chunk=2)
+    got, ahead = batch_runs.run_pipelined(be, (1,), NEW, PROMPTS, top)
+    assert got[1] == want[1] and ahead >= NEW[1] - 2
+    batch_runs.assert_pool_full(be)
     # a step goes ahead only of one whose tokens were picked on the device
     s = be.admit(PROMPTS[0], len(PROMPTS[0]) + 2)
     assert be.submit(0)
