@@ -482,6 +482,10 @@ BATCH_SPLIT_ROWS = 1
 BATCH_WAVES = 4
 BATCH_BLOCKS = 256
 BATCH_SPLITS_MAX = 16
+# How its waves load keys and values, by target family (batch_attention's unroll, pipe, q_shared,
+# min_blocks, ring); a family not listed: a pass's loads, then its math (session 10's form).
+# To be set from session 11's measurements (battn2).
+BATCH_LOADS: dict[str, dict[str, Any]] = {}
 
 
 def batch_attention(
@@ -495,6 +499,10 @@ def batch_attention(
     out_bf16: bool = False,
     waves: int = BATCH_WAVES,
     unroll: int | None = None,
+    pipe: bool = False,
+    min_blocks: int = 0,
+    q_shared: bool = False,
+    ring: int = 0,
 ) -> GpuKernel | None:
     """The split-context batch attention with `splits` blocks per row and KV head (its grid:
     (T, NKV x splits)), `waves` waves a block and `unroll` loads of keys and values in flight
@@ -504,16 +512,19 @@ def batch_attention(
     lanes = p.D // 8
     if p.NH % p.NKV or p.D % 8 or lanes > target.wave or waves * target.wave < p.D // 2:
         return None
-    shared = 4 * (G * p.D + 32 + waves * G * (p.D + 2) + 2 * G * splits)
-    if shared > STATIC_SHARED:
-        return None
     # loads in flight per lane and pass, keys and values each: fewer for big groups, whose q,
     # scores and sums take more registers
     unroll = unroll or max(2, min(8, 32 // G))
+    ring = ring if kv_storage == "bfloat16" else 0  # (the ring's slots: 16 bytes a load)
+    shared = 4 * (G * p.D + 32 + waves * G * (p.D + 2) + 2 * G * splits)
+    shared += ring * 2 * unroll * waves * target.wave * 16
+    if shared > STATIC_SHARED:
+        return None
     kv_ctx = kv_context(kv_storage, max_ctx)
     ctx = dict(nodes=nodes, wave=target.wave, waves=waves, splits=splits, unroll=unroll,
-               keys=unroll * target.wave // lanes, out_bf16=out_bf16,
-               params=batch_signature(kv_ctx["kv_type"]).render(GPU_INDENT), **kv_ctx,
+               keys=unroll * target.wave // lanes, out_bf16=out_bf16, pipe=pipe,
+               min_blocks=min_blocks, q_shared=(pipe or ring > 0) and q_shared,
+               ring=ring, params=batch_signature(kv_ctx["kv_type"]).render(GPU_INDENT), **kv_ctx,
                **p.context())  # fmt: skip
     return GpuKernel(f"{fn}_battn_s{splits}", "attention_batch", ctx, [], waves * target.wave)
 
@@ -541,7 +552,11 @@ def batch_attention_forms(
         if forms and forms[-1][1] == s:
             forms[-1] = (forms[-1][0], s, (forms[-1][2][0], T))
             continue
-        k = batch_attention(fn, p, g.target, nodes, g.max_ctx, g.kv_storage, s, out_bf16)
+        loads = BATCH_LOADS.get(g.target.family, {}) if g.batch_attn_loads else {}
+        k = batch_attention(fn, p, g.target, nodes, g.max_ctx, g.kv_storage, s, out_bf16,
+                            **loads)  # fmt: skip
+        if k is None and loads:  # (a ring too big for the shape's shared arrays)
+            k = batch_attention(fn, p, g.target, nodes, g.max_ctx, g.kv_storage, s, out_bf16)
         if k is None:
             return []
         forms.append((k, s, (T, T)))

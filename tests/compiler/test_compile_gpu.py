@@ -731,7 +731,7 @@ def test_batch_attention_splits_and_forms():
                                norm_eps=0.0)  # fmt: skip
 
     p = params(32, 8, 128)
-    g = SimpleNamespace(batch_attn_split=True, max_tokens=200, target=GpuTarget("sm_90"),
+    g = SimpleNamespace(batch_attn_split=True, batch_attn_loads=True, max_tokens=200, target=GpuTarget("sm_90"),
                         max_ctx=8192, kv_storage="bfloat16")  # fmt: skip
     forms = batch_attention_forms("a", p, g, ["att"])
     ranges = [r for _, _, r in forms]
