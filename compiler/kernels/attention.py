@@ -553,6 +553,8 @@ def batch_attention_forms(
             forms[-1] = (forms[-1][0], s, (forms[-1][2][0], T))
             continue
         loads = BATCH_LOADS.get(g.target.family, {}) if g.batch_attn_loads else {}
+        if loads.get("ring") and g.kv_storage != "bfloat16":
+            loads = {}  # (the ring holds 16-byte loads of bf16: a float32 cache's form as before)
         k = batch_attention(fn, p, g.target, nodes, g.max_ctx, g.kv_storage, s, out_bf16,
                             **loads)  # fmt: skip
         if k is None and loads:  # (a ring too big for the shape's shared arrays)

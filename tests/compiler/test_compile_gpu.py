@@ -751,6 +751,45 @@ def test_batch_attention_splits_and_forms():
     assert batch_attention("a", params(9, 3, 64), target, ["x"], 64, "bfloat16", 4) is not None
 
 
+def test_batch_attention_loads_by_family(monkeypatch):
+    """The split batch attention's loads: BATCH_LOADS' form for the target's family (a ring
+    that does not fit the shape's shared arrays, or over a float32 cache, falling back to
+    session 10's form), session 10's form for families it does not list and with
+    HIPC_BATCH_ATTN_LOADS=0 (batch_attn_loads False); the ring's slots count in its shared
+    bytes (over 48 KiB: no kernel)."""
+    from types import SimpleNamespace
+
+    from hipc.compiler.kernels import attention
+    from hipc.compiler.kernels.attention import AttentionParams, batch_attention_forms
+    from hipc.compiler.targets import GpuTarget
+
+    def params(NH, NKV, D):
+        return AttentionParams(NH=NH, NKV=NKV, D=D, scale=D**-0.5, window=0, interleaved=False,
+                               norm_eps=0.0)  # fmt: skip
+
+    def ctx(target, p, loads=True, kv="bfloat16"):
+        g = SimpleNamespace(batch_attn_split=True, batch_attn_loads=loads, max_tokens=64,
+                            target=GpuTarget(target), max_ctx=8192, kv_storage=kv)  # fmt: skip
+        forms = batch_attention_forms("a", p, g, ["att"])
+        assert forms
+        return [(k.ctx["unroll"], k.ctx["pipe"], k.ctx["ring"]) for k, _, _ in forms]
+
+    l8, q35 = params(32, 8, 128), params(16, 2, 256)
+    monkeypatch.setattr(attention, "BATCH_LOADS", {"nvidia": dict(unroll=2, ring=4)})
+    assert set(ctx("sm_90", l8)) == {(2, False, 4)}
+    assert set(ctx("sm_90", l8, loads=False)) == {(8, False, 0)}
+    assert set(ctx("sm_90", l8, kv="float32")) == {(8, False, 0)}
+    assert set(ctx("gfx942", l8)) == {(8, False, 0)}
+    assert set(ctx("sm_90", q35)) == {(4, False, 0)}  # D = 256: the ring does not fit
+    monkeypatch.setattr(attention, "BATCH_LOADS", {"nvidia": dict(unroll=2, pipe=True)})
+    assert set(ctx("sm_90", l8)) == {(2, True, 0)}
+    target = GpuTarget("sm_90")
+    fits = attention.batch_attention("a", l8, target, ["x"], 64, "bfloat16", 1, unroll=2, ring=4)
+    assert fits is not None
+    assert attention.batch_attention("a", l8, target, ["x"], 64, "bfloat16", 1, unroll=2,
+                                     ring=6) is None  # fmt: skip
+
+
 def test_short_steps_take_their_measured_wgmma_tiles(monkeypatch, tmp_path):
     """The 8B shapes' batch steps (32 and 64 tokens) on the 64-token tiles bench_gpu_gemm.py
     measured fastest (WGMMA_SHORT), their 512+-token steps on the tiles they had; a shape's
