@@ -48,13 +48,15 @@ CASES = {
 # the step's rows: (sequence, position); the contexts the brief names first, then others
 ROWS = [(3, 0), (0, 16), (2, 299), (1, 2047)] + [(4 + i, 37 * i * i % 1900) for i in range(13)]
 SPLITS = ("selected", 1, BATCH_SPLITS_MAX)
-# the kernel's forms: its loads a pass at a time (the default's unroll), or pipelined (the next
+# the kernel's forms: its loads a pass at a time (the default's unroll), pipelined (the next
 # pass's loads in flight during this one's math) at 2 and 4 loads a lane, q in registers or read
-# from shared memory
+# from shared memory, or through a ring of 4 passes in shared memory (cp.async; a float32 cache
+# or a shape whose shared arrays leave no room for it: 2 loads a pass at a time)
 FORMS = {
     "loads": {},
     "pipe_u2": dict(pipe=True, unroll=2),
     "pipe_u4_qshared": dict(pipe=True, unroll=4, q_shared=True),
+    "ring4_u2": dict(unroll=2, ring=4),
 }
 
 
