@@ -56,7 +56,7 @@ SPLIT_FORMS = [
     (1, BATCH_WAVES, {}), (4, 1, dict(unroll=2)), (3, 2, dict(unroll=2)),
     (1, 1, dict(unroll=2, pipe=True)), (3, 2, dict(unroll=2, pipe=True, q_shared=True)),
     (2, BATCH_WAVES, dict(pipe=True)), (1, 1, dict(unroll=2, ring=3)),
-    (3, 2, dict(unroll=1, ring=4, q_shared=True)),
+    (3, 2, dict(unroll=1, ring=4, q_shared=True)), (2, 1, dict(unroll=4, ring=2)),
 ]  # fmt: skip
 
 

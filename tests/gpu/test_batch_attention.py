@@ -48,15 +48,17 @@ CASES = {
 # the step's rows: (sequence, position); the contexts the brief names first, then others
 ROWS = [(3, 0), (0, 16), (2, 299), (1, 2047)] + [(4 + i, 37 * i * i % 1900) for i in range(13)]
 SPLITS = ("selected", 1, BATCH_SPLITS_MAX)
-# the kernel's forms: its loads a pass at a time (the default's unroll), pipelined (the next
-# pass's loads in flight during this one's math) at 2 and 4 loads a lane, q in registers or read
-# from shared memory, or through a ring of 4 passes in shared memory (cp.async; a float32 cache
-# or a shape whose shared arrays leave no room for it: 2 loads a pass at a time)
+# the kernel's forms: its loads a pass at a time (session 10's: the default's unroll), pipelined
+# (the next pass's loads in flight during this one's math) at 2 and 4 loads a lane, or through a
+# ring of passes in shared memory (cp.async) at 4 passes of 2 loads and 2 of 4 (attention.py
+# BATCH_LOADS' forms; a float32 cache or a shape whose shared arrays leave no room for a ring:
+# its loads a pass at a time)
 FORMS = {
     "loads": {},
     "pipe_u2": dict(pipe=True, unroll=2),
-    "pipe_u4_qshared": dict(pipe=True, unroll=4, q_shared=True),
+    "pipe_u4": dict(pipe=True, unroll=4),
     "ring4_u2": dict(unroll=2, ring=4),
+    "ring2_u4": dict(unroll=4, ring=2),
 }
 
 
