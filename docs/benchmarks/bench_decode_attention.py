@@ -23,7 +23,8 @@ cache rows and the merge).
 
 --batch: the one-block-per-row kernels (attention.hip.j2: "head" one query head a block,
 "g4" a KV head's group) against the split-context one (attention_batch.hip.j2) at each
-splits count and a few geometries, every row its own sequence at about the context (rows end
+splits count and a few geometries and load forms (BATCH_FORMS' comment; --forms picks them,
+--shapes l8 | smol | q35, Qwen3.5's full attention, one shape a run), every row its own sequence at about the context (rows end
 0..21 positions short of it), its blocks scattered over a pool; timed as a graph of launches
 cycling over copies of the step's cache (different blocks of the pool: L2 holds none), with
 programmatic launch as batch steps launch it, as TB/s of K and V read beside the device's
