@@ -79,6 +79,9 @@ class GpuProgramBuilder:
         # and the split-context attention from attention.BATCH_SPLIT_ROWS rows
         # (HIPC_BATCH_ATTN_SPLIT=0: the kernels above at every size, for benchmarks)
         self.batch_attn_split = os.environ.get("HIPC_BATCH_ATTN_SPLIT") != "0"
+        # with its loads as attention.BATCH_LOADS measured for the target (HIPC_BATCH_ATTN_LOADS=0:
+        # a pass's loads then its math, session 10's form, for benchmarks)
+        self.batch_attn_loads = os.environ.get("HIPC_BATCH_ATTN_LOADS") != "0"
         # HIPC_BATCH_GEMV_XPIPE=1: every batch GEMV loads x a batch ahead (being measured)
         self.batch_gemv_xpipe = os.environ.get("HIPC_BATCH_GEMV_XPIPE") == "1"
         # HIPC_BATCH_GEMV_TUNED=0: linear_gemvm everywhere with session 7's geometry (gemvm_plain,

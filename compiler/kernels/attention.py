@@ -482,6 +482,39 @@ BATCH_SPLIT_ROWS = 1
 BATCH_WAVES = 4
 BATCH_BLOCKS = 256
 BATCH_SPLITS_MAX = 16
+# How its waves load keys and values (batch_attention's unroll, pipe, ring), by target family
+# and shape (query heads per KV head, head dim): from a step's rows on, the form measured best
+# there; families and shapes not listed, and fewer rows than the first listed, take session
+# 10's form (a pass's 8 loads a lane, then its math). Measured on the H200 (gpu-h200.md,
+# "Session 11, battn2": bench_decode_attention.py --batch, us per launch at contexts 256 / 1024
+# / 4096, the form against session 10's, each at batch_splits' splits): 8B heads (4 x 128) at 64
+# rows a ring of 2 passes of 4 loads 28.1 / 90.4 / 342 against 42.0 / 140 / 525 (3.13 TB/s of
+# K+V at 4,096, the copy rate 4.23), at 32 rows 18.1 / 55.1 / 202 against 22.2 / 72.0 / 267 (two
+# splits were faster at 4,096 only: 183); at 16 rows a ring of 4 passes of 2 loads 16.2 / 38.3
+# / 124 against 17.0 / 43.0 / 141; at 4 rows none better by over 1%; at 1 row the pipelined 4
+# loads 8.6 / 13.0 / 23.5 against 9.4 / 13.6 / 25.8 (the ring slower at 256). Qwen3.5's full
+# attention (8 x 256; no room for a ring beside its shared arrays): the pipelined 2 loads at 1,
+# 16 and 64 rows, 1.00-1.23x (64 rows: 36.8 / 90.7 / 302 against 40.5 / 109 / 372).
+BATCH_LOADS: dict[str, dict[tuple[int, int], tuple[tuple[int, dict[str, Any]], ...]]] = {
+    "nvidia": {
+        (4, 128): (
+            (1, dict(unroll=4, pipe=True)),
+            (4, {}),
+            (16, dict(unroll=2, ring=4)),
+            (32, dict(unroll=4, ring=2)),
+        ),
+        (8, 256): ((1, dict(unroll=2, pipe=True)),),
+    }
+}
+
+
+def batch_loads(p: AttentionParams, family: str, rows: int) -> dict[str, Any]:
+    """BATCH_LOADS' form for a step of `rows` rows of shape p on a target of `family`."""
+    form: dict[str, Any] = {}
+    for first, loads in BATCH_LOADS.get(family, {}).get((p.NH // p.NKV, p.D), ()):
+        if rows >= first:
+            form = loads
+    return form
 
 
 def batch_attention(
@@ -495,6 +528,10 @@ def batch_attention(
     out_bf16: bool = False,
     waves: int = BATCH_WAVES,
     unroll: int | None = None,
+    pipe: bool = False,
+    min_blocks: int = 0,
+    q_shared: bool = False,
+    ring: int = 0,
 ) -> GpuKernel | None:
     """The split-context batch attention with `splits` blocks per row and KV head (its grid:
     (T, NKV x splits)), `waves` waves a block and `unroll` loads of keys and values in flight
@@ -504,16 +541,19 @@ def batch_attention(
     lanes = p.D // 8
     if p.NH % p.NKV or p.D % 8 or lanes > target.wave or waves * target.wave < p.D // 2:
         return None
-    shared = 4 * (G * p.D + 32 + waves * G * (p.D + 2) + 2 * G * splits)
-    if shared > STATIC_SHARED:
-        return None
     # loads in flight per lane and pass, keys and values each: fewer for big groups, whose q,
     # scores and sums take more registers
     unroll = unroll or max(2, min(8, 32 // G))
+    ring = ring if kv_storage == "bfloat16" else 0  # (the ring's slots: 16 bytes a load)
+    shared = 4 * (G * p.D + 32 + waves * G * (p.D + 2) + 2 * G * splits)
+    shared += ring * 2 * unroll * waves * target.wave * 16
+    if shared > STATIC_SHARED:
+        return None
     kv_ctx = kv_context(kv_storage, max_ctx)
     ctx = dict(nodes=nodes, wave=target.wave, waves=waves, splits=splits, unroll=unroll,
-               keys=unroll * target.wave // lanes, out_bf16=out_bf16,
-               params=batch_signature(kv_ctx["kv_type"]).render(GPU_INDENT), **kv_ctx,
+               keys=unroll * target.wave // lanes, out_bf16=out_bf16, pipe=pipe,
+               min_blocks=min_blocks, q_shared=(pipe or ring > 0) and q_shared,
+               ring=ring, params=batch_signature(kv_ctx["kv_type"]).render(GPU_INDENT), **kv_ctx,
                **p.context())  # fmt: skip
     return GpuKernel(f"{fn}_battn_s{splits}", "attention_batch", ctx, [], waves * target.wave)
 
@@ -536,12 +576,21 @@ def batch_attention_forms(
     if not g.batch_attn_split:
         return []
     forms: list[tuple[GpuKernel, int, tuple[int, int]]] = []
+    last: tuple[int, dict[str, Any]] | None = None
     for T in range(BATCH_SPLIT_ROWS, g.max_tokens + 1):
         s = batch_splits(T, p.NKV)
-        if forms and forms[-1][1] == s:
+        loads = batch_loads(p, g.target.family, T) if g.batch_attn_loads else {}
+        if loads.get("ring") and g.kv_storage != "bfloat16":
+            loads = {}  # (the ring holds 16-byte loads of bf16: a float32 cache's form as before)
+        if forms and last == (s, loads):
             forms[-1] = (forms[-1][0], s, (forms[-1][2][0], T))
             continue
-        k = batch_attention(fn, p, g.target, nodes, g.max_ctx, g.kv_storage, s, out_bf16)
+        last = (s, loads)
+        name = fn + "".join(f"_{k[0]}{int(v)}" for k, v in sorted(loads.items()))
+        k = batch_attention(name, p, g.target, nodes, g.max_ctx, g.kv_storage, s, out_bf16,
+                            **loads)  # fmt: skip
+        if k is None and loads:  # (a ring too big for the shape's shared arrays)
+            k = batch_attention(fn, p, g.target, nodes, g.max_ctx, g.kv_storage, s, out_bf16)
         if k is None:
             return []
         forms.append((k, s, (T, T)))

@@ -23,7 +23,8 @@ cache rows and the merge).
 
 --batch: the one-block-per-row kernels (attention.hip.j2: "head" one query head a block,
 "g4" a KV head's group) against the split-context one (attention_batch.hip.j2) at each
-splits count and a few geometries, every row its own sequence at about the context (rows end
+splits count and a few geometries and load forms (BATCH_FORMS' comment; --forms picks them,
+--shapes l8 | smol | q35, Qwen3.5's full attention, one shape a run), every row its own sequence at about the context (rows end
 0..21 positions short of it), its blocks scattered over a pool; timed as a graph of launches
 cycling over copies of the step's cache (different blocks of the pool: L2 holds none), with
 programmatic launch as batch steps launch it, as TB/s of K and V read beside the device's
@@ -49,6 +50,7 @@ from hipc.compiler.kernels.attention import (  # noqa: E402
     BATCH_WAVES,
     AttentionParams,
     batch_attention,
+    batch_splits,
     decode_attention,
     kv_context,
     prefill_signature,
@@ -61,6 +63,8 @@ from hipc.runtime.backends.gpu_common import PackedArgs  # noqa: E402
 from gpu_kernels import DeviceKernels, compiled, kernels_source, rope  # noqa: E402
 
 SHAPES = {"l8": (32, 8, 128), "smol": (9, 3, 64)}
+# --batch also: Qwen3.5's full-attention layers (16 / 2 heads of 256)
+BATCH_SHAPES = {**SHAPES, "q35": (16, 2, 256)}
 # the tile form's default first (1 lane per score, 64-key tiles, 512 blocks, 16-block merge
 # steps), then the other forms and the tile geometries it was chosen over
 FORMS = (
@@ -72,7 +76,7 @@ L2_BYTES = 60 << 20
 
 
 def params(shape: str) -> AttentionParams:
-    NH, NKV, D = SHAPES[shape]
+    NH, NKV, D = BATCH_SHAPES[shape]
     return AttentionParams(
         NH=NH, NKV=NKV, D=D, scale=D**-0.5, window=0, interleaved=False, norm_eps=0.0
     )
@@ -193,17 +197,25 @@ def bench(dev, sp: dict, shapes, forms, positions) -> list[str]:
     return rows
 
 
-# the batch step's forms: the one-block-per-row kernels, then the split one as sN[wW][uU] (N
-# splits, W waves a block, U loads in flight per lane; the defaults where not named)
+# the batch step's forms: the one-block-per-row kernels, then the split one as
+# {sN|d}[wW][uU][p][q][bB][rR] (N splits, or d: the splits batch_splits picks for the step's
+# rows; W waves a block, U loads in flight per lane, the defaults where not named; p: pipelined,
+# the next pass's loads issued before this pass's math; q: q read from shared memory; B: at
+# least B blocks an SM in the launch bounds; R: a ring of R passes in shared memory)
 BATCH_FORMS = (
     "head", "g4", "s1", "s2", "s4", "s8", "s16", "s2w8u4", "s4w8u4", "s2u4", "s4u4",
 )  # fmt: skip
 BATCH_CONTEXTS = (256, 1024, 4096)
-FORM = re.compile(r"s(\d+)(?:w(\d+))?(?:u(\d+))?")
+FORM = re.compile(r"(s\d+|d)(?:w(\d+))?(?:u(\d+))?(p?)(q?)(?:b(\d+))?(?:r(\d+))?")
 
 
-def batch_specs(arch: str, shape: str, forms) -> dict:
-    """form -> (fn, template, ctx, splits or 0, threads) of the batch step's kernels."""
+def form_key(f: str, rows: int, NKV: int) -> str:
+    """batch_specs' key of form f at a step of `rows` rows (a d form's splits follow the rows)."""
+    return f"{f}:{batch_splits(rows, NKV)}" if f.startswith("d") else f
+
+
+def batch_specs(arch: str, shape: str, forms, rows_list=(1,)) -> dict:
+    """form_key -> (fn, template, ctx, splits or 0, threads) of the batch step's kernels."""
     p, target = params(shape), GpuTarget(arch)
     kv_ctx = kv_context("bfloat16", CTX)
     out = {}
@@ -215,10 +227,17 @@ def batch_specs(arch: str, shape: str, forms) -> dict:
                        **kv_ctx, **p.context())  # fmt: skip
             out[f] = (f"{shape}_b{f}", "attention", ctx, 0, ATTN_WAVES * target.wave)
             continue
-        splits, waves, unroll = (int(x) if x else None for x in FORM.fullmatch(f).groups())
-        k = batch_attention(f"{shape}_{f}", p, target, ["att"], CTX, "bfloat16", splits,
-                            waves=waves or BATCH_WAVES, unroll=unroll)  # fmt: skip
-        out[f] = (k.fn, k.template, k.ctx, splits, k.threads)
+        sn, waves, unroll, pipe, q_shared, min_blocks, ring = FORM.fullmatch(f).groups()
+        each = [int(sn[1:])] if sn != "d" else sorted({batch_splits(R, p.NKV) for R in rows_list})
+        for splits in each:
+            k = batch_attention(f"{shape}_{f}_{splits}", p, target, ["att"], CTX, "bfloat16",
+                                splits, waves=int(waves or BATCH_WAVES),
+                                unroll=int(unroll) if unroll else None, pipe=bool(pipe),
+                                q_shared=bool(q_shared),
+                                min_blocks=int(min_blocks or 0),
+                                ring=int(ring or 0))  # fmt: skip
+            key = f if sn != "d" else f"{f}:{splits}"
+            out[key] = (k.fn, k.template, k.ctx, splits, k.threads)
     return out
 
 
@@ -236,10 +255,10 @@ def batch_reference(q, pos, tables, t, kp, vp, cos_t, sin_t, NH, NKV, D) -> np.n
     return (np.einsum("kgn,nkd->kgd", e, V) / e.sum(-1)[..., None]).reshape(NH * D)
 
 
-def bench_batch(dev, sp: dict, shape: str, rows_list, contexts, copy: float) -> list[str]:
+def bench_batch(dev, sp: dict, shape: str, forms, rows_list, contexts, copy: float) -> list:
     """Each (rows, context, form): checked against NumPy on a few rows, then timed."""
     d = dev.d
-    NH, NKV, D = SHAPES[shape]
+    NH, NKV, D = BATCH_SHAPES[shape]
     rng = np.random.default_rng(2)
     row_bytes = NKV * D * 2  # a position's keys (or values) of every KV head
     # copies of each step's cache, enough that L2 holds none; one pool for every case
@@ -273,7 +292,8 @@ def bench_batch(dev, sp: dict, shape: str, rows_list, contexts, copy: float) -> 
         check = sorted({0, R // 2, R - 1})
         want = [batch_reference(q, pos, tables[0], t, kp, vp, cos_t, sin_t, NH, NKV, D)
                 for t in check]  # fmt: skip
-        for f, (fn_name, _, _, splits, threads) in sp.items():
+        for f in forms:
+            fn_name, _, _, splits, threads = sp[form_key(f, R, NKV)]
             out = dev.poisoned(R * NH * D)
             # the prefill signature's, the split one's partials and counters before out
             tail = [("u64", a) for a in (0, cb, sb, kb, vb)]
@@ -309,14 +329,14 @@ def batch_main(args) -> None:
     rows_list = [int(x) for x in args.batch.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
     if args.prebuild:
-        specs = [(*v[:3], 0) for v in batch_specs(args.arch, shape, forms).values()]
+        specs = [(*v[:3], 0) for v in batch_specs(args.arch, shape, forms, rows_list).values()]
         compiled(kernels_source(specs, args.arch), args.arch, args.prebuild)
         print(f"built into {args.prebuild}")
         return
     sp: dict = {}
 
     def build(arch):
-        sp.update(batch_specs(arch, shape, forms))
+        sp.update(batch_specs(arch, shape, forms, rows_list))
         return [(*v[:3], 0) for v in sp.values()]
 
     dev = DeviceKernels(build, cache=args.cache)
@@ -324,24 +344,24 @@ def batch_main(args) -> None:
     print(f"device copy: {copy:.2f} TB/s (read + write)", flush=True)
     head = ["| shape | rows | context | form | grid x threads | us | TB/s K+V | of copy |",
             "|---|---:|---:|---|---|---:|---:|---:|"]  # fmt: skip
-    rows = bench_batch(dev, sp, shape, rows_list, contexts, copy)
+    rows = bench_batch(dev, sp, shape, forms, rows_list, contexts, copy)
     dev.close()
-    # the summary: each case's old kernel (g4 from 16 rows, else head) against the best split
-    summary = [f"device copy {copy:.2f} TB/s; us per launch (TB/s of K+V)",
-               "| rows | context | head | g4 | best split | its us | TB/s | x g4 |",
-               "|---:|---:|---:|---:|---|---:|---:|---:|"]  # fmt: skip
+    # the summary: each form's us (TB/s) a case, the best, and the first form's us over the best's
+    summary = [f"{shape}: device copy {copy:.2f} TB/s; us per launch (TB/s of K+V); "
+               f"x: {forms[0]} over the best",
+               f"| rows | context | {' | '.join(forms)} | best | x |",
+               "|---:|---:|" + "---:|" * len(forms) + "---|---:|"]  # fmt: skip
     for R in rows_list:
         for C in contexts:
             mine = {f: (us, tb) for r, c, f, us, tb, bad in rows if (r, c) == (R, C) and not bad}
-            split = {f: v for f, v in mine.items() if f.startswith("s")}
-            if not split:
+            if not mine:
                 continue
-            best = min(split, key=lambda f: split[f][0])
-            old = {f: f"{mine[f][0]:.1f}" if f in mine else "-" for f in ("head", "g4")}
-            ref = mine.get("g4", mine.get("head", (float("nan"), 0)))[0]
-            summary.append(f"| {R} | {C} | {old['head']} | {old['g4']} | {best} | "
-                           f"{split[best][0]:.1f} | {split[best][1]:.2f} | "
-                           f"{ref / split[best][0]:.2f} |")  # fmt: skip
+            best = min(mine, key=lambda f: mine[f][0])
+            cells = [f"{mine[f][0]:.1f} ({mine[f][1]:.2f})" if f in mine else "WRONG"
+                     for f in forms]  # fmt: skip
+            ref = mine.get(forms[0], (float("nan"), 0))[0]
+            summary.append(f"| {R} | {C} | {' | '.join(cells)} | {best} | "
+                           f"{ref / mine[best][0]:.2f} |")  # fmt: skip
     text = "\n".join(head + [
         f"| {shape} | {r} | {c} | {f} | | {us:.1f} | {tb:.2f} | {tb / copy:.0%} |{bad}"
         for r, c, f, us, tb, bad in rows] + [""] + summary) + "\n"  # fmt: skip

@@ -418,8 +418,30 @@ struct hipc_kv8<uint16_t> {
     const uint4 v = *(const uint4*)p;
     w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
   }
+  HIPC_DEVICE void take(uint4 v) { w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w; }
   HIPC_DEVICE float get(int e) const { return __builtin_bit_cast(float, e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16); }
 };
+// the batch attention's ring: 16 bytes global -> shared, a group of them per commit, waited for
+// until at most N groups (the latest) are in flight: cp.async on NVIDIA (sm_80+), elsewhere a
+// plain copy through registers (done when issued)
+HIPC_DEVICE void hipc_ring_copy(uint4* dst, const void* src) {
+#if defined(__CUDACC__)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+#else
+  *dst = *(const uint4*)src;
+#endif
+}
+HIPC_DEVICE void hipc_ring_commit() {
+#if defined(__CUDACC__)
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+HIPC_DEVICE void hipc_ring_wait() {
+#if defined(__CUDACC__)
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
 template <>
 struct hipc_kv8<float> {
   float w[8];

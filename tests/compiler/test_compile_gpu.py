@@ -731,14 +731,14 @@ def test_batch_attention_splits_and_forms():
                                norm_eps=0.0)  # fmt: skip
 
     p = params(32, 8, 128)
-    g = SimpleNamespace(batch_attn_split=True, max_tokens=200, target=GpuTarget("sm_90"),
+    g = SimpleNamespace(batch_attn_split=True, batch_attn_loads=True, max_tokens=200, target=GpuTarget("sm_90"),
                         max_ctx=8192, kv_storage="bfloat16")  # fmt: skip
     forms = batch_attention_forms("a", p, g, ["att"])
     ranges = [r for _, _, r in forms]
     assert ranges[0][0] == BATCH_SPLIT_ROWS and ranges[-1][1] == 200
     assert all(a[1] + 1 == b[0] for a, b in pairwise(ranges))
     for k, s, (lo, hi) in forms:
-        assert k.fn == f"a_battn_s{s}" and k.ctx["splits"] == s
+        assert k.fn.startswith("a_") and k.fn.endswith(f"_battn_s{s}") and k.ctx["splits"] == s
         assert all(batch_splits(T, 8) == s for T in range(lo, hi + 1))
     # the largest splitting step's partials: rows x heads x splits x (m, l, D sums)
     split = [(s, hi) for _, s, (_, hi) in forms if s > 1]
@@ -749,6 +749,49 @@ def test_batch_attention_splits_and_forms():
     assert batch_attention("a", params(8, 2, 12), target, ["x"], 64, "bfloat16", 1) is None
     assert batch_attention("a", params(8, 2, 512), target, ["x"], 64, "bfloat16", 1) is None
     assert batch_attention("a", params(9, 3, 64), target, ["x"], 64, "bfloat16", 4) is not None
+
+
+def test_batch_attention_loads_by_family(monkeypatch):
+    """The split batch attention's loads: BATCH_LOADS' forms for the target's family and the
+    shape, by the step's rows (a launch per splits count and form); session 10's form for
+    families and shapes it does not list and with HIPC_BATCH_ATTN_LOADS=0 (batch_attn_loads
+    False); a ring over a float32 cache, or without room beside the shape's shared arrays,
+    falls back to session 10's form; the ring's slots count in its shared bytes."""
+    from types import SimpleNamespace
+
+    from hipc.compiler.kernels import attention
+    from hipc.compiler.kernels.attention import AttentionParams, batch_attention_forms
+    from hipc.compiler.targets import GpuTarget
+
+    def params(NH, NKV, D):
+        return AttentionParams(NH=NH, NKV=NKV, D=D, scale=D**-0.5, window=0, interleaved=False,
+                               norm_eps=0.0)  # fmt: skip
+
+    def forms(target, p, loads=True, kv="bfloat16"):
+        g = SimpleNamespace(batch_attn_split=True, batch_attn_loads=loads, max_tokens=64,
+                            target=GpuTarget(target), max_ctx=8192, kv_storage=kv)  # fmt: skip
+        out = batch_attention_forms("a", p, g, ["att"])
+        assert out and out[0][2][0] == 1 and out[-1][2][1] == 64
+        return [(r, s, k.ctx["unroll"], k.ctx["pipe"], k.ctx["ring"]) for k, s, r in out]
+
+    l8, q35, smol = params(32, 8, 128), params(16, 2, 256), params(9, 3, 64)
+    old = (8, False, 0)
+    assert forms("sm_90", l8) == [
+        ((1, 3), 16, 4, True, 0), ((4, 7), 8, *old), ((8, 15), 4, *old),
+        ((16, 31), 2, 2, False, 4), ((32, 64), 1, 4, False, 2),
+    ]  # fmt: skip
+    for other in (forms("sm_90", l8, loads=False), forms("gfx942", l8)):
+        assert [f[2:] for f in other] == [old] * 5
+    assert [f[2:] for f in forms("sm_90", l8, kv="float32")] == [(4, True, 0)] + [old] * 4
+    assert {f[2:] for f in forms("sm_90", q35)} == {(2, True, 0)}
+    assert {f[2:] for f in forms("sm_90", smol)} == {(max(2, min(8, 32 // 3)), False, 0)}
+    monkeypatch.setitem(attention.BATCH_LOADS["nvidia"], (8, 256), ((1, dict(unroll=2, ring=4)),))
+    assert {f[2:] for f in forms("sm_90", q35)} == {(4, False, 0)}  # no room for the ring
+    target = GpuTarget("sm_90")
+    fits = attention.batch_attention("a", l8, target, ["x"], 64, "bfloat16", 1, unroll=2, ring=4)
+    assert fits is not None
+    assert attention.batch_attention("a", l8, target, ["x"], 64, "bfloat16", 1, unroll=2,
+                                     ring=6) is None  # fmt: skip
 
 
 def test_short_steps_take_their_measured_wgmma_tiles(monkeypatch, tmp_path):

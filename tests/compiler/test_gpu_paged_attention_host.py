@@ -48,9 +48,16 @@ CASES = {
 }
 # the step: (sequence's table row, positions of its rows this step); earlier positions are cached
 ROWS = [(2, [5, 6, 7]), (0, [37]), (3, [0]), (1, [16])]
-# the split kernel's geometries: (splits, waves, loads per lane and pass); the default's tiles
-# (64+ keys) hold these whole contexts, one wave of 2 loads takes 8-16 keys a tile
-SPLIT_FORMS = [(1, BATCH_WAVES, None), (4, 1, 2), (3, 2, 2)]
+# the split kernel's geometries: (splits, waves, batch_attention's other arguments); the
+# default's tiles (64+ keys) hold these whole contexts, one wave of 2 loads takes 8-16 keys a
+# tile; pipelined (the next pass's loads in flight, the last pass's none, the first pass's before
+# q's RoPE) or through a ring of passes in shared memory, a wave of short tiles runs several
+SPLIT_FORMS = [
+    (1, BATCH_WAVES, {}), (4, 1, dict(unroll=2)), (3, 2, dict(unroll=2)),
+    (1, 1, dict(unroll=2, pipe=True)), (3, 2, dict(unroll=2, pipe=True, q_shared=True)),
+    (2, BATCH_WAVES, dict(pipe=True)), (1, 1, dict(unroll=2, ring=3)),
+    (3, 2, dict(unroll=1, ring=4, q_shared=True)), (2, 1, dict(unroll=4, ring=2)),
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +89,9 @@ def lib(tmp_path_factory):
             f"c, s, kc, vc, out); }});\n}}"
         )
         # the split form at each geometry: the same rope_kv, then its partials and counters
-        for j, (splits, waves, unroll) in enumerate(SPLIT_FORMS):
+        for j, (splits, waves, kw) in enumerate(SPLIT_FORMS):
             bk = batch_attention(f"b{i}_{j}", p, GpuTarget("sm_90"), [name], case[7], case[6],
-                                 splits, waves=waves, unroll=unroll)  # fmt: skip
+                                 splits, waves=waves, **kw)  # fmt: skip
             assert bk is not None
             code.append(render("hip/attention_batch.hip.j2", fn=bk.fn, **bk.ctx))
             code.append(

@@ -48,20 +48,33 @@ CASES = {
 # the step's rows: (sequence, position); the contexts the brief names first, then others
 ROWS = [(3, 0), (0, 16), (2, 299), (1, 2047)] + [(4 + i, 37 * i * i % 1900) for i in range(13)]
 SPLITS = ("selected", 1, BATCH_SPLITS_MAX)
+# the kernel's forms: its loads a pass at a time (session 10's: the default's unroll), pipelined
+# (the next pass's loads in flight during this one's math) at 2 and 4 loads a lane, or through a
+# ring of passes in shared memory (cp.async) at 4 passes of 2 loads and 2 of 4 (attention.py
+# BATCH_LOADS' forms; a float32 cache or a shape whose shared arrays leave no room for a ring:
+# its loads a pass at a time)
+FORMS = {
+    "loads": {},
+    "pipe_u2": dict(pipe=True, unroll=2),
+    "pipe_u4": dict(pipe=True, unroll=4),
+    "ring4_u2": dict(unroll=2, ring=4),
+    "ring2_u4": dict(unroll=4, ring=2),
+}
 
 
 def variants(arch: str) -> dict:
-    """(case, splits, bf16 out) -> its kernel."""
+    """(case, splits, bf16 out, form) -> its kernel."""
     target, specs = GpuTarget(arch), {}
     for i, (name, case) in enumerate(CASES.items()):
         p = attention_params(case, EPS)
         for s in SPLITS:
             splits = batch_splits(len(ROWS), p.NKV) if s == "selected" else s
             for ob in (False, True) if name == "llama8b_bf16" else (False,):
-                k = batch_attention(f"c{i}_{s}{'_ob' * ob}", p, target, [name], CTX, case[6],
-                                    splits, out_bf16=ob)  # fmt: skip
-                assert k is not None, (name, arch)
-                specs[name, s, ob] = (k, splits)
+                for form, kw in FORMS.items():
+                    k = batch_attention(f"c{i}_{s}{'_ob' * ob}_{form}", p, target, [name], CTX,
+                                        case[6], splits, out_bf16=ob, **kw)  # fmt: skip
+                    assert k is not None, (name, arch)
+                    specs[name, s, ob, form] = (k, splits)
     return specs
 
 
@@ -79,13 +92,14 @@ def kernels():
     dev.close()
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("ob", [False, True], ids=["f32_out", "bf16_out"])
 @pytest.mark.parametrize("splits", SPLITS)
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_batch_attention_matches_numpy(kernels, name, splits, ob):
-    if (name, splits, ob) not in kernels.specs:
+def test_batch_attention_matches_numpy(kernels, name, splits, ob, form):
+    if (name, splits, ob, form) not in kernels.specs:
         pytest.skip("the bf16 output is the 8B's (the sm_90a o projection reads it)")
-    k, S = kernels.specs[name, splits, ob]
+    k, S = kernels.specs[name, splits, ob, form]
     NH, NKV, D, _, norm, _, kv = CASES[name][:7]
     case = CASES[name]
     x = prefill_attention_inputs(case, 500 + sorted(CASES).index(name),
@@ -123,7 +137,7 @@ def test_batch_attention_matches_numpy(kernels, name, splits, ob):
     finally:
         kernels.free()
     want = prefill_attention_reference(case, x, EPS)
-    assert not np.isnan(got).any(), (name, splits, "outputs left unwritten")
-    assert not left.any(), (name, splits, "counters not reset")
+    assert not np.isnan(got).any(), (name, splits, form, "outputs left unwritten")
+    assert not left.any(), (name, splits, form, "counters not reset")
     bar = 2.0**-8 if ob else 1e-5
-    assert rel_err(got, want) <= bar, (name, splits, rel_err(got, want))
+    assert rel_err(got, want) <= bar, (name, splits, form, rel_err(got, want))
