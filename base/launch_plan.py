@@ -86,6 +86,8 @@ LAUNCH_PLAN_VERSION = 5
 KV_BLOCK = 16
 # the most values per row a "topk" kernel returns (a greedy step wants 1, top-k sampling <= 64)
 TOPK_MAX = 64
+# the most rows a forward step holds (--prefill-chunk; a batched step's rows of all its sequences)
+MAX_STEP_TOKENS = 8192
 
 ARG_KINDS = ("arena", "scratch", "weight", "state", "input", "output", "int", "null", "tmap")
 STEP_INPUTS = ("ids", "pos", "seq", "blocks")

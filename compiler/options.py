@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from hipc.base.errors import HipcError
+from hipc.base.launch_plan import MAX_STEP_TOKENS
 from hipc.compiler.quant_recipes import RECIPES
 
 GPU_TARGETS = (
@@ -74,8 +75,10 @@ class CompileOptions:
             raise HipcError(f"--quant: expected one of {', '.join(RECIPES)}, got {self.quant!r}")
         if self.max_context is not None and self.max_context < 2:
             raise HipcError(f"--max-context must be at least 2, got {self.max_context}")
-        if self.max_tokens is not None and not 1 <= self.max_tokens <= 8192:
-            raise HipcError(f"--prefill-chunk must be in 1..8192, got {self.max_tokens}")
+        if self.max_tokens is not None and not 1 <= self.max_tokens <= MAX_STEP_TOKENS:
+            raise HipcError(
+                f"--prefill-chunk must be in 1..{MAX_STEP_TOKENS}, got {self.max_tokens}"
+            )
 
     def resolved_max_context(self, model_limit: int, kv_layer_share: float = 1.0) -> int:
         """`kv_layer_share`: the fraction of layers with a KV cache (the rest recurrent)."""

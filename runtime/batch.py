@@ -18,10 +18,10 @@ streaming) while the device computes; sequences released meanwhile keep their bl
 the steps in flight with rows of them are collected. Where the backend `pipelines` and the
 step in flight picks its tokens on the device, `submit(top, ahead=True)` queues the next
 one before that step is collected, its decode rows' ids copied on the device from that
-step's picks; the host feeds each sequence the same token when it collects the step. `run_step(top=k)` returns them as one [rows, vocab] array,
-or, from a backend that picks tokens on the device (`step_top`, `max_top_k` >= k), each
-row's k likeliest ids and logits: what an all-greedy batch needs, rows x k values instead
-of rows x vocab. Blocks come from a KVPool: a sequence is admitted only when every block it
+step's picks; the host feeds each sequence the same token when it collects the step.
+`run_step(top=k)` returns them as one [rows, vocab] array, or, from a backend that picks
+tokens on the device (`step_top`, `max_top_k` >= k), each row's k likeliest ids and logits:
+what an all-greedy batch needs, rows x k values instead of rows x vocab. Blocks come from a KVPool: a sequence is admitted only when every block it
 may need can be promised (prompt + max_tokens), and the full blocks of its prompt that an
 earlier sequence computed are shared instead of recomputed (prefix caching by block hash).
 

@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hipc.base.errors import HipcError
+from hipc.base.launch_plan import MAX_STEP_TOKENS
 
 _CHUNK = 1 << 22
 STATE_DTYPES = ("float32", "bfloat16")
@@ -171,10 +172,10 @@ def check_plan(
     vocab = _int(f"{where}: vocab_size", plan.get("vocab_size"))
     # a step may hold more rows than one context (several sequences' prompts at once), up
     # to the compiler's --prefill-chunk bound
-    if not 1 <= max_tokens <= 8192 or max_context < 2:
+    if not 1 <= max_tokens <= MAX_STEP_TOKENS or max_context < 2:
         raise HipcError(
             f"{where}: max_tokens {max_tokens} / max_context {max_context} out of range "
-            "(1..8192 tokens a step, a context of 2 or more)"
+            f"(1..{MAX_STEP_TOKENS} tokens a step, a context of 2 or more)"
         )
 
     specs = plan.get("weights")

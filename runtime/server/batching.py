@@ -8,10 +8,10 @@ Decoding (sampler, seed, stop conditions, logprobs, grammar). Where the backend 
 step in flight (a GPU), each row's token is picked and fed first, the next step submitted,
 and only then is the text made, stops checked and the events streamed, while it runs; and
 where every running choice is plain greedy and the backend `pipelines`, the step after is
-submitted before a step is collected, fed the device's picks (runtime/batch.py). A request starts when its first
-choice is admitted; its choices run side by side (their shared prompt is computed once, then
-found in the prefix cache), and their stream events are released in choice order, as the one
-at a time runner emits them.
+submitted before a step is collected, fed the device's picks (runtime/batch.py). A request
+starts when its first choice is admitted; its choices run side by side (their shared prompt
+is computed once, then found in the prefix cache), and their stream events are released in
+choice order, as the one at a time runner emits them.
 
 The surface is the Scheduler's (scheduler.py): submit / cancel / close / hurry / idle, jobs
 and their events, `on_change(depth, running)`; QueueFull (a 429) when more than
