@@ -1315,8 +1315,9 @@ def bulk_gemv_fits(wsuffix: str, K: int, target: GpuTarget) -> bool:
 # quant_gemv's table: (family, matrix class) -> geometry. Families: "q" (the 32-weight types),
 # "q4_k" and "q5_k" (128-weight units), "q6_k". Classes: "small" (under QUANT_GEMV_LARGE_BYTES,
 # rows shorter than QUANT_GEMV_LONG_K), "small_long" (under, rows that long), and at or over it
-# "glu" (gate/up), "long" (rows of QUANT_GEMV_LONG_ROWS and more: a down projection) and
-# "short" (the rest: qkv, o). bench_gpu_gemv.py's pick:* variants time other tables whole.
+# "glu" (gate/up), "long" (rows of QUANT_GEMV_LONG_ROWS and more: a down projection),
+# "narrow" (no more outputs than inputs: an attention's o) and "short" (the rest: qkv, an LM
+# head). bench_gpu_gemv.py's pick:* variants time other tables whole.
 QUANT_GEMV_LONG_ROWS = 8192
 # Q4_K and Q6_K down projections: 16-wave blocks of 2-row rings of two 64-weight units
 # (QUANT_GEMV_K64). On the H200 (bench_gpu_gemv.py, int8, session 10 call 1; copy 4.28 TB/s)
@@ -1324,20 +1325,22 @@ QUANT_GEMV_LONG_ROWS = 8192
 # QUANT_GEMV_Q6_K took 18.6, and the Q4_K_M layer chains with them 45.7 / 52.2 us where the
 # table before took 49.0 / 58.5 (docs/benchmarks/gpu-h200.md, "Session 10, qdec"). The same
 # geometry lost on the Q4_K qkv (7.6 against 7.1 us) and gate/up (22.6 against 18.7), and
-# won the 4096 x 4096 o (5.0 against 5.7), which shares the "short" class with qkv: left.
+# won the 4096 x 4096 o (5.0 against 5.7): the "narrow" class, which qkv is not in.
 # Q5_K has no 64-weight unit (unit_of) and was not measured: it keeps QUANT_GEMV_KQUANT.
 QUANT_GEMV_K64 = QuantGemv(16, 2, 1, 132, 1, 2, 8, unit64=True)
-_CLASSES = ("small", "small_long", "short", "long", "glu")
+_CLASSES = ("small", "small_long", "short", "narrow", "long", "glu")
 QUANT_GEMV_TABLE: dict[tuple[str, str], QuantGemv] = {
     ("q", "small"): QUANT_GEMV_SMALL,
     ("q", "small_long"): QUANT_GEMV_LONG,
     ("q", "short"): QUANT_GEMV_LARGE,
+    ("q", "narrow"): QUANT_GEMV_LARGE,
     ("q", "long"): QUANT_GEMV_LARGE,
     ("q", "glu"): QUANT_GEMV_LARGE_GLU,
     **{("q4_k", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("q5_k", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("q6_k", c): QUANT_GEMV_Q6_K for c in _CLASSES},
     ("q4_k", "long"): QUANT_GEMV_K64,
+    ("q4_k", "narrow"): QUANT_GEMV_K64,
     ("q6_k", "long"): QUANT_GEMV_K64,
 }
 
@@ -1348,7 +1351,9 @@ def gemv_class(wsuffix: str, N: int, K: int, glu: bool) -> tuple[str, str]:
     family = wsuffix if qt.unit_values > 32 else "q"
     if N * (K // qt.block_values) * qt.block_bytes < QUANT_GEMV_LARGE_BYTES:
         return family, "small_long" if K >= QUANT_GEMV_LONG_K else "small"
-    return family, "glu" if glu else "long" if K >= QUANT_GEMV_LONG_ROWS else "short"
+    if glu:
+        return family, "glu"
+    return family, "long" if K >= QUANT_GEMV_LONG_ROWS else "narrow" if N <= K else "short"
 
 
 def quant_gemv(

@@ -155,6 +155,7 @@ PICKS = {
     "m2lpdown": {
         **QUANT_GEMV_TABLE,
         ("q", "short"): W8S3M2,
+        ("q", "narrow"): W8S3M2,
         ("q", "glu"): W8S3M2,
         **{
             (f, "long"): replace(g, l2_prefetch=True)

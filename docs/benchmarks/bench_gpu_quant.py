@@ -259,12 +259,14 @@ def generate_decode(artifact: Path, tokens: int) -> float:
 
 
 def profile(artifact: Path) -> str:
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "profile_gpu_decode.py"), str(artifact)],
-        capture_output=True,
-        text=True,
-    )
-    return proc.stdout + proc.stderr[-2000:]
+    """Each kernel timed alone at 512 positions, then each kind's cost inside the decode
+    graph at 64 (the middle of tg128's positions) by leaving it out (profile_gpu_decode.py)."""
+    out = ""
+    for extra in ([], ["--ablate", "--position", "64"]):
+        cmd = [sys.executable, str(HERE / "profile_gpu_decode.py"), str(artifact), *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        out += proc.stdout + proc.stderr[-2000:]
+    return out
 
 
 def llama_bench(binary: Path, path: Path, repeats: int) -> dict:

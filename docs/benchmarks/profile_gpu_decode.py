@@ -2,6 +2,7 @@
 
     python docs/benchmarks/profile_gpu_decode.py ARTIFACT [--position 512] [--prefill T [--start S]]
     python docs/benchmarks/profile_gpu_decode.py ARTIFACT --batch R [--position 256]
+    python docs/benchmarks/profile_gpu_decode.py ARTIFACT --ablate [--position 64]
 
 Runs the step's launch list with a CUDA event between launches, captured into one graph (no
 host in between), so each kernel's GPU time is measured without launch overhead; prints the
@@ -10,6 +11,9 @@ time per kernel kind, then the whole step. --prefill T: a T-token prefill step f
 logits only, as a prompt runs; the launches marked to overlap run back to back here, so their
 overlap is not counted). --batch R: a batch step of R sequences (one row each, all at
 --position; the launch list of the bucket that holds R rows, as the batching engine steps it).
+--ablate: each kernel kind's cost inside the decode graph as it runs (launches overlapping):
+the graph replayed whole, then once without each kind's launches (the numbers are garbage
+then, the time is not), so a kind's cost is the difference, boundaries and overlap included.
 """
 
 from __future__ import annotations
@@ -112,6 +116,51 @@ def replay_ms(eng, position: int, n: int = 50) -> tuple[float, float]:
     return with_copies, (time.perf_counter() - t) / n * 1e3
 
 
+def graph_ms(eng, launches, n: int = 100) -> float:
+    """ms per replay of a graph of `launches` (a decode step's, at the inputs left on the
+    device), captured as the runtime captures decode (programmatic launches where marked)."""
+    b, d = eng.backend, eng.backend._driver
+    d.synchronize()
+    d.begin_capture()
+    for launch in launches:
+        b._launch(launch, launch.grid_dims(1, 1), b._pack(launch, 1, 1))
+    graph = d.end_capture()
+    exe = d.instantiate(graph)
+    for _ in range(5):
+        d.graph_launch(exe)
+    d.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        d.graph_launch(exe)
+    d.synchronize()
+    ms = (time.perf_counter() - t) / n * 1e3
+    d.destroy_graph(graph, exe)
+    return ms
+
+
+def ablate(eng, position: int) -> None:
+    """Each kernel kind's cost in the decode graph: the whole graph's replay time less the
+    graph's without that kind's launches (the median of three)."""
+    eng.forward(np.random.default_rng(0).integers(0, eng.vocab_size, position).tolist(), 0)
+    eng.backend.forward(np.array([5]), position, False)  # the step's inputs on the device
+    launches = eng.backend.gpu.decode
+
+    def kind(launch) -> str:
+        return "_".join(p for p in launch.kernel.split("_") if not _is_hash(p))
+
+    kinds = sorted({kind(x) for x in launches})
+    whole = sorted(graph_ms(eng, launches) for _ in range(3))[1]
+    print(f"decode graph at position {position}: {whole:.3f} ms ({len(launches)} launches)")
+    for k in kinds:
+        rest = [x for x in launches if kind(x) != k]
+        without = sorted(graph_ms(eng, rest) for _ in range(3))[1]
+        n = len(launches) - len(rest)
+        print(
+            f"{k:48s} {whole - without:7.3f} ms in the graph "
+            f"({n} launches, {(whole - without) / n * 1e3:6.2f} us each)"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("artifact")
@@ -119,7 +168,11 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=0, metavar="T", help="profile a T-token prefill")
     ap.add_argument("--start", type=int, default=0, help="the prefill step's first position")
     ap.add_argument("--batch", type=int, default=0, metavar="R", help="profile an R-row batch step")
+    ap.add_argument("--ablate", action="store_true", help="each kind's cost in the decode graph")
     args = ap.parse_args()
+    if args.ablate:
+        ablate(load_engine(args.artifact, target="cuda"), args.position)
+        return
     # a batch's sequences each need their own blocks (the pool's default is one sequence)
     pool = args.batch * (args.position + 64) if args.batch else None
     eng = load_engine(args.artifact, target="cuda", kv_pool_tokens=pool)

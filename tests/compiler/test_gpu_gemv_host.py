@@ -280,13 +280,13 @@ def test_bulk_default_follows_the_table(monkeypatch):
 
 def test_quant_gemv_classes():
     """The Llama-3-8B and SmolLM2 matrices fall in the QUANT_GEMV_TABLE classes its comment
-    names: the 8B's qkv and o "short", gate/up "glu", down "long" (K 14336), matrices under
+    names: the 8B's qkv "short", o "narrow", gate/up "glu", down "long" (K 14336), matrices under
     4 MiB "small" or, with rows of 1536 and more, "small_long"; K-quants and Q6_K each their
     own family."""
-    from hipc.compiler.kernels.linear import gemv_class
+    from hipc.compiler.kernels.linear import gemv_class, quant_gemv
 
     assert gemv_class("q4_0", 6144, 4096, False) == ("q", "short")
-    assert gemv_class("q4_0", 4096, 4096, False) == ("q", "short")
+    assert gemv_class("q4_0", 4096, 4096, False) == ("q", "narrow")
     assert gemv_class("q8_0", 2 * 14336, 4096, True) == ("q", "glu")
     assert gemv_class("q4_0", 4096, 14336, False) == ("q", "long")
     assert gemv_class("q4_1", 960, 576, False) == ("q", "small")
@@ -296,6 +296,9 @@ def test_quant_gemv_classes():
     assert gemv_class("q4_k", 4096, 14336, False) == ("q4_k", "long")
     assert gemv_class("q6_k", 1024, 4096, False) == ("q6_k", "small_long")  # 3.4 MB
     assert gemv_class("q6_k", 128256, 4096, False) == ("q6_k", "short")
+    # the Q4_K o takes the 64-weight units that lost on the Q4_K qkv (session 10)
+    assert quant_gemv("q4_k", 4096, 4096).unit64
+    assert not quant_gemv("q4_k", 6144, 4096).unit64
 
 
 def test_decode_gemv_follows_the_geometry_table(monkeypatch):
@@ -316,14 +319,15 @@ def test_decode_gemv_follows_the_geometry_table(monkeypatch):
     assert linear.quant_gemv("q5_0", 4096, 14336) == replace(down, unroll=2, stages=1)
     o = linear.quant_gemv("q4_0", 4096, 4096)
     assert o == linear.QUANT_GEMV_LARGE and not o.l2_prefetch
-    table = {**linear.QUANT_GEMV_TABLE, ("q", "short"): down}
+    table = {**linear.QUANT_GEMV_TABLE, ("q", "narrow"): down}
     assert linear.quant_gemv("q4_0", 4096, 4096, table=table) == down
+    assert linear.quant_gemv("q4_0", 6144, 4096, table=table) == linear.QUANT_GEMV_LARGE
 
 
 def test_kquant_down_projections_take_64_weight_units():
     """Q4_K and Q6_K matrices of the "long" class (the 8B's down) get QUANT_GEMV_K64, rendered
-    with the 64-weight units; Q5_K, which has no such unit, and the other classes keep
-    theirs."""
+    with the 64-weight units, and so does the Q4_K o ("narrow"); Q5_K, which has no such unit,
+    and the other classes keep theirs."""
     from hipc.compiler.kernels import linear
 
     for wtype in ("q4_k", "q6_k"):
@@ -332,5 +336,7 @@ def test_kquant_down_projections_take_64_weight_units():
         k = decode_gemv("a", p, GpuTarget("sm_90"), ["n"], activations="int8")
         assert k.ctx["unit"] == f"{wtype}64" and k.threads == 16 * 32
     assert linear.quant_gemv("q5_k", 4096, 14336) == linear.QUANT_GEMV_KQUANT
-    assert linear.quant_gemv("q4_k", 4096, 4096) == linear.QUANT_GEMV_KQUANT
+    assert linear.quant_gemv("q4_k", 4096, 4096) == linear.QUANT_GEMV_K64
+    assert linear.quant_gemv("q4_k", 6144, 4096) == linear.QUANT_GEMV_KQUANT
+    assert linear.quant_gemv("q6_k", 4096, 4096) == linear.QUANT_GEMV_Q6_K
     assert linear.quant_gemv("q6_k", 128256, 4096) == linear.QUANT_GEMV_Q6_K

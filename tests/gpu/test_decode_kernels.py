@@ -108,6 +108,8 @@ GEMVS = {
     # quant_gemv's own choice for down projections of 4 MiB and more (QUANT_GEMV_K64)
     "q4_k_default_long_k14336": ("q4_k", 600, 14336, "residual", False, False),
     "q6_k_default_long_k14336": ("q6_k", 600, 14336, "residual", False, False),
+    # and for an o projection's (QUANT_GEMV_K64 too: "narrow", N <= K)
+    "q4_k_default_narrow_k4096": ("q4_k", 2000, 4096, "residual", False, False),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
