@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hipc.base.errors import HipcError
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
 from hipc.compiler.ir import Graph, Node
 from hipc.compiler.kernels.base import (
@@ -1356,6 +1357,32 @@ def gemv_class(wsuffix: str, N: int, K: int, glu: bool) -> tuple[str, str]:
     return family, "long" if K >= QUANT_GEMV_LONG_ROWS else "narrow" if N <= K else "short"
 
 
+# HIPC_QUANT_GEMV_TABLE (compile time, for benchmarks timing geometries inside the decode
+# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64];..."
+# replaces those entries of QUANT_GEMV_TABLE (k64: QuantGemv.unit64).
+TABLE_ENV = "HIPC_QUANT_GEMV_TABLE"
+
+
+def table_overrides() -> dict[tuple[str, str], QuantGemv]:
+    out = {}
+    for item in filter(None, os.environ.get(TABLE_ENV, "").split(";")):
+        key, _, geometry = item.partition("=")
+        family, _, cls = key.strip().partition(":")
+        fields = geometry.split(",")
+        try:
+            ints = [int(v) for v in fields[:7]]
+        except ValueError:
+            ints = []
+        if (
+            (family, cls) not in QUANT_GEMV_TABLE
+            or len(ints) != 7
+            or fields[7:] not in ([], ["k64"])
+        ):
+            raise HipcError(f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64])")
+        out[family, cls] = QuantGemv(*ints, unit64=fields[7:] == ["k64"])
+    return out
+
+
 def quant_gemv(
     wsuffix: str,
     N: int,
@@ -1365,7 +1392,9 @@ def quant_gemv(
 ) -> QuantGemv:
     """The geometry of a quantized GEMV of an [N, K] matrix (`glu`: gate/up row pairs), from
     `table` (default QUANT_GEMV_TABLE)."""
-    g = (QUANT_GEMV_TABLE if table is None else table)[gemv_class(wsuffix, N, K, glu)]
+    if table is None:
+        table = {**QUANT_GEMV_TABLE, **table_overrides()}
+    g = table[gemv_class(wsuffix, N, K, glu)]
     if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
         g = replace(g, rows=2, unroll=2, stages=1, min_blocks=min(g.min_blocks, 2))
     if wsuffix == "q8_0":  # 9 registers a unit

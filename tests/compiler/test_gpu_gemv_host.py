@@ -340,3 +340,20 @@ def test_kquant_down_projections_take_64_weight_units():
     assert linear.quant_gemv("q4_k", 6144, 4096) == linear.QUANT_GEMV_KQUANT
     assert linear.quant_gemv("q6_k", 4096, 4096) == linear.QUANT_GEMV_Q6_K
     assert linear.quant_gemv("q6_k", 128256, 4096) == linear.QUANT_GEMV_Q6_K
+
+
+def test_table_env_replaces_entries_for_benchmarks(monkeypatch):
+    """HIPC_QUANT_GEMV_TABLE replaces the named QUANT_GEMV_TABLE entries at compile time (so a
+    benchmark can time a geometry inside the decode graph), leaves the rest, and refuses an
+    entry it cannot read, naming it."""
+    from hipc.base.errors import HipcError
+    from hipc.compiler.kernels import linear
+
+    monkeypatch.setenv(linear.TABLE_ENV, "q:narrow=8,2,2,128,1,4,8;q4_k:long=16,2,1,64,1,4,8,k64")
+    assert linear.quant_gemv("q4_0", 4096, 4096) == QuantGemv(8, 2, 2, 128, 1, 4, 8)
+    assert linear.quant_gemv("q4_k", 4096, 14336) == QuantGemv(16, 2, 1, 64, 1, 4, 8, unit64=True)
+    assert linear.quant_gemv("q4_0", 6144, 4096) == linear.QUANT_GEMV_LARGE
+    for bad in ("q:narrow=8,2,2", "q:wide=8,2,2,128,1,4,8", "q:narrow=8,2,2,128,1,4,x"):
+        monkeypatch.setenv(linear.TABLE_ENV, bad)
+        with pytest.raises(HipcError, match="HIPC_QUANT_GEMV_TABLE: bad entry"):
+            linear.quant_gemv("q4_0", 4096, 4096)
