@@ -71,7 +71,9 @@ class CompiledEngine:
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
 
-    def _run(self, tokens: Sequence[int], start: int, all_logits: bool) -> np.ndarray:
+    def _run(
+        self, tokens: Sequence[int], start: int, all_logits: bool, copy: bool = True
+    ) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)
         if ids.size == 0:
             raise HipcError("no tokens to run")
@@ -83,7 +85,7 @@ class CompiledEngine:
         if ids.size == 1:
             if not 0 <= int(ids[0]) < self.vocab_size:
                 raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
-            return self.backend.forward(ids, start, all_logits)
+            return self.backend.forward(ids, start, all_logits, copy=copy)
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise HipcError(f"token id out of vocabulary (size {self.vocab_size})")
         step = self.backend.max_tokens
@@ -97,13 +99,16 @@ class CompiledEngine:
                 self.backend.forward(chunk, start + i, False)
         return np.concatenate(outs) if all_logits else outs[-1]
 
-    def forward(self, tokens: Sequence[int], start: int) -> np.ndarray:
-        """Logits of the last token [vocab]."""
+    def forward(self, tokens: Sequence[int], start: int, copy: bool = True) -> np.ndarray:
+        """Logits of the last token [vocab]. `copy` False: a decode step's logits may be a
+        view of the backend's output buffer, valid until the next step (llama.cpp's
+        llama_get_logits contract): a GPU backend then skips copying half a MiB out of its
+        pinned buffer per token, which costs ~50 us where the row is cold in the CPU's cache."""
         self._drain()
         if self.sequence:
             self._check(tokens, start)
             return self.sequence.forward(list(tokens), start)
-        return self._run(tokens, start, False)[-1]
+        return self._run(tokens, start, False, copy)[-1]
 
     def submit(self, tokens: Sequence[int], start: int, argmax: bool = False) -> None:
         """Start the step of `tokens` (at most one step's worth) and return before it ends;

@@ -162,6 +162,10 @@ def bench_hipc(
     eng.forward(ids, 0)
     eng.forward([1], prompt)
     pf, dc, ev, ev0 = [], [], [], []
+    # The decode loops read each step's logits where they were copied back to (copy=False:
+    # the pinned buffer, valid until the next step), as llama.cpp's llama_get_logits hands
+    # out its output buffer; a copy of the row on top costs ~50 us a token
+    # (bench_decode_host.py), which no sampler needs.
     for _ in range(repeats):
         t = time.perf_counter()
         logits = eng.forward(ids, 0)
@@ -169,18 +173,18 @@ def bench_hipc(
         tok = int(logits.argmax())
         t = time.perf_counter()
         for i in range(decode):
-            tok = int(eng.forward([tok], prompt + i).argmax())
+            tok = int(eng.forward([tok], prompt + i, copy=False).argmax())
         dc.append(decode / (time.perf_counter() - t))
         # llama-bench's tg measure: each token evaluated and its logits copied back, no
         # sampling (it feeds tokens it does not pick), so the host argmax is left out here
         t = time.perf_counter()
         for i in range(decode):
-            eng.forward([tok], prompt + i)
+            eng.forward([tok], prompt + i, copy=False)
         ev.append(decode / (time.perf_counter() - t))
         # ... and from an empty cache, as llama-bench's tg128 (depth 0) runs
         t = time.perf_counter()
         for i in range(decode):
-            eng.forward([tok], i)
+            eng.forward([tok], i, copy=False)
         ev0.append(decode / (time.perf_counter() - t))
     eng.close()
     return {

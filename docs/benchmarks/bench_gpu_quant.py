@@ -24,7 +24,8 @@ Each file is compiled with `hipc compile --target` once per --activations roundi
 quantized GEMVs (int8, the script's default: one plane, llama.cpp's q8_1 numerics; int16:
 x as int8 hi + lo planes, hipc's default), then timed: 512-token prefill and 128-token decode through the engine's
 `forward()` loop (median of --repeats): 128 tokens from an empty cache with the logits copied
-back, as llama-bench's tg128 evaluates them (@0), the same after the 512-token prompt (@512),
+back, as llama-bench's tg128 evaluates them (@0; read where they land, `forward(copy=False)`,
+as llama_get_logits hands out llama.cpp's buffer), the same after the 512-token prompt (@512),
 and greedy after the prompt (argmax on the host); `hipc generate --json` decode (a chat prompt, 128
 tokens, EOS ignored), and the per-kernel decode profile (profile_gpu_decode.py, --profile).
 On the H200 one model took 40-75 s of hipc (write, compile, time) and the llama.cpp path

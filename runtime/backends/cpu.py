@@ -199,8 +199,11 @@ class CpuBackend:
         for dst, src in zip(self._recurrent(), snapshot, strict=True):
             np.copyto(dst[slot], src)  # in place: hipc_forward holds these pointers
 
-    def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
-        """One sequence's tokens at start..: its block b is pool block b."""
+    def forward(
+        self, ids: np.ndarray, start: int, all_logits: bool, copy: bool = True
+    ) -> np.ndarray:
+        """One sequence's tokens at start..: its block b is pool block b. (The logits are a
+        new array whatever `copy` says: the kernels write them there.)"""
         T = len(ids)
         pos = np.arange(start, start + T, dtype=np.int32)
         rows = np.arange(T, dtype=np.int32) if all_logits else np.array([T - 1], np.int32)

@@ -785,9 +785,12 @@ class GpuBackend:
         """The sequence dropped `snapshot`: its buffer serves the next one (freed at close)."""
         self._spare_snapshots.append(snapshot)
 
-    def forward(self, ids: np.ndarray, start: int, all_logits: bool) -> np.ndarray:
+    def forward(
+        self, ids: np.ndarray, start: int, all_logits: bool, copy: bool = True
+    ) -> np.ndarray:
+        """submit + collect; `copy` False: a view of the pinned buffer (collect's)."""
         self.submit(ids, start, all_logits)
-        return self.collect()
+        return self.collect(copy)
 
     def submit(self, ids: np.ndarray, start: int, all_logits: bool = False, top: int = 0) -> None:
         """Queue one sequence's step (copies in, the launches, the logits' copy out) without

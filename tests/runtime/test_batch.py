@@ -82,6 +82,17 @@ def test_alone_in_the_batch_engine_is_the_one_sequence_engine(engine):
             np.testing.assert_array_equal(g, w)
 
 
+def test_forward_without_a_copy_on_the_cpu(engine):
+    """forward(copy=False) is the same step on the CPU backend, whose logits are a new array
+    either way (the view contract is the GPU backends')."""
+    n = len(PROMPTS[0])
+    engine.forward(PROMPTS[0], 0)
+    a = engine.forward([1], n, copy=False)
+    b = engine.forward([1], n)
+    np.testing.assert_array_equal(a, b)
+    assert not np.shares_memory(a, b)
+
+
 def test_every_sequence_of_a_batch_produces_what_it_produces_alone(engine, artifact):
     want = {i: alone(engine, i) for i in range(len(PROMPTS))}
     # joining at different steps, prompts chunked by 8 among decode rows, leaving after

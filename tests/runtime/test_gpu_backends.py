@@ -1003,6 +1003,13 @@ def test_submit_then_collect_is_forward(api, artifact):
     eng.submit([2], 10)
     eng.collect()
     np.testing.assert_allclose(view, expected([2], 10, False)[-1], rtol=1e-6)
+    # and forward(copy=False) likewise, where the default's logits stay the caller's own
+    kept = eng.forward([1], 11)
+    view = eng.forward([0], 12, copy=False)
+    np.testing.assert_allclose(view, expected([0], 12, False)[-1], rtol=1e-6)
+    eng.forward([4], 13)
+    np.testing.assert_allclose(view, expected([4], 13, False)[-1], rtol=1e-6)
+    np.testing.assert_allclose(kept, expected([1], 11, False)[-1], rtol=1e-6)
 
 
 class _Letters:
