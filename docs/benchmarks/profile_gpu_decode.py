@@ -2,7 +2,7 @@
 
     python docs/benchmarks/profile_gpu_decode.py ARTIFACT [--position 512] [--prefill T [--start S]]
     python docs/benchmarks/profile_gpu_decode.py ARTIFACT --batch R [--position 256]
-    python docs/benchmarks/profile_gpu_decode.py ARTIFACT --ablate [--position 64]
+    python docs/benchmarks/profile_gpu_decode.py ARTIFACT --ablate [--position 64] [--swap KIND=GEOMETRY ...]
 
 Runs the step's launch list with a CUDA event between launches, captured into one graph (no
 host in between), so each kernel's GPU time is measured without launch overhead; prints the
@@ -14,6 +14,8 @@ overlap is not counted). --batch R: a batch step of R sequences (one row each, a
 --ablate: each kernel kind's cost inside the decode graph as it runs (launches overlapping):
 the graph replayed whole, then once without each kind's launches (the numbers are garbage
 then, the time is not), so a kind's cost is the difference, boundaries and overlap included.
+--swap KIND=GEOMETRY (with --ablate, repeatable): the graph with that kind's quantized GEMVs
+rendered in another geometry (gemv_swap.py), one model compile for many geometries.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ from hipc.runtime.engine import load_engine
 
 def _is_hash(part: str) -> bool:
     return len(part) == 6 and all(c in "0123456789abcdef" for c in part)
+
+
+def kind_of(kernel: str) -> str:
+    """A kernel's name without its specialization hash (linear_q4_0_6144x4096_none_gemv)."""
+    return "_".join(p for p in kernel.split("_") if not _is_hash(p))
 
 
 def batch_step(b, rows: int, position: int):
@@ -92,7 +99,7 @@ def kernel_times(
         for k, launch in enumerate(launches):
             ms = cu.cuEventElapsedTime(events[k], events[k + 1])[1]
             # the kernel's name without its specialization hash (linear_q4_0_6144x4096_none_gemv)
-            shape = "_".join(p for p in launch.kernel.split("_") if not _is_hash(p))
+            shape = kind_of(launch.kernel)
             per_kind[shape] += ms / 1e3 / reps
     d.destroy_graph(None, timed)
     for e in events:
@@ -138,27 +145,31 @@ def graph_ms(eng, launches, n: int = 100) -> float:
     return ms
 
 
-def ablate(eng, position: int) -> None:
+def ablate(eng, position: int, swaps: list[str] = ()) -> None:
     """Each kernel kind's cost in the decode graph: the whole graph's replay time less the
-    graph's without that kind's launches (the median of three)."""
+    graph's without that kind's launches (the median of three); then the graph with each of
+    `swaps` (KIND=GEOMETRY: that kind's GEMVs in another geometry, gemv_swap.py)."""
     eng.forward(np.random.default_rng(0).integers(0, eng.vocab_size, position).tolist(), 0)
     eng.backend.forward(np.array([5]), position, False)  # the step's inputs on the device
     launches = eng.backend.gpu.decode
 
-    def kind(launch) -> str:
-        return "_".join(p for p in launch.kernel.split("_") if not _is_hash(p))
-
-    kinds = sorted({kind(x) for x in launches})
+    kinds = sorted({kind_of(x.kernel) for x in launches})
     whole = sorted(graph_ms(eng, launches) for _ in range(3))[1]
     print(f"decode graph at position {position}: {whole:.3f} ms ({len(launches)} launches)")
     for k in kinds:
-        rest = [x for x in launches if kind(x) != k]
+        rest = [x for x in launches if kind_of(x.kernel) != k]
         without = sorted(graph_ms(eng, rest) for _ in range(3))[1]
         n = len(launches) - len(rest)
         print(
             f"{k:48s} {whole - without:7.3f} ms in the graph "
             f"({n} launches, {(whole - without) / n * 1e3:6.2f} us each)"
         )
+    from gemv_swap import parse_swap, swapped  # this folder (sys.path[0] when run as a script)
+
+    for text in swaps:
+        kind, geometry = parse_swap(text)
+        ms = sorted(graph_ms(eng, swapped(eng, launches, kind, geometry)) for _ in range(3))[1]
+        print(f"swap {text}: {ms:.3f} ms ({(ms - whole) * 1e3:+.1f} us a step)")
 
 
 def main() -> None:
@@ -169,9 +180,12 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=0, help="the prefill step's first position")
     ap.add_argument("--batch", type=int, default=0, metavar="R", help="profile an R-row batch step")
     ap.add_argument("--ablate", action="store_true", help="each kind's cost in the decode graph")
+    ap.add_argument("--swap", action="append", default=[], metavar="KIND=GEOMETRY",
+                    help="--ablate: also time the graph with KIND's GEMVs in GEOMETRY "
+                    "(waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64]); repeatable")  # fmt: skip
     args = ap.parse_args()
     if args.ablate:
-        ablate(load_engine(args.artifact, target="cuda"), args.position)
+        ablate(load_engine(args.artifact, target="cuda"), args.position, args.swap)
         return
     # a batch's sequences each need their own blocks (the pool's default is one sequence)
     pool = args.batch * (args.position + 64) if args.batch else None
