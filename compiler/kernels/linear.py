@@ -1363,23 +1363,28 @@ def gemv_class(wsuffix: str, N: int, K: int, glu: bool) -> tuple[str, str]:
 TABLE_ENV = "HIPC_QUANT_GEMV_TABLE"
 
 
+def parse_geometry(text: str) -> QuantGemv | None:
+    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64]" -> its QuantGemv (k64:
+    unit64); None when it is not that."""
+    fields = text.split(",")
+    if len(fields) not in (7, 8) or fields[7:] not in ([], ["k64"]):
+        return None
+    try:
+        ints = [int(v) for v in fields[:7]]
+    except ValueError:
+        return None
+    return QuantGemv(*ints, unit64=fields[7:] == ["k64"])
+
+
 def table_overrides() -> dict[tuple[str, str], QuantGemv]:
     out = {}
     for item in filter(None, os.environ.get(TABLE_ENV, "").split(";")):
         key, _, geometry = item.partition("=")
         family, _, cls = key.strip().partition(":")
-        fields = geometry.split(",")
-        try:
-            ints = [int(v) for v in fields[:7]]
-        except ValueError:
-            ints = []
-        if (
-            (family, cls) not in QUANT_GEMV_TABLE
-            or len(ints) != 7
-            or fields[7:] not in ([], ["k64"])
-        ):
+        g = parse_geometry(geometry)
+        if (family, cls) not in QUANT_GEMV_TABLE or g is None:
             raise HipcError(f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64])")
-        out[family, cls] = QuantGemv(*ints, unit64=fields[7:] == ["k64"])
+        out[family, cls] = g
     return out
 
 
@@ -1393,7 +1398,8 @@ def quant_gemv(
     """The geometry of a quantized GEMV of an [N, K] matrix (`glu`: gate/up row pairs), from
     `table` (default QUANT_GEMV_TABLE)."""
     if table is None:
-        table = {**QUANT_GEMV_TABLE, **table_overrides()}
+        overrides = table_overrides()
+        table = {**QUANT_GEMV_TABLE, **overrides} if overrides else QUANT_GEMV_TABLE
     g = table[gemv_class(wsuffix, N, K, glu)]
     if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
         g = replace(g, rows=2, unroll=2, stages=1, min_blocks=min(g.min_blocks, 2))

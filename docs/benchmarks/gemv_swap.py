@@ -17,19 +17,19 @@ from profile_gpu_decode import kind_of  # this folder (sys.path[0] when run as a
 
 from hipc.compiler.codegen.environment import render
 from hipc.compiler.codegen.hip import program_source
-from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv
+from hipc.compiler.kernels.linear import LinearParams, QuantGemv, decode_gemv, parse_geometry
 from hipc.compiler.targets import GpuTarget
 
 
 def parse_swap(text: str) -> tuple[str, QuantGemv]:
     """KIND=GEOMETRY -> (KIND, QuantGemv)."""
     kind, _, geometry = text.partition("=")
-    fields = geometry.split(",")
-    if not kind or len(fields) not in (7, 8) or fields[7:] not in ([], ["k64"]):
+    g = parse_geometry(geometry)
+    if not kind or g is None:
         raise SystemExit(
             f"--swap {text!r}: KIND=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64]"
         )
-    return kind, QuantGemv(*(int(v) for v in fields[:7]), unit64=fields[7:] == ["k64"])
+    return kind, g
 
 
 def swap_kernels(artifact, launches, kind: str, geometry: QuantGemv, arch: str):
