@@ -71,6 +71,11 @@ class GpuTarget(Target):
         return "nvidia" if self.arch.startswith("sm_") else "amd"
 
     @property
+    def sm(self) -> int:
+        """NVIDIA's compute capability as sm_XY's number (90 for sm_90); 0 on AMD."""
+        return int(self.arch[3:].rstrip("af")) if self.family == "nvidia" else 0
+
+    @property
     def binary_ext(self) -> str:  # type: ignore[override]
         return "fatbin" if self.family == "nvidia" else "co"
 

@@ -710,9 +710,9 @@ def decode_attention(
     """The decode attention of one layer: the grouped kernels (attention_decode_gqa.hip.j2,
     attention_decode_tile.hip.j2) where their tiles fit in shared memory, else the per-head
     one (attention_decode.hip.j2). `form` ("gqa" / "head" / "tile[:option...]", see
-    decode_attention_tile) overrides DECODE_FORM; `waves` and `blocks` override
+    decode_attention_tile) overrides decode_form's; `waves` and `blocks` override
     DECODE_WAVES and DECODE_BLOCKS (bench_gpu_gemv.py times several)."""
-    form = form or DECODE_FORM
+    form = form or decode_form(target)
     if form == "gqa":
         k = decode_attention_gqa(
             fn, p, target, nodes, max_ctx, kv_storage, waves, blocks or DECODE_BLOCKS
@@ -752,14 +752,24 @@ def decode_splits(
 
 # decode attention: "head" (a block per query head and split), "tile" (a block per KV head and
 # 64-key tile, the tile loaded before the PDL wait) or "gqa" (a block per KV head and split).
-# "tile" measured faster where the decode graph is replayed alone (docs/benchmarks/gpu-h200.md,
-# decattn: the 4-layer 8B Q4_0's graph 0.304 / 0.312 / 0.334 ms at 128 / 512 / 2048 positions,
-# "head" 0.313 / 0.330 / 0.372) and its kernel alone beat "head" at every position, but the
-# engine's forward() loop ran slower with it (the same 4-layer 8B at 128 positions 2,386 tok/s
-# against 2,654), and with it as the default (512 blocks a layer) the SmolLM2 Q4_1 decode fell
-# from 2,413 to 2,058 tok/s in session 8's last call: "head" stays the default until "tile" wins
-# the end-to-end measure too (bench_decode_latency.py --forms compiles each form).
-DECODE_FORM = "head"
+# "tile" where kernels overlap their predecessor (NVIDIA sm_90+: programmatic dependent launch),
+# so its first tile is read while the q/k/v projection finishes. On the H200 (session 13,
+# docs/benchmarks/gpu-h200.md; each form compiled, the engine's forward() loop) the 8B Q4_0
+# decoded 606.1 tok/s from position 0 (tg128) and 580.1 at 512 positions with it (256 blocks)
+# where "head" did 585.2 and 518.5; the real SmolLM2 Q4_1's tensors 2,280 / 2,187 against
+# 2,321 / 2,077 (generation / engine loop at 512). Elsewhere (AMD, sm_80/89: no overlap, the
+# tile is read after the wait like any other load; not measured) "head". DECODE_FORM, when set,
+# overrides both (benchmarks compile each form: bench_decode_latency.py --forms).
+DECODE_FORM: str | None = None
+
+
+def decode_form(target: GpuTarget) -> str:
+    """The decode attention form a target gets by default (DECODE_FORM overrides it)."""
+    if DECODE_FORM:
+        return DECODE_FORM
+    return "tile" if target.sm >= 90 else "head"
+
+
 DECODE_TILE = 32  # keys per tile of the grouped decode kernel (16 where a row is over 256 bytes)
 # blocks per KV head at most: the last one merges every block's partial sums
 DECODE_GQA_SPLITS = 32
@@ -813,10 +823,12 @@ TILE_WAVES = 8
 # lanes per (head, key) score: one measured faster than 4 on the H200 at every position, 8B and
 # SmolLM2 heads (no shuffles; a wave's q reads one address)
 TILE_LANES = 1
-# blocks per layer (KV heads x splits; fewer run where the context is short): 512 gives the 8B's
-# 8 KV heads a block per tile up to 4,096 positions (at 2,048: 11.2 us alone with PDL, 12.7
-# with 256 blocks, where one block took two tiles; the same at 128 and 512)
-TILE_BLOCKS = 512
+# blocks per layer (KV heads x splits; fewer run where the context is short): 256 gives the 8B's
+# 8 KV heads a block per tile up to 2,048 positions. In the engine's loop (session 13) 256 decoded
+# the 8B Q4_0 at 606.1 / 580.1 tok/s (tg128 / 512 positions), 128 at 606.5 / 574.7 and 512 at
+# 589.2 / 563.2 (605.6 / 575.4 in another call): the blocks past the context's end cost at short
+# context. Alone, at 2,048 positions, 512 took 11.2 us a layer and 256 12.7 (one block, two tiles).
+TILE_BLOCKS = 256
 TILE_MIN_BLOCKS = 2  # blocks per SM the registers are capped for
 # shared memory a block may take in all, per target family (sm_80/90: 163/227 KiB; AMD: 64 KiB LDS)
 TILE_MAX_SHARED = {"nvidia": 160 * 1024, "amd": 64 * 1024}

@@ -1303,11 +1303,7 @@ def unit_of(wsuffix: str, unit64: bool) -> dict:
 def bulk_gemv_fits(wsuffix: str, K: int, target: GpuTarget) -> bool:
     """cp.async.bulk copies 16-byte aligned multiples of 16 bytes: every region's bytes per
     row must be one (then every tile's ranges are); NVIDIA sm_90 and later only."""
-    if (
-        not target.arch.startswith("sm_")
-        or int(target.arch[3:5]) < 9
-        or wsuffix not in QUANT_REGIONS
-    ):
+    if target.sm < 90 or wsuffix not in QUANT_REGIONS:
         return False
     bpr = K // QUANT_TYPES[wsuffix].block_values
     return all(bpr * rb % 16 == 0 for rb in QUANT_REGIONS[wsuffix])
@@ -1358,22 +1354,30 @@ def gemv_class(wsuffix: str, N: int, K: int, glu: bool) -> tuple[str, str]:
 
 
 # HIPC_QUANT_GEMV_TABLE (compile time, for benchmarks timing geometries inside the decode
-# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64];..."
+# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN];..."
 # replaces those entries of QUANT_GEMV_TABLE (k64: QuantGemv.unit64).
 TABLE_ENV = "HIPC_QUANT_GEMV_TABLE"
 
 
 def parse_geometry(text: str) -> QuantGemv | None:
-    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64]" -> its QuantGemv (k64:
-    unit64); None when it is not that."""
+    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN]" -> its QuantGemv
+    (k64: unit64; pN: preload N); None when it is not that."""
     fields = text.split(",")
-    if len(fields) not in (7, 8) or fields[7:] not in ([], ["k64"]):
+    flags = fields[7:]
+    preload = [f[1:] for f in flags if f[:1] == "p"]
+    if (
+        len(fields) < 7
+        or len(set(flags)) != len(flags)
+        or any(f != "k64" and f[:1] != "p" for f in flags)
+        or len(preload) > 1
+        or not all(v.isdigit() for v in preload)
+    ):
         return None
     try:
         ints = [int(v) for v in fields[:7]]
     except ValueError:
         return None
-    return QuantGemv(*ints, unit64=fields[7:] == ["k64"])
+    return QuantGemv(*ints, preload=int(preload[0]) if preload else 0, unit64="k64" in flags)
 
 
 def table_overrides() -> dict[tuple[str, str], QuantGemv]:
@@ -1383,7 +1387,7 @@ def table_overrides() -> dict[tuple[str, str], QuantGemv]:
         family, _, cls = key.strip().partition(":")
         g = parse_geometry(geometry)
         if (family, cls) not in QUANT_GEMV_TABLE or g is None:
-            raise HipcError(f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64])")
+            raise HipcError(f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64][,pN])")
         out[family, cls] = g
     return out
 

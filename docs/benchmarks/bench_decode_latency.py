@@ -1,5 +1,5 @@
 """Batch-1 decode time that is not weight streaming, before/after: each model compiled with
-each decode-attention form (compiler/kernels/attention.py DECODE_FORM: "head", one block per
+each decode-attention form (compiler/kernels/attention.py decode_form: "head", one block per
 query head and split; "gqa", one block per KV head and split; "tile[:options]", the grouped
 kernel with its tile loaded before the wait), then timed on one GPU.
 

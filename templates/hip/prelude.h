@@ -173,9 +173,51 @@ HIPC_DEVICE void hipc_sync_wave() {
 // at most the next kernel is resident early (prefetching its weights) while it runs.
 // Elsewhere (AMD, sm_80/89) kernels run back to back and both are no-ops.
 #if defined(__CUDACC__)
+#ifdef HIPC_TRACE
+// A timeline of the decode graph (docs/benchmarks/trace_gpu_decode.py compiles the program with
+// HIPC_TRACE = records): thread 0 of each block that reaches hipc_wait_prior() takes the next
+// record, in the order blocks are released, and stores globaltimer ns at its arrival and
+// release, its grid's and its own index (SM in the high word); hipc_trace_end() (a
+// hipc_trace_scope's end) adds when the block's last wave finished. Never defined by the compiler.
+HIPC_MODULE_ARRAY(unsigned long long, hipc_trace, 5 * HIPC_TRACE);
+__device__ unsigned hipc_trace_n;
+HIPC_DEVICE unsigned long long hipc_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+HIPC_DEVICE unsigned* hipc_trace_slot() {
+  __shared__ unsigned slot;
+  return &slot;
+}
+#endif
 HIPC_DEVICE void hipc_wait_prior() {
+#ifdef HIPC_TRACE
+  const unsigned long long arrived = hipc_now();
+#endif
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#ifdef HIPC_TRACE
+  if (threadIdx.x == 0) {
+    const unsigned i = atomicAdd(&hipc_trace_n, 1u);
+    *hipc_trace_slot() = i;
+    if (i < HIPC_TRACE) {
+      unsigned sm;
+      asm("mov.u32 %0, %%smid;" : "=r"(sm));
+      unsigned long long* r = hipc_trace + 5 * i;
+      r[0] = arrived, r[1] = hipc_now(), r[2] = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
+      r[3] = ((unsigned long long)sm << 32) | ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x);
+      r[4] = 0;
+    }
+  }
+  __syncthreads();
+#endif
+}
+HIPC_DEVICE void hipc_trace_end() {
+#ifdef HIPC_TRACE
+  const unsigned i = *hipc_trace_slot();
+  if (threadIdx.x % 32 == 0 && i < HIPC_TRACE) atomicMax(hipc_trace + 5 * i + 4, hipc_now());
 #endif
 }
 HIPC_DEVICE void hipc_let_next_start() {
@@ -209,6 +251,7 @@ HIPC_DEVICE float4 hipc_load_coherent4(const float* p) { return __ldcg((const fl
 HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 #elif defined(HIPC_HOST)
 HIPC_DEVICE void hipc_wait_prior() {}
+HIPC_DEVICE void hipc_trace_end() {}
 HIPC_DEVICE void hipc_let_next_start() {}
 HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
 HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; }
@@ -219,6 +262,7 @@ HIPC_DEVICE float4 hipc_load_coherent4(const float* p) { return *(const float4*)
 HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
+HIPC_DEVICE void hipc_trace_end() {}
 HIPC_DEVICE void hipc_let_next_start() {}
 HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
 HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; }
@@ -1040,6 +1084,12 @@ template <bool LO, class XP>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, XP xq, int i) {
   return hipc_dot_kquant<LO, true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
 }
+
+// trace_gpu_decode.py's end mark, wherever a kernel returns after its wait (a no-op unless
+// the program is compiled with HIPC_TRACE)
+struct hipc_trace_scope {
+  HIPC_DEVICE ~hipc_trace_scope() { hipc_trace_end(); }
+};
 
 // ---- bulk copies into shared memory (linear_gemv_qbulk, NVIDIA sm_90) ------------------
 // One thread copies a whole tile of weights (contiguous byte ranges) into a shared-memory

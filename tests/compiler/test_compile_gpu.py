@@ -344,14 +344,23 @@ def test_gpu_plan_matches_the_runtime_reader(artifact):
     assert len(attn) == 2  # one per layer of the tiny model
     assert len(gp.decode) == len(gp.prefill) - stats - len(attn)
     assert all(x.overlap for x in gp.decode) and not any(x.overlap for x in gp.prefill)
-    # max_context 64 is a single chunk of the default (head) form's 4 waves x 32 keys: one block
-    # per query head
-    heads = json.loads((artifact / "manifest.json").read_text())["config"]["num_heads"]
-    assert attn[0].grid_dims(1, 1) == (heads, 1, 1)
+    # max_context 64 is a single 64-key tile of sm_90's default (tile) form: one block per KV head
+    config = json.loads((artifact / "manifest.json").read_text())["config"]
+    assert attn[0].grid_dims(1, 1) == (config["num_kv_heads"], 1, 1)
     # the counters the merging blocks reset live inside the scratch buffer
     counters = attn[0].args[13]
     assert counters["kind"] == "scratch"
     assert counters["offset"] + 4 * attn[0].grid[0] <= gp.scratch_bytes
+
+
+def test_program_compiles_with_the_decode_trace(artifact):
+    """docs/benchmarks/trace_gpu_decode.py compiles the artifact's program again with HIPC_TRACE
+    (the timeline records and the end marks of prelude.h): that program must still build."""
+    from hipc.compiler.toolchains.gpu import gpu_toolchain
+
+    source = (artifact / "kernels" / "sm_90.hip").read_text()
+    assert "hipc_trace_scope trace;" in source  # the GEMVs' and the decode attention's end marks
+    assert gpu_toolchain("sm_90").compile("#define HIPC_TRACE 1024\n" + source)
 
 
 def test_gpu_kv_cache_is_bfloat16_by_default(artifact):

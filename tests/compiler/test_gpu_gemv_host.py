@@ -353,7 +353,22 @@ def test_table_env_replaces_entries_for_benchmarks(monkeypatch):
     assert linear.quant_gemv("q4_0", 4096, 4096) == QuantGemv(8, 2, 2, 128, 1, 4, 8)
     assert linear.quant_gemv("q4_k", 4096, 14336) == QuantGemv(16, 2, 1, 64, 1, 4, 8, unit64=True)
     assert linear.quant_gemv("q4_0", 6144, 4096) == linear.QUANT_GEMV_LARGE
-    for bad in ("q:narrow=8,2,2", "q:wide=8,2,2,128,1,4,8", "q:narrow=8,2,2,128,1,4,x"):
+    monkeypatch.setenv(
+        linear.TABLE_ENV, "q:narrow=16,2,2,132,1,3,8,p1;q4_k:long=8,2,1,64,1,4,8,p2,k64"
+    )
+    assert linear.quant_gemv("q4_0", 4096, 4096) == QuantGemv(16, 2, 2, 132, 1, 3, 8, preload=1)
+    assert linear.quant_gemv("q4_k", 4096, 14336) == QuantGemv(
+        8, 2, 1, 64, 1, 4, 8, preload=2, unit64=True
+    )
+    for bad in (
+        "q:narrow=8,2,2",
+        "q:wide=8,2,2,128,1,4,8",
+        "q:narrow=8,2,2,128,1,4,x",
+        "q:narrow=8,2,2,128,1,4,8,p",
+        "q:narrow=8,2,2,128,1,4,8,p1,p2",
+        "q:narrow=8,2,2,128,1,4,8,k64,k64",
+        "q:narrow=8,2,2,128,1,4,8,q",
+    ):
         monkeypatch.setenv(linear.TABLE_ENV, bad)
         with pytest.raises(HipcError, match="HIPC_QUANT_GEMV_TABLE: bad entry"):
             linear.quant_gemv("q4_0", 4096, 4096)
