@@ -121,8 +121,8 @@ class GpuDriver(Protocol):
         overlap: bool = False,
     ) -> None: ...
     def synchronize(self) -> None: ...
-    # steps ahead (optional: a driver without them runs one step in flight at most): events
-    # on the stream, and a 2-D device copy (`height` rows of `width` bytes, pitches apart)
+    # steps ahead: events on the stream, and a 2-D device copy (`height` rows of `width`
+    # bytes, pitches apart)
     def new_event(self) -> Any: ...
     def record(self, event: Any) -> None: ...
     def wait(self, event: Any) -> None: ...  # the host waits for the work before its record
@@ -339,7 +339,7 @@ class GpuBackend:
         # the steps submitted and not collected, oldest first: one, or two where a step was
         # queued ahead of the last one (its decode rows' ids from that step's device picks)
         self._pending: collections.deque[_Pending] = collections.deque()
-        self._queued = 0  # steps queued so far: step k uses host staging slot k % 2
+        self._queued = 0  # steps queued so far: step k uses host staging slot k % slots
         self._events: list[Any] = []
         self._upload_tables = 0  # table rows changed on the host since the last step
         self._spare_snapshots: list[int] = []  # released snapshot buffers, reused first
@@ -467,11 +467,14 @@ class GpuBackend:
         # step_top's results, [MT, k] values, [MT, k] ids, [MT, 2] row stats at the row
         # stride of the step's k (packed, so one copy each brings them back)
         self._top_base = alloc("the top-k buffer", mem.top)
-        # host staging in two slots, alternating by step: with a step queued ahead of the one
-        # running, the host fills one slot while the device may still read the other
+        # host staging in two slots, alternating by step, where a step may be queued ahead of
+        # the one running (the host fills one slot while the device may still read the other);
+        # one slot otherwise
+        self.pipelines = self._can_pipeline()
+        n_slots = 2 if self.pipelines else 1
         self._top_hosts = [self._pinned(np.float32, mem.top // 4) if mem.top else None
-                           for _ in range(2)]  # fmt: skip
-        self._inputs_hosts = [self._pinned(np.uint8, 16 * MT) for _ in range(2)]
+                           for _ in range(n_slots)]  # fmt: skip
+        self._inputs_hosts = [self._pinned(np.uint8, 16 * MT) for _ in range(n_slots)]
         # per slot: the inputs (ids int64, pos and seq int32, MT each), their address, views
         self._slot_views = [
             (raw, raw.ctypes.data, raw[: 8 * MT].view(np.int64),
@@ -488,7 +491,7 @@ class GpuBackend:
         # what a step's changed table rows are uploaded from (the mirror above may change for
         # the next step before this one's upload has run)
         self._tables_stages = [
-            self._pinned(np.int32, rows * self.kv_table).reshape(rows, -1) for _ in range(2)
+            self._pinned(np.int32, rows * self.kv_table).reshape(rows, -1) for _ in range(n_slots)
         ]
         self._tables_host[:] = self.kv_blocks  # the spare block
         self._place_pad_and_solo(self.slots if self.recurrent else MT)
@@ -496,7 +499,6 @@ class GpuBackend:
             self.max_tokens, self.vocab
         )
         self._logits_addr = self._logits_host.ctypes.data
-        self.pipelines = self._can_pipeline()
         if self.pipelines:
             self._events = [d.new_event() for _ in range(2)]
         try:
@@ -871,11 +873,9 @@ class GpuBackend:
                 raise HipcError(f"feed run {(row, src, n)} outside {T} rows / {n_out} picks")
 
     def _can_pipeline(self) -> bool:
-        """Whether a step may be queued ahead of another: the driver has events and 2-D
-        copies, the plan has the device top-k, and launches are not synchronized one by one."""
-        d = self._driver
-        has = all(callable(getattr(d, m, None)) for m in ("new_event", "record", "wait", "d2d_2d"))
-        return has and bool(self.gpu.topk) and not self.sync_launches
+        """Whether a step may be queued ahead of another: the plan has the device top-k and
+        launches are not synchronized one by one."""
+        return bool(self.gpu.topk) and not self.sync_launches
 
     def _use_slot(self, k: int) -> None:
         """Point the staging views at host slot k (a step's inputs, its top-k results)."""
@@ -1028,7 +1028,7 @@ class GpuBackend:
                 to += len(r)
             pick = slice(0, to)
         d = self._driver
-        slot = self._queued % 2
+        slot = self._queued % len(self._slot_views)
         self._use_slot(slot)
         try:
             d.activate()

@@ -1239,8 +1239,10 @@ def test_sticky_failure_says_how_to_name_the_kernel(api, artifact):
     with pytest.raises(HipcError, match="failed earlier"):
         b.forward(np.array([1]), 0, False)
     b.close()  # every call fails now; close still tries each free once and does not raise
-    # pinned: the inputs' two staging slots, the table mirror and its two upload stages, logits
-    assert gpu.count("free") == 7 and gpu.count("host_free") == 6
+    # pinned: the inputs' staging slot and the table mirror's upload stage (one each: without
+    # the device top-k no step is queued ahead of another), the table mirror, the logits
+    assert not b.pipelines
+    assert gpu.count("free") == 7 and gpu.count("host_free") == 4
     b.close()
     assert gpu.count("free") == 7
 
@@ -1266,8 +1268,9 @@ def test_close_frees_everything_exactly_once(api, artifact):
     b.forward(np.array([1]), 0, False)
     b.forward(np.array([1, 2, 3]), 1, True)
     allocated = set(gpu.mem)
-    # pinned: two input staging slots, the table mirror and its two upload stages, logits
-    assert len(allocated) == 7 and len(gpu.host) == 6
+    # pinned: an input staging slot, the table mirror and its upload stage, the logits (one
+    # slot and stage: without the device top-k this plan queues no step ahead of another)
+    assert len(allocated) == 7 and len(gpu.host) == 4
     b.close()
     assert sorted(gpu.freed) == sorted(allocated) and gpu.mem == {}
     assert sorted(gpu.host_freed) == sorted(gpu.host)
@@ -1650,6 +1653,7 @@ def test_steps_ahead_feed_decode_rows_from_the_device_picks(api, tmp_path, top):
     gpu = FakeGpu()
     eng = engine_mod.CompiledEngine(art, backend(api, art, gpu, kv_blocks=8))
     assert eng.backend.pipelines and len(eng.backend._events) == 2
+    assert len(eng.backend._slot_views) == len(eng.backend._tables_stages) == 2
     want = {i: batch_runs.alone(eng, i, PROMPTS, NEW)[0] for i in range(len(PROMPTS))}
     feeds = []
     real_submit = eng.backend.submit_step
