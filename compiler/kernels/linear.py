@@ -1149,6 +1149,9 @@ class QuantGemv:
     preload: int = 0  # ring buffers filled before the wait (0: all of them)
     l2_prefetch: bool = False  # and the wave's rows pulled towards L2 (small matrices)
     unit64: bool = False  # Q4_K, Q6_K: 64-weight units (prelude: hipc_unit_q4_k64, q6_k64)
+    # a residual epilogue's first rows read right after the wait, before x is staged (not the
+    # default anywhere: not measured yet)
+    early_res: bool = False
 
 
 # Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM (16
@@ -1354,21 +1357,21 @@ def gemv_class(wsuffix: str, N: int, K: int, glu: bool) -> tuple[str, str]:
 
 
 # HIPC_QUANT_GEMV_TABLE (compile time, for benchmarks timing geometries inside the decode
-# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN];..."
+# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r];..."
 # replaces those entries of QUANT_GEMV_TABLE (k64: QuantGemv.unit64).
 TABLE_ENV = "HIPC_QUANT_GEMV_TABLE"
 
 
 def parse_geometry(text: str) -> QuantGemv | None:
-    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN]" -> its QuantGemv
-    (k64: unit64; pN: preload N); None when it is not that."""
+    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r]" -> its
+    QuantGemv (k64: unit64; pN: preload N; r: early_res); None when it is not that."""
     fields = text.split(",")
     flags = fields[7:]
     preload = [f[1:] for f in flags if f[:1] == "p"]
     if (
         len(fields) < 7
         or len(set(flags)) != len(flags)
-        or any(f != "k64" and f[:1] != "p" for f in flags)
+        or any(f not in ("k64", "r") and f[:1] != "p" for f in flags)
         or len(preload) > 1
         or not all(v.isdigit() for v in preload)
     ):
@@ -1377,7 +1380,12 @@ def parse_geometry(text: str) -> QuantGemv | None:
         ints = [int(v) for v in fields[:7]]
     except ValueError:
         return None
-    return QuantGemv(*ints, preload=int(preload[0]) if preload else 0, unit64="k64" in flags)
+    return QuantGemv(
+        *ints,
+        preload=int(preload[0]) if preload else 0,
+        unit64="k64" in flags,
+        early_res="r" in flags,
+    )
 
 
 def table_overrides() -> dict[tuple[str, str], QuantGemv]:
@@ -1387,7 +1395,7 @@ def table_overrides() -> dict[tuple[str, str], QuantGemv]:
         family, _, cls = key.strip().partition(":")
         g = parse_geometry(geometry)
         if (family, cls) not in QUANT_GEMV_TABLE or g is None:
-            raise HipcError(f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64][,pN])")
+            raise HipcError(f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64][,pN][,r])")
         out[family, cls] = g
     return out
 
@@ -1461,6 +1469,7 @@ def decode_gemv(
             stages=g.stages,
             preload=min(g.preload or g.stages, g.stages),
             l2_prefetch=g.l2_prefetch,
+            early_res=g.early_res and p.epilogue == "residual",
             xq_chunk=max(1, min(g.xq_chunk, rounds)),
             lo=activations == "int16",
             params=gemv_signature(p).render(GPU_INDENT),

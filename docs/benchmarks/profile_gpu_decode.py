@@ -179,7 +179,7 @@ def main() -> None:
     ap.add_argument("--ablate", action="store_true", help="each kind's cost in the decode graph")
     ap.add_argument("--swap", action="append", default=[], metavar="KIND=GEOMETRY",
                     help="--ablate: also time the graph with KIND's GEMVs in GEOMETRY "
-                    "(waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN]); repeatable")  # fmt: skip
+                    "(waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r]); repeatable")  # fmt: skip
     args = ap.parse_args()
     if args.ablate:
         ablate(load_engine(args.artifact, target="cuda"), args.position, args.swap)

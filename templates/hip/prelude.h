@@ -234,6 +234,13 @@ HIPC_DEVICE uint4 hipc_load_weights16(const void* p) {
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
+// a float read where it is written in the program (not moved to its first use), so that its
+// round trip overlaps what follows
+HIPC_DEVICE float hipc_load_now(const float* p) {
+  float r;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(r) : "l"(p));
+  return r;
+}
 // A block hands its results to whichever block counts last: every thread stores, then
 // hipc_publish(); hipc_sync(); one thread calls hipc_count(), whose release covers the
 // block's stores (they are ordered before it by the barrier) and whose acquire lets the
@@ -255,6 +262,7 @@ HIPC_DEVICE void hipc_trace_end() {}
 HIPC_DEVICE void hipc_let_next_start() {}
 HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
 HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; }
+HIPC_DEVICE float hipc_load_now(const float* p) { return *p; }
 HIPC_DEVICE void hipc_publish() {}
 HIPC_DEVICE unsigned hipc_count(unsigned* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL); }
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return *p; }  // host blocks run one after another
@@ -266,6 +274,7 @@ HIPC_DEVICE void hipc_trace_end() {}
 HIPC_DEVICE void hipc_let_next_start() {}
 HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
 HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; }
+HIPC_DEVICE float hipc_load_now(const float* p) { return *p; }
 // every wave makes its own stores visible device-wide (a workgroup barrier does not)
 HIPC_DEVICE void hipc_publish() { __builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent"); }
 HIPC_DEVICE unsigned hipc_count(unsigned* p) {

@@ -51,6 +51,24 @@ CASES = {
         False,
         QuantGemv(2, 1, 2, 3, 1, 3, xq_chunk=8),
     ),
+    # the residual of each wave's first group read before x is staged (early_res): ~4 groups
+    # a wave, so the later groups' residuals come the usual way
+    "q4_0_residual_early": (
+        "q4_0",
+        23,
+        2304,
+        "residual",
+        False,
+        QuantGemv(2, 1, 2, 3, 1, 3, xq_chunk=8, early_res=True),
+    ),
+    "q4_k64_rows2_early": (
+        "q4_k",
+        9,
+        2048,
+        "residual",
+        False,
+        QuantGemv(2, 2, 1, 2, 1, 2, 8, unit64=True, early_res=True),
+    ),
     # gate/up pairs, 4 stages over 5 items per wave (the ring's last turn partial)
     "q4_1_glu_norm_s4": ("q4_1", 2 * 19, 1024, "glu", True, QuantGemv(2, 2, 1, 2, 1, 4)),
     "q8_0_rows2_residual": ("q8_0", 30, 2048, "residual", False, QuantGemv(2, 2, 1, 3, 1, 2)),
@@ -354,9 +372,11 @@ def test_table_env_replaces_entries_for_benchmarks(monkeypatch):
     assert linear.quant_gemv("q4_k", 4096, 14336) == QuantGemv(16, 2, 1, 64, 1, 4, 8, unit64=True)
     assert linear.quant_gemv("q4_0", 6144, 4096) == linear.QUANT_GEMV_LARGE
     monkeypatch.setenv(
-        linear.TABLE_ENV, "q:narrow=16,2,2,132,1,3,8,p1;q4_k:long=8,2,1,64,1,4,8,p2,k64"
+        linear.TABLE_ENV, "q:narrow=16,2,2,132,1,3,8,p1,r;q4_k:long=8,2,1,64,1,4,8,p2,k64"
     )
-    assert linear.quant_gemv("q4_0", 4096, 4096) == QuantGemv(16, 2, 2, 132, 1, 3, 8, preload=1)
+    assert linear.quant_gemv("q4_0", 4096, 4096) == QuantGemv(
+        16, 2, 2, 132, 1, 3, 8, preload=1, early_res=True
+    )
     assert linear.quant_gemv("q4_k", 4096, 14336) == QuantGemv(
         8, 2, 1, 64, 1, 4, 8, preload=2, unit64=True
     )
@@ -368,6 +388,7 @@ def test_table_env_replaces_entries_for_benchmarks(monkeypatch):
         "q:narrow=8,2,2,128,1,4,8,p1,p2",
         "q:narrow=8,2,2,128,1,4,8,k64,k64",
         "q:narrow=8,2,2,128,1,4,8,q",
+        "q:narrow=8,2,2,128,1,4,8,r,r",
     ):
         monkeypatch.setenv(linear.TABLE_ENV, bad)
         with pytest.raises(HipcError, match="HIPC_QUANT_GEMV_TABLE: bad entry"):
