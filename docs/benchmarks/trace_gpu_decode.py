@@ -40,8 +40,9 @@ from hipc.runtime.engine import load_engine
 RECORDS = 1 << 16  # records per replay (blocks that reach hipc_wait_prior)
 
 
-def traced_module(eng) -> None:
-    """Compile the artifact's program with HIPC_TRACE and point the engine's kernels at it."""
+def traced_module(eng) -> tuple[int, int, int]:
+    """Compile the artifact's program with HIPC_TRACE and point the engine's kernels at it;
+    the addresses of its record count and records, and the records' bytes."""
     from hipc.compiler.toolchains.gpu import gpu_toolchain
 
     b = eng.backend
@@ -51,6 +52,10 @@ def traced_module(eng) -> None:
     image = gpu_toolchain(arch).compile(f"#define HIPC_TRACE {RECORDS}\n" + source)
     b._driver.load_module(image)
     b._functions = b._load_functions(eng.artifact.file(info["code_object"]))
+    d = b._driver
+    n_ptr, _ = d._call("cuModuleGetGlobal", d._module, b"hipc_trace_n")
+    buf_ptr, nbytes = d._call("cuModuleGetGlobal", d._module, b"hipc_trace")
+    return int(n_ptr), int(buf_ptr), int(nbytes)
 
 
 def segments(rec: np.ndarray) -> list[np.ndarray]:
@@ -67,15 +72,13 @@ def segments(rec: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def read_trace(eng, graph_exec) -> np.ndarray:
+def read_trace(eng, graph_exec, trace: tuple[int, int, int]) -> np.ndarray:
     """One replay's records: (arrived, released, grid size, SM << 32 | block, done) as int64."""
     d = eng.backend._driver
-    n_ptr, _ = d._call("cuModuleGetGlobal", d._module, b"hipc_trace_n")
-    buf_ptr, nbytes = d._call("cuModuleGetGlobal", d._module, b"hipc_trace")
-    n_ptr, buf_ptr = int(n_ptr), int(buf_ptr)
+    n_ptr, buf_ptr, nbytes = trace
     d.synchronize()
     d.memset0(n_ptr, 4)
-    d.memset0(buf_ptr, int(nbytes))
+    d.memset0(buf_ptr, nbytes)
     d.graph_launch(graph_exec)
     n = np.zeros(1, np.uint32)
     d.d2h(n.ctypes.data, n_ptr, 4)
@@ -141,14 +144,14 @@ def main() -> None:
     eng = load_engine(args.artifact, target="cuda")
     b = eng.backend
     eng.forward(np.random.default_rng(0).integers(0, eng.vocab_size, args.position).tolist(), 0)
-    traced_module(eng)
+    trace = traced_module(eng)
     b.forward(np.array([5]), args.position, False)  # the step's inputs on the device
     launches = b.gpu.decode
     b._capture(("trace", 1), launches, 1, 1)
     graph, exe, _ = b._graphs.pop(("trace", 1))
     for _ in range(5):
         b._driver.graph_launch(exe)
-    replays = [match(launches, segments(read_trace(eng, exe))) for _ in range(args.replays)]
+    replays = [match(launches, segments(read_trace(eng, exe, trace))) for _ in range(args.replays)]
     b._driver.destroy_graph(graph, exe)
     summarize(launches, replays)
 

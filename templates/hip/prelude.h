@@ -288,6 +288,12 @@ HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) {
 }
 #endif
 
+// trace_gpu_decode.py's end mark, wherever a kernel returns after its wait (a no-op unless
+// the program is compiled with HIPC_TRACE)
+struct hipc_trace_scope {
+  HIPC_DEVICE ~hipc_trace_scope() { hipc_trace_end(); }
+};
+
 // Pull `bytes` starting at p towards L2, one 128-byte line per lane and step (a wave's
 // rows of weights, before waiting on the kernel before).
 HIPC_DEVICE void hipc_prefetch_rows(const void* p, size_t bytes, int lane) {
@@ -1093,12 +1099,6 @@ template <bool LO, class XP>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, XP xq, int i) {
   return hipc_dot_kquant<LO, true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
 }
-
-// trace_gpu_decode.py's end mark, wherever a kernel returns after its wait (a no-op unless
-// the program is compiled with HIPC_TRACE)
-struct hipc_trace_scope {
-  HIPC_DEVICE ~hipc_trace_scope() { hipc_trace_end(); }
-};
 
 // ---- bulk copies into shared memory (linear_gemv_qbulk, NVIDIA sm_90) ------------------
 // One thread copies a whole tile of weights (contiguous byte ranges) into a shared-memory
