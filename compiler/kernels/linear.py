@@ -1149,8 +1149,8 @@ class QuantGemv:
     preload: int = 0  # ring buffers filled before the wait (0: all of them)
     l2_prefetch: bool = False  # and the wave's rows pulled towards L2 (small matrices)
     unit64: bool = False  # Q4_K, Q6_K: 64-weight units (prelude: hipc_unit_q4_k64, q6_k64)
-    # a residual epilogue's first rows read right after the wait, before x is staged (not the
-    # default anywhere: not measured yet)
+    # a residual epilogue's first rows read right after the wait, before x is staged
+    # (QUANT_GEMV_LARGE_DOWN)
     early_res: bool = False
 
 
@@ -1170,6 +1170,11 @@ QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2, 1)
 QUANT_GEMV_LONG = QuantGemv(16, 2, 4, 128, 1, 1)  # small matrices of long rows (copy loop)
 QUANT_GEMV_LARGE = QuantGemv(16, 2, 2, 132, 1, 3, 8)
 QUANT_GEMV_LARGE_GLU = QuantGemv(16, 2, 2, 132, 1, 4, 8)
+# Down projections read their residual rows right after the wait (early_res). In the 8B Q4_0
+# decode graph (profile_gpu_decode.py --swap, position 64, H200, 2026-12-04 call 1) that took
+# 62.5 and 65.7 us off a 1.630 ms step where the same geometry without it read -6.7 and +1.3;
+# on the 4096 x 4096 o it read -23.1 / -36.3 against -21.4 / -26.1 (noise): not adopted there.
+QUANT_GEMV_LARGE_DOWN = replace(QUANT_GEMV_LARGE, early_res=True)
 QUANT_GEMV_LARGE_BYTES = 4 << 20
 QUANT_GEMV_LONG_K = 1536
 XQ_BLOCK_BYTES = {"int16": 80, "int8": 48}
@@ -1328,20 +1333,25 @@ QUANT_GEMV_LONG_ROWS = 8192
 # won the 4096 x 4096 o (5.0 against 5.7): the "narrow" class, which qkv is not in.
 # Q5_K has no 64-weight unit (unit_of) and was not measured: it keeps QUANT_GEMV_KQUANT.
 QUANT_GEMV_K64 = QuantGemv(16, 2, 1, 132, 1, 2, 8, unit64=True)
+# and, as the Q4_0 downs (QUANT_GEMV_LARGE_DOWN), they read their residual rows right after the
+# wait: in the 8B Q4_K_M decode graph (profile_gpu_decode.py --swap, position 64, H200,
+# 2026-12-04 call 2, a 1.895 ms step) -29.0 / -28.5 us a step on the Q4_K downs and -50.4 /
+# -49.4 on the Q6_K ones, where QUANT_GEMV_K64 re-rendered read +0.7 / +2.6 and -5.1 / -4.1.
+QUANT_GEMV_K64_DOWN = replace(QUANT_GEMV_K64, early_res=True)
 _CLASSES = ("small", "small_long", "short", "narrow", "long", "glu")
 QUANT_GEMV_TABLE: dict[tuple[str, str], QuantGemv] = {
     ("q", "small"): QUANT_GEMV_SMALL,
     ("q", "small_long"): QUANT_GEMV_LONG,
     ("q", "short"): QUANT_GEMV_LARGE,
     ("q", "narrow"): QUANT_GEMV_LARGE,
-    ("q", "long"): QUANT_GEMV_LARGE,
+    ("q", "long"): QUANT_GEMV_LARGE_DOWN,
     ("q", "glu"): QUANT_GEMV_LARGE_GLU,
     **{("q4_k", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("q5_k", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("q6_k", c): QUANT_GEMV_Q6_K for c in _CLASSES},
-    ("q4_k", "long"): QUANT_GEMV_K64,
+    ("q4_k", "long"): QUANT_GEMV_K64_DOWN,
     ("q4_k", "narrow"): QUANT_GEMV_K64,
-    ("q6_k", "long"): QUANT_GEMV_K64,
+    ("q6_k", "long"): QUANT_GEMV_K64_DOWN,
 }
 
 

@@ -1056,15 +1056,27 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_k& v, const hipc_qmat_q5_k& m, size
   for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_q16<SMEM>(m.qs(b) + 16 * j);
   hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
 }
-// sum over sub-blocks s = 4h + k of d * scale(s) * sum(q x) - dmin * min(s) * sum(x)
+// The 6-bit scales and mins of sub-blocks 4h .. 4h + 3 as the bytes of two words, from the 12
+// scale bytes held as 3 words: sub-blocks 0-3 are the low 6 bits of words 0 (scales) and 1
+// (mins); 4-7 take their low 4 bits from word 2's nibbles and their top 2 from the top 2 bits
+// of words 0 and 1. Word-wide, so no per-byte shifts and no branch on h.
+HIPC_DEVICE void hipc_kscale4(const uint32_t* w, int h, uint32_t& sc, uint32_t& mn) {
+  const uint32_t lo_sc = w[0] & 0x3f3f3f3fu, lo_mn = w[1] & 0x3f3f3f3fu;
+  const uint32_t hi_sc = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u);
+  const uint32_t hi_mn = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
+  sc = h ? hi_sc : lo_sc;
+  mn = h ? hi_mn : lo_mn;
+}
+// sum over sub-blocks s = 4h + k of d * scale(s) * sum(q x) - dmin * min(s) * sum(x); scale
+// and min multiply the integer sums, one conversion each (|sum| * 63 < 2^31 even for Q5_K's
+// 5-bit quants against int16 activations)
 template <bool LO, bool Q5, class XP>
 HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint32_t* sc3, uint32_t dd, int h,
                                    XP xq, int i) {
   const uint32_t Q[16] = {q4[0].x, q4[0].y, q4[0].z, q4[0].w, q4[1].x, q4[1].y, q4[1].z, q4[1].w,
                           q4[2].x, q4[2].y, q4[2].z, q4[2].w, q4[3].x, q4[3].y, q4[3].z, q4[3].w};
-  uint8_t scales[12];
-#pragma unroll
-  for (int j = 0; j < 12; ++j) scales[j] = (uint8_t)(sc3[j / 4] >> (8 * (j % 4)));
+  uint32_t scs, mns;
+  hipc_kscale4(sc3, h, scs, mns);
   float dsum = 0.f, msum = 0.f;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -1081,13 +1093,10 @@ HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint3
       }
       q[w] = (int)v;
     }
-    // hipc_kscale(scales, 4h + k) with only constant indices (h is the lane's, at run time):
-    // an indexed byte array would live in local memory
-    const int a = scales[k], b = scales[k + 4], c = scales[k + 8];
-    const int sc = h ? (c & 15) | (a >> 6) << 4 : a & 63, mn = h ? c >> 4 | (b >> 6) << 4 : b & 63;
+    const int sc = (int)((scs >> (8 * k)) & 63), mn = (int)((mns >> (8 * k)) & 63);
     const float dq = x.scale();
-    dsum += dq * (float)sc * (float)hipc_idot_words<LO, 8>(q, x, 0);
-    msum += dq * (float)mn * (float)x.meta.y;
+    dsum += dq * (float)(sc * hipc_idot_words<LO, 8>(q, x, 0));
+    msum += dq * (float)(mn * x.meta.y);
   }
   return hipc_f16_to_f32((uint16_t)dd) * dsum - hipc_f16_to_f32((uint16_t)(dd >> 16)) * msum;
 }
@@ -1288,14 +1297,17 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k64& v, XP xq, int i) {
     lo[w] = (int)(Q[w] & 0x0f0f0f0fu);
     hi[w] = (int)((Q[w] >> 4) & 0x0f0f0f0fu);
   }
-  int sc0, mn0, sc1, mn1;
-  hipc_kscale_w(v.sc, 2 * v.q, sc0, mn0);
-  hipc_kscale_w(v.sc, 2 * v.q + 1, sc1, mn1);
+  // sub-blocks 2q, 2q + 1: bytes 2(q % 2), 2(q % 2) + 1 of hipc_kscale4's words for h = q / 2
+  uint32_t scs, mns;
+  hipc_kscale4(v.sc, v.q >> 1, scs, mns);
+  const int sh = 16 * (v.q & 1);
+  const int sc0 = (int)((scs >> sh) & 63), sc1 = (int)((scs >> (sh + 8)) & 63);
+  const int mn0 = (int)((mns >> sh) & 63), mn1 = (int)((mns >> (sh + 8)) & 63);
   const hipc_xb<LO> x0 = hipc_load_xb<LO>(xq, 2 * i), x1 = hipc_load_xb<LO>(xq, 2 * i + 1);
   const float d0 = x0.scale(), d1 = x1.scale();
-  const float dsum = d0 * (float)sc0 * (float)hipc_idot_words<LO, 8>(lo, x0, 0) +
-                     d1 * (float)sc1 * (float)hipc_idot_words<LO, 8>(hi, x1, 0);
-  const float msum = d0 * (float)mn0 * (float)x0.meta.y + d1 * (float)mn1 * (float)x1.meta.y;
+  const float dsum = d0 * (float)(sc0 * hipc_idot_words<LO, 8>(lo, x0, 0)) +
+                     d1 * (float)(sc1 * hipc_idot_words<LO, 8>(hi, x1, 0));
+  const float msum = d0 * (float)(mn0 * x0.meta.y) + d1 * (float)(mn1 * x1.meta.y);
   return hipc_f16_to_f32((uint16_t)v.dd) * dsum - hipc_f16_to_f32((uint16_t)(v.dd >> 16)) * msum;
 }
 // Q6_K in 64-weight units (the bulk-copy GEMV): unit u of a row is, in half h = (u % 4) / 2 of

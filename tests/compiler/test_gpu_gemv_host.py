@@ -327,6 +327,14 @@ def test_decode_gemv_follows_the_geometry_table(monkeypatch):
 
     from hipc.compiler.kernels import linear
 
+    p = LinearParams("q4_0", 4096, 14336, 0.0, "residual", bias=False)
+    assert linear.quant_gemv("q4_0", 4096, 14336) == linear.QUANT_GEMV_LARGE_DOWN
+    assert decode_gemv("a", p, GpuTarget("sm_90"), ["n"], activations="int8").ctx["early_res"]
+    # a down projection without a residual to read has nothing to read early
+    plain = replace(p, epilogue="none")
+    assert not decode_gemv("a", plain, GpuTarget("sm_90"), ["n"], activations="int8").ctx[
+        "early_res"
+    ]
     down = QuantGemv(8, 2, 4, 132, 2, 3, 8, l2_prefetch=True)
     monkeypatch.setitem(linear.QUANT_GEMV_TABLE, ("q", "long"), down)
     p = LinearParams("q4_0", 4096, 14336, 0.0, "residual", bias=False)
@@ -343,16 +351,17 @@ def test_decode_gemv_follows_the_geometry_table(monkeypatch):
 
 
 def test_kquant_down_projections_take_64_weight_units():
-    """Q4_K and Q6_K matrices of the "long" class (the 8B's down) get QUANT_GEMV_K64, rendered
-    with the 64-weight units, and so does the Q4_K o ("narrow"); Q5_K, which has no such unit,
-    and the other classes keep theirs."""
+    """Q4_K and Q6_K matrices of the "long" class (the 8B's down) get QUANT_GEMV_K64 with the
+    residual read early, rendered with the 64-weight units, and the Q4_K o ("narrow") the same
+    without it; Q5_K, which has no such unit, and the other classes keep theirs."""
     from hipc.compiler.kernels import linear
 
     for wtype in ("q4_k", "q6_k"):
-        assert linear.quant_gemv(wtype, 4096, 14336) == linear.QUANT_GEMV_K64
+        assert linear.quant_gemv(wtype, 4096, 14336) == linear.QUANT_GEMV_K64_DOWN
         p = LinearParams(wtype, 4096, 14336, 0.0, "residual", bias=False)
         k = decode_gemv("a", p, GpuTarget("sm_90"), ["n"], activations="int8")
         assert k.ctx["unit"] == f"{wtype}64" and k.threads == 16 * 32
+        assert k.ctx["early_res"]
     assert linear.quant_gemv("q5_k", 4096, 14336) == linear.QUANT_GEMV_KQUANT
     assert linear.quant_gemv("q4_k", 4096, 4096) == linear.QUANT_GEMV_K64
     assert linear.quant_gemv("q4_k", 6144, 4096) == linear.QUANT_GEMV_KQUANT

@@ -21,6 +21,7 @@ from hipc.compiler.kernels.embedding import EmbeddingParams
 from hipc.compiler.kernels.embedding import gpu_kernel as embedding_kernel
 from hipc.compiler.kernels.linear import (
     QUANT_GEMV_LARGE,
+    QUANT_GEMV_LARGE_DOWN,
     QUANT_GEMV_LARGE_GLU,
     LinearParams,
     QuantGemv,
@@ -81,6 +82,8 @@ GEMVS = {
     # the geometries quant_gemv gives matrices >= 4 MiB, on fewer rows
     "q4_0_large_glu_geometry": ("q4_0", 2 * 600, 4096, "glu", True, False),
     "q4_0_large_geometry_k14336": ("q4_0", 300, 14336, "residual", False, False),
+    "q4_0_early_res_geometry_k14336": ("q4_0", 300, 14336, "residual", False, False),
+    "q4_k64_early_res_k14336": ("q4_k", 45, 14336, "residual", False, False),
     "q8_0_large_glu_geometry": ("q8_0", 2 * 300, 4096, "glu", True, False),
     # the bulk-copy GEMV (split layout only): rings turned several times, partial last tiles
     "bulk_q4_0_residual_k14336": ("q4_0", 61, 14336, "residual", False, True),
@@ -126,6 +129,8 @@ STREAMED = {
     "q4_1_copy_next_k14336": QuantGemv(2, 2, 2, 3, 1, stages=1),
     "q4_0_large_glu_geometry": QUANT_GEMV_LARGE_GLU,
     "q4_0_large_geometry_k14336": QUANT_GEMV_LARGE,
+    "q4_0_early_res_geometry_k14336": QUANT_GEMV_LARGE_DOWN,
+    "q4_k64_early_res_k14336": QuantGemv(4, 2, 1, 3, 1, 2, 8, unit64=True, early_res=True),
     "q8_0_large_glu_geometry": replace(QUANT_GEMV_LARGE_GLU, unroll=1),
     "bulk_q4_0_residual_k14336": QuantGemvBulk(4, 2, 3, 5),
     "bulk_q4_0_glu_norm": QuantGemvBulk(8, 8, 4, 7),
