@@ -7,6 +7,7 @@ token's logits are computed unless all rows are asked for (`logits`).
 from __future__ import annotations
 
 import sys
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,8 +25,9 @@ class CompiledEngine:
         self.max_context = backend.max_context
         self.vocab_size = artifact.plan["vocab_size"]
         self._tokenizer = None
-        # a submitted step: (tokens, start, on the backend, its argmax picked there)
-        self._queued: tuple | None = None
+        # submitted steps, oldest first: (tokens, start, on the backend, its argmax picked
+        # there); two only where the second went ahead of the first (submit_next)
+        self._queued: deque[tuple] = deque()
         # recurrent states: prefix reuse from snapshots, where the backend can copy them
         self.sequence = None
         if any(s.kind == "recurrent" for s in artifact.states) and hasattr(backend, "snapshot"):
@@ -132,21 +134,48 @@ class CompiledEngine:
             and self.sequence.continues(tokens, start)
         )
         on_device = passed and argmax and getattr(self.backend, "max_top_k", 0) >= 1
-        self._queued = (tokens, start, passed, on_device)
+        self._queued.append((tokens, start, passed, on_device))
         if passed:
             top = 1 if on_device else 0
             self.backend.submit(np.asarray(tokens, dtype=np.int64), start, False, top=top)
+
+    @property
+    def can_submit_next(self) -> bool:
+        """Whether submit_next can queue a step behind the one in flight: a GPU backend with
+        the device top-k whose steps pipeline, and no recurrent sequence to keep in step."""
+        return (
+            self.sequence is None
+            and bool(getattr(self.backend, "pipelines", False))
+            and getattr(self.backend, "max_top_k", 0) >= 1
+        )
+
+    def submit_next(self, start: int) -> None:
+        """Queue the decode step at `start` of the token that the one step in flight (submitted
+        with argmax=True, picked on the device) is computing, before it is collected: the
+        device goes from step to step with no host round trip between them (a greedy
+        generation's loop). collect_argmax() returns the picks in order; a step queued so for a
+        sequence that then stops is collected and dropped (its KV entry is past the end)."""
+        if not self.can_submit_next:
+            raise HipcError("this engine cannot queue a step fed on the device")
+        if len(self._queued) != 1 or not self._queued[0][3]:
+            raise HipcError("a step goes next only of the one in flight, picked on the device")
+        if start + 1 > self.max_context:
+            raise HipcError(
+                f"context overflow: {start + 1} positions, the artifact holds {self.max_context}"
+            )
+        self.backend.submit(np.zeros(1, np.int64), start, False, top=1, ahead=True)
+        self._queued.append((None, start, True, True))
 
     def collect(self, copy: bool = True) -> np.ndarray:
         """Logits of the last token [vocab] of the step `submit` started (`copy` False: a view
         of the backend's buffer where it has one, valid until the next step's logits arrive:
         for a caller done with it before the next submit, such as the generation loop)."""
-        if self._queued is None:
+        if not self._queued:
             raise HipcError("no step in flight")
-        tokens, start, passed, on_device = self._queued
+        tokens, start, passed, on_device = self._queued[0]
         if on_device:
             raise HipcError("the step in flight was submitted for collect_argmax()")
-        self._queued = None
+        self._queued.popleft()
         if passed:
             logits = self.backend.collect(copy=copy)[-1]
             if self.sequence is not None:
@@ -158,10 +187,9 @@ class CompiledEngine:
         """The argmax of the last token's logits of the step `submit` started (the lowest id
         of equal maxima, as np.argmax): picked on the device where submit(argmax=True) could
         ask for it, else from the logits."""
-        if self._queued is None or not self._queued[3]:
+        if not self._queued or not self._queued[0][3]:
             return int(np.argmax(self.collect(copy=False)))
-        tokens, start, _, _ = self._queued
-        self._queued = None
+        tokens, start, _, _ = self._queued.popleft()
         top = self.backend.collect()
         if self.sequence is not None:
             self.sequence.ran(tokens, start)
@@ -171,12 +199,18 @@ class CompiledEngine:
     def _async(self) -> bool:
         return self.sequence is None and hasattr(self.backend, "submit")
 
+    def drop_steps(self) -> None:
+        """Wait for the steps submitted and not collected, and drop them (a generation that
+        stopped with a step in flight)."""
+        self._drain()
+
     def _drain(self) -> None:
-        """Wait for (and drop) a step submitted and never collected."""
-        if self._queued is not None and self._queued[3]:
-            self.collect_argmax()
-        elif self._queued is not None:
-            self.collect()
+        """Wait for (and drop) the steps submitted and never collected."""
+        while self._queued:
+            if self._queued[0][3]:
+                self.collect_argmax()
+            else:
+                self.collect()
 
     def logits(self, tokens: Sequence[int], start: int = 0) -> np.ndarray:
         """Logits of every token [len(tokens), vocab]."""
@@ -187,7 +221,7 @@ class CompiledEngine:
         return self._run(tokens, start, True)
 
     def close(self) -> None:
-        self._queued = None  # closing the backend ends whatever it was running
+        self._queued.clear()  # closing the backend ends whatever it was running
         self.backend.close()
 
 

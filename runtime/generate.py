@@ -143,18 +143,31 @@ class Generation:
         argmax = (
             submit is not None and decoding.greedy_argmax and hasattr(self.engine, "collect_argmax")
         )
+        # and where the engine can, the step after is queued before this one is collected,
+        # its token the device's pick: the device goes from step to step without waiting for
+        # the host (a step queued for a sequence that then stops is dropped)
+        ahead = argmax and getattr(self.engine, "can_submit_next", False)
         picked = None  # the step's argmax, where collected as such
+        queued = False  # a step for the next token is in flight already (ahead)
         while (
             token := decoding.sample(logits) if picked is None else decoding.take(picked)
         ) is not None:
             running = submit is not None and decoding.continues()
-            if running and argmax:
-                submit([token], pos, argmax=True)
-            elif running:
-                submit([token], pos)
+            if running and not queued:
+                if argmax:
+                    submit([token], pos, argmax=True)
+                else:
+                    submit([token], pos)
+            # the token the step in flight computes leaves room for one more step
+            queued = ahead and running and decoding.continues(1)
+            if queued:
+                self.engine.submit_next(pos + 1)
             step = decoding.emit()
             if step is None:
-                if running and argmax:
+                if queued:
+                    self.engine.drop_steps()
+                    queued = False
+                elif running and argmax:
                     self.engine.collect_argmax()
                 elif running:
                     self.engine.collect()
@@ -167,6 +180,8 @@ class Generation:
             else:
                 logits, picked = self.engine.forward([token], pos), None
             pos += 1
+        if queued:  # a step for the token after a stop token: waited for and dropped
+            self.engine.drop_steps()
         res.decode_s = time.perf_counter() - t0
         last = decoding.finish()
         if last is not None:
@@ -255,10 +270,11 @@ class Decoding:
             res.logprobs.append(self.pending_lp[-1])
         return token
 
-    def continues(self) -> bool:
+    def continues(self, later: int = 0) -> bool:
         """After `sample`: whether the length limit leaves room for a step after this token
-        (a stop string or the grammar may still end the sequence in `emit`)."""
-        return len(self.result.token_ids) < self.gen.max_tokens
+        (`later`: after that many tokens more; a stop string or the grammar may still end
+        the sequence in `emit`)."""
+        return len(self.result.token_ids) + later < self.gen.max_tokens
 
     def emit(self) -> Step | None:
         """advance's second half: detokenize the sampled token and check the stop strings,

@@ -794,23 +794,40 @@ class GpuBackend:
         self.submit(ids, start, all_logits)
         return self.collect(copy)
 
-    def submit(self, ids: np.ndarray, start: int, all_logits: bool = False, top: int = 0) -> None:
+    def submit(
+        self,
+        ids: np.ndarray,
+        start: int,
+        all_logits: bool = False,
+        top: int = 0,
+        ahead: bool = False,
+    ) -> None:
         """Queue one sequence's step (copies in, the launches, the logits' copy out) without
         waiting for it: the host may do other work (detokenizing the last token) while the
-        GPU runs; `collect` waits and returns the logits. One step is in flight at most.
+        GPU runs; `collect` waits and returns the logits. One step is in flight at most,
+        but for `ahead`.
         `top` (1..max_top_k, last row only): the row's top-k picked on the device instead,
         `collect` then returning step_top's TopK (a greedy step copies back one value, not a
-        vocabulary of logits)."""
+        vocabulary of logits).
+        `ahead` (a decode step, where `pipelines`): its token is the top-1 pick of the one
+        step in flight (submitted with `top`), copied on the device, so it is queued before
+        that step is collected and the device never waits for the host between them; `ids`
+        is a placeholder. `collect` returns the steps in order."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         T = int(ids.size)
-        self._check_step(T)
+        self._check_step(T, ahead)
         if not 0 <= start <= self.max_context - T:
             raise HipcError(f"start position {start} out of range")
         if top and (all_logits or not 1 <= top <= self.max_top_k):
             raise HipcError(f"submit: top {top} needs the device top-k (at most {self.max_top_k})")
+        if ahead and (T != 1 or all_logits):
+            raise HipcError("submit: only a one-token decode step goes ahead")
+        feed = [(0, 0, 1)] if ahead else []
+        if ahead:
+            self._check_feed(feed, T)
         rows = T if all_logits else 1
         if T == 1:  # a decode step: scalars into the pinned inputs (no arrays to build)
-            self._queue(ids, start, self.SOLO, "decode", 1, 1, slice(0, 1), top)
+            self._queue(ids, start, self.SOLO, "decode", 1, 1, slice(0, 1), top, feed)
             return
         pos = np.arange(start, start + T, dtype=np.int32)
         self._queue(ids, pos, np.full(T, self.SOLO, np.int32), "prefill", T, rows,

@@ -1636,6 +1636,90 @@ def test_a_step_fed_ahead_takes_the_picks_of_the_step_in_flight(api, tmp_path):
     b.close()
 
 
+def _topk_artifact(tmp_path, name):
+    def edit(plan):
+        for sec in plan["targets"].values():
+            sec["topk"] = {"kernel": "topk", "block": 1024, "max_k": 64}
+
+    return load_artifact(write_artifact(tmp_path / name, edit=edit))
+
+
+def test_a_decode_step_goes_next_on_the_device_pick(api, tmp_path):
+    """submit_next(pos): the decode step after the one in flight, its token that step's
+    device pick (copied on the device, not the host's placeholder), queued before it is
+    collected; collect_argmax returns the two picks in order. It goes only behind one step
+    picked on the device, and drop_steps waits for and drops what is in flight."""
+    art = _topk_artifact(tmp_path, "n.hipc")
+    gpu = FakeGpu()
+    eng = engine_mod.CompiledEngine(art, backend(api, art, gpu))
+    assert eng.can_submit_next
+    want, logits = [], eng.forward([1], 0)
+    for i in range(3):
+        want.append(int(np.argmax(logits)))
+        logits = eng.forward([want[-1]], 1 + i)
+    assert want[:2] == [4, 1]  # the toy's pick changes: a placeholder 0 would show
+    eng.submit([want[0]], 1, argmax=True)
+    eng.submit_next(2)
+    fed = int(gpu.view(eng.backend.bases.ids, np.int64, 1)[0])  # the fake ran it as queued
+    assert fed == want[1] and gpu.count("d2d_2d") == 1
+    assert [eng.collect_argmax(), eng.collect_argmax()] == want[1:3]
+    with pytest.raises(HipcError, match="goes next only"):
+        eng.submit_next(3)  # nothing in flight
+    eng.submit([want[0]], 1)  # logits wanted: not picked on the device
+    with pytest.raises(HipcError, match="goes next only"):
+        eng.submit_next(2)
+    eng.collect()
+    eng.submit([want[0]], 1, argmax=True)
+    eng.submit_next(2)
+    eng.drop_steps()
+    np.testing.assert_allclose(eng.forward([want[0]], 1), expected([want[0]], 1, False)[-1])
+    with pytest.raises(HipcError, match="context overflow"):
+        eng.submit([want[0]], MAX_CTX - 1, argmax=True)
+        eng.submit_next(MAX_CTX)
+    eng.drop_steps()
+    eng.close()
+
+
+def test_greedy_generation_queues_the_next_step_ahead(api, tmp_path):
+    """A greedy generation on an engine that can submit_next keeps a step queued behind the
+    one in flight; a stop token leaves the step queued for the token after it, which is run
+    and dropped (the engine free after); the length limit queues none past the end. The
+    tokens are a forward() loop's argmaxes either way."""
+    from hipc.runtime.generate import Generation, GenerationRequest
+
+    art = _topk_artifact(tmp_path, "a.hipc")
+    gpu = FakeGpu()
+    eng = engine_mod.CompiledEngine(art, backend(api, art, gpu))
+    calls = []
+    real_next = eng.submit_next
+
+    def next_spy(start):
+        calls.append(start)
+        real_next(start)
+
+    eng.submit_next = next_spy
+    prompt, n = [1], 6
+    want, logits = [], eng.forward(prompt, 0)
+    for i in range(n):
+        want.append(int(np.argmax(logits)))
+        logits = eng.forward([want[-1]], 1 + i)
+    before = sum(1 for e in gpu.executed if e[0] == "topk")
+    gen = Generation(eng, _Letters(), GenerationRequest(tuple(prompt), n, ignore_eos=True))
+    "".join(gen)
+    assert gen.result.token_ids == want and gen.result.finish_reason == "length"
+    # steps at positions 1..5 compute tokens 2..6; those from 2 on went ahead, none past 5
+    assert calls == [2, 3, 4, 5]
+    assert sum(1 for e in gpu.executed if e[0] == "topk") - before == n - 1
+    calls.clear()
+    stop = GenerationRequest(tuple(prompt), n, ignore_eos=True, stop_token_ids=(want[1],))
+    gen = Generation(eng, _Letters(), stop)
+    "".join(gen)
+    assert gen.result.token_ids == want[:1] and gen.result.finish_reason == "stop"
+    assert calls == [2] and not eng._queued  # the step for the token after the stop, dropped
+    np.testing.assert_allclose(eng.forward([3], 2), expected([3], 2, False)[-1], rtol=1e-6)
+    eng.close()
+
+
 @pytest.mark.parametrize("top", [1, 3])
 def test_steps_ahead_feed_decode_rows_from_the_device_picks(api, tmp_path, top):
     """With the plan's top-k kernel a batch step goes in before the one in flight is
