@@ -152,6 +152,52 @@ def test_steps_ahead_fed_on_the_device_give_the_lone_tokens(engine):
     assert_pool_full(be)
 
 
+class _Letters:
+    """Token ids as letters: Generation's detokenizer, no stop ids."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_greedy_generation_with_steps_queued_on_the_device_picks(engine):
+    """`hipc generate`'s greedy loop on a GPU: each decode step queued behind the one in
+    flight (CompiledEngine.submit_next), its token that step's pick copied on the device.
+    The tokens are a forward() loop's argmaxes of the same decode graph (the same inputs:
+    equal, bit for bit); a stop token leaves a step queued past it, dropped, and the engine
+    computes the same after."""
+    from hipc.runtime.generate import Generation, GenerationRequest
+
+    eng, _ = engine
+    assert eng.can_submit_next
+    prompt, n = PROMPTS[1], 12
+    want, logits = [], eng.forward(prompt, 0)
+    for i in range(n):
+        want.append(int(np.argmax(logits)))
+        logits = eng.forward([want[-1]], len(prompt) + i)
+    queued = []
+    real_next = eng.submit_next
+    eng.submit_next = lambda start: queued.append(start) or real_next(start)
+    try:
+        gen = Generation(eng, _Letters(), GenerationRequest(tuple(prompt), n, ignore_eos=True))
+        "".join(gen)
+        assert gen.result.token_ids == want
+        assert queued == list(range(len(prompt) + 1, len(prompt) + n - 1))
+        # the first token not seen before stops the sequence there (a tiny model's greedy
+        # tokens may repeat one id: then there is none, and nothing to stop on)
+        for stop in (k for k in range(1, n) if want[k] not in want[:k]):
+            req = GenerationRequest(tuple(prompt), n, ignore_eos=True, stop_token_ids=(want[stop],))
+            gen = Generation(eng, _Letters(), req)
+            "".join(gen)
+            assert gen.result.token_ids == want[:stop] and gen.result.finish_reason == "stop"
+            break
+    finally:
+        del eng.submit_next
+    again = eng.forward(prompt, 0)
+    assert int(np.argmax(again)) == want[0]
+
+
 def test_many_decode_rows_pad_up_to_the_bucket(engine):
     """12 sequences decoding together: the 16-row bucket graph with 4 padding rows."""
     eng, policy = engine
