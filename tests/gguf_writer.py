@@ -233,6 +233,19 @@ def _tiny_llama_writer(
     return w
 
 
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
+
+
+def iq4_nl_blocks(b: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks [n, 18] of 32-value rows `b`, for tests: d = amax / 127, each value the
+    nearest of the table (gguf-py has no IQ4_NL quantizer; its dequantizer is the reference)."""
+    amax = np.abs(b).max(1)
+    d = (np.where(amax > 0, amax, 1) / 127).astype(np.float16)
+    idx = np.abs(b[:, :, None] / d[:, None, None].astype(np.float32) - IQ4_NL_VALUES).argmin(-1)
+    nib = (idx[:, :16] | idx[:, 16:] << 4).astype(np.uint8)
+    return np.concatenate([d[:, None].view(np.uint8), nib], axis=1)
+
+
 def write_numpy_gguf(
     path: Path,
     qtype: str = "F32",

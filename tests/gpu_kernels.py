@@ -172,7 +172,7 @@ def pack(w: np.ndarray, wtype: str, layout: str = "split") -> tuple[np.ndarray, 
     if wtype == "bfloat16":
         bits = (w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
         return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    if wtype in ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k"):
+    if wtype in ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl"):
         return _pack_gguf(w, wtype, layout)
     blocks = w.reshape(N, K // 32, 32)
     if wtype == "q8_0":
@@ -210,9 +210,9 @@ def _layout(raw: np.ndarray, wtype: str, layout: str) -> np.ndarray:
 
 
 def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.ndarray]:
-    """Blocks quantized by gguf-py (Q5_0, Q5_1) or random (the K-quants: gguf-py has no
-    quantizer for them; every quant and scale byte is valid, extremes included, and the f16
-    d (and dmin) are set sane), with their values by gguf-py's dequantize."""
+    """Blocks quantized by gguf-py (Q5_0, Q5_1) or random (the K-quants, IQ4_NL: gguf-py has
+    no quantizer for them; every quant and scale byte is valid, extremes included, and the
+    f16 d (and dmin) are set sane), with their values by gguf-py's dequantize."""
     import gguf
 
     N, K = w.shape
@@ -220,9 +220,14 @@ def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.n
     if wtype in ("q5_0", "q5_1"):
         raw = gguf.quants.quantize(w.astype(np.float32), qt)
     else:
-        size, at, n = {"q6_k": (210, 208, 1), "q4_k": (144, 0, 2), "q5_k": (176, 0, 2)}[wtype]
+        size, at, n, bv = {
+            "q6_k": (210, 208, 1, 256),
+            "q4_k": (144, 0, 2, 256),
+            "q5_k": (176, 0, 2, 256),
+            "iq4_nl": (18, 0, 1, 32),
+        }[wtype]
         rng = np.random.default_rng(N * 7919 + K)
-        raw = rng.integers(0, 256, (N * K // 256, size), dtype=np.uint8)
+        raw = rng.integers(0, 256, (N * K // bv, size), dtype=np.uint8)
         d = rng.uniform(1e-5, 4e-5, (len(raw), n)).astype(np.float16)
         raw[:, at : at + 2 * n] = d.view(np.uint8).reshape(len(raw), 2 * n)
         raw = raw.reshape(N, -1)

@@ -26,10 +26,12 @@ WEIGHT_SUFFIX = {
     "q5_1": "q5_1",
     "q4_k": "q4_k",
     "q5_k": "q5_k",
+    "iq4_nl": "iq4_nl",
 }
 # the weight types the CPU kernels read (GPU kernels read every WEIGHT_SUFFIX type)
 CPU_WTYPES = (
-    "float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"
+    "float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
+    "iq4_nl",
 )  # fmt: skip
 
 

@@ -1205,6 +1205,7 @@ QUANT_TYPES = {
     "q5_1": QuantType(32, 24, 16, 32),
     "q4_k": QuantType(256, 144, 128, 128),
     "q5_k": QuantType(256, 176, 160, 128),
+    "iq4_nl": QuantType(32, 18, 16, 32),
 }
 # A K-quant unit is 21-27 registers (64-96 bytes of quants). Q4_K/Q5_K: groups of 4 rows,
 # one unit each, the next copied in (stages 1), 8 waves a block, one block per SM; Q6_K: groups
@@ -1248,6 +1249,7 @@ QUANT_REGIONS = {
     "q4_k": (128, 12, 4),
     "q5_k": (160, 12, 4),
     "q6_k": (192, 16, 2),
+    "iq4_nl": (16, 2),
 }
 
 

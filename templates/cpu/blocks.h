@@ -15,6 +15,8 @@ namespace hipc {
 //   Q5_0 (22 B): f16 d; u8 qh[4]; u8 qs[16]        q = nibble | (bit j of qh) << 4, w = (q - 16) * d
 //   Q5_1 (24 B): f16 d; f16 m; u8 qh[4]; u8 qs[16]  the same q, w = q * d + m
 //     (nibbles as Q4_0: element j < 16 is qs[j] & 15, element j + 16 is qs[j] >> 4)
+//   IQ4_NL (18 B): f16 d; u8 qs[16]        nibbles as Q4_0, w = kIq4nlValues[nibble] * d
+//     (a fixed non-linear table of 16 int8 values, llama.cpp's kvalues_iq4nl)
 //
 // K-quants: super-blocks of 256 elements (K % 256 == 0)
 //   Q4_K (144 B): f16 d; f16 dmin; u8 scales[12]; u8 qs[128]
@@ -74,7 +76,14 @@ struct block_q6_k {
   int8_t scales[16];
   uint16_t d;
 };
+struct block_iq4_nl {
+  uint16_t d;
+  uint8_t qs[16];
+};
+alignas(16) inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                        1,    13,   25,  38,  53,  69,  89,  113};
 static_assert(sizeof(block_q5_0) == 22, "Q5_0 block must be 22 bytes");
+static_assert(sizeof(block_iq4_nl) == 18, "IQ4_NL block must be 18 bytes");
 static_assert(sizeof(block_q5_1) == 24, "Q5_1 block must be 24 bytes");
 static_assert(sizeof(block_q4_k) == 144, "Q4_K block must be 144 bytes");
 static_assert(sizeof(block_q5_k) == 176, "Q5_K block must be 176 bytes");

@@ -524,8 +524,9 @@ struct hipc_kv8<float> {
 #ifndef HIPC_QSPLIT
 #define HIPC_QSPLIT 1
 #endif
-// Quants and scales of block `b` (counted over the whole matrix of `blocks` blocks).
-template <int QB, int SB>
+// Quants and scales of block `b` (counted over the whole matrix of `blocks` blocks); TYPE
+// tells apart types of one layout (q4_0, iq4_nl), whose functions overload on it.
+template <int QB, int SB, int TYPE = 0>
 struct hipc_qmat {
   const char* base;
   size_t blocks;
@@ -535,6 +536,9 @@ struct hipc_qmat {
 typedef hipc_qmat<16, 2> hipc_qmat_q4_0;
 typedef hipc_qmat<16, 4> hipc_qmat_q4_1;
 typedef hipc_qmat<32, 2> hipc_qmat_q8_0;
+// IQ4_NL {f16 d; 16 bytes of nibbles} (18 bytes): Q4_0's layout, each nibble an index into a
+// fixed table of 16 int8 values (hipc_iq4nl_bytes4)
+typedef hipc_qmat<16, 2, 1> hipc_qmat_iq4_nl;
 // Blocks of three fields (quants, then two kinds of scale), split into three regions or
 // interleaved as GGUF has them (field offsets O1..O3 in a block of B bytes).
 template <int B, int O1, int N1, int O2, int N2, int O3>
@@ -618,6 +622,37 @@ HIPC_DEVICE float hipc_w_q4_0(const void* W, int N, int K, int n, int k) {
   const hipc_qmat_q4_0 m{(const char*)W, (size_t)N * (K / 32)};
   const size_t b = (size_t)n * (K / 32) + k / 32;
   return hipc_f16_to_f32(*(const uint16_t*)m.sc(b)) * (float)(hipc_nibble(m.qs(b), k % 32) - 8);
+}
+// IQ4_NL's values -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113 (llama.cpp's
+// kvalues_iq4nl) as the bytes of 4 words, and 4 indices (the bytes of v, each 0..15) to
+// their values: two byte permutes and a select on NVIDIA, byte by byte elsewhere
+#define HIPC_IQ4NL_W0 0xBFAD9881u
+#define HIPC_IQ4NL_W1 0xF6EADDCFu
+#define HIPC_IQ4NL_W2 0x26190D01u
+#define HIPC_IQ4NL_W3 0x71594535u
+HIPC_DEVICE uint32_t hipc_iq4nl_bytes4(uint32_t v) {
+#if defined(__CUDACC__)
+  const uint32_t s = v | v >> 4;
+  const uint32_t sel = ((s & 0xffu) | ((s >> 8) & 0xff00u)) & 0x7777u;  // index & 7, a nibble each
+  const uint32_t lo = __byte_perm(HIPC_IQ4NL_W0, HIPC_IQ4NL_W1, sel), hi = __byte_perm(HIPC_IQ4NL_W2, HIPC_IQ4NL_W3, sel);
+  const uint32_t upper = ((v >> 3) & 0x01010101u) * 0xffu;  // the bytes whose index is 8..15
+  return (hi & upper) | (lo & ~upper);
+#else
+  uint32_t out = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t n = (v >> (8 * i)) & 15;
+    const uint32_t w = n < 4 ? HIPC_IQ4NL_W0 : n < 8 ? HIPC_IQ4NL_W1 : n < 12 ? HIPC_IQ4NL_W2 : HIPC_IQ4NL_W3;
+    out |= ((w >> (8 * (n & 3))) & 255) << (8 * i);
+  }
+  return out;
+#endif
+}
+HIPC_DEVICE float hipc_w_iq4_nl(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_iq4_nl m{(const char*)W, (size_t)N * (K / 32)};
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const int8_t v = (int8_t)hipc_iq4nl_bytes4((uint32_t)hipc_nibble(m.qs(b), k % 32));
+  return hipc_f16_to_f32(*(const uint16_t*)m.sc(b)) * (float)v;
 }
 HIPC_DEVICE float hipc_w_q4_1(const void* W, int N, int K, int n, int k) {
   const hipc_qmat_q4_1 m{(const char*)W, (size_t)N * (K / 32)};
@@ -906,9 +941,15 @@ HIPC_DEVICE int hipc_idot_q8(uint4 qa, uint4 qb, const hipc_xb<LO>& x) {
 struct hipc_unit_q4_0 { uint4 q; uint16_t d; };
 struct hipc_unit_q4_1 { uint4 q; uint32_t dm; };
 struct hipc_unit_q8_0 { uint4 qa, qb; uint16_t d; };
+struct hipc_unit_iq4_nl { uint4 q; uint16_t d; };
 struct hipc_unit_q6_k { uint4 ql[4], qh[2]; uint32_t sc[2]; uint16_t d; };
 template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_0& v, const hipc_qmat_q4_0& m, size_t u) {
+  v.q = hipc_load_q16<SMEM>(m.qs(u));
+  v.d = *(const uint16_t*)m.sc(u);
+}
+template <bool SMEM = false>
+HIPC_DEVICE void hipc_load_unit(hipc_unit_iq4_nl& v, const hipc_qmat_iq4_nl& m, size_t u) {
   v.q = hipc_load_q16<SMEM>(m.qs(u));
   v.d = *(const uint16_t*)m.sc(u);
 }
@@ -950,6 +991,18 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_1& v, XP xq, int i) {
   const float t = (float)hipc_idot_q4<LO>(v.q, x);
   // w = d * q + m: d * sum(q x) + m * sum(x)
   return x.scale() * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)x.meta.y);
+}
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_iq4_nl& v, XP xq, int i) {
+  const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
+  const uint32_t w[4] = {v.q.x, v.q.y, v.q.z, v.q.w};
+  int b[8];  // the table's signed values in place of Q4_0's nibbles
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    b[j] = (int)hipc_iq4nl_bytes4(w[j] & 0x0f0f0f0fu);
+    b[4 + j] = (int)hipc_iq4nl_bytes4((w[j] >> 4) & 0x0f0f0f0fu);
+  }
+  return hipc_f16_to_f32(v.d) * x.scale() * (float)hipc_idot_words<LO, 8>(b, x, 0);
 }
 template <bool LO, class XP>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q8_0& v, XP xq, int i) {
@@ -1202,6 +1255,15 @@ HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q4_0& m, int K, int n, int k, uint
   const size_t b = (size_t)n * (K / 32) + k / 32;
   const int j = k % 32;
   q = hipc_ints8(hipc_load_bytes8(m.qs(b) + j % 16), 4 * (j / 16), 15, -8);
+  s = hipc_f16_to_f32(*(const uint16_t*)m.sc(b)), o = 0.f;
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_iq4_nl& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 32) + k / 32;
+  const int j = k % 32, sh = 4 * (j / 16);
+  const uint2 v = hipc_load_bytes8(m.qs(b) + j % 16);
+  const uint32_t a = hipc_iq4nl_bytes4((v.x >> sh) & 0x0f0f0f0fu), c = hipc_iq4nl_bytes4((v.y >> sh) & 0x0f0f0f0fu);
+  q = uint4{hipc_bf16_ints((int8_t)a, (int8_t)(a >> 8)), hipc_bf16_ints((int8_t)(a >> 16), (int8_t)(a >> 24)),
+            hipc_bf16_ints((int8_t)c, (int8_t)(c >> 8)), hipc_bf16_ints((int8_t)(c >> 16), (int8_t)(c >> 24))};
   s = hipc_f16_to_f32(*(const uint16_t*)m.sc(b)), o = 0.f;
 }
 HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q4_1& m, int K, int n, int k, uint4& q, float& s, float& o) {

@@ -180,6 +180,39 @@ def test_kquant_and_5bit_weights(mix, activations, tmp_path):
         assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.75
 
 
+@pytest.mark.parametrize("activations", ["int16", "int8"])
+def test_iq4_nl_weights(activations, tmp_path, monkeypatch):
+    """IQ4_NL (Q4_0's blocks, each nibble an index into a table of 16 int8 values) in every
+    matrix but the embedding, against the reference (gguf-py's dequantizer): prefill chunks
+    and decode."""
+    from hipc.compiler import quantize
+
+    gguf_writer = pytest.importorskip("gguf_writer")
+    monkeypatch.setitem(quantize._QUANTIZERS, "iq4_nl", gguf_writer.iq4_nl_blocks)
+    path = gguf_writer.write_numpy_gguf(
+        tmp_path / "m.gguf",
+        types=lambda n: "q8_0" if n == "token_embd.weight" else "iq4_nl",
+    )
+    compile_model(
+        path,
+        tmp_path / "m.hipc",
+        CompileOptions(max_context=32, max_tokens=8, activations=activations),
+        verbose=False,
+    )
+    compiled = load_engine(tmp_path / "m.hipc")
+    assert "iq4_nl" in {w["dtype"] for w in compiled.artifact.plan["weights"]}
+    tokens = np.random.default_rng(4).integers(0, compiled.vocab_size, 12).tolist()
+    got = compiled.logits(tokens)
+    reference = ReferenceEngine(load_model(path), 32)
+    want = reference.logits(tokens, 0)
+    if activations == "int16":
+        assert rel_err(got, want) <= 1e-3
+        assert greedy(compiled, tokens[:4], 12) == greedy(reference, tokens[:4], 12)
+    else:
+        assert rel_err(got, want) <= 5e-2
+        assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.75
+
+
 @pytest.mark.parametrize("target, label", [("cpu", "CPU"), ("sm_90", "HIP")])
 def test_weight_type_without_kernel_is_refused_naming_the_tensor(
     target, label, tmp_path, monkeypatch

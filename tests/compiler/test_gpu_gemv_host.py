@@ -71,6 +71,16 @@ CASES = {
     ),
     # gate/up pairs, 4 stages over 5 items per wave (the ring's last turn partial)
     "q4_1_glu_norm_s4": ("q4_1", 2 * 19, 1024, "glu", True, QuantGemv(2, 2, 1, 2, 1, 4)),
+    # IQ4_NL: Q4_0's blocks, the nibbles looked up in its table
+    "iq4_nl_glu_norm_s3": ("iq4_nl", 2 * 19, 1024, "glu", True, QuantGemv(2, 2, 1, 2, 1, 3)),
+    "iq4_nl_residual_early": (
+        "iq4_nl",
+        23,
+        2304,
+        "residual",
+        False,
+        QuantGemv(2, 1, 2, 3, 1, 3, xq_chunk=8, early_res=True),
+    ),
     "q8_0_rows2_residual": ("q8_0", 30, 2048, "residual", False, QuantGemv(2, 2, 1, 3, 1, 2)),
     # the K-quants' 128-weight units: 4-row groups, rows past the end (N 21)
     "q4_k_rows4_norm": ("q4_k", 21, 2048, "none", True, QuantGemv(2, 4, 1, 2, 1, 2)),
@@ -175,6 +185,7 @@ CASES = {
         QuantGemvBulk(2, 6, 2, 2, rows_per_wave=2),
     ),
     "bulk_q5_k_residual": ("q5_k", 13, 1024, "residual", False, QuantGemvBulk(2, 2, 2, 2)),
+    "bulk_iq4_nl_residual": ("iq4_nl", 13, 1024, "residual", False, QuantGemvBulk(2, 2, 2, 2)),
     "bulk_q6_k_glu_split2": ("q6_k", 2 * 9, 8192, "glu", False, QuantGemvBulk(2, 2, 4, 2)),
     "bulk_q8_0_norm": ("q8_0", 19, 512, "none", True, QuantGemvBulk(2, 3, 2, 2)),
 }

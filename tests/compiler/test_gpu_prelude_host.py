@@ -22,9 +22,15 @@ from hipc.compiler.passes.repack import split_quant_blocks
 
 gguf = pytest.importorskip("gguf")
 
-TYPES = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
-# block bytes of the types gguf-py cannot quantize (random blocks), and where their f16 d sits
-RANDOM_BLOCKS = {"q6_k": (210, 208), "q4_k": (144, 0), "q5_k": (176, 0)}
+TYPES = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k", "iq4_nl")
+# block bytes of the types gguf-py cannot quantize (random blocks), where their f16 scales
+# sit and how many bytes they take
+RANDOM_BLOCKS = {
+    "q6_k": (210, 208, 2),
+    "q4_k": (144, 0, 4),
+    "q5_k": (176, 0, 4),
+    "iq4_nl": (18, 0, 2),
+}
 
 WRAPPERS = """
 #define TYPE(T)                                                                               \\
@@ -68,6 +74,7 @@ TYPE(q5_0)
 TYPE(q5_1)
 TYPE(q4_k)
 TYPE(q5_k)
+TYPE(iq4_nl)
 """
 
 
@@ -152,16 +159,15 @@ def lib(request, tmp_path_factory):
 
 
 def blocks(wtype: str, N: int, K: int, rng) -> np.ndarray:
-    """[N, row bytes] GGUF blocks: quantized by gguf-py, or random (Q6_K: gguf-py has no
-    quantizer; every quant and scale byte is valid)."""
+    """[N, row bytes] GGUF blocks: quantized by gguf-py, or random (the K-quants, IQ4_NL:
+    gguf-py has no quantizer; every quant and scale byte is valid)."""
     qt = getattr(gguf.GGMLQuantizationType, wtype.upper())
     if wtype not in RANDOM_BLOCKS:
         w = rng.standard_normal((N, K)).astype(np.float32) * rng.uniform(0.01, 10, (N, 1))
         return gguf.quants.quantize(w.astype(np.float32), qt)
-    size, at = RANDOM_BLOCKS[wtype]
-    raw = rng.integers(0, 256, (N * K // 256, size), dtype=np.uint8)
+    size, at, n = RANDOM_BLOCKS[wtype]
+    raw = rng.integers(0, 256, (N * K // QUANT_TYPES[wtype].block_values, size), dtype=np.uint8)
     # sane f16 scales (d, and dmin after it for Q4_K/Q5_K): random bytes may be inf/nan
-    n = 2 if wtype == "q6_k" else 4
     d = rng.uniform(1e-5, 4e-5, (len(raw), n // 2)).astype(np.float16)
     raw[:, at : at + n] = d.view(np.uint8).reshape(-1, n)
     return raw.reshape(N, -1)

@@ -21,7 +21,7 @@ from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
-from gguf_writer import write_numpy_gguf, write_q6k_head_gguf
+from gguf_writer import iq4_nl_blocks, write_numpy_gguf, write_q6k_head_gguf
 from support import TINY_FAMILIES, greedy, rel_err, write_tiny_hf
 
 pytestmark = pytest.mark.gpu
@@ -76,6 +76,15 @@ def test_float32_gemm_k_splits_on_gpu(tmp_path):
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "F16"])
 def test_quantized_on_gpu(qtype, tmp_path):
     check(write_numpy_gguf(tmp_path / "m.gguf", qtype), tmp_path)
+
+
+def test_iq4_nl_on_gpu(tmp_path, monkeypatch):
+    """IQ4_NL in every matrix (the embedding too): the GEMVs, the prefill GEMM's tiles and
+    the embedding look the nibbles up in its table."""
+    from hipc.compiler import quantize
+
+    monkeypatch.setitem(quantize._QUANTIZERS, "iq4_nl", iq4_nl_blocks)
+    check(write_numpy_gguf(tmp_path / "m.gguf", types=lambda n: "iq4_nl"), tmp_path)
 
 
 def test_quantized_q6_k_output_on_gpu(tmp_path):

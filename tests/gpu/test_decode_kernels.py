@@ -71,6 +71,8 @@ GEMVS = {
     "q6_k_streamed_residual_k14336": ("q6_k", 37, 14336, "residual", False, False),
     "q5_0_glu_norm_k1536": ("q5_0", 2 * 64, 1536, "glu", True, False),
     "q5_1_residual_bias": ("q5_1", 75, 576, "residual", False, True),
+    "iq4_nl_glu_norm_k1536": ("iq4_nl", 2 * 64, 1536, "glu", True, False),
+    "iq4_nl_residual_bias_k14336": ("iq4_nl", 75, 14336, "residual", False, True),
     "q4_k_norm_k4096": ("q4_k", 130, 4096, "none", True, False),
     "q4_k_streamed_glu_k1024": ("q4_k", 2 * 45, 1024, "glu", True, True),
     "q5_k_residual_k14336": ("q5_k", 40, 14336, "residual", False, False),
@@ -153,7 +155,7 @@ STREAMED = {
     "q6_k_ring_l2_residual_k14336": QuantGemv(8, 2, 1, 9, 1, 3, 8, l2_prefetch=True),
     "q6_k64_w16_ring_norm": QuantGemv(16, 2, 1, 3, 1, 2, 8, unit64=True),
 }
-QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k")
+QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k", "iq4_nl")
 
 
 def gemv_params(case) -> LinearParams:
@@ -473,6 +475,8 @@ def test_decode_attention_matches_numpy(attentions, name, form):
         ("q4_k", "split"),
         ("q5_k", "split"),
         ("q5_k", "gguf"),
+        ("iq4_nl", "split"),
+        ("iq4_nl", "gguf"),
     ],
 )
 def test_embedding_rows(wtype, layout):
@@ -498,7 +502,7 @@ def test_embedding_rows(wtype, layout):
 
 # -- quantized weights in the prefill GEMMs -------------------------------------------------
 
-QGEMM_TYPES = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+QGEMM_TYPES = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl")
 # name: (T, N weight rows, K, epilogue, bias)
 QGEMM_CASES = {
     "residual": (70, 100, 512, "residual", False),
