@@ -236,14 +236,41 @@ def _tiny_llama_writer(
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
 
 
+def _iq4_nearest(b: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The table index nearest each of `b` [n, 32] over its row's scale [n]."""
+    safe = np.where(scale != 0, scale, 1).astype(np.float32)
+    return np.abs(b[:, :, None] / safe[:, None, None] - IQ4_NL_VALUES).argmin(-1)
+
+
+def _iq4_nibbles(idx: np.ndarray) -> np.ndarray:
+    return (idx[:, :16] | idx[:, 16:] << 4).astype(np.uint8)  # Q4_0's order
+
+
 def iq4_nl_blocks(b: np.ndarray) -> np.ndarray:
     """IQ4_NL blocks [n, 18] of 32-value rows `b`, for tests: d = amax / 127, each value the
     nearest of the table (gguf-py has no IQ4_NL quantizer; its dequantizer is the reference)."""
-    amax = np.abs(b).max(1)
-    d = (np.where(amax > 0, amax, 1) / 127).astype(np.float16)
-    idx = np.abs(b[:, :, None] / d[:, None, None].astype(np.float32) - IQ4_NL_VALUES).argmin(-1)
-    nib = (idx[:, :16] | idx[:, 16:] << 4).astype(np.uint8)
+    d = (np.abs(b).max(1) / 127).astype(np.float16)
+    nib = _iq4_nibbles(_iq4_nearest(b, d.astype(np.float32)))
     return np.concatenate([d[:, None].view(np.uint8), nib], axis=1)
+
+
+def iq4_xs_blocks(b: np.ndarray) -> np.ndarray:
+    """IQ4_XS blocks [n, 136] of 256-value rows `b`, for tests: d = the largest sub-block
+    scale / 31, each sub-block's 6-bit ls = 32 + its scale / d rounded, values as IQ4_NL's."""
+    n = len(b)
+    sub = b.reshape(n * 8, 32)
+    want = (np.abs(sub).max(1) / 127).reshape(n, 8)
+    d = (want.max(1) / 31).astype(np.float16)
+    df = d.astype(np.float32)[:, None]
+    ls = 32 + np.clip(np.rint(want / np.where(df > 0, df, 1)), -32, 31).astype(np.int64)
+    scale = (df * (ls - 32)).reshape(-1)
+    nib = _iq4_nibbles(_iq4_nearest(sub, scale)).reshape(n, 128)
+    lo = ls & 15
+    scales_l = (lo[:, 0::2] | lo[:, 1::2] << 4).astype(np.uint8)
+    scales_h = ((ls >> 4) << (2 * np.arange(8))).sum(1).astype(np.uint16)
+    return np.concatenate(
+        [d[:, None].view(np.uint8), scales_h[:, None].view(np.uint8), scales_l, nib], axis=1
+    )
 
 
 def write_numpy_gguf(

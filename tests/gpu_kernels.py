@@ -172,7 +172,7 @@ def pack(w: np.ndarray, wtype: str, layout: str = "split") -> tuple[np.ndarray, 
     if wtype == "bfloat16":
         bits = (w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
         return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    if wtype in ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl"):
+    if wtype in ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"):
         return _pack_gguf(w, wtype, layout)
     blocks = w.reshape(N, K // 32, 32)
     if wtype == "q8_0":
@@ -225,6 +225,7 @@ def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.n
             "q4_k": (144, 0, 2, 256),
             "q5_k": (176, 0, 2, 256),
             "iq4_nl": (18, 0, 1, 32),
+            "iq4_xs": (136, 0, 1, 256),
         }[wtype]
         rng = np.random.default_rng(N * 7919 + K)
         raw = rng.integers(0, 256, (N * K // bv, size), dtype=np.uint8)

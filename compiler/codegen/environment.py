@@ -27,11 +27,12 @@ WEIGHT_SUFFIX = {
     "q4_k": "q4_k",
     "q5_k": "q5_k",
     "iq4_nl": "iq4_nl",
+    "iq4_xs": "iq4_xs",
 }
 # the weight types the CPU kernels read (GPU kernels read every WEIGHT_SUFFIX type)
 CPU_WTYPES = (
     "float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
-    "iq4_nl",
+    "iq4_nl", "iq4_xs",
 )  # fmt: skip
 
 

@@ -1206,6 +1206,7 @@ QUANT_TYPES = {
     "q4_k": QuantType(256, 144, 128, 128),
     "q5_k": QuantType(256, 176, 160, 128),
     "iq4_nl": QuantType(32, 18, 16, 32),
+    "iq4_xs": QuantType(256, 136, 128, 128),
 }
 # A K-quant unit is 21-27 registers (64-96 bytes of quants). Q4_K/Q5_K: groups of 4 rows,
 # one unit each, the next copied in (stages 1), 8 waves a block, one block per SM; Q6_K: groups
@@ -1250,6 +1251,7 @@ QUANT_REGIONS = {
     "q5_k": (160, 12, 4),
     "q6_k": (192, 16, 2),
     "iq4_nl": (16, 2),
+    "iq4_xs": (128, 4, 4),
 }
 
 
@@ -1320,7 +1322,7 @@ def bulk_gemv_fits(wsuffix: str, K: int, target: GpuTarget) -> bool:
 
 
 # quant_gemv's table: (family, matrix class) -> geometry. Families: "q" (the 32-weight types),
-# "q4_k" and "q5_k" (128-weight units), "q6_k". Classes: "small" (under QUANT_GEMV_LARGE_BYTES,
+# "q4_k", "q5_k" and "iq4_xs" (128-weight units), "q6_k". Classes: "small" (under QUANT_GEMV_LARGE_BYTES,
 # rows shorter than QUANT_GEMV_LONG_K), "small_long" (under, rows that long), and at or over it
 # "glu" (gate/up), "long" (rows of QUANT_GEMV_LONG_ROWS and more: a down projection),
 # "narrow" (no more outputs than inputs: an attention's o) and "short" (the rest: qkv, an LM
@@ -1333,7 +1335,8 @@ QUANT_GEMV_LONG_ROWS = 8192
 # table before took 49.0 / 58.5 (docs/benchmarks/gpu-h200.md, "Session 10, qdec"). The same
 # geometry lost on the Q4_K qkv (7.6 against 7.1 us) and gate/up (22.6 against 18.7), and
 # won the 4096 x 4096 o (5.0 against 5.7): the "narrow" class, which qkv is not in.
-# Q5_K has no 64-weight unit (unit_of) and was not measured: it keeps QUANT_GEMV_KQUANT.
+# Q5_K and IQ4_XS have no 64-weight unit (unit_of) and were not measured: they keep
+# QUANT_GEMV_KQUANT.
 QUANT_GEMV_K64 = QuantGemv(16, 2, 1, 132, 1, 2, 8, unit64=True)
 # and, as the Q4_0 downs (QUANT_GEMV_LARGE_DOWN), they read their residual rows right after the
 # wait: in the 8B Q4_K_M decode graph (profile_gpu_decode.py --swap, position 64, H200,
@@ -1350,6 +1353,7 @@ QUANT_GEMV_TABLE: dict[tuple[str, str], QuantGemv] = {
     ("q", "glu"): QUANT_GEMV_LARGE_GLU,
     **{("q4_k", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("q5_k", c): QUANT_GEMV_KQUANT for c in _CLASSES},
+    **{("iq4_xs", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("q6_k", c): QUANT_GEMV_Q6_K for c in _CLASSES},
     ("q4_k", "long"): QUANT_GEMV_K64_DOWN,
     ("q4_k", "narrow"): QUANT_GEMV_K64,

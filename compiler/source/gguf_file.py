@@ -26,6 +26,7 @@ GGML_DTYPES = {
     "Q5_1": "q5_1",
     "Q8_0": "q8_0",
     "IQ4_NL": "iq4_nl",
+    "IQ4_XS": "iq4_xs",
     "Q2_K": "q2_k",
     "Q3_K": "q3_k",
     "Q4_K": "q4_k",

@@ -64,6 +64,9 @@ SHAPES = {
     "l8_gate_up_q4k": ("q4_k", 2 * 14336, 4096, "glu", True),
     "l8_down_q6k": ("q6_k", 4096, 14336, "residual", False),
     "l8_down_q4k": ("q4_k", 4096, 14336, "residual", False),
+    "l8_down_iq4nl": ("iq4_nl", 4096, 14336, "residual", False),
+    "l8_down_iq4xs": ("iq4_xs", 4096, 14336, "residual", False),
+    "l8_gate_up_iq4xs": ("iq4_xs", 2 * 14336, 4096, "glu", True),
     # Qwen3-30B-A3B's attention linears (hidden 2048, 32 + 2 x 4 heads of 128): few rows
     "q3moe_qkv": ("q4_0", 5120, 2048, "none", True),
     "q3moe_o": ("q4_0", 2048, 4096, "residual", False),

@@ -17,6 +17,9 @@ namespace hipc {
 //     (nibbles as Q4_0: element j < 16 is qs[j] & 15, element j + 16 is qs[j] >> 4)
 //   IQ4_NL (18 B): f16 d; u8 qs[16]        nibbles as Q4_0, w = kIq4nlValues[nibble] * d
 //     (a fixed non-linear table of 16 int8 values, llama.cpp's kvalues_iq4nl)
+//   IQ4_XS (136 B, 256 elements): f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]
+//     8 sub-blocks of 32, each an IQ4_NL block's nibbles (qs[16j ..]) with the 6-bit scale
+//     ls = nibble j of scales_l | bits 2j.. of scales_h << 4: w = d * (ls - 32) * value
 //
 // K-quants: super-blocks of 256 elements (K % 256 == 0)
 //   Q4_K (144 B): f16 d; f16 dmin; u8 scales[12]; u8 qs[128]
@@ -84,6 +87,12 @@ alignas(16) inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -4
                                                         1,    13,   25,  38,  53,  69,  89,  113};
 static_assert(sizeof(block_q5_0) == 22, "Q5_0 block must be 22 bytes");
 static_assert(sizeof(block_iq4_nl) == 18, "IQ4_NL block must be 18 bytes");
+struct block_iq4_xs {
+  uint16_t d, scales_h;
+  uint8_t scales_l[4];
+  uint8_t qs[128];
+};
+static_assert(sizeof(block_iq4_xs) == 136, "IQ4_XS block must be 136 bytes");
 static_assert(sizeof(block_q5_1) == 24, "Q5_1 block must be 24 bytes");
 static_assert(sizeof(block_q4_k) == 144, "Q4_K block must be 144 bytes");
 static_assert(sizeof(block_q5_k) == 176, "Q5_K block must be 176 bytes");

@@ -1,5 +1,5 @@
-// linear_kquant.h -- matmuls and embedding gathers for Q5_0, Q5_1, IQ4_NL and the
-// K-quants (Q4_K, Q5_K, Q6_K). Apart from linear_vnni.h / linear_avx2.h because these types share
+// linear_kquant.h -- matmuls and embedding gathers for Q5_0, Q5_1, IQ4_NL, IQ4_XS and
+// the K-quants (Q4_K, Q5_K, Q6_K). Apart from linear_vnni.h / linear_avx2.h because these types share
 // one shape the 32-blocks of Q4_0/Q4_1/Q8_0 do not have: scales that change every 16 or
 // 32 elements inside a block, read from packed 6-bit or int8 fields. One kernel serves
 // them all: a block is w = q * s[e / 16] + m[e / 32] (int16 values q, a float scale per
@@ -30,6 +30,7 @@ template <class B> struct KTraits;
 template <> struct KTraits<block_q5_0> { static constexpr int QK = 32; static constexpr bool kMin = false; };
 template <> struct KTraits<block_q5_1> { static constexpr int QK = 32; static constexpr bool kMin = true; };
 template <> struct KTraits<block_iq4_nl> { static constexpr int QK = 32; static constexpr bool kMin = false; };
+template <> struct KTraits<block_iq4_xs> { static constexpr int QK = 256; static constexpr bool kMin = false; };
 template <> struct KTraits<block_q4_k> { static constexpr int QK = 256; static constexpr bool kMin = true; };
 template <> struct KTraits<block_q5_k> { static constexpr int QK = 256; static constexpr bool kMin = true; };
 template <> struct KTraits<block_q6_k> { static constexpr int QK = 256; static constexpr bool kMin = false; };
@@ -64,6 +65,25 @@ inline void unpack(const block_iq4_nl& b, Unpacked<32>& u) {
   }
   u.s[0] = u.s[1] = fp16_to_fp32(b.d);
   u.m[0] = 0.f;
+}
+
+// IQ4_XS sub-block j's scale: d * (ls - 32), ls its 6 bits from scales_l and scales_h
+inline float iq4_xs_scale(const block_iq4_xs& b, int j) {
+  const int ls = ((b.scales_l[j / 2] >> (4 * (j % 2))) & 15) | (((b.scales_h >> (2 * j)) & 3) << 4);
+  return fp16_to_fp32(b.d) * (float)(ls - 32);
+}
+
+inline void unpack(const block_iq4_xs& b, Unpacked<256>& u) {
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t* qs = b.qs + 16 * j;
+#pragma omp simd
+    for (int i = 0; i < 16; ++i) {
+      u.q[32 * j + i] = kIq4nlValues[qs[i] & 15];
+      u.q[32 * j + 16 + i] = kIq4nlValues[qs[i] >> 4];
+    }
+    u.s[2 * j] = u.s[2 * j + 1] = iq4_xs_scale(b, j);
+    u.m[j] = 0.f;
+  }
 }
 
 inline void unpack(const block_q5_1& b, Unpacked<32>& u) {
@@ -152,13 +172,16 @@ inline __m512i w16(const block_q5_0& b, int) {
 inline __m512i w16(const block_q5_1& b, int) {
   return w16_nibbles(_mm_loadu_si128((const __m128i*)b.qs), _mm256_set1_epi8(16), (__mmask32)load_u32(b.qh), 0);
 }
-// IQ4_NL: the nibbles (as Q4_0's) index the 16-value table, one byte shuffle
-inline __m512i w16(const block_iq4_nl& b, int) {
-  const __m128i q16 = _mm_loadu_si128((const __m128i*)b.qs), m4 = _mm_set1_epi8(15);
+// IQ4_NL: the nibbles (as Q4_0's) index the 16-value table, one byte shuffle; IQ4_XS:
+// sub-block j is such a block's nibbles at qs + 16j
+inline __m512i iq4_w16(const uint8_t* qs) {
+  const __m128i q16 = _mm_loadu_si128((const __m128i*)qs), m4 = _mm_set1_epi8(15);
   const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q16, 4), m4), _mm_and_si128(q16, m4));
   const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)kIq4nlValues));
   return _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(table, idx));
 }
+inline __m512i w16(const block_iq4_nl& b, int) { return iq4_w16(b.qs); }
+inline __m512i w16(const block_iq4_xs& b, int j) { return iq4_w16(b.qs + 16 * j); }
 // K-quants: unit j = 2c + h is nibble h of qs[32c .. 32c+31]
 inline __m256i k_nibbles(const uint8_t* qs, int j) {
   const __m256i q = _mm256_loadu_si256((const __m256i*)(qs + 32 * (j >> 1)));
@@ -186,6 +209,9 @@ inline __m512i w16(const block_q6_k& b, int j) {
 // The per-16 scales and per-32 offsets of a block (what unpack() writes besides q).
 inline void scales(const block_q5_0& b, float* s, float* m) { s[0] = s[1] = fp16_to_fp32(b.d), m[0] = 0.f; }
 inline void scales(const block_iq4_nl& b, float* s, float* m) { s[0] = s[1] = fp16_to_fp32(b.d), m[0] = 0.f; }
+inline void scales(const block_iq4_xs& b, float* s, float* m) {
+  for (int j = 0; j < 8; ++j) s[2 * j] = s[2 * j + 1] = iq4_xs_scale(b, j), m[j] = 0.f;
+}
 inline void scales(const block_q5_1& b, float* s, float* m) {
   s[0] = s[1] = fp16_to_fp32(b.d), m[0] = fp16_to_fp32(b.m);
 }
@@ -518,7 +544,7 @@ inline void kq_embed_row(const void* W, int K, int64_t row, float* out) {
 }  // namespace detail
 
 // y[t, n] = sum_k x[t, k] * W[n, k], W in the named GGUF blocks (K % 32 == 0 for q5_0/q5_1/iq4_nl,
-// K % 256 == 0 for the K-quants). matmul_a16_*: int16 activations (the default);
+// K % 256 == 0 for the K-quants and iq4_xs). matmul_a16_*: int16 activations (the default);
 // matmul_*: int8 ones (--activations int8), the same kernel with x rounded coarser.
 #define HIPC_KQUANT_ENTRY(name, B)                                                                     \
   inline void matmul_a16_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
@@ -533,6 +559,7 @@ inline void kq_embed_row(const void* W, int K, int64_t row, float* out) {
 HIPC_KQUANT_ENTRY(q5_0, block_q5_0)
 HIPC_KQUANT_ENTRY(q5_1, block_q5_1)
 HIPC_KQUANT_ENTRY(iq4_nl, block_iq4_nl)
+HIPC_KQUANT_ENTRY(iq4_xs, block_iq4_xs)
 HIPC_KQUANT_ENTRY(q4_k, block_q4_k)
 HIPC_KQUANT_ENTRY(q5_k, block_q5_k)
 HIPC_KQUANT_ENTRY(q6_k, block_q6_k)

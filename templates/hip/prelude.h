@@ -559,6 +559,10 @@ typedef hipc_qmat3<24, 8, 16, 4, 4, 0> hipc_qmat_q5_1;
 // {d, dmin; scales[12]; qh[32]; qs[128]} (176): fields quants (Q5_K: qh then qs), scales, d+dmin.
 typedef hipc_qmat3<144, 16, 128, 4, 12, 0> hipc_qmat_q4_k;
 typedef hipc_qmat3<176, 16, 160, 4, 12, 0> hipc_qmat_q5_k;
+// IQ4_XS {f16 d; u16 scales_h; u8 scales_l[4]; qs[128]} (136 bytes, 256 weights): sub-block j
+// (32 weights) is IQ4_NL's nibbles at qs + 16j with the scale d * (ls - 32), ls = nibble j of
+// scales_l | bits 2j, 2j + 1 of scales_h << 4; fields quants, scales_l, d + scales_h.
+typedef hipc_qmat3<136, 8, 128, 4, 4, 0> hipc_qmat_iq4_xs;
 // Q6_K super-blocks of 256: {ql[128] low nibbles, qh[64] 2-bit highs, int8 scales[16] (one
 // per 16 weights), f16 d} (210 bytes); split: every ql+qh, then every scales, then every d.
 struct hipc_qmat_q6_k {
@@ -1046,6 +1050,19 @@ HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {
   return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
 #endif
 }
+// IQ4_XS sub-block j's 6-bit scale from scales_l (a word) and scales_h
+HIPC_DEVICE int hipc_iq4xs_ls(uint32_t sl, uint32_t sh, int j) {
+  return (int)((sl >> (4 * j)) & 15) | (int)(((sh >> (2 * j)) & 3) << 4);
+}
+HIPC_DEVICE float hipc_w_iq4_xs(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_iq4_xs m{(const char*)W, (size_t)N * (K / 256)};
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, ib = j / 32;
+  const uint32_t dh = hipc_load_u32(m.f3(b));
+  const int ls = hipc_iq4xs_ls(hipc_load_u32(m.f2(b)), dh >> 16, ib);
+  const int8_t v = (int8_t)hipc_iq4nl_bytes4((uint32_t)hipc_nibble(m.qs(b) + 16 * ib, j % 32));
+  return hipc_f16_to_f32((uint16_t)dh) * (float)(ls - 32) * (float)v;
+}
 template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_0& v, const hipc_qmat_q5_0& m, size_t u) {
   v.q = hipc_load_q16<SMEM>(m.qs(u));
@@ -1152,6 +1169,36 @@ HIPC_DEVICE float hipc_dot_kquant(const uint4* q4, const uint4* qh2, const uint3
     msum += dq * (float)(mn * x.meta.y);
   }
   return hipc_f16_to_f32((uint16_t)dd) * dsum - hipc_f16_to_f32((uint16_t)(dd >> 16)) * msum;
+}
+// IQ4_XS: half a super-block (128 weights: sub-blocks 4h .. 4h + 3, x blocks 4i ..)
+struct hipc_unit_iq4_xs { uint4 q[4]; uint32_t sl, dh; int h; };
+template <bool SMEM = false>
+HIPC_DEVICE void hipc_load_unit(hipc_unit_iq4_xs& v, const hipc_qmat_iq4_xs& m, size_t u) {
+  const size_t b = u / 2;
+  v.h = (int)(u % 2);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_q16<SMEM>(m.qs(b) + 64 * v.h + 16 * j);
+  v.sl = hipc_load_u32(m.f2(b));
+  v.dh = hipc_load_u32(m.f3(b));
+}
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_iq4_xs& v, XP xq, int i) {
+  const uint32_t sl = v.sl >> (16 * v.h), sh = (v.dh >> 16) >> (8 * v.h);  // this half's scale bits
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const hipc_xb<LO> x = hipc_load_xb<LO>(xq, 4 * i + k);
+    const uint32_t w[4] = {v.q[k].x, v.q[k].y, v.q[k].z, v.q[k].w};
+    int b[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      b[j] = (int)hipc_iq4nl_bytes4(w[j] & 0x0f0f0f0fu);
+      b[4 + j] = (int)hipc_iq4nl_bytes4((w[j] >> 4) & 0x0f0f0f0fu);
+    }
+    // (ls - 32) times the sum in float: against int16 activations it can pass 2^31
+    acc += x.scale() * (float)(hipc_iq4xs_ls(sl, sh, k) - 32) * (float)hipc_idot_words<LO, 8>(b, x, 0);
+  }
+  return hipc_f16_to_f32((uint16_t)v.dh) * acc;
 }
 template <bool LO, class XP>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k& v, XP xq, int i) {
@@ -1265,6 +1312,16 @@ HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_iq4_nl& m, int K, int n, int k, ui
   q = uint4{hipc_bf16_ints((int8_t)a, (int8_t)(a >> 8)), hipc_bf16_ints((int8_t)(a >> 16), (int8_t)(a >> 24)),
             hipc_bf16_ints((int8_t)c, (int8_t)(c >> 8)), hipc_bf16_ints((int8_t)(c >> 16), (int8_t)(c >> 24))};
   s = hipc_f16_to_f32(*(const uint16_t*)m.sc(b)), o = 0.f;
+}
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_iq4_xs& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, ib = j / 32, l = j % 32, sh = 4 * (l / 16);
+  const uint2 v = hipc_load_bytes8(m.qs(b) + 16 * ib + l % 16);
+  const uint32_t a = hipc_iq4nl_bytes4((v.x >> sh) & 0x0f0f0f0fu), c = hipc_iq4nl_bytes4((v.y >> sh) & 0x0f0f0f0fu);
+  q = uint4{hipc_bf16_ints((int8_t)a, (int8_t)(a >> 8)), hipc_bf16_ints((int8_t)(a >> 16), (int8_t)(a >> 24)),
+            hipc_bf16_ints((int8_t)c, (int8_t)(c >> 8)), hipc_bf16_ints((int8_t)(c >> 16), (int8_t)(c >> 24))};
+  const uint32_t dh = hipc_load_u32(m.f3(b));
+  s = hipc_f16_to_f32((uint16_t)dh) * (float)(hipc_iq4xs_ls(hipc_load_u32(m.f2(b)), dh >> 16, ib) - 32), o = 0.f;
 }
 HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q4_1& m, int K, int n, int k, uint4& q, float& s, float& o) {
   const size_t b = (size_t)n * (K / 32) + k / 32;

@@ -181,17 +181,23 @@ def test_kquant_and_5bit_weights(mix, activations, tmp_path):
 
 
 @pytest.mark.parametrize("activations", ["int16", "int8"])
-def test_iq4_nl_weights(activations, tmp_path, monkeypatch):
-    """IQ4_NL (Q4_0's blocks, each nibble an index into a table of 16 int8 values) in every
-    matrix but the embedding, against the reference (gguf-py's dequantizer): prefill chunks
-    and decode."""
+@pytest.mark.parametrize("wtype", ["iq4_nl", "iq4_xs"])
+def test_iq4_weights(wtype, activations, tmp_path, monkeypatch):
+    """IQ4_NL (Q4_0's blocks, each nibble an index into a table of 16 int8 values) and
+    IQ4_XS (8 such blocks under 6-bit scales) in every matrix but the embedding (IQ4_NL:
+    the embedding too), against the reference (gguf-py's dequantizer): prefill chunks and
+    decode."""
     from hipc.compiler import quantize
 
     gguf_writer = pytest.importorskip("gguf_writer")
     monkeypatch.setitem(quantize._QUANTIZERS, "iq4_nl", gguf_writer.iq4_nl_blocks)
+    monkeypatch.setitem(quantize._QUANTIZERS, "iq4_xs", gguf_writer.iq4_xs_blocks)
     path = gguf_writer.write_numpy_gguf(
         tmp_path / "m.gguf",
-        types=lambda n: "q8_0" if n == "token_embd.weight" else "iq4_nl",
+        # IQ4_XS's super-blocks need rows of 256
+        hidden=256 if wtype == "iq4_xs" else 64,
+        ffn=512 if wtype == "iq4_xs" else 96,
+        types=lambda n: "q8_0" if n == "token_embd.weight" and wtype == "iq4_xs" else wtype,
     )
     compile_model(
         path,
@@ -200,7 +206,7 @@ def test_iq4_nl_weights(activations, tmp_path, monkeypatch):
         verbose=False,
     )
     compiled = load_engine(tmp_path / "m.hipc")
-    assert "iq4_nl" in {w["dtype"] for w in compiled.artifact.plan["weights"]}
+    assert wtype in {w["dtype"] for w in compiled.artifact.plan["weights"]}
     tokens = np.random.default_rng(4).integers(0, compiled.vocab_size, 12).tolist()
     got = compiled.logits(tokens)
     reference = ReferenceEngine(load_model(path), 32)

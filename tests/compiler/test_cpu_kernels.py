@@ -54,7 +54,7 @@ GGML_TYPE = {
 }
 
 # Q5_0, Q5_1 and the K-quants: tested on random blocks below (test_kquant_*)
-KTYPES = ["q5_0", "q5_1", "iq4_nl", "q4_k", "q5_k", "q6_k"]
+KTYPES = ["q5_0", "q5_1", "iq4_nl", "iq4_xs", "q4_k", "q5_k", "q6_k"]
 
 # name -> (extra g++ flags, /proc/cpuinfo flags the host needs to run it)
 VARIANTS = {
@@ -101,7 +101,7 @@ HIPC_WRAP16(q4_0) HIPC_WRAP16(q4_1) HIPC_WRAP16(q8_0)
   void t_matmul_a16_##w(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
     hipc::matmul_a16_##w(x, T, K, W, N, y, ldy);                                                \
   }
-HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(iq4_nl) HIPC_WRAPK(q4_k) HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
+HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(iq4_nl) HIPC_WRAPK(iq4_xs) HIPC_WRAPK(q4_k) HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
 // positions lo..hi fed in ranges of `chunk` (a paged KV cache's blocks)
 void t_attend_row64(const float* q, const float* K, const float* V, long long stride, int lo, int hi, float scale,
                     float softcap, int chunk, float* out) {
@@ -655,7 +655,7 @@ def test_matmul_a16_integer_sums_exact(libs, variant, wtype):
                 np.testing.assert_array_equal(y, want, err_msg=f"{kind} {wtype} T={T} nb={nb}")
 
 
-# ---- Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K (linear_kquant.h) ---------------------------
+# ---- Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K (linear_kquant.h) -------------------
 #
 # Random block bytes (every bit pattern of values, packed scales and high bits), with
 # float16 scales drawn over a wide range and some blocks at the extremes (f16 max and
@@ -668,6 +668,7 @@ KBLOCK = {
     "q5_0": (32, 22),
     "q5_1": (32, 24),
     "iq4_nl": (32, 18),
+    "iq4_xs": (256, 136),
     "q4_k": (256, 144),
     "q5_k": (256, 176),
     "q6_k": (256, 210),
@@ -708,7 +709,7 @@ def _koffsets(wtype: str, blocks: np.ndarray, N: int, K: int) -> np.ndarray:
     """Per 32-unit offset m of w = (integer part) + m, [N, K/32] f64 (0 for Q5_0/Q6_K)."""
     nbytes = KBLOCK[wtype][1]
     b = blocks.reshape(-1, nbytes)
-    if wtype in ("q5_0", "iq4_nl", "q6_k"):
+    if wtype in ("q5_0", "iq4_nl", "iq4_xs", "q6_k"):
         return np.zeros((N, K // 32))
     if wtype == "q5_1":
         return b[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(N, K // 32)

@@ -84,6 +84,8 @@ CASES = {
     "q8_0_rows2_residual": ("q8_0", 30, 2048, "residual", False, QuantGemv(2, 2, 1, 3, 1, 2)),
     # the K-quants' 128-weight units: 4-row groups, rows past the end (N 21)
     "q4_k_rows4_norm": ("q4_k", 21, 2048, "none", True, QuantGemv(2, 4, 1, 2, 1, 2)),
+    "iq4_xs_rows4_norm": ("iq4_xs", 21, 2048, "none", True, QuantGemv(2, 4, 1, 2, 1, 2)),
+    "iq4_xs_copy_glu": ("iq4_xs", 2 * 21, 2048, "glu", False, QuantGemv(2, 4, 1, 2, 1, 1)),
     "q6_k_glu_s3": ("q6_k", 2 * 9, 1536, "glu", False, QuantGemv(2, 2, 1, 2, 1, 3)),
     "q5_0_residual_s2": ("q5_0", 17, 1536, "residual", False, QuantGemv(2, 2, 2, 2, 1, 2)),
     # one stage: the next item's loads copied in at the end of each step
@@ -186,6 +188,7 @@ CASES = {
     ),
     "bulk_q5_k_residual": ("q5_k", 13, 1024, "residual", False, QuantGemvBulk(2, 2, 2, 2)),
     "bulk_iq4_nl_residual": ("iq4_nl", 13, 1024, "residual", False, QuantGemvBulk(2, 2, 2, 2)),
+    "bulk_iq4_xs_norm": ("iq4_xs", 21, 2048, "none", True, QuantGemvBulk(2, 2, 3, 2)),
     "bulk_q6_k_glu_split2": ("q6_k", 2 * 9, 8192, "glu", False, QuantGemvBulk(2, 2, 4, 2)),
     "bulk_q8_0_norm": ("q8_0", 19, 512, "none", True, QuantGemvBulk(2, 3, 2, 2)),
 }

@@ -22,7 +22,7 @@ from hipc.compiler.passes.repack import split_quant_blocks
 
 gguf = pytest.importorskip("gguf")
 
-TYPES = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k", "iq4_nl")
+TYPES = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k", "iq4_nl", "iq4_xs")
 # block bytes of the types gguf-py cannot quantize (random blocks), where their f16 scales
 # sit and how many bytes they take
 RANDOM_BLOCKS = {
@@ -30,6 +30,7 @@ RANDOM_BLOCKS = {
     "q4_k": (144, 0, 4),
     "q5_k": (176, 0, 4),
     "iq4_nl": (18, 0, 2),
+    "iq4_xs": (136, 0, 2),
 }
 
 WRAPPERS = """
@@ -75,6 +76,7 @@ TYPE(q5_1)
 TYPE(q4_k)
 TYPE(q5_k)
 TYPE(iq4_nl)
+TYPE(iq4_xs)
 """
 
 

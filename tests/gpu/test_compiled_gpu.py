@@ -21,7 +21,7 @@ from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
-from gguf_writer import iq4_nl_blocks, write_numpy_gguf, write_q6k_head_gguf
+from gguf_writer import iq4_nl_blocks, iq4_xs_blocks, write_numpy_gguf, write_q6k_head_gguf
 from support import TINY_FAMILIES, greedy, rel_err, write_tiny_hf
 
 pytestmark = pytest.mark.gpu
@@ -78,13 +78,16 @@ def test_quantized_on_gpu(qtype, tmp_path):
     check(write_numpy_gguf(tmp_path / "m.gguf", qtype), tmp_path)
 
 
-def test_iq4_nl_on_gpu(tmp_path, monkeypatch):
-    """IQ4_NL in every matrix (the embedding too): the GEMVs, the prefill GEMM's tiles and
-    the embedding look the nibbles up in its table."""
+@pytest.mark.parametrize("wtype", ["iq4_nl", "iq4_xs"])
+def test_iq4_on_gpu(wtype, tmp_path, monkeypatch):
+    """IQ4_NL and IQ4_XS in every matrix (the embedding too): the GEMVs, the prefill GEMM's
+    tiles and the embedding look the nibbles up in IQ4_NL's table."""
     from hipc.compiler import quantize
 
     monkeypatch.setitem(quantize._QUANTIZERS, "iq4_nl", iq4_nl_blocks)
-    check(write_numpy_gguf(tmp_path / "m.gguf", types=lambda n: "iq4_nl"), tmp_path)
+    monkeypatch.setitem(quantize._QUANTIZERS, "iq4_xs", iq4_xs_blocks)
+    path = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=lambda n: wtype)
+    check(path, tmp_path)
 
 
 def test_quantized_q6_k_output_on_gpu(tmp_path):

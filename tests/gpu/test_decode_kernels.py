@@ -73,6 +73,8 @@ GEMVS = {
     "q5_1_residual_bias": ("q5_1", 75, 576, "residual", False, True),
     "iq4_nl_glu_norm_k1536": ("iq4_nl", 2 * 64, 1536, "glu", True, False),
     "iq4_nl_residual_bias_k14336": ("iq4_nl", 75, 14336, "residual", False, True),
+    "iq4_xs_norm_k4096": ("iq4_xs", 130, 4096, "none", True, False),
+    "iq4_xs_glu_k1024": ("iq4_xs", 2 * 45, 1024, "glu", False, True),
     "q4_k_norm_k4096": ("q4_k", 130, 4096, "none", True, False),
     "q4_k_streamed_glu_k1024": ("q4_k", 2 * 45, 1024, "glu", True, True),
     "q5_k_residual_k14336": ("q5_k", 40, 14336, "residual", False, False),
@@ -155,7 +157,7 @@ STREAMED = {
     "q6_k_ring_l2_residual_k14336": QuantGemv(8, 2, 1, 9, 1, 3, 8, l2_prefetch=True),
     "q6_k64_w16_ring_norm": QuantGemv(16, 2, 1, 3, 1, 2, 8, unit64=True),
 }
-QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k", "iq4_nl")
+QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k", "iq4_nl", "iq4_xs")
 
 
 def gemv_params(case) -> LinearParams:
@@ -477,10 +479,12 @@ def test_decode_attention_matches_numpy(attentions, name, form):
         ("q5_k", "gguf"),
         ("iq4_nl", "split"),
         ("iq4_nl", "gguf"),
+        ("iq4_xs", "split"),
+        ("iq4_xs", "gguf"),
     ],
 )
 def test_embedding_rows(wtype, layout):
-    K = 512 if wtype.endswith("_k") else 576
+    K = 512 if wtype.endswith("_k") or wtype == "iq4_xs" else 576
     V, ids = 300, np.array([5, 0, 299, 5, 17], np.int64)
     rng = np.random.default_rng(7)
     raw, w = pack(0.1 * rng.standard_normal((V, K)), wtype, layout)
@@ -502,7 +506,7 @@ def test_embedding_rows(wtype, layout):
 
 # -- quantized weights in the prefill GEMMs -------------------------------------------------
 
-QGEMM_TYPES = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl")
+QGEMM_TYPES = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs")
 # name: (T, N weight rows, K, epilogue, bias)
 QGEMM_CASES = {
     "residual": (70, 100, 512, "residual", False),
