@@ -41,6 +41,8 @@ CASES = {
     "q4_k": (300, 2 * 256, 2048, "glu", True, False),
     "q5_k": (200, 128, 512, "none", False, True),
     "q6_k": (513, 4096, 4096, "residual", False, False),
+    "iq4_nl": (200, 2 * 160, 1024, "glu", True, True),
+    "iq4_xs": (257, 300, 2048, "residual", False, False),
 }
 assert set(CASES) == set(QUANT_TYPES)
 
