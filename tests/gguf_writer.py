@@ -362,7 +362,8 @@ def requantize_gguf(
             w.add_tensor(t.name, values)
         else:
             qt = getattr(gguf.GGMLQuantizationType, kind.upper())
-            data = np.frombuffer(quantize(values, kind), np.uint8).reshape(shape[0], -1)
+            # rows of blocks, any leading dimensions kept (MoE's stacked experts)
+            data = np.frombuffer(quantize(values, kind), np.uint8).reshape(*shape[:-1], -1)
             w.add_tensor(t.name, data, raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -29,8 +29,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
-from hipc.compiler.ir import Graph, Node
+from hipc.compiler.codegen.environment import CPU_WTYPES, WEIGHT_SUFFIX
+from hipc.compiler.ir import QUANT_BLOCKS, Graph, Node
 from hipc.compiler.kernels.base import (
     CPU_INDENT,
     GPU_INDENT,
@@ -49,14 +49,16 @@ if TYPE_CHECKING:
     from hipc.compiler.passes.fuse import FusedGroup, Proposals
     from hipc.compiler.targets import GpuTarget
 
-# bytes of one row of `n` inputs per storage type (GGUF blocks of 32)
+# the quantized types of the GPU MoE kernels (GGUF blocks of 32): bytes per block
 _BLOCK = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 _DENSE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def row_bytes(wtype: str, n: int) -> int:
-    if wtype in _BLOCK:
-        return n // 32 * _BLOCK[wtype]
+    """Bytes of one row of `n` inputs stored as `wtype` (any GGUF block type)."""
+    if wtype in QUANT_BLOCKS:
+        elems, nbytes = QUANT_BLOCKS[wtype]
+        return n // elems * nbytes
     return n * _DENSE[wtype]
 
 
@@ -545,11 +547,11 @@ class MoE(KernelKind):
 
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
         p: MoEParams = k.params
-        if p.wtype not in _BLOCK and p.wtype not in _DENSE:
-            kinds = ", ".join([*_DENSE, *_BLOCK])
+        # the experts run the dense matmuls of their type (templates/cpu/hipc_cpu_moe.h)
+        if p.wtype not in CPU_WTYPES:
             raise FusionError(
                 f"{k.refs['gate'][1]}: expert weight type {p.wtype} has no CPU MoE kernel "
-                f"(supported: {kinds})"
+                f"(supported: {', '.join(CPU_WTYPES)})"
             )
         ws = WEIGHT_SUFFIX[p.wtype]
         in_row = row_bytes(p.wtype, p.H)

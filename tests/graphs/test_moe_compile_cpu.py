@@ -20,7 +20,7 @@ from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.runtime.engine import load_engine
 
-from gguf_writer import write_gguf
+from gguf_writer import requantize_gguf, write_gguf
 from support import check_compiled_against_reference, greedy, rel_err, require
 
 pytestmark = pytest.mark.oracle
@@ -293,3 +293,30 @@ def check_error_is_the_int16_rounding(artifact, model, qtype, monkeypatch) -> No
     assert 0 < explained <= 2e-3
     assert rel_err(_run(compiled, tokens), want) <= 2 * explained
     assert greedy(compiled, tokens[:4], 32) == greedy(reference, tokens[:4], 32)
+
+
+@pytest.mark.parametrize("wtype", ["q4_k", "q6_k", "iq4_xs"])
+def test_kquant_and_iq4_experts_on_the_cpu(wtype, tmp_path, monkeypatch):
+    """Experts in a K-quant or IQ4_XS run the dense matmuls of their type, expert by expert,
+    against the reference (gguf-py's dequantizer): prefill, decode on the same cache, greedy
+    tokens. (One type for the three projections: a layer mixing them, as llama-quantize's
+    Q4_K_M does with Q6_K downs, is still refused.)"""
+    from hipc.compiler import quantize
+
+    import gguf_writer
+
+    monkeypatch.setitem(quantize._QUANTIZERS, "iq4_xs", gguf_writer.iq4_xs_blocks)
+    # hidden and expert rows of 256: the K-quants' super-blocks
+    src = make_moe_model(
+        "qwen3_moe-e9-k8-step2", hidden_size=256, head_dim=64, decoder_sparse_step=1,
+        moe_intermediate_size=256,
+    )  # fmt: skip
+    f32 = write_gguf(src, tmp_path / "f.gguf", "qwen3moe", "F32", tokenizer=False)
+    path = requantize_gguf(
+        f32, tmp_path / "m.gguf", lambda name, shape: wtype if "_exps" in name else None
+    )
+    out = tmp_path / "m.hipc"
+    compile_model(path, out, CompileOptions(max_context=48, max_tokens=8), verbose=False)
+    plan = load_engine(out).artifact.plan
+    assert {w["dtype"] for w in plan["weights"] if len(w["shape"]) == 3} == {wtype}
+    check_compiled_against_reference(out, path, n_greedy=16)
