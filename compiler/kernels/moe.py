@@ -64,7 +64,7 @@ def row_bytes(wtype: str, n: int) -> int:
 
 @dataclass(frozen=True)
 class MoEParams(Params):
-    wtype: str  # the experts' storage type (all three alike)
+    wtype: str  # the experts' storage type (gate and up; down too unless down_wtype)
     E: int  # experts
     top_k: int  # experts per token
     H: int  # hidden width (the experts' input and output)
@@ -74,9 +74,13 @@ class MoEParams(Params):
     residual: bool
     router: str = ""  # the router matmul's weight type when it is fused in ("": logits given)
     norm_eps: float = 0.0  # the RMSNorm before the router and the experts, when fused in
+    # the down projections' type where it differs (llama-quantize's Q4_K_M: some layers'
+    # downs in Q6_K); the CPU kernel only
+    down_wtype: str = ""
 
     def tag(self) -> str:
-        return f"{self.wtype}_e{self.E}k{self.top_k}_{self.H}x{self.F}"
+        down = f"_d{self.down_wtype}" if self.down_wtype else ""
+        return f"{self.wtype}{down}_e{self.E}k{self.top_k}_{self.H}x{self.F}"
 
 
 CPU = Signature.parse("""
@@ -504,9 +508,10 @@ class MoE(KernelKind):
                 f"{grp.name}: the experts kernel routes its tokens itself, "
                 "but its MoERouter could not join it"
             )
-        dtypes = {g.values[w].dtype for w in ws}
+        dtypes = {g.values[w].dtype for w in ws[:-1]}
         if len(dtypes) != 1:
-            raise FusionError(f"{grp.name}: expert weights in mixed types {sorted(dtypes)}")
+            raise FusionError(f"{grp.name}: gate and up experts in mixed types {sorted(dtypes)}")
+        wtype, down_wtype = dtypes.pop(), g.values[ws[-1]].dtype
         E, H, F = (int(d) for d in g.values[ws[-1]].shape)
         fused = len(ws) == 2
         lin = next((m for m in grp.prologue if m.op == "hipc::Linear"), None)
@@ -529,7 +534,7 @@ class MoE(KernelKind):
             refs["res"] = ("act", next(i for i in add.inputs if i != ex.outputs[0]))
         refs["y"] = ("act", y)
         params = MoEParams(
-            wtype=dtypes.pop(),
+            wtype=wtype,
             E=E,
             top_k=int(router.attrs["top_k"]),
             H=H,
@@ -539,6 +544,7 @@ class MoE(KernelKind):
             residual=add is not None,
             router=g.values[lin.inputs[1]].dtype if lin is not None else "",
             norm_eps=float(norm.attrs["epsilon"]) if norm is not None else 0.0,
+            down_wtype=down_wtype if down_wtype != wtype else "",
         )
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
@@ -548,20 +554,23 @@ class MoE(KernelKind):
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
         p: MoEParams = k.params
         # the experts run the dense matmuls of their type (templates/cpu/hipc_cpu_moe.h)
-        if p.wtype not in CPU_WTYPES:
-            raise FusionError(
-                f"{k.refs['gate'][1]}: expert weight type {p.wtype} has no CPU MoE kernel "
-                f"(supported: {', '.join(CPU_WTYPES)})"
-            )
-        ws = WEIGHT_SUFFIX[p.wtype]
+        down = p.down_wtype or p.wtype
+        for role, wtype in (("gate", p.wtype), ("down", down)):
+            if wtype not in CPU_WTYPES:
+                raise FusionError(
+                    f"{k.refs[role][1]}: expert weight type {wtype} has no CPU MoE kernel "
+                    f"(supported: {', '.join(CPU_WTYPES)})"
+                )
+        a16 = "a16_" if activations == "int16" else ""
         in_row = row_bytes(p.wtype, p.H)
         return "cpu/moe.cpp.j2", dict(
-            mm=("a16_" if activations == "int16" else "") + ws,
+            mm=a16 + WEIGHT_SUFFIX[p.wtype],
+            mm_down=a16 + WEIGHT_SUFFIX[down],
             rsuffix=WEIGHT_SUFFIX.get(p.router, ""),
             params=self.cpu_signature_of(k).render(CPU_INDENT),
             in_row_bytes=in_row,
             gate_stride=(2 if p.fused_gate_up else 1) * p.F * in_row,
-            down_stride=p.H * row_bytes(p.wtype, p.F),
+            down_stride=p.H * row_bytes(down, p.F),
         )
 
     def cpu_call(self, k: SelectedKernel, b: Binder) -> dict[str, Any]:
@@ -587,6 +596,11 @@ class MoE(KernelKind):
 
     def _gpu(self, k: SelectedKernel, g: GpuProgramBuilder) -> MoEGpu:
         p: MoEParams = k.params
+        if p.down_wtype:
+            raise FusionError(
+                f"{k.refs['down'][1]}: expert weights in mixed types ({p.wtype} gate/up, "
+                f"{p.down_wtype} down) have no GPU MoE kernel"
+            )
         if p.wtype not in GPU_WTYPES:
             raise FusionError(
                 f"{k.refs['gate'][1]}: expert weight type {p.wtype} has no GPU MoE kernel "

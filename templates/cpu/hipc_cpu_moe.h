@@ -66,8 +66,8 @@ inline void moe_route(const float* logits, int E, int k, bool normalize, int* id
 
 // One expert over the n tokens routed to it (tok[i], weight wt[i]): y[tok[i]] += wt[i] *
 // down(silu(gate x) * up x). Scratch is per thread, so threads may run experts at once.
-inline void moe_expert(MatmulFn mm, const float* x, int H, int F, const int* tok, const float* wt,
-                       int n, const void* gate, const void* up, const void* down, float* y) {
+inline void moe_expert(MatmulFn mm, MatmulFn mm_down, const float* x, int H, int F, const int* tok,
+                       const float* wt, int n, const void* gate, const void* up, const void* down, float* y) {
   float* xs = moe_scratch(1, (size_t)n * H);
   float* g = moe_scratch(2, (size_t)n * F);
   float* u = moe_scratch(3, (size_t)n * F);
@@ -76,7 +76,7 @@ inline void moe_expert(MatmulFn mm, const float* x, int H, int F, const int* tok
   mm(xs, n, H, gate, F, g, F);
   mm(xs, n, H, up, F, u, F);
   for (size_t i = 0; i < (size_t)n * F; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-  mm(g, n, F, down, H, d, H);
+  mm_down(g, n, F, down, H, d, H);
   for (int i = 0; i < n; ++i)
     for (int c = 0; c < H; ++c) y[(size_t)tok[i] * H + c] += wt[i] * d[(size_t)i * H + c];
 }
@@ -94,7 +94,9 @@ constexpr long long kMoEParallelWork = 1LL << 16;
 // thread order, so the result does not depend on timing; when the routed experts do not
 // balance over the threads (fewer experts than threads, a prefill where a few experts
 // take most tokens) the experts run one after another, threads inside the matmuls.
-inline void moe_experts(MatmulFn mm, const float* x, int T, int H, int F, int E, int k,
+// `mm` multiplies by gate and up, `mm_down` by down (their types may differ: llama-quantize's
+// Q4_K_M keeps some layers' down projections in Q6_K).
+inline void moe_experts(MatmulFn mm, MatmulFn mm_down, const float* x, int T, int H, int F, int E, int k,
                         const int* ids, const float* w, const void* gate, const void* up,
                         const void* down, size_t gate_bytes, size_t down_bytes, float* y,
                         bool accumulate) {
@@ -132,7 +134,7 @@ inline void moe_experts(MatmulFn mm, const float* x, int T, int H, int F, int E,
   const int nord = (int)order.size();
   const auto run = [=](int e, float* out) {
     const int i0 = fst[e], n = fst[e + 1] - i0;
-    moe_expert(mm, x, H, F, tk + i0, tw + i0, n, (const uint8_t*)gate + e * gate_bytes,
+    moe_expert(mm, mm_down, x, H, F, tk + i0, tw + i0, n, (const uint8_t*)gate + e * gate_bytes,
                (const uint8_t*)up + e * gate_bytes, (const uint8_t*)down + e * down_bytes, out);
   };
   int nt = 1;

@@ -39,7 +39,7 @@ void t_route(const float* logits, int T, int E, int k, int normalize, int* ids, 
   void t_experts_##w(const float* x, int T, int H, int F, int E, int k, const int* ids,      \
                      const float* wt, const void* g, const void* u, const void* d,          \
                      long long gb, long long db, float* y, int acc) {                       \
-    hipc::moe_experts(hipc::mm, x, T, H, F, E, k, ids, wt, g, u, d, (size_t)gb, (size_t)db,  \
+    hipc::moe_experts(hipc::mm, hipc::mm, x, T, H, F, E, k, ids, wt, g, u, d, (size_t)gb, (size_t)db,  \
                       y, acc != 0);                                                          \
   }
 HIPC_MOE(f32, matmul_f32) HIPC_MOE(q8_0, matmul_a16_q8_0) HIPC_MOE(q4_0, matmul_a16_q4_0)

@@ -295,12 +295,13 @@ def check_error_is_the_int16_rounding(artifact, model, qtype, monkeypatch) -> No
     assert greedy(compiled, tokens[:4], 32) == greedy(reference, tokens[:4], 32)
 
 
-@pytest.mark.parametrize("wtype", ["q4_k", "q6_k", "iq4_xs"])
-def test_kquant_and_iq4_experts_on_the_cpu(wtype, tmp_path, monkeypatch):
-    """Experts in a K-quant or IQ4_XS run the dense matmuls of their type, expert by expert,
-    against the reference (gguf-py's dequantizer): prefill, decode on the same cache, greedy
-    tokens. (One type for the three projections: a layer mixing them, as llama-quantize's
-    Q4_K_M does with Q6_K downs, is still refused.)"""
+@pytest.mark.parametrize("mix", ["q4_k", "q6_k", "iq4_xs", "q4_k_m"])
+def test_kquant_and_iq4_experts_on_the_cpu(mix, tmp_path, monkeypatch):
+    """Experts in a K-quant or IQ4_XS, or in llama-quantize's Q4_K_M pair (gate and up Q4_K,
+    down Q6_K), run the dense matmuls of their types, expert by expert, against the
+    reference (gguf-py's dequantizer): prefill, decode on the same cache, greedy tokens. The
+    GPU MoE kernels refuse what they cannot read in one line naming the tensor."""
+    from hipc.base.errors import HipcError
     from hipc.compiler import quantize
 
     import gguf_writer
@@ -312,11 +313,23 @@ def test_kquant_and_iq4_experts_on_the_cpu(wtype, tmp_path, monkeypatch):
         moe_intermediate_size=256,
     )  # fmt: skip
     f32 = write_gguf(src, tmp_path / "f.gguf", "qwen3moe", "F32", tokenizer=False)
-    path = requantize_gguf(
-        f32, tmp_path / "m.gguf", lambda name, shape: wtype if "_exps" in name else None
-    )
+
+    def type_of(name, shape):
+        if "_exps" not in name:
+            return None
+        if mix == "q4_k_m":
+            return "q6_k" if "down" in name else "q4_k"
+        return mix
+
+    path = requantize_gguf(f32, tmp_path / "m.gguf", type_of)
     out = tmp_path / "m.hipc"
     compile_model(path, out, CompileOptions(max_context=48, max_tokens=8), verbose=False)
     plan = load_engine(out).artifact.plan
-    assert {w["dtype"] for w in plan["weights"] if len(w["shape"]) == 3} == {wtype}
+    stored = {w["dtype"] for w in plan["weights"] if len(w["shape"]) == 3}
+    assert stored == ({"q4_k", "q6_k"} if mix == "q4_k_m" else {mix})
     check_compiled_against_reference(out, path, n_greedy=16)
+    with pytest.raises(HipcError) as e:
+        options = CompileOptions(targets=("sm_90",), max_context=48)
+        compile_model(path, tmp_path / "g.hipc", options, verbose=False)
+    assert str(e.value).startswith("blk.0.ffn_") and "no GPU MoE kernel" in str(e.value)
+    assert "\n" not in str(e.value) and not (tmp_path / "g.hipc").exists()
