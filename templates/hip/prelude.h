@@ -1100,6 +1100,12 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_1& v, XP xq, int i) {
   const float t = (float)hipc_idot_q5<LO>(v.q, v.qh, x);
   return x.scale() * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)x.meta.y);
 }
+// The 64 bytes of quants at p (half a super-block's nibbles: Q4_K, Q5_K, IQ4_XS) as 4 loads.
+template <bool SMEM>
+HIPC_DEVICE void hipc_load_q64(uint4* q, const char* p) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) q[j] = hipc_load_q16<SMEM>(p + 16 * j);
+}
 // Q4_K / Q5_K: half a super-block (128 weights: 4 sub-blocks of 32, x blocks 4i ..).
 struct hipc_unit_q4_k { uint4 q[4]; uint32_t sc[3], dd; int h; };
 struct hipc_unit_q5_k { uint4 q[4], qh[2]; uint32_t sc[3], dd; int h; };
@@ -1112,16 +1118,14 @@ template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_k& v, const hipc_qmat_q4_k& m, size_t u) {
   const size_t b = u / 2;
   v.h = (int)(u % 2);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_q16<SMEM>(m.qs(b) + 64 * v.h + 16 * j);
+  hipc_load_q64<SMEM>(v.q, m.qs(b) + 64 * v.h);
   hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
 }
 template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_k& v, const hipc_qmat_q5_k& m, size_t u) {
   const size_t b = u / 2;
   v.h = (int)(u % 2);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_q16<SMEM>(m.qs(b) + 32 + 64 * v.h + 16 * j);
+  hipc_load_q64<SMEM>(v.q, m.qs(b) + 32 + 64 * v.h);
 #pragma unroll
   for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_q16<SMEM>(m.qs(b) + 16 * j);
   hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
@@ -1176,8 +1180,7 @@ template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_iq4_xs& v, const hipc_qmat_iq4_xs& m, size_t u) {
   const size_t b = u / 2;
   v.h = (int)(u % 2);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v.q[j] = hipc_load_q16<SMEM>(m.qs(b) + 64 * v.h + 16 * j);
+  hipc_load_q64<SMEM>(v.q, m.qs(b) + 64 * v.h);
   v.sl = hipc_load_u32(m.f2(b));
   v.dh = hipc_load_u32(m.f3(b));
 }
