@@ -227,7 +227,10 @@ def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.n
             "iq4_nl": (18, 0, 1, 32),
             "iq4_xs": (136, 0, 1, 256),
         }[wtype]
-        rng = np.random.default_rng(N * 7919 + K)
+        # seeded by w too: two matrices of one shape (an expert's gate and up) get other blocks
+        rng = np.random.default_rng(
+            [N, K, *np.frombuffer(w.astype(np.float32).tobytes()[:16], np.uint32)]
+        )
         raw = rng.integers(0, 256, (N * K // bv, size), dtype=np.uint8)
         d = rng.uniform(1e-5, 4e-5, (len(raw), n)).astype(np.float16)
         raw[:, at : at + 2 * n] = d.view(np.uint8).reshape(len(raw), 2 * n)

@@ -1116,7 +1116,7 @@ def prefill_gemm(
     ctx = dict(
         common,
         quant=quant,
-        has_offset=ws in ("q4_1", "q5_1", "q4_k", "q5_k"),
+        has_offset=ws in OFFSET_TYPES,
         block_values=QUANT_TYPES[ws].block_values if quant else 0,
         **tile.fields(),
         bn_out=bn_out,
@@ -1208,6 +1208,8 @@ QUANT_TYPES = {
     "iq4_nl": QuantType(32, 18, 16, 32),
     "iq4_xs": QuantType(256, 136, 128, 128),
 }
+# the types whose chunks (prelude: hipc_qchunk8) have an offset: w = s q + o per 16 weights
+OFFSET_TYPES = ("q4_1", "q5_1", "q4_k", "q5_k")
 # A K-quant unit is 21-27 registers (64-96 bytes of quants). Q4_K/Q5_K: groups of 4 rows,
 # one unit each, the next copied in (stages 1), 8 waves a block, one block per SM; Q6_K: groups
 # of 2 rows, a ring of 3 units each. On the H200 (bench_gpu_gemv.py, int8, mid call) Q6_K LM

@@ -42,7 +42,7 @@ from hipc.compiler.kernels.base import (
     SelectedKernel,
     Signature,
 )
-from hipc.compiler.kernels.linear import MmaTile
+from hipc.compiler.kernels.linear import QUANT_TYPES, MmaTile
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
@@ -50,8 +50,6 @@ if TYPE_CHECKING:
     from hipc.compiler.passes.fuse import FusedGroup, Proposals
     from hipc.compiler.targets import GpuTarget
 
-# the quantized types of the GPU MoE kernels (GGUF blocks of 32): bytes per block
-_BLOCK = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 _DENSE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -73,7 +71,7 @@ class MoEParams(Params):
     router: str = ""  # the router matmul's weight type when it is fused in ("": logits given)
     norm_eps: float = 0.0  # the RMSNorm before the router and the experts, when fused in
     # the down projections' type where it differs (llama-quantize's Q4_K_M: some layers'
-    # downs in Q6_K); the CPU kernel only
+    # downs in Q6_K)
     down_wtype: str = ""
 
     def tag(self) -> str:
@@ -122,12 +120,19 @@ const float* __restrict__ out, const int* __restrict__ pos, const float* __restr
 const float* res, float* y
 """)
 
-GPU_WTYPES = ("float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0")
 MOE_WAVES = 8  # waves per decode block
 MOE_ROWS = 2  # outputs per wave in _up, and in _down for dense types (two rows per dot)
 # _down of quantized experts: one output per wave, so that H / 8 blocks cover the GPU, with up
-# to this many 32-weight blocks per lane in flight (q8_0 blocks are twice the bytes)
-MOE_DOWN_UNITS = {"q4_0": 8, "q4_1": 8, "q8_0": 4}
+# to this many units per lane in flight (by unit, prelude: hipc_unit_*). Q4_0/Q4_1 timed on the
+# H200; the others sized by their registers to hold about as many (~40: q8_0's 9 a unit, the
+# K-quants' 13-29), not timed.
+MOE_DOWN_UNITS = {
+    "q4_0": 8, "q4_1": 8, "iq4_nl": 8, "q5_0": 6, "q5_1": 6, "q8_0": 4,
+    "q4_k64": 3, "q6_k64": 2, "iq4_xs": 2, "q5_k": 1,
+}  # fmt: skip
+# The experts' GEMV units: 64-weight ones where the prelude has them (a 128-weight unit leaves
+# half of a wave's lanes idle on a 2048-wide row: 16 units)
+MOE_UNIT64 = True
 # _down of quantized experts: waves per block. Every block stages all k x F activations as
 # int8 planes after waiting on _up (the critical path): 16 waves stage them in half the
 # rounds of 8, over half the blocks (H / 16: about one per SM at H = 2048)
@@ -135,7 +140,9 @@ MOE_DOWN_WAVES = 16
 # _up of quantized experts: blocks per SM its registers are capped for (__launch_bounds__). At
 # 2 (90 registers) the k x F / 16 = 384 blocks of Qwen3-30B-A3B's shape took two rounds of an
 # H200's 132 x 2 slots, the second streaming its weights after the first had finished; at 3
-# (79 registers, no spills) all of them are resident at once
+# (79 registers, no spills) all of them are resident at once. Experts in 128-weight units (Q5_K,
+# IQ4_XS: 19-29 registers a unit) take 2: at 3 nvcc spilled 150-290 bytes a thread (sm_90), at
+# 2 none (IQ4_XS) and 52 (Q5_K), at Qwen3-30B-A3B's shape
 MOE_UP_BLOCKS_PER_SM = 3
 # Opt-in, not yet timed on a GPU (docs/benchmarks/moedec_check.sh times them):
 # MOE_ROUTE_WAVE: the decode router's last block routes the token with its first wave alone
@@ -286,6 +293,24 @@ def max_tiles(max_tokens: int, p: MoEParams, bm: int = TILE) -> int:
     return pairs // bm + min(p.E, pairs)
 
 
+def _part(wtype: str) -> dict[str, Any]:
+    """What the GPU templates take of one expert matrix's type (gate/up, or down): its suffix,
+    its GEMV unit (quantized) and whether its groups have offsets (the matrix-instruction
+    GEMMs add offset times the group's sum of x: w = s q + o)."""
+    ws = WEIGHT_SUFFIX[wtype]
+    qt = QUANT_TYPES.get(ws)
+    if qt is None:
+        return dict(wsuffix=ws, quant=False, unit=ws, unit_values=16 // _DENSE[wtype],
+                    block_values=16 // _DENSE[wtype], has_offset=False)  # fmt: skip
+    return dict(
+        wsuffix=ws,
+        quant=True,
+        **linear.unit_of(ws, MOE_UNIT64),
+        block_values=qt.block_values,
+        has_offset=ws in linear.OFFSET_TYPES,
+    )
+
+
 def gpu_kernels(
     fn: str,
     p: MoEParams,
@@ -303,16 +328,25 @@ def gpu_kernels(
     else rounded to bf16 once (half the matrix work, as the dense prefill GEMMs by default)."""
     wave = target.wave
     xq_bytes = XQ_BYTES[activations]
-    ws = WEIGHT_SUFFIX[p.wtype]
-    quant = p.wtype in _BLOCK
-    # quantized: whole 32-weight blocks; dense: the GEMVs' 16-byte loads
-    unit = 32 if quant else 16 // _DENSE[p.wtype]
+    down_wtype = p.down_wtype or p.wtype
+    parts = {"gate": _part(p.wtype), "down": _part(down_wtype)}
+    quant = parts["gate"]["quant"]
+    if parts["down"]["quant"] != quant:
+        raise ValueError(f"{nodes[0]}: {p.wtype} gate/up with {down_wtype} down (MoE._gpu refuses)")
+    # quantized: whole blocks of the type (a K-quant's 256 weights); dense: 16-byte loads
+    unit = max(v["block_values"] for v in parts.values())
     if p.H % unit or p.F % unit:
         raise FusionError(
             f"{nodes[0]}: the GPU experts kernels need widths in multiples of {unit} "
             f"(hidden {p.H}, expert {p.F})"
         )
-    common = dict(nodes=nodes, wave=wave, wsuffix=ws, quant=quant, **p.context())
+    common = dict(
+        nodes=nodes,
+        wave=wave,
+        **p.context(),
+        **parts["gate"],
+        **{f"d{k}": v for k, v in parts["down"].items()},
+    )
     threads = MOE_WAVES * wave
     rsplit, route_blocks = router_split(p, wave)
     if p.router:
@@ -327,7 +361,9 @@ def gpu_kernels(
     up_blocks = -(-p.top_k * p.F // (MOE_WAVES * MOE_ROWS))
     down_waves = MOE_DOWN_WAVES if quant else MOE_WAVES
     down_blocks = -(-p.H // (down_waves * p_down))
-    down_steps = -(-(p.top_k * p.F // 32) // wave)  # blocks per lane of a quantized _down row
+    up_per_sm = MOE_UP_BLOCKS_PER_SM if quant and parts["gate"]["unit_values"] <= 64 else 2
+    # units per lane of a quantized _down row
+    down_steps = -(-(p.top_k * p.F // parts["down"]["unit_values"]) // wave)
     decode = GpuKernel(
         f"{fn}_decode",
         "moe_decode",
@@ -338,9 +374,9 @@ def gpu_kernels(
             P_down=p_down,
             lo=activations == "int16",
             route_local=bool(p.router) and MOE_ROUTE_LOCAL and p.top_k < wave,
-            up_min_blocks=MOE_UP_BLOCKS_PER_SM if quant else 2,
+            up_min_blocks=up_per_sm,
             down_waves=down_waves,
-            unroll=min(down_steps, MOE_DOWN_UNITS.get(p.wtype, 1)),
+            unroll=min(down_steps, MOE_DOWN_UNITS.get(parts["down"]["unit"], 1)),
             up_blocks=up_blocks,
             down_blocks=down_blocks,
             up_params=UP.render(GPU_INDENT + 3),
@@ -356,8 +392,8 @@ def gpu_kernels(
         if bm not in short:
             raise ValueError(f"no {bm}-row MoE tile on {target.arch} (have {sorted(short)})")
         tile = short[bm]
-    if p.wtype not in ("bfloat16", *_BLOCK) or p.H % 8 or p.F % 8:
-        tile = None  # bf16 weights as stored, 16 bytes at a time, or 32-weight blocks' quants
+    if not (quant or {p.wtype, down_wtype} == {"bfloat16"}) or p.H % 8 or p.F % 8:
+        tile = None  # bf16 weights as stored, 16 bytes at a time, or the blocks' quants
     if tile is None:
         bm = TILE  # the SIMT GEMMs' tiles
     elif quant and tile is not None:
@@ -397,7 +433,6 @@ def gpu_kernels(
             dict(
                 common,
                 **tile.fields(),
-                has_offset=p.wtype == "q4_1",
                 split=split,
                 max_tiles=tiles,
                 gate_up_params=GATE_UP.render(GPU_INDENT + 8),
@@ -594,15 +629,11 @@ class MoE(KernelKind):
 
     def _gpu(self, k: SelectedKernel, g: GpuProgramBuilder) -> MoEGpu:
         p: MoEParams = k.params
-        if p.down_wtype:
+        down = p.down_wtype or p.wtype
+        if (WEIGHT_SUFFIX[p.wtype] in QUANT_TYPES) != (WEIGHT_SUFFIX[down] in QUANT_TYPES):
             raise FusionError(
-                f"{k.refs['down'][1]}: expert weights in mixed types ({p.wtype} gate/up, "
-                f"{p.down_wtype} down) have no GPU MoE kernel"
-            )
-        if p.wtype not in GPU_WTYPES:
-            raise FusionError(
-                f"{k.refs['gate'][1]}: expert weight type {p.wtype} has no GPU MoE kernel "
-                f"(supported: {', '.join(GPU_WTYPES)})"
+                f"{k.refs['down'][1]}: {down} down experts beside {p.wtype} gate/up ones have no "
+                "GPU MoE kernel (both quantized or both dense)"
             )
         return gpu_kernels(
             k.fn, p, g.target, k.nodes, g.max_tokens, g.activations,

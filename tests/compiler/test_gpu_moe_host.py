@@ -3,8 +3,10 @@ _route, _up, _down) and the prefill's fused _route (moe_prefill.hip.j2), run on 
 the rendered kernels compiled by a plain C++ compiler with HIPC_HOST_SIMT, each block's
 threads in step as host threads, the blocks one after another (the last block of _route is
 then the grid's last: any order is one the GPU may take). Outputs start as NaN and the
-experts no token picks have NaN weights, against NumPy in float64. tests/gpu runs the same
-kernels on a GPU; this checks their indexing and the blocks' hand-off on a machine with none.
+experts no token picks have NaN weights, against NumPy in float64. The experts' types take
+each kind of GEMV unit (32-weight blocks, the K-quants' 64- and 128-weight units) and a down
+type of their own (llama-quantize's Q4_K_M: Q6_K downs). tests/gpu runs the same kernels on a
+GPU; this checks their indexing and the blocks' hand-off on a machine with none.
 """
 
 from __future__ import annotations
@@ -35,24 +37,41 @@ CASES = {
     "f32_e7_k2_bf16router": ("float32", 7, 2, 64, 40, False, "bfloat16", False),
     "q8_0_e128_k8_f16router_norm": ("q8_0", 128, 8, 128, 32, True, "float16", True),
     "q4_0_e16_k4_f32router_norm_int8": ("q4_0", 16, 4, 256, 64, True, "float32", True),
+    # llama-quantize's Q4_K_M experts (Q6_K downs) in 64-weight units; _down's 48 units a row
+    # take 2 steps a lane, one a batch (OPT_IN: MOE_DOWN_UNITS)
+    "q4_k_q6_k_e9_k4_f32router_norm": ("q4_k", 9, 4, 256, 768, True, "float32", True),
+    # ... in 128-weight units (hipc_unit_q4_k, hipc_unit_q6_k: OPT_IN)
+    "q4_k_q6_k_e5_k2_f16router_unit128": ("q4_k", 5, 2, 256, 256, False, "float16", False),
+    "iq4_xs_e6_k2_f16router_norm_int8": ("iq4_xs", 6, 2, 512, 256, False, "float16", True),
+    "q5_k_e5_k2_bf16router": ("q5_k", 5, 2, 256, 256, True, "bfloat16", False),
+    "iq4_nl_q5_1_e10_k4_f32router": ("iq4_nl", 10, 4, 128, 96, True, "float32", False),
+}
+# the down experts' type where it differs from gate/up's
+DOWN = {
+    "q4_k_q6_k_e9_k4_f32router_norm": "q6_k",
+    "q4_k_q6_k_e5_k2_f16router_unit128": "q6_k",
+    "iq4_nl_q5_1_e10_k4_f32router": "q5_1",
 }
 # cases compiled with CompileOptions.activations "int8" (x and act as one int8 plane)
-INT8 = {"q4_0_e16_k4_f32router_norm_int8"}
+INT8 = {"q4_0_e16_k4_f32router_norm_int8", "iq4_xs_e6_k2_f16router_norm_int8"}
 # the opt-in decode routing (compiler/kernels/moe.py): the last block routing with one wave;
 # no hand-off, _up and _down each routing from the logits
 CASES["q8_0_e128_k8_f16router_norm_wave"] = CASES["q8_0_e128_k8_f16router_norm"]
 CASES["q4_0_e16_k4_f32router_norm_local"] = CASES["q4_0_e16_k4_f32router_norm"]
 CASES["q8_0_e128_k8_f16router_norm_local"] = CASES["q8_0_e128_k8_f16router_norm"]
 OPT_IN = {
+    "q4_k_q6_k_e9_k4_f32router_norm": {"MOE_DOWN_UNITS": {"q6_k64": 1}},
+    "q4_k_q6_k_e5_k2_f16router_unit128": {"MOE_UNIT64": False},
     "q8_0_e128_k8_f16router_norm_wave": {"MOE_ROUTE_WAVE": True},
     "q4_0_e16_k4_f32router_norm_local": {"MOE_ROUTE_LOCAL": True},
     "q8_0_e128_k8_f16router_norm_local": {"MOE_ROUTE_LOCAL": True},
 }
 
 
-def params(case) -> MoEParams:
-    wtype, E, k, H, F, normalize, router, norm = case
-    return MoEParams(wtype, E, k, H, F, normalize, False, True, router, EPS if norm else 0.0)
+def params(name: str) -> MoEParams:
+    wtype, E, k, H, F, normalize, router, norm = CASES[name]
+    eps = EPS if norm else 0.0
+    return MoEParams(wtype, E, k, H, F, normalize, False, True, router, eps, DOWN.get(name, ""))
 
 
 def host_source(text: str, xq_ints: int) -> str:
@@ -70,12 +89,12 @@ def lib(tmp_path_factory):
         render(f"hip/{ROUTING.template}.hip.j2", fn=ROUTING.fn),
     ]
     wrappers, specs = [], {}
-    for i, (name, case) in enumerate(CASES.items()):
+    for i, name in enumerate(CASES):
         act = "int8" if name in INT8 else "int16"
         with pytest.MonkeyPatch.context() as mp:
             for attr, value in OPT_IN.get(name, {}).items():
                 mp.setattr(moe, attr, value)
-            m = gpu_kernels(f"m{i}", params(case), GpuTarget("sm_90"), [name], MAX_TOKENS, act)
+            m = gpu_kernels(f"m{i}", params(name), GpuTarget("sm_90"), [name], MAX_TOKENS, act)
         specs[name] = m
         xq = max(m.up_shared, m.down_shared) // 4
         for k in (m.decode, m.prefill):
@@ -127,15 +146,16 @@ def make(name: str, T: int, tie: bool = False):
     ids, w = IMPLS["hipc::MoERouter"](node, [logits], None)
     idle = np.setdiff1d(np.arange(E), ids)
     experts = []
-    for shape in ((E, F, H), (E, F, H), (E, H, F)):
+    down = DOWN.get(name, wtype)
+    for shape, t in (((E, F, H), wtype), ((E, F, H), wtype), ((E, H, F), down)):
         a = 0.1 * rng.standard_normal(shape)
-        raw, vals = pack(a.reshape(-1, shape[2]), wtype, "gguf")
+        raw, vals = pack(a.reshape(-1, shape[2]), t, "gguf")
         raw, vals = raw.reshape(E, shape[1], -1).copy(), vals.reshape(shape)
         if wtype == "float32":
             raw[idle] = np.nan
         else:  # every byte of an idle expert's blocks 0xff: its scales are f16 NaN
             raw[idle] = 0xFF
-            raw = split_quant_blocks(raw.reshape(E * shape[1], -1), wtype)
+            raw = split_quant_blocks(raw.reshape(E * shape[1], -1), t)
         experts.append((raw.reshape(E * shape[1], -1), vals))
     return x, g, r_raw, xn, logits, ids, w, experts
 
@@ -144,8 +164,14 @@ def ptrs(*arrays):
     return [a.ctypes.data_as(ctypes.c_void_p) for a in arrays]
 
 
-@pytest.mark.parametrize("tie", [False, True])
-@pytest.mark.parametrize("name", sorted(CASES))
+# the weight-type cases route without ties only (the routing is the same code for every type)
+TYPE_CASES = set(DOWN) | {"iq4_xs_e6_k2_f16router_norm_int8", "q5_k_e5_k2_bf16router"}
+
+
+@pytest.mark.parametrize(
+    ("name", "tie"),
+    [(n, t) for n in sorted(CASES) for t in (False, True) if not (t and n in TYPE_CASES)],
+)
 def test_decode_route_up_down_on_the_host(lib, name, tie):
     """`tie`: the route's one-wave path finds two of the top k + 1 equal and hands the token
     to the block-wide replay of torch's order."""

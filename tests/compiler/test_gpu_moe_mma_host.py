@@ -4,7 +4,8 @@ _down) run on the host: HIPC_HOST_SIMT with mma.sync emulated (HIPC_MMA_HOST), f
 tile height compiler/kernels/moe.py has on NVIDIA, x as bf16 hi + lo (--prefill-precision
 split) or rounded to bf16 once (bf16, the default). Routes are given: experts no pair picks
 (their weights NaN: a tile that reads one shows), experts with more rows than several
-tiles, odd token counts. Outputs and scratch start as NaN; against NumPy in float64.
+tiles, odd token counts; experts in 32-weight blocks, bf16 and K-quant/IQ4_XS blocks with a
+down type of their own. Outputs and scratch start as NaN; against NumPy in float64.
 """
 
 from __future__ import annotations
@@ -43,13 +44,18 @@ CASES = {
     "q4_0": ("q4_0", 6, 3, 64, 64),
     "q4_1": ("q4_1", 5, 2, 96, 64),
     "bf16": ("bfloat16", 4, 2, 32, 64),
+    # llama-quantize's Q4_K_M experts: Q4_K (offsets) with Q6_K downs (none), and the reverse
+    "q4_k_q6_k": ("q4_k", 5, 2, 256, 256),
+    "iq4_xs_q5_k": ("iq4_xs", 4, 3, 256, 256),
 }
+# the down experts' type where it differs from gate/up's
+DOWN = {"q4_k_q6_k": "q6_k", "iq4_xs_q5_k": "q5_k"}
 ROWS = sorted({TILE, *MOE_SHORT_TILES["sm_90"]})
 
 
 def params(name: str) -> MoEParams:
     wtype, E, k, H, F = CASES[name]
-    return MoEParams(wtype, E, k, H, F, False, False, True)
+    return MoEParams(wtype, E, k, H, F, False, False, True, down_wtype=DOWN.get(name, ""))
 
 
 def wrapper(fn: str, sig, shared: int = 0) -> str:
@@ -122,17 +128,21 @@ def ptr(a):
     return ctypes.c_void_p(a.ctypes.data)
 
 
+def grid(names, rows, Ts):
+    """(name, rows, T): the weight-type cases (DOWN's) on the 64-row tiles of the longer steps
+    only (the tile heights are the same code for every type)."""
+    return [
+        (n, r, t) for n in names for r in rows for t in Ts if n not in DOWN or (r == TILE and t > 1)
+    ]
+
+
 @pytest.mark.parametrize("skew", [False, True])
-@pytest.mark.parametrize("T", [1, 7, MAX_TOKENS])
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize(("name", "rows", "T"), grid(sorted(CASES), ROWS, [1, 7, MAX_TOKENS]))
 def test_grouped_gemms_on_the_host(lib, name, rows, T, skew):
     check(lib, name, rows, T, skew, True)
 
 
-@pytest.mark.parametrize("T", [7, MAX_TOKENS])
-@pytest.mark.parametrize("rows", [16, TILE])
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize(("name", "rows", "T"), grid(sorted(CASES), [16, TILE], [7, MAX_TOKENS]))
 def test_grouped_gemms_bf16_once_on_the_host(lib, name, rows, T):
     check(lib, name, rows, T, True, False)
 
@@ -144,7 +154,8 @@ def check(lib, name, rows, T, skew, split):
     ids, w = routes(E, k, T, skew and k >= 2, rng)
     idle = np.setdiff1d(np.arange(E), ids)
     (g_raw, g), (u_raw, u), (d_raw, d) = (
-        experts(wtype, E, n, kk, idle, rng) for n, kk in ((F, H), (F, H), (H, F))
+        experts(t, E, n, kk, idle, rng)
+        for t, n, kk in ((wtype, F, H), (wtype, F, H), (DOWN.get(name, wtype), H, F))
     )
     x = rng.standard_normal((T, H)).astype(np.float32)
     res = rng.standard_normal((T, H)).astype(np.float32)

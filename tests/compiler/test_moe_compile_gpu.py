@@ -5,8 +5,9 @@ The code objects must hold every kernel the plans launch; a sparse layer's decod
 routing kernel (the norm and the router GEMV fused in) and two expert kernels (routing happens
 on the device, inside the captured graph), or, where the router is read elsewhere too
 (Qwen2-MoE's shared-expert gate), the lone norm, the router GEMV and the two expert kernels;
-its prefill the device-side grouping chain. Q4_0 experts stay quantized: their decode kernels
-multiply int8 (dp4a / v_dot4), and bf16 and Q4_0 experts prefill on the matrix instructions.
+its prefill the device-side grouping chain. Q4_0 and Q4_K_M (Q4_K gate/up, Q6_K down) experts
+stay quantized: their decode kernels multiply int8 (dp4a / v_dot4), and bf16 and quantized
+experts prefill on the matrix instructions.
 Qwen2-MoE's shared expert follows as a GLU GEMV and a down GEMV with the gated residual
 (sigmoid of the router's extra column). The routing's tie order is checked on the host
 (test_moe_route_host.py) and the kernels run on the GPU machine (tests/gpu).
@@ -29,7 +30,7 @@ from test_compile_gpu import (
     launched_kernels,
 )
 
-from gguf_writer import write_gguf
+from gguf_writer import requantize_gguf, write_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
 from test_moe import make_moe_model
@@ -63,6 +64,24 @@ def q4(tmp_path_factory):
         return compiled(root, path, TARGETS)
     finally:
         del os.environ[SHORT_TILES_ENV]
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(tmp_path_factory):
+    """llama-quantize's Q4_K_M experts: gate and up Q4_K, down Q6_K (rows of 256: the
+    super-blocks)."""
+    root = tmp_path_factory.mktemp("q4_k_m")
+    src = make_moe_model(
+        "qwen3_moe-e9-k8-step2", hidden_size=256, head_dim=64, decoder_sparse_step=1,
+        moe_intermediate_size=256,
+    )  # fmt: skip
+    f32 = write_gguf(src, root / "f.gguf", "qwen3moe", "F32", tokenizer=False)
+    kinds = {"gate": "q4_k", "up": "q4_k", "down": "q6_k"}
+
+    def type_of(name, shape):
+        return kinds[name.split("ffn_")[1].split("_")[0]] if "_exps" in name else None
+
+    return compiled(root, requantize_gguf(f32, root / "m.gguf", type_of), TARGETS)
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +162,26 @@ def test_quantized_experts_decode_on_int8_dot_products(q4, target):
     moe = [k for k in code if k.startswith("moe_") and k.endswith(("_up", "_down"))]
     moe = [k for k in moe if "_decode_" in k]
     assert len(moe) == 2 and all(DOT4_INSTRUCTION[target] in code[k] for k in moe)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_q4_k_m_experts_on_int8_dot_products_and_matrix_instructions(q4_k_m, target):
+    """Q4_K gate/up and Q6_K down experts: the decode kernels multiply their quants as int8,
+    the grouped prefill GEMMs on the matrix instructions; every launched kernel is in the code
+    object."""
+    plan = json.loads((q4_k_m / "plan.json").read_text())
+    experts = {w["name"]: w["dtype"] for w in plan["weights"] if len(w["shape"]) == 3}
+    assert {d for n, d in experts.items() if "down" in n} == {"q6_k"}
+    assert {d for n, d in experts.items() if "down" not in n} == {"q4_k"}
+    code = kernel_code(q4_k_m, target)
+    assert launched_kernels(q4_k_m, target) <= set(code)
+    decode = [x["kernel"] for x in steps(q4_k_m, target)["decode"] if x["group"] == "l0.moe"]
+    assert [k.rsplit("_", 1)[-1] for k in decode] == ["route", "up", "down"]
+    assert all(DOT4_INSTRUCTION[target] in code[k] for k in decode[1:])
+    gemms = [x for x in steps(q4_k_m, target)["prefill"] if x["group"] == "l0.moe"][2:4]
+    assert [x["kernel"].rsplit("_mma_", 1)[-1] for x in gemms] == ["gate_up", "down"]
+    want = {**MMA_INSTRUCTION, "sm_90": MMA_INSTRUCTION["sm_80"]}[target]
+    assert all(want in code[x["kernel"]] for x in gemms)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -4,7 +4,8 @@ Run with `pytest -m gpu` on the GPU machine (skipped where no GPU is found). The
 random-init families of tests/graphs/test_moe.py (odd expert counts, top-k of 1, 2 and 8,
 renormalisation on and off, dense layers mixed in, Qwen2-MoE's gated shared expert,
 Mixtral's sliding window, OLMoE's q/k norm over the whole projection and its clip_qkv), from Hugging Face folders in float32 and bf16 and from
-GGUF files with llama.cpp's stacked expert tensors in Q8_0 / Q4_0 / Q4_1: relative logit
+GGUF files with llama.cpp's stacked expert tensors in Q8_0 / Q4_0 / Q4_1 and Q4_K_M's Q4_K /
+Q6_K pair: relative logit
 error <= 2e-3 over a prefill in chunks and token-by-token decode, greedy tokens equal
 (test_compiled_gpu.check).
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_compiled_gpu import check
 
-from gguf_writer import write_gguf
+from gguf_writer import requantize_gguf, write_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
 from test_moe import make_moe_model, sharp_router_moe
@@ -59,3 +60,18 @@ def test_quantized_gguf_experts_on_gpu(qtype, tmp_path):
     src = sharp_router_moe(0.1)
     path = write_gguf(src, tmp_path / "m.gguf", "qwen3moe", qtype, tokenizer=False)
     check(path, tmp_path, ctx=48)
+
+
+def test_q4_k_m_gguf_experts_on_gpu(tmp_path):
+    """llama-quantize's Q4_K_M experts: gate and up Q4_K, down Q6_K (widths of 256: the
+    super-blocks), quantized by hipc's own quantizers; the routers scaled as above."""
+    pytest.importorskip("torch")
+    src = sharp_router_moe(0.1, hidden_size=256, head_dim=64, moe_intermediate_size=256)
+    f32 = write_gguf(src, tmp_path / "f.gguf", "qwen3moe", "F32", tokenizer=False)
+
+    def type_of(name, shape):
+        if "_exps" not in name:
+            return None
+        return "q6_k" if "down" in name else "q4_k"
+
+    check(requantize_gguf(f32, tmp_path / "m.gguf", type_of), tmp_path, ctx=48)

@@ -16,6 +16,7 @@ import pytest
 
 from hipc.compiler.ir import Node
 from hipc.compiler.kernels import moe as moe_kind
+from hipc.compiler.kernels.linear import QUANT_TYPES
 from hipc.compiler.kernels.moe import MOE_SHORT_TILES, ROUTING, TILE, MoEParams, gpu_kernels
 from hipc.compiler.passes.repack import split_quant_blocks
 from hipc.compiler.reference.ops import IMPLS
@@ -25,8 +26,7 @@ from gpu_kernels import DeviceKernels, experts_bf16_once, pack
 from support import rel_err
 
 pytestmark = pytest.mark.gpu
-QUANT = ("q4_0", "q4_1", "q8_0")
-SCALE_BYTES = {"q4_0": 2, "q4_1": 4, "q8_0": 2}
+QUANT = tuple(QUANT_TYPES)  # (their names as the IR's dtypes)
 MAX_TOKENS = 40
 
 # name: (wtype, E, k, H, F, normalize, fused gate_up, residual)
@@ -40,7 +40,14 @@ CASES = {
     "q4_1_e7_k2": ("q4_1", 7, 2, 128, 64, True, False, True),
     "q8_0_e64_k8": ("q8_0", 64, 8, 256, 64, False, False, True),
     "q8_0_e130_k1_rows_odd": ("q8_0", 130, 1, 96, 160, True, False, False),
+    # llama-quantize's Q4_K_M experts (Q6_K downs: DOWN), K-quant and IQ4 blocks, Q5_0's
+    "q4_k_q6_k_qwen3_like": ("q4_k", 128, 8, 256, 512, True, False, True),
+    "q5_k_e9_k2_fused": ("q5_k", 9, 2, 256, 256, False, True, True),
+    "iq4_xs_e16_k4": ("iq4_xs", 16, 4, 512, 256, True, False, True),
+    "iq4_nl_q5_0_e7_k2": ("iq4_nl", 7, 2, 128, 96, True, False, True),
 }
+# the down experts' type where it differs from gate/up's
+DOWN = {"q4_k_q6_k_qwen3_like": "q6_k", "iq4_nl_q5_0_e7_k2": "q5_0"}
 
 
 # the router's matmul (and its RMSNorm) fused in: case name -> (router type, norm fused)
@@ -49,26 +56,28 @@ ROUTED = {
     "bf16_e13_k8_fused": ("bfloat16", True),
     "f16_e5_k1": ("float16", False),
     "q8_0_e130_k1_rows_odd": ("float32", True),
+    "q4_k_q6_k_qwen3_like": ("float32", True),
 }
 ROUTED_INT8 = ("q4_0_qwen3_like",)  # ... also compiled with int8 activations
 ROUTED_LOCAL = ("q4_0_qwen3_like", "bf16_e13_k8_fused")  # ... and with MOE_ROUTE_LOCAL
 EPS = 1e-6
 # cases whose prefill also runs at each tile height (compiler/kernels/moe.py, tile_rows)
-TILED = ("q4_0_qwen3_like", "bf16_e16_k4_wide", "q4_1_e7_k2")
+TILED = ("q4_0_qwen3_like", "bf16_e16_k4_wide", "q4_1_e7_k2", "q4_k_q6_k_qwen3_like")
 
 
-def params(case, routed=None) -> MoEParams:
-    wtype, E, k, H, F, normalize, fused, residual = case
+def params(name: str, routed=None) -> MoEParams:
+    wtype, E, k, H, F, normalize, fused, residual = CASES[name]
     router, norm = routed or ("", False)
-    return MoEParams(wtype, E, k, H, F, normalize, fused, residual, router, EPS if norm else 0.0)
+    eps = EPS if norm else 0.0
+    return MoEParams(wtype, E, k, H, F, normalize, fused, residual, router, eps, DOWN.get(name, ""))
 
 
 def device_specs(arch: str, kernels: dict) -> list:
     """The kernels this file runs on `arch` (filling `kernels`: case -> MoEGpu), as
     DeviceKernels builds them (also to build their code object ahead, with no GPU)."""
     specs = [(ROUTING.fn, ROUTING.template, ROUTING.ctx, None)]
-    for i, (name, case) in enumerate(CASES.items()):
-        m = gpu_kernels(f"m{i}", params(case), GpuTarget(arch), [name], MAX_TOKENS)
+    for i, name in enumerate(CASES):
+        m = gpu_kernels(f"m{i}", params(name), GpuTarget(arch), [name], MAX_TOKENS)
         kernels[name] = m
         kinds = (m.decode, m.prefill, *([m.mma] if m.mma else []))
         specs += [(k.fn, k.template, k.ctx, None) for k in kinds]
@@ -80,22 +89,22 @@ def device_specs(arch: str, kernels: dict) -> list:
             (r, False) for r in {TILE, *short[:1]}
         ]
         for rows, split in variants:
-            m = gpu_kernels(f"t{i}_{rows}_{int(split)}", params(CASES[name]), GpuTarget(arch),
+            m = gpu_kernels(f"t{i}_{rows}_{int(split)}", params(name), GpuTarget(arch),
                             [name], MAX_TOKENS, rows=rows, split=split)  # fmt: skip
             kernels[f"{name}@{rows}" + ("" if split else "/bf16")] = m
             specs += [(k.fn, k.template, k.ctx, None) for k in (m.prefill, m.mma) if k]
     for i, (name, routed) in enumerate(ROUTED.items()):
-        p = params(CASES[name], routed)
+        p = params(name, routed)
         m = gpu_kernels(f"r{i}", p, GpuTarget(arch), [name], MAX_TOKENS)
         kernels["routed:" + name] = m
         specs += [(k.fn, k.template, k.ctx, None) for k in (m.decode, m.prefill)]
     for name in ROUTED_INT8:  # --activations int8: x and act as one int8 plane
-        p = params(CASES[name], ROUTED[name])
+        p = params(name, ROUTED[name])
         m = gpu_kernels(f"i8{name}", p, GpuTarget(arch), [name], MAX_TOKENS, "int8")
         kernels["routed:int8:" + name] = m
         specs += [(m.decode.fn, m.decode.template, m.decode.ctx, None)]
     for name in ROUTED_LOCAL:  # opt-in: _up and _down route the token themselves
-        p = params(CASES[name], ROUTED[name])
+        p = params(name, ROUTED[name])
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(moe_kind, "MOE_ROUTE_LOCAL", True)
             m = gpu_kernels(f"lo{name}", p, GpuTarget(arch), [name], MAX_TOKENS)
@@ -134,10 +143,7 @@ def stacked(wtype: str, w: np.ndarray, idle: np.ndarray):
     raw, vals = pack(w.reshape(E * N, K), wtype, "gguf")
     raw = raw.reshape(E, N, -1).copy()
     if wtype in QUANT:
-        per = raw.shape[-1] // (K // 32)
-        blocks = raw[idle].reshape(len(idle), N, K // 32, per)
-        blocks[..., : SCALE_BYTES[wtype]] = 0xFF  # f16 0xffff: NaN
-        raw[idle] = blocks.reshape(len(idle), N, -1)
+        raw[idle] = 0xFF  # every f16 scale (d, dmin) 0xffff: NaN
         raw = split_quant_blocks(raw.reshape(E * N, -1), wtype)
     elif wtype == "bfloat16":  # stored as bits: 0x7fc0 is NaN
         raw[idle] = 0x7FC0
@@ -174,7 +180,7 @@ def make(name: str, T: int, ties: bool = False, routed=None, skew: bool = False,
     else:
         (g_raw, g), (u_raw, u) = (stacked(wtype, a, idle) for a in (gate_up[:, :F], gate_up[:, F:]))
         weights = [g_raw, u_raw]
-    d_raw, d = stacked(wtype, down, idle)
+    d_raw, d = stacked(DOWN.get(name, wtype), down, idle)
     want = experts(x, ids, w, g, u, d) + (res if residual else 0.0)
     if values is not None:  # the route's weights and the experts' exact values
         values.extend([w, g, u, d])

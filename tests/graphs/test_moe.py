@@ -345,25 +345,22 @@ def test_canonical_moe_graph_keeps_logits(family, dtype, tmp_path):
     assert rel_err(got, want) <= 1e-5
 
 
-def quantizable_moe():
+def quantizable_moe(**sizes):
     """The tiny Qwen3-MoE the quantized-expert tests write as GGUF (9 experts, all 8 routed,
-    every layer sparse, widths that are whole quant blocks)."""
+    every layer sparse, widths that are whole quant blocks; `sizes` override them: 256 for
+    the K-quants' super-blocks)."""
+    widths = {"hidden_size": 64, "head_dim": 16, "moe_intermediate_size": 32, **sizes}
     return make_moe_model(
-        "qwen3_moe-e9-k8-step2",
-        hidden_size=64,
-        head_dim=16,
-        decoder_sparse_step=1,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
+        "qwen3_moe-e9-k8-step2", decoder_sparse_step=1, norm_topk_prob=True, **widths
     )
 
 
-def sharp_router_moe(router_scale: float):
+def sharp_router_moe(router_scale: float, **sizes):
     """quantizable_moe with its routers scaled by `router_scale`: the model whose stepwise
     quantized decode the GPU test and the rounding model compare."""
     import torch
 
-    src = quantizable_moe()
+    src = quantizable_moe(**sizes)
     with torch.no_grad():
         for name, p in src.named_parameters():
             if name.endswith("mlp.gate.weight"):

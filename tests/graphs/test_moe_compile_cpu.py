@@ -299,9 +299,7 @@ def check_error_is_the_int16_rounding(artifact, model, qtype, monkeypatch) -> No
 def test_kquant_and_iq4_experts_on_the_cpu(mix, tmp_path, monkeypatch):
     """Experts in a K-quant or IQ4_XS, or in llama-quantize's Q4_K_M pair (gate and up Q4_K,
     down Q6_K), run the dense matmuls of their types, expert by expert, against the
-    reference (gguf-py's dequantizer): prefill, decode on the same cache, greedy tokens. The
-    GPU MoE kernels refuse what they cannot read in one line naming the tensor."""
-    from hipc.base.errors import HipcError
+    reference (gguf-py's dequantizer): prefill, decode on the same cache, greedy tokens."""
     from hipc.compiler import quantize
 
     import gguf_writer
@@ -328,8 +326,25 @@ def test_kquant_and_iq4_experts_on_the_cpu(mix, tmp_path, monkeypatch):
     stored = {w["dtype"] for w in plan["weights"] if len(w["shape"]) == 3}
     assert stored == ({"q4_k", "q6_k"} if mix == "q4_k_m" else {mix})
     check_compiled_against_reference(out, path, n_greedy=16)
+
+
+def test_quantized_experts_with_dense_downs_refused_on_the_gpu(tmp_path):
+    """Q4_K gate/up experts beside float32 downs: the CPU runs them, the GPU MoE kernels
+    (both quantized or both dense) refuse in one line naming the down tensor, before any
+    toolchain runs, leaving nothing behind."""
+    from hipc.base.errors import HipcError
+
+    src = make_moe_model(
+        "qwen3_moe-e9-k8-step2", hidden_size=256, head_dim=64, decoder_sparse_step=1,
+        moe_intermediate_size=256,
+    )  # fmt: skip
+    f32 = write_gguf(src, tmp_path / "f.gguf", "qwen3moe", "F32", tokenizer=False)
+    path = requantize_gguf(
+        f32, tmp_path / "m.gguf", lambda n, s: "q4_k" if "_exps" in n and "down" not in n else None
+    )
     with pytest.raises(HipcError) as e:
         options = CompileOptions(targets=("sm_90",), max_context=48)
         compile_model(path, tmp_path / "g.hipc", options, verbose=False)
-    assert str(e.value).startswith("blk.0.ffn_") and "no GPU MoE kernel" in str(e.value)
-    assert "\n" not in str(e.value) and not (tmp_path / "g.hipc").exists()
+    msg = str(e.value)
+    assert msg.startswith("blk.0.ffn_down_exps") and "no GPU MoE kernel" in msg, msg
+    assert "\n" not in msg and not (tmp_path / "g.hipc").exists()
