@@ -11,6 +11,8 @@ Run on the GPU machine (docs/benchmarks/README.md says how the device tool carri
 Models (random weights, real shapes; --layers cuts the layer count to save disk and time):
   qwen3  Qwen3-30B-A3B shape, Q4_0: a GGUF written directly in blocks by write_moe_gguf.py
          (17 GB at 48 layers); hipc compiles that file and llama-bench reads the same one.
+  qwen3_q4km  the same shape in llama-quantize's Q4_K_M mix (Q4_K, Q6_K for the output and,
+         in the layers given more bits, attn_v and the down experts).
   olmoe  OLMoE-1B-7B shape, bf16: a Hugging Face folder with per-expert tensors for hipc
          (14 GB at 16 layers), and, with --llamacpp-bin, an F16 GGUF of the same shape for
          llama.cpp (write_moe_gguf.py --type f16), written after hipc's files are deleted.
@@ -51,8 +53,13 @@ from bench_gpu import bench_hipc, ceilings, log  # noqa: E402
 from write_moe_gguf import PRESETS  # noqa: E402
 from write_moe_gguf import write as write_gguf  # noqa: E402
 
-PRESET = {"qwen3": "qwen3-30b-a3b", "olmoe": "olmoe-1b-7b"}
-FORMAT = {"qwen3": "Q4_0 GGUF", "olmoe": "bf16 safetensors (llama.cpp: F16 GGUF)"}
+PRESET = {"qwen3": "qwen3-30b-a3b", "qwen3_q4km": "qwen3-30b-a3b", "olmoe": "olmoe-1b-7b"}
+FORMAT = {
+    "qwen3": "Q4_0 GGUF",
+    "qwen3_q4km": "Q4_K_M GGUF",
+    "olmoe": "bf16 safetensors (llama.cpp: F16 GGUF)",
+}
+GGUF_TYPE = {"qwen3": "q4_0", "qwen3_q4km": "q4_k_m"}  # the models written as GGUF
 
 
 def gguf_active_bytes(path: Path, cfg: dict) -> int:
@@ -202,7 +209,7 @@ def variants(args, name: str, cfg: dict, ceil_copy: float) -> str:
     """--variant LABEL:ACTIVATIONS:SETS ...: one source file, compiled once per variant (SETS
     as compile_hipc's `sets`), each timed by decode_and_replay (best of --repeats); --profile
     adds the per-kernel profile of the second variant (the first being "before")."""
-    src = write_gguf(args.work / f"{name}.gguf", cfg, "q4_0")
+    src = write_gguf(args.work / f"{name}.gguf", cfg, GGUF_TYPE[name])
     active = gguf_active_bytes(src, cfg)
     lines = [
         f"variants: {name}, {cfg['layers']} layers, {active / 1e9:.3f} GB active per token",
@@ -292,15 +299,15 @@ def main() -> None:
         label = f"{name} ({cfg['layers']} layers, {FORMAT[name].split(' ')[0]})"
         artifact = args.work / f"{name}.hipc"
         t = time.perf_counter()
-        if name == "qwen3":
-            src = write_gguf(args.work / f"{name}.gguf", cfg, "q4_0")
+        if name in GGUF_TYPE:
+            src = write_gguf(args.work / f"{name}.gguf", cfg, GGUF_TYPE[name])
             active = gguf_active_bytes(src, cfg)
         else:
             src = args.work / name
             active = write_olmoe_hf(src, cfg)
         log(f"{name}: wrote {src} in {time.perf_counter() - t:.0f} s")
         # bf16 experts have no quantized activations: one hipc row whatever --activations says
-        for act in args.activations.split(",") if name == "qwen3" else ["int16"]:
+        for act in args.activations.split(",") if name in GGUF_TYPE else ["int16"]:
             compile_s = compile_hipc(src, artifact, args.target, act)
             r = bench_hipc(artifact, args.repeats, 512, 128)
             eng = "hipc" + (" (int8 activations)" if act == "int8" else "")
@@ -321,7 +328,7 @@ def main() -> None:
                 src = write_gguf(args.work / f"{name}-f16.gguf", cfg, "f16")
             lc = llama_bench(args.llamacpp_bin, src, args.repeats)
             if lc:
-                eng = "llama.cpp " + ("Q4_0" if name == "qwen3" else "F16")
+                eng = "llama.cpp " + (GGUF_TYPE.get(name, "f16").upper())
                 dc = lc.get("decode", 0.0)
                 rows.append((label, eng, lc.get("prefill", 0.0), None, dc, active))
                 log(rows[-1])

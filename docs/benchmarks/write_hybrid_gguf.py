@@ -180,7 +180,6 @@ def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05)
     w.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPE[qtype]))
     V = cfg["vocab"]
     tool.add_filler_vocabulary(w, V)
-    qt = getattr(gguf.GGMLQuantizationType, qtype.upper())
     tensors = tensor_list(cfg, qtype)
 
     def data(shape: tuple[int, ...], kind: str, name: str) -> np.ndarray:
@@ -194,7 +193,7 @@ def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05)
             return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         return (scale * rng.standard_normal(shape)).astype(np.float32)
 
-    tool.write_tensors(w, tensors, data, qt)
+    tool.write_tensors(w, tensors, data)
     return path
 
 

@@ -2,13 +2,15 @@
 
 For benchmarks that put hipc beside llama.cpp on one file: the GPU machine's disk has no
 room for an F32/F16 copy of a 30B model, so the weights are drawn directly as Q4_0 /
-Q8_0 blocks (random quants, random f16 scales around `--scale`), never as floats, or as
+Q8_0 / Q4_K / Q6_K blocks (random quants, random f16 scales around `--scale`), never as
+floats, or as
 F16 values tiled from one random block (fast enough for a 14 GB file), one tensor at a
 time (memory: the largest tensor). Norms and routers stay F32 as llama.cpp's
 converter keeps them. Architecture names, tensor names and metadata keys are llama.cpp's
 (gguf-py constants), so llama.cpp and hipc read the same file.
 
   python docs/benchmarks/write_moe_gguf.py --preset qwen3-30b-a3b --type q4_0 out.gguf
+  python docs/benchmarks/write_moe_gguf.py --preset qwen3-30b-a3b --type q4_k_m out.gguf
   python docs/benchmarks/write_moe_gguf.py --preset tiny --type q8_0 tiny.gguf
   python docs/benchmarks/write_moe_gguf.py --preset olmoe-1b-7b --type f16 olmoe.gguf
 """
@@ -75,9 +77,26 @@ PRESETS = {
         vocab=2048,
     ),
 }
-BLOCK = {"q4_0": (18, 32), "q8_0": (34, 32)}  # bytes per block, weights per block
-TYPES = (*BLOCK, "f16")
-FILE_TYPE = {"q4_0": "MOSTLY_Q4_0", "q8_0": "MOSTLY_Q8_0", "f16": "MOSTLY_F16"}
+# bytes per block, weights per block
+BLOCK = {"q4_0": (18, 32), "q8_0": (34, 32), "q4_k": (144, 256), "q6_k": (210, 256)}
+# q4_k_m: llama-quantize's Q4_K_M mix (q4_k_m_type)
+TYPES = ("q4_0", "q8_0", "q4_k_m", "f16")
+FILE_TYPE = {
+    "q4_0": "MOSTLY_Q4_0", "q8_0": "MOSTLY_Q8_0", "q4_k_m": "MOSTLY_Q4_K_M", "f16": "MOSTLY_F16",
+}  # fmt: skip
+
+
+def q4_k_m_type(name: str, layer: int, layers: int) -> str:
+    """The type llama-quantize's Q4_K_M gives a matrix: Q6_K for the output matrix, and for
+    attn_v and ffn_down(_exps) in the layers it gives more bits (compiler/quant_recipes
+    follows the same rules); Q4_K otherwise."""
+    from hipc.compiler.quant_recipes import use_more_bits
+
+    if name == "output.weight" or (
+        use_more_bits(layer, layers) and ("attn_v." in name or "ffn_down" in name)
+    ):
+        return "q6_k"
+    return "q4_k"
 
 
 def tiled_f16(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
@@ -96,11 +115,14 @@ def random_blocks(rng: np.random.Generator, qtype: str, shape: tuple[int, ...], 
         raise SystemExit(f"{qtype}: row width {cols} is not a multiple of {per}")
     nblocks = int(np.prod(lead)) * (cols // per)
     out = rng.integers(0, 256, size=(nblocks, nbytes), dtype=np.uint8)
-    # Q8_0's int8 quants span [-128, 127] and Q4_0's nibbles [-8, 7] (x scale), so the
-    # scale keeps weights near +-`scale`.
-    q = 127 if qtype == "q8_0" else 7
+    # The largest quant times scale (Q8_0: 127; Q4_0: 7 from its nibbles' [-8, 7]; Q4_K: 63
+    # (6-bit scale) x 15, a min of the same order subtracted; Q6_K: 128 (int8 scale) x 32) is
+    # about `scale`, so the weights stay near +-`scale`.
+    q, at = {"q8_0": (127, 0), "q4_0": (7, 0), "q4_k": (63 * 15, 0), "q6_k": (128 * 32, 208)}[qtype]
     d = (scale / q * (0.5 + rng.random(nblocks))).astype(np.float16)
-    out[:, :2] = d.view(np.uint8).reshape(nblocks, 2)
+    out[:, at : at + 2] = d.view(np.uint8).reshape(nblocks, 2)
+    if qtype == "q4_k":  # dmin: the same order as d
+        out[:, 2:4] = d.view(np.uint8).reshape(nblocks, 2)
     return out.reshape(*lead, (cols // per) * nbytes)
 
 
@@ -117,9 +139,11 @@ def add_filler_vocabulary(w, V: int) -> None:
     w.add_eos_token_id(2)
 
 
-def write_tensors(w, tensors: list[tuple[str, tuple[int, ...], str]], data, qt) -> None:
+def write_tensors(w, tensors: list[tuple[str, tuple[int, ...], str]], data) -> None:
     """Header first, then one tensor at a time (`data(shape, kind, name)`): only the largest
-    is ever in memory. `qt`: the GGML type of the blocked tensors."""
+    is ever in memory."""
+    import gguf
+
     for name, shape, kind in tensors:
         if kind in ("f32", "f16"):
             dt = np.dtype(np.float32 if kind == "f32" else np.float16)
@@ -128,6 +152,7 @@ def write_tensors(w, tensors: list[tuple[str, tuple[int, ...], str]], data, qt) 
             nbytes, per = BLOCK[kind]
             byte_shape = (*shape[:-1], shape[-1] // per * nbytes)
             size = int(np.prod(byte_shape))
+            qt = getattr(gguf.GGMLQuantizationType, kind.upper())
             w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), size, raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -161,28 +186,33 @@ def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05)
     w.add_expert_feed_forward_length(F)
     w.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPE[qtype]))
     add_filler_vocabulary(w, V)
-    qt = getattr(gguf.GGMLQuantizationType, qtype.upper())
+
+    def kind(name: str, layer: int = 0) -> str:
+        return q4_k_m_type(name, layer, L) if qtype == "q4_k_m" else qtype
 
     tensors: list[tuple[str, tuple[int, ...], str]] = [
-        ("token_embd.weight", (V, H), qtype),
+        ("token_embd.weight", (V, H), kind("token_embd.weight")),
         ("output_norm.weight", (H,), "f32"),
-        ("output.weight", (V, H), qtype),
+        ("output.weight", (V, H), kind("output.weight")),
     ]
     for i in range(L):
         b = f"blk.{i}."
+        blocked = [
+            ("attn_q.weight", (NH * D, H)),
+            ("attn_k.weight", (NKV * D, H)),
+            ("attn_v.weight", (NKV * D, H)),
+            ("attn_output.weight", (H, NH * D)),
+            ("ffn_gate_exps.weight", (E, F, H)),
+            ("ffn_up_exps.weight", (E, F, H)),
+            ("ffn_down_exps.weight", (E, H, F)),
+        ]
         tensors += [
             (b + "attn_norm.weight", (H,), "f32"),
-            (b + "attn_q.weight", (NH * D, H), qtype),
-            (b + "attn_k.weight", (NKV * D, H), qtype),
-            (b + "attn_v.weight", (NKV * D, H), qtype),
-            (b + "attn_output.weight", (H, NH * D), qtype),
             (b + "attn_q_norm.weight", (D if arch == "qwen3moe" else NH * D,), "f32"),
             (b + "attn_k_norm.weight", (D if arch == "qwen3moe" else NKV * D,), "f32"),
             (b + "ffn_norm.weight", (H,), "f32"),
             (b + "ffn_gate_inp.weight", (E, H), "f32"),
-            (b + "ffn_gate_exps.weight", (E, F, H), qtype),
-            (b + "ffn_up_exps.weight", (E, F, H), qtype),
-            (b + "ffn_down_exps.weight", (E, H, F), qtype),
+            *((b + n, shape, kind(b + n, i)) for n, shape in blocked),
         ]
 
     def data(shape: tuple[int, ...], kind: str, name: str) -> np.ndarray:
@@ -194,7 +224,7 @@ def write(path: Path, cfg: dict, qtype: str, seed: int = 0, scale: float = 0.05)
             return tiled_f16(rng, shape, scale)
         return random_blocks(rng, kind, shape, scale)
 
-    write_tensors(w, tensors, data, qt)
+    write_tensors(w, tensors, data)
     return path
 
 
