@@ -372,6 +372,19 @@ def requantize_gguf(
     return dst
 
 
+def q4_k_m_type(name: str, shape: tuple[int, ...], experts_only: bool = True) -> str | None:
+    """requantize_gguf's `type_of` for llama-quantize's Q4_K_M experts: gate and up Q4_K, down
+    Q6_K (the type of the layers given more bits); with `experts_only` False the other
+    matrices too: Q4_K where rows are whole super-blocks, else Q5_0 (llama.cpp's substitute),
+    norms, the conv, routers and the embedding left float32."""
+    if "_exps" in name:
+        return "q6_k" if "down" in name else "q4_k"
+    skip = ("norm", "ssm_conv", "gate_inp", "token_embd", "ssm_a", "ssm_dt")
+    if experts_only or len(shape) != 2 or any(s in name for s in skip):
+        return None
+    return "q4_k" if shape[-1] % 256 == 0 else "q5_0" if shape[-1] % 32 == 0 else None
+
+
 def write_q6k_head_gguf(path: Path, seed: int = 0) -> Path:
     """A tiny llama GGUF typed as llama-quantize's Q4_0 files are: Q4_0 linears and
     embedding, the output matrix Q6_K (random super-blocks: gguf-py has no Q6_K quantizer).

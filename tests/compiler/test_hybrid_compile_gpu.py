@@ -95,3 +95,30 @@ def test_gated_partial_rope_attention_on_sm90(hybrid):
     assert "out = attention * sigmoid(gate)" in source
     prefill = {x["kernel"].rsplit("_", 1)[-1] for x in plan_steps(art, "sm_90")["prefill"]}
     assert {"kv", "flash"} <= prefill, prefill  # ..._rope_kv, ..._flash
+
+
+def test_q4_k_m_hybrid_moe_gguf_on_every_target(tmp_path):
+    """Qwen3.5-MoE from a GGUF in llama-quantize's Q4_K_M types (K-quant matrices, Q5_0 where
+    a row is no whole super-block, Q4_K / Q6_K experts): every kernel the plans launch is in
+    the code objects, the experts' decode kernels on int8 dot products."""
+    from test_compile_gpu import DOT4_INSTRUCTION
+
+    from gguf_writer import q4_k_m_type, requantize_gguf, write_hybrid_gguf
+
+    widths = dict(hidden_size=256, linear_value_head_dim=64, moe_intermediate_size=256)
+    hf = make_hybrid_hf("qwen3_5_moe", tmp_path / "hf", seed=8, **widths)
+    f32 = write_hybrid_gguf(hf, tmp_path / "f.gguf", "qwen35moe")
+    path = requantize_gguf(
+        f32, tmp_path / "m.gguf", lambda n, s: q4_k_m_type(n, s, experts_only=False)
+    )
+    art = compiled(tmp_path, path, TARGETS)
+    plan = json.loads((art / "plan.json").read_text())
+    types = {w["dtype"] for w in plan["weights"]}
+    assert {"q4_k", "q6_k", "q5_0"} <= types, types
+    for target in TARGETS:
+        code = kernel_code(art, target)
+        assert launched_kernels(art, target) <= set(code)
+        decode = plan_steps(art, target)["decode"]
+        experts = [x["kernel"] for x in decode if x["kernel"].endswith(("_up", "_down"))]
+        experts = [k for k in experts if k.startswith("moe_")]
+        assert experts and all(DOT4_INSTRUCTION[target] in code[k] for k in experts)

@@ -30,7 +30,7 @@ from test_compile_gpu import (
     launched_kernels,
 )
 
-from gguf_writer import requantize_gguf, write_gguf
+from gguf_writer import q4_k_m_type, requantize_gguf, write_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
 from test_moe import make_moe_model
@@ -76,12 +76,7 @@ def q4_k_m(tmp_path_factory):
         moe_intermediate_size=256,
     )  # fmt: skip
     f32 = write_gguf(src, root / "f.gguf", "qwen3moe", "F32", tokenizer=False)
-    kinds = {"gate": "q4_k", "up": "q4_k", "down": "q6_k"}
-
-    def type_of(name, shape):
-        return kinds[name.split("ffn_")[1].split("_")[0]] if "_exps" in name else None
-
-    return compiled(root, requantize_gguf(f32, root / "m.gguf", type_of), TARGETS)
+    return compiled(root, requantize_gguf(f32, root / "m.gguf", q4_k_m_type), TARGETS)
 
 
 @pytest.fixture(scope="module")

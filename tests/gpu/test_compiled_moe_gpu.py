@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_compiled_gpu import check
 
-from gguf_writer import requantize_gguf, write_gguf
+from gguf_writer import q4_k_m_type, requantize_gguf, write_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
 from test_moe import make_moe_model, sharp_router_moe
@@ -68,10 +68,4 @@ def test_q4_k_m_gguf_experts_on_gpu(tmp_path):
     pytest.importorskip("torch")
     src = sharp_router_moe(0.1, hidden_size=256, head_dim=64, moe_intermediate_size=256)
     f32 = write_gguf(src, tmp_path / "f.gguf", "qwen3moe", "F32", tokenizer=False)
-
-    def type_of(name, shape):
-        if "_exps" not in name:
-            return None
-        return "q6_k" if "down" in name else "q4_k"
-
-    check(requantize_gguf(f32, tmp_path / "m.gguf", type_of), tmp_path, ctx=48)
+    check(requantize_gguf(f32, tmp_path / "m.gguf", q4_k_m_type), tmp_path, ctx=48)

@@ -20,7 +20,7 @@ from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.runtime.engine import load_engine
 
-from gguf_writer import requantize_gguf, write_gguf
+from gguf_writer import q4_k_m_type, requantize_gguf, write_gguf
 from support import check_compiled_against_reference, greedy, rel_err, require
 
 pytestmark = pytest.mark.oracle
@@ -313,11 +313,9 @@ def test_kquant_and_iq4_experts_on_the_cpu(mix, tmp_path, monkeypatch):
     f32 = write_gguf(src, tmp_path / "f.gguf", "qwen3moe", "F32", tokenizer=False)
 
     def type_of(name, shape):
-        if "_exps" not in name:
-            return None
         if mix == "q4_k_m":
-            return "q6_k" if "down" in name else "q4_k"
-        return mix
+            return q4_k_m_type(name, shape)
+        return mix if "_exps" in name else None
 
     path = requantize_gguf(f32, tmp_path / "m.gguf", type_of)
     out = tmp_path / "m.hipc"
