@@ -3,10 +3,12 @@
 Run on the GPU machine (docs/benchmarks/README.md says how the device tool carries it):
 
     python docs/benchmarks/bench_gpu_hybrid.py --out $OUT/hybrid.md --llamacpp-bin DIR \
-        [--preset qwen3.5-35b-a3b] [--type q4_0] [--layers N] [--gguf FILE] [--keep-gguf]
+        [--preset qwen3.5-35b-a3b] [--type q4_0|q8_0|q4_k_m] [--layers N] [--gguf FILE] \
+        [--keep-gguf]
 
 The model is write_hybrid_gguf.py's random-weight GGUF (default: the Qwen3.5-35B-A3B shape,
-Qwen3_5MoeTextConfig's defaults, Q4_0: ~20 GB at 40 layers; --layers cuts it to save disk
+Qwen3_5MoeTextConfig's defaults, Q4_0: ~20 GB at 40 layers; q4_k_m: llama-quantize's Q4_K_M
+types, write_moe_gguf.q4_k_m_type; --layers cuts it to save disk
 and time; --gguf reuses a file written before, --keep-gguf leaves the written one). hipc
 compiles that file (`hipc compile --target sm_90`, timed) and runs, on one engine with
 prefix reuse off (a repeated prompt would otherwise come from its snapshot), prefills of
@@ -110,7 +112,7 @@ def llama_bench(bin_dir: Path, gguf_path: Path, repeats: int) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
-    ap.add_argument("--type", default="q4_0", choices=("q4_0", "q8_0"))
+    ap.add_argument("--type", default="q4_0", choices=("q4_0", "q8_0", "q4_k_m"))
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--gguf", type=Path, help="a file written before (same preset/type/layers)")
     ap.add_argument("--keep-gguf", action="store_true")

@@ -3,9 +3,10 @@ storage type, for benchmarks that put hipc beside llama.cpp on one file.
 
 Three layers in four are Gated DeltaNet (linear attention), every fourth a gated full
 attention layer (full_attention_interval 4); the MoE preset has 256 routed experts plus a
-shared one per layer, as Qwen3.5-35B-A3B. Weights are drawn directly as Q4_0 / Q8_0 blocks
-(write_moe_gguf.py's random blocks; one tensor at a time in memory), norms, routers, the
-conv and the gate parameters stay F32 as llama.cpp's converter and quantizer leave them.
+shared one per layer, as Qwen3.5-35B-A3B. Weights are drawn directly as Q4_0 / Q8_0 blocks,
+or in llama-quantize's Q4_K_M types (write_moe_gguf.py's random blocks; one tensor at a time
+in memory), norms, routers, the conv and the gate parameters stay F32 as llama.cpp's
+converter and quantizer leave them.
 Names, shapes and metadata keys are llama.cpp's (src/models/qwen35*.cpp): attn_qkv (q, k,
 v) and attn_gate (z) on linear layers, ssm_beta / ssm_alpha, ssm_conv1d [C, K], ssm_a
 (= -exp(A_log), negative), ssm_dt.bias, ssm_norm, ssm_out; attn_q holding [query | gate]
@@ -16,6 +17,7 @@ full_attention_interval, rope.dimension_count (the partial rotary width) and
 rope.dimension_sections (M-RoPE sections; text-only positions make them plain RoPE).
 
   python docs/benchmarks/write_hybrid_gguf.py --preset qwen3.5-35b-a3b --type q4_0 out.gguf
+  python docs/benchmarks/write_hybrid_gguf.py --preset qwen3.5-35b-a3b --type q4_k_m out.gguf
   python docs/benchmarks/write_hybrid_gguf.py --preset cpu-moe-0.7b --type q8_0 small.gguf
 """
 
@@ -59,7 +61,9 @@ PRESETS = {
         key_heads=2, value_heads=4, linear_dim=64, conv=4, vocab=2048,
     ),
 }  # fmt: skip
-FILE_TYPE = {"q4_0": "MOSTLY_Q4_0", "q8_0": "MOSTLY_Q8_0", "f32": "ALL_F32"}
+FILE_TYPE = {
+    "q4_0": "MOSTLY_Q4_0", "q8_0": "MOSTLY_Q8_0", "q4_k_m": "MOSTLY_Q4_K_M", "f32": "ALL_F32",
+}  # fmt: skip
 
 
 def _moe_tool():
@@ -70,7 +74,20 @@ def _moe_tool():
 
 
 def tensor_list(cfg: dict, qtype: str) -> list[tuple[str, tuple[int, ...], str]]:
-    """(name, numpy shape, storage) of every tensor, as llama.cpp's loader asks for them."""
+    """(name, numpy shape, storage) of every tensor, as llama.cpp's loader asks for them;
+    "q4_k_m": each matrix's type as write_moe_gguf.q4_k_m_type gives it."""
+    out = _tensors(cfg, qtype)
+    if qtype != "q4_k_m":
+        return out
+    q4_k_m_type, L = _moe_tool().q4_k_m_type, cfg["layers"]
+
+    def layer(name: str) -> int:
+        return int(name.split(".")[1]) if name.startswith("blk.") else 0
+
+    return [(n, s, q4_k_m_type(n, layer(n), L) if k == qtype else k) for n, s, k in out]
+
+
+def _tensors(cfg: dict, qtype: str) -> list[tuple[str, tuple[int, ...], str]]:
     H, L, V = cfg["hidden"], cfg["layers"], cfg["vocab"]
     NH, NKV, D = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
     nk, nv, d = cfg["key_heads"], cfg["value_heads"], cfg["linear_dim"]

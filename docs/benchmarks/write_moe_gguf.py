@@ -78,7 +78,9 @@ PRESETS = {
     ),
 }
 # bytes per block, weights per block
-BLOCK = {"q4_0": (18, 32), "q8_0": (34, 32), "q4_k": (144, 256), "q6_k": (210, 256)}
+BLOCK = {
+    "q4_0": (18, 32), "q8_0": (34, 32), "q4_k": (144, 256), "q5_k": (176, 256), "q6_k": (210, 256),
+}  # fmt: skip
 # q4_k_m: llama-quantize's Q4_K_M mix (q4_k_m_type)
 TYPES = ("q4_0", "q8_0", "q4_k_m", "f16")
 FILE_TYPE = {
@@ -87,11 +89,14 @@ FILE_TYPE = {
 
 
 def q4_k_m_type(name: str, layer: int, layers: int) -> str:
-    """The type llama-quantize's Q4_K_M gives a matrix: Q6_K for the output matrix, and for
-    attn_v and ffn_down(_exps) in the layers it gives more bits (compiler/quant_recipes
-    follows the same rules); Q4_K otherwise."""
+    """The type llama-quantize's Q4_K_M gives a matrix (its llama_tensor_get_type's main
+    rules): Q6_K for the output matrix, and for attn_v and ffn_down(_exps, _shexp) in the
+    layers it gives more bits (compiler/quant_recipes follows the same rules); Q5_K for a
+    fused attn_qkv (Qwen3.5's linear-attention layers); Q4_K otherwise."""
     from hipc.compiler.quant_recipes import use_more_bits
 
+    if "attn_qkv." in name:
+        return "q5_k"
     if name == "output.weight" or (
         use_more_bits(layer, layers) and ("attn_v." in name or "ffn_down" in name)
     ):
@@ -115,13 +120,16 @@ def random_blocks(rng: np.random.Generator, qtype: str, shape: tuple[int, ...], 
         raise SystemExit(f"{qtype}: row width {cols} is not a multiple of {per}")
     nblocks = int(np.prod(lead)) * (cols // per)
     out = rng.integers(0, 256, size=(nblocks, nbytes), dtype=np.uint8)
-    # The largest quant times scale (Q8_0: 127; Q4_0: 7 from its nibbles' [-8, 7]; Q4_K: 63
-    # (6-bit scale) x 15, a min of the same order subtracted; Q6_K: 128 (int8 scale) x 32) is
-    # about `scale`, so the weights stay near +-`scale`.
-    q, at = {"q8_0": (127, 0), "q4_0": (7, 0), "q4_k": (63 * 15, 0), "q6_k": (128 * 32, 208)}[qtype]
+    # The largest quant times scale (Q8_0: 127; Q4_0: 7 from its nibbles' [-8, 7]; Q4_K / Q5_K:
+    # 63 (6-bit scale) x 15 / 31, a min of the same order subtracted; Q6_K: 128 (int8 scale) x
+    # 32) is about `scale`, so the weights stay near +-`scale`.
+    q, at = {
+        "q8_0": (127, 0), "q4_0": (7, 0), "q4_k": (63 * 15, 0), "q5_k": (63 * 31, 0),
+        "q6_k": (128 * 32, 208),
+    }[qtype]  # fmt: skip
     d = (scale / q * (0.5 + rng.random(nblocks))).astype(np.float16)
     out[:, at : at + 2] = d.view(np.uint8).reshape(nblocks, 2)
-    if qtype == "q4_k":  # dmin: the same order as d
+    if qtype in ("q4_k", "q5_k"):  # dmin: the same order as d
         out[:, 2:4] = d.view(np.uint8).reshape(nblocks, 2)
     return out.reshape(*lead, (cols // per) * nbytes)
 
