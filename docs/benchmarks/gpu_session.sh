@@ -99,9 +99,10 @@ bench)
       run moeprof docs/benchmarks/bench_gpu_moe.py --models qwen3 --layers qwen3=8 --repeats 1 \
         --profile --out "$OUT/moe-profile.md"
       rm -rf /tmp/hipc-moe-bench ;;
-    moe)  # MOE_ACTIVATIONS=int16,int8: a hipc row each (int8: as the quant phase, and llama.cpp)
+    moe)  # MOE_ACTIVATIONS=int16,int8: a hipc row each (int8: as the quant phase, and llama.cpp);
+      # MOE_MODELS=qwen3_q4km,qwen3: the Q4_K_M file too
       waitllama
-      run moe docs/benchmarks/bench_gpu_moe.py --models qwen3 --repeats 2 \
+      run moe docs/benchmarks/bench_gpu_moe.py --models "${MOE_MODELS:-qwen3}" --repeats 2 \
         --activations "${MOE_ACTIVATIONS:-int16}" $(peer --llamacpp-bin $LLAMA) --out "$OUT/moe.md"
       rm -rf /tmp/hipc-moe-bench ;;
     olmoe)  # OLMoE-1B-7B shape, bf16 (~4 min: a 14 GB folder for hipc, then a 14 GB F16 GGUF)
@@ -109,9 +110,10 @@ bench)
       run olmoe docs/benchmarks/bench_gpu_moe.py --models olmoe --repeats 2 \
         $(peer --llamacpp-bin $LLAMA) --out "$OUT/moe-olmoe.md"
       rm -rf /tmp/hipc-moe-bench ;;
-    hybrid)  # Qwen3.5-35B-A3B shape, Q4_0 (~20 GB written, compiled, then read by llama-bench)
+    hybrid)  # Qwen3.5-35B-A3B shape, Q4_0 (~20 GB written, compiled, then read by llama-bench);
+      # HYBRID_TYPE=q4_k_m: llama-quantize's Q4_K_M types
       waitllama
-      run hybrid docs/benchmarks/bench_gpu_hybrid.py --repeats 2 ${HYBRID_PROFILE:+--profile} \
+      run hybrid docs/benchmarks/bench_gpu_hybrid.py --type "${HYBRID_TYPE:-q4_0}" --repeats 2 ${HYBRID_PROFILE:+--profile} \
         $(peer --llamacpp-bin $LLAMA) --out "$OUT/hybrid.md"
       rm -rf /tmp/hipc-hybrid-bench ;;
     esac
