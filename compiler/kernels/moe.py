@@ -333,13 +333,16 @@ def gpu_kernels(
     quant = parts["gate"]["quant"]
     if parts["down"]["quant"] != quant:
         raise ValueError(f"{nodes[0]}: {p.wtype} gate/up with {down_wtype} down (MoE._gpu refuses)")
-    # quantized: whole blocks of the type (a K-quant's 256 weights); dense: 16-byte loads
-    unit = max(v["block_values"] for v in parts.values())
-    if p.H % unit or p.F % unit:
-        raise FusionError(
-            f"{nodes[0]}: the GPU experts kernels need widths in multiples of {unit} "
-            f"(hidden {p.H}, expert {p.F})"
-        )
+    # rows of whole blocks (a K-quant's 256 weights: gate/up's H inputs, down's F; Qwen2-MoE's
+    # F = 1408 downs are Q5_0/Q8_0 beside Q4_K gate/up) or 16-byte loads (dense); quantized
+    # activations are staged 32 at a time
+    for width, n, part in (("hidden", p.H, parts["gate"]), ("expert", p.F, parts["down"])):
+        unit = max(part["block_values"], 32 if quant else 1)
+        if n % unit:
+            raise FusionError(
+                f"{nodes[0]}: the GPU experts kernels need a {width} width in multiples of "
+                f"{unit} for {part['wsuffix']} (hidden {p.H}, expert {p.F})"
+            )
     common = dict(
         nodes=nodes,
         wave=wave,

@@ -47,9 +47,11 @@ CASES = {
     # llama-quantize's Q4_K_M experts: Q4_K (offsets) with Q6_K downs (none), and the reverse
     "q4_k_q6_k": ("q4_k", 5, 2, 256, 256),
     "iq4_xs_q5_k": ("iq4_xs", 4, 3, 256, 256),
+    # an expert width that is no whole super-block: Q8_0 downs (llama.cpp's fallback)
+    "q4_k_q8_0": ("q4_k", 4, 2, 256, 96),
 }
 # the down experts' type where it differs from gate/up's
-DOWN = {"q4_k_q6_k": "q6_k", "iq4_xs_q5_k": "q5_k"}
+DOWN = {"q4_k_q6_k": "q6_k", "iq4_xs_q5_k": "q5_k", "q4_k_q8_0": "q8_0"}
 ROWS = sorted({TILE, *MOE_SHORT_TILES["sm_90"]})
 
 
@@ -222,3 +224,22 @@ def test_tile_rows_follow_the_rows_per_expert(monkeypatch):
     m = gpu_kernels("t", p35, GpuTarget("sm_90"), ["t"], 256)
     assert m.prefill.ctx["bm"] == m.mma.ctx["bm"] == 16
     assert m.max_tiles == 256 * 8 // 16 + 256
+
+
+def test_expert_widths_the_gpu_kernels_take():
+    """Each matrix's rows are whole blocks of its own type: Q4_K gate/up need a hidden width
+    of 256s, a Q8_0 down an expert width of 32s (llama.cpp's fallback where the expert width
+    is no whole super-block); anything else is refused naming the width and the type."""
+    from hipc.compiler.kernels.base import FusionError
+
+    def kernels(H, F, down=""):
+        p = MoEParams("q4_k", 4, 2, H, F, False, False, True, down_wtype=down)
+        return gpu_kernels("w", p, GpuTarget("sm_90"), ["l0.moe"], 8)
+
+    assert kernels(256, 96, "q8_0").decode.ctx["dunit"] == "q8_0"
+    with pytest.raises(FusionError, match="hidden width in multiples of 256 for q4_k"):
+        kernels(128, 256)
+    with pytest.raises(FusionError, match="expert width in multiples of 32 for q8_0"):
+        kernels(256, 80, "q8_0")
+    with pytest.raises(FusionError, match="expert width in multiples of 256 for q4_k"):
+        kernels(256, 96)

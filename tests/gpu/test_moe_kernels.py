@@ -45,9 +45,15 @@ CASES = {
     "q5_k_e9_k2_fused": ("q5_k", 9, 2, 256, 256, False, True, True),
     "iq4_xs_e16_k4": ("iq4_xs", 16, 4, 512, 256, True, False, True),
     "iq4_nl_q5_0_e7_k2": ("iq4_nl", 7, 2, 128, 96, True, False, True),
+    # Q8_0 downs where the expert width is no whole super-block (llama.cpp's fallback)
+    "q4_k_q8_0_e9_k2_f160": ("q4_k", 9, 2, 256, 160, True, False, True),
 }
 # the down experts' type where it differs from gate/up's
-DOWN = {"q4_k_q6_k_qwen3_like": "q6_k", "iq4_nl_q5_0_e7_k2": "q5_0"}
+DOWN = {
+    "q4_k_q6_k_qwen3_like": "q6_k",
+    "iq4_nl_q5_0_e7_k2": "q5_0",
+    "q4_k_q8_0_e9_k2_f160": "q8_0",
+}
 
 
 # the router's matmul (and its RMSNorm) fused in: case name -> (router type, norm fused)
