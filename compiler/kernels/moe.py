@@ -16,9 +16,11 @@ in one lane, no atomics), which loads its first weights before waiting on `_up` 
 two kernels back). Without it (a router read elsewhere too: Qwen2-MoE's shared-expert gate),
 `_up` routes the token in every block from the given logits. Prefill groups the (token, slot)
 pairs by expert on the device (count, prefix sum, scatter) and runs a grouped GEMM over tiles
-that never straddle two experts (bf16 and Q4_0/Q4_1/Q8_0 experts on the matrix instructions,
+that never straddle two experts (bf16 and quantized experts on the matrix instructions,
 moe_mma.hip.j2 after linear_mma's pipeline, quantized ones as their integer quants scaled per
-group; other types SIMT), then a combine kernel adds each token's k rows in a fixed order.
+group; f32/f16 SIMT), then a combine kernel adds each token's k rows in a fixed order. Expert
+weights in any GPU type, the downs' type their own (llama-quantize's Q4_K_M: Q6_K downs;
+_part: each matrix's unit and chunks).
 Tiles of 64 rows (MMA slices past a tile's rows skipped), or, opted in (short_tiles), as tall
 as a step's average expert fills (tile_rows, tile_ranges: one grouping and GEMM pair per
 height, each launched for its step sizes only)."""
