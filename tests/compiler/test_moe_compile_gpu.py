@@ -33,7 +33,7 @@ from test_compile_gpu import (
 from gguf_writer import q4_k_m_type, requantize_gguf, write_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
-from test_moe import make_moe_model
+from test_moe import KQUANT_WIDTHS, make_moe_model, quantizable_moe
 
 from hipc.compiler.kernels.moe import SHORT_TILES_ENV
 
@@ -71,10 +71,7 @@ def q4_k_m(tmp_path_factory):
     """llama-quantize's Q4_K_M experts: gate and up Q4_K, down Q6_K (rows of 256: the
     super-blocks)."""
     root = tmp_path_factory.mktemp("q4_k_m")
-    src = make_moe_model(
-        "qwen3_moe-e9-k8-step2", hidden_size=256, head_dim=64, decoder_sparse_step=1,
-        moe_intermediate_size=256,
-    )  # fmt: skip
+    src = quantizable_moe(**KQUANT_WIDTHS)
     f32 = write_gguf(src, root / "f.gguf", "qwen3moe", "F32", tokenizer=False)
     return compiled(root, requantize_gguf(f32, root / "m.gguf", q4_k_m_type), TARGETS)
 

@@ -21,7 +21,7 @@ from test_compiled_gpu import check
 from gguf_writer import q4_k_m_type, requantize_gguf, write_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
-from test_moe import make_moe_model, sharp_router_moe
+from test_moe import KQUANT_WIDTHS, make_moe_model, sharp_router_moe
 
 pytestmark = pytest.mark.gpu
 
@@ -66,6 +66,6 @@ def test_q4_k_m_gguf_experts_on_gpu(tmp_path):
     """llama-quantize's Q4_K_M experts: gate and up Q4_K, down Q6_K (widths of 256: the
     super-blocks), quantized by hipc's own quantizers; the routers scaled as above."""
     pytest.importorskip("torch")
-    src = sharp_router_moe(0.1, hidden_size=256, head_dim=64, moe_intermediate_size=256)
+    src = sharp_router_moe(0.1, **KQUANT_WIDTHS)
     f32 = write_gguf(src, tmp_path / "f.gguf", "qwen3moe", "F32", tokenizer=False)
     check(requantize_gguf(f32, tmp_path / "m.gguf", q4_k_m_type), tmp_path, ctx=48)

@@ -355,6 +355,10 @@ def quantizable_moe(**sizes):
     )
 
 
+# quantizable_moe's widths for the K-quants: rows of whole 256-weight super-blocks
+KQUANT_WIDTHS = {"hidden_size": 256, "head_dim": 64, "moe_intermediate_size": 256}
+
+
 def sharp_router_moe(router_scale: float, **sizes):
     """quantizable_moe with its routers scaled by `router_scale`: the model whose stepwise
     quantized decode the GPU test and the rounding model compare."""

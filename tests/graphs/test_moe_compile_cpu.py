@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_moe import make_moe_model, quantizable_moe
+from test_moe import KQUANT_WIDTHS, make_moe_model, quantizable_moe
 from test_vs_transformers import hf_logits_incremental
 
 from hipc.compiler.options import CompileOptions
@@ -305,11 +305,7 @@ def test_kquant_and_iq4_experts_on_the_cpu(mix, tmp_path, monkeypatch):
     import gguf_writer
 
     monkeypatch.setitem(quantize._QUANTIZERS, "iq4_xs", gguf_writer.iq4_xs_blocks)
-    # hidden and expert rows of 256: the K-quants' super-blocks
-    src = make_moe_model(
-        "qwen3_moe-e9-k8-step2", hidden_size=256, head_dim=64, decoder_sparse_step=1,
-        moe_intermediate_size=256,
-    )  # fmt: skip
+    src = make_moe_model("qwen3_moe-e9-k8-step2", decoder_sparse_step=1, **KQUANT_WIDTHS)
     f32 = write_gguf(src, tmp_path / "f.gguf", "qwen3moe", "F32", tokenizer=False)
 
     def type_of(name, shape):
@@ -332,10 +328,7 @@ def test_quantized_experts_with_dense_downs_refused_on_the_gpu(tmp_path):
     toolchain runs, leaving nothing behind."""
     from hipc.base.errors import HipcError
 
-    src = make_moe_model(
-        "qwen3_moe-e9-k8-step2", hidden_size=256, head_dim=64, decoder_sparse_step=1,
-        moe_intermediate_size=256,
-    )  # fmt: skip
+    src = make_moe_model("qwen3_moe-e9-k8-step2", decoder_sparse_step=1, **KQUANT_WIDTHS)
     f32 = write_gguf(src, tmp_path / "f.gguf", "qwen3moe", "F32", tokenizer=False)
     path = requantize_gguf(
         f32, tmp_path / "m.gguf", lambda n, s: "q4_k" if "_exps" in n and "down" not in n else None
