@@ -1,11 +1,12 @@
-"""hipc vs llama.cpp decode on one MoE or hybrid GGUF, CPU, same threads, rounds alternating.
+"""hipc vs llama.cpp decode on one GGUF (written for MoE and hybrid shapes; any file llama-bench
+reads serves, the real SmolLM2 too: cpu-amd-epyc.md), CPU, same threads, rounds alternating.
 
     python docs/benchmarks/bench_cpu_moe.py --llama-bench /path/to/llama-bench \
         [--gguf FILE | [--writer hybrid] --preset cpu-0.7b --type q4_0] [--artifact PATH] \
         [--threads 2] [--tokens 64] [--rounds 5] [--prefill-tokens 128]
         [--out docs/benchmarks/cpu-moe.md]
 
-The model is a random-weight GGUF (write_moe_gguf.py, or with --writer hybrid
+Without --gguf the model is a random-weight GGUF (write_moe_gguf.py, or with --writer hybrid
 write_hybrid_gguf.py's Qwen3.5 shapes, writes it when --gguf is not given);
 hipc compiles that same file for the CPU target (unless --artifact names a compiled one).
 
