@@ -747,6 +747,9 @@ KQ_DEQUANT_MIN_T = 8
 # K = 608 (Q5_0/Q5_1 only): 19 blocks, a natural window then a 3-block tail (the VNNI
 # GEMV's 4-row tail)
 K_SHAPES = [(T, K, N) for T in (1, 2, 5, 8, 17) for K in (256, 608, 768) for N in (1, 6, 9)]
+# rows of 14 and 25 blocks of 32: a decode GEMV's transposed group of 16 blocks cut short
+# (the 32-block types; the K-quants skip them)
+K_SHAPES += [(1, 448, 6), (1, 800, 9), (3, 800, 5), (6, 448, 4)]
 
 
 def _check_kquant(lib, wtype: str, shapes, extreme: bool) -> None:
