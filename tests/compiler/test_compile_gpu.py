@@ -423,6 +423,28 @@ def test_q6_k_output_compiles_for_gpus_and_cpu(tmp_path):
     assert cpu_spec["dtype"] == "q6_k" and cpu_spec.get("layout") == "gguf"
 
 
+def test_gate_and_up_in_different_types_compile_for_gpus(tmp_path):
+    """ffn_gate Q4_K beside ffn_up Q5_0: two GEMVs (and prefill GEMMs) and the glu kernel
+    between them and the down projection, in every step (tests/gpu runs it)."""
+    types = {"ffn_gate": "q4_k", "ffn_up": "q5_0"}
+    model = write_numpy_gguf(
+        tmp_path / "m.gguf",
+        hidden=256,
+        ffn=512,
+        types=lambda n: next((t for k, t in types.items() if k in n), "q8_0"),
+    )
+    art = compiled(tmp_path, model, ("sm_90", "gfx942"))
+    plan = json.loads((art / "plan.json").read_text())
+    for target in ("sm_90", "gfx942"):
+        for step, launches in plan["targets"][target]["steps"].items():
+            names = [x["kernel"] for x in launches]
+            glu = [i for i, k in enumerate(names) if k.startswith("glu_silu_512_")]
+            assert len(glu) == 2, (target, step, names)  # one per layer
+            for i in glu:  # gate and up before it, the down projection after
+                assert "_q5_0_512x256_" in " ".join(names[i - 3 : i]), (target, step, names)
+                assert "_q8_0_256x512_residual" in names[i + 1], (target, step, names)
+
+
 @pytest.mark.parametrize("family", sorted(TINY_GEMMA))
 def test_gemma_params_refused_on_gpu(tmp_path, family):
     # the GPU templates lack GeGLU, post-norms, soft-caps and the embedding scale: one line

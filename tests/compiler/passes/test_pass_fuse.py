@@ -53,6 +53,20 @@ def test_refusals_carry_reasons(fusion):
     assert all(d.score > 0 for d in taken)
 
 
+def test_gate_and_up_left_apart_run_as_a_glu_kernel(canonical, fusion, layers):
+    """Unmerged gate and up (repack merges only weights of one type) leave SiLU * Mul to the
+    glu kind; merged, the Linear's GLU epilogue takes them and no glu group is left."""
+    apart = fuse(canonical)
+    glus = [g for g in apart.groups if g.kind == "glu"]
+    assert len(glus) == layers
+    for g in glus:
+        assert g.anchor.op == "hipc::SiLU" and [n.op for n in g.epilogue] == ["Mul"]
+        up = next(v for v in g.epilogue[0].inputs if v != g.anchor.outputs[0])
+        gate = g.anchor.inputs[0]
+        assert {canonical.producer(v).op for v in (gate, up)} == {"hipc::Linear"}
+    assert not [g for g in fusion.groups if g.kind == "glu"]
+
+
 def _norm_read_twice() -> Graph:
     """RMSNorm whose output two Linears read: the norm cannot be either one's prologue."""
     import numpy as np
