@@ -32,6 +32,7 @@ RELEVANT_FLAGS = (
     "avx512vbmi",
     "avx512_vnni",
     "avx512_vbmi",
+    "avx512_bitalg",  # the transposed Q5_0/Q5_1 GEMV's vpshufbitqmb (with VBMI)
     "avx_vnni",
 )
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno")

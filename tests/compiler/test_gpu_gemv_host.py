@@ -86,6 +86,10 @@ CASES = {
     "q4_k_rows4_norm": ("q4_k", 21, 2048, "none", True, QuantGemv(2, 4, 1, 2, 1, 2)),
     "iq4_xs_rows4_norm": ("iq4_xs", 21, 2048, "none", True, QuantGemv(2, 4, 1, 2, 1, 2)),
     "iq4_xs_copy_glu": ("iq4_xs", 2 * 21, 2048, "glu", False, QuantGemv(2, 4, 1, 2, 1, 1)),
+    # rows of one and two super-blocks (a 256-wide model's), QUANT_GEMV_KQUANT's shape
+    "iq4_xs_k256_glu_norm": ("iq4_xs", 2 * 21, 256, "glu", True, QuantGemv(2, 4, 1, 3, 1, 1)),
+    "iq4_xs_k512_residual": ("iq4_xs", 41, 512, "residual", False, QuantGemv(2, 4, 1, 3, 1, 1)),
+    "q4_k_k256_glu_norm": ("q4_k", 2 * 21, 256, "glu", True, QuantGemv(2, 4, 1, 3, 1, 1)),
     "q6_k_glu_s3": ("q6_k", 2 * 9, 1536, "glu", False, QuantGemv(2, 2, 1, 2, 1, 3)),
     "q5_0_residual_s2": ("q5_0", 17, 1536, "residual", False, QuantGemv(2, 2, 2, 2, 1, 2)),
     # one stage: the next item's loads copied in at the end of each step

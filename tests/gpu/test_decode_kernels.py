@@ -75,6 +75,10 @@ GEMVS = {
     "iq4_nl_residual_bias_k14336": ("iq4_nl", 75, 14336, "residual", False, True),
     "iq4_xs_norm_k4096": ("iq4_xs", 130, 4096, "none", True, False),
     "iq4_xs_glu_k1024": ("iq4_xs", 2 * 45, 1024, "glu", False, True),
+    # rows of one and two super-blocks (a 256-wide model's matrices)
+    "iq4_xs_glu_norm_k256": ("iq4_xs", 2 * 512, 256, "glu", True, False),
+    "iq4_xs_residual_k512": ("iq4_xs", 256, 512, "residual", False, False),
+    "q4_k_glu_norm_k256": ("q4_k", 2 * 512, 256, "glu", True, False),
     "q4_k_norm_k4096": ("q4_k", 130, 4096, "none", True, False),
     "q4_k_streamed_glu_k1024": ("q4_k", 2 * 45, 1024, "glu", True, True),
     "q5_k_residual_k14336": ("q5_k", 40, 14336, "residual", False, False),
