@@ -5,7 +5,8 @@
 #   pip wheel --no-deps -w .whl .          # hipc itself, as a wheel
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
-#       falcon waitress gguf pyyaml tqdm prometheus-client llguidance pytest pluggy iniconfig
+#       falcon waitress gguf pyyaml tqdm prometheus-client llguidance pytest pluggy iniconfig \
+#       pydantic pydantic-core annotated-types typing-extensions typing-inspection  # the server extra's
 # On the GPU machine (the device tool, carrying .whl):
 #   bash docs/benchmarks/gpu_check.sh [bench_gpu.py args...]
 # Writes $OUT/gpu-tests.log and $OUT/gpu.md.
