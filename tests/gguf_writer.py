@@ -385,6 +385,20 @@ def q4_k_m_type(name: str, shape: tuple[int, ...], experts_only: bool = True) ->
     return "q4_k" if shape[-1] % 256 == 0 else "q5_0" if shape[-1] % 32 == 0 else None
 
 
+def write_mixed_glu_gguf(
+    path: Path, gate: str = "q4_k", up: str = "q5_0", rest: str = "q8_0"
+) -> Path:
+    """write_numpy_gguf 256 wide (ffn 512) with ffn_gate and ffn_up in different types, the
+    rest in `rest`: no one GLU epilogue can read both (compiler/kernels/glu.py)."""
+    types = {"ffn_gate": gate, "ffn_up": up}
+    return write_numpy_gguf(
+        path,
+        hidden=256,
+        ffn=512,
+        types=lambda n: next((t for k, t in types.items() if k in n), rest),
+    )
+
+
 def write_q6k_head_gguf(path: Path, seed: int = 0) -> Path:
     """A tiny llama GGUF typed as llama-quantize's Q4_0 files are: Q4_0 linears and
     embedding, the output matrix Q6_K (random super-blocks: gguf-py has no Q6_K quantizer).

@@ -216,13 +216,7 @@ def test_gate_and_up_in_different_types(activations, tmp_path):
     """A recipe that gives ffn_gate and ffn_up different types (here Q4_K and Q5_0, the down
     Q8_0) leaves no one GLU epilogue to take both: two Linears and the glu kernel."""
     gguf_writer = pytest.importorskip("gguf_writer")
-    types = {"ffn_gate": "q4_k", "ffn_up": "q5_0", "ffn_down": "q8_0"}
-    path = gguf_writer.write_numpy_gguf(
-        tmp_path / "m.gguf",
-        hidden=256,
-        ffn=512,
-        types=lambda n: next((t for k, t in types.items() if k in n), "q8_0"),
-    )
+    path = gguf_writer.write_mixed_glu_gguf(tmp_path / "m.gguf")
     _quantized_against_reference(path, tmp_path, activations, int8_bar=0.15)
     steps = load_engine(tmp_path / "m.hipc").artifact.plan["targets"]["cpu"]["steps"]
     assert sum(k["kernel"].startswith("glu_silu_512") for k in steps["forward"]) == 2

@@ -23,7 +23,7 @@ from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.gpu import NvccToolchain
 
-from gguf_writer import write_numpy_gguf, write_q6k_head_gguf
+from gguf_writer import write_mixed_glu_gguf, write_numpy_gguf, write_q6k_head_gguf
 from support import IN_CI, TINY_FAMILIES, TINY_GEMMA, amd_kernel_metadata, write_tiny_hf
 
 CLANG = shutil.which("clang++-19") or shutil.which("clang++")
@@ -426,14 +426,7 @@ def test_q6_k_output_compiles_for_gpus_and_cpu(tmp_path):
 def test_gate_and_up_in_different_types_compile_for_gpus(tmp_path):
     """ffn_gate Q4_K beside ffn_up Q5_0: two GEMVs (and prefill GEMMs) and the glu kernel
     between them and the down projection, in every step (tests/gpu runs it)."""
-    types = {"ffn_gate": "q4_k", "ffn_up": "q5_0"}
-    model = write_numpy_gguf(
-        tmp_path / "m.gguf",
-        hidden=256,
-        ffn=512,
-        types=lambda n: next((t for k, t in types.items() if k in n), "q8_0"),
-    )
-    art = compiled(tmp_path, model, ("sm_90", "gfx942"))
+    art = compiled(tmp_path, write_mixed_glu_gguf(tmp_path / "m.gguf"), ("sm_90", "gfx942"))
     plan = json.loads((art / "plan.json").read_text())
     for target in ("sm_90", "gfx942"):
         for step, launches in plan["targets"][target]["steps"].items():

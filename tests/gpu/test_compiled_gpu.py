@@ -21,7 +21,13 @@ from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
-from gguf_writer import iq4_nl_blocks, iq4_xs_blocks, write_numpy_gguf, write_q6k_head_gguf
+from gguf_writer import (
+    iq4_nl_blocks,
+    iq4_xs_blocks,
+    write_mixed_glu_gguf,
+    write_numpy_gguf,
+    write_q6k_head_gguf,
+)
 from support import TINY_FAMILIES, greedy, rel_err, write_tiny_hf
 
 pytestmark = pytest.mark.gpu
@@ -96,14 +102,7 @@ def test_iq4_on_gpu(wtype, tmp_path, monkeypatch):
 def test_gate_and_up_in_different_types_on_gpu(tmp_path):
     """ffn_gate Q4_K beside ffn_up Q5_0: two GEMVs and the glu kernel (compiler/kernels/glu.py)
     where one GLU epilogue cannot read both."""
-    types = {"ffn_gate": "q4_k", "ffn_up": "q5_0"}
-    path = write_numpy_gguf(
-        tmp_path / "m.gguf",
-        hidden=256,
-        ffn=512,
-        types=lambda n: next((t for k, t in types.items() if k in n), "q8_0"),
-    )
-    check(path, tmp_path, kv_storage="float32")
+    check(write_mixed_glu_gguf(tmp_path / "m.gguf"), tmp_path, kv_storage="float32")
 
 
 def test_quantized_q6_k_output_on_gpu(tmp_path):
