@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from hipc.base.errors import HipcError
 from hipc.compiler.ir import QUANT_BLOCKS, QUANT_DTYPES, Graph, StackedWeight, WeightRef
-from hipc.graphs.names import NAME_TABLES
+from hipc.graphs.names import FAMILY_NAME_TABLES, NAME_TABLES
 
 # recipe -> the type of every matrix no rule below picks for
 BASE = {
@@ -56,6 +56,10 @@ RULES = (
     # smaller than q and 5 bits cost almost nothing (llama.cpp's LLM_TYPE_70B rule,
     # which lifts only 3- and 4-bit types).
     (("q4_k_m", "q4_k"), ("v",), "80 layers with GQA", "q5_k", "80-layer GQA model"),
+    # a fused q/k/v (GGUF's attn_qkv: Qwen3.5's linear-attention in_proj_qkv) is one step
+    # up in the *_M mixes: llama.cpp's ATTENTION_QKV rule
+    (("q4_k_m",), ("ssm_qkv",), "always", "q5_k", "fused q/k/v"),
+    (("q5_k_m",), ("ssm_qkv",), "always", "q6_k", "fused q/k/v"),
 )
 # roles llama-quantize never quantizes: the routers (and Qwen2-MoE's shared-expert gate,
 # a 1-D tensor in its GGUF files)
@@ -137,6 +141,7 @@ def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
             "more-bits layer": layer is not None and use_more_bits(layer, n_layers),
             "80 layers with GQA": big_gqa,
             "8 experts": experts == {8},
+            "always": True,
         }
         dtype, why = BASE[recipe], "base type"
         for recipes, roles_, on, rule_type, rule_why in RULES:
@@ -173,7 +178,10 @@ def _role(ref: WeightRef) -> tuple[str | None, int | None]:
     """(role, layer) of a source tensor, by its file format's name table."""
     patterns = _PATTERNS.get(ref.format)
     if patterns is None:
-        # a role may list alternative names; {e} (an expert's index) is not captured
+        # every family's table (the hybrids' attn_qkv ...): a matrix's name means one role in
+        # all of them; a role may list alternative names; {e} (an expert's index) is not
+        # captured
+        tables = [NAME_TABLES, *FAMILY_NAME_TABLES.values()]
         patterns = _PATTERNS[ref.format] = [
             (
                 re.compile(
@@ -184,7 +192,8 @@ def _role(ref: WeightRef) -> tuple[str | None, int | None]:
                 ),
                 role,
             )
-            for role, names in NAME_TABLES.get(ref.format, {}).items()
+            for table in tables
+            for role, names in table.get(ref.format, {}).items()
             for t in (names if isinstance(names, tuple) else (names,))
         ]
     for pattern, role in patterns:

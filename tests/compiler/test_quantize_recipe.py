@@ -15,7 +15,7 @@ import pytest
 from hipc.base.errors import HipcError
 from hipc.compiler.ir import Graph, StackedWeight, TensorType, WeightRef
 from hipc.compiler.quant_recipes import RECIPES, choose_types, use_more_bits
-from hipc.graphs.names import NAME_TABLES
+from hipc.graphs.names import FAMILY_NAME_TABLES, NAME_TABLES
 
 
 def shaped_graph(fmt, layers, hidden, ffn, vocab, q_rows, kv_rows, tied, dtype="bfloat16"):
@@ -128,6 +128,22 @@ def test_rows_not_whole_blocks_stay_float():
 def test_already_quantized_weights_are_refused():
     with pytest.raises(HipcError, match="already q4_0; --quant needs float weights"):
         choose_types(shaped_graph("gguf", 2, 64, 96, 100, 64, 32, False, dtype="q4_0"), "q8_0")
+
+
+@pytest.mark.parametrize(("fmt", "recipe", "want"), [
+    ("gguf", "q4_k_m", "q5_k"), ("safetensors", "q4_k_m", "q5_k"), ("gguf", "q5_k_m", "q6_k"),
+    ("gguf", "q4_k", "q4_k"),
+])  # fmt: skip
+def test_a_fused_qkv_gets_a_step_up_in_the_mixes(fmt, recipe, want):
+    """llama-quantize's ATTENTION_QKV rule: a fused attn_qkv (Qwen3.5's linear-attention
+    in_proj_qkv) is Q5_K under Q4_K_M and Q6_K under Q5_K_M; the plain types leave it be."""
+    g = shaped_graph(fmt, 2, 256, 512, 1000, 256, 128, False)
+    name = FAMILY_NAME_TABLES["qwen3_5"][fmt]["ssm_qkv"]
+    name = (name if isinstance(name, str) else name[0]).format(i=0)
+    ref = WeightRef("/nonexistent", name, "bfloat16", (768, 256), fmt)
+    g.add_initializer(name, ref, TensorType("bfloat16", ref.shape))
+    choice = choose_types(g, recipe)[name]
+    assert (choice.role, choice.dtype) == ("ssm_qkv", want)
 
 
 def test_unknown_recipe():
