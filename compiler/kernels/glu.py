@@ -24,6 +24,7 @@ from hipc.compiler.kernels.base import (
     SelectedKernel,
     Signature,
 )
+from hipc.compiler.kernels.linear import GLU_ACTIVATIONS, glu_activation
 
 if TYPE_CHECKING:
     from hipc.compiler.codegen.bindings import Binder
@@ -46,17 +47,9 @@ GPU = Signature.parse(
 )
 
 
-def activation(node: Node) -> str | None:
-    if node.op == "hipc::SiLU":
-        return "silu"
-    if node.op == "Gelu" and node.attrs.get("approximate") == "tanh":
-        return "gelu_tanh"
-    return None
-
-
 class Glu(KernelKind):
     name = "glu"
-    anchors = frozenset({"hipc::SiLU", "Gelu"})
+    anchors = frozenset(GLU_ACTIVATIONS)
     roles = frozenset({"epilogue:mul"})
     cpu_signature = CPU
 
@@ -66,7 +59,7 @@ class Glu(KernelKind):
             return
         up = next((i for i in mul.inputs if i != n.outputs[0]), None)
         why = None
-        if activation(n) is None:
+        if glu_activation(n) is None:
             why = f"no GLU kernel with {n.op} {dict(n.attrs)}"
         elif up is None or any(
             (src := graph.producer(v)) is None or src.op != "hipc::Linear"
@@ -80,7 +73,7 @@ class Glu(KernelKind):
     def select(self, g: Graph, grp: FusedGroup) -> SelectedKernel:
         n = grp.anchor
         mul = grp.node_with_role("epilogue:mul")
-        act = activation(n)
+        act = glu_activation(n)
         if mul is None or act is None:
             raise FusionError(f"no kernel for a lone {n.op} ({grp.name})")
         up = next(i for i in mul.inputs if i != n.outputs[0])

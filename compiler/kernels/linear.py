@@ -597,12 +597,21 @@ def _sigmoid_gate(mul: Node, y: str, p: Proposals) -> Node | None:
     return sig if len(shape) == 2 and shape[1] == 1 else None
 
 
-def _glu_activation(node: Node, group: str) -> str:
+def glu_activation(node: Node) -> str | None:
+    """The templates' name of a GLU's activation ("silu", "gelu_tanh"), None if they have
+    none for it (also the glu kind's, compiler/kernels/glu.py)."""
     if node.op == "hipc::SiLU":
         return "silu"
     if node.op == "Gelu" and node.attrs.get("approximate") == "tanh":
         return "gelu_tanh"
-    raise FusionError(f"no GLU epilogue with {node.op} {dict(node.attrs)} ({group})")
+    return None
+
+
+def _glu_activation(node: Node, group: str) -> str:
+    act = glu_activation(node)
+    if act is None:
+        raise FusionError(f"no GLU epilogue with {node.op} {dict(node.attrs)} ({group})")
+    return act
 
 
 KIND = Linear()

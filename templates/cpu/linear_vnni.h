@@ -175,7 +175,7 @@ inline void prefetch_range(const uint8_t* p, size_t bytes) {
 struct WGroup {
   __m512i w[8];
   __m512 dw;
-  __m512 mw;  // only used by Q4_1
+  __m512 mw;  // read only where Q::kMin (Q4_1, Q5_1)
 };
 // A group of rows past N: read as zero weights.
 inline void clear(WGroup& z) {
@@ -396,7 +396,7 @@ inline void q5_rows(const uint8_t* qh, const uint8_t* qs, __m512i ridx, __mmask1
 #if defined(__AVX512VBMI__) && defined(__AVX512BITALG__)
 #define HIPC_Q5_TRANSPOSED 1
 template <int V>
-inline void q5_prep(const uint8_t* g, int nrem, WGroup& out, __m512i& sc) {
+inline void q5_prep(const uint8_t* g, int nrem, WGroup& out) {
   constexpr int B = V ? 24 : 22;
   __m512i r[6];
   for (int k = 0; k < 6; ++k) r[k] = _mm512_maskz_loadu_epi8(mask64(B * nrem - 64 * k), g + 64 * k);
@@ -413,7 +413,7 @@ inline void q5_prep(const uint8_t* g, int nrem, WGroup& out, __m512i& sc) {
     const __mmask64 h = _mm512_bitshuffle_epi64_mask(o[4], ld_idx(kPrep.q5_bits[j]));
     out.w[j] = _mm512_mask_add_epi8(out.w[j], h, out.w[j], sixteen);
   }
-  sc = o[5];
+  cvt_dm(o[5], out.dw, out.mw);  // Q5_0's dword is (d, d): mw unread there (kMin false)
 }
 #else
 #define HIPC_Q5_TRANSPOSED 0
@@ -431,12 +431,7 @@ struct KQ5_0 {
   static inline __m512i lo_w(__m512i u) { return u; }
   static inline __m512i pair(const uint8_t* b, bool two) { return q5_pair<22, 2>(b, two); }
 #if HIPC_Q5_TRANSPOSED
-  static inline void prep(const uint8_t* g, int nrem, WGroup& out) {
-    __m512i sc;
-    q5_prep<0>(g, nrem, out, sc);
-    __m512 unused;
-    cvt_dm(sc, out.dw, unused);
-  }
+  static inline void prep(const uint8_t* g, int nrem, WGroup& out) { q5_prep<0>(g, nrem, out); }
 #endif
   static inline void prep_rows(const uint8_t* p, __m512i ridx, __mmask16 k, WGroup& out) {
     q5_rows(p + 2, p + 6, ridx, k, out);
@@ -463,11 +458,7 @@ struct KQ5_1 {
   static inline __m512i lo_w(__m512i u) { return u; }
   static inline __m512i pair(const uint8_t* b, bool two) { return q5_pair<24, 4>(b, two); }
 #if HIPC_Q5_TRANSPOSED
-  static inline void prep(const uint8_t* g, int nrem, WGroup& out) {
-    __m512i sc;
-    q5_prep<1>(g, nrem, out, sc);
-    cvt_dm(sc, out.dw, out.mw);
-  }
+  static inline void prep(const uint8_t* g, int nrem, WGroup& out) { q5_prep<1>(g, nrem, out); }
 #endif
   static inline void prep_rows(const uint8_t* p, __m512i ridx, __mmask16 k, WGroup& out) {
     q5_rows(p + 4, p + 8, ridx, k, out);
