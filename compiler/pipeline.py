@@ -38,10 +38,12 @@ from hipc.compiler.onnx_export import export_onnx, onnx_available
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.fuse import Fusion, fuse
+from hipc.compiler.passes.lanes import lanes_available, lanes_weights, lay_out_lanes
 from hipc.compiler.passes.memory import MemoryPlan, plan_memory
 from hipc.compiler.passes.quantize import quantize_weights
 from hipc.compiler.passes.repack import (
     SPLIT_BLOCKS,
+    lane_quant_blocks,
     merge_parallel_linears,
     split_quant_blocks,
     split_residual_sums,
@@ -49,6 +51,7 @@ from hipc.compiler.passes.repack import (
 from hipc.compiler.passes.select import SelectedKernel, select_kernels, weight_order
 from hipc.compiler.source.reader import WeightReader
 from hipc.compiler.targets import Program, Target, target
+from hipc.compiler.toolchains.cpu import cpu_flags
 from hipc.graphs import Model, build_graph, load_model
 
 
@@ -243,6 +246,9 @@ def _plan_memory(c: Compilation) -> None:
 
 def _select(c: Compilation) -> None:
     c.kernels = select_kernels(c.fusion)
+    if lanes_available(c.options.targets, cpu_flags()):
+        dtypes = {name: c.graph.values[name].dtype for name in weight_order(c.kernels)}
+        c.kernels = lay_out_lanes(c.kernels, dtypes)
 
 
 def _render(t: Target) -> Callable[[Compilation], None]:
@@ -298,10 +304,14 @@ def _state_kind(t) -> str:
 def _launch_plan(c: Compilation) -> None:
     graph = c.graph
     # in their storage form: the plan records the shapes the runtime will map
-    layout = c.options.quant_layout
+    lanes = lanes_weights(c.kernels)
+    layouts = {
+        name: "lanes" if name in lanes else c.options.quant_layout
+        for name in weight_order(c.kernels)
+    }
     c.weights = [
         _lazy_weight(name, graph.initializers[name], c.reader, layout)
-        for name in weight_order(c.kernels)
+        for name, layout in layouts.items()
     ]
     c.plan = {
         "format": LAUNCH_PLAN_FORMAT,
@@ -315,7 +325,7 @@ def _launch_plan(c: Compilation) -> None:
                 "dtype": graph.values[w.name].dtype,
                 "shape": list(graph.values[w.name].shape),
                 "stored_shape": list(w.shape),
-                **_layout_record(graph.values[w.name].dtype, layout),
+                **_layout_record(graph.values[w.name].dtype, layouts[w.name]),
             }
             for w in c.weights
         ],
@@ -423,7 +433,8 @@ def _optional_tokenizer(model: Model):
 
 def _lazy_weight(name: str, init, reader: WeightReader, quant_layout: str) -> LazyTensor:
     """A weight for weights.safetensors in its storage form (quantized blocks as uint8 rows,
-    split into quants and scales when `quant_layout` is "split")."""
+    split into quants and scales when `quant_layout` is "split", in 16-row lanes when
+    "lanes")."""
     if isinstance(init, Constant):
         arr = np.ascontiguousarray(init.array, dtype=np.float32)
         return LazyTensor(name, arr.dtype, arr.shape, lambda: arr)
@@ -446,6 +457,11 @@ def _lazy_weight(name: str, init, reader: WeightReader, quant_layout: str) -> La
         return LazyTensor(
             name, parts[0].dtype, shape, lambda: split_quant_blocks(reader.stored(init), init.dtype)
         )
+    if quant_layout == "lanes":
+        padded = (-(-shape[0] // 16) * 16, *shape[1:])  # whole groups of 16 rows
+        return LazyTensor(
+            name, parts[0].dtype, padded, lambda: lane_quant_blocks(reader.stored(init), init.dtype)
+        )
     return LazyTensor(name, parts[0].dtype, shape, lambda: reader.stored(init))
 
 
@@ -453,7 +469,7 @@ def _layout_record(dtype: str, quant_layout: str) -> dict:
     """plan.json's note of how a quantized weight's blocks are stored."""
     if dtype not in SPLIT_BLOCKS:
         return {}
-    return {"layout": "split" if quant_layout == "split" else "gguf"}
+    return {"layout": quant_layout if quant_layout in ("split", "lanes") else "gguf"}
 
 
 def _model_record(model: Model) -> dict:

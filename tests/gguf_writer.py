@@ -282,10 +282,12 @@ def write_numpy_gguf(
     ffn: int = 96,
     types: Callable[[str], str] | None = None,
     context: int = 64,
+    tied: bool = False,
 ) -> Path:
     """A tiny random llama-architecture GGUF written with numpy alone (no transformers).
 
     hidden 64 / ffn 96 so every row is whole 32-element blocks; norms stay float32.
+    `tied`: no output.weight, so the logits multiply token_embd (as SmolLM2's file).
     `types` (tensor name -> hipc dtype, e.g. "q4_k") picks a type per matrix, quantized by
     hipc.compiler.quantize (K-quants need hidden and ffn multiples of 256); else every
     matrix is `qtype`, quantized by gguf-py.
@@ -318,7 +320,8 @@ def write_numpy_gguf(
 
     mat("token_embd.weight", V, H)
     vec("output_norm.weight", H)
-    mat("output.weight", V, H)
+    if not tied:
+        mat("output.weight", V, H)
     for i in range(L):
         vec(f"blk.{i}.attn_norm.weight", H)
         vec(f"blk.{i}.ffn_norm.weight", H)

@@ -32,9 +32,10 @@ class EmbeddingParams(Params):
     K: int  # row width
     V: int  # rows (the vocabulary)
     scale: float = 1.0  # the rows' multiplier (a switch: left out of the name at 1.0)
+    layout: str = "gguf"  # the table's blocks: as in the file, or "lanes" (passes/lanes.py)
 
     def tag(self) -> str:
-        return f"{self.wtype}_{self.K}"
+        return f"{self.wtype}_{self.K}" + ("_lanes" if self.layout == "lanes" else "")
 
 
 CPU = Signature.parse("int T, const int64_t* ids, const void* w, float* out")
@@ -71,7 +72,7 @@ class Embedding(KernelKind):
         return SelectedKernel(grp.name, grp.node_names, self, params, refs)
 
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
-        ws = weight_suffix(k, "CPU")
+        ws = ("lanes_" if k.params.layout == "lanes" else "") + weight_suffix(k, "CPU")
         return "cpu/embedding.cpp.j2", dict(wsuffix=ws, mm=ws, params=CPU.render(0))
 
     def cpu_call(self, k: SelectedKernel, b: Binder) -> dict[str, Any]:

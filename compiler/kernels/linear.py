@@ -58,10 +58,12 @@ class LinearParams(Params):
     post_norm_eps: float = 0.0  # RMSNorm of the row before the residual add; 0.0: none
     softcap: float = 0.0  # y = cap * tanh(y / cap); 0.0: none
     gated: bool = False  # residual epilogue scaled per token: res + sigmoid(gate[t]) * row
+    layout: str = "gguf"  # the weight's blocks: as in the file, or "lanes" (passes/lanes.py)
 
     def tag(self) -> str:
         return (
             f"{self.wtype}_{self.N}x{self.K}_{self.epilogue}"
+            + ("_lanes" if self.layout == "lanes" else "")
             + ("_rms" if self.norm_eps else "")
             + ("_sig" if self.gated else "")
             + ("_gelu" if self.act == "gelu_tanh" else "")
@@ -281,7 +283,8 @@ class Linear(KernelKind):
 
     def cpu_kernel(self, k: SelectedKernel, activations: str) -> tuple[str, dict[str, Any]]:
         ws = weight_suffix(k, "CPU")
-        mm = ("a16_" if activations == "int16" else "") + ws
+        layout = "lanes_" if k.params.layout == "lanes" else ""
+        mm = ("a16_" if activations == "int16" else "") + layout + ws
         params = self.cpu_signature_of(k).render(CPU_INDENT)
         return "cpu/linear.cpp.j2", dict(wsuffix=ws, mm=mm, params=params)
 
@@ -1258,8 +1261,8 @@ QUANT_REGIONS = {
     "q8_0": (32, 2),
     "q5_0": (16, 4, 2),
     "q5_1": (16, 4, 4),
-    "q4_k": (128, 12, 4),
-    "q5_k": (160, 12, 4),
+    "q4_k": (128, 16),
+    "q5_k": (160, 16),
     "q6_k": (192, 16, 2),
     "iq4_nl": (16, 2),
     "iq4_xs": (128, 4, 4),

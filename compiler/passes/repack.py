@@ -199,7 +199,8 @@ def _merged_name(names: list[str]) -> str:
 
 # Quantized types whose blocks GPU kernels read split: each block's fields as (offset,
 # bytes), in the order of the regions they are gathered into. GGUF interleaves them
-# ({d, quants} per 32 weights; Q6_K: {ql, qh, scales, d} per 256).
+# ({d, quants} per 32 weights; Q6_K: {ql, qh, scales, d} per 256). Q4_K and Q5_K keep their
+# 16-byte head {d, dmin, scales} whole: a GEMV lane reads it with one load (prelude: hipc_qmatk).
 SPLIT_BLOCKS = {
     "q4_0": ((2, 16), (0, 2)),
     "q4_1": ((4, 16), (0, 4)),
@@ -207,8 +208,8 @@ SPLIT_BLOCKS = {
     "q6_k": ((0, 192), (192, 16), (208, 2)),
     "q5_0": ((6, 16), (2, 4), (0, 2)),
     "q5_1": ((8, 16), (4, 4), (0, 4)),
-    "q4_k": ((16, 128), (4, 12), (0, 4)),
-    "q5_k": ((16, 160), (4, 12), (0, 4)),
+    "q4_k": ((16, 128), (0, 16)),
+    "q5_k": ((16, 160), (0, 16)),
     "iq4_nl": ((2, 16), (0, 2)),
     "iq4_xs": ((8, 128), (4, 4), (0, 4)),
 }
@@ -221,3 +222,51 @@ def split_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
     blocks = np.ascontiguousarray(stored).reshape(-1, sum(n for _, n in fields))
     out = np.concatenate([blocks[:, o : o + n].reshape(-1) for o, n in fields])
     return out.reshape(stored.shape)
+
+
+# Quantized types the CPU kernels read in row lanes (templates/cpu/linear_lanes.h) where the
+# build machine has AVX512-VNNI: block bytes, the scale field (offset, bytes), the fifth
+# bits' offset (Q5) and the quants (offset, bytes).
+LANE_BLOCKS = {
+    "q5_0": (22, (0, 2), 2, (6, 16)),
+    "q5_1": (24, (0, 4), 4, (8, 16)),
+    "q8_0": (34, (0, 2), None, (2, 32)),
+}
+# a block's 32 elements in the lanes' chunk order (linear_vnni.h chunk_elem: chunk j holds
+# elements 16 * (j & 1) + 4 * (j >> 1) ... + 3)
+_CHUNK_ORDER = [16 * (j & 1) + 4 * (j >> 1) + i for j in range(8) for i in range(4)]
+
+
+def lane_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """GGUF blocks [rows, row bytes] -> the lanes layout (linear_lanes.h): rows in groups of
+    16 (padded with zero blocks to a multiple of 16 rows), lane r = row r; a group's blocks
+    in pairs, each pair its two blocks' quants, then their fifth bits (Q5), then their
+    scales (a last odd block alone). Same bytes a row; one sequential stream a group."""
+    size, (so, sn), qh, (qo, qn) = LANE_BLOCKS[dtype]
+    rows, rb = stored.shape
+    nb, groups = rb // size, -(-rows // 16)
+    blocks = np.zeros((groups * 16, nb, size), np.uint8)
+    blocks[:rows] = np.ascontiguousarray(stored).reshape(rows, nb, size)
+    blocks = blocks.reshape(groups, 16, nb, size)
+
+    def lanes(a: np.ndarray, chunk: int) -> np.ndarray:
+        """[G, 16 rows, nb, bytes] -> [G, nb, bytes / chunk * 16 rows * chunk]: lane = row"""
+        g, r, n, b = a.shape
+        return a.reshape(g, r, n, b // chunk, chunk).transpose(0, 2, 3, 1, 4).reshape(g, n, -1)
+
+    qs = blocks[..., qo : qo + qn]
+    regions = []
+    if qh is None:  # Q8_0: the signed bytes as u = q + 128, in chunk order
+        regions.append(lanes(qs[..., _CHUNK_ORDER] ^ 0x80, 4))
+    else:
+        regions.append(lanes(qs, 4))  # dword c: elements 4c.. (low nibbles), 16 + 4c.. (high)
+        bits = np.unpackbits(blocks[..., qh : qh + 4], axis=-1, bitorder="little")
+        # qword j, bit 4r + i: row r's element _CHUNK_ORDER[4j + i]
+        sel = lanes(bits[..., _CHUNK_ORDER], 4).reshape(groups, nb, 8, 64)
+        regions.append(np.packbits(sel, axis=-1, bitorder="little").reshape(groups, nb, 64))
+    regions.append(lanes(blocks[..., so : so + sn], sn))
+    pairs = [
+        np.concatenate([r[:, b : b + 2].reshape(groups, -1) for r in regions], axis=1)
+        for b in range(0, nb, 2)
+    ]
+    return np.concatenate(pairs, axis=1).reshape(groups * 16, rb)

@@ -92,6 +92,7 @@
 #include "linear_a16.h"
 #include "linear_vnni_k.h"
 #include "linear_kquant.h"
+#include "linear_lanes.h"
 
 #pragma GCC visibility pop
 

@@ -55,6 +55,8 @@ GGML_TYPE = {
 
 # Q5_0, Q5_1 and the K-quants: tested on random blocks below (test_kquant_*)
 KTYPES = ["q5_0", "q5_1", "iq4_nl", "iq4_xs", "q4_k", "q5_k", "q6_k"]
+# the types the compiler may store in row lanes (test_lanes_*)
+LTYPES = ["q5_0", "q5_1", "q8_0"]
 
 # name -> (extra g++ flags, /proc/cpuinfo flags the host needs to run it)
 VARIANTS = {
@@ -102,6 +104,14 @@ HIPC_WRAP16(q4_0) HIPC_WRAP16(q4_1) HIPC_WRAP16(q8_0)
     hipc::matmul_a16_##w(x, T, K, W, N, y, ldy);                                                \
   }
 HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(iq4_nl) HIPC_WRAPK(iq4_xs) HIPC_WRAPK(q4_k) HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
+// the row-lanes layout (linear_lanes.h): AVX512 builds only
+#if defined(HIPC_ISA_AVX512)
+int t_has_lanes() { return 1; }
+#define HIPC_WRAPL(w) HIPC_WRAPK(lanes_##w)
+HIPC_WRAPL(q5_0) HIPC_WRAPL(q5_1) HIPC_WRAPL(q8_0)
+#else
+int t_has_lanes() { return 0; }
+#endif
 // positions lo..hi fed in ranges of `chunk` (a paged KV cache's blocks)
 void t_attend_row64(const float* q, const float* K, const float* V, long long stride, int lo, int hi, float scale,
                     float softcap, int chunk, float* out) {
@@ -193,6 +203,12 @@ def _load(path: Path) -> ctypes.CDLL:
             getattr(lib, f"t_matmul_{kind}{w}").restype = None
         getattr(lib, f"t_embed_row_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
         getattr(lib, f"t_embed_row_{w}").restype = None
+    lib.t_has_lanes.restype = Int
+    if lib.t_has_lanes():
+        for w in LTYPES:
+            for kind in ("", "a16_"):
+                getattr(lib, f"t_matmul_{kind}lanes_{w}").argtypes = [P, Int, Int, P, Int, P, Int]
+            getattr(lib, f"t_embed_row_lanes_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
     F = ctypes.c_float
     lib.t_attend_row64.argtypes = [P, P, P, ctypes.c_longlong, Int, Int, F, F, Int, P]
     lib.t_attend_row64.restype = None
@@ -665,6 +681,7 @@ def test_matmul_a16_integer_sums_exact(libs, variant, wtype):
 # layout so the reference can apply them to x's exact sum, as the kernels do.
 
 KBLOCK = {
+    "q8_0": (32, 34),
     "q5_0": (32, 22),
     "q5_1": (32, 24),
     "iq4_nl": (32, 18),
@@ -709,7 +726,7 @@ def _koffsets(wtype: str, blocks: np.ndarray, N: int, K: int) -> np.ndarray:
     """Per 32-unit offset m of w = (integer part) + m, [N, K/32] f64 (0 for Q5_0/Q6_K)."""
     nbytes = KBLOCK[wtype][1]
     b = blocks.reshape(-1, nbytes)
-    if wtype in ("q5_0", "iq4_nl", "iq4_xs", "q6_k"):
+    if wtype in ("q8_0", "q5_0", "iq4_nl", "iq4_xs", "q6_k"):
         return np.zeros((N, K // 32))
     if wtype == "q5_1":
         return b[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(N, K // 32)
@@ -805,4 +822,62 @@ def test_kquant_embed_row(libs, variant, wtype):
     for row in (0, 4, N - 1):
         out = np.full(K, np.nan, np.float32)
         getattr(lib, f"t_embed_row_{wtype}")(blocks.ctypes.data, K, row, out.ctypes.data)
+        np.testing.assert_allclose(out, wd[row], rtol=2e-7, atol=0)
+
+
+def _lanes_lib(libs, variant):
+    lib = _get(libs, variant)
+    if not lib.t_has_lanes():
+        pytest.skip(f"{variant}: no AVX512-VNNI, no row-lanes kernels")
+    return lib
+
+
+# nb = K / 32 of 1, 3 (a last block without a pair), 18 (SmolLM2's rows), 25; row counts
+# around the 16-row groups
+LANE_SHAPES = [(T, K, N) for T in (1, 3, 9) for K in (32, 96, 576, 800) for N in (1, 16, 17, 40)]
+
+
+@pytest.mark.parametrize("extreme", [False, True])
+@pytest.mark.parametrize("wtype", LTYPES)
+@pytest.mark.parametrize("variant", ["native", "avx512-novbmi"])
+def test_lanes_matmul(libs, variant, wtype, extreme):
+    """The row-lanes kernels on lane_quant_blocks' layout against the integer math on gguf-py's
+    dequantized blocks: the decode GEMV's balanced int16 split (|q| <= 32639), the slab GEMM's
+    quantize_act16 (32767) for T > 1, int8 (127) for both."""
+    from hipc.compiler.passes.repack import lane_quant_blocks
+
+    lib = _lanes_lib(libs, variant)
+    rng = np.random.default_rng(11)
+    shapes = LANE_SHAPES if variant == "native" else LANE_SHAPES[::4]
+    for T, K, N in shapes:
+        blocks = _kblocks(wtype, N, K, seed=T * 1000 + K + N, extreme=extreme)
+        lanes = np.ascontiguousarray(lane_quant_blocks(blocks, wtype))
+        assert lanes.shape == (-(-N // 16) * 16, blocks.shape[1])
+        x = rng.standard_normal((T, K), dtype=np.float32) * np.float32(3)
+        x[0, 32:64] = 0.0  # an all-zero activation block (none where K is one block)
+        for kind, qmax, tol in (("a16_", 32639.0 if T == 1 else 32767.0, 2e-6), ("", 127.0, 1e-5)):
+            exact, ref, floor = _kref(wtype, x, blocks, N, K, qmax)
+            y = _run_matmul(lib, f"{kind}lanes_{wtype}", x, lanes, N, N + 2).astype(np.float64)
+            where = f"{kind}lanes_{wtype} T={T} K={K} N={N} extreme={extreme}"
+            assert np.isfinite(y).all(), where
+            err = _rel(y, exact, floor)
+            assert err <= tol, f"{where}: vs its integer math {err:.3g}"
+            if not extreme:
+                err = _rel(y, ref, floor)
+                assert err <= (1e-4 if kind else 5e-2), f"{where}: vs f32 ref {err:.3g}"
+
+
+@pytest.mark.parametrize("wtype", LTYPES)
+def test_lanes_embed_row(libs, wtype):
+    from hipc.compiler.passes.repack import lane_quant_blocks
+
+    lib = _lanes_lib(libs, "native")
+    N, K = 40, 96
+    blocks = _kblocks(wtype, N, K, seed=6, extreme=True)
+    lanes = np.ascontiguousarray(lane_quant_blocks(blocks, wtype))
+    qt = getattr(gguf.GGMLQuantizationType, wtype.upper())
+    wd = quants.dequantize(blocks, qt).reshape(N, K)
+    for row in (0, 5, 15, 16, 33, N - 1):
+        out = np.full(K, np.nan, np.float32)
+        getattr(lib, f"t_embed_row_lanes_{wtype}")(lanes.ctypes.data, K, row, out.ctypes.data)
         np.testing.assert_allclose(out, wd[row], rtol=2e-7, atol=0)

@@ -1,0 +1,199 @@
+"""The CPU quantized GEMVs on the file's blocks against the same weights in row lanes.
+
+Run:  python docs/benchmarks/bench_cpu_lanes.py [--threads 1] [--types q5_0,q8_0]
+
+Compiles a shim around templates/cpu/hipc_cpu.h (`g++ -O3 -march=native -fopenmp`), writes
+random blocks of each type at SmolLM2-135M's shapes (and the 8B's down-projection width),
+repacks them with the compiler's lane_quant_blocks, checks both kernels against float64
+NumPy on gguf-py's dequantization, then times decode (T = 1) "cold": each call reads another
+copy of the matrix (>= 256 MB in all), as decode streams a model that does not fit the
+caches, next to the core's plain read rate from the same buffers. Needs AVX512-VNNI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO.parent))
+
+SHIM = r"""
+#include "hipc_cpu.h"
+#include <chrono>
+typedef void (*mm_fn)(const float*, int, int, const void*, int, float*, int);
+static mm_fn pick(int i) {
+  static const mm_fn fns[] = {
+    hipc::matmul_a16_q5_0, hipc::matmul_a16_lanes_q5_0, hipc::matmul_q5_0, hipc::matmul_lanes_q5_0,
+    hipc::matmul_a16_q5_1, hipc::matmul_a16_lanes_q5_1, hipc::matmul_q5_1, hipc::matmul_lanes_q5_1,
+    hipc::matmul_a16_q8_0, hipc::matmul_a16_lanes_q8_0, hipc::matmul_q8_0, hipc::matmul_lanes_q8_0,
+  };
+  return fns[i];
+}
+static double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+extern "C" {
+const char* hb_isa() { return hipc::cpu_isa(); }
+void hb_call(int f, const float* x, int T, int K, const void* W, int N, float* y) { pick(f)(x, T, K, W, N, y, N); }
+// seconds per call, cycling through `copies` matrices `stride` bytes apart
+double hb_time(int f, const float* x, int T, int K, const unsigned char* W, long stride, int copies, int N,
+               float* y, int calls) {
+  for (int i = 0; i < copies; ++i) pick(f)(x, T, K, W + (long)i * stride, N, y, N);
+  const double t0 = now();
+  for (int i = 0; i < calls; ++i) pick(f)(x, T, K, W + (long)(i % copies) * stride, N, y, N);
+  return (now() - t0) / calls;
+}
+// bytes per second of a plain 64-byte-load sweep over n bytes
+double hb_read(const unsigned char* p, long n, int reps) {
+  __m512i acc = _mm512_setzero_si512();
+  const double t0 = now();
+  for (int r = 0; r < reps; ++r)
+    for (long o = 0; o < n; o += 256) {
+      acc = _mm512_xor_si512(acc, _mm512_loadu_si512(p + o));
+      acc = _mm512_xor_si512(acc, _mm512_loadu_si512(p + o + 64));
+      acc = _mm512_xor_si512(acc, _mm512_loadu_si512(p + o + 128));
+      acc = _mm512_xor_si512(acc, _mm512_loadu_si512(p + o + 192));
+    }
+  const double dt = now() - t0;
+  volatile int sink = _mm512_reduce_add_epi32(acc);
+  (void)sink;
+  return (double)n * reps / dt;
+}
+}
+"""
+
+TYPES = {"q5_0": 0, "q5_1": 4, "q8_0": 8}
+BLOCK = {"q5_0": 22, "q5_1": 24, "q8_0": 34}
+# SmolLM2-135M: q/o (576 x 576), k/v (192), gate+up merged (3072), the tied LM head, and an
+# 8B-wide row for contrast
+SHAPES = [(576, 576), (192, 576), (3072, 576), (576, 1536), (49152, 576), (1024, 4096)]
+
+
+def build(workdir: Path) -> ctypes.CDLL:
+    src = workdir / "shim.cpp"
+    src.write_text(SHIM)
+    lib = workdir / "shim.so"
+    subprocess.run(
+        ["g++", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+         f"-I{REPO / 'templates' / 'cpu'}", str(src), "-o", str(lib)],
+        check=True,
+    )  # fmt: skip
+    so = ctypes.CDLL(str(lib))
+    so.hb_isa.restype = ctypes.c_char_p
+    so.hb_time.restype = ctypes.c_double
+    so.hb_read.restype = ctypes.c_double
+    i, vp, lg = ctypes.c_int, ctypes.c_void_p, ctypes.c_long
+    so.hb_call.argtypes = [i, vp, i, i, vp, i, vp]
+    so.hb_time.argtypes = [i, vp, i, i, vp, lg, i, i, vp, i]
+    so.hb_read.argtypes = [vp, lg, i]
+    return so
+
+
+def random_blocks(wtype: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Random quants, scales of either sign over three decades."""
+    from gguf import GGMLQuantizationType, quants
+
+    nb = k // 32
+    raw = rng.integers(0, 256, (rows, nb, BLOCK[wtype]), dtype=np.uint8)
+    d = (rng.choice([-1, 1], (rows, nb)) * 10 ** rng.uniform(-4, -1, (rows, nb))).astype(np.float16)
+    raw[..., 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
+    if wtype == "q5_1":
+        m = (rng.standard_normal((rows, nb)) * 1e-2).astype(np.float16)
+        raw[..., 2:4] = m.view(np.uint8).reshape(rows, nb, 2)
+    raw = raw.reshape(rows, -1)
+    qt = getattr(GGMLQuantizationType, wtype.upper())
+    return raw, quants.dequantize(raw, qt).astype(np.float64)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--types", default="q5_0,q8_0")
+    ap.add_argument("--calls", type=int, default=400)
+    args = ap.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    from hipc.compiler.passes.repack import lane_quant_blocks
+
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        so = build(Path(tmp))
+        print(f"isa {so.hb_isa().decode()}, {args.threads} thread(s)")
+        buf = np.zeros(256 << 20, np.uint8)
+        buf[:] = 1
+        read = max(so.hb_read(buf.ctypes.data, buf.nbytes, 2) for _ in range(3))
+        print(f"plain read from 256 MB: {read / 1e9:.1f} GB/s")
+        rows = []
+        for wtype in args.types.split(","):
+            f0 = TYPES[wtype]
+            for n, k in SHAPES:
+                raw, w = random_blocks(wtype, n, k, rng)
+                lanes = lane_quant_blocks(raw, wtype)
+                x = rng.standard_normal(k).astype(np.float32)
+                ref = w @ x.astype(np.float64)
+                scale = np.abs(ref).max()
+                errs = []
+                for f, mat in ((f0, raw), (f0 + 1, lanes), (f0 + 2, raw), (f0 + 3, lanes)):
+                    y = np.zeros(n, np.float32)
+                    so.hb_call(
+                        f,
+                        x.ctypes.data,
+                        1,
+                        k,
+                        np.ascontiguousarray(mat).ctypes.data,
+                        n,
+                        y.ctypes.data,
+                    )
+                    errs.append(np.abs(y - ref).max() / scale)
+                times = []
+                for f, mat in ((f0, raw), (f0 + 1, lanes)):
+                    nbytes = mat.nbytes
+                    copies = max(2, (256 << 20) // nbytes)
+                    big = np.empty((copies, nbytes), np.uint8)
+                    big[:] = np.ascontiguousarray(mat).reshape(-1)
+                    y = np.zeros(n, np.float32)
+                    calls = max(args.calls, copies)
+                    t = min(
+                        so.hb_time(
+                            f,
+                            x.ctypes.data,
+                            1,
+                            k,
+                            big.ctypes.data,
+                            nbytes,
+                            copies,
+                            n,
+                            y.ctypes.data,
+                            calls,
+                        )
+                        for _ in range(3)
+                    )
+                    times.append((t, raw.nbytes / t / 1e9))
+                    del big
+                rows.append((wtype, n, k, raw.nbytes / 1e6, times, errs))
+                print(
+                    f"{wtype} {n}x{k}: file {times[0][0] * 1e6:.1f} us, lanes {times[1][0] * 1e6:.1f} us",
+                    flush=True,
+                )
+        print()
+        print(
+            "| type | N x K | MB | file blocks us (GB/s) | lanes us (GB/s) | speedup | max err a16 file / lanes / a8 file / lanes |"
+        )
+        print("|---|---|---:|---:|---:|---:|---|")
+        for wtype, n, k, mb, times, errs in rows:
+            (tf, bf), (tl, bl) = times
+            print(
+                f"| {wtype} | {n} x {k} | {mb:.2f} | {tf * 1e6:.1f} ({bf:.1f}) | {tl * 1e6:.1f} ({bl:.1f}) "
+                f"| {tf / tl:.2f}x | {' / '.join(f'{e:.1e}' for e in errs)} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

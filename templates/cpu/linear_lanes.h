@@ -1,0 +1,281 @@
+// linear_lanes.h -- quantized matmuls on weights the compiler stored in row lanes.
+//
+// The "lanes" layout (compiler/passes/repack.py, lane_quant_blocks) keeps every byte of
+// the GGUF blocks but orders them for AVX512 lanes = output rows: rows in groups of 16
+// (the last group padded with zero rows), and per group, for its nb blocks along K:
+//   quants  nb x [Q5: 4, Q8_0: 8] x 16 dwords   dword r of vector c: row r's quant dword c
+//   fifth   nb x 8 qwords (Q5 only)             bit 4r + i of qword j: the fifth bit of
+//                                               row r's element chunk_elem(j) + i
+//   scales  nb x 16 f16 d (Q5_1: d, m pairs)    lane r: row r's block scale
+// so a block of 16 rows unpacks with no gathers or permutes (Q5: a nibble split and one
+// masked add per chunk; Q8_0: nothing), and the GEMV needs no horizontal sums: lane r
+// accumulates y[r] directly. Against the file's blocks (linear_vnni.h, whose transposed
+// groups cost ~20 byte permutes and a horizontal sum per row) this is the shape of short
+// rows: SmolLM2's 576-wide Q5_0 rows are 18 blocks, one transposed group and a 2-block tail.
+//
+// The GEMV (T == 1) takes int16 activations as a balanced split q = 256 * hi + lo with
+// both hi and lo signed bytes (|q| <= 32639), so both planes are vpdpbusd's signed,
+// broadcast memory operand against the unsigned weight bytes u = w + off:
+//     I = 256 * sum(u * hi) + sum(u * lo) - off * sum(q)        (exact in int32)
+// Batches and prefill (T > 1) unpack each block of 16 rows once into a slab and run the
+// row-lane GEMM of linear_vnni.h (rl_rows) over every token.
+#pragma once
+
+namespace hipc {
+
+#if defined(HIPC_ISA_AVX512)
+namespace detail {
+
+// Per type: bytes a block of 16 rows takes in each region, and the linear_vnni.h type
+// whose epilogue (offset, min) and activation planes the slab GEMM uses.
+struct LQ5_0 {
+  using Q = KQ5_0;
+  static constexpr int kQuant = 256, kFifth = 64, kScale = 32, kOff = 16;
+};
+struct LQ5_1 {
+  using Q = KQ5_1;
+  static constexpr int kQuant = 256, kFifth = 64, kScale = 64, kOff = 0;
+};
+struct LQ8_0 {
+  using Q = KQ8_0;
+  static constexpr int kQuant = 512, kFifth = 0, kScale = 32, kOff = 128;
+};
+
+// A group's block b: its quants, fifth bits and scales (blocks in pairs, see the top).
+template <class L>
+struct LaneBlock {
+  const uint8_t* q;
+  const uint8_t* h;
+  const uint8_t* s;
+};
+template <class L>
+inline LaneBlock<L> lane_block(const uint8_t* group, int nb, int b) {
+  constexpr int C = L::kQuant + L::kFifth + L::kScale;
+  const int m = std::min(2, nb - (b & ~1)), o = b & 1;
+  const uint8_t* pair = group + (size_t)(b & ~1) * C;
+  return {pair + o * L::kQuant, pair + m * L::kQuant + o * L::kFifth, pair + m * (L::kQuant + L::kFifth) + o * L::kScale};
+}
+template <class L>
+inline const uint8_t* lane_group(const uint8_t* W, int nb, int g) {
+  return W + (size_t)g * nb * (L::kQuant + L::kFifth + L::kScale);
+}
+
+// Block b of a group: w[j] lane r = the 4 unsigned weight bytes of row r at chunk j (the
+// WGroup of linear_vnni.h's row-lane prep), dw / mw its scales.
+template <class L>
+inline void lane_unpack(const LaneBlock<L>& B, WGroup& out) {
+  if constexpr (L::kFifth) {
+    const uint8_t* q = B.q;
+    for (int c = 0; c < 4; ++c) split_nibbles(_mm512_loadu_si512(q + 64 * c), out.w[2 * c], out.w[2 * c + 1]);
+    __mmask64* h = (__mmask64*)B.h;  // _load_mask64 takes no const
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    for (int j = 0; j < 8; ++j) out.w[j] = _mm512_mask_add_epi8(out.w[j], _load_mask64(h + j), out.w[j], sixteen);
+  } else {
+    for (int j = 0; j < 8; ++j) out.w[j] = _mm512_loadu_si512(B.q + 64 * j);
+  }
+  if constexpr (L::Q::kMin) {
+    cvt_dm(_mm512_loadu_si512(B.s), out.dw, out.mw);
+  } else {
+    out.dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.s));
+    out.mw = _mm512_mul_ps(out.dw, _mm512_set1_ps(-(float)L::kOff));
+  }
+}
+
+// int16 activations as the balanced split (see the top); d = max|x| / 32639 per block,
+// isum = sum(q), s = sum(x).
+inline void quantize_lane_row(const float* x, int K, const QAct& a) {
+  int8_t* hr = a.q;
+  int8_t* lr = (int8_t*)a.lo;
+  for (int b = 0; b < K / 32; ++b) {
+    const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 32639.f / amax : 0.f);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
+    const __m512i r = _mm512_set1_epi32(128);
+    const __m512i h0 = _mm512_srai_epi32(_mm512_add_epi32(q0, r), 8);
+    const __m512i h1 = _mm512_srai_epi32(_mm512_add_epi32(q1, r), 8);
+    const __m512i l0 = _mm512_sub_epi32(q0, _mm512_slli_epi32(h0, 8));
+    const __m512i l1 = _mm512_sub_epi32(q1, _mm512_slli_epi32(h1, 8));
+    _mm_storeu_si128((__m128i*)(hr + 32 * b), _mm512_cvtepi32_epi8(h0));
+    _mm_storeu_si128((__m128i*)(hr + 32 * b + 16), _mm512_cvtepi32_epi8(h1));
+    _mm_storeu_si128((__m128i*)(lr + 32 * b), _mm512_cvtepi32_epi8(l0));
+    _mm_storeu_si128((__m128i*)(lr + 32 * b + 16), _mm512_cvtepi32_epi8(l1));
+    a.d[b] = amax / 32639.f;
+    a.isum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    a.s[b] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
+  }
+}
+
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// GEMV of groups g0 .. g0+V-1 (16 rows each) against one token's planes.
+template <class L, int V, int P>
+inline void lane_gemv_tile(const uint8_t* W, int nb, int g0, const QAct& a, float* y, int N) {
+  using Q = typename L::Q;
+  __m512 facc[V];
+  for (int v = 0; v < V; ++v) facc[v] = _mm512_setzero_ps();
+  const uint8_t* G[V];
+  for (int v = 0; v < V; ++v) G[v] = lane_group<L>(W, nb, g0 + v);
+  constexpr int C = L::kQuant + L::kFifth + L::kScale;
+  for (int b = 0; b < nb; ++b) {
+    const int8_t* xh = a.q + 32 * (size_t)b;
+    const int8_t* xl = (const int8_t*)a.lo + 32 * (size_t)b;
+    const __m512 dx = _mm512_set1_ps(a.d[b]);
+    for (int v = 0; v < V; ++v) {
+      prefetch_range(G[v] + (size_t)b * C + HIPC_PREFETCH_BYTES, C);
+      WGroup wg;
+      lane_unpack<L>(lane_block<L>(G[v], nb, b), wg);
+      __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[0], bcast4(xh + chunk_elem(0)));
+      __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[1], bcast4(xh + chunk_elem(1)));
+      for (int j = 2; j < 8; j += 2) {
+        i0 = _mm512_dpbusd_epi32(i0, wg.w[j], bcast4(xh + chunk_elem(j)));
+        i1 = _mm512_dpbusd_epi32(i1, wg.w[j + 1], bcast4(xh + chunk_elem(j + 1)));
+      }
+      if constexpr (P == 2) {
+        i0 = _mm512_slli_epi32(i0, 8);
+        i1 = _mm512_slli_epi32(i1, 8);
+        for (int j = 0; j < 8; j += 2) {
+          i0 = _mm512_dpbusd_epi32(i0, wg.w[j], bcast4(xl + chunk_elem(j)));
+          i1 = _mm512_dpbusd_epi32(i1, wg.w[j + 1], bcast4(xl + chunk_elem(j + 1)));
+        }
+      }
+      __m512i I = _mm512_add_epi32(i0, i1);
+      if constexpr (L::kOff != 0) I = _mm512_sub_epi32(I, _mm512_set1_epi32(a.isum[b] * L::kOff));
+      facc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(wg.dw, dx), facc[v]);
+      if constexpr (Q::kMin) facc[v] = _mm512_fmadd_ps(wg.mw, _mm512_set1_ps(a.s[b]), facc[v]);
+    }
+  }
+  for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + 16 * (g0 + v), mask16(N - 16 * (g0 + v)), facc[v]);
+}
+
+#ifndef HIPC_LANE_GEMV_GROUPS
+#define HIPC_LANE_GEMV_GROUPS 2  // 16-row groups a GEMV tile multiplies at once
+#endif
+
+// Q5_1's m * sum(x) term takes the float sum of each block, as the int16 path and the
+// K-quant kernels do, not quantize_act_row's rounded d * sum(q)
+inline void float_block_sums(const float* x, int K, const QAct& a, int t) {
+  for (int b = 0; b < K / 32; ++b) {
+    const float* xb = x + (size_t)t * K + 32 * b;
+    a.s[(size_t)t * a.nbp + b] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xb), _mm512_loadu_ps(xb + 16)));
+  }
+}
+
+// Driver: P = 2 (int16 activations) or 1 (int8). W: the lanes layout of [N, K].
+template <class L, int P>
+inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
+  using Q = typename L::Q;
+  if (T <= 0 || N <= 0) return;
+  const uint8_t* W = (const uint8_t*)Wv;
+  const int nb = K / 32, ngroups = (N + 15) / 16;
+  const bool par = (long long)T * N * K >= kParallelMinWork;
+  if (T == 1) {
+    const QAct a = alloc_qact(1, K, 0, P);
+    if constexpr (P == 2) {
+      quantize_lane_row(x, K, a);
+    } else {
+      quantize_act_row(x, K, a, 0);
+      if constexpr (Q::kMin) float_block_sums(x, K, a, 0);
+    }
+    constexpr int V = HIPC_LANE_GEMV_GROUPS;
+    const int ntiles = (ngroups + V - 1) / V;
+#pragma omp parallel for schedule(static) if (par)
+    for (int i = 0; i < ntiles; ++i) {
+      const int g0 = i * V;
+      if (g0 + V <= ngroups) {
+        lane_gemv_tile<L, V, P>(W, nb, g0, a, y, N);
+      } else {
+        for (int g = g0; g < ngroups; ++g) lane_gemv_tile<L, 1, P>(W, nb, g, a, y, N);
+      }
+    }
+    return;
+  }
+  // T > 1: the slab of kRlVecs groups unpacked once, then every token (linear_vnni.h)
+  const QAct a = alloc_qact(T, K, 0, P);
+  constexpr int V = kRlVecs, C = kRlCols;
+  const int ntiles = (ngroups + V - 1) / V;
+#pragma omp parallel if (par)
+  {
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; ++t) {
+      if constexpr (P == 1) {
+        quantize_act_row(x, K, a, t);
+        if constexpr (Q::kMin) float_block_sums(x, K, a, t);
+      } else {
+        quantize_act16_row<Q>(x, K, a, t);
+      }
+    }
+    WGroup* slab = (WGroup*)scratch(1, sizeof(WGroup) * (size_t)nb * V);
+#pragma omp for schedule(static)
+    for (int i = 0; i < ntiles; ++i) {
+      for (int v = 0; v < V; ++v) {
+        const int g = i * V + v;
+        for (int b = 0; b < nb; ++b) {
+          if (g < ngroups) {
+            lane_unpack<L>(lane_block<L>(lane_group<L>(W, nb, g), nb, b), slab[(size_t)b * V + v]);
+          } else {
+            clear(slab[(size_t)b * V + v]);
+          }
+        }
+      }
+      rl_rows<Q, V, C, P>(slab, nb, a, 16 * V * i, N, y, ldy);
+    }
+  }
+}
+
+// Row `row` of a lanes matrix, dequantized (the embedding gather of a tied output matrix).
+template <class L>
+inline void lane_embed_row(const void* W, int K, int64_t row, float* out) {
+  const int nb = K / 32, r = (int)(row & 15);
+  const uint8_t* group = lane_group<L>((const uint8_t*)W, nb, (int)(row >> 4));
+  for (int b = 0; b < nb; ++b) {
+    const LaneBlock<L> B = lane_block<L>(group, nb, b);
+    uint16_t h[2] = {0, 0};
+    std::memcpy(h, B.s + (L::Q::kMin ? 4 : 2) * r, L::Q::kMin ? 4 : 2);
+    const float d = fp16_to_fp32(h[0]), m = L::Q::kMin ? fp16_to_fp32(h[1]) : 0.f;
+    for (int j = 0; j < 8; ++j) {
+      for (int i = 0; i < 4; ++i) {
+        int u;
+        if constexpr (L::kFifth) {
+          const uint8_t q = B.q[64 * (j >> 1) + 4 * r + i];
+          uint64_t fifth;
+          std::memcpy(&fifth, B.h + 8 * j, 8);
+          u = ((j & 1) ? q >> 4 : q & 15) | (int)((fifth >> (4 * r + i)) & 1) << 4;
+        } else {
+          u = B.q[64 * j + 4 * r + i];
+        }
+        out[32 * b + chunk_elem(j) + i] = (float)(u - L::kOff) * d + m;
+      }
+    }
+  }
+}
+
+}  // namespace detail
+#endif  // HIPC_ISA_AVX512
+
+// y[t, n] = sum_k x[t, k] * W[n, k], W in the lanes layout of q5_0 / q5_1 / q8_0 blocks (see
+// the top; K % 32 == 0). matmul_a16_lanes_*: int16 activations; matmul_lanes_*: int8.
+// The compiler picks this layout only where the build machine has AVX512-VNNI.
+#if defined(HIPC_ISA_AVX512)
+#define HIPC_LANES_ENTRY(name, L)                                                                            \
+  inline void matmul_a16_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
+    detail::lane_matmul<detail::L, 2>(x, T, K, W, N, y, ldy);                                                \
+  }                                                                                                          \
+  inline void matmul_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {     \
+    detail::lane_matmul<detail::L, 1>(x, T, K, W, N, y, ldy);                                                \
+  }                                                                                                          \
+  inline void embed_row_lanes_##name(const void* W, int K, int64_t row, float* out) {                        \
+    detail::lane_embed_row<detail::L>(W, K, row, out);                                                       \
+  }
+HIPC_LANES_ENTRY(q5_0, LQ5_0)
+HIPC_LANES_ENTRY(q5_1, LQ5_1)
+HIPC_LANES_ENTRY(q8_0, LQ8_0)
+#undef HIPC_LANES_ENTRY
+#endif
+
+}  // namespace hipc

@@ -1,0 +1,82 @@
+"""lanes: which weights the CPU stores in row lanes, and the compiled program reading them.
+
+The kernels themselves are checked against gguf-py in test_cpu_kernels.py (test_lanes_*)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hipc.compiler.kernels.base import SelectedKernel
+from hipc.compiler.kernels.embedding import EmbeddingParams
+from hipc.compiler.kernels.linear import LinearParams
+from hipc.compiler.options import CompileOptions
+from hipc.compiler.passes.lanes import lanes_available, lanes_weights, lay_out_lanes
+from hipc.compiler.pipeline import compile_model
+from hipc.compiler.reference.engine import ReferenceEngine
+from hipc.compiler.toolchains.cpu import cpu_flags
+from hipc.graphs import load_model
+from hipc.runtime.engine import load_engine
+
+gguf_writer = pytest.importorskip("gguf_writer")
+
+AVX512 = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+
+
+def test_lanes_only_for_a_cpu_alone_with_avx512_vnni():
+    assert lanes_available(("cpu",), AVX512)
+    assert lanes_available(("cpu",), (*AVX512[:-1], "avx512vnni"))
+    assert not lanes_available(("cpu",), AVX512[:-1])  # no VNNI
+    assert not lanes_available(("cpu",), ("avx2", "fma", "f16c"))
+    assert not lanes_available(("cpu", "sm_90"), AVX512)  # one copy of the weights serves both
+
+
+class _Kind:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _kernel(kind: str, weight: str, arg: str = "w") -> SelectedKernel:
+    params = (
+        EmbeddingParams("q8_0", 64, 160)
+        if kind == "embedding"
+        else LinearParams("q8_0", 64, 64, 0.0, "none", False)
+    )
+    return SelectedKernel(kind, [kind], _Kind(kind), params, {arg: ("weight", weight)})
+
+
+def test_a_weight_moves_to_lanes_only_when_every_reader_takes_them():
+    kernels = [
+        _kernel("embedding", "tied"),  # a tied output matrix: gather and Linear
+        _kernel("linear", "tied"),
+        _kernel("linear", "alone"),
+        _kernel("embedding", "table"),  # a gather alone keeps the file's blocks
+        _kernel("linear", "shared"),
+        _kernel("moe", "shared", arg="w"),  # a reader with no lanes form
+        _kernel("linear", "float"),
+    ]
+    dtypes = {"tied": "q8_0", "alone": "q5_0", "table": "q8_0", "shared": "q5_1", "float": "f32"}
+    out = lay_out_lanes(kernels, dtypes)
+    assert lanes_weights(out) == {"tied", "alone"}
+    assert [k.params.layout for k in out] == ["lanes", "lanes", "lanes"] + ["gguf"] * 4
+
+
+@pytest.mark.skipif(not lanes_available(("cpu",), cpu_flags()), reason="no AVX512-VNNI here")
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_1"])
+def test_compiled_lanes_against_the_reference(qtype, tmp_path):
+    """A tied model (the Linear and the embedding gather read one lanes matrix), rows that
+    are not a multiple of 16 (vocab 160, k/v 32): decode and prefill against the reference."""
+    path = gguf_writer.write_numpy_gguf(tmp_path / "m.gguf", qtype, tied=True)
+    compile_model(path, tmp_path / "m.hipc", CompileOptions(max_context=32), verbose=False)
+    engine = load_engine(tmp_path / "m.hipc")
+    layouts = {w["name"]: w.get("layout") for w in engine.artifact.plan["weights"]}
+    assert layouts["token_embd.weight"] == "lanes"
+    assert all(v in ("lanes", None) for v in layouts.values()), layouts
+    tokens = np.random.default_rng(4).integers(0, engine.vocab_size, 12).tolist()
+    want = ReferenceEngine(load_model(path), 32).logits(tokens, 0)
+    got = engine.logits(tokens)  # prefill: the slab GEMM
+    assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max()
+    engine.reset()
+    for i, t in enumerate(tokens):  # decode: the GEMV, one token a step
+        row = engine.forward([t], i)
+        assert np.abs(row - want[i]).max() <= 1e-3 * np.abs(want[i]).max(), i
