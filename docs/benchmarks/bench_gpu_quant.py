@@ -225,6 +225,9 @@ def decode_bytes(path: Path) -> tuple[int, str]:
 
 def make_gguf(model: str, work: Path, args) -> Path:
     path = work / f"{model}.gguf"
+    if args.keep and path.exists():  # written by an earlier run with --keep
+        log(f"{model}: {path} kept")
+        return path
     t = time.perf_counter()
     if model == "smol_q4_1":
         write_smol(args.meta, path)
@@ -306,6 +309,11 @@ def main() -> None:
     ap.add_argument("--profile", default="", help="models to profile per kernel (comma-separated)")
     ap.add_argument("--copy-bw", type=float, help="TB/s: the copy ceiling, if measured already")
     ap.add_argument("--work", type=Path, default=Path("/tmp/hipc-quant"))
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the GGUF files in --work (and use those there): runs of two hipc builds",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.prep_smol:
@@ -353,9 +361,11 @@ def main() -> None:
                      f"{lc.get('decode_d512', 0):,.1f}", "", "", f"{gb:,.0f}", f"{100 * gb * 1e9 / bw:.0f}%"]
                 )  # fmt: skip
                 log(" | ".join(rows[-1]))
-        path.unlink()
+        if not args.keep:
+            path.unlink()
         write(args.out, bw, rows, notes)  # so far: a run cut short keeps what it measured
-    (args.work / "llama3-8b-f16.gguf").unlink(missing_ok=True)
+    if not args.keep:
+        (args.work / "llama3-8b-f16.gguf").unlink(missing_ok=True)
     write(args.out, bw, rows, notes)
 
 

@@ -556,9 +556,20 @@ struct hipc_qmat3 {
 typedef hipc_qmat3<22, 6, 16, 2, 4, 0> hipc_qmat_q5_0;
 typedef hipc_qmat3<24, 8, 16, 4, 4, 0> hipc_qmat_q5_1;
 // Q4_K {f16 d, dmin; scales[12] (8 6-bit scales and mins); qs[128]} (144 bytes), Q5_K
-// {d, dmin; scales[12]; qh[32]; qs[128]} (176): fields quants (Q5_K: qh then qs), scales, d+dmin.
-typedef hipc_qmat3<144, 16, 128, 4, 12, 0> hipc_qmat_q4_k;
-typedef hipc_qmat3<176, 16, 160, 4, 12, 0> hipc_qmat_q5_k;
+// {d, dmin; scales[12]; qh[32]; qs[128]} (176): a 16-byte head {d, dmin, scales} before the
+// quants (Q5_K: qh then qs). Split: every block's quants, then every block's head, so that one
+// aligned 16-byte load reads a super-block's d, dmin and scales (hipc_load_kscales); fields
+// quants, scales (head + 4), d + dmin (the head).
+template <int B>
+struct hipc_qmatk {
+  const char* base;
+  size_t blocks;
+  HIPC_DEVICE const char* qs(size_t b) const { return HIPC_QSPLIT ? base + b * (B - 16) : base + b * B + 16; }
+  HIPC_DEVICE const char* f3(size_t b) const { return HIPC_QSPLIT ? base + blocks * (B - 16) + b * 16 : base + b * B; }
+  HIPC_DEVICE const char* f2(size_t b) const { return f3(b) + 4; }
+};
+typedef hipc_qmatk<144> hipc_qmat_q4_k;
+typedef hipc_qmatk<176> hipc_qmat_q5_k;
 // IQ4_XS {f16 d; u16 scales_h; u8 scales_l[4]; qs[128]} (136 bytes, 256 weights): sub-block j
 // (32 weights) is IQ4_NL's nibbles at qs + 16j with the scale d * (ls - 32), ls = nibble j of
 // scales_l | bits 2j, 2j + 1 of scales_h << 4; fields quants, scales_l, d + scales_h.
@@ -604,6 +615,21 @@ HIPC_DEVICE uint32_t hipc_load_scales32(const char* p) {
 #endif
 }
 
+// the 8 int8 scales of half a Q6_K super-block as 2 words: split, one 8-byte load (the scales
+// region is 16 bytes a block); GGUF's order, 2-byte aligned
+HIPC_DEVICE void hipc_load_q6scales(uint32_t* sc, const char* p) {
+#if HIPC_QSPLIT
+#ifdef HIPC_HOST
+  if ((size_t)p % 8) __builtin_trap();  // the host tests hold the layout to it
+#endif
+  const uint2 v = *(const uint2*)p;
+  sc[0] = v.x, sc[1] = v.y;
+#else
+  const uint16_t* h = (const uint16_t*)p;
+  sc[0] = h[0] | (uint32_t)h[1] << 16;
+  sc[1] = h[2] | (uint32_t)h[3] << 16;
+#endif
+}
 // One weight W[n, k] of an [N, K] matrix in its storage type (GEMM tiles, embedding rows).
 HIPC_DEVICE float hipc_w_f32(const void* W, int, int K, int n, int k) { return ((const float*)W)[(size_t)n * K + k]; }
 HIPC_DEVICE float hipc_w_bf16(const void* W, int, int K, int n, int k) {
@@ -977,9 +1003,7 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k& v, const hipc_qmat_q6_k& m, size
   for (int j = 0; j < 4; ++j) v.ql[j] = hipc_load_q16<SMEM>(q + 64 * h + 16 * j);
 #pragma unroll
   for (int j = 0; j < 2; ++j) v.qh[j] = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16 * j);
-  const uint16_t* sc = (const uint16_t*)(m.sc(b) + 8 * h);  // 8-byte aligned when split
-  v.sc[0] = sc[0] | (uint32_t)sc[1] << 16;
-  v.sc[1] = sc[2] | (uint32_t)sc[3] << 16;
+  hipc_load_q6scales(v.sc, m.sc(b) + 8 * h);
   v.d = *(const uint16_t*)m.d(b);
 }
 template <bool LO, class XP>
@@ -1109,10 +1133,20 @@ HIPC_DEVICE void hipc_load_q64(uint4* q, const char* p) {
 // Q4_K / Q5_K: half a super-block (128 weights: 4 sub-blocks of 32, x blocks 4i ..).
 struct hipc_unit_q4_k { uint4 q[4]; uint32_t sc[3], dd; int h; };
 struct hipc_unit_q5_k { uint4 q[4], qh[2]; uint32_t sc[3], dd; int h; };
+// a super-block's 12 scale bytes as 3 words and d + dmin as one: split, its 16-byte head
+// (hipc_qmatk) in one load
 HIPC_DEVICE void hipc_load_kscales(uint32_t* sc, uint32_t& dd, const char* s, const char* d) {
+#if HIPC_QSPLIT
+#ifdef HIPC_HOST
+  if ((size_t)d % 16 || s != d + 4) __builtin_trap();  // the host tests hold the layout to it
+#endif
+  const uint4 h = *(const uint4*)d;
+  dd = h.x, sc[0] = h.y, sc[1] = h.z, sc[2] = h.w;
+#else
 #pragma unroll
   for (int j = 0; j < 3; ++j) sc[j] = hipc_load_u32(s + 4 * j);
   dd = hipc_load_u32(d);
+#endif
 }
 template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_k& v, const hipc_qmat_q4_k& m, size_t u) {
@@ -1395,20 +1429,38 @@ HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q6_k& m, int K, int n, int k, uint
 }
 // Q4_K in 64-weight units (the bulk-copy GEMV reads them from shared memory): unit u of a row
 // is sub-blocks 2q and 2q + 1 (q = u % 4) of super-block u / 4, the quants' bytes 32q ..
-// 32q + 31 (low nibbles: sub-block 2q, high: 2q + 1). 8 lanes of a 16-byte load phase read
-// 8 units 32 bytes apart, two per bank group: those with bit 2 of u set read their second
-// 16 bytes first, so every load covers all 32 banks once.
+// 32q + 31 (low nibbles: sub-block 2q, high: 2q + 1). From shared memory (SMEM), 8 lanes of a
+// 16-byte load phase read 8 units 32 bytes apart, two per bank group: those with bit 2 of u
+// set read their second 16 bytes first, so every load covers all 32 banks once (from global
+// memory the order changes nothing: both halves in order, no selects).
 struct hipc_unit_q4_k64 { uint4 a, b; uint32_t sc[3], dd; int q; };
 template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_k64& v, const hipc_qmat_q4_k& m, size_t u) {
   const size_t b = u / 4;
   v.q = (int)(u % 4);
-  const int rot = (int)((u >> 2) & 1);
   const char* p = m.qs(b) + 32 * v.q;
-  const uint4 first = hipc_load_q16<SMEM>(p + 16 * rot), second = hipc_load_q16<SMEM>(p + 16 - 16 * rot);
-  v.a = rot ? second : first;
-  v.b = rot ? first : second;
+  if constexpr (SMEM) {
+    const int rot = (int)((u >> 2) & 1);
+    const uint4 first = hipc_load_q16<SMEM>(p + 16 * rot), second = hipc_load_q16<SMEM>(p + 16 - 16 * rot);
+    v.a = rot ? second : first;
+    v.b = rot ? first : second;
+  } else {
+    v.a = hipc_load_q16<SMEM>(p);
+    v.b = hipc_load_q16<SMEM>(p + 16);
+  }
   hipc_load_kscales(v.sc, v.dd, m.f2(b), m.f3(b));
+}
+// The scales and mins of sub-blocks 2q and 2q + 1 (q < 4) as the bytes {sc0, sc1, mn0, mn1}
+// of a word, from the 12 scale bytes held as 3 words (hipc_kscale4's decoding, on the one byte
+// pair the unit needs)
+HIPC_DEVICE uint32_t hipc_kscale2(const uint32_t* w, int q) {
+  const int s = 16 * (q & 1);
+  const uint32_t a = (w[0] >> s) & 0xffffu, b = (w[1] >> s) & 0xffffu, c = (w[2] >> s) & 0xffffu;
+  const uint32_t ab = a | b << 16;  // the pair's bytes of words 0 (scales) and 1 (mins)
+  // sub-blocks 4-7: the low 4 bits from the nibbles of word 2's pair (scales low, mins high),
+  // the top 2 from bits 6-7 of ab
+  const uint32_t hi = ((c | c << 12) & 0x0f0f0f0fu) | ((ab >> 2) & 0x30303030u);
+  return q < 2 ? ab & 0x3f3f3f3fu : hi;
 }
 template <bool LO, class XP>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k64& v, XP xq, int i) {
@@ -1419,12 +1471,8 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q4_k64& v, XP xq, int i) {
     lo[w] = (int)(Q[w] & 0x0f0f0f0fu);
     hi[w] = (int)((Q[w] >> 4) & 0x0f0f0f0fu);
   }
-  // sub-blocks 2q, 2q + 1: bytes 2(q % 2), 2(q % 2) + 1 of hipc_kscale4's words for h = q / 2
-  uint32_t scs, mns;
-  hipc_kscale4(v.sc, v.q >> 1, scs, mns);
-  const int sh = 16 * (v.q & 1);
-  const int sc0 = (int)((scs >> sh) & 63), sc1 = (int)((scs >> (sh + 8)) & 63);
-  const int mn0 = (int)((mns >> sh) & 63), mn1 = (int)((mns >> (sh + 8)) & 63);
+  const uint32_t sm = hipc_kscale2(v.sc, v.q);  // sub-blocks 2q, 2q + 1
+  const int sc0 = (int)(sm & 255), sc1 = (int)((sm >> 8) & 255), mn0 = (int)((sm >> 16) & 255), mn1 = (int)(sm >> 24);
   const hipc_xb<LO> x0 = hipc_load_xb<LO>(xq, 2 * i), x1 = hipc_load_xb<LO>(xq, 2 * i + 1);
   const float d0 = x0.scale(), d1 = x1.scale();
   const float dsum = d0 * (float)(sc0 * hipc_idot_words<LO, 8>(lo, x0, 0)) +
@@ -1442,33 +1490,38 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k64& v, const hipc_qmat_q6_k& m, si
   const size_t b = u / 4;
   const int r = (int)(u % 4), h = r / 2, p = r % 2, rot = (int)((u >> 2) & 1);
   const char* q = m.qs(b);
-  const uint4 a0 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p + 16 * rot);
-  const uint4 a1 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p + 16 - 16 * rot);
-  const uint4 b0 = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16 * rot);
-  const uint4 b1 = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16 - 16 * rot);
-  v.l0 = rot ? a1 : a0, v.l1 = rot ? a0 : a1;
-  v.h0 = rot ? b1 : b0, v.h1 = rot ? b0 : b1;
-  const uint16_t* sc = (const uint16_t*)(m.sc(b) + 8 * h);
-  v.sc[0] = sc[0] | (uint32_t)sc[1] << 16;
-  v.sc[1] = sc[2] | (uint32_t)sc[3] << 16;
+  if constexpr (SMEM) {  // the bank-covering order (from global memory: in order, no selects)
+    const uint4 a0 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p + 16 * rot);
+    const uint4 a1 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p + 16 - 16 * rot);
+    const uint4 b0 = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16 * rot);
+    const uint4 b1 = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16 - 16 * rot);
+    v.l0 = rot ? a1 : a0, v.l1 = rot ? a0 : a1;
+    v.h0 = rot ? b1 : b0, v.h1 = rot ? b0 : b1;
+  } else {
+    v.l0 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p), v.l1 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p + 16);
+    v.h0 = hipc_load_q16<SMEM>(q + 128 + 32 * h), v.h1 = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16);
+  }
+  hipc_load_q6scales(v.sc, m.sc(b) + 8 * h);
   v.d = *(const uint16_t*)m.d(b);
   v.u = r;
 }
 template <bool LO, class XP>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k64& v, XP xq, int i) {
   const uint32_t QL[8] = {v.l0.x, v.l0.y, v.l0.z, v.l0.w, v.l1.x, v.l1.y, v.l1.z, v.l1.w};
-  const uint32_t QH[8] = {v.h0.x, v.h0.y, v.h0.z, v.h0.w, v.h1.x, v.h1.y, v.h1.z, v.h1.w};
   const int h = v.u / 2, p = v.u % 2;
+  // the highs of chunk p at bits 0-1 (and of chunk p + 2 at bits 4-5) of each byte: one
+  // run-time shift per word, then the chunks' constant ones
+  const uint32_t QH[8] = {v.h0.x >> 2 * p, v.h0.y >> 2 * p, v.h0.z >> 2 * p, v.h0.w >> 2 * p,
+                          v.h1.x >> 2 * p, v.h1.y >> 2 * p, v.h1.z >> 2 * p, v.h1.w >> 2 * p};
   const int blk0 = (i / 4) * 8 + 4 * h + p;  // x block of chunk p of the half (then p + 2)
   float acc = 0.f;
 #pragma unroll
   for (int k = 0; k < 2; ++k) {  // chunk p + 2k: the low (k 0) or high (k 1) nibbles
     const hipc_xb<LO> x = hipc_load_xb<LO>(xq, blk0 + 2 * k);
-    const int hs = 2 * p + 4 * k;
     int q[8];
 #pragma unroll
     for (int w = 0; w < 8; ++w)
-      q[w] = (int)(((QL[w] >> (4 * k)) & 0x0f0f0f0fu) | (((QH[w] >> hs) & 0x03030303u) << 4));
+      q[w] = (int)(((QL[w] >> (4 * k)) & 0x0f0f0f0fu) | ((k ? QH[w] : QH[w] << 4) & 0x30303030u));
     const int t0 = hipc_idot_words<LO, 4>(q, x, 0) - 32 * x.meta.z;
     const int t1 = hipc_idot_words<LO, 4>(q + 4, x, 4) - 32 * (x.meta.y - x.meta.z);
     const uint32_t sw = v.sc[k] >> (16 * p);  // scales of chunk p + 2k: bytes 2(p + 2k), + 1

@@ -308,8 +308,13 @@ def test_bulk_default_follows_the_table(monkeypatch):
         "linear_gemv_q"
     )
     assert decode_gemv("c", p, GpuTarget("gfx942"), ["n"]).template == "linear_gemv_q"
-    odd = LinearParams("q4_k", 4096, 3328, EPS, "none", bias=False)  # 13 super-blocks a row
+    # 13 super-blocks a row: Q6_K's 2-byte d region is 26 bytes a row (Q4_K's regions, 128 and
+    # 16 bytes a block, take any row)
+    monkeypatch.setitem(linear.QUANT_GEMV_BULK, ("q6_k", "short"), linear.BulkSpec(24, 4, 8, 2))
+    odd = LinearParams("q6_k", 4096, 3328, EPS, "none", bias=False)
     assert decode_gemv("d", odd, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_q"
+    odd4k = LinearParams("q4_k", 4096, 3328, EPS, "none", bias=False)
+    assert decode_gemv("d", odd4k, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_qbulk"
     glu = LinearParams("q4_k", 2 * 4096, 4096, EPS, "glu", bias=False)  # another class
     assert decode_gemv("e", glu, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_q"
 
