@@ -228,6 +228,8 @@ def split_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
 # build machine has AVX512-VNNI: block bytes, the scale field (offset, bytes), the fifth
 # bits' offset (Q5) and the quants (offset, bytes).
 LANE_BLOCKS = {
+    "q4_0": (18, (0, 2), None, (2, 16)),
+    "q4_1": (20, (0, 4), None, (4, 16)),
     "q5_0": (22, (0, 2), 2, (6, 16)),
     "q5_1": (24, (0, 4), 4, (8, 16)),
     "q8_0": (34, (0, 2), None, (2, 32)),
@@ -256,10 +258,11 @@ def lane_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
 
     qs = blocks[..., qo : qo + qn]
     regions = []
-    if qh is None:  # Q8_0: the signed bytes as u = q + 128, in chunk order
+    if qn == 32:  # Q8_0: the signed bytes as u = q + 128, in chunk order
         regions.append(lanes(qs[..., _CHUNK_ORDER] ^ 0x80, 4))
     else:
         regions.append(lanes(qs, 4))  # dword c: elements 4c.. (low nibbles), 16 + 4c.. (high)
+    if qh is not None:
         bits = np.unpackbits(blocks[..., qh : qh + 4], axis=-1, bitorder="little")
         # qword j, bit 4r + i: row r's element _CHUNK_ORDER[4j + i]
         sel = lanes(bits[..., _CHUNK_ORDER], 4).reshape(groups, nb, 8, 64)

@@ -34,6 +34,8 @@ static mm_fn pick(int i) {
     hipc::matmul_a16_q5_0, hipc::matmul_a16_lanes_q5_0, hipc::matmul_q5_0, hipc::matmul_lanes_q5_0,
     hipc::matmul_a16_q5_1, hipc::matmul_a16_lanes_q5_1, hipc::matmul_q5_1, hipc::matmul_lanes_q5_1,
     hipc::matmul_a16_q8_0, hipc::matmul_a16_lanes_q8_0, hipc::matmul_q8_0, hipc::matmul_lanes_q8_0,
+    hipc::matmul_a16_q4_0, hipc::matmul_a16_lanes_q4_0, hipc::matmul_q4_0, hipc::matmul_lanes_q4_0,
+    hipc::matmul_a16_q4_1, hipc::matmul_a16_lanes_q4_1, hipc::matmul_q4_1, hipc::matmul_lanes_q4_1,
   };
   return fns[i];
 }
@@ -70,8 +72,8 @@ double hb_read(const unsigned char* p, long n, int reps) {
 }
 """
 
-TYPES = {"q5_0": 0, "q5_1": 4, "q8_0": 8}
-BLOCK = {"q5_0": 22, "q5_1": 24, "q8_0": 34}
+TYPES = {"q5_0": 0, "q5_1": 4, "q8_0": 8, "q4_0": 12, "q4_1": 16}
+BLOCK = {"q5_0": 22, "q5_1": 24, "q8_0": 34, "q4_0": 18, "q4_1": 20}
 # SmolLM2-135M: q/o (576 x 576), k/v (192), gate+up merged (3072), the tied LM head, and an
 # 8B-wide row for contrast
 SHAPES = [(576, 576), (192, 576), (3072, 576), (576, 1536), (49152, 576), (1024, 4096)]
@@ -105,7 +107,7 @@ def random_blocks(wtype: str, rows: int, k: int, rng: np.random.Generator) -> np
     raw = rng.integers(0, 256, (rows, nb, BLOCK[wtype]), dtype=np.uint8)
     d = (rng.choice([-1, 1], (rows, nb)) * 10 ** rng.uniform(-4, -1, (rows, nb))).astype(np.float16)
     raw[..., 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
-    if wtype == "q5_1":
+    if wtype in ("q4_1", "q5_1"):
         m = (rng.standard_normal((rows, nb)) * 1e-2).astype(np.float16)
         raw[..., 2:4] = m.view(np.uint8).reshape(rows, nb, 2)
     raw = raw.reshape(rows, -1)

@@ -28,6 +28,14 @@ namespace detail {
 
 // Per type: bytes a block of 16 rows takes in each region, and the linear_vnni.h type
 // whose epilogue (offset, min) and activation planes the slab GEMM uses.
+struct LQ4_0 {
+  using Q = KQ4_0;
+  static constexpr int kQuant = 256, kFifth = 0, kScale = 32, kOff = 8;
+};
+struct LQ4_1 {
+  using Q = KQ4_1;
+  static constexpr int kQuant = 256, kFifth = 0, kScale = 64, kOff = 0;
+};
 struct LQ5_0 {
   using Q = KQ5_0;
   static constexpr int kQuant = 256, kFifth = 64, kScale = 32, kOff = 16;
@@ -64,12 +72,13 @@ inline const uint8_t* lane_group(const uint8_t* W, int nb, int g) {
 // WGroup of linear_vnni.h's row-lane prep), dw / mw its scales.
 template <class L>
 inline void lane_unpack(const LaneBlock<L>& B, WGroup& out) {
-  if constexpr (L::kFifth) {
-    const uint8_t* q = B.q;
-    for (int c = 0; c < 4; ++c) split_nibbles(_mm512_loadu_si512(q + 64 * c), out.w[2 * c], out.w[2 * c + 1]);
-    __mmask64* h = (__mmask64*)B.h;  // _load_mask64 takes no const
-    const __m512i sixteen = _mm512_set1_epi8(16);
-    for (int j = 0; j < 8; ++j) out.w[j] = _mm512_mask_add_epi8(out.w[j], _load_mask64(h + j), out.w[j], sixteen);
+  if constexpr (L::kQuant == 256) {  // nibbles (Q4, Q5), the fifth bits added on (Q5)
+    for (int c = 0; c < 4; ++c) split_nibbles(_mm512_loadu_si512(B.q + 64 * c), out.w[2 * c], out.w[2 * c + 1]);
+    if constexpr (L::kFifth) {
+      __mmask64* h = (__mmask64*)B.h;  // _load_mask64 takes no const
+      const __m512i sixteen = _mm512_set1_epi8(16);
+      for (int j = 0; j < 8; ++j) out.w[j] = _mm512_mask_add_epi8(out.w[j], _load_mask64(h + j), out.w[j], sixteen);
+    }
   } else {
     for (int j = 0; j < 8; ++j) out.w[j] = _mm512_loadu_si512(B.q + 64 * j);
   }
@@ -157,15 +166,6 @@ inline void lane_gemv_tile(const uint8_t* W, int nb, int g0, const QAct& a, floa
 #define HIPC_LANE_GEMV_GROUPS 2  // 16-row groups a GEMV tile multiplies at once
 #endif
 
-// Q5_1's m * sum(x) term takes the float sum of each block, as the int16 path and the
-// K-quant kernels do, not quantize_act_row's rounded d * sum(q)
-inline void float_block_sums(const float* x, int K, const QAct& a, int t) {
-  for (int b = 0; b < K / 32; ++b) {
-    const float* xb = x + (size_t)t * K + 32 * b;
-    a.s[(size_t)t * a.nbp + b] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xb), _mm512_loadu_ps(xb + 16)));
-  }
-}
-
 // Driver: P = 2 (int16 activations) or 1 (int8). W: the lanes layout of [N, K].
 template <class L, int P>
 inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
@@ -180,7 +180,6 @@ inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, flo
       quantize_lane_row(x, K, a);
     } else {
       quantize_act_row(x, K, a, 0);
-      if constexpr (Q::kMin) float_block_sums(x, K, a, 0);
     }
     constexpr int V = HIPC_LANE_GEMV_GROUPS;
     const int ntiles = (ngroups + V - 1) / V;
@@ -205,7 +204,6 @@ inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, flo
     for (int t = 0; t < T; ++t) {
       if constexpr (P == 1) {
         quantize_act_row(x, K, a, t);
-        if constexpr (Q::kMin) float_block_sums(x, K, a, t);
       } else {
         quantize_act16_row<Q>(x, K, a, t);
       }
@@ -241,11 +239,14 @@ inline void lane_embed_row(const void* W, int K, int64_t row, float* out) {
     for (int j = 0; j < 8; ++j) {
       for (int i = 0; i < 4; ++i) {
         int u;
-        if constexpr (L::kFifth) {
+        if constexpr (L::kQuant == 256) {
           const uint8_t q = B.q[64 * (j >> 1) + 4 * r + i];
-          uint64_t fifth;
-          std::memcpy(&fifth, B.h + 8 * j, 8);
-          u = ((j & 1) ? q >> 4 : q & 15) | (int)((fifth >> (4 * r + i)) & 1) << 4;
+          u = (j & 1) ? q >> 4 : q & 15;
+          if constexpr (L::kFifth) {
+            uint64_t fifth;
+            std::memcpy(&fifth, B.h + 8 * j, 8);
+            u |= (int)((fifth >> (4 * r + i)) & 1) << 4;
+          }
         } else {
           u = B.q[64 * j + 4 * r + i];
         }
@@ -272,6 +273,8 @@ inline void lane_embed_row(const void* W, int K, int64_t row, float* out) {
   inline void embed_row_lanes_##name(const void* W, int K, int64_t row, float* out) {                        \
     detail::lane_embed_row<detail::L>(W, K, row, out);                                                       \
   }
+HIPC_LANES_ENTRY(q4_0, LQ4_0)
+HIPC_LANES_ENTRY(q4_1, LQ4_1)
 HIPC_LANES_ENTRY(q5_0, LQ5_0)
 HIPC_LANES_ENTRY(q5_1, LQ5_1)
 HIPC_LANES_ENTRY(q8_0, LQ8_0)

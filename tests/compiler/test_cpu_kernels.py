@@ -56,7 +56,7 @@ GGML_TYPE = {
 # Q5_0, Q5_1 and the K-quants: tested on random blocks below (test_kquant_*)
 KTYPES = ["q5_0", "q5_1", "iq4_nl", "iq4_xs", "q4_k", "q5_k", "q6_k"]
 # the types the compiler may store in row lanes (test_lanes_*)
-LTYPES = ["q5_0", "q5_1", "q8_0"]
+LTYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]
 
 # name -> (extra g++ flags, /proc/cpuinfo flags the host needs to run it)
 VARIANTS = {
@@ -108,7 +108,7 @@ HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(iq4_nl) HIPC_WRAPK(iq4_xs) HIPC_WRA
 #if defined(HIPC_ISA_AVX512)
 int t_has_lanes() { return 1; }
 #define HIPC_WRAPL(w) HIPC_WRAPK(lanes_##w)
-HIPC_WRAPL(q5_0) HIPC_WRAPL(q5_1) HIPC_WRAPL(q8_0)
+HIPC_WRAPL(q4_0) HIPC_WRAPL(q4_1) HIPC_WRAPL(q5_0) HIPC_WRAPL(q5_1) HIPC_WRAPL(q8_0)
 #else
 int t_has_lanes() { return 0; }
 #endif
@@ -681,6 +681,8 @@ def test_matmul_a16_integer_sums_exact(libs, variant, wtype):
 # layout so the reference can apply them to x's exact sum, as the kernels do.
 
 KBLOCK = {
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
     "q8_0": (32, 34),
     "q5_0": (32, 22),
     "q5_1": (32, 24),
@@ -714,7 +716,7 @@ def _kblocks(wtype: str, N: int, K: int, seed: int, extreme: bool = False) -> np
         if extreme:
             raw[2::4, 192:208] = np.array([0x80, 0x7F] * 8, np.uint8)  # int8 -128 / 127
     else:
-        nf = 2 if wtype in ("q5_1", "q4_k", "q5_k") else 1
+        nf = 2 if wtype in ("q4_1", "q5_1", "q4_k", "q5_k") else 1
         for f in range(nf):
             raw[:, 2 * f : 2 * f + 2] = _f16(rng, n, extreme).reshape(-1, 1).view(np.uint8)
         if wtype == "q5_1":
@@ -726,9 +728,9 @@ def _koffsets(wtype: str, blocks: np.ndarray, N: int, K: int) -> np.ndarray:
     """Per 32-unit offset m of w = (integer part) + m, [N, K/32] f64 (0 for Q5_0/Q6_K)."""
     nbytes = KBLOCK[wtype][1]
     b = blocks.reshape(-1, nbytes)
-    if wtype in ("q8_0", "q5_0", "iq4_nl", "iq4_xs", "q6_k"):
+    if wtype in ("q4_0", "q8_0", "q5_0", "iq4_nl", "iq4_xs", "q6_k"):
         return np.zeros((N, K // 32))
-    if wtype == "q5_1":
+    if wtype in ("q4_1", "q5_1"):
         return b[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(N, K // 32)
     dmin = b[:, 2:4].copy().view(np.float16).astype(np.float64)
     _, mn = quants.Q4_K.get_scale_min(b[:, 4:16].copy())
@@ -843,7 +845,9 @@ LANE_SHAPES = [(T, K, N) for T in (1, 3, 9) for K in (32, 96, 576, 800) for N in
 def test_lanes_matmul(libs, variant, wtype, extreme):
     """The row-lanes kernels on lane_quant_blocks' layout against the integer math on gguf-py's
     dequantized blocks: the decode GEMV's balanced int16 split (|q| <= 32639), the slab GEMM's
-    quantize_act16 (32767) for T > 1, int8 (127) for both."""
+    quantize_act16 (32767) for T > 1, int8 (127) for both. int16 takes a Q4_1/Q5_1 offset
+    times the float sum of x, int8 times the rounded sum (int8's rounding errors then meet
+    the centred weights, not their all-positive integer parts: linear_vnni.h's choice)."""
     from hipc.compiler.passes.repack import lane_quant_blocks
 
     lib = _lanes_lib(libs, variant)
@@ -857,6 +861,9 @@ def test_lanes_matmul(libs, variant, wtype, extreme):
         x[0, 32:64] = 0.0  # an all-zero activation block (none where K is one block)
         for kind, qmax, tol in (("a16_", 32639.0 if T == 1 else 32767.0, 2e-6), ("", 127.0, 1e-5)):
             exact, ref, floor = _kref(wtype, x, blocks, N, K, qmax)
+            if not kind:  # int8: the offsets' sums too of the rounded x (x_q @ W, as Q4_1's)
+                qt = getattr(gguf.GGMLQuantizationType, wtype.upper())
+                exact = _act_ref(x, qmax)[0] @ quants.dequantize(blocks, qt).reshape(N, K).T
             y = _run_matmul(lib, f"{kind}lanes_{wtype}", x, lanes, N, N + 2).astype(np.float64)
             where = f"{kind}lanes_{wtype} T={T} K={K} N={N} extreme={extreme}"
             assert np.isfinite(y).all(), where

@@ -62,7 +62,7 @@ def test_a_weight_moves_to_lanes_only_when_every_reader_takes_them():
 
 
 @pytest.mark.skipif(not lanes_available(("cpu",), cpu_flags()), reason="no AVX512-VNNI here")
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_compiled_lanes_against_the_reference(qtype, tmp_path):
     """A tied model (the Linear and the embedding gather read one lanes matrix), rows that
     are not a multiple of 16 (vocab 160, k/v 32): decode and prefill against the reference."""
