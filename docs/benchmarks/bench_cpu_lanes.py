@@ -119,6 +119,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--types", default="q5_0,q8_0")
+    ap.add_argument("--tokens", default="1", help="rows of x a call, e.g. 1,2,4 (batch decode)")
     ap.add_argument("--calls", type=int, default=400)
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -137,63 +138,48 @@ def main() -> None:
             f0 = TYPES[wtype]
             for n, k in SHAPES:
                 raw, w = random_blocks(wtype, n, k, rng)
-                lanes = lane_quant_blocks(raw, wtype)
-                x = rng.standard_normal(k).astype(np.float32)
-                ref = w @ x.astype(np.float64)
-                scale = np.abs(ref).max()
-                errs = []
-                for f, mat in ((f0, raw), (f0 + 1, lanes), (f0 + 2, raw), (f0 + 3, lanes)):
-                    y = np.zeros(n, np.float32)
-                    so.hb_call(
-                        f,
-                        x.ctypes.data,
-                        1,
-                        k,
-                        np.ascontiguousarray(mat).ctypes.data,
-                        n,
-                        y.ctypes.data,
-                    )
-                    errs.append(np.abs(y - ref).max() / scale)
-                times = []
-                for f, mat in ((f0, raw), (f0 + 1, lanes)):
-                    nbytes = mat.nbytes
-                    copies = max(2, (256 << 20) // nbytes)
-                    big = np.empty((copies, nbytes), np.uint8)
-                    big[:] = np.ascontiguousarray(mat).reshape(-1)
-                    y = np.zeros(n, np.float32)
-                    calls = max(args.calls, copies)
-                    t = min(
-                        so.hb_time(
-                            f,
-                            x.ctypes.data,
-                            1,
-                            k,
-                            big.ctypes.data,
-                            nbytes,
-                            copies,
-                            n,
-                            y.ctypes.data,
-                            calls,
-                        )
-                        for _ in range(3)
-                    )
-                    times.append((t, raw.nbytes / t / 1e9))
-                    del big
-                rows.append((wtype, n, k, raw.nbytes / 1e6, times, errs))
-                print(
-                    f"{wtype} {n}x{k}: file {times[0][0] * 1e6:.1f} us, lanes {times[1][0] * 1e6:.1f} us",
-                    flush=True,
-                )
+                lanes = np.ascontiguousarray(lane_quant_blocks(raw, wtype))
+                for T in map(int, args.tokens.split(",")):
+                    x = rng.standard_normal((T, k)).astype(np.float32)
+                    ref = x.astype(np.float64) @ w.T
+                    scale = np.abs(ref).max()
+                    errs = []
+                    for f, mat in ((f0, raw), (f0 + 1, lanes), (f0 + 2, raw), (f0 + 3, lanes)):
+                        y = np.zeros((T, n), np.float32)
+                        so.hb_call(f, x.ctypes.data, T, k, mat.ctypes.data, n, y.ctypes.data)
+                        errs.append(np.abs(y - ref).max() / scale)
+                    times = []
+                    for f, mat in ((f0, raw), (f0 + 1, lanes)):
+                        nbytes = mat.nbytes
+                        copies = max(2, (256 << 20) // nbytes)
+                        big = np.empty((copies, nbytes), np.uint8)
+                        big[:] = mat.reshape(-1)
+                        y = np.zeros((T, n), np.float32)
+                        calls = max(args.calls, copies)
+                        t = min(
+                            so.hb_time(
+                                f, x.ctypes.data, T, k, big.ctypes.data, nbytes, copies, n,
+                                y.ctypes.data, calls,
+                            )
+                            for _ in range(3)
+                        )  # fmt: skip
+                        times.append((t, raw.nbytes / t / 1e9))
+                        del big
+                    rows.append((wtype, n, k, T, raw.nbytes / 1e6, times, errs))
+                    print(f"{wtype} {n}x{k} T={T}: file {times[0][0] * 1e6:.1f} us, lanes "
+                          f"{times[1][0] * 1e6:.1f} us", flush=True)  # fmt: skip
         print()
         print(
-            "| type | N x K | MB | file blocks us (GB/s) | lanes us (GB/s) | speedup | max err a16 file / lanes / a8 file / lanes |"
+            "| type | N x K | T | MB | file blocks us (GB/s) | lanes us (GB/s) | speedup "
+            "| max err a16 file / lanes / a8 file / lanes |"
         )
-        print("|---|---|---:|---:|---:|---:|---|")
-        for wtype, n, k, mb, times, errs in rows:
+        print("|---|---|---:|---:|---:|---:|---:|---|")
+        for wtype, n, k, T, mb, times, errs in rows:
             (tf, bf), (tl, bl) = times
             print(
-                f"| {wtype} | {n} x {k} | {mb:.2f} | {tf * 1e6:.1f} ({bf:.1f}) | {tl * 1e6:.1f} ({bl:.1f}) "
-                f"| {tf / tl:.2f}x | {' / '.join(f'{e:.1e}' for e in errs)} |"
+                f"| {wtype} | {n} x {k} | {T} | {mb:.2f} | {tf * 1e6:.1f} ({bf:.1f}) "
+                f"| {tl * 1e6:.1f} ({bl:.1f}) | {tf / tl:.2f}x "
+                f"| {' / '.join(f'{e:.1e}' for e in errs)} |"
             )
 
 

@@ -13,12 +13,12 @@
 // groups cost ~20 byte permutes and a horizontal sum per row) this is the shape of short
 // rows: SmolLM2's 576-wide Q5_0 rows are 18 blocks, one transposed group and a 2-block tail.
 //
-// The GEMV (T == 1) takes int16 activations as a balanced split q = 256 * hi + lo with
+// The GEMV (T <= 7: decode, a batch's decode step) takes int16 activations as a balanced split q = 256 * hi + lo with
 // both hi and lo signed bytes (|q| <= 32639), so both planes are vpdpbusd's signed,
 // broadcast memory operand against the unsigned weight bytes u = w + off:
 //     I = 256 * sum(u * hi) + sum(u * lo) - off * sum(q)        (exact in int32)
-// Batches and prefill (T > 1) unpack each block of 16 rows once into a slab and run the
-// row-lane GEMM of linear_vnni.h (rl_rows) over every token.
+// Prefill (T > 7) unpacks each block of 16 rows once into a slab and runs the row-lane GEMM
+// of linear_vnni.h (rl_rows) over every token.
 #pragma once
 
 namespace hipc {
@@ -90,11 +90,14 @@ inline void lane_unpack(const LaneBlock<L>& B, WGroup& out) {
   }
 }
 
-// int16 activations as the balanced split (see the top); d = max|x| / 32639 per block,
-// isum = sum(q), s = sum(x).
-inline void quantize_lane_row(const float* x, int K, const QAct& a) {
-  int8_t* hr = a.q;
-  int8_t* lr = (int8_t*)a.lo;
+// Token t's int16 activations (x: its row) as the balanced split (see the top);
+// d = max|x| / 32639 per block, isum = sum(q), s = sum(x).
+inline void quantize_lane_row(const float* x, int K, const QAct& a, int t) {
+  int8_t* hr = a.q + (size_t)t * a.nbp * 32;
+  int8_t* lr = (int8_t*)a.lo + (size_t)t * a.nbp * 32;
+  float* d = a.d + (size_t)t * a.nbp;
+  float* s = a.s + (size_t)t * a.nbp;
+  int32_t* isum = a.isum + (size_t)t * a.nbp;
   for (int b = 0; b < K / 32; ++b) {
     const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
@@ -110,9 +113,9 @@ inline void quantize_lane_row(const float* x, int K, const QAct& a) {
     _mm_storeu_si128((__m128i*)(hr + 32 * b + 16), _mm512_cvtepi32_epi8(h1));
     _mm_storeu_si128((__m128i*)(lr + 32 * b), _mm512_cvtepi32_epi8(l0));
     _mm_storeu_si128((__m128i*)(lr + 32 * b + 16), _mm512_cvtepi32_epi8(l1));
-    a.d[b] = amax / 32639.f;
-    a.isum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    a.s[b] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
+    d[b] = amax / 32639.f;
+    isum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    s[b] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
   }
 }
 
@@ -122,44 +125,66 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// GEMV of groups g0 .. g0+V-1 (16 rows each) against one token's planes.
-template <class L, int V, int P>
-inline void lane_gemv_tile(const uint8_t* W, int nb, int g0, const QAct& a, float* y, int N) {
+// GEMV of groups g0 .. g0+V-1 (16 rows each) against T tokens' planes (T > 1: a batch's
+// decode step; each block of 16 rows unpacked once for all of them).
+template <class L, int V, int T, int P>
+inline void lane_gemv_tile(const uint8_t* W, int nb, int g0, const QAct& a, float* y, int ldy, int N) {
   using Q = typename L::Q;
-  __m512 facc[V];
-  for (int v = 0; v < V; ++v) facc[v] = _mm512_setzero_ps();
+  __m512 facc[V][T];
+  for (int v = 0; v < V; ++v)
+    for (int t = 0; t < T; ++t) facc[v][t] = _mm512_setzero_ps();
   const uint8_t* G[V];
   for (int v = 0; v < V; ++v) G[v] = lane_group<L>(W, nb, g0 + v);
   constexpr int C = L::kQuant + L::kFifth + L::kScale;
+  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
   for (int b = 0; b < nb; ++b) {
-    const int8_t* xh = a.q + 32 * (size_t)b;
-    const int8_t* xl = (const int8_t*)a.lo + 32 * (size_t)b;
-    const __m512 dx = _mm512_set1_ps(a.d[b]);
     for (int v = 0; v < V; ++v) {
       prefetch_range(G[v] + (size_t)b * C + HIPC_PREFETCH_BYTES, C);
       WGroup wg;
       lane_unpack<L>(lane_block<L>(G[v], nb, b), wg);
-      __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[0], bcast4(xh + chunk_elem(0)));
-      __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[1], bcast4(xh + chunk_elem(1)));
-      for (int j = 2; j < 8; j += 2) {
-        i0 = _mm512_dpbusd_epi32(i0, wg.w[j], bcast4(xh + chunk_elem(j)));
-        i1 = _mm512_dpbusd_epi32(i1, wg.w[j + 1], bcast4(xh + chunk_elem(j + 1)));
-      }
-      if constexpr (P == 2) {
-        i0 = _mm512_slli_epi32(i0, 8);
-        i1 = _mm512_slli_epi32(i1, 8);
-        for (int j = 0; j < 8; j += 2) {
-          i0 = _mm512_dpbusd_epi32(i0, wg.w[j], bcast4(xl + chunk_elem(j)));
-          i1 = _mm512_dpbusd_epi32(i1, wg.w[j + 1], bcast4(xl + chunk_elem(j + 1)));
+      for (int t = 0; t < T; ++t) {
+        const int8_t* xh = a.q + t * xs + 32 * (size_t)b;
+        const int8_t* xl = (const int8_t*)a.lo + t * xs + 32 * (size_t)b;
+        __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[0], bcast4(xh + chunk_elem(0)));
+        __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[1], bcast4(xh + chunk_elem(1)));
+        for (int j = 2; j < 8; j += 2) {
+          i0 = _mm512_dpbusd_epi32(i0, wg.w[j], bcast4(xh + chunk_elem(j)));
+          i1 = _mm512_dpbusd_epi32(i1, wg.w[j + 1], bcast4(xh + chunk_elem(j + 1)));
         }
+        if constexpr (P == 2) {
+          i0 = _mm512_slli_epi32(i0, 8);
+          i1 = _mm512_slli_epi32(i1, 8);
+          for (int j = 0; j < 8; j += 2) {
+            i0 = _mm512_dpbusd_epi32(i0, wg.w[j], bcast4(xl + chunk_elem(j)));
+            i1 = _mm512_dpbusd_epi32(i1, wg.w[j + 1], bcast4(xl + chunk_elem(j + 1)));
+          }
+        }
+        const size_t so = t * ss + b;
+        __m512i I = _mm512_add_epi32(i0, i1);
+        if constexpr (L::kOff != 0) I = _mm512_sub_epi32(I, _mm512_set1_epi32(a.isum[so] * L::kOff));
+        facc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(wg.dw, _mm512_set1_ps(a.d[so])), facc[v][t]);
+        if constexpr (Q::kMin) facc[v][t] = _mm512_fmadd_ps(wg.mw, _mm512_set1_ps(a.s[so]), facc[v][t]);
       }
-      __m512i I = _mm512_add_epi32(i0, i1);
-      if constexpr (L::kOff != 0) I = _mm512_sub_epi32(I, _mm512_set1_epi32(a.isum[b] * L::kOff));
-      facc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(wg.dw, dx), facc[v]);
-      if constexpr (Q::kMin) facc[v] = _mm512_fmadd_ps(wg.mw, _mm512_set1_ps(a.s[b]), facc[v]);
     }
   }
-  for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + 16 * (g0 + v), mask16(N - 16 * (g0 + v)), facc[v]);
+  for (int v = 0; v < V; ++v)
+    for (int t = 0; t < T; ++t)
+      _mm512_mask_storeu_ps(y + (size_t)t * ldy + 16 * (g0 + v), mask16(N - 16 * (g0 + v)), facc[v][t]);
+}
+
+// The GEMV over all groups, V at a time (the last ones alone).
+template <class L, int V, int T, int P>
+inline void lane_gemv(const uint8_t* W, int nb, int ngroups, const QAct& a, float* y, int ldy, int N, bool par) {
+  const int ntiles = (ngroups + V - 1) / V;
+#pragma omp parallel for schedule(static) if (par)
+  for (int i = 0; i < ntiles; ++i) {
+    const int g0 = i * V;
+    if (g0 + V <= ngroups) {
+      lane_gemv_tile<L, V, T, P>(W, nb, g0, a, y, ldy, N);
+    } else {
+      for (int g = g0; g < ngroups; ++g) lane_gemv_tile<L, 1, T, P>(W, nb, g, a, y, ldy, N);
+    }
+  }
 }
 
 #ifndef HIPC_LANE_GEMV_GROUPS
@@ -174,27 +199,27 @@ inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, flo
   const uint8_t* W = (const uint8_t*)Wv;
   const int nb = K / 32, ngroups = (N + 15) / 16;
   const bool par = (long long)T * N * K >= kParallelMinWork;
-  if (T == 1) {
-    const QAct a = alloc_qact(1, K, 0, P);
-    if constexpr (P == 2) {
-      quantize_lane_row(x, K, a);
-    } else {
-      quantize_act_row(x, K, a, 0);
-    }
-    constexpr int V = HIPC_LANE_GEMV_GROUPS;
-    const int ntiles = (ngroups + V - 1) / V;
-#pragma omp parallel for schedule(static) if (par)
-    for (int i = 0; i < ntiles; ++i) {
-      const int g0 = i * V;
-      if (g0 + V <= ngroups) {
-        lane_gemv_tile<L, V, P>(W, nb, g0, a, y, N);
+  if (T <= kSmallBatchMax) {  // decode (T == 1) or a batch's decode step
+    const QAct a = alloc_qact(T, K, 0, P);
+    for (int t = 0; t < T; ++t) {
+      if constexpr (P == 2) {
+        quantize_lane_row(x + (size_t)t * K, K, a, t);
       } else {
-        for (int g = g0; g < ngroups; ++g) lane_gemv_tile<L, 1, P>(W, nb, g, a, y, N);
+        quantize_act_row(x, K, a, t);
       }
     }
-    return;
+    constexpr int V = HIPC_LANE_GEMV_GROUPS;
+    switch (T) {
+      case 1: return lane_gemv<L, V, 1, P>(W, nb, ngroups, a, y, ldy, N, par);
+      case 2: return lane_gemv<L, V, 2, P>(W, nb, ngroups, a, y, ldy, N, par);
+      case 3: return lane_gemv<L, 1, 3, P>(W, nb, ngroups, a, y, ldy, N, par);
+      case 4: return lane_gemv<L, 1, 4, P>(W, nb, ngroups, a, y, ldy, N, par);
+      case 5: return lane_gemv<L, 1, 5, P>(W, nb, ngroups, a, y, ldy, N, par);
+      case 6: return lane_gemv<L, 1, 6, P>(W, nb, ngroups, a, y, ldy, N, par);
+      default: return lane_gemv<L, 1, kSmallBatchMax, P>(W, nb, ngroups, a, y, ldy, N, par);
+    }
   }
-  // T > 1: the slab of kRlVecs groups unpacked once, then every token (linear_vnni.h)
+  // prefill: the slab of kRlVecs groups unpacked once, then every token (linear_vnni.h)
   const QAct a = alloc_qact(T, K, 0, P);
   constexpr int V = kRlVecs, C = kRlCols;
   const int ntiles = (ngroups + V - 1) / V;
