@@ -1498,8 +1498,12 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q6_k64& v, const hipc_qmat_q6_k& m, si
     v.l0 = rot ? a1 : a0, v.l1 = rot ? a0 : a1;
     v.h0 = rot ? b1 : b0, v.h1 = rot ? b0 : b1;
   } else {
-    v.l0 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p), v.l1 = hipc_load_q16<SMEM>(q + 64 * h + 32 * p + 16);
-    v.h0 = hipc_load_q16<SMEM>(q + 128 + 32 * h), v.h1 = hipc_load_q16<SMEM>(q + 128 + 32 * h + 16);
+    // two pointers, each half's second load 16 bytes past (an immediate offset in SASS; written
+    // as one sum, nvcc computed each of the four addresses apart)
+    const char* pl = q + 64 * h + 32 * p;
+    const char* ph = q + 128 + 32 * h;
+    v.l0 = hipc_load_q16<SMEM>(pl), v.l1 = hipc_load_q16<SMEM>(pl + 16);
+    v.h0 = hipc_load_q16<SMEM>(ph), v.h1 = hipc_load_q16<SMEM>(ph + 16);
   }
   hipc_load_q6scales(v.sc, m.sc(b) + 8 * h);
   v.d = *(const uint16_t*)m.d(b);
