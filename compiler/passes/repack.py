@@ -273,3 +273,40 @@ def lane_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
         for b in range(0, nb, 2)
     ]
     return np.concatenate(pairs, axis=1).reshape(groups * 16, rb)
+
+
+def unlane_quant_blocks(lanes: np.ndarray, dtype: str, rows: int) -> np.ndarray:
+    """The GGUF blocks [rows, row bytes] that lane_quant_blocks laid out as `lanes`."""
+    size, (so, sn), qh, (qo, qn) = LANE_BLOCKS[dtype]
+    padded, rb = lanes.shape
+    nb, groups = rb // size, padded // 16
+    flat = np.ascontiguousarray(lanes).reshape(groups, -1)
+    blocks = np.zeros((groups, 16, nb, size), np.uint8)
+    widths = [16 * qn] + ([64] if qh is not None else []) + [16 * sn]
+
+    def unlanes(cell: np.ndarray, chunk: int) -> np.ndarray:
+        """[G, bytes / chunk * 16 rows * chunk] -> [G, 16 rows, bytes]"""
+        return cell.reshape(groups, -1, 16, chunk).transpose(0, 2, 1, 3).reshape(groups, 16, -1)
+
+    at = 0
+    for b in range(0, nb, 2):
+        m = min(2, nb - b)
+        for i in range(m):
+            parts = [
+                flat[:, at + sum(widths[:r]) * m + i * w : at + sum(widths[:r]) * m + (i + 1) * w]
+                for r, w in enumerate(widths)
+            ]
+            if qn == 32:
+                q = unlanes(parts[0], 4) ^ 0x80
+                blocks[:, :, b + i, qo : qo + qn][..., _CHUNK_ORDER] = q
+            else:
+                blocks[:, :, b + i, qo : qo + qn] = unlanes(parts[0], 4)
+            if qh is not None:
+                bits = np.unpackbits(parts[1].reshape(groups, 8, 8), axis=-1, bitorder="little")
+                bits = bits.reshape(groups, 8, 16, 4).transpose(0, 2, 1, 3).reshape(groups, 16, 32)
+                natural = np.zeros_like(bits)
+                natural[..., _CHUNK_ORDER] = bits
+                blocks[:, :, b + i, qh : qh + 4] = np.packbits(natural, axis=-1, bitorder="little")
+            blocks[:, :, b + i, so : so + sn] = unlanes(parts[-1], sn)
+        at += m * sum(widths)
+    return blocks.reshape(padded, rb)[:rows]

@@ -12,6 +12,7 @@ from hipc.compiler.kernels.embedding import EmbeddingParams
 from hipc.compiler.kernels.linear import LinearParams
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.lanes import lanes_available, lanes_weights, lay_out_lanes
+from hipc.compiler.passes.repack import LANE_BLOCKS, lane_quant_blocks, unlane_quant_blocks
 from hipc.compiler.pipeline import compile_model
 from hipc.compiler.reference.engine import ReferenceEngine
 from hipc.compiler.toolchains.cpu import cpu_flags
@@ -21,6 +22,19 @@ from hipc.runtime.engine import load_engine
 gguf_writer = pytest.importorskip("gguf_writer")
 
 AVX512 = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+
+
+@pytest.mark.parametrize("dtype", sorted(LANE_BLOCKS))
+def test_lanes_hold_every_byte_of_the_blocks(dtype):
+    """The layout is a permutation of the file's bytes (plus zero rows to 16): undone exactly,
+    for a lone block, an unpaired last block and partial row groups."""
+    rng = np.random.default_rng(3)
+    size = LANE_BLOCKS[dtype][0]
+    for rows, nb in ((1, 1), (17, 3), (40, 18), (16, 2)):
+        raw = rng.integers(0, 256, (rows, nb * size), dtype=np.uint8)
+        lanes = lane_quant_blocks(raw, dtype)
+        assert lanes.shape == (-(-rows // 16) * 16, nb * size)
+        np.testing.assert_array_equal(unlane_quant_blocks(lanes, dtype, rows), raw)
 
 
 def test_lanes_only_for_a_cpu_alone_with_avx512_vnni():

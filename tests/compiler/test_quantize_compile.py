@@ -152,7 +152,7 @@ def test_export_gguf_round_trip(tmp_path):
         tensors["blk.1.ffn_norm.weight"].data,
         src.load("model.layers.1.post_attention_layernorm.weight"),
     )
-    qkv = np.asarray(stored.raw("l0.q+k+v.weight"))
+    qkv = _gguf_rows(art, stored, "l0.q+k+v.weight")
     q, k = qkv[:32], qkv[32:48]
     np.testing.assert_array_equal(tensors["blk.0.attn_q.weight"].data, _permuted(q, heads))
     np.testing.assert_array_equal(tensors["blk.0.attn_k.weight"].data, _permuted(k, kv_heads))
@@ -178,6 +178,21 @@ def test_export_gguf_round_trip(tmp_path):
     ids = a.tokenizer.encode(text)
     assert b.tokenizer.encode(text) == ids
     assert rel_err(b.logits(ids), a.logits(ids)) <= 1e-4
+
+
+def _gguf_rows(art, stored: SafetensorsFile, name: str) -> np.ndarray:
+    """A quantized weight's GGUF rows, whatever layout the artifact keeps them in."""
+    import json
+
+    from hipc.compiler.passes.repack import unlane_quant_blocks
+
+    (spec,) = [
+        w for w in json.loads((art / "plan.json").read_text())["weights"] if w["name"] == name
+    ]
+    raw = np.asarray(stored.raw(name))
+    if spec.get("layout") == "lanes":
+        return unlane_quant_blocks(raw, spec["dtype"], spec["shape"][0])
+    return raw
 
 
 def _permuted(rows: np.ndarray, heads: int) -> np.ndarray:
