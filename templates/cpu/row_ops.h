@@ -69,6 +69,24 @@ inline __m512 exp_ps_nonpos(__m512 x) {
 }
 #endif
 
+// y[j] = silu(g[j]) * u[j] = g / (1 + e^-g) * u for j < n (the gated MLP's epilogue). On
+// AVX512 one vector exp of -|g| per 16 (e^-|g| / (1 + e^-|g|) is the sigmoid of a negative g),
+// within a few ulp of std::exp's; a SmolLM2 decode step spent ~7% of its serial time here.
+inline void silu_mul_row(const float* g, const float* u, float* y, int n) {
+  int j = 0;
+#if defined(HIPC_ISA_AVX512)
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (; j + 16 <= n; j += 16) {
+    const __m512 gv = _mm512_loadu_ps(g + j);
+    const __m512 e = exp_ps_nonpos(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gv)));
+    const __mmask16 neg = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 sig = _mm512_div_ps(_mm512_mask_blend_ps(neg, one, e), _mm512_add_ps(one, e));
+    _mm512_storeu_ps(y + j, _mm512_mul_ps(_mm512_mul_ps(gv, sig), _mm512_loadu_ps(u + j)));
+  }
+#endif
+  for (; j < n; ++j) y[j] = g[j] / (1.f + std::exp(-g[j])) * u[j];
+}
+
 // One query row's attention, fed the cached positions range by range (a KV block's
 // positions are consecutive rows K + j * stride): out[D] = sum_c softmax_c(scale * q.k_c) v_c,
 // scores soft-capped first when softcap > 0. Online softmax over blocks of 16 positions:
