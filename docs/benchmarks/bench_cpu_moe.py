@@ -14,11 +14,13 @@ Each round runs, one after the other (A B A B ..., so both see the same backgrou
   * llama.cpp: `llama-bench -m FILE -p 0 -n TOKENS -t THREADS -r 1 -o json` (its own
     one-token warm-up, then TOKENS single-token decode steps from an empty context);
   * hipc: the compiled engine in this process, TOKENS single-token forward calls from
-    position 0, the argmax fed back (one warm-up pass before the first round).
+    position 0, the argmax fed back (one warm-up pass before the first round, and as
+    llama-bench, one untimed token before each timed run).
 With --prefill-tokens P each round also times one P-token forward: llama-bench `-p P -n 0
 --repack 0` (its default weight repacking dies of SIGILL in prompt processing on this AMX
 machine; decode runs with the repacking, its faster setting here) and hipc's forward of P
-random token ids from position 0.
+random token ids from position 0, each after an untimed run of the same prompt (llama-bench's
+warm-up: without it hipc's prefill, timed right after llama-bench's process, read ~20% low).
 Reported: decode tokens/s by the wall clock (median and best over rounds), and by CPU
 time: tokens per second of the process's CPU time, for llama.cpp the difference of the
 CPU time of a `-n TOKENS+1` and a `-n 1` run (load and warm-up cancel). With --threads 1
@@ -72,6 +74,8 @@ def hipc_decode(engine, tokens: int) -> tuple[float, float]:
     import numpy as np
 
     engine.reset()
+    engine.forward([1], 0)  # llama-bench's warm-up: one token, then the timed run
+    engine.reset()
     tok = 1
     t0, c0 = time.perf_counter(), time.process_time()
     for pos in range(tokens):
@@ -84,6 +88,8 @@ def hipc_prefill(engine, tokens: int) -> float:
     import numpy as np
 
     ids = np.random.default_rng(0).integers(3, engine.vocab_size, tokens).tolist()
+    engine.reset()
+    engine.forward(ids, 0)  # llama-bench's warm-up: the whole prompt once, untimed
     engine.reset()
     t0 = time.perf_counter()
     engine.forward(ids, 0)
