@@ -2,20 +2,23 @@
 //
 // The "lanes" layout (compiler/passes/repack.py, lane_quant_blocks) keeps every byte of
 // the GGUF blocks but orders them for AVX512 lanes = output rows: rows in groups of 16
-// (the last group padded with zero rows), and per group, for its nb blocks along K:
-//   quants  nb x [Q5: 4, Q8_0: 8] x 16 dwords   dword r of vector c: row r's quant dword c
-//   fifth   nb x 8 qwords (Q5 only)             bit 4r + i of qword j: the fifth bit of
-//                                               row r's element chunk_elem(j) + i
-//   scales  nb x 16 f16 d (Q5_1: d, m pairs)    lane r: row r's block scale
-// so a block of 16 rows unpacks with no gathers or permutes (Q5: a nibble split and one
-// masked add per chunk; Q8_0: nothing), and the GEMV needs no horizontal sums: lane r
-// accumulates y[r] directly. Against the file's blocks (linear_vnni.h, whose transposed
-// groups cost ~20 byte permutes and a horizontal sum per row) this is the shape of short
-// rows: SmolLM2's 576-wide Q5_0 rows are 18 blocks, one transposed group and a 2-block tail.
+// (the last group padded with zero rows), and per group and block along K:
+//   quants  [Q4/Q5: 4, Q8_0: 8] x 16 dwords   dword r of vector c: row r's quant dword c
+//                                              (Q8_0: chunk c's 4 bytes, as u = q + 128)
+//   fifth   8 qwords (Q5 only)                 bit 4r + i of qword j: the fifth bit of
+//                                              row r's element chunk_elem(j) + i
+//   scales  16 f16 d (Q4_1/Q5_1: d, m pairs)   lane r: row r's block scale
+// with the blocks in pairs (the pair's quants, then its fifth bits, then its scales; a last
+// odd block alone), so a group is one sequential stream. A block of 16 rows unpacks with no
+// gathers or permutes (a nibble split, plus one masked add a chunk for Q5; Q8_0: nothing),
+// and the GEMV needs no horizontal sums: lane r accumulates y[r]. Against the file's blocks
+// (linear_vnni.h, whose transposed groups cost ~20 byte permutes and a horizontal sum a row)
+// this is the shape of short rows: SmolLM2's 576-wide Q5_0 rows are 18 blocks, one
+// transposed group and a 2-block tail.
 //
-// The GEMV (T <= 7: decode, a batch's decode step) takes int16 activations as a balanced split q = 256 * hi + lo with
-// both hi and lo signed bytes (|q| <= 32639), so both planes are vpdpbusd's signed,
-// broadcast memory operand against the unsigned weight bytes u = w + off:
+// The GEMV (T <= 7: decode and a batch's decode step) takes int16 activations as a balanced
+// split q = 256 * hi + lo with hi and lo both signed bytes (|q| <= 32639), so both planes are
+// vpdpbusd's signed, broadcast memory operand against the unsigned weight bytes u = w + off:
 //     I = 256 * sum(u * hi) + sum(u * lo) - off * sum(q)        (exact in int32)
 // Prefill (T > 7) unpacks each block of 16 rows once into a slab and runs the row-lane GEMM
 // of linear_vnni.h (rl_rows) over every token.
