@@ -21,6 +21,8 @@
 //     void     embed_row_{q4_0,q4_1,q8_0,f32,f16,bf16}(const void* W, int K, int64_t row,
 //                                                     float* out);
 //     void     matmul_a16_<type>(...);   // the same, int16 activations (linear_a16.h)
+//     void     matmul[_a16]_lanes_{q4_0,q4_1,q5_0,q5_1,q8_0}(...), embed_row_lanes_<type>(...);
+//                                        // weights in 16-row lanes (linear_lanes.h, AVX512)
 //     const char* cpu_isa();
 //
 // Instruction sets are chosen at compile time only (no runtime dispatch); compile the
