@@ -247,8 +247,12 @@ def _plan_memory(c: Compilation) -> None:
 def _select(c: Compilation) -> None:
     c.kernels = select_kernels(c.fusion)
     if lanes_available(c.options.targets, cpu_flags()):
-        dtypes = {name: c.graph.values[name].dtype for name in weight_order(c.kernels)}
-        c.kernels = lay_out_lanes(c.kernels, dtypes)
+        values = {name: c.graph.values[name] for name in weight_order(c.kernels)}
+        c.kernels = lay_out_lanes(
+            c.kernels,
+            {n: v.dtype for n, v in values.items()},
+            {n: tuple(int(d) for d in v.shape) for n, v in values.items()},
+        )
 
 
 def _render(t: Target) -> Callable[[Compilation], None]:
@@ -443,12 +447,13 @@ def _lazy_weight(name: str, init, reader: WeightReader, quant_layout: str) -> La
     ):
         # HF's per-expert tensors: written one expert at a time, never all in memory at once
         first = reader.stored(init.parts[0])
+        form = (lambda a: _lanes(a, init.dtype)) if quant_layout == "lanes" else (lambda a: a)
         return LazyTensor(
             name,
             first.dtype,
             init.shape[:1] + first.shape,
-            lambda: reader.stored(init),
-            chunks=lambda: (reader.stored(p)[None] for p in init.parts),
+            lambda: form(reader.stored(init)),
+            chunks=lambda: (form(reader.stored(p))[None] for p in init.parts),
         )
     refs = init.parts if isinstance(init, PackedWeight) else (init,)
     parts = [reader.stored(r) for r in refs]  # memory-mapped: nothing is read yet
@@ -458,11 +463,20 @@ def _lazy_weight(name: str, init, reader: WeightReader, quant_layout: str) -> La
             name, parts[0].dtype, shape, lambda: split_quant_blocks(reader.stored(init), init.dtype)
         )
     if quant_layout == "lanes":
-        padded = (-(-shape[0] // 16) * 16, *shape[1:])  # whole groups of 16 rows
+        if len(shape) == 2:
+            shape = (-(-shape[0] // 16) * 16, shape[1])  # whole groups of 16 rows
         return LazyTensor(
-            name, parts[0].dtype, padded, lambda: lane_quant_blocks(reader.stored(init), init.dtype)
+            name, parts[0].dtype, shape, lambda: _lanes(reader.stored(init), init.dtype)
         )
     return LazyTensor(name, parts[0].dtype, shape, lambda: reader.stored(init))
+
+
+def _lanes(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """A matrix in row lanes; stacked experts each in lanes of its own (passes/lanes.py takes
+    only those of whole 16-row groups, so every expert keeps the file's offset)."""
+    if stored.ndim == 2:
+        return lane_quant_blocks(stored, dtype)
+    return np.stack([lane_quant_blocks(e, dtype) for e in stored])
 
 
 def _layout_record(dtype: str, quant_layout: str) -> dict:

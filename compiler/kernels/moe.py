@@ -75,10 +75,16 @@ class MoEParams(Params):
     # the down projections' type where it differs (llama-quantize's Q4_K_M: some layers'
     # downs in Q6_K)
     down_wtype: str = ""
+    # the CPU's expert matrices in row lanes (passes/lanes.py): gate/up, down
+    layout: str = "gguf"
+    down_layout: str = "gguf"
 
     def tag(self) -> str:
         down = f"_d{self.down_wtype}" if self.down_wtype else ""
-        return f"{self.wtype}{down}_e{self.E}k{self.top_k}_{self.H}x{self.F}"
+        lanes = ("_lanes" if self.layout == "lanes" else "") + (
+            "_dlanes" if self.down_layout == "lanes" else ""
+        )
+        return f"{self.wtype}{down}_e{self.E}k{self.top_k}_{self.H}x{self.F}{lanes}"
 
 
 CPU = Signature.parse("""
@@ -601,9 +607,11 @@ class MoE(KernelKind):
                 )
         a16 = "a16_" if activations == "int16" else ""
         in_row = row_bytes(p.wtype, p.H)
+        lanes = "lanes_" if p.layout == "lanes" else ""
+        down_lanes = "lanes_" if p.down_layout == "lanes" else ""
         return "cpu/moe.cpp.j2", dict(
-            mm=a16 + WEIGHT_SUFFIX[p.wtype],
-            mm_down=a16 + WEIGHT_SUFFIX[down],
+            mm=a16 + lanes + WEIGHT_SUFFIX[p.wtype],
+            mm_down=a16 + down_lanes + WEIGHT_SUFFIX[down],
             rsuffix=WEIGHT_SUFFIX.get(p.router, ""),
             params=self.cpu_signature_of(k).render(CPU_INDENT),
             in_row_bytes=in_row,

@@ -10,8 +10,8 @@ bench_cpu_lanes.py), at the core's read rate.
 Only for an artifact whose one target is the CPU (one copy of the weights serves every
 target, and the GPU kernels read other layouts) on a machine with AVX512-VNNI (the layout's
 kernels exist there only; -march=native builds for the compiling machine), and only for a
-weight every reader of which can take it: Linear kernels, and the embedding gather (a tied
-output matrix is both).
+weight every reader of which can take it: Linear kernels, MoE experts (each expert's matrix
+in lanes of its own), and the embedding gather (a tied output matrix is both).
 """
 
 from __future__ import annotations
@@ -21,8 +21,15 @@ from dataclasses import replace
 from hipc.compiler.kernels.base import SelectedKernel
 from hipc.compiler.passes.repack import LANE_BLOCKS
 
-# the kinds with a lanes form, and the argument that holds the weight
-READERS = {"linear": "w", "embedding": "w"}
+# the kinds with a lanes form: which of their weight arguments, and the parameter that says
+# the argument's weight is in lanes (a MoE kernel's gate and up share one)
+READERS = {
+    "linear": {"w": "layout"},
+    "embedding": {"w": "layout"},
+    "moe": {"gate": "layout", "up": "layout", "down": "down_layout"},
+}
+# the kinds that multiply by a weight (an embedding alone gathers rows: no gain)
+MULTIPLIERS = ("linear", "moe")
 AVX512_VNNI = ({"avx512f"}, {"avx512bw"}, {"avx512vl"}, {"avx512vnni", "avx512_vnni"})
 
 
@@ -33,10 +40,15 @@ def lanes_available(targets: tuple[str, ...], cpu_flags: tuple[str, ...]) -> boo
     )
 
 
-def lay_out_lanes(kernels: list[SelectedKernel], dtypes: dict[str, str]) -> list[SelectedKernel]:
-    """The kernels, those reading a lanes-eligible weight (a type of LANE_BLOCKS, read only by
-    READERS, at least one of them a Linear) switched to its lanes form. `dtypes`: each weight's
-    storage type."""
+def lay_out_lanes(
+    kernels: list[SelectedKernel],
+    dtypes: dict[str, str],
+    shapes: dict[str, tuple[int, ...]],
+) -> list[SelectedKernel]:
+    """The kernels, those reading a lanes-eligible weight switched to its lanes form: a type of
+    LANE_BLOCKS, read only through READERS' arguments, by a Linear or MoE kernel at least, and
+    (stacked experts) whole groups of 16 rows an expert, so the experts' offsets stay the
+    file's. `dtypes` / `shapes`: each weight's storage type and logical shape."""
     readers: dict[str, list[tuple[SelectedKernel, str]]] = {}
     for k in kernels:
         for arg, (what, ref) in k.refs.items():
@@ -46,21 +58,25 @@ def lay_out_lanes(kernels: list[SelectedKernel], dtypes: dict[str, str]) -> list
         w
         for w, rs in readers.items()
         if dtypes[w] in LANE_BLOCKS
-        and all(READERS.get(k.kind.name) == arg for k, arg in rs)
-        and any(k.kind.name == "linear" for k, _ in rs)
+        and all(arg in READERS.get(k.kind.name, {}) for k, arg in rs)
+        and any(k.kind.name in MULTIPLIERS for k, _ in rs)
+        and (len(shapes[w]) == 2 or shapes[w][-2] % 16 == 0)
     }
-    return [
-        replace(k, params=replace(k.params, layout="lanes"))
-        if k.kind.name in READERS and k.refs[READERS[k.kind.name]][1] in lanes
-        else k
-        for k in kernels
-    ]
+    out = []
+    for k in kernels:
+        fields: dict[str, list[bool]] = {}
+        for arg, field in READERS.get(k.kind.name, {}).items():
+            fields.setdefault(field, []).append(k.refs.get(arg, ("none", None))[1] in lanes)
+        switched = {f: "lanes" for f, moved in fields.items() if all(moved)}
+        out.append(replace(k, params=replace(k.params, **switched)) if switched else k)
+    return out
 
 
 def lanes_weights(kernels: list[SelectedKernel]) -> set[str]:
     """The weights lay_out_lanes moved to row lanes."""
     return {
-        k.refs[READERS[k.kind.name]][1]
+        k.refs[arg][1]
         for k in kernels
-        if getattr(k.params, "layout", None) == "lanes"
+        for arg, field in READERS.get(k.kind.name, {}).items()
+        if getattr(k.params, field, None) == "lanes" and arg in k.refs
     }

@@ -10,6 +10,7 @@ import pytest
 from hipc.compiler.kernels.base import SelectedKernel
 from hipc.compiler.kernels.embedding import EmbeddingParams
 from hipc.compiler.kernels.linear import LinearParams
+from hipc.compiler.kernels.moe import MoEParams
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.lanes import lanes_available, lanes_weights, lay_out_lanes
 from hipc.compiler.passes.repack import LANE_BLOCKS, lane_quant_blocks, unlane_quant_blocks
@@ -59,6 +60,13 @@ def _kernel(kind: str, weight: str, arg: str = "w") -> SelectedKernel:
     return SelectedKernel(kind, [kind], _Kind(kind), params, {arg: ("weight", weight)})
 
 
+def _moe(gate: str, down: str) -> SelectedKernel:
+    params = MoEParams("q4_0", E=4, top_k=2, H=64, F=48, normalize=True, fused_gate_up=True,
+                       residual=True, down_wtype="q6_k")  # fmt: skip
+    refs = {"gate": ("weight", gate), "up": ("weight", gate), "down": ("weight", down)}
+    return SelectedKernel("moe", ["moe"], _Kind("moe"), params, refs)
+
+
 def test_a_weight_moves_to_lanes_only_when_every_reader_takes_them():
     kernels = [
         _kernel("embedding", "tied"),  # a tied output matrix: gather and Linear
@@ -66,13 +74,28 @@ def test_a_weight_moves_to_lanes_only_when_every_reader_takes_them():
         _kernel("linear", "alone"),
         _kernel("embedding", "table"),  # a gather alone keeps the file's blocks
         _kernel("linear", "shared"),
-        _kernel("moe", "shared", arg="w"),  # a reader with no lanes form
+        _kernel("deltanet", "shared", arg="w"),  # a reader with no lanes form
         _kernel("linear", "float"),
+        _moe("gate_up", "down_q6k"),  # Q4_0 gate/up experts move, Q6_K downs have no lanes
+        _moe("gate_up_17", "down_q80"),  # gate/up experts of 2 x 17 rows: the offsets would move
     ]
-    dtypes = {"tied": "q8_0", "alone": "q5_0", "table": "q8_0", "shared": "q5_1", "float": "f32"}
-    out = lay_out_lanes(kernels, dtypes)
-    assert lanes_weights(out) == {"tied", "alone"}
-    assert [k.params.layout for k in out] == ["lanes", "lanes", "lanes"] + ["gguf"] * 4
+    dtypes = {
+        "tied": "q8_0",
+        "alone": "q5_0",
+        "table": "q8_0",
+        "shared": "q5_1",
+        "float": "f32",
+        "gate_up": "q4_0",
+        "down_q6k": "q6_k",
+        "gate_up_17": "q4_0",
+        "down_q80": "q8_0",
+    }
+    shapes = {w: (64, 64) for w in dtypes} | {"gate_up": (4, 96, 64), "down_q6k": (4, 64, 48),
+              "gate_up_17": (4, 34, 64), "down_q80": (4, 64, 48)}  # fmt: skip
+    out = lay_out_lanes(kernels, dtypes, shapes)
+    assert lanes_weights(out) == {"tied", "alone", "gate_up", "down_q80"}
+    assert [k.params.layout for k in out] == ["lanes"] * 3 + ["gguf"] * 4 + ["lanes", "gguf"]
+    assert [k.params.down_layout for k in out[-2:]] == ["gguf", "lanes"]
 
 
 @pytest.mark.skipif(not lanes_available(("cpu",), cpu_flags()), reason="no AVX512-VNNI here")
