@@ -127,7 +127,8 @@ def stages(targets: list[Target]) -> list[Stage]:
         ),
         # Per-sequence states by kind (KV cache, recurrent): sizing, reset and reuse rules.
         Stage("plan states", _plan_states),
-        # Template + specialization + argument bindings per group.
+        # Template + specialization + argument bindings per group; a CPU-only artifact's
+        # quantized matrices in row lanes where the kernels reading them can take it.
         Stage("select kernels", _select, lambda c, d: d.json("5-kernels.json", _kernels_json(c))),
         *(
             stage
