@@ -75,7 +75,7 @@ inline void moe_expert(MatmulFn mm, MatmulFn mm_down, const float* x, int H, int
   for (int i = 0; i < n; ++i) std::copy_n(x + (size_t)tok[i] * H, H, xs + (size_t)i * H);
   mm(xs, n, H, gate, F, g, F);
   mm(xs, n, H, up, F, u, F);
-  for (size_t i = 0; i < (size_t)n * F; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  for (int i = 0; i < n; ++i) silu_mul_row(g + (size_t)i * F, u + (size_t)i * F, g + (size_t)i * F, F);
   mm_down(g, n, F, down, H, d, H);
   for (int i = 0; i < n; ++i)
     for (int c = 0; c < H; ++c) y[(size_t)tok[i] * H + c] += wt[i] * d[(size_t)i * H + c];

@@ -87,9 +87,8 @@ inline void lane_unpack(const LaneBlock<L>& B, WGroup& out) {
   }
   if constexpr (L::Q::kMin) {
     cvt_dm(_mm512_loadu_si512(B.s), out.dw, out.mw);
-  } else {
+  } else {  // mw unread: the offset comes off in int32 (kOff * isum) in every kernel here
     out.dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.s));
-    out.mw = _mm512_mul_ps(out.dw, _mm512_set1_ps(-(float)L::kOff));
   }
 }
 
