@@ -1387,21 +1387,22 @@ def gemv_class(wsuffix: str, N: int, K: int, glu: bool) -> tuple[str, str]:
 
 
 # HIPC_QUANT_GEMV_TABLE (compile time, for benchmarks timing geometries inside the decode
-# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r];..."
+# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r][,l];..."
 # replaces those entries of QUANT_GEMV_TABLE (k64: QuantGemv.unit64).
 TABLE_ENV = "HIPC_QUANT_GEMV_TABLE"
 
 
 def parse_geometry(text: str) -> QuantGemv | None:
-    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r]" -> its
-    QuantGemv (k64: unit64; pN: preload N; r: early_res); None when it is not that."""
+    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r][,l]" -> its
+    QuantGemv (k64: unit64; pN: preload N; r: early_res; l: l2_prefetch); None when it is
+    not that."""
     fields = text.split(",")
     flags = fields[7:]
     preload = [f[1:] for f in flags if f[:1] == "p"]
     if (
         len(fields) < 7
         or len(set(flags)) != len(flags)
-        or any(f not in ("k64", "r") and f[:1] != "p" for f in flags)
+        or any(f not in ("k64", "r", "l") and f[:1] != "p" for f in flags)
         or len(preload) > 1
         or not all(v.isdigit() for v in preload)
     ):
@@ -1415,6 +1416,7 @@ def parse_geometry(text: str) -> QuantGemv | None:
         preload=int(preload[0]) if preload else 0,
         unit64="k64" in flags,
         early_res="r" in flags,
+        l2_prefetch="l" in flags,
     )
 
 
@@ -1425,7 +1427,9 @@ def table_overrides() -> dict[tuple[str, str], QuantGemv]:
         family, _, cls = key.strip().partition(":")
         g = parse_geometry(geometry)
         if (family, cls) not in QUANT_GEMV_TABLE or g is None:
-            raise HipcError(f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64][,pN][,r])")
+            raise HipcError(
+                f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64][,pN][,r][,l])"
+            )
         out[family, cls] = g
     return out
 

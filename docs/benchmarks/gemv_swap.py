@@ -5,7 +5,7 @@ the GPU machine, a handful of variant kernels a second or two of nvcc.
 
 KIND is a launch's kernel name without its hash, as the profiles print it
 (linear_q4_0_4096x4096_residual_gemv); GEOMETRY is QuantGemv's fields
-"waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r]" (HIPC_QUANT_GEMV_TABLE's form).
+"waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r][,l]" (HIPC_QUANT_GEMV_TABLE's form).
 The variant takes the same arguments as the kernel it replaces; its output is not checked.
 """
 
@@ -27,7 +27,7 @@ def parse_swap(text: str) -> tuple[str, QuantGemv]:
     g = parse_geometry(geometry)
     if not kind or g is None:
         raise SystemExit(
-            f"--swap {text!r}: KIND=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r]"
+            f"--swap {text!r}: KIND=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r][,l]"
         )
     return kind, g
 

@@ -404,10 +404,10 @@ def test_table_env_replaces_entries_for_benchmarks(monkeypatch):
     assert linear.quant_gemv("q4_k", 4096, 14336) == QuantGemv(16, 2, 1, 64, 1, 4, 8, unit64=True)
     assert linear.quant_gemv("q4_0", 6144, 4096) == linear.QUANT_GEMV_LARGE
     monkeypatch.setenv(
-        linear.TABLE_ENV, "q:narrow=16,2,2,132,1,3,8,p1,r;q4_k:long=8,2,1,64,1,4,8,p2,k64"
+        linear.TABLE_ENV, "q:narrow=16,2,2,132,1,3,8,p1,r,l;q4_k:long=8,2,1,64,1,4,8,p2,k64"
     )
     assert linear.quant_gemv("q4_0", 4096, 4096) == QuantGemv(
-        16, 2, 2, 132, 1, 3, 8, preload=1, early_res=True
+        16, 2, 2, 132, 1, 3, 8, preload=1, early_res=True, l2_prefetch=True
     )
     assert linear.quant_gemv("q4_k", 4096, 14336) == QuantGemv(
         8, 2, 1, 64, 1, 4, 8, preload=2, unit64=True
@@ -421,6 +421,7 @@ def test_table_env_replaces_entries_for_benchmarks(monkeypatch):
         "q:narrow=8,2,2,128,1,4,8,k64,k64",
         "q:narrow=8,2,2,128,1,4,8,q",
         "q:narrow=8,2,2,128,1,4,8,r,r",
+        "q:narrow=8,2,2,128,1,4,8,l,l",
     ):
         monkeypatch.setenv(linear.TABLE_ENV, bad)
         with pytest.raises(HipcError, match="HIPC_QUANT_GEMV_TABLE: bad entry"):
