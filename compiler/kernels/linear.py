@@ -1469,10 +1469,13 @@ def decode_gemv(
     quant: QuantGemv | QuantGemvBulk | None = None,
     activations: str = "int16",
     quant_layout: str = "split",
+    next_prefetch: tuple[tuple[int, int], ...] = (),
 ) -> GpuKernel:
     """The GEMV of one linear. `quant` overrides quant_gemv's geometry (bench_gpu_gemv.py
     times several); `activations` (CompileOptions.activations) is how a quantized GEMV
-    rounds x: int16 (int8 hi + lo planes) or int8 (one plane)."""
+    rounds x: int16 (int8 hi + lo planes) or int8 (one plane). `next_prefetch`: (offset from
+    W, bytes) spans the quantized GEMV pulls towards L2 before its wait, spread over its grid
+    (gemv_swap.py's experiments: another kernel's first weights)."""
     wave = target.wave
     ws = WEIGHT_SUFFIX[p.wtype]
     glu = p.epilogue == "glu"
@@ -1503,6 +1506,7 @@ def decode_gemv(
             stages=g.stages,
             preload=min(g.preload or g.stages, g.stages),
             l2_prefetch=g.l2_prefetch,
+            next_prefetch=list(next_prefetch),
             early_res=g.early_res and p.epilogue == "residual",
             xq_chunk=max(1, min(g.xq_chunk, rounds)),
             lo=activations == "int16",

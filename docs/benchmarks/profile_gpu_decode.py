@@ -164,8 +164,9 @@ def ablate(eng, position: int, swaps: list[str] = ()) -> None:
     from gemv_swap import parse_swap, swapped  # this folder (sys.path[0] when run as a script)
 
     for text in swaps:
-        kind, geometry = parse_swap(text)
-        ms = sorted(graph_ms(eng, swapped(eng, launches, kind, geometry)) for _ in range(3))[1]
+        kind, geometry, next_mb = parse_swap(text)
+        variant = swapped(eng, launches, kind, geometry, next_mb)
+        ms = sorted(graph_ms(eng, variant) for _ in range(3))[1]
         print(f"swap {text}: {ms:.3f} ms ({(ms - whole) * 1e3:+.1f} us a step)")
 
 
