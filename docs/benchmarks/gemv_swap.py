@@ -11,9 +11,8 @@ The variant takes the same arguments as the kernel it replaces; its output is no
 KIND=GEOMETRY@MB: the variant also pulls the first MB MiB of the next quantized GEMV's weights
 (the next launch after it that reads a weight through a linear's GEMV) towards L2 before its
 wait, in the order that GEMV reads them (a GLU: the heads of its gate and up halves), its
-quants' region only. The spans are offsets from the variant's own W, so every launch of KIND
-must have the next GEMV at the same distance (one layer's weights after another's, as the
-artifact stores them in the order the kernels first use them).
+quants' region only. The spans are offsets from the variant's own W (the artifact's weights are
+one block on the device, in the order the kernels first use them): one variant per distance.
 """
 
 from __future__ import annotations
@@ -88,7 +87,7 @@ def swap_kernels(artifact, launches, kind: str, geometry: QuantGemv, arch: str, 
     kernels = artifact.plan["kernels"]
     options = artifact.manifest["options"]
     layout = "gguf" if "cpu" in artifact.targets else "split"
-    rendered, shared, out, spans = {}, {}, [], set()
+    rendered, shared, out, spans = {}, {}, [], {}
     for i, launch in enumerate(launches):
         if kind_of(launch.kernel) != kind:
             out.append(launch)
@@ -98,11 +97,10 @@ def swap_kernels(artifact, launches, kind: str, geometry: QuantGemv, arch: str, 
         if spec is None or spec["kind"] != "linear":
             raise SystemExit(f"--swap {kind}: {launch.kernel} is not a linear's GEMV")
         p = LinearParams(**spec["params"])
+        # a variant per distance to the next GEMV (a model's last layer has the LM head next)
         span = next_spans(artifact, bases, launches, i, next_mb)
-        spans.add(span)
-        if len(spans) > 1:
-            raise SystemExit(f"--swap {kind}@{next_mb}: the next GEMV is at different distances")
-        k = decode_gemv(f"{base}_swap", p, GpuTarget(arch), [base], geometry,
+        v = spans.setdefault(span, len(spans))
+        k = decode_gemv(f"{base}_swap{v}", p, GpuTarget(arch), [base], geometry,
                         options["activations"], layout, span)  # fmt: skip
         if k.fn not in rendered:
             rendered[k.fn] = render(f"hip/{k.template}.hip.j2", fn=k.fn, **k.ctx)
