@@ -487,12 +487,15 @@ struct KQ5_1 {
 // |u| <= 255 the largest, 256 * 32*255*128 = 2.7e8, is far inside int32. The kernels
 // below run the hi plane, shift its int32 sums left by 8 and keep accumulating the lo
 // plane on top, so the epilogue (scales, offset, Q4_1's m * sum(x)) is the int8 one.
-// d = max|x| / 32767 and s = sum(x) (the float sum, as quantize_act16 has it).
+// d = max|x| / 32767 and s = sum(x) (the float sum, as quantize_act16 has it). With qmax
+// 127 the same planes carry int8 activations (hi is 0 or -1): the K-quant kernels then
+// give --activations int8's numerics at their int16 speed.
 // ------------------------------------------------------------------------------------
-inline float quantize_block16(const float* x, int8_t* hi, uint8_t* lo, int32_t& hsum, int32_t& lsum, float& xsum) {
+inline float quantize_block16(const float* x, int8_t* hi, uint8_t* lo, int32_t& hsum, int32_t& lsum, float& xsum,
+                              float qmax = 32767.f) {
   const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 32767.f / amax : 0.f);
+  const __m512 inv = _mm512_set1_ps(amax > 0.f ? qmax / amax : 0.f);
   // round to nearest even, as std::lrint in quantize_act16
   const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv));
   const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
@@ -506,11 +509,11 @@ inline float quantize_block16(const float* x, int8_t* hi, uint8_t* lo, int32_t& 
   hsum = _mm512_reduce_add_epi32(_mm512_add_epi32(h0, h1));
   lsum = _mm512_reduce_add_epi32(_mm512_add_epi32(l0, l1));
   xsum = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
-  return amax / 32767.f;
+  return amax / qmax;
 }
 
 template <class Q>
-inline void quantize_act16_row(const float* x, int K, const QAct& a, int t) {
+inline void quantize_act16_row(const float* x, int K, const QAct& a, int t, float qmax = 32767.f) {
   const float* xr = x + (size_t)t * K;
   uint8_t* hr = (uint8_t*)a.q + (size_t)t * a.nbp * 32;
   uint8_t* lr = a.lo + (size_t)t * a.nbp * 32;
@@ -522,7 +525,7 @@ inline void quantize_act16_row(const float* x, int K, const QAct& a, int t) {
     int8_t hi[32];
     uint8_t lo[32];
     int32_t hsum, lsum;
-    dr[b] = quantize_block16(xr + 32 * b, hi, lo, hsum, lsum, sr[b]);
+    dr[b] = quantize_block16(xr + 32 * b, hi, lo, hsum, lsum, sr[b], qmax);
     ir[b] = 256 * hsum + (Q::kLoOffset ? lsum : 0);
     put_block(hr, b, b < nbt, hi);
     put_block(lr, b, b < nbt, lo);

@@ -445,11 +445,12 @@ struct KSAct {
   static constexpr bool kLoOffset = true;
 };
 
-// K-quant matmul with int16 activations. T == 1: GEMV over tiles of kGemvRows rows.
+// K-quant matmul with integer activations as int16 planes (qmax 32767; 127: int8 values in
+// the same planes, quantize_block16). T == 1: GEMV over tiles of kGemvRows rows.
 // T = 2..5: the GEMV over all T tokens (ks_gemv_batch). Larger T: row lanes, one OpenMP region as q_matmul's: each thread preps a slab of 16V
 // rows (K/32 * V WGroups) once and sweeps all T tokens with it.
 template <class KS>
-inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
+inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy, float qmax = 32767.f) {
   if (T <= 0 || N <= 0) return;
   const uint8_t* W = (const uint8_t*)Wv;
   const int nsb = K / 256, nb = K / 32;
@@ -462,7 +463,7 @@ inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float
   constexpr int kKSmallBatchMax = kSmallBatchMax < 5 ? kSmallBatchMax : 5;
   if (T > 1 && T <= kKSmallBatchMax) {
     for (int t = 0; t < T; ++t) {
-      quantize_act16_row<KSAct>(x, K, a, t);
+      quantize_act16_row<KSAct>(x, K, a, t, qmax);
       kact_row(a, k, t);
     }
     switch (T) {
@@ -481,7 +482,7 @@ inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float
     {
 #pragma omp for schedule(static)
       for (int t = 0; t < T; ++t) {
-        quantize_act16_row<KSAct>(x, K, a, t);
+        quantize_act16_row<KSAct>(x, K, a, t, qmax);
         kact_row(a, k, t);
       }
       WGroup* slab = (WGroup*)scratch(1, sizeof(WGroup) * (size_t)nb * V);
@@ -494,7 +495,7 @@ inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float
     }
     return;
   }
-  quantize_act16_row<KSAct>(x, K, a, 0);
+  quantize_act16_row<KSAct>(x, K, a, 0, qmax);
   kact_row(a, k, 0);
   constexpr int R = kGemvRows;
   const int ntiles = (N + R - 1) / R;
