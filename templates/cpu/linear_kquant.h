@@ -7,9 +7,8 @@
 // AVX512 widening each 32-unit straight into registers (kq_tile_reg). Prefill (T >= 8)
 // unpacks slabs of 16 rows once: Q5_0/Q5_1 on AVX512 into int16 pairs for vpdpwssd (the
 // decode path's integer math, rows in lanes), everything else into f32 for the dense
-// tile (x not rounded). On AVX512, Q5_0/Q5_1 with int16 activations leave for the VNNI
-// byte-plane kernels of linear_vnni.h, and the K-quants (int16 or int8 activations) for
-// linear_vnni_k.h's (kq_matmul).
+// tile (x not rounded). On AVX512 (int16 or int8 activations), Q5_0/Q5_1 leave for the VNNI
+// byte-plane kernels of linear_vnni.h, and the K-quants for linear_vnni_k.h's (kq_matmul).
 #pragma once
 
 #include <type_traits>
@@ -485,13 +484,12 @@ inline void kq_matmul(const float* x, int T, int K, const void* W, int N, float*
   constexpr int R = 4, QK = KTraits<B>::QK;
   const B* Wb = (const B*)W;
 #if defined(HIPC_ISA_AVX512)
-  // Q5_0/Q5_1 with int16 activations: the Q4 byte-plane VNNI kernels (linear_vnni.h
-  // KQ5_0/KQ5_1), GEMV and row-lane GEMM. NOTE: measured on the SmolLM2 Q4_K_M file (one
-  // core): decode 65 -> 69 tok/s over kq_tile_reg, prefill 440 -> 532 over the pairs
-  if constexpr (std::is_same<B, block_q5_0>::value)
-    if (qmax == 32767.f) return q_matmul<KQ5_0, 2>(x, T, K, W, N, y, ldy);
-  if constexpr (std::is_same<B, block_q5_1>::value)
-    if (qmax == 32767.f) return q_matmul<KQ5_1, 2>(x, T, K, W, N, y, ldy);
+  // Q5_0/Q5_1: the Q4 byte-plane VNNI kernels (linear_vnni.h KQ5_0/KQ5_1), GEMV and
+  // row-lane GEMM, int8 activations in the int16 planes too. NOTE: measured on the SmolLM2
+  // Q4_K_M file (one core, int16): decode 65 -> 69 tok/s over kq_tile_reg, prefill 440 -> 532
+  // over the pairs; int8 without row lanes (Intel Xeon): decode 93 -> 155 tok/s
+  if constexpr (std::is_same<B, block_q5_0>::value) return q_matmul<KQ5_0, 2>(x, T, K, W, N, y, ldy, qmax);
+  if constexpr (std::is_same<B, block_q5_1>::value) return q_matmul<KQ5_1, 2>(x, T, K, W, N, y, ldy, qmax);
   // Q4_K/Q5_K/Q6_K: linear_vnni_k.h, int8 activations too (as int16 planes). NOTE: measured
   // on the SmolLM2 Q4_K_M file with int8 (Intel Xeon, engine loop) over kq_tile_reg and the
   // f32 prefill: decode 122 -> 183 tok/s on one core (int16: 190), 266 -> 360 on two,

@@ -987,9 +987,10 @@ constexpr int kGemvRows = 4;
 //   T > kSmallBatchMax (prefill): one OpenMP region; `omp for` over tokens quantizes x, then
 //   `omp for schedule(static)` over slabs of 16*kRlVecs rows: each thread preps its slab
 //   once (K/32 * kRlVecs * 640 bytes, L2 resident) and sweeps all T tokens with it.
-// P: activation planes, 1 = int8 activations, 2 = int16 ones (quantize_block16).
+// P: activation planes, 1 = int8 activations, 2 = int16 ones (quantize_block16; qmax 127:
+// int8 values in the two planes).
 template <class Q, int P = 1>
-inline void q_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
+inline void q_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy, float qmax = 32767.f) {
   if (T <= 0 || N <= 0) return;
   const uint8_t* W = (const uint8_t*)Wv;
   const int nb = K / 32;
@@ -999,7 +1000,7 @@ inline void q_matmul(const float* x, int T, int K, const void* Wv, int N, float*
     if constexpr (P == 1) {
       quantize_act_row(x, K, a, t);
     } else {
-      quantize_act16_row<Q>(x, K, a, t);
+      quantize_act16_row<Q>(x, K, a, t, qmax);
     }
   };
   const bool par = (long long)T * N * K >= kParallelMinWork;
