@@ -40,7 +40,6 @@ from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.fuse import Fusion, fuse
 from hipc.compiler.passes.lanes import lanes_available, lanes_weights, lay_out_lanes
 from hipc.compiler.passes.memory import MemoryPlan, plan_memory
-from hipc.compiler.passes.prefetch import link_prefetches, prefetch_available, prefetch_table
 from hipc.compiler.passes.quantize import quantize_weights
 from hipc.compiler.passes.repack import (
     SPLIT_BLOCKS,
@@ -248,8 +247,6 @@ def _plan_memory(c: Compilation) -> None:
 
 def _select(c: Compilation) -> None:
     c.kernels = select_kernels(c.fusion)
-    if prefetch_available(c.options.targets):
-        c.kernels = link_prefetches(c.kernels, prefetch_table(), c.options.quant_layout)
     if lanes_available(c.options.targets, cpu_flags()):
         values = {name: c.graph.values[name] for name in weight_order(c.kernels)}
         c.kernels = lay_out_lanes(

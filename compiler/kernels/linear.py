@@ -59,9 +59,6 @@ class LinearParams(Params):
     softcap: float = 0.0  # y = cap * tanh(y / cap); 0.0: none
     gated: bool = False  # residual epilogue scaled per token: res + sigmoid(gate[t]) * row
     layout: str = "gguf"  # the weight's blocks: as in the file, or "lanes" (passes/lanes.py)
-    # the decode GEMV's pull of the next GEMV's first weights towards L2 before its wait
-    # (passes/prefetch.py): (offset from that weight, bytes) pairs, flat; () none
-    next_pf: tuple[int, ...] = ()
 
     def tag(self) -> str:
         return (
@@ -72,14 +69,7 @@ class LinearParams(Params):
             + ("_gelu" if self.act == "gelu_tanh" else "")
             + ("_postrms" if self.post_norm_eps else "")
             + ("_cap" if self.softcap else "")
-            + ("_pf" if self.next_pf else "")
         )
-
-    @property
-    def prefetch_spans(self) -> tuple[tuple[int, int], ...]:
-        """`next_pf` as (offset, bytes) pairs."""
-        f = tuple(int(v) for v in self.next_pf)
-        return tuple(zip(f[::2], f[1::2], strict=True))
 
     @property
     def n_out(self) -> int:
@@ -117,21 +107,6 @@ GEMV_GATED = Signature.parse(
 const float* __restrict__ x, const void* __restrict__ W, const float* __restrict__ norm_w,
 const float* __restrict__ bias, const float* res, float* y"""
     + _GATE
-)
-# a decode GEMV that prefetches the next GEMV's weights: their first byte after the others
-_PF = "\nconst char* __restrict__ pf"
-GEMV_PF = Signature.parse(
-    """
-const float* __restrict__ x, const void* __restrict__ W, const float* __restrict__ norm_w,
-const float* __restrict__ bias, const float* res, float* y"""
-    + _PF
-)
-GEMV_GATED_PF = Signature.parse(
-    """
-const float* __restrict__ x, const void* __restrict__ W, const float* __restrict__ norm_w,
-const float* __restrict__ bias, const float* res, float* y"""
-    + _GATE
-    + _PF
 )
 GEMM_GATED = Signature.parse(
     """
@@ -380,10 +355,8 @@ class Linear(KernelKind):
         dk = decode_gemv(
             k.fn, p, g.target, k.nodes, activations=g.activations, quant_layout=g.quant_layout
         )
-        # the next GEMV's weights (passes/prefetch.py) only in the decode launch
-        pf = {"pf": b.ref(r["pf"])} if p.next_pf else {}
         g.launch("decode", k.group, g.kernel(dk), dk.grid, [dk.threads], gemv_signature(p),
-                 {**common, **pf}, shared=dk.shared, overlap=True)  # fmt: skip
+                 common, shared=dk.shared, overlap=True)  # fmt: skip
         split = g.prefill_precision == "split"
         rows = "rows" if last_only else "T"
         # batch steps of up to `small` rows run the weights-once GEMV (linear_gemvm), larger
@@ -588,8 +561,6 @@ def wgmma_bf16_reader(
 
 
 def gemv_signature(p: LinearParams) -> Signature:
-    if p.next_pf:
-        return GEMV_GATED_PF if p.gated else GEMV_PF
     return GEMV_GATED if p.gated else GEMV
 
 
@@ -1502,10 +1473,9 @@ def decode_gemv(
 ) -> GpuKernel:
     """The GEMV of one linear. `quant` overrides quant_gemv's geometry (bench_gpu_gemv.py
     times several); `activations` (CompileOptions.activations) is how a quantized GEMV
-    rounds x: int16 (int8 hi + lo planes) or int8 (one plane). A quantized GEMV pulls the
-    (offset, bytes) spans of p.next_pf (from its `pf` argument: the next GEMV's weights)
-    towards L2 before its wait on NVIDIA sm_90+, where kernels overlap; `next_prefetch`:
-    spans from its own W instead (gemv_swap.py's experiments)."""
+    rounds x: int16 (int8 hi + lo planes) or int8 (one plane). `next_prefetch`: (offset from
+    W, bytes) spans the quantized GEMV pulls towards L2 before its wait, spread over its grid
+    (gemv_swap.py's experiments: another kernel's first weights)."""
     wave = target.wave
     ws = WEIGHT_SUFFIX[p.wtype]
     glu = p.epilogue == "glu"
@@ -1536,8 +1506,7 @@ def decode_gemv(
             stages=g.stages,
             preload=min(g.preload or g.stages, g.stages),
             l2_prefetch=g.l2_prefetch,
-            next_prefetch=list(next_prefetch or (p.prefetch_spans if target.sm >= 90 else ())),
-            pf_base="W" if next_prefetch else "pf",
+            next_prefetch=list(next_prefetch),
             early_res=g.early_res and p.epilogue == "residual",
             xq_chunk=max(1, min(g.xq_chunk, rounds)),
             lo=activations == "int16",

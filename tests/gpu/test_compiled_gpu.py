@@ -84,15 +84,6 @@ def test_quantized_on_gpu(qtype, tmp_path):
     check(write_numpy_gguf(tmp_path / "m.gguf", qtype), tmp_path)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
-def test_gemvs_prefetching_the_next_weights_on_gpu(qtype, tmp_path, monkeypatch):
-    """Every quantized decode GEMV but the last given the next one's weight to pull towards
-    L2 before its wait (passes/prefetch.py; a hint: the logits are the reference's)."""
-    monkeypatch.setenv("HIPC_GEMV_PREFETCH", "q:small=0.01;q:small_long=0.01")
-    path = write_numpy_gguf(tmp_path / "m.gguf", qtype, hidden=256, ffn=512)
-    check(path, tmp_path, kv_storage="float32")  # float32 KV: as test_iq4_on_gpu says
-
-
 @pytest.mark.parametrize("wtype", ["iq4_nl", "iq4_xs"])
 def test_iq4_on_gpu(wtype, tmp_path, monkeypatch):
     """IQ4_NL and IQ4_XS in every matrix (the embedding too): the GEMVs, the prefill GEMM's
