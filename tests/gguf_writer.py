@@ -273,6 +273,30 @@ def iq4_xs_blocks(b: np.ndarray) -> np.ndarray:
     )
 
 
+def q3_k_blocks(b: np.ndarray) -> np.ndarray:
+    """Q3_K blocks [n, 110] of 256-value rows `b`, for tests: each 16-value sub-block's scale
+    amax / 4 as a 6-bit sc (32 + scale / d rounded, d = the largest / 31), values rounded to
+    -4..3 (hipc has no Q3_K quantizer; gguf-py's dequantizer is the reference)."""
+    n = len(b)
+    sub = b.reshape(n, 16, 16)
+    want = np.abs(sub).max(2) / 4
+    d = (want.max(1) / 31).astype(np.float16)
+    df = d.astype(np.float32)[:, None]
+    ls = 32 + np.clip(np.rint(want / np.where(df > 0, df, 1)), 0, 31).astype(np.int64)
+    scale = (df * (ls - 32))[:, :, None]
+    q = np.clip(np.rint(sub / np.where(scale > 0, scale, 1)), -4, 3).astype(np.int64)
+    q = q.reshape(n, 2, 4, 32)  # [block, half h, unit k of the half, element i]
+    hi = (q >= 0).astype(np.uint8)  # bit set: q = lo; clear: q = lo - 4
+    lo = np.where(q >= 0, q, q + 4).astype(np.uint8)
+    qs = (lo << (2 * np.arange(4))[None, None, :, None]).sum(2).astype(np.uint8).reshape(n, 64)
+    hmask = (hi.reshape(n, 8, 32) << np.arange(8)[None, :, None]).sum(1).astype(np.uint8)
+    sc = np.zeros((n, 12), np.uint8)
+    sc[:, :8] = (ls[:, :8] & 15) | ((ls[:, 8:] & 15) << 4)
+    for k in range(4):
+        sc[:, 8 + k] = sum(((ls[:, k + 4 * j] >> 4) & 3) << (2 * j) for j in range(4))
+    return np.concatenate([hmask, qs, sc, d[:, None].view(np.uint8)], axis=1)
+
+
 def write_numpy_gguf(
     path: Path,
     qtype: str = "F32",

@@ -28,37 +28,49 @@ WEIGHT_SUFFIX = {
     "q5_k": "q5_k",
     "iq4_nl": "iq4_nl",
     "iq4_xs": "iq4_xs",
+    "q3_k": "q3_k",
 }
-# the weight types the CPU kernels read (GPU kernels read every WEIGHT_SUFFIX type)
+# the weight types the CPU kernels read
 CPU_WTYPES = (
     "float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
-    "iq4_nl", "iq4_xs",
+    "iq4_nl", "iq4_xs", "q3_k",
 )  # fmt: skip
+# the weight types the GPU kernels read (Q3_K: the CPU's only)
+HIP_WTYPES = tuple(t for t in WEIGHT_SUFFIX if t != "q3_k")
 
 
 # Weight storage types each target family has linear and embedding kernels for. A model
 # with any other type is refused before rendering (check_weight_types), naming the tensor.
-KERNEL_WTYPES = {"cpu": CPU_WTYPES, "hip": tuple(WEIGHT_SUFFIX)}
+KERNEL_WTYPES = {"cpu": CPU_WTYPES, "hip": HIP_WTYPES}
 
 
 def check_weight_types(kernels, initializers: dict, target_family: str) -> None:
     """Refuse the first weight whose type the target family ("cpu", "nvidia", "amd") has no
     kernel for, in one line naming the tensor(s) as the model file does, its type and the
     supported types."""
+    from hipc.compiler.ir import QUANT_DTYPES, PackedWeight, initializer_type
+
     family = "cpu" if target_family == "cpu" else "hip"
     supported = KERNEL_WTYPES[family]
     for k in kernels:
-        wtype = getattr(k.params, "wtype", None)
-        if wtype is None or wtype in supported:
-            continue
-        ref = k.refs["w"][1]
-        init = initializers.get(ref)
-        parts = getattr(init, "parts", None) or (init,)
-        names = ", ".join(getattr(r, "name", ref) for r in parts)
-        raise HipcError(
-            f"{names}: weight type {wtype} has no {family.upper()} kernel "
-            f"(supported: {', '.join(supported)})"
-        )
+        for arg, (what, ref) in k.refs.items():
+            init = initializers.get(ref) if what == "weight" else None
+            if init is None:
+                continue
+            # a kernel's matrix ("w") in any type, its other weights (a MoE's experts,
+            # norms, tables) where they are GGUF blocks
+            stored = initializer_type(init).dtype
+            wtype = getattr(k.params, "wtype", stored) if arg == "w" else stored
+            if wtype in supported or (arg != "w" and wtype not in QUANT_DTYPES):
+                continue
+            if isinstance(init, PackedWeight):  # q/k/v or gate/up joined: the file's names
+                name = ", ".join(r.name for r in init.parts)
+            else:
+                name = getattr(init, "name", ref)
+            raise HipcError(
+                f"{name}: weight type {wtype} has no {family.upper()} kernel "
+                f"(supported: {', '.join(supported)})"
+            )
 
 
 def c_float(x: float) -> str:

@@ -176,10 +176,10 @@ class SelectedKernel:
 def weight_suffix(k: SelectedKernel, where: str) -> str:
     """The suffix of the weight type's helpers in the templates' headers, or a FusionError
     naming the group when `where` ("CPU", "HIP") has no kernel for that type."""
-    from hipc.compiler.codegen.environment import CPU_WTYPES, WEIGHT_SUFFIX
+    from hipc.compiler.codegen.environment import CPU_WTYPES, HIP_WTYPES, WEIGHT_SUFFIX
 
     wtype = k.params.wtype
-    supported = CPU_WTYPES if where == "CPU" else tuple(WEIGHT_SUFFIX)
+    supported = CPU_WTYPES if where == "CPU" else HIP_WTYPES
     if wtype not in supported:
         listed = f" (supported: {', '.join(supported)})" if where == "CPU" else ""
         raise FusionError(f"{k.group}: weight type {wtype} has no {where} kernel{listed}")

@@ -34,6 +34,11 @@ namespace hipc {
 //     16 sub-blocks of 16, w = d * scales[e / 16] * (q - 32) with q = lo | hi << 4; in each
 //     half h of 128 elements, element r takes lo = nibble (r / 64) of ql[64h + r % 64]
 //     and hi = bits 2 * (r / 32) of qh[32h + r % 32]
+//   Q3_K (110 B): u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d
+//     16 sub-blocks of 16, w = d * (sc - 32) * q with q = lo - (hi ? 0 : 4) in -4..3; 32-unit
+//     u = 4h + k (h the half of 128) takes lo = bits 2k of qs[32h + i] and hi = bit u of
+//     hmask[i] (i = 0..31); sub-block 2u + i / 16's 6-bit sc: low 4 bits scales[n] & 15
+//     (n < 8) or scales[n - 8] >> 4, top 2 bits scales[8 + n % 4] >> (2 * (n / 4)) & 3
 //
 // A weight matrix W[N, K] is N rows of K/QK consecutive blocks (K % QK == 0).
 // ------------------------------------------------------------------------------------
@@ -97,5 +102,12 @@ static_assert(sizeof(block_q5_1) == 24, "Q5_1 block must be 24 bytes");
 static_assert(sizeof(block_q4_k) == 144, "Q4_K block must be 144 bytes");
 static_assert(sizeof(block_q5_k) == 176, "Q5_K block must be 176 bytes");
 static_assert(sizeof(block_q6_k) == 210, "Q6_K block must be 210 bytes");
+struct block_q3_k {
+  uint8_t hmask[32];
+  uint8_t qs[64];
+  uint8_t scales[12];
+  uint16_t d;
+};
+static_assert(sizeof(block_q3_k) == 110, "Q3_K block must be 110 bytes");
 
 }  // namespace hipc

@@ -1,5 +1,5 @@
 // linear_kquant.h -- matmuls and embedding gathers for Q5_0, Q5_1, IQ4_NL, IQ4_XS and
-// the K-quants (Q4_K, Q5_K, Q6_K). Apart from linear_vnni.h / linear_avx2.h because these types share
+// the K-quants (Q3_K, Q4_K, Q5_K, Q6_K). Apart from linear_vnni.h / linear_avx2.h because these types share
 // one shape the 32-blocks of Q4_0/Q4_1/Q8_0 do not have: scales that change every 16 or
 // 32 elements inside a block, read from packed 6-bit or int8 fields. One kernel serves
 // them all: a block is w = q * s[e / 16] + m[e / 32] (int16 values q, a float scale per
@@ -26,14 +26,21 @@ struct Unpacked {
   float m[QK / 32];
 };
 
+// QK: elements per block; kMin: an offset per 32; kHalves: the scale changes inside a 32-unit
 template <class B> struct KTraits;
-template <> struct KTraits<block_q5_0> { static constexpr int QK = 32; static constexpr bool kMin = false; };
-template <> struct KTraits<block_q5_1> { static constexpr int QK = 32; static constexpr bool kMin = true; };
-template <> struct KTraits<block_iq4_nl> { static constexpr int QK = 32; static constexpr bool kMin = false; };
-template <> struct KTraits<block_iq4_xs> { static constexpr int QK = 256; static constexpr bool kMin = false; };
-template <> struct KTraits<block_q4_k> { static constexpr int QK = 256; static constexpr bool kMin = true; };
-template <> struct KTraits<block_q5_k> { static constexpr int QK = 256; static constexpr bool kMin = true; };
-template <> struct KTraits<block_q6_k> { static constexpr int QK = 256; static constexpr bool kMin = false; };
+template <int N, bool M, bool H = false>
+struct KShape {
+  static constexpr int QK = N;
+  static constexpr bool kMin = M, kHalves = H;
+};
+template <> struct KTraits<block_q5_0> : KShape<32, false> {};
+template <> struct KTraits<block_q5_1> : KShape<32, true> {};
+template <> struct KTraits<block_iq4_nl> : KShape<32, false> {};
+template <> struct KTraits<block_iq4_xs> : KShape<256, false> {};
+template <> struct KTraits<block_q3_k> : KShape<256, false, true> {};
+template <> struct KTraits<block_q4_k> : KShape<256, true> {};
+template <> struct KTraits<block_q5_k> : KShape<256, true> {};
+template <> struct KTraits<block_q6_k> : KShape<256, false, true> {};
 
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
@@ -157,6 +164,28 @@ inline void unpack(const block_q6_k& b, Unpacked<256>& u) {
   for (int j = 0; j < 8; ++j) u.m[j] = 0.f;
 }
 
+// Q3_K sub-block n's scale: d * (sc - 32), sc its 6 bits (blocks.h)
+inline void q3_k_scales(const block_q3_k& b, float* s) {
+  const float d = fp16_to_fp32(b.d);
+  for (int n = 0; n < 16; ++n) {
+    const int lo = n < 8 ? b.scales[n] & 15 : b.scales[n - 8] >> 4;
+    const int hi = (b.scales[8 + n % 4] >> (2 * (n / 4))) & 3;
+    s[n] = d * (float)((lo | hi << 4) - 32);
+  }
+}
+
+inline void unpack(const block_q3_k& b, Unpacked<256>& u) {
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t* qs = b.qs + 32 * (j >> 2);
+    const int shift = 2 * (j & 3);
+    int16_t* q = u.q + 32 * j;
+#pragma omp simd
+    for (int i = 0; i < 32; ++i) q[i] = (int16_t)(((qs[i] >> shift) & 3) - ((b.hmask[i] >> j) & 1 ? 0 : 4));
+  }
+  q3_k_scales(b, u.s);
+  for (int j = 0; j < 8; ++j) u.m[j] = 0.f;
+}
+
 #if defined(HIPC_ISA_AVX512)
 // Decode (AVX512): 32-unit j of a block straight into 32 int16 lanes, no trip through
 // memory: byte ops on the packed fields, then one widening. Scales come from scales().
@@ -193,6 +222,13 @@ inline __m512i w16(const block_q5_k& b, int j) {
   const __m256i v = k_nibbles(b.qs, j);
   return _mm512_cvtepu8_epi16(_mm256_mask_add_epi8(v, high, v, _mm256_set1_epi8(16)));
 }
+// Q3_K: unit j = 4h + k: bits 2k of qs[32h + i], less 4 where bit j of hmask[i] is clear
+inline __m512i w16(const block_q3_k& b, int j) {
+  const __m256i q = _mm256_loadu_si256((const __m256i*)(b.qs + 32 * (j >> 2)));
+  const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (j & 3)), _mm256_set1_epi8(3));
+  const __mmask32 high = _mm256_test_epi8_mask(_mm256_loadu_si256((const __m256i*)b.hmask), _mm256_set1_epi8((char)(1 << j)));
+  return _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_mask_add_epi8(lo, high, lo, _mm256_set1_epi8(4))), _mm512_set1_epi16(4));
+}
 // Q6_K: unit j = 4h + k holds elements 32k.. of half h: low nibble (k >> 1) of
 // ql[64h + 32(k & 1) + i], top bits 2k of qh[32h + i]
 inline __m512i w16(const block_q6_k& b, int j) {
@@ -217,6 +253,10 @@ inline void scales(const block_q5_1& b, float* s, float* m) {
 }
 inline void scales(const block_q4_k& b, float* s, float* m) { k_scales(b.scales, b.d, b.dmin, s, m); }
 inline void scales(const block_q5_k& b, float* s, float* m) { k_scales(b.scales, b.d, b.dmin, s, m); }
+inline void scales(const block_q3_k& b, float* s, float* m) {
+  q3_k_scales(b, s);
+  for (int j = 0; j < 8; ++j) m[j] = 0.f;
+}
 inline void scales(const block_q6_k& b, float* s, float* m) {
   const float d = fp16_to_fp32(b.d);
   for (int j = 0; j < 16; ++j) s[j] = d * (float)b.scales[j];
@@ -224,12 +264,12 @@ inline void scales(const block_q6_k& b, float* s, float* m) {
 }
 
 // The decode GEMV tile (TN tokens, TN small): as kq_tile below, with the units widened
-// in registers. Only Q6_K changes scale inside a 32-unit (lanes 8..15 hold its second
+// in registers. Q3_K and Q6_K change scale inside a 32-unit (lanes 8..15 hold its second
 // 16 elements' pair sums).
 template <class B, int R, int TN>
 inline void kq_tile_reg(const B* rows, size_t row_stride, const Act16& a, int t0, float* y, int ldy) {
   constexpr int QK = KTraits<B>::QK, U = QK / 32;
-  constexpr bool kHalves = std::is_same<B, block_q6_k>::value;
+  constexpr bool kHalves = KTraits<B>::kHalves;
   const int nsb = a.nb / U;
   __m512 acc[R][TN];
   float macc[R][TN];
@@ -422,7 +462,7 @@ inline void pair_slab(const B* rows, size_t rb, int nr, int nb, const PairSlab& 
 
 template <class B, int C>
 inline void pair_tile(const PairSlab& ps, int nb, int K, const Act16& a, int t0, int nr, float* y, int ldy) {
-  constexpr bool kHalves = std::is_same<B, block_q6_k>::value;
+  constexpr bool kHalves = KTraits<B>::kHalves;
   __m512 facc[C];
   for (int c = 0; c < C; ++c) facc[c] = _mm512_setzero_ps();
   for (int j = 0; j < nb; ++j) {
@@ -560,6 +600,7 @@ HIPC_KQUANT_ENTRY(q5_0, block_q5_0)
 HIPC_KQUANT_ENTRY(q5_1, block_q5_1)
 HIPC_KQUANT_ENTRY(iq4_nl, block_iq4_nl)
 HIPC_KQUANT_ENTRY(iq4_xs, block_iq4_xs)
+HIPC_KQUANT_ENTRY(q3_k, block_q3_k)
 HIPC_KQUANT_ENTRY(q4_k, block_q4_k)
 HIPC_KQUANT_ENTRY(q5_k, block_q5_k)
 HIPC_KQUANT_ENTRY(q6_k, block_q6_k)

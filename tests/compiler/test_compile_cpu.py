@@ -222,26 +222,48 @@ def test_gate_and_up_in_different_types(activations, tmp_path):
     assert sum(k["kernel"].startswith("glu_silu_512") for k in steps["forward"]) == 2
 
 
-@pytest.mark.parametrize("target, label", [("cpu", "CPU"), ("sm_90", "HIP")])
+@pytest.mark.parametrize("activations", ["int16", "int8"])
+def test_q3_k_weights(activations, tmp_path, monkeypatch):
+    """Q3_K (Q3_K_M and Q2_K files' main type: 3-bit values under 6-bit scales per 16) in
+    every matrix but the embedding, against the reference (gguf-py's dequantizer)."""
+    from hipc.compiler import quantize
+
+    gguf_writer = pytest.importorskip("gguf_writer")
+    monkeypatch.setitem(quantize._QUANTIZERS, "q3_k", gguf_writer.q3_k_blocks)
+    path = gguf_writer.write_numpy_gguf(
+        tmp_path / "m.gguf",
+        hidden=256,
+        ffn=512,
+        types=lambda n: "q8_0" if n == "token_embd.weight" else "q3_k",
+    )
+    assert "q3_k" in _quantized_against_reference(path, tmp_path, activations, int8_bar=5e-2)
+
+
+@pytest.mark.parametrize(
+    "wtype, target, label",
+    [("q2_k", "cpu", "CPU"), ("q2_k", "sm_90", "HIP"), ("q3_k", "sm_90", "HIP")],
+)
 def test_weight_type_without_kernel_is_refused_naming_the_tensor(
-    target, label, tmp_path, monkeypatch
+    wtype, target, label, tmp_path, monkeypatch
 ):
     """One line, before any rendering: the tensor as the file names it, its type, the
-    supported types. (Q3_K blocks are random bytes: only the type matters here.)"""
+    supported types. (The blocks are random bytes: only the type matters here; Q3_K has CPU
+    kernels only.)"""
     from hipc.base.errors import HipcError
     from hipc.compiler import quantize
 
     gguf_writer = pytest.importorskip("gguf_writer")
+    nbytes = {"q2_k": 84, "q3_k": 110}[wtype]
     monkeypatch.setitem(
         quantize._QUANTIZERS,
-        "q3_k",
-        lambda b: np.random.default_rng(0).integers(0, 256, (len(b), 110), dtype=np.uint8),
+        wtype,
+        lambda b: np.random.default_rng(0).integers(0, 256, (len(b), nbytes), dtype=np.uint8),
     )
     path = gguf_writer.write_numpy_gguf(
         tmp_path / "m.gguf",
         hidden=256,
         ffn=512,
-        types=lambda n: "q3_k" if n == "blk.1.ffn_down.weight" else "q8_0",
+        types=lambda n: wtype if n == "blk.1.ffn_down.weight" else "q8_0",
     )
     with pytest.raises(HipcError) as e:
         compile_model(
@@ -251,5 +273,5 @@ def test_weight_type_without_kernel_is_refused_naming_the_tensor(
             verbose=False,
         )
     msg = str(e.value)
-    assert msg.startswith(f"blk.1.ffn_down.weight: weight type q3_k has no {label} kernel")
+    assert msg.startswith(f"blk.1.ffn_down.weight: weight type {wtype} has no {label} kernel")
     assert "(supported: float32, " in msg and "\n" not in msg

@@ -295,7 +295,7 @@ def check_error_is_the_int16_rounding(artifact, model, qtype, monkeypatch) -> No
     assert greedy(compiled, tokens[:4], 32) == greedy(reference, tokens[:4], 32)
 
 
-@pytest.mark.parametrize("mix", ["q4_k", "q6_k", "iq4_xs", "q4_k_m"])
+@pytest.mark.parametrize("mix", ["q3_k", "q4_k", "q6_k", "iq4_xs", "q4_k_m"])
 def test_kquant_and_iq4_experts_on_the_cpu(mix, tmp_path, monkeypatch):
     """Experts in a K-quant or IQ4_XS, or in llama-quantize's Q4_K_M pair (gate and up Q4_K,
     down Q6_K), run the dense matmuls of their types, expert by expert, against the
@@ -308,6 +308,7 @@ def test_kquant_and_iq4_experts_on_the_cpu(mix, tmp_path, monkeypatch):
     import gguf_writer
 
     monkeypatch.setitem(quantize._QUANTIZERS, "iq4_xs", gguf_writer.iq4_xs_blocks)
+    monkeypatch.setitem(quantize._QUANTIZERS, "q3_k", gguf_writer.q3_k_blocks)
     src = sharp_router_moe(0.1, **KQUANT_WIDTHS)
     f32 = write_gguf(src, tmp_path / "f.gguf", "qwen3moe", "F32", tokenizer=False)
 
@@ -342,3 +343,25 @@ def test_quantized_experts_with_dense_downs_refused_on_the_gpu(tmp_path):
     msg = str(e.value)
     assert msg.startswith("blk.0.ffn_down_exps") and "no GPU MoE kernel" in msg, msg
     assert "\n" not in msg and not (tmp_path / "g.hipc").exists()
+
+
+def test_experts_of_a_type_without_gpu_kernels_refused_naming_the_tensor(tmp_path, monkeypatch):
+    """Q3_K experts (CPU kernels only) for sm_90: one line naming the expert tensor, its type
+    and the GPU's types, before any toolchain runs (the check read a kernel's "w" argument
+    only, which a MoE kernel has not: a KeyError)."""
+    from hipc.base.errors import HipcError
+    from hipc.compiler import quantize
+
+    import gguf_writer
+
+    monkeypatch.setitem(quantize._QUANTIZERS, "q3_k", gguf_writer.q3_k_blocks)
+    f32 = write_gguf(sharp_router_moe(0.1, **KQUANT_WIDTHS), tmp_path / "f.gguf", "qwen3moe",
+                     "F32", tokenizer=False)  # fmt: skip
+    path = requantize_gguf(f32, tmp_path / "m.gguf", lambda n, s: "q3_k" if "_exps" in n else None)
+    with pytest.raises(HipcError) as e:
+        options = CompileOptions(targets=("sm_90",), max_context=48)
+        compile_model(path, tmp_path / "g.hipc", options, verbose=False)
+    msg = str(e.value)
+    assert msg.startswith("blk.0.ffn_gate_exps.weight: weight type q3_k has no HIP kernel"), msg
+    assert "(supported: float32, " in msg and "\n" not in msg
+    assert not (tmp_path / "g.hipc").exists()
