@@ -1,4 +1,4 @@
-// linear_vnni_k.h -- the K-quants (Q4_K, Q5_K, Q6_K) on the AVX512-VNNI byte planes.
+// linear_vnni_k.h -- the K-quants (Q3_K, Q4_K, Q5_K, Q6_K) on the AVX512-VNNI byte planes.
 // Apart from linear_vnni.h because a K-quant scale covers 32 (Q4_K/Q5_K) or 16 (Q6_K)
 // elements of a 256-element super-block, read from packed fields, where the 32-blocks
 // there carry one f16 scale each; the integer machinery (int16 activations as a signed
@@ -221,6 +221,70 @@ struct KSQ6K {
           out[(4 * h + v) * stride].w[chunk_of(i / 4)] = _mm512_or_si512(lo, hi);
         }
       }
+  }
+};
+
+// Q3_K (blocks.h): u = lo | hi << 2 in 0..7 with q = u - 4; scales per 16-group as Q6_K's.
+// Offsets in the block: hmask 0, qs 32, scales 96, d 108.
+struct KSQ3K {
+  static constexpr size_t kBytes = 110;
+  static constexpr bool kMin = false;
+  static constexpr int kOffShift = 2;  // u = q + 4
+  static constexpr bool kHalves = true;
+  // [d*(sc[0..15] - 32)]: the low nibbles of bytes 0..7 then their high ones, the top bits
+  // of group n = 4 * lane + byte from the 32-bit lane of bytes 8..11 shifted by 2 * lane
+  static inline __m512 scales(const uint8_t* b) {
+    int32_t top;
+    std::memcpy(&top, b + 104, 4);
+    const __m128i lo8 = _mm_loadl_epi64((const __m128i*)(b + 96));
+    const __m128i lo = _mm_and_si128(_mm_unpacklo_epi64(lo8, _mm_srli_epi16(lo8, 4)), _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(top), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    const __m512i sc = _mm512_cvtepu8_epi32(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)));
+    uint16_t d16;
+    std::memcpy(&d16, b + 108, 2);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sc, _mm512_set1_epi32(32))), _mm512_set1_ps(fp16_to_fp32(d16)));
+  }
+  // pair p: units 2p and 2p + 1 (unit j = 4h + k: bits 2k of qs[32h + i], bit j of hmask[i])
+  static inline __m512i pair(const uint8_t* b, int p) {
+    const int j = 2 * p, k = j & 3;
+    const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 32 + 32 * (j >> 2))));
+    const __m512i cnt = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * k)), _mm512_set1_epi16((short)(2 * k + 2)));
+    const __m512i lo = _mm512_and_si512(_mm512_srlv_epi16(q, cnt), _mm512_set1_epi8(3));
+    const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)b));
+    const __m512i bit = _mm512_mask_blend_epi8((__mmask64)0xFFFFFFFF00000000ull, _mm512_set1_epi8((char)(1 << j)),
+                                               _mm512_set1_epi8((char)(1 << (j + 1))));
+    return _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(hm, bit), lo, _mm512_set1_epi8(4));
+  }
+  // unit u = 4h + k; dw / mw: the scales of its two 16-groups (2u, 2u+1)
+  static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, int stride) {
+    __m512 D, unused;
+    cvt_dm(gather32(b + 108, ridx, k), D, unused);
+    const __m512i w0 = gather32(b + 96, ridx, k), w1 = gather32(b + 100, ridx, k), w2 = gather32(b + 104, ridx, k);
+    const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+    for (int g = 0; g < 16; ++g) {  // 16-group g's 6-bit scale, per row
+      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(g % 8 < 4 ? w0 : w1, 8 * (g % 4) + 4 * (g / 8)), m4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(w2, 8 * (g % 4) + 2 * (g / 4)), m2);
+      const __m512i sc = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+      const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), D);
+      if (g & 1) {
+        out[(g >> 1) * stride].mw = s;
+      } else {
+        out[(g >> 1) * stride].dw = s;
+      }
+    }
+    const __m512i b3 = _mm512_set1_epi8(0x03), b1 = _mm512_set1_epi8(0x01);
+    for (int i = 0; i < 32; i += 4) {  // elements i..i+3 of each unit
+      const __m512i hm = gather32(b + i, ridx, k);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i q = gather32(b + 32 + 32 * h + i, ridx, k);
+        for (int kk = 0; kk < 4; ++kk) {
+          const int u = 4 * h + kk;
+          const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(q, 2 * kk), b3);
+          const __m512i hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hm, u), b1), 2);
+          out[u * stride].w[chunk_of(i / 4)] = _mm512_or_si512(lo, hi);
+        }
+      }
+    }
   }
 };
 

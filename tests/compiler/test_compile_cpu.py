@@ -236,7 +236,8 @@ def test_q3_k_weights(activations, tmp_path, monkeypatch):
         ffn=512,
         types=lambda n: "q8_0" if n == "token_embd.weight" else "q3_k",
     )
-    assert "q3_k" in _quantized_against_reference(path, tmp_path, activations, int8_bar=5e-2)
+    # int8: the bar of test_kquant_and_5bit_weights' 256-wide models
+    assert "q3_k" in _quantized_against_reference(path, tmp_path, activations, int8_bar=0.15)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,86 @@
+"""CPU decode of one small llama-shaped model per weight type: which types decode at what rate.
+
+    python docs/benchmarks/bench_cpu_kquant_types.py [--types q3_k,q4_k,q6_k] [--threads 1,2]
+
+Each type gets a random GGUF (tests/gguf_writer.write_numpy_gguf: every matrix in that type,
+hidden 2048, ffn 5632, 2 layers; Q3_K and IQ4_XS blocks from the tests' q3_k_blocks and
+iq4_xs_blocks, hipc having no quantizer for them), compiled for the CPU at the defaults; decode is the engine's `forward()` per token
+(32 tokens, the best of 3 runs), each thread count in a process of its own. GB/s counts the
+file's bytes once per token (the model fits in a large L3: a compute rate, not a memory one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
+
+
+def decode(artifact: str, threads: int, tokens: int) -> float:
+    import numpy as np
+
+    from hipc.runtime.engine import load_engine
+
+    e = load_engine(artifact, target="cpu", threads=threads)
+    best = 0.0
+    for _ in range(3):
+        e.reset()
+        tok, t = 1, time.perf_counter()
+        for i in range(tokens):
+            tok = int(np.argmax(e.forward([tok], i)))
+        best = max(best, tokens / (time.perf_counter() - t))
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="q3_k,q4_k,q6_k")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--decode", nargs=2, metavar=("ARTIFACT", "THREADS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.decode:
+        print(decode(args.decode[0], int(args.decode[1]), args.tokens))
+        return
+    from hipc.compiler import quantize
+    from hipc.compiler.options import CompileOptions
+    from hipc.compiler.pipeline import compile_model
+
+    import gguf_writer
+
+    quantize._QUANTIZERS.setdefault("q3_k", gguf_writer.q3_k_blocks)
+    quantize._QUANTIZERS.setdefault("iq4_xs", gguf_writer.iq4_xs_blocks)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for wt in args.types.split(","):
+            path = gguf_writer.write_numpy_gguf(
+                Path(tmp) / f"{wt}.gguf", hidden=2048, ffn=5632, types=lambda n, wt=wt: wt
+            )
+            out = Path(tmp) / f"{wt}.hipc"
+            compile_model(path, out, CompileOptions(max_context=128), verbose=False)
+            mb = path.stat().st_size / 1e6
+            for th in args.threads.split(","):
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--decode",
+                    str(out),
+                    th,
+                    "--tokens",
+                    str(args.tokens),
+                ]
+                rate = float(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+                rows.append((wt, th, rate, rate * mb / 1e3, mb))
+    print("| type | threads | decode tok/s | GB/s | file MB |\n|---|---:|---:|---:|---:|")
+    for wt, th, rate, gbs, mb in rows:
+        print(f"| {wt} | {th} | {rate:.1f} | {gbs:.1f} | {mb:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
