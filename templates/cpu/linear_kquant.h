@@ -5,7 +5,7 @@
 // them all: a block is w = q * s[e / 16] + m[e / 32] (int16 values q, a float scale per
 // 16 elements, an offset per 32). Decode (T < 8) dots q with integer activations, on
 // AVX512 widening each 32-unit straight into registers (kq_tile_reg). Prefill (T >= 8)
-// unpacks slabs of 16 rows once: Q5_0/Q5_1 on AVX512 into int16 pairs for vpdpwssd (the
+// unpacks slabs of 16 rows once: IQ4_NL on AVX512 into int16 pairs for vpdpwssd (the
 // decode path's integer math, rows in lanes), everything else into f32 for the dense
 // tile (x not rounded). On AVX512 (int16 or int8 activations), Q5_0/Q5_1 leave for the VNNI
 // byte-plane kernels of linear_vnni.h, and the K-quants for linear_vnni_k.h's (kq_matmul).
