@@ -11,7 +11,7 @@ The variant takes the same arguments as the kernel it replaces; its output is no
 KIND=GEOMETRY@MB: the variant also pulls the first MB MiB of the next quantized GEMV's weights
 (the next launch after it that reads a weight through a linear's GEMV) towards L2 before its
 wait, in the order that GEMV reads them (a GLU: the heads of its gate and up halves), its
-quants' region only. The spans are offsets from the variant's own W (the artifact's weights are
+quants' region only (the split layout's: a GPU-only artifact). The spans are offsets from the variant's own W (the artifact's weights are
 one block on the device, in the order the kernels first use them): one variant per distance.
 """
 
