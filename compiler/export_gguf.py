@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from hipc.base.errors import HipcError
-from hipc.compiler.ir import QUANT_BLOCKS, QUANT_DTYPES, Graph, StackedWeight, WeightRef
+from hipc.compiler.ir import QUANT_DTYPES, Graph, StackedWeight, WeightRef, quant_row_bytes
 from hipc.compiler.source.reader import WeightReader
 from hipc.graphs import Model
 from hipc.graphs.config import GGUF_MOE_NORM
@@ -235,8 +235,7 @@ def _stored_shape(
     float16 as is, the other floats (bf16 widened exactly) as float32."""
     shape = tuple(shape or ref.shape)
     if ref.dtype in QUANT_DTYPES:
-        elems, block_bytes = QUANT_BLOCKS[ref.dtype]
-        return (*shape[:-1], shape[-1] // elems * block_bytes), "uint8"
+        return (*shape[:-1], quant_row_bytes(ref.dtype, shape[-1])), "uint8"
     return shape, "float16" if ref.dtype == "float16" else "float32"
 
 

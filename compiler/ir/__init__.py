@@ -18,6 +18,7 @@ from hipc.compiler.ir.graph import (
     TensorType,
     WeightRef,
     initializer_type,
+    quant_row_bytes,
 )
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "TensorType",
     "WeightRef",
     "initializer_type",
+    "quant_row_bytes",
 ]

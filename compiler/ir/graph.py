@@ -43,6 +43,12 @@ QUANT_BLOCKS = {
 QUANT_DTYPES = tuple(QUANT_BLOCKS)
 
 
+def quant_row_bytes(dtype: str, k: int) -> int:
+    """Bytes of a row of `k` values stored in `dtype`'s GGUF blocks (k a whole number of them)."""
+    elems, block_bytes = QUANT_BLOCKS[dtype]
+    return k // elems * block_bytes
+
+
 @dataclass(frozen=True)
 class TensorType:
     dtype: str

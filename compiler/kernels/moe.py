@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hipc.compiler.codegen.environment import CPU_WTYPES, WEIGHT_SUFFIX
-from hipc.compiler.ir import QUANT_BLOCKS, Graph, Node
+from hipc.compiler.ir import QUANT_DTYPES, Graph, Node, quant_row_bytes
 from hipc.compiler.kernels import linear
 from hipc.compiler.kernels.base import (
     CPU_INDENT,
@@ -57,10 +57,7 @@ _DENSE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 def row_bytes(wtype: str, n: int) -> int:
     """Bytes of one row of `n` inputs stored as `wtype` (any GGUF block type or dense)."""
-    if wtype in QUANT_BLOCKS:
-        values, nbytes = QUANT_BLOCKS[wtype]
-        return n // values * nbytes
-    return n * _DENSE[wtype]
+    return quant_row_bytes(wtype, n) if wtype in QUANT_DTYPES else n * _DENSE[wtype]
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from hipc.base.errors import HipcError
 from hipc.cache import default_cache_dir
 from hipc.compiler.codegen.environment import KERNEL_WTYPES
-from hipc.compiler.ir import QUANT_BLOCKS, Graph, StackedWeight, WeightRef
+from hipc.compiler.ir import Graph, StackedWeight, WeightRef, quant_row_bytes
 from hipc.compiler.passes.rewrite import Rewriter
 from hipc.compiler.quant_recipes import TensorChoice, choose_types
 from hipc.compiler.quantize import QUANTIZABLE, quantize
@@ -145,9 +145,7 @@ def _write_store(
         c = todo[name]
         *lead, rows, k = c.ref.shape
         qt = gguf.GGMLQuantizationType[c.dtype.upper()]
-        elems, block_bytes = QUANT_BLOCKS[c.dtype]
-        row_bytes = k // elems * block_bytes
-        shape = (*lead, rows, row_bytes)
+        shape = (*lead, rows, quant_row_bytes(c.dtype, k))
         nbytes = int(np.prod(shape))
         writer.add_tensor_info(c.ref.name, shape, np.dtype(np.uint8), nbytes, qt)
     try:
