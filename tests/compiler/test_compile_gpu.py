@@ -922,3 +922,51 @@ def test_short_wgmma_tiles_in_the_batch_plan(tmp_path, monkeypatch):
             assert len(glu) == 4 and all("_wg128x128_yb" in n for n in glu), glu  # +_xb
         else:
             assert not down(batch, 32) and down(batch, 32, "_gemvm") == ["gemvm4"] * 2
+
+
+# every quantized GEMV of a tiny model in the large matrices' geometry: 16-wave blocks, one per SM
+CHAIN_TABLE = "q:small=16,2,2,132,1,3,8;q:small_long=16,2,2,132,1,3,8"
+
+
+@pytest.mark.parametrize("chain", ["1", "0"])
+def test_decode_gemvs_between_attentions_run_as_chains(tmp_path, monkeypatch, chain):
+    """sm_90's decode step runs each run of one-block-per-SM GEMVs between two attentions (o,
+    gate/up, down and the next layer's q/k/v) as one resident chain launch: its arguments the
+    phases' in order, then its own barrier counter in the scratch buffer (HIPC_DECODE_CHAIN=1;
+    unset or 0, a launch per GEMV). AMD targets never chain."""
+    from hipc.base.launch_plan import Launch
+
+    monkeypatch.setenv("HIPC_QUANT_GEMV_TABLE", CHAIN_TABLE)
+    monkeypatch.setenv("HIPC_DECODE_CHAIN", chain)
+    model = write_numpy_gguf(tmp_path / "m.gguf", "Q4_0", hidden=256, ffn=512)
+    art = compiled(tmp_path, model, ("sm_90", "gfx942"))
+    plan = json.loads((art / "plan.json").read_text())
+    sm90 = plan["targets"]["sm_90"]
+    decode = sm90["steps"]["decode"]
+    chains = [x for x in decode if x["kernel"].startswith("linear_chain")]
+    assert not any(x["kernel"].startswith("linear_chain") for x in
+                   plan["targets"]["gfx942"]["steps"]["decode"])  # fmt: skip
+    if chain == "0":
+        assert not chains and not any(x.get("resident") for x in decode)
+        return
+    groups = [x["group"] for x in chains]
+    # the LM head too: its rows are the model's few
+    assert groups == ["l0.o,l0.gate+up,l0.down,l1.q+k+v", "l1.o,l1.gate+up,l1.down,logits"]
+    kinds = [x["kernel"].split("_")[0] for x in decode]
+    assert kinds == ["embedding", "linear", "attention", "linear", "attention", "linear"], kinds
+    offsets = set()
+    for x in chains:
+        launch = Launch.from_json(x)
+        assert launch.resident and launch.overlap and launch.grid[0] <= 132
+        assert launch.block == (512, 1, 1)
+        phases = x["group"].count(",") + 1
+        assert len(x["args"]) == 6 * phases + 1  # x, W, norm_w, bias, res, y a phase
+        count = x["args"][-1]
+        assert count["kind"] == "scratch" and count["offset"] % 8 == 0
+        assert count["offset"] + 8 <= sm90["scratch_bytes"]
+        offsets.add(count["offset"])
+    assert len(offsets) == len(chains)  # a counter per launch: each is zero at load
+    source = (art / "kernels" / "sm_90.hip").read_text()
+    for x in chains:
+        assert f"{x['kernel']}(" in source
+    assert source.count("_gemv_phase(const float* x") == 5  # o, gate/up, down, q+k+v, head
