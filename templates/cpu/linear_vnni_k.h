@@ -1,4 +1,4 @@
-// linear_vnni_k.h -- the K-quants (Q3_K, Q4_K, Q5_K, Q6_K) on the AVX512-VNNI byte planes.
+// linear_vnni_k.h -- the K-quants (Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS on the AVX512-VNNI byte planes.
 // Apart from linear_vnni.h because a K-quant scale covers 32 (Q4_K/Q5_K) or 16 (Q6_K)
 // elements of a 256-element super-block, read from packed fields, where the 32-blocks
 // there carry one f16 scale each; the integer machinery (int16 activations as a signed
@@ -28,17 +28,21 @@ namespace detail {
 // ------------------------------------------------------------------------------------
 
 // Per-token pack extras (QAct::ext), per token row: dxl [K/4] f32 (dx of lane l's unit),
-// qs4 [K/4] int32 (sum of q over lane l's 4 elements), qs16 [K/16] int32 (per 16-group).
+// qs4 [K/4] int32 (sum of q over lane l's 4 elements), qs16 [K/16] int32 (per 16-group),
+// and for signed weights (kSignedLo) the high plane's sums: hs4 [K/4] per lane, hsu [K/32]
+// per 32-unit.
 struct KAct {
   int n4 = 0;  // K / 4
   float* dxl = nullptr;
   int32_t* qs4 = nullptr;
   int32_t* qs16 = nullptr;
+  int32_t* hs4 = nullptr;
+  int32_t* hsu = nullptr;
 };
 
 inline size_t kact_bytes(int T, int K) {
   const size_t n4 = (size_t)K / 4;
-  return (size_t)T * (n4 * 8 + n4 + 64) + 128;
+  return (size_t)T * (n4 * 12 + n4 + n4 / 8 * 4 + 64) + 128;
 }
 
 inline KAct kact(const QAct& a, int T, int K) {
@@ -47,6 +51,8 @@ inline KAct kact(const QAct& a, int T, int K) {
   k.dxl = (float*)a.ext;
   k.qs4 = (int32_t*)(k.dxl + (size_t)T * k.n4);
   k.qs16 = k.qs4 + (size_t)T * k.n4;
+  k.hs4 = k.qs16 + (size_t)T * (k.n4 / 4);
+  k.hsu = k.hs4 + (size_t)T * k.n4;
   return k;
 }
 
@@ -58,12 +64,17 @@ inline void kact_row(const QAct& a, const KAct& k, int t) {
   float* dxl = k.dxl + (size_t)t * k.n4;
   int32_t* qs4 = k.qs4 + (size_t)t * k.n4;
   int32_t* qs16 = k.qs16 + (size_t)t * (k.n4 / 4);
+  int32_t* hs4 = k.hs4 + (size_t)t * k.n4;
+  int32_t* hsu = k.hsu + (size_t)t * (k.n4 / 8);
   const __m512i ones = _mm512_set1_epi8(1);
   for (int b = 0; 2 * b < a.nb; ++b) {  // 64 elements (two units) per step; nb is even
     const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(hr + 64 * b));
     const __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(lr + 64 * b), ones);
     const __m512i s4 = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
     _mm512_storeu_si512(qs4 + 16 * b, s4);
+    _mm512_storeu_si512(hs4 + 16 * b, h);
+    hsu[2 * b] = _mm512_mask_reduce_add_epi32(0x00FF, h);
+    hsu[2 * b + 1] = _mm512_mask_reduce_add_epi32(0xFF00, h);
     const __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(dr[2 * b]), _mm512_set1_ps(dr[2 * b + 1]));
     _mm512_storeu_ps(dxl + 16 * b, d);
     alignas(64) int32_t v[16];
@@ -144,6 +155,7 @@ struct KSQ4K {
   static constexpr bool kMin = true;
   static constexpr int kOffShift = 0;
   static constexpr bool kHalves = false;
+  static constexpr bool kSignedLo = false;
   static inline __m512 scales(const uint8_t* b) { return k4_scales(b); }
   static inline __m512i pair(const uint8_t* b, int p) { return k4_pair(b + 16, p); }
   static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, int stride) {
@@ -156,6 +168,7 @@ struct KSQ5K {
   static constexpr bool kMin = true;
   static constexpr int kOffShift = 0;
   static constexpr bool kHalves = false;
+  static constexpr bool kSignedLo = false;
   static inline __m512 scales(const uint8_t* b) { return k4_scales(b); }
   // fifth bit of element i of unit j: bit j of qh[i]
   static inline __m512i pair(const uint8_t* b, int p) {
@@ -175,6 +188,7 @@ struct KSQ6K {
   static constexpr bool kMin = false;
   static constexpr int kOffShift = 5;  // u = q + 32
   static constexpr bool kHalves = true;
+  static constexpr bool kSignedLo = false;
   // [d*sc[0..15]], one per 16-group
   static inline __m512 scales(const uint8_t* b) {
     uint16_t d16;
@@ -231,6 +245,7 @@ struct KSQ3K {
   static constexpr bool kMin = false;
   static constexpr int kOffShift = 2;  // u = q + 4
   static constexpr bool kHalves = true;
+  static constexpr bool kSignedLo = false;
   // [d*(sc[0..15] - 32)]: the low nibbles of bytes 0..7 then their high ones, the top bits
   // of group n = 4 * lane + byte from the 32-bit lane of bytes 8..11 shifted by 2 * lane
   static inline __m512 scales(const uint8_t* b) {
@@ -288,6 +303,69 @@ struct KSQ3K {
   }
 };
 
+// IQ4_XS (blocks.h): v = kIq4nlValues[nibble], signed, stored as u = v + 128 (1..241): the
+// high plane's dot is vpdpbusd(u, hi) = sum v*hi + 128 * sum hi, the low plane's takes v
+// itself as the signed operand (u ^ 0x80), and 32768 * sum hi (KAct::hs4, hsu) comes off.
+// 32-unit j: qs[16j .. 16j+15], low nibbles elements 0..15, high ones 16..31; its scale
+// d * (ls - 32), ls from scales_l (4 bits) and scales_h (2 bits). Offsets: d 0, scales_h 2,
+// scales_l 4, qs 8.
+struct KSIQ4XS {
+  static constexpr size_t kBytes = 136;
+  static constexpr bool kMin = false;
+  static constexpr int kOffShift = 0;
+  static constexpr bool kHalves = false;
+  static constexpr bool kSignedLo = true;
+  static inline __m512i table() {
+    return _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)kIq4nlValues)),
+                           _mm512_set1_epi8((char)0x80));
+  }
+  // [d*(ls[0..7] - 32), 0 x 8]
+  static inline __m512 scales(const uint8_t* b) {
+    uint16_t d16, sh;
+    uint32_t sl;
+    std::memcpy(&d16, b, 2);
+    std::memcpy(&sh, b + 2, 2);
+    std::memcpy(&sl, b + 4, 4);
+    const __m256i j = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), _mm256_slli_epi32(j, 2)), _mm256_set1_epi32(15));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_slli_epi32(j, 1)), _mm256_set1_epi32(3));
+    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(ls), _mm256_set1_ps(fp16_to_fp32(d16)));
+    return _mm512_insertf32x8(_mm512_setzero_ps(), sc, 0);
+  }
+  // pair p: units 2p and 2p + 1 in element order, as u
+  static inline __m512i pair(const uint8_t* b, int p) {
+    const __m128i q0 = _mm_loadu_si128((const __m128i*)(b + 8 + 32 * p));
+    const __m128i q1 = _mm_loadu_si128((const __m128i*)(b + 24 + 32 * p));
+    __m512i v = _mm512_castsi128_si512(q0);
+    v = _mm512_inserti32x4(v, _mm_srli_epi16(q0, 4), 1);
+    v = _mm512_inserti32x4(v, q1, 2);
+    v = _mm512_inserti32x4(v, _mm_srli_epi16(q1, 4), 3);
+    return _mm512_shuffle_epi8(table(), _mm512_and_si512(v, _mm512_set1_epi8(0x0F)));
+  }
+  // unit j: dw its scale, no min (mw 0); chunk m of a unit: nibbles m / 4 of qs[16j + 4(m % 4) ..]
+  static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, int stride) {
+    __m512 D, unused;
+    const __m512i dsh = gather32(b, ridx, k);
+    cvt_dm(dsh, D, unused);
+    const __m512i sh = _mm512_srli_epi32(dsh, 16), sl = gather32(b + 4, ridx, k);
+    for (int j = 0; j < 8; ++j) {
+      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(sl, 4 * j), _mm512_set1_epi32(15));
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), _mm512_set1_epi32(3));
+      const __m512i ls = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+      out[j * stride].dw = _mm512_mul_ps(_mm512_cvtepi32_ps(ls), D);
+      out[j * stride].mw = _mm512_setzero_ps();
+    }
+    const __m512i tab = table(), m4 = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 8; ++j)
+      for (int c = 0; c < 4; ++c) {
+        const __m512i q = gather32(b + 8 + 16 * j + 4 * c, ridx, k);
+        out[j * stride].w[chunk_of(c)] = _mm512_shuffle_epi8(tab, _mm512_and_si512(q, m4));
+        out[j * stride].w[chunk_of(c + 4)] = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+      }
+  }
+};
+
 // Lane l of pair p -> its scale among the super-block's 16 (16-groups: 4p + l/4; units:
 // 2p + l/8, kPrep.pair_idx).
 struct KTables {
@@ -306,6 +384,14 @@ inline const int32_t* lane_scale_idx(int p) {
   return KS::kHalves ? kKTab.g16[p] : kPrep.pair_idx[p];
 }
 
+// The weight bytes as the low plane's (signed) vpdpbusd operand: u itself, or for signed
+// weights stored as u = v + 128, v (kSignedLo)
+template <class KS>
+inline __m512i signed_view(__m512i w) {
+  if constexpr (KS::kSignedLo) return _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
+  return w;
+}
+
 // GEMV tile: rows n0..n0+R-1 of one token.
 template <class KS, int R>
 inline void ks_gemv_tile(const uint8_t* W, size_t rb, int nsb, int n0, const QAct& a, const KAct& k, float* y) {
@@ -316,6 +402,7 @@ inline void ks_gemv_tile(const uint8_t* W, size_t rb, int nsb, int n0, const QAc
     const uint8_t* xl = a.lo + 256 * (size_t)sb;
     const float* dxl = k.dxl + 64 * (size_t)sb;
     const int32_t* qs4 = k.qs4 + 64 * (size_t)sb;
+    const int32_t* hs4 = k.hs4 + 64 * (size_t)sb;
     const __m512 sx = KS::kMin ? _mm512_insertf32x8(_mm512_setzero_ps(), _mm256_loadu_ps(a.s + 8 * sb), 1)
                                : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) {
@@ -328,9 +415,10 @@ inline void ks_gemv_tile(const uint8_t* W, size_t rb, int nsb, int n0, const QAc
       for (int p = 0; p < 4; ++p) {
         const __m512i w = KS::pair(bp, p);
         const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xh + 64 * p));
-        __m512i I = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_loadu_si512(xl + 64 * p), w);
+        __m512i I = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_loadu_si512(xl + 64 * p), signed_view<KS>(w));
         if constexpr (KS::kOffShift != 0)
           I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(qs4 + 16 * p), KS::kOffShift));
+        if constexpr (KS::kSignedLo) I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(hs4 + 16 * p), 15));
         const __m512 sc = _mm512_mul_ps(_mm512_permutexvar_ps(ld_idx(lane_scale_idx<KS>(p)), S), _mm512_loadu_ps(dxl + 16 * p));
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), sc, acc);
       }
@@ -370,6 +458,7 @@ inline void ks_gemv_batch_rows(const uint8_t* W, size_t rb, int nsb, int n0, con
         const uint8_t* xl = a.lo + t * xs + 256 * (size_t)sb;
         const float* dxl = k.dxl + t * ks + 64 * (size_t)sb;
         const int32_t* qs4 = k.qs4 + t * ks + 64 * (size_t)sb;
+        const int32_t* hs4 = k.hs4 + t * ks + 64 * (size_t)sb;
         __m512 acc = f[r][t];
         if constexpr (KS::kMin) {  // lanes 8..15: -dmin*mn * s
           const __m512 sx = _mm512_insertf32x8(_mm512_setzero_ps(), _mm256_loadu_ps(a.s + t * ss + 8 * sb), 1);
@@ -378,9 +467,11 @@ inline void ks_gemv_batch_rows(const uint8_t* W, size_t rb, int nsb, int n0, con
 #pragma GCC unroll 4
         for (int p = 0; p < 4; ++p) {
           const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], _mm512_loadu_si512(xh + 64 * p));
-          __m512i I = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_loadu_si512(xl + 64 * p), w[p]);
+          __m512i I = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_loadu_si512(xl + 64 * p), signed_view<KS>(w[p]));
           if constexpr (KS::kOffShift != 0)
             I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(qs4 + 16 * p), KS::kOffShift));
+          if constexpr (KS::kSignedLo)
+            I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(hs4 + 16 * p), 15));
           acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sc[p], _mm512_loadu_ps(dxl + 16 * p)), acc);
         }
         f[r][t] = acc;
@@ -448,7 +539,8 @@ inline void ks_rl_tile(const WGroup* slab, int nb, const QAct& a, const KAct& k,
       constexpr int hm = H - 1;
       for (int c = 0; c < C; ++c) {
         const __m512i xv = _mm512_set1_epi32(load_i32(lb + c * xstride + chunk_elem(j)));
-        for (int v = 0; v < V; ++v) acc[j & hm][v][c] = _mm512_dpbusd_epi32(acc[j & hm][v][c], xv, sb[v].w[j]);
+        for (int v = 0; v < V; ++v)
+          acc[j & hm][v][c] = _mm512_dpbusd_epi32(acc[j & hm][v][c], xv, signed_view<KS>(sb[v].w[j]));
       }
     }
     for (int c = 0; c < C; ++c) {
@@ -462,7 +554,10 @@ inline void ks_rl_tile(const WGroup* slab, int nb, const QAct& a, const KAct& k,
           facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(sb[v].dw, dx), facc[v][c]);
           facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(sb[v].mw, dx), facc[v][c]);
         } else {
-          facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[0][v][c]), _mm512_mul_ps(sb[v].dw, dx), facc[v][c]);
+          __m512i I = acc[0][v][c];
+          if constexpr (KS::kSignedLo)
+            I = _mm512_sub_epi32(I, _mm512_set1_epi32(k.hsu[(size_t)(t0 + c) * (k.n4 / 8) + b] * 32768));
+          facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sb[v].dw, dx), facc[v][c]);
           facc[v][c] = _mm512_fmadd_ps(sb[v].mw, _mm512_set1_ps(a.s[so]), facc[v][c]);
         }
       }
