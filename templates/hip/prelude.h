@@ -288,9 +288,6 @@ struct hipc_chain {
         if (n == (1ull << 26)) __trap();
         __nanosleep(32);
       }
-      // as cooperative groups' grid sync leaves its barrier: no line this SM's L1 kept from
-      // an earlier phase (the arena reuses bytes) is read after it
-      __threadfence();
     }
     __syncthreads();
   }
