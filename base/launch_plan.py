@@ -223,8 +223,6 @@ class Launch:
     group: str = ""
     overlap: bool = False  # may start before the previous kernel ends (it waits in-kernel)
     tokens: tuple[int, int] | None = None  # runs only in steps of lo..hi tokens
-    # every block must be resident at once (blocks meet at barriers: a decode chain)
-    resident: bool = False
 
     def runs_at(self, T: int) -> bool:
         return self.tokens is None or self.tokens[0] <= T <= self.tokens[1]
@@ -245,7 +243,6 @@ class Launch:
             d.get("group", ""),
             bool(d.get("overlap", False)),
             (int(d["tokens"][0]), int(d["tokens"][1])) if d.get("tokens") else None,
-            bool(d.get("resident", False)),
         )
 
     def grid_dims(self, T: int, rows: int) -> tuple[int, int, int]:

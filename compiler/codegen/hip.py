@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from hipc.base.launch_plan import KV_BLOCK, TOPK_MAX
 from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
-from hipc.compiler.codegen.chain import chain_decode, chains_enabled
 from hipc.compiler.codegen.environment import render, template_text
 from hipc.compiler.kernels.base import FusionError, Signature
 from hipc.compiler.kernels.linear import BATCH_GEMV_ROWS, MMA_TILES, WGMMA_ARCHS
@@ -66,8 +65,6 @@ class GpuProgramBuilder:
         self.selected = kernels  # every kernel of the program (kinds look up their neighbours)
         self.memo: dict[str, Any] = {}  # what a kind works out once per program from `selected`
         self.kernels: dict[str, str] = {}
-        self.specs: dict[str, GpuKernel] = {}  # what each kernel was rendered from
-        self.decode_sigs: list[Signature] = []  # each decode launch's, in order (chains)
         self.steps: dict[str, list[dict]] = {"decode": [], "prefill": [], "batch": []}
         # batch steps of up to this many rows run the linears' weights-once GEMV where they
         # have one (HIPC_BATCH_GEMV_ROWS overrides: 0 keeps the prefill GEMMs, as benchmarks
@@ -110,16 +107,8 @@ class GpuProgramBuilder:
         """The byte offset of scratch region `name` (asked for in gpu_scratch)."""
         return self._scratch[name]
 
-    def chain_counter(self) -> int:
-        """The scratch offset of a new chain launch's barrier counter (8 bytes, zero at load,
-        a launch's own: codegen/chain.py)."""
-        offset = -(-self.scratch_bytes // 8) * 8
-        self.scratch_bytes = offset + 8
-        return offset
-
     def kernel(self, k: GpuKernel) -> str:
         """Render `k` once (kernels are shared by name); its name."""
-        self.specs.setdefault(k.fn, k)
         if k.fn not in self.kernels:
             ctx = {"fn": k.fn, "wave": self.target.wave, **k.ctx}
             self.kernels[k.fn] = render(f"hip/{k.template}.hip.j2", **ctx)
@@ -142,8 +131,6 @@ class GpuProgramBuilder:
         """A launch of `step`; a prefill launch goes into the batch step too unless `batch`
         is False (the batch step is the prefill list with its own kernel where a kind has one
         for rows of many sequences, one row each)."""
-        if step == "decode":
-            self.decode_sigs.append(signature)
         launch = {
             "group": group,
             "kernel": kernel,
@@ -189,8 +176,6 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
     )
     for k in c.kernels:
         k.kind.gpu(k, binder, g)
-    if chains_enabled(gpu):
-        chain_decode(g, g.specs, g.decode_sigs)
     # every program's row top-k (GpuBackend.step_top): rows x k values copied back, not logits
     g.kernels[TOPK_KERNEL] = render(
         "hip/topk.hip.j2", fn=TOPK_KERNEL, wave=gpu.wave, max_k=TOPK_MAX

@@ -1510,7 +1510,6 @@ def decode_gemv(
             early_res=g.early_res and p.epilogue == "residual",
             xq_chunk=max(1, min(g.xq_chunk, rounds)),
             lo=activations == "int16",
-            phase=False,  # a kernel of its own (codegen/chain.py renders chain phases)
             params=gemv_signature(p).render(GPU_INDENT),
             **{**qt.__dict__, **unit},
             **p.context(),

@@ -154,13 +154,6 @@ class CudaDriver:
         attr = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         self._call("cuFuncSetAttribute", fn, attr, nbytes)
 
-    def resident_blocks(self, fn: Any, threads: int, shared: int) -> int:
-        per_sm = self._call("cuOccupancyMaxActiveBlocksPerMultiprocessor", fn, threads, shared)
-        sms = self._call("cuDeviceGetAttribute",
-                         self.cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                         self._dev)  # fmt: skip
-        return int(per_sm) * int(sms)
-
     def malloc(self, nbytes: int) -> int:
         return int(self._call("cuMemAlloc", nbytes))
 

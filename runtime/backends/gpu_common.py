@@ -48,7 +48,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -100,8 +99,6 @@ class GpuDriver(Protocol):
     def load_module(self, image: bytes) -> None: ...
     def get_function(self, name: str) -> Any: ...
     def set_dynamic_shared(self, fn: Any, nbytes: int) -> None: ...
-    # how many blocks of `fn` the GPU holds at once (SMs x blocks per SM)
-    def resident_blocks(self, fn: Any, threads: int, shared: int) -> int: ...
     def malloc(self, nbytes: int) -> int: ...
     def free(self, ptr: int) -> None: ...
     def host_malloc(self, nbytes: int) -> int: ...  # pinned
@@ -576,16 +573,6 @@ class GpuBackend:
                         f"kernel {kernel}: cannot allow {nbytes} bytes of dynamic shared memory "
                         f"({e.error})"
                     ) from None
-        for launch in (x for step in self.gpu.steps.values() for x in step if x.resident):
-            blocks = launch.grid_dims(1, 1)
-            holds = d.resident_blocks(functions[launch.kernel], math.prod(launch.block),
-                                      launch.shared)  # fmt: skip
-            if math.prod(blocks) > holds:
-                raise HipcError(
-                    f"{code_object}: kernel {launch.kernel} needs its {math.prod(blocks)} blocks "
-                    f"resident at once and {self.device_name} holds {holds}: recompile without "
-                    "HIPC_DECODE_CHAIN=1 (every decode GEMV a kernel of its own)"
-                )
         return functions
 
     def _open_weights(self, artifact: Artifact) -> list[np.ndarray]:

@@ -135,7 +135,6 @@ class HipDriver:
             int(getattr(props, "sharedMemPerBlock", 0) or 0),
             int(getattr(props, "sharedMemPerBlockOptin", 0) or 0),
         )
-        self.compute_units = int(getattr(props, "multiProcessorCount", 0) or 0)
         self._stream = c("hipStreamCreateWithFlags", STREAM_NON_BLOCKING)
 
     def activate(self) -> None:
@@ -154,12 +153,6 @@ class HipDriver:
     def set_dynamic_shared(self, fn: Any, nbytes: int) -> None:
         # no opt-in on AMD: a launch may use LDS up to the device limit, checked by the caller
         pass
-
-    def resident_blocks(self, fn: Any, threads: int, shared: int) -> int:
-        per_cu = self._call(
-            "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", fn, threads, shared
-        )
-        return int(per_cu) * self.compute_units
 
     def malloc(self, nbytes: int) -> int:
         return int(self._call("hipMalloc", nbytes))

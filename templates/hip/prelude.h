@@ -22,9 +22,6 @@
 // n threads per block and registers for b blocks per SM (a streaming kernel whose grid is
 // sized for b per SM; its batches of loads are separate registers, so they stay batched)
 #define HIPC_BOUNDS_BLOCKS(n, b) __launch_bounds__(n, b)
-// a chain's phase (templates/hip/linear_chain): a call, so that each phase keeps its own
-// registers (inlined, ptxas kept values across phases and spilled)
-#define HIPC_PHASE __device__ __noinline__
 __device__ __forceinline__ int hipc_thread() { return threadIdx.x; }
 __device__ __forceinline__ int hipc_block_x() { return blockIdx.x; }
 __device__ __forceinline__ int hipc_block_y() { return blockIdx.y; }
@@ -254,50 +251,6 @@ HIPC_DEVICE unsigned hipc_count(unsigned* p) {
   asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
   return old;
 }
-HIPC_DEVICE unsigned long long hipc_load_acquire64(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-// A chain: consecutive decode GEMVs run as the phases of one kernel whose blocks stay
-// resident (a block per SM, the grid no larger than the GPU: the runtime checks), so a
-// phase's first weights are in flight while the phase before finishes, with no launch in
-// between. Between phases the blocks meet at a barrier on a 64-bit counter of the launch
-// (zero at load, never reset): each block adds 1 after each phase but the last, so every
-// launch adds (phases - 1) x blocks, and the count a block reads after its first wait,
-// rounded down to a multiple of that, is where this launch started.
-struct hipc_chain {
-  unsigned long long* count;
-  int phases;
-  unsigned long long base;
-  // before phase p touches what an earlier phase or kernel wrote (once per phase, every block)
-  HIPC_DEVICE void wait(int p) {
-    if (p == 0) {
-      hipc_wait_prior();
-      hipc_let_next_start();
-      if (threadIdx.x == 0) {
-        const unsigned long long per = (unsigned long long)(phases - 1) * gridDim.x;
-        base = per ? hipc_load_acquire64(count) / per * per : 0;
-      }
-      return;
-    }
-    if (threadIdx.x == 0) {
-      const unsigned long long target = base + (unsigned long long)p * gridDim.x;
-      // a block that never arrives is a bug: a launch failure beats a hung GPU
-      for (unsigned long long n = 0; hipc_load_acquire64(count) < target; ++n) {
-        if (n == (1ull << 26)) __trap();
-        __nanosleep(32);
-      }
-    }
-    __syncthreads();
-  }
-  // after phase p: the block's stores, then its arrival (release)
-  HIPC_DEVICE void done(int p) {
-    if (p + 1 >= phases) return;
-    __syncthreads();
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(count) : "memory");
-  }
-};
 // another block's writes: read through L2, never a line this SM's L1 may hold
 HIPC_DEVICE float hipc_load_coherent(const float* p) { return __ldcg(p); }
 HIPC_DEVICE float4 hipc_load_coherent4(const float* p) { return __ldcg((const float4*)p); }

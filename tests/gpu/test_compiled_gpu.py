@@ -12,8 +12,6 @@ bar that bf16 rounding meets and a wrong kernel does not (test_bf16_prefill_poli
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -109,29 +107,6 @@ def test_gate_and_up_in_different_types_on_gpu(tmp_path):
 
 def test_quantized_q6_k_output_on_gpu(tmp_path):
     check(write_q6k_head_gguf(tmp_path / "m.gguf"), tmp_path)
-
-
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_K_M"])
-def test_decode_chains_on_gpu(qtype, tmp_path, monkeypatch):
-    """Decode GEMVs run as chains (compiler/codegen/chain.py): the tiny model's GEMVs in
-    the large matrices' one-block-per-SM geometries, so that o, gate/up, down and the next
-    q/k/v (and the LM head) are the phases of one resident kernel between attentions."""
-    table = {
-        "Q4_0": "q:small=16,2,2,132,1,3,8;q:small_long=16,2,2,132,1,3,8",
-        "Q4_K_M": "q4_k:small=8,2,1,132,1,3,8,k64;q4_k:small_long=8,2,1,132,1,3,8,k64,r;"
-        "q6_k:small=8,2,1,132,1,3,8,k64;q6_k:small_long=8,2,1,132,1,3,8,k64,r",
-    }[qtype]
-    monkeypatch.setenv("HIPC_QUANT_GEMV_TABLE", table)
-    monkeypatch.setenv("HIPC_DECODE_CHAIN", "1")
-    types = (lambda n: "q4_0") if qtype == "Q4_0" else (
-        lambda n: "q6_k" if "ffn_down" in n or "attn_v" in n else "q4_k")  # fmt: skip
-    path = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=types)
-    check(path, tmp_path, kv_storage="float32")
-    plan = json.loads((tmp_path / "m.hipc" / "plan.json").read_text())
-    chains = [x for x in plan["targets"][TARGET]["steps"]["decode"] if x.get("resident")]
-    # Q4_K_M's q+k and v (Q6_K) before the first attention are a chain of their own
-    want = 2 if qtype == "Q4_0" else 3
-    assert len(chains) == want, [x["kernel"] for x in plan["targets"][TARGET]["steps"]["decode"]]
 
 
 @pytest.mark.parametrize(
