@@ -530,6 +530,8 @@ inline void kq_matmul(const float* x, int T, int K, const void* W, int N, float*
   // over the pairs; int8 without row lanes (Intel Xeon): decode 93 -> 155 tok/s
   if constexpr (std::is_same<B, block_q5_0>::value) return q_matmul<KQ5_0, 2>(x, T, K, W, N, y, ldy, qmax);
   if constexpr (std::is_same<B, block_q5_1>::value) return q_matmul<KQ5_1, 2>(x, T, K, W, N, y, ldy, qmax);
+  // IQ4_NL: Q8_0's kernels on its table values (KIQ4NL)
+  if constexpr (std::is_same<B, block_iq4_nl>::value) return q_matmul<KIQ4NL, 2>(x, T, K, W, N, y, ldy, qmax);
   // Q3_K/Q4_K/Q5_K/Q6_K: linear_vnni_k.h, int8 activations too (as int16 planes). NOTE: measured
   // on the SmolLM2 Q4_K_M file with int8 (Intel Xeon, engine loop) over kq_tile_reg and the
   // f32 prefill: decode 122 -> 183 tok/s on one core (int16: 190), 266 -> 360 on two,

@@ -353,6 +353,40 @@ struct KQ8_0 {
   }
 };
 
+// IQ4_NL (blocks.h: d, then Q4_0's nibble layout indexing a table of 16 signed values): each
+// nibble is looked up as u = v + 128 (one byte shuffle), then everything is Q8_0's: offset
+// 128, the low plane on v = u ^ 0x80.
+struct KIQ4NL {
+  static constexpr size_t kBlockBytes = 18;
+  static constexpr int kOffShift = 7;  // u = v + 128
+  static constexpr bool kMin = false;
+  static constexpr bool kGemvTransposed = false;  // natural pairs
+  static constexpr bool kLoOffset = false;
+  static inline __m512i lo_w(__m512i u) { return _mm512_xor_si512(u, _mm512_set1_epi8((char)0x80)); }
+  static inline __m512i table() {
+    return _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)kIq4nlValues)),
+                           _mm512_set1_epi8((char)0x80));
+  }
+  static inline __m512i pair(const uint8_t* b, bool two) {
+    const __m512i u = _mm512_shuffle_epi8(table(), q4_pair(b + 2, 18, two));
+    return two ? u : _mm512_mask_blend_epi32(0x00FF, _mm512_set1_epi8((char)0x80), u);  // v = 0 past the block
+  }
+  static inline void prep_rows(const uint8_t* p, __m512i ridx, __mmask16 k, WGroup& out) {
+    const __m512i tab = table();
+    for (int c = 0; c < 4; ++c) split_nibbles(gather32(p + 2 + 4 * c, ridx, k), out.w[2 * c], out.w[2 * c + 1]);
+    for (int j = 0; j < 8; ++j) out.w[j] = _mm512_shuffle_epi8(tab, out.w[j]);
+    cvt_dm(gather32(p, ridx, k), out.dw, out.mw);
+  }
+  static inline void dm16_idx(const uint8_t* g, __mmask16 k, __m512i idx, __m512& dw, __m512& mw) {
+    __m512 unused;
+    cvt_dm(gather32(g, idx, k), dw, unused);
+    mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
+  }
+  static inline void dm16(const uint8_t* g, int nv, __m512& dw, __m512& mw) {
+    dm16_idx(g, mask16(nv), ld_idx(kPrep.q40_gather[4]), dw, mw);
+  }
+};
+
 // Q5_0 / Q5_1: u = nibble | (bit e of qh) << 4 (0..31), folded into the weight bytes as
 // the block is unpacked, so the Q4 machinery runs unchanged on 5-bit values. Natural
 // pairs keep element order (bytes 0..15 = elements 0..15 of the first block, 16..31 its
