@@ -2,7 +2,7 @@
 //
 // A chain of KERNELS GEMV-like kernels (one 512-thread block per SM, each streaming its own
 // MB MiB of "weights" and a value the kernel before wrote) is captured in a CUDA graph and
-// replayed, four ways:
+// replayed, five ways:
 //   plain   - launched back to back (no overlap)
 //   pdl     - programmatic dependent launch, as hipc's decode graph: each block issues its
 //             first loads, waits (griddepcontrol.wait: the kernel before finished and flushed),
@@ -16,8 +16,8 @@
 //             first loads issued before they wait there
 // and prints us a step, us a kernel, and GB/s. Build and run (sm_90):
 //   nvcc -O3 -arch=sm_90 -o /tmp/kb docs/benchmarks/kernel_boundary.cu && /tmp/kb [MB] [KERNELS] [PHASES]
-// On the H200 (session 19, docs/benchmarks/gpu-h200.md), us a boundary over `none`, 160
-// kernels of 12 / 33 MiB: plain 1.66 / 2.17, pdl 0.86 / 1.93, counter 1.22 / 2.30, persist
+// On the H200 (session 19, docs/benchmarks/gpu-h200.md; e1a9570's copy of this file), us a
+// boundary over `none`, 160 kernels of 12 / 33 MiB: plain 1.66 / 2.17, pdl 0.86 / 1.93, counter 1.22 / 2.30, persist
 // (5 phases) 1.23 / 1.67: a grid barrier on a counter costs what a PDL boundary does.
 #include <cuda_runtime.h>
 #include <cstdio>
@@ -55,46 +55,11 @@ __device__ __forceinline__ unsigned long long ld_acquire64(const unsigned long l
   return v;
 }
 
-__global__ void __launch_bounds__(THREADS, 1)
-    step_kernel(const uint4* __restrict__ w, size_t n16, const float* in, float* out, int mode,
-                unsigned* counter, unsigned target) {
-  const size_t tid = (size_t)blockIdx.x * THREADS + threadIdx.x, stride = (size_t)gridDim.x * THREADS;
-  uint4 ring[RING];
+// the first RING loads of a stream
+__device__ __forceinline__ void load_ring(const uint4* __restrict__ w, size_t n16, uint4 (&ring)[RING], size_t tid,
+                                          size_t stride) {
 #pragma unroll
   for (int s = 0; s < RING; ++s) ring[s] = tid + s * stride < n16 ? ldnc(w + tid + s * stride) : make_uint4(0, 0, 0, 0);
-  if (mode == PDL || mode == COUNTER || mode == NONE) {
-    if (mode == PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (mode == COUNTER) {
-      if (threadIdx.x == 0)
-        while (ld_acquire(counter) < target) __nanosleep(32);
-      __syncthreads();
-    }
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-  }
-  const float x = in[blockIdx.x];  // the kernel before's result
-  unsigned acc = 0;
-  for (size_t i = tid; i < n16; i += RING * stride) {
-#pragma unroll
-    for (int s = 0; s < RING; ++s) {
-      const uint4 v = ring[s];
-      acc += v.x ^ v.y ^ v.z ^ v.w;
-      const size_t j = i + (RING + s) * stride;
-      if (j < n16) ring[s] = ldnc(w + j);
-    }
-  }
-  __shared__ unsigned red[THREADS / 32];
-  for (int o = 16; o; o /= 2) acc += __shfl_xor_sync(~0u, acc, o);
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned t = 0;
-    for (int i = 0; i < THREADS / 32; ++i) t += red[i];
-    out[blockIdx.x] = x + (float)(t & 1);
-    if (mode == COUNTER) {
-      __threadfence();
-      atomicAdd(counter, 1u);
-    }
-  }
 }
 
 // a phase's stream after its ring is loaded; the block's sum of it
@@ -121,13 +86,38 @@ __device__ __forceinline__ unsigned stream_rest(const uint4* __restrict__ w, siz
 }
 
 __global__ void __launch_bounds__(THREADS, 1)
+    step_kernel(const uint4* __restrict__ w, size_t n16, const float* in, float* out, int mode,
+                unsigned* counter, unsigned target) {
+  const size_t tid = (size_t)blockIdx.x * THREADS + threadIdx.x, stride = (size_t)gridDim.x * THREADS;
+  uint4 ring[RING];
+  load_ring(w, n16, ring, tid, stride);
+  if (mode == PDL || mode == COUNTER || mode == NONE) {
+    if (mode == PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (mode == COUNTER) {
+      if (threadIdx.x == 0)
+        while (ld_acquire(counter) < target) __nanosleep(32);
+      __syncthreads();
+    }
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+  }
+  const float x = in[blockIdx.x];  // the kernel before's result
+  const unsigned t = stream_rest(w, n16, ring, tid, stride);
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = x + (float)(t & 1);
+    if (mode == COUNTER) {
+      __threadfence();
+      atomicAdd(counter, 1u);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(THREADS, 1)
     persist_kernel(const uint4* __restrict__ w, size_t n16, int phases, const float* in, float* out,
                    unsigned long long* counter) {
   const size_t tid = (size_t)blockIdx.x * THREADS + threadIdx.x, stride = (size_t)gridDim.x * THREADS;
   __shared__ unsigned long long base_s;
   uint4 ring[RING];
-#pragma unroll
-  for (int s = 0; s < RING; ++s) ring[s] = tid + s * stride < n16 ? ldnc(w + tid + s * stride) : make_uint4(0, 0, 0, 0);
+  load_ring(w, n16, ring, tid, stride);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" :::);
   // every launch adds (phases - 1) x blocks: the count before this one's is a multiple of that
@@ -149,9 +139,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         __threadfence();
         atomicAdd(counter, 1ull);
       }
-      const uint4* wn = w + n16 * (p + 1);
-#pragma unroll
-      for (int s = 0; s < RING; ++s) ring[s] = tid + s * stride < n16 ? ldnc(wn + tid + s * stride) : make_uint4(0, 0, 0, 0);
+      load_ring(w + n16 * (p + 1), n16, ring, tid, stride);
     }
   }
 }

@@ -371,19 +371,19 @@ struct KIQ4NL {
     const __m512i u = _mm512_shuffle_epi8(table(), q4_pair(b + 2, 18, two));
     return two ? u : _mm512_mask_blend_epi32(0x00FF, _mm512_set1_epi8((char)0x80), u);  // v = 0 past the block
   }
+  // Q4_0's nibbles and scales (the same block layout), then the table and offset 128
   static inline void prep_rows(const uint8_t* p, __m512i ridx, __mmask16 k, WGroup& out) {
+    KQ4_0::prep_rows(p, ridx, k, out);
     const __m512i tab = table();
-    for (int c = 0; c < 4; ++c) split_nibbles(gather32(p + 2 + 4 * c, ridx, k), out.w[2 * c], out.w[2 * c + 1]);
     for (int j = 0; j < 8; ++j) out.w[j] = _mm512_shuffle_epi8(tab, out.w[j]);
-    cvt_dm(gather32(p, ridx, k), out.dw, out.mw);
   }
   static inline void dm16_idx(const uint8_t* g, __mmask16 k, __m512i idx, __m512& dw, __m512& mw) {
-    __m512 unused;
-    cvt_dm(gather32(g, idx, k), dw, unused);
+    KQ4_0::dm16_idx(g, k, idx, dw, mw);
     mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
   }
   static inline void dm16(const uint8_t* g, int nv, __m512& dw, __m512& mw) {
-    dm16_idx(g, mask16(nv), ld_idx(kPrep.q40_gather[4]), dw, mw);
+    KQ4_0::dm16(g, nv, dw, mw);
+    mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
   }
 };
 
