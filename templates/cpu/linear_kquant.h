@@ -298,14 +298,6 @@ inline void kq_matmul_dequant(const float* x, int T, int K, const B* Wb, int N, 
   }
 }
 
-#if defined(HIPC_ISA_AVX512)
-template <class B>
-inline constexpr bool kHasVnniKernel =
-    std::is_same<B, block_q5_0>::value || std::is_same<B, block_q5_1>::value || std::is_same<B, block_iq4_nl>::value ||
-    std::is_same<B, block_iq4_xs>::value || std::is_same<B, block_q3_k>::value || std::is_same<B, block_q4_k>::value ||
-    std::is_same<B, block_q5_k>::value || std::is_same<B, block_q6_k>::value;
-#endif
-
 // Driver. On AVX512-VNNI every type runs a byte-plane kernel (below). Elsewhere, decode and
 // short prefills: x rounded to integers per 32-block (qmax 32767: int16, 127: int8, the
 // --activations choice), then `omp for` over kq_tile's tiles of R rows; longer prefills:
@@ -319,24 +311,25 @@ inline void kq_matmul(const float* x, int T, int K, const void* W, int N, float*
   // tiles, prefill 440 -> 532 over its int16 pairs; int8 without row lanes (Intel Xeon): decode
   // 93 -> 155 tok/s
   if constexpr (std::is_same<B, block_q5_0>::value) return q_matmul<KQ5_0, 2>(x, T, K, W, N, y, ldy, qmax);
-  if constexpr (std::is_same<B, block_q5_1>::value) return q_matmul<KQ5_1, 2>(x, T, K, W, N, y, ldy, qmax);
+  else if constexpr (std::is_same<B, block_q5_1>::value) return q_matmul<KQ5_1, 2>(x, T, K, W, N, y, ldy, qmax);
   // IQ4_NL: Q8_0's kernels on its table values (KIQ4NL). NOTE: measured with
   // bench_cpu_kquant_types.py (Intel Xeon, 2 layers of 2048 x 5632) over the generic kernel:
   // decode 133 -> 212 tok/s on one core, 268 -> 390 on two, prefill 423 -> 969 / 773 -> 1,786
-  if constexpr (std::is_same<B, block_iq4_nl>::value) return q_matmul<KIQ4NL, 2>(x, T, K, W, N, y, ldy, qmax);
+  else if constexpr (std::is_same<B, block_iq4_nl>::value) return q_matmul<KIQ4NL, 2>(x, T, K, W, N, y, ldy, qmax);
   // Q3_K/Q4_K/Q5_K/Q6_K: linear_vnni_k.h, int8 activations too (as int16 planes). NOTE: measured
   // on the SmolLM2 Q4_K_M file with int8 (Intel Xeon, engine loop) over the generic kernel:
   // decode 122 -> 183 tok/s on one core (int16: 190), 266 -> 360 on two, 128-token prefill
   // 911 -> 1,244
-  if constexpr (std::is_same<B, block_q3_k>::value) return ks_matmul<KSQ3K>(x, T, K, W, N, y, ldy, qmax);
-  if constexpr (std::is_same<B, block_q4_k>::value) return ks_matmul<KSQ4K>(x, T, K, W, N, y, ldy, qmax);
-  if constexpr (std::is_same<B, block_q5_k>::value) return ks_matmul<KSQ5K>(x, T, K, W, N, y, ldy, qmax);
-  if constexpr (std::is_same<B, block_q6_k>::value) return ks_matmul<KSQ6K>(x, T, K, W, N, y, ldy, qmax);
+  else if constexpr (std::is_same<B, block_q3_k>::value) return ks_matmul<KSQ3K>(x, T, K, W, N, y, ldy, qmax);
+  else if constexpr (std::is_same<B, block_q4_k>::value) return ks_matmul<KSQ4K>(x, T, K, W, N, y, ldy, qmax);
+  else if constexpr (std::is_same<B, block_q5_k>::value) return ks_matmul<KSQ5K>(x, T, K, W, N, y, ldy, qmax);
+  else if constexpr (std::is_same<B, block_q6_k>::value) return ks_matmul<KSQ6K>(x, T, K, W, N, y, ldy, qmax);
   // IQ4_XS likewise (KSIQ4XS: signed table values, the low plane's dot on v itself). NOTE:
   // measured as IQ4_NL: decode 99 -> 201 tok/s on one core, 240 -> 373 on two, 64-token
   // prefill 343 -> 922 / 601 -> 1,703
-  if constexpr (std::is_same<B, block_iq4_xs>::value) return ks_matmul<KSIQ4XS>(x, T, K, W, N, y, ldy, qmax);
-  static_assert(kHasVnniKernel<B>, "a block type with no AVX512-VNNI kernel");
+  else if constexpr (std::is_same<B, block_iq4_xs>::value) return ks_matmul<KSIQ4XS>(x, T, K, W, N, y, ldy, qmax);
+  else
+    static_assert(sizeof(B) == 0, "a block type with no AVX512-VNNI kernel");
 #else
   constexpr int R = 4, QK = KTraits<B>::QK;
   const B* Wb = (const B*)W;

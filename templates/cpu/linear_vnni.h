@@ -353,6 +353,13 @@ struct KQ8_0 {
   }
 };
 
+// IQ4_NL's 16 table values as u = v + 128 in every 128-bit lane (a vpshufb table for nibbles;
+// IQ4_XS's too, linear_vnni_k.h)
+inline __m512i iq4_u_table() {
+  return _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)kIq4nlValues)),
+                         _mm512_set1_epi8((char)0x80));
+}
+
 // IQ4_NL (blocks.h: d, then Q4_0's nibble layout indexing a table of 16 signed values): each
 // nibble is looked up as u = v + 128 (one byte shuffle), then everything is Q8_0's: offset
 // 128, the low plane on v = u ^ 0x80.
@@ -363,10 +370,7 @@ struct KIQ4NL {
   static constexpr bool kGemvTransposed = false;  // natural pairs
   static constexpr bool kLoOffset = false;
   static inline __m512i lo_w(__m512i u) { return _mm512_xor_si512(u, _mm512_set1_epi8((char)0x80)); }
-  static inline __m512i table() {
-    return _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)kIq4nlValues)),
-                           _mm512_set1_epi8((char)0x80));
-  }
+  static inline __m512i table() { return iq4_u_table(); }
   static inline __m512i pair(const uint8_t* b, bool two) {
     const __m512i u = _mm512_shuffle_epi8(table(), q4_pair(b + 2, 18, two));
     return two ? u : _mm512_mask_blend_epi32(0x00FF, _mm512_set1_epi8((char)0x80), u);  // v = 0 past the block

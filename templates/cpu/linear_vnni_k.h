@@ -56,7 +56,9 @@ inline KAct kact(const QAct& a, int T, int K) {
   return k;
 }
 
-// Fill token t's extras from its quantized row (natural block order, ntg = 0).
+// Fill token t's extras from its quantized row (natural block order, ntg = 0); the high
+// plane's sums only where the weights are signed (kSignedLo).
+template <bool kSignedLo>
 inline void kact_row(const QAct& a, const KAct& k, int t) {
   const int8_t* hr = a.q + (size_t)t * a.nbp * 32;
   const uint8_t* lr = a.lo + (size_t)t * a.nbp * 32;
@@ -72,9 +74,11 @@ inline void kact_row(const QAct& a, const KAct& k, int t) {
     const __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(lr + 64 * b), ones);
     const __m512i s4 = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
     _mm512_storeu_si512(qs4 + 16 * b, s4);
-    _mm512_storeu_si512(hs4 + 16 * b, h);
-    hsu[2 * b] = _mm512_mask_reduce_add_epi32(0x00FF, h);
-    hsu[2 * b + 1] = _mm512_mask_reduce_add_epi32(0xFF00, h);
+    if constexpr (kSignedLo) {
+      _mm512_storeu_si512(hs4 + 16 * b, h);
+      hsu[2 * b] = _mm512_mask_reduce_add_epi32(0x00FF, h);
+      hsu[2 * b + 1] = _mm512_mask_reduce_add_epi32(0xFF00, h);
+    }
     const __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(dr[2 * b]), _mm512_set1_ps(dr[2 * b + 1]));
     _mm512_storeu_ps(dxl + 16 * b, d);
     alignas(64) int32_t v[16];
@@ -315,10 +319,7 @@ struct KSIQ4XS {
   static constexpr int kOffShift = 0;
   static constexpr bool kHalves = false;
   static constexpr bool kSignedLo = true;
-  static inline __m512i table() {
-    return _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)kIq4nlValues)),
-                           _mm512_set1_epi8((char)0x80));
-  }
+  static inline __m512i table() { return iq4_u_table(); }
   // [d*(ls[0..7] - 32), 0 x 8]
   static inline __m512 scales(const uint8_t* b) {
     uint16_t d16, sh;
@@ -537,10 +538,11 @@ inline void ks_rl_tile(const WGroup* slab, int nb, const QAct& a, const KAct& k,
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       constexpr int hm = H - 1;
+      __m512i wl[V];
+      for (int v = 0; v < V; ++v) wl[v] = signed_view<KS>(sb[v].w[j]);
       for (int c = 0; c < C; ++c) {
         const __m512i xv = _mm512_set1_epi32(load_i32(lb + c * xstride + chunk_elem(j)));
-        for (int v = 0; v < V; ++v)
-          acc[j & hm][v][c] = _mm512_dpbusd_epi32(acc[j & hm][v][c], xv, signed_view<KS>(sb[v].w[j]));
+        for (int v = 0; v < V; ++v) acc[j & hm][v][c] = _mm512_dpbusd_epi32(acc[j & hm][v][c], xv, wl[v]);
       }
     }
     for (int c = 0; c < C; ++c) {
@@ -623,7 +625,7 @@ inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float
   if (T > 1 && T <= kKSmallBatchMax) {
     for (int t = 0; t < T; ++t) {
       quantize_act16_row<KSAct>(x, K, a, t, qmax);
-      kact_row(a, k, t);
+      kact_row<KS::kSignedLo>(a, k, t);
     }
     switch (T) {
       case 2: ks_gemv_batch<KS, 2>(W, rb, nsb, N, a, k, y, ldy, par); break;
@@ -642,7 +644,7 @@ inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float
 #pragma omp for schedule(static)
       for (int t = 0; t < T; ++t) {
         quantize_act16_row<KSAct>(x, K, a, t, qmax);
-        kact_row(a, k, t);
+        kact_row<KS::kSignedLo>(a, k, t);
       }
       WGroup* slab = (WGroup*)scratch(1, sizeof(WGroup) * (size_t)nb * V);
 #pragma omp for schedule(static)
@@ -655,7 +657,7 @@ inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float
     return;
   }
   quantize_act16_row<KSAct>(x, K, a, 0, qmax);
-  kact_row(a, k, 0);
+  kact_row<KS::kSignedLo>(a, k, 0);
   constexpr int R = kGemvRows;
   const int ntiles = (N + R - 1) / R;
 #pragma omp parallel for schedule(static) if (par)
