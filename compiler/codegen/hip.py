@@ -19,7 +19,6 @@ from hipc.base.launch_plan import KV_BLOCK, TOPK_MAX
 from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
 from hipc.compiler.codegen.environment import render, template_text
-from hipc.compiler.codegen.siblings import merge_siblings, siblings_enabled
 from hipc.compiler.kernels.base import FusionError, Signature
 from hipc.compiler.kernels.linear import BATCH_GEMV_ROWS, MMA_TILES, WGMMA_ARCHS
 from hipc.compiler.passes.select import weight_order
@@ -66,8 +65,6 @@ class GpuProgramBuilder:
         self.selected = kernels  # every kernel of the program (kinds look up their neighbours)
         self.memo: dict[str, Any] = {}  # what a kind works out once per program from `selected`
         self.kernels: dict[str, str] = {}
-        self.specs: dict[str, GpuKernel] = {}  # what each kernel was rendered from
-        self.signatures: dict[int, Signature] = {}  # id(decode launch) -> its (siblings)
         self.steps: dict[str, list[dict]] = {"decode": [], "prefill": [], "batch": []}
         # batch steps of up to this many rows run the linears' weights-once GEMV where they
         # have one (HIPC_BATCH_GEMV_ROWS overrides: 0 keeps the prefill GEMMs, as benchmarks
@@ -112,7 +109,6 @@ class GpuProgramBuilder:
 
     def kernel(self, k: GpuKernel) -> str:
         """Render `k` once (kernels are shared by name); its name."""
-        self.specs.setdefault(k.fn, k)
         if k.fn not in self.kernels:
             ctx = {"fn": k.fn, "wave": self.target.wave, **k.ctx}
             self.kernels[k.fn] = render(f"hip/{k.template}.hip.j2", **ctx)
@@ -150,8 +146,6 @@ class GpuProgramBuilder:
         if tokens is not None:
             launch["tokens"] = list(tokens)  # only in steps of this many tokens
         self.steps[step].append(launch)
-        if step == "decode":
-            self.signatures[id(launch)] = signature
         if step == "prefill" and batch:
             lo, hi = tokens or (1, self.max_tokens)
             if self.batch_min > lo:
@@ -182,8 +176,6 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
     )
     for k in c.kernels:
         k.kind.gpu(k, binder, g)
-    if siblings_enabled():
-        merge_siblings(g)
     # every program's row top-k (GpuBackend.step_top): rows x k values copied back, not logits
     g.kernels[TOPK_KERNEL] = render(
         "hip/topk.hip.j2", fn=TOPK_KERNEL, wave=gpu.wave, max_k=TOPK_MAX

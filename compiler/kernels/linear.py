@@ -1501,7 +1501,6 @@ def decode_gemv(
             rows=g.rows,
             unroll=g.unroll,
             blocks=blocks,
-            max_blocks=g.max_blocks,
             min_blocks=g.min_blocks,
             batches=-(-steps // g.unroll),
             stages=g.stages,

@@ -12,8 +12,6 @@ bar that bf16 rounding meets and a wrong kernel does not (test_bf16_prefill_poli
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -105,18 +103,6 @@ def test_gate_and_up_in_different_types_on_gpu(tmp_path):
     """ffn_gate Q4_K beside ffn_up Q5_0: two GEMVs and the glu kernel (compiler/kernels/glu.py)
     where one GLU epilogue cannot read both."""
     check(write_mixed_glu_gguf(tmp_path / "m.gguf"), tmp_path, kv_storage="float32")
-
-
-def test_mixed_qkv_types_on_gpu(tmp_path):
-    """Q4_K q and k beside Q6_K v and down (llama.cpp's Q4_K_M layers given more bits): the
-    q+k and v decode GEMVs run as one sibling kernel (compiler/codegen/siblings.py), each on
-    its own blocks, against the reference."""
-    types = lambda n: "q6_k" if n.endswith(("attn_v.weight", "ffn_down.weight")) else "q4_k"  # noqa: E731
-    path = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=types)
-    check(path, tmp_path, kv_storage="float32")
-    plan = json.loads((tmp_path / "m.hipc" / "plan.json").read_text())
-    decode = plan["targets"][TARGET]["steps"]["decode"]
-    assert any(x["kernel"].startswith("linear_siblings2_") for x in decode)
 
 
 def test_quantized_q6_k_output_on_gpu(tmp_path):
