@@ -6,6 +6,7 @@ re-exported here because every layer above spells them `hipc.compiler.ir.Graph`.
 """
 
 from hipc.compiler.ir.graph import (
+    DENSE_BYTES,
     QUANT_BLOCKS,
     QUANT_DTYPES,
     Constant,
@@ -19,9 +20,11 @@ from hipc.compiler.ir.graph import (
     WeightRef,
     initializer_type,
     quant_row_bytes,
+    row_bytes,
 )
 
 __all__ = [
+    "DENSE_BYTES",
     "QUANT_BLOCKS",
     "QUANT_DTYPES",
     "Constant",
@@ -35,4 +38,5 @@ __all__ = [
     "WeightRef",
     "initializer_type",
     "quant_row_bytes",
+    "row_bytes",
 ]

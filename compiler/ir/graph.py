@@ -49,6 +49,14 @@ def quant_row_bytes(dtype: str, k: int) -> int:
     return k // elems * block_bytes
 
 
+DENSE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def row_bytes(dtype: str, k: int) -> int:
+    """Bytes of a row of `k` values stored as `dtype`: GGUF blocks or a dense type."""
+    return quant_row_bytes(dtype, k) if dtype in QUANT_BLOCKS else k * DENSE_BYTES[dtype]
+
+
 @dataclass(frozen=True)
 class TensorType:
     dtype: str

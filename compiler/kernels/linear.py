@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from hipc.base.errors import HipcError
 from hipc.compiler.codegen.environment import WEIGHT_SUFFIX
-from hipc.compiler.ir import Graph, Node
+from hipc.compiler.ir import Graph, Node, row_bytes
 from hipc.compiler.kernels.base import (
     CPU_INDENT,
     GPU_INDENT,
@@ -1523,7 +1523,7 @@ def decode_gemv(
         n_out=p.n_out,
         waves=GEMV_WAVES,
         rows_per_block=rows_per_block,
-        prefetch=gemv_prefetch(row_bytes(ws, p.K), p.N),
+        prefetch=gemv_prefetch(row_bytes(p.wtype, p.K), p.N),
         params=gemv_signature(p).render(GPU_INDENT),
         **p.context(),
     )
@@ -1601,13 +1601,6 @@ def bulk_gemv(
 def gemv_prefetch(row: int, rows: int) -> int:
     """Bytes of each weight row a GEMV prefetches before its wait: all or nothing."""
     return row if row * rows <= GEMV_PREFETCH_MAX else 0
-
-
-def row_bytes(wsuffix: str, K: int) -> int:
-    if wsuffix in QUANT_TYPES:
-        qt = QUANT_TYPES[wsuffix]
-        return K // qt.block_values * qt.block_bytes
-    return K * {"f32": 4, "f16": 2, "bf16": 2}[wsuffix]
 
 
 # -- the batch step's weights-once GEMV (linear_gemvm.hip.j2) ------------------------------

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hipc.compiler.codegen.environment import CPU_WTYPES, WEIGHT_SUFFIX
-from hipc.compiler.ir import QUANT_DTYPES, Graph, Node, quant_row_bytes
+from hipc.compiler.ir import DENSE_BYTES, Graph, Node, row_bytes
 from hipc.compiler.kernels import linear
 from hipc.compiler.kernels.base import (
     CPU_INDENT,
@@ -51,13 +51,6 @@ if TYPE_CHECKING:
     from hipc.compiler.codegen.hip import GpuProgramBuilder
     from hipc.compiler.passes.fuse import FusedGroup, Proposals
     from hipc.compiler.targets import GpuTarget
-
-_DENSE = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def row_bytes(wtype: str, n: int) -> int:
-    """Bytes of one row of `n` inputs stored as `wtype` (any GGUF block type or dense)."""
-    return quant_row_bytes(wtype, n) if wtype in QUANT_DTYPES else n * _DENSE[wtype]
 
 
 @dataclass(frozen=True)
@@ -308,8 +301,8 @@ def _part(wtype: str) -> dict[str, Any]:
     ws = WEIGHT_SUFFIX[wtype]
     qt = QUANT_TYPES.get(ws)
     if qt is None:
-        return dict(wsuffix=ws, quant=False, unit=ws, unit_values=16 // _DENSE[wtype],
-                    block_values=16 // _DENSE[wtype], has_offset=False)  # fmt: skip
+        return dict(wsuffix=ws, quant=False, unit=ws, unit_values=16 // DENSE_BYTES[wtype],
+                    block_values=16 // DENSE_BYTES[wtype], has_offset=False)  # fmt: skip
     return dict(
         wsuffix=ws,
         quant=True,
