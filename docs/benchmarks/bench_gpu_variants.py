@@ -1,8 +1,8 @@
 """Compile-time variants of one 8B GGUF, timed against each other in the decode graph, on one GPU.
 
     python docs/benchmarks/bench_gpu_variants.py --model l8_q4_k_m --work /tmp/hq \
-        --variant "base=" --variant "spread=HIPC_GEMV_SPREAD=1" [--profile] [--llamacpp-bin DIR] \
-        --out $OUT/variants.md
+        --variant "base=" --variant "qkv 8x1=HIPC_QUANT_GEMV_TABLE=q4_k:short=8,1,1,132,1,3,8" \
+        [--profile] [--llamacpp-bin DIR] --out $OUT/variants.md
 
 The Llama-3-8B shape in llama-quantize's types for --model (bench_gpu_quant.write_l8: random
 blocks) is compiled once per --variant NAME=VAR=VALUE[;VAR=VALUE] (compile-time environment
