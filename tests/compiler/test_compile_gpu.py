@@ -438,6 +438,25 @@ def test_gate_and_up_in_different_types_compile_for_gpus(tmp_path):
                 assert "_q8_0_256x512_residual" in names[i + 1], (target, step, names)
 
 
+def test_mixed_qkv_types_compile_for_gpus(tmp_path):
+    """Q4_K q and k beside a Q6_K v (llama.cpp's Q4_K_M): q+k merge into one linear, v keeps
+    its own, each with the norm as its prologue (repack.split_shared_norms), in every step;
+    tests/gpu runs it."""
+    types = lambda n: "q6_k" if n.endswith(("attn_v.weight", "ffn_down.weight")) else "q4_k"  # noqa: E731
+    model = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=types)
+    art = compiled(tmp_path, model, ("sm_90", "gfx942"), activations="int8")
+    plan = json.loads((art / "plan.json").read_text())
+    for target in ("sm_90", "gfx942"):
+        for step, launches in plan["targets"][target]["steps"].items():
+            kernels = {x["group"]: x["kernel"] for x in launches}
+            for layer in ("l0", "l1"):
+                qk, v = kernels[f"{layer}.q+k"], kernels[f"{layer}.v"]
+                assert "_q4_k_384x256_none_rms" in qk and "_q6_k_128x256_none_rms" in v, (
+                    target, step, qk, v,
+                )  # fmt: skip
+        assert launched_kernels(art, target) <= set(kernel_code(art, target))
+
+
 @pytest.mark.parametrize("family", sorted(TINY_GEMMA))
 def test_gemma_params_refused_on_gpu(tmp_path, family):
     # the GPU templates lack GeGLU, post-norms, soft-caps and the embedding scale: one line

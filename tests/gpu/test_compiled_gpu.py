@@ -105,6 +105,15 @@ def test_gate_and_up_in_different_types_on_gpu(tmp_path):
     check(write_mixed_glu_gguf(tmp_path / "m.gguf"), tmp_path, kv_storage="float32")
 
 
+def test_mixed_qkv_types_on_gpu(tmp_path):
+    """Q4_K q and k beside Q6_K v and down (llama.cpp's Q4_K_M layers given more bits): q+k
+    merged, v its own GEMV and GEMM, each with its own copy of the norm, against the
+    reference."""
+    types = lambda n: "q6_k" if n.endswith(("attn_v.weight", "ffn_down.weight")) else "q4_k"  # noqa: E731
+    check(write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=types), tmp_path,
+          kv_storage="float32")  # fmt: skip
+
+
 def test_quantized_q6_k_output_on_gpu(tmp_path):
     check(write_q6k_head_gguf(tmp_path / "m.gguf"), tmp_path)
 
