@@ -393,6 +393,17 @@ inline __m512i signed_view(__m512i w) {
   return w;
 }
 
+// A lane's integer dot less what the stored weights' offsets added: u = q + 2^kOffShift
+// (times the lane's q sums, qs4) and, for signed weights (u = v + 128 on the high plane),
+// 128 * 256 times the high plane's sums (hs4)
+template <class KS>
+inline __m512i unoffset(__m512i I, const int32_t* qs4, const int32_t* hs4) {
+  if constexpr (KS::kOffShift != 0)
+    I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(qs4), KS::kOffShift));
+  if constexpr (KS::kSignedLo) I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(hs4), 15));
+  return I;
+}
+
 // GEMV tile: rows n0..n0+R-1 of one token.
 template <class KS, int R>
 inline void ks_gemv_tile(const uint8_t* W, size_t rb, int nsb, int n0, const QAct& a, const KAct& k, float* y) {
@@ -416,10 +427,9 @@ inline void ks_gemv_tile(const uint8_t* W, size_t rb, int nsb, int n0, const QAc
       for (int p = 0; p < 4; ++p) {
         const __m512i w = KS::pair(bp, p);
         const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xh + 64 * p));
-        __m512i I = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_loadu_si512(xl + 64 * p), signed_view<KS>(w));
-        if constexpr (KS::kOffShift != 0)
-          I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(qs4 + 16 * p), KS::kOffShift));
-        if constexpr (KS::kSignedLo) I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(hs4 + 16 * p), 15));
+        const __m512i I = unoffset<KS>(
+            _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_loadu_si512(xl + 64 * p), signed_view<KS>(w)),
+            qs4 + 16 * p, hs4 + 16 * p);
         const __m512 sc = _mm512_mul_ps(_mm512_permutexvar_ps(ld_idx(lane_scale_idx<KS>(p)), S), _mm512_loadu_ps(dxl + 16 * p));
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), sc, acc);
       }
@@ -468,11 +478,9 @@ inline void ks_gemv_batch_rows(const uint8_t* W, size_t rb, int nsb, int n0, con
 #pragma GCC unroll 4
         for (int p = 0; p < 4; ++p) {
           const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], _mm512_loadu_si512(xh + 64 * p));
-          __m512i I = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_loadu_si512(xl + 64 * p), signed_view<KS>(w[p]));
-          if constexpr (KS::kOffShift != 0)
-            I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(qs4 + 16 * p), KS::kOffShift));
-          if constexpr (KS::kSignedLo)
-            I = _mm512_sub_epi32(I, _mm512_slli_epi32(_mm512_loadu_si512(hs4 + 16 * p), 15));
+          const __m512i I = unoffset<KS>(
+              _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_loadu_si512(xl + 64 * p), signed_view<KS>(w[p])),
+              qs4 + 16 * p, hs4 + 16 * p);
           acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sc[p], _mm512_loadu_ps(dxl + 16 * p)), acc);
         }
         f[r][t] = acc;
