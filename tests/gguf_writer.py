@@ -412,6 +412,27 @@ def q4_k_m_type(name: str, shape: tuple[int, ...], experts_only: bool = True) ->
     return "q4_k" if shape[-1] % 256 == 0 else "q5_0" if shape[-1] % 32 == 0 else None
 
 
+def q3_k_m_type(name: str, shape: tuple[int, ...]) -> str | None:
+    """requantize_gguf's `type_of` for llama-quantize's Q3_K_M experts: gate and up Q3_K, down
+    Q4_K (Q3_K_M's ffn_down outside its first layers); the rest float32. Needs a Q3_K
+    quantizer (q3_k_blocks) in hipc.compiler.quantize._QUANTIZERS: hipc has none."""
+    if "_exps" in name:
+        return "q4_k" if "down" in name else "q3_k"
+    return None
+
+
+def q3_k_m_dense_type(name: str) -> str:
+    """write_numpy_gguf's `types` for llama-quantize's Q3_K_M of a Llama: q, k, gate, up and the
+    embedding Q3_K, v, o and down Q4_K, the output Q6_K."""
+    if name == "output.weight":
+        return "q6_k"
+    return (
+        "q4_k"
+        if name.endswith(("attn_v.weight", "attn_output.weight", "ffn_down.weight"))
+        else "q3_k"
+    )
+
+
 def write_mixed_glu_gguf(
     path: Path, gate: str = "q4_k", up: str = "q5_0", rest: str = "q8_0"
 ) -> Path:

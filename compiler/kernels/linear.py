@@ -1213,6 +1213,7 @@ QUANT_TYPES = {
     "q4_1": QuantType(32, 20, 16, 32),
     "q8_0": QuantType(32, 34, 32, 32),
     "q6_k": QuantType(256, 210, 192, 128),
+    "q3_k": QuantType(256, 110, 96, 128),
     "q5_0": QuantType(32, 22, 16, 32),
     "q5_1": QuantType(32, 24, 16, 32),
     "q4_k": QuantType(256, 144, 128, 128),
@@ -1230,6 +1231,9 @@ OFFSET_TYPES = ("q4_1", "q5_1", "q4_k", "q5_k")
 # and 4-row ones 21.9, 18.0, 6.1.
 QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1, 1)
 QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 132, 1, 3, 8)
+# Q3_K: half a super-block is 55 bytes in 21 registers (the whole hmask, half of it another
+# half's): Q6_K's 2-row ring one batch deeper, about as many registers and bytes a lane
+QUANT_GEMV_Q3_K = QuantGemv(8, 2, 1, 132, 1, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -1264,6 +1268,7 @@ QUANT_REGIONS = {
     "q4_k": (128, 16),
     "q5_k": (160, 16),
     "q6_k": (192, 16, 2),
+    "q3_k": (96, 12, 2),
     "iq4_nl": (16, 2),
     "iq4_xs": (128, 4, 4),
 }
@@ -1336,7 +1341,7 @@ def bulk_gemv_fits(wsuffix: str, K: int, target: GpuTarget) -> bool:
 
 
 # quant_gemv's table: (family, matrix class) -> geometry. Families: "q" (the 32-weight types),
-# "q4_k", "q5_k" and "iq4_xs" (128-weight units), "q6_k". Classes: "small" (under QUANT_GEMV_LARGE_BYTES,
+# "q4_k", "q5_k", "iq4_xs" and "q3_k" (128-weight units), "q6_k". Classes: "small" (under QUANT_GEMV_LARGE_BYTES,
 # rows shorter than QUANT_GEMV_LONG_K), "small_long" (under, rows that long), and at or over it
 # "glu" (gate/up), "long" (rows of QUANT_GEMV_LONG_ROWS and more: a down projection),
 # "narrow" (no more outputs than inputs: an attention's o) and "short" (the rest: qkv, an LM
@@ -1369,6 +1374,7 @@ QUANT_GEMV_TABLE: dict[tuple[str, str], QuantGemv] = {
     **{("q5_k", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("iq4_xs", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("q6_k", c): QUANT_GEMV_Q6_K for c in _CLASSES},
+    **{("q3_k", c): QUANT_GEMV_Q3_K for c in _CLASSES},
     ("q4_k", "long"): QUANT_GEMV_K64_DOWN,
     ("q4_k", "narrow"): QUANT_GEMV_K64,
     ("q6_k", "long"): QUANT_GEMV_K64_DOWN,

@@ -14,6 +14,9 @@ Models (--models):
              embedding, Q6_K output;
   l8_q4_k_m  the same as `llama-quantize F16 Q4_K_M`: Q4_K, with attn_v and ffn_down Q6_K
              on llama.cpp's more-bits layers, Q6_K output;
+  l8_q3_k_m  the same as `llama-quantize F16 Q3_K_M`: Q3_K, with attn_output Q4_K, attn_v and
+             ffn_down Q5_K on the first 2 layers and Q4_K after, Q6_K output (not in the
+             default --models);
   smol_q4_1  the real SmolLM2-135M-Instruct Q4_1 file's own tensor list, types (Q4_1
              linears, tied Q8_0 embedding) and metadata (tokenizer, chat template), random
              blocks: the real 98 MB file does not fit the 64 MiB a call carries.
@@ -57,11 +60,13 @@ BLOCK = {
     "Q4_1": (20, 32, 0, 1),
     "Q8_0": (34, 32, 0, 1),
     "Q4_K": (144, 256, 0, 2),
+    "Q5_K": (176, 256, 0, 2),
+    "Q3_K": (110, 256, 108, 1),
     "Q6_K": (210, 256, 208, 1),
 }
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODELS = ("l8_q4_0", "l8_q4_k_m", "smol_q4_1")
-QUANTIZE_TYPE = {"l8_q4_0": "Q4_0", "l8_q4_k_m": "Q4_K_M"}
+QUANTIZE_TYPE = {"l8_q4_0": "Q4_0", "l8_q4_k_m": "Q4_K_M", "l8_q3_k_m": "Q3_K_M"}
 
 
 def log(*a) -> None:
@@ -115,13 +120,18 @@ def l8_types(model: str) -> dict[str, str]:
     follows the same rules for --quant)."""
     from hipc.compiler.quant_recipes import use_more_bits
 
-    base = "Q4_0" if model == "l8_q4_0" else "Q4_K"
+    base = {"l8_q4_0": "Q4_0", "l8_q4_k_m": "Q4_K", "l8_q3_k_m": "Q3_K"}[model]
     out = {"token_embd.weight": base, "output.weight": "Q6_K"}
     for i in range(L8["L"]):
         for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
-            more = model == "l8_q4_k_m" and t in ("attn_v", "ffn_down")
-            more = more and use_more_bits(i, L8["L"])
-            out[f"blk.{i}.{t}.weight"] = "Q6_K" if more else base
+            qtype = base
+            if model == "l8_q4_k_m" and t in ("attn_v", "ffn_down") and use_more_bits(i, L8["L"]):
+                qtype = "Q6_K"
+            if model == "l8_q3_k_m" and t in ("attn_v", "ffn_down"):
+                qtype = "Q5_K" if i < L8["L"] // 16 else "Q4_K"
+            if model == "l8_q3_k_m" and t == "attn_output":
+                qtype = "Q4_K"
+            out[f"blk.{i}.{t}.weight"] = qtype
     return out
 
 
@@ -143,9 +153,7 @@ def write_l8(path: Path, model: str) -> None:
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(hd)
     w.add_vocab_size(s["vocab"])
-    w.add_file_type(
-        gguf.LlamaFileType.MOSTLY_Q4_0 if model == "l8_q4_0" else gguf.LlamaFileType.MOSTLY_Q4_K_M
-    )
+    w.add_file_type(gguf.LlamaFileType["MOSTLY_" + QUANTIZE_TYPE[model]])
     w.add_tokenizer_model("llama")
     toks = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
     toks += [f"tok{i}".encode() for i in range(s["vocab"] - len(toks))]

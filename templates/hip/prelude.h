@@ -574,6 +574,11 @@ typedef hipc_qmatk<176> hipc_qmat_q5_k;
 // (32 weights) is IQ4_NL's nibbles at qs + 16j with the scale d * (ls - 32), ls = nibble j of
 // scales_l | bits 2j, 2j + 1 of scales_h << 4; fields quants, scales_l, d + scales_h.
 typedef hipc_qmat3<136, 8, 128, 4, 4, 0> hipc_qmat_iq4_xs;
+// Q3_K super-blocks of 256: {hmask[32] (bit 4h + c of byte l: the third bit of weight
+// 128h + 32c + l), qs[64] (2-bit lows: bits 2c.. of byte 32h + l), scales[12] (16 6-bit
+// scales packed as hipc_q3scales4 reads them), f16 d} (110 bytes); fields hmask + qs (the
+// quants), scales, d.
+typedef hipc_qmat3<110, 0, 96, 96, 12, 108> hipc_qmat_q3_k;
 // Q6_K super-blocks of 256: {ql[128] low nibbles, qh[64] 2-bit highs, int8 scales[16] (one
 // per 16 weights), f16 d} (210 bytes); split: every ql+qh, then every scales, then every d.
 struct hipc_qmat_q6_k {
@@ -1087,6 +1092,29 @@ HIPC_DEVICE float hipc_w_iq4_xs(const void* W, int N, int K, int n, int k) {
   const int8_t v = (int8_t)hipc_iq4nl_bytes4((uint32_t)hipc_nibble(m.qs(b) + 16 * ib, j % 32));
   return hipc_f16_to_f32((uint16_t)dh) * (float)(ls - 32) * (float)v;
 }
+// Q3_K's 16 6-bit scales as the bytes of 4 words (ggml's packing): word j's low 4 bits are
+// the nibbles (low for j < 2, high after) of word j % 2 of the 12 scale bytes, its top 2 bits
+// bits 2j.. of each byte of word 2. Scale i is byte i % 4 of word i / 4, stored + 32.
+HIPC_DEVICE uint32_t hipc_q3scales4(const uint32_t* w, int j) {
+  return ((w[j % 2] >> (4 * (j / 2))) & 0x0f0f0f0fu) | (((w[2] >> (2 * j)) & 0x03030303u) << 4);
+}
+// Q3_K scale i of a super-block, minus its offset of 32, from the 12 scale bytes at p
+HIPC_DEVICE int hipc_q3scale(const char* p, int i) {
+  const uint32_t w[3] = {hipc_load_u32(p), hipc_load_u32(p + 4), hipc_load_u32(p + 8)};
+  return (int)((hipc_q3scales4(w, i / 4) >> (8 * (i % 4))) & 63) - 32;
+}
+// Q3_K weight j of a super-block: half h = j / 128, chunk c = (j % 128) / 32, l = j % 32: bits
+// 2c.. of qs[32h + l] and, as 4, bit 4h + c of hmask[l] (clear: the weight is 4 lower); its
+// scale is scale 8h + 2c + l / 16: w = d * scale * (q - 4), d * scale first as gguf-py does.
+HIPC_DEVICE float hipc_w_q3_k(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q3_k m{(const char*)W, (size_t)N * (K / 256)};
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, h = j / 128, c = (j % 128) / 32, l = j % 32;
+  const uint8_t* q = (const uint8_t*)m.qs(b);  // hmask[32], then qs[64]
+  const int v = ((q[32 + 32 * h + l] >> (2 * c)) & 3) | ((q[l] >> (4 * h + c)) & 1) << 2;
+  const float ds = hipc_f16_to_f32(*(const uint16_t*)m.f3(b)) * (float)hipc_q3scale(m.f2(b), 8 * h + 2 * c + l / 16);
+  return ds * (float)(v - 4);
+}
 template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_0& v, const hipc_qmat_q5_0& m, size_t u) {
   v.q = hipc_load_q16<SMEM>(m.qs(u));
@@ -1123,6 +1151,47 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_1& v, XP xq, int i) {
   const hipc_xb<LO> x = hipc_load_xb<LO>(xq, i);
   const float t = (float)hipc_idot_q5<LO>(v.q, v.qh, x);
   return x.scale() * (hipc_f16_to_f32((uint16_t)v.dm) * t + hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * (float)x.meta.y);
+}
+// Q3_K: half h of a super-block (128 weights: chunks c = 0..3 of 32, x blocks 4i + c): its 32
+// bytes of 2-bit lows and the whole hmask (bits 4h .. 4h + 3 of each byte are this half's);
+// a lane's neighbour reads the other half of the same hmask in the same load.
+struct hipc_unit_q3_k { uint4 qs[2], hm[2]; uint32_t sc[3]; uint16_t d; int h; };
+template <bool SMEM = false>
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q3_k& v, const hipc_qmat_q3_k& m, size_t u) {
+  const size_t b = u / 2;
+  v.h = (int)(u % 2);
+  const char* q = m.qs(b);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    v.hm[j] = hipc_load_q16<SMEM>(q + 16 * j);
+    v.qs[j] = hipc_load_q16<SMEM>(q + 32 + 32 * v.h + 16 * j);
+  }
+#pragma unroll
+  for (int j = 0; j < 3; ++j) v.sc[j] = hipc_load_u32(m.f2(b) + 4 * j);
+  v.d = *(const uint16_t*)m.f3(b);
+}
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q3_k& v, XP xq, int i) {
+  const uint32_t QS[8] = {v.qs[0].x, v.qs[0].y, v.qs[0].z, v.qs[0].w, v.qs[1].x, v.qs[1].y, v.qs[1].z, v.qs[1].w};
+  const int hs = 4 * v.h;  // this half's hmask bits at bits 0..3 of each byte: one shift per word
+  const uint32_t HM[8] = {v.hm[0].x >> hs, v.hm[0].y >> hs, v.hm[0].z >> hs, v.hm[0].w >> hs,
+                          v.hm[1].x >> hs, v.hm[1].y >> hs, v.hm[1].z >> hs, v.hm[1].w >> hs};
+  const uint32_t sc[2] = {hipc_q3scales4(v.sc, 2 * v.h), hipc_q3scales4(v.sc, 2 * v.h + 1)};  // chunks 0-1, 2-3
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const hipc_xb<LO> x = hipc_load_xb<LO>(xq, 4 * i + c);
+    int q[8];  // 4 quants 0..7 as bytes, one per weight
+#pragma unroll
+    for (int w = 0; w < 8; ++w) q[w] = (int)(((QS[w] >> (2 * c)) & 0x03030303u) | (((HM[w] >> c) & 0x01010101u) << 2));
+    // q - 4: subtract 4 * sum(x) over each 16 (exact in float: |t| < 2^24)
+    const int t0 = hipc_idot_words<LO, 4>(q, x, 0) - 4 * x.meta.z;
+    const int t1 = hipc_idot_words<LO, 4>(q + 4, x, 4) - 4 * (x.meta.y - x.meta.z);
+    const uint32_t sw = sc[c / 2] >> (16 * (c % 2));
+    const float s0 = (float)((int)(sw & 63) - 32), s1 = (float)((int)((sw >> 8) & 63) - 32);
+    acc += x.scale() * (s0 * (float)t0 + s1 * (float)t1);
+  }
+  return hipc_f16_to_f32(v.d) * acc;
 }
 // The 64 bytes of quants at p (half a super-block's nibbles: Q4_K, Q5_K, IQ4_XS) as 4 loads.
 template <bool SMEM>
@@ -1426,6 +1495,14 @@ HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q6_k& m, int K, int n, int k, uint
   const uint2 lo = hipc_load_bytes8(base + 64 * h + 32 * (c % 2) + l), hi = hipc_load_bytes8(base + 128 + 32 * h + l);
   q = hipc_ints8(lo, 4 * (c / 2), 15, -32, &hi, 2 * c, 4, 3);
   s = hipc_f16_to_f32(*(const uint16_t*)m.d(b)) * (float)((const int8_t*)m.sc(b))[8 * h + 2 * c + l / 16], o = 0.f;
+}
+// Q3_K (hipc_w_q3_k's indexing): a 6-bit scale per 16 weights, w = d * (scale - 32) * (q - 4)
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q3_k& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, h = j / 128, c = (j % 128) / 32, l = j % 32;
+  const uint2 lo = hipc_load_bytes8(m.qs(b) + 32 + 32 * h + l), hi = hipc_load_bytes8(m.qs(b) + l);
+  q = hipc_ints8(lo, 2 * c, 3, -4, &hi, 4 * h + c, 2);
+  s = hipc_f16_to_f32(*(const uint16_t*)m.f3(b)) * (float)hipc_q3scale(m.f2(b), 8 * h + 2 * c + l / 16), o = 0.f;
 }
 // Q4_K in 64-weight units (the bulk-copy GEMV reads them from shared memory): unit u of a row
 // is sub-blocks 2q and 2q + 1 (q = u % 4) of super-block u / 4, the quants' bytes 32q ..

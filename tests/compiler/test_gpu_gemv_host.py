@@ -91,6 +91,10 @@ CASES = {
     "iq4_xs_k512_residual": ("iq4_xs", 41, 512, "residual", False, QuantGemv(2, 4, 1, 3, 1, 1)),
     "q4_k_k256_glu_norm": ("q4_k", 2 * 21, 256, "glu", True, QuantGemv(2, 4, 1, 3, 1, 1)),
     "q6_k_glu_s3": ("q6_k", 2 * 9, 1536, "glu", False, QuantGemv(2, 2, 1, 2, 1, 3)),
+    # Q3_K: rows of one super-block and of several, a ring whose last turn is partial
+    "q3_k_k256_glu_norm": ("q3_k", 2 * 21, 256, "glu", True, QuantGemv(2, 2, 1, 3, 1, 4)),
+    "q3_k_residual_s4": ("q3_k", 23, 2304, "residual", False, QuantGemv(2, 2, 1, 2, 1, 4, 8)),
+    "q3_k_copy_rows4_norm": ("q3_k", 21, 1024, "none", True, QuantGemv(2, 4, 1, 2, 1, 1)),
     "q5_0_residual_s2": ("q5_0", 17, 1536, "residual", False, QuantGemv(2, 2, 2, 2, 1, 2)),
     # one stage: the next item's loads copied in at the end of each step
     "q4_k_copy_rows4": ("q4_k", 21, 2048, "residual", False, QuantGemv(2, 4, 1, 2, 1, 1)),

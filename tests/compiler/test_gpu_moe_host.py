@@ -48,6 +48,8 @@ CASES = {
     # Q4_K gate/up with Q8_0 downs of an expert width that is no whole super-block (llama.cpp's
     # fallback: Qwen2-MoE's 1408)
     "q4_k_q8_0_e7_k3_f32router_norm": ("q4_k", 7, 3, 256, 160, True, "float32", True),
+    # llama-quantize's Q3_K_M experts: Q3_K gate/up (128-weight units), Q4_K downs
+    "q3_k_q4_k_e6_k2_f32router_norm": ("q3_k", 6, 2, 256, 512, True, "float32", True),
 }
 # the down experts' type where it differs from gate/up's
 DOWN = {
@@ -55,6 +57,7 @@ DOWN = {
     "q4_k_q6_k_e5_k2_f16router_unit128": "q6_k",
     "iq4_nl_q5_1_e10_k4_f32router": "q5_1",
     "q4_k_q8_0_e7_k3_f32router_norm": "q8_0",
+    "q3_k_q4_k_e6_k2_f32router_norm": "q4_k",
 }
 # cases compiled with CompileOptions.activations "int8" (x and act as one int8 plane)
 INT8 = {"q4_0_e16_k4_f32router_norm_int8", "iq4_xs_e6_k2_f16router_norm_int8"}

@@ -49,9 +49,11 @@ CASES = {
     "iq4_xs_q5_k": ("iq4_xs", 4, 3, 256, 256),
     # an expert width that is no whole super-block: Q8_0 downs (llama.cpp's fallback)
     "q4_k_q8_0": ("q4_k", 4, 2, 256, 96),
+    # Q3_K gate/up (no offsets) with Q4_K downs: llama-quantize's Q3_K_M experts
+    "q3_k_q4_k": ("q3_k", 4, 2, 256, 256),
 }
 # the down experts' type where it differs from gate/up's
-DOWN = {"q4_k_q6_k": "q6_k", "iq4_xs_q5_k": "q5_k", "q4_k_q8_0": "q8_0"}
+DOWN = {"q4_k_q6_k": "q6_k", "iq4_xs_q5_k": "q5_k", "q4_k_q8_0": "q8_0", "q3_k_q4_k": "q4_k"}
 ROWS = sorted({TILE, *MOE_SHORT_TILES["sm_90"]})
 
 

@@ -30,7 +30,7 @@ from test_compile_gpu import (
     launched_kernels,
 )
 
-from gguf_writer import q4_k_m_type, requantize_gguf, write_gguf
+from gguf_writer import q3_k_blocks, q3_k_m_type, q4_k_m_type, requantize_gguf, write_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
 from test_moe import KQUANT_WIDTHS, make_moe_model, quantizable_moe
@@ -74,6 +74,20 @@ def q4_k_m(tmp_path_factory):
     src = quantizable_moe(**KQUANT_WIDTHS)
     f32 = write_gguf(src, root / "f.gguf", "qwen3moe", "F32", tokenizer=False)
     return compiled(root, requantize_gguf(f32, root / "m.gguf", q4_k_m_type), TARGETS)
+
+
+@pytest.fixture(scope="module")
+def q3_k_m(tmp_path_factory):
+    """llama-quantize's Q3_K_M experts: gate and up Q3_K (no offsets), down Q4_K."""
+    from hipc.compiler import quantize
+
+    root = tmp_path_factory.mktemp("q3_k_m")
+    src = quantizable_moe(**KQUANT_WIDTHS)
+    f32 = write_gguf(src, root / "f.gguf", "qwen3moe", "F32", tokenizer=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(quantize._QUANTIZERS, "q3_k", q3_k_blocks)
+        path = requantize_gguf(f32, root / "m.gguf", q3_k_m_type)
+    return compiled(root, path, TARGETS)
 
 
 @pytest.fixture(scope="module")
@@ -157,20 +171,23 @@ def test_quantized_experts_decode_on_int8_dot_products(q4, target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_q4_k_m_experts_on_int8_dot_products_and_matrix_instructions(q4_k_m, target):
-    """Q4_K gate/up and Q6_K down experts: the decode kernels multiply their quants as int8,
-    the grouped prefill GEMMs on the matrix instructions; every launched kernel is in the code
-    object."""
-    plan = json.loads((q4_k_m / "plan.json").read_text())
+@pytest.mark.parametrize("mix", ["q4_k_m", "q3_k_m"])
+def test_k_quant_experts_on_int8_dot_products_and_matrix_instructions(mix, target, request):
+    """Q4_K gate/up and Q6_K down experts (Q4_K_M), Q3_K and Q4_K (Q3_K_M): the decode kernels
+    multiply their quants as int8, the grouped prefill GEMMs on the matrix instructions; every
+    launched kernel is in the code object."""
+    art = request.getfixturevalue(mix)
+    types = {"q4_k_m": ("q4_k", "q6_k"), "q3_k_m": ("q3_k", "q4_k")}[mix]
+    plan = json.loads((art / "plan.json").read_text())
     experts = {w["name"]: w["dtype"] for w in plan["weights"] if len(w["shape"]) == 3}
-    assert {d for n, d in experts.items() if "down" in n} == {"q6_k"}
-    assert {d for n, d in experts.items() if "down" not in n} == {"q4_k"}
-    code = kernel_code(q4_k_m, target)
-    assert launched_kernels(q4_k_m, target) <= set(code)
-    decode = [x["kernel"] for x in steps(q4_k_m, target)["decode"] if x["group"] == "l0.moe"]
+    assert {d for n, d in experts.items() if "down" in n} == {types[1]}
+    assert {d for n, d in experts.items() if "down" not in n} == {types[0]}
+    code = kernel_code(art, target)
+    assert launched_kernels(art, target) <= set(code)
+    decode = [x["kernel"] for x in steps(art, target)["decode"] if x["group"] == "l0.moe"]
     assert [k.rsplit("_", 1)[-1] for k in decode] == ["route", "up", "down"]
     assert all(DOT4_INSTRUCTION[target] in code[k] for k in decode[1:])
-    gemms = [x for x in steps(q4_k_m, target)["prefill"] if x["group"] == "l0.moe"][2:4]
+    gemms = [x for x in steps(art, target)["prefill"] if x["group"] == "l0.moe"][2:4]
     assert [x["kernel"].rsplit("_mma_", 1)[-1] for x in gemms] == ["gate_up", "down"]
     want = {**MMA_INSTRUCTION, "sm_90": MMA_INSTRUCTION["sm_80"]}[target]
     assert all(want in code[x["kernel"]] for x in gemms)

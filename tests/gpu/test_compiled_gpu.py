@@ -24,6 +24,8 @@ from hipc.runtime.engine import load_engine
 from gguf_writer import (
     iq4_nl_blocks,
     iq4_xs_blocks,
+    q3_k_blocks,
+    q3_k_m_dense_type,
     write_mixed_glu_gguf,
     write_numpy_gguf,
     write_q6k_head_gguf,
@@ -112,6 +114,16 @@ def test_mixed_qkv_types_on_gpu(tmp_path):
     types = lambda n: "q6_k" if n.endswith(("attn_v.weight", "ffn_down.weight")) else "q4_k"  # noqa: E731
     check(write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=types), tmp_path,
           kv_storage="float32")  # fmt: skip
+
+
+def test_q3_k_m_layers_on_gpu(tmp_path, monkeypatch):
+    """llama-quantize's Q3_K_M of a Llama (Q3_K q+k, gate/up and embedding; Q4_K v, o, down;
+    Q6_K output): the Q3_K GEMVs, prefill GEMM tiles and embedding against the reference."""
+    from hipc.compiler import quantize
+
+    monkeypatch.setitem(quantize._QUANTIZERS, "q3_k", q3_k_blocks)
+    path = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=q3_k_m_dense_type)
+    check(path, tmp_path, kv_storage="float32")  # float32 KV: as test_iq4_on_gpu says
 
 
 def test_quantized_q6_k_output_on_gpu(tmp_path):

@@ -82,6 +82,12 @@ GEMVS = {
     "q4_k_norm_k4096": ("q4_k", 130, 4096, "none", True, False),
     "q4_k_streamed_glu_k1024": ("q4_k", 2 * 45, 1024, "glu", True, True),
     "q5_k_residual_k14336": ("q5_k", 40, 14336, "residual", False, False),
+    "q3_k_glu_norm_k256": ("q3_k", 2 * 512, 256, "glu", True, False),
+    "q3_k_norm_k4096": ("q3_k", 130, 4096, "none", True, True),
+    "q3_k_residual_k14336": ("q3_k", 41, 14336, "residual", False, False),
+    "q3_k_streamed_glu_norm": ("q3_k", 2 * 45, 1024, "glu", True, False),
+    # quant_gemv's own choice at an 8B's gate/up (QUANT_GEMV_Q3_K), on fewer rows
+    "q3_k_default_glu_k4096": ("q3_k", 2 * 600, 4096, "glu", True, False),
     "q4_0_ring4_rows1_k14336": ("q4_0", 45, 14336, "residual", False, True),
     "q6_k_ring3_preload1_norm": ("q6_k", 50, 4096, "none", True, False),
     "q4_k_ring3_glu_norm": ("q4_k", 2 * 33, 4096, "glu", True, False),
@@ -129,6 +135,7 @@ STREAMED = {
     "q4_1_streamed_norm_k14336": QuantGemv(waves=2, rows=2, unroll=4, max_blocks=2),
     "q6_k_streamed_residual_k14336": QuantGemv(waves=2, rows=2, unroll=1, max_blocks=2),
     "q4_k_streamed_glu_k1024": QuantGemv(waves=2, rows=2, unroll=1, max_blocks=3),
+    "q3_k_streamed_glu_norm": QuantGemv(waves=2, rows=2, unroll=1, max_blocks=3, stages=4),
     # rings of 3-4 batches whose last turn is partial, one filled before the wait
     "q4_0_ring4_rows1_k14336": QuantGemv(2, 1, 1, 3, 2, stages=4),
     "q6_k_ring3_preload1_norm": QuantGemv(2, 2, 1, 3, 1, stages=3, preload=1),

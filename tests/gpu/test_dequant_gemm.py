@@ -43,6 +43,7 @@ CASES = {
     "q6_k": (513, 4096, 4096, "residual", False, False),
     "iq4_nl": (200, 2 * 160, 1024, "glu", True, True),
     "iq4_xs": (257, 300, 2048, "residual", False, False),
+    "q3_k": (300, 2 * 200, 1024, "glu", True, False),
 }
 assert set(CASES) == set(QUANT_TYPES)
 

@@ -47,12 +47,15 @@ CASES = {
     "iq4_nl_q5_0_e7_k2": ("iq4_nl", 7, 2, 128, 96, True, False, True),
     # Q8_0 downs where the expert width is no whole super-block (llama.cpp's fallback)
     "q4_k_q8_0_e9_k2_f160": ("q4_k", 9, 2, 256, 160, True, False, True),
+    # llama-quantize's Q3_K_M experts: Q3_K gate/up, Q4_K downs
+    "q3_k_q4_k_e9_k2": ("q3_k", 9, 2, 256, 512, True, False, True),
 }
 # the down experts' type where it differs from gate/up's
 DOWN = {
     "q4_k_q6_k_qwen3_like": "q6_k",
     "iq4_nl_q5_0_e7_k2": "q5_0",
     "q4_k_q8_0_e9_k2_f160": "q8_0",
+    "q3_k_q4_k_e9_k2": "q4_k",
 }
 
 

@@ -346,22 +346,24 @@ def test_quantized_experts_with_dense_downs_refused_on_the_gpu(tmp_path):
 
 
 def test_experts_of_a_type_without_gpu_kernels_refused_naming_the_tensor(tmp_path, monkeypatch):
-    """Q3_K experts (CPU kernels only) for sm_90: one line naming the expert tensor, its type
-    and the GPU's types, before any toolchain runs (the check read a kernel's "w" argument
-    only, which a MoE kernel has not: a KeyError)."""
+    """Q2_K experts (no kernel on any target; random blocks) for sm_90: one line naming the
+    expert tensor, its type and the GPU's types, before any toolchain runs (the check read a
+    kernel's "w" argument only, which a MoE kernel has not: a KeyError)."""
     from hipc.base.errors import HipcError
     from hipc.compiler import quantize
 
-    import gguf_writer
-
-    monkeypatch.setitem(quantize._QUANTIZERS, "q3_k", gguf_writer.q3_k_blocks)
+    monkeypatch.setitem(
+        quantize._QUANTIZERS,
+        "q2_k",
+        lambda b: np.random.default_rng(0).integers(0, 256, (len(b), 84), dtype=np.uint8),
+    )
     f32 = write_gguf(sharp_router_moe(0.1, **KQUANT_WIDTHS), tmp_path / "f.gguf", "qwen3moe",
                      "F32", tokenizer=False)  # fmt: skip
-    path = requantize_gguf(f32, tmp_path / "m.gguf", lambda n, s: "q3_k" if "_exps" in n else None)
+    path = requantize_gguf(f32, tmp_path / "m.gguf", lambda n, s: "q2_k" if "_exps" in n else None)
     with pytest.raises(HipcError) as e:
         options = CompileOptions(targets=("sm_90",), max_context=48)
         compile_model(path, tmp_path / "g.hipc", options, verbose=False)
     msg = str(e.value)
-    assert msg.startswith("blk.0.ffn_gate_exps.weight: weight type q3_k has no HIP kernel"), msg
+    assert msg.startswith("blk.0.ffn_gate_exps.weight: weight type q2_k has no HIP kernel"), msg
     assert "(supported: float32, " in msg and "\n" not in msg
     assert not (tmp_path / "g.hipc").exists()
