@@ -1231,9 +1231,13 @@ OFFSET_TYPES = ("q4_1", "q5_1", "q4_k", "q5_k")
 # and 4-row ones 21.9, 18.0, 6.1.
 QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1, 1)
 QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 132, 1, 3, 8)
-# Q3_K: half a super-block is 55 bytes in 21 registers (the whole hmask, half of it another
-# half's): Q6_K's 2-row ring one batch deeper, about as many registers and bytes a lane
-QUANT_GEMV_Q3_K = QuantGemv(8, 2, 1, 132, 1, 4, 8)
+# Q3_K: half a super-block is 55 bytes in 21 registers (the whole hmask: the other half's bits
+# too). Its GEMVs are bound by instructions, not bytes (docs/benchmarks/sass_gemv.py: 562 a lane
+# per 256 weights against Q4_K's 375): on an H100 (bench_gpu_gemv.py, int8, session 21; copy
+# 3.03 TB/s) the 8B Q3_K gate/up took 35.3 us (1.43 TB/s) with Q6_K's 2-row ring of 3 where a
+# ring of 4 took 40.2, of 2 35.9, 16-wave blocks 37.3, 4-row copy loops 39.5; the q+k matrix
+# 8.1 us (7.7 with 16 waves of 1-row rings, not taken for one shape).
+QUANT_GEMV_Q3_K = QUANT_GEMV_Q6_K
 
 
 @dataclass(frozen=True)

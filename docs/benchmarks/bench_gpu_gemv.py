@@ -67,6 +67,9 @@ SHAPES = {
     "l8_down_iq4nl": ("iq4_nl", 4096, 14336, "residual", False),
     "l8_down_iq4xs": ("iq4_xs", 4096, 14336, "residual", False),
     "l8_gate_up_iq4xs": ("iq4_xs", 2 * 14336, 4096, "glu", True),
+    # Llama-3-8B's Q3_K_M: q + k and gate/up in Q3_K
+    "l8_qk_q3k": ("q3_k", 5120, 4096, "none", True),
+    "l8_gate_up_q3k": ("q3_k", 2 * 14336, 4096, "glu", True),
     # Qwen3-30B-A3B's attention linears (hidden 2048, 32 + 2 x 4 heads of 128): few rows
     "q3moe_qkv": ("q4_0", 5120, 2048, "none", True),
     "q3moe_o": ("q4_0", 2048, 4096, "residual", False),
@@ -122,6 +125,10 @@ KQUANT_GEOMETRIES = {
     ),
     "k8r4s2p1": (QuantGemv(8, 4, 1, 132, 1, 2, 4, 1), QuantGemv(8, 4, 1, 132, 1, 2, 4, 1)),
     "k8r2s3": (QuantGemv(8, 2, 1, 132, 1, 3, 8), QuantGemv(8, 2, 1, 132, 1, 3, 8)),
+    "k8r2s2": (QuantGemv(8, 2, 1, 132, 1, 2, 8), QuantGemv(8, 2, 1, 132, 1, 2, 8)),
+    "k16r2s2": (QuantGemv(16, 2, 1, 132, 1, 2, 8), QuantGemv(16, 2, 1, 132, 1, 2, 8)),
+    "k16r1s3": (QuantGemv(16, 1, 1, 132, 1, 3, 8), QuantGemv(16, 2, 1, 132, 1, 2, 8)),
+    "k8r2s2m2": (QuantGemv(8, 2, 1, 132, 2, 2, 8), QuantGemv(8, 2, 1, 132, 2, 2, 8)),
     "k8r4s1": (QuantGemv(8, 4, 1, 132, 1, 1), QuantGemv(8, 4, 1, 132, 1, 1)),
     "k8r1s3m2": (QuantGemv(8, 1, 1, 132, 2, 3), QuantGemv(8, 4, 1, 132, 1, 1)),
     "bulk16x4m2": ((16, 4, 8, 2), None),
@@ -139,7 +146,7 @@ KQUANT_GEOMETRIES = {
         QuantGemv(16, 2, 1, 132, 1, 3, 8, unit64=True),
     ),
 }
-KQUANTS = ("q4_k", "q5_k", "q6_k")
+KQUANTS = ("q4_k", "q5_k", "q6_k", "q3_k")
 # "pick:NAME": every matrix gets what quant_gemv would give it from the table PICKS[NAME]
 # (linear.QUANT_GEMV_TABLE with some classes replaced), so a layer chain can mix the
 # geometries that won alone shape by shape; the chains also time the mix of each shape's

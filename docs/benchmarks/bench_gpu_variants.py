@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -56,7 +57,10 @@ def main() -> None:
     variants = {}
     for v in args.variant:
         name, _, env = v.partition("=")
-        variants[name] = dict(kv.split("=", 1) for kv in env.split(";") if kv)
+        # a ";" starts the next VAR=VALUE only where an upper-case name and "=" follow, so
+        # that a value may hold ";" itself (HIPC_QUANT_GEMV_TABLE's entries)
+        pairs = re.split(r";(?=[A-Z_][A-Z0-9_]*=)", env)
+        variants[name] = dict(kv.split("=", 1) for kv in pairs if kv)
     if not variants:
         ap.error("no --variant")
     from bench_gpu import bench_hipc, ceilings

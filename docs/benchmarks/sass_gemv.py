@@ -41,6 +41,7 @@ UNITS = {
     "q6_k": ("q6_k", 128),
     "q6_k64": ("q6_k", 64),
     "iq4_xs": ("iq4_xs", 128),
+    "q3_k": ("q3_k", 128),
 }
 WEIGHTS = 256  # per lane in the units' micro-kernels
 INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)([^;]*);")

@@ -1188,8 +1188,9 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q3_k& v, XP xq, int i) {
     const int t0 = hipc_idot_words<LO, 4>(q, x, 0) - 4 * x.meta.z;
     const int t1 = hipc_idot_words<LO, 4>(q + 4, x, 4) - 4 * (x.meta.y - x.meta.z);
     const uint32_t sw = sc[c / 2] >> (16 * (c % 2));
-    const float s0 = (float)((int)(sw & 63) - 32), s1 = (float)((int)((sw >> 8) & 63) - 32);
-    acc += x.scale() * (s0 * (float)t0 + s1 * (float)t1);
+    // the two 16s' scales times their sums in integers, one conversion (|t| * 32 < 2^31
+    // even against int16 activations)
+    acc += x.scale() * (float)(((int)(sw & 63) - 32) * t0 + ((int)((sw >> 8) & 63) - 32) * t1);
   }
   return hipc_f16_to_f32(v.d) * acc;
 }

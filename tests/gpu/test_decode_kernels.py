@@ -23,6 +23,7 @@ from hipc.compiler.kernels.linear import (
     QUANT_GEMV_LARGE,
     QUANT_GEMV_LARGE_DOWN,
     QUANT_GEMV_LARGE_GLU,
+    QUANT_TYPES,
     LinearParams,
     QuantGemv,
     QuantGemvBulk,
@@ -168,7 +169,7 @@ STREAMED = {
     "q6_k_ring_l2_residual_k14336": QuantGemv(8, 2, 1, 9, 1, 3, 8, l2_prefetch=True),
     "q6_k64_w16_ring_norm": QuantGemv(16, 2, 1, 3, 1, 2, 8, unit64=True),
 }
-QUANT = ("q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k", "iq4_nl", "iq4_xs")
+QUANT = tuple(QUANT_TYPES)
 
 
 def gemv_params(case) -> LinearParams:
