@@ -1232,12 +1232,13 @@ OFFSET_TYPES = ("q4_1", "q5_1", "q4_k", "q5_k")
 QUANT_GEMV_KQUANT = QuantGemv(8, 4, 1, 132, 1, 1)
 QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 132, 1, 3, 8)
 # Q3_K: half a super-block is 55 bytes in 21 registers (the whole hmask: the other half's bits
-# too). Its GEMVs are bound by instructions, not bytes (docs/benchmarks/sass_gemv.py: 562 a lane
-# per 256 weights against Q4_K's 375): on an H100 (bench_gpu_gemv.py, int8, session 21; copy
-# 3.03 TB/s) the 8B Q3_K gate/up took 35.3 us (1.43 TB/s) with Q6_K's 2-row ring of 3 where a
-# ring of 4 took 40.2, of 2 35.9, 16-wave blocks 37.3, 4-row copy loops 39.5; the q+k matrix
-# 8.1 us (7.7 with 16 waves of 1-row rings, not taken for one shape).
-QUANT_GEMV_Q3_K = QUANT_GEMV_Q6_K
+# too), so 16-wave blocks: 1-row rings of 3 units, gate/up 2-row rings of 2. On an H100
+# (bench_gpu_gemv.py, int8, session 21 call 4; copy 3.05 TB/s) the 8B Q3_K gate/up took 20.1 us
+# (2.51 TB/s; Q4_K's 23.6 us is 2.80) where Q6_K's 8-wave 2-row ring of 3 took 21.4, and q+k
+# 5.8 against 6.4; in the 8B Q3_K_M decode graph 502.1 / 504.9 / 503.2 tok/s against 472.8 /
+# 472.0 / 472.9 in alternating rounds (call 5). Unmeasured: the small classes.
+QUANT_GEMV_Q3_K = QuantGemv(16, 1, 1, 132, 1, 3, 8)
+QUANT_GEMV_Q3_K_GLU = QuantGemv(16, 2, 1, 132, 1, 2, 8)
 
 
 @dataclass(frozen=True)
@@ -1378,7 +1379,9 @@ QUANT_GEMV_TABLE: dict[tuple[str, str], QuantGemv] = {
     **{("q5_k", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("iq4_xs", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("q6_k", c): QUANT_GEMV_Q6_K for c in _CLASSES},
-    **{("q3_k", c): QUANT_GEMV_Q3_K for c in _CLASSES},
+    # (the small classes take gate/up pairs too: 2-row groups)
+    **{("q3_k", c): QUANT_GEMV_Q3_K_GLU for c in ("small", "small_long", "glu")},
+    **{("q3_k", c): QUANT_GEMV_Q3_K for c in ("short", "narrow", "long")},
     ("q4_k", "long"): QUANT_GEMV_K64_DOWN,
     ("q4_k", "narrow"): QUANT_GEMV_K64,
     ("q6_k", "long"): QUANT_GEMV_K64_DOWN,

@@ -1094,9 +1094,12 @@ HIPC_DEVICE float hipc_w_iq4_xs(const void* W, int N, int K, int n, int k) {
 }
 // Q3_K's 16 6-bit scales as the bytes of 4 words (ggml's packing): word j's low 4 bits are
 // the nibbles (low for j < 2, high after) of word j % 2 of the 12 scale bytes, its top 2 bits
-// bits 2j.. of each byte of word 2. Scale i is byte i % 4 of word i / 4, stored + 32.
+// bits 2j.. of each byte of word 2. Scale i is byte i % 4 of word i / 4, stored + 32. A select,
+// not w[j % 2]: an index the compiler cannot fold puts the caller's words (a GEMV unit in
+// its ring) in local memory.
 HIPC_DEVICE uint32_t hipc_q3scales4(const uint32_t* w, int j) {
-  return ((w[j % 2] >> (4 * (j / 2))) & 0x0f0f0f0fu) | (((w[2] >> (2 * j)) & 0x03030303u) << 4);
+  const uint32_t nib = (j & 1) ? w[1] : w[0];
+  return ((nib >> (4 * (j >> 1))) & 0x0f0f0f0fu) | (((w[2] >> (2 * j)) & 0x03030303u) << 4);
 }
 // Q3_K scale i of a super-block, minus its offset of 32, from the 12 scale bytes at p
 HIPC_DEVICE int hipc_q3scale(const char* p, int i) {

@@ -297,6 +297,16 @@ def run_case(lib, name):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+def test_gate_up_geometries_take_row_pairs():
+    """A GLU group is a gate row and its up row: every geometry the table gives a gate/up
+    matrix (the "glu" class, and the small classes, which take gate/up too) has rows >= 2."""
+    from hipc.compiler.kernels import linear
+
+    for (family, cls), g in linear.QUANT_GEMV_TABLE.items():
+        if cls in ("small", "small_long", "glu"):
+            assert g.rows >= 2 and g.rows % 2 == 0, (family, cls, g)
+
+
 def test_bulk_default_follows_the_table(monkeypatch):
     """QUANT_GEMV_BULK picks the bulk-copy GEMV for its (type, class) on sm_90 in the split
     layout only; GGUF order, an AMD target or a row the copies cannot take keep the register

@@ -87,8 +87,10 @@ GEMVS = {
     "q3_k_norm_k4096": ("q3_k", 130, 4096, "none", True, True),
     "q3_k_residual_k14336": ("q3_k", 41, 14336, "residual", False, False),
     "q3_k_streamed_glu_norm": ("q3_k", 2 * 45, 1024, "glu", True, False),
-    # quant_gemv's own choice at an 8B's gate/up (QUANT_GEMV_Q3_K), on fewer rows
-    "q3_k_default_glu_k4096": ("q3_k", 2 * 600, 4096, "glu", True, False),
+    # quant_gemv's own choices for matrices >= 4 MiB: gate/up (QUANT_GEMV_Q3_K_GLU), q+k
+    # (QUANT_GEMV_Q3_K), on fewer rows than an 8B's
+    "q3_k_default_glu_k4096": ("q3_k", 2 * 1300, 4096, "glu", True, False),
+    "q3_k_default_short_k4096": ("q3_k", 5000, 4096, "none", True, False),
     "q4_0_ring4_rows1_k14336": ("q4_0", 45, 14336, "residual", False, True),
     "q6_k_ring3_preload1_norm": ("q6_k", 50, 4096, "none", True, False),
     "q4_k_ring3_glu_norm": ("q4_k", 2 * 33, 4096, "glu", True, False),
