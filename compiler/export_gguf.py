@@ -73,6 +73,9 @@ FILE_TYPE = {
     "q5_k": 16,
     "q5_k_m": 17,
     "q6_k": 18,
+    "q3_k": 11,
+    "q3_k_m": 12,
+    "q3_k_l": 13,
 }
 
 # Text whose tokenization tells pre-tokenizers apart: digit runs, contractions, case,

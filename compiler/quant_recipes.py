@@ -4,7 +4,7 @@ Each recipe is llama-quantize's file type of that name as its llama_tensor_get_t
 picks types without an importance matrix (facts, not code, taken from llama.cpp's
 src/llama-quant.cpp): a base type for every matrix, the exceptions in RULES below, then
 the row-length fallback. `q4_k` and `q5_k` are the *_S file types minus Q4_K_S's few
-Q5_K layers. Only matrices (2-D float weights) and MoE experts (3-D: GGUF's stacked
+Q5_K layers; `q3_k` is Q3_K_S. Only matrices (2-D float weights) and MoE experts (3-D: GGUF's stacked
 tensors, HF's per-expert ones as a StackedWeight) are quantized; norms, biases and the
 routers (llama-quantize keeps every ffn_gate_inp as it is) stay.
 """
@@ -30,6 +30,9 @@ BASE = {
     "q6_k": "q6_k",
     "q4_k_m": "q4_k",
     "q5_k_m": "q5_k",
+    "q3_k": "q3_k",
+    "q3_k_m": "q3_k",
+    "q3_k_l": "q3_k",
 }
 RECIPES = tuple(BASE)
 _FLOATS = ("float32", "float16", "bfloat16", "float64")
@@ -44,10 +47,11 @@ RULES = (
     # 6 bits cost little (a Q8_0 recipe keeps Q8_0).
     (_ALL, ("output",), "base is not q8_0", "q6_k", "output matrix"),
     # 8 experts (Mixtral): attention is a small part of the model, so k and v get 8 bits
-    # (over any other rule for them) and Q4_K_M's output projection 5 (llama.cpp's
-    # n_expert == 8 rules)
+    # (over any other rule for them) and the output projection 5 in Q4_K_M, Q3_K_S and Q3_K_M
+    # (llama.cpp's n_expert == 8 rules; its list leaves Q3_K_L's at the base type)
     (_ALL, ("v", "k"), "8 experts", "q8_0", "8-expert model"),
-    (("q4_k_m",), ("o",), "8 experts", "q5_k", "8-expert model"),
+    (("q4_k_m", "q3_k", "q3_k_m"), ("o",), "8 experts", "q5_k", "8-expert model"),
+    (("q3_k_l",), ("o",), "8 experts", "q3_k", "8-expert model"),
     # attn_v is small under GQA and feeds every head's output; ffn_down is the matmul
     # most sensitive to quantization. Both get 6 bits on the "more bits" layers: the
     # first and last eighth of the layers and every third layer between them.
@@ -55,11 +59,18 @@ RULES = (
     # 70B-class models (80 layers, GQA): 8 query heads share each v head, so v is 8x
     # smaller than q and 5 bits cost almost nothing (llama.cpp's LLM_TYPE_70B rule,
     # which lifts only 3- and 4-bit types).
-    (("q4_k_m", "q4_k"), ("v",), "80 layers with GQA", "q5_k", "80-layer GQA model"),
+    (("q4_k_m", "q4_k", "q3_k", "q3_k_m"), ("v",), "80 layers with GQA", "q5_k", "80-layer GQA"),
+    # Q3_K_M: v 5 bits on its first two layers and down on the first sixteenth, else both 4,
+    # as o; Q3_K_L: all three 5 bits
+    (("q3_k_m",), ("v",), "first 2 layers", "q5_k", "the first two layers"),
+    (("q3_k_m",), ("down",), "first sixteenth", "q5_k", "the first sixteenth of the layers"),
+    (("q3_k_m",), ("v", "o", "down"), "always", "q4_k", "Q3_K_M's 4-bit matrices"),
+    (("q3_k_l",), ("v", "o", "down"), "always", "q5_k", "Q3_K_L's 5-bit matrices"),
     # a fused q/k/v (GGUF's attn_qkv: Qwen3.5's linear-attention in_proj_qkv) is one step
     # up in the *_M mixes: llama.cpp's ATTENTION_QKV rule
     (("q4_k_m",), ("ssm_qkv",), "always", "q5_k", "fused q/k/v"),
     (("q5_k_m",), ("ssm_qkv",), "always", "q6_k", "fused q/k/v"),
+    (("q3_k_m", "q3_k_l"), ("ssm_qkv",), "always", "q4_k", "fused q/k/v"),
 )
 # roles llama-quantize never quantizes: the routers (and Qwen2-MoE's shared-expert gate,
 # a 1-D tensor in its GGUF files)
@@ -81,7 +92,7 @@ AS_ROLE = {
 # A row whose length is not a multiple of 256 cannot hold K-quant super-blocks; these
 # are llama.cpp's substitutes (32-element blocks, about as many bits). A row that is not
 # a multiple of 32 either stays in its float type (llama.cpp would write F16).
-K_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+K_FALLBACK = {"q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,8 @@ def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
         when = {
             "base is not q8_0": BASE[recipe] != "q8_0",
             "more-bits layer": layer is not None and use_more_bits(layer, n_layers),
+            "first 2 layers": layer is not None and layer < 2,
+            "first sixteenth": layer is not None and layer < n_layers // 16,
             "80 layers with GQA": big_gqa,
             "8 experts": experts == {8},
             "always": True,

@@ -233,70 +233,6 @@ def _tiny_llama_writer(
     return w
 
 
-IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
-
-
-def _iq4_nearest(b: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """The table index nearest each of `b` [n, 32] over its row's scale [n]."""
-    safe = np.where(scale != 0, scale, 1).astype(np.float32)
-    return np.abs(b[:, :, None] / safe[:, None, None] - IQ4_NL_VALUES).argmin(-1)
-
-
-def _iq4_nibbles(idx: np.ndarray) -> np.ndarray:
-    return (idx[:, :16] | idx[:, 16:] << 4).astype(np.uint8)  # Q4_0's order
-
-
-def iq4_nl_blocks(b: np.ndarray) -> np.ndarray:
-    """IQ4_NL blocks [n, 18] of 32-value rows `b`, for tests: d = amax / 127, each value the
-    nearest of the table (gguf-py has no IQ4_NL quantizer; its dequantizer is the reference)."""
-    d = (np.abs(b).max(1) / 127).astype(np.float16)
-    nib = _iq4_nibbles(_iq4_nearest(b, d.astype(np.float32)))
-    return np.concatenate([d[:, None].view(np.uint8), nib], axis=1)
-
-
-def iq4_xs_blocks(b: np.ndarray) -> np.ndarray:
-    """IQ4_XS blocks [n, 136] of 256-value rows `b`, for tests: d = the largest sub-block
-    scale / 31, each sub-block's 6-bit ls = 32 + its scale / d rounded, values as IQ4_NL's."""
-    n = len(b)
-    sub = b.reshape(n * 8, 32)
-    want = (np.abs(sub).max(1) / 127).reshape(n, 8)
-    d = (want.max(1) / 31).astype(np.float16)
-    df = d.astype(np.float32)[:, None]
-    ls = 32 + np.clip(np.rint(want / np.where(df > 0, df, 1)), -32, 31).astype(np.int64)
-    scale = (df * (ls - 32)).reshape(-1)
-    nib = _iq4_nibbles(_iq4_nearest(sub, scale)).reshape(n, 128)
-    lo = ls & 15
-    scales_l = (lo[:, 0::2] | lo[:, 1::2] << 4).astype(np.uint8)
-    scales_h = ((ls >> 4) << (2 * np.arange(8))).sum(1).astype(np.uint16)
-    return np.concatenate(
-        [d[:, None].view(np.uint8), scales_h[:, None].view(np.uint8), scales_l, nib], axis=1
-    )
-
-
-def q3_k_blocks(b: np.ndarray) -> np.ndarray:
-    """Q3_K blocks [n, 110] of 256-value rows `b`, for tests: each 16-value sub-block's scale
-    amax / 4 as a 6-bit sc (32 + scale / d rounded, d = the largest / 31), values rounded to
-    -4..3 (hipc has no Q3_K quantizer; gguf-py's dequantizer is the reference)."""
-    n = len(b)
-    sub = b.reshape(n, 16, 16)
-    want = np.abs(sub).max(2) / 4
-    d = (want.max(1) / 31).astype(np.float16)
-    df = d.astype(np.float32)[:, None]
-    ls = 32 + np.clip(np.rint(want / np.where(df > 0, df, 1)), 0, 31).astype(np.int64)
-    scale = (df * (ls - 32))[:, :, None]
-    q = np.clip(np.rint(sub / np.where(scale > 0, scale, 1)), -4, 3).astype(np.int64)
-    q = q.reshape(n, 2, 4, 32)  # [block, half h, unit k of the half, element i]
-    hi = (q >= 0).astype(np.uint8)  # bit set: q = lo; clear: q = lo - 4
-    lo = np.where(q >= 0, q, q + 4).astype(np.uint8)
-    qs = (lo << (2 * np.arange(4))[None, None, :, None]).sum(2).astype(np.uint8).reshape(n, 64)
-    hmask = (hi.reshape(n, 8, 32) << np.arange(8)[None, :, None]).sum(1).astype(np.uint8)
-    sc = np.zeros((n, 12), np.uint8)
-    sc[:, :8] = (ls[:, :8] & 15) | ((ls[:, 8:] & 15) << 4)
-    for k in range(4):
-        sc[:, 8 + k] = sum(((ls[:, k + 4 * j] >> 4) & 3) << (2 * j) for j in range(4))
-    return np.concatenate([hmask, qs, sc, d[:, None].view(np.uint8)], axis=1)
-
-
 def write_numpy_gguf(
     path: Path,
     qtype: str = "F32",
@@ -414,8 +350,7 @@ def q4_k_m_type(name: str, shape: tuple[int, ...], experts_only: bool = True) ->
 
 def q3_k_m_type(name: str, shape: tuple[int, ...]) -> str | None:
     """requantize_gguf's `type_of` for llama-quantize's Q3_K_M experts: gate and up Q3_K, down
-    Q4_K (Q3_K_M's ffn_down outside its first layers); the rest float32. Needs a Q3_K
-    quantizer (q3_k_blocks) in hipc.compiler.quantize._QUANTIZERS: hipc has none."""
+    Q4_K (Q3_K_M's ffn_down outside its first layers); the rest float32."""
     if "_exps" in name:
         return "q4_k" if "down" in name else "q3_k"
     return None

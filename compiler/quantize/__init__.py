@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from hipc.compiler.ir import QUANT_BLOCKS
-from hipc.compiler.quantize import kquants, legacy
+from hipc.compiler.quantize import iquants, kquants, legacy
 
 _QUANTIZERS = {
     "q4_0": legacy.q4_0,
@@ -27,6 +27,9 @@ _QUANTIZERS = {
     "q4_k": kquants.q4_k,
     "q5_k": kquants.q5_k,
     "q6_k": kquants.q6_k,
+    "q3_k": kquants.q3_k,
+    "iq4_nl": iquants.iq4_nl,
+    "iq4_xs": iquants.iq4_xs,
 }
 QUANTIZABLE = tuple(_QUANTIZERS)
 

@@ -1,4 +1,4 @@
-"""The K-quants: super-blocks of 256 with 6-bit (Q4_K, Q5_K) or int8 (Q6_K) sub-block
+"""The K-quants: super-blocks of 256 with 6-bit (Q3_K, Q4_K, Q5_K) or int8 (Q6_K) sub-block
 scales under one float16 scale (blocks [n, 256] -> bytes [n, B]). Layouts: blocks.h."""
 
 from __future__ import annotations
@@ -77,5 +77,34 @@ def q6_k(b: np.ndarray) -> np.ndarray:
             sc.astype(np.int8).view(np.uint8),
             f16_bytes(d),
         ],
+        axis=-1,
+    )
+
+
+def q3_k(b: np.ndarray) -> np.ndarray:
+    """Sub-blocks of 16: x ~= d * (sc - 32) * (q - 4), sc 6-bit, q in 0..7."""
+    sub = b.reshape(-1, 16, 16)
+    scale = signed_absmax(sub)[..., 0] / -4  # the extreme maps to q - 4 = -4
+    d = stored(np.abs(scale).max(axis=-1, keepdims=True) / 32)
+    sc = np.clip(np.rint(safe_div(scale, d)), -32, 31).astype(np.int32) + 32
+    step = (d * (sc - 32))[..., None]
+    q = (np.clip(np.rint(safe_div(sub, step)), -4, 3) + 4).astype(np.int32)
+    # element 128h + 32c + l: bits 2c.. of qs[32h + l], bit 4h + c of hmask[l]
+    q = q.reshape(-1, 2, 4, 32)
+    shift = np.arange(4).reshape(1, 1, 4, 1)
+    qs = ((q & 3) << (2 * shift)).sum(axis=2).reshape(-1, 64)
+    bit = 4 * np.arange(2).reshape(1, 2, 1, 1) + shift
+    hmask = ((q >> 2) << bit).sum(axis=(1, 2))
+    # scale n: its low 4 bits in the nibble n // 8 of byte n % 8, its top 2 bits at bits
+    # 2 (n // 4) of byte 8 + n % 4
+    scales = np.concatenate(
+        [
+            (sc[:, :8] & 15) | ((sc[:, 8:] & 15) << 4),
+            sum(((sc[:, 4 * j : 4 * j + 4] >> 4) & 3) << (2 * j) for j in range(4)),
+        ],
+        axis=-1,
+    )
+    return np.concatenate(
+        [hmask.astype(np.uint8), qs.astype(np.uint8), scales.astype(np.uint8), f16_bytes(d)],
         axis=-1,
     )

@@ -3,8 +3,8 @@
     python docs/benchmarks/bench_cpu_kquant_types.py [--types q3_k,q4_k,q6_k] [--threads 1,2]
 
 Each type gets a random GGUF (tests/gguf_writer.write_numpy_gguf: every matrix in that type,
-hidden 2048, ffn 5632, 2 layers; Q3_K, IQ4_NL and IQ4_XS blocks from the tests' q3_k_blocks,
-iq4_nl_blocks and iq4_xs_blocks, hipc having no quantizer for them), compiled for the CPU at the defaults; decode is the engine's `forward()` per token
+hidden 2048, ffn 5632, 2 layers; blocks by hipc.compiler.quantize), compiled for the CPU at
+the defaults; decode is the engine's `forward()` per token
 (32 tokens, the best of 3 runs), and a 64-token prefill (the best of 3), each thread count in a
 process of its own. GB/s counts the
 file's bytes once per token (the model fits in a large L3: a compute rate, not a memory one).
@@ -54,15 +54,11 @@ def main() -> None:
     if args.decode:
         print(*decode(args.decode[0], int(args.decode[1]), args.tokens))
         return
-    from hipc.compiler import quantize
     from hipc.compiler.options import CompileOptions
     from hipc.compiler.pipeline import compile_model
 
     import gguf_writer
 
-    quantize._QUANTIZERS.setdefault("q3_k", gguf_writer.q3_k_blocks)
-    quantize._QUANTIZERS.setdefault("iq4_xs", gguf_writer.iq4_xs_blocks)
-    quantize._QUANTIZERS.setdefault("iq4_nl", gguf_writer.iq4_nl_blocks)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for wt in args.types.split(","):

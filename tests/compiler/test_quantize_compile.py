@@ -113,6 +113,34 @@ def test_k_quant_mix_cpu_program_matches_reference(tmp_path, recipe):
     assert logit_correlation(want, floating) >= {"q4_k_m": 0.7, "q5_k_m": 0.88}[recipe]
 
 
+def test_q3_k_m_cpu_program_matches_reference(tmp_path):
+    """--quant q3_k_m: Q3_K q, k, gate, up and embedding, Q5_K attn_v on the first two layers,
+    Q4_K attn_output and ffn_down (no first sixteenth in 2 layers), Q6_K LM head; the compiled
+    program against the reference on the same quantized weights."""
+    model = write_tiny_hf(
+        tmp_path / "m", dtype="bfloat16", hidden_size=256, intermediate_size=512, vocab_size=160
+    )
+    out = compile_model(
+        model, tmp_path / "m.hipc", CompileOptions(quant="q3_k_m", max_context=CTX), verbose=False
+    ).artifact
+    engine = load_engine(out, "cpu")
+    types = {w["name"]: w["dtype"] for w in engine.artifact.plan["weights"]}
+    assert types["model.embed_tokens.weight"] == "q3_k" and types["lm_head.weight"] == "q6_k"
+    for i in range(2):
+        layer = f"model.layers.{i}."
+        assert types[layer + "self_attn.v_proj.weight"] == "q5_k"
+        assert types[layer + "self_attn.o_proj.weight"] == "q4_k"
+        assert types[layer + "mlp.down_proj.weight"] == "q4_k"
+    assert {types[n] for n in types if n.endswith(("q+k.weight", "gate+up.weight"))} == {"q3_k"}
+    ids = np.random.default_rng(4).integers(0, 160, 20).tolist()
+    want = ReferenceEngine(load_model(model), CTX, quant="q3_k_m").logits(ids, 0)
+    assert rel_err(engine.logits(ids), want) <= 3e-3  # measured 2.9e-4 .. 3.7e-4, 3 seeds
+    floating = ReferenceEngine(load_model(model), CTX).logits(ids, 0)
+    # 3 bits: measured 0.56-0.70 on three seeds of this shape (Q4_K_M's 0.76-0.78)
+    assert logit_correlation(want, floating) >= 0.45
+    assert rel_err(want, floating) > 1e-3
+
+
 def test_quantized_store_is_reused_and_a_damaged_one_rewritten(bf16_model):
     model, _ = bf16_model
     ids = list(range(5, 25))
@@ -289,6 +317,29 @@ def test_export_gguf_families(tmp_path, family):
     ids = list(range(3, 40))
     a, b = load_engine(art.artifact, "cpu"), load_engine(again.artifact, "cpu")
     assert rel_err(b.logits(ids), a.logits(ids)) <= 1e-4
+
+
+def test_export_gguf_q3_k_m(tmp_path):
+    """--quant q3_k_m --export-gguf: the file says Q3_K_M (llama_ftype 12) and holds each
+    matrix in the recipe's type; hipc compiles it back to the same logits."""
+    gguf = require("gguf")
+    model = write_tiny_hf(tmp_path / "m", dtype="bfloat16", hidden_size=256, intermediate_size=512)
+    path = tmp_path / "m.gguf"
+    opts = CompileOptions(quant="q3_k_m", max_context=CTX)
+    art = compile_model(model, tmp_path / "q.hipc", opts, verbose=False, export_gguf=path)
+    reader = gguf.GGUFReader(path)
+    assert reader.fields["general.file_type"].contents() == 12
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    for name in ("token_embd", "blk.1.attn_q", "blk.1.attn_k", "blk.1.ffn_gate", "blk.1.ffn_up"):
+        assert types[f"{name}.weight"] == "Q3_K", name
+    assert types["blk.1.attn_v.weight"] == "Q5_K" and types["blk.1.ffn_down.weight"] == "Q4_K"
+    assert types["blk.1.attn_output.weight"] == "Q4_K" and types["output.weight"] == "Q6_K"
+    again = compile_model(path, tmp_path / "g.hipc", CompileOptions(max_context=CTX), verbose=False)
+    ids = list(range(3, 40))
+    a, b = load_engine(art.artifact, "cpu"), load_engine(again.artifact, "cpu")
+    # the same blocks; RoPE on llama.cpp's permuted q/k rows sums in another order, and a
+    # float32 ulp there can move a later activation's int16 rounding: 1.6e-4 measured
+    assert rel_err(b.logits(ids), a.logits(ids)) <= 1e-3
 
 
 def test_export_refuses_what_gguf_cannot_say(tmp_path, capsys):

@@ -147,9 +147,42 @@ def test_a_fused_qkv_gets_a_step_up_in_the_mixes(fmt, recipe, want):
 
 
 def test_unknown_recipe():
-    with pytest.raises(HipcError, match="unknown recipe 'q3_k_m'"):
-        choose_types(shaped_graph("gguf", 2, 64, 96, 100, 64, 32, False), "q3_k_m")
+    with pytest.raises(HipcError, match="unknown recipe 'q2_k'"):
+        choose_types(shaped_graph("gguf", 2, 64, 96, 100, 64, 32, False), "q2_k")
     assert "q4_k_m" in RECIPES
+
+
+# Llama-3-8B's Q3_K_S / Q3_K_M / Q3_K_L by llama.cpp's llama_tensor_get_type (src/
+# llama-quant.cpp): Q3_K_M's attn_v is Q5_K on its first two layers, its ffn_down on the
+# first sixteenth, both Q4_K after, attn_output Q4_K; Q3_K_L's three are Q5_K
+@pytest.mark.parametrize(("recipe", "want"), [
+    ("q3_k", {"q3_k": 225, "q6_k": 1}),
+    ("q3_k_m", {"q3_k": 129, "q4_k": 92, "q5_k": 4, "q6_k": 1}),
+    ("q3_k_l", {"q3_k": 129, "q5_k": 96, "q6_k": 1}),
+])  # fmt: skip
+def test_q3_k_recipes_on_llama3_8b(recipe, want):
+    types = choose_types(shaped_graph("gguf", **LLAMA3_8B), recipe)
+    assert Counter(c.dtype for c in types.values()) == want
+    by_role = {(c.role, c.layer): c.dtype for c in types.values()}
+    if recipe == "q3_k_m":
+        assert [by_role[("v", i)] for i in range(4)] == ["q5_k", "q5_k", "q4_k", "q4_k"]
+        assert [by_role[("down", i)] for i in range(3)] == ["q5_k", "q5_k", "q4_k"]  # 32 / 16
+        assert {by_role[("o", i)] for i in range(32)} == {"q4_k"}
+        assert by_role[("q", 5)] == by_role[("gate", 5)] == by_role[("embed", None)] == "q3_k"
+
+
+def test_q3_k_m_fallbacks_and_the_70b_and_8_expert_rules():
+    # SmolLM2's 576-wide rows take Q3_K's fallback, Q4_0 (llama.cpp's tensor_type_fallback)
+    smol = choose_types(shaped_graph("safetensors", **SMOLLM2), "q3_k_m")
+    by_role = {(c.role, c.layer): c.dtype for c in smol.values()}
+    assert by_role[("q", 3)] == "q4_0" and by_role[("gate", 3)] == "q4_0"
+    assert by_role[("down", 0)] == "q5_k" and by_role[("down", 3)] == "q4_k"  # 1536 = 6 x 256
+    assert by_role[("v", 0)] == "q5_1" and by_role[("v", 3)] == "q5_0"  # Q5_K / Q4_K's
+    # 80 layers with GQA: every attn_v Q5_K (the 70B rule lifts Q3_K and Q4_K)
+    g = shaped_graph("safetensors", 80, 8192, 28672, 1000, 8192, 1024, False)
+    for recipe in ("q3_k", "q3_k_m", "q3_k_l"):
+        v = Counter(c.dtype for c in choose_types(g, recipe).values() if c.role == "v")
+        assert v == {"q5_k": 80}, (recipe, v)
 
 
 def moe_shaped_graph(fmt, layers, experts, hidden, expert_ffn, shared_ffn=0, vocab=1000):
@@ -225,3 +258,25 @@ def test_moe_recipes_match_llama_quantize(fmt, model, recipe):
     if recipe == "q4_k_m":
         downs = {c.layer: c.dtype for c in experts if c.role == "down"}
         assert downs == {i: "q6_k" if use_more_bits(i, 8) else "q4_k" for i in range(8)}
+
+
+# Q3_K_M of the same shapes by llama.cpp's rules (not a llama-quantize run): Mixtral's 8
+# experts lift attn_k / attn_v to Q8_0 and attn_output to Q5_K; elsewhere attn_v is Q5_K on
+# the first two layers and Q4_K after, attn_output and every ffn_down (experts and shared
+# expert alike; 8 layers have no first sixteenth) Q4_K
+Q3_K_M_MOE = {
+    "mixtral": {"q3_k": 25, "q8_0": 16, "q5_k": 8, "q4_k": 8, "q6_k": 1},
+    "qwen3moe": {"q3_k": 33, "q5_k": 2, "q4_k": 22, "q6_k": 1},
+    "qwen2moe": {"q3_k": 49, "q5_k": 2, "q4_k": 30, "q6_k": 1},
+}
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "safetensors"])
+@pytest.mark.parametrize("model", sorted(Q3_K_M_MOE))
+def test_q3_k_m_moe(fmt, model):
+    g = moe_shaped_graph(fmt, 8, hidden=256, expert_ffn=256, **MOE_SHAPES[model])
+    types = choose_types(g, "q3_k_m")
+    assert Counter(c.dtype for c in types.values()) == Q3_K_M_MOE[model]
+    experts = {(c.role, c.layer): c.dtype for c in types.values() if len(c.ref.shape) == 3}
+    assert {d for (role, _), d in experts.items() if role != "down"} == {"q3_k"}
+    assert {d for (role, _), d in experts.items() if role == "down"} == {"q4_k"}

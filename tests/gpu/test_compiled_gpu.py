@@ -22,9 +22,6 @@ from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
 from gguf_writer import (
-    iq4_nl_blocks,
-    iq4_xs_blocks,
-    q3_k_blocks,
     q3_k_m_dense_type,
     write_mixed_glu_gguf,
     write_numpy_gguf,
@@ -87,13 +84,9 @@ def test_quantized_on_gpu(qtype, tmp_path):
 
 
 @pytest.mark.parametrize("wtype", ["iq4_nl", "iq4_xs"])
-def test_iq4_on_gpu(wtype, tmp_path, monkeypatch):
+def test_iq4_on_gpu(wtype, tmp_path):
     """IQ4_NL and IQ4_XS in every matrix (the embedding too): the GEMVs, the prefill GEMM's
     tiles and the embedding look the nibbles up in IQ4_NL's table."""
-    from hipc.compiler import quantize
-
-    monkeypatch.setitem(quantize._QUANTIZERS, "iq4_nl", iq4_nl_blocks)
-    monkeypatch.setitem(quantize._QUANTIZERS, "iq4_xs", iq4_xs_blocks)
     path = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=lambda n: wtype)
     # float32 KV: with bf16 KV this 256-wide model's stepwise decode reads ~2.4e-3 whatever
     # the weights' type (the H200, 2026-12-05: Q8_0 2.40e-3, IQ4_XS 2.46e-3, Q4_0 1.62e-3;
@@ -116,12 +109,9 @@ def test_mixed_qkv_types_on_gpu(tmp_path):
           kv_storage="float32")  # fmt: skip
 
 
-def test_q3_k_m_layers_on_gpu(tmp_path, monkeypatch):
+def test_q3_k_m_layers_on_gpu(tmp_path):
     """llama-quantize's Q3_K_M of a Llama (Q3_K q+k, gate/up and embedding; Q4_K v, o, down;
     Q6_K output): the Q3_K GEMVs, prefill GEMM tiles and embedding against the reference."""
-    from hipc.compiler import quantize
-
-    monkeypatch.setitem(quantize._QUANTIZERS, "q3_k", q3_k_blocks)
     path = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=q3_k_m_dense_type)
     check(path, tmp_path, kv_storage="float32")  # float32 KV: as test_iq4_on_gpu says
 

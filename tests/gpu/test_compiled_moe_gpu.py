@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_compiled_gpu import check
 
-from gguf_writer import q3_k_blocks, q3_k_m_type, q4_k_m_type, requantize_gguf, write_gguf
+from gguf_writer import q3_k_m_type, q4_k_m_type, requantize_gguf, write_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graphs"))  # the MoE families
 from test_moe import KQUANT_WIDTHS, make_moe_model, sharp_router_moe
@@ -63,14 +63,11 @@ def test_quantized_gguf_experts_on_gpu(qtype, tmp_path):
 
 
 @pytest.mark.parametrize("mix", ["q4_k_m", "q3_k_m"])
-def test_k_quant_gguf_experts_on_gpu(mix, tmp_path, monkeypatch):
+def test_k_quant_gguf_experts_on_gpu(mix, tmp_path):
     """llama-quantize's Q4_K_M experts (gate and up Q4_K, down Q6_K; widths of 256: the
-    super-blocks), quantized by hipc's own quantizers, and its Q3_K_M ones (Q3_K and Q4_K; the
-    Q3_K blocks by tests' q3_k_blocks); the routers scaled as above."""
-    from hipc.compiler import quantize
-
+    super-blocks) and its Q3_K_M ones (Q3_K and Q4_K), quantized by hipc's own quantizers; the
+    routers scaled as above."""
     pytest.importorskip("torch")
-    monkeypatch.setitem(quantize._QUANTIZERS, "q3_k", q3_k_blocks)
     src = sharp_router_moe(0.1, **KQUANT_WIDTHS)
     f32 = write_gguf(src, tmp_path / "f.gguf", "qwen3moe", "F32", tokenizer=False)
     type_of = q4_k_m_type if mix == "q4_k_m" else q3_k_m_type
