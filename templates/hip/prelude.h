@@ -724,8 +724,11 @@ HIPC_DEVICE float hipc_w_q5_1(const void* W, int N, int K, int n, int k) {
   const uint16_t* dm = (const uint16_t*)m.f3(b);
   return hipc_f16_to_f32(dm[0]) * (float)q + hipc_f16_to_f32(dm[1]);
 }
-// K-quant sub-block j's 6-bit scale and min from the 12 scale bytes (ggml's get_scale_min_k4)
-HIPC_DEVICE void hipc_kscale(const uint8_t* q, int j, int& sc, int& mn) {
+// K-quant sub-block j's 6-bit scale and min from the 12 scale bytes at p (ggml's
+// get_scale_min_k4), read byte by byte: an array of them indexed by a run-time j would live in
+// local memory
+HIPC_DEVICE void hipc_kscale12(const char* p, int j, int& sc, int& mn) {
+  const uint8_t* q = (const uint8_t*)p;
   if (j < 4) {
     sc = q[j] & 63;
     mn = q[j + 4] & 63;
@@ -742,10 +745,8 @@ HIPC_DEVICE float hipc_w_q4_k(const void* W, int N, int K, int n, int k) {
   const size_t b = (size_t)n * (K / 256) + k / 256;
   const int j = k % 256, sb = j / 32, l = j % 32;
   const int q = (((const uint8_t*)m.qs(b))[32 * (sb / 2) + l] >> (4 * (sb % 2))) & 15;
-  uint8_t scales[12];
-  for (int i = 0; i < 12; ++i) scales[i] = (uint8_t)m.f2(b)[i];
   int sc, mn;
-  hipc_kscale(scales, sb, sc, mn);
+  hipc_kscale12(m.f2(b), sb, sc, mn);
   const uint16_t* dd = (const uint16_t*)m.f3(b);
   return hipc_f16_to_f32(dd[0]) * (float)(sc * q) - hipc_f16_to_f32(dd[1]) * (float)mn;
 }
@@ -755,10 +756,8 @@ HIPC_DEVICE float hipc_w_q5_k(const void* W, int N, int K, int n, int k) {
   const int j = k % 256, sb = j / 32, l = j % 32;
   const uint8_t* q = (const uint8_t*)m.qs(b);  // qh[32], then qs[128]
   const int v = ((q[32 + 32 * (sb / 2) + l] >> (4 * (sb % 2))) & 15) | ((q[l] >> sb) & 1) << 4;
-  uint8_t scales[12];
-  for (int i = 0; i < 12; ++i) scales[i] = (uint8_t)m.f2(b)[i];
   int sc, mn;
-  hipc_kscale(scales, sb, sc, mn);
+  hipc_kscale12(m.f2(b), sb, sc, mn);
   const uint16_t* dd = (const uint16_t*)m.f3(b);
   return hipc_f16_to_f32(dd[0]) * (float)(sc * v) - hipc_f16_to_f32(dd[1]) * (float)mn;
 }
