@@ -967,3 +967,49 @@ def test_short_wgmma_tiles_in_the_batch_plan(tmp_path, monkeypatch):
             assert len(glu) == 4 and all("_wg128x128_yb" in n for n in glu), glu  # +_xb
         else:
             assert not down(batch, 32) and down(batch, 32, "_gemvm") == ["gemvm4"] * 2
+
+
+def test_quantized_gemvs_keep_their_units_out_of_local_memory(tmp_path):
+    """Every quantized type's decode GEMV at the 8B's shapes (qkv, gate/up, down; default
+    geometries), compiled for sm_90: ptxas may spill a few registers, but no stack frame
+    beyond its spills. A GEMV unit whose fields are indexed by a run-time value (Q3_K's
+    scale words read as w[j % 2] with j the unit's half) puts the whole register ring in
+    local memory: 288-384 bytes a thread there, 48 local stores a loop, the 8B Q3_K gate/up
+    at 35.3 us against 20.1 without (docs/benchmarks/gpu-h200.md, session 21)."""
+    need(shutil.which("nvcc"), "nvcc")
+    need(shutil.which("ptxas"), "ptxas")
+    from hipc.compiler.kernels.linear import QUANT_TYPES, LinearParams, decode_gemv
+    from hipc.compiler.targets import GpuTarget
+
+    from gpu_kernels import kernels_source
+
+    shapes = {
+        "qkv": (6144, 4096, 1e-5, "none"),
+        "gate_up": (2 * 14336, 4096, 1e-5, "glu"),
+        "down": (4096, 14336, 0.0, "residual"),
+    }
+    target = GpuTarget("sm_90")
+    specs = [
+        decode_gemv(
+            f"{t}_{s}", LinearParams(t, *shape, bias=False), target, [s], activations="int8"
+        )
+        for t in QUANT_TYPES
+        for s, shape in shapes.items()
+    ]
+    source = kernels_source([(k.fn, k.template, k.ctx, k.shared) for k in specs], "sm_90")
+    ptx_path = tmp_path / "gemv.ptx"
+    ptx_path.write_text(NvccToolchain("sm_90").ptx(source))
+    out = subprocess.run(
+        ["ptxas", "-arch=sm_90a", "-v", str(ptx_path), "-o", str(tmp_path / "gemv.cubin")],
+        capture_output=True, text=True, check=True,
+    ).stderr  # fmt: skip
+    frames = {}
+    for fn, frame, spills in re.findall(
+        r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) bytes spill stores",
+        out,
+        re.S,
+    ):
+        frames[fn] = (int(frame), int(spills))
+    assert set(frames) == {k.fn for k in specs}, sorted(frames)
+    local = {fn: f for fn, f in frames.items() if f[0] > f[1] + 8}
+    assert not local, local
