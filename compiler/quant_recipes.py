@@ -25,14 +25,14 @@ BASE = {
     "q4_1": "q4_1",
     "q5_0": "q5_0",
     "q5_1": "q5_1",
+    "q3_k": "q3_k",
     "q4_k": "q4_k",
     "q5_k": "q5_k",
     "q6_k": "q6_k",
-    "q4_k_m": "q4_k",
-    "q5_k_m": "q5_k",
-    "q3_k": "q3_k",
     "q3_k_m": "q3_k",
     "q3_k_l": "q3_k",
+    "q4_k_m": "q4_k",
+    "q5_k_m": "q5_k",
 }
 RECIPES = tuple(BASE)
 _FLOATS = ("float32", "float16", "bfloat16", "float64")
