@@ -262,7 +262,7 @@ def test_export_gguf_loads_in_llama_cpp(tmp_path, monkeypatch):
     assert rel_err(np.asarray(llm.scores[: len(ids)]), want) <= 5e-2
 
 
-@pytest.mark.parametrize("bad", ["q3_k", "Q4_0", "int4", ""])
+@pytest.mark.parametrize("bad", ["q2_k", "Q4_0", "int4", ""])
 def test_bad_quant_is_one_line_exit_2(tmp_path, capsys, bad):
     model = write_tiny_hf(tmp_path / "m")
     rc = main(["compile", str(model), "--quant", bad, "-o", str(tmp_path / "x.hipc"), "-q"])
