@@ -76,6 +76,8 @@ FILE_TYPE = {
     "q3_k": 11,
     "q3_k_m": 12,
     "q3_k_l": 13,
+    "iq4_nl": 25,
+    "iq4_xs": 30,
 }
 
 # Text whose tokenization tells pre-tokenizers apart: digit runs, contractions, case,

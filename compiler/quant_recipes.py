@@ -4,7 +4,7 @@ Each recipe is llama-quantize's file type of that name as its llama_tensor_get_t
 picks types without an importance matrix (facts, not code, taken from llama.cpp's
 src/llama-quant.cpp): a base type for every matrix, the exceptions in RULES below, then
 the row-length fallback. `q4_k` and `q5_k` are the *_S file types minus Q4_K_S's few
-Q5_K layers; `q3_k` is Q3_K_S. Only matrices (2-D float weights) and MoE experts (3-D: GGUF's stacked
+Q5_K layers; `q3_k` is Q3_K_S; `iq4_nl` / `iq4_xs` as without an importance matrix. Only matrices (2-D float weights) and MoE experts (3-D: GGUF's stacked
 tensors, HF's per-expert ones as a StackedWeight) are quantized; norms, biases and the
 routers (llama-quantize keeps every ffn_gate_inp as it is) stay.
 """
@@ -25,6 +25,8 @@ BASE = {
     "q4_1": "q4_1",
     "q5_0": "q5_0",
     "q5_1": "q5_1",
+    "iq4_nl": "iq4_nl",
+    "iq4_xs": "iq4_xs",
     "q3_k": "q3_k",
     "q4_k": "q4_k",
     "q5_k": "q5_k",
@@ -50,7 +52,13 @@ RULES = (
     # (over any other rule for them) and the output projection 5 in Q4_K_M, Q3_K_S and Q3_K_M
     # (llama.cpp's n_expert == 8 rules; its list leaves Q3_K_L's at the base type)
     (_ALL, ("v", "k"), "8 experts", "q8_0", "8-expert model"),
-    (("q4_k_m", "q3_k", "q3_k_m"), ("o",), "8 experts", "q5_k", "8-expert model"),
+    (
+        ("q4_k_m", "q3_k", "q3_k_m", "iq4_nl", "iq4_xs"),
+        ("o",),
+        "8 experts",
+        "q5_k",
+        "8-expert model",
+    ),
     (("q3_k_l",), ("o",), "8 experts", "q3_k", "8-expert model"),
     # attn_v is small under GQA and feeds every head's output; ffn_down is the matmul
     # most sensitive to quantization. Both get 6 bits on the "more bits" layers: the
@@ -66,6 +74,10 @@ RULES = (
     (("q3_k_m",), ("down",), "first sixteenth", "q5_k", "the first sixteenth of the layers"),
     (("q3_k_m",), ("v", "o", "down"), "always", "q4_k", "Q3_K_M's 4-bit matrices"),
     (("q3_k_l",), ("v", "o", "down"), "always", "q5_k", "Q3_K_L's 5-bit matrices"),
+    # IQ4_NL / IQ4_XS (no importance matrix): attn_v 5 bits where 4 or more query heads share
+    # each KV head, ffn_down on the first eighth of the layers
+    (("iq4_nl", "iq4_xs"), ("v",), "GQA of 4 or more", "q5_k", "4+ query heads a KV head"),
+    (("iq4_nl", "iq4_xs"), ("down",), "first eighth", "q5_k", "the first eighth of the layers"),
     # a fused q/k/v (GGUF's attn_qkv: Qwen3.5's linear-attention in_proj_qkv) is one step
     # up in the *_M mixes: llama.cpp's ATTENTION_QKV rule
     (("q4_k_m",), ("ssm_qkv",), "always", "q5_k", "fused q/k/v"),
@@ -92,7 +104,7 @@ AS_ROLE = {
 # A row whose length is not a multiple of 256 cannot hold K-quant super-blocks; these
 # are llama.cpp's substitutes (32-element blocks, about as many bits). A row that is not
 # a multiple of 32 either stays in its float type (llama.cpp would write F16).
-K_FALLBACK = {"q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+K_FALLBACK = {"q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "iq4_xs": "iq4_nl"}
 
 
 @dataclass(frozen=True)
@@ -137,7 +149,8 @@ def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
     has_lm_head = any(r == "lm_head" for r, _ in roles.values())
     layers = [i for _, i in roles.values() if i is not None]
     n_layers = max(layers) + 1 if layers else 0
-    big_gqa = n_layers == 80 and _is_gqa(mats, roles)
+    gqa = _gqa(mats, roles)
+    big_gqa = n_layers == 80 and gqa > 1
 
     out = {}
     for name, init in mats.items():
@@ -152,6 +165,8 @@ def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
             "more-bits layer": layer is not None and use_more_bits(layer, n_layers),
             "first 2 layers": layer is not None and layer < 2,
             "first sixteenth": layer is not None and layer < n_layers // 16,
+            "first eighth": layer is not None and layer < n_layers // 8,
+            "GQA of 4 or more": gqa >= 4,
             "80 layers with GQA": big_gqa,
             "8 experts": experts == {8},
             "always": True,
@@ -177,11 +192,14 @@ def _fit(dtype: str, why: str, init: WeightRef | StackedWeight) -> tuple[str, st
     return dtype, why
 
 
-def _is_gqa(
+def _gqa(
     mats: dict[str, WeightRef | StackedWeight], roles: dict[str, tuple[str | None, int | None]]
-) -> bool:
+) -> float:
+    """Query heads per KV head (llama.cpp's n_gqa), from layer 0's q and v rows; 1 if unknown."""
     rows = {roles[n]: w.shape[0] for n, w in mats.items() if roles[n][1] == 0}
-    return ("q", 0) in rows and ("v", 0) in rows and rows[("v", 0)] < rows[("q", 0)]
+    if ("q", 0) not in rows or ("v", 0) not in rows:
+        return 1.0
+    return rows[("q", 0)] / rows[("v", 0)]
 
 
 _PATTERNS: dict[str, list[tuple[re.Pattern, str]]] = {}

@@ -141,6 +141,29 @@ def test_q3_k_m_cpu_program_matches_reference(tmp_path):
     assert rel_err(want, floating) > 1e-3
 
 
+@pytest.mark.parametrize("recipe", ["iq4_nl", "iq4_xs"])
+def test_iq4_recipe_cpu_program_matches_reference(tmp_path, recipe):
+    """--quant iq4_nl / iq4_xs: the table-valued types in every matrix but the Q6_K LM head
+    (and Q5_K ffn_down on the first eighth: none of 2 layers; attn_v: 4 heads over 2 KV heads
+    is no GQA of 4), against the reference on the same quantized weights."""
+    model = write_tiny_hf(
+        tmp_path / "m", dtype="bfloat16", hidden_size=256, intermediate_size=512, vocab_size=160
+    )
+    out = compile_model(
+        model, tmp_path / "m.hipc", CompileOptions(quant=recipe, max_context=CTX), verbose=False
+    ).artifact
+    engine = load_engine(out, "cpu")
+    types = {
+        w["name"]: w["dtype"] for w in engine.artifact.plan["weights"] if "weight" in w["name"]
+    }
+    assert types.pop("lm_head.weight") == "q6_k"
+    assert {t for n, t in types.items() if "norm" not in n} == {recipe}
+    ids = np.random.default_rng(4).integers(0, 160, 20).tolist()
+    want = ReferenceEngine(load_model(model), CTX, quant=recipe).logits(ids, 0)
+    assert rel_err(engine.logits(ids), want) <= 3e-3
+    assert rel_err(want, ReferenceEngine(load_model(model), CTX).logits(ids, 0)) > 1e-3
+
+
 def test_quantized_store_is_reused_and_a_damaged_one_rewritten(bf16_model):
     model, _ = bf16_model
     ids = list(range(5, 25))

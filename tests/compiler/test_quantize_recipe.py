@@ -280,3 +280,20 @@ def test_q3_k_m_moe(fmt, model):
     experts = {(c.role, c.layer): c.dtype for c in types.values() if len(c.ref.shape) == 3}
     assert {d for (role, _), d in experts.items() if role != "down"} == {"q3_k"}
     assert {d for (role, _), d in experts.items() if role == "down"} == {"q4_k"}
+
+
+@pytest.mark.parametrize("recipe", ["iq4_nl", "iq4_xs"])
+def test_iq4_recipes(recipe):
+    """llama.cpp's IQ4_NL / IQ4_XS file types without an importance matrix: attn_v Q5_K where
+    4 or more query heads share a KV head (Llama-3-8B's 32 / 8; SmolLM2's 9 / 3 is not),
+    ffn_down Q5_K on the first eighth of the layers, Q6_K output; IQ4_XS rows that are not
+    whole super-blocks fall back to IQ4_NL."""
+    types = choose_types(shaped_graph("gguf", **LLAMA3_8B), recipe)
+    assert Counter(c.dtype for c in types.values()) == {recipe: 189, "q5_k": 36, "q6_k": 1}
+    by_role = {(c.role, c.layer): c.dtype for c in types.values()}
+    assert {by_role[("v", i)] for i in range(32)} == {"q5_k"}
+    assert [by_role[("down", i)] for i in range(3, 6)] == ["q5_k", recipe, recipe]  # 32 / 8
+    smol = choose_types(shaped_graph("safetensors", **SMOLLM2), recipe)
+    by_role = {(c.role, c.layer): c.dtype for c in smol.values()}
+    assert by_role[("v", 0)] == by_role[("q", 0)] == "iq4_nl"  # 576: no super-blocks
+    assert by_role[("down", 2)] == "q5_k" and by_role[("down", 3)] == recipe  # 30 / 8 = 3
