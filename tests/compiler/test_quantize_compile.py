@@ -86,18 +86,24 @@ def test_quantized_cpu_program_matches_reference(bf16_model, tmp_path, recipe):
     assert rel_err(quantized, floating) > 1e-3
 
 
-@pytest.mark.parametrize("recipe", ["q4_k_m", "q5_k_m"])
-def test_k_quant_mix_cpu_program_matches_reference(tmp_path, recipe):
-    # rows of 256 and 512: whole super-blocks, so the mix is Q4_K/Q5_K with Q6_K for the
-    # LM head and for the last layer's attn_v and ffn_down (2 layers: layer 1 is the last
-    # eighth), nothing falls back
+def _quantized_256_wide(tmp_path, recipe: str):
+    """A 2-layer bf16 model with rows of 256 and 512 (whole super-blocks) compiled for the CPU
+    under `recipe`: (its folder, the engine)."""
     model = write_tiny_hf(
         tmp_path / "m", dtype="bfloat16", hidden_size=256, intermediate_size=512, vocab_size=160
     )
     out = compile_model(
         model, tmp_path / "m.hipc", CompileOptions(quant=recipe, max_context=CTX), verbose=False
     ).artifact
-    engine = load_engine(out, "cpu")
+    return model, load_engine(out, "cpu")
+
+
+@pytest.mark.parametrize("recipe", ["q4_k_m", "q5_k_m"])
+def test_k_quant_mix_cpu_program_matches_reference(tmp_path, recipe):
+    # rows of 256 and 512: whole super-blocks, so the mix is Q4_K/Q5_K with Q6_K for the
+    # LM head and for the last layer's attn_v and ffn_down (2 layers: layer 1 is the last
+    # eighth), nothing falls back
+    model, engine = _quantized_256_wide(tmp_path, recipe)
     types = {w["name"]: w["dtype"] for w in engine.artifact.plan["weights"]}
     base = recipe[:4]
     assert types["lm_head.weight"] == "q6_k"
@@ -117,13 +123,7 @@ def test_q3_k_m_cpu_program_matches_reference(tmp_path):
     """--quant q3_k_m: Q3_K q, k, gate, up and embedding, Q5_K attn_v on the first two layers,
     Q4_K attn_output and ffn_down (no first sixteenth in 2 layers), Q6_K LM head; the compiled
     program against the reference on the same quantized weights."""
-    model = write_tiny_hf(
-        tmp_path / "m", dtype="bfloat16", hidden_size=256, intermediate_size=512, vocab_size=160
-    )
-    out = compile_model(
-        model, tmp_path / "m.hipc", CompileOptions(quant="q3_k_m", max_context=CTX), verbose=False
-    ).artifact
-    engine = load_engine(out, "cpu")
+    model, engine = _quantized_256_wide(tmp_path, "q3_k_m")
     types = {w["name"]: w["dtype"] for w in engine.artifact.plan["weights"]}
     assert types["model.embed_tokens.weight"] == "q3_k" and types["lm_head.weight"] == "q6_k"
     for i in range(2):
@@ -146,13 +146,7 @@ def test_iq4_recipe_cpu_program_matches_reference(tmp_path, recipe):
     """--quant iq4_nl / iq4_xs: the table-valued types in every matrix but the Q6_K LM head
     (and Q5_K ffn_down on the first eighth: none of 2 layers; attn_v: 4 heads over 2 KV heads
     is no GQA of 4), against the reference on the same quantized weights."""
-    model = write_tiny_hf(
-        tmp_path / "m", dtype="bfloat16", hidden_size=256, intermediate_size=512, vocab_size=160
-    )
-    out = compile_model(
-        model, tmp_path / "m.hipc", CompileOptions(quant=recipe, max_context=CTX), verbose=False
-    ).artifact
-    engine = load_engine(out, "cpu")
+    model, engine = _quantized_256_wide(tmp_path, recipe)
     types = {
         w["name"]: w["dtype"] for w in engine.artifact.plan["weights"] if "weight" in w["name"]
     }
