@@ -724,18 +724,44 @@ HIPC_DEVICE float hipc_w_q5_1(const void* W, int N, int K, int n, int k) {
   const uint16_t* dm = (const uint16_t*)m.f3(b);
   return hipc_f16_to_f32(dm[0]) * (float)q + hipc_f16_to_f32(dm[1]);
 }
-// K-quant sub-block j's 6-bit scale and min from the 12 scale bytes at p (ggml's
-// get_scale_min_k4), read byte by byte: an array of them indexed by a run-time j would live in
-// local memory
-HIPC_DEVICE void hipc_kscale12(const char* p, int j, int& sc, int& mn) {
-  const uint8_t* q = (const uint8_t*)p;
+// 4 bytes of a block: 2-byte aligned in GGUF's order; in the split layout every field a
+// kernel reads this way is 4-byte aligned (regions of 4-, 12-, 16-byte fields, 8-byte
+// chunks of quants), so one load
+HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {
+#if HIPC_QSPLIT
+#ifdef HIPC_HOST
+  if ((size_t)p % 4) __builtin_trap();  // the host tests hold the layout to it
+#endif
+  return *(const uint32_t*)p;
+#else
+  return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
+#endif
+}
+// a K-quant's 12 scale bytes at p as 3 words
+HIPC_DEVICE void hipc_load_u32x3(uint32_t* w, const char* p) {
+#pragma unroll
+  for (int j = 0; j < 3; ++j) w[j] = hipc_load_u32(p + 4 * j);
+}
+// byte i of 12 held as 3 words (no indexed local array)
+HIPC_DEVICE int hipc_byte12(const uint32_t* w, int i) {
+  return (int)(((i < 4 ? w[0] : i < 8 ? w[1] : w[2]) >> (8 * (i & 3))) & 255);
+}
+// K-quant sub-block j's 6-bit scale and min from the 12 scale bytes held as 3 words (ggml's
+// get_scale_min_k4)
+HIPC_DEVICE void hipc_kscale_w(const uint32_t* w, int j, int& sc, int& mn) {
   if (j < 4) {
-    sc = q[j] & 63;
-    mn = q[j + 4] & 63;
+    sc = hipc_byte12(w, j) & 63;
+    mn = hipc_byte12(w, j + 4) & 63;
   } else {
-    sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
-    mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    sc = (hipc_byte12(w, j + 4) & 15) | ((hipc_byte12(w, j - 4) >> 6) << 4);
+    mn = (hipc_byte12(w, j + 4) >> 4) | ((hipc_byte12(w, j) >> 6) << 4);
   }
+}
+// ... from the 12 scale bytes at p
+HIPC_DEVICE void hipc_kscale_at(const char* p, int j, int& sc, int& mn) {
+  uint32_t w[3];
+  hipc_load_u32x3(w, p);
+  hipc_kscale_w(w, j, sc, mn);
 }
 // Q4_K/Q5_K weight j of a super-block: sub-block s = j / 32 takes the low (s even) or high
 // nibble of qs[32 (s / 2) + j % 32] (Q5_K: plus bit s of qh[j % 32] as 16); the weight is
@@ -746,7 +772,7 @@ HIPC_DEVICE float hipc_w_q4_k(const void* W, int N, int K, int n, int k) {
   const int j = k % 256, sb = j / 32, l = j % 32;
   const int q = (((const uint8_t*)m.qs(b))[32 * (sb / 2) + l] >> (4 * (sb % 2))) & 15;
   int sc, mn;
-  hipc_kscale12(m.f2(b), sb, sc, mn);
+  hipc_kscale_at(m.f2(b), sb, sc, mn);
   const uint16_t* dd = (const uint16_t*)m.f3(b);
   return hipc_f16_to_f32(dd[0]) * (float)(sc * q) - hipc_f16_to_f32(dd[1]) * (float)mn;
 }
@@ -757,7 +783,7 @@ HIPC_DEVICE float hipc_w_q5_k(const void* W, int N, int K, int n, int k) {
   const uint8_t* q = (const uint8_t*)m.qs(b);  // qh[32], then qs[128]
   const int v = ((q[32 + 32 * (sb / 2) + l] >> (4 * (sb % 2))) & 15) | ((q[l] >> sb) & 1) << 4;
   int sc, mn;
-  hipc_kscale12(m.f2(b), sb, sc, mn);
+  hipc_kscale_at(m.f2(b), sb, sc, mn);
   const uint16_t* dd = (const uint16_t*)m.f3(b);
   return hipc_f16_to_f32(dd[0]) * (float)(sc * v) - hipc_f16_to_f32(dd[1]) * (float)mn;
 }
@@ -1065,19 +1091,6 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q6_k& v, XP xq, int i) {
 // Q5_0 / Q5_1: a 32-weight block; qh's 32 bits become bit 4 of each quant byte.
 struct hipc_unit_q5_0 { uint4 q; uint32_t qh; uint16_t d; };
 struct hipc_unit_q5_1 { uint4 q; uint32_t qh, dm; };
-// 4 bytes of a block: 2-byte aligned in GGUF's order; in the split layout every field a
-// kernel reads this way is 4-byte aligned (regions of 4-, 12-, 16-byte fields, 8-byte
-// chunks of quants), so one load
-HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {
-#if HIPC_QSPLIT
-#ifdef HIPC_HOST
-  if ((size_t)p % 4) __builtin_trap();  // the host tests hold the layout to it
-#endif
-  return *(const uint32_t*)p;
-#else
-  return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
-#endif
-}
 // IQ4_XS sub-block j's 6-bit scale from scales_l (a word) and scales_h
 HIPC_DEVICE int hipc_iq4xs_ls(uint32_t sl, uint32_t sh, int j) {
   return (int)((sl >> (4 * j)) & 15) | (int)(((sh >> (2 * j)) & 3) << 4);
@@ -1102,7 +1115,8 @@ HIPC_DEVICE uint32_t hipc_q3scales4(const uint32_t* w, int j) {
 }
 // Q3_K scale i of a super-block, minus its offset of 32, from the 12 scale bytes at p
 HIPC_DEVICE int hipc_q3scale(const char* p, int i) {
-  const uint32_t w[3] = {hipc_load_u32(p), hipc_load_u32(p + 4), hipc_load_u32(p + 8)};
+  uint32_t w[3];
+  hipc_load_u32x3(w, p);
   return (int)((hipc_q3scales4(w, i / 4) >> (8 * (i % 4))) & 63) - 32;
 }
 // Q3_K weight j of a super-block: half h = j / 128, chunk c = (j % 128) / 32, l = j % 32: bits
@@ -1168,8 +1182,7 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_q3_k& v, const hipc_qmat_q3_k& m, size
     v.hm[j] = hipc_load_q16<SMEM>(q + 16 * j);
     v.qs[j] = hipc_load_q16<SMEM>(q + 32 + 32 * v.h + 16 * j);
   }
-#pragma unroll
-  for (int j = 0; j < 3; ++j) v.sc[j] = hipc_load_u32(m.f2(b) + 4 * j);
+  hipc_load_u32x3(v.sc, m.f2(b));
   v.d = *(const uint16_t*)m.f3(b);
 }
 template <bool LO, class XP>
@@ -1215,8 +1228,7 @@ HIPC_DEVICE void hipc_load_kscales(uint32_t* sc, uint32_t& dd, const char* s, co
   const uint4 h = *(const uint4*)d;
   dd = h.x, sc[0] = h.y, sc[1] = h.z, sc[2] = h.w;
 #else
-#pragma unroll
-  for (int j = 0; j < 3; ++j) sc[j] = hipc_load_u32(s + 4 * j);
+  hipc_load_u32x3(sc, s);
   dd = hipc_load_u32(d);
 #endif
 }
@@ -1393,19 +1405,6 @@ HIPC_DEVICE uint4 hipc_ints8(uint2 v, int shift, uint32_t mask, int add, const u
   }
   return uint4{hipc_bf16_ints(q[0], q[1]), hipc_bf16_ints(q[2], q[3]), hipc_bf16_ints(q[4], q[5]), hipc_bf16_ints(q[6], q[7])};
 }
-// byte i of 12 held as 3 words (no indexed local array)
-HIPC_DEVICE int hipc_byte12(const uint32_t* w, int i) {
-  return (int)(((i < 4 ? w[0] : i < 8 ? w[1] : w[2]) >> (8 * (i & 3))) & 255);
-}
-HIPC_DEVICE void hipc_kscale_w(const uint32_t* w, int j, int& sc, int& mn) {
-  if (j < 4) {
-    sc = hipc_byte12(w, j) & 63;
-    mn = hipc_byte12(w, j + 4) & 63;
-  } else {
-    sc = (hipc_byte12(w, j + 4) & 15) | ((hipc_byte12(w, j - 4) >> 6) << 4);
-    mn = (hipc_byte12(w, j + 4) >> 4) | ((hipc_byte12(w, j) >> 6) << 4);
-  }
-}
 // 32-weight blocks: weight j < 16 is the low nibble of byte j, j >= 16 the high one of j - 16
 HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q4_0& m, int K, int n, int k, uint4& q, float& s, float& o) {
   const size_t b = (size_t)n * (K / 32) + k / 32;
@@ -1478,9 +1477,8 @@ HIPC_DEVICE void hipc_kchunk8(const M& m, int K, int n, int k, uint4& q, float& 
   } else {
     q = hipc_ints8(v, 4 * (sb % 2), 15, 0);
   }
-  const uint32_t w[3] = {hipc_load_u32(m.f2(b)), hipc_load_u32(m.f2(b) + 4), hipc_load_u32(m.f2(b) + 8)};
   int sc, mn;
-  hipc_kscale_w(w, sb, sc, mn);
+  hipc_kscale_at(m.f2(b), sb, sc, mn);
   const uint16_t* dd = (const uint16_t*)m.f3(b);
   s = hipc_f16_to_f32(dd[0]) * (float)sc, o = -(hipc_f16_to_f32(dd[1]) * (float)mn);
 }
