@@ -13,6 +13,7 @@ are read by others), decode as one split-K kernel (attention_decode.hip.j2).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -759,14 +760,17 @@ def decode_splits(
 # where "head" did 585.2 and 518.5; the real SmolLM2 Q4_1's tensors 2,280 / 2,187 against
 # 2,321 / 2,077 (generation / engine loop at 512). Elsewhere (AMD, sm_80/89: no overlap, the
 # tile is read after the wait like any other load; not measured) "head". DECODE_FORM, when set,
-# overrides both (benchmarks compile each form: bench_decode_latency.py --forms).
+# overrides both (benchmarks compile each form: bench_decode_latency.py --forms), and so does
+# HIPC_DECODE_FORM at compile time (bench_gpu_variants.py times forms inside the 8B's graph).
 DECODE_FORM: str | None = None
+FORM_ENV = "HIPC_DECODE_FORM"
 
 
 def decode_form(target: GpuTarget) -> str:
-    """The decode attention form a target gets by default (DECODE_FORM overrides it)."""
-    if DECODE_FORM:
-        return DECODE_FORM
+    """The decode attention form a target gets by default (DECODE_FORM or HIPC_DECODE_FORM
+    overrides it)."""
+    if DECODE_FORM or os.environ.get(FORM_ENV):
+        return DECODE_FORM or os.environ[FORM_ENV]
     return "tile" if target.sm >= 90 else "head"
 
 
@@ -817,7 +821,7 @@ def decode_attention_gqa(
     return GpuKernel(f"{fn}_decode", "attention_decode_gqa", ctx, [p.NKV, splits], threads)
 
 
-# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128" overrides each)
+# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128:t2" overrides each)
 TILE_KEYS = 64  # keys per tile (a block's whole share up to TILE_KEYS x splits positions)
 TILE_WAVES = 8
 # lanes per (head, key) score: one measured faster than 4 on the H200 at every position, 8B and
@@ -830,6 +834,7 @@ TILE_LANES = 1
 # context. Alone, at 2,048 positions, 512 took 11.2 us a layer and 256 12.7 (one block, two tiles).
 TILE_BLOCKS = 256
 TILE_MIN_BLOCKS = 2  # blocks per SM the registers are capped for
+TILE_PER_BLOCK = 1  # tiles a block takes before the context is split over more blocks
 # shared memory a block may take in all, per target family (sm_80/90: 163/227 KiB; AMD: 64 KiB LDS)
 TILE_MAX_SHARED = {"nvidia": 160 * 1024, "amd": 64 * 1024}
 
@@ -849,9 +854,17 @@ def decode_attention_tile(
     tile in shared memory before the wait, scores `l` lanes per (head, key), and the merge's
     (m, l, acc) loads of up to `m` blocks issued together. `form` options after "tile",
     colon-separated: kN keys per tile, wN waves, lN lanes per score, mN blocks per merge
-    step, bN blocks per layer (default `blocks`). None where the tiles do not fit in shared
-    memory."""
-    opts = {"k": TILE_KEYS, "w": TILE_WAVES, "l": TILE_LANES, "m": 0, "b": blocks}
+    step, bN blocks per layer (default `blocks`), tN tiles a block takes before another block
+    gets one (its later tiles read after the wait, multiplied one after another). None where
+    the tiles do not fit in shared memory."""
+    opts = {
+        "k": TILE_KEYS,
+        "w": TILE_WAVES,
+        "l": TILE_LANES,
+        "m": 0,
+        "b": blocks,
+        "t": TILE_PER_BLOCK,
+    }
     for o in form.split(":")[1:]:
         if o[:1] not in opts or not o[1:].isdigit():
             raise ValueError(f"decode attention form {form!r}: unknown option {o!r}")
@@ -887,6 +900,7 @@ def decode_attention_tile(
         # registers for two blocks per SM: a layer's 256 blocks resident at once on an H200
         min_blocks=TILE_MIN_BLOCKS,
         splits=splits,
+        per_block=max(1, opts["t"]),
         params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
         **kv_ctx,
         **p.context(),

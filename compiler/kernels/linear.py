@@ -1164,6 +1164,8 @@ class QuantGemv:
     # a residual epilogue's first rows read right after the wait, before x is staged
     # (QUANT_GEMV_LARGE_DOWN)
     early_res: bool = False
+    # items after the ring pulled towards L2 right after the wait, while x is staged
+    after_prefetch: int = 0
 
 
 # Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM (16
@@ -1400,24 +1402,23 @@ def gemv_class(wsuffix: str, N: int, K: int, glu: bool) -> tuple[str, str]:
 
 
 # HIPC_QUANT_GEMV_TABLE (compile time, for benchmarks timing geometries inside the decode
-# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r][,l];..."
+# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,aN][,r][,l];..."
 # replaces those entries of QUANT_GEMV_TABLE (k64: QuantGemv.unit64).
 TABLE_ENV = "HIPC_QUANT_GEMV_TABLE"
 
 
 def parse_geometry(text: str) -> QuantGemv | None:
-    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,r][,l]" -> its
-    QuantGemv (k64: unit64; pN: preload N; r: early_res; l: l2_prefetch); None when it is
-    not that."""
+    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,aN][,r][,l]" ->
+    its QuantGemv (k64: unit64; pN: preload N; aN: after_prefetch N; r: early_res; l:
+    l2_prefetch); None when it is not that."""
     fields = text.split(",")
     flags = fields[7:]
-    preload = [f[1:] for f in flags if f[:1] == "p"]
+    counted = {c: [f[1:] for f in flags if f[:1] == c] for c in "pa"}
     if (
         len(fields) < 7
         or len(set(flags)) != len(flags)
-        or any(f not in ("k64", "r", "l") and f[:1] != "p" for f in flags)
-        or len(preload) > 1
-        or not all(v.isdigit() for v in preload)
+        or any(f not in ("k64", "r", "l") and f[:1] not in counted for f in flags)
+        or any(len(v) > 1 or not all(n.isdigit() for n in v) for v in counted.values())
     ):
         return None
     try:
@@ -1426,7 +1427,8 @@ def parse_geometry(text: str) -> QuantGemv | None:
         return None
     return QuantGemv(
         *ints,
-        preload=int(preload[0]) if preload else 0,
+        preload=int(counted["p"][0]) if counted["p"] else 0,
+        after_prefetch=int(counted["a"][0]) if counted["a"] else 0,
         unit64="k64" in flags,
         early_res="r" in flags,
         l2_prefetch="l" in flags,
@@ -1441,7 +1443,7 @@ def table_overrides() -> dict[tuple[str, str], QuantGemv]:
         g = parse_geometry(geometry)
         if (family, cls) not in QUANT_GEMV_TABLE or g is None:
             raise HipcError(
-                f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64][,pN][,r][,l])"
+                f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64][,pN][,aN][,r][,l])"
             )
         out[family, cls] = g
     return out
@@ -1519,6 +1521,8 @@ def decode_gemv(
             stages=g.stages,
             preload=min(g.preload or g.stages, g.stages),
             l2_prefetch=g.l2_prefetch,
+            after_prefetch=g.after_prefetch,
+            scale_bytes=QUANT_REGIONS[ws][1],
             next_prefetch=list(next_prefetch),
             early_res=g.early_res and p.epilogue == "residual",
             xq_chunk=max(1, min(g.xq_chunk, rounds)),

@@ -20,7 +20,9 @@ so the records fall into one run per launch, matched to the launch list in order
   the loads it makes before its wait (a GEMV's ring);
 - work: the release to its blocks' last wave done (the kernels with a hipc_trace_scope: the
   quantized GEMVs, the per-head decode attention), so run - work is the time between its work
-  and the next kernel's release.
+  and the next kernel's release;
+- m0, m1, m2: the release to the last block's marks (hipc_trace_mark: the decode attention's q
+  rotated, first tile's scores, values summed), where a kernel has them.
 
 globaltimer ticks in 32 ns steps on recent GPUs; means over 32 layers and the replays resolve
 below that. The trace's own cost is one atomic and a few stores a block.
@@ -38,6 +40,7 @@ from profile_gpu_decode import kind_of  # this folder (sys.path[0] when run as a
 from hipc.runtime.engine import load_engine
 
 RECORDS = 1 << 16  # records per replay (blocks that reach hipc_wait_prior)
+WORDS = 8  # per record (prelude: HIPC_TRACE_WORDS)
 
 
 def traced_module(eng) -> tuple[int, int, int]:
@@ -73,7 +76,8 @@ def segments(rec: np.ndarray) -> list[np.ndarray]:
 
 
 def read_trace(eng, graph_exec, trace: tuple[int, int, int]) -> np.ndarray:
-    """One replay's records: (arrived, released, grid size, SM << 32 | block, done) as int64."""
+    """One replay's records: (arrived, released, grid size, SM << 32 | block, done, mark 0-2)
+    as int64."""
     d = eng.backend._driver
     n_ptr, buf_ptr, nbytes = trace
     d.synchronize()
@@ -83,7 +87,7 @@ def read_trace(eng, graph_exec, trace: tuple[int, int, int]) -> np.ndarray:
     n = np.zeros(1, np.uint32)
     d.d2h(n.ctypes.data, n_ptr, 4)
     d.synchronize()
-    rec = np.zeros((min(int(n[0]), RECORDS), 5), np.uint64)
+    rec = np.zeros((min(int(n[0]), RECORDS), WORDS), np.uint64)
     d.d2h(rec.ctypes.data, buf_ptr, rec.nbytes)
     d.synchronize()
     return rec.astype(np.int64)
@@ -119,10 +123,18 @@ def summarize(launches, replays: list[list[np.ndarray | None]]) -> None:
             s["late"].append((r[:, 0].max() - release) / 1e3)
             if r[:, 4].max() > 0:
                 s["work"].append((r[:, 4].max() - release) / 1e3)
+            for k in range(3):
+                if r[:, 5 + k].max() > 0:
+                    s[f"m{k}"].append((r[:, 5 + k].max() - release) / 1e3)
     print(
         f"first release to last release: {np.median(steps):.1f} us a step (median of {len(steps)})"
     )
-    print(f"{'kind':48s} {'n':>4s} {'run':>7s} {'early':>7s} {'late':>7s} {'work':>7s}  (us)")
+    marks = ("m0", "m1", "m2")
+    print(
+        f"{'kind':48s} {'n':>4s} {'run':>7s} {'early':>7s} {'late':>7s} {'work':>7s}"
+        + "".join(f" {m:>7s}" for m in marks)
+        + "  (us)"
+    )
     total = 0.0
     for kind, s in sorted(stats.items(), key=lambda kv: -sum(kv[1]["run"])):
         n = len(s["run"]) // len(replays)
@@ -131,6 +143,7 @@ def summarize(launches, replays: list[list[np.ndarray | None]]) -> None:
         print(
             f"{kind:48s} {n:4d} {mean['run']:7.2f} {mean['early']:7.2f} {mean['late']:7.2f} "
             f"{mean.get('work', float('nan')):7.2f}"
+            + "".join(f" {mean.get(m, float('nan')):7.2f}" for m in marks)
         )
     print(f"sum of runs: {total:.1f} us")
 

@@ -178,8 +178,10 @@ HIPC_DEVICE void hipc_sync_wave() {
 // HIPC_TRACE = records): thread 0 of each block that reaches hipc_wait_prior() takes the next
 // record, in the order blocks are released, and stores globaltimer ns at its arrival and
 // release, its grid's and its own index (SM in the high word); hipc_trace_end() (a
-// hipc_trace_scope's end) adds when the block's last wave finished. Never defined by the compiler.
-HIPC_MODULE_ARRAY(unsigned long long, hipc_trace, 5 * HIPC_TRACE);
+// hipc_trace_scope's end) adds when the block's last wave finished, hipc_trace_mark(k) when
+// thread 0 passed mark k (0-2: a kernel's phases). Never defined by the compiler.
+#define HIPC_TRACE_WORDS 8
+HIPC_MODULE_ARRAY(unsigned long long, hipc_trace, HIPC_TRACE_WORDS * HIPC_TRACE);
 __device__ unsigned hipc_trace_n;
 HIPC_DEVICE unsigned long long hipc_now() {
   unsigned long long t;
@@ -205,10 +207,10 @@ HIPC_DEVICE void hipc_wait_prior() {
     if (i < HIPC_TRACE) {
       unsigned sm;
       asm("mov.u32 %0, %%smid;" : "=r"(sm));
-      unsigned long long* r = hipc_trace + 5 * i;
+      unsigned long long* r = hipc_trace + HIPC_TRACE_WORDS * i;
       r[0] = arrived, r[1] = hipc_now(), r[2] = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
       r[3] = ((unsigned long long)sm << 32) | ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x);
-      r[4] = 0;
+      r[4] = r[5] = r[6] = r[7] = 0;
     }
   }
   __syncthreads();
@@ -217,7 +219,13 @@ HIPC_DEVICE void hipc_wait_prior() {
 HIPC_DEVICE void hipc_trace_end() {
 #ifdef HIPC_TRACE
   const unsigned i = *hipc_trace_slot();
-  if (threadIdx.x % 32 == 0 && i < HIPC_TRACE) atomicMax(hipc_trace + 5 * i + 4, hipc_now());
+  if (threadIdx.x % 32 == 0 && i < HIPC_TRACE) atomicMax(hipc_trace + HIPC_TRACE_WORDS * i + 4, hipc_now());
+#endif
+}
+HIPC_DEVICE void hipc_trace_mark(int k) {
+#ifdef HIPC_TRACE
+  const unsigned i = *hipc_trace_slot();
+  if (threadIdx.x == 0 && i < HIPC_TRACE) hipc_trace[HIPC_TRACE_WORDS * i + 5 + k] = hipc_now();
 #endif
 }
 HIPC_DEVICE void hipc_let_next_start() {
@@ -259,6 +267,7 @@ HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return atomicAdd
 #elif defined(HIPC_HOST)
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_trace_end() {}
+HIPC_DEVICE void hipc_trace_mark(int) {}
 HIPC_DEVICE void hipc_let_next_start() {}
 HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
 HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; }
@@ -271,6 +280,7 @@ HIPC_DEVICE unsigned hipc_shared_add(unsigned* p, unsigned v) { return __atomic_
 #else
 HIPC_DEVICE void hipc_wait_prior() {}
 HIPC_DEVICE void hipc_trace_end() {}
+HIPC_DEVICE void hipc_trace_mark(int) {}
 HIPC_DEVICE void hipc_let_next_start() {}
 HIPC_DEVICE void hipc_prefetch_l2(const void*) {}
 HIPC_DEVICE uint4 hipc_load_weights16(const void* p) { return *(const uint4*)p; }
@@ -849,9 +859,14 @@ HIPC_DEVICE int hipc_pack4_i8(float a, float b, float c, float d) {
 // threads) rounds. The loads of CHUNK rounds are issued before any is used: x was
 // just written by the kernel before, and one L2 round trip per round was most of a
 // long-row GEMV's prologue. `red`: __shared__ float[32].
+// `issued()` runs once the first CHUNK rounds' loads are issued (a GEMV's L2 prefetches of its
+// next weights: behind x's loads, not ahead of them).
 #define HIPC_XQ_CHUNK 4
-template <bool LO, int ROUNDS, int CHUNK = HIPC_XQ_CHUNK, bool PAD = false>
-HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red) {
+struct hipc_nothing {
+  HIPC_DEVICE void operator()() const {}
+};
+template <bool LO, int ROUNDS, int CHUNK = HIPC_XQ_CHUNK, bool PAD = false, typename F = hipc_nothing>
+HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, float* red, F issued = {}) {
   const int n4 = K / 4, stride = hipc_block_dim();
   float ss = 0.f;
   for (int r0 = 0; r0 < ROUNDS; r0 += CHUNK) {
@@ -863,6 +878,7 @@ HIPC_DEVICE float hipc_stage_xq(const float* x, const float* g, int K, int* xq, 
       vs[c] = ok ? *(const float4*)(x + 4 * i) : float4{0.f, 0.f, 0.f, 0.f};
       gs[c] = g && ok ? *(const float4*)(g + 4 * i) : float4{1.f, 1.f, 1.f, 1.f};
     }
+    if (r0 == 0) issued();
 #pragma unroll
     for (int c = 0; c < CHUNK; ++c) {
       if (r0 + c >= ROUNDS) break;  // the same for every lane: the shuffles need whole waves

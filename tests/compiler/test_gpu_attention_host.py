@@ -71,13 +71,17 @@ BLOCKS = {
 
 
 # tile form geometries: 4 and 2 lanes per score, 32-key tiles of 4 waves, 128-key tiles in
-# dynamic shared memory, merges of 2 blocks a step, 16-key tiles of 2 waves
+# dynamic shared memory, merges of 2 blocks a step, 16-key tiles of 2 waves, several tiles a
+# block before the context splits
 TILE_GEOMETRIES = (
     ("llama_bf16_d128", "l4"), ("f32_d64_chunks", "k32:w4:m2"), ("tiles_per_block_bf16", "k128"),
     ("qknorm_d12_bf16", "l2:k16"), ("window_f32_d32", "l4:k32:b256"),
     ("d256_gated_partial_bf16", "k32:m2"), ("edge_p47_window", "k16:w2"),
     # one wave: 6 outputs a thread, two heads' (an m, l per output), 5 blocks merged 2 a step
     ("edge_p64_one_split", "w1:k16:m2:b48"),
+    # blocks taking 2 / 3 tiles before another gets one (5 tiles on 3 blocks, p's tile not a
+    # block's first; 7 tiles of a window on 3), and one block taking 22 tiles (no merge)
+    ("llama_bf16_d128", "t2"), ("window_f32_d32", "k16:t3"), ("f32_d64_chunks", "k32:t32"),
 )  # fmt: skip
 # the grouped kernel (one block per KV head and split) on every case; the per-query-head one
 # (the fallback where the grouped ones' tiles would not fit) on most; the grouped one with AMD

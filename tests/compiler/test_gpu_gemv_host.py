@@ -69,6 +69,23 @@ CASES = {
         False,
         QuantGemv(2, 2, 1, 2, 1, 2, 8, unit64=True, early_res=True),
     ),
+    # the items after the ring pulled towards L2 after the wait (none past the wave's last)
+    "q4_0_glu_after_prefetch": (
+        "q4_0",
+        2 * 23,
+        1024,
+        "glu",
+        True,
+        QuantGemv(2, 2, 2, 3, 1, 2, after_prefetch=3),
+    ),
+    "q6_k64_after_prefetch": (
+        "q6_k",
+        9,
+        2048,
+        "residual",
+        False,
+        QuantGemv(2, 2, 1, 2, 1, 2, unit64=True, after_prefetch=1),
+    ),
     # gate/up pairs, 4 stages over 5 items per wave (the ring's last turn partial)
     "q4_1_glu_norm_s4": ("q4_1", 2 * 19, 1024, "glu", True, QuantGemv(2, 2, 1, 2, 1, 4)),
     # IQ4_NL: Q4_0's blocks, the nibbles looked up in its table
@@ -426,7 +443,13 @@ def test_table_env_replaces_entries_for_benchmarks(monkeypatch):
     assert linear.quant_gemv("q4_k", 4096, 14336) == QuantGemv(
         8, 2, 1, 64, 1, 4, 8, preload=2, unit64=True
     )
+    monkeypatch.setenv(linear.TABLE_ENV, "q:long=16,2,2,132,1,3,8,a2,r")
+    assert linear.quant_gemv("q4_0", 4096, 14336) == QuantGemv(
+        16, 2, 2, 132, 1, 3, 8, early_res=True, after_prefetch=2
+    )
     for bad in (
+        "q:narrow=8,2,2,128,1,4,8,a",
+        "q:narrow=8,2,2,128,1,4,8,a1,a2",
         "q:narrow=8,2,2",
         "q:wide=8,2,2,128,1,4,8",
         "q:narrow=8,2,2,128,1,4,x",

@@ -324,13 +324,16 @@ ATTENTION_BLOCKS = {
     "edge_p64_one_block": 3,
 }
 # every form on every case: per KV head and tile (the default), per query head, per KV head and
-# split; and some tile geometries (4 lanes per score, 128- and 16-key tiles, 2-block merge steps)
+# split; and some tile geometries (4 lanes per score, 128- and 16-key tiles, 2-block merge steps,
+# blocks taking 2 and 4 tiles before the context splits)
 ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("tile", "head", "gqa")] + [
     ("llama8b_bf16_loops_chunks", "tile:l4"),
     ("smollm2_bf16", "tile:k128"),
     ("tiles_per_block_bf16", "tile:k128:m2"),
     ("qwen35_gated_partial_bf16", "tile:k32"),
     ("window_f32", "tile:k16:w2"),
+    ("llama8b_bf16_loops_chunks", "tile:t2"),
+    ("edge_p64_one_block", "tile:k16:t4"),
 ]
 
 
