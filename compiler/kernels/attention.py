@@ -821,7 +821,7 @@ def decode_attention_gqa(
     return GpuKernel(f"{fn}_decode", "attention_decode_gqa", ctx, [p.NKV, splits], threads)
 
 
-# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128:t2" overrides each)
+# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128:t2:s2" overrides each)
 TILE_KEYS = 64  # keys per tile (a block's whole share up to TILE_KEYS x splits positions)
 TILE_WAVES = 8
 # lanes per (head, key) score: one measured faster than 4 on the H200 at every position, 8B and
@@ -835,6 +835,13 @@ TILE_LANES = 1
 TILE_BLOCKS = 256
 TILE_MIN_BLOCKS = 2  # blocks per SM the registers are capped for
 TILE_PER_BLOCK = 1  # tiles a block takes before the context is split over more blocks
+# tiles one block takes alone before the context is split at all: below 128 positions no merge
+# (its partials out, a counter, the last block reading them back: 3.1 us of the 8B's attention
+# at 100 positions on an H100, trace_gpu_decode.py) but a second tile multiplied after the
+# first. In the 8B Q4_0 decode graph (bench_gpu_variants.py, H100, session 22 call 3,
+# alternating rounds) 518.3 / 521.3 tok/s at tg128 against 514.4 / 517.8 with a block a tile,
+# 487.1 / 491.5 at 512 positions against 489.9 / 492.0 (the same kernels there: 9 tiles split).
+TILE_SINGLE = 2
 # shared memory a block may take in all, per target family (sm_80/90: 163/227 KiB; AMD: 64 KiB LDS)
 TILE_MAX_SHARED = {"nvidia": 160 * 1024, "amd": 64 * 1024}
 
@@ -855,8 +862,9 @@ def decode_attention_tile(
     (m, l, acc) loads of up to `m` blocks issued together. `form` options after "tile",
     colon-separated: kN keys per tile, wN waves, lN lanes per score, mN blocks per merge
     step, bN blocks per layer (default `blocks`), tN tiles a block takes before another block
-    gets one (its later tiles read after the wait, multiplied one after another). None where
-    the tiles do not fit in shared memory."""
+    gets one (its later tiles read after the wait, multiplied one after another), sN tiles one
+    block takes alone before the context splits at all. None where the tiles do not fit in
+    shared memory."""
     opts = {
         "k": TILE_KEYS,
         "w": TILE_WAVES,
@@ -864,6 +872,7 @@ def decode_attention_tile(
         "m": 0,
         "b": blocks,
         "t": TILE_PER_BLOCK,
+        "s": TILE_SINGLE,
     }
     for o in form.split(":")[1:]:
         if o[:1] not in opts or not o[1:].isdigit():
@@ -901,6 +910,7 @@ def decode_attention_tile(
         min_blocks=TILE_MIN_BLOCKS,
         splits=splits,
         per_block=max(1, opts["t"]),
+        single=max(1, opts["s"]),
         params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
         **kv_ctx,
         **p.context(),

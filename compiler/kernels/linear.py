@@ -1182,8 +1182,14 @@ class QuantGemv:
 # matter more than the overlap. q8_0 blocks are twice the bytes: half the unroll.
 QUANT_GEMV_SMALL = QuantGemv(8, 2, 4, 256, 2, 1)
 QUANT_GEMV_LONG = QuantGemv(16, 2, 4, 128, 1, 1)  # small matrices of long rows (copy loop)
-QUANT_GEMV_LARGE = QuantGemv(16, 2, 2, 132, 1, 3, 8)
-QUANT_GEMV_LARGE_GLU = QuantGemv(16, 2, 2, 132, 1, 4, 8)
+# And they pull the 2 items after their ring towards L2 once x's loads are issued (after_prefetch):
+# the ring lands while x stages, its refills wait on x, and the memory would idle between. In
+# the 8B Q4_0 decode graph (bench_gpu_variants.py, H100, session 22 call 3, alternating rounds)
+# 537.4 / 537.6 tok/s at tg128 against 514.4 / 517.8 without, 508.7 / 509.1 at 512 positions
+# against 489.9 / 492.0; issued before x's loads they queued ahead of them (x staged in 5.1
+# us instead of 3.9 on the gate/up) and lost 2% (call 2).
+QUANT_GEMV_LARGE = QuantGemv(16, 2, 2, 132, 1, 3, 8, after_prefetch=2)
+QUANT_GEMV_LARGE_GLU = QuantGemv(16, 2, 2, 132, 1, 4, 8, after_prefetch=2)
 # Down projections read their residual rows right after the wait (early_res). In the 8B Q4_0
 # decode graph (profile_gpu_decode.py --swap, position 64, H200, 2026-12-04 call 1) that took
 # 62.5 and 65.7 us off a 1.630 ms step where the same geometry without it read -6.7 and +1.3;

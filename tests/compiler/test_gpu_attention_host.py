@@ -82,6 +82,8 @@ TILE_GEOMETRIES = (
     # blocks taking 2 / 3 tiles before another gets one (5 tiles on 3 blocks, p's tile not a
     # block's first; 7 tiles of a window on 3), and one block taking 22 tiles (no merge)
     ("llama_bf16_d128", "t2"), ("window_f32_d32", "k16:t3"), ("f32_d64_chunks", "k32:t32"),
+    # one block alone up to 5 / 30 tiles (p's 5th: one block; 22 tiles: one block), then a tile each
+    ("llama_bf16_d128", "s5"), ("f32_d64_chunks", "k32:s30"), ("tiles_per_block_bf16", "k32:s4"),
 )  # fmt: skip
 # the grouped kernel (one block per KV head and split) on every case; the per-query-head one
 # (the fallback where the grouped ones' tiles would not fit) on most; the grouped one with AMD

@@ -334,6 +334,8 @@ ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("tile", "head", "gqa")] 
     ("window_f32", "tile:k16:w2"),
     ("llama8b_bf16_loops_chunks", "tile:t2"),
     ("edge_p64_one_block", "tile:k16:t4"),
+    ("llama8b_bf16_loops_chunks", "tile:s2"),
+    ("edge_p64_one_block", "tile:k16:s5"),
 ]
 
 
