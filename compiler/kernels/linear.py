@@ -1469,7 +1469,10 @@ def quant_gemv(
         table = {**QUANT_GEMV_TABLE, **overrides} if overrides else QUANT_GEMV_TABLE
     g = table[gemv_class(wsuffix, N, K, glu)]
     if wsuffix in ("q5_0", "q5_1"):  # a sixth register per unit: 4 units in flight, no spills
-        g = replace(g, rows=2, unroll=2, stages=1, min_blocks=min(g.min_blocks, 2))
+        # (a copy loop: the L2 pull measured no gain on the K-quants' copy loops)
+        g = replace(
+            g, rows=2, unroll=2, stages=1, min_blocks=min(g.min_blocks, 2), after_prefetch=0
+        )
     if wsuffix == "q8_0":  # 9 registers a unit
         g = replace(g, unroll=max(1, g.unroll // 2))
     return g

@@ -84,6 +84,8 @@ TILE_GEOMETRIES = (
     ("llama_bf16_d128", "t2"), ("window_f32_d32", "k16:t3"), ("f32_d64_chunks", "k32:t32"),
     # one block alone up to 5 / 30 tiles (p's 5th: one block; 22 tiles: one block), then a tile each
     ("llama_bf16_d128", "s5"), ("f32_d64_chunks", "k32:s30"), ("tiles_per_block_bf16", "k32:s4"),
+    # two tiles on two blocks and their merge (the default takes them in one block)
+    ("gated_partial_d64_f32", "s1"),
 )  # fmt: skip
 # the grouped kernel (one block per KV head and split) on every case; the per-query-head one
 # (the fallback where the grouped ones' tiles would not fit) on most; the grouped one with AMD

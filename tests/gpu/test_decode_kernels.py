@@ -325,7 +325,8 @@ ATTENTION_BLOCKS = {
 }
 # every form on every case: per KV head and tile (the default), per query head, per KV head and
 # split; and some tile geometries (4 lanes per score, 128- and 16-key tiles, 2-block merge steps,
-# blocks taking 2 and 4 tiles before the context splits)
+# blocks taking 2 and 4 tiles before the context splits, two tiles on two blocks (s1: the merge
+# the default's one block skips below 128 positions), 5 tiles on one block)
 ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("tile", "head", "gqa")] + [
     ("llama8b_bf16_loops_chunks", "tile:l4"),
     ("smollm2_bf16", "tile:k128"),
@@ -334,7 +335,7 @@ ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("tile", "head", "gqa")] 
     ("window_f32", "tile:k16:w2"),
     ("llama8b_bf16_loops_chunks", "tile:t2"),
     ("edge_p64_one_block", "tile:k16:t4"),
-    ("llama8b_bf16_loops_chunks", "tile:s2"),
+    ("edge_p64_one_block", "tile:s1"),
     ("edge_p64_one_block", "tile:k16:s5"),
 ]
 
