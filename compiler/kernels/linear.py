@@ -1164,7 +1164,7 @@ class QuantGemv:
     # a residual epilogue's first rows read right after the wait, before x is staged
     # (QUANT_GEMV_LARGE_DOWN)
     early_res: bool = False
-    # items after the ring pulled towards L2 right after the wait, while x is staged
+    # items after the ring pulled towards L2 once x's loads are issued (split layout only)
     after_prefetch: int = 0
 
 
@@ -1530,7 +1530,8 @@ def decode_gemv(
             stages=g.stages,
             preload=min(g.preload or g.stages, g.stages),
             l2_prefetch=g.l2_prefetch,
-            after_prefetch=g.after_prefetch,
+            # (its addresses are the split layout's regions)
+            after_prefetch=g.after_prefetch if quant_layout == "split" else 0,
             scale_bytes=QUANT_REGIONS[ws][1],
             next_prefetch=list(next_prefetch),
             early_res=g.early_res and p.epilogue == "residual",

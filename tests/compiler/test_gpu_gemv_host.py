@@ -394,6 +394,11 @@ def test_decode_gemv_follows_the_geometry_table(monkeypatch):
     p = LinearParams("q4_0", 4096, 14336, 0.0, "residual", bias=False)
     k = decode_gemv("a", p, GpuTarget("sm_90"), ["n"], activations="int8", quant_layout="gguf")
     assert (k.threads, k.ctx["unroll"], k.ctx["stages"], k.ctx["l2_prefetch"]) == (256, 4, 3, True)
+    # the L2 pull's addresses are the split layout's: none in GGUF order
+    pull = replace(down, after_prefetch=2)
+    for layout, want in (("split", 2), ("gguf", 0)):
+        g = decode_gemv("a", p, GpuTarget("sm_90"), ["n"], pull, "int8", quant_layout=layout)
+        assert g.ctx["after_prefetch"] == want, layout
     assert k.ctx["min_blocks"] == 2 and k.grid == [128]  # 2048 groups: 2 per wave
     assert linear.quant_gemv("q8_0", 4096, 14336) == replace(down, unroll=2)
     assert linear.quant_gemv("q5_0", 4096, 14336) == replace(down, unroll=2, stages=1)
