@@ -769,9 +769,7 @@ FORM_ENV = "HIPC_DECODE_FORM"
 def decode_form(target: GpuTarget) -> str:
     """The decode attention form a target gets by default (DECODE_FORM or HIPC_DECODE_FORM
     overrides it)."""
-    if DECODE_FORM or os.environ.get(FORM_ENV):
-        return DECODE_FORM or os.environ[FORM_ENV]
-    return "tile" if target.sm >= 90 else "head"
+    return DECODE_FORM or os.environ.get(FORM_ENV) or ("tile" if target.sm >= 90 else "head")
 
 
 DECODE_TILE = 32  # keys per tile of the grouped decode kernel (16 where a row is over 256 bytes)

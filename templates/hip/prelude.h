@@ -618,8 +618,10 @@ HIPC_DEVICE uint4 hipc_load_q16(const char* p) {
   if constexpr (SMEM) return *(const uint4*)p;
   else return hipc_load_quants16(p);
 }
-// the scale pair (d, m) of a q4_1 block as one word: d low, m high
-HIPC_DEVICE uint32_t hipc_load_scales32(const char* p) {
+// 4 bytes of a block: 2-byte aligned in GGUF's order; in the split layout every field a
+// kernel reads this way is 4-byte aligned (regions of 4-, 12-, 16-byte fields, 8-byte
+// chunks of quants), so one load
+HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {
 #if HIPC_QSPLIT
 #ifdef HIPC_HOST
   if ((size_t)p % 4) __builtin_trap();  // the host tests hold the layout to it
@@ -733,19 +735,6 @@ HIPC_DEVICE float hipc_w_q5_1(const void* W, int N, int K, int n, int k) {
   const int q = hipc_nibble(m.qs(b), k % 32) | hipc_qh_bit(m.f2(b), k % 32) << 4;
   const uint16_t* dm = (const uint16_t*)m.f3(b);
   return hipc_f16_to_f32(dm[0]) * (float)q + hipc_f16_to_f32(dm[1]);
-}
-// 4 bytes of a block: 2-byte aligned in GGUF's order; in the split layout every field a
-// kernel reads this way is 4-byte aligned (regions of 4-, 12-, 16-byte fields, 8-byte
-// chunks of quants), so one load
-HIPC_DEVICE uint32_t hipc_load_u32(const char* p) {
-#if HIPC_QSPLIT
-#ifdef HIPC_HOST
-  if ((size_t)p % 4) __builtin_trap();  // the host tests hold the layout to it
-#endif
-  return *(const uint32_t*)p;
-#else
-  return ((const uint16_t*)p)[0] | (uint32_t)((const uint16_t*)p)[1] << 16;
-#endif
 }
 // a K-quant's 12 scale bytes at p as 3 words
 HIPC_DEVICE void hipc_load_u32x3(uint32_t* w, const char* p) {
@@ -1032,7 +1021,7 @@ HIPC_DEVICE void hipc_load_unit(hipc_unit_iq4_nl& v, const hipc_qmat_iq4_nl& m, 
 template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q4_1& v, const hipc_qmat_q4_1& m, size_t u) {
   v.q = hipc_load_q16<SMEM>(m.qs(u));
-  v.dm = hipc_load_scales32(m.sc(u));
+  v.dm = hipc_load_u32(m.sc(u));  // the scale pair (d, m): d low, m high
 }
 template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q8_0& v, const hipc_qmat_q8_0& m, size_t u) {
