@@ -151,7 +151,6 @@ def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
     layers = [i for _, i in roles.values() if i is not None]
     n_layers = max(layers) + 1 if layers else 0
     gqa = _gqa(mats, roles)
-    big_gqa = n_layers == 80 and gqa > 1
 
     out = {}
     for name, init in mats.items():
@@ -161,25 +160,38 @@ def choose_types(graph: Graph, recipe: str) -> dict[str, TensorChoice]:
         if role == "lm_head" or (role == "embed" and not has_lm_head):
             role = "output"
         role = AS_ROLE.get(role, role)
-        when = {
-            "base is not q8_0": BASE[recipe] != "q8_0",
-            "more-bits layer": layer is not None and use_more_bits(layer, n_layers),
-            "first 2 layers": layer is not None and layer < 2,
-            "first sixteenth": layer is not None and layer < n_layers // 16,
-            "first eighth": layer is not None and layer < n_layers // 8,
-            "GQA of 4 or more": gqa >= 4,
-            "80 layers with GQA": big_gqa,
-            "8 experts": experts == {8},
-            "always": True,
-        }
-        dtype, why = BASE[recipe], "base type"
-        for recipes, roles_, on, rule_type, rule_why in RULES:
-            if recipe in recipes and role in roles_ and when[on]:
-                dtype, why = rule_type, f"{role}: {rule_why}"
-                break
+        dtype, why = pick_type(recipe, role, layer, n_layers, gqa=gqa, experts=experts)
         dtype, why = _fit(dtype, why, init)
         out[name] = TensorChoice(init, role, layer, dtype, why)
     return out
+
+
+def pick_type(
+    recipe: str,
+    role: str | None,
+    layer: int | None,
+    n_layers: int,
+    *,
+    gqa: float = 1.0,
+    experts: set[int] | frozenset[int] = frozenset(),
+) -> tuple[str, str]:
+    """The type RULES give a matrix of this role ("output" for the LM head, the dense role
+    for an expert's) on this layer, and why, before the row-length fallback."""
+    when = {
+        "base is not q8_0": BASE[recipe] != "q8_0",
+        "more-bits layer": layer is not None and use_more_bits(layer, n_layers),
+        "first 2 layers": layer is not None and layer < 2,
+        "first sixteenth": layer is not None and layer < n_layers // 16,
+        "first eighth": layer is not None and layer < n_layers // 8,
+        "GQA of 4 or more": gqa >= 4,
+        "80 layers with GQA": n_layers == 80 and gqa > 1,
+        "8 experts": experts == {8},
+        "always": True,
+    }
+    for recipes, roles, on, rule_type, rule_why in RULES:
+        if recipe in recipes and role in roles and when[on]:
+            return rule_type, f"{role}: {rule_why}"
+    return BASE[recipe], "base type"
 
 
 def _fit(dtype: str, why: str, init: WeightRef | StackedWeight) -> tuple[str, str]:

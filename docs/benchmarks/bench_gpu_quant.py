@@ -116,22 +116,22 @@ def random_blocks(qtype: str, rows: int, cols: int, rng) -> np.ndarray:
 
 
 def l8_types(model: str) -> dict[str, str]:
-    """Tensor name -> GGML type as llama-quantize's defaults give them (compiler/quant_recipes
-    follows the same rules for --quant)."""
-    from hipc.compiler.quant_recipes import use_more_bits
+    """Tensor name -> GGML type as llama-quantize's defaults give them (the rules of
+    compiler/quant_recipes, which --quant follows)."""
+    from hipc.compiler.quant_recipes import pick_type
 
-    base = {"l8_q4_0": "Q4_0", "l8_q4_k_m": "Q4_K", "l8_q3_k_m": "Q3_K"}[model]
-    out = {"token_embd.weight": base, "output.weight": "Q6_K"}
-    for i in range(L8["L"]):
-        for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
-            qtype = base
-            if model == "l8_q4_k_m" and t in ("attn_v", "ffn_down") and use_more_bits(i, L8["L"]):
-                qtype = "Q6_K"
-            if model == "l8_q3_k_m" and t in ("attn_v", "ffn_down"):
-                qtype = "Q5_K" if i < L8["L"] // 16 else "Q4_K"
-            if model == "l8_q3_k_m" and t == "attn_output":
-                qtype = "Q4_K"
-            out[f"blk.{i}.{t}.weight"] = qtype
+    recipe = {"l8_q4_0": "q4_0", "l8_q4_k_m": "q4_k_m", "l8_q3_k_m": "q3_k_m"}[model]
+    n, gqa = L8["L"], L8["h"] / L8["kv"]
+
+    def ggml(role: str, layer: int | None) -> str:
+        return pick_type(recipe, role, layer, n, gqa=gqa)[0].upper()
+
+    out = {"token_embd.weight": ggml("embed", None), "output.weight": ggml("output", None)}
+    roles = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o"}
+    roles |= {"ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}
+    for i in range(n):
+        for t, role in roles.items():
+            out[f"blk.{i}.{t}.weight"] = ggml(role, i)
     return out
 
 
