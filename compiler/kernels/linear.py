@@ -1324,6 +1324,41 @@ class BulkSpec:
 # BulkSpec(24, 4, 8, 2)).
 QUANT_GEMV_BULK: dict[tuple[str, str], BulkSpec] = {}
 BULK_LONG_K = 8192
+# HIPC_QUANT_GEMV_BULK (compile time, for benchmarks timing the bulk-copy GEMV inside the
+# decode graph): "TYPE:CLASS=kib,stages,waves,per_sm[,rN][,k64];..." adds those entries to
+# QUANT_GEMV_BULK (rN: rows_per_wave N; k64: unit64); TYPE "q" stands for the 32-weight types.
+BULK_ENV = "HIPC_QUANT_GEMV_BULK"
+_BULK_CLASSES = ("glu", "long", "short")
+
+
+def bulk_overrides() -> dict[tuple[str, str], BulkSpec]:
+    out = {}
+    for item in filter(None, os.environ.get(BULK_ENV, "").split(";")):
+        key, _, spec = item.partition("=")
+        wsuffix, _, cls = key.strip().partition(":")
+        fields = spec.split(",")
+        flags = fields[4:]
+        rows = [f[1:] for f in flags if f[:1] == "r"]
+        if (
+            (wsuffix != "q" and wsuffix not in QUANT_REGIONS)
+            or cls not in _BULK_CLASSES
+            or len(fields) < 4
+            or not all(f.isdigit() for f in fields[:4])
+            or len(rows) > 1
+            or not all(n.isdigit() for n in rows)
+            or any(f != "k64" and f[:1] != "r" for f in flags)
+        ):
+            raise HipcError(
+                f"{BULK_ENV}: bad entry {item!r} (TYPE:CLASS=kib,stages,waves,per_sm[,rN][,k64])"
+            )
+        spec_ = BulkSpec(*map(int, fields[:4]), int(rows[0]) if rows else 1, "k64" in flags)
+        for ws in (
+            (t for t in QUANT_REGIONS if QUANT_TYPES[t].unit_values == 32)
+            if wsuffix == "q"
+            else (wsuffix,)
+        ):
+            out[ws, cls] = spec_
+    return out
 
 
 def bulk_default(
@@ -1331,7 +1366,7 @@ def bulk_default(
 ) -> QuantGemvBulk | None:
     """The bulk-copy geometry quant_gemv's table gives this matrix, if any and if it fits."""
     cls = "glu" if glu else "long" if K >= BULK_LONG_K else "short"
-    spec = QUANT_GEMV_BULK.get((wsuffix, cls))
+    spec = {**QUANT_GEMV_BULK, **bulk_overrides()}.get((wsuffix, cls))
     if spec is None or not bulk_gemv_fits(wsuffix, K, target):
         return None
     return spec.geometry(wsuffix, K, glu)

@@ -350,6 +350,36 @@ def test_bulk_default_follows_the_table(monkeypatch):
     assert decode_gemv("e", glu, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_q"
 
 
+def test_bulk_env_adds_entries_for_benchmarks(monkeypatch):
+    """HIPC_QUANT_GEMV_BULK adds QUANT_GEMV_BULK entries at compile time ("q": every
+    32-weight type), so a benchmark can time the bulk-copy GEMV inside the decode graph, and
+    refuses an entry it cannot read, naming it."""
+    from hipc.base.errors import HipcError
+    from hipc.compiler.kernels import linear
+
+    monkeypatch.setenv(linear.BULK_ENV, "q:glu=16,4,8,2;q6_k:long=24,4,8,2,r2,k64")
+    overrides = linear.bulk_overrides()
+    assert overrides["q4_0", "glu"] == overrides["iq4_nl", "glu"] == linear.BulkSpec(16, 4, 8, 2)
+    assert ("q4_k", "glu") not in overrides
+    assert overrides["q6_k", "long"] == linear.BulkSpec(24, 4, 8, 2, 2, True)
+    glu = LinearParams("q4_0", 2 * 14336, 4096, EPS, "glu", bias=False)
+    assert decode_gemv("a", glu, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_qbulk"
+    short = LinearParams("q4_0", 6144, 4096, EPS, "none", bias=False)
+    assert decode_gemv("b", short, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_q"
+    for bad in (
+        "q:wide=16,4,8,2",
+        "q2_k:glu=16,4,8,2",
+        "q:glu=16,4,8",
+        "q:glu=16,4,8,x",
+        "q:glu=16,4,8,2,r",
+        "q:glu=16,4,8,2,r1,r2",
+        "q:glu=16,4,8,2,z",
+    ):
+        monkeypatch.setenv(linear.BULK_ENV, bad)
+        with pytest.raises(HipcError, match="HIPC_QUANT_GEMV_BULK: bad entry"):
+            linear.bulk_overrides()
+
+
 def test_quant_gemv_classes():
     """The Llama-3-8B and SmolLM2 matrices fall in the QUANT_GEMV_TABLE classes its comment
     names: the 8B's qkv "short", o "narrow", gate/up "glu", down "long" (K 14336), matrices under
