@@ -1319,9 +1319,12 @@ class BulkSpec:
 
 
 # The bulk-copy GEMV where it is the default: (weight type, matrix class) -> its BulkSpec; a
-# class is "glu", "long" (K >= BULK_LONG_K: a down projection) or "short". Empty until measured
-# on the H200 against the register GEMV (bench_gpu_gemv.py's bulk* variants, e.g. bulk24x4m2 is
-# BulkSpec(24, 4, 8, 2)).
+# class is "glu", "long" (K >= BULK_LONG_K: a down projection) or "short". Empty: on an H100
+# (bench_gpu_gemv.py's bulk* variants, e.g. bulk24x4m2 is BulkSpec(24, 4, 8, 2); session 23
+# call 1) every bulk geometry was slower than the register GEMV but on the Q4_K q+k (6.4
+# against 6.7 us), and 32-layer chains of them 29-67% slower a layer (Q4_0 61.5-79.8 against
+# 47.8 us): a stage is refilled once every wave has read it, and a block's stages hold fewer
+# bytes in flight than the register rings.
 QUANT_GEMV_BULK: dict[tuple[str, str], BulkSpec] = {}
 BULK_LONG_K = 8192
 # HIPC_QUANT_GEMV_BULK (compile time, for benchmarks timing the bulk-copy GEMV inside the
