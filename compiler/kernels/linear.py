@@ -1335,6 +1335,7 @@ _BULK_CLASSES = ("glu", "long", "short")
 
 
 def bulk_overrides() -> dict[tuple[str, str], BulkSpec]:
+    """BULK_ENV's entries, by (weight type, class); HipcError naming an entry it cannot read."""
     out = {}
     for item in filter(None, os.environ.get(BULK_ENV, "").split(";")):
         key, _, spec = item.partition("=")
@@ -1354,13 +1355,13 @@ def bulk_overrides() -> dict[tuple[str, str], BulkSpec]:
             raise HipcError(
                 f"{BULK_ENV}: bad entry {item!r} (TYPE:CLASS=kib,stages,waves,per_sm[,rN][,k64])"
             )
-        spec_ = BulkSpec(*map(int, fields[:4]), int(rows[0]) if rows else 1, "k64" in flags)
+        parsed = BulkSpec(*map(int, fields[:4]), int(rows[0]) if rows else 1, "k64" in flags)
         for ws in (
             (t for t in QUANT_REGIONS if QUANT_TYPES[t].unit_values == 32)
             if wsuffix == "q"
             else (wsuffix,)
         ):
-            out[ws, cls] = spec_
+            out[ws, cls] = parsed
     return out
 
 
