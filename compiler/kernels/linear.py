@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -1334,12 +1335,19 @@ BULK_ENV = "HIPC_QUANT_GEMV_BULK"
 _BULK_CLASSES = ("glu", "long", "short")
 
 
+def env_entries(name: str) -> Iterator[tuple[str, str, str, str]]:
+    """The entries "FAMILY:CLASS=VALUE;..." of a benchmark's override variable (BULK_ENV,
+    TABLE_ENV): (the entry, family, class, value)."""
+    for item in filter(None, os.environ.get(name, "").split(";")):
+        key, _, value = item.partition("=")
+        family, _, cls = key.strip().partition(":")
+        yield item, family, cls, value
+
+
 def bulk_overrides() -> dict[tuple[str, str], BulkSpec]:
     """BULK_ENV's entries, by (weight type, class); HipcError naming an entry it cannot read."""
     out = {}
-    for item in filter(None, os.environ.get(BULK_ENV, "").split(";")):
-        key, _, spec = item.partition("=")
-        wsuffix, _, cls = key.strip().partition(":")
+    for item, wsuffix, cls, spec in env_entries(BULK_ENV):
         fields = spec.split(",")
         flags = fields[4:]
         rows = [f[1:] for f in flags if f[:1] == "r"]
@@ -1482,9 +1490,7 @@ def parse_geometry(text: str) -> QuantGemv | None:
 
 def table_overrides() -> dict[tuple[str, str], QuantGemv]:
     out = {}
-    for item in filter(None, os.environ.get(TABLE_ENV, "").split(";")):
-        key, _, geometry = item.partition("=")
-        family, _, cls = key.strip().partition(":")
+    for item, family, cls, geometry in env_entries(TABLE_ENV):
         g = parse_geometry(geometry)
         if (family, cls) not in QUANT_GEMV_TABLE or g is None:
             raise HipcError(
