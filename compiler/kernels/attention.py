@@ -819,7 +819,7 @@ def decode_attention_gqa(
     return GpuKernel(f"{fn}_decode", "attention_decode_gqa", ctx, [p.NKV, splits], threads)
 
 
-# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128:t2:s2" overrides each)
+# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128:t2:s2:h1" overrides each)
 TILE_KEYS = 64  # keys per tile (a block's whole share up to TILE_KEYS x splits positions)
 TILE_WAVES = 8
 # lanes per (head, key) score: one measured faster than 4 on the H200 at every position, 8B and
@@ -840,6 +840,8 @@ TILE_PER_BLOCK = 1  # tiles a block takes before the context is split over more 
 # alternating rounds) 518.3 / 521.3 tok/s at tg128 against 514.4 / 517.8 with a block a tile,
 # 487.1 / 491.5 at 512 positions against 489.9 / 492.0 (the same kernels there: 9 tiles split).
 TILE_SINGLE = 2
+# query heads a block (0: the KV head's whole group, its tiles read once a step)
+TILE_HEADS = 0
 # shared memory a block may take in all, per target family (sm_80/90: 163/227 KiB; AMD: 64 KiB LDS)
 TILE_MAX_SHARED = {"nvidia": 160 * 1024, "amd": 64 * 1024}
 
@@ -861,8 +863,9 @@ def decode_attention_tile(
     colon-separated: kN keys per tile, wN waves, lN lanes per score, mN blocks per merge
     step, bN blocks per layer (default `blocks`), tN tiles a block takes before another block
     gets one (its later tiles read after the wait, multiplied one after another), sN tiles one
-    block takes alone before the context splits at all. None where the tiles do not fit in
-    shared memory."""
+    block takes alone before the context splits at all, hN query heads a block (of the KV
+    head's group: its other heads on other blocks loading the same tiles; default the whole
+    group). None where the tiles do not fit in shared memory."""
     opts = {
         "k": TILE_KEYS,
         "w": TILE_WAVES,
@@ -871,6 +874,7 @@ def decode_attention_tile(
         "b": blocks,
         "t": TILE_PER_BLOCK,
         "s": TILE_SINGLE,
+        "h": TILE_HEADS,
     }
     for o in form.split(":")[1:]:
         if o[:1] not in opts or not o[1:].isdigit():
@@ -881,19 +885,24 @@ def decode_attention_tile(
     lpk, tk = opts["l"], opts["k"]
     if p.D % 2 or p.NH % p.NKV or lpk & (lpk - 1) or lpk > target.wave:
         return None
-    G, threads = p.NH // p.NKV, opts["w"] * target.wave
-    splits = max(1, min(-(-max_ctx // tk), -(-opts["b"] // p.NKV)))
+    threads = opts["w"] * target.wave
+    G = p.NH // p.NKV
+    hb = min(opts["h"] or G, G)
+    if G % hb:
+        raise ValueError(f"decode attention form {form!r}: {hb} heads a block do not divide {G}")
+    heads_split = G // hb
+    splits = max(1, min(-(-max_ctx // tk), -(-opts["b"] // (p.NKV * heads_split))))
     rw = p.D * esize // 4
     ks = rw + (1 - rw % 2 if lpk == 1 else (lpk - rw % 32) % 32)
     tiles = 4 * tk * (ks + rw)
-    statics = 4 * (G * p.D + 2 * p.D + G * tk + G + p.D + 2 * G)
+    statics = 4 * (hb * p.D + 2 * p.D + hb * tk + hb + p.D + 2 * hb)
     dyn = tiles + statics > STATIC_SHARED
     if statics > STATIC_SHARED or tiles + statics > TILE_MAX_SHARED.get(target.family, 0):
         return None
     # the merge: a thread's consecutive outputs, one (m, l) per block where they are one head's;
     # a step's loads held in <= 64 registers (32 where a thread has more outputs to keep: the
     # 256-dim heads spilled at 64)
-    outputs = -(-G * p.D // threads)
+    outputs = -(-hb * p.D // threads)
     loads = outputs + (2 if p.D % outputs == 0 else 2 * outputs)
     mu = opts["m"] or max(2, min(16, (64 if outputs <= 2 else 32) // loads))
     ctx = dict(
@@ -907,6 +916,7 @@ def decode_attention_tile(
         # registers for two blocks per SM: a layer's 256 blocks resident at once on an H200
         min_blocks=TILE_MIN_BLOCKS,
         splits=splits,
+        hb=hb,
         per_block=max(1, opts["t"]),
         single=max(1, opts["s"]),
         params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
@@ -914,6 +924,6 @@ def decode_attention_tile(
         **p.context(),
     )
     return GpuKernel(
-        f"{fn}_decode", "attention_decode_tile", ctx, [p.NKV, splits], threads,
+        f"{fn}_decode", "attention_decode_tile", ctx, [p.NKV * heads_split, splits], threads,
         tiles if dyn else 0,
     )  # fmt: skip

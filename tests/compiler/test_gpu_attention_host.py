@@ -86,6 +86,12 @@ TILE_GEOMETRIES = (
     ("llama_bf16_d128", "s5"), ("f32_d64_chunks", "k32:s30"), ("tiles_per_block_bf16", "k32:s4"),
     # two tiles on two blocks and their merge (the default takes them in one block)
     ("gated_partial_d64_f32", "s1"),
+    # a KV head's query heads over several blocks: one a block (each writing the new row into
+    # its tile, the first alone to the cache), merged over splits (a counter per block column);
+    # two a block of 8, with q/k norms and Qwen3.5's gate, split; 3 of 9 on a 4-wave block
+    ("llama_bf16_d128", "h1"), ("tiles_per_block_bf16", "h1:s1"), ("g8_d128_bf16", "h2:s1"),
+    ("d256_gated_partial_bf16", "h2:k32"), ("tiles_window_qknorm_f32", "h1"),
+    ("edge_p64_one_split", "h1:w4:k16:m2"),
 )  # fmt: skip
 # the grouped kernel (one block per KV head and split) on every case; the per-query-head one
 # (the fallback where the grouped ones' tiles would not fit) on most; the grouped one with AMD

@@ -337,6 +337,11 @@ ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("tile", "head", "gqa")] 
     ("edge_p64_one_block", "tile:k16:t4"),
     ("edge_p64_one_block", "tile:s1"),
     ("edge_p64_one_block", "tile:k16:s5"),
+    # query heads over several blocks (1 or 2 of the group a block), merged over splits
+    ("llama8b_bf16_loops_chunks", "tile:h1"),
+    ("tiles_per_block_bf16", "tile:h2:k128:m2"),
+    ("qwen35_gated_partial_bf16", "tile:h2"),
+    ("tiles_window_qknorm_f32", "tile:h1"),
 ]
 
 
