@@ -819,7 +819,7 @@ def decode_attention_gqa(
     return GpuKernel(f"{fn}_decode", "attention_decode_gqa", ctx, [p.NKV, splits], threads)
 
 
-# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128:t2:s2:h1" overrides each)
+# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128:t2:s2:h1:v4" overrides each)
 TILE_KEYS = 64  # keys per tile (a block's whole share up to TILE_KEYS x splits positions)
 TILE_WAVES = 8
 # lanes per (head, key) score: one measured faster than 4 on the H200 at every position, 8B and
@@ -865,7 +865,8 @@ def decode_attention_tile(
     gets one (its later tiles read after the wait, multiplied one after another), sN tiles one
     block takes alone before the context splits at all, hN query heads a block (of the KV
     head's group: its other heads on other blocks loading the same tiles; default the whole
-    group). None where the tiles do not fit in shared memory."""
+    group), vN key groups the value sums are split over (where a block has threads for them:
+    few heads a block). None where the tiles do not fit in shared memory."""
     opts = {
         "k": TILE_KEYS,
         "w": TILE_WAVES,
@@ -875,6 +876,7 @@ def decode_attention_tile(
         "t": TILE_PER_BLOCK,
         "s": TILE_SINGLE,
         "h": TILE_HEADS,
+        "v": 1,
     }
     for o in form.split(":")[1:]:
         if o[:1] not in opts or not o[1:].isdigit():
@@ -891,11 +893,16 @@ def decode_attention_tile(
     if G % hb:
         raise ValueError(f"decode attention form {form!r}: {hb} heads a block do not divide {G}")
     heads_split = G // hb
+    vs = max(1, opts["v"])
+    if vs > 1 and hb * p.D // 2 * vs > threads:
+        raise ValueError(f"decode attention form {form!r}: {vs} key groups need more threads")
     splits = max(1, min(-(-max_ctx // tk), -(-opts["b"] // (p.NKV * heads_split))))
     rw = p.D * esize // 4
     ks = rw + (1 - rw % 2 if lpk == 1 else (lpk - rw % 32) % 32)
     tiles = 4 * tk * (ks + rw)
-    statics = 4 * (hb * p.D + 2 * p.D + hb * tk + hb + p.D + 2 * hb)
+    statics = 4 * (
+        hb * p.D + 2 * p.D + hb * tk + hb + p.D + 2 * hb + (hb * p.D * vs if vs > 1 else 2)
+    )
     dyn = tiles + statics > STATIC_SHARED
     if statics > STATIC_SHARED or tiles + statics > TILE_MAX_SHARED.get(target.family, 0):
         return None
@@ -917,6 +924,7 @@ def decode_attention_tile(
         min_blocks=TILE_MIN_BLOCKS,
         splits=splits,
         hb=hb,
+        vs=vs,
         per_block=max(1, opts["t"]),
         single=max(1, opts["s"]),
         params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),

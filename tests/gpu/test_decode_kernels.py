@@ -342,6 +342,8 @@ ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("tile", "head", "gqa")] 
     ("tiles_per_block_bf16", "tile:h2:k128:m2"),
     ("qwen35_gated_partial_bf16", "tile:h2"),
     ("tiles_window_qknorm_f32", "tile:h1"),
+    ("llama8b_bf16_loops_chunks", "tile:h1:v4:l4"),
+    ("tiles_per_block_bf16", "tile:h1:v4"),
 ]
 
 
