@@ -822,9 +822,10 @@ def decode_attention_gqa(
 # the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128:t2:s2:h1:v4" overrides each)
 TILE_KEYS = 64  # keys per tile (a block's whole share up to TILE_KEYS x splits positions)
 TILE_WAVES = 8
-# lanes per (head, key) score: one measured faster than 4 on the H200 at every position, 8B and
-# SmolLM2 heads (no shuffles; a wave's q reads one address)
-TILE_LANES = 1
+# lanes per (head, key) score (0: as many as fill the block with the tile's heads x keys, up to a
+# wave). With the whole group on a block that is one, measured faster than 4 on the H200 at
+# every position, 8B and SmolLM2 heads (no shuffles; a wave's q reads one address).
+TILE_LANES = 0
 # blocks per layer (KV heads x splits; fewer run where the context is short): 256 gives the 8B's
 # 8 KV heads a block per tile up to 2,048 positions. In the engine's loop (session 13) 256 decoded
 # the 8B Q4_0 at 606.1 / 580.1 tok/s (tg128 / 512 positions), 128 at 606.5 / 574.7 and 512 at
@@ -840,10 +841,30 @@ TILE_PER_BLOCK = 1  # tiles a block takes before the context is split over more 
 # alternating rounds) 518.3 / 521.3 tok/s at tg128 against 514.4 / 517.8 with a block a tile,
 # 487.1 / 491.5 at 512 positions against 489.9 / 492.0 (the same kernels there: 9 tiles split).
 TILE_SINGLE = 2
-# query heads a block (0: the KV head's whole group, its tiles read once a step)
-TILE_HEADS = 0
+# query heads a block (0: the KV head's whole group, its tiles read once a step). One: the
+# group's blocks each load the same tiles before the wait (from L2 after the first) and have a
+# quarter of the 8B's shared-memory reads, the value sums' keys split over TILE_VALUE_GROUPS
+# groups of threads and the scores over 4 lanes a key. In the 8B Q4_0 decode graph
+# (bench_gpu_variants.py, H100, session 24 call 2, alternating rounds) 533.4 / 533.2 tok/s at
+# tg128 against 516.1 / 512.9 with the whole group a block (+3.6%), 496.0 / 495.5 at 512
+# positions against 481.7 / 478.9; the attention at 32 positions 5.14 us against 6.85
+# (trace_gpu_decode.py). 8B Q4_K_M (call 3): 462.6 / 461.3 against 453.3 / 452.5. Two heads a
+# block (2 key groups, 2 lanes: call 4) 527.2 / 528.1 at tg128, but 502.7 / 502.8 at 512 where one
+# head read 496.1 / 496.0: its 16 splits against 8 (TILE_BLOCKS) take 9 tiles without a merge.
+TILE_HEADS = 1
+# at most this many key groups the value sums are split over (the largest power of two whose
+# (group, pair) items a block's threads hold)
+TILE_VALUE_GROUPS = 4
 # shared memory a block may take in all, per target family (sm_80/90: 163/227 KiB; AMD: 64 KiB LDS)
 TILE_MAX_SHARED = {"nvidia": 160 * 1024, "amd": 64 * 1024}
+
+
+def _fill(room: int, cap: int) -> int:
+    """The largest power of two up to `cap` and `room` (at least one)."""
+    n = 1
+    while 2 * n <= min(room, cap):
+        n *= 2
+    return n
 
 
 def decode_attention_tile(
@@ -876,7 +897,7 @@ def decode_attention_tile(
         "t": TILE_PER_BLOCK,
         "s": TILE_SINGLE,
         "h": TILE_HEADS,
-        "v": 1,
+        "v": 0,
     }
     for o in form.split(":")[1:]:
         if o[:1] not in opts or not o[1:].isdigit():
@@ -884,16 +905,18 @@ def decode_attention_tile(
         opts[o[0]] = int(o[1:])
     kv_ctx = kv_context(kv_storage, max_ctx)
     esize = 2 if kv_storage == "bfloat16" else 4
-    lpk, tk = opts["l"], opts["k"]
-    if p.D % 2 or p.NH % p.NKV or lpk & (lpk - 1) or lpk > target.wave:
+    tk, threads = opts["k"], opts["w"] * target.wave
+    if p.D % 2 or p.NH % p.NKV:
         return None
-    threads = opts["w"] * target.wave
     G = p.NH // p.NKV
     hb = min(opts["h"] or G, G)
     if G % hb:
         raise ValueError(f"decode attention form {form!r}: {hb} heads a block do not divide {G}")
     heads_split = G // hb
-    vs = max(1, opts["v"])
+    lpk = opts["l"] or _fill(threads // (hb * tk), target.wave)
+    if lpk & (lpk - 1) or lpk > target.wave:
+        return None
+    vs = opts["v"] or _fill(threads // (hb * p.D // 2), TILE_VALUE_GROUPS)
     if vs > 1 and hb * p.D // 2 * vs > threads:
         raise ValueError(f"decode attention form {form!r}: {vs} key groups need more threads")
     splits = max(1, min(-(-max_ctx // tk), -(-opts["b"] // (p.NKV * heads_split))))

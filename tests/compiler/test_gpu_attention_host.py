@@ -110,9 +110,11 @@ FORMS = (
         (n, "gqa-wave64"): DECODE[n]
         for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "d256_gated_partial_bf16")
     }
-    # the tile form (attention_decode_tile, the default) on every case, and some of its
+    # the tile form (attention_decode_tile, the default: a query head a block) on every case, and some of its
     # geometries; the tile and grouped forms with AMD CDNA's 64-lane waves on a few
     | {(n, "tile"): c for n, c in DECODE.items()}
+    # and with each KV head's whole group on one block (its tiles read once a step)
+    | {(n, "tile:h0"): c for n, c in DECODE.items()}
     | {(n, f"tile:{o}"): DECODE[n] for n, o in TILE_GEOMETRIES}
     | {
         (n, "tile-wave64"): DECODE[n]
