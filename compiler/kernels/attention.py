@@ -917,6 +917,8 @@ def decode_attention_tile(
     if lpk & (lpk - 1) or lpk > target.wave:
         return None
     vs = opts["v"] or _fill(threads // (hb * p.D // 2), TILE_VALUE_GROUPS)
+    if 4 % vs:  # (a group's share of a tile's keys, summed a pair at a time, is even)
+        raise ValueError(f"decode attention form {form!r}: key groups are 1, 2 or 4")
     if vs > 1 and hb * p.D // 2 * vs > threads:
         raise ValueError(f"decode attention form {form!r}: {vs} key groups need more threads")
     splits = max(1, min(-(-max_ctx // tk), -(-opts["b"] // (p.NKV * heads_split))))

@@ -92,9 +92,9 @@ TILE_GEOMETRIES = (
     ("llama_bf16_d128", "h1"), ("tiles_per_block_bf16", "h1:s1"), ("g8_d128_bf16", "h2:s1"),
     ("d256_gated_partial_bf16", "h2:k32"), ("tiles_window_qknorm_f32", "h1"),
     ("edge_p64_one_split", "h1:w4:k16:m2"),
-    # and the value sums' keys split over 4 / 2 / 3 groups of threads (summed at the end)
+    # and the value sums' keys split over 4 / 2 groups of threads (summed at the end)
     ("llama_bf16_d128", "h1:v4:l4"), ("tiles_per_block_bf16", "h1:v4:s1"),
-    ("tiles_window_qknorm_f32", "h1:v2"), ("edge_p64_one_split", "h1:v3:k16"),
+    ("tiles_window_qknorm_f32", "h1:v2"), ("edge_p64_one_split", "h1:v2:k16:w2"),
 )  # fmt: skip
 # the grouped kernel (one block per KV head and split) on every case; the per-query-head one
 # (the fallback where the grouped ones' tiles would not fit) on most; the grouped one with AMD
