@@ -281,10 +281,11 @@ def profile(artifact: Path) -> str:
     return out
 
 
-def llama_bench(binary: Path, path: Path, repeats: int) -> dict:
+def llama_bench(binary: Path, path: Path, repeats: int, tokens: int = 512) -> dict:
+    """llama-bench's prefill of `tokens` and tg128 from an empty cache (its usual figure) and
+    after `tokens` (-d): {"prefill", "decode", f"decode_d{tokens}"} tok/s."""
     cmd = [str(binary / "llama-bench"), "-m", str(path), "-ngl", "99", "-fa", "1"]
-    # -d 0,512: tg128 from an empty cache (llama-bench's usual figure) and after 512 tokens
-    cmd += ["-p", "512", "-n", "128", "-d", "0,512", "-r", str(repeats), "-o", "json"]
+    cmd += ["-p", str(tokens), "-n", "128", "-d", f"0,{tokens}", "-r", str(repeats), "-o", "json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     try:
         rows = json.loads(proc.stdout)

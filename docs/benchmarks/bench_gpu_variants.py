@@ -2,15 +2,16 @@
 
     python docs/benchmarks/bench_gpu_variants.py --model l8_q4_k_m --work /tmp/hq \
         --variant "base=" --variant "qkv 8x1=HIPC_QUANT_GEMV_TABLE=q4_k:short=8,1,1,132,1,3,8" \
-        [--profile] [--llamacpp-bin DIR] --out $OUT/variants.md
+        [--context 512] [--profile] [--llamacpp-bin DIR] --out $OUT/variants.md
 
 The Llama-3-8B shape in llama-quantize's types for --model (bench_gpu_quant.write_l8: random
 blocks) is compiled once per --variant NAME=VAR=VALUE[;VAR=VALUE] (compile-time environment
 variables: a geometry table, an experiment's switch) and each artifact is timed by
-bench_gpu.bench_hipc (512-token prefill, 128-token decode from an empty cache and after 512
-tokens) in alternating rounds, so that drift between them shows; with --profile each decode
-graph is profiled by kind (profile_gpu_decode.py --ablate --position 64); llama.cpp's
-llama-bench on the same file when given; the copy ceiling measured in the same run.
+bench_gpu.bench_hipc (a --context-token prefill, 128-token decode from an empty cache and
+after --context tokens) in alternating rounds, so that drift between them shows; with
+--profile each decode graph is profiled by kind (profile_gpu_decode.py --ablate --position
+64); llama.cpp's llama-bench on the same file when given (the same prefill and depths); the
+copy ceiling measured in the same run.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--llamacpp-bin", type=Path)
+    ap.add_argument(
+        "--context", type=int, default=512, help="prefill tokens, and decode after them"
+    )
     ap.add_argument("--work", type=Path, default=Path("/tmp/hipc-variants"))
     ap.add_argument(
         "--variant",
@@ -81,7 +85,7 @@ def main() -> None:
     rows = []
     for r in range(args.rounds):
         for name, art in arts.items():
-            m = bench_hipc(art, args.repeats, 512, 128)
+            m = bench_hipc(art, args.repeats, args.context, 128)
             gb = m["decode_eval0"] * read / 1e9
             rows.append(
                 [f"hipc, {name} (round {r + 1})", f"{m['prefill']:,.0f}", f"{m['decode_eval0']:,.1f}",
@@ -95,14 +99,15 @@ def main() -> None:
             prof = subprocess.run([*cmd, "--position", "64"], capture_output=True, text=True)
             notes.append(f"{name}, profile_gpu_decode.py --ablate --position 64:\n{prof.stdout}")
     if args.llamacpp_bin:
-        lc = bq.llama_bench(args.llamacpp_bin, path, args.repeats)
+        lc = bq.llama_bench(args.llamacpp_bin, path, args.repeats, args.context)
         if lc:
             gb = lc["decode"] * read / 1e9
             rows.append(
                 ["llama.cpp (llama-bench, same file)", f"{lc['prefill']:,.0f}", f"{lc['decode']:,.1f}",
-                 f"{lc.get('decode_d512', 0):,.1f}", f"{gb:,.0f}", f"{100 * gb * 1e9 / bw:.0f}%", ""]
+                 f"{lc.get(f'decode_d{args.context}', 0):,.1f}", f"{gb:,.0f}", f"{100 * gb * 1e9 / bw:.0f}%", ""]
             )  # fmt: skip
-    head = ["engine", "prefill 512 tok/s", "decode @0 (tg128)", "decode @512", "GB/s @0",
+    n = args.context
+    head = ["engine", f"prefill {n} tok/s", "decode @0 (tg128)", f"decode @{n}", "GB/s @0",
             "% of copy", "decode launches"]  # fmt: skip
     lines = [f"copy ceiling {bw / 1e12:.2f} TB/s (same run)", "", "| " + " | ".join(head) + " |",
              "|" + "---|" + "---:|" * (len(head) - 1)]  # fmt: skip
