@@ -851,6 +851,8 @@ TILE_SINGLE = 2
 # (trace_gpu_decode.py). 8B Q4_K_M (call 3): 462.6 / 461.3 against 453.3 / 452.5. Two heads a
 # block (2 key groups, 2 lanes: call 4) 527.2 / 528.1 at tg128, but 502.7 / 502.8 at 512 where one
 # head read 496.1 / 496.0: its 16 splits against 8 (TILE_BLOCKS) give the 9 tiles a block each.
+# Not measured past 512 positions: at 2,048 a head's 8 blocks take 4 tiles each, one after
+# another after the wait, where the whole group's 32 took one (bench_gpu_variants.py --context).
 TILE_HEADS = 1
 # at most this many key groups the value sums are split over (the largest power of two whose
 # (group, pair) items a block's threads hold)
