@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hipc.base.errors import HipcError
 from hipc.base.launch_plan import KV_BLOCK
 from hipc.compiler.ir import Constant, Graph, Node
 from hipc.compiler.kernels.base import (
@@ -903,7 +904,7 @@ def decode_attention_tile(
     }
     for o in form.split(":")[1:]:
         if o[:1] not in opts or not o[1:].isdigit():
-            raise ValueError(f"decode attention form {form!r}: unknown option {o!r}")
+            raise HipcError(f"{FORM_ENV}={form!r}: unknown option {o!r}")
         opts[o[0]] = int(o[1:])
     kv_ctx = kv_context(kv_storage, max_ctx)
     esize = 2 if kv_storage == "bfloat16" else 4
@@ -913,16 +914,16 @@ def decode_attention_tile(
     G = p.NH // p.NKV
     hb = min(opts["h"] or G, G)
     if G % hb:
-        raise ValueError(f"decode attention form {form!r}: {hb} heads a block do not divide {G}")
+        raise HipcError(f"{FORM_ENV}={form!r}: {hb} heads a block do not divide {G}")
     heads_split = G // hb
     lpk = opts["l"] or _fill(threads // (hb * tk), target.wave)
     if lpk & (lpk - 1) or lpk > target.wave:
         return None
     vs = opts["v"] or _fill(threads // (hb * p.D // 2), TILE_VALUE_GROUPS)
     if 4 % vs:  # (a group's share of a tile's keys, summed a pair at a time, is even)
-        raise ValueError(f"decode attention form {form!r}: key groups are 1, 2 or 4")
+        raise HipcError(f"{FORM_ENV}={form!r}: key groups are 1, 2 or 4")
     if vs > 1 and hb * p.D // 2 * vs > threads:
-        raise ValueError(f"decode attention form {form!r}: {vs} key groups need more threads")
+        raise HipcError(f"{FORM_ENV}={form!r}: {vs} key groups need more threads")
     splits = max(1, min(-(-max_ctx // tk), -(-opts["b"] // (p.NKV * heads_split))))
     rw = p.D * esize // 4
     ks = rw + (1 - rw % 2 if lpk == 1 else (lpk - rw % 32) % 32)

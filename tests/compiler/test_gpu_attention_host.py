@@ -418,3 +418,38 @@ def test_grouped_decode_attention_falls_back_where_its_tiles_do_not_fit():
                         norm_eps=0.0)  # fmt: skip
     amd = decode_attention("a", p, GpuTarget("gfx942"), ["a"], 8192, "bfloat16", form="tile")
     assert amd.template == "attention_decode"
+
+
+def test_tile_form_defaults_and_refusals():
+    """A query head a block by default (grid query heads x splits), lanes per score and value
+    key groups filling the block; h0 is the whole group. A form the model cannot take is one
+    line naming HIPC_DECODE_FORM (HipcError), not a traceback."""
+    from hipc.base.errors import HipcError
+    from hipc.compiler.kernels.attention import AttentionParams
+
+    def kernel(NH, NKV, D, form="tile"):
+        p = AttentionParams(NH=NH, NKV=NKV, D=D, scale=D**-0.5, window=0, interleaved=False,
+                            norm_eps=0.0)  # fmt: skip
+        return decode_attention("a", p, GpuTarget("sm_90"), ["a"], 8192, "bfloat16", form=form)
+
+    llama = kernel(32, 8, 128)
+    assert llama.grid == [32, 8] and (llama.ctx["hb"], llama.ctx["lpk"], llama.ctx["vs"]) == (
+        1,
+        4,
+        4,
+    )
+    whole = kernel(32, 8, 128, "tile:h0")
+    assert whole.grid == [8, 32] and (whole.ctx["hb"], whole.ctx["lpk"], whole.ctx["vs"]) == (
+        4,
+        1,
+        1,
+    )
+    assert kernel(16, 2, 256).ctx["vs"] == 2  # 128 pairs a head: 2 groups of 256 threads
+    for form, says in [
+        ("tile:h2", "2 heads a block do not divide 3"),
+        ("tile:q3", "unknown option 'q3'"),
+        ("tile:h1:v3", "key groups are 1, 2 or 4"),
+        ("tile:h0:v4", "4 key groups need more threads"),
+    ]:
+        with pytest.raises(HipcError, match=f"HIPC_DECODE_FORM='{form}': {says}"):
+            kernel(9, 3, 64, form)
