@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The 8B decode beside llama.cpp with the default decode attention and its neighbours, on the
+# GPU machine in one call (about 9 minutes): bench_gpu_variants.py for the Q4_0 file at
+# CONTEXT positions (tg128 from an empty cache and after CONTEXT tokens), FORMS alternated
+# with main, llama-bench on the same file; then Q4_K_M main beside llama-bench; each main
+# artifact traced at 32 positions. The issue 12 table's numbers (tg128) come from main's rows.
+#
+# Here (the build box), in the repo root:
+#   rm -f .whl/hipc_compiler-*.whl && pip wheel -q --no-deps -w .whl .   # (+ gpu_check.sh's
+#                                                                         # runtime wheels)
+# llama.cpp: .work/llamabin/llamabin.part-* (an xz'd tar of a build's bin/: gpu_session.sh packs
+# one) or PEERS=0 for hipc alone. On the GPU machine, carrying .whl .work/llamabin:
+#   [CONTEXT=2048] [FORMS="h0=tile:h0 b512=tile:b512"] bash docs/benchmarks/decode_forms_check.sh
+# Writes $OUT/{l8_q4_0,l8_q4_k_m}.{md,log} and $OUT/trace.txt; prints the tables last.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+CONTEXT=${CONTEXT:-512}
+FORMS=${FORMS:-h0=tile:h0 b512=tile:b512}
+LLAMA=/tmp/llama.cpp/build/bin
+[ -d /tmp/site ] || source docs/benchmarks/install_wheels.sh .whl
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+nvidia-smi -L
+if [ "${PEERS:-1}" = 1 ] && [ ! -x $LLAMA/llama-bench ]; then
+  mkdir -p /tmp/llama.cpp/build
+  cat .work/llamabin/llamabin.part-* | xz -d | tar -C /tmp/llama.cpp/build -xf -
+fi
+peer=()
+[ "${PEERS:-1}" = 1 ] && peer=(--llamacpp-bin $LLAMA)
+variants=(--variant "main=")
+for f in $FORMS; do variants+=(--variant "${f%%=*}=HIPC_DECODE_FORM=${f#*=}"); done
+run() {  # MODEL ARGS...
+  local model=$1
+  shift
+  python3 docs/benchmarks/bench_gpu_variants.py --model "$model" --work /tmp/hq --rounds 2 \
+    --repeats 1 --context "$CONTEXT" "$@" "${peer[@]}" --out "$OUT/$model.md" > "$OUT/$model.log" 2>&1
+  timeout 90 python3 docs/benchmarks/trace_gpu_decode.py "/tmp/hq/$model-main.hipc" --position 32 \
+    >> "$OUT/trace.txt" 2>&1
+  rm -rf /tmp/hq/"$model"*
+}
+run l8_q4_0 "${variants[@]}"
+run l8_q4_k_m --variant "main="
+tail -n +1 "$OUT"/l8_q4_0.md "$OUT"/l8_q4_k_m.md
