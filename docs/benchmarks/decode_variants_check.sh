@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# The 8B decode beside llama.cpp with the default decode attention and its neighbours, on the
-# GPU machine in one call (about 9 minutes): bench_gpu_variants.py for the Q4_0 file at
-# CONTEXT positions (tg128 from an empty cache and after CONTEXT tokens), FORMS alternated
-# with main, llama-bench on the same file; then Q4_K_M main beside llama-bench; each main
-# artifact traced at 32 positions. The issue 12 table's numbers (tg128) come from main's rows.
+# The 8B decode beside llama.cpp, main against compile-time variants, on the GPU machine in one
+# call (about 9 minutes): bench_gpu_variants.py for the Q4_0 file at CONTEXT positions (tg128
+# from an empty cache and after CONTEXT tokens), VARIANTS (space-separated NAME=VAR=VALUE
+# builds: decode attention forms, GEMV geometries) alternated with main, llama-bench on the same
+# file; then Q4_K_M main beside llama-bench; each main artifact traced at 32 positions. The
+# issue 12 table's numbers (tg128) come from main's rows.
 #
 # Here (the build box), in the repo root:
 #   rm -f .whl/hipc_compiler-*.whl && pip wheel -q --no-deps -w .whl .   # (+ gpu_check.sh's
 #                                                                         # runtime wheels)
 # llama.cpp: .work/llamabin/llamabin.part-* (an xz'd tar of a build's bin/: gpu_session.sh packs
 # one) or PEERS=0 for hipc alone. On the GPU machine, carrying .whl .work/llamabin:
-#   [CONTEXT=2048] [FORMS="h0=tile:h0 b512=tile:b512"] bash docs/benchmarks/decode_forms_check.sh
+#   [CONTEXT=2048] [VARIANTS="h0=HIPC_DECODE_FORM=tile:h0 p2=HIPC_QUANT_GEMV_TABLE=q:glu=..."] \
+#     bash docs/benchmarks/decode_variants_check.sh
 # Writes $OUT/{l8_q4_0,l8_q4_k_m}.{md,log} and $OUT/trace.txt; prints the tables last.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 CONTEXT=${CONTEXT:-512}
-FORMS=${FORMS:-h0=tile:h0 b512=tile:b512}
+VARIANTS=${VARIANTS:-h0=HIPC_DECODE_FORM=tile:h0 b512=HIPC_DECODE_FORM=tile:b512}
 LLAMA=/tmp/llama.cpp/build/bin
 [ -d /tmp/site ] || source docs/benchmarks/install_wheels.sh .whl
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
@@ -28,7 +30,7 @@ fi
 peer=()
 [ "${PEERS:-1}" = 1 ] && peer=(--llamacpp-bin $LLAMA)
 variants=(--variant "main=")
-for f in $FORMS; do variants+=(--variant "${f%%=*}=HIPC_DECODE_FORM=${f#*=}"); done
+for v in $VARIANTS; do variants+=(--variant "$v"); done
 run() {  # MODEL ARGS...
   local model=$1
   shift
