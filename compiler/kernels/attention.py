@@ -880,17 +880,19 @@ def decode_attention_tile(
     form: str = "tile",
     blocks: int = TILE_BLOCKS,
 ) -> GpuKernel | None:
-    """The grouped decode attention with its work after the PDL wait shortened
-    (attention_decode_tile.hip.j2): a block per (KV head, tile of `k` keys), the block's first
-    tile in shared memory before the wait, scores `l` lanes per (head, key), and the merge's
-    (m, l, acc) loads of up to `m` blocks issued together. `form` options after "tile",
-    colon-separated: kN keys per tile, wN waves, lN lanes per score, mN blocks per merge
-    step, bN blocks per layer (default `blocks`), tN tiles a block takes before another block
-    gets one (its later tiles read after the wait, multiplied one after another), sN tiles one
-    block takes alone before the context splits at all, hN query heads a block (of the KV
-    head's group: its other heads on other blocks loading the same tiles; default the whole
-    group), vN key groups the value sums are split over (where a block has threads for them:
-    few heads a block). None where the tiles do not fit in shared memory."""
+    """The decode attention with its work after the PDL wait shortened
+    (attention_decode_tile.hip.j2): a block per (`h` query heads of a KV head, tile of `k`
+    keys), the block's first tile in shared memory before the wait, scores `l` lanes per
+    (head, key), the value sums' keys over `v` groups of threads, and the merge's (m, l, acc)
+    loads of up to `m` blocks issued together. `form` options after "tile", colon-separated:
+    kN keys per tile, wN waves, lN lanes per score (0: as many as fill the block), mN blocks
+    per merge step, bN blocks per layer (default `blocks`), tN tiles a block takes before
+    another block gets one (its later tiles read after the wait, multiplied one after
+    another), sN tiles one block takes alone before the context splits at all, hN query heads
+    a block (default TILE_HEADS; 0: the KV head's whole group, whose tiles are then read once),
+    vN key groups of the value sums (1, 2 or 4; 0: as many as fill the block, up to
+    TILE_VALUE_GROUPS). None where the tiles do not fit in shared memory; HipcError for a
+    form the model cannot take."""
     opts = {
         "k": TILE_KEYS,
         "w": TILE_WAVES,
