@@ -110,8 +110,9 @@ FORMS = (
         (n, "gqa-wave64"): DECODE[n]
         for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "d256_gated_partial_bf16")
     }
-    # the tile form (attention_decode_tile, the default: a query head a block) on every case, and some of its
-    # geometries; the tile and grouped forms with AMD CDNA's 64-lane waves on a few
+    # the tile form (attention_decode_tile, the default: a query head a block) on every case,
+    # and some of its geometries; the tile and grouped forms with AMD CDNA's 64-lane waves on
+    # a few
     | {(n, "tile"): c for n, c in DECODE.items()}
     # and with each KV head's whole group on one block (its tiles read once a step)
     | {(n, "tile:h0"): c for n, c in DECODE.items()}
@@ -432,18 +433,11 @@ def test_tile_form_defaults_and_refusals():
                             norm_eps=0.0)  # fmt: skip
         return decode_attention("a", p, GpuTarget("sm_90"), ["a"], 8192, "bfloat16", form=form)
 
-    llama = kernel(32, 8, 128)
-    assert llama.grid == [32, 8] and (llama.ctx["hb"], llama.ctx["lpk"], llama.ctx["vs"]) == (
-        1,
-        4,
-        4,
-    )
-    whole = kernel(32, 8, 128, "tile:h0")
-    assert whole.grid == [8, 32] and (whole.ctx["hb"], whole.ctx["lpk"], whole.ctx["vs"]) == (
-        4,
-        1,
-        1,
-    )
+    def geometry(k):  # grid, heads a block, lanes per score, value key groups
+        return k.grid, k.ctx["hb"], k.ctx["lpk"], k.ctx["vs"]
+
+    assert geometry(kernel(32, 8, 128)) == ([32, 8], 1, 4, 4)
+    assert geometry(kernel(32, 8, 128, "tile:h0")) == ([8, 32], 4, 1, 1)
     assert kernel(16, 2, 256).ctx["vs"] == 2  # 128 pairs a head: 2 groups of 256 threads
     for form, says in [
         ("tile:h2", "2 heads a block do not divide 3"),

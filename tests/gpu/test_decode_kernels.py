@@ -324,9 +324,10 @@ ATTENTION_BLOCKS = {
     "edge_p64_one_block": 3,
 }
 # every form on every case: per query head and tile (the default), per KV head and tile (h0), per
-# query head, per KV head and split; and some tile geometries (4 lanes per score, 128- and 16-key tiles, 2-block merge steps,
-# blocks taking 2 and 4 tiles before the context splits, two tiles on two blocks (s1: the merge
-# the default's one block skips below 128 positions), 5 tiles on one block)
+# query head, per KV head and split; and some tile geometries (4 lanes per score, 128- and
+# 16-key tiles, 2-block merge steps, blocks taking 2 and 4 tiles before the context splits, two
+# tiles on two blocks (s1: the merge the default's one block skips below 128 positions), 5
+# tiles on one block)
 ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("tile", "tile:h0", "head", "gqa")] + [
     ("llama8b_bf16_loops_chunks", "tile:l4"),
     ("smollm2_bf16", "tile:k128"),
