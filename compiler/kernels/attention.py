@@ -842,19 +842,23 @@ TILE_PER_BLOCK = 1  # tiles a block takes before the context is split over more 
 # alternating rounds) 518.3 / 521.3 tok/s at tg128 against 514.4 / 517.8 with a block a tile,
 # 487.1 / 491.5 at 512 positions against 489.9 / 492.0 (the same kernels there: 9 tiles split).
 TILE_SINGLE = 2
-# query heads a block (0: the KV head's whole group, its tiles read once a step). One: the
-# group's blocks each load the same tiles before the wait (from L2 after the first) and have a
-# quarter of the 8B's shared-memory reads, the value sums' keys split over TILE_VALUE_GROUPS
-# groups of threads and the scores over 4 lanes a key. In the 8B Q4_0 decode graph
-# (bench_gpu_variants.py, H100, session 24 call 2, alternating rounds) 533.4 / 533.2 tok/s at
-# tg128 against 516.1 / 512.9 with the whole group a block (+3.6%), 496.0 / 495.5 at 512
-# positions against 481.7 / 478.9; the attention at 32 positions 5.14 us against 6.85
-# (trace_gpu_decode.py). 8B Q4_K_M (call 3): 462.6 / 461.3 against 453.3 / 452.5. Two heads a
-# block (2 key groups, 2 lanes: call 4) 527.2 / 528.1 at tg128, but 502.7 / 502.8 at 512 where one
-# head read 496.1 / 496.0: its 16 splits against 8 (TILE_BLOCKS) give the 9 tiles a block each.
-# Not measured past 512 positions: at 2,048 a head's 8 blocks take 4 tiles each, one after
-# another after the wait, where the whole group's 32 took one (bench_gpu_variants.py --context).
-TILE_HEADS = 1
+# query heads a block (0: the KV head's whole group, its tiles read once a step). One (hN: N of
+# the group): the group's blocks each load the same tiles before the wait (from L2 after the
+# first), a quarter of the 8B's shared-memory reads, the value sums' keys split over
+# TILE_VALUE_GROUPS groups of threads and the scores over 4 lanes a key; but with 256 blocks a
+# head's context has a quarter of the splits, so past 8 tiles its blocks take tiles one after
+# another. The 8B Q4_0 decode graph (bench_gpu_variants.py, alternating rounds, tok/s at tg128 /
+# after the context): on an H200 (session 25 calls 3-4) one head a block 646.9 / 630.6 and
+# 645.7 / 635.8 at tg128 where the whole group did 623.7 / 633.6 and 636.4 / 636.3 (+1.1%), but
+# 504.7 / 492.1 after 2,048 positions against 527.7 / 537.7 (-6.4%); on H100s 545.2 / 507.4
+# against 538.3 / 505.2 at tg128 / 512 (call 2, means of 3 rounds), 534.2 / 435.3 against
+# 539.6 / 466.1 at tg128 / 2,048 (call 1), 533.3 / 495.8 against 514.5 / 480.3 at tg128 / 512
+# (session 24, the attention at 32 positions 5.14 us against 6.85). The whole group by default: a percent at short context against 6.4% at 2,048. (One kernel taking
+# either form at run time on one grid, the whole group past 8 tiles, ran its whole-group path
+# slower than this kernel: the attention at 600 positions 14.9 us against 9.7 on an H100, the
+# decode after 512 positions 543 against 589 tok/s on the H200; cause not found, branch
+# tile-wide-switch.)
+TILE_HEADS = 0
 # at most this many key groups the value sums are split over (the largest power of two whose
 # (group, pair) items a block's threads hold)
 TILE_VALUE_GROUPS = 4

@@ -349,10 +349,10 @@ def test_gpu_plan_matches_the_runtime_reader(artifact):
     assert len(attn) == 2  # one per layer of the tiny model
     assert len(gp.decode) == len(gp.prefill) - stats - len(attn)
     assert all(x.overlap for x in gp.decode) and not any(x.overlap for x in gp.prefill)
-    # max_context 64 is a single 64-key tile of sm_90's default (tile) form: one block per query
-    # head (TILE_HEADS)
+    # max_context 64 is a single 64-key tile of sm_90's default (tile) form: one block per KV
+    # head (TILE_HEADS: the whole group)
     config = json.loads((artifact / "manifest.json").read_text())["config"]
-    assert attn[0].grid_dims(1, 1) == (config["num_heads"], 1, 1)
+    assert attn[0].grid_dims(1, 1) == (config["num_kv_heads"], 1, 1)
     # the counters the merging blocks reset live inside the scratch buffer
     counters = attn[0].args[13]
     assert counters["kind"] == "scratch"

@@ -89,9 +89,9 @@ TILE_GEOMETRIES = (
     # a KV head's query heads over several blocks: one a block (each writing the new row into
     # its tile, the first alone to the cache), merged over splits (a counter per block column);
     # two a block of 8, with q/k norms and Qwen3.5's gate, split; 3 of 9 on a 4-wave block
-    ("llama_bf16_d128", "h1"), ("tiles_per_block_bf16", "h1:s1"), ("g8_d128_bf16", "h2:s1"),
-    ("d256_gated_partial_bf16", "h2:k32"), ("tiles_window_qknorm_f32", "h1"),
-    ("edge_p64_one_split", "h1:w4:k16:m2"),
+    # (one a block: h1 on every case above)
+    ("tiles_per_block_bf16", "h1:s1"), ("g8_d128_bf16", "h2:s1"),
+    ("d256_gated_partial_bf16", "h2:k32"), ("edge_p64_one_split", "h1:w4:k16:m2"),
     # and the value sums' keys split over 4 / 2 groups of threads (summed at the end)
     ("llama_bf16_d128", "h1:v4:l4"), ("tiles_per_block_bf16", "h1:v4:s1"),
     ("tiles_window_qknorm_f32", "h1:v2"), ("edge_p64_one_split", "h1:v2:k16:w2"),
@@ -110,12 +110,12 @@ FORMS = (
         (n, "gqa-wave64"): DECODE[n]
         for n in ("tiles_per_block_bf16", "tiles_window_qknorm_f32", "d256_gated_partial_bf16")
     }
-    # the tile form (attention_decode_tile, the default: a query head a block) on every case,
-    # and some of its geometries; the tile and grouped forms with AMD CDNA's 64-lane waves on
-    # a few
+    # the tile form (attention_decode_tile, the default: a KV head's whole group a block, its
+    # tiles read once a step) on every case, and some of its geometries; the tile and grouped
+    # forms with AMD CDNA's 64-lane waves on a few
     | {(n, "tile"): c for n, c in DECODE.items()}
-    # and with each KV head's whole group on one block (its tiles read once a step)
-    | {(n, "tile:h0"): c for n, c in DECODE.items()}
+    # and with a query head a block (the group's blocks each reading the tiles)
+    | {(n, "tile:h1"): c for n, c in DECODE.items()}
     | {(n, f"tile:{o}"): DECODE[n] for n, o in TILE_GEOMETRIES}
     | {
         (n, "tile-wave64"): DECODE[n]
@@ -422,9 +422,9 @@ def test_grouped_decode_attention_falls_back_where_its_tiles_do_not_fit():
 
 
 def test_tile_form_defaults_and_refusals():
-    """A query head a block by default (grid query heads x splits), lanes per score and value
-    key groups filling the block; h0 is the whole group. A form the model cannot take is one
-    line naming HIPC_DECODE_FORM (HipcError), not a traceback."""
+    """The KV head's whole group a block by default (grid KV heads x splits); with hN, N query
+    heads a block, lanes per score and value key groups filling it. A form the model cannot
+    take is one line naming HIPC_DECODE_FORM (HipcError), not a traceback."""
     from hipc.base.errors import HipcError
     from hipc.compiler.kernels.attention import AttentionParams
 
@@ -436,9 +436,10 @@ def test_tile_form_defaults_and_refusals():
     def geometry(k):  # grid, heads a block, lanes per score, value key groups
         return k.grid, k.ctx["hb"], k.ctx["lpk"], k.ctx["vs"]
 
-    assert geometry(kernel(32, 8, 128)) == ([32, 8], 1, 4, 4)
-    assert geometry(kernel(32, 8, 128, "tile:h0")) == ([8, 32], 4, 1, 1)
-    assert kernel(16, 2, 256).ctx["vs"] == 2  # 128 pairs a head: 2 groups of 256 threads
+    assert geometry(kernel(32, 8, 128)) == ([8, 32], 4, 1, 1)
+    assert geometry(kernel(32, 8, 128, "tile:h1")) == ([32, 8], 1, 4, 4)
+    assert geometry(kernel(32, 8, 128, "tile:h2")) == ([16, 16], 2, 2, 2)
+    assert kernel(16, 2, 256, "tile:h1").ctx["vs"] == 2  # 128 pairs a head: 2 groups of 256
     for form, says in [
         ("tile:h2", "2 heads a block do not divide 3"),
         ("tile:q3", "unknown option 'q3'"),

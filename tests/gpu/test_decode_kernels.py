@@ -323,12 +323,12 @@ ATTENTION_BLOCKS = {
     "tiles_window_qknorm_f32": 4,
     "edge_p64_one_block": 3,
 }
-# every form on every case: per query head and tile (the default), per KV head and tile (h0), per
+# every form on every case: per KV head and tile (the default), per query head and tile (h1), per
 # query head, per KV head and split; and some tile geometries (4 lanes per score, 128- and
 # 16-key tiles, 2-block merge steps, blocks taking 2 and 4 tiles before the context splits, two
 # tiles on two blocks (s1: the merge the default's one block skips below 128 positions), 5
 # tiles on one block)
-ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("tile", "tile:h0", "head", "gqa")] + [
+ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("tile", "tile:h1", "head", "gqa")] + [
     ("llama8b_bf16_loops_chunks", "tile:l4"),
     ("smollm2_bf16", "tile:k128"),
     ("tiles_per_block_bf16", "tile:k128:m2"),
@@ -338,11 +338,10 @@ ATTENTION_FORMS = [(n, f) for n in ATTENTIONS for f in ("tile", "tile:h0", "head
     ("edge_p64_one_block", "tile:k16:t4"),
     ("edge_p64_one_block", "tile:s1"),
     ("edge_p64_one_block", "tile:k16:s5"),
-    # query heads over several blocks (1 or 2 of the group a block), merged over splits
-    ("llama8b_bf16_loops_chunks", "tile:h1"),
+    # query heads over several blocks (1 or 2 of the group a block: h1 on every case above),
+    # merged over splits
     ("tiles_per_block_bf16", "tile:h2:k128:m2"),
     ("qwen35_gated_partial_bf16", "tile:h2"),
-    ("tiles_window_qknorm_f32", "tile:h1"),
     ("llama8b_bf16_loops_chunks", "tile:h1:v4:l4"),
     ("tiles_per_block_bf16", "tile:h1:v4"),
 ]
