@@ -11,14 +11,14 @@
 #                                                                         # runtime wheels)
 # llama.cpp: .work/llamabin/llamabin.part-* (an xz'd tar of a build's bin/: gpu_session.sh packs
 # one) or PEERS=0 for hipc alone. On the GPU machine, carrying .whl .work/llamabin:
-#   [CONTEXT=2048] [VARIANTS="h0=HIPC_DECODE_FORM=tile:h0 p2=HIPC_QUANT_GEMV_TABLE=q:glu=..."] \
+#   [CONTEXT=2048] [VARIANTS="h1=HIPC_DECODE_FORM=tile:h1 p2=HIPC_QUANT_GEMV_TABLE=q:glu=..."] \
 #     bash docs/benchmarks/decode_variants_check.sh
 # Writes $OUT/{l8_q4_0,l8_q4_k_m}.{md,log} and $OUT/trace.txt; prints the tables last.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 CONTEXT=${CONTEXT:-512}
-VARIANTS=${VARIANTS:-h0=HIPC_DECODE_FORM=tile:h0 b512=HIPC_DECODE_FORM=tile:b512}
+VARIANTS=${VARIANTS:-h1=HIPC_DECODE_FORM=tile:h1}
 LLAMA=/tmp/llama.cpp/build/bin
 [ -d /tmp/site ] || source docs/benchmarks/install_wheels.sh .whl
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
