@@ -853,11 +853,11 @@ TILE_SINGLE = 2
 # 504.7 / 492.1 after 2,048 positions against 527.7 / 537.7 (-6.4%); on H100s 545.2 / 507.4
 # against 538.3 / 505.2 at tg128 / 512 (call 2, means of 3 rounds), 534.2 / 435.3 against
 # 539.6 / 466.1 at tg128 / 2,048 (call 1), 533.3 / 495.8 against 514.5 / 480.3 at tg128 / 512
-# (session 24, the attention at 32 positions 5.14 us against 6.85). The whole group by default: a percent at short context against 6.4% at 2,048. (One kernel taking
-# either form at run time on one grid, the whole group past 8 tiles, ran its whole-group path
-# slower than this kernel: the attention at 600 positions 14.9 us against 9.7 on an H100, the
-# decode after 512 positions 543 against 589 tok/s on the H200; cause not found, branch
-# tile-wide-switch.)
+# (session 24, the attention at 32 positions 5.14 us against 6.85). The whole group by
+# default: a percent at short context against 6.4% at 2,048. (One kernel taking either form at
+# run time on one grid, the whole group past 8 tiles, ran its whole-group path slower than this
+# kernel: the attention at 600 positions 14.9 us against 9.7 on an H100, the decode after 512
+# positions 543 against 589 tok/s on the H200; cause not found, branch tile-wide-switch.)
 TILE_HEADS = 0
 # at most this many key groups the value sums are split over (the largest power of two whose
 # (group, pair) items a block's threads hold)
