@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The 8B decode beside llama.cpp, main against compile-time variants, on the GPU machine in one
-# call (about 9 minutes): bench_gpu_variants.py for the Q4_0 file at CONTEXT positions (tg128
+# call (4 minutes with one variant on an H200): bench_gpu_variants.py for the Q4_0 file at CONTEXT positions (tg128
 # from an empty cache and after CONTEXT tokens), VARIANTS (space-separated NAME=VAR=VALUE
 # builds: decode attention forms, GEMV geometries) alternated with main, llama-bench on the same
-# file; then Q4_K_M main beside llama-bench; each main artifact traced at 32 positions. The
+# file; then Q4_K_M main beside llama-bench; each build traced at 32 and CONTEXT positions. The
 # issue 12 table's numbers (tg128) come from main's rows.
 #
 # Here (the build box), in the repo root:
@@ -36,8 +36,13 @@ run() {  # MODEL ARGS...
   shift
   python3 docs/benchmarks/bench_gpu_variants.py --model "$model" --work /tmp/hq --rounds 2 \
     --repeats 1 --context "$CONTEXT" "$@" "${peer[@]}" --out "$OUT/$model.md" > "$OUT/$model.log" 2>&1
-  timeout 90 python3 docs/benchmarks/trace_gpu_decode.py "/tmp/hq/$model-main.hipc" --position 32 \
-    >> "$OUT/trace.txt" 2>&1
+  for art in /tmp/hq/"$model"-*.hipc; do  # every build, at 32 positions and at CONTEXT
+    for pos in 32 "$CONTEXT"; do
+      echo "== $(basename "$art") at $pos positions" >> "$OUT/trace.txt"
+      timeout 60 python3 docs/benchmarks/trace_gpu_decode.py "$art" --position "$pos" \
+        >> "$OUT/trace.txt" 2>&1
+    done
+  done
   rm -rf /tmp/hq/"$model"*
 }
 run l8_q4_0 "${variants[@]}"
