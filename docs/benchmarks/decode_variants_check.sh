@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The 8B decode beside llama.cpp, main against compile-time variants, on the GPU machine in one
 # call (4-5 minutes with one variant on an H200): bench_gpu_variants.py for the Q4_0 file at
-# CONTEXT positions (tg128 from an empty cache and after CONTEXT tokens), VARIANTS (space-separated NAME=VAR=VALUE
-# builds: decode attention forms, GEMV geometries) alternated with main, llama-bench on the same
-# file; then Q4_K_M main beside llama-bench; each build traced at 32 and CONTEXT positions. The
-# issue 12 table's numbers (tg128) come from main's rows.
+# CONTEXT positions (tg128 from an empty cache and after CONTEXT tokens), VARIANTS
+# (space-separated NAME=VAR=VALUE builds: decode attention forms, GEMV geometries) alternated
+# with main, llama-bench on the same file; then Q4_K_M main beside llama-bench; each build
+# traced at 32 and CONTEXT positions. The issue 12 table's numbers (tg128) come from main's rows.
 #
 # Here (the build box), in the repo root:
 #   rm -f .whl/hipc_compiler-*.whl && pip wheel -q --no-deps -w .whl .   # (+ gpu_check.sh's
