@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hipc.base.errors import HipcError
 from hipc.base.launch_plan import KV_BLOCK, TOPK_MAX
 from hipc.base.version import HIPC_VERSION
 from hipc.compiler.codegen.bindings import Binder, Binding
@@ -194,6 +195,45 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
     return HipProgram(source, plan)
 
 
+# The quantized GEMVs' weight loads (prelude: hipc_load_weights16) on NVIDIA sm_80+ stream
+# with L2 priority evict_first, so the 4+ GB a token passes through L2 evicts each other and
+# leaves what is read again (code, activations, the KV cache). Two H100s (bench_gpu_variants.py,
+# session 26): the 8B Q4_K_M decode +1.1% at tg128 and +1.9-2.6% after 512 positions (the Q4_K
+# qkv 8.68 -> 8.01 us), Q4_0 unchanged (+0.0-0.2%).
+WEIGHT_CACHE_DEFAULT = "L2::evict_first"
+# HIPC_WEIGHT_CACHE (compile time, for benchmarks): the loads' PTX cache qualifiers instead,
+# '.'-joined ("none": plain loads), e.g. "L1::no_allocate.L2::evict_first.L2::256B".
+WEIGHT_CACHE_ENV = "HIPC_WEIGHT_CACHE"
+WEIGHT_CACHE_HINTS = ("L1::no_allocate", "L1::evict_first", "L2::64B", "L2::128B", "L2::256B")
+WEIGHT_POLICIES = ("L2::evict_first", "L2::evict_last")
+
+
+def weight_cache(target: str) -> tuple[str, str]:
+    """The weight loads' (PTX qualifier suffix, L2 policy) for `target` ("" each: plain)."""
+    from hipc.compiler.targets import GpuTarget
+
+    if GpuTarget(target).sm < 80:  # (createpolicy: sm_80+; AMD reads plain loads)
+        return "", ""
+    text = os.environ.get(WEIGHT_CACHE_ENV, WEIGHT_CACHE_DEFAULT)
+    hints = [h for h in text.split(".") if h and text != "none"]
+    policies = [h for h in hints if h in WEIGHT_POLICIES]
+    quals = [h for h in hints if h in WEIGHT_CACHE_HINTS]
+    if (
+        len(policies) + len(quals) != len(hints)
+        or len(set(hints)) != len(hints)
+        or len(policies) > 1
+    ):
+        raise HipcError(
+            f"{WEIGHT_CACHE_ENV}: {text!r} is not 'none' or '.'-joined qualifiers of "
+            f"{', '.join(WEIGHT_CACHE_HINTS)} and at most one of {', '.join(WEIGHT_POLICIES)}"
+        )
+    # PTX's order: L1 priority, the policy operand's hint, prefetch size
+    quals = sorted(quals, key=lambda h: h.endswith("B"))
+    if policies:
+        quals.insert(sum(not h.endswith("B") for h in quals), "L2::cache_hint")
+    return "".join(f".{h}" for h in quals), "".join(policies)
+
+
 def program_source(
     name: str, hipc_version: str, target: str, kernels: list[str], quant_layout: str = "split"
 ) -> str:
@@ -211,6 +251,7 @@ def program_source(
         wave=GpuTarget(target).wave,
         mma_macro=tile.macro if tile else None,
         wgmma=target in WGMMA_ARCHS,
+        weight_cache=weight_cache(target),
         prelude=template_text("hip/prelude.h").replace("#pragma once", ""),
         kernels=kernels,
     )

@@ -3,8 +3,9 @@
 # call (4-5 minutes with one variant on an H200): bench_gpu_variants.py for the Q4_0 file at
 # CONTEXT positions (tg128 from an empty cache and after CONTEXT tokens), VARIANTS
 # (space-separated NAME=VAR=VALUE builds: decode attention forms, GEMV geometries) alternated
-# with main, llama-bench on the same file; then Q4_K_M main beside llama-bench; each build
-# traced at 32 and CONTEXT positions. The issue 12 table's numbers (tg128) come from main's rows.
+# with main, llama-bench on the same file; then Q4_K_M main (and KM_VARIANTS) beside llama-bench;
+# each build traced at TRACE_AT positions (default 32 and CONTEXT; "" for none). The issue 12
+# table's numbers (tg128) come from main's rows.
 #
 # Here (the build box), in the repo root:
 #   rm -f .whl/hipc_compiler-*.whl && pip wheel -q --no-deps -w .whl .   # (+ gpu_check.sh's
@@ -19,6 +20,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 CONTEXT=${CONTEXT:-512}
 VARIANTS=${VARIANTS:-h1=HIPC_DECODE_FORM=tile:h1}
+KM_VARIANTS=${KM_VARIANTS:-}
+TRACE_AT=${TRACE_AT-32 $CONTEXT}
 LLAMA=/tmp/llama.cpp/build/bin
 [ -d /tmp/site ] || source docs/benchmarks/install_wheels.sh .whl
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
@@ -36,8 +39,8 @@ run() {  # MODEL ARGS...
   shift
   python3 docs/benchmarks/bench_gpu_variants.py --model "$model" --work /tmp/hq --rounds 2 \
     --repeats 1 --context "$CONTEXT" "$@" "${peer[@]}" --out "$OUT/$model.md" > "$OUT/$model.log" 2>&1
-  for art in /tmp/hq/"$model"-*.hipc; do  # every build, at 32 positions and at CONTEXT
-    for pos in 32 "$CONTEXT"; do
+  for art in /tmp/hq/"$model"-*.hipc; do  # every build, at each of TRACE_AT
+    for pos in $TRACE_AT; do
       echo "== $(basename "$art") at $pos positions" >> "$OUT/trace.txt"
       timeout 60 python3 docs/benchmarks/trace_gpu_decode.py "$art" --position "$pos" \
         >> "$OUT/trace.txt" 2>&1
@@ -46,5 +49,7 @@ run() {  # MODEL ARGS...
   rm -rf /tmp/hq/"$model"*
 }
 run l8_q4_0 "${variants[@]}"
-run l8_q4_k_m --variant "main="
+km=(--variant "main=")
+for v in $KM_VARIANTS; do km+=(--variant "$v"); done
+run l8_q4_k_m "${km[@]}"
 tail -n +1 "$OUT"/l8_q4_0.md "$OUT"/l8_q4_k_m.md

@@ -237,9 +237,21 @@ HIPC_DEVICE void hipc_prefetch_l2(const void* p) { asm volatile("prefetch.global
 // 16 bytes of weights through the read-only path, kept in program order. Issuing a
 // batch before its first use also needs the kernel's HIPC_BOUNDS_LOADS_IN_FLIGHT: with an
 // occupancy target ptxas moved each load next to its FMAs whatever the asm said.
+// HIPC_WEIGHT_CACHE, HIPC_WEIGHT_POLICY: the loads' cache qualifiers and L2 eviction policy
+// (benchmarks: codegen/hip.py weight_cache)
+#ifndef HIPC_WEIGHT_CACHE
+#define HIPC_WEIGHT_CACHE ""
+#endif
 HIPC_DEVICE uint4 hipc_load_weights16(const void* p) {
   uint4 r;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+#ifdef HIPC_WEIGHT_POLICY
+  // (a 128-bit load takes an L2 priority as a policy operand only)
+  uint64_t policy;
+  asm("createpolicy.fractional." HIPC_WEIGHT_POLICY ".b64 %0, 1.0;" : "=l"(policy));
+  asm volatile("ld.global.nc" HIPC_WEIGHT_CACHE ".v4.u32 {%0, %1, %2, %3}, [%4], %5;" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(policy));
+#else
+  asm volatile("ld.global.nc" HIPC_WEIGHT_CACHE ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+#endif
   return r;
 }
 // a float read where it is written in the program (not moved to its first use), so that its

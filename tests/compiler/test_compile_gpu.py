@@ -253,6 +253,50 @@ def test_quantized_gemv_multiplies_int8(q8_artifact, target):
     assert gemv and all(DOT4_INSTRUCTION[target] in code[k] for k in gemv)
 
 
+def test_quantized_gemv_weights_stream_evict_first(q8_artifact):
+    """On sm_80+ every quantized GEMV's weight loads carry an L2 evict_first policy (the weight
+    stream leaves L2 to what is read again); x, the residual and scales are plain loads."""
+    code = kernel_code(q8_artifact, "sm_90")
+    gemv = [k for k in code if k.endswith("_gemv")]
+    assert gemv
+    for k in gemv:
+        assert "createpolicy.fractional.L2::evict_first" in code[k]
+        hinted = re.findall(r"ld\.global\.nc\.L2::cache_hint\.v4\.u32 [^;]*;", code[k])
+        assert hinted and all(line.count(",") == 5 for line in hinted)  # 4 words, address, policy
+
+
+@pytest.mark.parametrize(
+    "env, loads, policy",
+    [
+        (None, ".L2::cache_hint", "L2::evict_first"),
+        ("none", "", ""),
+        ("L2::256B.L1::no_allocate", ".L1::no_allocate.L2::256B", ""),
+        ("L2::256B.L2::evict_last", ".L2::cache_hint.L2::256B", "L2::evict_last"),
+    ],
+)
+def test_weight_cache_qualifiers(monkeypatch, env, loads, policy):
+    from hipc.compiler.codegen.hip import WEIGHT_CACHE_ENV, program_source, weight_cache
+
+    if env is None:
+        monkeypatch.delenv(WEIGHT_CACHE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(WEIGHT_CACHE_ENV, env)
+    assert weight_cache("sm_90") == (loads, policy)
+    assert weight_cache("sm_75") == weight_cache("gfx942") == ("", "")
+    source = program_source("m", "0", "sm_90", [])
+    assert (f'#define HIPC_WEIGHT_POLICY "{policy}"' in source) == bool(policy)
+    assert "#define HIPC_WEIGHT_POLICY" not in program_source("m", "0", "gfx942", [])
+
+
+@pytest.mark.parametrize("env", ["L2::evict_first.L2::evict_last", "L2::256B.L2::256B", "fast"])
+def test_weight_cache_refuses_a_bad_value(monkeypatch, env):
+    from hipc.compiler.codegen.hip import WEIGHT_CACHE_ENV, weight_cache
+
+    monkeypatch.setenv(WEIGHT_CACHE_ENV, env)
+    with pytest.raises(HipcError, match=f"^{WEIGHT_CACHE_ENV}: '{re.escape(env)}' is not"):
+        weight_cache("sm_90")
+
+
 @pytest.fixture(scope="module")
 def amd_artifact(tmp_path_factory):
     """Head dim 128 (the flash kernel's widest) for every AMD target: clang-19 only."""
