@@ -1167,11 +1167,6 @@ class QuantGemv:
     early_res: bool = False
     # items after the ring pulled towards L2 once x's loads are issued (split layout only)
     after_prefetch: int = 0
-    # x copied into shared memory by one bulk copy after the wait, then staged from there
-    # (NVIDIA sm_90+; elsewhere ignored): its loads then do not queue behind the ring's in the
-    # SM's load path (x staged 4.6 us after the 8B down's release on the H200). Not measured
-    # yet: HIPC_QUANT_GEMV_TABLE's flag x times it in the decode graph
-    bulk_x: bool = False
 
 
 # Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM (16
@@ -1460,22 +1455,22 @@ def gemv_class(wsuffix: str, N: int, K: int, glu: bool) -> tuple[str, str]:
 
 
 # HIPC_QUANT_GEMV_TABLE (compile time, for benchmarks timing geometries inside the decode
-# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,aN][,r][,l][,x];..."
+# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,aN][,r][,l];..."
 # replaces those entries of QUANT_GEMV_TABLE (k64: QuantGemv.unit64).
 TABLE_ENV = "HIPC_QUANT_GEMV_TABLE"
 
 
 def parse_geometry(text: str) -> QuantGemv | None:
-    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,aN][,r][,l][,x]" ->
+    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,aN][,r][,l]" ->
     its QuantGemv (k64: unit64; pN: preload N; aN: after_prefetch N; r: early_res; l:
-    l2_prefetch; x: bulk_x); None when it is not that."""
+    l2_prefetch); None when it is not that."""
     fields = text.split(",")
     flags = fields[7:]
     counted = {c: [f[1:] for f in flags if f[:1] == c] for c in "pa"}
     if (
         len(fields) < 7
         or len(set(flags)) != len(flags)
-        or any(f not in ("k64", "r", "l", "x") and f[:1] not in counted for f in flags)
+        or any(f not in ("k64", "r", "l") and f[:1] not in counted for f in flags)
         or any(len(v) > 1 or not all(n.isdigit() for n in v) for v in counted.values())
     ):
         return None
@@ -1490,7 +1485,6 @@ def parse_geometry(text: str) -> QuantGemv | None:
         unit64="k64" in flags,
         early_res="r" in flags,
         l2_prefetch="l" in flags,
-        bulk_x="x" in flags,
     )
 
 
@@ -1500,7 +1494,7 @@ def table_overrides() -> dict[tuple[str, str], QuantGemv]:
         g = parse_geometry(geometry)
         if (family, cls) not in QUANT_GEMV_TABLE or g is None:
             raise HipcError(
-                f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64][,pN][,aN][,r][,l][,x])"
+                f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64][,pN][,aN][,r][,l])"
             )
         out[family, cls] = g
     return out
@@ -1593,11 +1587,6 @@ def decode_gemv(
             **p.context(),
         )
         shared = xq_bytes(p.K, activations)
-        # the bulk copy of x (16-byte aligned, after the staged planes): cp.async.bulk
-        ctx["bulk_x"] = g.bulk_x and target.family == "nvidia" and target.sm >= 90
-        if ctx["bulk_x"]:
-            ctx["xf_offset"] = shared = -(-shared // 16) * 16
-            shared += 4 * p.K
         return GpuKernel(f"{fn}_gemv", "linear_gemv_q", ctx, [blocks], g.waves * wave, shared)
     ctx = dict(
         nodes=nodes,

@@ -1372,8 +1372,6 @@ HIPC_DEVICE void hipc_bulk_copy(void* dst, const void* src, uint32_t bytes, uint
                : "memory");
 }
 HIPC_DEVICE void hipc_bulk_commit(uint64_t*) {}
-// before a bulk copy reads global memory that generic stores wrote
-HIPC_DEVICE void hipc_bulk_fence_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 HIPC_DEVICE void hipc_bulk_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
   do {
@@ -1393,7 +1391,6 @@ HIPC_DEVICE void hipc_bulk_copy(void* dst, const void* src, uint32_t bytes, uint
   __builtin_memcpy(dst, src, bytes);
 }
 HIPC_DEVICE void hipc_bulk_commit(uint64_t* bar) { __atomic_fetch_add(bar, 1ull, __ATOMIC_ACQ_REL); }
-HIPC_DEVICE void hipc_bulk_fence_global() {}
 HIPC_DEVICE void hipc_bulk_wait(uint64_t* bar, uint32_t parity) {
   while ((__atomic_load_n(bar, __ATOMIC_ACQUIRE) & 1) == parity) {
   }

@@ -150,40 +150,6 @@ CASES = {
         QuantGemv(2, 2, 1, 2, 1, 2, 8, unit64=True),
     ),
     "q4_0_copy_k2304_glu": ("q4_0", 2 * 23, 2304, "glu", True, QuantGemv(2, 2, 2, 3, 1, 1)),
-    # x by one bulk copy into shared memory, then staged from there: with the norm, with the
-    # residual read early and the L2 pull, a gate/up pair, a K-quant copy loop
-    "q4_0_bulk_x_norm": (
-        "q4_0",
-        45,
-        1024,
-        "none",
-        True,
-        QuantGemv(2, 1, 1, 4, 1, 2, 4, bulk_x=True),
-    ),
-    "q4_0_bulk_x_residual_pull": (
-        "q4_0",
-        33,
-        2304,
-        "residual",
-        False,
-        QuantGemv(2, 1, 2, 3, 1, 3, 8, early_res=True, after_prefetch=2, bulk_x=True),
-    ),
-    "q4_1_bulk_x_glu_norm": (
-        "q4_1",
-        2 * 19,
-        1024,
-        "glu",
-        True,
-        QuantGemv(2, 2, 1, 2, 1, 4, bulk_x=True),
-    ),
-    "q4_k_bulk_x_copy_rows4": (
-        "q4_k",
-        21,
-        2048,
-        "residual",
-        False,
-        QuantGemv(2, 4, 1, 2, 1, 1, bulk_x=True),
-    ),
     # the bulk-copy GEMV (linear_gemv_qbulk): tiles through a ring of shared-memory stages,
     # several turns of the ring per block, the last tile partial (rows past the end); tiles
     # of fewer outputs than waves split each output's units over 2-4 waves
@@ -516,17 +482,11 @@ def test_table_env_replaces_entries_for_benchmarks(monkeypatch):
     assert linear.quant_gemv("q4_0", 4096, 14336) == QuantGemv(
         16, 2, 2, 132, 1, 3, 8, early_res=True, after_prefetch=2
     )
-    # x by a bulk copy: NVIDIA sm_90+ only (the flag is ignored elsewhere), its shared bytes
-    # after the staged planes
-    monkeypatch.setenv(linear.TABLE_ENV, "q:long=16,2,2,132,1,3,8,a2,r,x")
-    assert linear.quant_gemv("q4_0", 4096, 14336) == QuantGemv(
-        16, 2, 2, 132, 1, 3, 8, early_res=True, after_prefetch=2, bulk_x=True
-    )
+    # the down's shared memory: x's staged planes, on either family
     down = LinearParams("q4_0", 4096, 14336, 0.0, "residual", bias=False)
-    nv = decode_gemv("a", down, GpuTarget("sm_90"), ["n"], activations="int8")
-    amd = decode_gemv("a", down, GpuTarget("gfx942"), ["n"], activations="int8")
-    assert nv.ctx["bulk_x"] and nv.shared == nv.ctx["xf_offset"] + 4 * 14336
-    assert not amd.ctx["bulk_x"] and amd.shared == linear.xq_bytes(14336, "int8")
+    for target in ("sm_90", "gfx942"):
+        k = decode_gemv("a", down, GpuTarget(target), ["n"], activations="int8")
+        assert k.shared == linear.xq_bytes(14336, "int8")
     for bad in (
         "q:narrow=8,2,2,128,1,4,8,a",
         "q:narrow=8,2,2,128,1,4,8,a1,a2",

@@ -130,11 +130,6 @@ GEMVS = {
     "q6_k_default_long_k14336": ("q6_k", 600, 14336, "residual", False, False),
     # and for an o projection's (QUANT_GEMV_K64 too: "narrow", N <= K)
     "q4_k_default_narrow_k4096": ("q4_k", 2000, 4096, "residual", False, False),
-    # x by one bulk copy into shared memory (QuantGemv.bulk_x): the down's geometry (x of
-    # 14,336 floats: 56 KiB), a gate/up with the norm, a Q4_K copy loop
-    "q4_0_bulk_x_down_k14336": ("q4_0", 300, 14336, "residual", False, False),
-    "q4_0_bulk_x_glu_norm": ("q4_0", 2 * 600, 4096, "glu", True, False),
-    "q4_k_bulk_x_norm_k4096": ("q4_k", 130, 4096, "none", True, True),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
@@ -175,9 +170,6 @@ STREAMED = {
     "q4_k_copy_l2_glu_norm": QuantGemv(8, 4, 1, 8, 1, 1, l2_prefetch=True),
     "q6_k_ring_l2_residual_k14336": QuantGemv(8, 2, 1, 9, 1, 3, 8, l2_prefetch=True),
     "q6_k64_w16_ring_norm": QuantGemv(16, 2, 1, 3, 1, 2, 8, unit64=True),
-    "q4_0_bulk_x_down_k14336": replace(QUANT_GEMV_LARGE_DOWN, bulk_x=True),
-    "q4_0_bulk_x_glu_norm": replace(QUANT_GEMV_LARGE_GLU, bulk_x=True),
-    "q4_k_bulk_x_norm_k4096": QuantGemv(8, 4, 1, 20, 1, 1, bulk_x=True),
 }
 QUANT = tuple(QUANT_TYPES)
 
