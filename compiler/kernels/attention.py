@@ -820,7 +820,7 @@ def decode_attention_gqa(
     return GpuKernel(f"{fn}_decode", "attention_decode_gqa", ctx, [p.NKV, splits], threads)
 
 
-# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128:t2:s2:h1:v4" overrides each)
+# the tile form's geometry (decode_attention_tile; "tile:k32:w4:l1:m8:b128:t2:s2:h1:v4:r1" overrides each)
 TILE_KEYS = 64  # keys per tile (a block's whole share up to TILE_KEYS x splits positions)
 TILE_WAVES = 8
 # lanes per (head, key) score (0: as many as fill the block with the tile's heads x keys, up to a
@@ -895,8 +895,9 @@ def decode_attention_tile(
     another), sN tiles one block takes alone before the context splits at all, hN query heads
     a block (default TILE_HEADS; 0: the KV head's whole group, whose tiles are then read once),
     vN key groups of the value sums (1, 2 or 4; 0: as many as fill the block, up to
-    TILE_VALUE_GROUPS). None where the tiles do not fit in shared memory; HipcError for a
-    form the model cannot take."""
+    TILE_VALUE_GROUPS), r1 the first tile's arithmetic rehearsed before the wait (q = 0, the
+    results dropped: its instructions fetched while the block waits). None where the tiles do
+    not fit in shared memory; HipcError for a form the model cannot take."""
     opts = {
         "k": TILE_KEYS,
         "w": TILE_WAVES,
@@ -907,6 +908,7 @@ def decode_attention_tile(
         "s": TILE_SINGLE,
         "h": TILE_HEADS,
         "v": 0,
+        "r": 0,
     }
     for o in form.split(":")[1:]:
         if o[:1] not in opts or not o[1:].isdigit():
@@ -961,6 +963,7 @@ def decode_attention_tile(
         vs=vs,
         per_block=max(1, opts["t"]),
         single=max(1, opts["s"]),
+        rehearse=opts["r"] > 0,
         params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
         **kv_ctx,
         **p.context(),

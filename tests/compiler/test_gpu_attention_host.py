@@ -95,6 +95,12 @@ TILE_GEOMETRIES = (
     # and the value sums' keys split over 4 / 2 groups of threads (summed at the end)
     ("llama_bf16_d128", "h1:v4:l4"), ("tiles_per_block_bf16", "h1:v4:s1"),
     ("tiles_window_qknorm_f32", "h1:v2"), ("edge_p64_one_split", "h1:v2:k16:w2"),
+    # the first tile's arithmetic rehearsed before the wait (q = 0, dropped): alone on one tile,
+    # the first token, a window with q/k norms, one head a block with key groups, split and
+    # merged, Qwen3.5's gate on 256-dim heads
+    ("llama_bf16_d128", "r1"), ("first_token", "r1"), ("tiles_window_qknorm_f32", "r1"),
+    ("edge_p64_one_split", "h1:v2:k16:w2:r1"), ("f32_d64_chunks", "k32:s1:r1"),
+    ("d256_gated_partial_bf16", "h2:k32:r1"),
 )  # fmt: skip
 # the grouped kernel (one block per KV head and split) on every case; the per-query-head one
 # (the fallback where the grouped ones' tiles would not fit) on most; the grouped one with AMD
