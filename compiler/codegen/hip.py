@@ -195,11 +195,12 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
     return HipProgram(source, plan)
 
 
-# The quantized GEMVs' weight loads (prelude: hipc_load_weights16) on NVIDIA sm_80+ stream
-# with L2 priority evict_first, so the 4+ GB a token passes through L2 evicts each other and
-# leaves what is read again (code, activations, the KV cache). Two H100s (bench_gpu_variants.py,
-# session 26): the 8B Q4_K_M decode +1.1% at tg128 and +1.9-2.6% after 512 positions (the Q4_K
-# qkv 8.68 -> 8.01 us), Q4_0 unchanged (+0.0-0.2%).
+# The GEMVs' weight loads (prelude: hipc_load_weights16: the quantized and bf16 decode GEMVs,
+# the MoE experts', the batch GEMVs') on NVIDIA sm_80+ stream with L2 priority evict_first, so
+# the 4+ GB a token passes through L2 evict each other and leave what is read again (code,
+# activations, the KV cache). Three H100s (bench_gpu_variants.py, session 26): the 8B Q4_K_M
+# decode +1.1-1.9% at tg128 and +1.8-2.7% after 512 positions (the Q4_K qkv 8.68 -> 8.01 us),
+# Q4_0 +0.0-1.1% (within its rounds' spread); bf16, MoE and batched decode not measured with it.
 WEIGHT_CACHE_DEFAULT = "L2::evict_first"
 # HIPC_WEIGHT_CACHE (compile time, for benchmarks): the loads' PTX cache qualifiers instead,
 # '.'-joined ("none": plain loads), e.g. "L1::no_allocate.L2::evict_first.L2::256B".
