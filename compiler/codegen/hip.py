@@ -216,7 +216,7 @@ def weight_cache(target: str) -> tuple[str, str]:
     if GpuTarget(target).sm < 80:  # (createpolicy: sm_80+; AMD reads plain loads)
         return "", ""
     text = os.environ.get(WEIGHT_CACHE_ENV, WEIGHT_CACHE_DEFAULT)
-    hints = [h for h in text.split(".") if h and text != "none"]
+    hints = [] if text == "none" else [h for h in text.split(".") if h]
     policies = [h for h in hints if h in WEIGHT_POLICIES]
     quals = [h for h in hints if h in WEIGHT_CACHE_HINTS]
     if (
