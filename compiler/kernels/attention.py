@@ -914,6 +914,8 @@ def decode_attention_tile(
         if o[:1] not in opts or not o[1:].isdigit():
             raise HipcError(f"{FORM_ENV}={form!r}: unknown option {o!r}")
         opts[o[0]] = int(o[1:])
+    if opts["r"] > 1:
+        raise HipcError(f"{FORM_ENV}={form!r}: the rehearsal is r0 or r1")
     kv_ctx = kv_context(kv_storage, max_ctx)
     esize = 2 if kv_storage == "bfloat16" else 4
     tk, threads = opts["k"], opts["w"] * target.wave
@@ -963,7 +965,7 @@ def decode_attention_tile(
         vs=vs,
         per_block=max(1, opts["t"]),
         single=max(1, opts["s"]),
-        rehearse=opts["r"] > 0,
+        rehearse=opts["r"] == 1,
         params=decode_signature(kv_ctx["kv_type"]).render(GPU_INDENT),
         **kv_ctx,
         **p.context(),

@@ -446,11 +446,13 @@ def test_tile_form_defaults_and_refusals():
     assert geometry(kernel(32, 8, 128, "tile:h1")) == ([32, 8], 1, 4, 4)
     assert geometry(kernel(32, 8, 128, "tile:h2")) == ([16, 16], 2, 2, 2)
     assert kernel(16, 2, 256, "tile:h1").ctx["vs"] == 2  # 128 pairs a head: 2 groups of 256
+    assert not kernel(32, 8, 128).ctx["rehearse"] and kernel(32, 8, 128, "tile:r1").ctx["rehearse"]
     for form, says in [
         ("tile:h2", "2 heads a block do not divide 3"),
         ("tile:q3", "unknown option 'q3'"),
         ("tile:h1:v3", "key groups are 1, 2 or 4"),
         ("tile:h0:v4", "4 key groups need more threads"),
+        ("tile:r2", "the rehearsal is r0 or r1"),
     ]:
         with pytest.raises(HipcError, match=f"HIPC_DECODE_FORM='{form}': {says}"):
             kernel(9, 3, 64, form)
