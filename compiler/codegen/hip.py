@@ -229,10 +229,10 @@ def weight_cache(target: str) -> tuple[str, str]:
             f"{', '.join(WEIGHT_CACHE_HINTS)} and at most one of {', '.join(WEIGHT_POLICIES)}"
         )
     # PTX's order: L1 priority, the policy operand's hint, prefetch size
-    quals = sorted(quals, key=lambda h: h.endswith("B"))
-    if policies:
-        quals.insert(sum(not h.endswith("B") for h in quals), "L2::cache_hint")
-    return "".join(f".{h}" for h in quals), "".join(policies)
+    l1 = [h for h in quals if h.startswith("L1::")]
+    sizes = [h for h in quals if h.startswith("L2::")]
+    ordered = l1 + ["L2::cache_hint"] * len(policies) + sizes
+    return "".join(f".{h}" for h in ordered), "".join(policies)
 
 
 def program_source(

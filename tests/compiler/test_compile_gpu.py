@@ -255,7 +255,7 @@ def test_quantized_gemv_multiplies_int8(q8_artifact, target):
 
 def test_quantized_gemv_weights_stream_evict_first(q8_artifact):
     """On sm_80+ every quantized GEMV's weight loads carry an L2 evict_first policy (the weight
-    stream leaves L2 to what is read again); x, the residual and scales are plain loads."""
+    stream leaves L2 to what is read again)."""
     code = kernel_code(q8_artifact, "sm_90")
     gemv = [k for k in code if k.endswith("_gemv")]
     assert gemv
