@@ -28,6 +28,7 @@ _QUANTIZERS = {
     "q5_k": kquants.q5_k,
     "q6_k": kquants.q6_k,
     "q3_k": kquants.q3_k,
+    "q2_k": kquants.q2_k,
     "iq4_nl": iquants.iq4_nl,
     "iq4_xs": iquants.iq4_xs,
 }

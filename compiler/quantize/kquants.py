@@ -1,5 +1,5 @@
-"""The K-quants: super-blocks of 256 with 6-bit (Q3_K, Q4_K, Q5_K) or int8 (Q6_K) sub-block
-scales under one float16 scale (blocks [n, 256] -> bytes [n, B]). Layouts: blocks.h."""
+"""The K-quants: super-blocks of 256 with 4-bit (Q2_K), 6-bit (Q3_K, Q4_K, Q5_K) or int8 (Q6_K)
+sub-block scales under one float16 scale (blocks [n, 256] -> bytes [n, B]). Layouts: blocks.h."""
 
 from __future__ import annotations
 
@@ -106,5 +106,25 @@ def q3_k(b: np.ndarray) -> np.ndarray:
     )
     return np.concatenate(
         [hmask.astype(np.uint8), qs.astype(np.uint8), scales.astype(np.uint8), f16_bytes(d)],
+        axis=-1,
+    )
+
+
+def q2_k(b: np.ndarray) -> np.ndarray:
+    """Sub-blocks of 16: x ~= q * d * sc - dmin * mn, q in 0..3, sc and mn 4-bit."""
+    sub = b.reshape(-1, 16, 16)
+    lo = np.minimum(sub.min(axis=-1), 0)  # the min term only subtracts
+    scale, offset = (sub.max(axis=-1) - lo) / 3, -lo
+    d = stored(scale.max(axis=-1, keepdims=True) / 15)
+    dmin = stored(offset.max(axis=-1, keepdims=True) / 15)
+    sc = np.clip(np.rint(safe_div(scale, d)), 0, 15).astype(np.int32)
+    mn = np.clip(np.rint(safe_div(offset, dmin)), 0, 15).astype(np.int32)
+    step = (d * sc)[..., None]
+    q = np.clip(np.rint(safe_div(sub + (dmin * mn)[..., None], step)), 0, 3).astype(np.int32)
+    # element 128h + 32c + l: bits 2c.. of qs[32h + l] (Q3_K's low bits)
+    q = q.reshape(-1, 2, 4, 32)
+    qs = (q << (2 * np.arange(4).reshape(1, 1, 4, 1))).sum(axis=2).reshape(-1, 64)
+    return np.concatenate(
+        [(sc | (mn << 4)).astype(np.uint8), qs.astype(np.uint8), f16_bytes(d), f16_bytes(dmin)],
         axis=-1,
     )

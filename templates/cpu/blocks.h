@@ -39,6 +39,10 @@ namespace hipc {
 //     u = 4h + k (h the half of 128) takes lo = bits 2k of qs[32h + i] and hi = bit u of
 //     hmask[i] (i = 0..31); sub-block 2u + i / 16's 6-bit sc: low 4 bits scales[n] & 15
 //     (n < 8) or scales[n - 8] >> 4, top 2 bits scales[8 + n % 4] >> (2 * (n / 4)) & 3
+//   Q2_K (84 B): u8 scales[16]; u8 qs[64]; f16 d; f16 dmin
+//     16 sub-blocks of 16, each with a 4-bit scale (scales[n] & 15) and a 4-bit min
+//     (scales[n] >> 4): w = d * sc * q - dmin * mn, q in 0..3 packed as Q3_K's low bits
+//     (32-unit u = 4h + k: bits 2k of qs[32h + i])
 //
 // A weight matrix W[N, K] is N rows of K/QK consecutive blocks (K % QK == 0).
 // ------------------------------------------------------------------------------------
@@ -109,5 +113,11 @@ struct block_q3_k {
   uint16_t d;
 };
 static_assert(sizeof(block_q3_k) == 110, "Q3_K block must be 110 bytes");
+struct block_q2_k {
+  uint8_t scales[16];
+  uint8_t qs[64];
+  uint16_t d, dmin;
+};
+static_assert(sizeof(block_q2_k) == 84, "Q2_K block must be 84 bytes");
 
 }  // namespace hipc

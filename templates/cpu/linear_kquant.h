@@ -1,12 +1,13 @@
 // linear_kquant.h -- matmuls and embedding gathers for Q5_0, Q5_1, IQ4_NL, IQ4_XS and
-// the K-quants (Q3_K, Q4_K, Q5_K, Q6_K). Apart from linear_vnni.h / linear_avx2.h because these types share
-// one shape the 32-blocks of Q4_0/Q4_1/Q8_0 do not have: scales that change every 16 or
-// 32 elements inside a block, read from packed 6-bit or int8 fields. On AVX512-VNNI each
-// type runs a byte-plane kernel (kq_matmul: Q5_0/Q5_1/IQ4_NL linear_vnni.h's, the K-quants
-// and IQ4_XS linear_vnni_k.h's). Elsewhere one kernel serves them all: a block is
-// w = q * s[e / 16] + m[e / 32] (int16 values q, a float scale per 16 elements, an offset
-// per 32); decode (T < 8) dots q with integer activations (kq_tile), prefill (T >= 8)
-// dequantizes slabs of 16 rows once into f32 for the dense tile (x not rounded).
+// the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K). Apart from linear_vnni.h / linear_avx2.h
+// because these types share one shape the 32-blocks of Q4_0/Q4_1/Q8_0 do not have: scales
+// that change every 16 or 32 elements inside a block, read from packed 4-bit, 6-bit or int8
+// fields. On AVX512-VNNI each type runs a byte-plane kernel (kq_matmul: Q5_0/Q5_1/IQ4_NL
+// linear_vnni.h's, the K-quants and IQ4_XS linear_vnni_k.h's). Elsewhere one kernel serves
+// them all: a block is w = q * s[e / 16] + m[e / 32] (int16 values q, a float scale per 16
+// elements, an offset per 32; Q2_K's offset changes every 16: m16[e / 16]); decode (T < 8)
+// dots q with integer activations (kq_tile), prefill (T >= 8) dequantizes slabs of 16 rows
+// once into f32 for the dense tile (x not rounded).
 #pragma once
 
 #include <type_traits>
@@ -16,25 +17,28 @@ namespace hipc {
 namespace detail {
 
 // A block unpacked: w[e] = q[e] * s[e / 16] + m[e / 32] (the s of both halves of a 32
-// unit are equal for every type but Q6_K).
+// unit are equal for every type but Q3_K, Q6_K and Q2_K), + m16[e / 16] for Q2_K only.
 template <int QK>
 struct Unpacked {
   alignas(64) int16_t q[QK];
   float s[QK / 16];
   float m[QK / 32];
+  float m16[QK / 16];
 };
 
-// QK: elements per block; kMin: an offset per 32; kHalves: the scale changes inside a 32-unit
+// QK: elements per block; kMin: an offset per 32; kHalves: the scale changes inside a
+// 32-unit; kMin16: an offset per 16 instead (Q2_K)
 template <class B> struct KTraits;
-template <int N, bool M, bool H = false>
+template <int N, bool M, bool H = false, bool M16 = false>
 struct KShape {
   static constexpr int QK = N;
-  static constexpr bool kMin = M, kHalves = H;
+  static constexpr bool kMin = M, kHalves = H, kMin16 = M16;
 };
 template <> struct KTraits<block_q5_0> : KShape<32, false> {};
 template <> struct KTraits<block_q5_1> : KShape<32, true> {};
 template <> struct KTraits<block_iq4_nl> : KShape<32, false> {};
 template <> struct KTraits<block_iq4_xs> : KShape<256, false> {};
+template <> struct KTraits<block_q2_k> : KShape<256, false, true, true> {};
 template <> struct KTraits<block_q3_k> : KShape<256, false, true> {};
 template <> struct KTraits<block_q4_k> : KShape<256, true> {};
 template <> struct KTraits<block_q5_k> : KShape<256, true> {};
@@ -184,8 +188,38 @@ inline void unpack(const block_q3_k& b, Unpacked<256>& u) {
   for (int j = 0; j < 8; ++j) u.m[j] = 0.f;
 }
 
+// Q2_K: 2-bit q under a 4-bit scale and min per 16 (blocks.h); the units' bits as Q3_K's
+inline void unpack(const block_q2_k& b, Unpacked<256>& u) {
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t* qs = b.qs + 32 * (j >> 2);
+    const int shift = 2 * (j & 3);
+    int16_t* q = u.q + 32 * j;
+#pragma omp simd
+    for (int i = 0; i < 32; ++i) q[i] = (int16_t)((qs[i] >> shift) & 3);
+    u.m[j] = 0.f;
+  }
+  const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
+  for (int n = 0; n < 16; ++n) {
+    u.s[n] = d * (float)(b.scales[n] & 15);
+    u.m16[n] = -(dmin * (float)(b.scales[n] >> 4));
+  }
+}
+
+// The QK weights of an unpacked block of type B into o
+template <class B, int QK>
+inline void dequant_unpacked(const Unpacked<QK>& u, float* o) {
+  if constexpr (KTraits<B>::kMin16) {
+#pragma omp simd
+    for (int e = 0; e < QK; ++e) o[e] = (float)u.q[e] * u.s[e / 16] + u.m16[e / 16];
+  } else {
+#pragma omp simd
+    for (int e = 0; e < QK; ++e) o[e] = (float)u.q[e] * u.s[e / 16] + u.m[e / 32];
+  }
+}
+
 // R weight rows x TN tokens. Per 32-unit j of a block and token t (activation block i):
 //   y += dx[i] * (s[2j] * sum_{e<16} q[e] x[e] + s[2j+1] * sum_{e>=16} q[e] x[e]) + m[j] * sum(x)
+// (Q2_K: + dx[i] * (m16[2j] * sum_{e<16} x[e] + m16[2j+1] * sum_{e>=16} x[e]), x as rounded)
 // The integer sums are exact (|q| <= 32, |x| <= 32767: 16 * 32 * 32767 < 2^31).
 // The R rows' blocks are unpacked once and reused for all TN tokens; R streams of loads
 // keep the memory system busy in the decode GEMV. (AVX512-VNNI runs the byte-plane kernels.)
@@ -234,6 +268,11 @@ inline void kq_tile(const B* rows, size_t row_stride, const Act16& a, int t0, fl
           acc[r][t] += a.scale[i] * (slo * (float)lo + shi * (float)hi);
 #endif
           if constexpr (KTraits<B>::kMin) macc[r][t] += u[r].m[j] * a.sum[i];
+          if constexpr (KTraits<B>::kMin16) {
+            int32_t xlo = 0, xhi = 0;
+            for (int e = 0; e < 16; ++e) xlo += xq[e], xhi += xq[e + 16];
+            macc[r][t] += a.scale[i] * (u[r].m16[2 * j] * (float)xlo + u[r].m16[2 * j + 1] * (float)xhi);
+          }
         }
       }
   }
@@ -256,9 +295,7 @@ inline void kq_dequant_rows(const B* rows, int K, int R, float* out) {
   Unpacked<QK> u;
   for (int i = 0; i < R * (K / QK); ++i) {
     unpack(rows[i], u);
-    float* o = out + (size_t)i * QK;
-#pragma omp simd
-    for (int e = 0; e < QK; ++e) o[e] = (float)u.q[e] * u.s[e / 16] + u.m[e / 32];
+    dequant_unpacked<B>(u, out + (size_t)i * QK);
   }
 }
 
@@ -321,6 +358,8 @@ inline void kq_matmul(const float* x, int T, int K, const void* W, int N, float*
   // decode 122 -> 183 tok/s on one core (int16: 190), 266 -> 360 on two, 128-token prefill
   // 911 -> 1,244
   else if constexpr (std::is_same<B, block_q3_k>::value) return ks_matmul<KSQ3K>(x, T, K, W, N, y, ldy, qmax);
+  // Q2_K likewise (KSQ2K: its mins per 16-group times x's sums per 16-group)
+  else if constexpr (std::is_same<B, block_q2_k>::value) return ks_matmul<KSQ2K>(x, T, K, W, N, y, ldy, qmax);
   else if constexpr (std::is_same<B, block_q4_k>::value) return ks_matmul<KSQ4K>(x, T, K, W, N, y, ldy, qmax);
   else if constexpr (std::is_same<B, block_q5_k>::value) return ks_matmul<KSQ5K>(x, T, K, W, N, y, ldy, qmax);
   else if constexpr (std::is_same<B, block_q6_k>::value) return ks_matmul<KSQ6K>(x, T, K, W, N, y, ldy, qmax);
@@ -360,7 +399,7 @@ inline void kq_embed_row(const void* W, int K, int64_t row, float* out) {
   Unpacked<QK> u;
   for (int i = 0; i < K / QK; ++i) {
     unpack(b[i], u);
-    for (int e = 0; e < QK; ++e) out[QK * i + e] = (float)u.q[e] * u.s[e / 16] + u.m[e / 32];
+    dequant_unpacked<B>(u, out + (size_t)QK * i);
   }
 }
 
@@ -383,6 +422,7 @@ HIPC_KQUANT_ENTRY(q5_0, block_q5_0)
 HIPC_KQUANT_ENTRY(q5_1, block_q5_1)
 HIPC_KQUANT_ENTRY(iq4_nl, block_iq4_nl)
 HIPC_KQUANT_ENTRY(iq4_xs, block_iq4_xs)
+HIPC_KQUANT_ENTRY(q2_k, block_q2_k)
 HIPC_KQUANT_ENTRY(q3_k, block_q3_k)
 HIPC_KQUANT_ENTRY(q4_k, block_q4_k)
 HIPC_KQUANT_ENTRY(q5_k, block_q5_k)

@@ -1,4 +1,4 @@
-// linear_vnni_k.h -- the K-quants (Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS on the AVX512-VNNI byte planes.
+// linear_vnni_k.h -- the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS on the AVX512-VNNI byte planes.
 // Apart from linear_vnni.h because a K-quant scale covers 32 (Q4_K/Q5_K) or 16 (Q6_K)
 // elements of a 256-element super-block, read from packed fields, where the 32-blocks
 // there carry one f16 scale each; the integer machinery (int16 activations as a signed
@@ -15,6 +15,7 @@ namespace detail {
 // (Q4_K nibble 0..15, Q5_K 0..31, Q6_K 0..63) and q the token's int16 values:
 //   Q4_K/Q5_K: y += sum_{j<8} d*sc[j] * dx[j] * sum_{e in unit j} u*q  -  dmin*mn[j] * s[j]
 //   Q6_K:      y += sum_{g<16} d*sc[g] * dx[g/2] * (sum_{e in 16-group g} u*q - 32 * sum q)
+//   Q2_K:      y += sum_{g<16} dx[g/2] * (d*sc[g] * sum_{e in 16-group g} u*q - dmin*mn[g] * sum q)
 // (s: the float sum of x over 32-unit j, dx its int16 scale.) The integer sums are
 // exact: vpdpbusd(u, hi) * 256 + vpdpbusd(lo, u) = sum u*q per 4 elements (u <= 63 is
 // its own signed view), and sum q of 4 elements is computed once per token.
@@ -24,7 +25,8 @@ namespace detail {
 // (or 16-group's) d*sc, permuted from the 16 scales of the super-block, times dx,
 // which the token pack holds per lane (dxl). Prefill ("row lanes", rl_tile): lane =
 // output row, 16 rows' units prepped once per slab as WGroups (Q6_K: the two 16-groups
-// of a unit in dw and mw, the offsets from the per-16 sums of q).
+// of a unit in dw and mw, the offsets from the per-16 sums of q; Q2_K's mins per 16-group in
+// a WMins beside each WGroup).
 // ------------------------------------------------------------------------------------
 
 // Per-token pack extras (QAct::ext), per token row: dxl [K/4] f32 (dx of lane l's unit),
@@ -160,6 +162,7 @@ struct KSQ4K {
   static constexpr int kOffShift = 0;
   static constexpr bool kHalves = false;
   static constexpr bool kSignedLo = false;
+  static constexpr bool kMin16 = false;
   static inline __m512 scales(const uint8_t* b) { return k4_scales(b); }
   static inline __m512i pair(const uint8_t* b, int p) { return k4_pair(b + 16, p); }
   static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, int stride) {
@@ -173,6 +176,7 @@ struct KSQ5K {
   static constexpr int kOffShift = 0;
   static constexpr bool kHalves = false;
   static constexpr bool kSignedLo = false;
+  static constexpr bool kMin16 = false;
   static inline __m512 scales(const uint8_t* b) { return k4_scales(b); }
   // fifth bit of element i of unit j: bit j of qh[i]
   static inline __m512i pair(const uint8_t* b, int p) {
@@ -193,6 +197,7 @@ struct KSQ6K {
   static constexpr int kOffShift = 5;  // u = q + 32
   static constexpr bool kHalves = true;
   static constexpr bool kSignedLo = false;
+  static constexpr bool kMin16 = false;
   // [d*sc[0..15]], one per 16-group
   static inline __m512 scales(const uint8_t* b) {
     uint16_t d16;
@@ -250,6 +255,7 @@ struct KSQ3K {
   static constexpr int kOffShift = 2;  // u = q + 4
   static constexpr bool kHalves = true;
   static constexpr bool kSignedLo = false;
+  static constexpr bool kMin16 = false;
   // [d*(sc[0..15] - 32)]: the low nibbles of bytes 0..7 then their high ones, the top bits
   // of group n = 4 * lane + byte from the 32-bit lane of bytes 8..11 shifted by 2 * lane
   static inline __m512 scales(const uint8_t* b) {
@@ -307,6 +313,76 @@ struct KSQ3K {
   }
 };
 
+// A prefill slab's offsets per 16-group for kMin16 types: those of a WGroup's two groups
+struct WMins {
+  __m512 m0, m1;
+};
+
+// Q2_K (blocks.h): u = q in 0..3, a scale and an offset per 16-group (kMin16: mins, times
+// the group's sum of x). Offsets in the block: scales 0, qs 16, d 80, dmin 82.
+struct KSQ2K {
+  static constexpr size_t kBytes = 84;
+  static constexpr bool kMin = false;
+  static constexpr int kOffShift = 0;
+  static constexpr bool kHalves = true;
+  static constexpr bool kSignedLo = false;
+  static constexpr bool kMin16 = true;
+  // the 16 groups' 4-bit fields (low nibbles: scales, high: mins) times the f16 at `at`
+  static inline __m512 nibbles(const uint8_t* b, int shift, int at, float sign) {
+    const __m128i v = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i*)b), shift), _mm_set1_epi8(15));
+    uint16_t d16;
+    std::memcpy(&d16, b + at, 2);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), _mm512_set1_ps(sign * fp16_to_fp32(d16)));
+  }
+  static inline __m512 scales(const uint8_t* b) { return nibbles(b, 0, 80, 1.f); }  // [d*sc[0..15]]
+  static inline __m512 mins(const uint8_t* b) { return nibbles(b, 4, 82, -1.f); }   // [-dmin*mn[0..15]]
+  // pair p: units 2p and 2p + 1 (unit j = 4h + k: bits 2k of qs[32h + i])
+  static inline __m512i pair(const uint8_t* b, int p) {
+    const int j = 2 * p, k = j & 3;
+    const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 16 + 32 * (j >> 2))));
+    const __m512i cnt = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * k)), _mm512_set1_epi16((short)(2 * k + 2)));
+    return _mm512_and_si512(_mm512_srlv_epi16(q, cnt), _mm512_set1_epi8(3));
+  }
+  // unit u = 4h + k; dw / mw: the scales of its two 16-groups (2u, 2u+1), mins[u].m0 / m1
+  // their -dmin*mn
+  static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, WMins* mins, int stride) {
+    __m512 D, M;
+    cvt_dm(gather32(b + 80, ridx, k), D, M);
+    M = _mm512_sub_ps(_mm512_setzero_ps(), M);
+    const __m512i m4 = _mm512_set1_epi32(15);
+    for (int i = 0; i < 4; ++i) {
+      const __m512i w = gather32(b + 4 * i, ridx, k);  // the fields of groups 4i..4i+3
+      for (int e = 0; e < 4; ++e) {
+        const int g = 4 * i + e;
+        const __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(w, 8 * e), m4)), D);
+        const __m512 mn = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(w, 8 * e + 4), m4)), M);
+        if (g & 1) {
+          out[(g >> 1) * stride].mw = sc;
+          mins[(g >> 1) * stride].m1 = mn;
+        } else {
+          out[(g >> 1) * stride].dw = sc;
+          mins[(g >> 1) * stride].m0 = mn;
+        }
+      }
+    }
+    const __m512i b3 = _mm512_set1_epi8(0x03);
+    for (int i = 0; i < 32; i += 4)  // elements i..i+3 of each unit
+      for (int h = 0; h < 2; ++h) {
+        const __m512i q = gather32(b + 16 + 32 * h + i, ridx, k);
+        for (int kk = 0; kk < 4; ++kk)
+          out[(4 * h + kk) * stride].w[chunk_of(i / 4)] = _mm512_and_si512(_mm512_srli_epi16(q, 2 * kk), b3);
+      }
+  }
+};
+
+// A super-block's 16 sums of x per 16-group as the kernels see x: dx of the group's 32-unit
+// times its integer sum (KAct::qs16); the offsets of kMin16 types multiply them.
+inline __m512 group_sums(const int32_t* qs16, const float* dx8) {
+  const __m512i half = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
+  const __m512 dx = _mm512_permutexvar_ps(half, _mm512_castps256_ps512(_mm256_loadu_ps(dx8)));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(qs16)), dx);
+}
+
 // IQ4_XS (blocks.h): v = kIq4nlValues[nibble], signed, stored as u = v + 128 (1..241): the
 // high plane's dot is vpdpbusd(u, hi) = sum v*hi + 128 * sum hi, the low plane's takes v
 // itself as the signed operand (u ^ 0x80), and 32768 * sum hi (KAct::hs4, hsu) comes off.
@@ -319,6 +395,7 @@ struct KSIQ4XS {
   static constexpr int kOffShift = 0;
   static constexpr bool kHalves = false;
   static constexpr bool kSignedLo = true;
+  static constexpr bool kMin16 = false;
   static inline __m512i table() { return iq4_u_table(); }
   // [d*(ls[0..7] - 32), 0 x 8]
   static inline __m512 scales(const uint8_t* b) {
@@ -417,12 +494,14 @@ inline void ks_gemv_tile(const uint8_t* W, size_t rb, int nsb, int n0, const QAc
     const int32_t* hs4 = k.hs4 + 64 * (size_t)sb;
     const __m512 sx = KS::kMin ? _mm512_insertf32x8(_mm512_setzero_ps(), _mm256_loadu_ps(a.s + 8 * sb), 1)
                                : _mm512_setzero_ps();
+    const __m512 sx16 = KS::kMin16 ? group_sums(k.qs16 + 16 * (size_t)sb, a.d + 8 * (size_t)sb) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) {
       const uint8_t* bp = W + (size_t)(n0 + r) * rb + (size_t)sb * KS::kBytes;
       prefetch_range(bp + HIPC_PREFETCH_BYTES, KS::kBytes);
       const __m512 S = KS::scales(bp);
       __m512 acc = f[r];
       if constexpr (KS::kMin) acc = _mm512_fmadd_ps(S, sx, acc);  // lanes 8..15: -dmin*mn * s
+      if constexpr (KS::kMin16) acc = _mm512_fmadd_ps(KS::mins(bp), sx16, acc);
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
         const __m512i w = KS::pair(bp, p);
@@ -458,6 +537,8 @@ inline void ks_gemv_batch_rows(const uint8_t* W, size_t rb, int nsb, int n0, con
       const uint8_t* bp = W + (size_t)(n0 + r) * rb + (size_t)sb * KS::kBytes;
       prefetch_range(bp + HIPC_PREFETCH_BYTES, KS::kBytes);
       const __m512 S = KS::scales(bp);
+      __m512 M = _mm512_setzero_ps();
+      if constexpr (KS::kMin16) M = KS::mins(bp);
       __m512i w[4];
       __m512 sc[4];
       for (int p = 0; p < 4; ++p) {
@@ -475,6 +556,8 @@ inline void ks_gemv_batch_rows(const uint8_t* W, size_t rb, int nsb, int n0, con
           const __m512 sx = _mm512_insertf32x8(_mm512_setzero_ps(), _mm256_loadu_ps(a.s + t * ss + 8 * sb), 1);
           acc = _mm512_fmadd_ps(S, sx, acc);
         }
+        if constexpr (KS::kMin16)
+          acc = _mm512_fmadd_ps(M, group_sums(k.qs16 + t * (ks / 4) + 16 * (size_t)sb, a.d + t * ss + 8 * (size_t)sb), acc);
 #pragma GCC unroll 4
         for (int p = 0; p < 4; ++p) {
           const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], _mm512_loadu_si512(xh + 64 * p));
@@ -517,8 +600,8 @@ inline void ks_gemv_batch(const uint8_t* W, size_t rb, int nsb, int N, const QAc
 // prepped units (slab[b * V + v]). Per unit and token: 8 chunks of vpdpbusd on each
 // activation plane, then the unit's scales (Q6_K: one per 16-group, even / odd chunks).
 template <class KS, int V, int C>
-inline void ks_rl_tile(const WGroup* slab, int nb, const QAct& a, const KAct& k, int t0, int n0, int N, float* y,
-                       int ldy) {
+inline void ks_rl_tile(const WGroup* slab, const WMins* mins, int nb, const QAct& a, const KAct& k, int t0, int n0,
+                       int N, float* y, int ldy) {
   constexpr int H = KS::kHalves ? 2 : 1;
   __m512 facc[V][C];
   for (int v = 0; v < V; ++v)
@@ -559,10 +642,17 @@ inline void ks_rl_tile(const WGroup* slab, int nb, const QAct& a, const KAct& k,
       for (int v = 0; v < V; ++v) {
         if constexpr (KS::kHalves) {
           const int32_t* g = k.qs16 + (size_t)(t0 + c) * (k.n4 / 4) + 2 * b;
-          const __m512i i0 = _mm512_sub_epi32(acc[0][v][c], _mm512_set1_epi32(g[0] * (1 << KS::kOffShift)));
-          const __m512i i1 = _mm512_sub_epi32(acc[H - 1][v][c], _mm512_set1_epi32(g[1] * (1 << KS::kOffShift)));
+          // (u = q + 2^kOffShift: Q6_K, Q3_K; Q2_K's u is q)
+          const int o0 = KS::kOffShift ? g[0] * (1 << KS::kOffShift) : 0, o1 = KS::kOffShift ? g[1] * (1 << KS::kOffShift) : 0;
+          const __m512i i0 = _mm512_sub_epi32(acc[0][v][c], _mm512_set1_epi32(o0));
+          const __m512i i1 = _mm512_sub_epi32(acc[H - 1][v][c], _mm512_set1_epi32(o1));
           facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(sb[v].dw, dx), facc[v][c]);
           facc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(sb[v].mw, dx), facc[v][c]);
+          if constexpr (KS::kMin16) {  // the mins times the groups' sums of x
+            const WMins& mm = mins[(size_t)b * V + v];
+            facc[v][c] = _mm512_fmadd_ps(mm.m0, _mm512_set1_ps(a.d[so] * (float)g[0]), facc[v][c]);
+            facc[v][c] = _mm512_fmadd_ps(mm.m1, _mm512_set1_ps(a.d[so] * (float)g[1]), facc[v][c]);
+          }
         } else {
           __m512i I = acc[0][v][c];
           if constexpr (KS::kSignedLo)
@@ -577,7 +667,7 @@ inline void ks_rl_tile(const WGroup* slab, int nb, const QAct& a, const KAct& k,
 }
 
 template <class KS, int V>
-inline void ks_rl_prep(const uint8_t* W, size_t rb, int nsb, int n0, int N, WGroup* slab) {
+inline void ks_rl_prep(const uint8_t* W, size_t rb, int nsb, int n0, int N, WGroup* slab, WMins* mins) {
   alignas(64) int32_t idx[16];
   for (int r = 0; r < 16; ++r) idx[r] = (int32_t)(r * rb);
   const __m512i ridx = _mm512_load_si512(idx);
@@ -586,11 +676,17 @@ inline void ks_rl_prep(const uint8_t* W, size_t rb, int nsb, int n0, int N, WGro
     const uint8_t* base = W + (size_t)(n0 + 16 * v) * rb;
     for (int sb = 0; sb < nsb; ++sb) {
       WGroup* out = slab + (size_t)(8 * sb) * V + v;
+      WMins* mo = mins + (size_t)(8 * sb) * V + v;
       if (km) {
-        KS::rows8(base + (size_t)sb * KS::kBytes, ridx, km, out, V);
+        if constexpr (KS::kMin16) {
+          KS::rows8(base + (size_t)sb * KS::kBytes, ridx, km, out, mo, V);
+        } else {
+          KS::rows8(base + (size_t)sb * KS::kBytes, ridx, km, out, V);
+        }
       } else {
         for (int u = 0; u < 8; ++u) {
           clear(out[(size_t)u * V]);
+          if constexpr (KS::kMin16) mo[(size_t)u * V].m0 = mo[(size_t)u * V].m1 = _mm512_setzero_ps();
         }
       }
     }
@@ -598,13 +694,14 @@ inline void ks_rl_prep(const uint8_t* W, size_t rb, int nsb, int n0, int N, WGro
 }
 
 template <class KS, int V, int C>
-inline void ks_rl_rows(const WGroup* slab, int nb, const QAct& a, const KAct& k, int n0, int N, float* y, int ldy) {
+inline void ks_rl_rows(const WGroup* slab, const WMins* mins, int nb, const QAct& a, const KAct& k, int n0, int N,
+                       float* y, int ldy) {
   int t = 0;
-  for (; t + C <= a.T; t += C) ks_rl_tile<KS, V, C>(slab, nb, a, k, t, n0, N, y, ldy);
+  for (; t + C <= a.T; t += C) ks_rl_tile<KS, V, C>(slab, mins, nb, a, k, t, n0, N, y, ldy);
   switch (a.T - t) {  // token tail
-    case 3: if constexpr (C > 3) ks_rl_tile<KS, V, 3>(slab, nb, a, k, t, n0, N, y, ldy); break;
-    case 2: if constexpr (C > 2) ks_rl_tile<KS, V, 2>(slab, nb, a, k, t, n0, N, y, ldy); break;
-    case 1: if constexpr (C > 1) ks_rl_tile<KS, V, 1>(slab, nb, a, k, t, n0, N, y, ldy); break;
+    case 3: if constexpr (C > 3) ks_rl_tile<KS, V, 3>(slab, mins, nb, a, k, t, n0, N, y, ldy); break;
+    case 2: if constexpr (C > 2) ks_rl_tile<KS, V, 2>(slab, mins, nb, a, k, t, n0, N, y, ldy); break;
+    case 1: if constexpr (C > 1) ks_rl_tile<KS, V, 1>(slab, mins, nb, a, k, t, n0, N, y, ldy); break;
     default: break;
   }
 }
@@ -654,12 +751,14 @@ inline void ks_matmul(const float* x, int T, int K, const void* Wv, int N, float
         quantize_act16_row<KSAct>(x, K, a, t, qmax);
         kact_row<KS::kSignedLo>(a, k, t);
       }
-      WGroup* slab = (WGroup*)scratch(1, sizeof(WGroup) * (size_t)nb * V);
+      const size_t groups = (size_t)nb * V;  // the slab's WGroups, then (kMin16) as many WMins
+      WGroup* slab = (WGroup*)scratch(1, (sizeof(WGroup) + (KS::kMin16 ? sizeof(WMins) : 0)) * groups);
+      WMins* mins = KS::kMin16 ? (WMins*)(slab + groups) : nullptr;
 #pragma omp for schedule(static)
       for (int i = 0; i < ntiles; ++i) {
         const int n0 = i * 16 * V;
-        ks_rl_prep<KS, V>(W, rb, nsb, n0, N, slab);
-        ks_rl_rows<KS, V, C>(slab, nb, a, k, n0, N, y, ldy);
+        ks_rl_prep<KS, V>(W, rb, nsb, n0, N, slab, mins);
+        ks_rl_rows<KS, V, C>(slab, mins, nb, a, k, n0, N, y, ldy);
       }
     }
     return;

@@ -222,18 +222,20 @@ def test_gate_and_up_in_different_types(activations, tmp_path):
 
 
 @pytest.mark.parametrize("activations", ["int16", "int8"])
-def test_q3_k_weights(activations, tmp_path):
-    """Q3_K (Q3_K_M and Q2_K files' main type: 3-bit values under 6-bit scales per 16) in
-    every matrix but the embedding, against the reference (gguf-py's dequantizer)."""
+@pytest.mark.parametrize("wtype", ["q2_k", "q3_k"])
+def test_q2_k_and_q3_k_weights(wtype, activations, tmp_path):
+    """Q3_K (Q3_K_M files' main type: 3-bit values under 6-bit scales per 16) in every matrix
+    but the embedding, Q2_K (Q2_K files': 2-bit values under a 4-bit scale and min per 16) in
+    every matrix, the embedding too, against the reference (gguf-py's dequantizer)."""
     gguf_writer = pytest.importorskip("gguf_writer")
     path = gguf_writer.write_numpy_gguf(
         tmp_path / "m.gguf",
         hidden=256,
         ffn=512,
-        types=lambda n: "q8_0" if n == "token_embd.weight" else "q3_k",
+        types=lambda n: "q8_0" if n == "token_embd.weight" and wtype == "q3_k" else wtype,
     )
     # int8: the bar of test_kquant_and_5bit_weights' 256-wide models
-    assert "q3_k" in _quantized_against_reference(path, tmp_path, activations, int8_bar=0.15)
+    assert wtype in _quantized_against_reference(path, tmp_path, activations, int8_bar=0.15)
 
 
 @pytest.mark.parametrize("target, label", [("cpu", "CPU"), ("sm_90", "HIP")])
@@ -241,13 +243,16 @@ def test_weight_type_without_kernel_is_refused_naming_the_tensor(
     target, label, tmp_path, monkeypatch
 ):
     """One line, before any rendering: the tensor as the file names it, its type, the
-    supported types. (Q2_K: no kernel on any target; the blocks are random bytes, only the
-    type matters here.)"""
+    supported types. (Q2_K: no GPU kernel; taken from the CPU's types here. The blocks are
+    random bytes, only the type matters.)"""
     from hipc.base.errors import HipcError
     from hipc.compiler import quantize
+    from hipc.compiler.codegen import environment
 
     gguf_writer = pytest.importorskip("gguf_writer")
     wtype = "q2_k"
+    cpu_types = tuple(t for t in environment.CPU_WTYPES if t != wtype)
+    monkeypatch.setitem(environment.KERNEL_WTYPES, "cpu", cpu_types)
     monkeypatch.setitem(
         quantize._QUANTIZERS,
         wtype,

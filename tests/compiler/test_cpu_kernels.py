@@ -54,7 +54,7 @@ GGML_TYPE = {
 }
 
 # Q5_0, Q5_1 and the K-quants: tested on random blocks below (test_kquant_*)
-KTYPES = ["q5_0", "q5_1", "iq4_nl", "iq4_xs", "q3_k", "q4_k", "q5_k", "q6_k"]
+KTYPES = ["q5_0", "q5_1", "iq4_nl", "iq4_xs", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 # the types the compiler may store in row lanes (test_lanes_*)
 LTYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]
 
@@ -103,7 +103,8 @@ HIPC_WRAP16(q4_0) HIPC_WRAP16(q4_1) HIPC_WRAP16(q8_0)
   void t_matmul_a16_##w(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
     hipc::matmul_a16_##w(x, T, K, W, N, y, ldy);                                                \
   }
-HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(iq4_nl) HIPC_WRAPK(iq4_xs) HIPC_WRAPK(q3_k) HIPC_WRAPK(q4_k)
+HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(iq4_nl) HIPC_WRAPK(iq4_xs) HIPC_WRAPK(q2_k) HIPC_WRAPK(q3_k)
+HIPC_WRAPK(q4_k)
 HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
 // the row-lanes layout (linear_lanes.h): AVX512 builds only
 #if defined(HIPC_ISA_AVX512)
@@ -695,6 +696,7 @@ KBLOCK = {
     "q5_k": (256, 176),
     "q6_k": (256, 210),
     "q3_k": (256, 110),
+    "q2_k": (256, 84),
 }
 
 
@@ -724,6 +726,9 @@ def _kblocks(wtype: str, N: int, K: int, seed: int, extreme: bool = False) -> np
         if extreme:  # 6-bit scales 0 and 63 alternating (sc - 32: -32 and 31)
             raw[2::4, 96:104] = np.array([0x0F, 0xF0] * 4, np.uint8)
             raw[2::4, 104:108] = np.array([0x33, 0xCC] * 2, np.uint8)
+    elif wtype == "q2_k":  # d, dmin
+        for f in range(2):
+            raw[:, 80 + 2 * f : 82 + 2 * f] = _f16(rng, n, extreme).reshape(-1, 1).view(np.uint8)
     else:
         nf = 2 if wtype in ("q4_1", "q5_1", "q4_k", "q5_k") else 1
         for f in range(nf):
@@ -734,10 +739,11 @@ def _kblocks(wtype: str, N: int, K: int, seed: int, extreme: bool = False) -> np
 
 
 def _koffsets(wtype: str, blocks: np.ndarray, N: int, K: int) -> np.ndarray:
-    """Per 32-unit offset m of w = (integer part) + m, [N, K/32] f64 (0 for Q5_0/Q6_K)."""
+    """Per 32-unit offset m of w = (integer part) + m, [N, K/32] f64 (0 for Q5_0/Q6_K; 0 for
+    Q2_K too: its offsets per 16 multiply x as rounded, so they stay in the dequantized w)."""
     nbytes = KBLOCK[wtype][1]
     b = blocks.reshape(-1, nbytes)
-    if wtype in ("q4_0", "q8_0", "q5_0", "iq4_nl", "iq4_xs", "q3_k", "q6_k"):
+    if wtype in ("q4_0", "q8_0", "q5_0", "iq4_nl", "iq4_xs", "q2_k", "q3_k", "q6_k"):
         return np.zeros((N, K // 32))
     if wtype in ("q4_1", "q5_1"):
         return b[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(N, K // 32)

@@ -15,7 +15,7 @@ from gguf import quants  # noqa: E402
 # bits of the value grid: the worst element error is about half a step of the block's
 # range, range / (2^bits - 1) / 2, plus the rounding of the scales to 6 bits / f16
 BITS = {"q4_0": 4, "q4_1": 4, "q5_0": 5, "q5_1": 5, "q8_0": 8, "q4_k": 4, "q5_k": 5, "q6_k": 6,
-        "q3_k": 3, "iq4_nl": 4, "iq4_xs": 4}  # fmt: skip
+        "q3_k": 3, "q2_k": 2, "iq4_nl": 4, "iq4_xs": 4}  # fmt: skip
 # relative RMS error on Gaussian data, an upper bound a few % above what gguf-py's own
 # quantizers reach for the types it has (q4_0 .084, q4_1 .074, q5_0 .044, q5_1 .037,
 # q8_0 .0054)
@@ -29,8 +29,10 @@ RMS = {
     "q5_k": 0.04,
     "q6_k": 0.02,
     # gguf-py has no quantizer for these: measured here, 0.156 / 0.080 / 0.080 (the IQ4 types
-    # as Q4_K's 0.078; Q3_K's extreme-to--4 scale beat -3.5 / -3.75 / -3: 0.184 / 0.166 / 0.199)
+    # as Q4_K's 0.078; Q3_K's extreme-to--4 scale beat -3.5 / -3.75 / -3: 0.184 / 0.166 / 0.199);
+    # Q2_K 0.330 (4 levels over a 16-value range: step / sqrt(12) ~ 0.34 sigma, no search)
     "q3_k": 0.165,
+    "q2_k": 0.34,
     "iq4_nl": 0.085,
     "iq4_xs": 0.085,
 }
@@ -75,7 +77,7 @@ def test_roundtrip_through_gguf_dequantize(dtype):
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="multiple of 256"):
         quantize(np.zeros((2, 288), np.float32), "q4_k")
-    with pytest.raises(ValueError, match="cannot quantize to 'q2_k'"):
-        quantize(np.zeros((2, 256), np.float32), "q2_k")
+    with pytest.raises(ValueError, match="cannot quantize to 'q8_k'"):
+        quantize(np.zeros((2, 256), np.float32), "q8_k")
     with pytest.raises(ValueError, match="non-finite"):
         quantize(np.full((1, 32), np.nan, np.float32), "q8_0")
