@@ -356,6 +356,15 @@ def q3_k_m_type(name: str, shape: tuple[int, ...]) -> str | None:
     return None
 
 
+def q2_k_dense_type(name: str) -> str:
+    """write_numpy_gguf's `types` for a Q2_K file of a Llama as llama-quantize's Q2_K mixes go:
+    Q2_K most matrices and the embedding, attn_v and ffn_down one step up (Q3_K), the output
+    Q6_K."""
+    if name == "output.weight":
+        return "q6_k"
+    return "q3_k" if name.endswith(("attn_v.weight", "ffn_down.weight")) else "q2_k"
+
+
 def q3_k_m_dense_type(name: str) -> str:
     """write_numpy_gguf's `types` for llama-quantize's Q3_K_M of a Llama: q, k, gate, up and the
     embedding Q3_K, v, o and down Q4_K, the output Q6_K."""

@@ -172,7 +172,7 @@ def pack(w: np.ndarray, wtype: str, layout: str = "split") -> tuple[np.ndarray, 
     if wtype == "bfloat16":
         bits = (w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
         return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    if wtype in ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "q3_k"):
+    if wtype in ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "q3_k", "q2_k"):
         return _pack_gguf(w, wtype, layout)
     blocks = w.reshape(N, K // 32, 32)
     if wtype == "q8_0":
@@ -223,6 +223,7 @@ def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.n
         size, at, n, bv = {
             "q6_k": (210, 208, 1, 256),
             "q3_k": (110, 108, 1, 256),
+            "q2_k": (84, 80, 2, 256),
             "q4_k": (144, 0, 2, 256),
             "q5_k": (176, 0, 2, 256),
             "iq4_nl": (18, 0, 1, 32),
@@ -233,9 +234,10 @@ def _pack_gguf(w: np.ndarray, wtype: str, layout: str) -> tuple[np.ndarray, np.n
             [N, K, *np.frombuffer(w.astype(np.float32).tobytes()[:16], np.uint32)]
         )
         raw = rng.integers(0, 256, (N * K // bv, size), dtype=np.uint8)
-        # Q3_K: |q - 4| <= 4 and no offset (Q4_K: 15, and a min that keeps sums from cancelling),
-        # so a larger d for outputs of a like size
-        d_max = 2e-3 if wtype == "q3_k" else 4e-5
+        # Q3_K: |q - 4| <= 4 and no offset, Q2_K: q <= 3 under 4-bit scales (Q4_K: 15 under
+        # 6-bit ones, and a min that keeps sums from cancelling), so larger d for outputs of a
+        # like size
+        d_max = {"q3_k": 2e-3, "q2_k": 4e-3}.get(wtype, 4e-5)
         d = rng.uniform(d_max / 4, d_max, (len(raw), n)).astype(np.float16)
         raw[:, at : at + 2 * n] = d.view(np.uint8).reshape(len(raw), 2 * n)
         raw = raw.reshape(N, -1)

@@ -36,8 +36,8 @@ CPU_WTYPES = (
     "float32", "float16", "bfloat16", "q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
     "iq4_nl", "iq4_xs", "q3_k", "q2_k",
 )  # fmt: skip
-# the weight types the GPU kernels read (Q2_K: the CPU's only)
-HIP_WTYPES = tuple(t for t in CPU_WTYPES if t != "q2_k")
+# the weight types the GPU kernels read: the same
+HIP_WTYPES = CPU_WTYPES
 
 
 # Weight storage types each target family has linear and embedding kernels for. A model

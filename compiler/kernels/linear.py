@@ -1223,6 +1223,7 @@ QUANT_TYPES = {
     "q8_0": QuantType(32, 34, 32, 32),
     "q6_k": QuantType(256, 210, 192, 128),
     "q3_k": QuantType(256, 110, 96, 128),
+    "q2_k": QuantType(256, 84, 64, 128),
     "q5_0": QuantType(32, 22, 16, 32),
     "q5_1": QuantType(32, 24, 16, 32),
     "q4_k": QuantType(256, 144, 128, 128),
@@ -1231,7 +1232,7 @@ QUANT_TYPES = {
     "iq4_xs": QuantType(256, 136, 128, 128),
 }
 # the types whose chunks (prelude: hipc_qchunk8) have an offset: w = s q + o per 16 weights
-OFFSET_TYPES = ("q4_1", "q5_1", "q4_k", "q5_k")
+OFFSET_TYPES = ("q4_1", "q5_1", "q4_k", "q5_k", "q2_k")
 # A K-quant unit is 21-27 registers (64-96 bytes of quants). Q4_K/Q5_K: groups of 4 rows,
 # one unit each, the next copied in (stages 1), 8 waves a block, one block per SM; Q6_K: groups
 # of 2 rows, a ring of 3 units each. On the H200 (bench_gpu_gemv.py, int8, mid call) Q6_K LM
@@ -1283,6 +1284,7 @@ QUANT_REGIONS = {
     "q5_k": (160, 16),
     "q6_k": (192, 16, 2),
     "q3_k": (96, 12, 2),
+    "q2_k": (64, 16, 4),
     "iq4_nl": (16, 2),
     "iq4_xs": (128, 4, 4),
 }
@@ -1401,7 +1403,7 @@ def bulk_gemv_fits(wsuffix: str, K: int, target: GpuTarget) -> bool:
 
 
 # quant_gemv's table: (family, matrix class) -> geometry. Families: "q" (the 32-weight types),
-# "q4_k", "q5_k", "iq4_xs" and "q3_k" (128-weight units), "q6_k". Classes: "small" (under QUANT_GEMV_LARGE_BYTES,
+# "q4_k", "q5_k", "iq4_xs", "q3_k" and "q2_k" (128-weight units), "q6_k". Classes: "small" (under QUANT_GEMV_LARGE_BYTES,
 # rows shorter than QUANT_GEMV_LONG_K), "small_long" (under, rows that long), and at or over it
 # "glu" (gate/up), "long" (rows of QUANT_GEMV_LONG_ROWS and more: a down projection),
 # "narrow" (no more outputs than inputs: an attention's o) and "short" (the rest: qkv, an LM
@@ -1433,6 +1435,9 @@ QUANT_GEMV_TABLE: dict[tuple[str, str], QuantGemv] = {
     **{("q4_k", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("q5_k", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("iq4_xs", c): QUANT_GEMV_KQUANT for c in _CLASSES},
+    # Q2_K: half a super-block is 44 bytes in 11 registers, under Q4_K's 20: its copy loop of
+    # 4-row groups (not timed)
+    **{("q2_k", c): QUANT_GEMV_KQUANT for c in _CLASSES},
     **{("q6_k", c): QUANT_GEMV_Q6_K for c in _CLASSES},
     # (the small classes take gate/up pairs too: 2-row groups)
     **{("q3_k", c): QUANT_GEMV_Q3_K_GLU for c in ("small", "small_long", "glu")},

@@ -129,7 +129,7 @@ MOE_ROWS = 2  # outputs per wave in _up, and in _down for dense types (two rows 
 # K-quants' 13-29), not timed.
 MOE_DOWN_UNITS = {
     "q4_0": 8, "q4_1": 8, "iq4_nl": 8, "q5_0": 6, "q5_1": 6, "q8_0": 4,
-    "q4_k64": 3, "q6_k64": 2, "iq4_xs": 2, "q3_k": 2, "q5_k": 1,
+    "q4_k64": 3, "q6_k64": 2, "iq4_xs": 2, "q3_k": 2, "q2_k": 3, "q5_k": 1,
 }  # fmt: skip
 # The experts' GEMV units: 64-weight ones where the prelude has them (a 128-weight unit leaves
 # half of a wave's lanes idle on a 2048-wide row: 16 units)

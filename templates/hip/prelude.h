@@ -601,6 +601,10 @@ typedef hipc_qmat3<136, 8, 128, 4, 4, 0> hipc_qmat_iq4_xs;
 // scales packed as hipc_q3scales4 reads them), f16 d} (110 bytes); fields hmask + qs (the
 // quants), scales, d.
 typedef hipc_qmat3<110, 0, 96, 96, 12, 108> hipc_qmat_q3_k;
+// Q2_K super-blocks of 256: {scales[16] (16-group g: low nibble its scale, high its min),
+// qs[64] (2-bit quants: bits 2c.. of byte 32h + l are weight 128h + 32c + l), f16 d, dmin}
+// (84 bytes); fields quants, scales, d + dmin.
+typedef hipc_qmat3<84, 16, 64, 0, 16, 80> hipc_qmat_q2_k;
 // Q6_K super-blocks of 256: {ql[128] low nibbles, qh[64] 2-bit highs, int8 scales[16] (one
 // per 16 weights), f16 d} (210 bytes); split: every ql+qh, then every scales, then every d.
 struct hipc_qmat_q6_k {
@@ -1148,6 +1152,19 @@ HIPC_DEVICE float hipc_w_q3_k(const void* W, int N, int K, int n, int k) {
   const float ds = hipc_f16_to_f32(*(const uint16_t*)m.f3(b)) * (float)hipc_q3scale(m.f2(b), 8 * h + 2 * c + l / 16);
   return ds * (float)(v - 4);
 }
+// Q2_K weight j of a super-block (h = j / 128, c = (j % 128) / 32, l = j % 32): bits 2c.. of
+// qs[32h + l] under 16-group 8h + 2c + l / 16's scale and min: w = d * sc * q - dmin * mn, in
+// gguf-py's order
+HIPC_DEVICE float hipc_w_q2_k(const void* W, int N, int K, int n, int k) {
+  const hipc_qmat_q2_k m{(const char*)W, (size_t)N * (K / 256)};
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, h = j / 128, c = (j % 128) / 32, l = j % 32;
+  const int q = (((const uint8_t*)m.qs(b))[32 * h + l] >> (2 * c)) & 3;
+  const int sc = ((const uint8_t*)m.f2(b))[8 * h + 2 * c + l / 16];
+  const uint32_t dm = hipc_load_u32(m.f3(b));
+  const float d = hipc_f16_to_f32((uint16_t)dm), dmin = hipc_f16_to_f32((uint16_t)(dm >> 16));
+  return d * (float)(sc & 15) * (float)q - dmin * (float)(sc >> 4);
+}
 template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_0& v, const hipc_qmat_q5_0& m, size_t u) {
   v.q = hipc_load_q16<SMEM>(m.qs(u));
@@ -1225,6 +1242,38 @@ HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q3_k& v, XP xq, int i) {
     acc += x.scale() * (float)(((int)(sw & 63) - 32) * t0 + ((int)((sw >> 8) & 63) - 32) * t1);
   }
   return hipc_f16_to_f32(v.d) * acc;
+}
+// Q2_K: half h of a super-block (128 weights: chunks c = 0..3 of 32, x blocks 4i + c): its 32
+// bytes of 2-bit quants, the 8 scale bytes of its 16-groups and d, dmin. The mins multiply x's
+// sums per 16 that staging keeps (meta.z: the first 16 of a block, meta.y: all 32).
+struct hipc_unit_q2_k { uint4 qs[2]; uint2 sc; uint32_t dm; };
+template <bool SMEM = false>
+HIPC_DEVICE void hipc_load_unit(hipc_unit_q2_k& v, const hipc_qmat_q2_k& m, size_t u) {
+  const size_t b = u / 2;
+  const int h = (int)(u % 2);
+  v.qs[0] = hipc_load_q16<SMEM>(m.qs(b) + 32 * h);
+  v.qs[1] = hipc_load_q16<SMEM>(m.qs(b) + 32 * h + 16);
+  v.sc = uint2{hipc_load_u32(m.f2(b) + 8 * h), hipc_load_u32(m.f2(b) + 8 * h + 4)};
+  v.dm = hipc_load_u32(m.f3(b));
+}
+template <bool LO, class XP>
+HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q2_k& v, XP xq, int i) {
+  const uint32_t QS[8] = {v.qs[0].x, v.qs[0].y, v.qs[0].z, v.qs[0].w, v.qs[1].x, v.qs[1].y, v.qs[1].z, v.qs[1].w};
+  float ad = 0.f, am = 0.f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const hipc_xb<LO> x = hipc_load_xb<LO>(xq, 4 * i + c);
+    int q[8];  // 4 quants 0..3 as bytes, one per weight
+#pragma unroll
+    for (int w = 0; w < 8; ++w) q[w] = (int)((QS[w] >> (2 * c)) & 0x03030303u);
+    const int t0 = hipc_idot_words<LO, 4>(q, x, 0), t1 = hipc_idot_words<LO, 4>(q + 4, x, 4);
+    const uint32_t f = (c < 2 ? v.sc.x : v.sc.y) >> (16 * (c % 2));  // groups 2c, 2c + 1
+    const int s0 = (int)(f & 15), m0 = (int)((f >> 4) & 15), s1 = (int)((f >> 8) & 15), m1 = (int)((f >> 12) & 15);
+    // (exact in float: |t| < 2^24)
+    ad += x.scale() * (float)(s0 * t0 + s1 * t1);
+    am += x.scale() * (float)(m0 * x.meta.z + m1 * (x.meta.y - x.meta.z));
+  }
+  return hipc_f16_to_f32((uint16_t)v.dm) * ad - hipc_f16_to_f32((uint16_t)(v.dm >> 16)) * am;
 }
 // The 64 bytes of quants at p (half a super-block's nibbles: Q4_K, Q5_K, IQ4_XS) as 4 loads.
 template <bool SMEM>
@@ -1521,6 +1570,15 @@ HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q3_k& m, int K, int n, int k, uint
   const uint2 lo = hipc_load_bytes8(m.qs(b) + 32 + 32 * h + l), hi = hipc_load_bytes8(m.qs(b) + l);
   q = hipc_ints8(lo, 2 * c, 3, -4, &hi, 4 * h + c, 2);
   s = hipc_f16_to_f32(*(const uint16_t*)m.f3(b)) * (float)hipc_q3scale(m.f2(b), 8 * h + 2 * c + l / 16), o = 0.f;
+}
+// Q2_K (hipc_w_q2_k's indexing): a 4-bit scale and min per 16 weights, w = d * sc * q - dmin * mn
+HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q2_k& m, int K, int n, int k, uint4& q, float& s, float& o) {
+  const size_t b = (size_t)n * (K / 256) + k / 256;
+  const int j = k % 256, h = j / 128, c = (j % 128) / 32, l = j % 32;
+  q = hipc_ints8(hipc_load_bytes8(m.qs(b) + 32 * h + l), 2 * c, 3, 0);
+  const int sc = ((const uint8_t*)m.f2(b))[8 * h + 2 * c + l / 16];
+  const uint32_t dm = hipc_load_u32(m.f3(b));
+  s = hipc_f16_to_f32((uint16_t)dm) * (float)(sc & 15), o = -(hipc_f16_to_f32((uint16_t)(dm >> 16)) * (float)(sc >> 4));
 }
 // Q4_K in 64-weight units (the bulk-copy GEMV reads them from shared memory): unit u of a row
 // is sub-blocks 2q and 2q + 1 (q = u % 4) of super-block u / 4, the quants' bytes 32q ..

@@ -24,6 +24,7 @@ from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.gpu import NvccToolchain
 
 from gguf_writer import (
+    q2_k_dense_type,
     q3_k_m_dense_type,
     write_mixed_glu_gguf,
     write_numpy_gguf,
@@ -507,24 +508,34 @@ def test_mixed_qkv_types_compile_for_gpus(tmp_path):
         assert launched_kernels(art, target) <= set(kernel_code(art, target))
 
 
-def test_q3_k_m_layers_compile_for_gpus(tmp_path):
-    """llama-quantize's Q3_K_M of a Llama: Q3_K q+k (merged), gate/up and embedding beside Q4_K
-    v, o and down and a Q6_K output, stored split, each Q3_K matrix on its own quantized GEMV
-    in decode and matrix-instruction GEMM in prefill, for NVIDIA and AMD; tests/gpu runs it."""
-    model = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=q3_k_m_dense_type)
+@pytest.mark.parametrize(
+    "low, types, step_up",
+    [("q3_k", q3_k_m_dense_type, "q4_k"), ("q2_k", q2_k_dense_type, "q3_k")],
+    ids=["q3_k_m", "q2_k"],
+)
+def test_low_bit_k_quant_layers_compile_for_gpus(low, types, step_up, tmp_path):
+    """llama-quantize's Q3_K_M of a Llama (Q3_K q+k (merged), gate/up and embedding beside Q4_K
+    v, o and down) and a Q2_K file (Q2_K beside Q3_K v and down), a Q6_K output, stored split,
+    each low-bit matrix on its own quantized GEMV in decode and matrix-instruction GEMM in
+    prefill, for NVIDIA and AMD; tests/gpu runs them."""
+    model = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=types)
     art = compiled(tmp_path, model, ("sm_90", "gfx942"))
     plan = json.loads((art / "plan.json").read_text())
     stored = {w["name"]: (w["dtype"], w.get("layout")) for w in plan["weights"]}
-    assert stored["token_embd.weight"] == ("q3_k", "split")
-    assert stored["l0.gate+up.weight"] == stored["l1.q+k.weight"] == ("q3_k", "split")
-    assert stored["blk.0.attn_v.weight"] == ("q4_k", "split")
+    assert stored["token_embd.weight"] == (low, "split")
+    assert stored["l0.gate+up.weight"] == stored["l1.q+k.weight"] == (low, "split")
+    assert stored["blk.0.attn_v.weight"] == (step_up, "split")
     for target in ("sm_90", "gfx942"):
         target_steps = plan["targets"][target]["steps"]
         for step in ("decode", "prefill"):
             kernels = {x["group"]: x["kernel"] for x in target_steps[step]}
             want = "_gemv" if step == "decode" else "_mma"
             for group in ("l0.q+k", "l0.gate+up", "l1.q+k", "l1.gate+up"):
-                assert "_q3_k_" in kernels[group] and want in kernels[group], (target, step, group)
+                assert f"_{low}_" in kernels[group] and want in kernels[group], (
+                    target,
+                    step,
+                    group,
+                )
         assert launched_kernels(art, target) <= set(kernel_code(art, target))
 
 

@@ -112,6 +112,10 @@ CASES = {
     "q3_k_k256_glu_norm": ("q3_k", 2 * 21, 256, "glu", True, QuantGemv(2, 2, 1, 3, 1, 4)),
     "q3_k_residual_s4": ("q3_k", 23, 2304, "residual", False, QuantGemv(2, 2, 1, 2, 1, 4, 8)),
     "q3_k_copy_rows4_norm": ("q3_k", 21, 1024, "none", True, QuantGemv(2, 4, 1, 2, 1, 1)),
+    # Q2_K (mins per 16 against x's staged sums): a ring, a copy loop, a GLU pair
+    "q2_k_residual_s3": ("q2_k", 23, 2304, "residual", False, QuantGemv(2, 2, 1, 2, 1, 3, 8)),
+    "q2_k_copy_rows4_norm": ("q2_k", 21, 1024, "none", True, QuantGemv(2, 4, 1, 2, 1, 1)),
+    "q2_k_k256_glu_norm": ("q2_k", 2 * 21, 256, "glu", True, QuantGemv(2, 2, 1, 3, 1, 4)),
     "q5_0_residual_s2": ("q5_0", 17, 1536, "residual", False, QuantGemv(2, 2, 2, 2, 1, 2)),
     # one stage: the next item's loads copied in at the end of each step
     "q4_k_copy_rows4": ("q4_k", 21, 2048, "residual", False, QuantGemv(2, 4, 1, 2, 1, 1)),

@@ -50,6 +50,8 @@ CASES = {
     "q4_k_q8_0_e7_k3_f32router_norm": ("q4_k", 7, 3, 256, 160, True, "float32", True),
     # llama-quantize's Q3_K_M experts: Q3_K gate/up (128-weight units), Q4_K downs
     "q3_k_q4_k_e6_k2_f32router_norm": ("q3_k", 6, 2, 256, 512, True, "float32", True),
+    # Q2_K experts, gate/up and downs (mins per 16)
+    "q2_k_e6_k2_f32router_norm": ("q2_k", 6, 2, 256, 512, True, "float32", True),
 }
 # the down experts' type where it differs from gate/up's
 DOWN = {

@@ -51,6 +51,8 @@ CASES = {
     "q4_k_q8_0": ("q4_k", 4, 2, 256, 96),
     # Q3_K gate/up (no offsets) with Q4_K downs: llama-quantize's Q3_K_M experts
     "q3_k_q4_k": ("q3_k", 4, 2, 256, 256),
+    # Q2_K gate/up and downs (offsets per 16)
+    "q2_k": ("q2_k", 4, 2, 256, 256),
 }
 # the down experts' type where it differs from gate/up's
 DOWN = {"q4_k_q6_k": "q6_k", "iq4_xs_q5_k": "q5_k", "q4_k_q8_0": "q8_0", "q3_k_q4_k": "q4_k"}

@@ -24,12 +24,14 @@ gguf = pytest.importorskip("gguf")
 
 TYPES = (
     "q4_0", "q4_1", "q8_0", "q6_k", "q5_0", "q5_1", "q4_k", "q5_k", "iq4_nl", "iq4_xs", "q3_k",
+    "q2_k",
 )  # fmt: skip
 # block bytes of the types gguf-py cannot quantize (random blocks), where their f16 scales
 # sit and how many bytes they take
 RANDOM_BLOCKS = {
     "q6_k": (210, 208, 2),
     "q3_k": (110, 108, 2),
+    "q2_k": (84, 80, 4),
     "q4_k": (144, 0, 4),
     "q5_k": (176, 0, 4),
     "iq4_nl": (18, 0, 2),
@@ -81,6 +83,7 @@ TYPE(q5_k)
 TYPE(iq4_nl)
 TYPE(iq4_xs)
 TYPE(q3_k)
+TYPE(q2_k)
 """
 
 

@@ -22,6 +22,7 @@ from hipc.graphs import load_model
 from hipc.runtime.engine import load_engine
 
 from gguf_writer import (
+    q2_k_dense_type,
     q3_k_m_dense_type,
     write_mixed_glu_gguf,
     write_numpy_gguf,
@@ -113,6 +114,13 @@ def test_q3_k_m_layers_on_gpu(tmp_path):
     """llama-quantize's Q3_K_M of a Llama (Q3_K q+k, gate/up and embedding; Q4_K v, o, down;
     Q6_K output): the Q3_K GEMVs, prefill GEMM tiles and embedding against the reference."""
     path = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=q3_k_m_dense_type)
+    check(path, tmp_path, kv_storage="float32")  # float32 KV: as test_iq4_on_gpu says
+
+
+def test_q2_k_layers_on_gpu(tmp_path):
+    """A Q2_K file of a Llama (Q2_K q+k, o, gate/up and embedding; Q3_K v and down; Q6_K
+    output): the Q2_K GEMVs, prefill GEMM tiles and embedding against the reference."""
+    path = write_numpy_gguf(tmp_path / "m.gguf", hidden=256, ffn=512, types=q2_k_dense_type)
     check(path, tmp_path, kv_storage="float32")  # float32 KV: as test_iq4_on_gpu says
 
 

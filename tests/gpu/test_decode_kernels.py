@@ -91,6 +91,10 @@ GEMVS = {
     # (QUANT_GEMV_Q3_K), on fewer rows than an 8B's
     "q3_k_default_glu_k4096": ("q3_k", 2 * 1300, 4096, "glu", True, False),
     "q3_k_default_short_k4096": ("q3_k", 5000, 4096, "none", True, False),
+    # Q2_K (mins per 16): one super-block a row, a long row, quant_gemv's own geometry
+    "q2_k_glu_norm_k256": ("q2_k", 2 * 512, 256, "glu", True, False),
+    "q2_k_residual_k14336": ("q2_k", 41, 14336, "residual", False, False),
+    "q2_k_default_glu_k4096": ("q2_k", 2 * 1300, 4096, "glu", True, False),
     "q4_0_ring4_rows1_k14336": ("q4_0", 45, 14336, "residual", False, True),
     "q6_k_ring3_preload1_norm": ("q6_k", 50, 4096, "none", True, False),
     "q4_k_ring3_glu_norm": ("q4_k", 2 * 33, 4096, "glu", True, False),

@@ -44,6 +44,7 @@ CASES = {
     "iq4_nl": (200, 2 * 160, 1024, "glu", True, True),
     "iq4_xs": (257, 300, 2048, "residual", False, False),
     "q3_k": (300, 2 * 200, 1024, "glu", True, False),
+    "q2_k": (257, 300, 2048, "residual", False, False),
 }
 assert set(CASES) == set(QUANT_TYPES)
 

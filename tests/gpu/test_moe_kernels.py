@@ -49,6 +49,8 @@ CASES = {
     "q4_k_q8_0_e9_k2_f160": ("q4_k", 9, 2, 256, 160, True, False, True),
     # llama-quantize's Q3_K_M experts: Q3_K gate/up, Q4_K downs
     "q3_k_q4_k_e9_k2": ("q3_k", 9, 2, 256, 512, True, False, True),
+    # Q2_K experts, gate/up and downs
+    "q2_k_e9_k2": ("q2_k", 9, 2, 256, 512, True, False, True),
 }
 # the down experts' type where it differs from gate/up's
 DOWN = {

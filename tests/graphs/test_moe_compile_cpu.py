@@ -341,11 +341,16 @@ def test_quantized_experts_with_dense_downs_refused_on_the_gpu(tmp_path):
     assert "\n" not in msg and not (tmp_path / "g.hipc").exists()
 
 
-def test_experts_of_a_type_without_gpu_kernels_refused_naming_the_tensor(tmp_path):
-    """Q2_K experts (CPU kernels only) for sm_90: one line naming the expert tensor, its type
-    and the GPU's types, before any toolchain runs (the check read a kernel's "w" argument
-    only, which a MoE kernel has not: a KeyError)."""
+def test_experts_of_a_type_without_gpu_kernels_refused_naming_the_tensor(tmp_path, monkeypatch):
+    """Q2_K experts for sm_90 with Q2_K taken out of the GPU's types (every type has GPU
+    kernels now): one line naming the expert tensor, its type and the GPU's types, before any
+    toolchain runs (the check read a kernel's "w" argument only, which a MoE kernel has not: a
+    KeyError)."""
     from hipc.base.errors import HipcError
+    from hipc.compiler.codegen import environment
+
+    hip_types = tuple(t for t in environment.KERNEL_WTYPES["hip"] if t != "q2_k")
+    monkeypatch.setitem(environment.KERNEL_WTYPES, "hip", hip_types)
 
     f32 = write_gguf(sharp_router_moe(0.1, **KQUANT_WIDTHS), tmp_path / "f.gguf", "qwen3moe",
                      "F32", tokenizer=False)  # fmt: skip
