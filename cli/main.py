@@ -502,8 +502,8 @@ def _numerics_flags(sp: argparse.ArgumentParser) -> None:
         metavar="RECIPE",
         default=None,
         help="quantize float weights at compile time, as llama-quantize's file type of that "
-        "name: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q3_k, q4_k, q5_k, q6_k, q3_k_m, "
-        "q3_k_l, q4_k_m, q5_k_m",
+        "name: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q2_k, q3_k, q4_k, q5_k, q6_k, "
+        "q3_k_m, q3_k_l, q4_k_m, q5_k_m",
     )
 
 

@@ -4,7 +4,7 @@ Each recipe is llama-quantize's file type of that name as its llama_tensor_get_t
 picks types without an importance matrix (facts, not code, taken from llama.cpp's
 src/llama-quant.cpp): a base type for every matrix, the exceptions in RULES below, then
 the row-length fallback. `q4_k` and `q5_k` are the *_S file types minus Q4_K_S's few
-Q5_K layers; `q3_k` is Q3_K_S; `iq4_nl` / `iq4_xs` as without an importance matrix. Only
+Q5_K layers; `q3_k` is Q3_K_S; `q2_k` is Q2_K (not Q2_K_S); `iq4_nl` / `iq4_xs` as without an importance matrix. Only
 matrices (2-D float weights) and MoE experts (3-D: GGUF's stacked tensors, HF's per-expert
 ones as a StackedWeight) are quantized; norms, biases and the
 routers (llama-quantize keeps every ffn_gate_inp as it is) stay.
@@ -28,6 +28,7 @@ BASE = {
     "q5_1": "q5_1",
     "iq4_nl": "iq4_nl",
     "iq4_xs": "iq4_xs",
+    "q2_k": "q2_k",
     "q3_k": "q3_k",
     "q4_k": "q4_k",
     "q5_k": "q5_k",
@@ -54,7 +55,7 @@ RULES = (
     # (llama.cpp's n_expert == 8 rules; its list leaves Q3_K_L's at the base type)
     (_ALL, ("v", "k"), "8 experts", "q8_0", "8-expert model"),
     (
-        ("q4_k_m", "q3_k", "q3_k_m", "iq4_nl", "iq4_xs"),
+        ("q4_k_m", "q2_k", "q3_k", "q3_k_m", "iq4_nl", "iq4_xs"),
         ("o",),
         "8 experts",
         "q5_k",
@@ -68,13 +69,22 @@ RULES = (
     # 70B-class models (80 layers, GQA): 8 query heads share each v head, so v is 8x
     # smaller than q and 5 bits cost almost nothing (llama.cpp's LLM_TYPE_70B rule,
     # which lifts only 3- and 4-bit types).
-    (("q4_k_m", "q4_k", "q3_k", "q3_k_m"), ("v",), "80 layers with GQA", "q5_k", "80-layer GQA"),
+    (
+        ("q4_k_m", "q4_k", "q3_k", "q3_k_m", "q2_k"),
+        ("v",),
+        "80 layers with GQA",
+        "q5_k",
+        "80-layer GQA",
+    ),
     # Q3_K_M: v 5 bits on its first two layers and down on the first sixteenth, else both 4,
     # as o; Q3_K_L: all three 5 bits
     (("q3_k_m",), ("v",), "first 2 layers", "q5_k", "the first two layers"),
     (("q3_k_m",), ("down",), "first sixteenth", "q5_k", "the first sixteenth of the layers"),
     (("q3_k_m",), ("v", "o", "down"), "always", "q4_k", "Q3_K_M's 4-bit matrices"),
     (("q3_k_l",), ("v", "o", "down"), "always", "q5_k", "Q3_K_L's 5-bit matrices"),
+    # Q2_K: attn_v 4 bits under a GQA of 4 or more, else 3 as attn_output and ffn_down
+    (("q2_k",), ("v",), "GQA of 4 or more", "q4_k", "4+ query heads a KV head"),
+    (("q2_k",), ("v", "o", "down"), "always", "q3_k", "Q2_K's 3-bit matrices"),
     # IQ4_NL / IQ4_XS (no importance matrix): attn_v 5 bits where 4 or more query heads share
     # each KV head, ffn_down on the first eighth of the layers
     (("iq4_nl", "iq4_xs"), ("v",), "GQA of 4 or more", "q5_k", "4+ query heads a KV head"),
@@ -105,7 +115,14 @@ AS_ROLE = {
 # A row whose length is not a multiple of 256 cannot hold K-quant super-blocks; these
 # are llama.cpp's substitutes (32-element blocks, about as many bits). A row that is not
 # a multiple of 32 either stays in its float type (llama.cpp would write F16).
-K_FALLBACK = {"q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "iq4_xs": "iq4_nl"}
+K_FALLBACK = {
+    "q2_k": "q4_0",
+    "q3_k": "q4_0",
+    "q4_k": "q5_0",
+    "q5_k": "q5_1",
+    "q6_k": "q8_0",
+    "iq4_xs": "iq4_nl",
+}
 
 
 @dataclass(frozen=True)

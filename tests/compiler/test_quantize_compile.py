@@ -141,6 +141,23 @@ def test_q3_k_m_cpu_program_matches_reference(tmp_path):
     assert rel_err(want, floating) > 1e-3
 
 
+def test_q2_k_cpu_program_matches_reference(tmp_path):
+    """--quant q2_k: Q2_K q, k, gate, up and embedding, Q3_K attn_v (4 heads over 2 KV heads:
+    no GQA of 4), attn_output and ffn_down, Q6_K LM head; the compiled program against the
+    reference on the same quantized weights."""
+    model, engine = _quantized_256_wide(tmp_path, "q2_k")
+    types = {w["name"]: w["dtype"] for w in engine.artifact.plan["weights"]}
+    assert types["model.embed_tokens.weight"] == "q2_k" and types["lm_head.weight"] == "q6_k"
+    for i in range(2):
+        for m in ("self_attn.v_proj", "self_attn.o_proj", "mlp.down_proj"):
+            assert types[f"model.layers.{i}.{m}.weight"] == "q3_k"
+    assert {types[n] for n in types if n.endswith(("q+k.weight", "gate+up.weight"))} == {"q2_k"}
+    ids = np.random.default_rng(4).integers(0, 160, 20).tolist()
+    want = ReferenceEngine(load_model(model), CTX, quant="q2_k").logits(ids, 0)
+    assert rel_err(engine.logits(ids), want) <= 3e-3
+    assert rel_err(want, ReferenceEngine(load_model(model), CTX).logits(ids, 0)) > 1e-3
+
+
 @pytest.mark.parametrize("recipe", ["iq4_nl", "iq4_xs"])
 def test_iq4_recipe_cpu_program_matches_reference(tmp_path, recipe):
     """--quant iq4_nl / iq4_xs: the table-valued types in every matrix but the Q6_K LM head
@@ -279,7 +296,7 @@ def test_export_gguf_loads_in_llama_cpp(tmp_path, monkeypatch):
     assert rel_err(np.asarray(llm.scores[: len(ids)]), want) <= 5e-2
 
 
-@pytest.mark.parametrize("bad", ["q2_k", "Q4_0", "int4", ""])
+@pytest.mark.parametrize("bad", ["q2_k_s", "Q4_0", "int4", ""])
 def test_bad_quant_is_one_line_exit_2(tmp_path, capsys, bad):
     model = write_tiny_hf(tmp_path / "m")
     rc = main(["compile", str(model), "--quant", bad, "-o", str(tmp_path / "x.hipc"), "-q"])
@@ -388,7 +405,8 @@ def test_recipe_a_target_cannot_run_is_refused_before_quantizing(tmp_path, capsy
 
 
 @pytest.mark.parametrize(
-    "family, recipe", [("llama", "q4_k_m"), ("qwen2-bias", "q5_k_m"), ("llama-tied-mqa", "q4_0")]
+    "family, recipe",
+    [("llama", "q4_k_m"), ("qwen2-bias", "q5_k_m"), ("llama-tied-mqa", "q4_0"), ("llama", "q2_k")],
 )
 def test_exported_gguf_read_by_transformers(tmp_path, family, recipe):
     """transformers reads GGUF files the way llama.cpp lays them out (its own name and

@@ -147,8 +147,8 @@ def test_a_fused_qkv_gets_a_step_up_in_the_mixes(fmt, recipe, want):
 
 
 def test_unknown_recipe():
-    with pytest.raises(HipcError, match="unknown recipe 'q2_k'"):
-        choose_types(shaped_graph("gguf", 2, 64, 96, 100, 64, 32, False), "q2_k")
+    with pytest.raises(HipcError, match="unknown recipe 'q2_k_s'"):
+        choose_types(shaped_graph("gguf", 2, 64, 96, 100, 64, 32, False), "q2_k_s")
     assert "q4_k_m" in RECIPES
 
 
@@ -169,6 +169,32 @@ def test_q3_k_recipes_on_llama3_8b(recipe, want):
         assert [by_role[("down", i)] for i in range(3)] == ["q5_k", "q5_k", "q4_k"]  # 32 / 16
         assert {by_role[("o", i)] for i in range(32)} == {"q4_k"}
         assert by_role[("q", 5)] == by_role[("gate", 5)] == by_role[("embed", None)] == "q3_k"
+
+
+def test_q2_k_recipe_on_llama3_8b_and_its_fallback():
+    """llama.cpp's Q2_K of Llama-3-8B (llama_tensor_get_type): attn_v Q4_K (4 query heads a KV
+    head), attn_output and ffn_down Q3_K, the rest and the embedding Q2_K, the output Q6_K;
+    SmolLM2's 576-wide rows take Q2_K's fallback, Q4_0; an 80-layer GQA model's attn_v Q5_K."""
+    types = choose_types(shaped_graph("gguf", **LLAMA3_8B), "q2_k")
+    assert Counter(c.dtype for c in types.values()) == {
+        "q2_k": 129,
+        "q3_k": 64,
+        "q4_k": 32,
+        "q6_k": 1,
+    }
+    by_role = {(c.role, c.layer): c.dtype for c in types.values()}
+    assert by_role[("v", 7)] == "q4_k" and by_role[("o", 7)] == by_role[("down", 7)] == "q3_k"
+    smol = {
+        (c.role, c.layer): c.dtype
+        for c in choose_types(shaped_graph("safetensors", **SMOLLM2), "q2_k").values()
+    }
+    assert (
+        smol[("q", 3)] == smol[("gate", 3)] == "q4_0" and smol[("down", 3)] == "q3_k"
+    )  # 1536 = 6 x 256
+    g = shaped_graph("safetensors", 80, 8192, 28672, 1000, 8192, 1024, False)
+    assert Counter(c.dtype for c in choose_types(g, "q2_k").values() if c.role == "v") == {
+        "q5_k": 80
+    }
 
 
 def test_q3_k_m_fallbacks_and_the_70b_and_8_expert_rules():
