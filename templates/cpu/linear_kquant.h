@@ -176,26 +176,26 @@ inline void q3_k_scales(const block_q3_k& b, float* s) {
   }
 }
 
+// Element i of 32-unit j of a super-block's 2-bit fields (Q3_K's low bits, Q2_K's values):
+// bits 2 * (j % 4) of qs[32 * (j / 4) + i]
+inline int two_bits(const uint8_t* qs, int j, int i) { return (qs[32 * (j >> 2) + i] >> (2 * (j & 3))) & 3; }
+
 inline void unpack(const block_q3_k& b, Unpacked<256>& u) {
   for (int j = 0; j < 8; ++j) {
-    const uint8_t* qs = b.qs + 32 * (j >> 2);
-    const int shift = 2 * (j & 3);
     int16_t* q = u.q + 32 * j;
 #pragma omp simd
-    for (int i = 0; i < 32; ++i) q[i] = (int16_t)(((qs[i] >> shift) & 3) - ((b.hmask[i] >> j) & 1 ? 0 : 4));
+    for (int i = 0; i < 32; ++i) q[i] = (int16_t)(two_bits(b.qs, j, i) - ((b.hmask[i] >> j) & 1 ? 0 : 4));
   }
   q3_k_scales(b, u.s);
   for (int j = 0; j < 8; ++j) u.m[j] = 0.f;
 }
 
-// Q2_K: 2-bit q under a 4-bit scale and min per 16 (blocks.h); the units' bits as Q3_K's
+// Q2_K: 2-bit q under a 4-bit scale and min per 16 (blocks.h)
 inline void unpack(const block_q2_k& b, Unpacked<256>& u) {
   for (int j = 0; j < 8; ++j) {
-    const uint8_t* qs = b.qs + 32 * (j >> 2);
-    const int shift = 2 * (j & 3);
     int16_t* q = u.q + 32 * j;
 #pragma omp simd
-    for (int i = 0; i < 32; ++i) q[i] = (int16_t)((qs[i] >> shift) & 3);
+    for (int i = 0; i < 32; ++i) q[i] = (int16_t)two_bits(b.qs, j, i);
     u.m[j] = 0.f;
   }
   const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
