@@ -4,9 +4,9 @@ Each recipe is llama-quantize's file type of that name as its llama_tensor_get_t
 picks types without an importance matrix (facts, not code, taken from llama.cpp's
 src/llama-quant.cpp): a base type for every matrix, the exceptions in RULES below, then
 the row-length fallback. `q4_k` and `q5_k` are the *_S file types minus Q4_K_S's few
-Q5_K layers; `q3_k` is Q3_K_S; `q2_k` is Q2_K (not Q2_K_S); `iq4_nl` / `iq4_xs` as without an importance matrix. Only
-matrices (2-D float weights) and MoE experts (3-D: GGUF's stacked tensors, HF's per-expert
-ones as a StackedWeight) are quantized; norms, biases and the
+Q5_K layers; `q3_k` is Q3_K_S; `q2_k` is Q2_K (not Q2_K_S); `iq4_nl` / `iq4_xs` as without
+an importance matrix. Only matrices (2-D float weights) and MoE experts (3-D: GGUF's stacked
+tensors, HF's per-expert ones as a StackedWeight) are quantized; norms, biases and the
 routers (llama-quantize keeps every ffn_gate_inp as it is) stay.
 """
 
