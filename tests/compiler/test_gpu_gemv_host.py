@@ -372,7 +372,7 @@ def test_bulk_env_adds_entries_for_benchmarks(monkeypatch):
     assert decode_gemv("b", short, GpuTarget("sm_90"), ["n"]).template == "linear_gemv_q"
     for bad in (
         "q:wide=16,4,8,2",
-        "q2_k:glu=16,4,8,2",
+        "q8_k:glu=16,4,8,2",
         "q:glu=16,4,8",
         "q:glu=16,4,8,x",
         "q:glu=16,4,8,2,r",
