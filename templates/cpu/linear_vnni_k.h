@@ -247,6 +247,15 @@ struct KSQ6K {
   }
 };
 
+// Units 2p and 2p + 1 of a super-block's 2-bit fields at qs (Q3_K's lows, Q2_K's values;
+// unit j = 4h + k: bits 2k of qs[32h + i]) as bytes 0..3, element order
+inline __m512i k2_pair(const uint8_t* qs, int p) {
+  const int j = 2 * p, k = j & 3;
+  const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(qs + 32 * (j >> 2))));
+  const __m512i cnt = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * k)), _mm512_set1_epi16((short)(2 * k + 2)));
+  return _mm512_and_si512(_mm512_srlv_epi16(q, cnt), _mm512_set1_epi8(3));
+}
+
 // Q3_K (blocks.h): u = lo | hi << 2 in 0..7 with q = u - 4; scales per 16-group as Q6_K's.
 // Offsets in the block: hmask 0, qs 32, scales 96, d 108.
 struct KSQ3K {
@@ -271,10 +280,8 @@ struct KSQ3K {
   }
   // pair p: units 2p and 2p + 1 (unit j = 4h + k: bits 2k of qs[32h + i], bit j of hmask[i])
   static inline __m512i pair(const uint8_t* b, int p) {
-    const int j = 2 * p, k = j & 3;
-    const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 32 + 32 * (j >> 2))));
-    const __m512i cnt = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * k)), _mm512_set1_epi16((short)(2 * k + 2)));
-    const __m512i lo = _mm512_and_si512(_mm512_srlv_epi16(q, cnt), _mm512_set1_epi8(3));
+    const int j = 2 * p;
+    const __m512i lo = k2_pair(b + 32, p);
     const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)b));
     const __m512i bit = _mm512_mask_blend_epi8((__mmask64)0xFFFFFFFF00000000ull, _mm512_set1_epi8((char)(1 << j)),
                                                _mm512_set1_epi8((char)(1 << (j + 1))));
@@ -336,13 +343,7 @@ struct KSQ2K {
   }
   static inline __m512 scales(const uint8_t* b) { return nibbles(b, 0, 80, 1.f); }  // [d*sc[0..15]]
   static inline __m512 mins(const uint8_t* b) { return nibbles(b, 4, 82, -1.f); }   // [-dmin*mn[0..15]]
-  // pair p: units 2p and 2p + 1 (unit j = 4h + k: bits 2k of qs[32h + i])
-  static inline __m512i pair(const uint8_t* b, int p) {
-    const int j = 2 * p, k = j & 3;
-    const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 16 + 32 * (j >> 2))));
-    const __m512i cnt = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * k)), _mm512_set1_epi16((short)(2 * k + 2)));
-    return _mm512_and_si512(_mm512_srlv_epi16(q, cnt), _mm512_set1_epi8(3));
-  }
+  static inline __m512i pair(const uint8_t* b, int p) { return k2_pair(b + 16, p); }
   // unit u = 4h + k; dw / mw: the scales of its two 16-groups (2u, 2u+1), mins[u].m0 / m1
   // their -dmin*mn
   static inline void rows8(const uint8_t* b, __m512i ridx, __mmask16 k, WGroup* out, WMins* mins, int stride) {
@@ -676,7 +677,7 @@ inline void ks_rl_prep(const uint8_t* W, size_t rb, int nsb, int n0, int N, WGro
     const uint8_t* base = W + (size_t)(n0 + 16 * v) * rb;
     for (int sb = 0; sb < nsb; ++sb) {
       WGroup* out = slab + (size_t)(8 * sb) * V + v;
-      WMins* mo = mins + (size_t)(8 * sb) * V + v;
+      WMins* mo = KS::kMin16 ? mins + (size_t)(8 * sb) * V + v : nullptr;
       if (km) {
         if constexpr (KS::kMin16) {
           KS::rows8(base + (size_t)sb * KS::kBytes, ridx, km, out, mo, V);
