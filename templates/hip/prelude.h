@@ -1152,18 +1152,23 @@ HIPC_DEVICE float hipc_w_q3_k(const void* W, int N, int K, int n, int k) {
   const float ds = hipc_f16_to_f32(*(const uint16_t*)m.f3(b)) * (float)hipc_q3scale(m.f2(b), 8 * h + 2 * c + l / 16);
   return ds * (float)(v - 4);
 }
+// Q2_K 16-group g of super-block b: w = s * q + o with s = d * sc, o = -(dmin * mn), as
+// gguf-py rounds them
+HIPC_DEVICE void hipc_q2_k_group(const hipc_qmat_q2_k& m, size_t b, int g, float& s, float& o) {
+  const int sc = ((const uint8_t*)m.f2(b))[g];
+  const uint32_t dm = hipc_load_u32(m.f3(b));
+  s = hipc_f16_to_f32((uint16_t)dm) * (float)(sc & 15), o = -(hipc_f16_to_f32((uint16_t)(dm >> 16)) * (float)(sc >> 4));
+}
 // Q2_K weight j of a super-block (h = j / 128, c = (j % 128) / 32, l = j % 32): bits 2c.. of
-// qs[32h + l] under 16-group 8h + 2c + l / 16's scale and min: w = d * sc * q - dmin * mn, in
-// gguf-py's order
+// qs[32h + l] under 16-group 8h + 2c + l / 16's scale and min
 HIPC_DEVICE float hipc_w_q2_k(const void* W, int N, int K, int n, int k) {
   const hipc_qmat_q2_k m{(const char*)W, (size_t)N * (K / 256)};
   const size_t b = (size_t)n * (K / 256) + k / 256;
   const int j = k % 256, h = j / 128, c = (j % 128) / 32, l = j % 32;
   const int q = (((const uint8_t*)m.qs(b))[32 * h + l] >> (2 * c)) & 3;
-  const int sc = ((const uint8_t*)m.f2(b))[8 * h + 2 * c + l / 16];
-  const uint32_t dm = hipc_load_u32(m.f3(b));
-  const float d = hipc_f16_to_f32((uint16_t)dm), dmin = hipc_f16_to_f32((uint16_t)(dm >> 16));
-  return d * (float)(sc & 15) * (float)q - dmin * (float)(sc >> 4);
+  float s, o;
+  hipc_q2_k_group(m, b, 8 * h + 2 * c + l / 16, s, o);
+  return s * (float)q + o;
 }
 template <bool SMEM = false>
 HIPC_DEVICE void hipc_load_unit(hipc_unit_q5_0& v, const hipc_qmat_q5_0& m, size_t u) {
@@ -1576,9 +1581,7 @@ HIPC_DEVICE void hipc_qchunk8(const hipc_qmat_q2_k& m, int K, int n, int k, uint
   const size_t b = (size_t)n * (K / 256) + k / 256;
   const int j = k % 256, h = j / 128, c = (j % 128) / 32, l = j % 32;
   q = hipc_ints8(hipc_load_bytes8(m.qs(b) + 32 * h + l), 2 * c, 3, 0);
-  const int sc = ((const uint8_t*)m.f2(b))[8 * h + 2 * c + l / 16];
-  const uint32_t dm = hipc_load_u32(m.f3(b));
-  s = hipc_f16_to_f32((uint16_t)dm) * (float)(sc & 15), o = -(hipc_f16_to_f32((uint16_t)(dm >> 16)) * (float)(sc >> 4));
+  hipc_q2_k_group(m, b, 8 * h + 2 * c + l / 16, s, o);
 }
 // Q4_K in 64-weight units (the bulk-copy GEMV reads them from shared memory): unit u of a row
 // is sub-blocks 2q and 2q + 1 (q = u % 4) of super-block u / 4, the quants' bytes 32q ..
