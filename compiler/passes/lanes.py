@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hipc.compiler.kernels.base import SelectedKernel
-from hipc.compiler.passes.repack import LANE_BLOCKS
+from hipc.compiler.passes.repack import LANE_TYPES
 
 # the kinds with a lanes form: which of their weight arguments, and the parameter that says
 # the argument's weight is in lanes (a MoE kernel's gate and up share one)
@@ -46,7 +46,7 @@ def lay_out_lanes(
     shapes: dict[str, tuple[int, ...]],
 ) -> list[SelectedKernel]:
     """The kernels, those reading a lanes-eligible weight switched to its lanes form: a type of
-    LANE_BLOCKS, read only through READERS' arguments, by a Linear or MoE kernel at least, and
+    LANE_TYPES, read only through READERS' arguments, by a Linear or MoE kernel at least, and
     (stacked experts) whole groups of 16 rows an expert, so the experts' offsets stay the
     file's. `dtypes` / `shapes`: each weight's storage type and logical shape."""
     readers: dict[str, list[tuple[SelectedKernel, str]]] = {}
@@ -57,7 +57,7 @@ def lay_out_lanes(
     lanes = {
         w
         for w, rs in readers.items()
-        if dtypes[w] in LANE_BLOCKS
+        if dtypes[w] in LANE_TYPES
         and all(arg in READERS.get(k.kind.name, {}) for k, arg in rs)
         and any(k.kind.name in MULTIPLIERS for k, _ in rs)
         and (len(shapes[w]) == 2 or shapes[w][-2] % 16 == 0)

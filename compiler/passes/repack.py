@@ -245,7 +245,10 @@ def lane_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
     """GGUF blocks [rows, row bytes] -> the lanes layout (linear_lanes.h): rows in groups of
     16 (padded with zero blocks to a multiple of 16 rows), lane r = row r; a group's blocks
     in pairs, each pair its two blocks' quants, then their fifth bits (Q5), then their
-    scales (a last odd block alone). Same bytes a row; one sequential stream a group."""
+    scales (a last odd block alone). Same bytes a row; one sequential stream a group.
+    K-quants: lane_kquant_blocks."""
+    if dtype in LANE_KQUANTS:
+        return lane_kquant_blocks(stored, dtype)
     size, (so, sn), qh, (qo, qn) = LANE_BLOCKS[dtype]
     rows, rb = stored.shape
     nb, groups = rb // size, -(-rows // 16)
@@ -279,6 +282,8 @@ def lane_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
 
 def unlane_quant_blocks(lanes: np.ndarray, dtype: str, rows: int) -> np.ndarray:
     """The GGUF blocks [rows, row bytes] that lane_quant_blocks laid out as `lanes`."""
+    if dtype in LANE_KQUANTS:
+        return unlane_kquant_blocks(lanes, dtype, rows)
     size, (so, sn), qh, (qo, qn) = LANE_BLOCKS[dtype]
     padded, rb = lanes.shape
     nb, groups = rb // size, padded // 16
@@ -312,3 +317,162 @@ def unlane_quant_blocks(lanes: np.ndarray, dtype: str, rows: int) -> np.ndarray:
             blocks[:, :, b + i, so : so + sn] = unlanes(parts[-1], sn)
         at += m * sum(widths)
     return blocks.reshape(padded, rb)[:rows]
+
+
+# K-quants the CPU kernels read in row lanes (templates/cpu/linear_lanes_k.h): super-block
+# bytes. A cell (16 rows' blocks of one super-block) holds their heads (d, dmin, scales as
+# stored), then per 32-element unit the fifth bits (Q5_K) or two high bits (Q6_K), then
+# per unit the low nibbles as a Q4_1 block's (low nibble elements 0..15, high 16..31).
+LANE_KQUANTS = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
+# every type with a lanes form
+LANE_TYPES = (*LANE_BLOCKS, *LANE_KQUANTS)
+
+
+def _kquant_values(blocks: np.ndarray, dtype: str) -> np.ndarray:
+    """Super-blocks [..., bytes] -> their unsigned quant values [..., 8 units, 32]."""
+    if dtype == "q6_k":
+        ql = blocks[..., :128].reshape(*blocks.shape[:-1], 2, 2, 32)  # [half, v & 1, l]
+        qh = blocks[..., 128:192].reshape(*blocks.shape[:-1], 2, 1, 32)  # [half, -, l]
+        v = np.arange(4).reshape(4, 1)
+        lo = (ql[..., v[:, 0] & 1, :] >> (4 * (v >> 1))) & 15  # [half, v, l]
+        hi = (qh >> (2 * v)) & 3
+        return (lo | (hi << 4)).reshape(*blocks.shape[:-1], 8, 32).astype(np.uint8)
+    qo = 16 if dtype == "q4_k" else 48
+    qs = blocks[..., qo : qo + 128].reshape(*blocks.shape[:-1], 4, 1, 32)
+    u = (qs >> (4 * np.arange(2).reshape(2, 1))) & 15  # unit 2p + h: nibble h of qs[32p + i]
+    u = u.reshape(*blocks.shape[:-1], 8, 32)
+    if dtype == "q5_k":  # fifth bit of unit j, element i: bit j of qh[i]
+        qh = blocks[..., 16:48].reshape(*blocks.shape[:-1], 1, 32)
+        u = u | (((qh >> np.arange(8).reshape(8, 1)) & 1) << 4)
+    return u.astype(np.uint8)
+
+
+def _kquant_blocks(u: np.ndarray, head: np.ndarray, dtype: str) -> np.ndarray:
+    """_kquant_values' inverse: values [..., 8, 32] and the head bytes (Q4_K/Q5_K: d, dmin,
+    scales; Q6_K: scales, d) -> super-blocks [..., bytes]."""
+    lead = u.shape[:-2]
+    if dtype == "q6_k":
+        u = u.reshape(*lead, 2, 4, 32)  # [half, v, l]
+        ql = np.zeros((*lead, 2, 2, 32), np.uint8)
+        qh = np.zeros((*lead, 2, 32), np.uint8)
+        for v in range(4):
+            ql[..., v & 1, :] |= (u[..., v, :] & 15) << (4 * (v >> 1))
+            qh |= (u[..., v, :] >> 4) << (2 * v)
+        return np.concatenate([ql.reshape(*lead, 128), qh.reshape(*lead, 64), head], axis=-1)
+    qs = (u[..., 0::2, :] & 15) | ((u[..., 1::2, :] & 15) << 4)  # [..., 4, 32]
+    parts = [head[..., :16]]
+    if dtype == "q5_k":
+        qh = np.zeros((*lead, 32), np.uint8)
+        for j in range(8):
+            qh |= ((u[..., j, :] >> 4) & 1) << j
+        parts.append(qh)
+    return np.concatenate([*parts, qs.reshape(*lead, 128)], axis=-1)
+
+
+def _cell_head(dtype: str) -> list[tuple[str, int]]:
+    """A cell's head regions in order, (name, bytes); the units follow, each its fifth bits
+    (Q5_K) or high bits (Q6_K), then its low nibbles."""
+    if dtype == "q6_k":
+        return [("d", 32), ("scales", 256)]
+    return [("d", 32), ("dmin", 32), ("scales", 192)]
+
+
+# per unit of a cell: bytes before its low nibbles
+_UNIT_MID = {"q4_k": 0, "q5_k": 64, "q6_k": 128}
+
+
+def lane_kquant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """GGUF super-blocks [rows, row bytes] -> the K-quant lanes layout (linear_lanes_k.h):
+    rows in groups of 16 (padded with zero blocks), one cell per group and super-block. Same
+    bytes a row."""
+    size = LANE_KQUANTS[dtype]
+    rows, rb = stored.shape
+    nsb, groups = rb // size, -(-rows // 16)
+    blocks = np.zeros((groups * 16, nsb, size), np.uint8)
+    blocks[:rows] = np.ascontiguousarray(stored).reshape(rows, nsb, size)
+    blocks = blocks.reshape(groups, 16, nsb, size).transpose(0, 2, 1, 3)  # [G, nsb, row, bytes]
+    u = _kquant_values(blocks, dtype)  # [G, nsb, row, unit, 32]
+
+    def dwords(a: np.ndarray) -> np.ndarray:
+        """[G, nsb, row, bytes] -> [G, nsb, bytes/4 vectors, row, 4]: dword r = row r"""
+        return a.reshape(*a.shape[:3], -1, 4).transpose(0, 1, 3, 2, 4)
+
+    def unit_vectors(a: np.ndarray) -> np.ndarray:
+        """[G, nsb, row, unit, bytes] -> [G, nsb, unit, bytes/4 vectors, row, 4]"""
+        return a.reshape(*a.shape[:4], -1, 4).transpose(0, 1, 3, 4, 2, 5)
+
+    chunks = u[..., _CHUNK_ORDER].reshape(*u.shape[:-1], 8, 4)  # [..., unit, chunk, i]
+    region = {}
+    if dtype == "q6_k":
+        region["d"] = blocks[..., 208:210]
+        region["scales"] = dwords(blocks[..., 192:208])
+        h2 = (chunks >> 4).reshape(*chunks.shape[:-2], 2, 4, 4)  # [..., unit, half, c, i]
+        high = (h2 << (2 * np.arange(4)).reshape(4, 1)).sum(axis=-2, dtype=np.uint8)
+        region["high"] = unit_vectors(high.reshape(*high.shape[:-2], 8))
+    else:
+        region["d"], region["dmin"] = blocks[..., 0:2], blocks[..., 2:4]
+        region["scales"] = dwords(blocks[..., 4:16])
+        if dtype == "q5_k":  # qword k, bit 4r + i: row r's element chunk k, i
+            fifth = ((chunks >> 4) & 1).transpose(0, 1, 3, 4, 2, 5)  # [G, nsb, unit, k, row, i]
+            region["fifth"] = np.packbits(
+                fifth.reshape(*fifth.shape[:4], 64), axis=-1, bitorder="little"
+            )
+    low = (u[..., :16] & 15) | ((u[..., 16:] & 15) << 4)  # [G, nsb, row, unit, 16]
+    units = [region[m].reshape(groups, nsb, 8, -1) for m in ("fifth", "high") if m in region]
+    units.append(unit_vectors(low).reshape(groups, nsb, 8, -1))
+    head = [region[name].reshape(groups, nsb, -1) for name, _ in _cell_head(dtype)]
+    cell = np.concatenate([*head, np.concatenate(units, axis=-1).reshape(groups, nsb, -1)], axis=-1)
+    return cell.reshape(groups * 16, rb)
+
+
+def unlane_kquant_blocks(lanes: np.ndarray, dtype: str, rows: int) -> np.ndarray:
+    """The GGUF super-blocks [rows, row bytes] that lane_kquant_blocks laid out as `lanes`."""
+    size = LANE_KQUANTS[dtype]
+    padded, rb = lanes.shape
+    nsb, groups = rb // size, padded // 16
+    cell = np.ascontiguousarray(lanes).reshape(groups, nsb, 16 * size)
+    region, at = {}, 0
+    for name, n in _cell_head(dtype):
+        region[name] = cell[..., at : at + n]
+        at += n
+    units = cell[..., at:].reshape(groups, nsb, 8, -1)
+    mid = _UNIT_MID[dtype]
+    region["mid"], region["low"] = units[..., :mid], units[..., mid:]
+
+    def rows_of(a: np.ndarray) -> np.ndarray:
+        """[G, nsb, vectors * 64] -> [G, nsb, row, vectors * 4]"""
+        return (
+            a.reshape(groups, nsb, -1, 16, 4).transpose(0, 1, 3, 2, 4).reshape(groups, nsb, 16, -1)
+        )
+
+    def unit_rows(a: np.ndarray) -> np.ndarray:
+        """[G, nsb, 8 units, vectors * 64] -> [G, nsb, row, unit, vectors * 4]"""
+        return (
+            a.reshape(groups, nsb, 8, -1, 16, 4)
+            .transpose(0, 1, 4, 2, 3, 5)
+            .reshape(groups, nsb, 16, 8, -1)
+        )
+
+    low = unit_rows(region["low"])  # [G, nsb, row, unit, 16]
+    u = np.concatenate([low & 15, low >> 4], axis=-1)  # element order
+    high = np.zeros_like(u)
+    if dtype == "q6_k":
+        hb = unit_rows(region["mid"]).reshape(groups, nsb, 16, 8, 2, 1, 4)  # [half, -, i]
+        h2 = (hb >> (2 * np.arange(4)).reshape(4, 1)) & 3  # [..., half, c, i]
+        high[..., _CHUNK_ORDER] = h2.reshape(groups, nsb, 16, 8, 32)
+        head = np.concatenate(
+            [rows_of(region["scales"]), region["d"].reshape(groups, nsb, 16, 2)], axis=-1
+        )
+    else:
+        if dtype == "q5_k":
+            bits = np.unpackbits(
+                region["mid"].reshape(groups, nsb, 8, 8, 8), axis=-1, bitorder="little"
+            )
+            bits = bits.reshape(groups, nsb, 8, 8, 16, 4).transpose(
+                0, 1, 4, 2, 3, 5
+            )  # [row, unit, k, i]
+            high[..., _CHUNK_ORDER] = bits.reshape(groups, nsb, 16, 8, 32)
+        dm = [region[f].reshape(groups, nsb, 16, 2) for f in ("d", "dmin")]
+        head = np.concatenate([*dm, rows_of(region["scales"])], axis=-1)
+    blocks = _kquant_blocks(u | (high << 4), head, dtype)  # [G, nsb, row, bytes]
+    return blocks.transpose(0, 2, 1, 3).reshape(padded, rb)[:rows]

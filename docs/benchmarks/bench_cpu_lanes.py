@@ -1,9 +1,10 @@
 """The CPU quantized GEMVs on the file's blocks against the same weights in row lanes.
 
-Run:  python docs/benchmarks/bench_cpu_lanes.py [--threads 1] [--types q5_0,q8_0]
+Run:  python docs/benchmarks/bench_cpu_lanes.py [--threads 1] [--types q5_0,q8_0,q4_k,q6_k]
 
 Compiles a shim around templates/cpu/hipc_cpu.h (`g++ -O3 -march=native -fopenmp`), writes
-random blocks of each type at SmolLM2-135M's shapes (and the 8B's down-projection width),
+random blocks of each type at SmolLM2-135M's shapes (and the 8B's down-projection width;
+the K-quants at 2048-wide and 8B shapes),
 repacks them with the compiler's lane_quant_blocks, checks both kernels against float64
 NumPy on gguf-py's dequantization, then times decode (T = 1) "cold": each call reads another
 copy of the matrix (>= 256 MB in all), as decode streams a model that does not fit the
@@ -36,6 +37,9 @@ static mm_fn pick(int i) {
     hipc::matmul_a16_q8_0, hipc::matmul_a16_lanes_q8_0, hipc::matmul_q8_0, hipc::matmul_lanes_q8_0,
     hipc::matmul_a16_q4_0, hipc::matmul_a16_lanes_q4_0, hipc::matmul_q4_0, hipc::matmul_lanes_q4_0,
     hipc::matmul_a16_q4_1, hipc::matmul_a16_lanes_q4_1, hipc::matmul_q4_1, hipc::matmul_lanes_q4_1,
+    hipc::matmul_a16_q4_k, hipc::matmul_a16_lanes_q4_k, hipc::matmul_q4_k, hipc::matmul_lanes_q4_k,
+    hipc::matmul_a16_q5_k, hipc::matmul_a16_lanes_q5_k, hipc::matmul_q5_k, hipc::matmul_lanes_q5_k,
+    hipc::matmul_a16_q6_k, hipc::matmul_a16_lanes_q6_k, hipc::matmul_q6_k, hipc::matmul_lanes_q6_k,
   };
   return fns[i];
 }
@@ -72,11 +76,25 @@ double hb_read(const unsigned char* p, long n, int reps) {
 }
 """
 
-TYPES = {"q5_0": 0, "q5_1": 4, "q8_0": 8, "q4_0": 12, "q4_1": 16}
-BLOCK = {"q5_0": 22, "q5_1": 24, "q8_0": 34, "q4_0": 18, "q4_1": 20}
+TYPES = {
+    "q5_0": 0,
+    "q5_1": 4,
+    "q8_0": 8,
+    "q4_0": 12,
+    "q4_1": 16,
+    "q4_k": 20,
+    "q5_k": 24,
+    "q6_k": 28,
+}
+BLOCK = {"q5_0": 22, "q5_1": 24, "q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q5_k": 176}
+BLOCK["q6_k"] = 210
+QK = {t: 256 if t.endswith("_k") else 32 for t in BLOCK}
 # SmolLM2-135M: q/o (576 x 576), k/v (192), gate+up merged (3072), the tied LM head, and an
 # 8B-wide row for contrast
 SHAPES = [(576, 576), (192, 576), (3072, 576), (576, 1536), (49152, 576), (1024, 4096)]
+# the K-quants (rows of whole 256-element super-blocks): a 2048-wide model's q, gate+up and
+# down, and the 8B's down
+K_SHAPES = [(2048, 2048), (11264, 2048), (2048, 5632), (4096, 14336)]
 
 
 def build(workdir: Path) -> ctypes.CDLL:
@@ -103,11 +121,12 @@ def random_blocks(wtype: str, rows: int, k: int, rng: np.random.Generator) -> np
     """Random quants, scales of either sign over three decades."""
     from gguf import GGMLQuantizationType, quants
 
-    nb = k // 32
+    nb = k // QK[wtype]
     raw = rng.integers(0, 256, (rows, nb, BLOCK[wtype]), dtype=np.uint8)
     d = (rng.choice([-1, 1], (rows, nb)) * 10 ** rng.uniform(-4, -1, (rows, nb))).astype(np.float16)
-    raw[..., 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
-    if wtype in ("q4_1", "q5_1"):
+    at = 208 if wtype == "q6_k" else 0
+    raw[..., at : at + 2] = d.view(np.uint8).reshape(rows, nb, 2)
+    if wtype in ("q4_1", "q5_1", "q4_k", "q5_k"):
         m = (rng.standard_normal((rows, nb)) * 1e-2).astype(np.float16)
         raw[..., 2:4] = m.view(np.uint8).reshape(rows, nb, 2)
     raw = raw.reshape(rows, -1)
@@ -136,7 +155,7 @@ def main() -> None:
         rows = []
         for wtype in args.types.split(","):
             f0 = TYPES[wtype]
-            for n, k in SHAPES:
+            for n, k in K_SHAPES if wtype.endswith("_k") else SHAPES:
                 raw, w = random_blocks(wtype, n, k, rng)
                 lanes = np.ascontiguousarray(lane_quant_blocks(raw, wtype))
                 for T in map(int, args.tokens.split(",")):

@@ -21,8 +21,9 @@
 //     void     embed_row_{q4_0,q4_1,q8_0,f32,f16,bf16}(const void* W, int K, int64_t row,
 //                                                     float* out);
 //     void     matmul_a16_<type>(...);   // the same, int16 activations (linear_a16.h)
-//     void     matmul[_a16]_lanes_{q4_0,q4_1,q5_0,q5_1,q8_0}(...), embed_row_lanes_<type>(...);
-//                                        // weights in 16-row lanes (linear_lanes.h, AVX512)
+//     void     matmul[_a16]_lanes_{q4_0,q4_1,q5_0,q5_1,q8_0,q4_k,q5_k,q6_k}(...),
+//              embed_row_lanes_<type>(...); // weights in 16-row lanes (linear_lanes.h,
+//                                        // linear_lanes_k.h; AVX512)
 //     const char* cpu_isa();
 //
 // Instruction sets are chosen at compile time only (no runtime dispatch); compile the
@@ -95,6 +96,7 @@
 #include "linear_vnni_k.h"
 #include "linear_kquant.h"
 #include "linear_lanes.h"
+#include "linear_lanes_k.h"
 
 #pragma GCC visibility pop
 

@@ -17,7 +17,9 @@ from test_moe import KQUANT_WIDTHS, make_moe_model, quantizable_moe, sharp_route
 from test_vs_transformers import hf_logits_incremental
 
 from hipc.compiler.options import CompileOptions
+from hipc.compiler.passes.lanes import lanes_available
 from hipc.compiler.pipeline import compile_model
+from hipc.compiler.toolchains.cpu import cpu_flags
 from hipc.runtime.engine import load_engine
 
 from gguf_writer import q4_k_m_type, requantize_gguf, write_gguf
@@ -319,6 +321,9 @@ def test_kquant_and_iq4_experts_on_the_cpu(mix, tmp_path):
     plan = load_engine(out).artifact.plan
     stored = {w["dtype"] for w in plan["weights"] if len(w["shape"]) == 3}
     assert stored == ({"q4_k", "q6_k"} if mix == "q4_k_m" else {mix})
+    if lanes_available(("cpu",), cpu_flags()) and mix in ("q4_k", "q6_k", "q4_k_m"):
+        # the experts in row lanes of their own (linear_lanes_k.h)
+        assert {w.get("layout") for w in plan["weights"] if len(w["shape"]) == 3} == {"lanes"}
     check_compiled_against_reference(out, path, n_greedy=16)
 
 
