@@ -1,11 +1,13 @@
-"""lanes: store the CPU's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrices in row lanes.
+"""lanes: store the CPU's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K matrices in
+row lanes.
 
 The CPU kernels on the file's blocks spend their time rearranging bytes: a decode GEMV turns
 16 blocks of a row into vpdpbusd operands with ~20 byte permutes, then sums each row's lanes.
 The lanes layout (repack.lane_quant_blocks, templates/cpu/linear_lanes.h) does that
 rearranging once, at compile time: a 16-row block unpacks with a nibble split, and lane r
 accumulates row r. SmolLM2's 576-wide Q5_0 GEMVs read ~1.4x faster (docs/benchmarks/
-bench_cpu_lanes.py), at the core's read rate.
+bench_cpu_lanes.py), at the core's read rate. The K-quants' (linear_lanes_k.h) take a
+super-block of 16 rows a unit at a time with no permutes or horizontal sums.
 
 Only for an artifact whose one target is the CPU (one copy of the weights serves every
 target, and the GPU kernels read other layouts) on a machine with AVX512-VNNI (the layout's
@@ -16,6 +18,7 @@ in lanes of its own), and the embedding gather (a tied output matrix is both).
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from hipc.compiler.kernels.base import SelectedKernel
@@ -31,10 +34,16 @@ READERS = {
 # the kinds that multiply by a weight (an embedding alone gathers rows: no gain)
 MULTIPLIERS = ("linear", "moe")
 AVX512_VNNI = ({"avx512f"}, {"avx512bw"}, {"avx512vl"}, {"avx512vnni", "avx512_vnni"})
+# HIPC_CPU_LANES=0 at compile time (benchmarks: bench_cpu_kquant_lanes.sh): every matrix keeps
+# the file's blocks
+LANES_ENV = "HIPC_CPU_LANES"
 
 
 def lanes_available(targets: tuple[str, ...], cpu_flags: tuple[str, ...]) -> bool:
-    """The CPU is the only target and its build machine has linear_lanes.h's instructions."""
+    """The CPU is the only target and its build machine has linear_lanes.h's instructions
+    (and HIPC_CPU_LANES is not 0)."""
+    if os.environ.get(LANES_ENV, "1") == "0":
+        return False
     return tuple(targets) == ("cpu",) and all(
         any(f in cpu_flags for f in need) for need in AVX512_VNNI
     )

@@ -52,6 +52,14 @@ def test_lanes_only_for_a_cpu_alone_with_avx512_vnni():
     assert not lanes_available(("cpu", "sm_90"), AVX512)  # one copy of the weights serves both
 
 
+def test_lanes_off_with_hipc_cpu_lanes_0(monkeypatch):
+    """The benchmarks' A/B switch (bench_cpu_kquant_lanes.sh): the file's blocks everywhere."""
+    monkeypatch.setenv("HIPC_CPU_LANES", "0")
+    assert not lanes_available(("cpu",), AVX512)
+    monkeypatch.setenv("HIPC_CPU_LANES", "1")
+    assert lanes_available(("cpu",), AVX512)
+
+
 class _Kind:
     def __init__(self, name: str) -> None:
         self.name = name
