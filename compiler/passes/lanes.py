@@ -1,5 +1,5 @@
-"""lanes: store the CPU's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K matrices in
-row lanes.
+"""lanes: store the CPU's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K matrices
+in row lanes.
 
 The CPU kernels on the file's blocks spend their time rearranging bytes: a decode GEMV turns
 16 blocks of a row into vpdpbusd operands with ~20 byte permutes, then sums each row's lanes.

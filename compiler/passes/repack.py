@@ -321,9 +321,10 @@ def unlane_quant_blocks(lanes: np.ndarray, dtype: str, rows: int) -> np.ndarray:
 
 # K-quants the CPU kernels read in row lanes (templates/cpu/linear_lanes_k.h): super-block
 # bytes. A cell (16 rows' blocks of one super-block) holds their heads (d, dmin, scales as
-# stored), then per 32-element unit the fifth bits (Q5_K) or two high bits (Q6_K), then
-# per unit the low nibbles as a Q4_1 block's (low nibble elements 0..15, high 16..31).
-LANE_KQUANTS = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
+# stored), then per 32-element unit the fifth bits (Q5_K) or high bits (Q6_K: two, Q3_K:
+# one), then its low bits: nibbles as a Q4_1 block's (low nibble elements 0..15, high
+# 16..31), Q3_K's 2-bit fields 4 chunks a byte.
+LANE_KQUANTS = {"q4_k": 144, "q5_k": 176, "q6_k": 210, "q3_k": 110}
 # every type with a lanes form
 LANE_TYPES = (*LANE_BLOCKS, *LANE_KQUANTS)
 
@@ -337,6 +338,12 @@ def _kquant_values(blocks: np.ndarray, dtype: str) -> np.ndarray:
         lo = (ql[..., v[:, 0] & 1, :] >> (4 * (v >> 1))) & 15  # [half, v, l]
         hi = (qh >> (2 * v)) & 3
         return (lo | (hi << 4)).reshape(*blocks.shape[:-1], 8, 32).astype(np.uint8)
+    if dtype == "q3_k":  # unit j = 4h + k: bits 2k of qs[32h + i], bit j of hmask[i]
+        qs = blocks[..., 32:96].reshape(*blocks.shape[:-1], 2, 1, 32)
+        k = np.arange(4).reshape(4, 1)
+        lo = ((qs >> (2 * k)) & 3).reshape(*blocks.shape[:-1], 8, 32)
+        hm = blocks[..., :32].reshape(*blocks.shape[:-1], 1, 32)
+        return (lo | (((hm >> np.arange(8).reshape(8, 1)) & 1) << 2)).astype(np.uint8)
     qo = 16 if dtype == "q4_k" else 48
     qs = blocks[..., qo : qo + 128].reshape(*blocks.shape[:-1], 4, 1, 32)
     u = (qs >> (4 * np.arange(2).reshape(2, 1))) & 15  # unit 2p + h: nibble h of qs[32p + i]
@@ -349,8 +356,15 @@ def _kquant_values(blocks: np.ndarray, dtype: str) -> np.ndarray:
 
 def _kquant_blocks(u: np.ndarray, head: np.ndarray, dtype: str) -> np.ndarray:
     """_kquant_values' inverse: values [..., 8, 32] and the head bytes (Q4_K/Q5_K: d, dmin,
-    scales; Q6_K: scales, d) -> super-blocks [..., bytes]."""
+    scales; Q6_K, Q3_K: scales, d) -> super-blocks [..., bytes]."""
     lead = u.shape[:-2]
+    if dtype == "q3_k":
+        qs = np.zeros((*lead, 2, 32), np.uint8)
+        hm = np.zeros((*lead, 32), np.uint8)
+        for j in range(8):
+            qs[..., j >> 2, :] |= (u[..., j, :] & 3) << (2 * (j & 3))
+            hm |= ((u[..., j, :] >> 2) & 1) << j
+        return np.concatenate([hm, qs.reshape(*lead, 64), head], axis=-1)
     if dtype == "q6_k":
         u = u.reshape(*lead, 2, 4, 32)  # [half, v, l]
         ql = np.zeros((*lead, 2, 2, 32), np.uint8)
@@ -371,14 +385,34 @@ def _kquant_blocks(u: np.ndarray, head: np.ndarray, dtype: str) -> np.ndarray:
 
 def _cell_head(dtype: str) -> list[tuple[str, int]]:
     """A cell's head regions in order, (name, bytes); the units follow, each its fifth bits
-    (Q5_K) or high bits (Q6_K), then its low nibbles."""
+    (Q5_K) or high bits (Q6_K, Q3_K), then its low bits (nibbles; Q3_K: 2-bit fields)."""
     if dtype == "q6_k":
         return [("d", 32), ("scales", 256)]
+    if dtype == "q3_k":
+        return [("d", 32), ("scales", 192)]
     return [("d", 32), ("dmin", 32), ("scales", 192)]
 
 
-# per unit of a cell: bytes before its low nibbles
-_UNIT_MID = {"q4_k": 0, "q5_k": 64, "q6_k": 128}
+# per unit of a cell: bytes before its low bits
+_UNIT_MID = {"q4_k": 0, "q5_k": 64, "q6_k": 128, "q3_k": 64}
+
+
+def _pack_fields(v: np.ndarray, bits: int) -> np.ndarray:
+    """Fields [..., 8 chunks, 4] of `bits` bits -> bytes [..., 8 // (8 // bits) * 4]: byte
+    4g + i holds element i of chunks g * n .. g * n + n - 1 (n = 8 // bits) at bits
+    `bits` * (chunk % n)."""
+    n = 8 // bits
+    v = v.reshape(*v.shape[:-2], 8 // n, n, 4).astype(np.uint8)
+    shift = (bits * np.arange(n)).reshape(n, 1).astype(np.uint8)
+    return (v << shift).sum(axis=-2, dtype=np.uint8).reshape(*v.shape[:-3], -1)
+
+
+def _unpack_fields(b: np.ndarray, bits: int) -> np.ndarray:
+    """_pack_fields' inverse: bytes [..., m] -> fields [..., 8 chunks, 4]."""
+    n = 8 // bits
+    b = b.reshape(*b.shape[:-1], 8 // n, 1, 4)
+    shift = (bits * np.arange(n)).reshape(n, 1).astype(np.uint8)
+    return ((b >> shift) & ((1 << bits) - 1)).reshape(*b.shape[:-3], 8, 4)
 
 
 def lane_kquant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
@@ -406,9 +440,11 @@ def lane_kquant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "q6_k":
         region["d"] = blocks[..., 208:210]
         region["scales"] = dwords(blocks[..., 192:208])
-        h2 = (chunks >> 4).reshape(*chunks.shape[:-2], 2, 4, 4)  # [..., unit, half, c, i]
-        high = (h2 << (2 * np.arange(4)).reshape(4, 1)).sum(axis=-2, dtype=np.uint8)
-        region["high"] = unit_vectors(high.reshape(*high.shape[:-2], 8))
+        region["high"] = unit_vectors(_pack_fields(chunks >> 4, 2))
+    elif dtype == "q3_k":
+        region["d"] = blocks[..., 108:110]
+        region["scales"] = dwords(blocks[..., 96:108])
+        region["high"] = unit_vectors(_pack_fields((chunks >> 2) & 1, 1))
     else:
         region["d"], region["dmin"] = blocks[..., 0:2], blocks[..., 2:4]
         region["scales"] = dwords(blocks[..., 4:16])
@@ -417,7 +453,10 @@ def lane_kquant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
             region["fifth"] = np.packbits(
                 fifth.reshape(*fifth.shape[:4], 64), axis=-1, bitorder="little"
             )
-    low = (u[..., :16] & 15) | ((u[..., 16:] & 15) << 4)  # [G, nsb, row, unit, 16]
+    if dtype == "q3_k":
+        low = _pack_fields(chunks & 3, 2)  # [G, nsb, row, unit, 8]
+    else:
+        low = (u[..., :16] & 15) | ((u[..., 16:] & 15) << 4)  # [G, nsb, row, unit, 16]
     units = [region[m].reshape(groups, nsb, 8, -1) for m in ("fifth", "high") if m in region]
     units.append(unit_vectors(low).reshape(groups, nsb, 8, -1))
     head = [region[name].reshape(groups, nsb, -1) for name, _ in _cell_head(dtype)]
@@ -453,13 +492,27 @@ def unlane_kquant_blocks(lanes: np.ndarray, dtype: str, rows: int) -> np.ndarray
             .reshape(groups, nsb, 16, 8, -1)
         )
 
-    low = unit_rows(region["low"])  # [G, nsb, row, unit, 16]
+    low = unit_rows(region["low"])  # [G, nsb, row, unit, 16] (Q3_K: 8)
+
+    def natural(fields: np.ndarray) -> np.ndarray:
+        """[..., 8 chunks, 4] -> [..., 32] in element order"""
+        out = np.zeros((*fields.shape[:-2], 32), np.uint8)
+        out[..., _CHUNK_ORDER] = fields.reshape(*fields.shape[:-2], 32)
+        return out
+
+    if dtype == "q3_k":
+        u = natural(_unpack_fields(low, 2)) | (
+            natural(_unpack_fields(unit_rows(region["mid"]), 1)) << 2
+        )
+        head = np.concatenate(
+            [rows_of(region["scales"]), region["d"].reshape(groups, nsb, 16, 2)], axis=-1
+        )
+        blocks = _kquant_blocks(u, head, dtype)
+        return blocks.transpose(0, 2, 1, 3).reshape(padded, rb)[:rows]
     u = np.concatenate([low & 15, low >> 4], axis=-1)  # element order
     high = np.zeros_like(u)
     if dtype == "q6_k":
-        hb = unit_rows(region["mid"]).reshape(groups, nsb, 16, 8, 2, 1, 4)  # [half, -, i]
-        h2 = (hb >> (2 * np.arange(4)).reshape(4, 1)) & 3  # [..., half, c, i]
-        high[..., _CHUNK_ORDER] = h2.reshape(groups, nsb, 16, 8, 32)
+        high = natural(_unpack_fields(unit_rows(region["mid"]), 2))
         head = np.concatenate(
             [rows_of(region["scales"]), region["d"].reshape(groups, nsb, 16, 2)], axis=-1
         )

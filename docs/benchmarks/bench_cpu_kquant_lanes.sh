@@ -4,7 +4,7 @@
 # default tensor types from one random 2-layer Llama of 2048-wide rows (ffn 5632: the shape
 # where the file-block kernels read 0.6-0.8x llama.cpp's decode, session 27).
 #
-#   LLAMA=/path/to/llama.cpp/build/bin [TYPES="Q4_K_M Q5_K_M Q6_K"] [THREADS="1 2"] \
+#   LLAMA=/path/to/llama.cpp/build/bin [TYPES="Q4_K_M Q5_K_M Q6_K Q3_K_M"] [THREADS="1 2"] \
 #     bash docs/benchmarks/bench_cpu_kquant_lanes.sh [OUT.md]
 #
 # Each (type, threads) runs bench_cpu_moe.py twice with the same llama-bench beside it: the
@@ -13,7 +13,7 @@
 # (default /tmp/kquant-lanes.md), the commands with them.
 set -euo pipefail
 LLAMA=${LLAMA:?set LLAMA to the directory of llama-bench and llama-quantize}
-TYPES=${TYPES:-Q4_K_M Q5_K_M Q6_K}
+TYPES=${TYPES:-Q4_K_M Q5_K_M Q6_K Q3_K_M}
 THREADS=${THREADS:-1 2}
 OUT=${1:-/tmp/kquant-lanes.md}
 WORK=${WORK:-/tmp/kquant-lanes}

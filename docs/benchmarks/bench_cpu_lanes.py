@@ -40,6 +40,7 @@ static mm_fn pick(int i) {
     hipc::matmul_a16_q4_k, hipc::matmul_a16_lanes_q4_k, hipc::matmul_q4_k, hipc::matmul_lanes_q4_k,
     hipc::matmul_a16_q5_k, hipc::matmul_a16_lanes_q5_k, hipc::matmul_q5_k, hipc::matmul_lanes_q5_k,
     hipc::matmul_a16_q6_k, hipc::matmul_a16_lanes_q6_k, hipc::matmul_q6_k, hipc::matmul_lanes_q6_k,
+    hipc::matmul_a16_q3_k, hipc::matmul_a16_lanes_q3_k, hipc::matmul_q3_k, hipc::matmul_lanes_q3_k,
   };
   return fns[i];
 }
@@ -85,9 +86,10 @@ TYPES = {
     "q4_k": 20,
     "q5_k": 24,
     "q6_k": 28,
+    "q3_k": 32,
 }
 BLOCK = {"q5_0": 22, "q5_1": 24, "q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q5_k": 176}
-BLOCK["q6_k"] = 210
+BLOCK |= {"q6_k": 210, "q3_k": 110}
 QK = {t: 256 if t.endswith("_k") else 32 for t in BLOCK}
 # SmolLM2-135M: q/o (576 x 576), k/v (192), gate+up merged (3072), the tied LM head, and an
 # 8B-wide row for contrast
@@ -124,7 +126,7 @@ def random_blocks(wtype: str, rows: int, k: int, rng: np.random.Generator) -> np
     nb = k // QK[wtype]
     raw = rng.integers(0, 256, (rows, nb, BLOCK[wtype]), dtype=np.uint8)
     d = (rng.choice([-1, 1], (rows, nb)) * 10 ** rng.uniform(-4, -1, (rows, nb))).astype(np.float16)
-    at = 208 if wtype == "q6_k" else 0
+    at = {"q6_k": 208, "q3_k": 108}.get(wtype, 0)
     raw[..., at : at + 2] = d.view(np.uint8).reshape(rows, nb, 2)
     if wtype in ("q4_1", "q5_1", "q4_k", "q5_k"):
         m = (rng.standard_normal((rows, nb)) * 1e-2).astype(np.float16)

@@ -21,7 +21,7 @@
 //     void     embed_row_{q4_0,q4_1,q8_0,f32,f16,bf16}(const void* W, int K, int64_t row,
 //                                                     float* out);
 //     void     matmul_a16_<type>(...);   // the same, int16 activations (linear_a16.h)
-//     void     matmul[_a16]_lanes_{q4_0,q4_1,q5_0,q5_1,q8_0,q4_k,q5_k,q6_k}(...),
+//     void     matmul[_a16]_lanes_{q4_0,q4_1,q5_0,q5_1,q8_0,q3_k..q6_k}(...),
 //              embed_row_lanes_<type>(...); // weights in 16-row lanes (linear_lanes.h,
 //                                        // linear_lanes_k.h; AVX512)
 //     const char* cpu_isa();

@@ -1,4 +1,4 @@
-// linear_lanes_k.h -- Q4_K / Q5_K / Q6_K matmuls on weights the compiler stored in row lanes.
+// linear_lanes_k.h -- Q3_K / Q4_K / Q5_K / Q6_K matmuls on weights the compiler stored in row lanes.
 //
 // linear_vnni_k.h reads the file's super-blocks a row at a time: each 64 weights cost a
 // nibble unpack, a scale permute, a horizontal sum at the end of the row and (int16
@@ -15,6 +15,9 @@
 //                4r + i of qword j = row r's element chunk_elem(j) + i) quants, 4 vectors
 //   Q6_K         d [16 f16] | scales: 4 vectors (dword r of vector k: row r's int8 scales
 //                of 16-groups 4k..4k+3) | 8 units: high bits, 2 vectors; low nibbles, 4
+//   Q3_K         d [16 f16] | scales: 3 vectors (row r's 12 packed scale bytes) | 8 units:
+//                high bits, 1 vector (bit k of byte 4r + i: chunk k's element i); the
+//                2-bit fields, 2 vectors (as Q6_K's high bits)
 // (one sequential stream a cell: a unit's bytes together)
 // Quants of unit j (elements 32j..32j+31 of the super-block): dword r of vector c holds row
 // r's elements 4c..4c+3 in its low nibbles and 16+4c..16+4c+3 in its high ones. Q6_K's two
@@ -24,7 +27,7 @@
 // The GEMV (T <= kSmallBatchMax) runs linear_lanes.h's planes (P = 2: the balanced int16
 // split, 1: int8). Prefill unpacks each cell once into a slab of WGroups (one a unit) and
 // runs the row-lane GEMMs: Q4_K / Q5_K as Q4_1 blocks (dw = d * sc, mw = -dmin * mn),
-// Q6_K as linear_vnni_k.h's (dw / mw: the scales of the unit's two 16-groups).
+// Q6_K and Q3_K as linear_vnni_k.h's (dw / mw: the scales of the unit's two 16-groups).
 #pragma once
 
 namespace hipc {
@@ -32,17 +35,26 @@ namespace hipc {
 #if defined(HIPC_ISA_AVX512)
 namespace detail {
 
-struct LKQ4K {  // bytes: a row's super-block; a cell's head; a unit's before its quants
-  static constexpr int kBytes = 144, kHead = 256, kMid = 0;
-  static constexpr bool kFifth = false, kQ6 = false;
+// Bytes: a row's super-block; a cell's head; a unit's before its low bits, and its low bits.
+// kHalves: a scale per 16-group (the unit's even / odd chunks), the offset kOff16 per 16-group
+// sum of q; KS: linear_vnni_k.h's type for the prefill's row lanes.
+struct LKQ4K {
+  static constexpr int kBytes = 144, kHead = 256, kMid = 0, kLow = 256, kOff16 = 0;
+  static constexpr bool kFifth = false, kQ6 = false, kQ3 = false, kHalves = false;
 };
 struct LKQ5K {
-  static constexpr int kBytes = 176, kHead = 256, kMid = 64;
-  static constexpr bool kFifth = true, kQ6 = false;
+  static constexpr int kBytes = 176, kHead = 256, kMid = 64, kLow = 256, kOff16 = 0;
+  static constexpr bool kFifth = true, kQ6 = false, kQ3 = false, kHalves = false;
 };
 struct LKQ6K {
-  static constexpr int kBytes = 210, kHead = 288, kMid = 128;
-  static constexpr bool kFifth = false, kQ6 = true;
+  static constexpr int kBytes = 210, kHead = 288, kMid = 128, kLow = 256, kOff16 = 32;
+  static constexpr bool kFifth = false, kQ6 = true, kQ3 = false, kHalves = true;
+  using KS = KSQ6K;
+};
+struct LKQ3K {
+  static constexpr int kBytes = 110, kHead = 224, kMid = 64, kLow = 128, kOff16 = 4;
+  static constexpr bool kFifth = false, kQ6 = false, kQ3 = true, kHalves = true;
+  using KS = KSQ3K;
 };
 
 template <class L>
@@ -55,7 +67,16 @@ inline const uint8_t* lk_cell(const uint8_t* W, int nsb, int g, int s) {
 template <class L>
 inline void lk_scales(const uint8_t* c, __m512* dw, __m512* mw) {
   const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)c));
-  if constexpr (L::kQ6) {
+  if constexpr (L::kQ3) {  // d * (sc - 32) of 16-group g (KSQ3K::rows8's fields)
+    const __m512i w0 = _mm512_loadu_si512(c + 32), w1 = _mm512_loadu_si512(c + 96), w2 = _mm512_loadu_si512(c + 160);
+    const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+    for (int g = 0; g < 16; ++g) {
+      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(g % 8 < 4 ? w0 : w1, 8 * (g % 4) + 4 * (g / 8)), m4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(w2, 8 * (g % 4) + 2 * (g / 4)), m2);
+      const __m512i sc = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+      (g & 1 ? mw : dw)[g >> 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), D);
+    }
+  } else if constexpr (L::kQ6) {
     for (int k = 0; k < 4; ++k) {
       const __m512i sc = _mm512_loadu_si512(c + 32 + 64 * k);
       for (int e = 0; e < 4; ++e) {
@@ -82,8 +103,21 @@ inline void lk_scales(const uint8_t* c, __m512* dw, __m512* mw) {
 // Unit j of a cell: w[k] lane r = row r's 4 unsigned weight bytes of chunk k
 template <class L>
 inline void lk_quants(const uint8_t* c, int j, __m512i* w) {
-  const uint8_t* u = c + L::kHead + (L::kMid + 256) * j;
+  const uint8_t* u = c + L::kHead + (L::kMid + L::kLow) * j;
   const uint8_t* q = u + L::kMid;
+  if constexpr (L::kQ3) {  // 2-bit fields (4 chunks a byte) | the high bit (8 chunks a byte) << 2
+    const __m512i h = _mm512_loadu_si512(u), m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4);
+    for (int half = 0; half < 2; ++half) {
+      const __m512i v = _mm512_loadu_si512(q + 64 * half);
+      for (int e = 0; e < 4; ++e) {
+        const int k = 4 * half + e;
+        const __m512i hb = k < 2 ? _mm512_slli_epi16(h, 2 - k) : _mm512_srli_epi16(h, k - 2);
+        // (a & 3) | b, b = the high bit at bit 2 alone
+        w[k] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 2 * e), _mm512_and_si512(hb, m4), m3, 0xEC);
+      }
+    }
+    return;
+  }
   for (int v = 0; v < 4; ++v) split_nibbles(_mm512_loadu_si512(q + 64 * v), w[2 * v], w[2 * v + 1]);
   if constexpr (L::kFifth) {
     __mmask64* h = (__mmask64*)u;  // _load_mask64 takes no const
@@ -159,10 +193,10 @@ inline void lk_gemv_tile(const uint8_t* W, int nsb, int g0, const QAct& a, const
           }
           const size_t so = t * ss + b;
           const __m512 dx = _mm512_set1_ps(a.d[so]);
-          if constexpr (L::kQ6) {  // u = q + 32 per 16-group
+          if constexpr (L::kHalves) {  // u = q + kOff16 per 16-group
             const int32_t* g = is16 + (size_t)t * (2 * a.nb) + 2 * b;
-            i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(32 * g[0]));
-            i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(32 * g[1]));
+            i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(L::kOff16 * g[0]));
+            i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(L::kOff16 * g[1]));
             facc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(dw[j], dx), facc[v][t]);
             facc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(mw[j], dx), facc[v][t]);
           } else {
@@ -225,7 +259,7 @@ inline void lk_matmul(const float* x, int T, int K, const void* Wv, int N, float
   const int nsb = K / 256, nb = K / 32, ngroups = (N + 15) / 16;
   const bool par = (long long)T * N * K >= kParallelMinWork;
   if (T <= kSmallBatchMax) {  // decode (T == 1) or a batch's decode step
-    const QAct a = alloc_qact(T, K, 0, P, L::kQ6 ? (size_t)T * (K / 16) * 4 : 0);
+    const QAct a = alloc_qact(T, K, 0, P, L::kHalves ? (size_t)T * (K / 16) * 4 : 0);
     int32_t* is16 = (int32_t*)a.ext;
     for (int t = 0; t < T; ++t) {
       if constexpr (P == 2) {
@@ -233,7 +267,7 @@ inline void lk_matmul(const float* x, int T, int K, const void* Wv, int N, float
       } else {
         quantize_act_row(x, K, a, t);
       }
-      if constexpr (L::kQ6) lk_isum16<P>(a, t, is16 + (size_t)t * (K / 16));
+      if constexpr (L::kHalves) lk_isum16<P>(a, t, is16 + (size_t)t * (K / 16));
     }
     // One group a tile and no software prefetch: a group's cells are one sequential stream,
     // which the hardware prefetcher follows best. NOTE: measured with bench_cpu_lanes.py's
@@ -249,8 +283,8 @@ inline void lk_matmul(const float* x, int T, int K, const void* Wv, int N, float
       default: return lk_gemv<L, 1, kSmallBatchMax, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
     }
   }
-  if constexpr (L::kQ6) {
-    // linear_vnni_k.h's Q6_K row lanes (its planes: int8 values in the int16 ones for P = 1)
+  if constexpr (L::kHalves) {
+    // linear_vnni_k.h's Q6_K / Q3_K row lanes (its planes: int8 values in the int16 ones for P = 1)
     const float qmax = P == 2 ? 32767.f : 127.f;
     const QAct a = alloc_qact(T, K, 0, 2, kact_bytes(T, K));
     const KAct k = kact(a, T, K);
@@ -267,7 +301,7 @@ inline void lk_matmul(const float* x, int T, int K, const void* Wv, int N, float
 #pragma omp for schedule(static)
       for (int i = 0; i < ntiles; ++i) {
         lk_slab<L, V>(W, nsb, i * V, ngroups, slab);
-        ks_rl_rows<KSQ6K, V, C>(slab, nullptr, nb, a, k, 16 * V * i, N, y, ldy);
+        ks_rl_rows<typename L::KS, V, C>(slab, nullptr, nb, a, k, 16 * V * i, N, y, ldy);
       }
     }
   } else {
@@ -304,11 +338,16 @@ inline void lk_embed_row(const void* W, int K, int64_t row, float* out) {
     uint16_t h16;
     std::memcpy(&h16, c + 2 * r, 2);
     const float d = fp16_to_fp32(h16);
-    float sc[16], mn[8] = {};  // per 16-group (Q6_K) or per unit (sc[0..7]; mn: -dmin * mn)
+    float sc[16], mn[8] = {};  // per 16-group (kHalves) or per unit (sc[0..7]; mn: -dmin * mn)
     uint8_t q[16];             // the row's scale bytes
-    for (int k = 0; k < (L::kQ6 ? 4 : 3); ++k) std::memcpy(q + 4 * k, c + (L::kQ6 ? 32 : 64) + 64 * k + 4 * r, 4);
+    for (int k = 0; k < (L::kQ6 ? 4 : 3); ++k) std::memcpy(q + 4 * k, c + (L::kHead == 256 ? 64 : 32) + 64 * k + 4 * r, 4);
     if constexpr (L::kQ6) {
       for (int g = 0; g < 16; ++g) sc[g] = d * (float)(int8_t)q[g];
+    } else if constexpr (L::kQ3) {
+      for (int g = 0; g < 16; ++g) {
+        const int lo = g < 8 ? q[g] & 15 : q[g - 8] >> 4, hi = (q[8 + g % 4] >> (2 * (g / 4))) & 3;
+        sc[g] = d * (float)((lo | hi << 4) - 32);
+      }
     } else {
       std::memcpy(&h16, c + 32 + 2 * r, 2);
       const float dmin = fp16_to_fp32(h16);
@@ -320,11 +359,16 @@ inline void lk_embed_row(const void* W, int K, int64_t row, float* out) {
       }
     }
     for (int j = 0; j < 8; ++j) {
-      const uint8_t* un = c + L::kHead + (L::kMid + 256) * j;
+      const uint8_t* un = c + L::kHead + (L::kMid + L::kLow) * j;
       const uint8_t* qs = un + L::kMid;
       for (int k = 0; k < 8; ++k)
         for (int i = 0; i < 4; ++i) {
           const int e = chunk_elem(k) + i;
+          if constexpr (L::kQ3) {
+            const int u = ((qs[64 * (k >> 2) + 4 * r + i] >> (2 * (k & 3))) & 3) | ((un[4 * r + i] >> k) & 1) << 2;
+            out[256 * s + 32 * j + e] = sc[2 * j + e / 16] * (float)(u - 4);
+            continue;
+          }
           int u = (qs[64 * (k >> 1) + 4 * r + i] >> (4 * (k & 1))) & 15;
           if constexpr (L::kFifth) {
             uint64_t fifth;
@@ -346,7 +390,7 @@ inline void lk_embed_row(const void* W, int K, int64_t row, float* out) {
 }  // namespace detail
 #endif  // HIPC_ISA_AVX512
 
-// y[t, n] = sum_k x[t, k] * W[n, k], W in the lanes layout of q4_k / q5_k / q6_k blocks (see
+// y[t, n] = sum_k x[t, k] * W[n, k], W in the lanes layout of q3_k / q4_k / q5_k / q6_k blocks (see
 // the top; K % 256 == 0). matmul_a16_lanes_*: int16 activations; matmul_lanes_*: int8.
 #if defined(HIPC_ISA_AVX512)
 #define HIPC_LANES_K_ENTRY(name, L)                                                                          \
@@ -362,6 +406,7 @@ inline void lk_embed_row(const void* W, int K, int64_t row, float* out) {
 HIPC_LANES_K_ENTRY(q4_k, LKQ4K)
 HIPC_LANES_K_ENTRY(q5_k, LKQ5K)
 HIPC_LANES_K_ENTRY(q6_k, LKQ6K)
+HIPC_LANES_K_ENTRY(q3_k, LKQ3K)
 #undef HIPC_LANES_K_ENTRY
 #endif
 

@@ -56,7 +56,7 @@ GGML_TYPE = {
 # Q5_0, Q5_1 and the K-quants: tested on random blocks below (test_kquant_*)
 KTYPES = ["q5_0", "q5_1", "iq4_nl", "iq4_xs", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 # the types the compiler may store in row lanes (test_lanes_*): linear_lanes.h's, linear_lanes_k.h's
-LTYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
+LTYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q3_k", "q4_k", "q5_k", "q6_k"]
 
 # name -> (extra g++ flags, /proc/cpuinfo flags the host needs to run it)
 VARIANTS = {
@@ -111,7 +111,7 @@ HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
 int t_has_lanes() { return 1; }
 #define HIPC_WRAPL(w) HIPC_WRAPK(lanes_##w)
 HIPC_WRAPL(q4_0) HIPC_WRAPL(q4_1) HIPC_WRAPL(q5_0) HIPC_WRAPL(q5_1) HIPC_WRAPL(q8_0)
-HIPC_WRAPL(q4_k) HIPC_WRAPL(q5_k) HIPC_WRAPL(q6_k)
+HIPC_WRAPL(q3_k) HIPC_WRAPL(q4_k) HIPC_WRAPL(q5_k) HIPC_WRAPL(q6_k)
 #else
 int t_has_lanes() { return 0; }
 #endif

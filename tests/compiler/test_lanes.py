@@ -76,7 +76,7 @@ def _kernel(kind: str, weight: str, arg: str = "w") -> SelectedKernel:
 
 def _moe(gate: str, down: str) -> SelectedKernel:
     params = MoEParams("q4_0", E=4, top_k=2, H=64, F=48, normalize=True, fused_gate_up=True,
-                       residual=True, down_wtype="q3_k")  # fmt: skip
+                       residual=True, down_wtype="q2_k")  # fmt: skip
     refs = {"gate": ("weight", gate), "up": ("weight", gate), "down": ("weight", down)}
     return SelectedKernel("moe", ["moe"], _Kind("moe"), params, refs)
 
@@ -90,7 +90,7 @@ def test_a_weight_moves_to_lanes_only_when_every_reader_takes_them():
         _kernel("linear", "shared"),
         _kernel("deltanet", "shared", arg="w"),  # a reader with no lanes form
         _kernel("linear", "float"),
-        _moe("gate_up", "down_q3k"),  # Q4_0 gate/up experts move, Q3_K downs have no lanes
+        _moe("gate_up", "down_q2k"),  # Q4_0 gate/up experts move, Q2_K downs have no lanes
         _moe("gate_up_17", "down_q80"),  # gate/up experts of 2 x 17 rows: the offsets would move
     ]
     dtypes = {
@@ -100,11 +100,11 @@ def test_a_weight_moves_to_lanes_only_when_every_reader_takes_them():
         "shared": "q5_1",
         "float": "f32",
         "gate_up": "q4_0",
-        "down_q3k": "q3_k",
+        "down_q2k": "q2_k",
         "gate_up_17": "q4_0",
         "down_q80": "q8_0",
     }
-    shapes = {w: (64, 64) for w in dtypes} | {"gate_up": (4, 96, 64), "down_q3k": (4, 64, 48),
+    shapes = {w: (64, 64) for w in dtypes} | {"gate_up": (4, 96, 64), "down_q2k": (4, 64, 48),
               "gate_up_17": (4, 34, 64), "down_q80": (4, 64, 48)}  # fmt: skip
     out = lay_out_lanes(kernels, dtypes, shapes)
     assert lanes_weights(out) == {"tied", "alone", "gate_up", "down_q80"}
@@ -134,7 +134,7 @@ def test_compiled_lanes_against_the_reference(qtype, tmp_path):
 
 
 @pytest.mark.skipif(not lanes_available(("cpu",), cpu_flags()), reason="no AVX512-VNNI here")
-@pytest.mark.parametrize("mix", ["q4_k", "q5_k", "q6_k", "q4_k_m"])
+@pytest.mark.parametrize("mix", ["q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m"])
 def test_compiled_kquant_lanes_against_the_reference(mix, tmp_path):
     """The K-quants in row lanes (linear_lanes_k.h), tied as SmolLM2's file (the gather reads
     the lanes matrix too); q4_k_m: Q4_K matrices with Q6_K v, down and embedding, as

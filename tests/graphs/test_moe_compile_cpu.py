@@ -321,7 +321,7 @@ def test_kquant_and_iq4_experts_on_the_cpu(mix, tmp_path):
     plan = load_engine(out).artifact.plan
     stored = {w["dtype"] for w in plan["weights"] if len(w["shape"]) == 3}
     assert stored == ({"q4_k", "q6_k"} if mix == "q4_k_m" else {mix})
-    if lanes_available(("cpu",), cpu_flags()) and mix in ("q4_k", "q6_k", "q4_k_m"):
+    if lanes_available(("cpu",), cpu_flags()) and mix in ("q3_k", "q4_k", "q6_k", "q4_k_m"):
         # the experts in row lanes of their own (linear_lanes_k.h)
         assert {w.get("layout") for w in plan["weights"] if len(w["shape"]) == 3} == {"lanes"}
     check_compiled_against_reference(out, path, n_greedy=16)
