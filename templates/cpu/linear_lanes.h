@@ -193,6 +193,33 @@ inline void lane_gemv(const uint8_t* W, int nb, int ngroups, const QAct& a, floa
 #define HIPC_LANE_GEMV_GROUPS 2  // 16-row groups a GEMV tile multiplies at once
 #endif
 
+// A prefill over slabs of kRlVecs 16-row groups: fill(i, slab) unpacks tile i's groups into
+// the slab (unit b of group v at slab[b * kRlVecs + v]), once; linear_vnni.h's row-lane GEMM
+// with type Q's epilogue then runs every token against it.
+template <class Q, int P, class Fill>
+inline void lane_prefill(const float* x, int T, int K, int N, float* y, int ldy, int ngroups, bool par, Fill fill) {
+  const QAct a = alloc_qact(T, K, 0, P);
+  constexpr int V = kRlVecs, C = kRlCols;
+  const int nb = K / 32, ntiles = (ngroups + V - 1) / V;
+#pragma omp parallel if (par)
+  {
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; ++t) {
+      if constexpr (P == 1) {
+        quantize_act_row(x, K, a, t);
+      } else {
+        quantize_act16_row<Q>(x, K, a, t);
+      }
+    }
+    WGroup* slab = (WGroup*)scratch(1, sizeof(WGroup) * (size_t)nb * V);
+#pragma omp for schedule(static)
+    for (int i = 0; i < ntiles; ++i) {
+      fill(i, slab);
+      rl_rows<Q, V, C, P>(slab, nb, a, 16 * V * i, N, y, ldy);
+    }
+  }
+}
+
 // Driver: P = 2 (int16 activations) or 1 (int8). W: the lanes layout of [N, K].
 template <class L, int P>
 inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
@@ -222,35 +249,18 @@ inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, flo
     }
   }
   // prefill: the slab of kRlVecs groups unpacked once, then every token (linear_vnni.h)
-  const QAct a = alloc_qact(T, K, 0, P);
-  constexpr int V = kRlVecs, C = kRlCols;
-  const int ntiles = (ngroups + V - 1) / V;
-#pragma omp parallel if (par)
-  {
-#pragma omp for schedule(static)
-    for (int t = 0; t < T; ++t) {
-      if constexpr (P == 1) {
-        quantize_act_row(x, K, a, t);
-      } else {
-        quantize_act16_row<Q>(x, K, a, t);
-      }
-    }
-    WGroup* slab = (WGroup*)scratch(1, sizeof(WGroup) * (size_t)nb * V);
-#pragma omp for schedule(static)
-    for (int i = 0; i < ntiles; ++i) {
-      for (int v = 0; v < V; ++v) {
-        const int g = i * V + v;
-        for (int b = 0; b < nb; ++b) {
-          if (g < ngroups) {
-            lane_unpack<L>(lane_block<L>(lane_group<L>(W, nb, g), nb, b), slab[(size_t)b * V + v]);
-          } else {
-            clear(slab[(size_t)b * V + v]);
-          }
+  lane_prefill<Q, P>(x, T, K, N, y, ldy, ngroups, par, [&](int i, WGroup* slab) {
+    for (int v = 0; v < kRlVecs; ++v) {
+      const int g = i * kRlVecs + v;
+      for (int b = 0; b < nb; ++b) {
+        if (g < ngroups) {
+          lane_unpack<L>(lane_block<L>(lane_group<L>(W, nb, g), nb, b), slab[(size_t)b * kRlVecs + v]);
+        } else {
+          clear(slab[(size_t)b * kRlVecs + v]);
         }
       }
-      rl_rows<Q, V, C, P>(slab, nb, a, 16 * V * i, N, y, ldy);
     }
-  }
+  });
 }
 
 // Row `row` of a lanes matrix, dequantized (the embedding gather of a tied output matrix).
@@ -289,23 +299,23 @@ inline void lane_embed_row(const void* W, int K, int64_t row, float* out) {
 // y[t, n] = sum_k x[t, k] * W[n, k], W in the lanes layout of q5_0 / q5_1 / q8_0 blocks (see
 // the top; K % 32 == 0). matmul_a16_lanes_*: int16 activations; matmul_lanes_*: int8.
 // The compiler picks this layout only where the build machine has AVX512-VNNI.
+// (HIPC_LANES_ENTRY stays defined for linear_lanes_k.h's types, which undefines it.)
 #if defined(HIPC_ISA_AVX512)
-#define HIPC_LANES_ENTRY(name, L)                                                                            \
+#define HIPC_LANES_ENTRY(name, L, MATMUL, EMBED)                                                            \
   inline void matmul_a16_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
-    detail::lane_matmul<detail::L, 2>(x, T, K, W, N, y, ldy);                                                \
+    detail::MATMUL<detail::L, 2>(x, T, K, W, N, y, ldy);                                                     \
   }                                                                                                          \
   inline void matmul_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {     \
-    detail::lane_matmul<detail::L, 1>(x, T, K, W, N, y, ldy);                                                \
+    detail::MATMUL<detail::L, 1>(x, T, K, W, N, y, ldy);                                                     \
   }                                                                                                          \
   inline void embed_row_lanes_##name(const void* W, int K, int64_t row, float* out) {                        \
-    detail::lane_embed_row<detail::L>(W, K, row, out);                                                       \
+    detail::EMBED<detail::L>(W, K, row, out);                                                                \
   }
-HIPC_LANES_ENTRY(q4_0, LQ4_0)
-HIPC_LANES_ENTRY(q4_1, LQ4_1)
-HIPC_LANES_ENTRY(q5_0, LQ5_0)
-HIPC_LANES_ENTRY(q5_1, LQ5_1)
-HIPC_LANES_ENTRY(q8_0, LQ8_0)
-#undef HIPC_LANES_ENTRY
+HIPC_LANES_ENTRY(q4_0, LQ4_0, lane_matmul, lane_embed_row)
+HIPC_LANES_ENTRY(q4_1, LQ4_1, lane_matmul, lane_embed_row)
+HIPC_LANES_ENTRY(q5_0, LQ5_0, lane_matmul, lane_embed_row)
+HIPC_LANES_ENTRY(q5_1, LQ5_1, lane_matmul, lane_embed_row)
+HIPC_LANES_ENTRY(q8_0, LQ8_0, lane_matmul, lane_embed_row)
 #endif
 
 }  // namespace hipc

@@ -87,15 +87,11 @@ inline void lk_scales(const uint8_t* c, __m512* dw, __m512* mw) {
     }
   } else {
     const __m512 M = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(c + 32))));
-    const __m512i w0 = _mm512_loadu_si512(c + 64), w1 = _mm512_loadu_si512(c + 128), w2 = _mm512_loadu_si512(c + 192);
-    const __m512i lo6 = _mm512_set1_epi32(0x3F3F3F3F), lo4 = _mm512_set1_epi32(0x0F0F0F0F), top2 = _mm512_set1_epi32(0x03030303);
-    const __m512i sc03 = _mm512_and_si512(w0, lo6), mn03 = _mm512_and_si512(w1, lo6);
-    const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(w2, lo4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), top2), 4));
-    const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), lo4),
-                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), top2), 4));
+    __m512i sc[2], mn[2];
+    k4_fields(_mm512_loadu_si512(c + 64), _mm512_loadu_si512(c + 128), _mm512_loadu_si512(c + 192), sc, mn);
     for (int j = 0; j < 8; ++j) {
-      dw[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_byte(j < 4 ? sc03 : sc47, j % 4)), D);
-      mw[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_byte(j < 4 ? mn03 : mn47, j % 4)), M);
+      dw[j] = k4_unit(sc, j, D);
+      mw[j] = k4_unit(mn, j, M);
     }
   }
 }
@@ -304,28 +300,9 @@ inline void lk_matmul(const float* x, int T, int K, const void* Wv, int N, float
         ks_rl_rows<typename L::KS, V, C>(slab, nullptr, nb, a, k, 16 * V * i, N, y, ldy);
       }
     }
-  } else {
-    // linear_vnni.h's row lanes, each unit a Q4_1 block (as linear_lanes.h's prefill)
-    const QAct a = alloc_qact(T, K, 0, P);
-    constexpr int V = kRlVecs, C = kRlCols;
-    const int ntiles = (ngroups + V - 1) / V;
-#pragma omp parallel if (par)
-    {
-#pragma omp for schedule(static)
-      for (int t = 0; t < T; ++t) {
-        if constexpr (P == 1) {
-          quantize_act_row(x, K, a, t);
-        } else {
-          quantize_act16_row<KQ4_1>(x, K, a, t);
-        }
-      }
-      WGroup* slab = (WGroup*)scratch(1, sizeof(WGroup) * (size_t)nb * V);
-#pragma omp for schedule(static)
-      for (int i = 0; i < ntiles; ++i) {
-        lk_slab<L, V>(W, nsb, i * V, ngroups, slab);
-        rl_rows<KQ4_1, V, C, P>(slab, nb, a, 16 * V * i, N, y, ldy);
-      }
-    }
+  } else {  // each unit a Q4_1 block
+    lane_prefill<KQ4_1, P>(x, T, K, N, y, ldy, ngroups, par,
+                           [&](int i, WGroup* slab) { lk_slab<L, kRlVecs>(W, nsb, i * kRlVecs, ngroups, slab); });
   }
 }
 
@@ -391,23 +368,14 @@ inline void lk_embed_row(const void* W, int K, int64_t row, float* out) {
 #endif  // HIPC_ISA_AVX512
 
 // y[t, n] = sum_k x[t, k] * W[n, k], W in the lanes layout of q3_k / q4_k / q5_k / q6_k blocks (see
-// the top; K % 256 == 0). matmul_a16_lanes_*: int16 activations; matmul_lanes_*: int8.
+// the top; K % 256 == 0). matmul_a16_lanes_*: int16 activations; matmul_lanes_*: int8
+// (linear_lanes.h's entry points).
 #if defined(HIPC_ISA_AVX512)
-#define HIPC_LANES_K_ENTRY(name, L)                                                                          \
-  inline void matmul_a16_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
-    detail::lk_matmul<detail::L, 2>(x, T, K, W, N, y, ldy);                                                  \
-  }                                                                                                          \
-  inline void matmul_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {     \
-    detail::lk_matmul<detail::L, 1>(x, T, K, W, N, y, ldy);                                                  \
-  }                                                                                                          \
-  inline void embed_row_lanes_##name(const void* W, int K, int64_t row, float* out) {                        \
-    detail::lk_embed_row<detail::L>(W, K, row, out);                                                         \
-  }
-HIPC_LANES_K_ENTRY(q4_k, LKQ4K)
-HIPC_LANES_K_ENTRY(q5_k, LKQ5K)
-HIPC_LANES_K_ENTRY(q6_k, LKQ6K)
-HIPC_LANES_K_ENTRY(q3_k, LKQ3K)
-#undef HIPC_LANES_K_ENTRY
+HIPC_LANES_ENTRY(q4_k, LKQ4K, lk_matmul, lk_embed_row)
+HIPC_LANES_ENTRY(q5_k, LKQ5K, lk_matmul, lk_embed_row)
+HIPC_LANES_ENTRY(q6_k, LKQ6K, lk_matmul, lk_embed_row)
+HIPC_LANES_ENTRY(q3_k, LKQ3K, lk_matmul, lk_embed_row)
+#undef HIPC_LANES_ENTRY
 #endif
 
 }  // namespace hipc

@@ -122,22 +122,34 @@ constexpr int chunk_of(int m) { return 2 * (m % 4) + m / 4; }
 
 inline __m512i lane_byte(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(255)); }
 
+// The 6-bit scales and mins of 16 Q4_K/Q5_K super-blocks, lane r = row r (w0, w1, w2: the
+// rows' scale bytes 0..3, 4..7, 8..11): unit j's in byte j % 4 of sc[j / 4] and mn[j / 4]
+inline void k4_fields(__m512i w0, __m512i w1, __m512i w2, __m512i (&sc)[2], __m512i (&mn)[2]) {
+  const __m512i lo6 = _mm512_set1_epi32(0x3F3F3F3F), lo4 = _mm512_set1_epi32(0x0F0F0F0F), top2 = _mm512_set1_epi32(0x03030303);
+  sc[0] = _mm512_and_si512(w0, lo6);
+  mn[0] = _mm512_and_si512(w1, lo6);
+  sc[1] = _mm512_or_si512(_mm512_and_si512(w2, lo4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), top2), 4));
+  mn[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), lo4),
+                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), top2), 4));
+}
+// unit j's field of k4_fields times s
+inline __m512 k4_unit(const __m512i (&f)[2], int j, __m512 s) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(lane_byte(f[j / 4], j % 4)), s);
+}
+
 // Q4_K/Q5_K row lanes: the 8 units of a super-block at b (+ ridx per row) into
 // out[0], out[stride], ... (qh: Q5_K's fifth bits, nullptr for Q4_K)
 inline void k4_rows8(const uint8_t* b, const uint8_t* qs, const uint8_t* qh, __m512i ridx, __mmask16 k, WGroup* out,
                      int stride) {
   __m512 D, M;
   cvt_dm(gather32(b, ridx, k), D, M);
-  const __m512i w0 = gather32(b + 4, ridx, k), w1 = gather32(b + 8, ridx, k), w2 = gather32(b + 12, ridx, k);
-  const __m512i lo6 = _mm512_set1_epi32(0x3F3F3F3F), lo4 = _mm512_set1_epi32(0x0F0F0F0F), top2 = _mm512_set1_epi32(0x03030303);
-  const __m512i sc03 = _mm512_and_si512(w0, lo6), mn03 = _mm512_and_si512(w1, lo6);
-  const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(w2, lo4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), top2), 4));
-  const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), lo4),
-                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), top2), 4));
+  __m512i sc[2], mn[2];
+  k4_fields(gather32(b + 4, ridx, k), gather32(b + 8, ridx, k), gather32(b + 12, ridx, k), sc, mn);
+  const __m512 negM = _mm512_sub_ps(_mm512_setzero_ps(), M);
   for (int j = 0; j < 8; ++j) {
     WGroup& g = out[j * stride];
-    g.dw = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_byte(j < 4 ? sc03 : sc47, j % 4)), D);
-    g.mw = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_byte(j < 4 ? mn03 : mn47, j % 4)), _mm512_sub_ps(_mm512_setzero_ps(), M));
+    g.dw = k4_unit(sc, j, D);
+    g.mw = k4_unit(mn, j, negM);
   }
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   for (int m = 0; m < 8; ++m) {
