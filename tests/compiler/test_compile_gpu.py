@@ -20,7 +20,9 @@ import pytest
 from hipc.base.errors import HipcError
 from hipc.compiler.kernels.linear import MMA_TILES
 from hipc.compiler.options import CompileOptions
+from hipc.compiler.passes.lanes import lanes_available
 from hipc.compiler.pipeline import compile_model
+from hipc.compiler.toolchains.cpu import cpu_flags
 from hipc.compiler.toolchains.gpu import NvccToolchain
 
 from gguf_writer import (
@@ -460,7 +462,8 @@ def test_quantized_blocks_split_for_gpu_targets(tmp_path, targets):
 
 def test_q6_k_output_compiles_for_gpus_and_cpu(tmp_path):
     """llama-quantize's Q4_0 files keep the output matrix in Q6_K: GPU targets have a kernel
-    for it (stored split like the others), and so has the cpu target (in GGUF order)."""
+    for it (stored split like the others), and so has the cpu target (in GGUF order, or in
+    row lanes where the build machine has AVX512-VNNI)."""
     model = write_q6k_head_gguf(tmp_path / "m.gguf")
     art = compiled(tmp_path, model, ("sm_90", "gfx942"))
     plan = json.loads((art / "plan.json").read_text())
@@ -471,7 +474,8 @@ def test_q6_k_output_compiles_for_gpus_and_cpu(tmp_path):
     compile_model(model, tmp_path / "c.hipc", CompileOptions(targets=("cpu",)), verbose=False)
     cpu_plan = json.loads((tmp_path / "c.hipc" / "plan.json").read_text())
     cpu_spec = next(w for w in cpu_plan["weights"] if w["name"] == "output.weight")
-    assert cpu_spec["dtype"] == "q6_k" and cpu_spec.get("layout") == "gguf"
+    cpu_layout = "lanes" if lanes_available(("cpu",), cpu_flags()) else "gguf"
+    assert cpu_spec["dtype"] == "q6_k" and cpu_spec.get("layout") == cpu_layout
 
 
 def test_gate_and_up_in_different_types_compile_for_gpus(tmp_path):
