@@ -127,6 +127,26 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+// A block of 16 rows (w: its 8 chunks, lane = row) against one token's planes at xh (and xl,
+// P = 2: I = 256 * hi + lo): i0 the even chunks' sums (elements 0..15), i1 the odd ones' (16..31)
+template <int P>
+inline void lane_dot(const __m512i (&w)[8], const int8_t* xh, const int8_t* xl, __m512i& i0, __m512i& i1) {
+  i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(xh + chunk_elem(0)));
+  i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast4(xh + chunk_elem(1)));
+  for (int j = 2; j < 8; j += 2) {
+    i0 = _mm512_dpbusd_epi32(i0, w[j], bcast4(xh + chunk_elem(j)));
+    i1 = _mm512_dpbusd_epi32(i1, w[j + 1], bcast4(xh + chunk_elem(j + 1)));
+  }
+  if constexpr (P == 2) {
+    i0 = _mm512_slli_epi32(i0, 8);
+    i1 = _mm512_slli_epi32(i1, 8);
+    for (int j = 0; j < 8; j += 2) {
+      i0 = _mm512_dpbusd_epi32(i0, w[j], bcast4(xl + chunk_elem(j)));
+      i1 = _mm512_dpbusd_epi32(i1, w[j + 1], bcast4(xl + chunk_elem(j + 1)));
+    }
+  }
+}
+
 // GEMV of groups g0 .. g0+V-1 (16 rows each) against T tokens' planes (T > 1: a batch's
 // decode step; each block of 16 rows unpacked once for all of them).
 template <class L, int V, int T, int P>
@@ -147,20 +167,8 @@ inline void lane_gemv_tile(const uint8_t* W, int nb, int g0, const QAct& a, floa
       for (int t = 0; t < T; ++t) {
         const int8_t* xh = a.q + t * xs + 32 * (size_t)b;
         const int8_t* xl = (const int8_t*)a.lo + t * xs + 32 * (size_t)b;
-        __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[0], bcast4(xh + chunk_elem(0)));
-        __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wg.w[1], bcast4(xh + chunk_elem(1)));
-        for (int j = 2; j < 8; j += 2) {
-          i0 = _mm512_dpbusd_epi32(i0, wg.w[j], bcast4(xh + chunk_elem(j)));
-          i1 = _mm512_dpbusd_epi32(i1, wg.w[j + 1], bcast4(xh + chunk_elem(j + 1)));
-        }
-        if constexpr (P == 2) {
-          i0 = _mm512_slli_epi32(i0, 8);
-          i1 = _mm512_slli_epi32(i1, 8);
-          for (int j = 0; j < 8; j += 2) {
-            i0 = _mm512_dpbusd_epi32(i0, wg.w[j], bcast4(xl + chunk_elem(j)));
-            i1 = _mm512_dpbusd_epi32(i1, wg.w[j + 1], bcast4(xl + chunk_elem(j + 1)));
-          }
-        }
+        __m512i i0, i1;
+        lane_dot<P>(wg.w, xh, xl, i0, i1);
         const size_t so = t * ss + b;
         __m512i I = _mm512_add_epi32(i0, i1);
         if constexpr (L::kOff != 0) I = _mm512_sub_epi32(I, _mm512_set1_epi32(a.isum[so] * L::kOff));

@@ -151,77 +151,53 @@ inline void lk_isum16(const QAct& a, int t, int32_t* out) {
   }
 }
 
-// GEMV of groups g0 .. g0+V-1 (16 rows each) against T tokens (each unit of 16 rows
-// unpacked once for all of them); is16: the tokens' lk_isum16 (Q6_K), K/16 a token.
-template <class L, int V, int T, int P>
-inline void lk_gemv_tile(const uint8_t* W, int nsb, int g0, const QAct& a, const int32_t* is16, float* y, int ldy,
-                         int N) {
-  __m512 facc[V][T];
-  for (int v = 0; v < V; ++v)
-    for (int t = 0; t < T; ++t) facc[v][t] = _mm512_setzero_ps();
+// GEMV of 16-row group g against T tokens (each unit of 16 rows unpacked once for all of
+// them); is16: the tokens' lk_isum16 (Q6_K, Q3_K), K/16 a token.
+template <class L, int T, int P>
+inline void lk_gemv_group(const uint8_t* W, int nsb, int g, const QAct& a, const int32_t* is16, float* y, int ldy,
+                          int N) {
+  __m512 facc[T];
+  for (int t = 0; t < T; ++t) facc[t] = _mm512_setzero_ps();
   const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
   for (int s = 0; s < nsb; ++s) {
-    for (int v = 0; v < V; ++v) {
-      const uint8_t* c = lk_cell<L>(W, nsb, g0 + v, s);
-      __m512 dw[8], mw[8];
-      lk_scales<L>(c, dw, mw);
-      for (int j = 0; j < 8; ++j) {
-        __m512i w[8];
-        lk_quants<L>(c, j, w);
-        const int b = 8 * s + j;
-        for (int t = 0; t < T; ++t) {
-          const int8_t* xh = a.q + t * xs + 32 * (size_t)b;
-          const int8_t* xl = (const int8_t*)a.lo + t * xs + 32 * (size_t)b;
-          // i0: the even chunks (elements 0..15), i1: the odd ones (16..31)
-          __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(xh + chunk_elem(0)));
-          __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast4(xh + chunk_elem(1)));
-          for (int k = 2; k < 8; k += 2) {
-            i0 = _mm512_dpbusd_epi32(i0, w[k], bcast4(xh + chunk_elem(k)));
-            i1 = _mm512_dpbusd_epi32(i1, w[k + 1], bcast4(xh + chunk_elem(k + 1)));
-          }
-          if constexpr (P == 2) {
-            i0 = _mm512_slli_epi32(i0, 8);
-            i1 = _mm512_slli_epi32(i1, 8);
-            for (int k = 0; k < 8; k += 2) {
-              i0 = _mm512_dpbusd_epi32(i0, w[k], bcast4(xl + chunk_elem(k)));
-              i1 = _mm512_dpbusd_epi32(i1, w[k + 1], bcast4(xl + chunk_elem(k + 1)));
-            }
-          }
-          const size_t so = t * ss + b;
-          const __m512 dx = _mm512_set1_ps(a.d[so]);
-          if constexpr (L::kHalves) {  // u = q + kOff16 per 16-group
-            const int32_t* g = is16 + (size_t)t * (2 * a.nb) + 2 * b;
-            i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(L::kOff16 * g[0]));
-            i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(L::kOff16 * g[1]));
-            facc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(dw[j], dx), facc[v][t]);
-            facc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(mw[j], dx), facc[v][t]);
-          } else {
-            const __m512i I = _mm512_add_epi32(i0, i1);
-            facc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(dw[j], dx), facc[v][t]);
-            facc[v][t] = _mm512_fmadd_ps(mw[j], _mm512_set1_ps(a.s[so]), facc[v][t]);
-          }
+    const uint8_t* c = lk_cell<L>(W, nsb, g, s);
+    __m512 dw[8], mw[8];
+    lk_scales<L>(c, dw, mw);
+    for (int j = 0; j < 8; ++j) {
+      __m512i w[8];
+      lk_quants<L>(c, j, w);
+      const int b = 8 * s + j;
+      for (int t = 0; t < T; ++t) {
+        __m512i i0, i1;  // the even chunks (elements 0..15), the odd ones (16..31)
+        lane_dot<P>(w, a.q + t * xs + 32 * (size_t)b, (const int8_t*)a.lo + t * xs + 32 * (size_t)b, i0, i1);
+        const size_t so = t * ss + b;
+        const __m512 dx = _mm512_set1_ps(a.d[so]);
+        if constexpr (L::kHalves) {  // u = q + kOff16 per 16-group
+          const int32_t* gs = is16 + (size_t)t * (2 * a.nb) + 2 * b;
+          i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(L::kOff16 * gs[0]));
+          i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(L::kOff16 * gs[1]));
+          facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(dw[j], dx), facc[t]);
+          facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(mw[j], dx), facc[t]);
+        } else {
+          const __m512i I = _mm512_add_epi32(i0, i1);
+          facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(dw[j], dx), facc[t]);
+          facc[t] = _mm512_fmadd_ps(mw[j], _mm512_set1_ps(a.s[so]), facc[t]);
         }
       }
     }
   }
-  for (int v = 0; v < V; ++v)
-    for (int t = 0; t < T; ++t)
-      _mm512_mask_storeu_ps(y + (size_t)t * ldy + 16 * (g0 + v), mask16(N - 16 * (g0 + v)), facc[v][t]);
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + (size_t)t * ldy + 16 * g, mask16(N - 16 * g), facc[t]);
 }
 
-template <class L, int V, int T, int P>
+// One group a task and no software prefetch: a group's cells are one sequential stream, which
+// the hardware prefetcher follows best. NOTE: measured with bench_cpu_lanes.py's cold reads
+// (AMD EPYC, one core, int16, 2048 x 2048 Q4_K): 24 GB/s against 15-16 with two groups a tile
+// or linear_lanes.h's prefetches; 2048 x 5632: 19 against 15.
+template <class L, int T, int P>
 inline void lk_gemv(const uint8_t* W, int nsb, int ngroups, const QAct& a, const int32_t* is16, float* y, int ldy,
                     int N, bool par) {
-  const int ntiles = (ngroups + V - 1) / V;
 #pragma omp parallel for schedule(static) if (par)
-  for (int i = 0; i < ntiles; ++i) {
-    const int g0 = i * V;
-    if (g0 + V <= ngroups) {
-      lk_gemv_tile<L, V, T, P>(W, nsb, g0, a, is16, y, ldy, N);
-    } else {
-      for (int g = g0; g < ngroups; ++g) lk_gemv_tile<L, 1, T, P>(W, nsb, g, a, is16, y, ldy, N);
-    }
-  }
+  for (int g = 0; g < ngroups; ++g) lk_gemv_group<L, T, P>(W, nsb, g, a, is16, y, ldy, N);
 }
 
 // The slab of a prefill tile: groups g0 .. g0+V-1, unit b of the row at slab[b * V + v]
@@ -265,18 +241,14 @@ inline void lk_matmul(const float* x, int T, int K, const void* Wv, int N, float
       }
       if constexpr (L::kHalves) lk_isum16<P>(a, t, is16 + (size_t)t * (K / 16));
     }
-    // One group a tile and no software prefetch: a group's cells are one sequential stream,
-    // which the hardware prefetcher follows best. NOTE: measured with bench_cpu_lanes.py's
-    // cold reads (AMD EPYC, one core, int16, 2048 x 2048 Q4_K): 24 GB/s against 15-16 with
-    // two groups a tile or linear_lanes.h's prefetches; 2048 x 5632: 19 against 15.
     switch (T) {
-      case 1: return lk_gemv<L, 1, 1, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
-      case 2: return lk_gemv<L, 1, 2, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
-      case 3: return lk_gemv<L, 1, 3, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
-      case 4: return lk_gemv<L, 1, 4, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
-      case 5: return lk_gemv<L, 1, 5, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
-      case 6: return lk_gemv<L, 1, 6, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
-      default: return lk_gemv<L, 1, kSmallBatchMax, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
+      case 1: return lk_gemv<L, 1, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
+      case 2: return lk_gemv<L, 2, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
+      case 3: return lk_gemv<L, 3, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
+      case 4: return lk_gemv<L, 4, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
+      case 5: return lk_gemv<L, 5, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
+      case 6: return lk_gemv<L, 6, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
+      default: return lk_gemv<L, kSmallBatchMax, P>(W, nsb, ngroups, a, is16, y, ldy, N, par);
     }
   }
   if constexpr (L::kHalves) {
