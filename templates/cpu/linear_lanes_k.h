@@ -62,27 +62,20 @@ inline const uint8_t* lk_cell(const uint8_t* W, int nsb, int g, int s) {
   return W + ((size_t)g * nsb + s) * 16 * L::kBytes;
 }
 
-// The cell's scales per unit j: Q4_K / Q5_K dw[j] = d * sc_j, mw[j] = -dmin * mn_j; Q6_K
-// dw[j] / mw[j] = d * sc of 16-groups 2j / 2j + 1.
+// The cell's scales per unit j: Q4_K / Q5_K dw[j] = d * sc_j, mw[j] = -dmin * mn_j; Q6_K,
+// Q3_K dw[j] / mw[j] = d * sc of 16-groups 2j / 2j + 1.
 template <class L>
 inline void lk_scales(const uint8_t* c, __m512* dw, __m512* mw) {
   const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)c));
-  if constexpr (L::kQ3) {  // d * (sc - 32) of 16-group g (KSQ3K::rows8's fields)
+  if constexpr (L::kQ3) {  // d * (sc - 32) of 16-group g
     const __m512i w0 = _mm512_loadu_si512(c + 32), w1 = _mm512_loadu_si512(c + 96), w2 = _mm512_loadu_si512(c + 160);
-    const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
-    for (int g = 0; g < 16; ++g) {
-      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(g % 8 < 4 ? w0 : w1, 8 * (g % 4) + 4 * (g / 8)), m4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(w2, 8 * (g % 4) + 2 * (g / 4)), m2);
-      const __m512i sc = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
-      (g & 1 ? mw : dw)[g >> 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), D);
-    }
+    for (int g = 0; g < 16; ++g) (g & 1 ? mw : dw)[g >> 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(q3_scale(w0, w1, w2, g)), D);
   } else if constexpr (L::kQ6) {
     for (int k = 0; k < 4; ++k) {
       const __m512i sc = _mm512_loadu_si512(c + 32 + 64 * k);
       for (int e = 0; e < 4; ++e) {
         const int g = 4 * k + e;
-        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(sc, 24 - 8 * e), 24)), D);
-        (g & 1 ? mw : dw)[g >> 1] = s;
+        (g & 1 ? mw : dw)[g >> 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_sbyte(sc, e)), D);
       }
     }
   } else {

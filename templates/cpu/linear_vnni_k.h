@@ -121,6 +121,16 @@ inline __m512 k4_scales(const uint8_t* b) {
 constexpr int chunk_of(int m) { return 2 * (m % 4) + m / 4; }
 
 inline __m512i lane_byte(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(255)); }
+// byte i of each 32-bit lane, signed (Q6_K's int8 scales)
+inline __m512i lane_sbyte(__m512i v, int i) { return _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * i), 24); }
+// Q3_K's 6-bit scale of 16-group g less 32, lane r = row r (w0, w1, w2: the rows' scale bytes
+// 0..3, 4..7, 8..11: the low nibbles of bytes 0..7, then their high ones; the top bits of
+// group g from byte g % 4 of w2, shifted by 2 * (g / 4))
+inline __m512i q3_scale(__m512i w0, __m512i w1, __m512i w2, int g) {
+  const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(g % 8 < 4 ? w0 : w1, 8 * (g % 4) + 4 * (g / 8)), _mm512_set1_epi32(15));
+  const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(w2, 8 * (g % 4) + 2 * (g / 4)), _mm512_set1_epi32(3));
+  return _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+}
 
 // The 6-bit scales and mins of 16 Q4_K/Q5_K super-blocks, lane r = row r (w0, w1, w2: the
 // rows' scale bytes 0..3, 4..7, 8..11): unit j's in byte j % 4 of sc[j / 4] and mn[j / 4]
@@ -235,7 +245,7 @@ struct KSQ6K {
     for (int i = 0; i < 4; ++i) {
       const __m512i sc = gather32(b + 192 + 4 * i, ridx, k);
       for (int e = 0; e < 4; ++e) {
-        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(sc, 24 - 8 * e), 24)), D);
+        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_sbyte(sc, e)), D);
         const int g = 4 * i + e;  // 16-group
         if (g & 1) {
           out[(g >> 1) * stride].mw = s;
@@ -304,12 +314,8 @@ struct KSQ3K {
     __m512 D, unused;
     cvt_dm(gather32(b + 108, ridx, k), D, unused);
     const __m512i w0 = gather32(b + 96, ridx, k), w1 = gather32(b + 100, ridx, k), w2 = gather32(b + 104, ridx, k);
-    const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
     for (int g = 0; g < 16; ++g) {  // 16-group g's 6-bit scale, per row
-      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(g % 8 < 4 ? w0 : w1, 8 * (g % 4) + 4 * (g / 8)), m4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(w2, 8 * (g % 4) + 2 * (g / 4)), m2);
-      const __m512i sc = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
-      const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), D);
+      const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(q3_scale(w0, w1, w2, g)), D);
       if (g & 1) {
         out[(g >> 1) * stride].mw = s;
       } else {
