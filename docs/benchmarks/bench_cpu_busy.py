@@ -2,7 +2,7 @@
 
 Run:
     python docs/benchmarks/bench_cpu_busy.py ARTIFACT [--competitors 0,2] [--repeats 3]
-        [--decode-tokens 48] [--threads N]
+        [--decode-tokens 48] [--threads N] [--spins 5000,20000]
 
 For each number of competitors (busy `yes > /dev/null` processes started for the run),
 each wait setting below decodes --decode-tokens greedy tokens after a 16-token prompt in
@@ -13,6 +13,7 @@ the table has the median decode tokens/s and the range.
   libgomp default   GOMP_SPINCOUNT=300000, libgomp's own spin when OMP_WAIT_POLICY is unset
   passive           OMP_WAIT_POLICY=passive: sleep at once at every barrier
   1 thread          OMP_NUM_THREADS=1: no barriers to wait at
+  spin N            GOMP_SPINCOUNT=N (--spins)
 """
 
 from __future__ import annotations
@@ -65,7 +66,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS (default: unset)")
+    ap.add_argument("--spins", default="", help="comma-separated GOMP_SPINCOUNT settings to add")
     args = ap.parse_args()
+    settings = dict(SETTINGS)
+    for spin in filter(None, args.spins.split(",")):
+        settings[f"spin {spin}"] = {"GOMP_SPINCOUNT": spin}
     base = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
     print(f"cores: {len(os.sched_getaffinity(0))}, load average before: {os.getloadavg()}")
     print("| competitors | setting | decode tok/s (median) | range |")
@@ -73,9 +78,9 @@ def main() -> int:
     for count in (int(c) for c in args.competitors.split(",")):
         busy = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(count)]
         try:
-            runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
+            runs: dict[str, list[float]] = {name: [] for name in settings}
             for _ in range(args.repeats):
-                for name, env in SETTINGS.items():
+                for name, env in settings.items():
                     runs[name].append(
                         decode_tps(args.artifact, args.decode_tokens, {**base, **env})
                     )

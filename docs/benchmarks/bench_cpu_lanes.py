@@ -99,13 +99,13 @@ SHAPES = [(576, 576), (192, 576), (3072, 576), (576, 1536), (49152, 576), (1024,
 K_SHAPES = [(2048, 2048), (11264, 2048), (2048, 5632), (4096, 14336)]
 
 
-def build(workdir: Path) -> ctypes.CDLL:
+def build(workdir: Path, cflags: list[str]) -> ctypes.CDLL:
     src = workdir / "shim.cpp"
     src.write_text(SHIM)
     lib = workdir / "shim.so"
     subprocess.run(
         ["g++", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-         f"-I{REPO / 'templates' / 'cpu'}", str(src), "-o", str(lib)],
+         f"-I{REPO / 'templates' / 'cpu'}", *cflags, str(src), "-o", str(lib)],
         check=True,
     )  # fmt: skip
     so = ctypes.CDLL(str(lib))
@@ -142,13 +142,14 @@ def main() -> None:
     ap.add_argument("--types", default="q5_0,q8_0")
     ap.add_argument("--tokens", default="1", help="rows of x a call, e.g. 1,2,4 (batch decode)")
     ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--cflags", default="", help="extra g++ flags, e.g. -DHIPC_LANE_PREFETCH=0")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     from hipc.compiler.passes.repack import lane_quant_blocks
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
-        so = build(Path(tmp))
+        so = build(Path(tmp), args.cflags.split())
         print(f"isa {so.hb_isa().decode()}, {args.threads} thread(s)")
         buf = np.zeros(256 << 20, np.uint8)
         buf[:] = 1

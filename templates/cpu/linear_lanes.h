@@ -29,27 +29,34 @@ namespace hipc {
 #if defined(HIPC_ISA_AVX512)
 namespace detail {
 
-// Per type: bytes a block of 16 rows takes in each region, and the linear_vnni.h type
-// whose epilogue (offset, min) and activation planes the slab GEMM uses.
+// Per type: bytes a block of 16 rows takes in each region, the linear_vnni.h type whose
+// epilogue (offset, min) and activation planes the slab GEMM uses, and whether the GEMV
+// prefetches along a group (cold, one EPYC core: the 4- and 5-bit types faster with it, the
+// Q8_0 LM head 1.14-1.25 ms without against 1.40-1.68 with: cpu-amd-epyc.md "Session 29").
 struct LQ4_0 {
   using Q = KQ4_0;
   static constexpr int kQuant = 256, kFifth = 0, kScale = 32, kOff = 8;
+  static constexpr bool kPrefetch = true;
 };
 struct LQ4_1 {
   using Q = KQ4_1;
   static constexpr int kQuant = 256, kFifth = 0, kScale = 64, kOff = 0;
+  static constexpr bool kPrefetch = true;
 };
 struct LQ5_0 {
   using Q = KQ5_0;
   static constexpr int kQuant = 256, kFifth = 64, kScale = 32, kOff = 16;
+  static constexpr bool kPrefetch = true;
 };
 struct LQ5_1 {
   using Q = KQ5_1;
   static constexpr int kQuant = 256, kFifth = 64, kScale = 64, kOff = 0;
+  static constexpr bool kPrefetch = true;
 };
 struct LQ8_0 {
   using Q = KQ8_0;
   static constexpr int kQuant = 512, kFifth = 0, kScale = 32, kOff = 128;
+  static constexpr bool kPrefetch = false;
 };
 
 // A group's block b: its quants, fifth bits and scales (blocks in pairs, see the top).
@@ -147,59 +154,46 @@ inline void lane_dot(const __m512i (&w)[8], const int8_t* xh, const int8_t* xl, 
   }
 }
 
-// GEMV of groups g0 .. g0+V-1 (16 rows each) against T tokens' planes (T > 1: a batch's
-// decode step; each block of 16 rows unpacked once for all of them).
-template <class L, int V, int T, int P>
-inline void lane_gemv_tile(const uint8_t* W, int nb, int g0, const QAct& a, float* y, int ldy, int N) {
+#ifndef HIPC_LANE_PREFETCH
+#define HIPC_LANE_PREFETCH 1  // 0: no software prefetch in any lanes GEMV (A/B benchmarks)
+#endif
+
+// GEMV of group g (16 rows) against T tokens' planes (T > 1: a batch's decode step; each
+// block of 16 rows unpacked once for all of them). One group a task, as one sequential
+// stream: two groups at once read 13-16 GB/s cold on one EPYC core where one group reads
+// 20-28 (bench_cpu_lanes.py, docs/benchmarks/cpu-amd-epyc.md "Session 29").
+template <class L, int T, int P>
+inline void lane_gemv_group(const uint8_t* W, int nb, int g, const QAct& a, float* y, int ldy, int N) {
   using Q = typename L::Q;
-  __m512 facc[V][T];
-  for (int v = 0; v < V; ++v)
-    for (int t = 0; t < T; ++t) facc[v][t] = _mm512_setzero_ps();
-  const uint8_t* G[V];
-  for (int v = 0; v < V; ++v) G[v] = lane_group<L>(W, nb, g0 + v);
+  __m512 facc[T];
+  for (int t = 0; t < T; ++t) facc[t] = _mm512_setzero_ps();
+  const uint8_t* G = lane_group<L>(W, nb, g);
   constexpr int C = L::kQuant + L::kFifth + L::kScale;
   const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
   for (int b = 0; b < nb; ++b) {
-    for (int v = 0; v < V; ++v) {
-      prefetch_range(G[v] + (size_t)b * C + HIPC_PREFETCH_BYTES, C);
-      WGroup wg;
-      lane_unpack<L>(lane_block<L>(G[v], nb, b), wg);
-      for (int t = 0; t < T; ++t) {
-        const int8_t* xh = a.q + t * xs + 32 * (size_t)b;
-        const int8_t* xl = (const int8_t*)a.lo + t * xs + 32 * (size_t)b;
-        __m512i i0, i1;
-        lane_dot<P>(wg.w, xh, xl, i0, i1);
-        const size_t so = t * ss + b;
-        __m512i I = _mm512_add_epi32(i0, i1);
-        if constexpr (L::kOff != 0) I = _mm512_sub_epi32(I, _mm512_set1_epi32(a.isum[so] * L::kOff));
-        facc[v][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(wg.dw, _mm512_set1_ps(a.d[so])), facc[v][t]);
-        if constexpr (Q::kMin) facc[v][t] = _mm512_fmadd_ps(wg.mw, _mm512_set1_ps(a.s[so]), facc[v][t]);
-      }
+    if constexpr (L::kPrefetch && HIPC_LANE_PREFETCH) prefetch_range(G + (size_t)b * C + HIPC_PREFETCH_BYTES, C);
+    WGroup wg;
+    lane_unpack<L>(lane_block<L>(G, nb, b), wg);
+    for (int t = 0; t < T; ++t) {
+      const int8_t* xh = a.q + t * xs + 32 * (size_t)b;
+      const int8_t* xl = (const int8_t*)a.lo + t * xs + 32 * (size_t)b;
+      __m512i i0, i1;
+      lane_dot<P>(wg.w, xh, xl, i0, i1);
+      const size_t so = t * ss + b;
+      __m512i I = _mm512_add_epi32(i0, i1);
+      if constexpr (L::kOff != 0) I = _mm512_sub_epi32(I, _mm512_set1_epi32(a.isum[so] * L::kOff));
+      facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(wg.dw, _mm512_set1_ps(a.d[so])), facc[t]);
+      if constexpr (Q::kMin) facc[t] = _mm512_fmadd_ps(wg.mw, _mm512_set1_ps(a.s[so]), facc[t]);
     }
   }
-  for (int v = 0; v < V; ++v)
-    for (int t = 0; t < T; ++t)
-      _mm512_mask_storeu_ps(y + (size_t)t * ldy + 16 * (g0 + v), mask16(N - 16 * (g0 + v)), facc[v][t]);
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + (size_t)t * ldy + 16 * g, mask16(N - 16 * g), facc[t]);
 }
 
-// The GEMV over all groups, V at a time (the last ones alone).
-template <class L, int V, int T, int P>
+template <class L, int T, int P>
 inline void lane_gemv(const uint8_t* W, int nb, int ngroups, const QAct& a, float* y, int ldy, int N, bool par) {
-  const int ntiles = (ngroups + V - 1) / V;
 #pragma omp parallel for schedule(static) if (par)
-  for (int i = 0; i < ntiles; ++i) {
-    const int g0 = i * V;
-    if (g0 + V <= ngroups) {
-      lane_gemv_tile<L, V, T, P>(W, nb, g0, a, y, ldy, N);
-    } else {
-      for (int g = g0; g < ngroups; ++g) lane_gemv_tile<L, 1, T, P>(W, nb, g, a, y, ldy, N);
-    }
-  }
+  for (int g = 0; g < ngroups; ++g) lane_gemv_group<L, T, P>(W, nb, g, a, y, ldy, N);
 }
-
-#ifndef HIPC_LANE_GEMV_GROUPS
-#define HIPC_LANE_GEMV_GROUPS 2  // 16-row groups a GEMV tile multiplies at once
-#endif
 
 // A prefill over slabs of kRlVecs 16-row groups: fill(i, slab) unpacks tile i's groups into
 // the slab (unit b of group v at slab[b * kRlVecs + v]), once; linear_vnni.h's row-lane GEMM
@@ -245,15 +239,14 @@ inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, flo
         quantize_act_row(x, K, a, t);
       }
     }
-    constexpr int V = HIPC_LANE_GEMV_GROUPS;
     switch (T) {
-      case 1: return lane_gemv<L, V, 1, P>(W, nb, ngroups, a, y, ldy, N, par);
-      case 2: return lane_gemv<L, V, 2, P>(W, nb, ngroups, a, y, ldy, N, par);
-      case 3: return lane_gemv<L, 1, 3, P>(W, nb, ngroups, a, y, ldy, N, par);
-      case 4: return lane_gemv<L, 1, 4, P>(W, nb, ngroups, a, y, ldy, N, par);
-      case 5: return lane_gemv<L, 1, 5, P>(W, nb, ngroups, a, y, ldy, N, par);
-      case 6: return lane_gemv<L, 1, 6, P>(W, nb, ngroups, a, y, ldy, N, par);
-      default: return lane_gemv<L, 1, kSmallBatchMax, P>(W, nb, ngroups, a, y, ldy, N, par);
+      case 1: return lane_gemv<L, 1, P>(W, nb, ngroups, a, y, ldy, N, par);
+      case 2: return lane_gemv<L, 2, P>(W, nb, ngroups, a, y, ldy, N, par);
+      case 3: return lane_gemv<L, 3, P>(W, nb, ngroups, a, y, ldy, N, par);
+      case 4: return lane_gemv<L, 4, P>(W, nb, ngroups, a, y, ldy, N, par);
+      case 5: return lane_gemv<L, 5, P>(W, nb, ngroups, a, y, ldy, N, par);
+      case 6: return lane_gemv<L, 6, P>(W, nb, ngroups, a, y, ldy, N, par);
+      default: return lane_gemv<L, kSmallBatchMax, P>(W, nb, ngroups, a, y, ldy, N, par);
     }
   }
   // prefill: the slab of kRlVecs groups unpacked once, then every token (linear_vnni.h)
