@@ -16,7 +16,8 @@ Models (--models):
              on llama.cpp's more-bits layers, Q6_K output;
   l8_q3_k_m  the same as `llama-quantize F16 Q3_K_M`: Q3_K, with attn_output Q4_K, attn_v and
              ffn_down Q5_K on the first 2 layers and Q4_K after, Q6_K output (not in the
-             default --models);
+             default --models; nor are l8_q5_k_m, l8_q6_k, l8_q8_0 and l8_q2_k, each
+             llama-quantize's file type of that name);
   smol_q4_1  the real SmolLM2-135M-Instruct Q4_1 file's own tensor list, types (Q4_1
              linears, tied Q8_0 embedding) and metadata (tokenizer, chat template), random
              blocks: the real 98 MB file does not fit the 64 MiB a call carries.
@@ -63,10 +64,15 @@ BLOCK = {
     "Q5_K": (176, 256, 0, 2),
     "Q3_K": (110, 256, 108, 1),
     "Q6_K": (210, 256, 208, 1),
+    "Q5_0": (22, 32, 0, 1),
+    "Q2_K": (84, 256, 80, 2),
 }
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODELS = ("l8_q4_0", "l8_q4_k_m", "smol_q4_1")
-QUANTIZE_TYPE = {"l8_q4_0": "Q4_0", "l8_q4_k_m": "Q4_K_M", "l8_q3_k_m": "Q3_K_M"}
+# the 8B files: llama-quantize's file types (and hipc's --quant recipes of the same names)
+L8_RECIPES = ("q4_0", "q4_k_m", "q3_k_m", "q5_k_m", "q6_k", "q8_0", "q2_k")
+L8_MODELS = tuple(f"l8_{r}" for r in L8_RECIPES)
+QUANTIZE_TYPE = {f"l8_{r}": r.upper() for r in L8_RECIPES}
 
 
 def log(*a) -> None:
@@ -120,7 +126,7 @@ def l8_types(model: str) -> dict[str, str]:
     compiler/quant_recipes, which --quant follows)."""
     from hipc.compiler.quant_recipes import pick_type
 
-    recipe = {"l8_q4_0": "q4_0", "l8_q4_k_m": "q4_k_m", "l8_q3_k_m": "q3_k_m"}[model]
+    recipe = model.removeprefix("l8_")
     n, gqa = L8["L"], L8["h"] / L8["kv"]
 
     def ggml(role: str, layer: int | None) -> str:

@@ -40,7 +40,7 @@ def compile_variant(gguf: Path, name: str, env: dict, activations: str) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="l8_q4_k_m", choices=("l8_q4_k_m", "l8_q4_0", "l8_q3_k_m"))
+    ap.add_argument("--model", default="l8_q4_k_m", choices=bq.L8_MODELS)
     ap.add_argument("--activations", default="int8")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)

@@ -4,6 +4,8 @@
 # CONTEXT positions (tg128 from an empty cache and after CONTEXT tokens), VARIANTS
 # (space-separated NAME=VAR=VALUE builds: decode attention forms, GEMV geometries) alternated
 # with main, llama-bench on the same file; then Q4_K_M main (and KM_VARIANTS) beside llama-bench;
+# MODELS (default "l8_q4_0 l8_q4_k_m") names the files in order, any of bench_gpu_quant.py's
+# L8_MODELS (the others main only, e.g. MODELS="l8_q5_k_m l8_q6_k"); ROUNDS (default 2) of each;
 # each build traced at TRACE_AT positions (default 32 and CONTEXT; "" for none). The issue 12
 # table's numbers (tg128) come from main's rows.
 #
@@ -21,6 +23,7 @@ mkdir -p "$OUT"
 CONTEXT=${CONTEXT:-512}
 VARIANTS=${VARIANTS:-h1=HIPC_DECODE_FORM=tile:h1}
 KM_VARIANTS=${KM_VARIANTS:-}
+MODELS=${MODELS:-l8_q4_0 l8_q4_k_m}
 TRACE_AT=${TRACE_AT-32 $CONTEXT}
 LLAMA=/tmp/llama.cpp/build/bin
 [ -d /tmp/site ] || source docs/benchmarks/install_wheels.sh .whl
@@ -37,7 +40,7 @@ for v in $VARIANTS; do variants+=(--variant "$v"); done
 run() {  # MODEL ARGS...
   local model=$1
   shift
-  python3 docs/benchmarks/bench_gpu_variants.py --model "$model" --work /tmp/hq --rounds 2 \
+  python3 docs/benchmarks/bench_gpu_variants.py --model "$model" --work /tmp/hq --rounds "${ROUNDS:-2}" \
     --repeats 1 --context "$CONTEXT" "$@" "${peer[@]}" --out "$OUT/$model.md" > "$OUT/$model.log" 2>&1
   for art in /tmp/hq/"$model"-*.hipc; do  # every build, at each of TRACE_AT
     for pos in $TRACE_AT; do
@@ -48,8 +51,13 @@ run() {  # MODEL ARGS...
   done
   rm -rf /tmp/hq/"$model"*
 }
-run l8_q4_0 "${variants[@]}"
 km=(--variant "main=")
 for v in $KM_VARIANTS; do km+=(--variant "$v"); done
-run l8_q4_k_m "${km[@]}"
-tail -n +1 "$OUT"/l8_q4_0.md "$OUT"/l8_q4_k_m.md
+for model in $MODELS; do
+  case $model in
+    l8_q4_0) run "$model" "${variants[@]}" ;;
+    l8_q4_k_m) run "$model" "${km[@]}" ;;
+    *) run "$model" --variant "main=" ;;
+  esac
+done
+for model in $MODELS; do tail -n +1 "$OUT/$model.md"; done
