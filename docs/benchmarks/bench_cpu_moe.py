@@ -3,7 +3,7 @@ reads serves, the real SmolLM2 too: cpu-amd-epyc.md), CPU, same threads, rounds 
 
     python docs/benchmarks/bench_cpu_moe.py --llama-bench /path/to/llama-bench \
         [--gguf FILE | [--writer hybrid] --preset cpu-0.7b --type q4_0] [--artifact PATH] \
-        [--threads 2] [--tokens 64] [--rounds 5] [--prefill-tokens 128]
+        [--threads 2] [--tokens 64] [--rounds 5] [--prefill-tokens 128] [--depth 1024]
         [--out docs/benchmarks/cpu-moe.md]
 
 Without --gguf the model is a random-weight GGUF (write_moe_gguf.py, or with --writer hybrid
@@ -21,6 +21,8 @@ With --prefill-tokens P each round also times one P-token forward: llama-bench `
 machine; decode runs with the repacking, its faster setting here) and hipc's forward of P
 random token ids from position 0, each after an untimed run of the same prompt (llama-bench's
 warm-up: without it hipc's prefill, timed right after llama-bench's process, read ~20% low).
+With --depth N the decode runs after an N-token prompt (llama-bench `-d N`; hipc prefills N
+random ids untimed, then decodes from position N): the attention over a long context.
 Reported: decode tokens/s by the wall clock (median and best over rounds), and by CPU
 time: tokens per second of the process's CPU time, for llama.cpp the difference of the
 CPU time of a `-n TOKENS+1` and a `-n 1` run (load and warm-up cancel). With --threads 1
@@ -53,13 +55,16 @@ def children_cpu() -> float:
 
 
 def llama_bench(
-    binary: str, gguf: Path, tokens: int, threads: int, prompt: int = 0
+    binary: str, gguf: Path, tokens: int, threads: int, prompt: int = 0, depth: int = 0
 ) -> tuple[float, float]:
     """(tok/s as llama-bench reports it, CPU seconds of the whole run): decode `tokens`
-    steps, or with `prompt` one prompt of that many tokens (weight repacking off)."""
+    steps after `depth` positions, or with `prompt` one prompt of that many tokens (weight
+    repacking off)."""
     cmd = [binary, "-m", str(gguf), "-p", str(prompt), "-n", str(tokens), "-t", str(threads)]
     if prompt:
         cmd += ["--repack", "0"]
+    if depth:
+        cmd += ["-d", str(depth)]
     c0 = children_cpu()
     proc = subprocess.run([*cmd, "-r", "1", "-o", "json"], capture_output=True, text=True)
     cpu = children_cpu() - c0
@@ -69,16 +74,19 @@ def llama_bench(
     return float(row["avg_ts"]), cpu
 
 
-def hipc_decode(engine, tokens: int) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) of `tokens` single-token steps from position 0."""
+def hipc_decode(engine, tokens: int, depth: int = 0) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of `tokens` single-token steps from position
+    `depth` (the positions before it prefilled with random ids, untimed)."""
     import numpy as np
 
     engine.reset()
     engine.forward([1], 0)  # llama-bench's warm-up: one token, then the timed run
     engine.reset()
+    if depth:
+        engine.forward(np.random.default_rng(1).integers(3, engine.vocab_size, depth).tolist(), 0)
     tok = 1
     t0, c0 = time.perf_counter(), time.process_time()
-    for pos in range(tokens):
+    for pos in range(depth, depth + tokens):
         tok = int(np.argmax(engine.forward([tok], pos)))
     return time.perf_counter() - t0, time.process_time() - c0
 
@@ -124,6 +132,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prefill-tokens", type=int, default=0, help="also time a prompt (0: no)")
+    ap.add_argument("--depth", type=int, default=0, help="decode after this many positions")
     ap.add_argument("--out", type=Path, help="append the Markdown table to this file")
     args = ap.parse_args()
     if not os.access(args.llama_bench, os.X_OK):
@@ -140,7 +149,8 @@ def main() -> None:
     artifact = args.artifact or args.workdir / (gguf.stem + ".hipc")
     compile_cmd = ["compile", str(gguf), "--target", "cpu", "-o", str(artifact), "-q"]
     if args.artifact is None:
-        cmd = [sys.executable, "-m", "hipc.cli.main", *compile_cmd, "--max-context", "512"]
+        ctx = max(512, args.depth + args.tokens + 1, args.prefill_tokens)
+        cmd = [sys.executable, "-m", "hipc.cli.main", *compile_cmd, "--max-context", str(ctx)]
         print("$", shlex.join(cmd), flush=True)
         subprocess.run(cmd, check=True)
 
@@ -153,10 +163,11 @@ def main() -> None:
     pre = {"llama.cpp": [], "hipc": []}  # prefill tok/s per round
     load0 = os.getloadavg()
     for r in range(args.rounds):
-        tps, cpu_long = llama_bench(args.llama_bench, gguf, args.tokens + 1, args.threads)
-        _, cpu_short = llama_bench(args.llama_bench, gguf, 1, args.threads)
+        lb = (args.llama_bench, gguf)
+        tps, cpu_long = llama_bench(*lb, args.tokens + 1, args.threads, depth=args.depth)
+        _, cpu_short = llama_bench(*lb, 1, args.threads, depth=args.depth)
         rows["llama.cpp"].append((tps, args.tokens / max(cpu_long - cpu_short, 1e-9)))
-        wall, cpu = hipc_decode(engine, args.tokens)
+        wall, cpu = hipc_decode(engine, args.tokens, args.depth)
         rows["hipc"].append((args.tokens / wall, args.tokens / cpu))
         if args.prefill_tokens:
             n = args.prefill_tokens
@@ -182,7 +193,9 @@ def main() -> None:
         platform.processor(),
     )
     md = [
-        f"### {gguf.name}, {args.threads} thread(s), {args.tokens} decode tokens, "
+        f"### {gguf.name}, {args.threads} thread(s), {args.tokens} decode tokens"
+        + (f" after {args.depth}" if args.depth else "")
+        + ", "
         f"{args.rounds} rounds ({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC)",
         "",
         f"CPU: {cpu}, {os.cpu_count()} cores; load average {load0[0]:.1f} before, "

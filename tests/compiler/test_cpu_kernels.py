@@ -78,7 +78,32 @@ EXPECTED_ISA = {
 
 SHIM = r"""
 #include "hipc_cpu.h"
+// G query heads (rows of q and out, D apart) against one KV head: attend_heads<D>(G) at a
+// time through AttendG, the positions lo..hi fed in ranges of `chunk`
+template <int D, int G>
+void attend_group(const float* q, const float* K, const float* V, long long stride, int lo, int hi, float scale,
+                  float softcap, int chunk, float* out) {
+  constexpr int GT = hipc::attend_heads<D>(G);
+  for (int h0 = 0; h0 < G; h0 += GT) {
+    const float* qp[GT];
+    float* op[GT];
+    for (int g = 0; g < GT; ++g) qp[g] = q + (h0 + g) * D, op[g] = out + (h0 + g) * D;
+    hipc::AttendG<D, GT> a(qp, scale, softcap);
+    for (int c = lo; c <= hi; c += chunk) {
+      const int n = hi + 1 - c < chunk ? hi + 1 - c : chunk;
+      a.range(K + (size_t)c * stride, V + (size_t)c * stride, (size_t)stride, n);
+    }
+    a.finish(op);
+  }
+}
 extern "C" {
+#define HIPC_ATTEND_GROUP(D, G)                                                                               \
+  void t_attend_group_##D##x##G(const float* q, const float* K, const float* V, long long stride, int lo, int hi, \
+                                float scale, float softcap, int chunk, float* out) {                          \
+    attend_group<D, G>(q, K, V, stride, lo, hi, scale, softcap, chunk, out);                                  \
+  }                                                                                                           \
+  int t_attend_heads_##D##x##G() { return hipc::attend_heads<D>(G); }
+HIPC_ATTEND_GROUP(64, 3) HIPC_ATTEND_GROUP(128, 4) HIPC_ATTEND_GROUP(64, 1) HIPC_ATTEND_GROUP(256, 2)
 #define HIPC_WRAP(w)                                                                          \
   void t_matmul_##w(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
     hipc::matmul_##w(x, T, K, W, N, y, ldy);                                                  \
@@ -214,8 +239,12 @@ def _load(path: Path) -> ctypes.CDLL:
                 getattr(lib, f"t_matmul_{kind}lanes_{w}").argtypes = [P, Int, Int, P, Int, P, Int]
             getattr(lib, f"t_embed_row_lanes_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
     F = ctypes.c_float
-    lib.t_attend_row64.argtypes = [P, P, P, ctypes.c_longlong, Int, Int, F, F, Int, P]
+    attend = [P, P, P, ctypes.c_longlong, Int, Int, F, F, Int, P]
+    lib.t_attend_row64.argtypes = attend
     lib.t_attend_row64.restype = None
+    for dg in ATTEND_GROUPS:
+        getattr(lib, f"t_attend_group_{dg[0]}x{dg[1]}").argtypes = attend
+        getattr(lib, f"t_attend_heads_{dg[0]}x{dg[1]}").restype = Int
     lib.t_isa.restype = ctypes.c_char_p
     lib.t_silu_mul_row.argtypes = [P, P, P, Int]
     lib.t_quantize_row_q8a.argtypes = [P, Int, P]
@@ -490,6 +519,52 @@ def test_attend_row(libs, variant):
         ref = (w / w.sum()) @ Vh[lo : hi + 1].astype(np.float64)
         err = _rel(out.astype(np.float64), ref)
         assert err <= 2e-6, f"lo={lo} hi={hi} scale={scale} cap={cap} chunk={chunk}: {err:.3g}"
+
+
+# (D, G) of the shim's AttendG wrappers, and the heads a pass takes on AVX512
+ATTEND_GROUPS = {(64, 3): 3, (128, 4): 2, (64, 1): 1, (256, 2): 1}
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])
+def test_attend_group(libs, variant):
+    """Grouped-query heads sharing a KV head, GT at a time (AttendG: the scores of 16
+    positions as one vector, each value row read once for GT heads) against NumPy's softmax
+    in f64, every head: context lengths around the block size, ranges whose max moves,
+    soft-capping, weights underflowing to 0; D 64, 128 and 256."""
+    lib = _get(libs, variant)
+    rng = np.random.default_rng(43)
+    for (D, G), gt in ATTEND_GROUPS.items():
+        heads = getattr(lib, f"t_attend_heads_{D}x{G}")()
+        assert heads == (gt if lib.t_isa().decode().startswith("avx512") else 1)
+        NKV = 2
+        for lo, hi, scale, cap, chunk in [
+            (0, 0, 0.125, 0.0, 1000),
+            (0, 15, 0.125, 0.0, 1000),
+            (0, 16, 0.125, 0.0, 1000),
+            (5, 100, 0.125, 0.0, 7),
+            (0, 200, 2.0, 0.0, 32),
+            (0, 40, 40.0, 0.0, 1000),
+            (3, 57, 0.5, 30.0, 1000),
+        ]:
+            kv = rng.standard_normal((2, hi + 1, NKV, D), dtype=np.float32)
+            q = rng.standard_normal((G, D), dtype=np.float32)
+            out = np.full((G, D), np.nan, np.float32)
+            h = 1  # the second KV head: rows interleave with the other's
+            getattr(lib, f"t_attend_group_{D}x{G}")(
+                q.ctypes.data, kv[0].ctypes.data + 4 * h * D, kv[1].ctypes.data + 4 * h * D,
+                NKV * D, lo, hi, scale, cap, chunk, out.ctypes.data,
+            )  # fmt: skip
+            Kh, Vh = (
+                kv[0, lo : hi + 1, h].astype(np.float64),
+                kv[1, lo : hi + 1, h].astype(np.float64),
+            )
+            for g in range(G):
+                s = (Kh @ q[g]) * scale
+                if cap:
+                    s = cap * np.tanh(s / cap)
+                w = np.exp(s - s.max())
+                err = _rel(out[g].astype(np.float64), (w / w.sum()) @ Vh)
+                assert err <= 2e-6, f"D={D} G={G} head {g} lo={lo} hi={hi} chunk={chunk}: {err:.3g}"
 
 
 TWO_VERSIONS_SHIM = r"""
