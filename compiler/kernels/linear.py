@@ -1249,6 +1249,13 @@ QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 132, 1, 3, 8)
 # 472.0 / 472.9 in alternating rounds (call 5). Unmeasured: the small classes.
 QUANT_GEMV_Q3_K = QuantGemv(16, 1, 1, 132, 1, 3, 8)
 QUANT_GEMV_Q3_K_GLU = QuantGemv(16, 2, 1, 132, 1, 2, 8)
+# Q5_K's non-GLU GEMVs: Q3_K's 16-wave 1-row rings of 3 units (a Q5_K unit is 22 registers).
+# On the H200 (session 29, the 8B Q5_K_M decode graph, traced at 32 positions) the Q5_K down
+# took 16.5 us where the 4-row copy loop took 23.0, o 6.1 against 8.9, qkv 7.3 against 9.3:
+# decode 476.0 against 432.4 tok/s (tg128, the same file, one round each). The same rings of 2
+# rows (2 stages) were slower (369.3), and the gate/up keeps the copy loop (with 2-row rings of
+# 2 the whole step was slower: 394.9).
+QUANT_GEMV_Q5_K = QUANT_GEMV_Q3_K
 
 
 @dataclass(frozen=True)
@@ -1416,8 +1423,8 @@ QUANT_GEMV_LONG_ROWS = 8192
 # table before took 49.0 / 58.5 (docs/benchmarks/gpu-h200.md, "Session 10, qdec"). The same
 # geometry lost on the Q4_K qkv (7.6 against 7.1 us) and gate/up (22.6 against 18.7), and
 # won the 4096 x 4096 o (5.0 against 5.7): the "narrow" class, which qkv is not in.
-# Q5_K and IQ4_XS have no 64-weight unit (unit_of) and were not measured: they keep
-# QUANT_GEMV_KQUANT.
+# Q5_K and IQ4_XS have no 64-weight unit (unit_of): IQ4_XS keeps QUANT_GEMV_KQUANT (not
+# measured), Q5_K takes QUANT_GEMV_Q5_K.
 QUANT_GEMV_K64 = QuantGemv(16, 2, 1, 132, 1, 2, 8, unit64=True)
 # and, as the Q4_0 downs (QUANT_GEMV_LARGE_DOWN), they read their residual rows right after the
 # wait: in the 8B Q4_K_M decode graph (profile_gpu_decode.py --swap, position 64, H200,
@@ -1442,6 +1449,7 @@ QUANT_GEMV_TABLE: dict[tuple[str, str], QuantGemv] = {
     # (the small classes take gate/up pairs too: 2-row groups)
     **{("q3_k", c): QUANT_GEMV_Q3_K_GLU for c in ("small", "small_long", "glu")},
     **{("q3_k", c): QUANT_GEMV_Q3_K for c in ("short", "narrow", "long")},
+    **{("q5_k", c): QUANT_GEMV_Q5_K for c in ("short", "narrow", "long")},
     ("q4_k", "long"): QUANT_GEMV_K64_DOWN,
     ("q4_k", "narrow"): QUANT_GEMV_K64,
     ("q6_k", "long"): QUANT_GEMV_K64_DOWN,
