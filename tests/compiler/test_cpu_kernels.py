@@ -474,51 +474,53 @@ def test_threads_do_not_change_results(libs, wtype):
         lib.t_set_threads(old)
 
 
+# (lo, hi, scale, softcap, chunk): context lengths around the block size, a window start,
+# wide score ranges (weights underflowing to 0), soft-capping, ranges whose max moves. The
+# kernels sum in float32 over up to 201 weighted rows (2.3e-6 relative the worst seen)
+ATTEND_TOL = 4e-6
+ATTEND_CASES = [
+    (0, 0, 0.125, 0.0, 1000),
+    (0, 14, 0.125, 0.0, 1000),
+    (0, 15, 0.125, 0.0, 1000),
+    (0, 16, 0.125, 0.0, 1000),
+    (5, 100, 0.125, 0.0, 1000),
+    (5, 100, 0.125, 0.0, 7),
+    (0, 200, 2.0, 0.0, 1000),
+    (0, 200, 2.0, 0.0, 32),
+    (0, 40, 40.0, 0.0, 1000),
+    (3, 57, 0.5, 30.0, 1000),
+]
+
+
+def _attend_ref(K: np.ndarray, V: np.ndarray, q: np.ndarray, scale: float, cap: float):
+    """softmax(scale * K q, soft-capped) V in float64."""
+    s = (K.astype(np.float64) @ q) * scale
+    if cap:
+        s = cap * np.tanh(s / cap)
+    w = np.exp(s - s.max())
+    return (w / w.sum()) @ V.astype(np.float64)
+
+
 @pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])
 def test_attend_row(libs, variant):
     """One query row's attention (blocks of 16 positions, a vector exp on AVX512) against
-    NumPy's softmax in f64: context lengths around the block size, a window start, wide
-    score ranges (weights underflowing to 0), soft-capping, and the positions fed in
-    ranges (a paged cache's blocks) whose max moves between them."""
+    NumPy's softmax in f64 over ATTEND_CASES, the positions fed in ranges (a paged cache's
+    blocks)."""
     lib = _get(libs, variant)
     rng = np.random.default_rng(41)
     D, NKV = 64, 3
-    for lo, hi, scale, cap, chunk in [
-        (0, 0, 0.125, 0.0, 1000),
-        (0, 14, 0.125, 0.0, 1000),
-        (0, 15, 0.125, 0.0, 1000),
-        (0, 16, 0.125, 0.0, 1000),
-        (5, 100, 0.125, 0.0, 1000),
-        (5, 100, 0.125, 0.0, 7),
-        (0, 200, 2.0, 0.0, 1000),
-        (0, 200, 2.0, 0.0, 32),
-        (0, 40, 40.0, 0.0, 1000),
-        (3, 57, 0.5, 30.0, 1000),
-    ]:
+    for lo, hi, scale, cap, chunk in ATTEND_CASES:
         kv = rng.standard_normal((2, hi + 1, NKV, D), dtype=np.float32)
         q = rng.standard_normal(D, dtype=np.float32)
         out = np.full(D, np.nan, np.float32)
         h = 1  # the middle KV head: rows interleave with the other heads
-        Kh, Vh = kv[0, :, h], kv[1, :, h]
-        lib.t_attend_row64(
-            q.ctypes.data,
-            kv[0].ctypes.data + 4 * h * D,
-            kv[1].ctypes.data + 4 * h * D,
-            NKV * D,
-            lo,
-            hi,
-            scale,
-            cap,
-            chunk,
-            out.ctypes.data,
-        )
-        s = (Kh[lo : hi + 1].astype(np.float64) @ q) * scale
-        if cap:
-            s = cap * np.tanh(s / cap)
-        w = np.exp(s - s.max())
-        ref = (w / w.sum()) @ Vh[lo : hi + 1].astype(np.float64)
+        K, V = kv[0].ctypes.data + 4 * h * D, kv[1].ctypes.data + 4 * h * D
+        lib.t_attend_row64(q.ctypes.data, K, V, NKV * D, lo, hi, scale, cap, chunk, out.ctypes.data)
+        ref = _attend_ref(kv[0, lo : hi + 1, h], kv[1, lo : hi + 1, h], q, scale, cap)
         err = _rel(out.astype(np.float64), ref)
-        assert err <= 2e-6, f"lo={lo} hi={hi} scale={scale} cap={cap} chunk={chunk}: {err:.3g}"
+        assert err <= ATTEND_TOL, (
+            f"lo={lo} hi={hi} scale={scale} cap={cap} chunk={chunk}: {err:.3g}"
+        )
 
 
 # (D, G) of the shim's AttendG wrappers, and the heads a pass takes on AVX512
@@ -529,42 +531,27 @@ ATTEND_GROUPS = {(64, 3): 3, (128, 4): 2, (64, 1): 1, (256, 2): 1}
 def test_attend_group(libs, variant):
     """Grouped-query heads sharing a KV head, GT at a time (AttendG: the scores of 16
     positions as one vector, each value row read once for GT heads) against NumPy's softmax
-    in f64, every head: context lengths around the block size, ranges whose max moves,
-    soft-capping, weights underflowing to 0; D 64, 128 and 256."""
+    in f64 over ATTEND_CASES, every head; D 64, 128 and 256."""
     lib = _get(libs, variant)
     rng = np.random.default_rng(43)
     for (D, G), gt in ATTEND_GROUPS.items():
         heads = getattr(lib, f"t_attend_heads_{D}x{G}")()
         assert heads == (gt if lib.t_isa().decode().startswith("avx512") else 1)
         NKV = 2
-        for lo, hi, scale, cap, chunk in [
-            (0, 0, 0.125, 0.0, 1000),
-            (0, 15, 0.125, 0.0, 1000),
-            (0, 16, 0.125, 0.0, 1000),
-            (5, 100, 0.125, 0.0, 7),
-            (0, 200, 2.0, 0.0, 32),
-            (0, 40, 40.0, 0.0, 1000),
-            (3, 57, 0.5, 30.0, 1000),
-        ]:
+        for lo, hi, scale, cap, chunk in ATTEND_CASES:
             kv = rng.standard_normal((2, hi + 1, NKV, D), dtype=np.float32)
             q = rng.standard_normal((G, D), dtype=np.float32)
             out = np.full((G, D), np.nan, np.float32)
             h = 1  # the second KV head: rows interleave with the other's
-            getattr(lib, f"t_attend_group_{D}x{G}")(
-                q.ctypes.data, kv[0].ctypes.data + 4 * h * D, kv[1].ctypes.data + 4 * h * D,
-                NKV * D, lo, hi, scale, cap, chunk, out.ctypes.data,
-            )  # fmt: skip
-            Kh, Vh = (
-                kv[0, lo : hi + 1, h].astype(np.float64),
-                kv[1, lo : hi + 1, h].astype(np.float64),
-            )
+            K, V = kv[0].ctypes.data + 4 * h * D, kv[1].ctypes.data + 4 * h * D
+            attend = getattr(lib, f"t_attend_group_{D}x{G}")
+            attend(q.ctypes.data, K, V, NKV * D, lo, hi, scale, cap, chunk, out.ctypes.data)
             for g in range(G):
-                s = (Kh @ q[g]) * scale
-                if cap:
-                    s = cap * np.tanh(s / cap)
-                w = np.exp(s - s.max())
-                err = _rel(out[g].astype(np.float64), (w / w.sum()) @ Vh)
-                assert err <= 2e-6, f"D={D} G={G} head {g} lo={lo} hi={hi} chunk={chunk}: {err:.3g}"
+                ref = _attend_ref(kv[0, lo : hi + 1, h], kv[1, lo : hi + 1, h], q[g], scale, cap)
+                err = _rel(out[g].astype(np.float64), ref)
+                assert err <= ATTEND_TOL, (
+                    f"D={D} G={G} head {g} lo={lo} hi={hi} chunk={chunk}: {err:.3g}"
+                )
 
 
 TWO_VERSIONS_SHIM = r"""
