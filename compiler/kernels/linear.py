@@ -1249,15 +1249,15 @@ QUANT_GEMV_Q6_K = QuantGemv(8, 2, 1, 132, 1, 3, 8)
 # 472.0 / 472.9 in alternating rounds (call 5). Unmeasured: the small classes.
 QUANT_GEMV_Q3_K = QuantGemv(16, 1, 1, 132, 1, 3, 8)
 QUANT_GEMV_Q3_K_GLU = QuantGemv(16, 2, 1, 132, 1, 2, 8)
-# Q5_K's non-GLU GEMVs: Q3_K's 16-wave 1-row rings of 3 units (a Q5_K unit is 22 registers).
-# On the H200 (session 29, the 8B Q5_K_M decode graph, traced at 32 positions) the Q5_K down
-# took 16.5 us where the 4-row copy loop took 23.0, o 6.1 against 8.9, qkv 7.3 against 9.3:
-# decode 476.0 against 432.4 tok/s (tg128, the same file, one round each). The same rings of 2
-# rows (2 stages) were slower (369.3), and the gate/up keeps the copy loop (with 2-row rings of
-# 2 the whole step was slower: 394.9). ptxas keeps 32 bytes of stack frame in the down and
-# spills 132 bytes in the o (both measured faster than before all the same); 1-row rings of 2
-# have neither (not timed).
-QUANT_GEMV_Q5_K = QUANT_GEMV_Q3_K
+# Q5_K's non-GLU GEMVs: 16-wave 1-row rings of 2 units (a Q5_K unit is 22 registers). Session
+# 29 (H200, the 8B Q5_K_M decode graph traced at 32 positions) moved them from the 4-row copy
+# loop to Q3_K's rings of 3: down 23.0 -> 16.5 us, o 8.9 -> 6.1, qkv 9.3 -> 7.3, decode 432.4 ->
+# 476.0 tok/s (2-row rings of 2 were slower, 369.3; the gate/up keeps the copy loop: on rings
+# the whole step was slower, 394.9). Rings of 3 left ptxas a 32-byte stack frame in the down and
+# 132 bytes of spills in the o; rings of 2 have neither and, session 30 on an H100, decode
+# 385.5 / 385.5 -> 409.5 / 404.8 tok/s (two alternating rounds; down 19.0 -> 18.4 us, o 6.9 ->
+# 5.8, qkv 7.5 -> 6.8).
+QUANT_GEMV_Q5_K = QuantGemv(16, 1, 1, 132, 1, 2, 8)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import pytest
 from hipc.base.errors import HipcError
 from hipc.compiler.kernels.linear import MMA_TILES
 from hipc.compiler.options import CompileOptions
-from hipc.compiler.passes.lanes import lanes_available
+from hipc.compiler.passes.lanes import lane_types
 from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.cpu import cpu_flags
 from hipc.compiler.toolchains.gpu import NvccToolchain
@@ -474,7 +474,7 @@ def test_q6_k_output_compiles_for_gpus_and_cpu(tmp_path):
     compile_model(model, tmp_path / "c.hipc", CompileOptions(targets=("cpu",)), verbose=False)
     cpu_plan = json.loads((tmp_path / "c.hipc" / "plan.json").read_text())
     cpu_spec = next(w for w in cpu_plan["weights"] if w["name"] == "output.weight")
-    cpu_layout = "lanes" if lanes_available(("cpu",), cpu_flags()) else "gguf"
+    cpu_layout = "lanes" if "q6_k" in lane_types(("cpu",), cpu_flags()) else "gguf"
     assert cpu_spec["dtype"] == "q6_k" and cpu_spec.get("layout") == cpu_layout
 
 
@@ -1030,9 +1030,9 @@ def test_short_wgmma_tiles_in_the_batch_plan(tmp_path, monkeypatch):
 
 
 def test_quantized_gemvs_keep_their_units_out_of_local_memory(tmp_path):
-    """Every quantized type's decode GEMV at the 8B's shapes (qkv, gate/up, down; default
+    """Every quantized type's decode GEMV at the 8B's shapes (qkv, gate/up, down, o; default
     geometries), compiled for sm_90: ptxas may spill a few registers, but no stack frame
-    beyond its spills but a few words. A GEMV unit whose fields are indexed by a run-time value (Q3_K's
+    beyond its spills but a word or two. A GEMV unit whose fields are indexed by a run-time value (Q3_K's
     scale words read as w[j % 2] with j the unit's half) puts the whole register ring in
     local memory: 288-384 bytes a thread there, 48 local stores a loop, the 8B Q3_K gate/up
     at 35.3 us against 20.1 without (docs/benchmarks/gpu-h200.md, session 21)."""
@@ -1047,6 +1047,7 @@ def test_quantized_gemvs_keep_their_units_out_of_local_memory(tmp_path):
         "qkv": (6144, 4096, 1e-5, "none"),
         "gate_up": (2 * 14336, 4096, 1e-5, "glu"),
         "down": (4096, 14336, 0.0, "residual"),
+        "o": (4096, 4096, 0.0, "residual"),
     }
     target = GpuTarget("sm_90")
     specs = [
@@ -1071,7 +1072,5 @@ def test_quantized_gemvs_keep_their_units_out_of_local_memory(tmp_path):
     ):
         frames[fn] = (int(frame), int(spills))
     assert set(frames) == {k.fn for k in specs}, sorted(frames)
-    # a few words of frame beyond the spills pass: Q5_K's down on its rings of 3 keeps 32
-    # bytes there and measured 16.5 us against the copy loop's 23.0 (gpu-h200.md, session 29)
-    local = {fn: f for fn, f in frames.items() if f[0] > f[1] + 64}
+    local = {fn: f for fn, f in frames.items() if f[0] > f[1] + 8}
     assert not local, local

@@ -112,9 +112,10 @@ CASES = {
     "q3_k_k256_glu_norm": ("q3_k", 2 * 21, 256, "glu", True, QuantGemv(2, 2, 1, 3, 1, 4)),
     "q3_k_residual_s4": ("q3_k", 23, 2304, "residual", False, QuantGemv(2, 2, 1, 2, 1, 4, 8)),
     "q3_k_copy_rows4_norm": ("q3_k", 21, 1024, "none", True, QuantGemv(2, 4, 1, 2, 1, 1)),
-    # Q5_K's 1-row rings of 3 (QUANT_GEMV_Q5_K's shape), the last turn partial
+    # Q5_K's 1-row rings (QUANT_GEMV_Q5_K's shape: of 2; of 3 before), the last turn partial
+    "q5_k_rows1_s2_residual": ("q5_k", 23, 2304, "residual", False, QuantGemv(2, 1, 1, 2, 1, 2, 8)),
     "q5_k_rows1_s3_residual": ("q5_k", 23, 2304, "residual", False, QuantGemv(2, 1, 1, 2, 1, 3, 8)),
-    "q5_k_rows1_s3_norm": ("q5_k", 13, 1024, "none", True, QuantGemv(2, 1, 1, 3, 1, 3, 8)),
+    "q5_k_rows1_s2_norm": ("q5_k", 13, 1024, "none", True, QuantGemv(2, 1, 1, 3, 1, 2, 8)),
     # Q2_K (mins per 16 against x's staged sums): a ring, a copy loop, a GLU pair
     "q2_k_residual_s3": ("q2_k", 23, 2304, "residual", False, QuantGemv(2, 2, 1, 2, 1, 3, 8)),
     "q2_k_copy_rows4_norm": ("q2_k", 21, 1024, "none", True, QuantGemv(2, 4, 1, 2, 1, 1)),
