@@ -223,101 +223,88 @@ constexpr int attend_heads(int G) {
 }
 
 // GT query rows against the same cached keys and values (grouped-query heads), as Attend
-// each: q[g] their rows, out[g] theirs. AVX512 (D a multiple of 16, <= 256): per block of 16
-// positions each head's 16 scores as one vector (hsum16 over 16 dot-product vectors; the
-// keys of the block stay in L1 for the next head), then each value row read once for all GT
-// heads. One head (GT = 1) is Attend itself: this form of one head read up to 1.9x slower
-// than Attend with the cache in L2 (SmolLM2's shape, 1,024 positions).
+// each: q[g] their rows, out[g] theirs. One head (GT = 1) is Attend itself; several are the
+// AVX512 form below (attend_heads picks GT > 1 only there).
+template <int D, int GT>
+struct AttendG;
+
+template <int D>
+struct AttendG<D, 1> : Attend<D> {
+  AttendG(const float* const* q_, float scale_, float softcap_) : Attend<D>(q_[0], scale_, softcap_) {}
+  void finish(float* const* out) { Attend<D>::finish(out[0]); }
+};
+
+#if defined(HIPC_ISA_AVX512)
+// Per block of 16 positions each head's 16 scores as one vector (hsum16 over 16 dot-product
+// vectors; the keys of the block stay in L1 for the next head), then each value row read once
+// for all GT heads. Not for one head: this form of one head read up to 1.9x slower than Attend
+// with the cache in L2 (SmolLM2's shape, 1,024 positions).
 template <int D, int GT>
 struct AttendG {
-#if defined(HIPC_ISA_AVX512)
-  static constexpr bool kVec = GT > 1 && D % 16 == 0 && D <= 256;
-#else
-  static constexpr bool kVec = false;
-#endif
-  static_assert(kVec || GT == 1, "several heads at once need the vector form");
-  static constexpr int NV = D % 16 == 0 ? D / 16 : 1;
+  static_assert(GT > 1 && D % 16 == 0 && D <= 256, "the grouped form: several heads, D a multiple of 16 up to 256");
+  static constexpr int NV = D / 16;
   float scale, softcap;
   const float* q[GT];
   float m[GT];
-  Attend<D> one;  // the fallback (GT = 1)
-#if defined(HIPC_ISA_AVX512)
   __m512 av[GT][NV], lsum[GT];
-#endif
 
-  AttendG(const float* const* q_, float scale_, float softcap_) : scale(scale_), softcap(softcap_), one(q_[0], scale_, softcap_) {
-    for (int g = 0; g < GT; ++g) q[g] = q_[g], m[g] = -INFINITY;
-#if defined(HIPC_ISA_AVX512)
-    if constexpr (kVec) {
-      for (int g = 0; g < GT; ++g) {
-        lsum[g] = _mm512_setzero_ps();
-        for (int i = 0; i < NV; ++i) av[g][i] = _mm512_setzero_ps();
-      }
+  AttendG(const float* const* q_, float scale_, float softcap_) : scale(scale_), softcap(softcap_) {
+    for (int g = 0; g < GT; ++g) {
+      q[g] = q_[g], m[g] = -INFINITY, lsum[g] = _mm512_setzero_ps();
+      for (int i = 0; i < NV; ++i) av[g][i] = _mm512_setzero_ps();
     }
-#endif
   }
 
   void range(const float* K, const float* V, size_t stride, int n) {
-    if constexpr (!kVec) {
-      one.range(K, V, stride, n);
-    } else {
-#if defined(HIPC_ISA_AVX512)
-      alignas(64) float e[GT][16];
-      for (int j0 = 0; j0 < n; j0 += 16) {
-        const int nb = std::min(16, n - j0);
-        const __mmask16 valid = (__mmask16)((1u << nb) - 1);
-        for (int g = 0; g < GT; ++g) {
-          __m512 qv[NV], d[16];
-          for (int i = 0; i < NV; ++i) qv[i] = _mm512_loadu_ps(q[g] + 16 * i);
-          for (int j = 0; j < 16; ++j) {
-            d[j] = _mm512_setzero_ps();
-            if (j < nb) {
-              const float* kr = K + (size_t)(j0 + j) * stride;
-              for (int i = 0; i < NV; ++i) d[j] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kr + 16 * i), d[j]);
-            }
+    alignas(64) float e[GT][16];
+    for (int j0 = 0; j0 < n; j0 += 16) {
+      const int nb = std::min(16, n - j0);
+      const __mmask16 valid = (__mmask16)((1u << nb) - 1);
+      for (int g = 0; g < GT; ++g) {
+        __m512 qv[NV], d[16];
+        for (int i = 0; i < NV; ++i) qv[i] = _mm512_loadu_ps(q[g] + 16 * i);
+        for (int j = 0; j < 16; ++j) {
+          d[j] = _mm512_setzero_ps();
+          if (j < nb) {
+            const float* kr = K + (size_t)(j0 + j) * stride;
+            for (int i = 0; i < NV; ++i) d[j] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kr + 16 * i), d[j]);
           }
-          __m512 s = _mm512_mul_ps(hsum16(d), _mm512_set1_ps(scale));
-          if (softcap > 0.f) {
-            alignas(64) float sc[16];
-            _mm512_store_ps(sc, s);
-            for (int j = 0; j < nb; ++j) sc[j] = softcap * std::tanh(sc[j] / softcap);
-            s = _mm512_load_ps(sc);
-          }
-          const float bm = _mm512_mask_reduce_max_ps(valid, s);
-          if (bm > m[g]) {  // the running max moves: rescale what is summed so far
-            const __m512 r = _mm512_set1_ps(m[g] == -INFINITY ? 0.f : std::exp(m[g] - bm));
-            for (int i = 0; i < NV; ++i) av[g][i] = _mm512_mul_ps(av[g][i], r);
-            lsum[g] = _mm512_mul_ps(lsum[g], r);
-            m[g] = bm;
-          }
-          const __m512 w = _mm512_maskz_mov_ps(valid, exp_ps_nonpos(_mm512_sub_ps(s, _mm512_set1_ps(m[g]))));
-          lsum[g] = _mm512_add_ps(lsum[g], w);
-          _mm512_store_ps(e[g], w);
         }
-        for (int j = 0; j < nb; ++j) {
-          const float* vr = V + (size_t)(j0 + j) * stride;
-          for (int i = 0; i < NV; ++i) {
-            const __m512 v = _mm512_loadu_ps(vr + 16 * i);
-            for (int g = 0; g < GT; ++g) av[g][i] = _mm512_fmadd_ps(_mm512_set1_ps(e[g][j]), v, av[g][i]);
-          }
+        __m512 s = _mm512_mul_ps(hsum16(d), _mm512_set1_ps(scale));
+        if (softcap > 0.f) {
+          alignas(64) float sc[16];
+          _mm512_store_ps(sc, s);
+          for (int j = 0; j < nb; ++j) sc[j] = softcap * std::tanh(sc[j] / softcap);
+          s = _mm512_load_ps(sc);
+        }
+        const float bm = _mm512_mask_reduce_max_ps(valid, s);
+        if (bm > m[g]) {  // the running max moves: rescale what is summed so far
+          const __m512 r = _mm512_set1_ps(m[g] == -INFINITY ? 0.f : std::exp(m[g] - bm));
+          for (int i = 0; i < NV; ++i) av[g][i] = _mm512_mul_ps(av[g][i], r);
+          lsum[g] = _mm512_mul_ps(lsum[g], r);
+          m[g] = bm;
+        }
+        const __m512 w = _mm512_maskz_mov_ps(valid, exp_ps_nonpos(_mm512_sub_ps(s, _mm512_set1_ps(m[g]))));
+        lsum[g] = _mm512_add_ps(lsum[g], w);
+        _mm512_store_ps(e[g], w);
+      }
+      for (int j = 0; j < nb; ++j) {
+        const float* vr = V + (size_t)(j0 + j) * stride;
+        for (int i = 0; i < NV; ++i) {
+          const __m512 v = _mm512_loadu_ps(vr + 16 * i);
+          for (int g = 0; g < GT; ++g) av[g][i] = _mm512_fmadd_ps(_mm512_set1_ps(e[g][j]), v, av[g][i]);
         }
       }
-#endif
     }
   }
 
   void finish(float* const* out) {
-    if constexpr (!kVec) {
-      one.finish(out[0]);
-    } else {
-#if defined(HIPC_ISA_AVX512)
-      for (int g = 0; g < GT; ++g) {
-        const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(lsum[g]));
-        for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out[g] + 16 * i, _mm512_mul_ps(av[g][i], inv));
-      }
-#endif
+    for (int g = 0; g < GT; ++g) {
+      const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(lsum[g]));
+      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out[g] + 16 * i, _mm512_mul_ps(av[g][i], inv));
     }
   }
 };
+#endif
 
 }  // namespace hipc
