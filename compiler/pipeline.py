@@ -38,7 +38,7 @@ from hipc.compiler.onnx_export import export_onnx, onnx_available
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.fuse import Fusion, fuse
-from hipc.compiler.passes.lanes import lanes_available, lanes_weights, lay_out_lanes
+from hipc.compiler.passes.lanes import lane_types, lanes_weights, lay_out_lanes
 from hipc.compiler.passes.memory import MemoryPlan, plan_memory
 from hipc.compiler.passes.quantize import quantize_weights
 from hipc.compiler.passes.repack import (
@@ -247,12 +247,14 @@ def _plan_memory(c: Compilation) -> None:
 
 def _select(c: Compilation) -> None:
     c.kernels = select_kernels(c.fusion)
-    if lanes_available(c.options.targets, cpu_flags()):
+    types = lane_types(c.options.targets, cpu_flags())
+    if types:
         values = {name: c.graph.values[name] for name in weight_order(c.kernels)}
         c.kernels = lay_out_lanes(
             c.kernels,
             {n: v.dtype for n, v in values.items()},
             {n: tuple(int(d) for d in v.shape) for n, v in values.items()},
+            types,
         )
 
 

@@ -10,10 +10,12 @@ bench_cpu_lanes.py), at the core's read rate. The K-quants' (linear_lanes_k.h) t
 super-block of 16 rows a unit at a time with no permutes or horizontal sums.
 
 Only for an artifact whose one target is the CPU (one copy of the weights serves every
-target, and the GPU kernels read other layouts) on a machine with AVX512-VNNI (the layout's
-kernels exist there only; -march=native builds for the compiling machine), and only for a
-weight every reader of which can take it: Linear kernels, MoE experts (each expert's matrix
-in lanes of its own), and the embedding gather (a tied output matrix is both).
+target, and the GPU kernels read other layouts), for the types the build machine has the
+layout's kernels for (-march=native builds for the compiling machine): every type of
+LANE_TYPES with AVX512-VNNI, all but Q3_K with AVX2 (linear_lanes_avx2.h; cpu-amd-epyc.md
+"Session 30"); and only for a weight every reader of which can take it: Linear kernels, MoE
+experts (each expert's matrix in lanes of its own), and the embedding gather (a tied output
+matrix is both).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 from dataclasses import replace
 
 from hipc.compiler.kernels.base import SelectedKernel
-from hipc.compiler.passes.repack import LANE_TYPES
+from hipc.compiler.passes.repack import LANE_BLOCKS, LANE_TYPES
 
 # the kinds with a lanes form: which of their weight arguments, and the parameter that says
 # the argument's weight is in lanes (a MoE kernel's gate and up share one)
@@ -34,28 +36,36 @@ READERS = {
 # the kinds that multiply by a weight (an embedding alone gathers rows: no gain)
 MULTIPLIERS = ("linear", "moe")
 AVX512_VNNI = ({"avx512f"}, {"avx512bw"}, {"avx512vl"}, {"avx512vnni", "avx512_vnni"})
+AVX2 = ({"avx2"}, {"fma"}, {"f16c"})
+AVX2_LANE_TYPES = (*LANE_BLOCKS, "q4_k", "q5_k", "q6_k")  # linear_lanes_avx2.h's
 # HIPC_CPU_LANES=0 at compile time (benchmarks: bench_cpu_kquant_lanes.sh): every matrix keeps
 # the file's blocks
 LANES_ENV = "HIPC_CPU_LANES"
 
 
-def lanes_available(targets: tuple[str, ...], cpu_flags: tuple[str, ...]) -> bool:
-    """The CPU is the only target and its build machine has linear_lanes.h's instructions
-    (and HIPC_CPU_LANES is not 0)."""
-    if os.environ.get(LANES_ENV, "1") == "0":
-        return False
-    return tuple(targets) == ("cpu",) and all(
-        any(f in cpu_flags for f in need) for need in AVX512_VNNI
-    )
+def lane_types(targets: tuple[str, ...], cpu_flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The weight types the CPU may store in row lanes: none unless the CPU is the only target
+    (and HIPC_CPU_LANES is not 0); LANE_TYPES where the build machine has AVX512-VNNI,
+    AVX2_LANE_TYPES where it has AVX2."""
+    if os.environ.get(LANES_ENV, "1") == "0" or tuple(targets) != ("cpu",):
+        return ()
+
+    def has(need: tuple[set[str], ...]) -> bool:
+        return all(any(f in cpu_flags for f in alts) for alts in need)
+
+    if has(AVX512_VNNI):
+        return LANE_TYPES
+    return AVX2_LANE_TYPES if has(AVX2) else ()
 
 
 def lay_out_lanes(
     kernels: list[SelectedKernel],
     dtypes: dict[str, str],
     shapes: dict[str, tuple[int, ...]],
+    types: tuple[str, ...] = LANE_TYPES,
 ) -> list[SelectedKernel]:
     """The kernels, those reading a lanes-eligible weight switched to its lanes form: a type of
-    LANE_TYPES, read only through READERS' arguments, by a Linear or MoE kernel at least, and
+    `types` (lane_types), read only through READERS' arguments, by a Linear or MoE kernel at least, and
     (stacked experts) whole groups of 16 rows an expert, so the experts' offsets stay the
     file's. `dtypes` / `shapes`: each weight's storage type and logical shape."""
     readers: dict[str, list[tuple[SelectedKernel, str]]] = {}
@@ -66,7 +76,7 @@ def lay_out_lanes(
     lanes = {
         w
         for w, rs in readers.items()
-        if dtypes[w] in LANE_TYPES
+        if dtypes[w] in types
         and all(arg in READERS.get(k.kind.name, {}) for k, arg in rs)
         and any(k.kind.name in MULTIPLIERS for k, _ in rs)
         and (len(shapes[w]) == 2 or shapes[w][-2] % 16 == 0)

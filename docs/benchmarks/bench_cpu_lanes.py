@@ -8,7 +8,8 @@ the K-quants at 2048-wide and 8B shapes),
 repacks them with the compiler's lane_quant_blocks, checks both kernels against float64
 NumPy on gguf-py's dequantization, then times decode (T = 1) "cold": each call reads another
 copy of the matrix (>= 256 MB in all), as decode streams a model that does not fit the
-caches, next to the core's plain read rate from the same buffers. Needs AVX512-VNNI.
+caches, next to the core's plain read rate from the same buffers. Needs AVX512-VNNI, or AVX2
+(linear_lanes_avx2.h: every type but Q3_K).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ static mm_fn pick(int i) {
     hipc::matmul_a16_q4_k, hipc::matmul_a16_lanes_q4_k, hipc::matmul_q4_k, hipc::matmul_lanes_q4_k,
     hipc::matmul_a16_q5_k, hipc::matmul_a16_lanes_q5_k, hipc::matmul_q5_k, hipc::matmul_lanes_q5_k,
     hipc::matmul_a16_q6_k, hipc::matmul_a16_lanes_q6_k, hipc::matmul_q6_k, hipc::matmul_lanes_q6_k,
+#if defined(HIPC_ISA_AVX512)
     hipc::matmul_a16_q3_k, hipc::matmul_a16_lanes_q3_k, hipc::matmul_q3_k, hipc::matmul_lanes_q3_k,
+#endif
   };
   return fns[i];
 }
@@ -60,17 +63,13 @@ double hb_time(int f, const float* x, int T, int K, const unsigned char* W, long
 }
 // bytes per second of a plain 64-byte-load sweep over n bytes
 double hb_read(const unsigned char* p, long n, int reps) {
-  __m512i acc = _mm512_setzero_si512();
+  __m256i acc = _mm256_setzero_si256();
   const double t0 = now();
   for (int r = 0; r < reps; ++r)
-    for (long o = 0; o < n; o += 256) {
-      acc = _mm512_xor_si512(acc, _mm512_loadu_si512(p + o));
-      acc = _mm512_xor_si512(acc, _mm512_loadu_si512(p + o + 64));
-      acc = _mm512_xor_si512(acc, _mm512_loadu_si512(p + o + 128));
-      acc = _mm512_xor_si512(acc, _mm512_loadu_si512(p + o + 192));
-    }
+    for (long o = 0; o < n; o += 256)
+      for (int i = 0; i < 256; i += 32) acc = _mm256_xor_si256(acc, _mm256_loadu_si256((const __m256i*)(p + o + i)));
   const double dt = now() - t0;
-  volatile int sink = _mm512_reduce_add_epi32(acc);
+  volatile int sink = _mm256_extract_epi32(acc, 0);
   (void)sink;
   return (double)n * reps / dt;
 }

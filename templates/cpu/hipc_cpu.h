@@ -23,7 +23,8 @@
 //     void     matmul_a16_<type>(...);   // the same, int16 activations (linear_a16.h)
 //     void     matmul[_a16]_lanes_{q4_0,q4_1,q5_0,q5_1,q8_0,q3_k..q6_k}(...),
 //              embed_row_lanes_<type>(...); // weights in 16-row lanes (linear_lanes.h,
-//                                        // linear_lanes_k.h; AVX512)
+//                                        // linear_lanes_k.h: AVX512; the 32-blocks'
+//                                        // on AVX2 too: linear_lanes_avx2.h)
 //     const char* cpu_isa();
 //
 // Instruction sets are chosen at compile time only (no runtime dispatch); compile the
@@ -34,7 +35,8 @@
 //                     byte permutes for Q4_0 when present, gathers otherwise), prefill
 //                     GEMMs put 16 output rows in the lanes ("row lanes").
 //   HIPC_ISA_AVX2   : AVX2+FMA+F16C.  One block per 256-bit register; dots with
-//                     vpmaddubsw+vpmaddwd, or vpdpbusd (AVX-VNNI, __AVXVNNI__).
+//                     vpmaddubsw+vpmaddwd, or vpdpbusd (AVX-VNNI, __AVXVNNI__); the
+//                     32-block types in row lanes as 8-row halves of the 16-row groups.
 //   HIPC_ISA_SCALAR : portable C++ (correct everywhere, slow).
 //
 // Quantized matmuls quantize the activations x to 8 bits per 32-element block first
@@ -97,6 +99,7 @@
 #include "linear_kquant.h"
 #include "linear_lanes.h"
 #include "linear_lanes_k.h"
+#include "linear_lanes_avx2.h"
 
 #pragma GCC visibility pop
 

@@ -26,38 +26,21 @@
 
 namespace hipc {
 
-#if defined(HIPC_ISA_AVX512)
 namespace detail {
 
-// Per type: bytes a block of 16 rows takes in each region, the linear_vnni.h type whose
-// epilogue (offset, min) and activation planes the slab GEMM uses, and whether the GEMV
-// prefetches along a group (cold, one EPYC core: the 4- and 5-bit types faster with it, the
-// Q8_0 LM head 1.14-1.25 ms without against 1.40-1.68 with: cpu-amd-epyc.md "Session 29").
-struct LQ4_0 {
-  using Q = KQ4_0;
-  static constexpr int kQuant = 256, kFifth = 0, kScale = 32, kOff = 8;
-  static constexpr bool kPrefetch = true;
+// Per type: bytes a block of 16 rows takes in each region, the offset the unsigned weight
+// bytes carry, and whether a block has a min (Q4_1/Q5_1: (d, m) f16 pairs). The AVX512
+// kernels here and the AVX2 ones (linear_lanes_avx2.h) read the same bytes.
+template <int Quant, int Fifth, int Scale, int Off, bool Min>
+struct LaneLayout {
+  static constexpr int kQuant = Quant, kFifth = Fifth, kScale = Scale, kOff = Off;
+  static constexpr bool kMin = Min;
 };
-struct LQ4_1 {
-  using Q = KQ4_1;
-  static constexpr int kQuant = 256, kFifth = 0, kScale = 64, kOff = 0;
-  static constexpr bool kPrefetch = true;
-};
-struct LQ5_0 {
-  using Q = KQ5_0;
-  static constexpr int kQuant = 256, kFifth = 64, kScale = 32, kOff = 16;
-  static constexpr bool kPrefetch = true;
-};
-struct LQ5_1 {
-  using Q = KQ5_1;
-  static constexpr int kQuant = 256, kFifth = 64, kScale = 64, kOff = 0;
-  static constexpr bool kPrefetch = true;
-};
-struct LQ8_0 {
-  using Q = KQ8_0;
-  static constexpr int kQuant = 512, kFifth = 0, kScale = 32, kOff = 128;
-  static constexpr bool kPrefetch = false;
-};
+using LayQ4_0 = LaneLayout<256, 0, 32, 8, false>;
+using LayQ4_1 = LaneLayout<256, 0, 64, 0, true>;
+using LayQ5_0 = LaneLayout<256, 64, 32, 16, false>;
+using LayQ5_1 = LaneLayout<256, 64, 64, 0, true>;
+using LayQ8_0 = LaneLayout<512, 0, 32, 128, false>;
 
 // A group's block b: its quants, fifth bits and scales (blocks in pairs, see the top).
 template <class L>
@@ -77,6 +60,66 @@ template <class L>
 inline const uint8_t* lane_group(const uint8_t* W, int nb, int g) {
   return W + (size_t)g * nb * (L::kQuant + L::kFifth + L::kScale);
 }
+
+// Row `row` of a lanes matrix, dequantized (the embedding gather of a tied output matrix).
+template <class L>
+inline void lane_embed_row(const void* W, int K, int64_t row, float* out) {
+  const int nb = K / 32, r = (int)(row & 15);
+  const uint8_t* group = lane_group<L>((const uint8_t*)W, nb, (int)(row >> 4));
+  for (int b = 0; b < nb; ++b) {
+    const LaneBlock<L> B = lane_block<L>(group, nb, b);
+    uint16_t h[2] = {0, 0};
+    std::memcpy(h, B.s + (L::kMin ? 4 : 2) * r, L::kMin ? 4 : 2);
+    const float d = fp16_to_fp32(h[0]), m = L::kMin ? fp16_to_fp32(h[1]) : 0.f;
+    for (int j = 0; j < 8; ++j) {
+      for (int i = 0; i < 4; ++i) {
+        int u;
+        if constexpr (L::kQuant == 256) {
+          const uint8_t q = B.q[64 * (j >> 1) + 4 * r + i];
+          u = (j & 1) ? q >> 4 : q & 15;
+          if constexpr (L::kFifth) {
+            uint64_t fifth;
+            std::memcpy(&fifth, B.h + 8 * j, 8);
+            u |= (int)((fifth >> (4 * r + i)) & 1) << 4;
+          }
+        } else {
+          u = B.q[64 * j + 4 * r + i];
+        }
+        out[32 * b + chunk_elem(j) + i] = (float)(u - L::kOff) * d + m;
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+#if defined(HIPC_ISA_AVX512)
+namespace detail {
+
+// The linear_vnni.h type whose epilogue (offset, min) and activation planes the slab GEMM
+// uses, and whether the GEMV prefetches along a group (cold, one EPYC core: the 4- and 5-bit
+// types faster with it, the Q8_0 LM head 1.14-1.25 ms without against 1.40-1.68 with:
+// cpu-amd-epyc.md "Session 29").
+struct LQ4_0 : LayQ4_0 {
+  using Q = KQ4_0;
+  static constexpr bool kPrefetch = true;
+};
+struct LQ4_1 : LayQ4_1 {
+  using Q = KQ4_1;
+  static constexpr bool kPrefetch = true;
+};
+struct LQ5_0 : LayQ5_0 {
+  using Q = KQ5_0;
+  static constexpr bool kPrefetch = true;
+};
+struct LQ5_1 : LayQ5_1 {
+  using Q = KQ5_1;
+  static constexpr bool kPrefetch = true;
+};
+struct LQ8_0 : LayQ8_0 {
+  using Q = KQ8_0;
+  static constexpr bool kPrefetch = false;
+};
 
 // Block b of a group: w[j] lane r = the 4 unsigned weight bytes of row r at chunk j (the
 // WGroup of linear_vnni.h's row-lane prep), dw / mw its scales.
@@ -262,36 +305,6 @@ inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, flo
       }
     }
   });
-}
-
-// Row `row` of a lanes matrix, dequantized (the embedding gather of a tied output matrix).
-template <class L>
-inline void lane_embed_row(const void* W, int K, int64_t row, float* out) {
-  const int nb = K / 32, r = (int)(row & 15);
-  const uint8_t* group = lane_group<L>((const uint8_t*)W, nb, (int)(row >> 4));
-  for (int b = 0; b < nb; ++b) {
-    const LaneBlock<L> B = lane_block<L>(group, nb, b);
-    uint16_t h[2] = {0, 0};
-    std::memcpy(h, B.s + (L::Q::kMin ? 4 : 2) * r, L::Q::kMin ? 4 : 2);
-    const float d = fp16_to_fp32(h[0]), m = L::Q::kMin ? fp16_to_fp32(h[1]) : 0.f;
-    for (int j = 0; j < 8; ++j) {
-      for (int i = 0; i < 4; ++i) {
-        int u;
-        if constexpr (L::kQuant == 256) {
-          const uint8_t q = B.q[64 * (j >> 1) + 4 * r + i];
-          u = (j & 1) ? q >> 4 : q & 15;
-          if constexpr (L::kFifth) {
-            uint64_t fifth;
-            std::memcpy(&fifth, B.h + 8 * j, 8);
-            u |= (int)((fifth >> (4 * r + i)) & 1) << 4;
-          }
-        } else {
-          u = B.q[64 * j + 4 * r + i];
-        }
-        out[32 * b + chunk_elem(j) + i] = (float)(u - L::kOff) * d + m;
-      }
-    }
-  }
 }
 
 }  // namespace detail

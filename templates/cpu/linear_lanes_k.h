@@ -32,12 +32,11 @@
 
 namespace hipc {
 
-#if defined(HIPC_ISA_AVX512)
 namespace detail {
 
 // Bytes: a row's super-block; a cell's head; a unit's before its low bits, and its low bits.
 // kHalves: a scale per 16-group (the unit's even / odd chunks), the offset kOff16 per 16-group
-// sum of q; KS: linear_vnni_k.h's type for the prefill's row lanes.
+// sum of q (the AVX512 prefill's row-lane types: LKS below).
 struct LKQ4K {
   static constexpr int kBytes = 144, kHead = 256, kMid = 0, kLow = 256, kOff16 = 0;
   static constexpr bool kFifth = false, kQ6 = false, kQ3 = false, kHalves = false;
@@ -49,18 +48,83 @@ struct LKQ5K {
 struct LKQ6K {
   static constexpr int kBytes = 210, kHead = 288, kMid = 128, kLow = 256, kOff16 = 32;
   static constexpr bool kFifth = false, kQ6 = true, kQ3 = false, kHalves = true;
-  using KS = KSQ6K;
 };
 struct LKQ3K {
   static constexpr int kBytes = 110, kHead = 224, kMid = 64, kLow = 128, kOff16 = 4;
   static constexpr bool kFifth = false, kQ6 = false, kQ3 = true, kHalves = true;
-  using KS = KSQ3K;
 };
 
 template <class L>
 inline const uint8_t* lk_cell(const uint8_t* W, int nsb, int g, int s) {
   return W + ((size_t)g * nsb + s) * 16 * L::kBytes;
 }
+
+template <class L>
+inline void lk_embed_row(const void* W, int K, int64_t row, float* out) {
+  const int nsb = K / 256, r = (int)(row & 15);
+  for (int s = 0; s < nsb; ++s) {
+    const uint8_t* c = lk_cell<L>((const uint8_t*)W, nsb, (int)(row >> 4), s);
+    uint16_t h16;
+    std::memcpy(&h16, c + 2 * r, 2);
+    const float d = fp16_to_fp32(h16);
+    float sc[16], mn[8] = {};  // per 16-group (kHalves) or per unit (sc[0..7]; mn: -dmin * mn)
+    uint8_t q[16];             // the row's scale bytes
+    for (int k = 0; k < (L::kQ6 ? 4 : 3); ++k) std::memcpy(q + 4 * k, c + (L::kHead == 256 ? 64 : 32) + 64 * k + 4 * r, 4);
+    if constexpr (L::kQ6) {
+      for (int g = 0; g < 16; ++g) sc[g] = d * (float)(int8_t)q[g];
+    } else if constexpr (L::kQ3) {
+      for (int g = 0; g < 16; ++g) {
+        const int lo = g < 8 ? q[g] & 15 : q[g - 8] >> 4, hi = (q[8 + g % 4] >> (2 * (g / 4))) & 3;
+        sc[g] = d * (float)((lo | hi << 4) - 32);
+      }
+    } else {
+      std::memcpy(&h16, c + 32 + 2 * r, 2);
+      const float dmin = fp16_to_fp32(h16);
+      for (int j = 0; j < 8; ++j) {
+        const int s6 = j < 4 ? q[j] & 63 : (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        const int m6 = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        sc[j] = d * (float)s6;
+        mn[j] = -dmin * (float)m6;
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* un = c + L::kHead + (L::kMid + L::kLow) * j;
+      const uint8_t* qs = un + L::kMid;
+      for (int k = 0; k < 8; ++k)
+        for (int i = 0; i < 4; ++i) {
+          const int e = chunk_elem(k) + i;
+          if constexpr (L::kQ3) {
+            const int u = ((qs[64 * (k >> 2) + 4 * r + i] >> (2 * (k & 3))) & 3) | ((un[4 * r + i] >> k) & 1) << 2;
+            out[256 * s + 32 * j + e] = sc[2 * j + e / 16] * (float)(u - 4);
+            continue;
+          }
+          int u = (qs[64 * (k >> 1) + 4 * r + i] >> (4 * (k & 1))) & 15;
+          if constexpr (L::kFifth) {
+            uint64_t fifth;
+            std::memcpy(&fifth, un + 8 * k, 8);
+            u |= (int)((fifth >> (4 * r + i)) & 1) << 4;
+          }
+          if constexpr (L::kQ6) {
+            const uint8_t hb = un[64 * (k >> 2) + 4 * r + i];
+            u |= ((hb >> (2 * (k & 3))) & 3) << 4;
+            out[256 * s + 32 * j + e] = sc[2 * j + e / 16] * (float)(u - 32);
+          } else {
+            out[256 * s + 32 * j + e] = sc[j] * (float)u + mn[j];
+          }
+        }
+    }
+  }
+}
+
+}  // namespace detail
+
+#if defined(HIPC_ISA_AVX512)
+namespace detail {
+
+// linear_vnni_k.h's type for a kHalves type's prefill row lanes
+template <class L> struct LKS;
+template <> struct LKS<LKQ6K> { using KS = KSQ6K; };
+template <> struct LKS<LKQ3K> { using KS = KSQ3K; };
 
 // The cell's scales per unit j: Q4_K / Q5_K dw[j] = d * sc_j, mw[j] = -dmin * mn_j; Q6_K,
 // Q3_K dw[j] / mw[j] = d * sc of 16-groups 2j / 2j + 1.
@@ -262,7 +326,7 @@ inline void lk_matmul(const float* x, int T, int K, const void* Wv, int N, float
 #pragma omp for schedule(static)
       for (int i = 0; i < ntiles; ++i) {
         lk_slab<L, V>(W, nsb, i * V, ngroups, slab);
-        ks_rl_rows<typename L::KS, V, C>(slab, nullptr, nb, a, k, 16 * V * i, N, y, ldy);
+        ks_rl_rows<typename LKS<L>::KS, V, C>(slab, nullptr, nb, a, k, 16 * V * i, N, y, ldy);
       }
     }
   } else {  // each unit a Q4_1 block
@@ -272,63 +336,6 @@ inline void lk_matmul(const float* x, int T, int K, const void* Wv, int N, float
 }
 
 // Row `row` of a lanes matrix, dequantized (the embedding gather of a tied output matrix).
-template <class L>
-inline void lk_embed_row(const void* W, int K, int64_t row, float* out) {
-  const int nsb = K / 256, r = (int)(row & 15);
-  for (int s = 0; s < nsb; ++s) {
-    const uint8_t* c = lk_cell<L>((const uint8_t*)W, nsb, (int)(row >> 4), s);
-    uint16_t h16;
-    std::memcpy(&h16, c + 2 * r, 2);
-    const float d = fp16_to_fp32(h16);
-    float sc[16], mn[8] = {};  // per 16-group (kHalves) or per unit (sc[0..7]; mn: -dmin * mn)
-    uint8_t q[16];             // the row's scale bytes
-    for (int k = 0; k < (L::kQ6 ? 4 : 3); ++k) std::memcpy(q + 4 * k, c + (L::kHead == 256 ? 64 : 32) + 64 * k + 4 * r, 4);
-    if constexpr (L::kQ6) {
-      for (int g = 0; g < 16; ++g) sc[g] = d * (float)(int8_t)q[g];
-    } else if constexpr (L::kQ3) {
-      for (int g = 0; g < 16; ++g) {
-        const int lo = g < 8 ? q[g] & 15 : q[g - 8] >> 4, hi = (q[8 + g % 4] >> (2 * (g / 4))) & 3;
-        sc[g] = d * (float)((lo | hi << 4) - 32);
-      }
-    } else {
-      std::memcpy(&h16, c + 32 + 2 * r, 2);
-      const float dmin = fp16_to_fp32(h16);
-      for (int j = 0; j < 8; ++j) {
-        const int s6 = j < 4 ? q[j] & 63 : (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
-        const int m6 = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-        sc[j] = d * (float)s6;
-        mn[j] = -dmin * (float)m6;
-      }
-    }
-    for (int j = 0; j < 8; ++j) {
-      const uint8_t* un = c + L::kHead + (L::kMid + L::kLow) * j;
-      const uint8_t* qs = un + L::kMid;
-      for (int k = 0; k < 8; ++k)
-        for (int i = 0; i < 4; ++i) {
-          const int e = chunk_elem(k) + i;
-          if constexpr (L::kQ3) {
-            const int u = ((qs[64 * (k >> 2) + 4 * r + i] >> (2 * (k & 3))) & 3) | ((un[4 * r + i] >> k) & 1) << 2;
-            out[256 * s + 32 * j + e] = sc[2 * j + e / 16] * (float)(u - 4);
-            continue;
-          }
-          int u = (qs[64 * (k >> 1) + 4 * r + i] >> (4 * (k & 1))) & 15;
-          if constexpr (L::kFifth) {
-            uint64_t fifth;
-            std::memcpy(&fifth, un + 8 * k, 8);
-            u |= (int)((fifth >> (4 * r + i)) & 1) << 4;
-          }
-          if constexpr (L::kQ6) {
-            const uint8_t hb = un[64 * (k >> 2) + 4 * r + i];
-            u |= ((hb >> (2 * (k & 3))) & 3) << 4;
-            out[256 * s + 32 * j + e] = sc[2 * j + e / 16] * (float)(u - 32);
-          } else {
-            out[256 * s + 32 * j + e] = sc[j] * (float)u + mn[j];
-          }
-        }
-    }
-  }
-}
-
 }  // namespace detail
 #endif  // HIPC_ISA_AVX512
 

@@ -131,12 +131,18 @@ HIPC_WRAP16(q4_0) HIPC_WRAP16(q4_1) HIPC_WRAP16(q8_0)
 HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(iq4_nl) HIPC_WRAPK(iq4_xs) HIPC_WRAPK(q2_k) HIPC_WRAPK(q3_k)
 HIPC_WRAPK(q4_k)
 HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
-// the row-lanes layout (linear_lanes.h): AVX512 builds only
-#if defined(HIPC_ISA_AVX512)
-int t_has_lanes() { return 1; }
+// the row-lanes layout: every type on AVX512 (linear_lanes.h, linear_lanes_k.h), all but
+// Q3_K on AVX2 (linear_lanes_avx2.h); 2, 1 and 0 say which
 #define HIPC_WRAPL(w) HIPC_WRAPK(lanes_##w)
+#if defined(HIPC_ISA_AVX512) || defined(HIPC_ISA_AVX2)
 HIPC_WRAPL(q4_0) HIPC_WRAPL(q4_1) HIPC_WRAPL(q5_0) HIPC_WRAPL(q5_1) HIPC_WRAPL(q8_0)
-HIPC_WRAPL(q3_k) HIPC_WRAPL(q4_k) HIPC_WRAPL(q5_k) HIPC_WRAPL(q6_k)
+HIPC_WRAPL(q4_k) HIPC_WRAPL(q5_k) HIPC_WRAPL(q6_k)
+#endif
+#if defined(HIPC_ISA_AVX512)
+int t_has_lanes() { return 2; }
+HIPC_WRAPL(q3_k)
+#elif defined(HIPC_ISA_AVX2)
+int t_has_lanes() { return 1; }
 #else
 int t_has_lanes() { return 0; }
 #endif
@@ -234,7 +240,7 @@ def _load(path: Path) -> ctypes.CDLL:
         getattr(lib, f"t_embed_row_{w}").restype = None
     lib.t_has_lanes.restype = Int
     if lib.t_has_lanes():
-        for w in LTYPES:
+        for w in LTYPES if lib.t_has_lanes() == 2 else [t for t in LTYPES if t != "q3_k"]:
             for kind in ("", "a16_"):
                 getattr(lib, f"t_matmul_{kind}lanes_{w}").argtypes = [P, Int, Int, P, Int, P, Int]
             getattr(lib, f"t_embed_row_lanes_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
@@ -905,10 +911,12 @@ def test_kquant_embed_row(libs, variant, wtype):
         np.testing.assert_allclose(out, wd[row], rtol=2e-7, atol=0)
 
 
-def _lanes_lib(libs, variant):
+def _lanes_lib(libs, variant, wtype):
     lib = _get(libs, variant)
     if not lib.t_has_lanes():
-        pytest.skip(f"{variant}: no AVX512-VNNI, no row-lanes kernels")
+        pytest.skip(f"{variant}: no AVX2 or AVX512-VNNI, no row-lanes kernels")
+    if lib.t_has_lanes() == 1 and wtype == "q3_k":
+        pytest.skip(f"{variant}: Q3_K's row lanes are AVX512-VNNI only")
     return lib
 
 
@@ -921,16 +929,17 @@ LANE_K_SHAPES = [(T, K, N) for T in (1, 2, 7, 9, 20) for K in (256, 768) for N i
 
 @pytest.mark.parametrize("extreme", [False, True])
 @pytest.mark.parametrize("wtype", LTYPES)
-@pytest.mark.parametrize("variant", ["native", "avx512-novbmi"])
+@pytest.mark.parametrize("variant", ["native", "avx512-novbmi", "avx2"])
 def test_lanes_matmul(libs, variant, wtype, extreme):
     """The row-lanes kernels on lane_quant_blocks' layout against the integer math on gguf-py's
-    dequantized blocks: the GEMV's balanced int16 split (|q| <= 32639) for T <= 7, the slab
-    GEMM's quantize_act16 (32767) for prefills, int8 (127) for both. int16 takes a Q4_1/Q5_1 offset
+    dequantized blocks: the GEMV's balanced int16 split (|q| <= 32639) for T <= 7 (AVX2: every
+    T), the AVX512 slab GEMM's quantize_act16 (32767) for prefills, int8 (127) for both. int16 takes a Q4_1/Q5_1 offset
     times the float sum of x, int8 times the rounded sum (int8's rounding errors then meet
     the centred weights, not their all-positive integer parts: linear_vnni.h's choice)."""
     from hipc.compiler.passes.repack import lane_quant_blocks
 
-    lib = _lanes_lib(libs, variant)
+    lib = _lanes_lib(libs, variant, wtype)
+    split_only = lib.t_has_lanes() == 1  # AVX2: the GEMV's kernel for prefills too
     rng = np.random.default_rng(11)
     shapes = LANE_K_SHAPES if wtype.endswith("_k") else LANE_SHAPES
     for T, K, N in shapes if variant == "native" else shapes[::4]:
@@ -939,7 +948,8 @@ def test_lanes_matmul(libs, variant, wtype, extreme):
         assert lanes.shape == (-(-N // 16) * 16, blocks.shape[1])
         x = rng.standard_normal((T, K), dtype=np.float32) * np.float32(3)
         x[0, 32:64] = 0.0  # an all-zero activation block (none where K is one block)
-        for kind, qmax, tol in (("a16_", 32639.0 if T <= 7 else 32767.0, 2e-6), ("", 127.0, 1e-5)):
+        a16_qmax = 32639.0 if T <= 7 or split_only else 32767.0
+        for kind, qmax, tol in (("a16_", a16_qmax, 2e-6), ("", 127.0, 1e-5)):
             exact, ref, floor = _kref(wtype, x, blocks, N, K, qmax)
             if not kind:  # int8: the offsets' sums too of the rounded x (x_q @ W, as Q4_1's)
                 qt = getattr(gguf.GGMLQuantizationType, wtype.upper())
@@ -959,7 +969,7 @@ def test_lanes_matmul(libs, variant, wtype, extreme):
 def test_lanes_embed_row(libs, wtype):
     from hipc.compiler.passes.repack import lane_quant_blocks
 
-    lib = _lanes_lib(libs, "native")
+    lib = _lanes_lib(libs, "native", wtype)
     N, K = 40, 512 if wtype.endswith("_k") else 96
     blocks = _kblocks(wtype, N, K, seed=6, extreme=True)
     lanes = np.ascontiguousarray(lane_quant_blocks(blocks, wtype))

@@ -17,7 +17,7 @@ from test_moe import KQUANT_WIDTHS, make_moe_model, quantizable_moe, sharp_route
 from test_vs_transformers import hf_logits_incremental
 
 from hipc.compiler.options import CompileOptions
-from hipc.compiler.passes.lanes import lanes_available
+from hipc.compiler.passes.lanes import lane_types
 from hipc.compiler.pipeline import compile_model
 from hipc.compiler.toolchains.cpu import cpu_flags
 from hipc.runtime.engine import load_engine
@@ -321,8 +321,9 @@ def test_kquant_and_iq4_experts_on_the_cpu(mix, tmp_path):
     plan = load_engine(out).artifact.plan
     stored = {w["dtype"] for w in plan["weights"] if len(w["shape"]) == 3}
     assert stored == ({"q4_k", "q6_k"} if mix == "q4_k_m" else {mix})
-    if lanes_available(("cpu",), cpu_flags()) and mix in ("q3_k", "q4_k", "q6_k", "q4_k_m"):
-        # the experts in row lanes of their own (linear_lanes_k.h)
+    lanes = lane_types(("cpu",), cpu_flags())
+    if (mix if mix != "q4_k_m" else "q4_k") in lanes and mix in ("q3_k", "q4_k", "q6_k", "q4_k_m"):
+        # the experts in row lanes of their own (linear_lanes_k.h, linear_lanes_avx2.h)
         assert {w.get("layout") for w in plan["weights"] if len(w["shape"]) == 3} == {"lanes"}
     check_compiled_against_reference(out, path, n_greedy=16)
 

@@ -1,0 +1,421 @@
+// linear_lanes_avx2.h -- linear_lanes.h's row-lanes matmuls for AVX2 machines (no AVX512):
+// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 on the same layout (compiler/passes/repack.py).
+//
+// A 16-row group is two halves of 8 rows: the upper 32 bytes of each 64-byte lanes vector
+// are rows 8..15. A half's block unpacks with a nibble split (Q5: its fifth bits from one
+// dword a chunk, expanded to bytes) into 8 chunk vectors, lane r (a dword) = row r's 4 bytes
+// of that chunk; each chunk meets the token's 4 activation bytes broadcast, by vpmaddubsw
+// (u8 x s8 pairs to int16) and vpmaddwd (pairs to int32): lane r accumulates row r, no
+// horizontal sums. The file's blocks on AVX2 (linear_kquant.h's kq_tile, linear_a16.h's
+// matmul_deq) unpack one row's block at a time through memory and read SmolLM2's Q4_K_M
+// file at half llama.cpp's decode rate (cpu-amd-epyc.md "Session 30").
+//
+// vpmaddubsw saturates int16 pair sums: with weight bytes u <= 31 (Q4, Q5) and |x| <= 128 a
+// pair is at most 7,936, so four chunks' pairs add up in int16 (31,744) before vpmaddwd.
+// Q8_0's bytes (u = q + 128 <= 255) go through as two nibbles: 16 * dot(u >> 4) + dot(u & 15).
+// Activations as linear_lanes.h's GEMV takes them: int16 as the balanced split q = 256 * hi
+// + lo (|q| <= 32639, both planes signed bytes), or int8; I = sum(u * q) - off * sum(q).
+// Prefills run the same kernel over chunks of 4 tokens, each half-block unpacked once a
+// chunk (a group's 16 rows stay in L1 across the chunks).
+#pragma once
+
+namespace hipc {
+
+#if defined(HIPC_ISA_AVX2)
+#ifndef HIPC_LANE2_PREFETCH
+#define HIPC_LANE2_PREFETCH 2048  // bytes ahead along a group (0: none; A/B runs)
+#endif
+namespace detail {
+
+// 32 bits -> 32 bytes, byte k 0xFF where bit k is set
+inline __m256i lane2_bit_bytes(uint32_t bits) {
+  const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL);
+  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+// Half h (rows 8h..8h+7) of a block: w[j] lane r = row 8h + r's 4 weight bytes of chunk j
+template <class L>
+inline void lane2_unpack(const LaneBlock<L>& B, int h, __m256i (&w)[8]) {
+  if constexpr (L::kQuant == 256) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(B.q + 64 * c + 32 * h));
+      w[2 * c] = _mm256_and_si256(v, m4);
+      w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    if constexpr (L::kFifth) {
+      const __m256i sixteen = _mm256_set1_epi8(16);
+      for (int j = 0; j < 8; ++j) {
+        uint32_t bits;
+        std::memcpy(&bits, B.h + 8 * j + 4 * h, 4);
+        w[j] = _mm256_or_si256(w[j], _mm256_and_si256(lane2_bit_bytes(bits), sixteen));
+      }
+    }
+  } else {
+    for (int j = 0; j < 8; ++j) w[j] = _mm256_loadu_si256((const __m256i*)(B.q + 64 * j + 32 * h));
+  }
+}
+
+inline __m256i lane2_bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// sum_j w[j] * x (chunk j's 4 bytes of the block's 32 activations x), lane r: row r. Weight
+// bytes <= 31 (see the top).
+inline __m256i lane2_dot(const __m256i (&w)[8], const int8_t* x) {
+  __m256i s0 = _mm256_maddubs_epi16(w[0], lane2_bcast4(x + chunk_elem(0)));
+  __m256i s1 = _mm256_maddubs_epi16(w[1], lane2_bcast4(x + chunk_elem(1)));
+  for (int j = 2; j < 8; j += 2) {
+    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[j], lane2_bcast4(x + chunk_elem(j))));
+    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[j + 1], lane2_bcast4(x + chunk_elem(j + 1))));
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  return _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
+}
+
+// sum(u * x) of one activation plane: Q8_0's bytes as two nibbles (see the top)
+template <class L>
+inline __m256i lane2_plane(const __m256i (&w)[8], const __m256i (&wh)[8], const int8_t* x) {
+  if constexpr (L::kQuant == 256) {
+    (void)wh;
+    return lane2_dot(w, x);
+  } else {
+    return _mm256_add_epi32(_mm256_slli_epi32(lane2_dot(wh, x), 4), lane2_dot(w, x));
+  }
+}
+
+// Token t's int16 activations as the balanced split (linear_lanes.h quantize_lane_row, the
+// same rounding): d = max|x| / 32639 per block, isum = sum(q), s = sum(x).
+inline void quantize_lane2_row(const float* x, int K, const QAct& a, int t) {
+  int8_t* hr = a.q + (size_t)t * a.nbp * 32;
+  int8_t* lr = (int8_t*)a.lo + (size_t)t * a.nbp * 32;
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), r128 = _mm256_set1_epi32(128);
+  for (int b = 0; b < K / 32; ++b) {
+    __m256 xv[4], m = _mm256_setzero_ps(), sx = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      xv[i] = _mm256_loadu_ps(x + 32 * b + 8 * i);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, xv[i]));
+      sx = _mm256_add_ps(sx, xv[i]);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const __m256 inv = _mm256_set1_ps(amax > 0.f ? 32639.f / amax : 0.f);
+    __m256i hi[4], lo[4], qs = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(xv[i], inv));
+      hi[i] = _mm256_srai_epi32(_mm256_add_epi32(q, r128), 8);
+      lo[i] = _mm256_sub_epi32(q, _mm256_slli_epi32(hi[i], 8));
+      qs = _mm256_add_epi32(qs, q);
+    }
+    // int32 -> int8 in element order: the packs interleave 128-bit lanes, the permute undoes it
+    const __m256i hb = _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3]));
+    const __m256i lb = _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3]));
+    _mm256_storeu_si256((__m256i*)(hr + 32 * b), _mm256_permutevar8x32_epi32(hb, order));
+    _mm256_storeu_si256((__m256i*)(lr + 32 * b), _mm256_permutevar8x32_epi32(lb, order));
+    alignas(32) int32_t qv[8];
+    _mm256_store_si256((__m256i*)qv, qs);
+    a.d[(size_t)t * a.nbp + b] = amax / 32639.f;
+    a.isum[(size_t)t * a.nbp + b] = qv[0] + qv[1] + qv[2] + qv[3] + qv[4] + qv[5] + qv[6] + qv[7];
+    a.s[(size_t)t * a.nbp + b] = hsum256(sx);
+  }
+}
+
+// Rows n0..n0+7 (those below N) of tokens t0..t0+C-1 from the accumulators
+template <int C>
+inline void lane2_store(const __m256 (&facc)[C], float* y, int ldy, int t0, int n0, int N) {
+  const int nr = std::min(8, N - n0);
+  for (int c = 0; c < C; ++c) {
+    float* yr = y + (size_t)(t0 + c) * ldy + n0;
+    if (nr == 8) {
+      _mm256_storeu_ps(yr, facc[c]);
+    } else if (nr > 0) {
+      alignas(32) float v[8];
+      _mm256_store_ps(v, facc[c]);
+      std::memcpy(yr, v, sizeof(float) * nr);
+    }
+  }
+}
+
+// Rows 8h..8h+7 of group g against tokens t0..t0+C-1 (P = 2: int16 planes, 1: int8)
+template <class L, int C, int P>
+inline void lane2_half(const uint8_t* W, int nb, int g, int h, const QAct& a, int t0, float* y, int ldy, int N) {
+  __m256 facc[C];
+  for (int c = 0; c < C; ++c) facc[c] = _mm256_setzero_ps();
+  const uint8_t* G = lane_group<L>(W, nb, g);
+  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
+  constexpr int C2 = L::kQuant + L::kFifth + L::kScale;
+  for (int b = 0; b < nb; ++b) {
+#if HIPC_LANE2_PREFETCH
+    if (h == 0)
+      for (int o = 0; o < C2; o += 64) _mm_prefetch((const char*)(G + (size_t)b * C2 + HIPC_LANE2_PREFETCH + o), _MM_HINT_T0);
+#endif
+    const LaneBlock<L> B = lane_block<L>(G, nb, b);
+    __m256i w[8], wh[8];
+    lane2_unpack<L>(B, h, w);
+    if constexpr (L::kQuant != 256) {
+      const __m256i m4 = _mm256_set1_epi8(15);
+      for (int j = 0; j < 8; ++j) wh[j] = _mm256_and_si256(_mm256_srli_epi16(w[j], 4), m4), w[j] = _mm256_and_si256(w[j], m4);
+    }
+    __m256 dw, mw = _mm256_setzero_ps();
+    if constexpr (L::kMin) {  // (d, m) pairs: evens and odds apart, in row order
+      const __m256 p0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 32 * h)));
+      const __m256 p1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 32 * h + 16)));
+      dw = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p0, p1, 0x88)), 0xD8));
+      mw = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p0, p1, 0xDD)), 0xD8));
+    } else {
+      dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 16 * h)));
+    }
+    (void)mw;
+    for (int c = 0; c < C; ++c) {
+      const size_t t = (size_t)(t0 + c), so = t * ss + b;
+      __m256i I = lane2_plane<L>(w, wh, a.q + t * xs + 32 * (size_t)b);
+      if constexpr (P == 2) I = _mm256_add_epi32(_mm256_slli_epi32(I, 8), lane2_plane<L>(w, wh, (const int8_t*)a.lo + t * xs + 32 * (size_t)b));
+      if constexpr (L::kOff != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(a.isum[so] * L::kOff));
+      facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[so])), facc[c]);
+      if constexpr (L::kMin) facc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[so]), facc[c]);
+    }
+  }
+  lane2_store<C>(facc, y, ldy, t0, 16 * g + 8 * h, N);
+}
+
+// x's T rows quantized for the lanes kernels: the balanced int16 split (P = 2) or int8
+template <int P>
+inline QAct lane2_quantize(const float* x, int T, int K, size_t ext_bytes = 0) {
+  const QAct a = alloc_qact(T, K, 0, P, ext_bytes);
+#pragma omp parallel for schedule(static) if (T > 1 && (long long)T * K >= kParallelMinWork)
+  for (int t = 0; t < T; ++t) {
+    if constexpr (P == 2) {
+      quantize_lane2_row(x + (size_t)t * K, K, a, t);
+    } else {
+      quantize_act_row(x, K, a, t);
+    }
+  }
+  return a;
+}
+
+// Group g's halves over the T tokens in chunks of up to 4: half(chunk size, h, t0)
+template <class F>
+inline void lane2_tokens(int T, int g, int N, F half) {
+  for (int t0 = 0; t0 < T; t0 += 4)
+    for (int h = 0; h < 2 && 16 * g + 8 * h < N; ++h) switch (std::min(4, T - t0)) {
+        case 1: half(std::integral_constant<int, 1>{}, h, t0); break;
+        case 2: half(std::integral_constant<int, 2>{}, h, t0); break;
+        case 3: half(std::integral_constant<int, 3>{}, h, t0); break;
+        default: half(std::integral_constant<int, 4>{}, h, t0); break;
+      }
+}
+
+// Driver: P = 2 (int16 activations) or 1 (int8). W: the lanes layout of [N, K]. One group
+// (both halves) a task; tokens in chunks of 4.
+template <class L, int P>
+inline void lane2_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
+  if (T <= 0 || N <= 0) return;
+  const uint8_t* W = (const uint8_t*)Wv;
+  const int nb = K / 32, ngroups = (N + 15) / 16;
+  const QAct a = lane2_quantize<P>(x, T, K);
+#pragma omp parallel for schedule(static) if ((long long)T * N * K >= kParallelMinWork)
+  for (int g = 0; g < ngroups; ++g)
+    lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lane2_half<L, decltype(c)::value, P>(W, nb, g, h, a, t0, y, ldy, N); });
+}
+
+// ---- the K-quants (linear_lanes_k.h's cells): Q4_K, Q5_K, Q6_K ----
+
+// sum_j w[j] * x as the even chunks' (elements 0..15) and odd chunks' (16..31) sums; G
+// chunks' int16 pairs added before vpmaddwd (4 for bytes <= 31, 2 for Q6_K's <= 63)
+template <int G>
+inline void lane2_dot_halves(const __m256i (&w)[8], const int8_t* x, __m256i& i0, __m256i& i1) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  for (int p = 0; p < 2; ++p)
+    for (int j0 = p; j0 < 8; j0 += 2 * G) {
+      __m256i s16 = _mm256_maddubs_epi16(w[j0], lane2_bcast4(x + chunk_elem(j0)));
+      for (int j = j0 + 2; j < j0 + 2 * G; j += 2) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[j], lane2_bcast4(x + chunk_elem(j))));
+      acc[p] = _mm256_add_epi32(acc[p], _mm256_madd_epi16(s16, ones));
+    }
+  i0 = acc[0];
+  i1 = acc[1];
+}
+
+// A cell's (super-block's) scales for rows 8h..8h+7: Q4_K / Q5_K dw[j] = d * sc_j, mw[j] =
+// -dmin * mn_j of unit j; Q6_K dw[j] / mw[j] = d * sc of 16-groups 2j / 2j + 1.
+template <class L>
+inline void lk2_scales(const uint8_t* c, int h, __m256 (&dw)[8], __m256 (&mw)[8]) {
+  const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(c + 16 * h)));
+  if constexpr (L::kQ6) {
+    for (int k = 0; k < 4; ++k) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(c + 32 + 64 * k + 32 * h));
+      const __m256 s[4] = {
+          _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24), 24)),
+          _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 24)),
+          _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 8), 24)),
+          _mm256_cvtepi32_ps(_mm256_srai_epi32(v, 24)),
+      };
+      dw[2 * k] = _mm256_mul_ps(s[0], D), mw[2 * k] = _mm256_mul_ps(s[1], D);
+      dw[2 * k + 1] = _mm256_mul_ps(s[2], D), mw[2 * k + 1] = _mm256_mul_ps(s[3], D);
+    }
+  } else {  // the 6-bit fields of k_scale_min (linear_kquant.h), a row a lane
+    const __m256 M = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(c + 32 + 16 * h))));
+    const __m256i s0 = _mm256_loadu_si256((const __m256i*)(c + 64 + 32 * h));
+    const __m256i s1 = _mm256_loadu_si256((const __m256i*)(c + 128 + 32 * h));
+    const __m256i s2 = _mm256_loadu_si256((const __m256i*)(c + 192 + 32 * h));
+    const __m256i m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi32(15), m48 = _mm256_set1_epi32(48);
+    for (int j = 0; j < 4; ++j) {
+      const __m128i n = _mm_cvtsi32_si128(8 * j), top = _mm_cvtsi32_si128(8 * j + 2);
+      dw[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(s0, n), m63)), D);
+      mw[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(s1, n), m63)), M);
+      const __m256i sc = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(s2, n), m15), _mm256_and_si256(_mm256_srl_epi32(s0, top), m48));
+      const __m256i mn = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(s2, _mm_cvtsi32_si128(8 * j + 4)), m15),
+                                         _mm256_and_si256(_mm256_srl_epi32(s1, top), m48));
+      dw[4 + j] = _mm256_mul_ps(_mm256_cvtepi32_ps(sc), D);
+      mw[4 + j] = _mm256_mul_ps(_mm256_cvtepi32_ps(mn), M);
+    }
+  }
+}
+
+// Unit j of a cell, rows 8h..8h+7: w[k] lane r = row 8h + r's 4 weight bytes of chunk k
+template <class L>
+inline void lk2_quants(const uint8_t* c, int j, int h, __m256i (&w)[8]) {
+  const uint8_t* u = c + L::kHead + (L::kMid + L::kLow) * j;
+  const uint8_t* q = u + L::kMid;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  for (int v = 0; v < 4; ++v) {
+    const __m256i x = _mm256_loadu_si256((const __m256i*)(q + 64 * v + 32 * h));
+    w[2 * v] = _mm256_and_si256(x, m4);
+    w[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+  }
+  if constexpr (L::kFifth) {
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    for (int k = 0; k < 8; ++k) {
+      uint32_t bits;
+      std::memcpy(&bits, u + 8 * k + 4 * h, 4);
+      w[k] = _mm256_or_si256(w[k], _mm256_and_si256(lane2_bit_bytes(bits), sixteen));
+    }
+  }
+  if constexpr (L::kQ6) {  // the two high bits of chunk 4 * half + e at bits 2e, to bits 4..5
+    const __m256i m = _mm256_set1_epi8(0x30);
+    for (int half = 0; half < 2; ++half) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(u + 64 * half + 32 * h));
+      __m256i* o = w + 4 * half;
+      o[0] = _mm256_or_si256(o[0], _mm256_and_si256(_mm256_slli_epi16(v, 4), m));
+      o[1] = _mm256_or_si256(o[1], _mm256_and_si256(_mm256_slli_epi16(v, 2), m));
+      o[2] = _mm256_or_si256(o[2], _mm256_and_si256(v, m));
+      o[3] = _mm256_or_si256(o[3], _mm256_and_si256(_mm256_srli_epi16(v, 2), m));
+    }
+  }
+}
+
+// Per-16 sums of token t's integer activations (P = 2: 256 * hi + lo), for Q6_K's offset
+template <int P>
+inline void lk2_isum16(const QAct& a, int t, int32_t* out) {
+  const int8_t* hr = a.q + (size_t)t * a.nbp * 32;
+  const int8_t* lr = (const int8_t*)a.lo + (size_t)t * a.nbp * 32;
+  for (int g = 0; g < 2 * a.nb; ++g) {
+    int32_t sh = 0, sl = 0;
+    for (int e = 0; e < 16; ++e) sh += hr[16 * g + e], sl += P == 2 ? lr[16 * g + e] : 0;
+    out[g] = P == 2 ? 256 * sh + sl : sh;
+  }
+}
+
+// Rows 8h..8h+7 of group g against tokens t0..t0+C-1
+template <class L, int C, int P>
+inline void lk2_half(const uint8_t* W, int nsb, int g, int h, const QAct& a, const int32_t* is16, int t0, float* y,
+                     int ldy, int N) {
+  __m256 facc[C];
+  for (int c = 0; c < C; ++c) facc[c] = _mm256_setzero_ps();
+  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
+  for (int s = 0; s < nsb; ++s) {
+    const uint8_t* cell = lk_cell<L>(W, nsb, g, s);
+#if HIPC_LANE2_PREFETCH
+    if (h == 0)
+      for (int o = 0; o < 16 * L::kBytes; o += 64) _mm_prefetch((const char*)(cell + HIPC_LANE2_PREFETCH + o), _MM_HINT_T0);
+#endif
+    __m256 dw[8], mw[8];
+    lk2_scales<L>(cell, h, dw, mw);
+    for (int j = 0; j < 8; ++j) {
+      __m256i w[8];
+      lk2_quants<L>(cell, j, h, w);
+      const int b = 8 * s + j;
+      for (int c = 0; c < C; ++c) {
+        const size_t t = (size_t)(t0 + c), so = t * ss + b;
+        __m256i i0, i1;
+        lane2_dot_halves<L::kQ6 ? 2 : 4>(w, a.q + t * xs + 32 * (size_t)b, i0, i1);
+        if constexpr (P == 2) {
+          __m256i l0, l1;
+          lane2_dot_halves<L::kQ6 ? 2 : 4>(w, (const int8_t*)a.lo + t * xs + 32 * (size_t)b, l0, l1);
+          i0 = _mm256_add_epi32(_mm256_slli_epi32(i0, 8), l0);
+          i1 = _mm256_add_epi32(_mm256_slli_epi32(i1, 8), l1);
+        }
+        const __m256 dx = _mm256_set1_ps(a.d[so]);
+        if constexpr (L::kHalves) {  // u = q + kOff16 per 16-group
+          const int32_t* gs = is16 + t * (2 * a.nb) + 2 * b;
+          i0 = _mm256_sub_epi32(i0, _mm256_set1_epi32(L::kOff16 * gs[0]));
+          i1 = _mm256_sub_epi32(i1, _mm256_set1_epi32(L::kOff16 * gs[1]));
+          facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(dw[j], dx), facc[c]);
+          facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(mw[j], dx), facc[c]);
+        } else {
+          facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(dw[j], dx), facc[c]);
+          facc[c] = _mm256_fmadd_ps(mw[j], _mm256_set1_ps(a.s[so]), facc[c]);
+        }
+      }
+    }
+  }
+  lane2_store<C>(facc, y, ldy, t0, 16 * g + 8 * h, N);
+}
+
+template <class L, int P>
+inline void lk2_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
+  if (T <= 0 || N <= 0) return;
+  const uint8_t* W = (const uint8_t*)Wv;
+  const int nsb = K / 256, ngroups = (N + 15) / 16;
+  const QAct a = lane2_quantize<P>(x, T, K, L::kHalves ? (size_t)T * (K / 16) * 4 : 0);
+  const int32_t* is16 = (const int32_t*)a.ext;
+  if constexpr (L::kHalves)
+    for (int t = 0; t < T; ++t) lk2_isum16<P>(a, t, (int32_t*)a.ext + (size_t)t * (K / 16));
+#pragma omp parallel for schedule(static) if ((long long)T * N * K >= kParallelMinWork)
+  for (int g = 0; g < ngroups; ++g)
+    lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lk2_half<L, decltype(c)::value, P>(W, nsb, g, h, a, is16, t0, y, ldy, N); });
+}
+
+}  // namespace detail
+
+// y[t, n] = sum_k x[t, k] * W[n, k], W in the lanes layout (linear_lanes.h); the compiler
+// picks it on AVX2 for these five types (passes/lanes.py).
+#define HIPC_LANES2_ENTRY(name, L)                                                                           \
+  inline void matmul_a16_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
+    detail::lane2_matmul<detail::L, 2>(x, T, K, W, N, y, ldy);                                               \
+  }                                                                                                          \
+  inline void matmul_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {     \
+    detail::lane2_matmul<detail::L, 1>(x, T, K, W, N, y, ldy);                                               \
+  }                                                                                                          \
+  inline void embed_row_lanes_##name(const void* W, int K, int64_t row, float* out) {                        \
+    detail::lane_embed_row<detail::L>(W, K, row, out);                                                       \
+  }
+HIPC_LANES2_ENTRY(q4_0, LayQ4_0)
+HIPC_LANES2_ENTRY(q4_1, LayQ4_1)
+HIPC_LANES2_ENTRY(q5_0, LayQ5_0)
+HIPC_LANES2_ENTRY(q5_1, LayQ5_1)
+HIPC_LANES2_ENTRY(q8_0, LayQ8_0)
+#undef HIPC_LANES2_ENTRY
+#define HIPC_LANES2_K_ENTRY(name, L)                                                                         \
+  inline void matmul_a16_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
+    detail::lk2_matmul<detail::L, 2>(x, T, K, W, N, y, ldy);                                                 \
+  }                                                                                                          \
+  inline void matmul_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {     \
+    detail::lk2_matmul<detail::L, 1>(x, T, K, W, N, y, ldy);                                                 \
+  }                                                                                                          \
+  inline void embed_row_lanes_##name(const void* W, int K, int64_t row, float* out) {                        \
+    detail::lk_embed_row<detail::L>(W, K, row, out);                                                         \
+  }
+HIPC_LANES2_K_ENTRY(q4_k, LKQ4K)
+HIPC_LANES2_K_ENTRY(q5_k, LKQ5K)
+HIPC_LANES2_K_ENTRY(q6_k, LKQ6K)
+#undef HIPC_LANES2_K_ENTRY
+#endif  // HIPC_ISA_AVX2
+
+}  // namespace hipc
