@@ -88,9 +88,23 @@ inline __m256i lane2_plane(const __m256i (&w)[8], const __m256i (&wh)[8], const 
   }
 }
 
+// Q8_0's bytes (u <= 255) against int16 activations x: vpmaddwd on the bytes widened, rows
+// 0..3 and 4..7 apart, the pairs summed at the end (hadd, then the lanes in row order)
+inline __m256i lane2_dot16(const __m256i (&w)[8], const int16_t* x) {
+  __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j) {
+    long long v;
+    std::memcpy(&v, x + chunk_elem(j), 8);
+    const __m256i xb = _mm256_set1_epi64x(v);
+    lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(w[j])), xb));
+    hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(w[j], 1)), xb));
+  }
+  return _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);
+}
+
 // Token t's int16 activations as the balanced split (linear_lanes.h quantize_lane_row, the
 // same rounding): d = max|x| / 32639 per block, isum = sum(q), s = sum(x).
-inline void quantize_lane2_row(const float* x, int K, const QAct& a, int t) {
+inline void quantize_lane2_row(const float* x, int K, const QAct& a, int t, int16_t* q16 = nullptr) {
   int8_t* hr = a.q + (size_t)t * a.nbp * 32;
   int8_t* lr = (int8_t*)a.lo + (size_t)t * a.nbp * 32;
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -106,13 +120,17 @@ inline void quantize_lane2_row(const float* x, int K, const QAct& a, int t) {
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
     const __m256 inv = _mm256_set1_ps(amax > 0.f ? 32639.f / amax : 0.f);
-    __m256i hi[4], lo[4], qs = _mm256_setzero_si256();
+    __m256i q[4], hi[4], lo[4], qs = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {
-      const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(xv[i], inv));
-      hi[i] = _mm256_srai_epi32(_mm256_add_epi32(q, r128), 8);
-      lo[i] = _mm256_sub_epi32(q, _mm256_slli_epi32(hi[i], 8));
-      qs = _mm256_add_epi32(qs, q);
+      q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(xv[i], inv));
+      hi[i] = _mm256_srai_epi32(_mm256_add_epi32(q[i], r128), 8);
+      lo[i] = _mm256_sub_epi32(q[i], _mm256_slli_epi32(hi[i], 8));
+      qs = _mm256_add_epi32(qs, q[i]);
     }
+    if (q16)  // (Q8_0's kernel: q itself as int16, in element order)
+      for (int i = 0; i < 4; i += 2)
+        _mm256_storeu_si256((__m256i*)(q16 + (size_t)t * a.nbp * 32 + 32 * b + 8 * i),
+                            _mm256_permute4x64_epi64(_mm256_packs_epi32(q[i], q[i + 1]), 0xD8));
     // int32 -> int8 in element order: the packs interleave 128-bit lanes, the permute undoes it
     const __m256i hb = _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3]));
     const __m256i lb = _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3]));
@@ -144,7 +162,9 @@ inline void lane2_store(const __m256 (&facc)[C], float* y, int ldy, int t0, int 
 
 // Rows 8h..8h+7 of group g against tokens t0..t0+C-1 (P = 2: int16 planes, 1: int8)
 template <class L, int C, int P>
-inline void lane2_half(const uint8_t* W, int nb, int g, int h, const QAct& a, int t0, float* y, int ldy, int N) {
+inline void lane2_half(const uint8_t* W, int nb, int g, int h, const QAct& a, const int16_t* x16, int t0, float* y,
+                       int ldy, int N) {
+  constexpr bool kWide = L::kQuant == 512 && P == 2;  // Q8_0 on int16 x (lane2_dot16)
   __m256 facc[C];
   for (int c = 0; c < C; ++c) facc[c] = _mm256_setzero_ps();
   const uint8_t* G = lane_group<L>(W, nb, g);
@@ -158,7 +178,7 @@ inline void lane2_half(const uint8_t* W, int nb, int g, int h, const QAct& a, in
     const LaneBlock<L> B = lane_block<L>(G, nb, b);
     __m256i w[8], wh[8];
     lane2_unpack<L>(B, h, w);
-    if constexpr (L::kQuant != 256) {
+    if constexpr (L::kQuant != 256 && !kWide) {
       const __m256i m4 = _mm256_set1_epi8(15);
       for (int j = 0; j < 8; ++j) wh[j] = _mm256_and_si256(_mm256_srli_epi16(w[j], 4), m4), w[j] = _mm256_and_si256(w[j], m4);
     }
@@ -174,8 +194,13 @@ inline void lane2_half(const uint8_t* W, int nb, int g, int h, const QAct& a, in
     (void)mw;
     for (int c = 0; c < C; ++c) {
       const size_t t = (size_t)(t0 + c), so = t * ss + b;
-      __m256i I = lane2_plane<L>(w, wh, a.q + t * xs + 32 * (size_t)b);
-      if constexpr (P == 2) I = _mm256_add_epi32(_mm256_slli_epi32(I, 8), lane2_plane<L>(w, wh, (const int8_t*)a.lo + t * xs + 32 * (size_t)b));
+      __m256i I;
+      if constexpr (kWide) {
+        I = lane2_dot16(w, x16 + t * xs + 32 * (size_t)b);
+      } else {
+        I = lane2_plane<L>(w, wh, a.q + t * xs + 32 * (size_t)b);
+        if constexpr (P == 2) I = _mm256_add_epi32(_mm256_slli_epi32(I, 8), lane2_plane<L>(w, wh, (const int8_t*)a.lo + t * xs + 32 * (size_t)b));
+      }
       if constexpr (L::kOff != 0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(a.isum[so] * L::kOff));
       facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[so])), facc[c]);
       if constexpr (L::kMin) facc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[so]), facc[c]);
@@ -185,13 +210,14 @@ inline void lane2_half(const uint8_t* W, int nb, int g, int h, const QAct& a, in
 }
 
 // x's T rows quantized for the lanes kernels: the balanced int16 split (P = 2) or int8
+// (q16: an int16 copy of the split's values too, T x nbp * 32)
 template <int P>
-inline QAct lane2_quantize(const float* x, int T, int K, size_t ext_bytes = 0) {
+inline QAct lane2_quantize(const float* x, int T, int K, size_t ext_bytes = 0, int16_t* q16 = nullptr) {
   const QAct a = alloc_qact(T, K, 0, P, ext_bytes);
 #pragma omp parallel for schedule(static) if (T > 1 && (long long)T * K >= kParallelMinWork)
   for (int t = 0; t < T; ++t) {
     if constexpr (P == 2) {
-      quantize_lane2_row(x + (size_t)t * K, K, a, t);
+      quantize_lane2_row(x + (size_t)t * K, K, a, t, q16);
     } else {
       quantize_act_row(x, K, a, t);
     }
@@ -218,10 +244,12 @@ inline void lane2_matmul(const float* x, int T, int K, const void* Wv, int N, fl
   if (T <= 0 || N <= 0) return;
   const uint8_t* W = (const uint8_t*)Wv;
   const int nb = K / 32, ngroups = (N + 15) / 16;
-  const QAct a = lane2_quantize<P>(x, T, K);
+  constexpr bool kWide = L::kQuant == 512 && P == 2;
+  int16_t* x16 = kWide ? (int16_t*)scratch_f32(2, (size_t)T * nb * 16 + 16) : nullptr;
+  const QAct a = lane2_quantize<P>(x, T, K, 0, x16);
 #pragma omp parallel for schedule(static) if ((long long)T * N * K >= kParallelMinWork)
   for (int g = 0; g < ngroups; ++g)
-    lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lane2_half<L, decltype(c)::value, P>(W, nb, g, h, a, t0, y, ldy, N); });
+    lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lane2_half<L, decltype(c)::value, P>(W, nb, g, h, a, x16, t0, y, ldy, N); });
 }
 
 // ---- the K-quants (linear_lanes_k.h's cells): Q4_K, Q5_K, Q6_K ----
