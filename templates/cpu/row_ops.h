@@ -69,6 +69,40 @@ inline __m512 exp_ps_nonpos(__m512 x) {
 }
 #endif
 
+#if defined(HIPC_ISA_AVX2)
+// exp_ps_nonpos's polynomial on 8 lanes; 2^n by the exponent bits, so lanes below -87.3
+// come out as e^-87.3 (~1e-38, where AVX512's are 0 or denormals); NaN stays NaN.
+inline __m256 exp256_nonpos(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);  // NaN: max returns its second operand
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);  // ln2 split: exact n*hi
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 q = _mm256_set1_ps(1.f / 720);
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.f / 120));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.f / 24));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.f / 6));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0.5f));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.f));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(q, _mm256_castsi256_ps(e));
+}
+
+// r[j] = the sum of v[j]'s 8 lanes, for 8 vectors (pairs added in a tree, then the halves)
+inline __m256 hsum8(const __m256 (&v)[8]) {
+  const __m256 a0 = _mm256_hadd_ps(v[0], v[1]), a1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 a2 = _mm256_hadd_ps(v[4], v[5]), a3 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);  // lanes: v0..v3 | v0..v3 (halves)
+  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+#endif
+
 // y[j] = silu(g[j]) * u[j] = g / (1 + e^-g) * u for j < n (the gated MLP's epilogue). On
 // AVX512 one vector exp of -|g| per 16 (e^-|g| / (1 + e^-|g|) is the sigmoid of a negative g),
 // within a few ulp of std::exp's; a SmolLM2 decode step spent ~7% of its serial time here.
@@ -91,12 +125,16 @@ inline void silu_mul_row(const float* g, const float* u, float* y, int n) {
 // positions are consecutive rows K + j * stride): out[D] = sum_c softmax_c(scale * q.k_c) v_c,
 // scores soft-capped first when softcap > 0. Online softmax over blocks of 16 positions:
 // no buffer of ctx length. AVX512 (D a multiple of 16, <= 256): the output in registers,
-// the block's 16 weights by one vector exp; elsewhere one position at a time.
+// the block's 16 weights by one vector exp; AVX2 (D a multiple of 8, <= 128) the same in
+// blocks of 8 (scalar, a SmolLM2 decode after 512 positions spent 18% in attention);
+// elsewhere one position at a time.
 template <int D>
 struct Attend {
   static constexpr bool kVec =
 #if defined(HIPC_ISA_AVX512)
       D % 16 == 0 && D <= 256;
+#elif defined(HIPC_ISA_AVX2)
+      D % 8 == 0 && D <= 128;
 #else
       false;
 #endif
@@ -106,12 +144,20 @@ struct Attend {
 #if defined(HIPC_ISA_AVX512)
   static constexpr int NV = D / 16;
   __m512 qv[NV > 0 ? NV : 1], av[NV > 0 ? NV : 1], lsum = _mm512_setzero_ps();
+#elif defined(HIPC_ISA_AVX2)
+  static constexpr int NV = D / 8;
+  __m256 qv[NV > 0 && kVec ? NV : 1], av[NV > 0 && kVec ? NV : 1], lsum = _mm256_setzero_ps();
 #endif
 
   Attend(const float* q_, float scale_, float softcap_) : q(q_), scale(scale_), softcap(softcap_) {
 #if defined(HIPC_ISA_AVX512)
     if constexpr (kVec) {
       for (int i = 0; i < NV; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i), av[i] = _mm512_setzero_ps();
+      return;
+    }
+#elif defined(HIPC_ISA_AVX2)
+    if constexpr (kVec) {
+      for (int i = 0; i < NV; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i), av[i] = _mm256_setzero_ps();
       return;
     }
 #endif
@@ -153,6 +199,46 @@ struct Attend {
       }
       return;
     }
+#elif defined(HIPC_ISA_AVX2)
+    if constexpr (kVec) {
+      alignas(32) float sc[8];
+      const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+      for (int j0 = 0; j0 < n; j0 += 8) {
+        const int nb = std::min(8, n - j0);
+        __m256 d[8];
+        for (int j = 0; j < 8; ++j) {
+          d[j] = _mm256_setzero_ps();
+          if (j < nb) {
+            const float* kr = K + (size_t)(j0 + j) * stride;
+            for (int i = 0; i < NV; ++i) d[j] = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(kr + 8 * i), d[j]);
+          }
+        }
+        __m256 s = _mm256_mul_ps(hsum8(d), _mm256_set1_ps(scale));
+        if (softcap > 0.f) {
+          _mm256_store_ps(sc, s);
+          for (int j = 0; j < nb; ++j) sc[j] = softcap * std::tanh(sc[j] / softcap);
+          s = _mm256_load_ps(sc);
+        }
+        const __m256 valid = _mm256_cmp_ps(iota, _mm256_set1_ps((float)nb), _CMP_LT_OQ);
+        s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, valid);
+        const float bm = hmax8(s);
+        if (bm > m) {  // the running max moves: rescale what is summed so far
+          const __m256 r = _mm256_set1_ps(m == -INFINITY ? 0.f : std::exp(m - bm));
+          for (int i = 0; i < NV; ++i) av[i] = _mm256_mul_ps(av[i], r);
+          lsum = _mm256_mul_ps(lsum, r);
+          m = bm;
+        }
+        const __m256 e = _mm256_and_ps(valid, exp256_nonpos(_mm256_sub_ps(s, _mm256_set1_ps(m))));
+        lsum = _mm256_add_ps(lsum, e);
+        _mm256_store_ps(sc, e);
+        for (int j = 0; j < nb; ++j) {
+          const float* vr = V + (size_t)(j0 + j) * stride;
+          const __m256 ej = _mm256_set1_ps(sc[j]);
+          for (int i = 0; i < NV; ++i) av[i] = _mm256_fmadd_ps(ej, _mm256_loadu_ps(vr + 8 * i), av[i]);
+        }
+      }
+      return;
+    }
 #endif
     for (int j = 0; j < n; ++j) {
       const float* kr = K + (size_t)j * stride;
@@ -181,6 +267,14 @@ struct Attend {
     if constexpr (kVec) {
       const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(lsum));
       for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(av[i], inv));
+      return;
+    }
+#elif defined(HIPC_ISA_AVX2)
+    if constexpr (kVec) {
+      alignas(32) float ls[8];
+      _mm256_store_ps(ls, lsum);
+      const __m256 inv = _mm256_set1_ps(1.f / (((ls[0] + ls[1]) + (ls[2] + ls[3])) + ((ls[4] + ls[5]) + (ls[6] + ls[7]))));
+      for (int i = 0; i < NV; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(av[i], inv));
       return;
     }
 #endif
