@@ -1,27 +1,33 @@
-// linear_lanes_avx2.h -- linear_lanes.h's row-lanes matmuls for AVX2 machines (no AVX512):
-// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 on the same layout (compiler/passes/repack.py).
+// linear_lanes_avx2.h -- linear_lanes.h's and linear_lanes_k.h's row-lanes matmuls for AVX2
+// machines (no AVX512): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K, Q5_K, Q6_K on the same
+// layout (compiler/passes/repack.py; Q3_K keeps the file's blocks here).
 //
 // A 16-row group is two halves of 8 rows: the upper 32 bytes of each 64-byte lanes vector
-// are rows 8..15. A half's block unpacks with a nibble split (Q5: its fifth bits from one
-// dword a chunk, expanded to bytes) into 8 chunk vectors, lane r (a dword) = row r's 4 bytes
-// of that chunk; each chunk meets the token's 4 activation bytes broadcast, by vpmaddubsw
-// (u8 x s8 pairs to int16) and vpmaddwd (pairs to int32): lane r accumulates row r, no
-// horizontal sums. The file's blocks on AVX2 (linear_kquant.h's kq_tile, linear_a16.h's
-// matmul_deq) unpack one row's block at a time through memory and read SmolLM2's Q4_K_M
-// file at half llama.cpp's decode rate (cpu-amd-epyc.md "Session 30").
+// are rows 8..15. A half's block (a K-quant's 32-element unit) unpacks with a nibble split
+// (Q5: its fifth bits from one dword a chunk, expanded to bytes; Q6_K: its high bits shifted
+// on) into 8 chunk vectors, lane r (a dword) = row r's 4 bytes of that chunk; each chunk
+// meets the token's 4 activation bytes broadcast, by vpmaddubsw (u8 x s8 pairs to int16) and
+// vpmaddwd (pairs to int32): lane r accumulates row r, no horizontal sums. On the file's
+// blocks (linear_kquant.h's kq_tile, linear_a16.h's matmul_deq: a row's block at a time,
+// unpacked through memory) SmolLM2's Q4_K_M file decoded at half llama.cpp's rate on an AVX2
+// EPYC; here at its rate (cpu-amd-epyc-avx2.md).
 //
 // vpmaddubsw saturates int16 pair sums: with weight bytes u <= 31 (Q4, Q5) and |x| <= 128 a
-// pair is at most 7,936, so four chunks' pairs add up in int16 (31,744) before vpmaddwd.
-// Q8_0's bytes (u = q + 128 <= 255) go through as two nibbles: 16 * dot(u >> 4) + dot(u & 15).
+// pair is at most 7,936, so four chunks' pairs add up in int16 (31,744) before vpmaddwd; two
+// for Q6_K's u <= 63. Q8_0's bytes (u = q + 128 <= 255) go through as two nibbles, 16 *
+// dot(u >> 4) + dot(u & 15), or with int16 activations by vpmaddwd on the bytes widened.
 // Activations as linear_lanes.h's GEMV takes them: int16 as the balanced split q = 256 * hi
 // + lo (|q| <= 32639, both planes signed bytes), or int8; I = sum(u * q) - off * sum(q).
-// Prefills run the same kernel over chunks of 4 tokens, each half-block unpacked once a
-// chunk (a group's 16 rows stay in L1 across the chunks).
+// Prefills run the same kernel over chunks of HIPC_LANE2_CHUNK tokens, each half-block
+// unpacked once a chunk (a group's 16 rows stay in L1 across the chunks).
 #pragma once
 
 namespace hipc {
 
 #if defined(HIPC_ISA_AVX2)
+#ifndef HIPC_LANE2_CHUNK
+#define HIPC_LANE2_CHUNK 6  // tokens a half-block is unpacked for (4..8; 6 read fastest, T = 128)
+#endif
 #ifndef HIPC_LANE2_PREFETCH
 #define HIPC_LANE2_PREFETCH 2048  // bytes ahead along a group (0: none; A/B runs)
 #endif
@@ -228,17 +234,21 @@ inline QAct lane2_quantize(const float* x, int T, int K, size_t ext_bytes = 0, i
 // Group g's halves over the T tokens in chunks of up to 4: half(chunk size, h, t0)
 template <class F>
 inline void lane2_tokens(int T, int g, int N, F half) {
-  for (int t0 = 0; t0 < T; t0 += 4)
-    for (int h = 0; h < 2 && 16 * g + 8 * h < N; ++h) switch (std::min(4, T - t0)) {
+  for (int t0 = 0; t0 < T; t0 += HIPC_LANE2_CHUNK)
+    for (int h = 0; h < 2 && 16 * g + 8 * h < N; ++h) switch (std::min(HIPC_LANE2_CHUNK, T - t0)) {
         case 1: half(std::integral_constant<int, 1>{}, h, t0); break;
         case 2: half(std::integral_constant<int, 2>{}, h, t0); break;
         case 3: half(std::integral_constant<int, 3>{}, h, t0); break;
-        default: half(std::integral_constant<int, 4>{}, h, t0); break;
+        case 4: half(std::integral_constant<int, 4>{}, h, t0); break;
+        case 5: half(std::integral_constant<int, 5>{}, h, t0); break;
+        case 6: half(std::integral_constant<int, 6>{}, h, t0); break;
+        case 7: half(std::integral_constant<int, 7>{}, h, t0); break;
+        default: half(std::integral_constant<int, HIPC_LANE2_CHUNK>{}, h, t0); break;
       }
 }
 
 // Driver: P = 2 (int16 activations) or 1 (int8). W: the lanes layout of [N, K]. One group
-// (both halves) a task; tokens in chunks of 4.
+// (both halves) a task; tokens in chunks of HIPC_LANE2_CHUNK.
 template <class L, int P>
 inline void lane2_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
   if (T <= 0 || N <= 0) return;
