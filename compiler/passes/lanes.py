@@ -12,8 +12,8 @@ super-block of 16 rows a unit at a time with no permutes or horizontal sums.
 Only for an artifact whose one target is the CPU (one copy of the weights serves every
 target, and the GPU kernels read other layouts), for the types the build machine has the
 layout's kernels for (-march=native builds for the compiling machine): every type of
-LANE_TYPES with AVX512-VNNI, all but Q3_K with AVX2 (linear_lanes_avx2.h; cpu-amd-epyc.md
-"Session 30"); and only for a weight every reader of which can take it: Linear kernels, MoE
+LANE_TYPES with AVX512-VNNI, all but Q3_K with AVX2 (linear_lanes_avx2.h; docs/benchmarks/
+cpu-amd-epyc-avx2.md); and only for a weight every reader of which can take it: Linear kernels, MoE
 experts (each expert's matrix in lanes of its own), and the embedding gather (a tied output
 matrix is both).
 """
@@ -65,8 +65,8 @@ def lay_out_lanes(
     types: tuple[str, ...] = LANE_TYPES,
 ) -> list[SelectedKernel]:
     """The kernels, those reading a lanes-eligible weight switched to its lanes form: a type of
-    `types` (lane_types), read only through READERS' arguments, by a Linear or MoE kernel at least, and
-    (stacked experts) whole groups of 16 rows an expert, so the experts' offsets stay the
+    `types` (lane_types), read only through READERS' arguments, by a Linear or MoE kernel at
+    least, and (stacked experts) whole groups of 16 rows an expert, so the experts' offsets stay the
     file's. `dtypes` / `shapes`: each weight's storage type and logical shape."""
     readers: dict[str, list[tuple[SelectedKernel, str]]] = {}
     for k in kernels:
