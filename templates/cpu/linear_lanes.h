@@ -1,7 +1,8 @@
 // linear_lanes.h -- quantized matmuls on weights the compiler stored in row lanes.
 //
 // The "lanes" layout (compiler/passes/repack.py, lane_quant_blocks) keeps every byte of
-// the GGUF blocks but orders them for AVX512 lanes = output rows: rows in groups of 16
+// the GGUF blocks but orders them for vector lanes = output rows (AVX512's 16 lanes; AVX2
+// reads a group as two halves of 8, linear_lanes_avx2.h): rows in groups of 16
 // (the last group padded with zero rows), and per group and block along K:
 //   quants  [Q4/Q5: 4, Q8_0: 8] x 16 dwords   dword r of vector c: row r's quant dword c
 //                                              (Q8_0: chunk c's 4 bytes, as u = q + 128)
@@ -312,7 +313,7 @@ inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, flo
 
 // y[t, n] = sum_k x[t, k] * W[n, k], W in the lanes layout of q5_0 / q5_1 / q8_0 blocks (see
 // the top; K % 32 == 0). matmul_a16_lanes_*: int16 activations; matmul_lanes_*: int8.
-// The compiler picks this layout only where the build machine has AVX512-VNNI.
+// These entries are the AVX512-VNNI build's; AVX2 builds have linear_lanes_avx2.h's.
 // (HIPC_LANES_ENTRY stays defined for linear_lanes_k.h's types, which undefines it.)
 #if defined(HIPC_ISA_AVX512)
 #define HIPC_LANES_ENTRY(name, L, MATMUL, EMBED)                                                            \
