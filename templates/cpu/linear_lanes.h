@@ -101,26 +101,16 @@ namespace detail {
 // uses, and whether the GEMV prefetches along a group (cold, one EPYC core: the 4- and 5-bit
 // types faster with it, the Q8_0 LM head 1.14-1.25 ms without against 1.40-1.68 with:
 // cpu-amd-epyc.md "Session 29").
-struct LQ4_0 : LayQ4_0 {
-  using Q = KQ4_0;
-  static constexpr bool kPrefetch = true;
+template <class Lay, class Q_, bool Prefetch>
+struct LaneType : Lay {
+  using Q = Q_;
+  static constexpr bool kPrefetch = Prefetch;
 };
-struct LQ4_1 : LayQ4_1 {
-  using Q = KQ4_1;
-  static constexpr bool kPrefetch = true;
-};
-struct LQ5_0 : LayQ5_0 {
-  using Q = KQ5_0;
-  static constexpr bool kPrefetch = true;
-};
-struct LQ5_1 : LayQ5_1 {
-  using Q = KQ5_1;
-  static constexpr bool kPrefetch = true;
-};
-struct LQ8_0 : LayQ8_0 {
-  using Q = KQ8_0;
-  static constexpr bool kPrefetch = false;
-};
+using LQ4_0 = LaneType<LayQ4_0, KQ4_0, true>;
+using LQ4_1 = LaneType<LayQ4_1, KQ4_1, true>;
+using LQ5_0 = LaneType<LayQ5_0, KQ5_0, true>;
+using LQ5_1 = LaneType<LayQ5_1, KQ5_1, true>;
+using LQ8_0 = LaneType<LayQ8_0, KQ8_0, false>;
 
 // Block b of a group: w[j] lane r = the 4 unsigned weight bytes of row r at chunk j (the
 // WGroup of linear_vnni.h's row-lane prep), dw / mw its scales.
@@ -314,8 +304,8 @@ inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, flo
 // y[t, n] = sum_k x[t, k] * W[n, k], W in the lanes layout of q5_0 / q5_1 / q8_0 blocks (see
 // the top; K % 32 == 0). matmul_a16_lanes_*: int16 activations; matmul_lanes_*: int8.
 // These entries are the AVX512-VNNI build's; AVX2 builds have linear_lanes_avx2.h's.
-// (HIPC_LANES_ENTRY stays defined for linear_lanes_k.h's types, which undefines it.)
-#if defined(HIPC_ISA_AVX512)
+// (HIPC_LANES_ENTRY serves linear_lanes_k.h's and linear_lanes_avx2.h's types too; the
+// latter undefines it.)
 #define HIPC_LANES_ENTRY(name, L, MATMUL, EMBED)                                                            \
   inline void matmul_a16_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
     detail::MATMUL<detail::L, 2>(x, T, K, W, N, y, ldy);                                                     \
@@ -326,6 +316,7 @@ inline void lane_matmul(const float* x, int T, int K, const void* Wv, int N, flo
   inline void embed_row_lanes_##name(const void* W, int K, int64_t row, float* out) {                        \
     detail::EMBED<detail::L>(W, K, row, out);                                                                \
   }
+#if defined(HIPC_ISA_AVX512)
 HIPC_LANES_ENTRY(q4_0, LQ4_0, lane_matmul, lane_embed_row)
 HIPC_LANES_ENTRY(q4_1, LQ4_1, lane_matmul, lane_embed_row)
 HIPC_LANES_ENTRY(q5_0, LQ5_0, lane_matmul, lane_embed_row)

@@ -41,24 +41,30 @@ inline __m256i lane2_bit_bytes(uint32_t bits) {
   return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
+// Rows 8h..8h+7 of 4 nibble vectors at q (64 bytes apart): w[2c] the low nibbles of vector c,
+// w[2c + 1] the high ones; with `fifth` (8 dwords of fifth bits a qword apart) bit 4 or'ed on
+inline void lane2_nibbles(const uint8_t* q, const uint8_t* fifth, int h, __m256i (&w)[8]) {
+  const __m256i m4 = _mm256_set1_epi8(15);
+  for (int c = 0; c < 4; ++c) {
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(q + 64 * c + 32 * h));
+    w[2 * c] = _mm256_and_si256(v, m4);
+    w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+  }
+  if (fifth) {
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    for (int j = 0; j < 8; ++j) {
+      uint32_t bits;
+      std::memcpy(&bits, fifth + 8 * j + 4 * h, 4);
+      w[j] = _mm256_or_si256(w[j], _mm256_and_si256(lane2_bit_bytes(bits), sixteen));
+    }
+  }
+}
+
 // Half h (rows 8h..8h+7) of a block: w[j] lane r = row 8h + r's 4 weight bytes of chunk j
 template <class L>
 inline void lane2_unpack(const LaneBlock<L>& B, int h, __m256i (&w)[8]) {
   if constexpr (L::kQuant == 256) {
-    const __m256i m4 = _mm256_set1_epi8(15);
-    for (int c = 0; c < 4; ++c) {
-      const __m256i v = _mm256_loadu_si256((const __m256i*)(B.q + 64 * c + 32 * h));
-      w[2 * c] = _mm256_and_si256(v, m4);
-      w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-    }
-    if constexpr (L::kFifth) {
-      const __m256i sixteen = _mm256_set1_epi8(16);
-      for (int j = 0; j < 8; ++j) {
-        uint32_t bits;
-        std::memcpy(&bits, B.h + 8 * j + 4 * h, 4);
-        w[j] = _mm256_or_si256(w[j], _mm256_and_si256(lane2_bit_bytes(bits), sixteen));
-      }
-    }
+    lane2_nibbles(B.q, L::kFifth ? B.h : nullptr, h, w);
   } else {
     for (int j = 0; j < 8; ++j) w[j] = _mm256_loadu_si256((const __m256i*)(B.q + 64 * j + 32 * h));
   }
@@ -320,21 +326,7 @@ inline void lk2_scales(const uint8_t* c, int h, __m256 (&dw)[8], __m256 (&mw)[8]
 template <class L>
 inline void lk2_quants(const uint8_t* c, int j, int h, __m256i (&w)[8]) {
   const uint8_t* u = c + L::kHead + (L::kMid + L::kLow) * j;
-  const uint8_t* q = u + L::kMid;
-  const __m256i m4 = _mm256_set1_epi8(15);
-  for (int v = 0; v < 4; ++v) {
-    const __m256i x = _mm256_loadu_si256((const __m256i*)(q + 64 * v + 32 * h));
-    w[2 * v] = _mm256_and_si256(x, m4);
-    w[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
-  }
-  if constexpr (L::kFifth) {
-    const __m256i sixteen = _mm256_set1_epi8(16);
-    for (int k = 0; k < 8; ++k) {
-      uint32_t bits;
-      std::memcpy(&bits, u + 8 * k + 4 * h, 4);
-      w[k] = _mm256_or_si256(w[k], _mm256_and_si256(lane2_bit_bytes(bits), sixteen));
-    }
-  }
+  lane2_nibbles(u + L::kMid, L::kFifth ? u : nullptr, h, w);
   if constexpr (L::kQ6) {  // the two high bits of chunk 4 * half + e at bits 2e, to bits 4..5
     const __m256i m = _mm256_set1_epi8(0x30);
     for (int half = 0; half < 2; ++half) {
@@ -423,37 +415,16 @@ inline void lk2_matmul(const float* x, int T, int K, const void* Wv, int N, floa
 }  // namespace detail
 
 // y[t, n] = sum_k x[t, k] * W[n, k], W in the lanes layout (linear_lanes.h); the compiler
-// picks it on AVX2 for these five types (passes/lanes.py).
-#define HIPC_LANES2_ENTRY(name, L)                                                                           \
-  inline void matmul_a16_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
-    detail::lane2_matmul<detail::L, 2>(x, T, K, W, N, y, ldy);                                               \
-  }                                                                                                          \
-  inline void matmul_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {     \
-    detail::lane2_matmul<detail::L, 1>(x, T, K, W, N, y, ldy);                                               \
-  }                                                                                                          \
-  inline void embed_row_lanes_##name(const void* W, int K, int64_t row, float* out) {                        \
-    detail::lane_embed_row<detail::L>(W, K, row, out);                                                       \
-  }
-HIPC_LANES2_ENTRY(q4_0, LayQ4_0)
-HIPC_LANES2_ENTRY(q4_1, LayQ4_1)
-HIPC_LANES2_ENTRY(q5_0, LayQ5_0)
-HIPC_LANES2_ENTRY(q5_1, LayQ5_1)
-HIPC_LANES2_ENTRY(q8_0, LayQ8_0)
-#undef HIPC_LANES2_ENTRY
-#define HIPC_LANES2_K_ENTRY(name, L)                                                                         \
-  inline void matmul_a16_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
-    detail::lk2_matmul<detail::L, 2>(x, T, K, W, N, y, ldy);                                                 \
-  }                                                                                                          \
-  inline void matmul_lanes_##name(const float* x, int T, int K, const void* W, int N, float* y, int ldy) {     \
-    detail::lk2_matmul<detail::L, 1>(x, T, K, W, N, y, ldy);                                                 \
-  }                                                                                                          \
-  inline void embed_row_lanes_##name(const void* W, int K, int64_t row, float* out) {                        \
-    detail::lk_embed_row<detail::L>(W, K, row, out);                                                         \
-  }
-HIPC_LANES2_K_ENTRY(q4_k, LKQ4K)
-HIPC_LANES2_K_ENTRY(q5_k, LKQ5K)
-HIPC_LANES2_K_ENTRY(q6_k, LKQ6K)
-#undef HIPC_LANES2_K_ENTRY
+// picks it on AVX2 for these eight types (passes/lanes.py).
+HIPC_LANES_ENTRY(q4_0, LayQ4_0, lane2_matmul, lane_embed_row)
+HIPC_LANES_ENTRY(q4_1, LayQ4_1, lane2_matmul, lane_embed_row)
+HIPC_LANES_ENTRY(q5_0, LayQ5_0, lane2_matmul, lane_embed_row)
+HIPC_LANES_ENTRY(q5_1, LayQ5_1, lane2_matmul, lane_embed_row)
+HIPC_LANES_ENTRY(q8_0, LayQ8_0, lane2_matmul, lane_embed_row)
+HIPC_LANES_ENTRY(q4_k, LKQ4K, lk2_matmul, lk_embed_row)
+HIPC_LANES_ENTRY(q5_k, LKQ5K, lk2_matmul, lk_embed_row)
+HIPC_LANES_ENTRY(q6_k, LKQ6K, lk2_matmul, lk_embed_row)
 #endif  // HIPC_ISA_AVX2
+#undef HIPC_LANES_ENTRY
 
 }  // namespace hipc

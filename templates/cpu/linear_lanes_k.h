@@ -347,7 +347,6 @@ HIPC_LANES_ENTRY(q4_k, LKQ4K, lk_matmul, lk_embed_row)
 HIPC_LANES_ENTRY(q5_k, LKQ5K, lk_matmul, lk_embed_row)
 HIPC_LANES_ENTRY(q6_k, LKQ6K, lk_matmul, lk_embed_row)
 HIPC_LANES_ENTRY(q3_k, LKQ3K, lk_matmul, lk_embed_row)
-#undef HIPC_LANES_ENTRY
 #endif
 
 }  // namespace hipc
