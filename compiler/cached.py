@@ -53,5 +53,12 @@ def cached_artifact(model_ref: str, options: CompileOptions, root: Path | None =
         f"hipc: compiling {model_ref} for {', '.join(options.targets)} (cached in {path.parent})",
         file=sys.stderr,
     )
-    compile_model(model_ref, path, options, cache=cache, verbose=False)
+    try:
+        compile_model(model_ref, path, options, cache=cache, verbose=False)
+    except BaseException:
+        # compile_model writes the artifact whole or not at all: what a failed compile leaves
+        # is this entry's empty folder, which the cache would count as an entry
+        if not any(path.parent.iterdir()):
+            path.parent.rmdir()
+        raise
     return path

@@ -446,6 +446,22 @@ def test_corrupt_cached_artifact_is_rebuilt(source, tmp_path):
     load_artifact(cached)
 
 
+def test_failed_cached_compile_leaves_no_entry(source, tmp_path, monkeypatch):
+    """`hipc generate RAW_MODEL` whose compile fails (a weight type without a kernel, say)
+    leaves no empty entry folder in the cache."""
+    import hipc.compiler.pipeline as pipeline
+    from hipc.compiler.cached import cached_artifact
+    from hipc.compiler.options import CompileOptions
+
+    def refuse(*_args, **_kwargs):
+        raise HipcError("w: weight type tq2_0 has no CPU kernel")
+
+    monkeypatch.setattr(pipeline, "compile_model", refuse)
+    with pytest.raises(HipcError, match="tq2_0"):
+        cached_artifact(str(source), CompileOptions(), root=tmp_path / "cache")
+    assert not list((tmp_path / "cache" / "artifacts").iterdir())
+
+
 def test_garbage_in_the_cache_folder_is_no_traceback(tmp_path):
     cache = tmp_path / "cache"
     (cache / "pending").mkdir(parents=True)
