@@ -90,8 +90,12 @@ class GGUFFile:
         return dict(self._reader.fields)
 
     def raw(self, name: str) -> np.ndarray:
-        """The tensor as stored: quantized types as uint8 blocks, one row per output row."""
-        return self._reader.tensors[self.entries[name].index].data
+        """The tensor as stored: quantized types as uint8 blocks, one row per output row;
+        bfloat16 as uint16 (gguf-py gives its bytes)."""
+        data = self._reader.tensors[self.entries[name].index].data
+        if self.entries[name].dtype == "bfloat16" and data.dtype == np.uint8:
+            return data.view(np.uint16)
+        return data
 
     def load(self, name: str) -> np.ndarray:
         """The tensor as float32 (dequantized where stored quantized)."""

@@ -40,7 +40,7 @@ def test_compiled_matches_reference(family, tmp_path):
 
 
 @pytest.mark.parametrize("activations", ["int16", "int8"])
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "F16"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "F16", "BF16"])
 def test_quantized_weights_stay_quantized(qtype, activations, tmp_path):
     gguf_writer = pytest.importorskip("gguf_writer")
     path = gguf_writer.write_numpy_gguf(tmp_path / "m.gguf", qtype)
