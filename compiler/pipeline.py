@@ -38,10 +38,11 @@ from hipc.compiler.onnx_export import export_onnx, onnx_available
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.canonicalize import canonicalize
 from hipc.compiler.passes.fuse import Fusion, fuse
-from hipc.compiler.passes.lanes import lane_types, lanes_weights, lay_out_lanes
+from hipc.compiler.passes.lanes import fifth_form, lane_types, lanes_weights, lay_out_lanes
 from hipc.compiler.passes.memory import MemoryPlan, plan_memory
 from hipc.compiler.passes.quantize import quantize_weights
 from hipc.compiler.passes.repack import (
+    FIFTH_TYPES,
     SPLIT_BLOCKS,
     lane_quant_blocks,
     merge_parallel_linears,
@@ -80,6 +81,7 @@ class Compilation:
     fusion: Fusion | None = None
     memory: MemoryPlan | None = None
     kernels: list[SelectedKernel] = field(default_factory=list)
+    lane_fifth: str = "masks"  # how the lanes weights' fifth bits are arranged (passes/lanes.py)
     programs: dict[str, Program] = field(default_factory=dict)
     builds: list[TargetBuild] = field(default_factory=list)
     cache_hits: dict[str, bool] = field(default_factory=dict)
@@ -247,8 +249,10 @@ def _plan_memory(c: Compilation) -> None:
 
 def _select(c: Compilation) -> None:
     c.kernels = select_kernels(c.fusion)
-    types = lane_types(c.options.targets, cpu_flags())
+    flags = cpu_flags()
+    types = lane_types(c.options.targets, flags)
     if types:
+        c.lane_fifth = fifth_form(flags)
         values = {name: c.graph.values[name] for name in weight_order(c.kernels)}
         c.kernels = lay_out_lanes(
             c.kernels,
@@ -317,7 +321,7 @@ def _launch_plan(c: Compilation) -> None:
         for name in weight_order(c.kernels)
     }
     c.weights = [
-        _lazy_weight(name, graph.initializers[name], c.reader, layout)
+        _lazy_weight(name, graph.initializers[name], c.reader, layout, c.lane_fifth)
         for name, layout in layouts.items()
     ]
     c.plan = {
@@ -332,7 +336,7 @@ def _launch_plan(c: Compilation) -> None:
                 "dtype": graph.values[w.name].dtype,
                 "shape": list(graph.values[w.name].shape),
                 "stored_shape": list(w.shape),
-                **_layout_record(graph.values[w.name].dtype, layouts[w.name]),
+                **_layout_record(graph.values[w.name].dtype, layouts[w.name], c.lane_fifth),
             }
             for w in c.weights
         ],
@@ -438,7 +442,9 @@ def _optional_tokenizer(model: Model):
     return model.source.tokenizer()
 
 
-def _lazy_weight(name: str, init, reader: WeightReader, quant_layout: str) -> LazyTensor:
+def _lazy_weight(
+    name: str, init, reader: WeightReader, quant_layout: str, fifth: str = "masks"
+) -> LazyTensor:
     """A weight for weights.safetensors in its storage form (quantized blocks as uint8 rows,
     split into quants and scales when `quant_layout` is "split", in 16-row lanes when
     "lanes")."""
@@ -450,7 +456,9 @@ def _lazy_weight(name: str, init, reader: WeightReader, quant_layout: str) -> La
     ):
         # HF's per-expert tensors: written one expert at a time, never all in memory at once
         first = reader.stored(init.parts[0])
-        form = (lambda a: _lanes(a, init.dtype)) if quant_layout == "lanes" else (lambda a: a)
+        form = (
+            (lambda a: _lanes(a, init.dtype, fifth)) if quant_layout == "lanes" else (lambda a: a)
+        )
         return LazyTensor(
             name,
             first.dtype,
@@ -469,23 +477,26 @@ def _lazy_weight(name: str, init, reader: WeightReader, quant_layout: str) -> La
         if len(shape) == 2:
             shape = (-(-shape[0] // 16) * 16, shape[1])  # whole groups of 16 rows
         return LazyTensor(
-            name, parts[0].dtype, shape, lambda: _lanes(reader.stored(init), init.dtype)
+            name, parts[0].dtype, shape, lambda: _lanes(reader.stored(init), init.dtype, fifth)
         )
     return LazyTensor(name, parts[0].dtype, shape, lambda: reader.stored(init))
 
 
-def _lanes(stored: np.ndarray, dtype: str) -> np.ndarray:
+def _lanes(stored: np.ndarray, dtype: str, fifth: str) -> np.ndarray:
     """A matrix in row lanes; stacked experts each in lanes of its own (passes/lanes.py takes
     only those of whole 16-row groups, so every expert keeps the file's offset)."""
     if stored.ndim == 2:
-        return lane_quant_blocks(stored, dtype)
-    return np.stack([lane_quant_blocks(e, dtype) for e in stored])
+        return lane_quant_blocks(stored, dtype, fifth)
+    return np.stack([lane_quant_blocks(e, dtype, fifth) for e in stored])
 
 
-def _layout_record(dtype: str, quant_layout: str) -> dict:
-    """plan.json's note of how a quantized weight's blocks are stored."""
+def _layout_record(dtype: str, quant_layout: str, fifth: str) -> dict:
+    """plan.json's note of how a quantized weight's blocks are stored (lanes of a type with
+    fifth bits: their arrangement too, repack.FIFTH_FORMS)."""
     if dtype not in SPLIT_BLOCKS:
         return {}
+    if quant_layout == "lanes" and dtype in FIFTH_TYPES:
+        return {"layout": "lanes", "fifth": fifth}
     return {"layout": quant_layout if quant_layout in ("split", "lanes") else "gguf"}
 
 

@@ -58,6 +58,13 @@ def lane_types(targets: tuple[str, ...], cpu_flags: tuple[str, ...]) -> tuple[st
     return AVX2_LANE_TYPES if has(AVX2) else ()
 
 
+def fifth_form(cpu_flags: tuple[str, ...]) -> str:
+    """How the CPU kernels built for these flags read a Q5 lanes block's fifth bits
+    (repack.FIFTH_FORMS; linear_lanes.h kLaneFifthBytes decides the same from the ISA macros):
+    "masks" for the AVX512-VNNI kernels, "bytes" for the AVX2 ones."""
+    return "masks" if all(any(f in cpu_flags for f in alts) for alts in AVX512_VNNI) else "bytes"
+
+
 def lay_out_lanes(
     kernels: list[SelectedKernel],
     dtypes: dict[str, str],

@@ -239,16 +239,24 @@ LANE_BLOCKS = {
 # a block's 32 elements in the lanes' chunk order (linear_vnni.h chunk_elem: chunk j holds
 # elements 16 * (j & 1) + 4 * (j >> 1) ... + 3)
 _CHUNK_ORDER = [16 * (j & 1) + 4 * (j >> 1) + i for j in range(8) for i in range(4)]
+# How a lanes block's (a Q5_K unit's) 512 fifth bits are arranged, 64 bytes either way (lane
+# r = row r, element i of chunk j): "masks", bit 4r + i of qword j (AVX512: one k-mask a
+# chunk), or "bytes", bit j of byte 4r + i (AVX2: a chunk's bits one shift away from bit 4 of
+# every byte; linear_lanes_avx2.h). passes/lanes.py fifth_form picks the build machine's.
+FIFTH_FORMS = ("masks", "bytes")
+FIFTH_TYPES = ("q5_0", "q5_1", "q5_k")  # the lanes types with fifth bits
 
 
-def lane_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
+def lane_quant_blocks(stored: np.ndarray, dtype: str, fifth: str = "masks") -> np.ndarray:
     """GGUF blocks [rows, row bytes] -> the lanes layout (linear_lanes.h): rows in groups of
     16 (padded with zero blocks to a multiple of 16 rows), lane r = row r; a group's blocks
-    in pairs, each pair its two blocks' quants, then their fifth bits (Q5), then their
-    scales (a last odd block alone). Same bytes a row; one sequential stream a group.
-    K-quants: lane_kquant_blocks."""
+    in pairs, each pair its two blocks' quants, then their fifth bits (Q5, as `fifth` of
+    FIFTH_FORMS), then their scales (a last odd block alone). Same bytes a row; one
+    sequential stream a group. K-quants: lane_kquant_blocks."""
+    if fifth not in FIFTH_FORMS:
+        raise ValueError(f"fifth: {fifth!r} is not one of {FIFTH_FORMS}")
     if dtype in LANE_KQUANTS:
-        return lane_kquant_blocks(stored, dtype)
+        return lane_kquant_blocks(stored, dtype, fifth)
     size, (so, sn), qh, (qo, qn) = LANE_BLOCKS[dtype]
     rows, rb = stored.shape
     nb, groups = rb // size, -(-rows // 16)
@@ -269,9 +277,12 @@ def lane_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
         regions.append(lanes(qs, 4))  # dword c: elements 4c.. (low nibbles), 16 + 4c.. (high)
     if qh is not None:
         bits = np.unpackbits(blocks[..., qh : qh + 4], axis=-1, bitorder="little")
-        # qword j, bit 4r + i: row r's element _CHUNK_ORDER[4j + i]
-        sel = lanes(bits[..., _CHUNK_ORDER], 4).reshape(groups, nb, 8, 64)
-        regions.append(np.packbits(sel, axis=-1, bitorder="little").reshape(groups, nb, 64))
+        if fifth == "bytes":  # byte 4r + i, bit j: row r's element _CHUNK_ORDER[4j + i]
+            chunks = bits[..., _CHUNK_ORDER].reshape(groups, 16, nb, 8, 4)
+            regions.append(lanes(_pack_fields(chunks, 1), 4))
+        else:  # qword j, bit 4r + i: row r's element _CHUNK_ORDER[4j + i]
+            sel = lanes(bits[..., _CHUNK_ORDER], 4).reshape(groups, nb, 8, 64)
+            regions.append(np.packbits(sel, axis=-1, bitorder="little").reshape(groups, nb, 64))
     regions.append(lanes(blocks[..., so : so + sn], sn))
     pairs = [
         np.concatenate([r[:, b : b + 2].reshape(groups, -1) for r in regions], axis=1)
@@ -280,10 +291,14 @@ def lane_quant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
     return np.concatenate(pairs, axis=1).reshape(groups * 16, rb)
 
 
-def unlane_quant_blocks(lanes: np.ndarray, dtype: str, rows: int) -> np.ndarray:
+def unlane_quant_blocks(
+    lanes: np.ndarray, dtype: str, rows: int, fifth: str = "masks"
+) -> np.ndarray:
     """The GGUF blocks [rows, row bytes] that lane_quant_blocks laid out as `lanes`."""
+    if fifth not in FIFTH_FORMS:
+        raise ValueError(f"fifth: {fifth!r} is not one of {FIFTH_FORMS}")
     if dtype in LANE_KQUANTS:
-        return unlane_kquant_blocks(lanes, dtype, rows)
+        return unlane_kquant_blocks(lanes, dtype, rows, fifth)
     size, (so, sn), qh, (qo, qn) = LANE_BLOCKS[dtype]
     padded, rb = lanes.shape
     nb, groups = rb // size, padded // 16
@@ -308,9 +323,12 @@ def unlane_quant_blocks(lanes: np.ndarray, dtype: str, rows: int) -> np.ndarray:
                 blocks[:, :, b + i, qo : qo + qn][..., _CHUNK_ORDER] = q
             else:
                 blocks[:, :, b + i, qo : qo + qn] = unlanes(parts[0], 4)
-            if qh is not None:
+            if qh is not None and fifth == "bytes":
+                bits = _unpack_fields(unlanes(parts[1], 4), 1).reshape(groups, 16, 32)
+            elif qh is not None:
                 bits = np.unpackbits(parts[1].reshape(groups, 8, 8), axis=-1, bitorder="little")
                 bits = bits.reshape(groups, 8, 16, 4).transpose(0, 2, 1, 3).reshape(groups, 16, 32)
+            if qh is not None:
                 natural = np.zeros_like(bits)
                 natural[..., _CHUNK_ORDER] = bits
                 blocks[:, :, b + i, qh : qh + 4] = np.packbits(natural, axis=-1, bitorder="little")
@@ -415,10 +433,10 @@ def _unpack_fields(b: np.ndarray, bits: int) -> np.ndarray:
     return ((b >> shift) & ((1 << bits) - 1)).reshape(*b.shape[:-3], 8, 4)
 
 
-def lane_kquant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
+def lane_kquant_blocks(stored: np.ndarray, dtype: str, fifth: str = "masks") -> np.ndarray:
     """GGUF super-blocks [rows, row bytes] -> the K-quant lanes layout (linear_lanes_k.h):
-    rows in groups of 16 (padded with zero blocks), one cell per group and super-block. Same
-    bytes a row."""
+    rows in groups of 16 (padded with zero blocks), one cell per group and super-block
+    (Q5_K's fifth bits as `fifth` of FIFTH_FORMS). Same bytes a row."""
     size = LANE_KQUANTS[dtype]
     rows, rb = stored.shape
     nsb, groups = rb // size, -(-rows // 16)
@@ -448,10 +466,12 @@ def lane_kquant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
     else:
         region["d"], region["dmin"] = blocks[..., 0:2], blocks[..., 2:4]
         region["scales"] = dwords(blocks[..., 4:16])
-        if dtype == "q5_k":  # qword k, bit 4r + i: row r's element chunk k, i
-            fifth = ((chunks >> 4) & 1).transpose(0, 1, 3, 4, 2, 5)  # [G, nsb, unit, k, row, i]
+        if dtype == "q5_k" and fifth == "bytes":  # byte 4r + i, bit k: row r's chunk k, i
+            region["fifth"] = unit_vectors(_pack_fields((chunks >> 4) & 1, 1))
+        elif dtype == "q5_k":  # qword k, bit 4r + i: row r's element chunk k, i
+            bits = ((chunks >> 4) & 1).transpose(0, 1, 3, 4, 2, 5)  # [G, nsb, unit, k, row, i]
             region["fifth"] = np.packbits(
-                fifth.reshape(*fifth.shape[:4], 64), axis=-1, bitorder="little"
+                bits.reshape(*bits.shape[:4], 64), axis=-1, bitorder="little"
             )
     if dtype == "q3_k":
         low = _pack_fields(chunks & 3, 2)  # [G, nsb, row, unit, 8]
@@ -464,7 +484,9 @@ def lane_kquant_blocks(stored: np.ndarray, dtype: str) -> np.ndarray:
     return cell.reshape(groups * 16, rb)
 
 
-def unlane_kquant_blocks(lanes: np.ndarray, dtype: str, rows: int) -> np.ndarray:
+def unlane_kquant_blocks(
+    lanes: np.ndarray, dtype: str, rows: int, fifth: str = "masks"
+) -> np.ndarray:
     """The GGUF super-blocks [rows, row bytes] that lane_kquant_blocks laid out as `lanes`."""
     size = LANE_KQUANTS[dtype]
     padded, rb = lanes.shape
@@ -517,7 +539,9 @@ def unlane_kquant_blocks(lanes: np.ndarray, dtype: str, rows: int) -> np.ndarray
             [rows_of(region["scales"]), region["d"].reshape(groups, nsb, 16, 2)], axis=-1
         )
     else:
-        if dtype == "q5_k":
+        if dtype == "q5_k" and fifth == "bytes":
+            high = natural(_unpack_fields(unit_rows(region["mid"]), 1))
+        elif dtype == "q5_k":
             bits = np.unpackbits(
                 region["mid"].reshape(groups, nsb, 8, 8, 8), axis=-1, bitorder="little"
             )

@@ -149,7 +149,9 @@ def main() -> None:
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         so = build(Path(tmp), args.cflags.split())
-        print(f"isa {so.hb_isa().decode()}, {args.threads} thread(s)")
+        isa = so.hb_isa().decode()
+        print(f"isa {isa}, {args.threads} thread(s)")
+        fifth = "masks" if isa.startswith("avx512") else "bytes"  # (linear_lanes.h kLaneFifthBytes)
         buf = np.zeros(256 << 20, np.uint8)
         buf[:] = 1
         read = max(so.hb_read(buf.ctypes.data, buf.nbytes, 2) for _ in range(3))
@@ -159,7 +161,7 @@ def main() -> None:
             f0 = TYPES[wtype]
             for n, k in K_SHAPES if wtype.endswith("_k") else SHAPES:
                 raw, w = random_blocks(wtype, n, k, rng)
-                lanes = np.ascontiguousarray(lane_quant_blocks(raw, wtype))
+                lanes = np.ascontiguousarray(lane_quant_blocks(raw, wtype, fifth))
                 for T in map(int, args.tokens.split(",")):
                     x = rng.standard_normal((T, k)).astype(np.float32)
                     ref = x.astype(np.float64) @ w.T

@@ -6,8 +6,10 @@
 // (the last group padded with zero rows), and per group and block along K:
 //   quants  [Q4/Q5: 4, Q8_0: 8] x 16 dwords   dword r of vector c: row r's quant dword c
 //                                              (Q8_0: chunk c's 4 bytes, as u = q + 128)
-//   fifth   8 qwords (Q5 only)                 bit 4r + i of qword j: the fifth bit of
-//                                              row r's element chunk_elem(j) + i
+//   fifth   64 bytes (Q5 only)                 the fifth bit of row r's element
+//                                              chunk_elem(j) + i: bit 4r + i of qword j
+//                                              (AVX512: chunk j's k-mask), or bit j of byte
+//                                              4r + i (AVX2; kLaneFifthBytes)
 //   scales  16 f16 d (Q4_1/Q5_1: d, m pairs)   lane r: row r's block scale
 // with the blocks in pairs (the pair's quants, then its fifth bits, then its scales; a last
 // odd block alone), so a group is one sequential stream. A block of 16 rows unpacks with no
@@ -42,6 +44,20 @@ using LayQ4_1 = LaneLayout<256, 0, 64, 0, true>;
 using LayQ5_0 = LaneLayout<256, 64, 32, 16, false>;
 using LayQ5_1 = LaneLayout<256, 64, 64, 0, true>;
 using LayQ8_0 = LaneLayout<512, 0, 32, 128, false>;
+
+// The fifth bits' arrangement this build reads (repack.py FIFTH_FORMS; passes/lanes.py
+// fifth_form gives the compiler the same answer for the build machine): AVX512 takes a chunk's
+// 64 bits as one k-mask; AVX2 a byte's 8 chunks, one shift from bit 4 a chunk.
+#if defined(HIPC_ISA_AVX512)
+inline constexpr bool kLaneFifthBytes = false;
+#else
+inline constexpr bool kLaneFifthBytes = true;
+#endif
+
+// The fifth bit of row r's element chunk_elem(j) + i in a block's (a Q5_K unit's) 64 bytes
+inline int lane_fifth_bit(const uint8_t* h, int j, int r, int i) {
+  return kLaneFifthBytes ? (h[4 * r + i] >> j) & 1 : (h[8 * j + (4 * r + i) / 8] >> ((4 * r + i) % 8)) & 1;
+}
 
 // A group's block b: its quants, fifth bits and scales (blocks in pairs, see the top).
 template <class L>
@@ -78,11 +94,7 @@ inline void lane_embed_row(const void* W, int K, int64_t row, float* out) {
         if constexpr (L::kQuant == 256) {
           const uint8_t q = B.q[64 * (j >> 1) + 4 * r + i];
           u = (j & 1) ? q >> 4 : q & 15;
-          if constexpr (L::kFifth) {
-            uint64_t fifth;
-            std::memcpy(&fifth, B.h + 8 * j, 8);
-            u |= (int)((fifth >> (4 * r + i)) & 1) << 4;
-          }
+          if constexpr (L::kFifth) u |= lane_fifth_bit(B.h, j, r, i) << 4;
         } else {
           u = B.q[64 * j + 4 * r + i];
         }
@@ -119,6 +131,7 @@ inline void lane_unpack(const LaneBlock<L>& B, WGroup& out) {
   if constexpr (L::kQuant == 256) {  // nibbles (Q4, Q5), the fifth bits added on (Q5)
     for (int c = 0; c < 4; ++c) split_nibbles(_mm512_loadu_si512(B.q + 64 * c), out.w[2 * c], out.w[2 * c + 1]);
     if constexpr (L::kFifth) {
+      static_assert(!kLaneFifthBytes);
       __mmask64* h = (__mmask64*)B.h;  // _load_mask64 takes no const
       const __m512i sixteen = _mm512_set1_epi8(16);
       for (int j = 0; j < 8; ++j) out.w[j] = _mm512_mask_add_epi8(out.w[j], _load_mask64(h + j), out.w[j], sixteen);

@@ -4,9 +4,10 @@
 //
 // A 16-row group is two halves of 8 rows: the upper 32 bytes of each 64-byte lanes vector
 // are rows 8..15. A half's block (a K-quant's 32-element unit) unpacks with a nibble split
-// (Q5: its fifth bits from one dword a chunk, expanded to bytes; Q6_K: its high bits shifted
-// on) into 8 chunk vectors, lane r (a dword) = row r's 4 bytes of that chunk; each chunk
-// meets the token's 4 activation bytes broadcast, by vpmaddubsw (u8 x s8 pairs to int16) and
+// (Q5: a chunk's fifth bits a shift and a mask from the block's bytes of them, in the AVX2
+// arrangement, kLaneFifthBytes; Q6_K: its high bits shifted on) into 8 chunk vectors, lane
+// r (a dword) = row r's 4 bytes of that chunk; each chunk meets the token's 4 activation
+// bytes broadcast, by vpmaddubsw (u8 x s8 pairs to int16) and
 // vpmaddwd (pairs to int32): lane r accumulates row r, no horizontal sums. On the file's
 // blocks (linear_kquant.h's kq_tile, linear_a16.h's matmul_deq: a row's block at a time,
 // unpacked through memory) SmolLM2's Q4_K_M file decoded at half llama.cpp's rate on an AVX2
@@ -33,16 +34,8 @@ namespace hipc {
 #endif
 namespace detail {
 
-// 32 bits -> 32 bytes, byte k 0xFF where bit k is set
-inline __m256i lane2_bit_bytes(uint32_t bits) {
-  const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL);
-  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
-  return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-}
-
 // Rows 8h..8h+7 of 4 nibble vectors at q (64 bytes apart): w[2c] the low nibbles of vector c,
-// w[2c + 1] the high ones; with `fifth` (8 dwords of fifth bits a qword apart) bit 4 or'ed on
+// w[2c + 1] the high ones; with `fifth` (the block's 64 bytes of fifth bits) bit 4 or'ed on
 inline void lane2_nibbles(const uint8_t* q, const uint8_t* fifth, int h, __m256i (&w)[8]) {
   const __m256i m4 = _mm256_set1_epi8(15);
   for (int c = 0; c < 4; ++c) {
@@ -50,13 +43,17 @@ inline void lane2_nibbles(const uint8_t* q, const uint8_t* fifth, int h, __m256i
     w[2 * c] = _mm256_and_si256(v, m4);
     w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
   }
-  if (fifth) {
-    const __m256i sixteen = _mm256_set1_epi8(16);
-    for (int j = 0; j < 8; ++j) {
-      uint32_t bits;
-      std::memcpy(&bits, fifth + 8 * j + 4 * h, 4);
-      w[j] = _mm256_or_si256(w[j], _mm256_and_si256(lane2_bit_bytes(bits), sixteen));
-    }
+  if (fifth) {  // byte 4r + i, bit j: chunk j's (kLaneFifthBytes), moved to bit 4
+    static_assert(kLaneFifthBytes);
+    const __m256i f = _mm256_loadu_si256((const __m256i*)(fifth + 32 * h)), sixteen = _mm256_set1_epi8(16);
+    w[0] = _mm256_or_si256(w[0], _mm256_and_si256(_mm256_slli_epi16(f, 4), sixteen));
+    w[1] = _mm256_or_si256(w[1], _mm256_and_si256(_mm256_slli_epi16(f, 3), sixteen));
+    w[2] = _mm256_or_si256(w[2], _mm256_and_si256(_mm256_slli_epi16(f, 2), sixteen));
+    w[3] = _mm256_or_si256(w[3], _mm256_and_si256(_mm256_slli_epi16(f, 1), sixteen));
+    w[4] = _mm256_or_si256(w[4], _mm256_and_si256(f, sixteen));
+    w[5] = _mm256_or_si256(w[5], _mm256_and_si256(_mm256_srli_epi16(f, 1), sixteen));
+    w[6] = _mm256_or_si256(w[6], _mm256_and_si256(_mm256_srli_epi16(f, 2), sixteen));
+    w[7] = _mm256_or_si256(w[7], _mm256_and_si256(_mm256_srli_epi16(f, 3), sixteen));
   }
 }
 

@@ -11,8 +11,8 @@
 // GGUF blocks: rows in groups of 16 (the last padded with zero rows), and per group and
 // super-block (256 elements of K) one cell, the 16 rows' blocks:
 //   Q4_K, Q5_K   d [16 f16] | dmin [16 f16] | scales: 3 vectors (dword r of vector k: row
-//                r's scale bytes 4k..4k+3) | 8 units: (Q5_K: fifth bits, 8 qwords: bit
-//                4r + i of qword j = row r's element chunk_elem(j) + i) quants, 4 vectors
+//                r's scale bytes 4k..4k+3) | 8 units: (Q5_K: fifth bits, 64 bytes as
+//                linear_lanes.h's blocks') quants, 4 vectors
 //   Q6_K         d [16 f16] | scales: 4 vectors (dword r of vector k: row r's int8 scales
 //                of 16-groups 4k..4k+3) | 8 units: high bits, 2 vectors; low nibbles, 4
 //   Q3_K         d [16 f16] | scales: 3 vectors (row r's 12 packed scale bytes) | 8 units:
@@ -99,11 +99,7 @@ inline void lk_embed_row(const void* W, int K, int64_t row, float* out) {
             continue;
           }
           int u = (qs[64 * (k >> 1) + 4 * r + i] >> (4 * (k & 1))) & 15;
-          if constexpr (L::kFifth) {
-            uint64_t fifth;
-            std::memcpy(&fifth, un + 8 * k, 8);
-            u |= (int)((fifth >> (4 * r + i)) & 1) << 4;
-          }
+          if constexpr (L::kFifth) u |= lane_fifth_bit(un, k, r, i) << 4;
           if constexpr (L::kQ6) {
             const uint8_t hb = un[64 * (k >> 2) + 4 * r + i];
             u |= ((hb >> (2 * (k & 3))) & 3) << 4;
@@ -173,6 +169,7 @@ inline void lk_quants(const uint8_t* c, int j, __m512i* w) {
   }
   for (int v = 0; v < 4; ++v) split_nibbles(_mm512_loadu_si512(q + 64 * v), w[2 * v], w[2 * v + 1]);
   if constexpr (L::kFifth) {
+    static_assert(!kLaneFifthBytes);
     __mmask64* h = (__mmask64*)u;  // _load_mask64 takes no const
     const __m512i sixteen = _mm512_set1_epi8(16);
     for (int k = 0; k < 8; ++k) w[k] = _mm512_mask_add_epi8(w[k], _load_mask64(h + k), w[k], sixteen);

@@ -138,6 +138,7 @@ HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
 HIPC_WRAPL(q4_0) HIPC_WRAPL(q4_1) HIPC_WRAPL(q5_0) HIPC_WRAPL(q5_1) HIPC_WRAPL(q8_0)
 HIPC_WRAPL(q4_k) HIPC_WRAPL(q5_k) HIPC_WRAPL(q6_k)
 #endif
+int t_lane_fifth_bytes() { return hipc::detail::kLaneFifthBytes; }
 #if defined(HIPC_ISA_AVX512)
 int t_has_lanes() { return 2; }
 HIPC_WRAPL(q3_k)
@@ -239,6 +240,7 @@ def _load(path: Path) -> ctypes.CDLL:
         getattr(lib, f"t_embed_row_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
         getattr(lib, f"t_embed_row_{w}").restype = None
     lib.t_has_lanes.restype = Int
+    lib.t_lane_fifth_bytes.restype = Int
     if lib.t_has_lanes():
         for w in LTYPES if lib.t_has_lanes() == 2 else [t for t in LTYPES if t != "q3_k"]:
             for kind in ("", "a16_"):
@@ -920,6 +922,18 @@ def _lanes_lib(libs, variant, wtype):
     return lib
 
 
+def _lanes_of(lib, blocks: np.ndarray, wtype: str) -> np.ndarray:
+    """The blocks in row lanes as the library's build reads them (its fifth-bit arrangement;
+    passes/lanes.py fifth_form must name the same one for that ISA)."""
+    from hipc.compiler.passes.lanes import AVX2, AVX512_VNNI, fifth_form
+    from hipc.compiler.passes.repack import lane_quant_blocks
+
+    fifth = "bytes" if lib.t_lane_fifth_bytes() else "masks"
+    flags = [min(alts) for alts in (AVX512_VNNI if lib.t_has_lanes() == 2 else AVX2)]
+    assert fifth_form(tuple(flags)) == fifth
+    return np.ascontiguousarray(lane_quant_blocks(blocks, wtype, fifth))
+
+
 # nb = K / 32 of 1, 3 (a last block without a pair), 18 (SmolLM2's rows), 25; row counts
 # around the 16-row groups
 LANE_SHAPES = [(T, K, N) for T in (1, 2, 7, 9) for K in (32, 96, 576, 800) for N in (1, 17, 40)]
@@ -936,15 +950,13 @@ def test_lanes_matmul(libs, variant, wtype, extreme):
     T), the AVX512 slab GEMM's quantize_act16 (32767) for prefills, int8 (127) for both. int16 takes a Q4_1/Q5_1 offset
     times the float sum of x, int8 times the rounded sum (int8's rounding errors then meet
     the centred weights, not their all-positive integer parts: linear_vnni.h's choice)."""
-    from hipc.compiler.passes.repack import lane_quant_blocks
-
     lib = _lanes_lib(libs, variant, wtype)
     split_only = lib.t_has_lanes() == 1  # AVX2: the GEMV's kernel for prefills too
     rng = np.random.default_rng(11)
     shapes = LANE_K_SHAPES if wtype.endswith("_k") else LANE_SHAPES
     for T, K, N in shapes if variant == "native" else shapes[::4]:
         blocks = _kblocks(wtype, N, K, seed=T * 1000 + K + N, extreme=extreme)
-        lanes = np.ascontiguousarray(lane_quant_blocks(blocks, wtype))
+        lanes = _lanes_of(lib, blocks, wtype)
         assert lanes.shape == (-(-N // 16) * 16, blocks.shape[1])
         x = rng.standard_normal((T, K), dtype=np.float32) * np.float32(3)
         x[0, 32:64] = 0.0  # an all-zero activation block (none where K is one block)
@@ -967,12 +979,10 @@ def test_lanes_matmul(libs, variant, wtype, extreme):
 
 @pytest.mark.parametrize("wtype", LTYPES)
 def test_lanes_embed_row(libs, wtype):
-    from hipc.compiler.passes.repack import lane_quant_blocks
-
     lib = _lanes_lib(libs, "native", wtype)
     N, K = 40, 512 if wtype.endswith("_k") else 96
     blocks = _kblocks(wtype, N, K, seed=6, extreme=True)
-    lanes = np.ascontiguousarray(lane_quant_blocks(blocks, wtype))
+    lanes = _lanes_of(lib, blocks, wtype)
     qt = getattr(gguf.GGMLQuantizationType, wtype.upper())
     wd = quants.dequantize(blocks, qt).reshape(N, K)
     for row in (0, 5, 15, 16, 33, N - 1):

@@ -12,8 +12,16 @@ from hipc.compiler.kernels.embedding import EmbeddingParams
 from hipc.compiler.kernels.linear import LinearParams
 from hipc.compiler.kernels.moe import MoEParams
 from hipc.compiler.options import CompileOptions
-from hipc.compiler.passes.lanes import AVX2_LANE_TYPES, lane_types, lanes_weights, lay_out_lanes
+from hipc.compiler.passes.lanes import (
+    AVX2_LANE_TYPES,
+    fifth_form,
+    lane_types,
+    lanes_weights,
+    lay_out_lanes,
+)
 from hipc.compiler.passes.repack import (
+    FIFTH_FORMS,
+    FIFTH_TYPES,
     LANE_BLOCKS,
     LANE_KQUANTS,
     LANE_TYPES,
@@ -31,17 +39,44 @@ gguf_writer = pytest.importorskip("gguf_writer")
 AVX512 = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 
 
+@pytest.mark.parametrize("fifth", FIFTH_FORMS)
 @pytest.mark.parametrize("dtype", LANE_TYPES)
-def test_lanes_hold_every_byte_of_the_blocks(dtype):
+def test_lanes_hold_every_byte_of_the_blocks(dtype, fifth):
     """The layout is a permutation of the file's bytes (plus zero rows to 16): undone exactly,
-    for a lone block, an unpaired last block and partial row groups (K-quants: super-blocks)."""
+    for a lone block, an unpaired last block and partial row groups (K-quants: super-blocks),
+    in either arrangement of the fifth bits (which only the Q5 types' lanes differ by)."""
     rng = np.random.default_rng(3)
     size = LANE_BLOCKS[dtype][0] if dtype in LANE_BLOCKS else LANE_KQUANTS[dtype]
     for rows, nb in ((1, 1), (17, 3), (40, 18), (16, 2)):
         raw = rng.integers(0, 256, (rows, nb * size), dtype=np.uint8)
-        lanes = lane_quant_blocks(raw, dtype)
+        lanes = lane_quant_blocks(raw, dtype, fifth)
         assert lanes.shape == (-(-rows // 16) * 16, nb * size)
-        np.testing.assert_array_equal(unlane_quant_blocks(lanes, dtype, rows), raw)
+        np.testing.assert_array_equal(unlane_quant_blocks(lanes, dtype, rows, fifth), raw)
+        other = lane_quant_blocks(raw, dtype, "masks" if fifth == "bytes" else "bytes")
+        assert (dtype in FIFTH_TYPES) == (not np.array_equal(other, lanes))
+
+
+@pytest.mark.parametrize("dtype", FIFTH_TYPES)
+def test_fifth_bits_as_bytes_hold_chunk_j_at_bit_j(dtype):
+    """The AVX2 arrangement (linear_lanes_avx2.h lane2_nibbles reads it): a block whose only
+    fifth bit is row r's element e has one bit set, bit j of byte 4r + i of its fifth region,
+    where e is element i of chunk j (chunk_elem(j) = 16 (j & 1) + 4 (j >> 1))."""
+    size = LANE_BLOCKS[dtype][0] if dtype in LANE_BLOCKS else LANE_KQUANTS[dtype]
+    nb = 1
+    for r, j, i in ((0, 0, 0), (5, 3, 2), (15, 7, 3), (9, 4, 1)):
+        e = 16 * (j & 1) + 4 * (j >> 1) + i
+        raw = np.zeros((16, nb * size), np.uint8)
+        if dtype == "q5_k":  # bit u of qh[l]: the fifth bit of unit u's element l (unit 0 here)
+            raw[r, 16 + e] = 1
+            at = 256  # the cell's head; unit 0's fifth bits first
+        else:  # qh (a u32 after d, or d and m): bit e
+            qh = LANE_BLOCKS[dtype][2]
+            raw[r, qh + e // 8] = 1 << (e % 8)
+            at = 16 * (LANE_BLOCKS[dtype][3][1])  # the block's quants first
+        fifth = lane_quant_blocks(raw, dtype, "bytes").reshape(-1)[at : at + 64]
+        want = np.zeros(64, np.uint8)
+        want[4 * r + i] = 1 << j
+        np.testing.assert_array_equal(fifth, want)
 
 
 def test_lanes_only_for_a_cpu_alone_with_their_kernels():
@@ -54,6 +89,14 @@ def test_lanes_only_for_a_cpu_alone_with_their_kernels():
     assert lane_types(("cpu",), (*AVX512[:-1], "fma", "f16c")) == AVX2_LANE_TYPES  # no VNNI
     assert lane_types(("cpu",), ("sse4_2", "fma", "f16c")) == ()
     assert lane_types(("cpu", "sm_90"), AVX512) == ()  # one copy of the weights serves both
+
+
+def test_fifth_bits_arranged_for_the_kernels_of_the_isa():
+    """AVX512-VNNI's kernels take a chunk's fifth bits as a k-mask, the AVX2 ones (AVX512
+    without VNNI included: its build is linear_lanes_avx2.h's) as bytes."""
+    assert fifth_form(AVX512) == "masks"
+    assert fifth_form((*AVX512[:-1], "fma", "f16c")) == "bytes"
+    assert fifth_form(("avx2", "fma", "f16c")) == "bytes"
 
 
 def test_lanes_off_with_hipc_cpu_lanes_0(monkeypatch):

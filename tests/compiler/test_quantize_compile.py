@@ -253,7 +253,7 @@ def _gguf_rows(art, stored: SafetensorsFile, name: str) -> np.ndarray:
     ]
     raw = np.asarray(stored.raw(name))
     if spec.get("layout") == "lanes":
-        return unlane_quant_blocks(raw, spec["dtype"], spec["shape"][0])
+        return unlane_quant_blocks(raw, spec["dtype"], spec["shape"][0], spec.get("fifth", "masks"))
     return raw
 
 
