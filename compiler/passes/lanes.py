@@ -12,7 +12,7 @@ super-block of 16 rows a unit at a time with no permutes or horizontal sums.
 Only for an artifact whose one target is the CPU (one copy of the weights serves every
 target, and the GPU kernels read other layouts), for the types the build machine has the
 layout's kernels for (-march=native builds for the compiling machine): every type of
-LANE_TYPES with AVX512-VNNI, all but Q3_K with AVX2 (linear_lanes_avx2.h; docs/benchmarks/
+LANE_TYPES with AVX512-VNNI or AVX2 (linear_lanes_avx2.h; docs/benchmarks/
 cpu-amd-epyc-avx2.md); and only for a weight every reader of which can take it: Linear kernels, MoE
 experts (each expert's matrix in lanes of its own), and the embedding gather (a tied output
 matrix is both).
@@ -24,7 +24,7 @@ import os
 from dataclasses import replace
 
 from hipc.compiler.kernels.base import SelectedKernel
-from hipc.compiler.passes.repack import LANE_BLOCKS, LANE_TYPES
+from hipc.compiler.passes.repack import LANE_TYPES
 
 # the kinds with a lanes form: which of their weight arguments, and the parameter that says
 # the argument's weight is in lanes (a MoE kernel's gate and up share one)
@@ -37,32 +37,29 @@ READERS = {
 MULTIPLIERS = ("linear", "moe")
 AVX512_VNNI = ({"avx512f"}, {"avx512bw"}, {"avx512vl"}, {"avx512vnni", "avx512_vnni"})
 AVX2 = ({"avx2"}, {"fma"}, {"f16c"})
-AVX2_LANE_TYPES = (*LANE_BLOCKS, "q4_k", "q5_k", "q6_k")  # linear_lanes_avx2.h's
 # HIPC_CPU_LANES=0 at compile time (benchmarks: bench_cpu_kquant_lanes.sh): every matrix keeps
 # the file's blocks
 LANES_ENV = "HIPC_CPU_LANES"
 
 
+def _has(cpu_flags: tuple[str, ...], need: tuple[set[str], ...]) -> bool:
+    return all(any(f in cpu_flags for f in alts) for alts in need)
+
+
 def lane_types(targets: tuple[str, ...], cpu_flags: tuple[str, ...]) -> tuple[str, ...]:
     """The weight types the CPU may store in row lanes: none unless the CPU is the only target
-    (and HIPC_CPU_LANES is not 0); LANE_TYPES where the build machine has AVX512-VNNI,
-    AVX2_LANE_TYPES where it has AVX2."""
+    (and HIPC_CPU_LANES is not 0); every type of LANE_TYPES where the build machine has
+    AVX512-VNNI (linear_lanes.h, linear_lanes_k.h) or AVX2 (linear_lanes_avx2.h)."""
     if os.environ.get(LANES_ENV, "1") == "0" or tuple(targets) != ("cpu",):
         return ()
-
-    def has(need: tuple[set[str], ...]) -> bool:
-        return all(any(f in cpu_flags for f in alts) for alts in need)
-
-    if has(AVX512_VNNI):
-        return LANE_TYPES
-    return AVX2_LANE_TYPES if has(AVX2) else ()
+    return LANE_TYPES if _has(cpu_flags, AVX512_VNNI) or _has(cpu_flags, AVX2) else ()
 
 
 def fifth_form(cpu_flags: tuple[str, ...]) -> str:
     """How the CPU kernels built for these flags read a Q5 lanes block's fifth bits
     (repack.FIFTH_FORMS; linear_lanes.h kLaneFifthBytes decides the same from the ISA macros):
     "masks" for the AVX512-VNNI kernels, "bytes" for the AVX2 ones."""
-    return "masks" if all(any(f in cpu_flags for f in alts) for alts in AVX512_VNNI) else "bytes"
+    return "masks" if _has(cpu_flags, AVX512_VNNI) else "bytes"
 
 
 def lay_out_lanes(

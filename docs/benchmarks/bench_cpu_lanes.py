@@ -9,7 +9,7 @@ repacks them with the compiler's lane_quant_blocks, checks both kernels against 
 NumPy on gguf-py's dequantization, then times decode (T = 1) "cold": each call reads another
 copy of the matrix (>= 256 MB in all), as decode streams a model that does not fit the
 caches, next to the core's plain read rate from the same buffers. Needs AVX512-VNNI, or AVX2
-(linear_lanes_avx2.h: every type but Q3_K).
+(linear_lanes_avx2.h).
 """
 
 from __future__ import annotations
@@ -41,9 +41,7 @@ static mm_fn pick(int i) {
     hipc::matmul_a16_q4_k, hipc::matmul_a16_lanes_q4_k, hipc::matmul_q4_k, hipc::matmul_lanes_q4_k,
     hipc::matmul_a16_q5_k, hipc::matmul_a16_lanes_q5_k, hipc::matmul_q5_k, hipc::matmul_lanes_q5_k,
     hipc::matmul_a16_q6_k, hipc::matmul_a16_lanes_q6_k, hipc::matmul_q6_k, hipc::matmul_lanes_q6_k,
-#if defined(HIPC_ISA_AVX512)
     hipc::matmul_a16_q3_k, hipc::matmul_a16_lanes_q3_k, hipc::matmul_q3_k, hipc::matmul_lanes_q3_k,
-#endif
   };
   return fns[i];
 }

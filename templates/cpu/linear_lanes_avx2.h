@@ -1,6 +1,6 @@
 // linear_lanes_avx2.h -- linear_lanes.h's and linear_lanes_k.h's row-lanes matmuls for AVX2
-// machines (no AVX512): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K, Q5_K, Q6_K on the same
-// layout (compiler/passes/repack.py; Q3_K keeps the file's blocks here).
+// machines (no AVX512): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q3_K, Q4_K, Q5_K, Q6_K on the same
+// layout (compiler/passes/repack.py; the Q5 types' fifth bits in the AVX2 arrangement).
 //
 // A 16-row group is two halves of 8 rows: the upper 32 bytes of each 64-byte lanes vector
 // are rows 8..15. A half's block (a K-quant's 32-element unit) unpacks with a nibble split
@@ -265,7 +265,7 @@ inline void lane2_matmul(const float* x, int T, int K, const void* Wv, int N, fl
     lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lane2_half<L, decltype(c)::value, P>(W, nb, g, h, a, x16, t0, y, ldy, N); });
 }
 
-// ---- the K-quants (linear_lanes_k.h's cells): Q4_K, Q5_K, Q6_K ----
+// ---- the K-quants (linear_lanes_k.h's cells): Q3_K, Q4_K, Q5_K, Q6_K ----
 
 // sum_j w[j] * x as the even chunks' (elements 0..15) and odd chunks' (16..31) sums; G
 // chunks' int16 pairs added before vpmaddwd (4 for bytes <= 31, 2 for Q6_K's <= 63)
@@ -284,11 +284,22 @@ inline void lane2_dot_halves(const __m256i (&w)[8], const int8_t* x, __m256i& i0
 }
 
 // A cell's (super-block's) scales for rows 8h..8h+7: Q4_K / Q5_K dw[j] = d * sc_j, mw[j] =
-// -dmin * mn_j of unit j; Q6_K dw[j] / mw[j] = d * sc of 16-groups 2j / 2j + 1.
+// -dmin * mn_j of unit j; Q6_K, Q3_K dw[j] / mw[j] = d * sc of 16-groups 2j / 2j + 1.
 template <class L>
 inline void lk2_scales(const uint8_t* c, int h, __m256 (&dw)[8], __m256 (&mw)[8]) {
   const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(c + 16 * h)));
-  if constexpr (L::kQ6) {
+  if constexpr (L::kQ3) {  // d * (sc - 32) of 16-group g: row r's 12 scale bytes, dword k of them in vector k
+    const __m256i w0 = _mm256_loadu_si256((const __m256i*)(c + 32 + 32 * h));
+    const __m256i w1 = _mm256_loadu_si256((const __m256i*)(c + 96 + 32 * h));
+    const __m256i w2 = _mm256_loadu_si256((const __m256i*)(c + 160 + 32 * h));
+    const __m256i m15 = _mm256_set1_epi32(15), m3 = _mm256_set1_epi32(3), k32 = _mm256_set1_epi32(32);
+    for (int g = 0; g < 16; ++g) {  // (linear_vnni_k.h q3_scale)
+      const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(g % 8 < 4 ? w0 : w1, 8 * (g % 4) + 4 * (g / 8)), m15);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(w2, 8 * (g % 4) + 2 * (g / 4)), m3);
+      const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), k32);
+      (g & 1 ? mw : dw)[g >> 1] = _mm256_mul_ps(_mm256_cvtepi32_ps(sc), D);
+    }
+  } else if constexpr (L::kQ6) {
     for (int k = 0; k < 4; ++k) {
       const __m256i v = _mm256_loadu_si256((const __m256i*)(c + 32 + 64 * k + 32 * h));
       const __m256 s[4] = {
@@ -323,6 +334,20 @@ inline void lk2_scales(const uint8_t* c, int h, __m256 (&dw)[8], __m256 (&mw)[8]
 template <class L>
 inline void lk2_quants(const uint8_t* c, int j, int h, __m256i (&w)[8]) {
   const uint8_t* u = c + L::kHead + (L::kMid + L::kLow) * j;
+  if constexpr (L::kQ3) {  // 2-bit fields (chunk 4 * half + e at bits 2e) | the high bit (chunk k at bit k) << 2
+    const __m256i hb = _mm256_loadu_si256((const __m256i*)(u + 32 * h)), m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    const __m256i high[8] = {_mm256_slli_epi16(hb, 2), _mm256_slli_epi16(hb, 1), hb, _mm256_srli_epi16(hb, 1),
+                             _mm256_srli_epi16(hb, 2), _mm256_srli_epi16(hb, 3), _mm256_srli_epi16(hb, 4), _mm256_srli_epi16(hb, 5)};
+    for (int half = 0; half < 2; ++half) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(u + L::kMid + 64 * half + 32 * h));
+      const __m256i f[4] = {v, _mm256_srli_epi16(v, 2), _mm256_srli_epi16(v, 4), _mm256_srli_epi16(v, 6)};
+      for (int e = 0; e < 4; ++e) {
+        const int k = 4 * half + e;
+        w[k] = _mm256_or_si256(_mm256_and_si256(f[e], m3), _mm256_and_si256(high[k], m4));
+      }
+    }
+    return;
+  }
   lane2_nibbles(u + L::kMid, L::kFifth ? u : nullptr, h, w);
   if constexpr (L::kQ6) {  // the two high bits of chunk 4 * half + e at bits 2e, to bits 4..5
     const __m256i m = _mm256_set1_epi8(0x30);
@@ -337,7 +362,8 @@ inline void lk2_quants(const uint8_t* c, int j, int h, __m256i (&w)[8]) {
   }
 }
 
-// Per-16 sums of token t's integer activations (P = 2: 256 * hi + lo), for Q6_K's offset
+// Per-16 sums of token t's integer activations (P = 2: 256 * hi + lo), for Q6_K's and Q3_K's
+// offsets
 template <int P>
 inline void lk2_isum16(const QAct& a, int t, int32_t* out) {
   const int8_t* hr = a.q + (size_t)t * a.nbp * 32;
@@ -412,7 +438,7 @@ inline void lk2_matmul(const float* x, int T, int K, const void* Wv, int N, floa
 }  // namespace detail
 
 // y[t, n] = sum_k x[t, k] * W[n, k], W in the lanes layout (linear_lanes.h); the compiler
-// picks it on AVX2 for these eight types (passes/lanes.py).
+// picks it on AVX2 for these nine types (passes/lanes.py).
 HIPC_LANES_ENTRY(q4_0, LayQ4_0, lane2_matmul, lane_embed_row)
 HIPC_LANES_ENTRY(q4_1, LayQ4_1, lane2_matmul, lane_embed_row)
 HIPC_LANES_ENTRY(q5_0, LayQ5_0, lane2_matmul, lane_embed_row)
@@ -421,6 +447,7 @@ HIPC_LANES_ENTRY(q8_0, LayQ8_0, lane2_matmul, lane_embed_row)
 HIPC_LANES_ENTRY(q4_k, LKQ4K, lk2_matmul, lk_embed_row)
 HIPC_LANES_ENTRY(q5_k, LKQ5K, lk2_matmul, lk_embed_row)
 HIPC_LANES_ENTRY(q6_k, LKQ6K, lk2_matmul, lk_embed_row)
+HIPC_LANES_ENTRY(q3_k, LKQ3K, lk2_matmul, lk_embed_row)
 #endif  // HIPC_ISA_AVX2
 #undef HIPC_LANES_ENTRY
 

@@ -131,17 +131,16 @@ HIPC_WRAP16(q4_0) HIPC_WRAP16(q4_1) HIPC_WRAP16(q8_0)
 HIPC_WRAPK(q5_0) HIPC_WRAPK(q5_1) HIPC_WRAPK(iq4_nl) HIPC_WRAPK(iq4_xs) HIPC_WRAPK(q2_k) HIPC_WRAPK(q3_k)
 HIPC_WRAPK(q4_k)
 HIPC_WRAPK(q5_k) HIPC_WRAPK(q6_k)
-// the row-lanes layout: every type on AVX512 (linear_lanes.h, linear_lanes_k.h), all but
-// Q3_K on AVX2 (linear_lanes_avx2.h); 2, 1 and 0 say which
+// the row-lanes layout: every type on AVX512 (linear_lanes.h, linear_lanes_k.h) and on AVX2
+// (linear_lanes_avx2.h); 2, 1 and 0 say which
 #define HIPC_WRAPL(w) HIPC_WRAPK(lanes_##w)
 #if defined(HIPC_ISA_AVX512) || defined(HIPC_ISA_AVX2)
 HIPC_WRAPL(q4_0) HIPC_WRAPL(q4_1) HIPC_WRAPL(q5_0) HIPC_WRAPL(q5_1) HIPC_WRAPL(q8_0)
-HIPC_WRAPL(q4_k) HIPC_WRAPL(q5_k) HIPC_WRAPL(q6_k)
+HIPC_WRAPL(q3_k) HIPC_WRAPL(q4_k) HIPC_WRAPL(q5_k) HIPC_WRAPL(q6_k)
 #endif
 int t_lane_fifth_bytes() { return hipc::detail::kLaneFifthBytes; }
 #if defined(HIPC_ISA_AVX512)
 int t_has_lanes() { return 2; }
-HIPC_WRAPL(q3_k)
 #elif defined(HIPC_ISA_AVX2)
 int t_has_lanes() { return 1; }
 #else
@@ -242,7 +241,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.t_has_lanes.restype = Int
     lib.t_lane_fifth_bytes.restype = Int
     if lib.t_has_lanes():
-        for w in LTYPES if lib.t_has_lanes() == 2 else [t for t in LTYPES if t != "q3_k"]:
+        for w in LTYPES:
             for kind in ("", "a16_"):
                 getattr(lib, f"t_matmul_{kind}lanes_{w}").argtypes = [P, Int, Int, P, Int, P, Int]
             getattr(lib, f"t_embed_row_lanes_{w}").argtypes = [P, Int, ctypes.c_longlong, P]
@@ -917,8 +916,6 @@ def _lanes_lib(libs, variant, wtype):
     lib = _get(libs, variant)
     if not lib.t_has_lanes():
         pytest.skip(f"{variant}: no AVX2 or AVX512-VNNI, no row-lanes kernels")
-    if lib.t_has_lanes() == 1 and wtype == "q3_k":
-        pytest.skip(f"{variant}: Q3_K's row lanes are AVX512-VNNI only")
     return lib
 
 

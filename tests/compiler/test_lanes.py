@@ -13,7 +13,6 @@ from hipc.compiler.kernels.linear import LinearParams
 from hipc.compiler.kernels.moe import MoEParams
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.passes.lanes import (
-    AVX2_LANE_TYPES,
     fifth_form,
     lane_types,
     lanes_weights,
@@ -80,13 +79,12 @@ def test_fifth_bits_as_bytes_hold_chunk_j_at_bit_j(dtype):
 
 
 def test_lanes_only_for_a_cpu_alone_with_their_kernels():
-    """Every type with AVX512-VNNI, all but Q3_K with AVX2 (linear_lanes_avx2.h), none on a
-    plain x86-64 or beside a GPU target."""
+    """Every type with AVX512-VNNI or AVX2 (linear_lanes_avx2.h), none on a plain x86-64 or
+    beside a GPU target."""
     assert lane_types(("cpu",), AVX512) == LANE_TYPES
     assert lane_types(("cpu",), (*AVX512[:-1], "avx512vnni")) == LANE_TYPES
-    assert lane_types(("cpu",), ("avx2", "fma", "f16c")) == AVX2_LANE_TYPES
-    assert set(AVX2_LANE_TYPES) == set(LANE_TYPES) - {"q3_k"}
-    assert lane_types(("cpu",), (*AVX512[:-1], "fma", "f16c")) == AVX2_LANE_TYPES  # no VNNI
+    assert lane_types(("cpu",), ("avx2", "fma", "f16c")) == LANE_TYPES
+    assert lane_types(("cpu",), (*AVX512[:-1], "fma", "f16c")) == LANE_TYPES  # no VNNI: AVX2's
     assert lane_types(("cpu",), ("sse4_2", "fma", "f16c")) == ()
     assert lane_types(("cpu", "sm_90"), AVX512) == ()  # one copy of the weights serves both
 
@@ -182,7 +180,7 @@ def test_compiled_lanes_against_the_reference(qtype, tmp_path):
 
 @pytest.mark.parametrize("mix", ["q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m"])
 def test_compiled_kquant_lanes_against_the_reference(mix, tmp_path):
-    """The K-quants in row lanes (linear_lanes_k.h; AVX2: linear_lanes_avx2.h, no Q3_K), tied
+    """The K-quants in row lanes (linear_lanes_k.h; AVX2: linear_lanes_avx2.h), tied
     as SmolLM2's file (the gather reads the lanes matrix too); q4_k_m: Q4_K matrices with Q6_K v, down and embedding, as
     llama-quantize mixes them. Decode (the GEMV) and prefill (the slab GEMMs) against the
     reference."""
