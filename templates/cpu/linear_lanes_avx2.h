@@ -336,14 +336,12 @@ inline void lk2_quants(const uint8_t* c, int j, int h, __m256i (&w)[8]) {
   const uint8_t* u = c + L::kHead + (L::kMid + L::kLow) * j;
   if constexpr (L::kQ3) {  // 2-bit fields (chunk 4 * half + e at bits 2e) | the high bit (chunk k at bit k) << 2
     const __m256i hb = _mm256_loadu_si256((const __m256i*)(u + 32 * h)), m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
-    const __m256i high[8] = {_mm256_slli_epi16(hb, 2), _mm256_slli_epi16(hb, 1), hb, _mm256_srli_epi16(hb, 1),
-                             _mm256_srli_epi16(hb, 2), _mm256_srli_epi16(hb, 3), _mm256_srli_epi16(hb, 4), _mm256_srli_epi16(hb, 5)};
     for (int half = 0; half < 2; ++half) {
       const __m256i v = _mm256_loadu_si256((const __m256i*)(u + L::kMid + 64 * half + 32 * h));
-      const __m256i f[4] = {v, _mm256_srli_epi16(v, 2), _mm256_srli_epi16(v, 4), _mm256_srli_epi16(v, 6)};
       for (int e = 0; e < 4; ++e) {
         const int k = 4 * half + e;
-        w[k] = _mm256_or_si256(_mm256_and_si256(f[e], m3), _mm256_and_si256(high[k], m4));
+        const __m256i hk = k < 2 ? _mm256_slli_epi16(hb, 2 - k) : _mm256_srli_epi16(hb, k - 2);
+        w[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * e), m3), _mm256_and_si256(hk, m4));
       }
     }
     return;
