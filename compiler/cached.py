@@ -7,6 +7,7 @@ would load and then be refused by the backend); a stale or damaged entry is rebu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -57,8 +58,9 @@ def cached_artifact(model_ref: str, options: CompileOptions, root: Path | None =
         compile_model(model_ref, path, options, cache=cache, verbose=False)
     except BaseException:
         # compile_model writes the artifact whole or not at all: what a failed compile leaves
-        # is this entry's empty folder, which the cache would count as an entry
-        if not any(path.parent.iterdir()):
+        # is this entry's empty folder, which the cache would count as an entry (rmdir takes
+        # only an empty one)
+        with contextlib.suppress(OSError):
             path.parent.rmdir()
         raise
     return path
