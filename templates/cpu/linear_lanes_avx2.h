@@ -46,14 +46,10 @@ inline void lane2_nibbles(const uint8_t* q, const uint8_t* fifth, int h, __m256i
   if (fifth) {  // byte 4r + i, bit j: chunk j's (kLaneFifthBytes), moved to bit 4
     static_assert(kLaneFifthBytes);
     const __m256i f = _mm256_loadu_si256((const __m256i*)(fifth + 32 * h)), sixteen = _mm256_set1_epi8(16);
-    w[0] = _mm256_or_si256(w[0], _mm256_and_si256(_mm256_slli_epi16(f, 4), sixteen));
-    w[1] = _mm256_or_si256(w[1], _mm256_and_si256(_mm256_slli_epi16(f, 3), sixteen));
-    w[2] = _mm256_or_si256(w[2], _mm256_and_si256(_mm256_slli_epi16(f, 2), sixteen));
-    w[3] = _mm256_or_si256(w[3], _mm256_and_si256(_mm256_slli_epi16(f, 1), sixteen));
-    w[4] = _mm256_or_si256(w[4], _mm256_and_si256(f, sixteen));
-    w[5] = _mm256_or_si256(w[5], _mm256_and_si256(_mm256_srli_epi16(f, 1), sixteen));
-    w[6] = _mm256_or_si256(w[6], _mm256_and_si256(_mm256_srli_epi16(f, 2), sixteen));
-    w[7] = _mm256_or_si256(w[7], _mm256_and_si256(_mm256_srli_epi16(f, 3), sixteen));
+    for (int j = 0; j < 8; ++j) {
+      const __m256i fj = j < 4 ? _mm256_slli_epi16(f, 4 - j) : _mm256_srli_epi16(f, j - 4);
+      w[j] = _mm256_or_si256(w[j], _mm256_and_si256(fj, sixteen));
+    }
   }
 }
 
