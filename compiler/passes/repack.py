@@ -323,12 +323,13 @@ def unlane_quant_blocks(
                 blocks[:, :, b + i, qo : qo + qn][..., _CHUNK_ORDER] = q
             else:
                 blocks[:, :, b + i, qo : qo + qn] = unlanes(parts[0], 4)
-            if qh is not None and fifth == "bytes":
-                bits = _unpack_fields(unlanes(parts[1], 4), 1).reshape(groups, 16, 32)
-            elif qh is not None:
-                bits = np.unpackbits(parts[1].reshape(groups, 8, 8), axis=-1, bitorder="little")
-                bits = bits.reshape(groups, 8, 16, 4).transpose(0, 2, 1, 3).reshape(groups, 16, 32)
             if qh is not None:
+                if fifth == "bytes":
+                    bits = _unpack_fields(unlanes(parts[1], 4), 1).reshape(groups, 16, 32)
+                else:
+                    bits = np.unpackbits(parts[1].reshape(groups, 8, 8), axis=-1, bitorder="little")
+                    bits = bits.reshape(groups, 8, 16, 4).transpose(0, 2, 1, 3)
+                    bits = bits.reshape(groups, 16, 32)
                 natural = np.zeros_like(bits)
                 natural[..., _CHUNK_ORDER] = bits
                 blocks[:, :, b + i, qh : qh + 4] = np.packbits(natural, axis=-1, bitorder="little")

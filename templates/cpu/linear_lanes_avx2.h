@@ -34,6 +34,12 @@ namespace hipc {
 #endif
 namespace detail {
 
+// Every byte's bit `from` moved to bit `to` (the bits around it too: mask after). Unrolled
+// callers pass constants, so it is one immediate shift.
+inline __m256i lane2_move_bit(__m256i v, int from, int to) {
+  return from < to ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
+}
+
 // Rows 8h..8h+7 of 4 nibble vectors at q (64 bytes apart): w[2c] the low nibbles of vector c,
 // w[2c + 1] the high ones; with `fifth` (the block's 64 bytes of fifth bits) bit 4 or'ed on
 inline void lane2_nibbles(const uint8_t* q, const uint8_t* fifth, int h, __m256i (&w)[8]) {
@@ -46,10 +52,7 @@ inline void lane2_nibbles(const uint8_t* q, const uint8_t* fifth, int h, __m256i
   if (fifth) {  // byte 4r + i, bit j: chunk j's (kLaneFifthBytes), moved to bit 4
     static_assert(kLaneFifthBytes);
     const __m256i f = _mm256_loadu_si256((const __m256i*)(fifth + 32 * h)), sixteen = _mm256_set1_epi8(16);
-    for (int j = 0; j < 8; ++j) {
-      const __m256i fj = j < 4 ? _mm256_slli_epi16(f, 4 - j) : _mm256_srli_epi16(f, j - 4);
-      w[j] = _mm256_or_si256(w[j], _mm256_and_si256(fj, sixteen));
-    }
+    for (int j = 0; j < 8; ++j) w[j] = _mm256_or_si256(w[j], _mm256_and_si256(lane2_move_bit(f, j, 4), sixteen));
   }
 }
 
@@ -336,8 +339,7 @@ inline void lk2_quants(const uint8_t* c, int j, int h, __m256i (&w)[8]) {
       const __m256i v = _mm256_loadu_si256((const __m256i*)(u + L::kMid + 64 * half + 32 * h));
       for (int e = 0; e < 4; ++e) {
         const int k = 4 * half + e;
-        const __m256i hk = k < 2 ? _mm256_slli_epi16(hb, 2 - k) : _mm256_srli_epi16(hb, k - 2);
-        w[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * e), m3), _mm256_and_si256(hk, m4));
+        w[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * e), m3), _mm256_and_si256(lane2_move_bit(hb, k, 2), m4));
       }
     }
     return;
@@ -347,11 +349,7 @@ inline void lk2_quants(const uint8_t* c, int j, int h, __m256i (&w)[8]) {
     const __m256i m = _mm256_set1_epi8(0x30);
     for (int half = 0; half < 2; ++half) {
       const __m256i v = _mm256_loadu_si256((const __m256i*)(u + 64 * half + 32 * h));
-      __m256i* o = w + 4 * half;
-      o[0] = _mm256_or_si256(o[0], _mm256_and_si256(_mm256_slli_epi16(v, 4), m));
-      o[1] = _mm256_or_si256(o[1], _mm256_and_si256(_mm256_slli_epi16(v, 2), m));
-      o[2] = _mm256_or_si256(o[2], _mm256_and_si256(v, m));
-      o[3] = _mm256_or_si256(o[3], _mm256_and_si256(_mm256_srli_epi16(v, 2), m));
+      for (int e = 0; e < 4; ++e) w[4 * half + e] = _mm256_or_si256(w[4 * half + e], _mm256_and_si256(lane2_move_bit(v, 2 * e, 4), m));
     }
   }
 }
