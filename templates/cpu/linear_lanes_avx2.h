@@ -29,6 +29,9 @@ namespace hipc {
 #ifndef HIPC_LANE2_CHUNK
 #define HIPC_LANE2_CHUNK 6  // tokens a half-block is unpacked for (4..8; 6 read fastest, T = 128)
 #endif
+#ifndef HIPC_LANE2_PAIR_CHUNK
+#define HIPC_LANE2_PAIR_CHUNK 8  // tokens lane2_pair's block is unpacked for
+#endif
 #ifndef HIPC_LANE2_PREFETCH
 #define HIPC_LANE2_PREFETCH 2048  // bytes ahead along a group (0: none; A/B runs)
 #endif
@@ -217,6 +220,83 @@ inline void lane2_half(const uint8_t* W, int nb, int g, int h, const QAct& a, co
   lane2_store<C>(facc, y, ldy, t0, 16 * g + 8 * h, N);
 }
 
+// Chunks 4q..4q+3 of half h of a 4/5-bit block (lane2_nibbles' vectors 2q and 2q + 1)
+inline void lane2_nibbles4(const uint8_t* q, const uint8_t* fifth, int h, int part, __m256i (&w)[4]) {
+  const __m256i m4 = _mm256_set1_epi8(15);
+  for (int c = 0; c < 2; ++c) {
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(q + 64 * (2 * part + c) + 32 * h));
+    w[2 * c] = _mm256_and_si256(v, m4);
+    w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+  }
+  if (fifth) {
+    const __m256i f = _mm256_loadu_si256((const __m256i*)(fifth + 32 * h)), sixteen = _mm256_set1_epi8(16);
+    for (int k = 0; k < 4; ++k) w[k] = _mm256_or_si256(w[k], _mm256_and_si256(lane2_move_bit(f, 4 * part + k, 4), sixteen));
+  }
+}
+
+// Both halves of group g (rows 16g..16g+15) of a 4/5-bit type against tokens t0..t0+C-1:
+// each chunk's 4 activation bytes are broadcast once for the two halves (the broadcasts were
+// a fifth of lane2_half's vector operations), a block's chunks taken four at a time so that
+// the 8 weight vectors stay in registers. P = 2: the high plane's pairs weighted 256 by
+// vpmaddwd.
+template <class L, int C, int P>
+inline void lane2_pair(const uint8_t* W, int nb, int g, const QAct& a, int t0, float* y, int ldy, int N) {
+  static_assert(L::kQuant == 256);
+  __m256 facc[2][C];
+  for (int c = 0; c < C; ++c) facc[0][c] = facc[1][c] = _mm256_setzero_ps();
+  const uint8_t* G = lane_group<L>(W, nb, g);
+  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
+  constexpr int C2 = L::kQuant + L::kFifth + L::kScale;
+  for (int b = 0; b < nb; ++b) {
+#if HIPC_LANE2_PREFETCH
+    for (int o = 0; o < C2; o += 64) _mm_prefetch((const char*)(G + (size_t)b * C2 + HIPC_LANE2_PREFETCH + o), _MM_HINT_T0);
+#endif
+    const LaneBlock<L> B = lane_block<L>(G, nb, b);
+    __m256i I[2][C];
+    for (int part = 0; part < 2; ++part) {
+      __m256i w0[4], w1[4];
+      lane2_nibbles4(B.q, L::kFifth ? B.h : nullptr, 0, part, w0);
+      lane2_nibbles4(B.q, L::kFifth ? B.h : nullptr, 1, part, w1);
+      for (int c = 0; c < C; ++c) {
+        for (int plane = 0; plane < P; ++plane) {
+          const int8_t* x = (plane ? (const int8_t*)a.lo : a.q) + (size_t)(t0 + c) * xs + 32 * (size_t)b;
+          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+          for (int k = 0; k < 4; ++k) {
+            const __m256i xb = lane2_bcast4(x + chunk_elem(4 * part + k));
+            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w0[k], xb));
+            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w1[k], xb));
+          }
+          const __m256i m = _mm256_set1_epi16(P == 2 && plane == 0 ? 256 : 1);
+          const __m256i i0 = _mm256_madd_epi16(s0, m), i1 = _mm256_madd_epi16(s1, m);
+          I[0][c] = part + plane ? _mm256_add_epi32(I[0][c], i0) : i0;
+          I[1][c] = part + plane ? _mm256_add_epi32(I[1][c], i1) : i1;
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256 dw, mw = _mm256_setzero_ps();
+      if constexpr (L::kMin) {  // (d, m) pairs: evens and odds apart, in row order
+        const __m256 p0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 32 * h)));
+        const __m256 p1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 32 * h + 16)));
+        dw = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p0, p1, 0x88)), 0xD8));
+        mw = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p0, p1, 0xDD)), 0xD8));
+      } else {
+        dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 16 * h)));
+      }
+      (void)mw;
+      for (int c = 0; c < C; ++c) {
+        const size_t so = (size_t)(t0 + c) * ss + b;
+        __m256i i = I[h][c];
+        if constexpr (L::kOff != 0) i = _mm256_sub_epi32(i, _mm256_set1_epi32(a.isum[so] * L::kOff));
+        facc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[so])), facc[h][c]);
+        if constexpr (L::kMin) facc[h][c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[so]), facc[h][c]);
+      }
+    }
+  }
+  lane2_store<C>(facc[0], y, ldy, t0, 16 * g, N);
+  lane2_store<C>(facc[1], y, ldy, t0, 16 * g + 8, N);
+}
+
 // x's T rows quantized for the lanes kernels: the balanced int16 split (P = 2) or int8
 // (q16: an int16 copy of the split's values too, T x nbp * 32)
 template <int P>
@@ -233,20 +313,27 @@ inline QAct lane2_quantize(const float* x, int T, int K, size_t ext_bytes = 0, i
   return a;
 }
 
-// Group g's halves over the T tokens in chunks of up to 4: half(chunk size, h, t0)
+// f(the chunk size n <= M as a constant)
+template <int M, class F>
+inline void lane2_sized(int n, F f) {
+  if constexpr (M > 1) {
+    if (n < M) return lane2_sized<M - 1>(n, f);
+  }
+  f(std::integral_constant<int, M>{});
+}
+
+// The T tokens in chunks of up to M: chunk(size as a constant, t0)
+template <int M = HIPC_LANE2_CHUNK, class F>
+inline void lane2_chunks(int T, F chunk) {
+  for (int t0 = 0; t0 < T; t0 += M) lane2_sized<M>(std::min(M, T - t0), [&](auto c) { chunk(c, t0); });
+}
+
+// Group g's halves over the T tokens in chunks: half(chunk size, h, t0)
 template <class F>
 inline void lane2_tokens(int T, int g, int N, F half) {
-  for (int t0 = 0; t0 < T; t0 += HIPC_LANE2_CHUNK)
-    for (int h = 0; h < 2 && 16 * g + 8 * h < N; ++h) switch (std::min(HIPC_LANE2_CHUNK, T - t0)) {
-        case 1: half(std::integral_constant<int, 1>{}, h, t0); break;
-        case 2: half(std::integral_constant<int, 2>{}, h, t0); break;
-        case 3: half(std::integral_constant<int, 3>{}, h, t0); break;
-        case 4: half(std::integral_constant<int, 4>{}, h, t0); break;
-        case 5: half(std::integral_constant<int, 5>{}, h, t0); break;
-        case 6: half(std::integral_constant<int, 6>{}, h, t0); break;
-        case 7: half(std::integral_constant<int, 7>{}, h, t0); break;
-        default: half(std::integral_constant<int, HIPC_LANE2_CHUNK>{}, h, t0); break;
-      }
+  lane2_chunks(T, [&](auto c, int t0) {
+    for (int h = 0; h < 2 && 16 * g + 8 * h < N; ++h) half(c, h, t0);
+  });
 }
 
 // Driver: P = 2 (int16 activations) or 1 (int8). W: the lanes layout of [N, K]. One group
@@ -260,8 +347,17 @@ inline void lane2_matmul(const float* x, int T, int K, const void* Wv, int N, fl
   int16_t* x16 = kWide ? (int16_t*)scratch_f32(2, (size_t)T * nb * 16 + 16) : nullptr;
   const QAct a = lane2_quantize<P>(x, T, K, 0, x16);
 #pragma omp parallel for schedule(static) if ((long long)T * N * K >= kParallelMinWork)
-  for (int g = 0; g < ngroups; ++g)
+  for (int g = 0; g < ngroups; ++g) {
+    if constexpr (L::kQuant == 256) {
+#ifndef HIPC_NOPAIR
+      if (T > 1) {
+        lane2_chunks<HIPC_LANE2_PAIR_CHUNK>(T, [&](auto c, int t0) { lane2_pair<L, decltype(c)::value, P>(W, nb, g, a, t0, y, ldy, N); });
+        continue;
+      }
+#endif
+    }
     lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lane2_half<L, decltype(c)::value, P>(W, nb, g, h, a, x16, t0, y, ldy, N); });
+  }
 }
 
 // ---- the K-quants (linear_lanes_k.h's cells): Q3_K, Q4_K, Q5_K, Q6_K ----
@@ -413,6 +509,94 @@ inline void lk2_half(const uint8_t* W, int nsb, int g, int h, const QAct& a, con
   lane2_store<C>(facc, y, ldy, t0, 16 * g + 8 * h, N);
 }
 
+// Chunk k of unit j of a cell, rows 8h..8h+7 (lk2_quants' w[k] alone)
+template <class L>
+inline __m256i lk2_chunk(const uint8_t* c, int j, int h, int k) {
+  const uint8_t* u = c + L::kHead + (L::kMid + L::kLow) * j;
+  if constexpr (L::kQ3) {
+    const __m256i hb = _mm256_loadu_si256((const __m256i*)(u + 32 * h));
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(u + L::kMid + 64 * (k / 4) + 32 * h));
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * (k % 4)), _mm256_set1_epi8(3)),
+                           _mm256_and_si256(lane2_move_bit(hb, k, 2), _mm256_set1_epi8(4)));
+  }
+  const __m256i v = _mm256_loadu_si256((const __m256i*)(u + L::kMid + 64 * (k >> 1) + 32 * h));
+  __m256i w = _mm256_and_si256(k & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+  if constexpr (L::kFifth) {
+    const __m256i f = _mm256_loadu_si256((const __m256i*)(u + 32 * h));
+    w = _mm256_or_si256(w, _mm256_and_si256(lane2_move_bit(f, k, 4), _mm256_set1_epi8(16)));
+  }
+  if constexpr (L::kQ6) {
+    const __m256i hv = _mm256_loadu_si256((const __m256i*)(u + 64 * (k / 4) + 32 * h));
+    w = _mm256_or_si256(w, _mm256_and_si256(lane2_move_bit(hv, 2 * (k % 4), 4), _mm256_set1_epi8(0x30)));
+  }
+  return w;
+}
+
+// lane2_pair for the K-quants: both halves of group g against tokens t0..t0+C-1, a unit's
+// chunks taken by parity (part p: chunks p, p + 2, p + 4, p + 6, the 16-group of elements
+// 16p..16p+15: kHalves' two sums), G chunks' int16 pairs added before vpmaddwd
+template <class L, int C, int P>
+inline void lk2_pair(const uint8_t* W, int nsb, int g, const QAct& a, const int32_t* is16, int t0, float* y, int ldy,
+                     int N) {
+  constexpr int G = L::kQ6 ? 2 : 4;
+  __m256 facc[2][C];
+  for (int c = 0; c < C; ++c) facc[0][c] = facc[1][c] = _mm256_setzero_ps();
+  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
+  for (int s = 0; s < nsb; ++s) {
+    const uint8_t* cell = lk_cell<L>(W, nsb, g, s);
+#if HIPC_LANE2_PREFETCH
+    for (int o = 0; o < 16 * L::kBytes; o += 64) _mm_prefetch((const char*)(cell + HIPC_LANE2_PREFETCH + o), _MM_HINT_T0);
+#endif
+    __m256 dw[2][8], mw[2][8];
+    lk2_scales<L>(cell, 0, dw[0], mw[0]);
+    lk2_scales<L>(cell, 1, dw[1], mw[1]);
+    for (int j = 0; j < 8; ++j) {
+      const int b = 8 * s + j;
+      __m256i I[2][2][C];  // [half][part][token]
+      for (int part = 0; part < 2; ++part) {
+        __m256i w0[4], w1[4];
+        for (int k = 0; k < 4; ++k) w0[k] = lk2_chunk<L>(cell, j, 0, part + 2 * k), w1[k] = lk2_chunk<L>(cell, j, 1, part + 2 * k);
+        for (int c = 0; c < C; ++c) {
+          __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256();
+          for (int plane = 0; plane < P; ++plane) {
+            const int8_t* x = (plane ? (const int8_t*)a.lo : a.q) + (size_t)(t0 + c) * xs + 32 * (size_t)b;
+            const __m256i m = _mm256_set1_epi16(P == 2 && plane == 0 ? 256 : 1);
+            for (int k0 = 0; k0 < 4; k0 += G) {
+              __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+              for (int k = k0; k < k0 + G; ++k) {
+                const __m256i xb = lane2_bcast4(x + chunk_elem(part + 2 * k));
+                s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w0[k], xb));
+                s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w1[k], xb));
+              }
+              i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(s0, m));
+              i1 = _mm256_add_epi32(i1, _mm256_madd_epi16(s1, m));
+            }
+          }
+          I[0][part][c] = i0, I[1][part][c] = i1;
+        }
+      }
+      for (int h = 0; h < 2; ++h)
+        for (int c = 0; c < C; ++c) {
+          const size_t t = (size_t)(t0 + c), so = t * ss + b;
+          const __m256 dx = _mm256_set1_ps(a.d[so]);
+          __m256i i0 = I[h][0][c], i1 = I[h][1][c];
+          if constexpr (L::kHalves) {  // u = q + kOff16 per 16-group
+            const int32_t* gs = is16 + t * (2 * a.nb) + 2 * b;
+            i0 = _mm256_sub_epi32(i0, _mm256_set1_epi32(L::kOff16 * gs[0]));
+            i1 = _mm256_sub_epi32(i1, _mm256_set1_epi32(L::kOff16 * gs[1]));
+            facc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(dw[h][j], dx), facc[h][c]);
+            facc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(mw[h][j], dx), facc[h][c]);
+          } else {
+            facc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(dw[h][j], dx), facc[h][c]);
+            facc[h][c] = _mm256_fmadd_ps(mw[h][j], _mm256_set1_ps(a.s[so]), facc[h][c]);
+          }
+        }
+    }
+  }
+  lane2_store<C>(facc[0], y, ldy, t0, 16 * g, N);
+  lane2_store<C>(facc[1], y, ldy, t0, 16 * g + 8, N);
+}
+
 template <class L, int P>
 inline void lk2_matmul(const float* x, int T, int K, const void* Wv, int N, float* y, int ldy) {
   if (T <= 0 || N <= 0) return;
@@ -423,8 +607,15 @@ inline void lk2_matmul(const float* x, int T, int K, const void* Wv, int N, floa
   if constexpr (L::kHalves)
     for (int t = 0; t < T; ++t) lk2_isum16<P>(a, t, (int32_t*)a.ext + (size_t)t * (K / 16));
 #pragma omp parallel for schedule(static) if ((long long)T * N * K >= kParallelMinWork)
-  for (int g = 0; g < ngroups; ++g)
+  for (int g = 0; g < ngroups; ++g) {
+#ifndef HIPC_NOPAIR
+    if (T > 1) {
+      lane2_chunks<HIPC_LANE2_PAIR_CHUNK>(T, [&](auto c, int t0) { lk2_pair<L, decltype(c)::value, P>(W, nsb, g, a, is16, t0, y, ldy, N); });
+      continue;
+    }
+#endif
     lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lk2_half<L, decltype(c)::value, P>(W, nsb, g, h, a, is16, t0, y, ldy, N); });
+  }
 }
 
 }  // namespace detail
