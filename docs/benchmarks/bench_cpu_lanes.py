@@ -103,7 +103,7 @@ def build(workdir: Path, cflags: list[str]) -> ctypes.CDLL:
     lib = workdir / "shim.so"
     subprocess.run(
         ["g++", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-         f"-I{REPO / 'templates' / 'cpu'}", *cflags, str(src), "-o", str(lib)],
+         *cflags, f"-I{REPO / 'templates' / 'cpu'}", str(src), "-o", str(lib)],
         check=True,
     )  # fmt: skip
     so = ctypes.CDLL(str(lib))

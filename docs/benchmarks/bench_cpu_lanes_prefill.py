@@ -1,10 +1,11 @@
 """The CPU row-lanes kernels at prefill (T tokens a call), two builds of them side by side.
 
 Run:  python docs/benchmarks/bench_cpu_lanes_prefill.py [--tokens 128] [--threads 1] \
-          [--types q5_0,q4_0,q4_k,q6_k] [--base -DHIPC_NOPAIR] [--rounds 3]
+          [--types q5_0,q4_0,q4_k,q6_k] [--base -DHIPC_NOPAIR | --base-ref GIT_REF] [--rounds 3]
 
-Compiles bench_cpu_lanes.py's shim twice, once with --base's g++ flags (the "base" build: by
-default -DHIPC_NOPAIR, the AVX2 kernels' one-half-at-a-time path) and once without ("head"),
+Compiles bench_cpu_lanes.py's shim twice, once as the "base" (with --base's g++ flags: by
+default -DHIPC_NOPAIR, the AVX2 kernels' one-half-at-a-time path; or with --base-ref, the
+templates/cpu of that commit) and once as the working tree's "head",
 writes random blocks of each type at SmolLM2-135M's shapes, checks both builds against float64
 NumPy on gguf-py's dequantization, then times each call warm (the same matrix each call: a
 prefill reads its weights once for many tokens) with int16 (a16) and int8 (a8) activations, in
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -46,6 +48,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--types", default="q5_0,q4_0,q4_k,q6_k")
     ap.add_argument("--base", default="-DHIPC_NOPAIR", help="g++ flags of the base build")
+    ap.add_argument("--base-ref", help="build the base from templates/cpu at this git commit")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=20)
     args = ap.parse_args()
@@ -56,11 +59,22 @@ def main() -> None:
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         builds = {}
-        for name, flags in (("base", args.base.split()), ("head", [])):
+        base_flags = args.base.split()
+        if args.base_ref:  # that commit's headers, found before the working tree's
+            ref_dir = Path(tmp) / "ref"
+            ref_dir.mkdir()
+            archive = subprocess.run(
+                ["git", "-C", str(bl.REPO), "archive", args.base_ref, "templates/cpu"],
+                check=True, capture_output=True,
+            ).stdout  # fmt: skip
+            subprocess.run(["tar", "-x", "-C", str(ref_dir)], input=archive, check=True)
+            base_flags = [f"-I{ref_dir / 'templates' / 'cpu'}"]
+        for name, flags in (("base", base_flags), ("head", [])):
             (Path(tmp) / name).mkdir()
             builds[name] = bl.build(Path(tmp) / name, flags)
         so = builds["head"]
-        print(f"isa {so.hb_isa().decode()}, {args.threads} thread(s), T = {T}, base: {args.base}")
+        base = args.base_ref or args.base
+        print(f"isa {so.hb_isa().decode()}, {args.threads} thread(s), T = {T}, base: {base}")
         fifth = "bytes" if so.hb_fifth_bytes() else "masks"
         rows = []
         for wtype in args.types.split(","):

@@ -988,9 +988,9 @@ def test_lanes_embed_row(libs, wtype):
         np.testing.assert_allclose(out, wd[row], rtol=2e-7, atol=0)
 
 
-@pytest.mark.parametrize("variant", ["native", "scalar"])
+@pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])
 def test_silu_mul_row(libs, variant):
-    """The GLU epilogue's silu(g) * u (a vector exp on AVX512) against float64, over the range
+    """The GLU epilogue's silu(g) * u (a vector exp on AVX512 and AVX2) against float64, over the range
     where either branch of the sigmoid matters, a tail of 5, infinities and zeros."""
     lib = _get(libs, variant)
     g = np.concatenate([np.linspace(-90, 90, 4001), [0.0, -0.0, np.inf, -1e-30, 1e-30]])
