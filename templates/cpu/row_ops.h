@@ -241,6 +241,17 @@ struct Attend {
         const __m256 e = _mm256_and_ps(valid, exp256_nonpos(_mm256_sub_ps(s, _mm256_set1_ps(m))));
         lsum = _mm256_add_ps(lsum, e);
         _mm256_store_ps(sc, e);
+        if (nb == 8) {  // output vector outer, one live at a time: q and D = 64's outputs
+                        // alone fill AVX2's 16 registers (the other order spilled each FMA's)
+          __m256 ej[8];
+          for (int j = 0; j < 8; ++j) ej[j] = _mm256_set1_ps(sc[j]);
+          for (int i = 0; i < NV; ++i) {
+            __m256 acc = av[i];
+            for (int j = 0; j < 8; ++j) acc = _mm256_fmadd_ps(ej[j], _mm256_loadu_ps(V + (size_t)(j0 + j) * stride + 8 * i), acc);
+            av[i] = acc;
+          }
+          continue;
+        }
         for (int j = 0; j < nb; ++j) {
           const float* vr = V + (size_t)(j0 + j) * stride;
           const __m256 ej = _mm256_set1_ps(sc[j]);
