@@ -297,6 +297,61 @@ inline void lane2_pair(const uint8_t* W, int nb, int g, const QAct& a, int t0, f
   lane2_store<C>(facc[1], y, ldy, t0, 16 * g + 8, N);
 }
 
+// lane2_pair for Q8_0 on int8 activations: a chunk's bytes (u = q + 128 <= 255) as two
+// nibbles, 16 * dot(u >> 4) + dot(u & 15) (lane2_plane's split), two chunks at a time (8
+// nibble vectors for the two halves)
+template <class L, int C>
+inline void lane2_pair8(const uint8_t* W, int nb, int g, const QAct& a, int t0, float* y, int ldy, int N) {
+  static_assert(L::kQuant == 512);
+  __m256 facc[2][C];
+  for (int c = 0; c < C; ++c) facc[0][c] = facc[1][c] = _mm256_setzero_ps();
+  const uint8_t* G = lane_group<L>(W, nb, g);
+  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+  constexpr int C2 = L::kQuant + L::kFifth + L::kScale;
+  for (int b = 0; b < nb; ++b) {
+#if HIPC_LANE2_PREFETCH
+    for (int o = 0; o < C2; o += 64) _mm_prefetch((const char*)(G + (size_t)b * C2 + HIPC_LANE2_PREFETCH + o), _MM_HINT_T0);
+#endif
+    const LaneBlock<L> B = lane_block<L>(G, nb, b);
+    __m256i I[2][C];
+    for (int part = 0; part < 4; ++part) {  // chunks 2 part, 2 part + 1
+      __m256i lo[2][2], hi[2][2];           // [half][chunk]
+      for (int h = 0; h < 2; ++h)
+        for (int k = 0; k < 2; ++k) {
+          const __m256i v = _mm256_loadu_si256((const __m256i*)(B.q + 64 * (2 * part + k) + 32 * h));
+          lo[h][k] = _mm256_and_si256(v, m4);
+          hi[h][k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+      for (int c = 0; c < C; ++c) {
+        const int8_t* x = a.q + (size_t)(t0 + c) * xs + 32 * (size_t)b;
+        __m256i sl[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, sh[2] = {sl[0], sl[0]};
+        for (int k = 0; k < 2; ++k) {
+          const __m256i xb = lane2_bcast4(x + chunk_elem(2 * part + k));
+          for (int h = 0; h < 2; ++h) {
+            sl[h] = _mm256_add_epi16(sl[h], _mm256_maddubs_epi16(lo[h][k], xb));
+            sh[h] = _mm256_add_epi16(sh[h], _mm256_maddubs_epi16(hi[h][k], xb));
+          }
+        }
+        for (int h = 0; h < 2; ++h) {
+          const __m256i i = _mm256_add_epi32(_mm256_madd_epi16(sh[h], sixteen), _mm256_madd_epi16(sl[h], ones));
+          I[h][c] = part ? _mm256_add_epi32(I[h][c], i) : i;
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 16 * h)));
+      for (int c = 0; c < C; ++c) {
+        const size_t so = (size_t)(t0 + c) * ss + b;
+        const __m256i i = _mm256_sub_epi32(I[h][c], _mm256_set1_epi32(a.isum[so] * L::kOff));
+        facc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[so])), facc[h][c]);
+      }
+    }
+  }
+  lane2_store<C>(facc[0], y, ldy, t0, 16 * g, N);
+  lane2_store<C>(facc[1], y, ldy, t0, 16 * g + 8, N);
+}
+
 // x's T rows quantized for the lanes kernels: the balanced int16 split (P = 2) or int8
 // (q16: an int16 copy of the split's values too, T x nbp * 32)
 template <int P>
@@ -348,14 +403,17 @@ inline void lane2_matmul(const float* x, int T, int K, const void* Wv, int N, fl
   const QAct a = lane2_quantize<P>(x, T, K, 0, x16);
 #pragma omp parallel for schedule(static) if ((long long)T * N * K >= kParallelMinWork)
   for (int g = 0; g < ngroups; ++g) {
-    if constexpr (L::kQuant == 256) {
 #ifndef HIPC_NOPAIR
-      if (T > 1) {
+    if (T > 1) {
+      if constexpr (L::kQuant == 256) {
         lane2_chunks<HIPC_LANE2_PAIR_CHUNK>(T, [&](auto c, int t0) { lane2_pair<L, decltype(c)::value, P>(W, nb, g, a, t0, y, ldy, N); });
         continue;
+      } else if constexpr (P == 1) {
+        lane2_chunks<HIPC_LANE2_PAIR_CHUNK>(T, [&](auto c, int t0) { lane2_pair8<L, decltype(c)::value>(W, nb, g, a, t0, y, ldy, N); });
+        continue;
       }
-#endif
     }
+#endif
     lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lane2_half<L, decltype(c)::value, P>(W, nb, g, h, a, x16, t0, y, ldy, N); });
   }
 }
