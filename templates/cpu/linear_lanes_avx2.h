@@ -368,19 +368,22 @@ inline QAct lane2_quantize(const float* x, int T, int K, size_t ext_bytes = 0, i
   return a;
 }
 
-// f(the chunk size n <= M as a constant)
-template <int M, class F>
-inline void lane2_sized(int n, F f) {
-  if constexpr (M > 1) {
-    if (n < M) return lane2_sized<M - 1>(n, f);
-  }
-  f(std::integral_constant<int, M>{});
-}
-
-// The T tokens in chunks of up to M: chunk(size as a constant, t0)
+// The T tokens in chunks of up to M <= 8: chunk(size as a constant, t0). A switch: a
+// recursive dispatch measured ~10% slower kernels (Q8_0's int16 prefill).
 template <int M = HIPC_LANE2_CHUNK, class F>
 inline void lane2_chunks(int T, F chunk) {
-  for (int t0 = 0; t0 < T; t0 += M) lane2_sized<M>(std::min(M, T - t0), [&](auto c) { chunk(c, t0); });
+  static_assert(M >= 1 && M <= 8);
+  using std::integral_constant;
+  for (int t0 = 0; t0 < T; t0 += M) switch (std::min(M, T - t0)) {
+      case 1: chunk(integral_constant<int, 1>{}, t0); break;
+      case 2: chunk(integral_constant<int, 2 <= M ? 2 : 1>{}, t0); break;
+      case 3: chunk(integral_constant<int, 3 <= M ? 3 : 1>{}, t0); break;
+      case 4: chunk(integral_constant<int, 4 <= M ? 4 : 1>{}, t0); break;
+      case 5: chunk(integral_constant<int, 5 <= M ? 5 : 1>{}, t0); break;
+      case 6: chunk(integral_constant<int, 6 <= M ? 6 : 1>{}, t0); break;
+      case 7: chunk(integral_constant<int, 7 <= M ? 7 : 1>{}, t0); break;
+      default: chunk(integral_constant<int, M>{}, t0); break;
+    }
 }
 
 // Group g's halves over the T tokens in chunks: half(chunk size, h, t0)
