@@ -171,6 +171,20 @@ inline void lane2_store(const __m256 (&facc)[C], float* y, int ldy, int t0, int 
   }
 }
 
+// Half h's (rows 8h..8h+7) scales of a block: dw, and mw the Q4_1 / Q5_1 minimums (else 0)
+template <class L>
+inline void lane2_scales(const LaneBlock<L>& B, int h, __m256& dw, __m256& mw) {
+  if constexpr (L::kMin) {  // (d, m) pairs: evens and odds apart, in row order
+    const __m256 p0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 32 * h)));
+    const __m256 p1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 32 * h + 16)));
+    dw = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p0, p1, 0x88)), 0xD8));
+    mw = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p0, p1, 0xDD)), 0xD8));
+  } else {
+    dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 16 * h)));
+    mw = _mm256_setzero_ps();
+  }
+}
+
 // Rows 8h..8h+7 of group g against tokens t0..t0+C-1 (P = 2: int16 planes, 1: int8)
 template <class L, int C, int P>
 inline void lane2_half(const uint8_t* W, int nb, int g, int h, const QAct& a, const int16_t* x16, int t0, float* y,
@@ -193,16 +207,8 @@ inline void lane2_half(const uint8_t* W, int nb, int g, int h, const QAct& a, co
       const __m256i m4 = _mm256_set1_epi8(15);
       for (int j = 0; j < 8; ++j) wh[j] = _mm256_and_si256(_mm256_srli_epi16(w[j], 4), m4), w[j] = _mm256_and_si256(w[j], m4);
     }
-    __m256 dw, mw = _mm256_setzero_ps();
-    if constexpr (L::kMin) {  // (d, m) pairs: evens and odds apart, in row order
-      const __m256 p0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 32 * h)));
-      const __m256 p1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 32 * h + 16)));
-      dw = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p0, p1, 0x88)), 0xD8));
-      mw = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p0, p1, 0xDD)), 0xD8));
-    } else {
-      dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 16 * h)));
-    }
-    (void)mw;
+    __m256 dw, mw;
+    lane2_scales<L>(B, h, dw, mw);
     for (int c = 0; c < C; ++c) {
       const size_t t = (size_t)(t0 + c), so = t * ss + b;
       __m256i I;
@@ -234,18 +240,78 @@ inline void lane2_nibbles4(const uint8_t* q, const uint8_t* fifth, int h, int pa
   }
 }
 
-// Both halves of group g (rows 16g..16g+15) of a 4/5-bit type against tokens t0..t0+C-1:
-// each chunk's 4 activation bytes are broadcast once for the two halves (the broadcasts were
-// a fifth of lane2_half's vector operations), a block's chunks taken four at a time so that
-// the 8 weight vectors stay in registers. P = 2: the high plane's pairs weighted 256 by
-// vpmaddwd.
+// Block B's integer sums for both halves against tokens t0..t0+C-1 (I[h][c]), a 4/5-bit
+// type: the block's chunks four at a time, so that the 8 weight vectors stay in registers.
+// P = 2: the high plane's pairs weighted 256 by vpmaddwd.
+template <class L, int C, int P>
+inline void lane2_pair_nibbles(const LaneBlock<L>& B, const QAct& a, int t0, int b, __m256i (&I)[2][C]) {
+  const size_t xs = (size_t)a.nbp * 32;
+  for (int part = 0; part < 2; ++part) {
+    __m256i w0[4], w1[4];
+    lane2_nibbles4(B.q, L::kFifth ? B.h : nullptr, 0, part, w0);
+    lane2_nibbles4(B.q, L::kFifth ? B.h : nullptr, 1, part, w1);
+    for (int c = 0; c < C; ++c) {
+      for (int plane = 0; plane < P; ++plane) {
+        const int8_t* x = (plane ? (const int8_t*)a.lo : a.q) + (size_t)(t0 + c) * xs + 32 * (size_t)b;
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int k = 0; k < 4; ++k) {
+          const __m256i xb = lane2_bcast4(x + chunk_elem(4 * part + k));
+          s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w0[k], xb));
+          s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w1[k], xb));
+        }
+        const __m256i m = _mm256_set1_epi16(P == 2 && plane == 0 ? 256 : 1);
+        const __m256i i0 = _mm256_madd_epi16(s0, m), i1 = _mm256_madd_epi16(s1, m);
+        I[0][c] = part + plane ? _mm256_add_epi32(I[0][c], i0) : i0;
+        I[1][c] = part + plane ? _mm256_add_epi32(I[1][c], i1) : i1;
+      }
+    }
+  }
+}
+
+// The same for Q8_0 on int8 activations: a chunk's bytes (u = q + 128 <= 255) as two
+// nibbles, 16 * dot(u >> 4) + dot(u & 15) (lane2_plane's split), two chunks at a time (8
+// nibble vectors for the two halves)
+template <class L, int C>
+inline void lane2_pair_bytes(const LaneBlock<L>& B, const QAct& a, int t0, int b, __m256i (&I)[2][C]) {
+  const size_t xs = (size_t)a.nbp * 32;
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+  for (int part = 0; part < 4; ++part) {  // chunks 2 part, 2 part + 1
+    __m256i lo[2][2], hi[2][2];           // [half][chunk]
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < 2; ++k) {
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(B.q + 64 * (2 * part + k) + 32 * h));
+        lo[h][k] = _mm256_and_si256(v, m4);
+        hi[h][k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      }
+    for (int c = 0; c < C; ++c) {
+      const int8_t* x = a.q + (size_t)(t0 + c) * xs + 32 * (size_t)b;
+      __m256i sl[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, sh[2] = {sl[0], sl[0]};
+      for (int k = 0; k < 2; ++k) {
+        const __m256i xb = lane2_bcast4(x + chunk_elem(2 * part + k));
+        for (int h = 0; h < 2; ++h) {
+          sl[h] = _mm256_add_epi16(sl[h], _mm256_maddubs_epi16(lo[h][k], xb));
+          sh[h] = _mm256_add_epi16(sh[h], _mm256_maddubs_epi16(hi[h][k], xb));
+        }
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256i i = _mm256_add_epi32(_mm256_madd_epi16(sh[h], sixteen), _mm256_madd_epi16(sl[h], ones));
+        I[h][c] = part ? _mm256_add_epi32(I[h][c], i) : i;
+      }
+    }
+  }
+}
+
+// Both halves of group g (rows 16g..16g+15) against tokens t0..t0+C-1, the prefill form of
+// lane2_half: each chunk's 4 activation bytes are broadcast once for the two halves (the
+// broadcasts were a fifth of lane2_half's vector operations). The 4/5-bit types, and Q8_0 on
+// int8 activations.
 template <class L, int C, int P>
 inline void lane2_pair(const uint8_t* W, int nb, int g, const QAct& a, int t0, float* y, int ldy, int N) {
-  static_assert(L::kQuant == 256);
+  static_assert(L::kQuant == 256 || P == 1);
   __m256 facc[2][C];
   for (int c = 0; c < C; ++c) facc[0][c] = facc[1][c] = _mm256_setzero_ps();
   const uint8_t* G = lane_group<L>(W, nb, g);
-  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
+  const size_t ss = (size_t)a.nbp;
   constexpr int C2 = L::kQuant + L::kFifth + L::kScale;
   for (int b = 0; b < nb; ++b) {
 #if HIPC_LANE2_PREFETCH
@@ -253,98 +319,20 @@ inline void lane2_pair(const uint8_t* W, int nb, int g, const QAct& a, int t0, f
 #endif
     const LaneBlock<L> B = lane_block<L>(G, nb, b);
     __m256i I[2][C];
-    for (int part = 0; part < 2; ++part) {
-      __m256i w0[4], w1[4];
-      lane2_nibbles4(B.q, L::kFifth ? B.h : nullptr, 0, part, w0);
-      lane2_nibbles4(B.q, L::kFifth ? B.h : nullptr, 1, part, w1);
-      for (int c = 0; c < C; ++c) {
-        for (int plane = 0; plane < P; ++plane) {
-          const int8_t* x = (plane ? (const int8_t*)a.lo : a.q) + (size_t)(t0 + c) * xs + 32 * (size_t)b;
-          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-          for (int k = 0; k < 4; ++k) {
-            const __m256i xb = lane2_bcast4(x + chunk_elem(4 * part + k));
-            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w0[k], xb));
-            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w1[k], xb));
-          }
-          const __m256i m = _mm256_set1_epi16(P == 2 && plane == 0 ? 256 : 1);
-          const __m256i i0 = _mm256_madd_epi16(s0, m), i1 = _mm256_madd_epi16(s1, m);
-          I[0][c] = part + plane ? _mm256_add_epi32(I[0][c], i0) : i0;
-          I[1][c] = part + plane ? _mm256_add_epi32(I[1][c], i1) : i1;
-        }
-      }
+    if constexpr (L::kQuant == 256) {
+      lane2_pair_nibbles<L, C, P>(B, a, t0, b, I);
+    } else {
+      lane2_pair_bytes<L, C>(B, a, t0, b, I);
     }
     for (int h = 0; h < 2; ++h) {
-      __m256 dw, mw = _mm256_setzero_ps();
-      if constexpr (L::kMin) {  // (d, m) pairs: evens and odds apart, in row order
-        const __m256 p0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 32 * h)));
-        const __m256 p1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 32 * h + 16)));
-        dw = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p0, p1, 0x88)), 0xD8));
-        mw = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p0, p1, 0xDD)), 0xD8));
-      } else {
-        dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 16 * h)));
-      }
-      (void)mw;
+      __m256 dw, mw;
+      lane2_scales<L>(B, h, dw, mw);
       for (int c = 0; c < C; ++c) {
         const size_t so = (size_t)(t0 + c) * ss + b;
         __m256i i = I[h][c];
         if constexpr (L::kOff != 0) i = _mm256_sub_epi32(i, _mm256_set1_epi32(a.isum[so] * L::kOff));
         facc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[so])), facc[h][c]);
         if constexpr (L::kMin) facc[h][c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[so]), facc[h][c]);
-      }
-    }
-  }
-  lane2_store<C>(facc[0], y, ldy, t0, 16 * g, N);
-  lane2_store<C>(facc[1], y, ldy, t0, 16 * g + 8, N);
-}
-
-// lane2_pair for Q8_0 on int8 activations: a chunk's bytes (u = q + 128 <= 255) as two
-// nibbles, 16 * dot(u >> 4) + dot(u & 15) (lane2_plane's split), two chunks at a time (8
-// nibble vectors for the two halves)
-template <class L, int C>
-inline void lane2_pair8(const uint8_t* W, int nb, int g, const QAct& a, int t0, float* y, int ldy, int N) {
-  static_assert(L::kQuant == 512);
-  __m256 facc[2][C];
-  for (int c = 0; c < C; ++c) facc[0][c] = facc[1][c] = _mm256_setzero_ps();
-  const uint8_t* G = lane_group<L>(W, nb, g);
-  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
-  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
-  constexpr int C2 = L::kQuant + L::kFifth + L::kScale;
-  for (int b = 0; b < nb; ++b) {
-#if HIPC_LANE2_PREFETCH
-    for (int o = 0; o < C2; o += 64) _mm_prefetch((const char*)(G + (size_t)b * C2 + HIPC_LANE2_PREFETCH + o), _MM_HINT_T0);
-#endif
-    const LaneBlock<L> B = lane_block<L>(G, nb, b);
-    __m256i I[2][C];
-    for (int part = 0; part < 4; ++part) {  // chunks 2 part, 2 part + 1
-      __m256i lo[2][2], hi[2][2];           // [half][chunk]
-      for (int h = 0; h < 2; ++h)
-        for (int k = 0; k < 2; ++k) {
-          const __m256i v = _mm256_loadu_si256((const __m256i*)(B.q + 64 * (2 * part + k) + 32 * h));
-          lo[h][k] = _mm256_and_si256(v, m4);
-          hi[h][k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
-      for (int c = 0; c < C; ++c) {
-        const int8_t* x = a.q + (size_t)(t0 + c) * xs + 32 * (size_t)b;
-        __m256i sl[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, sh[2] = {sl[0], sl[0]};
-        for (int k = 0; k < 2; ++k) {
-          const __m256i xb = lane2_bcast4(x + chunk_elem(2 * part + k));
-          for (int h = 0; h < 2; ++h) {
-            sl[h] = _mm256_add_epi16(sl[h], _mm256_maddubs_epi16(lo[h][k], xb));
-            sh[h] = _mm256_add_epi16(sh[h], _mm256_maddubs_epi16(hi[h][k], xb));
-          }
-        }
-        for (int h = 0; h < 2; ++h) {
-          const __m256i i = _mm256_add_epi32(_mm256_madd_epi16(sh[h], sixteen), _mm256_madd_epi16(sl[h], ones));
-          I[h][c] = part ? _mm256_add_epi32(I[h][c], i) : i;
-        }
-      }
-    }
-    for (int h = 0; h < 2; ++h) {
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.s + 16 * h)));
-      for (int c = 0; c < C; ++c) {
-        const size_t so = (size_t)(t0 + c) * ss + b;
-        const __m256i i = _mm256_sub_epi32(I[h][c], _mm256_set1_epi32(a.isum[so] * L::kOff));
-        facc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[so])), facc[h][c]);
       }
     }
   }
@@ -408,11 +396,8 @@ inline void lane2_matmul(const float* x, int T, int K, const void* Wv, int N, fl
   for (int g = 0; g < ngroups; ++g) {
 #ifndef HIPC_NOPAIR
     if (T > 1) {
-      if constexpr (L::kQuant == 256) {
+      if constexpr (L::kQuant == 256 || P == 1) {  // (Q8_0 on int16: lane2_dot16's widened bytes)
         lane2_chunks<HIPC_LANE2_PAIR_CHUNK>(T, [&](auto c, int t0) { lane2_pair<L, decltype(c)::value, P>(W, nb, g, a, t0, y, ldy, N); });
-        continue;
-      } else if constexpr (P == 1) {
-        lane2_chunks<HIPC_LANE2_PAIR_CHUNK>(T, [&](auto c, int t0) { lane2_pair8<L, decltype(c)::value>(W, nb, g, a, t0, y, ldy, N); });
         continue;
       }
     }
