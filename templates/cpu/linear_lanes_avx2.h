@@ -19,8 +19,10 @@
 // dot(u >> 4) + dot(u & 15), or with int16 activations by vpmaddwd on the bytes widened.
 // Activations as linear_lanes.h's GEMV takes them: int16 as the balanced split q = 256 * hi
 // + lo (|q| <= 32639, both planes signed bytes), or int8; I = sum(u * q) - off * sum(q).
-// Prefills run the same kernel over chunks of HIPC_LANE2_CHUNK tokens, each half-block
-// unpacked once a chunk (a group's 16 rows stay in L1 across the chunks).
+// Prefills (T > 1) take both halves at once (lane2_pair, lk2_pair: a chunk's activation
+// bytes broadcast once for 16 rows) over chunks of HIPC_LANE2_PAIR_CHUNK tokens, each block
+// unpacked once a chunk (a group's 16 rows stay in L1 across the chunks); Q8_0 on int16
+// activations keeps the one-half kernel over chunks of HIPC_LANE2_CHUNK.
 #pragma once
 
 namespace hipc {
@@ -30,8 +32,9 @@ namespace hipc {
 #define HIPC_LANE2_CHUNK 6  // tokens a half-block is unpacked for (4..8; 6 read fastest, T = 128)
 #endif
 #ifndef HIPC_LANE2_PAIR_CHUNK
-#define HIPC_LANE2_PAIR_CHUNK 8  // tokens lane2_pair's block is unpacked for
+#define HIPC_LANE2_PAIR_CHUNK 8  // tokens lane2_pair's block is unpacked for (<= 8)
 #endif
+// -DHIPC_NOPAIR: prefills on the one-half kernels too (bench_cpu_lanes_prefill.py's base)
 #ifndef HIPC_LANE2_PREFETCH
 #define HIPC_LANE2_PREFETCH 2048  // bytes ahead along a group (0: none; A/B runs)
 #endif
@@ -509,13 +512,33 @@ inline void lk2_isum16(const QAct& a, int t, int32_t* out) {
   }
 }
 
+// facc plus token t's integer sums of unit (32-block) b, i0 of its elements 0..15 and i1 of
+// 16..31, scaled: kHalves (Q6_K, Q3_K) dw / mw scale the two 16-groups, each less its offset
+// kOff16 times the group's activation sum; else dw * (i0 + i1) plus the minimum mw times s
+template <class L>
+inline __m256 lk2_scaled(__m256 facc, __m256i i0, __m256i i1, __m256 dw, __m256 mw, const QAct& a, const int32_t* is16,
+                         size_t t, int b) {
+  const size_t so = t * (size_t)a.nbp + b;
+  const __m256 dx = _mm256_set1_ps(a.d[so]);
+  if constexpr (L::kHalves) {
+    const int32_t* gs = is16 + t * (2 * a.nb) + 2 * b;
+    i0 = _mm256_sub_epi32(i0, _mm256_set1_epi32(L::kOff16 * gs[0]));
+    i1 = _mm256_sub_epi32(i1, _mm256_set1_epi32(L::kOff16 * gs[1]));
+    facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(dw, dx), facc);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(mw, dx), facc);
+  } else {
+    facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(dw, dx), facc);
+    return _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[so]), facc);
+  }
+}
+
 // Rows 8h..8h+7 of group g against tokens t0..t0+C-1
 template <class L, int C, int P>
 inline void lk2_half(const uint8_t* W, int nsb, int g, int h, const QAct& a, const int32_t* is16, int t0, float* y,
                      int ldy, int N) {
   __m256 facc[C];
   for (int c = 0; c < C; ++c) facc[c] = _mm256_setzero_ps();
-  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
+  const size_t xs = (size_t)a.nbp * 32;
   for (int s = 0; s < nsb; ++s) {
     const uint8_t* cell = lk_cell<L>(W, nsb, g, s);
 #if HIPC_LANE2_PREFETCH
@@ -529,7 +552,7 @@ inline void lk2_half(const uint8_t* W, int nsb, int g, int h, const QAct& a, con
       lk2_quants<L>(cell, j, h, w);
       const int b = 8 * s + j;
       for (int c = 0; c < C; ++c) {
-        const size_t t = (size_t)(t0 + c), so = t * ss + b;
+        const size_t t = (size_t)(t0 + c);
         __m256i i0, i1;
         lane2_dot_halves<L::kQ6 ? 2 : 4>(w, a.q + t * xs + 32 * (size_t)b, i0, i1);
         if constexpr (P == 2) {
@@ -538,17 +561,7 @@ inline void lk2_half(const uint8_t* W, int nsb, int g, int h, const QAct& a, con
           i0 = _mm256_add_epi32(_mm256_slli_epi32(i0, 8), l0);
           i1 = _mm256_add_epi32(_mm256_slli_epi32(i1, 8), l1);
         }
-        const __m256 dx = _mm256_set1_ps(a.d[so]);
-        if constexpr (L::kHalves) {  // u = q + kOff16 per 16-group
-          const int32_t* gs = is16 + t * (2 * a.nb) + 2 * b;
-          i0 = _mm256_sub_epi32(i0, _mm256_set1_epi32(L::kOff16 * gs[0]));
-          i1 = _mm256_sub_epi32(i1, _mm256_set1_epi32(L::kOff16 * gs[1]));
-          facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(dw[j], dx), facc[c]);
-          facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(mw[j], dx), facc[c]);
-        } else {
-          facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(dw[j], dx), facc[c]);
-          facc[c] = _mm256_fmadd_ps(mw[j], _mm256_set1_ps(a.s[so]), facc[c]);
-        }
+        facc[c] = lk2_scaled<L>(facc[c], i0, i1, dw[j], mw[j], a, is16, t, b);
       }
     }
   }
@@ -587,7 +600,7 @@ inline void lk2_pair(const uint8_t* W, int nsb, int g, const QAct& a, const int3
   constexpr int G = L::kQ6 ? 2 : 4;
   __m256 facc[2][C];
   for (int c = 0; c < C; ++c) facc[0][c] = facc[1][c] = _mm256_setzero_ps();
-  const size_t xs = (size_t)a.nbp * 32, ss = (size_t)a.nbp;
+  const size_t xs = (size_t)a.nbp * 32;
   for (int s = 0; s < nsb; ++s) {
     const uint8_t* cell = lk_cell<L>(W, nsb, g, s);
 #if HIPC_LANE2_PREFETCH
@@ -623,19 +636,7 @@ inline void lk2_pair(const uint8_t* W, int nsb, int g, const QAct& a, const int3
       }
       for (int h = 0; h < 2; ++h)
         for (int c = 0; c < C; ++c) {
-          const size_t t = (size_t)(t0 + c), so = t * ss + b;
-          const __m256 dx = _mm256_set1_ps(a.d[so]);
-          __m256i i0 = I[h][0][c], i1 = I[h][1][c];
-          if constexpr (L::kHalves) {  // u = q + kOff16 per 16-group
-            const int32_t* gs = is16 + t * (2 * a.nb) + 2 * b;
-            i0 = _mm256_sub_epi32(i0, _mm256_set1_epi32(L::kOff16 * gs[0]));
-            i1 = _mm256_sub_epi32(i1, _mm256_set1_epi32(L::kOff16 * gs[1]));
-            facc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(dw[h][j], dx), facc[h][c]);
-            facc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(mw[h][j], dx), facc[h][c]);
-          } else {
-            facc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(dw[h][j], dx), facc[h][c]);
-            facc[h][c] = _mm256_fmadd_ps(mw[h][j], _mm256_set1_ps(a.s[so]), facc[h][c]);
-          }
+          facc[h][c] = lk2_scaled<L>(facc[h][c], I[h][0][c], I[h][1][c], dw[h][j], mw[h][j], a, is16, t0 + c, 8 * s + j);
         }
     }
   }
