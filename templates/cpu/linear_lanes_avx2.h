@@ -19,10 +19,10 @@
 // dot(u >> 4) + dot(u & 15), or with int16 activations by vpmaddwd on the bytes widened.
 // Activations as linear_lanes.h's GEMV takes them: int16 as the balanced split q = 256 * hi
 // + lo (|q| <= 32639, both planes signed bytes), or int8; I = sum(u * q) - off * sum(q).
-// Prefills take both halves at once (lane2_pair, lk2_pair: a chunk's activation bytes
-// broadcast once for 16 rows) over chunks of 8 tokens, each block unpacked once a chunk (a
-// group's 16 rows stay in L1 across the chunks); the rest of T, decode and Q8_0 on int16
-// activations the one-half kernels over chunks of HIPC_LANE2_CHUNK.
+// Prefills (T > 1) take both halves at once (lane2_pair, lk2_pair: a chunk's activation
+// bytes broadcast once for 16 rows) over chunks of HIPC_LANE2_PAIR_CHUNK tokens, each block
+// unpacked once a chunk (a group's 16 rows stay in L1 across the chunks); Q8_0 on int16
+// activations keeps the one-half kernel over chunks of HIPC_LANE2_CHUNK.
 #pragma once
 
 namespace hipc {
@@ -31,20 +31,14 @@ namespace hipc {
 #ifndef HIPC_LANE2_CHUNK
 #define HIPC_LANE2_CHUNK 6  // tokens a half-block is unpacked for (4..8; 6 read fastest, T = 128)
 #endif
+#ifndef HIPC_LANE2_PAIR_CHUNK
+#define HIPC_LANE2_PAIR_CHUNK 8  // tokens lane2_pair's block is unpacked for (<= 8)
+#endif
+// -DHIPC_NOPAIR: prefills on the one-half kernels too (bench_cpu_lanes_prefill.py's base)
 #ifndef HIPC_LANE2_PREFETCH
 #define HIPC_LANE2_PREFETCH 2048  // bytes ahead along a group (0: none; A/B runs)
 #endif
 namespace detail {
-
-// Prefills take lane2_pair / lk2_pair over whole chunks of 8 tokens, the rest (T % 8, and
-// decode) the one-half kernels: one pair kernel a type, since the lanes entries are compiled
-// into every artifact (a pair kernel for every chunk size to 8 doubled their compile time).
-#ifdef HIPC_NOPAIR  // the one-half kernels for every T (bench_cpu_lanes_prefill.py's base)
-constexpr bool kLane2Pair = false;
-#else
-constexpr bool kLane2Pair = true;
-#endif
-constexpr int kLane2PairChunk = 8;
 
 // Every byte's bit `from` moved to bit `to` (the bits around it too: mask after). Unrolled
 // callers pass constants, so it is one immediate shift.
@@ -365,11 +359,10 @@ inline QAct lane2_quantize(const float* x, int T, int K, size_t ext_bytes = 0, i
   return a;
 }
 
-// The T tokens in chunks of up to HIPC_LANE2_CHUNK: chunk(size as a constant, t0). A switch: a
+// The T tokens in chunks of up to M <= 8: chunk(size as a constant, t0). A switch: a
 // recursive dispatch measured ~10% slower kernels (Q8_0's int16 prefill).
-template <class F>
+template <int M = HIPC_LANE2_CHUNK, class F>
 inline void lane2_chunks(int T, F chunk) {
-  constexpr int M = HIPC_LANE2_CHUNK;
   static_assert(M >= 1 && M <= 8);
   using std::integral_constant;
   for (int t0 = 0; t0 < T; t0 += M) switch (std::min(M, T - t0)) {
@@ -402,15 +395,17 @@ inline void lane2_matmul(const float* x, int T, int K, const void* Wv, int N, fl
   constexpr bool kWide = L::kQuant == 512 && P == 2;
   int16_t* x16 = kWide ? (int16_t*)scratch_f32(2, (size_t)T * nb * 16 + 16) : nullptr;
   const QAct a = lane2_quantize<P>(x, T, K, 0, x16);
-  constexpr bool kPair = kLane2Pair && (L::kQuant == 256 || P == 1);  // (Q8_0 on int16: lane2_dot16)
 #pragma omp parallel for schedule(static) if ((long long)T * N * K >= kParallelMinWork)
   for (int g = 0; g < ngroups; ++g) {
-    int t0 = 0;
-    if constexpr (kPair)
-      for (; t0 + kLane2PairChunk <= T; t0 += kLane2PairChunk) lane2_pair<L, kLane2PairChunk, P>(W, nb, g, a, t0, y, ldy, N);
-    lane2_tokens(T - t0, g, N, [&](auto c, int h, int t) {
-      lane2_half<L, decltype(c)::value, P>(W, nb, g, h, a, x16, t0 + t, y, ldy, N);
-    });
+#ifndef HIPC_NOPAIR
+    if (T > 1) {
+      if constexpr (L::kQuant == 256 || P == 1) {  // (Q8_0 on int16: lane2_dot16's widened bytes)
+        lane2_chunks<HIPC_LANE2_PAIR_CHUNK>(T, [&](auto c, int t0) { lane2_pair<L, decltype(c)::value, P>(W, nb, g, a, t0, y, ldy, N); });
+        continue;
+      }
+    }
+#endif
+    lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lane2_half<L, decltype(c)::value, P>(W, nb, g, h, a, x16, t0, y, ldy, N); });
   }
 }
 
@@ -660,12 +655,13 @@ inline void lk2_matmul(const float* x, int T, int K, const void* Wv, int N, floa
     for (int t = 0; t < T; ++t) lk2_isum16<P>(a, t, (int32_t*)a.ext + (size_t)t * (K / 16));
 #pragma omp parallel for schedule(static) if ((long long)T * N * K >= kParallelMinWork)
   for (int g = 0; g < ngroups; ++g) {
-    int t0 = 0;
-    if constexpr (kLane2Pair)
-      for (; t0 + kLane2PairChunk <= T; t0 += kLane2PairChunk) lk2_pair<L, kLane2PairChunk, P>(W, nsb, g, a, is16, t0, y, ldy, N);
-    lane2_tokens(T - t0, g, N, [&](auto c, int h, int t) {
-      lk2_half<L, decltype(c)::value, P>(W, nsb, g, h, a, is16, t0 + t, y, ldy, N);
-    });
+#ifndef HIPC_NOPAIR
+    if (T > 1) {
+      lane2_chunks<HIPC_LANE2_PAIR_CHUNK>(T, [&](auto c, int t0) { lk2_pair<L, decltype(c)::value, P>(W, nsb, g, a, is16, t0, y, ldy, N); });
+      continue;
+    }
+#endif
+    lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lk2_half<L, decltype(c)::value, P>(W, nsb, g, h, a, is16, t0, y, ldy, N); });
   }
 }
 
