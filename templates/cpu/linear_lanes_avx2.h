@@ -19,10 +19,10 @@
 // dot(u >> 4) + dot(u & 15), or with int16 activations by vpmaddwd on the bytes widened.
 // Activations as linear_lanes.h's GEMV takes them: int16 as the balanced split q = 256 * hi
 // + lo (|q| <= 32639, both planes signed bytes), or int8; I = sum(u * q) - off * sum(q).
-// Prefills (T > 1) take both halves at once (lane2_pair, lk2_pair: a chunk's activation
-// bytes broadcast once for 16 rows) over chunks of HIPC_LANE2_PAIR_CHUNK tokens, each block
-// unpacked once a chunk (a group's 16 rows stay in L1 across the chunks); Q8_0 on int16
-// activations keeps the one-half kernel over chunks of HIPC_LANE2_CHUNK.
+// Prefills take both halves at once (lane2_pair, lk2_pair: a chunk's activation bytes
+// broadcast once for 16 rows) over chunks of 8 tokens, each block unpacked once a chunk (a
+// group's 16 rows stay in L1 across the chunks); the rest of T, decode and Q8_0 on int16
+// activations the one-half kernels over chunks of HIPC_LANE2_CHUNK.
 #pragma once
 
 namespace hipc {
@@ -31,14 +31,22 @@ namespace hipc {
 #ifndef HIPC_LANE2_CHUNK
 #define HIPC_LANE2_CHUNK 6  // tokens a half-block is unpacked for (4..8; 6 read fastest, T = 128)
 #endif
-#ifndef HIPC_LANE2_PAIR_CHUNK
-#define HIPC_LANE2_PAIR_CHUNK 8  // tokens lane2_pair's block is unpacked for (<= 8)
-#endif
-// -DHIPC_NOPAIR: prefills on the one-half kernels too (bench_cpu_lanes_prefill.py's base)
 #ifndef HIPC_LANE2_PREFETCH
 #define HIPC_LANE2_PREFETCH 2048  // bytes ahead along a group (0: none; A/B runs)
 #endif
 namespace detail {
+
+// Prefills take lane2_pair / lk2_pair over whole chunks of 8 tokens, the rest (T % 8, and
+// decode) the one-half kernels: one pair kernel a type, since the lanes entries are compiled
+// into every artifact (a pair kernel for every chunk size to 8 doubled their compile time).
+// The pair kernels are always_inline: out of line (one call site left GCC that choice) the
+// 128-token SmolLM2 prefill read 11% slower.
+#ifdef HIPC_NOPAIR  // the one-half kernels for every T (bench_cpu_lanes_prefill.py's base)
+constexpr bool kLane2Pair = false;
+#else
+constexpr bool kLane2Pair = true;
+#endif
+constexpr int kLane2PairChunk = 8;
 
 // Every byte's bit `from` moved to bit `to` (the bits around it too: mask after). Unrolled
 // callers pass constants, so it is one immediate shift.
@@ -309,7 +317,7 @@ inline void lane2_pair_bytes(const LaneBlock<L>& B, const QAct& a, int t0, int b
 // broadcasts were a fifth of lane2_half's vector operations). The 4/5-bit types, and Q8_0 on
 // int8 activations.
 template <class L, int C, int P>
-inline void lane2_pair(const uint8_t* W, int nb, int g, const QAct& a, int t0, float* y, int ldy, int N) {
+__attribute__((always_inline)) inline void lane2_pair(const uint8_t* W, int nb, int g, const QAct& a, int t0, float* y, int ldy, int N) {
   static_assert(L::kQuant == 256 || P == 1);
   __m256 facc[2][C];
   for (int c = 0; c < C; ++c) facc[0][c] = facc[1][c] = _mm256_setzero_ps();
@@ -359,10 +367,11 @@ inline QAct lane2_quantize(const float* x, int T, int K, size_t ext_bytes = 0, i
   return a;
 }
 
-// The T tokens in chunks of up to M <= 8: chunk(size as a constant, t0). A switch: a
+// The T tokens in chunks of up to HIPC_LANE2_CHUNK: chunk(size as a constant, t0). A switch: a
 // recursive dispatch measured ~10% slower kernels (Q8_0's int16 prefill).
-template <int M = HIPC_LANE2_CHUNK, class F>
+template <class F>
 inline void lane2_chunks(int T, F chunk) {
+  constexpr int M = HIPC_LANE2_CHUNK;
   static_assert(M >= 1 && M <= 8);
   using std::integral_constant;
   for (int t0 = 0; t0 < T; t0 += M) switch (std::min(M, T - t0)) {
@@ -395,17 +404,15 @@ inline void lane2_matmul(const float* x, int T, int K, const void* Wv, int N, fl
   constexpr bool kWide = L::kQuant == 512 && P == 2;
   int16_t* x16 = kWide ? (int16_t*)scratch_f32(2, (size_t)T * nb * 16 + 16) : nullptr;
   const QAct a = lane2_quantize<P>(x, T, K, 0, x16);
+  constexpr bool kPair = kLane2Pair && (L::kQuant == 256 || P == 1);  // (Q8_0 on int16: lane2_dot16)
 #pragma omp parallel for schedule(static) if ((long long)T * N * K >= kParallelMinWork)
   for (int g = 0; g < ngroups; ++g) {
-#ifndef HIPC_NOPAIR
-    if (T > 1) {
-      if constexpr (L::kQuant == 256 || P == 1) {  // (Q8_0 on int16: lane2_dot16's widened bytes)
-        lane2_chunks<HIPC_LANE2_PAIR_CHUNK>(T, [&](auto c, int t0) { lane2_pair<L, decltype(c)::value, P>(W, nb, g, a, t0, y, ldy, N); });
-        continue;
-      }
-    }
-#endif
-    lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lane2_half<L, decltype(c)::value, P>(W, nb, g, h, a, x16, t0, y, ldy, N); });
+    int t0 = 0;
+    if constexpr (kPair)
+      for (; t0 + kLane2PairChunk <= T; t0 += kLane2PairChunk) lane2_pair<L, kLane2PairChunk, P>(W, nb, g, a, t0, y, ldy, N);
+    lane2_tokens(T - t0, g, N, [&](auto c, int h, int t) {
+      lane2_half<L, decltype(c)::value, P>(W, nb, g, h, a, x16, t0 + t, y, ldy, N);
+    });
   }
 }
 
@@ -595,7 +602,7 @@ inline __m256i lk2_chunk(const uint8_t* c, int j, int h, int k) {
 // chunks taken by parity (part p: chunks p, p + 2, p + 4, p + 6, the 16-group of elements
 // 16p..16p+15: kHalves' two sums), G chunks' int16 pairs added before vpmaddwd
 template <class L, int C, int P>
-inline void lk2_pair(const uint8_t* W, int nsb, int g, const QAct& a, const int32_t* is16, int t0, float* y, int ldy,
+__attribute__((always_inline)) inline void lk2_pair(const uint8_t* W, int nsb, int g, const QAct& a, const int32_t* is16, int t0, float* y, int ldy,
                      int N) {
   constexpr int G = L::kQ6 ? 2 : 4;
   __m256 facc[2][C];
@@ -655,13 +662,12 @@ inline void lk2_matmul(const float* x, int T, int K, const void* Wv, int N, floa
     for (int t = 0; t < T; ++t) lk2_isum16<P>(a, t, (int32_t*)a.ext + (size_t)t * (K / 16));
 #pragma omp parallel for schedule(static) if ((long long)T * N * K >= kParallelMinWork)
   for (int g = 0; g < ngroups; ++g) {
-#ifndef HIPC_NOPAIR
-    if (T > 1) {
-      lane2_chunks<HIPC_LANE2_PAIR_CHUNK>(T, [&](auto c, int t0) { lk2_pair<L, decltype(c)::value, P>(W, nsb, g, a, is16, t0, y, ldy, N); });
-      continue;
-    }
-#endif
-    lane2_tokens(T, g, N, [&](auto c, int h, int t0) { lk2_half<L, decltype(c)::value, P>(W, nsb, g, h, a, is16, t0, y, ldy, N); });
+    int t0 = 0;
+    if constexpr (kLane2Pair)
+      for (; t0 + kLane2PairChunk <= T; t0 += kLane2PairChunk) lk2_pair<L, kLane2PairChunk, P>(W, nsb, g, a, is16, t0, y, ldy, N);
+    lane2_tokens(T - t0, g, N, [&](auto c, int h, int t) {
+      lk2_half<L, decltype(c)::value, P>(W, nsb, g, h, a, is16, t0 + t, y, ldy, N);
+    });
   }
 }
 
