@@ -20,9 +20,8 @@
 // Activations as linear_lanes.h's GEMV takes them: int16 as the balanced split q = 256 * hi
 // + lo (|q| <= 32639, both planes signed bytes), or int8; I = sum(u * q) - off * sum(q).
 // Prefills take both halves at once (lane2_pair, lk2_pair: a chunk's activation bytes
-// broadcast once for 16 rows) over chunks of 8 tokens, each block unpacked once a chunk (a
-// group's 16 rows stay in L1 across the chunks); the rest of T, decode and Q8_0 on int16
-// activations the one-half kernels over chunks of HIPC_LANE2_CHUNK.
+// broadcast once for 16 rows, a block unpacked once a chunk of tokens; kLane2Pair says which
+// calls); the rest take one half at a time over chunks of HIPC_LANE2_CHUNK.
 #pragma once
 
 namespace hipc {
@@ -36,9 +35,10 @@ namespace hipc {
 #endif
 namespace detail {
 
-// Prefills take lane2_pair / lk2_pair over whole chunks of 8 tokens, the rest (T % 8, and
-// decode) the one-half kernels: one pair kernel a type, since the lanes entries are compiled
-// into every artifact (a pair kernel for every chunk size to 8 doubled their compile time).
+// The pair kernels take whole chunks of 8 tokens, the one-half kernels the rest (T % 8,
+// decode, Q8_0 on int16 activations): one pair kernel a type, since the lanes entries are
+// compiled into every artifact (a pair kernel for every chunk size to 8 doubled their compile
+// time).
 // The pair kernels are always_inline: out of line (one call site left GCC that choice) the
 // 128-token SmolLM2 prefill read 11% slower.
 #ifdef HIPC_NOPAIR  // the one-half kernels for every T (bench_cpu_lanes_prefill.py's base)
