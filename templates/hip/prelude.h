@@ -1510,10 +1510,15 @@ struct hipc_wave_slot<hipc_unit_q6_k> {  // ql 4 x 32, qh 2 x 32 chunks (chunk c
     }
     if (lane < HIPC_WAVE / 2 && 2 * lane < left) hipc_ring_copy(s + 6 * HIPC_WAVE + lane, m.sc(b0 + lane));
     // d: 2 bytes a block from d(b0), copied as the 4-byte words that hold them (the first
-    // from d(b0 - 1) where b0 is odd), only those holding a block of the run
+    // from d(b0 - 1) where b0 is odd), only those holding a block of the run; a word whose
+    // second half is past the matrix (its last block, of an odd count) is read plainly
     const int o = (int)(b0 & 1);
-    if (lane < 9 && 2 * lane - o < (left + 1) / 2)
-      hipc_ring_copy4((uint32_t*)(s + 6 * HIPC_WAVE + HIPC_WAVE / 2) + lane, m.d(b0 - o) + 4 * lane);
+    if (lane < 9 && 2 * lane - o < (left + 1) / 2) {
+      uint32_t* dst = (uint32_t*)(s + 6 * HIPC_WAVE + HIPC_WAVE / 2) + lane;
+      const char* src = m.d(b0 - o) + 4 * lane;
+      if (b0 - o + 2 * lane + 1 < m.blocks) hipc_ring_copy4(dst, src);
+      else *(uint16_t*)dst = *(const uint16_t*)src;
+    }
   }
   HIPC_DEVICE static void read(hipc_unit_q6_k& v, const uint4* s, int lane, size_t u) {
 #pragma unroll

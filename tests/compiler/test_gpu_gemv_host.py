@@ -221,6 +221,15 @@ CASES = {
         True,
         QuantGemv(2, 2, 1, 2, 1, 3, lds=True, lds_wave=True),
     ),
+    # 23 x 9 blocks: the matrix's last block (an odd count) ends in half of d's last word
+    "ldsw_q6_k_k2304_odd": (
+        "q6_k",
+        23,
+        2304,
+        "residual",
+        False,
+        QuantGemv(2, 1, 1, 3, 1, 2, lds=True, lds_wave=True),
+    ),
     "lds_q6_k_k14336_s3": (
         "q6_k",
         9,
