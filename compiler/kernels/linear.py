@@ -1208,6 +1208,7 @@ XQ_BLOCK_BYTES = {"int16": 80, "int8": 48}
 LDS_CHUNKS = {"q4_0": 2, "q4_k": 5, "q6_k": 8}
 # and of a wave's 32 units (prelude: hipc_wave_slot), per lane
 LDS_WAVE_CHUNKS = {"q4_k": 4.5, "q6_k": (6 * 32 + 16 + 3) / 32}
+LDS_MAX_BYTES = 227 << 10  # dynamic shared memory a block may have (NVIDIA sm_90)
 
 
 def xq_bytes(K: int, activations: str) -> int:
@@ -1597,6 +1598,11 @@ def decode_gemv(
             chunks = (LDS_WAVE_CHUNKS if lds_wave else LDS_CHUNKS)[unit["unit"]]
             slots = g.waves * g.stages * g.rows * g.unroll
             shared = ring_offset + int(slots * chunks * wave * 16)
+            if shared > LDS_MAX_BYTES:
+                raise HipcError(
+                    f"{fn}: a shared-memory ring of {g.stages} stages x {g.waves} waves x "
+                    f"{g.rows * g.unroll} units takes {shared} bytes, over {LDS_MAX_BYTES} a block"
+                )
         ctx = dict(
             nodes=nodes,
             wave=wave,

@@ -608,6 +608,10 @@ def test_table_env_replaces_entries_for_benchmarks(monkeypatch):
     assert k.ctx["lds_wave"] and k.shared == xq + 16 * 3 * (6 * 32 + 16 + 3) * 16
     k = decode_gemv("a", down_k, GpuTarget("gfx942"), ["n"], activations="int8")
     assert not k.ctx["lds"] and k.shared == linear.xq_bytes(14336, "int8")
+    # a ring over a block's shared memory: refused, naming the kernel
+    monkeypatch.setenv(linear.TABLE_ENV, "q6_k:long=16,2,1,132,1,4,8,s")
+    with pytest.raises(HipcError, match="a: a shared-memory ring of 4 stages"):
+        decode_gemv("a", replace(down_k, wtype="q6_k"), GpuTarget("sm_90"), ["n"])
     for bad in (
         "q:narrow=8,2,2,128,1,4,8,a",
         "q:narrow=8,2,2,128,1,4,8,s,s",

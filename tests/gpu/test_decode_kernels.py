@@ -186,7 +186,7 @@ STREAMED = {
     "lds_q4_k_glu_norm": QuantGemv(8, 2, 1, 9, 1, 4, 8, lds=True),
     "lds_q4_k_rows1_norm_k2304": QuantGemv(8, 1, 1, 11, 1, 5, 8, preload=2, lds=True),
     "lds_q6_k_residual_k14336": QuantGemv(16, 1, 1, 5, 1, 2, 8, lds=True),
-    "lds_q4_0_residual_k14336": QuantGemv(8, 2, 2, 7, 1, 6, 8, lds=True),
+    "lds_q4_0_residual_k14336": QuantGemv(8, 2, 2, 7, 1, 5, 8, lds=True),
     "ldsw_q4_k_residual_k14336": QuantGemv(8, 2, 1, 7, 1, 4, 8, lds=True, lds_wave=True),
     "ldsw_q4_k_glu_norm": QuantGemv(16, 2, 1, 5, 1, 2, 8, lds=True, lds_wave=True, preload=1),
     "ldsw_q6_k_residual_k14336": QuantGemv(16, 1, 1, 5, 1, 3, 8, lds=True, lds_wave=True),
