@@ -504,10 +504,16 @@ struct hipc_kv8<uint16_t> {
 };
 // the batch attention's ring: 16 bytes global -> shared, a group of them per commit, waited for
 // until at most N groups (the latest) are in flight: cp.async on NVIDIA (sm_80+), elsewhere a
-// plain copy through registers (done when issued)
+// plain copy through registers (done when issued). L1: through L1 (.ca) rather than L2 only
+// (.cg), where one lane's copies are 16-byte pieces of a sector the next copy reads again
+// (the GEMVs' per-lane slots, hipc_slot)
+template <bool L1 = false>
 HIPC_DEVICE void hipc_ring_copy(uint4* dst, const void* src) {
 #if defined(__CUDACC__)
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+  if constexpr (L1)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 #else
   *dst = *(const uint4*)src;
 #endif
@@ -1420,7 +1426,7 @@ template <>
 struct hipc_slot<hipc_unit_q4_0> {  // the quants; the scale's aligned word
   static constexpr int chunks = 2;
   HIPC_DEVICE static void copy(uint4* s, const hipc_qmat_q4_0& m, size_t u) {
-    hipc_ring_copy(s, m.qs(u));
+    hipc_ring_copy<true>(s, m.qs(u));
     hipc_ring_copy4(s + HIPC_WAVE, m.sc(u & ~(size_t)1));
   }
   HIPC_DEVICE static void read(hipc_unit_q4_0& v, const uint4* s, size_t u) {
@@ -1433,8 +1439,8 @@ struct hipc_slot<hipc_unit_q4_k> {  // the half's 64 bytes of quants; the super-
   static constexpr int chunks = 5;
   HIPC_DEVICE static void copy(uint4* s, const hipc_qmat_q4_k& m, size_t u) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) hipc_ring_copy(s + j * HIPC_WAVE, m.qs(u / 2) + 64 * (u % 2) + 16 * j);
-    hipc_ring_copy(s + 4 * HIPC_WAVE, m.f3(u / 2));
+    for (int j = 0; j < 4; ++j) hipc_ring_copy<true>(s + j * HIPC_WAVE, m.qs(u / 2) + 64 * (u % 2) + 16 * j);
+    hipc_ring_copy<true>(s + 4 * HIPC_WAVE, m.f3(u / 2));
   }
   HIPC_DEVICE static void read(hipc_unit_q4_k& v, const uint4* s, size_t u) {
 #pragma unroll
@@ -1451,10 +1457,10 @@ struct hipc_slot<hipc_unit_q6_k> {  // ql, qh of the half; the block's 16 scales
     const size_t b = u / 2;
     const char* q = m.qs(b);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) hipc_ring_copy(s + j * HIPC_WAVE, q + 64 * (u % 2) + 16 * j);
+    for (int j = 0; j < 4; ++j) hipc_ring_copy<true>(s + j * HIPC_WAVE, q + 64 * (u % 2) + 16 * j);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) hipc_ring_copy(s + (4 + j) * HIPC_WAVE, q + 128 + 32 * (u % 2) + 16 * j);
-    hipc_ring_copy(s + 6 * HIPC_WAVE, m.sc(b));
+    for (int j = 0; j < 2; ++j) hipc_ring_copy<true>(s + (4 + j) * HIPC_WAVE, q + 128 + 32 * (u % 2) + 16 * j);
+    hipc_ring_copy<true>(s + 6 * HIPC_WAVE, m.sc(b));
     hipc_ring_copy4(s + 7 * HIPC_WAVE, m.d(b & ~(size_t)1));
   }
   HIPC_DEVICE static void read(hipc_unit_q6_k& v, const uint4* s, size_t u) {
