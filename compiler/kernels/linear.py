@@ -1167,11 +1167,6 @@ class QuantGemv:
     early_res: bool = False
     # items after the ring pulled towards L2 once x's loads are issued (split layout only)
     after_prefetch: int = 0
-    # the ring in shared memory, filled by each lane's own asynchronous copies (split layout,
-    # the units of LDS_CHUNKS): no register holds a load in flight; lds_wave: a wave's units
-    # copied together in whole sectors (the units of LDS_WAVE_CHUNKS)
-    lds: bool = False
-    lds_wave: bool = False
 
 
 # Small matrices (SmolLM2's, latency-bound): 8-wave blocks of 2-row groups, two per SM (16
@@ -1204,11 +1199,6 @@ QUANT_GEMV_LARGE_DOWN = replace(QUANT_GEMV_LARGE, early_res=True)
 QUANT_GEMV_LARGE_BYTES = 4 << 20
 QUANT_GEMV_LONG_K = 1536
 XQ_BLOCK_BYTES = {"int16": 80, "int8": 48}
-# 16-byte chunks of a unit's slot in a shared-memory ring (prelude: hipc_slot)
-LDS_CHUNKS = {"q4_0": 2, "q4_k": 5, "q6_k": 8}
-# and of a wave's 32 units (prelude: hipc_wave_slot), per lane
-LDS_WAVE_CHUNKS = {"q4_k": 4.5, "q6_k": (6 * 32 + 16 + 3) / 32}
-LDS_MAX_BYTES = 227 << 10  # dynamic shared memory a block may have (NVIDIA sm_90)
 
 
 def xq_bytes(K: int, activations: str) -> int:
@@ -1480,23 +1470,22 @@ def gemv_class(wsuffix: str, N: int, K: int, glu: bool) -> tuple[str, str]:
 
 
 # HIPC_QUANT_GEMV_TABLE (compile time, for benchmarks timing geometries inside the decode
-# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,aN][,r][,l][,s|sw];..."
-# replaces those entries of QUANT_GEMV_TABLE (k64: QuantGemv.unit64; s: QuantGemv.lds; sw: and
-# lds_wave).
+# graph): "FAMILY:CLASS=waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,aN][,r][,l];..."
+# replaces those entries of QUANT_GEMV_TABLE (k64: QuantGemv.unit64).
 TABLE_ENV = "HIPC_QUANT_GEMV_TABLE"
 
 
 def parse_geometry(text: str) -> QuantGemv | None:
-    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,aN][,r][,l][,s|sw]" ->
+    """ "waves,rows,unroll,max_blocks,min_blocks,stages,xq_chunk[,k64][,pN][,aN][,r][,l]" ->
     its QuantGemv (k64: unit64; pN: preload N; aN: after_prefetch N; r: early_res; l:
-    l2_prefetch; s: lds; sw: lds and lds_wave); None when it is not that."""
+    l2_prefetch); None when it is not that."""
     fields = text.split(",")
     flags = fields[7:]
     counted = {c: [f[1:] for f in flags if f[:1] == c] for c in "pa"}
     if (
         len(fields) < 7
         or len(set(flags)) != len(flags)
-        or any(f not in ("k64", "r", "l", "s", "sw") and f[:1] not in counted for f in flags)
+        or any(f not in ("k64", "r", "l") and f[:1] not in counted for f in flags)
         or any(len(v) > 1 or not all(n.isdigit() for n in v) for v in counted.values())
     ):
         return None
@@ -1511,8 +1500,6 @@ def parse_geometry(text: str) -> QuantGemv | None:
         unit64="k64" in flags,
         early_res="r" in flags,
         l2_prefetch="l" in flags,
-        lds="s" in flags or "sw" in flags,
-        lds_wave="sw" in flags,
     )
 
 
@@ -1522,7 +1509,7 @@ def table_overrides() -> dict[tuple[str, str], QuantGemv]:
         g = parse_geometry(geometry)
         if (family, cls) not in QUANT_GEMV_TABLE or g is None:
             raise HipcError(
-                f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64][,pN][,aN][,r][,l][,s|sw])"
+                f"{TABLE_ENV}: bad entry {item!r} (FAMILY:CLASS=7 ints[,k64][,pN][,aN][,r][,l])"
             )
         out[family, cls] = g
     return out
@@ -1589,20 +1576,6 @@ def decode_gemv(
         steps = -(-(p.K // unit["unit_values"]) // wave)
         rounds = -(-(p.K // 4) // (g.waves * wave))
         blocks = stream_blocks(groups, g.waves, g.max_blocks)
-        # (cp.async: NVIDIA sm_80 and later; elsewhere the register ring of the same depth)
-        lds = g.lds and target.sm >= 80 and quant_layout == "split" and unit["unit"] in LDS_CHUNKS
-        lds_wave = lds and g.lds_wave and unit["unit"] in LDS_WAVE_CHUNKS
-        shared = xq_bytes(p.K, activations)
-        ring_offset = -(-shared // 16) * 16
-        if lds:
-            chunks = (LDS_WAVE_CHUNKS if lds_wave else LDS_CHUNKS)[unit["unit"]]
-            slots = g.waves * g.stages * g.rows * g.unroll
-            shared = ring_offset + int(slots * chunks * wave * 16)
-            if shared > LDS_MAX_BYTES:
-                raise HipcError(
-                    f"{fn}: a shared-memory ring of {g.stages} stages x {g.waves} waves x "
-                    f"{g.rows * g.unroll} units takes {shared} bytes, over {LDS_MAX_BYTES} a block"
-                )
         ctx = dict(
             nodes=nodes,
             wave=wave,
@@ -1622,15 +1595,13 @@ def decode_gemv(
             scale_bytes=QUANT_REGIONS[ws][1],
             next_prefetch=list(next_prefetch),
             early_res=g.early_res and p.epilogue == "residual",
-            lds=lds,
-            lds_wave=lds_wave,
-            ring_offset=ring_offset,
             xq_chunk=max(1, min(g.xq_chunk, rounds)),
             lo=activations == "int16",
             params=gemv_signature(p).render(GPU_INDENT),
             **{**qt.__dict__, **unit},
             **p.context(),
         )
+        shared = xq_bytes(p.K, activations)
         return GpuKernel(f"{fn}_gemv", "linear_gemv_q", ctx, [blocks], g.waves * wave, shared)
     ctx = dict(
         nodes=nodes,

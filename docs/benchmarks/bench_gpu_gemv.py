@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "docs" / "benchmarks"))
 
-from hipc.base.errors import HipcError  # noqa: E402
 from hipc.base.launch_plan import KV_BLOCK  # noqa: E402
 from hipc.compiler.kernels.attention import AttentionParams, decode_attention  # noqa: E402
 from hipc.compiler.kernels.linear import (  # noqa: E402
@@ -108,12 +107,6 @@ GEOMETRIES = {
     "bulk24x4m2": ((24, 4, 8, 2), None),
     "bulk32x6m1": ((32, 6, 16, 1), None),
     "bulk24x4m2r2": ((24, 4, 8, 2, 2), None),
-    # a ring in shared memory (QuantGemv.lds: each lane's own cp.async copies; a Q4_0 unit's
-    # slot is 32 bytes, so 196 KB a block hold 6 stages of 8 waves)
-    "w8r2u2s6L": (
-        QuantGemv(8, 2, 2, 132, 1, 6, 8, lds=True),
-        QuantGemv(8, 2, 2, 132, 1, 6, 8, lds=True),
-    ),
 }
 # the K-quants' units are 128 weights (64-96 bytes of quants): fewer of them in flight
 KQUANT_GEOMETRIES = {
@@ -151,38 +144,6 @@ KQUANT_GEOMETRIES = {
     "k16r2s3k64": (
         QuantGemv(16, 2, 1, 132, 1, 3, 8, unit64=True),
         QuantGemv(16, 2, 1, 132, 1, 3, 8, unit64=True),
-    ),
-    # rings in shared memory (QuantGemv.lds; a Q4_K unit's slot 80 bytes, Q6_K's 128): 120-200
-    # KB a block, so the K-quant rings are 3-6 units a lane deep where registers hold 1-2
-    # (a variant over the shared memory a block may have is not built for that type)
-    "k8r2s4L": (
-        QuantGemv(8, 2, 1, 132, 1, 4, 8, lds=True),
-        QuantGemv(8, 2, 1, 132, 1, 4, 8, lds=True),
-    ),
-    "k8r2s5L": (
-        QuantGemv(8, 2, 1, 132, 1, 5, 8, lds=True),
-        QuantGemv(8, 2, 1, 132, 1, 5, 8, lds=True),
-    ),
-    "k16r1s4L": (
-        QuantGemv(16, 1, 1, 132, 1, 4, 8, lds=True),
-        QuantGemv(16, 2, 1, 132, 1, 2, 8, lds=True),
-    ),
-    "k16r1s3L": (
-        QuantGemv(16, 1, 1, 132, 1, 3, 8, lds=True),
-        QuantGemv(16, 2, 1, 132, 1, 2, 8, lds=True),
-    ),
-    # and a wave's 32 units copied together in whole sectors (QuantGemv.lds_wave; Q4_K only)
-    "k8r2s4W": (
-        QuantGemv(8, 2, 1, 132, 1, 4, 8, lds=True, lds_wave=True),
-        QuantGemv(8, 2, 1, 132, 1, 4, 8, lds=True, lds_wave=True),
-    ),
-    "k16r1s3W": (
-        QuantGemv(16, 1, 1, 132, 1, 3, 8, lds=True, lds_wave=True),
-        QuantGemv(16, 2, 1, 132, 1, 2, 8, lds=True, lds_wave=True),
-    ),
-    "k8r1s6L": (
-        QuantGemv(8, 1, 1, 132, 1, 6, 8, lds=True),
-        QuantGemv(8, 2, 1, 132, 1, 3, 8, lds=True),
     ),
 }
 KQUANTS = ("q4_k", "q5_k", "q6_k", "q3_k")
@@ -286,10 +247,7 @@ def gemv_specs(arch: str, shapes: list[str], variants=None, activations=ACTIVATI
             geo = variant_geometry(g, wtype, N, K, epilogue)
             for a in activations:
                 fn = f"s{si}g{gi}{a}"
-                try:
-                    k = decode_gemv(fn, p, GpuTarget(arch), [s], geo, activations=a)
-                except HipcError:  # a shared-memory ring over a block's bytes
-                    continue
+                k = decode_gemv(fn, p, GpuTarget(arch), [s], geo, activations=a)
                 if g == "base":  # the baseline template's names (its geometry is the same)
                     k = replace(k, template="baseline", ctx={**k.ctx, "prefetch": False})
                 specs[s, g, a] = k

@@ -504,26 +504,12 @@ struct hipc_kv8<uint16_t> {
 };
 // the batch attention's ring: 16 bytes global -> shared, a group of them per commit, waited for
 // until at most N groups (the latest) are in flight: cp.async on NVIDIA (sm_80+), elsewhere a
-// plain copy through registers (done when issued). L1: through L1 (.ca) rather than L2 only
-// (.cg), where one lane's copies are 16-byte pieces of a sector the next copy reads again
-// (the GEMVs' per-lane slots, hipc_slot)
-template <bool L1 = false>
+// plain copy through registers (done when issued)
 HIPC_DEVICE void hipc_ring_copy(uint4* dst, const void* src) {
 #if defined(__CUDACC__)
-  if constexpr (L1)
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
-  else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 #else
   *dst = *(const uint4*)src;
-#endif
-}
-// 4 bytes the same way (cp.async's smallest copy)
-HIPC_DEVICE void hipc_ring_copy4(void* dst, const void* src) {
-#if defined(__CUDACC__)
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
-#else
-  *(uint32_t*)dst = *(const uint32_t*)src;
 #endif
 }
 HIPC_DEVICE void hipc_ring_commit() {
@@ -1414,127 +1400,6 @@ template <bool LO, class XP>
 HIPC_DEVICE float hipc_dot_unit(const hipc_unit_q5_k& v, XP xq, int i) {
   return hipc_dot_kquant<LO, true>(v.q, v.qh, v.sc, v.dd, v.h, xq, i);
 }
-
-// ---- lane slots: a unit's bytes in a lane's slot of a shared-memory ring ---------------
-// A slot is CHUNKS 16-byte chunks HIPC_WAVE apart (chunk c of lane l at slot[c * HIPC_WAVE]:
-// a wave's 16-byte reads of one chunk are conflict-free), copied straight from the split
-// layout's 16-byte aligned fields (hipc_ring_copy) and read back into the unit registers
-// the register kernel multiplies. hipc_slot<U>::copy issues unit u's copies, ::read fills U.
-template <class U>
-struct hipc_slot;
-template <>
-struct hipc_slot<hipc_unit_q4_0> {  // the quants; the scale's aligned word
-  static constexpr int chunks = 2;
-  HIPC_DEVICE static void copy(uint4* s, const hipc_qmat_q4_0& m, size_t u) {
-    hipc_ring_copy<true>(s, m.qs(u));
-    hipc_ring_copy4(s + HIPC_WAVE, m.sc(u & ~(size_t)1));
-  }
-  HIPC_DEVICE static void read(hipc_unit_q4_0& v, const uint4* s, size_t u) {
-    v.q = s[0];
-    v.d = (uint16_t)(s[HIPC_WAVE].x >> (16 * (u & 1)));
-  }
-};
-template <>
-struct hipc_slot<hipc_unit_q4_k> {  // the half's 64 bytes of quants; the super-block's head
-  static constexpr int chunks = 5;
-  HIPC_DEVICE static void copy(uint4* s, const hipc_qmat_q4_k& m, size_t u) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) hipc_ring_copy<true>(s + j * HIPC_WAVE, m.qs(u / 2) + 64 * (u % 2) + 16 * j);
-    hipc_ring_copy<true>(s + 4 * HIPC_WAVE, m.f3(u / 2));
-  }
-  HIPC_DEVICE static void read(hipc_unit_q4_k& v, const uint4* s, size_t u) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v.q[j] = s[j * HIPC_WAVE];
-    const uint4 h = s[4 * HIPC_WAVE];
-    v.dd = h.x, v.sc[0] = h.y, v.sc[1] = h.z, v.sc[2] = h.w;
-    v.h = (int)(u % 2);
-  }
-};
-template <>
-struct hipc_slot<hipc_unit_q6_k> {  // ql, qh of the half; the block's 16 scales; d's word
-  static constexpr int chunks = 8;
-  HIPC_DEVICE static void copy(uint4* s, const hipc_qmat_q6_k& m, size_t u) {
-    const size_t b = u / 2;
-    const char* q = m.qs(b);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) hipc_ring_copy<true>(s + j * HIPC_WAVE, q + 64 * (u % 2) + 16 * j);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) hipc_ring_copy<true>(s + (4 + j) * HIPC_WAVE, q + 128 + 32 * (u % 2) + 16 * j);
-    hipc_ring_copy<true>(s + 6 * HIPC_WAVE, m.sc(b));
-    hipc_ring_copy4(s + 7 * HIPC_WAVE, m.d(b & ~(size_t)1));
-  }
-  HIPC_DEVICE static void read(hipc_unit_q6_k& v, const uint4* s, size_t u) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v.ql[j] = s[j * HIPC_WAVE];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) v.qh[j] = s[(4 + j) * HIPC_WAVE];
-    const uint4 sc = s[6 * HIPC_WAVE];
-    v.sc[0] = u % 2 ? sc.z : sc.x, v.sc[1] = u % 2 ? sc.w : sc.y;
-    v.d = (uint16_t)(s[7 * HIPC_WAVE].x >> (16 * ((u / 2) & 1)));
-  }
-};
-
-// Wave slots: a wave's 32 consecutive units of a row copied together, each lane's copies
-// 16 contiguous bytes of the run (whole sectors: the per-lane slots' 16-byte pieces of 64-byte
-// units leave every sector half read a copy), read back by the lane whose unit it is; the
-// reads follow a __syncwarp() after the wait (other lanes' copies). `left`: the row's units
-// from w0 on (a partial batch copies only those).
-template <class U>
-struct hipc_wave_slot;
-template <>
-struct hipc_wave_slot<hipc_unit_q4_k> {  // 4 x 32 chunks of quants (chunk c of unit l at c * 32 + l), 16 heads
-  static constexpr int size = 4 * HIPC_WAVE + HIPC_WAVE / 2;  // in 16-byte chunks
-  HIPC_DEVICE static void copy(uint4* s, const hipc_qmat_q4_k& m, size_t w0, int left, int lane) {
-    const char* q = m.qs(w0 / 2);  // units w0 .. w0 + 31 are 64 bytes each from here
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int q16 = lane + HIPC_WAVE * k;  // the lane's chunk of the run: unit q16 / 4, part q16 % 4
-      if (q16 / 4 < left) hipc_ring_copy(s + (q16 % 4) * HIPC_WAVE + q16 / 4, q + 16 * q16);
-    }
-    if (lane < HIPC_WAVE / 2 && 2 * lane < left) hipc_ring_copy(s + 4 * HIPC_WAVE + lane, m.f3(w0 / 2 + lane));
-  }
-  HIPC_DEVICE static void read(hipc_unit_q4_k& v, const uint4* s, int lane, size_t u) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v.q[j] = s[j * HIPC_WAVE + lane];
-    const uint4 h = s[4 * HIPC_WAVE + lane / 2];
-    v.dd = h.x, v.sc[0] = h.y, v.sc[1] = h.z, v.sc[2] = h.w;
-    v.h = (int)(u % 2);
-  }
-};
-
-template <>
-struct hipc_wave_slot<hipc_unit_q6_k> {  // ql 4 x 32, qh 2 x 32 chunks (chunk c of unit l at c * 32 + l), 16 scale chunks, d's words
-  static constexpr int size = 6 * HIPC_WAVE + HIPC_WAVE / 2 + 3;
-  HIPC_DEVICE static void copy(uint4* s, const hipc_qmat_q6_k& m, size_t w0, int left, int lane) {
-    const size_t b0 = w0 / 2;
-    const char* q = m.qs(b0);  // blocks b0 .. b0 + 15: 192 bytes each from here
-#pragma unroll
-    for (int k = 0; k < 6; ++k) {
-      const int q16 = lane + HIPC_WAVE * k, r = q16 % 12;  // part r of block q16 / 12
-      const int l = 2 * (q16 / 12) + (r < 8 ? r / 4 : (r - 8) / 2), c = r < 8 ? r % 4 : 4 + (r - 8) % 2;
-      if (l < left) hipc_ring_copy(s + c * HIPC_WAVE + l, q + 16 * q16);
-    }
-    if (lane < HIPC_WAVE / 2 && 2 * lane < left) hipc_ring_copy(s + 6 * HIPC_WAVE + lane, m.sc(b0 + lane));
-    // d: 2 bytes a block from d(b0), copied as the 4-byte words that hold them (the first
-    // from d(b0 - 1) where b0 is odd), only those holding a block of the run; a word whose
-    // second half is past the matrix (its last block, of an odd count) is read plainly
-    const int o = (int)(b0 & 1);
-    if (lane < 9 && 2 * lane - o < (left + 1) / 2) {
-      uint32_t* dst = (uint32_t*)(s + 6 * HIPC_WAVE + HIPC_WAVE / 2) + lane;
-      const char* src = m.d(b0 - o) + 4 * lane;
-      if (b0 - o + 2 * lane + 1 < m.blocks) hipc_ring_copy4(dst, src);
-      else *(uint16_t*)dst = *(const uint16_t*)src;
-    }
-  }
-  HIPC_DEVICE static void read(hipc_unit_q6_k& v, const uint4* s, int lane, size_t u) {
-#pragma unroll
-    for (int j = 0; j < 6; ++j) (j < 4 ? v.ql[j] : v.qh[j - 4]) = s[j * HIPC_WAVE + lane];
-    const uint4 sc = s[6 * HIPC_WAVE + lane / 2];
-    v.sc[0] = u % 2 ? sc.z : sc.x, v.sc[1] = u % 2 ? sc.w : sc.y;
-    const int o = (int)(((u - lane) / 2) & 1);
-    v.d = ((const uint16_t*)(s + 6 * HIPC_WAVE + HIPC_WAVE / 2))[lane / 2 + o];
-  }
-};
 
 // ---- bulk copies into shared memory (linear_gemv_qbulk, NVIDIA sm_90) ------------------
 // One thread copies a whole tile of weights (contiguous byte ranges) into a shared-memory

@@ -15,7 +15,6 @@ tests/gpu runs the same kernels on a GPU.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import replace
 
 import host_simt
 import numpy as np
@@ -159,95 +158,6 @@ CASES = {
         QuantGemv(2, 2, 1, 2, 1, 2, 8, unit64=True),
     ),
     "q4_0_copy_k2304_glu": ("q4_0", 2 * 23, 2304, "glu", True, QuantGemv(2, 2, 2, 3, 1, 1)),
-    # the ring in shared memory (QuantGemv.lds: each lane's own asynchronous copies): a GLU
-    # pair, lanes past a short row's units, long rows, several batches a row, a partial
-    # preload, Q4_0's scale words of two blocks
-    "lds_q4_k_glu_norm_s3": (
-        "q4_k",
-        2 * 21,
-        2048,
-        "glu",
-        True,
-        QuantGemv(2, 2, 1, 2, 1, 3, lds=True),
-    ),
-    "lds_q4_k_rows1_s4": (
-        "q4_k",
-        23,
-        2304,
-        "residual",
-        False,
-        QuantGemv(2, 1, 1, 3, 1, 4, lds=True),
-    ),
-    # a wave's 32 units copied together (lds_wave): a partial last batch (K 14336: 112 units a
-    # row), a GLU pair, a row shorter than a wave (18 units)
-    "ldsw_q4_k_k14336_s3": (
-        "q4_k",
-        9,
-        14336,
-        "residual",
-        False,
-        QuantGemv(2, 2, 1, 2, 1, 3, 8, lds=True, lds_wave=True),
-    ),
-    "ldsw_q4_k_glu_norm_s4": (
-        "q4_k",
-        2 * 21,
-        2048,
-        "glu",
-        True,
-        QuantGemv(2, 2, 1, 2, 1, 4, lds=True, lds_wave=True, preload=2),
-    ),
-    "ldsw_q4_k_rows1_k2304": (
-        "q4_k",
-        23,
-        2304,
-        "none",
-        True,
-        QuantGemv(2, 1, 1, 3, 1, 2, lds=True, lds_wave=True),
-    ),
-    "ldsw_q6_k_k14336_s2": (
-        "q6_k",
-        9,
-        14336,
-        "residual",
-        False,
-        QuantGemv(2, 2, 1, 2, 1, 2, 8, lds=True, lds_wave=True),
-    ),
-    # K 2304: 9 blocks a row, so odd rows start on an odd block (d's words shifted)
-    "ldsw_q6_k_k2304_glu": (
-        "q6_k",
-        2 * 21,
-        2304,
-        "glu",
-        True,
-        QuantGemv(2, 2, 1, 2, 1, 3, lds=True, lds_wave=True),
-    ),
-    # 23 x 9 blocks: the matrix's last block (an odd count) ends in half of d's last word
-    "ldsw_q6_k_k2304_odd": (
-        "q6_k",
-        23,
-        2304,
-        "residual",
-        False,
-        QuantGemv(2, 1, 1, 3, 1, 2, lds=True, lds_wave=True),
-    ),
-    "lds_q6_k_k14336_s3": (
-        "q6_k",
-        9,
-        14336,
-        "residual",
-        False,
-        QuantGemv(2, 2, 1, 2, 1, 3, 8, lds=True),
-    ),
-    "lds_q6_k_norm_s2": ("q6_k", 21, 2048, "none", True, QuantGemv(2, 1, 1, 3, 1, 2, lds=True)),
-    "lds_q4_0_u2_s4": ("q4_0", 45, 4096, "residual", False, QuantGemv(2, 2, 2, 3, 1, 4, lds=True)),
-    "lds_q4_0_glu_p1": (
-        "q4_0",
-        2 * 23,
-        2304,
-        "glu",
-        True,
-        QuantGemv(2, 2, 1, 3, 1, 3, preload=1, lds=True),
-    ),
     # the bulk-copy GEMV (linear_gemv_qbulk): tiles through a ring of shared-memory stages,
     # several turns of the ring per block, the last tile partial (rows past the end); tiles
     # of fewer outputs than waves split each output's units over 2-4 waves
@@ -350,11 +260,8 @@ def lib(request, tmp_path_factory):
 
 
 # the register kernels again with the blocks in GGUF's order (an artifact that also holds the
-# cpu target): narrow loads of the same fields (the bulk-copy GEMV and the shared-memory rings
-# need the split layout)
-GGUF_CASES = {
-    n: c for n, c in CASES.items() if not isinstance(c[5], QuantGemvBulk) and not c[5].lds
-}
+# cpu target): narrow loads of the same fields (the bulk-copy GEMV needs the split layout)
+GGUF_CASES = {n: c for n, c in CASES.items() if not isinstance(c[5], QuantGemvBulk)}
 
 
 @pytest.fixture(scope="module")
@@ -589,32 +496,8 @@ def test_table_env_replaces_entries_for_benchmarks(monkeypatch):
     for target in ("sm_90", "gfx942"):
         k = decode_gemv("a", down, GpuTarget(target), ["n"], activations="int8")
         assert k.shared == linear.xq_bytes(14336, "int8")
-    # s / sw: the ring in shared memory (per-lane slots / a wave's units), on NVIDIA sm_80+
-    # past x's staged planes; elsewhere the register ring
-    monkeypatch.setenv(
-        linear.TABLE_ENV, "q4_k:long=8,2,1,132,1,4,8,s;q6_k:long=16,1,1,132,1,3,8,sw,r"
-    )
-    assert linear.quant_gemv("q4_k", 4096, 14336) == QuantGemv(8, 2, 1, 132, 1, 4, 8, lds=True)
-    assert linear.quant_gemv("q6_k", 4096, 14336) == QuantGemv(
-        16, 1, 1, 132, 1, 3, 8, early_res=True, lds=True, lds_wave=True
-    )
-    down_k = LinearParams("q4_k", 4096, 14336, 0.0, "residual", bias=False)
-    xq = -(-linear.xq_bytes(14336, "int8") // 16) * 16
-    k = decode_gemv("a", down_k, GpuTarget("sm_90"), ["n"], activations="int8")
-    assert k.ctx["lds"] and k.shared == xq + 8 * 4 * 2 * 5 * 32 * 16
-    k = decode_gemv(
-        "a", replace(down_k, wtype="q6_k"), GpuTarget("sm_90"), ["n"], activations="int8"
-    )
-    assert k.ctx["lds_wave"] and k.shared == xq + 16 * 3 * (6 * 32 + 16 + 3) * 16
-    k = decode_gemv("a", down_k, GpuTarget("gfx942"), ["n"], activations="int8")
-    assert not k.ctx["lds"] and k.shared == linear.xq_bytes(14336, "int8")
-    # a ring over a block's shared memory: refused, naming the kernel
-    monkeypatch.setenv(linear.TABLE_ENV, "q6_k:long=16,2,1,132,1,4,8,s")
-    with pytest.raises(HipcError, match="a: a shared-memory ring of 4 stages"):
-        decode_gemv("a", replace(down_k, wtype="q6_k"), GpuTarget("sm_90"), ["n"])
     for bad in (
         "q:narrow=8,2,2,128,1,4,8,a",
-        "q:narrow=8,2,2,128,1,4,8,s,s",
         "q:narrow=8,2,2,128,1,4,8,a1,a2",
         "q:narrow=8,2,2",
         "q:wide=8,2,2,128,1,4,8",

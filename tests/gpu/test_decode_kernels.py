@@ -134,15 +134,6 @@ GEMVS = {
     "q6_k_default_long_k14336": ("q6_k", 600, 14336, "residual", False, False),
     # and for an o projection's (QUANT_GEMV_K64 too: "narrow", N <= K)
     "q4_k_default_narrow_k4096": ("q4_k", 2000, 4096, "residual", False, False),
-    # rings in shared memory filled by each lane's own asynchronous copies (QuantGemv.lds)
-    "lds_q4_k_glu_norm": ("q4_k", 2 * 300, 4096, "glu", True, False),
-    "lds_q4_k_rows1_norm_k2304": ("q4_k", 201, 2304, "none", True, False),
-    "lds_q6_k_residual_k14336": ("q6_k", 300, 14336, "residual", False, False),
-    "lds_q4_0_residual_k14336": ("q4_0", 300, 14336, "residual", False, False),
-    "ldsw_q4_k_residual_k14336": ("q4_k", 300, 14336, "residual", False, False),
-    "ldsw_q4_k_glu_norm": ("q4_k", 2 * 300, 4096, "glu", True, False),
-    "ldsw_q6_k_residual_k14336": ("q6_k", 300, 14336, "residual", False, False),
-    "ldsw_q6_k_norm_k2304": ("q6_k", 301, 2304, "none", True, False),
 }
 # geometries other than the default: few blocks, so each wave streams many groups of rows
 STREAMED = {
@@ -183,14 +174,6 @@ STREAMED = {
     "q4_k_copy_l2_glu_norm": QuantGemv(8, 4, 1, 8, 1, 1, l2_prefetch=True),
     "q6_k_ring_l2_residual_k14336": QuantGemv(8, 2, 1, 9, 1, 3, 8, l2_prefetch=True),
     "q6_k64_w16_ring_norm": QuantGemv(16, 2, 1, 3, 1, 2, 8, unit64=True),
-    "lds_q4_k_glu_norm": QuantGemv(8, 2, 1, 9, 1, 4, 8, lds=True),
-    "lds_q4_k_rows1_norm_k2304": QuantGemv(8, 1, 1, 11, 1, 5, 8, preload=2, lds=True),
-    "lds_q6_k_residual_k14336": QuantGemv(16, 1, 1, 5, 1, 2, 8, lds=True),
-    "lds_q4_0_residual_k14336": QuantGemv(8, 2, 2, 7, 1, 5, 8, lds=True),
-    "ldsw_q4_k_residual_k14336": QuantGemv(8, 2, 1, 7, 1, 4, 8, lds=True, lds_wave=True),
-    "ldsw_q4_k_glu_norm": QuantGemv(16, 2, 1, 5, 1, 2, 8, lds=True, lds_wave=True, preload=1),
-    "ldsw_q6_k_residual_k14336": QuantGemv(16, 1, 1, 5, 1, 3, 8, lds=True, lds_wave=True),
-    "ldsw_q6_k_norm_k2304": QuantGemv(8, 2, 1, 9, 1, 4, 8, lds=True, lds_wave=True),
 }
 QUANT = tuple(QUANT_TYPES)
 
@@ -206,17 +189,12 @@ def bulk(name: str) -> bool:
     return isinstance(STREAMED.get(name), QuantGemvBulk)
 
 
-def split_only(name: str) -> bool:
-    """A kernel that copies the split layout's regions (bulk copies, shared-memory rings)."""
-    return bulk(name) or getattr(STREAMED.get(name), "lds", False)
-
-
 def gemv_specs(arch: str, layout: str = "split") -> dict:
     """Every GEMV case, and each quantized one again with --activations int8 (the bulk-copy
     ones in the split layout only: they copy its regions)."""
     specs = {}
     for i, (name, case) in enumerate(GEMVS.items()):
-        if split_only(name) and layout != "split":
+        if bulk(name) and layout != "split":
             continue
         specs[name] = decode_gemv(
             f"g{i}", gemv_params(case), GpuTarget(arch), [name], STREAMED.get(name)
@@ -298,8 +276,8 @@ def run_gemv(gemvs, name, activations):
 @pytest.mark.parametrize("name", sorted(GEMVS))
 def test_gemv_matches_numpy(gemvs, name):
     wtype = GEMVS[name][0]
-    if gemvs.layout != "split" and (wtype not in QUANT or split_only(name)):
-        pytest.skip("the layout is that of quantized blocks (bulk copies, rings: split only)")
+    if gemvs.layout != "split" and (wtype not in QUANT or bulk(name)):
+        pytest.skip("the layout is that of quantized blocks (bulk copies: split only)")
     got, want = run_gemv(gemvs, name, "int16")
     # quantized: against x as held in int8 hi + lo planes (~16 significant bits; the planes'
     # rounding itself: tests/compiler/test_gpu_prelude_host.py). A bar on x itself failed
@@ -312,8 +290,8 @@ def test_gemv_matches_numpy(gemvs, name):
 def test_gemv_int8_activations_match_numpy(gemvs, name):
     """--activations int8: against float64 NumPy on x rounded as the kernel holds it (one
     int8 plane per 32 values), so only the kernel's own arithmetic is in the bound."""
-    if gemvs.layout != "split" and split_only(name):
-        pytest.skip("bulk copies and shared-memory rings read the split layout only")
+    if gemvs.layout != "split" and bulk(name):
+        pytest.skip("bulk copies read the split layout only")
     got, want = run_gemv(gemvs, name, "int8")
     assert rel_err(got, want) <= 1e-4, (name, rel_err(got, want))
 
