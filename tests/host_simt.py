@@ -1,6 +1,6 @@
 """Running GPU kernels' source on the host (HIPC_HOST_SIMT): the prelude, a harness that runs
-each block's threads in step as host threads (barriers and shuffles through a sleeping
-barrier, the grid's blocks one after another), and the tests' code, built as one shared
+each block's threads in step as fibers on one host thread (barriers and shuffles switch to the
+next, the grid's blocks one after another), and the tests' code, built as one shared
 library. The tests under tests/compiler/test_gpu_*_host.py check kernels this way on a
 machine with no GPU.
 """
@@ -19,30 +19,46 @@ from hipc.compiler.codegen.environment import template_text
 CXX = shutil.which("g++") or shutil.which("clang++")
 
 HARNESS = """
-#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
-#include <mutex>
-#include <thread>
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <vector>
-// a barrier that sleeps (std::barrier spins: hundreds of spinning threads on a few cores)
+// A block's threads are fibers on one host thread, resumed in turn by grid3's scheduler: a
+// barrier or shuffle is a few context switches, where as OS threads it was a futex wake-up
+// per thread (hundreds of threads on a few cores; minutes for a kernel with many shuffles).
+// Each pass resumes the waiting fibers in the opposite order of the last, so a read that a
+// barrier should have ordered after another thread's write sees it unwritten in one of them.
+static int t_id;  // the running fiber's thread index (set by the scheduler)
+static ucontext_t g_sched;
+static std::vector<ucontext_t> g_fiber;
+static bool g_progress;  // a barrier arrival or release, or a fiber's end, this pass
+constexpr size_t FIBER_STACK = 256 << 10;
+static char* fiber_stack(int t) {  // one lazily committed stack per thread index, kept
+  static std::vector<char*> stacks;
+  while ((int)stacks.size() <= t) {
+    void* m = mmap(nullptr, FIBER_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) { perror("host_simt: mmap"); abort(); }
+    stacks.push_back((char*)m);
+  }
+  return stacks[t];
+}
+static void yield_fiber() { swapcontext(&g_fiber[t_id], &g_sched); }
 struct Barrier {
   explicit Barrier(int n) : n(n) {}
   void arrive_and_wait() {
-    std::unique_lock<std::mutex> lock(m);
     const unsigned gen = generation;
+    g_progress = true;
     if (++count == n) {
       count = 0, ++generation;
-      cv.notify_all();
-    } else {
-      cv.wait(lock, [&] { return generation != gen; });
+      return;
     }
+    while (generation == gen) yield_fiber();
   }
   int n, count = 0;
   unsigned generation = 0;
-  std::mutex m;
-  std::condition_variable cv;
 };
-static thread_local int t_id;
 static int g_dim, g_bx, g_by, g_bz, g_gx;
 static Barrier* g_bar;  // the block's (hipc_sync)
 static std::vector<Barrier*> g_wbar;  // each wave's (shuffles: waves may run apart)
@@ -79,9 +95,20 @@ void hipc_host_wave_gather(const uint32_t* mine, int n, uint32_t* all) {
   w->arrive_and_wait();
 }
 float hipc_shfl(float v, int lane) { return exchange(v, t_id / HIPC_WAVE * HIPC_WAVE + lane); }
+static void (*g_body)(void*);
+static void* g_kernel;
+static std::vector<char> g_done;
+static void fiber_main() {
+  g_body(g_kernel);
+  g_done[t_id] = 1;
+  g_progress = true;
+}  // returns to uc_link: the scheduler
 // `shared` bytes of dynamic shared memory per block, all ones (NaN in bf16 and float32) to start
 template <class F>
 void grid3(int gx, int gy, int gz, int threads, F kernel, size_t shared = 0) {
+  g_kernel = &kernel;
+  g_body = [](void* k) { (*(F*)k)(); };
+  g_fiber.resize(threads);
   for (int bz = 0; bz < gz; ++bz)
   for (int by = 0; by < gy; ++by)
     for (int bx = 0; bx < gx; ++bx) {
@@ -94,9 +121,28 @@ void grid3(int gx, int gy, int gz, int threads, F kernel, size_t shared = 0) {
         g_wbar.push_back(waves.back().get());
       }
       g_bar = &bar, g_dim = threads, g_bx = bx, g_by = by, g_bz = bz, g_gx = gx;
-      std::vector<std::thread> ts;
-      for (int t = 0; t < threads; ++t) ts.emplace_back([=] { t_id = t; kernel(); });
-      for (auto& th : ts) th.join();
+      g_done.assign(threads, 0);
+      for (int t = 0; t < threads; ++t) {
+        getcontext(&g_fiber[t]);
+        g_fiber[t].uc_stack.ss_sp = fiber_stack(t);
+        g_fiber[t].uc_stack.ss_size = FIBER_STACK;
+        g_fiber[t].uc_link = &g_sched;
+        makecontext(&g_fiber[t], fiber_main, 0);
+      }
+      for (int left = threads, pass = 0; left; ++pass) {
+        g_progress = false;
+        for (int i = 0; i < threads; ++i) {
+          const int t = pass % 2 ? threads - 1 - i : i;
+          if (g_done[t]) continue;
+          t_id = t;
+          swapcontext(&g_sched, &g_fiber[t]);
+          left -= g_done[t];
+        }
+        if (!g_progress && left) {
+          fprintf(stderr, "host_simt: block (%d, %d, %d): %d threads wait at barriers the others never reach\\n", bx, by, bz, left);
+          abort();
+        }
+      }
     }
 }
 template <class F>
