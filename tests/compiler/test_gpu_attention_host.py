@@ -1,7 +1,7 @@
 """The decode attention kernel (templates/hip/attention_decode.hip.j2), and prefill's rope_kv
 and SIMT attention kernels (rope_kv.hip.j2, attention.hip.j2), run on the host: the
 rendered kernels compiled by a plain C++ compiler with HIPC_HOST_SIMT, each block's threads
-run in step as host threads (shuffles and barriers through a sleeping barrier), the blocks of
+run in step as fibers of one host thread (tests/host_simt.py), the blocks of
 the grid one after another (any order is one the GPU may take), against NumPy in float64.
 tests/gpu runs the same kernel on a GPU; this checks its indexing and merging on a machine
 with none. The caches are paged pools: the sequence's blocks are scattered over a larger pool

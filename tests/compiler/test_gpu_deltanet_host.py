@@ -1,7 +1,7 @@
 """The GPU Gated DeltaNet kernel (templates/hip/deltanet.hip.j2) run on the host: rendered as
 compiler/kernels/deltanet.py renders it, compiled by a plain C++ compiler with HIPC_HOST_SIMT,
-each block's threads run in step as host threads (test_gpu_attention_host.py's harness:
-shuffles and barriers through sleeping barriers), the key-head blocks one after another.
+each block's threads run in step as fibers of one host thread (tests/host_simt.py), the
+key-head blocks one after another.
 The cases and their NumPy check are tests/deltanet_cases.py's, which tests/gpu runs on a
 device: grouped and tiled value heads, odd head counts, Qwen3-Next's packing, 1, 2 and 4
 lanes per state column, for a wave of 32 and of 64.
