@@ -15,7 +15,8 @@ the rows adding one piece each:
   logits in the graph   the same with the logits copy captured into the graph
   backend, view         GpuBackend.submit + collect(copy=False)
   backend, copy         GpuBackend.forward (a copy of the row out of the pinned buffer)
-  engine forward        CompiledEngine.forward([token], position): bench_gpu.py's loop
+  engine forward        CompiledEngine.forward([token], position)
+  engine forward, view  the same with copy=False: bench_gpu.py's decode loop
   engine argmax         submit(argmax=True) + collect_argmax: hipc generate's greedy step
   row copy alone        one row of logits copied out of the pinned buffer
 """
@@ -117,6 +118,7 @@ def main() -> None:
         ("backend, view", per_step_us(view, n)),
         ("backend, copy", per_step_us(lambda: b.forward(one, pos, False), n)),
         ("engine forward", per_step_us(lambda: eng.forward([5], pos), n)),
+        ("engine forward, view", per_step_us(lambda: eng.forward([5], pos, copy=False), n)),
         ("engine argmax", per_step_us(argmax, n)),
         ("row copy alone", per_step_us(lambda: b._logits_host[0:1].copy(), n)),
     ]
