@@ -32,6 +32,17 @@ if TYPE_CHECKING:
 
 TOPK_KERNEL = "hipc_topk"
 TOPK_BLOCK = 1024  # threads per row: the row is read ~6 times (max, sum, selection passes)
+# k = 1 (greedy) on several blocks a row (hipc_topk_greedy): each thread GREEDY_PER_THREAD
+# values at most, each block GREEDY_BLOCK threads, so a 128k vocabulary is 63 blocks
+GREEDY_BLOCK = 256
+GREEDY_PER_THREAD = 8
+
+
+def greedy_geometry(vocab: int) -> tuple[int, int]:
+    """(blocks a row, values a thread at most) of the greedy kernel: as many blocks as
+    GREEDY_PER_THREAD values a thread needs, at most one per thread of the merging block."""
+    per_thread = max(GREEDY_PER_THREAD, -(-vocab // (GREEDY_BLOCK * GREEDY_BLOCK)))
+    return -(-vocab // (GREEDY_BLOCK * per_thread)), per_thread
 
 
 @dataclass
@@ -178,8 +189,14 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
     for k in c.kernels:
         k.kind.gpu(k, binder, g)
     # every program's row top-k (GpuBackend.step_top): rows x k values copied back, not logits
+    greedy_blocks, per_thread = greedy_geometry(c.model.config.vocab_size)
     g.kernels[TOPK_KERNEL] = render(
-        "hip/topk.hip.j2", fn=TOPK_KERNEL, wave=gpu.wave, max_k=TOPK_MAX
+        "hip/topk.hip.j2",
+        fn=TOPK_KERNEL,
+        wave=gpu.wave,
+        max_k=TOPK_MAX,
+        greedy_block=GREEDY_BLOCK,
+        greedy_per_thread=per_thread,
     )
     source = program_source(
         c.model.name, HIPC_VERSION, gpu.arch, list(g.kernels.values()), c.options.quant_layout
@@ -190,7 +207,16 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
         "scratch_bytes": g.scratch_bytes,
         "kv_block": KV_BLOCK,
         "steps": g.steps,
-        "topk": {"kernel": TOPK_KERNEL, "block": TOPK_BLOCK, "max_k": TOPK_MAX},
+        "topk": {
+            "kernel": TOPK_KERNEL,
+            "block": TOPK_BLOCK,
+            "max_k": TOPK_MAX,
+            "greedy": {
+                "kernel": f"{TOPK_KERNEL}_greedy",
+                "block": GREEDY_BLOCK,
+                "blocks": greedy_blocks,
+            },
+        },
     }
     return HipProgram(source, plan)
 

@@ -198,6 +198,7 @@ class DeviceMemory:
     tables: int
     logits: int
     top: int = 0  # step_top's values, ids and row stats
+    picks: int = 0  # the greedy top-1's partials (4 words a block) and counters, per row
 
     @property
     def total(self) -> int:
@@ -211,6 +212,7 @@ class DeviceMemory:
             + self.tables
             + self.logits
             + self.top
+            + self.picks
         )
 
 
@@ -255,7 +257,13 @@ def device_memory(
         tables=4 * table_rows(gpu) * kv_table,
         logits=4 * gpu.max_tokens * gpu.vocab,
         top=4 * gpu.max_tokens * (2 * TOPK_MAX + 2) if gpu.topk else 0,
+        picks=4 * gpu.max_tokens * (4 * greedy["blocks"] + 1) if (greedy := _greedy(gpu)) else 0,
     )
+
+
+def _greedy(gpu: TargetPlan) -> dict[str, Any] | None:
+    """The plan's greedy top-1 kernel (topk's "greedy": kernel, block, blocks a row), if any."""
+    return (gpu.topk or {}).get("greedy")
 
 
 def fit_positions(
@@ -467,6 +475,9 @@ class GpuBackend:
         # step_top's results, [MT, k] values, [MT, k] ids, [MT, 2] row stats at the row
         # stride of the step's k (packed, so one copy each brings them back)
         self._top_base = alloc("the top-k buffer", mem.top)
+        # the greedy top-1's partials, [MT, blocks, 4] words, then a counter per row (zero
+        # between launches: the last block of a row resets it)
+        self._picks_base = alloc("the greedy pick's partials", mem.picks)
         # host staging in two slots, alternating by step, where a step may be queued ahead of
         # the one running (the host fills one slot while the device may still read the other);
         # one slot otherwise
@@ -508,6 +519,8 @@ class GpuBackend:
                 d.memset0(r_base, mem.recurrent)
             if mem.scratch:
                 d.memset0(self.bases.scratch, mem.scratch)  # the decode attention's counters
+            if mem.picks:
+                d.memset0(self._picks_base, mem.picks)
             self._upload(weights, self.bases.weights)
             d.h2d(self.bases.blocks, self._tables_host.ctypes.data, self._tables_host.nbytes)
             d.synchronize()
@@ -551,6 +564,8 @@ class GpuBackend:
             shared[launch.kernel] = max(shared.get(launch.kernel, 0), launch.shared)
         if self.gpu.topk:
             shared.setdefault(self.gpu.topk["kernel"], 0)
+        if greedy := _greedy(self.gpu):
+            shared.setdefault(greedy["kernel"], 0)
         functions = {}
         for kernel, nbytes in shared.items():
             try:
@@ -1096,21 +1111,30 @@ class GpuBackend:
         self._queued += 1
 
     def _queue_top(self, runs: list[tuple[int, int, int]], k: int) -> None:
-        """The top-k kernel over each run of wanted logits rows (one block per row), then
-        the packed values, ids and row stats copied back."""
+        """The top-k kernel over each run of wanted logits rows (one block per row; k = 1:
+        the greedy kernel's blocks a row, where the plan has it), then the packed values, ids
+        and row stats copied back."""
         spec = self.gpu.topk
-        fn = self._functions[spec["kernel"]]
+        greedy = _greedy(self.gpu) if k == 1 else None
         n_all = sum(n for _, _, n in runs)
         vals, ids = self._top_base, self._top_base + 4 * self.max_tokens * k
         stats = ids + 4 * self.max_tokens * k
         for at, to, n in runs:
-            args = PackedArgs([("u64", self.bases.logits + 4 * at * self.vocab),
-                               ("i32", self.vocab), ("i32", k), ("u64", vals + 4 * to * k),
-                               ("u64", ids + 4 * to * k), ("u64", stats + 8 * to)])  # fmt: skip
+            out = [("u64", self.bases.logits + 4 * at * self.vocab), ("i32", self.vocab)]
+            out += [] if greedy else [("i32", k)]
+            out += [("u64", vals + 4 * to * k), ("u64", ids + 4 * to * k), ("u64", stats + 8 * to)]
+            if greedy:
+                G = int(greedy["blocks"])
+                counters = self._picks_base + 16 * self.max_tokens * G
+                out += [("u64", self._picks_base + 16 * G * to), ("u64", counters + 4 * to)]
+                kernel, grid, block = greedy["kernel"], (G, n, 1), int(greedy["block"])
+            else:
+                kernel, grid, block = spec["kernel"], (n, 1, 1), int(spec["block"])
+            args = PackedArgs(out)
             try:
-                self._driver.launch(fn, (n, 1, 1), (int(spec["block"]), 1, 1), 0, args.address)
+                self._driver.launch(self._functions[kernel], grid, (block, 1, 1), 0, args.address)
             except DriverError as e:
-                raise HipcError(f"{spec['kernel']}: launch failed: {e}") from None
+                raise HipcError(f"{kernel}: launch failed: {e}") from None
         host = self._top_host.ctypes.data
         d = self._driver
         d.d2h(host, vals, 4 * n_all * k)

@@ -335,9 +335,15 @@ def test_amd_prefill_attention_and_gemm_on_matrix_instructions(amd_artifact, tar
 
 
 def launched_kernels(artifact, target):
+    """The kernels the plan launches: its steps', the row top-k and its greedy kernel."""
     plan = json.loads((artifact / "plan.json").read_text())
-    steps = plan["targets"][target]["steps"]
-    return {launch["kernel"] for launch in steps["decode"] + steps["prefill"]}
+    sec = plan["targets"][target]
+    topk = sec["topk"]
+    steps = sec["steps"]
+    return {launch["kernel"] for launch in steps["decode"] + steps["prefill"]} | {
+        topk["kernel"],
+        topk["greedy"]["kernel"],
+    }
 
 
 def test_nvidia_fatbin_holds_every_kernel(artifact):

@@ -18,14 +18,26 @@ from hipc.compiler.codegen.environment import render
 from hipc.runtime.topk import top_of_logits
 
 THREADS = 128  # the kernel takes any multiple of the wave (1024 on devices)
+GREEDY_THREADS, GREEDY_PER_THREAD = 64, 3  # (256 and 8+ on devices: codegen's greedy_geometry)
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    code = render("hip/topk.hip.j2", fn="topk", wave=32, max_k=TOPK_MAX) + (
+    code = render(
+        "hip/topk.hip.j2",
+        fn="topk",
+        wave=32,
+        max_k=TOPK_MAX,
+        greedy_block=GREEDY_THREADS,
+        greedy_per_thread=GREEDY_PER_THREAD,
+    ) + (
         'extern "C" void run(const float* l, int rows, int vocab, int k, float* v, int* i, '
         "float* s) {\n"
-        f"  grid(rows, 1, {THREADS}, [=] {{ topk(l, vocab, k, v, i, s); }});\n}}"
+        f"  grid(rows, 1, {THREADS}, [=] {{ topk(l, vocab, k, v, i, s); }});\n}}\n"
+        'extern "C" void run_greedy(const float* l, int rows, int vocab, int blocks, float* v, '
+        "int* i, float* s, float* parts, unsigned* counters) {\n"
+        f"  grid(blocks, rows, {GREEDY_THREADS}, "
+        "[=] { topk_greedy(l, vocab, v, i, s, parts, counters); });\n}"
     )
     return host_simt.build(tmp_path_factory.mktemp("topk"), "topk_host", code, 32)
 
@@ -69,3 +81,35 @@ def test_row_top_k_on_the_host(lib, rows, vocab, k):
     np.testing.assert_array_equal(host.ids, ids)
     np.testing.assert_array_equal(host.logits, vals)
     np.testing.assert_allclose(host.logsumexp, m + np.log(s), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("rows", "vocab", "blocks"),
+    # a block's slice: up to the 192 values a block holds; 6 blocks of 2 for 10 values leave
+    # the last empty; 3 blocks on 40: a slice of the masked half all -inf
+    [(4, 1000, 6), (3, 777, 5), (3, 10, 6), (3, 40, 3), (3, 192, 1)],
+)
+def test_greedy_pick_on_blocks_of_a_row_on_the_host(lib, rows, vocab, blocks):
+    """The greedy kernel writes what the row top-k writes for k = 1 (ties: the lower id),
+    its row stats merged over the blocks' slices, and leaves the counters at zero."""
+    assert -(-vocab // blocks) <= GREEDY_THREADS * GREEDY_PER_THREAD
+    rng = np.random.default_rng(vocab + blocks)
+    first = _rows(rng, rows, vocab)
+    ptr = ctypes.c_void_p
+    counters = np.zeros(rows, np.uint32)
+    parts = np.full(rows * blocks * 4, np.nan, np.float32)
+    for x in (first, first[::-1].copy()):  # twice: the counters the first launch left serve again
+        vals = np.full(rows, np.nan, np.float32)
+        ids = np.full(rows, -7, np.int32)
+        stats = np.full((rows, 2), np.nan, np.float32)
+        lib.run_greedy(x.ctypes.data_as(ptr), rows, vocab, blocks, vals.ctypes.data_as(ptr),
+                       ids.ctypes.data_as(ptr), stats.ctypes.data_as(ptr),
+                       parts.ctypes.data_as(ptr), counters.ctypes.data_as(ptr))  # fmt: skip
+        want_v, want_i = _sorted(x, 1)
+        np.testing.assert_array_equal(ids, want_i[:, 0])
+        np.testing.assert_array_equal(vals, want_v[:, 0])
+        m = x.max(axis=1)
+        np.testing.assert_array_equal(stats[:, 0], m)
+        s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
+        np.testing.assert_allclose(stats[:, 1], s, rtol=1e-5)
+        assert not counters.any()

@@ -11,7 +11,8 @@ is off by O(1), x rounded differently by ~3e-3.
 
 The row top-k (templates/hip/topk.hip.j2) at the Llama-3 vocabulary, 64 rows (with ties at
 the top, values on a coarse grid, masked rows), k 1, 40 and 64, against an argsort by value
-then id; its row max and sum of exp against NumPy.
+then id; its row max and sum of exp against NumPy; and the greedy kernel (k = 1 on several
+blocks a row, the last of a row's blocks merging them) on the same rows.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 from hipc.base.launch_plan import TOPK_MAX
-from hipc.compiler.codegen.hip import TOPK_BLOCK, TOPK_KERNEL
+from hipc.compiler.codegen.hip import GREEDY_BLOCK, TOPK_BLOCK, TOPK_KERNEL, greedy_geometry
 from hipc.compiler.kernels.linear import (
     GEMVM_DEFAULT,
     GEMVM_MEASURED,
@@ -39,6 +40,7 @@ from support import rel_err
 
 pytestmark = pytest.mark.gpu
 EPS = 1e-5
+VOCAB = 128256  # the row top-k cases: Llama-3's vocabulary
 # name: (T rows, n tiles, N weight rows, K, epilogue, norm prologue, bias)
 CASES = {
     "glu_norm_t3_k4096": (3, 1, 2 * 1000, 4096, "glu", True, False),
@@ -105,7 +107,10 @@ def kernel_specs(arch: str, specs: dict) -> list:
     """The module's kernels for `arch` (also what docs/benchmarks/*_check.sh prebuild), the
     batch GEMVs by case name into `specs`."""
     target = GpuTarget(arch)
-    out = [(TOPK_KERNEL, "topk", {"max_k": TOPK_MAX, "wave": target.wave}, 0)]
+    per_thread = greedy_geometry(VOCAB)[1]
+    topk = {"max_k": TOPK_MAX, "wave": target.wave, "greedy_block": GREEDY_BLOCK,
+            "greedy_per_thread": per_thread}  # fmt: skip
+    out = [(TOPK_KERNEL, "topk", topk, 0)]
     for i, (name, case) in enumerate(ALL.items()):
         p = _params(case)
         if not gemvm_eligible(p, target):
@@ -188,14 +193,19 @@ def test_batch_gemv_matches_numpy(kernels, name):
     assert rel_err(got[:T], want) <= 1e-4, (name, rel_err(got[:T], want))
 
 
-@pytest.mark.parametrize("k", [1, 40, 64])
-def test_row_top_k_matches_numpy(kernels, k):
-    rows, vocab = 64, 128256
-    rng = np.random.default_rng(k)
+def _logits(rows: int, vocab: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
     x = (3 * rng.standard_normal((rows, vocab))).astype(np.float32)
     x[0, rng.choice(vocab, 70, replace=False)] = x[0].max() + 1  # 70 tied at the top
     x[1] = np.round(x[1])  # ties everywhere
     x[2, 100:] = -np.inf  # a masked row: 100 finite values
+    return x
+
+
+@pytest.mark.parametrize("k", [1, 40, 64])
+def test_row_top_k_matches_numpy(kernels, k):
+    rows, vocab = 64, VOCAB
+    x = _logits(rows, vocab, k)
     vals = np.full((rows, k), np.nan, np.float32)
     ids = np.full((rows, k), -7, np.int32)
     try:
@@ -215,3 +225,33 @@ def test_row_top_k_matches_numpy(kernels, k):
     np.testing.assert_array_equal(stats[:, 0], m)
     s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
     np.testing.assert_allclose(stats[:, 1], s, rtol=1e-4)
+
+
+def test_greedy_pick_matches_numpy(kernels):
+    """The greedy kernel (k = 1 on several blocks a row, as the runtime launches it for the
+    Llama-3 vocabulary): the row top-k's k = 1 results, twice on the same counters (the last
+    block of each row resets its own)."""
+    rows, vocab = 64, VOCAB
+    blocks = greedy_geometry(vocab)[0]
+    x = _logits(rows, vocab, 1)
+    try:
+        px, counters = kernels.upload(x), kernels.upload(np.zeros(rows, np.uint32))
+        parts = kernels.poisoned((rows, blocks, 4))
+        for _ in range(2):
+            pv, pi, ps = kernels.poisoned(rows), kernels.poisoned(rows), kernels.poisoned((rows, 2))
+            kernels.launch(f"{TOPK_KERNEL}_greedy", [blocks, rows], GREEDY_BLOCK,
+                           [("u64", px), ("i32", vocab), ("u64", pv), ("u64", pi), ("u64", ps),
+                            ("u64", parts), ("u64", counters)])  # fmt: skip
+            got_v, got_i = kernels.read(pv, rows), kernels.read(pi, rows, np.int32)
+            stats = kernels.read(ps, (rows, 2))
+            left = kernels.read(counters, rows, np.uint32)
+            order = np.lexsort((np.broadcast_to(np.arange(vocab), x.shape), -x), axis=1)[:, 0]
+            np.testing.assert_array_equal(got_i, order)
+            np.testing.assert_array_equal(got_v, x[np.arange(rows), order])
+            m = x.max(axis=1)
+            np.testing.assert_array_equal(stats[:, 0], m)
+            s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
+            np.testing.assert_allclose(stats[:, 1], s, rtol=1e-4)
+            assert not left.any()
+    finally:
+        kernels.free()

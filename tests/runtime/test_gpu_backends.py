@@ -51,6 +51,7 @@ SIGNATURES = {
     "big": ["u64", "i32"],
     "recur": ["u64", "i32", "u64", "u64", "u64"],
     "topk": ["u64", "i32", "i32", "u64", "u64", "u64"],
+    "topk_greedy": ["u64", "i32", "u64", "u64", "u64", "u64", "u64"],
 }
 OOM, INVALID_VALUE, INVALID_IMAGE, NOT_FOUND, ILLEGAL_ADDRESS, OUT_OF_RESOURCES = (
     2,
@@ -350,8 +351,18 @@ def k_topk(gpu, logits, vocab, k, vals, ids, stats, grid):
     gpu.view(stats, np.float32, 2 * rows)[:] = np.stack([m, s], 1).reshape(-1)
 
 
+def k_topk_greedy(gpu, logits, vocab, vals, ids, stats, parts, counters, grid):
+    """The greedy kernel's contract: k_topk's for k = 1 on grid (blocks, rows), 4 words of
+    partials a block and a counter a row, zero before (the load's memset, or the last launch's
+    reset) and after."""
+    G, rows = grid[0], grid[1]
+    gpu.view(parts, np.float32, rows * G * 4)[:] = np.nan  # in bounds, or this raises
+    assert not gpu.view(counters, np.uint32, rows).any(), "a counter not reset"
+    k_topk(gpu, logits, vocab, 1, vals, ids, stats, (rows, 1, 1))
+
+
 KERNELS = {"embed": k_embed, "addpos": k_addpos, "head": k_head, "big": k_big, "recur": k_recur,
-           "topk": k_topk}  # fmt: skip
+           "topk": k_topk, "topk_greedy": k_topk_greedy}  # fmt: skip
 
 
 class FakeCu:
@@ -1636,20 +1647,51 @@ def test_a_step_fed_ahead_takes_the_picks_of_the_step_in_flight(api, tmp_path):
     b.close()
 
 
-def _topk_artifact(tmp_path, name):
+def _topk_artifact(tmp_path, name, greedy: bool = False):
+    """The toy with the row top-k kernel; `greedy`: and the several-block top-1 kernel."""
+
     def edit(plan):
         for sec in plan["targets"].values():
             sec["topk"] = {"kernel": "topk", "block": 1024, "max_k": 64}
+            if greedy:
+                sec["topk"]["greedy"] = {"kernel": "topk_greedy", "block": 256, "blocks": 3}
 
     return load_artifact(write_artifact(tmp_path / name, edit=edit))
 
 
-def test_a_decode_step_goes_next_on_the_device_pick(api, tmp_path):
+def picks_run(gpu) -> int:
+    return sum(1 for e in gpu.executed if e[0] in ("topk", "topk_greedy"))
+
+
+def test_a_greedy_pick_runs_the_greedy_kernel_where_the_plan_has_one(api, tmp_path):
+    """step_top at k = 1 launches the plan's greedy kernel (its blocks a row, partials and
+    counters in their own buffer), at k > 1 the row top-k; both agree with the host's pick."""
+    from hipc.runtime.topk import top_of_logits
+
+    art = _topk_artifact(tmp_path, "g.hipc", greedy=True)
+    gpu = FakeGpu()
+    b = backend(api, art, gpu, kv_blocks=8)
+    tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
+    ids, pos, seq = np.array([3, 1]), np.array([5, 9]), np.arange(2)
+    want = rows_expected([3, 1], [5, 9])
+    for k, kernel in ((1, "topk_greedy"), (3, "topk"), (1, "topk_greedy")):
+        got = b.step_top(ids, pos, seq, tables, np.arange(2), k, logsumexp=True)
+        name, grid = gpu.executed[-1][:2]
+        assert name == kernel and grid == ((3, 2, 1) if k == 1 else (2, 1, 1))
+        host = top_of_logits(want, k)
+        np.testing.assert_array_equal(got[0], host.ids)
+        np.testing.assert_allclose(got[1], host.logits, rtol=1e-6)
+        np.testing.assert_allclose(got[2], host.logsumexp, rtol=1e-6)
+    b.close()
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_a_decode_step_goes_next_on_the_device_pick(api, tmp_path, greedy):
     """submit_next(pos): the decode step after the one in flight, its token that step's
     device pick (copied on the device, not the host's placeholder), queued before it is
     collected; collect_argmax returns the two picks in order. It goes only behind one step
     picked on the device, and drop_steps waits for and drops what is in flight."""
-    art = _topk_artifact(tmp_path, "n.hipc")
+    art = _topk_artifact(tmp_path, "n.hipc", greedy)
     gpu = FakeGpu()
     eng = engine_mod.CompiledEngine(art, backend(api, art, gpu))
     assert eng.can_submit_next
@@ -1680,14 +1722,15 @@ def test_a_decode_step_goes_next_on_the_device_pick(api, tmp_path):
     eng.close()
 
 
-def test_greedy_generation_queues_the_next_step_ahead(api, tmp_path):
+@pytest.mark.parametrize("greedy", [False, True])
+def test_greedy_generation_queues_the_next_step_ahead(api, tmp_path, greedy):
     """A greedy generation on an engine that can submit_next keeps a step queued behind the
     one in flight; a stop token leaves the step queued for the token after it, which is run
     and dropped (the engine free after); the length limit queues none past the end. The
     tokens are a forward() loop's argmaxes either way."""
     from hipc.runtime.generate import Generation, GenerationRequest
 
-    art = _topk_artifact(tmp_path, "a.hipc")
+    art = _topk_artifact(tmp_path, "a.hipc", greedy)
     gpu = FakeGpu()
     eng = engine_mod.CompiledEngine(art, backend(api, art, gpu))
     calls = []
@@ -1703,13 +1746,13 @@ def test_greedy_generation_queues_the_next_step_ahead(api, tmp_path):
     for i in range(n):
         want.append(int(np.argmax(logits)))
         logits = eng.forward([want[-1]], 1 + i)
-    before = sum(1 for e in gpu.executed if e[0] == "topk")
+    before = picks_run(gpu)
     gen = Generation(eng, _Letters(), GenerationRequest(tuple(prompt), n, ignore_eos=True))
     "".join(gen)
     assert gen.result.token_ids == want and gen.result.finish_reason == "length"
     # steps at positions 1..5 compute tokens 2..6; those from 2 on went ahead, none past 5
     assert calls == [2, 3, 4, 5]
-    assert sum(1 for e in gpu.executed if e[0] == "topk") - before == n - 1
+    assert picks_run(gpu) - before == n - 1
     calls.clear()
     stop = GenerationRequest(tuple(prompt), n, ignore_eos=True, stop_token_ids=(want[1],))
     gen = Generation(eng, _Letters(), stop)
