@@ -32,15 +32,16 @@ if TYPE_CHECKING:
 
 TOPK_KERNEL = "hipc_topk"
 TOPK_BLOCK = 1024  # threads per row: the row is read ~6 times (max, sum, selection passes)
-# k = 1 (greedy) on several blocks a row (hipc_topk_greedy): each thread GREEDY_PER_THREAD
-# values at most, each block GREEDY_BLOCK threads, so a 128k vocabulary is 63 blocks
+# the row top-k on several blocks a row (hipc_topk_greedy for k = 1, hipc_topk_split for
+# more): each thread GREEDY_PER_THREAD values at most, each block GREEDY_BLOCK threads, so a
+# 128k vocabulary is 63 blocks
 GREEDY_BLOCK = 256
 GREEDY_PER_THREAD = 8
 
 
 def greedy_geometry(vocab: int) -> tuple[int, int]:
-    """(blocks a row, values a thread at most) of the greedy kernel: as many blocks as
-    GREEDY_PER_THREAD values a thread needs, at most one per thread of the merging block."""
+    """(blocks a row, values a thread at most) of the several-block kernels: as many blocks
+    as GREEDY_PER_THREAD values a thread needs, at most one per thread of the merging block."""
     per_thread = max(GREEDY_PER_THREAD, -(-vocab // (GREEDY_BLOCK * GREEDY_BLOCK)))
     return -(-vocab // (GREEDY_BLOCK * per_thread)), per_thread
 
@@ -213,6 +214,11 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
             "max_k": TOPK_MAX,
             "greedy": {
                 "kernel": f"{TOPK_KERNEL}_greedy",
+                "block": GREEDY_BLOCK,
+                "blocks": greedy_blocks,
+            },
+            "split": {
+                "kernel": f"{TOPK_KERNEL}_split",
                 "block": GREEDY_BLOCK,
                 "blocks": greedy_blocks,
             },

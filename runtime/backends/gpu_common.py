@@ -198,7 +198,7 @@ class DeviceMemory:
     tables: int
     logits: int
     top: int = 0  # step_top's values, ids and row stats
-    picks: int = 0  # the greedy top-1's partials (4 words a block) and counters, per row
+    picks: int = 0  # the several-block top-k's partials and counters (PICK_ROWS rows)
 
     @property
     def total(self) -> int:
@@ -257,13 +257,24 @@ def device_memory(
         tables=4 * table_rows(gpu) * kv_table,
         logits=4 * gpu.max_tokens * gpu.vocab,
         top=4 * gpu.max_tokens * (2 * TOPK_MAX + 2) if gpu.topk else 0,
-        picks=4 * gpu.max_tokens * (4 * greedy["blocks"] + 1) if (greedy := _greedy(gpu)) else 0,
+        picks=4 * pick_rows(gpu) * (pick_blocks(gpu) * (2 * TOPK_MAX + 2) + 1),
     )
 
 
-def _greedy(gpu: TargetPlan) -> dict[str, Any] | None:
-    """The plan's greedy top-1 kernel (topk's "greedy": kernel, block, blocks a row), if any."""
-    return (gpu.topk or {}).get("greedy")
+# the most rows a step's top-k runs on several blocks a row (more: a block a row, which with
+# that many rows fills the GPU anyway)
+PICK_ROWS = 64
+
+
+def pick_rows(gpu: TargetPlan) -> int:
+    return min(gpu.max_tokens, PICK_ROWS) if pick_blocks(gpu) else 0
+
+
+def pick_blocks(gpu: TargetPlan) -> int:
+    """Blocks a row of the plan's several-block top-k kernels (topk's "greedy", k = 1, and
+    "split", k > 1: kernel, block, blocks); 0 where it has neither."""
+    topk = gpu.topk or {}
+    return max((int(topk[key]["blocks"]) for key in ("greedy", "split") if key in topk), default=0)
 
 
 def fit_positions(
@@ -475,9 +486,9 @@ class GpuBackend:
         # step_top's results, [MT, k] values, [MT, k] ids, [MT, 2] row stats at the row
         # stride of the step's k (packed, so one copy each brings them back)
         self._top_base = alloc("the top-k buffer", mem.top)
-        # the greedy top-1's partials, [MT, blocks, 4] words, then a counter per row (zero
-        # between launches: the last block of a row resets it)
-        self._picks_base = alloc("the greedy pick's partials", mem.picks)
+        # the several-block top-k's partials, [PICK_ROWS, blocks, 2 k + 2] words at most, then
+        # a counter per row (zero between launches: the last block of a row resets it)
+        self._picks_base = alloc("the top-k partials", mem.picks)
         # host staging in two slots, alternating by step, where a step may be queued ahead of
         # the one running (the host fills one slot while the device may still read the other);
         # one slot otherwise
@@ -564,8 +575,9 @@ class GpuBackend:
             shared[launch.kernel] = max(shared.get(launch.kernel, 0), launch.shared)
         if self.gpu.topk:
             shared.setdefault(self.gpu.topk["kernel"], 0)
-        if greedy := _greedy(self.gpu):
-            shared.setdefault(greedy["kernel"], 0)
+        for key in ("greedy", "split"):
+            if key in (self.gpu.topk or {}):
+                shared.setdefault(self.gpu.topk[key]["kernel"], 0)
         functions = {}
         for kernel, nbytes in shared.items():
             try:
@@ -1111,23 +1123,25 @@ class GpuBackend:
         self._queued += 1
 
     def _queue_top(self, runs: list[tuple[int, int, int]], k: int) -> None:
-        """The top-k kernel over each run of wanted logits rows (one block per row; k = 1:
-        the greedy kernel's blocks a row, where the plan has it), then the packed values, ids
-        and row stats copied back."""
-        spec = self.gpu.topk
-        greedy = _greedy(self.gpu) if k == 1 else None
+        """The top-k kernel over each run of wanted logits rows, then the packed values, ids
+        and row stats copied back: for at most PICK_ROWS rows the plan's several-block kernel
+        (k = 1: "greedy", else "split"), else one block a row."""
         n_all = sum(n for _, _, n in runs)
+        spec = self.gpu.topk
+        split = spec.get("greedy" if k == 1 else "split") if n_all <= pick_rows(self.gpu) else None
         vals, ids = self._top_base, self._top_base + 4 * self.max_tokens * k
         stats = ids + 4 * self.max_tokens * k
         for at, to, n in runs:
             out = [("u64", self.bases.logits + 4 * at * self.vocab), ("i32", self.vocab)]
-            out += [] if greedy else [("i32", k)]
+            out += [] if k == 1 and split else [("i32", k)]
             out += [("u64", vals + 4 * to * k), ("u64", ids + 4 * to * k), ("u64", stats + 8 * to)]
-            if greedy:
-                G = int(greedy["blocks"])
-                counters = self._picks_base + 16 * self.max_tokens * G
-                out += [("u64", self._picks_base + 16 * G * to), ("u64", counters + 4 * to)]
-                kernel, grid, block = greedy["kernel"], (G, n, 1), int(greedy["block"])
+            if split:
+                G, words = int(split["blocks"]), 4 if k == 1 else 2 * k + 2
+                counters = self._picks_base + 4 * pick_rows(self.gpu) * pick_blocks(self.gpu) * (
+                    2 * TOPK_MAX + 2
+                )
+                out += [("u64", self._picks_base + 4 * G * words * to), ("u64", counters + 4 * to)]
+                kernel, grid, block = split["kernel"], (G, n, 1), int(split["block"])
             else:
                 kernel, grid, block = spec["kernel"], (n, 1, 1), int(spec["block"])
             args = PackedArgs(out)

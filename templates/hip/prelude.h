@@ -356,6 +356,17 @@ HIPC_DEVICE float hipc_block_sum(float v, float* red) {
   v = lane < waves ? red[lane] : 0.f;
   return hipc_warp_sum(v);
 }
+// Max over the block, as hipc_block_sum
+HIPC_DEVICE float hipc_block_max(float v, float* red) {
+  const int lane = hipc_thread() % HIPC_WAVE, wave = hipc_thread() / HIPC_WAVE;
+  const int waves = hipc_block_dim() / HIPC_WAVE;
+  v = hipc_warp_max(v);
+  hipc_sync();
+  if (lane == 0) red[wave] = v;
+  hipc_sync();
+  v = lane < waves ? red[lane] : -HIPC_INF;
+  return hipc_warp_max(v);
+}
 
 HIPC_DEVICE float hipc_bf16_to_f32(uint16_t h) { return __builtin_bit_cast(float, (uint32_t)h << 16); }
 

@@ -343,6 +343,7 @@ def launched_kernels(artifact, target):
     return {launch["kernel"] for launch in steps["decode"] + steps["prefill"]} | {
         topk["kernel"],
         topk["greedy"]["kernel"],
+        topk["split"]["kernel"],
     }
 
 

@@ -37,7 +37,11 @@ def lib(tmp_path_factory):
         'extern "C" void run_greedy(const float* l, int rows, int vocab, int blocks, float* v, '
         "int* i, float* s, float* parts, unsigned* counters) {\n"
         f"  grid(blocks, rows, {GREEDY_THREADS}, "
-        "[=] { topk_greedy(l, vocab, v, i, s, parts, counters); });\n}"
+        "[=] { topk_greedy(l, vocab, v, i, s, parts, counters); });\n}\n"
+        'extern "C" void run_split(const float* l, int rows, int vocab, int k, int blocks, '
+        "float* v, int* i, float* s, float* parts, unsigned* counters) {\n"
+        f"  grid(blocks, rows, {GREEDY_THREADS}, "
+        "[=] { topk_split(l, vocab, k, v, i, s, parts, counters); });\n}"
     )
     return host_simt.build(tmp_path_factory.mktemp("topk"), "topk_host", code, 32)
 
@@ -108,6 +112,40 @@ def test_greedy_pick_on_blocks_of_a_row_on_the_host(lib, rows, vocab, blocks):
         want_v, want_i = _sorted(x, 1)
         np.testing.assert_array_equal(ids, want_i[:, 0])
         np.testing.assert_array_equal(vals, want_v[:, 0])
+        m = x.max(axis=1)
+        np.testing.assert_array_equal(stats[:, 0], m)
+        s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
+        np.testing.assert_allclose(stats[:, 1], s, rtol=1e-5)
+        assert not counters.any()
+
+
+@pytest.mark.parametrize(
+    ("rows", "vocab", "k", "blocks"),
+    # slices of 100 against k 17 and 64 (some shorter than k); 6 blocks on 40 values (slices
+    # of 7, the last of 5) at k 64 > the vocabulary; 3 blocks on 300 with the top's ties and
+    # the masked half spread over them; one block
+    [(4, 1000, 17, 10), (3, 1000, 64, 10), (3, 40, 64, 6), (4, 300, 40, 3), (3, 777, 5, 1)],
+)
+def test_split_top_k_on_blocks_of_a_row_on_the_host(lib, rows, vocab, k, blocks):
+    """The several-block top-k writes what the one-block kernel writes (ties at the k-th value
+    by id, rows shorter than k padded), its stats merged over the blocks, counters left zero."""
+    rng = np.random.default_rng(vocab + k + blocks)
+    first = _rows(rng, rows, vocab)
+    ptr = ctypes.c_void_p
+    counters = np.zeros(rows, np.uint32)
+    parts = np.full(rows * blocks * (2 * k + 2), np.nan, np.float32)
+    kk = min(k, vocab)
+    for x in (first, first[::-1].copy()):  # twice: the counters the first launch left serve again
+        vals = np.full((rows, k), np.nan, np.float32)
+        ids = np.full((rows, k), -7, np.int32)
+        stats = np.full((rows, 2), np.nan, np.float32)
+        lib.run_split(x.ctypes.data_as(ptr), rows, vocab, k, blocks, vals.ctypes.data_as(ptr),
+                      ids.ctypes.data_as(ptr), stats.ctypes.data_as(ptr),
+                      parts.ctypes.data_as(ptr), counters.ctypes.data_as(ptr))  # fmt: skip
+        want_v, want_i = _sorted(x, kk)
+        np.testing.assert_array_equal(ids[:, :kk], want_i)
+        np.testing.assert_array_equal(vals[:, :kk], want_v)
+        assert (ids[:, kk:] == -1).all() and (vals[:, kk:] == -np.inf).all()
         m = x.max(axis=1)
         np.testing.assert_array_equal(stats[:, 0], m)
         s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)

@@ -11,8 +11,8 @@ is off by O(1), x rounded differently by ~3e-3.
 
 The row top-k (templates/hip/topk.hip.j2) at the Llama-3 vocabulary, 64 rows (with ties at
 the top, values on a coarse grid, masked rows), k 1, 40 and 64, against an argsort by value
-then id; its row max and sum of exp against NumPy; and the greedy kernel (k = 1 on several
-blocks a row, the last of a row's blocks merging them) on the same rows.
+then id; its row max and sum of exp against NumPy; and the several-block kernels (k = 1:
+greedy, k 2-64: split; the last of a row's blocks merging them) on the same rows.
 """
 
 from __future__ import annotations
@@ -248,6 +248,36 @@ def test_greedy_pick_matches_numpy(kernels):
             order = np.lexsort((np.broadcast_to(np.arange(vocab), x.shape), -x), axis=1)[:, 0]
             np.testing.assert_array_equal(got_i, order)
             np.testing.assert_array_equal(got_v, x[np.arange(rows), order])
+            m = x.max(axis=1)
+            np.testing.assert_array_equal(stats[:, 0], m)
+            s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
+            np.testing.assert_allclose(stats[:, 1], s, rtol=1e-4)
+            assert not left.any()
+    finally:
+        kernels.free()
+
+
+@pytest.mark.parametrize(("rows", "k"), [(1, 40), (8, 64), (3, 2)])
+def test_split_top_k_matches_numpy(kernels, rows, k):
+    """The several-block top-k (as the runtime launches it for a step's few sampled rows):
+    the row top-k's results, twice on the same counters."""
+    vocab, blocks = VOCAB, greedy_geometry(VOCAB)[0]
+    x = _logits(max(rows, 3), vocab, 10 + k)[:rows]
+    try:
+        px, counters = kernels.upload(x), kernels.upload(np.zeros(rows, np.uint32))
+        parts = kernels.poisoned((rows, blocks, 2 * k + 2))
+        for _ in range(2):
+            pv, pi = kernels.poisoned((rows, k)), kernels.poisoned((rows, k))
+            ps = kernels.poisoned((rows, 2))
+            kernels.launch(f"{TOPK_KERNEL}_split", [blocks, rows], GREEDY_BLOCK,
+                           [("u64", px), ("i32", vocab), ("i32", k), ("u64", pv), ("u64", pi),
+                            ("u64", ps), ("u64", parts), ("u64", counters)])  # fmt: skip
+            got_v, got_i = kernels.read(pv, (rows, k)), kernels.read(pi, (rows, k), np.int32)
+            stats = kernels.read(ps, (rows, 2))
+            left = kernels.read(counters, rows, np.uint32)
+            order = np.lexsort((np.broadcast_to(np.arange(vocab), x.shape), -x), axis=1)[:, :k]
+            np.testing.assert_array_equal(got_i, order)
+            np.testing.assert_array_equal(got_v, np.take_along_axis(x, order, 1))
             m = x.max(axis=1)
             np.testing.assert_array_equal(stats[:, 0], m)
             s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)

@@ -52,6 +52,7 @@ SIGNATURES = {
     "recur": ["u64", "i32", "u64", "u64", "u64"],
     "topk": ["u64", "i32", "i32", "u64", "u64", "u64"],
     "topk_greedy": ["u64", "i32", "u64", "u64", "u64", "u64", "u64"],
+    "topk_split": ["u64", "i32", "i32", "u64", "u64", "u64", "u64", "u64"],
 }
 OOM, INVALID_VALUE, INVALID_IMAGE, NOT_FOUND, ILLEGAL_ADDRESS, OUT_OF_RESOURCES = (
     2,
@@ -361,8 +362,17 @@ def k_topk_greedy(gpu, logits, vocab, vals, ids, stats, parts, counters, grid):
     k_topk(gpu, logits, vocab, 1, vals, ids, stats, (rows, 1, 1))
 
 
+def k_topk_split(gpu, logits, vocab, k, vals, ids, stats, parts, counters, grid):
+    """The several-block top-k's contract: k_topk's on grid (blocks, rows), 2 k + 2 words of
+    partials a block, the counters as k_topk_greedy's."""
+    G, rows = grid[0], grid[1]
+    gpu.view(parts, np.float32, rows * G * (2 * k + 2))[:] = np.nan
+    assert not gpu.view(counters, np.uint32, rows).any(), "a counter not reset"
+    k_topk(gpu, logits, vocab, k, vals, ids, stats, (rows, 1, 1))
+
+
 KERNELS = {"embed": k_embed, "addpos": k_addpos, "head": k_head, "big": k_big, "recur": k_recur,
-           "topk": k_topk, "topk_greedy": k_topk_greedy}  # fmt: skip
+           "topk": k_topk, "topk_greedy": k_topk_greedy, "topk_split": k_topk_split}  # fmt: skip
 
 
 class FakeCu:
@@ -1655,29 +1665,39 @@ def _topk_artifact(tmp_path, name, greedy: bool = False):
             sec["topk"] = {"kernel": "topk", "block": 1024, "max_k": 64}
             if greedy:
                 sec["topk"]["greedy"] = {"kernel": "topk_greedy", "block": 256, "blocks": 3}
+                sec["topk"]["split"] = {"kernel": "topk_split", "block": 256, "blocks": 3}
 
     return load_artifact(write_artifact(tmp_path / name, edit=edit))
 
 
 def picks_run(gpu) -> int:
-    return sum(1 for e in gpu.executed if e[0] in ("topk", "topk_greedy"))
+    return sum(1 for e in gpu.executed if e[0] in ("topk", "topk_greedy", "topk_split"))
 
 
-def test_a_greedy_pick_runs_the_greedy_kernel_where_the_plan_has_one(api, tmp_path):
-    """step_top at k = 1 launches the plan's greedy kernel (its blocks a row, partials and
-    counters in their own buffer), at k > 1 the row top-k; both agree with the host's pick."""
+@pytest.mark.parametrize("pick_rows", [64, 1])
+def test_device_picks_run_on_several_blocks_where_the_plan_has_them(
+    api, tmp_path, monkeypatch, pick_rows
+):
+    """step_top launches the plan's several-block kernels (k = 1: greedy, else split; their
+    blocks a row, partials and counters in their own buffer) for at most PICK_ROWS rows, the
+    row top-k's block a row past that; all agree with the host's pick."""
+    from hipc.runtime.backends import gpu_common as gc
     from hipc.runtime.topk import top_of_logits
 
+    monkeypatch.setattr(gc, "PICK_ROWS", pick_rows)
     art = _topk_artifact(tmp_path, "g.hipc", greedy=True)
     gpu = FakeGpu()
     b = backend(api, art, gpu, kv_blocks=8)
     tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
     ids, pos, seq = np.array([3, 1]), np.array([5, 9]), np.arange(2)
     want = rows_expected([3, 1], [5, 9])
-    for k, kernel in ((1, "topk_greedy"), (3, "topk"), (1, "topk_greedy")):
+    for k in (1, 3, 1, 4):
         got = b.step_top(ids, pos, seq, tables, np.arange(2), k, logsumexp=True)
         name, grid = gpu.executed[-1][:2]
-        assert name == kernel and grid == ((3, 2, 1) if k == 1 else (2, 1, 1))
+        if pick_rows >= 2:
+            assert name == ("topk_greedy" if k == 1 else "topk_split") and grid == (3, 2, 1)
+        else:
+            assert name == "topk" and grid == (2, 1, 1)
         host = top_of_logits(want, k)
         np.testing.assert_array_equal(got[0], host.ids)
         np.testing.assert_allclose(got[1], host.logits, rtol=1e-6)
