@@ -59,6 +59,19 @@ def _sorted(x: np.ndarray, k: int):
     return np.take_along_axis(x, order, 1), order
 
 
+def _check(x: np.ndarray, k: int, vals: np.ndarray, ids: np.ndarray, stats: np.ndarray):
+    """[rows, k] vals and ids (past the vocabulary: -inf, -1) and [rows, 2] stats as NumPy's."""
+    kk = min(k, x.shape[1])
+    want_v, want_i = _sorted(x, kk)
+    np.testing.assert_array_equal(ids[:, :kk], want_i)
+    np.testing.assert_array_equal(vals[:, :kk], want_v)
+    assert (ids[:, kk:] == -1).all() and (vals[:, kk:] == -np.inf).all()
+    m = x.max(axis=1)
+    np.testing.assert_array_equal(stats[:, 0], m)
+    s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
+    np.testing.assert_allclose(stats[:, 1], s, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("rows", "vocab", "k"), [(4, 1000, 1), (3, 777, 64), (4, 300, 17), (3, 40, 64)]
 )
@@ -71,19 +84,13 @@ def test_row_top_k_on_the_host(lib, rows, vocab, k):
     ptr = ctypes.c_void_p
     lib.run(x.ctypes.data_as(ptr), rows, vocab, k, vals.ctypes.data_as(ptr),
             ids.ctypes.data_as(ptr), stats.ctypes.data_as(ptr))  # fmt: skip
-    kk = min(k, vocab)
-    want_v, want_i = _sorted(x, kk)
-    np.testing.assert_array_equal(ids[:, :kk], want_i)
-    np.testing.assert_array_equal(vals[:, :kk], want_v)
-    assert (ids[:, kk:] == -1).all() and (vals[:, kk:] == -np.inf).all()
-    m = x.max(axis=1)
-    np.testing.assert_array_equal(stats[:, 0], m)
-    s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
-    np.testing.assert_allclose(stats[:, 1], s, rtol=1e-5)
+    _check(x, k, vals, ids, stats)
     # the host selection the runtime falls back to gives the same
     host = top_of_logits(x, k)
     np.testing.assert_array_equal(host.ids, ids)
     np.testing.assert_array_equal(host.logits, vals)
+    m = x.max(axis=1)
+    s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
     np.testing.assert_allclose(host.logsumexp, m + np.log(s), rtol=1e-6)
 
 
@@ -109,13 +116,7 @@ def test_greedy_pick_on_blocks_of_a_row_on_the_host(lib, rows, vocab, blocks):
         lib.run_greedy(x.ctypes.data_as(ptr), rows, vocab, blocks, vals.ctypes.data_as(ptr),
                        ids.ctypes.data_as(ptr), stats.ctypes.data_as(ptr),
                        parts.ctypes.data_as(ptr), counters.ctypes.data_as(ptr))  # fmt: skip
-        want_v, want_i = _sorted(x, 1)
-        np.testing.assert_array_equal(ids, want_i[:, 0])
-        np.testing.assert_array_equal(vals, want_v[:, 0])
-        m = x.max(axis=1)
-        np.testing.assert_array_equal(stats[:, 0], m)
-        s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
-        np.testing.assert_allclose(stats[:, 1], s, rtol=1e-5)
+        _check(x, 1, vals[:, None], ids[:, None], stats)
         assert not counters.any()
 
 
@@ -134,7 +135,6 @@ def test_split_top_k_on_blocks_of_a_row_on_the_host(lib, rows, vocab, k, blocks)
     ptr = ctypes.c_void_p
     counters = np.zeros(rows, np.uint32)
     parts = np.full(rows * blocks * (2 * k + 2), np.nan, np.float32)
-    kk = min(k, vocab)
     for x in (first, first[::-1].copy()):  # twice: the counters the first launch left serve again
         vals = np.full((rows, k), np.nan, np.float32)
         ids = np.full((rows, k), -7, np.int32)
@@ -142,12 +142,5 @@ def test_split_top_k_on_blocks_of_a_row_on_the_host(lib, rows, vocab, k, blocks)
         lib.run_split(x.ctypes.data_as(ptr), rows, vocab, k, blocks, vals.ctypes.data_as(ptr),
                       ids.ctypes.data_as(ptr), stats.ctypes.data_as(ptr),
                       parts.ctypes.data_as(ptr), counters.ctypes.data_as(ptr))  # fmt: skip
-        want_v, want_i = _sorted(x, kk)
-        np.testing.assert_array_equal(ids[:, :kk], want_i)
-        np.testing.assert_array_equal(vals[:, :kk], want_v)
-        assert (ids[:, kk:] == -1).all() and (vals[:, kk:] == -np.inf).all()
-        m = x.max(axis=1)
-        np.testing.assert_array_equal(stats[:, 0], m)
-        s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
-        np.testing.assert_allclose(stats[:, 1], s, rtol=1e-5)
+        _check(x, k, vals, ids, stats)
         assert not counters.any()
