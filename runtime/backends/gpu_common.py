@@ -489,6 +489,8 @@ class GpuBackend:
         # the several-block top-k's partials, [PICK_ROWS, blocks, 2 k + 2] words at most, then
         # a counter per row (zero between launches: the last block of a row resets it)
         self._picks_base = alloc("the top-k partials", mem.picks)
+        self._pick_rows = pick_rows(self.gpu)
+        self._pick_counters = self._picks_base + mem.picks - 4 * self._pick_rows
         # host staging in two slots, alternating by step, where a step may be queued ahead of
         # the one running (the host fills one slot while the device may still read the other);
         # one slot otherwise
@@ -1128,7 +1130,7 @@ class GpuBackend:
         (k = 1: "greedy", else "split"), else one block a row."""
         n_all = sum(n for _, _, n in runs)
         spec = self.gpu.topk
-        split = spec.get("greedy" if k == 1 else "split") if n_all <= pick_rows(self.gpu) else None
+        split = spec.get("greedy" if k == 1 else "split") if n_all <= self._pick_rows else None
         vals, ids = self._top_base, self._top_base + 4 * self.max_tokens * k
         stats = ids + 4 * self.max_tokens * k
         for at, to, n in runs:
@@ -1137,10 +1139,8 @@ class GpuBackend:
             out += [("u64", vals + 4 * to * k), ("u64", ids + 4 * to * k), ("u64", stats + 8 * to)]
             if split:
                 G, words = int(split["blocks"]), 4 if k == 1 else 2 * k + 2
-                counters = self._picks_base + 4 * pick_rows(self.gpu) * pick_blocks(self.gpu) * (
-                    2 * TOPK_MAX + 2
-                )
-                out += [("u64", self._picks_base + 4 * G * words * to), ("u64", counters + 4 * to)]
+                out += [("u64", self._picks_base + 4 * G * words * to),
+                        ("u64", self._pick_counters + 4 * to)]  # fmt: skip
                 kernel, grid, block = split["kernel"], (G, n, 1), int(split["block"])
             else:
                 kernel, grid, block = spec["kernel"], (n, 1, 1), int(spec["block"])
