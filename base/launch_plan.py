@@ -19,9 +19,11 @@ A GPU target's optional "topk": {"kernel": NAME, "block": THREADS, "max_k": K} n
 program's row top-k kernel (templates/hip/topk.hip.j2: logits, vocab, k, vals, ids, stats;
 one block per row), which GpuBackend.step_top runs after a step so that only k values and ids
 per row are copied back; without it the runtime picks them from the logits on the host. Its
-optional "greedy": {"kernel": NAME, "block": THREADS, "blocks": G} is the k = 1 kernel on G
-blocks a row (logits, vocab, vals, ids, stats, partials [rows, G, 4] words, a counter per row
-that is zero between launches), which the runtime runs instead for a greedy pick.
+optional "greedy" and "split": {"kernel": NAME, "block": THREADS, "blocks": G} are the same on
+G blocks a row, which the runtime runs instead for up to 64 rows: "greedy" for k = 1 (logits,
+vocab, vals, ids, stats, partials [rows, G, 4] words, a counter per row that is zero between
+launches), "split" for k > 1 (logits, vocab, k, vals, ids, stats, partials [rows, G, 2k + 2]
+words, the counters).
 
 A target's steps are launch lists over the same buffers: the cpu target has one,
 "forward" (any T; its C entry point hipc_forward is rendered from it), GPU targets have

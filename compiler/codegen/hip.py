@@ -212,15 +212,13 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
             "kernel": TOPK_KERNEL,
             "block": TOPK_BLOCK,
             "max_k": TOPK_MAX,
-            "greedy": {
-                "kernel": f"{TOPK_KERNEL}_greedy",
-                "block": GREEDY_BLOCK,
-                "blocks": greedy_blocks,
-            },
-            "split": {
-                "kernel": f"{TOPK_KERNEL}_split",
-                "block": GREEDY_BLOCK,
-                "blocks": greedy_blocks,
+            **{
+                form: {
+                    "kernel": f"{TOPK_KERNEL}_{form}",
+                    "block": GREEDY_BLOCK,
+                    "blocks": greedy_blocks,
+                }
+                for form in ("greedy", "split")
             },
         },
     }

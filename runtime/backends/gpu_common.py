@@ -271,10 +271,15 @@ def pick_rows(gpu: TargetPlan) -> int:
 
 
 def pick_blocks(gpu: TargetPlan) -> int:
-    """Blocks a row of the plan's several-block top-k kernels (topk's "greedy", k = 1, and
-    "split", k > 1: kernel, block, blocks); 0 where it has neither."""
+    """Blocks a row of the plan's several-block top-k kernels; 0 where it has neither."""
+    return max((int(spec["blocks"]) for spec in topk_kernels(gpu)[1:]), default=0)
+
+
+def topk_kernels(gpu: TargetPlan) -> list[dict[str, Any]]:
+    """The plan's top-k kernels: the row top-k, then the several-block ones it has (topk's
+    "greedy", k = 1, and "split", k > 1: kernel, block, blocks); none without the row top-k."""
     topk = gpu.topk or {}
-    return max((int(topk[key]["blocks"]) for key in ("greedy", "split") if key in topk), default=0)
+    return [topk, *(topk[key] for key in ("greedy", "split") if key in topk)] if topk else []
 
 
 def fit_positions(
@@ -575,11 +580,8 @@ class GpuBackend:
         shared: dict[str, int] = {}
         for launch in (x for step in self.gpu.steps.values() for x in step):
             shared[launch.kernel] = max(shared.get(launch.kernel, 0), launch.shared)
-        if self.gpu.topk:
-            shared.setdefault(self.gpu.topk["kernel"], 0)
-        for key in ("greedy", "split"):
-            if key in (self.gpu.topk or {}):
-                shared.setdefault(self.gpu.topk[key]["kernel"], 0)
+        for spec in topk_kernels(self.gpu):
+            shared.setdefault(spec["kernel"], 0)
         functions = {}
         for kernel, nbytes in shared.items():
             try:

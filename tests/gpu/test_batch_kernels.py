@@ -202,6 +202,18 @@ def _logits(rows: int, vocab: int, seed: int) -> np.ndarray:
     return x
 
 
+def _assert_top(x: np.ndarray, k: int, got_v, got_i, stats) -> None:
+    """[rows, k] values and ids as an argsort by value then id ranks them, [rows, 2] row stats
+    (max, sum of exp) as NumPy's."""
+    order = np.lexsort((np.broadcast_to(np.arange(x.shape[1]), x.shape), -x), axis=1)[:, :k]
+    np.testing.assert_array_equal(got_i, order)
+    np.testing.assert_array_equal(got_v, np.take_along_axis(x, order, 1))
+    m = x.max(axis=1)
+    np.testing.assert_array_equal(stats[:, 0], m)
+    s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
+    np.testing.assert_allclose(stats[:, 1], s, rtol=1e-4)
+
+
 @pytest.mark.parametrize("k", [1, 40, 64])
 def test_row_top_k_matches_numpy(kernels, k):
     rows, vocab = 64, VOCAB
@@ -218,13 +230,7 @@ def test_row_top_k_matches_numpy(kernels, k):
         stats = kernels.read(ps, (rows, 2))
     finally:
         kernels.free()
-    order = np.lexsort((np.broadcast_to(np.arange(vocab), x.shape), -x), axis=1)[:, :k]
-    np.testing.assert_array_equal(got_i, order)
-    np.testing.assert_array_equal(got_v, np.take_along_axis(x, order, 1))
-    m = x.max(axis=1)
-    np.testing.assert_array_equal(stats[:, 0], m)
-    s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
-    np.testing.assert_allclose(stats[:, 1], s, rtol=1e-4)
+    _assert_top(x, k, got_v, got_i, stats)
 
 
 def test_greedy_pick_matches_numpy(kernels):
@@ -245,13 +251,7 @@ def test_greedy_pick_matches_numpy(kernels):
             got_v, got_i = kernels.read(pv, rows), kernels.read(pi, rows, np.int32)
             stats = kernels.read(ps, (rows, 2))
             left = kernels.read(counters, rows, np.uint32)
-            order = np.lexsort((np.broadcast_to(np.arange(vocab), x.shape), -x), axis=1)[:, 0]
-            np.testing.assert_array_equal(got_i, order)
-            np.testing.assert_array_equal(got_v, x[np.arange(rows), order])
-            m = x.max(axis=1)
-            np.testing.assert_array_equal(stats[:, 0], m)
-            s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
-            np.testing.assert_allclose(stats[:, 1], s, rtol=1e-4)
+            _assert_top(x, 1, got_v[:, None], got_i[:, None], stats)
             assert not left.any()
     finally:
         kernels.free()
@@ -275,13 +275,7 @@ def test_split_top_k_matches_numpy(kernels, rows, k):
             got_v, got_i = kernels.read(pv, (rows, k)), kernels.read(pi, (rows, k), np.int32)
             stats = kernels.read(ps, (rows, 2))
             left = kernels.read(counters, rows, np.uint32)
-            order = np.lexsort((np.broadcast_to(np.arange(vocab), x.shape), -x), axis=1)[:, :k]
-            np.testing.assert_array_equal(got_i, order)
-            np.testing.assert_array_equal(got_v, np.take_along_axis(x, order, 1))
-            m = x.max(axis=1)
-            np.testing.assert_array_equal(stats[:, 0], m)
-            s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
-            np.testing.assert_allclose(stats[:, 1], s, rtol=1e-4)
+            _assert_top(x, k, got_v, got_i, stats)
             assert not left.any()
     finally:
         kernels.free()
