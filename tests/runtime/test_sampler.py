@@ -115,6 +115,33 @@ def test_draws_are_numpys_choice_for_the_same_seed(dtype):
         assert got == reference.choice(want.size, p=want)
 
 
+@pytest.mark.parametrize("n", [1, 7, 2048, 2049, 50_000, 128_256])
+def test_inverse_cdf_is_numpys_choice(n):
+    """inverse_cdf (the draw; in blocks past DRAW_BLOCK weights) picks what Generator.choice
+    picks for the same uniform number: peaked, flat and sparse weights (whole blocks of
+    zeros, zeros at both ends), float32 and float64. u = 0 picks the first token with
+    weight, u just below 1 one with weight."""
+    from hipc.runtime.sampler import inverse_cdf
+
+    rng = np.random.default_rng(n)
+    for trial in range(40):
+        w = np.exp(rng.uniform(0.1, 8) * rng.standard_normal(n))
+        if trial % 4 == 1:
+            w[rng.random(n) < 0.95] = 0.0
+        elif trial % 4 == 2:
+            w[: n // 3] = 0.0
+            w[-(n // 3) :] = 0.0
+        if not w.any():
+            w[rng.integers(n)] = 1.0
+        w = w.astype(np.float32 if trial % 2 else np.float64)
+        seed = int(rng.integers(1 << 31))
+        want = np.random.default_rng(seed).choice(n, p=w / w.sum(dtype=np.float64))
+        assert inverse_cdf(w, np.random.default_rng(seed).random()) == want, f"trial {trial}"
+        assert inverse_cdf(w, 0.0) == np.flatnonzero(w)[0]
+        # (where choice's running sum and the blocks' round apart, a token with weight all the same)
+        assert w[inverse_cdf(w, np.nextafter(1.0, 0.0))] > 0
+
+
 def test_nucleus_is_the_sorted_prefix():
     """top_p's mask against a full stable sort: peaked and flat distributions, ties at the
     cut (equal probabilities on both sides of the candidate boundary), top_p near 1."""
@@ -152,7 +179,8 @@ def test_nucleus_is_the_sorted_prefix():
 def test_truncated_draws_over_a_large_vocabulary_are_numpys_choice(params):
     """top-k / top-p at a 32k vocabulary (the sampler draws from the likely tokens only,
     runtime/sampler.py's _draw_truncated): each token is what the full-vocabulary path
-    (probabilities() then draw()) draws, bit for bit, for peaked, flat and tied logits; for
+    (probabilities() then draw()) draws, for peaked, flat and tied logits (the two differ only
+    where the uniform number lies within float64 rounding of a boundary); for
     the peaked ones (a trained model's) also what numpy's choice draws, for the same seed,
     from the distribution computed here in float64 over the whole vocabulary. (Over a flat
     or tied nucleus of thousands of tokens float32's running sums put a boundary ~1e-6
