@@ -19,11 +19,13 @@ A GPU target's optional "topk": {"kernel": NAME, "block": THREADS, "max_k": K} n
 program's row top-k kernel (templates/hip/topk.hip.j2: logits, vocab, k, vals, ids, stats;
 one block per row), which GpuBackend.step_top runs after a step so that only k values and ids
 per row are copied back; without it the runtime picks them from the logits on the host. Its
-optional "greedy" and "split": {"kernel": NAME, "block": THREADS, "blocks": G} are the same on
-G blocks a row, which the runtime runs instead for up to 64 rows: "greedy" for k = 1 (logits,
-vocab, vals, ids, stats, partials [rows, G, 4] words, a counter per row that is zero between
-launches), "split" for k > 1 (logits, vocab, k, vals, ids, stats, partials [rows, G, 2k + 2]
-words, the counters).
+optional "pick" and "split": {"kernel": NAME, "block": THREADS, "blocks": G} are the same on
+G blocks a row, which the runtime runs instead for up to 64 rows: "pick" for k = 1 (logits,
+vocab, vals, ids, stats, partials [rows, G, 5] words, a counter per row that is zero between
+launches, and a draw per row: 1 / temperature and a uniform number, 1 / temperature 0 for the
+greedy pick, else a token drawn at that temperature), "split" for k > 1 (logits, vocab, k, vals,
+ids, stats, partials [rows, G, 2k + 2] words, the counters). Plans before "pick" have "greedy":
+"pick" without the draw (partials of 4 words).
 
 A target's steps are launch lists over the same buffers: the cpu target has one,
 "forward" (any T; its C entry point hipc_forward is rendered from it), GPU targets have

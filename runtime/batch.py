@@ -288,6 +288,12 @@ class BatchEngine:
         return int(getattr(self.backend, "max_top_k", 0) or 0) if self._step_top else 0
 
     @property
+    def draws_on_device(self) -> int:
+        """The most rows a step picked on the device (top 1) draws at a temperature (submit's
+        `draw`): the backend's, where steps overlap; 0 where it cannot."""
+        return int(getattr(self.backend, "draws_on_device", 0) or 0) if self.overlaps else 0
+
+    @property
     def overlaps(self) -> bool:
         """Whether a step can be in flight while the host works (a backend with
         `submit_step` and `collect`: a GPU's): `submit` then returns at once and the caller
@@ -323,7 +329,7 @@ class BatchEngine:
         self.submit(top)
         return self.collect()
 
-    def submit(self, top: int = 0, ahead: bool = False) -> bool:
+    def submit(self, top: int = 0, ahead: bool = False, draw=None) -> bool:
         """Start one step (run_step's, without waiting where the backend `overlaps`); False
         when no sequence has a token to compute. Between submit and `collect` sequences may
         be fed (those whose tokens are all queued), admitted and released (their blocks go
@@ -333,7 +339,12 @@ class BatchEngine:
         is collected. Each sequence that step returns a token for decodes on in this one
         from that token, which the device copies from its own pick (top-1); `collect`
         returns the two in order, and the host feeds each sequence that same token. A
-        sequence that the earlier step's token ends has its row here computed for nothing."""
+        sequence that the earlier step's token ends has its row here computed for nothing.
+
+        `draw` (with top 1, where the step returns at most `draws_on_device` rows): called
+        once for each sequence the step returns a token for, in row order, its
+        (1 / temperature, u) (Decoding.draw): 0 for its greedy token, else the token drawn at
+        that temperature by u, picked on the device."""
         feed_from = None
         if self._in_flight:
             if not ahead:
@@ -350,6 +361,12 @@ class BatchEngine:
         serial = self.steps
         if self.overlaps:
             extra = {"feed": feed} if feed_from is not None else {}
+            if draw is not None and wanted and on_device and top == 1:
+                if len(wanted) > self.draws_on_device:
+                    raise HipcError(
+                        f"a step draws on the device for at most {self.draws_on_device} rows"
+                    )
+                extra["draws"] = np.array([draw(s) for s in wanted], np.float32)
             if wanted:
                 self._submit_step(*args, out_rows, top if on_device else 0, **extra)
             else:  # the entry point writes at least one row of logits: the last, dropped

@@ -112,7 +112,13 @@ class CompiledEngine:
             return self.sequence.forward(list(tokens), start)
         return self._run(tokens, start, False, copy)[-1]
 
-    def submit(self, tokens: Sequence[int], start: int, argmax: bool = False) -> None:
+    def submit(
+        self,
+        tokens: Sequence[int],
+        start: int,
+        argmax: bool = False,
+        draw: tuple[float, float] | None = None,
+    ) -> None:
         """Start the step of `tokens` (at most one step's worth) and return before it ends;
         `collect()` gives its last token's logits. On a GPU the host is free meanwhile (the
         generation loop detokenizes the token before while the next step runs), recurrent
@@ -120,7 +126,11 @@ class CompiledEngine:
         restore around it: most decode steps); elsewhere (the CPU backend, a step at a
         snapshot boundary) the step runs in `collect()`. A step left uncollected is waited
         for by the next call. `argmax`: only the last token's argmax is wanted
-        (`collect_argmax()`), which a GPU backend with the top-k kernel picks on the device."""
+        (`collect_argmax()`), which a GPU backend with the top-k kernel picks on the device;
+        `draw` (where `can_draw`, with argmax): (1 / temperature, u), the token drawn from the
+        softmax at that temperature instead (Decoding.draw), picked on the device."""
+        if draw is not None and not (argmax and self.can_draw):
+            raise HipcError("this engine draws no tokens on the device")
         self._drain()
         self._check(tokens, start)
         if len(tokens) > self.backend.max_tokens or start + len(tokens) > self.max_context:
@@ -137,7 +147,15 @@ class CompiledEngine:
         self._queued.append((tokens, start, passed, on_device))
         if passed:
             top = 1 if on_device else 0
-            self.backend.submit(np.asarray(tokens, dtype=np.int64), start, False, top=top)
+            ids = np.asarray(tokens, dtype=np.int64)
+            self.backend.submit(ids, start, False, top=top, **({"draw": draw} if draw else {}))
+
+    @property
+    def can_draw(self) -> bool:
+        """Whether submit and submit_next can pick a token drawn at a temperature on the device
+        (`draw`): a GPU backend whose pick kernel draws, and no recurrent sequence (whose steps
+        at a snapshot run on the host)."""
+        return self._async and getattr(self.backend, "draws_on_device", 0) >= 1
 
     @property
     def can_submit_next(self) -> bool:
@@ -149,12 +167,15 @@ class CompiledEngine:
             and getattr(self.backend, "max_top_k", 0) >= 1
         )
 
-    def submit_next(self, start: int) -> None:
+    def submit_next(self, start: int, draw: tuple[float, float] | None = None) -> None:
         """Queue the decode step at `start` of the token that the one step in flight (submitted
         with argmax=True, picked on the device) is computing, before it is collected: the
         device goes from step to step with no host round trip between them (a greedy
         generation's loop). collect_argmax() returns the picks in order; a step queued so for a
-        sequence that then stops is collected and dropped (its KV entry is past the end)."""
+        sequence that then stops is collected and dropped (its KV entry is past the end).
+        `draw`: as submit's, for this step's token."""
+        if draw is not None and not self.can_draw:
+            raise HipcError("this engine draws no tokens on the device")
         if not self.can_submit_next:
             raise HipcError("this engine cannot queue a step fed on the device")
         if len(self._queued) != 1 or not self._queued[0][3]:
@@ -163,7 +184,8 @@ class CompiledEngine:
             raise HipcError(
                 f"context overflow: {start + 1} positions, the artifact holds {self.max_context}"
             )
-        self.backend.submit(np.zeros(1, np.int64), start, False, top=1, ahead=True)
+        extra = {"draw": draw} if draw else {}
+        self.backend.submit(np.zeros(1, np.int64), start, False, top=1, ahead=True, **extra)
         self._queued.append((None, start, True, True))
 
     def collect(self, copy: bool = True) -> np.ndarray:
@@ -185,8 +207,8 @@ class CompiledEngine:
 
     def collect_argmax(self) -> int:
         """The argmax of the last token's logits of the step `submit` started (the lowest id
-        of equal maxima, as np.argmax): picked on the device where submit(argmax=True) could
-        ask for it, else from the logits."""
+        of equal maxima, as np.argmax), or the token drawn where submitted with a `draw`:
+        picked on the device where submit(argmax=True) could ask for it, else from the logits."""
         if not self._queued or not self._queued[0][3]:
             return int(np.argmax(self.collect(copy=False)))
         tokens, start, _, _ = self._queued.popleft()

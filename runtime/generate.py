@@ -139,9 +139,14 @@ class Generation:
         # token, with the GPU idle)
         view = submit is not None and "copy" in inspect.signature(self.engine.collect).parameters
         # a greedy sequence wants only each step's argmax, which the engine may pick on the
-        # device (one value copied back instead of a vocabulary of logits)
+        # device (one value copied back instead of a vocabulary of logits); so does one drawn
+        # at a temperature alone, where the engine draws on the device (Decoding.draw: the
+        # same uniform numbers from the sequence's generator, one a token)
+        drawn = bool(decoding.device_draw) and getattr(self.engine, "can_draw", False)
         argmax = (
-            submit is not None and decoding.greedy_argmax and hasattr(self.engine, "collect_argmax")
+            submit is not None
+            and (decoding.greedy_argmax or drawn)
+            and hasattr(self.engine, "collect_argmax")
         )
         # and where the engine can, the step after is queued before this one is collected,
         # its token the device's pick: the device goes from step to step without waiting for
@@ -154,14 +159,19 @@ class Generation:
         ) is not None:
             running = submit is not None and decoding.continues()
             if running and not queued:
-                if argmax:
+                if drawn:
+                    submit([token], pos, argmax=True, draw=decoding.draw())
+                elif argmax:
                     submit([token], pos, argmax=True)
                 else:
                     submit([token], pos)
             # the token the step in flight computes leaves room for one more step
             queued = ahead and running and decoding.continues(1)
             if queued:
-                self.engine.submit_next(pos + 1)
+                if drawn:
+                    self.engine.submit_next(pos + 1, draw=decoding.draw())
+                else:
+                    self.engine.submit_next(pos + 1)
             step = decoding.emit()
             if step is None:
                 if queued:
@@ -237,6 +247,38 @@ class Decoding:
             and self.constraint is None
             and self.request.logprobs is None
         )
+
+    @property
+    def device_draw(self) -> float | None:
+        """1 / temperature where this sequence's sampling step is the raw logits' argmax (0)
+        or a draw from their softmax at a temperature alone (no truncation, penalty, bias,
+        grammar or logprobs): what a device pick makes (`draw()`); None where it needs the
+        host sampler."""
+        p = self.sampler.params
+        if (
+            self.sampler.moves_logits
+            or self.constraint is not None
+            or self.request.logprobs is not None
+        ):
+            return None
+        if p.greedy:
+            return 0.0
+        if p.top_k or p.top_p < 1.0 or p.min_p > 0:
+            return None
+        return 1.0 / max(p.temperature, 1e-6)  # (the host sampler's floor)
+
+    def draw(self) -> tuple[float, float]:
+        """(1 / temperature, u) for a device pick of the next token (`device_draw` not None):
+        u is the uniform number the host sampler's draw would take from this sequence's
+        generator, so the device picks the token the host would (but within float32 rounding
+        of a boundary between two tokens); a greedy sequence's (0, 0) takes none."""
+        inv_t = self.device_draw
+        if inv_t is None:
+            raise HipcError("this sequence's sampling needs its logits on the host")
+        if not inv_t:
+            return 0.0, 0.0
+        # (a u that float32 would round up to 1 is the float32 just below it)
+        return inv_t, min(self.sampler.rng.random(), 1.0 - 2.0**-24)
 
     def sample(self, logits: np.ndarray) -> int | None:
         """advance's first half: the token sampled from `logits` (recorded), or None when it

@@ -314,6 +314,24 @@ SMOLLM2_CHAT_PROMPTS = [
 ]
 
 
+def assert_drawn(x, inv_t: float, u: float, got: int) -> None:
+    """A device pick at 1 / temperature inv_t by u over logits row x: the host sampler's
+    inverse_cdf token (runtime/sampler.py) from exp((x - max) * inv_t), or, where u lies within
+    float32 rounding of a boundary (1e-5 of the distribution), the token across it."""
+    import numpy as np
+
+    from hipc.runtime.sampler import inverse_cdf
+
+    w = np.exp((np.asarray(x, np.float64) - np.max(x)) * inv_t)
+    want = inverse_cdf(w, u)
+    assert w[got] > 0, f"token {got} has no weight"
+    if got != want:
+        cdf = np.cumsum(w) / w.sum()
+        lo, hi = sorted((got, want))
+        assert not w[lo + 1 : hi].any(), f"{got} against {want}: tokens with weight between"
+        assert abs(cdf[lo] - u) < 1e-5, f"{got} against {want}: u {u} not at their boundary"
+
+
 def rel_err(a, b) -> float:
     """Largest absolute difference, relative to the largest reference value."""
     import numpy as np

@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 
 TOPK_KERNEL = "hipc_topk"
 TOPK_BLOCK = 1024  # threads per row: the row is read ~6 times (max, sum, selection passes)
-# the row top-k on several blocks a row (hipc_topk_greedy for k = 1, hipc_topk_split for
-# more): each thread GREEDY_PER_THREAD values at most, each block GREEDY_BLOCK threads, so a
-# 128k vocabulary is 63 blocks
+# the row top-k on several blocks a row (hipc_topk_pick for k = 1: the greedy pick or a draw
+# at a temperature; hipc_topk_split for more): each thread GREEDY_PER_THREAD values at most,
+# each block GREEDY_BLOCK threads, so a 128k vocabulary is 63 blocks
 GREEDY_BLOCK = 256
 GREEDY_PER_THREAD = 8
 
@@ -218,7 +218,7 @@ def render_hip_program(c: Compilation, gpu: GpuTarget) -> HipProgram:
                     "block": GREEDY_BLOCK,
                     "blocks": greedy_blocks,
                 }
-                for form in ("greedy", "split")
+                for form in ("pick", "split")
             },
         },
     }

@@ -18,6 +18,9 @@ the rows adding one piece each:
   engine forward        CompiledEngine.forward([token], position)
   engine forward, view  the same with copy=False: bench_gpu.py's decode loop
   engine argmax         submit(argmax=True) + collect_argmax: hipc generate's greedy step
+  ... pipelined         the same with the next step queued before each collect (submit_next,
+                        the pick fed on the device): hipc generate's greedy loop
+  engine draw ...       that loop drawing each token at temperature 0.8 on the device
   row copy alone        one row of logits copied out of the pinned buffer
 """
 
@@ -110,6 +113,21 @@ def main() -> None:
         eng.submit([5], pos, argmax=True)
         eng.collect_argmax()
 
+    def pipelined(inv_t: float = 0.0) -> float:  # hipc generate's loop: steps queued ahead
+        if not (eng.can_draw if inv_t else eng.can_submit_next):
+            return float("nan")
+        extra = (lambda: {"draw": (inv_t, 0.5)}) if inv_t else dict
+        runs = []
+        for _ in range(3):
+            t = time.perf_counter()
+            eng.submit([5], pos, argmax=True, **extra())
+            for p in range(pos + 1, pos + n):
+                eng.submit_next(p, **extra())
+                eng.collect_argmax()
+            eng.collect_argmax()
+            runs.append((time.perf_counter() - t) / n * 1e6)
+        return statistics.median(runs)
+
     rows = [
         ("graph back to back", per_step_us(lambda: d.graph_launch(exe), n, d.synchronize)),
         ("graph, wait", per_step_us(lambda: (d.graph_launch(exe), d.synchronize()), n)),
@@ -120,6 +138,8 @@ def main() -> None:
         ("engine forward", per_step_us(lambda: eng.forward([5], pos), n)),
         ("engine forward, view", per_step_us(lambda: eng.forward([5], pos, copy=False), n)),
         ("engine argmax", per_step_us(argmax, n)),
+        ("engine argmax, pipelined", pipelined()),
+        ("engine draw at T 0.8, pipelined", pipelined(1 / 0.8)),
         ("row copy alone", per_step_us(lambda: b._logits_host[0:1].copy(), n)),
     ]
     d.destroy_graph(graph, with_d2h)

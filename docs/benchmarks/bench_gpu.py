@@ -147,6 +147,43 @@ def write_model(name: str, folder: Path) -> int:
     return total - 2 * vocab * d + 2 * d  # one embedding row, not the table
 
 
+def pipelined(eng, token: int, n: int, inv_t: float = 0.0) -> float:
+    """Seconds for n tokens from an empty cache as `hipc generate` runs them where the device
+    picks (runtime/generate.py): each step's token picked on the device (greedy, or drawn at
+    1 / temperature inv_t by a uniform number, Decoding.draw) and the next step queued before
+    the host collects it, so the device goes from step to step without waiting for the host.
+    The tokens are checked against forward()'s logits: greedy, their argmax; drawn, the host
+    sampler's inverse_cdf for the same uniform number (a float32 boundary apart at most)."""
+    from hipc.runtime.sampler import inverse_cdf
+
+    us = np.random.default_rng(7).random(n)
+    draw = (lambda i: (inv_t, float(us[i]))) if inv_t else (lambda i: None)
+    t = time.perf_counter()
+    eng.submit([token], 0, argmax=True, **({"draw": draw(0)} if inv_t else {}))
+    picks = []
+    for pos in range(1, n):
+        eng.submit_next(pos, **({"draw": draw(pos)} if inv_t else {}))
+        picks.append(eng.collect_argmax())
+    picks.append(eng.collect_argmax())
+    s = time.perf_counter() - t
+    # the same tokens fed back one at a time, the pick made from their logits on the host
+    tok, off = token, 0
+    for pos in range(n):
+        x = eng.forward([tok], pos, copy=False)
+        if inv_t:
+            w = np.exp((x.astype(np.float64) - x.max()) * np.float32(inv_t))
+            want = inverse_cdf(w, float(np.float32(us[pos])))
+            cdf = np.cumsum(w) / w.sum()
+            near = abs(cdf[min(want, picks[pos])] - np.float32(us[pos])) < 1e-5
+            off += picks[pos] != want and not near
+        else:
+            off += picks[pos] != int(x.argmax())
+        tok = picks[pos]
+    if off:
+        raise SystemExit(f"pipelined picks: {off} of {n} tokens not the host's pick")
+    return s
+
+
 def bench_hipc(
     artifact: Path, repeats: int, prompt: int, decode: int, overlap: bool = True
 ) -> dict:
@@ -161,7 +198,7 @@ def bench_hipc(
     ids = np.random.default_rng(1).integers(0, eng.vocab_size, prompt).tolist()
     eng.forward(ids, 0)
     eng.forward([1], prompt)
-    pf, dc, ev, ev0 = [], [], [], []
+    pf, dc, ev, ev0, gr0, dr0 = [], [], [], [], [], []
     # The decode loops read each step's logits where they were copied back to (copy=False:
     # the pinned buffer, valid until the next step), as llama.cpp's llama_get_logits hands
     # out its output buffer; a copy of the row on top costs ~50 us a token
@@ -186,6 +223,10 @@ def bench_hipc(
         for i in range(decode):
             eng.forward([tok], i, copy=False)
         ev0.append(decode / (time.perf_counter() - t))
+        if eng.can_submit_next:
+            gr0.append(decode / pipelined(eng, tok, decode))
+        if getattr(eng, "can_draw", False):
+            dr0.append(decode / pipelined(eng, tok, decode, 1 / 0.8))
     eng.close()
     return {
         "load_s": load_s,
@@ -193,6 +234,8 @@ def bench_hipc(
         "decode": statistics.median(dc),
         "decode_eval": statistics.median(ev),
         "decode_eval0": statistics.median(ev0),
+        "greedy0": statistics.median(gr0) if gr0 else 0.0,
+        "drawn0": statistics.median(dr0) if dr0 else 0.0,
         "kernels": kernels,
     }
 

@@ -8,7 +8,8 @@ The Llama-3-8B shape in llama-quantize's types for --model (bench_gpu_quant.writ
 blocks) is compiled once per --variant NAME=VAR=VALUE[;VAR=VALUE] (compile-time environment
 variables: a geometry table, an experiment's switch) and each artifact is timed by
 bench_gpu.bench_hipc (a --context-token prefill, 128-token decode from an empty cache and
-after --context tokens) in alternating rounds, so that drift between them shows; with
+after --context tokens, and 128 tokens as `hipc generate` runs them, greedy and at
+temperature 0.8: the device's pick feeding the next step, queued ahead) in alternating rounds, so that drift between them shows; with
 --profile each decode graph is profiled by kind (profile_gpu_decode.py --ablate --position
 64); llama.cpp's llama-bench on the same file when given (the same prefill and depths); the
 copy ceiling measured in the same run.
@@ -90,7 +91,7 @@ def main() -> None:
             rows.append(
                 [f"hipc, {name} (round {r + 1})", f"{m['prefill']:,.0f}", f"{m['decode_eval0']:,.1f}",
                  f"{m['decode_eval']:,.1f}", f"{gb:,.0f}", f"{100 * gb * 1e9 / bw:.0f}%",
-                 str(m["kernels"])]
+                 f"{m['greedy0']:,.1f}", f"{m['drawn0']:,.1f}", str(m["kernels"])]
             )  # fmt: skip
             bq.log(" | ".join(rows[-1]))
     if args.profile:
@@ -104,11 +105,12 @@ def main() -> None:
             gb = lc["decode"] * read / 1e9
             rows.append(
                 ["llama.cpp (llama-bench, same file)", f"{lc['prefill']:,.0f}", f"{lc['decode']:,.1f}",
-                 f"{lc.get(f'decode_d{args.context}', 0):,.1f}", f"{gb:,.0f}", f"{100 * gb * 1e9 / bw:.0f}%", ""]
+                 f"{lc.get(f'decode_d{args.context}', 0):,.1f}", f"{gb:,.0f}", f"{100 * gb * 1e9 / bw:.0f}%", "", "", ""]
             )  # fmt: skip
     n = args.context
     head = ["engine", f"prefill {n} tok/s", "decode @0 (tg128)", f"decode @{n}", "GB/s @0",
-            "% of copy", "decode launches"]  # fmt: skip
+            "% of copy", "greedy @0 (generate's loop)", "T 0.8 @0 (drawn on the device)",
+            "decode launches"]  # fmt: skip
     lines = [f"copy ceiling {bw / 1e12:.2f} TB/s (same run)", "", "| " + " | ".join(head) + " |",
              "|" + "---|" + "---:|" * (len(head) - 1)]  # fmt: skip
     lines += ["| " + " | ".join(row) + " |" for row in rows] + [""] + notes

@@ -194,7 +194,7 @@ class DeviceMemory:
     recurrent: int  # a separate block: it grows with the batch's slots (ensure_slots)
     arena: int
     scratch: int
-    inputs: int  # ids, pos, seq
+    inputs: int  # ids, pos, seq, the device pick's draws
     tables: int
     logits: int
     top: int = 0  # step_top's values, ids and row stats
@@ -253,13 +253,17 @@ def device_memory(
         recurrent=r_total,
         arena=gpu.arena_bytes,
         scratch=gpu.scratch_bytes,
-        inputs=16 * gpu.max_tokens,
+        inputs=INPUT_BYTES * gpu.max_tokens,
         tables=4 * table_rows(gpu) * kv_table,
         logits=4 * gpu.max_tokens * gpu.vocab,
         top=4 * gpu.max_tokens * (2 * TOPK_MAX + 2) if gpu.topk else 0,
         picks=4 * pick_rows(gpu) * (pick_blocks(gpu) * (2 * TOPK_MAX + 2) + 1),
     )
 
+
+# step input bytes a row: the id (int64), position and sequence (int32), and the draw a
+# device pick reads (float32: 1 / temperature, u)
+INPUT_BYTES = 24
 
 # the most rows a step's top-k runs on several blocks a row (more: a block a row, which with
 # that many rows fills the GPU anyway)
@@ -277,9 +281,11 @@ def pick_blocks(gpu: TargetPlan) -> int:
 
 def topk_kernels(gpu: TargetPlan) -> list[dict[str, Any]]:
     """The plan's top-k kernels: the row top-k, then the several-block ones it has (topk's
-    "greedy", k = 1, and "split", k > 1: kernel, block, blocks); none without the row top-k."""
+    "pick", k = 1, or an older plan's "greedy", and "split", k > 1: kernel, block, blocks);
+    none without the row top-k."""
     topk = gpu.topk or {}
-    return [topk, *(topk[key] for key in ("greedy", "split") if key in topk)] if topk else []
+    forms = ("pick", "greedy", "split")
+    return [topk, *(topk[key] for key in forms if key in topk)] if topk else []
 
 
 def fit_positions(
@@ -503,13 +509,16 @@ class GpuBackend:
         n_slots = 2 if self.pipelines else 1
         self._top_hosts = [self._pinned(np.float32, mem.top // 4) if mem.top else None
                            for _ in range(n_slots)]  # fmt: skip
-        self._inputs_hosts = [self._pinned(np.uint8, 16 * MT) for _ in range(n_slots)]
-        # per slot: the inputs (ids int64, pos and seq int32, MT each), their address, views
+        self._inputs_hosts = [self._pinned(np.uint8, INPUT_BYTES * MT) for _ in range(n_slots)]
+        # per slot: the inputs (ids int64, pos and seq int32, MT each, then the draws [MT, 2]
+        # float32), their address, views
         self._slot_views = [
             (raw, raw.ctypes.data, raw[: 8 * MT].view(np.int64),
-             raw[8 * MT : 12 * MT].view(np.int32), raw[12 * MT :].view(np.int32), top)
+             raw[8 * MT : 12 * MT].view(np.int32), raw[12 * MT : 16 * MT].view(np.int32), top,
+             raw[16 * MT :].view(np.float32).reshape(MT, 2))
             for raw, top in zip(self._inputs_hosts, self._top_hosts, strict=True)
         ]  # fmt: skip
+        self._draw_base = self.bases.ids + 16 * MT
         self._use_slot(0)
         # table rows: a row per sequence of a batch, then PAD (padding rows: every entry the
         # spare block) and SOLO (forward(): block b of the one sequence is pool block b). A
@@ -832,6 +841,7 @@ class GpuBackend:
         all_logits: bool = False,
         top: int = 0,
         ahead: bool = False,
+        draw: tuple[float, float] | None = None,
     ) -> None:
         """Queue one sequence's step (copies in, the launches, the logits' copy out) without
         waiting for it: the host may do other work (detokenizing the last token) while the
@@ -843,7 +853,9 @@ class GpuBackend:
         `ahead` (a decode step, where `pipelines`): its token is the top-1 pick of the one
         step in flight (submitted with `top`), copied on the device, so it is queued before
         that step is collected and the device never waits for the host between them; `ids`
-        is a placeholder. `collect` returns the steps in order."""
+        is a placeholder. `collect` returns the steps in order.
+        `draw` (with top 1, where `draws_on_device`): (1 / temperature, u), the token drawn
+        at that temperature instead of the greedy one (submit_step's `draws`)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         T = int(ids.size)
         self._check_step(T, ahead)
@@ -857,12 +869,13 @@ class GpuBackend:
         if ahead:
             self._check_feed(feed, T)
         rows = T if all_logits else 1
+        draws = None if draw is None else self._check_draws([draw], top, 1)
         if T == 1:  # a decode step: scalars into the pinned inputs (no arrays to build)
-            self._queue(ids, start, self.SOLO, "decode", 1, 1, slice(0, 1), top, feed)
+            self._queue(ids, start, self.SOLO, "decode", 1, 1, slice(0, 1), top, feed, draws)
             return
         pos = np.arange(start, start + T, dtype=np.int32)
         self._queue(ids, pos, np.full(T, self.SOLO, np.int32), "prefill", T, rows,
-                    slice(0, rows), top)  # fmt: skip
+                    slice(0, rows), top, (), draws)  # fmt: skip
 
     def step(
         self,
@@ -890,6 +903,7 @@ class GpuBackend:
         out_rows: np.ndarray,
         top: int = 0,
         feed: Sequence[tuple[int, int, int]] | None = None,
+        draws: np.ndarray | None = None,
     ) -> None:
         """Queue step()'s work (`top` 1..max_top_k: step_top's, picked on the device) without
         waiting: the host streams the last step's tokens while the GPU runs this one;
@@ -902,13 +916,40 @@ class GpuBackend:
         rows whose ids are that step's top-1 picks of its out rows, copied on the device, so
         this step needs nothing from the host the last one computes and the device never
         waits for the host between them. Those rows' `ids` are placeholders. `collect` then
-        returns the steps in order."""
+        returns the steps in order.
+
+        `draws` ([out rows, 2], with top 1, where `draws_on_device`): each out row's
+        (1 / temperature, u): 0 picks the greedy token, else the token drawn from
+        softmax(logits / temperature) by u, a uniform number in [0, 1) (the host sampler's
+        inverse_cdf, in float32)."""
         if top and not 1 <= top <= self.max_top_k:
             raise HipcError(f"submit_step: top {top} needs the device top-k (<= {self.max_top_k})")
         if feed is not None:
             self._check_feed(feed, len(ids))
+        if draws is not None:
+            draws = self._check_draws(draws, top, len(out_rows))
         self._queue(*self._batch_step(ids, pos, seq, tables, out_rows, ahead=feed is not None),
-                    top=top, feed=feed or ())  # fmt: skip
+                    top=top, feed=feed or (), draws=draws)  # fmt: skip
+
+    @property
+    def draws_on_device(self) -> int:
+        """The most rows a step with top 1 draws at a temperature on the device (`draws`);
+        0 where the plan's pick kernel is greedy only (an older artifact) or absent."""
+        return self._pick_rows if self.gpu.topk and "pick" in self.gpu.topk else 0
+
+    def _check_draws(self, draws, top: int, n_out: int) -> np.ndarray:
+        draws = np.asarray(draws, dtype=np.float32).reshape(-1, 2)
+        if top != 1 or len(draws) != n_out or n_out > self.draws_on_device:
+            raise HipcError(
+                f"draws: one (1 / temperature, u) per out row with top 1, for at most "
+                f"{self.draws_on_device} rows (got {len(draws)} for {n_out}, top {top})"
+            )
+        inv_t, u = draws[:, 0], draws[:, 1]
+        if not (
+            np.isfinite(inv_t).all() and (inv_t >= 0).all() and (u >= 0).all() and (u < 1).all()
+        ):
+            raise HipcError("draws: 1 / temperature must be finite and >= 0, u in [0, 1)")
+        return draws
 
     def _check_feed(self, feed: Sequence[tuple[int, int, int]], T: int) -> None:
         if not self.pipelines:
@@ -934,6 +975,7 @@ class GpuBackend:
             self._pos_host,
             self._seq_host,
             self._top_host,
+            self._draw_host,
         ) = self._slot_views[k]
 
     def step_top(
@@ -1046,11 +1088,21 @@ class GpuBackend:
             raise HipcError(f"a step runs 1 to {self.max_tokens} tokens, got {T}")
 
     def _queue(
-        self, ids, pos, seq, kind: str, B: int, rows: int, pick, top: int = 0, feed=()
+        self,
+        ids,
+        pos,
+        seq,
+        kind: str,
+        B: int,
+        rows: int,
+        pick,
+        top: int = 0,
+        feed=(),
+        draws=None,
     ) -> None:
         """Copy T rows in (padded to B; `feed`'s rows from the step in flight's picks), launch
         `kind`'s list at B rows, copy out the logits rows `pick` reads (`top`: their top-k
-        instead, selected on the device)."""
+        instead, selected on the device; `draws`: top 1's draws per picked row)."""
         T = len(ids)
         if kind == "decode":
             launches = self.gpu.decode
@@ -1085,6 +1137,9 @@ class GpuBackend:
                 self._ids_host[T:B], self._pos_host[T:B], self._seq_host[T:B] = 0, 0, self.PAD
             for row, _, n in feed:  # the copies below write their low halves only
                 self._ids_host[row : row + n] = 0
+            if top == 1 and self._draw_host is not None:
+                n_out = pick.stop - pick.start
+                self._draw_host[:n_out] = 0 if draws is None else draws
             # (addresses read once: numpy's .ctypes builds an object per access, microseconds a step)
             d.h2d(self.bases.ids, self._inputs_addr, self._inputs_host.nbytes)
             if feed:
@@ -1129,10 +1184,14 @@ class GpuBackend:
     def _queue_top(self, runs: list[tuple[int, int, int]], k: int) -> None:
         """The top-k kernel over each run of wanted logits rows, then the packed values, ids
         and row stats copied back: for at most PICK_ROWS rows the plan's several-block kernel
-        (k = 1: "greedy", else "split"), else one block a row."""
+        (k = 1: "pick", reading the slot's draws, or an older plan's "greedy"; else "split"),
+        else one block a row."""
         n_all = sum(n for _, _, n in runs)
         spec = self.gpu.topk
-        split = spec.get("greedy" if k == 1 else "split") if n_all <= self._pick_rows else None
+        split = None
+        if n_all <= self._pick_rows:
+            split = (spec.get("pick") or spec.get("greedy")) if k == 1 else spec.get("split")
+        draws = k == 1 and "pick" in spec
         vals, ids = self._top_base, self._top_base + 4 * self.max_tokens * k
         stats = ids + 4 * self.max_tokens * k
         for at, to, n in runs:
@@ -1140,9 +1199,12 @@ class GpuBackend:
             out += [] if k == 1 and split else [("i32", k)]
             out += [("u64", vals + 4 * to * k), ("u64", ids + 4 * to * k), ("u64", stats + 8 * to)]
             if split:
-                G, words = int(split["blocks"]), 4 if k == 1 else 2 * k + 2
+                G = int(split["blocks"])
+                words = (5 if draws else 4) if k == 1 else 2 * k + 2
                 out += [("u64", self._picks_base + 4 * G * words * to),
                         ("u64", self._pick_counters + 4 * to)]  # fmt: skip
+                if draws:
+                    out.append(("u64", self._draw_base + 8 * to))
                 kernel, grid, block = split["kernel"], (G, n, 1), int(split["block"])
             else:
                 kernel, grid, block = spec["kernel"], (n, 1, 1), int(spec["block"])

@@ -97,7 +97,10 @@ class BatchScheduler:
         self._work: dict[Job, _Work] = {}  # submitted, not finished
         self._active: list[_Work] = []  # started (at least one choice admitted)
         self._owner: dict[Sequence, tuple[_Work, _Choice]] = {}  # running sequences' choices
-        self._sampled = 0  # of them, those not plain greedy (no device-picked tokens then)
+        # of them, those drawn at a temperature (Decoding.device_draw > 0: picked on the
+        # device where the batch draws for every row) and those sampled on the host
+        # (device_draw None: no device-picked tokens then)
+        self._drawn = self._host = 0
         self._cv = threading.Condition()
         self._closed = self._stop = False
         self._deadline = float("inf")
@@ -253,16 +256,23 @@ class BatchScheduler:
                 self._finish(w)
 
     def _submit(self, ahead: bool = False) -> bool:
-        """Start the next step (`ahead` of the one in flight where every running choice is
-        plain greedy); False when no sequence has a token to compute or it cannot go ahead."""
+        """Start the next step (`ahead` of the one in flight where every running choice's
+        token is picked on the device); False when no sequence has a token to compute or it
+        cannot go ahead."""
         if not self.batch.running:
             return False
-        # every running choice plain greedy: the backend may pick the tokens on the
-        # device (rows x 1 values back instead of rows x vocab logits)
-        top = 1 if self._all_greedy else 0
+        # every running choice plain greedy, or drawn at a temperature alone where the batch
+        # draws on the device for all its rows: the backend picks the tokens (rows x 1
+        # values back instead of rows x vocab logits), the draws' uniform numbers taken
+        # from each choice's generator as its host sampler would
+        top = 1 if self._picked_on_device else 0
         if ahead and not top:
             return False
-        return self.batch.submit(top, ahead=ahead)
+        draw = self._draw if top and self._drawn else None
+        return self.batch.submit(top, ahead=ahead, draw=draw)
+
+    def _draw(self, seq: Sequence) -> tuple[float, float]:
+        return self._owner[seq][1].decoding.draw()
 
     def _admit(self) -> None:
         """Under the lock: start choices, first come first served, while they fit."""
@@ -305,8 +315,7 @@ class BatchScheduler:
                 w.metrics.prompt_reuse.inc()
             c.seq, c.decoding, c.t0 = seq, c.gen.decoding(), time.perf_counter()
             self._owner[seq] = (w, c)
-            if not c.decoding.greedy_argmax:
-                self._sampled += 1
+            self._count(c.decoding, 1)
             w.next_admit += 1
             if w.stream:
                 self._emit(w, c.spec.index, ("start", c.spec.index))
@@ -314,8 +323,8 @@ class BatchScheduler:
 
     def _take(self, out: StepOut) -> list[tuple[_Work, _Choice, int | None]]:
         """Sample every finished row of the step and feed its token (the next step's input):
-        the rows whose sampling is the raw argmax in one call over the step's logits (or
-        from the device's picks), the others each by its own sampler. The rest of each
+        the device's picks (greedy or drawn, submitted so), else the rows whose sampling is
+        the raw argmax in one call over the step's logits, the others each by its own sampler. The rest of each
         row's work (text, stops, streaming) is `_stream`'s, which may run while the next
         step does: a token fed here whose row then ends (a stop string) costs a wasted row."""
         taken: list[tuple[_Work, _Choice, int | None]] = []
@@ -390,14 +399,24 @@ class BatchScheduler:
                 self._finish(w)
 
     @property
-    def _all_greedy(self) -> bool:
-        return bool(self._owner) and not self._sampled
+    def _picked_on_device(self) -> bool:
+        if not self._owner or self._host:
+            return False
+        return not self._drawn or len(self._owner) <= self.batch.draws_on_device
+
+    def _count(self, decoding, n: int) -> None:
+        """A running choice in (n 1) or out (-1) of the drawn and host-sampled counts."""
+        inv_t = decoding.device_draw
+        if inv_t is None:
+            self._host += n
+        elif inv_t:
+            self._drawn += n
 
     def _release(self, seq: Sequence) -> None:
         self.batch.release(seq)
         owner = self._owner.pop(seq, None)
-        if owner is not None and not owner[1].decoding.greedy_argmax:
-            self._sampled -= 1
+        if owner is not None:
+            self._count(owner[1].decoding, -1)
 
     def _end(self, w: _Work, c: _Choice) -> None:
         self._release(c.seq)

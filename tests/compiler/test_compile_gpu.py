@@ -335,14 +335,14 @@ def test_amd_prefill_attention_and_gemm_on_matrix_instructions(amd_artifact, tar
 
 
 def launched_kernels(artifact, target):
-    """The kernels the plan launches: its steps', the row top-k and its greedy kernel."""
+    """The kernels the plan launches: its steps', the row top-k and its several-block forms."""
     plan = json.loads((artifact / "plan.json").read_text())
     sec = plan["targets"][target]
     topk = sec["topk"]
     steps = sec["steps"]
     return {launch["kernel"] for launch in steps["decode"] + steps["prefill"]} | {
         topk["kernel"],
-        topk["greedy"]["kernel"],
+        topk["pick"]["kernel"],
         topk["split"]["kernel"],
     }
 

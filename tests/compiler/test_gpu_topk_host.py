@@ -17,6 +17,8 @@ from hipc.base.launch_plan import TOPK_MAX
 from hipc.compiler.codegen.environment import render
 from hipc.runtime.topk import top_of_logits
 
+from support import assert_drawn
+
 THREADS = 128  # the kernel takes any multiple of the wave (1024 on devices)
 GREEDY_THREADS, GREEDY_PER_THREAD = 64, 3  # (256 and 8+ on devices: codegen's greedy_geometry)
 
@@ -34,10 +36,10 @@ def lib(tmp_path_factory):
         'extern "C" void run(const float* l, int rows, int vocab, int k, float* v, int* i, '
         "float* s) {\n"
         f"  grid(rows, 1, {THREADS}, [=] {{ topk(l, vocab, k, v, i, s); }});\n}}\n"
-        'extern "C" void run_greedy(const float* l, int rows, int vocab, int blocks, float* v, '
-        "int* i, float* s, float* parts, unsigned* counters) {\n"
+        'extern "C" void run_pick(const float* l, int rows, int vocab, int blocks, float* v, '
+        "int* i, float* s, float* parts, unsigned* counters, const float* draw) {\n"
         f"  grid(blocks, rows, {GREEDY_THREADS}, "
-        "[=] { topk_greedy(l, vocab, v, i, s, parts, counters); });\n}\n"
+        "[=] { topk_pick(l, vocab, v, i, s, parts, counters, draw); });\n}\n"
         'extern "C" void run_split(const float* l, int rows, int vocab, int k, int blocks, '
         "float* v, int* i, float* s, float* parts, unsigned* counters) {\n"
         f"  grid(blocks, rows, {GREEDY_THREADS}, "
@@ -94,6 +96,22 @@ def test_row_top_k_on_the_host(lib, rows, vocab, k):
     np.testing.assert_allclose(host.logsumexp, m + np.log(s), rtol=1e-6)
 
 
+def _run_pick(lib, x: np.ndarray, blocks: int, draw: np.ndarray, counters: np.ndarray):
+    """The pick kernel on rows x ([rows, 2] draw: 1 / temperature, u): vals, ids, stats."""
+    rows, vocab = x.shape
+    assert -(-vocab // blocks) <= GREEDY_THREADS * GREEDY_PER_THREAD
+    ptr = ctypes.c_void_p
+    parts = np.full(rows * blocks * 5, np.nan, np.float32)
+    vals = np.full(rows, np.nan, np.float32)
+    ids = np.full(rows, -7, np.int32)
+    stats = np.full((rows, 2), np.nan, np.float32)
+    draw = np.ascontiguousarray(draw, np.float32)
+    lib.run_pick(x.ctypes.data_as(ptr), rows, vocab, blocks, vals.ctypes.data_as(ptr),
+                 ids.ctypes.data_as(ptr), stats.ctypes.data_as(ptr), parts.ctypes.data_as(ptr),
+                 counters.ctypes.data_as(ptr), draw.ctypes.data_as(ptr))  # fmt: skip
+    return vals, ids, stats
+
+
 @pytest.mark.parametrize(
     ("rows", "vocab", "blocks"),
     # a block's slice: up to the 192 values a block holds; 6 blocks of 2 for 10 values leave
@@ -101,23 +119,58 @@ def test_row_top_k_on_the_host(lib, rows, vocab, k):
     [(4, 1000, 6), (3, 777, 5), (3, 10, 6), (3, 40, 3), (3, 192, 1)],
 )
 def test_greedy_pick_on_blocks_of_a_row_on_the_host(lib, rows, vocab, blocks):
-    """The greedy kernel writes what the row top-k writes for k = 1 (ties: the lower id),
-    its row stats merged over the blocks' slices, and leaves the counters at zero."""
-    assert -(-vocab // blocks) <= GREEDY_THREADS * GREEDY_PER_THREAD
+    """The pick kernel at temperature 0 writes what the row top-k writes for k = 1 (ties: the
+    lower id), its row stats merged over the blocks' slices, and leaves the counters at zero."""
     rng = np.random.default_rng(vocab + blocks)
     first = _rows(rng, rows, vocab)
-    ptr = ctypes.c_void_p
     counters = np.zeros(rows, np.uint32)
-    parts = np.full(rows * blocks * 4, np.nan, np.float32)
+    draw = np.zeros((rows, 2), np.float32)
+    draw[:, 1] = rng.random(rows)  # (u is read only at a temperature)
     for x in (first, first[::-1].copy()):  # twice: the counters the first launch left serve again
-        vals = np.full(rows, np.nan, np.float32)
-        ids = np.full(rows, -7, np.int32)
-        stats = np.full((rows, 2), np.nan, np.float32)
-        lib.run_greedy(x.ctypes.data_as(ptr), rows, vocab, blocks, vals.ctypes.data_as(ptr),
-                       ids.ctypes.data_as(ptr), stats.ctypes.data_as(ptr),
-                       parts.ctypes.data_as(ptr), counters.ctypes.data_as(ptr))  # fmt: skip
+        vals, ids, stats = _run_pick(lib, x, blocks, draw, counters)
         _check(x, 1, vals[:, None], ids[:, None], stats)
         assert not counters.any()
+
+
+@pytest.mark.parametrize(
+    ("vocab", "blocks"),
+    # slices of up to 192 values; the last of 6 slices empty (10 values); the masked half of a
+    # row a whole slice of -inf (40 on 3); one block
+    [(1000, 6), (777, 5), (10, 6), (40, 3), (192, 1)],
+)
+def test_temperature_draw_on_blocks_of_a_row_on_the_host(lib, vocab, blocks):
+    """At 1 / temperature > 0 each row's token is the host sampler's draw for the same u
+    (runtime/sampler.py inverse_cdf over exp((x - max) / temperature)), but where u lies within
+    float32 rounding of a boundary between two tokens: then the kernel's pick is one of the
+    two. Rows: ties, a grid of values, a masked half; temperatures 0.3-3; u at 0, just below 1
+    and between; rows at temperature 0 in the same launch stay greedy; the row stats are the
+    raw logits' (not the temperature's)."""
+    rng = np.random.default_rng(vocab * blocks)
+    checked = 0
+    counters = np.zeros(6, np.uint32)
+    for trial in range(12):
+        x = np.concatenate([_rows(rng, 3, vocab), 2 * rng.standard_normal((3, vocab))]).astype(
+            np.float32
+        )
+        inv_t = np.float32(1.0) / rng.uniform(0.3, 3.0, len(x)).astype(np.float32)
+        inv_t[trial % len(x)] = 0.0  # a greedy row among the drawn ones
+        u = rng.random(len(x)).astype(np.float32)
+        u[0], u[1] = 0.0, np.nextafter(np.float32(1), np.float32(0))
+        draw = np.stack([inv_t, u], axis=1)
+        vals, ids, stats = _run_pick(lib, x, blocks, draw, counters)
+        assert not counters.any()
+        m = x.max(axis=1)
+        np.testing.assert_array_equal(stats[:, 0], m)
+        s = np.exp(x.astype(np.float64) - m[:, None]).sum(axis=1)
+        np.testing.assert_allclose(stats[:, 1], s, rtol=1e-5)
+        np.testing.assert_array_equal(vals, x[np.arange(len(x)), ids])
+        for r in range(len(x)):
+            if inv_t[r] == 0:
+                assert ids[r] == _sorted(x[r : r + 1], 1)[1][0, 0]
+            else:
+                assert_drawn(x[r], float(inv_t[r]), float(u[r]), int(ids[r]))
+                checked += 1
+    assert checked > 40
 
 
 @pytest.mark.parametrize(

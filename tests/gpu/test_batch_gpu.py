@@ -198,6 +198,40 @@ def test_greedy_generation_with_steps_queued_on_the_device_picks(engine):
     assert int(np.argmax(again)) == want[0]
 
 
+def test_sampled_generation_draws_its_tokens_on_the_device(engine):
+    """A generation at a temperature alone on a GPU (`hipc generate --temperature`): each
+    decode token drawn by the pick kernel (Decoding.draw: u from the sequence's generator),
+    the next step queued ahead; its tokens are those the host sampler draws from the same
+    seed over the same decode graph's logits (but where a u lies within float32 rounding of
+    a boundary: none expected in 24 tokens), and differ from the greedy ones."""
+    from hipc.runtime.generate import Generation, GenerationRequest
+    from hipc.runtime.sampler import Sampler, SamplingParams
+
+    eng, _ = engine
+    assert eng.can_draw
+    prompt, n = PROMPTS[2], 24
+    sampling = SamplingParams(temperature=1.3, seed=11)
+    queued = []
+    real_next = eng.submit_next
+    eng.submit_next = lambda start, **kw: queued.append(kw) or real_next(start, **kw)
+    try:
+        gen = Generation(eng, _Letters(), GenerationRequest(tuple(prompt), n, sampling,
+                                                          ignore_eos=True))  # fmt: skip
+        "".join(gen)
+    finally:
+        del eng.submit_next
+    assert len(queued) == n - 2 and all(kw["draw"][0] > 0 for kw in queued)
+    sampler, want = Sampler(sampling), []
+    logits = eng.forward(prompt, 0)
+    greedy = []
+    for i in range(n):
+        want.append(sampler(logits))
+        greedy.append(int(np.argmax(logits)))
+        logits = eng.forward([want[-1]], len(prompt) + i)
+    assert gen.result.token_ids == want
+    assert want != greedy
+
+
 def test_many_decode_rows_pad_up_to_the_bucket(engine):
     """12 sequences decoding together: the 16-row bucket graph with 4 padding rows."""
     eng, policy = engine

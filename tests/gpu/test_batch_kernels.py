@@ -36,7 +36,7 @@ from hipc.compiler.targets import GpuTarget
 from hipc.runtime.backends.gpu_common import PackedArgs
 
 from gpu_kernels import DeviceKernels, pack
-from support import rel_err
+from support import assert_drawn, rel_err
 
 pytestmark = pytest.mark.gpu
 EPS = 1e-5
@@ -233,26 +233,42 @@ def test_row_top_k_matches_numpy(kernels, k):
     _assert_top(x, k, got_v, got_i, stats)
 
 
-def test_greedy_pick_matches_numpy(kernels):
-    """The greedy kernel (k = 1 on several blocks a row, as the runtime launches it for the
-    Llama-3 vocabulary): the row top-k's k = 1 results, twice on the same counters (the last
-    block of each row resets its own)."""
+@pytest.mark.parametrize("drawn", [False, True], ids=["greedy", "drawn"])
+def test_pick_matches_numpy(kernels, drawn):
+    """The pick kernel (k = 1 on several blocks a row, as the runtime launches it for the
+    Llama-3 vocabulary), twice on the same counters (the last block of each row resets its
+    own): at 1 / temperature 0 the row top-k's k = 1 results; drawn (temperatures 0.2-5, u
+    spread over [0, 1), every fourth row greedy) the host sampler's inverse_cdf token for
+    the same u but at a float32 rounding boundary (support.assert_drawn)."""
     rows, vocab = 64, VOCAB
     blocks = greedy_geometry(vocab)[0]
     x = _logits(rows, vocab, 1)
+    rng = np.random.default_rng(2)
+    draws = np.zeros((rows, 2), np.float32)
+    if drawn:
+        draws[:, 0] = 1 / rng.uniform(0.2, 5.0, rows)
+        draws[::4, 0] = 0.0
+        draws[:, 1] = rng.random(rows)
+        draws[1, 1], draws[5, 1] = 0.0, np.nextafter(np.float32(1), np.float32(0))
     try:
         px, counters = kernels.upload(x), kernels.upload(np.zeros(rows, np.uint32))
-        parts = kernels.poisoned((rows, blocks, 4))
+        parts, pd = kernels.poisoned((rows, blocks, 5)), kernels.upload(draws)
         for _ in range(2):
             pv, pi, ps = kernels.poisoned(rows), kernels.poisoned(rows), kernels.poisoned((rows, 2))
-            kernels.launch(f"{TOPK_KERNEL}_greedy", [blocks, rows], GREEDY_BLOCK,
+            kernels.launch(f"{TOPK_KERNEL}_pick", [blocks, rows], GREEDY_BLOCK,
                            [("u64", px), ("i32", vocab), ("u64", pv), ("u64", pi), ("u64", ps),
-                            ("u64", parts), ("u64", counters)])  # fmt: skip
+                            ("u64", parts), ("u64", counters), ("u64", pd)])  # fmt: skip
             got_v, got_i = kernels.read(pv, rows), kernels.read(pi, rows, np.int32)
             stats = kernels.read(ps, (rows, 2))
             left = kernels.read(counters, rows, np.uint32)
-            _assert_top(x, 1, got_v[:, None], got_i[:, None], stats)
             assert not left.any()
+            greedy = draws[:, 0] == 0
+            _assert_top(x[greedy], 1, got_v[greedy, None], got_i[greedy, None], stats[greedy])
+            np.testing.assert_array_equal(got_v, x[np.arange(rows), got_i])
+            for r in np.flatnonzero(~greedy):
+                assert_drawn(x[r], float(draws[r, 0]), float(draws[r, 1]), int(got_i[r]))
+            if drawn:  # draws, not argmaxes
+                assert (got_i[~greedy] != x[~greedy].argmax(axis=1)).sum() > 10
     finally:
         kernels.free()
 

@@ -52,6 +52,7 @@ SIGNATURES = {
     "recur": ["u64", "i32", "u64", "u64", "u64"],
     "topk": ["u64", "i32", "i32", "u64", "u64", "u64"],
     "topk_greedy": ["u64", "i32", "u64", "u64", "u64", "u64", "u64"],
+    "topk_pick": ["u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64"],
     "topk_split": ["u64", "i32", "i32", "u64", "u64", "u64", "u64", "u64"],
 }
 OOM, INVALID_VALUE, INVALID_IMAGE, NOT_FOUND, ILLEGAL_ADDRESS, OUT_OF_RESOURCES = (
@@ -362,6 +363,25 @@ def k_topk_greedy(gpu, logits, vocab, vals, ids, stats, parts, counters, grid):
     k_topk(gpu, logits, vocab, 1, vals, ids, stats, (rows, 1, 1))
 
 
+def k_topk_pick(gpu, logits, vocab, vals, ids, stats, parts, counters, draw, grid):
+    """The pick kernel's contract: k_topk_greedy's with 5 words of partials a block, and each
+    row's draw (1 / temperature, u): 0 keeps the greedy pick, else the token the host sampler's
+    inverse_cdf draws by u from exp((logits - max) / temperature)."""
+    from hipc.runtime.sampler import inverse_cdf
+
+    G, rows = grid[0], grid[1]
+    gpu.view(parts, np.float32, rows * G * 5)[:] = np.nan
+    assert not gpu.view(counters, np.uint32, rows).any(), "a counter not reset"
+    k_topk(gpu, logits, vocab, 1, vals, ids, stats, (rows, 1, 1))
+    x = gpu.view(logits, np.float32, rows * vocab).reshape(rows, vocab)
+    d = gpu.view(draw, np.float32, 2 * rows).reshape(rows, 2)
+    for r in range(rows):
+        if d[r, 0] > 0:
+            w = np.exp((x[r].astype(np.float64) - x[r].max()) * float(d[r, 0]))
+            i = inverse_cdf(w, float(d[r, 1]))
+            gpu.view(ids, np.int32, rows)[r], gpu.view(vals, np.float32, rows)[r] = i, x[r, i]
+
+
 def k_topk_split(gpu, logits, vocab, k, vals, ids, stats, parts, counters, grid):
     """The several-block top-k's contract: k_topk's on grid (blocks, rows), 2 k + 2 words of
     partials a block, the counters as k_topk_greedy's."""
@@ -372,7 +392,8 @@ def k_topk_split(gpu, logits, vocab, k, vals, ids, stats, parts, counters, grid)
 
 
 KERNELS = {"embed": k_embed, "addpos": k_addpos, "head": k_head, "big": k_big, "recur": k_recur,
-           "topk": k_topk, "topk_greedy": k_topk_greedy, "topk_split": k_topk_split}  # fmt: skip
+           "topk": k_topk, "topk_greedy": k_topk_greedy, "topk_pick": k_topk_pick,
+           "topk_split": k_topk_split}  # fmt: skip
 
 
 class FakeCu:
@@ -1154,7 +1175,7 @@ def test_oom_before_allocating(api, artifact):
     msg = str(e.value)
     pool = (KV_TABLE + 1) * KV_BLOCK
     states = -(-4 * pool * 3 // 256) * 256 + -(-4 * pool * H // 256) * 256
-    io = 16 * MAX_TOKENS + 4 * (MAX_TOKENS + 2) * KV_TABLE + 4 * MAX_TOKENS * V
+    io = 24 * MAX_TOKENS + 4 * (MAX_TOKENS + 2) * KV_TABLE + 4 * MAX_TOKENS * V
     b_needed = 512 + states + 64 + 64 + io
     assert f"({b_needed} bytes:" in msg and "(1000 bytes) are free of 80.00 GiB" in msg
     assert "--max-context" in msg and f"({MAX_CTX} positions now)" in msg
@@ -1657,35 +1678,40 @@ def test_a_step_fed_ahead_takes_the_picks_of_the_step_in_flight(api, tmp_path):
     b.close()
 
 
-def _topk_artifact(tmp_path, name, greedy: bool = False):
-    """The toy with the row top-k kernel; `greedy`: and the several-block top-1 kernel."""
+def _topk_artifact(tmp_path, name, form: str = ""):
+    """The toy with the row top-k kernel; `form` "pick" (or an older plan's "greedy"): and
+    the several-block kernels, top-1 in that form."""
 
     def edit(plan):
         for sec in plan["targets"].values():
             sec["topk"] = {"kernel": "topk", "block": 1024, "max_k": 64}
-            if greedy:
-                sec["topk"]["greedy"] = {"kernel": "topk_greedy", "block": 256, "blocks": 3}
+            if form:
+                sec["topk"][form] = {"kernel": f"topk_{form}", "block": 256, "blocks": 3}
                 sec["topk"]["split"] = {"kernel": "topk_split", "block": 256, "blocks": 3}
 
     return load_artifact(write_artifact(tmp_path / name, edit=edit))
 
 
 def picks_run(gpu) -> int:
-    return sum(1 for e in gpu.executed if e[0] in ("topk", "topk_greedy", "topk_split"))
+    return sum(
+        1 for e in gpu.executed if e[0] in ("topk", "topk_greedy", "topk_pick", "topk_split")
+    )
 
 
+@pytest.mark.parametrize("form", ["pick", "greedy"])
 @pytest.mark.parametrize("pick_rows", [64, 1])
 def test_device_picks_run_on_several_blocks_where_the_plan_has_them(
-    api, tmp_path, monkeypatch, pick_rows
+    api, tmp_path, monkeypatch, pick_rows, form
 ):
-    """step_top launches the plan's several-block kernels (k = 1: greedy, else split; their
+    """step_top launches the plan's several-block kernels (k = 1: pick, or an older plan's
+    greedy, else split; their
     blocks a row, partials and counters in their own buffer) for at most PICK_ROWS rows, the
     row top-k's block a row past that; all agree with the host's pick."""
     from hipc.runtime.backends import gpu_common as gc
     from hipc.runtime.topk import top_of_logits
 
     monkeypatch.setattr(gc, "PICK_ROWS", pick_rows)
-    art = _topk_artifact(tmp_path, "g.hipc", greedy=True)
+    art = _topk_artifact(tmp_path, "g.hipc", form)
     gpu = FakeGpu()
     b = backend(api, art, gpu, kv_blocks=8)
     tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
@@ -1695,7 +1721,7 @@ def test_device_picks_run_on_several_blocks_where_the_plan_has_them(
         got = b.step_top(ids, pos, seq, tables, np.arange(2), k, logsumexp=True)
         name, grid = gpu.executed[-1][:2]
         if pick_rows >= 2:
-            assert name == ("topk_greedy" if k == 1 else "topk_split") and grid == (3, 2, 1)
+            assert name == (f"topk_{form}" if k == 1 else "topk_split") and grid == (3, 2, 1)
         else:
             assert name == "topk" and grid == (2, 1, 1)
         host = top_of_logits(want, k)
@@ -1705,13 +1731,102 @@ def test_device_picks_run_on_several_blocks_where_the_plan_has_them(
     b.close()
 
 
-@pytest.mark.parametrize("greedy", [False, True])
-def test_a_decode_step_goes_next_on_the_device_pick(api, tmp_path, greedy):
+def test_device_draws_at_a_temperature(api, tmp_path):
+    """submit_step's draws (top 1, the plan's pick kernel): a row at 1 / temperature 0 gets
+    its greedy token, the others the token the host sampler's inverse_cdf draws by their u
+    from the softmax at that temperature (the draws travel with the step's inputs, zeroed
+    for a step without them); an older plan's greedy kernel, more rows than it picks, top 3
+    and values out of range are refused."""
+    from hipc.runtime.sampler import inverse_cdf
+
+    art = _topk_artifact(tmp_path, "d.hipc", "pick")
+    gpu = FakeGpu()
+    b = backend(api, art, gpu, kv_blocks=8)
+    assert b.draws_on_device == MAX_TOKENS
+    tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]], np.int32)[:2]
+    ids, pos, seq = np.array([3, 1]), np.array([5, 9]), np.arange(2)
+    x = rows_expected([3, 1], [5, 9])
+    drawn = set()
+    for inv_t in (0.05, 0.4):
+        for u in (0.02, 0.3, 0.6, 0.97):
+            draws = np.array([[0.0, u], [inv_t, u]], np.float32)
+            b.submit_step(ids, pos, seq, tables, np.arange(2), 1, draws=draws)
+            got = b.collect()
+            w = np.exp((x[1].astype(np.float64) - x[1].max()) * float(np.float32(inv_t)))
+            want = inverse_cdf(w, float(np.float32(u)))
+            assert got[0][:, 0].tolist() == [int(np.argmax(x[0])), want]
+            drawn.add(want)
+    assert len(drawn) >= 3  # the draws reach different tokens
+    b.submit_step(ids, pos, seq, tables, np.arange(2), 1)  # no draws: greedy rows
+    assert b.collect()[0][:, 0].tolist() == np.argmax(x, axis=1).tolist()
+    one = (np.array([3]), np.array([5]), np.array([0]), tables[:1], np.array([0]))
+    for bad, match in [
+        (dict(top=3, draws=[[0.5, 0.5]]), "with top 1"),
+        (dict(top=1, draws=[[0.5, 0.5], [0.5, 0.5]]), "per out row"),
+        (dict(top=1, draws=[[-1.0, 0.5]]), "must be finite"),
+        (dict(top=1, draws=[[np.inf, 0.5]]), "must be finite"),
+        (dict(top=1, draws=[[0.5, 1.0]]), r"u in \[0, 1\)"),
+    ]:
+        with pytest.raises(HipcError, match=match):
+            b.submit_step(*one, **bad)
+    b.close()
+    old = _topk_artifact(tmp_path, "o.hipc", "greedy")
+    b = backend(api, old, FakeGpu(), kv_blocks=8)
+    assert b.draws_on_device == 0
+    with pytest.raises(HipcError, match="at most 0 rows"):
+        b.submit_step(*one, top=1, draws=[[0.5, 0.5]])
+    b.close()
+
+
+@pytest.mark.parametrize("form", ["", "pick", "greedy"])
+def test_sampled_generation_draws_on_the_device_where_it_can(api, tmp_path, form):
+    """A generation at a temperature alone on an engine whose pick kernel draws (form
+    "pick") picks each decode token on the device, the next step queued ahead, and its
+    tokens are those the host sampler draws from the same seed (the engines without it:
+    logits to the host, as before); with top_p, logprobs or a penalty it samples on the
+    host everywhere."""
+    from hipc.runtime.generate import Generation, GenerationRequest
+    from hipc.runtime.sampler import SamplingParams
+
+    art = _topk_artifact(tmp_path, "s.hipc", form)
+    gpu = FakeGpu()
+    eng = engine_mod.CompiledEngine(art, backend(api, art, gpu))
+    assert eng.can_draw == (form == "pick")
+    n = 8
+    runs = {}
+    for name, sampling, extra in [
+        ("t", SamplingParams(temperature=40.0, seed=3), {}),
+        ("p", SamplingParams(temperature=40.0, top_p=0.99, seed=3), {}),
+        ("lp", SamplingParams(temperature=40.0, seed=3), {"logprobs": 1}),
+    ]:
+        before, steps_ahead = picks_run(gpu), gpu.count("d2d_2d")
+        req = GenerationRequest((1,), n, sampling, ignore_eos=True, **extra)
+        gen = Generation(eng, _Letters(), req)
+        "".join(gen)
+        runs[name] = gen.result.token_ids
+        on_device = form == "pick" and name == "t"
+        assert (picks_run(gpu) - before == n - 1) == on_device, name
+        assert (gpu.count("d2d_2d") - steps_ahead == n - 2) == on_device, name
+    # the host's draws from the same seed, on the toy's logits
+    from hipc.runtime.sampler import Sampler
+
+    sampler, tokens, logits = Sampler(SamplingParams(temperature=40.0, seed=3)), [], None
+    logits = expected([1], 0, False)[-1]
+    for i in range(n):
+        tokens.append(sampler(logits))
+        logits = expected([tokens[-1]], 1 + i, False)[-1]
+    assert runs["t"] == tokens and runs["lp"] == tokens
+    assert len(set(tokens)) > 1  # a temperature that moves the picks
+    eng.close()
+
+
+@pytest.mark.parametrize("form", ["", "pick", "greedy"])
+def test_a_decode_step_goes_next_on_the_device_pick(api, tmp_path, form):
     """submit_next(pos): the decode step after the one in flight, its token that step's
     device pick (copied on the device, not the host's placeholder), queued before it is
     collected; collect_argmax returns the two picks in order. It goes only behind one step
     picked on the device, and drop_steps waits for and drops what is in flight."""
-    art = _topk_artifact(tmp_path, "n.hipc", greedy)
+    art = _topk_artifact(tmp_path, "n.hipc", form)
     gpu = FakeGpu()
     eng = engine_mod.CompiledEngine(art, backend(api, art, gpu))
     assert eng.can_submit_next
@@ -1742,15 +1857,15 @@ def test_a_decode_step_goes_next_on_the_device_pick(api, tmp_path, greedy):
     eng.close()
 
 
-@pytest.mark.parametrize("greedy", [False, True])
-def test_greedy_generation_queues_the_next_step_ahead(api, tmp_path, greedy):
+@pytest.mark.parametrize("form", ["", "pick", "greedy"])
+def test_greedy_generation_queues_the_next_step_ahead(api, tmp_path, form):
     """A greedy generation on an engine that can submit_next keeps a step queued behind the
     one in flight; a stop token leaves the step queued for the token after it, which is run
     and dropped (the engine free after); the length limit queues none past the end. The
     tokens are a forward() loop's argmaxes either way."""
     from hipc.runtime.generate import Generation, GenerationRequest
 
-    art = _topk_artifact(tmp_path, "a.hipc", greedy)
+    art = _topk_artifact(tmp_path, "a.hipc", form)
     gpu = FakeGpu()
     eng = engine_mod.CompiledEngine(art, backend(api, art, gpu))
     calls = []

@@ -103,6 +103,41 @@ class Pipelined(DeviceTop):
         return entry[2]
 
 
+class Drawing(Pipelined):
+    """Pipelined plus draws at a temperature on the device (gpu_common's `draws` with top 1:
+    each row's (1 / temperature, u); 0 keeps the greedy pick, else the token the host
+    sampler's inverse_cdf draws by u from exp((logits - max) / temperature))."""
+
+    draws_on_device = 4
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.drawn = 0
+
+    def submit_step(self, ids, pos, seq, tables, out_rows, top=0, feed=None, draws=None):
+        super().submit_step(ids, pos, seq, tables, out_rows, top, feed)
+        self.queue[-1].append(None if draws is None else np.array(draws))
+
+    def _run(self, entry) -> None:
+        from hipc.runtime.sampler import inverse_cdf
+
+        if entry[2] is not None:
+            return
+        super()._run(entry)
+        draws = entry[3]
+        if draws is None or not (draws[:, 0] > 0).any():
+            return
+        args = entry[0]
+        logits = self.inner.step(*args)
+        ids = entry[2][0].copy()
+        for r, (inv_t, u) in enumerate(draws):
+            if inv_t > 0:
+                w = np.exp((logits[r].astype(np.float64) - logits[r].max()) * float(inv_t))
+                ids[r, 0] = inverse_cdf(w, float(u))
+                self.drawn += 1
+        entry[2] = (ids, entry[2][1])
+
+
 BACKENDS = {
     "host-argmax": None,
     "device-top": DeviceTop,
@@ -187,6 +222,41 @@ def test_batched_choices_get_their_lone_tokens(engines, kind, sampled):
         waits = re.search(r"^hipc_step_wait_seconds_count (\S+)", body, re.M)
         gaps = re.search(r"^hipc_step_gap_seconds_count (\S+)", body, re.M)
         assert waits and gaps and 0 < float(gaps.group(1)) < float(waits.group(1)), body[-600:]
+
+
+def test_choices_at_a_temperature_alone_are_drawn_on_the_device(engines):
+    """Where the backend draws on the device, a batch of greedy choices and choices at a
+    temperature alone asks it for every row's token (no logits back) and goes ahead step
+    after step; each choice gets the tokens it gets alone, sampled on the host from the same
+    seed (the uniform numbers come from its generator in the same order). A choice with
+    top_p in the batch sends every row's logits to the host again."""
+    lone, engine = engines
+    inner = engine.backend
+    engine.backend = backend = Drawing(inner)
+    try:
+        service = Service(engine, Config(max_batch=4, eager_load=False))
+        try:
+            reqs = requests(engine, False)
+            reqs = [
+                GenerationRequest(r.prompt_ids, r.max_tokens, SamplingParams(temperature=1.5, seed=i),
+                                  ignore_eos=True) if i % 2 else r
+                for i, r in enumerate(reqs)
+            ]  # fmt: skip
+            got = batched(service, reqs)
+            assert backend.logit_calls == 0 and backend.drawn > 0 and backend.ahead > 0
+            for r, tokens in zip(reqs, got, strict=True):
+                assert tokens == alone(lone, r)
+            assert any(len(set(tokens)) > 3 for tokens in got[1::2])  # the draws move
+            mixed = [reqs[0], GenerationRequest(reqs[1].prompt_ids, 4, SamplingParams(
+                temperature=1.5, top_p=0.9, seed=1), ignore_eos=True)]  # fmt: skip
+            got = batched(service, mixed)
+            assert backend.logit_calls > 0
+            for r, tokens in zip(mixed, got, strict=True):
+                assert tokens == alone(lone, r)
+        finally:
+            service.close(5)
+    finally:
+        engine.backend = inner
 
 
 @pytest.mark.parametrize("wrapper", [Overlapped, Pipelined], ids=["overlapped", "pipelined"])
