@@ -4,6 +4,7 @@ sampler; each choice gets what the one-sequence generation loop gives it."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
@@ -189,24 +190,32 @@ def batched(service: Service, reqs: list[GenerationRequest]) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("kind", list(BACKENDS))
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "greedy+sampled"])
-def test_batched_choices_get_their_lone_tokens(engines, kind, sampled):
-    lone, engine = engines
+@contextlib.contextmanager
+def serving(engine, wrapper=None):
+    """A Service over `engine`, its backend wrapped in `wrapper` (one of BACKENDS') meanwhile:
+    (service, the wrapper instance or None)."""
     inner = engine.backend
-    backend = BACKENDS[kind](inner) if BACKENDS[kind] else None
+    backend = wrapper(inner) if wrapper else None
     if backend is not None:
         engine.backend = backend
     try:
         service = Service(engine, Config(max_batch=4, eager_load=False))
         try:
-            reqs = requests(engine, sampled)
-            got = batched(service, reqs)
-            body = service.metrics.render()[0].decode()
+            yield service, backend
         finally:
             service.close(5)
     finally:
         engine.backend = inner
+
+
+@pytest.mark.parametrize("kind", list(BACKENDS))
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "greedy+sampled"])
+def test_batched_choices_get_their_lone_tokens(engines, kind, sampled):
+    lone, engine = engines
+    with serving(engine, BACKENDS[kind]) as (service, backend):
+        reqs = requests(engine, sampled)
+        got = batched(service, reqs)
+        body = service.metrics.render()[0].decode()
     for r, tokens in zip(reqs, got, strict=True):
         assert tokens == alone(lone, r)
     if backend is not None:
@@ -231,32 +240,23 @@ def test_choices_at_a_temperature_alone_are_drawn_on_the_device(engines):
     seed (the uniform numbers come from its generator in the same order). A choice with
     top_p in the batch sends every row's logits to the host again."""
     lone, engine = engines
-    inner = engine.backend
-    engine.backend = backend = Drawing(inner)
-    try:
-        service = Service(engine, Config(max_batch=4, eager_load=False))
-        try:
-            reqs = requests(engine, False)
-            reqs = [
-                GenerationRequest(r.prompt_ids, r.max_tokens, SamplingParams(temperature=1.5, seed=i),
-                                  ignore_eos=True) if i % 2 else r
-                for i, r in enumerate(reqs)
-            ]  # fmt: skip
-            got = batched(service, reqs)
-            assert backend.logit_calls == 0 and backend.drawn > 0 and backend.ahead > 0
-            for r, tokens in zip(reqs, got, strict=True):
-                assert tokens == alone(lone, r)
-            assert any(len(set(tokens)) > 3 for tokens in got[1::2])  # the draws move
-            mixed = [reqs[0], GenerationRequest(reqs[1].prompt_ids, 4, SamplingParams(
-                temperature=1.5, top_p=0.9, seed=1), ignore_eos=True)]  # fmt: skip
-            got = batched(service, mixed)
-            assert backend.logit_calls > 0
-            for r, tokens in zip(mixed, got, strict=True):
-                assert tokens == alone(lone, r)
-        finally:
-            service.close(5)
-    finally:
-        engine.backend = inner
+    with serving(engine, Drawing) as (service, backend):
+        reqs = [
+            GenerationRequest(r.prompt_ids, r.max_tokens, SamplingParams(temperature=1.5, seed=i),
+                              ignore_eos=True) if i % 2 else r
+            for i, r in enumerate(requests(engine, False))
+        ]  # fmt: skip
+        got = batched(service, reqs)
+        assert backend.logit_calls == 0 and backend.drawn > 0 and backend.ahead > 0
+        for r, tokens in zip(reqs, got, strict=True):
+            assert tokens == alone(lone, r)
+        assert any(len(set(tokens)) > 3 for tokens in got[1::2])  # the draws move
+        mixed = [reqs[0], GenerationRequest(reqs[1].prompt_ids, 4, SamplingParams(
+            temperature=1.5, top_p=0.9, seed=1), ignore_eos=True)]  # fmt: skip
+        got = batched(service, mixed)
+        assert backend.logit_calls > 0
+        for r, tokens in zip(mixed, got, strict=True):
+            assert tokens == alone(lone, r)
 
 
 @pytest.mark.parametrize("wrapper", [Overlapped, Pipelined], ids=["overlapped", "pipelined"])
@@ -266,47 +266,37 @@ def test_overlapped_steps_keep_stop_strings_and_return_every_block(engines, wrap
     rows of the steps in flight are wasted): its text and tokens are still what it gets
     alone, and every block comes back."""
     lone, engine = engines
-    inner = engine.backend
-    engine.backend = backend = wrapper(inner)
-    try:
-        service = Service(engine, Config(max_batch=4, eager_load=False))
-        try:
-            reqs = []
-            for r in requests(engine, sampled=False):
-                text = Generation(lone, lone.tokenizer, r)
-                for _ in text.steps():
-                    pass
-                full = text.result.text
-                # a stop string from the middle of the lone reply (where it has one)
-                stop = full[len(full) // 2 : len(full) // 2 + 3].strip()
-                reqs.append(
-                    GenerationRequest(r.prompt_ids, r.max_tokens, stop=(stop,) if stop else ())
-                )
-            jobs = []
-            for r in reqs:
-                job = service.scheduler.job([ChoiceSpec(0, r)], False, len(r.prompt_ids))
-                service.scheduler.submit(job)
-                jobs.append(job)
-            for r, job in zip(reqs, jobs, strict=True):
-                assert job.done.wait(60) and job.error is None
-                res = job.results[0][1]
-                want = Generation(lone, lone.tokenizer, r)
-                for _ in want.steps():
-                    pass
-                assert (res.text, res.token_ids, res.finish_reason) == (
-                    want.result.text,
-                    want.result.token_ids,
-                    want.result.finish_reason,
-                )
-            assert sum(r.stop != () for r in reqs) >= 3
-            assert any(j.results[0][1].finish_reason == "stop" for j in jobs)
-            assert wait_idle(service)
-            assert service.batch.pool.used == 0 and not service.batch.running
-            assert not service.batch.in_flight
-        finally:
-            service.close(5)
-    finally:
-        engine.backend = inner
+    with serving(engine, wrapper) as (service, backend):
+        reqs = []
+        for r in requests(engine, sampled=False):
+            text = Generation(lone, lone.tokenizer, r)
+            for _ in text.steps():
+                pass
+            full = text.result.text
+            # a stop string from the middle of the lone reply (where it has one)
+            stop = full[len(full) // 2 : len(full) // 2 + 3].strip()
+            reqs.append(GenerationRequest(r.prompt_ids, r.max_tokens, stop=(stop,) if stop else ()))
+        jobs = []
+        for r in reqs:
+            job = service.scheduler.job([ChoiceSpec(0, r)], False, len(r.prompt_ids))
+            service.scheduler.submit(job)
+            jobs.append(job)
+        for r, job in zip(reqs, jobs, strict=True):
+            assert job.done.wait(60) and job.error is None
+            res = job.results[0][1]
+            want = Generation(lone, lone.tokenizer, r)
+            for _ in want.steps():
+                pass
+            assert (res.text, res.token_ids, res.finish_reason) == (
+                want.result.text,
+                want.result.token_ids,
+                want.result.finish_reason,
+            )
+        assert sum(r.stop != () for r in reqs) >= 3
+        assert any(j.results[0][1].finish_reason == "stop" for j in jobs)
+        assert wait_idle(service)
+        assert service.batch.pool.used == 0 and not service.batch.running
+        assert not service.batch.in_flight
     assert backend.submits > 0
 
 
