@@ -23,12 +23,11 @@ THREADS = 128  # the kernel takes any multiple of the wave (1024 on devices)
 GREEDY_THREADS, GREEDY_PER_THREAD = 64, 3  # (256 and 8+ on devices: codegen's greedy_geometry)
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def _build(tmp_path_factory, wave: int):
     code = render(
         "hip/topk.hip.j2",
         fn="topk",
-        wave=32,
+        wave=wave,
         max_k=TOPK_MAX,
         greedy_block=GREEDY_THREADS,
         greedy_per_thread=GREEDY_PER_THREAD,
@@ -45,7 +44,18 @@ def lib(tmp_path_factory):
         f"  grid(blocks, rows, {GREEDY_THREADS}, "
         "[=] { topk_split(l, vocab, k, v, i, s, parts, counters); });\n}"
     )
-    return host_simt.build(tmp_path_factory.mktemp("topk"), "topk_host", code, 32)
+    return host_simt.build(tmp_path_factory.mktemp("topk"), f"topk_host{wave}", code, wave)
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    return _build(tmp_path_factory, 32)
+
+
+@pytest.fixture(scope="module")
+def lib64(tmp_path_factory):
+    """At AMD gfx9's wave of 64 (the pick kernel's scans run over the wave's lanes)."""
+    return _build(tmp_path_factory, 64)
 
 
 def _rows(rng, rows: int, vocab: int) -> np.ndarray:
@@ -138,13 +148,15 @@ def test_greedy_pick_on_blocks_of_a_row_on_the_host(lib, rows, vocab, blocks):
     # row a whole slice of -inf (40 on 3); one block
     [(1000, 6), (777, 5), (10, 6), (40, 3), (192, 1)],
 )
-def test_temperature_draw_on_blocks_of_a_row_on_the_host(lib, vocab, blocks):
+@pytest.mark.parametrize("wave", [32, 64])
+def test_temperature_draw_on_blocks_of_a_row_on_the_host(request, vocab, blocks, wave):
     """At 1 / temperature > 0 each row's token is the host sampler's draw for the same u
     (runtime/sampler.py inverse_cdf over exp((x - max) / temperature)), but where u lies within
     float32 rounding of a boundary between two tokens: then the kernel's pick is one of the
     two. Rows: ties, a grid of values, a masked half; temperatures 0.3-3; u at 0, just below 1
     and between; rows at temperature 0 in the same launch stay greedy; the row stats are the
-    raw logits' (not the temperature's)."""
+    raw logits' (not the temperature's). At waves of 32 and 64 lanes."""
+    lib = request.getfixturevalue("lib" if wave == 32 else "lib64")
     rng = np.random.default_rng(vocab * blocks)
     checked = 0
     counters = np.zeros(6, np.uint32)
