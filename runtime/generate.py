@@ -241,12 +241,7 @@ class Decoding:
         """Whether the raw logits' argmax is this sequence's whole sampling step (greedy, no
         penalty, bias or grammar, no logprobs): a batch then picks it for all such rows at
         once, or on the device."""
-        return (
-            self.sampler.params.greedy
-            and not self.sampler.moves_logits
-            and self.constraint is None
-            and self.request.logprobs is None
-        )
+        return self.device_draw == 0.0
 
     @property
     def device_draw(self) -> float | None:
