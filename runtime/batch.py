@@ -362,10 +362,7 @@ class BatchEngine:
         if self.overlaps:
             extra = {"feed": feed} if feed_from is not None else {}
             if draw is not None and wanted and on_device and top == 1:
-                if len(wanted) > self.draws_on_device:
-                    raise HipcError(
-                        f"a step draws on the device for at most {self.draws_on_device} rows"
-                    )
+                # (the backend refuses more rows than draws_on_device)
                 extra["draws"] = np.array([draw(s) for s in wanted], np.float32)
             if wanted:
                 self._submit_step(*args, out_rows, top if on_device else 0, **extra)

@@ -143,6 +143,8 @@ class Generation:
         # at a temperature alone, where the engine draws on the device (Decoding.draw: the
         # same uniform numbers from the sequence's generator, one a token)
         drawn = bool(decoding.device_draw) and getattr(self.engine, "can_draw", False)
+        # the submit's draw for each token (Decoding.draw takes its uniform number)
+        draw = (lambda: {"draw": decoding.draw()}) if drawn else dict
         argmax = (
             submit is not None
             and (decoding.greedy_argmax or drawn)
@@ -159,19 +161,14 @@ class Generation:
         ) is not None:
             running = submit is not None and decoding.continues()
             if running and not queued:
-                if drawn:
-                    submit([token], pos, argmax=True, draw=decoding.draw())
-                elif argmax:
-                    submit([token], pos, argmax=True)
+                if argmax:
+                    submit([token], pos, argmax=True, **draw())
                 else:
                     submit([token], pos)
             # the token the step in flight computes leaves room for one more step
             queued = ahead and running and decoding.continues(1)
             if queued:
-                if drawn:
-                    self.engine.submit_next(pos + 1, draw=decoding.draw())
-                else:
-                    self.engine.submit_next(pos + 1)
+                self.engine.submit_next(pos + 1, **draw())
             step = decoding.emit()
             if step is None:
                 if queued:

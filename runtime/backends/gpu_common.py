@@ -1137,7 +1137,7 @@ class GpuBackend:
                 self._ids_host[T:B], self._pos_host[T:B], self._seq_host[T:B] = 0, 0, self.PAD
             for row, _, n in feed:  # the copies below write their low halves only
                 self._ids_host[row : row + n] = 0
-            if top == 1 and self._draw_host is not None:
+            if top == 1:
                 n_out = pick.stop - pick.start
                 self._draw_host[:n_out] = 0 if draws is None else draws
             # (addresses read once: numpy's .ctypes builds an object per access, microseconds a step)
