@@ -37,7 +37,7 @@ for model in $MODELS; do
   rm -f "/tmp/hq/$model.gguf"
 done
 wait
-tail -3 "$OUT/kernels-tests.log" "$OUT/batch-tests.log"
+tail -n 3 "$OUT/kernels-tests.log" "$OUT/batch-tests.log"
 cat "$OUT/topk.md"
 for model in $MODELS; do
   tail -3 "$OUT/$model.log"
