@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hipc.base.errors import HipcError
 from hipc.compiler.options import CompileOptions
 from hipc.compiler.pipeline import compile_model
 from hipc.runtime.batch import BatchEngine
@@ -91,6 +92,19 @@ def test_forward_without_a_copy_on_the_cpu(engine):
     b = engine.forward([1], n)
     np.testing.assert_array_equal(a, b)
     assert not np.shares_memory(a, b)
+
+
+def test_the_backends_one_sequence_view_refuses_positions_past_its_context(engine):
+    """forward() skips step()'s table checks (its own table is valid by construction) but not
+    the context's bound: past it, the one-sequence table would wrap onto block 0."""
+    backend = engine.backend
+    for start, n in ((backend.max_context, 1), (backend.max_context - 2, 3), (-1, 1)):
+        with pytest.raises(HipcError, match="past the"):
+            backend.forward(np.ones(n, np.int64), start, False)
+    assert backend.forward(np.ones(1, np.int64), backend.max_context - 1, False).shape == (
+        1,
+        backend.vocab,
+    )
 
 
 def test_every_sequence_of_a_batch_produces_what_it_produces_alone(engine, artifact):
