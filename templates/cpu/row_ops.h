@@ -34,13 +34,6 @@ inline void for_rows(int T, F&& f) {
   }
 }
 
-// Rows base + i * stride (i < n) of `cols` floats asked of memory into the core's L2 ahead
-// of their use (prefetcht1 on x86): rows of a KV cache the attention reads a block later.
-inline void prefetch_rows(const float* base, size_t stride, int n, int cols) {
-  for (int i = 0; i < n; ++i)
-    for (int c = 0; c < cols; c += 16) __builtin_prefetch(base + (size_t)i * stride + c, 0, 2);
-}
-
 // y = x / sqrt(mean(x^2) + eps) * w over one row of n.
 inline void rmsnorm_row(const float* x, const float* w, int n, float eps, float* y) {
   float ss = 0.f;
