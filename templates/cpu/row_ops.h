@@ -19,6 +19,12 @@ inline float* scratch_f32(int slot, size_t n) {
   return v.data();
 }
 
+inline int32_t* scratch_i32(size_t n) {
+  thread_local std::vector<int32_t> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
 // f(t) for the rows t < T of a pass over a step's activations (a linear's norm, its
 // epilogue): split over the threads from kRowsParallel rows on (a prefill), else run on the
 // calling thread without entering OpenMP: an `omp parallel if (false)` region still costs
@@ -317,7 +323,48 @@ struct Attend {
     const float inv = 1.f / l;
     for (int d = 0; d < D; ++d) out[d] = acc[d] * inv;
   }
+
+  // What finish() would divide, for merge_parts: dst = [running max, sum of weights, the
+  // D weighted value sums]
+  void partial(float* dst) {
+#if defined(HIPC_ISA_AVX512)
+    if constexpr (kVec) {
+      dst[0] = m, dst[1] = _mm512_reduce_add_ps(lsum);
+      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(dst + 2 + 16 * i, av[i]);
+      return;
+    }
+#elif defined(HIPC_ISA_AVX2)
+    if constexpr (kVec) {
+      alignas(32) float ls[8];
+      _mm256_store_ps(ls, lsum);
+      dst[0] = m, dst[1] = ((ls[0] + ls[1]) + (ls[2] + ls[3])) + ((ls[4] + ls[5]) + (ls[6] + ls[7]));
+      for (int i = 0; i < NV; ++i) _mm256_storeu_ps(dst + 2 + 8 * i, av[i]);
+      return;
+    }
+#endif
+    dst[0] = m, dst[1] = l;
+    for (int d = 0; d < D; ++d) dst[2 + d] = acc[d];
+  }
 };
+
+// One query row's attention from the partials (Attend::partial) of S consecutive parts of
+// its positions: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M the largest m_s.
+template <int D>
+inline void merge_parts(const float* parts, int S, float* out) {
+  float M = -INFINITY;
+  for (int s = 0; s < S; ++s) M = std::max(M, parts[(size_t)s * (D + 2)]);
+  float l = 0.f, acc[D] = {};
+  for (int s = 0; s < S; ++s) {
+    const float* p = parts + (size_t)s * (D + 2);
+    const float w = p[0] == -INFINITY ? 0.f : std::exp(p[0] - M);
+    l += w * p[1];
+#pragma omp simd
+    for (int d = 0; d < D; ++d) acc[d] += w * p[2 + d];
+  }
+  const float inv = 1.f / l;
+#pragma omp simd
+  for (int d = 0; d < D; ++d) out[d] = acc[d] * inv;
+}
 
 #if defined(HIPC_ISA_AVX512)
 // r[j] = the sum of v[j]'s 16 lanes, for 16 vectors: halves, quarters, pairs and lanes added
@@ -362,6 +409,7 @@ template <int D>
 struct AttendG<D, 1> : Attend<D> {
   AttendG(const float* const* q_, float scale_, float softcap_) : Attend<D>(q_[0], scale_, softcap_) {}
   void finish(float* const* out) { Attend<D>::finish(out[0]); }
+  void partial(float* const* dst) { Attend<D>::partial(dst[0]); }
 };
 
 #if defined(HIPC_ISA_AVX512)
@@ -432,6 +480,13 @@ struct AttendG {
     for (int g = 0; g < GT; ++g) {
       const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(lsum[g]));
       for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out[g] + 16 * i, _mm512_mul_ps(av[g][i], inv));
+    }
+  }
+
+  void partial(float* const* dst) {
+    for (int g = 0; g < GT; ++g) {
+      dst[g][0] = m[g], dst[g][1] = _mm512_reduce_add_ps(lsum[g]);
+      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(dst[g] + 2 + 16 * i, av[g][i]);
     }
   }
 };

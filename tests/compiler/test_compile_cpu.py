@@ -6,6 +6,8 @@ sums in different orders, so logits agree to ~1e-6 and the bar is 1e-3.
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -275,3 +277,41 @@ def test_weight_type_without_kernel_is_refused_naming_the_tensor(
     msg = str(e.value)
     assert msg.startswith(f"blk.1.ffn_down.weight: weight type {wtype} has no {label} kernel")
     assert "(supported: float32, " in msg and "\n" not in msg
+
+
+def test_long_rows_split_over_threads(tmp_path):
+    """From 768 positions on, with several threads, the attention runs a row's positions in
+    parts and merges their partial softmax states (where GT > 1 heads share a KV head: the
+    AVX512 build). The logits at two threads are the one-thread logits within float rounding,
+    and a row gives the same bits alone and in a step of two rows (the parts depend on its
+    positions and the threads, not on the step)."""
+    folder = write_tiny_hf(
+        tmp_path / "m",
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+    )
+    out = tmp_path / "m.hipc"
+    compile_model(folder, out, CompileOptions(max_context=1024), verbose=False)
+    engine = load_engine(out, target="cpu", threads=1)
+    ids = np.random.default_rng(5).integers(0, engine.vocab_size, 1000).tolist()
+    gomp = ctypes.CDLL("libgomp.so.1")  # the library the artifact's OpenMP regions use
+    old = gomp.omp_get_max_threads()
+
+    def last_logits(threads: int) -> tuple[np.ndarray, np.ndarray]:
+        gomp.omp_set_num_threads(threads)
+        try:
+            engine.forward(ids[:998], 0)
+            alone = engine.forward([ids[998]], 998)
+            pair = engine.forward(ids[997:999], 997)
+            return alone, pair
+        finally:
+            gomp.omp_set_num_threads(old)
+
+    one, _ = last_logits(1)
+    alone, pair = last_logits(2)
+    assert rel_err(alone, one) < 1e-5
+    np.testing.assert_array_equal(alone, pair)
+    engine.close()

@@ -96,13 +96,38 @@ void attend_group(const float* q, const float* K, const float* V, long long stri
     a.finish(op);
   }
 }
+// the same in `parts` consecutive parts of lo..hi, each's partial states merged after (the
+// generated attention's long rows at several threads)
+template <int D, int G>
+void attend_parts(const float* q, const float* K, const float* V, long long stride, int lo, int hi, float scale,
+                  float softcap, int parts, float* out) {
+  constexpr int GT = hipc::attend_heads<D>(G);
+  std::vector<float> state((size_t)G * parts * (D + 2));
+  const int len = hi - lo + 1;
+  for (int s = 0; s < parts; ++s) {
+    const int a = lo + (int)((long long)len * s / parts), e = lo + (int)((long long)len * (s + 1) / parts) - 1;
+    for (int h0 = 0; h0 < G; h0 += GT) {
+      const float* qp[GT];
+      float* dst[GT];
+      for (int g = 0; g < GT; ++g) qp[g] = q + (h0 + g) * D, dst[g] = state.data() + ((size_t)(h0 + g) * parts + s) * (D + 2);
+      hipc::AttendG<D, GT> at(qp, scale, softcap);
+      for (int c = a; c <= e; c += 16) at.range(K + (size_t)c * stride, V + (size_t)c * stride, (size_t)stride, e + 1 - c < 16 ? e + 1 - c : 16);
+      at.partial(dst);
+    }
+  }
+  for (int g = 0; g < G; ++g) hipc::merge_parts<D>(state.data() + (size_t)g * parts * (D + 2), parts, out + g * D);
+}
 extern "C" {
 #define HIPC_ATTEND_GROUP(D, G)                                                                               \
   void t_attend_group_##D##x##G(const float* q, const float* K, const float* V, long long stride, int lo, int hi, \
                                 float scale, float softcap, int chunk, float* out) {                          \
     attend_group<D, G>(q, K, V, stride, lo, hi, scale, softcap, chunk, out);                                  \
   }                                                                                                           \
-  int t_attend_heads_##D##x##G() { return hipc::attend_heads<D>(G); }
+  int t_attend_heads_##D##x##G() { return hipc::attend_heads<D>(G); }                                    \
+  void t_attend_parts_##D##x##G(const float* q, const float* K, const float* V, long long stride, int lo, int hi, \
+                                float scale, float softcap, int parts, float* out) {                          \
+    attend_parts<D, G>(q, K, V, stride, lo, hi, scale, softcap, parts, out);                                  \
+  }
 HIPC_ATTEND_GROUP(64, 3) HIPC_ATTEND_GROUP(128, 4) HIPC_ATTEND_GROUP(64, 1) HIPC_ATTEND_GROUP(256, 2)
 #define HIPC_WRAP(w)                                                                          \
   void t_matmul_##w(const float* x, int T, int K, const void* W, int N, float* y, int ldy) { \
@@ -252,6 +277,7 @@ def _load(path: Path) -> ctypes.CDLL:
     for dg in ATTEND_GROUPS:
         getattr(lib, f"t_attend_group_{dg[0]}x{dg[1]}").argtypes = attend
         getattr(lib, f"t_attend_heads_{dg[0]}x{dg[1]}").restype = Int
+        getattr(lib, f"t_attend_parts_{dg[0]}x{dg[1]}").argtypes = attend
     lib.t_isa.restype = ctypes.c_char_p
     lib.t_silu_mul_row.argtypes = [P, P, P, Int]
     lib.t_quantize_row_q8a.argtypes = [P, Int, P]
@@ -559,6 +585,35 @@ def test_attend_group(libs, variant):
                 assert err <= ATTEND_TOL, (
                     f"D={D} G={G} head {g} lo={lo} hi={hi} chunk={chunk}: {err:.3g}"
                 )
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2", "scalar"])
+def test_attend_in_parts(libs, variant):
+    """A row's positions in 2-8 consecutive parts, each part's partial states (running max,
+    weight sum, weighted values: Attend/AttendG.partial) merged after (merge_parts), as the
+    generated attention does for long rows at several threads: NumPy's softmax in f64 over
+    every head, parts as short as one position."""
+    lib = _get(libs, variant)
+    rng = np.random.default_rng(47)
+    for (D, G), _ in ATTEND_GROUPS.items():
+        NKV = 2
+        for lo, hi, scale, cap, parts in (
+            (0, 1, 0.125, 0.0, 2),
+            (0, 7, 0.125, 0.0, 8),
+            (5, 300, 0.125, 0.0, 3),
+            (0, 1023, 0.5, 0.0, 8),
+            (17, 200, 2.0, 30.0, 5),
+        ):
+            kv = rng.standard_normal((2, hi + 1, NKV, D), dtype=np.float32)
+            q = rng.standard_normal((G, D), dtype=np.float32)
+            out = np.full((G, D), np.nan, np.float32)
+            K, V = kv[0].ctypes.data + 4 * D, kv[1].ctypes.data + 4 * D  # KV head 1
+            attend = getattr(lib, f"t_attend_parts_{D}x{G}")
+            attend(q.ctypes.data, K, V, NKV * D, lo, hi, scale, cap, parts, out.ctypes.data)
+            for g in range(G):
+                ref = _attend_ref(kv[0, lo : hi + 1, 1], kv[1, lo : hi + 1, 1], q[g], scale, cap)
+                err = _rel(out[g].astype(np.float64), ref)
+                assert err <= ATTEND_TOL, f"D={D} G={G} head {g} {lo}..{hi} in {parts}: {err:.3g}"
 
 
 TWO_VERSIONS_SHIM = r"""
