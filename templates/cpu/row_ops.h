@@ -441,6 +441,9 @@ struct AttendG {
       for (int g = 0; g < GT; ++g) {
         __m512 qv[NV], d[16];
         for (int i = 0; i < NV; ++i) qv[i] = _mm512_loadu_ps(q[g] + 16 * i);
+        // unrolled: GCC kept it a loop storing each d[j] to the stack for hsum16 to reload
+        // (SmolLM2's 1,024 positions with the rows in cache, one thread: 69-70 -> 54 us)
+#pragma GCC unroll 16
         for (int j = 0; j < 16; ++j) {
           d[j] = _mm512_setzero_ps();
           if (j < nb) {
