@@ -203,7 +203,9 @@ class CpuBackend:
         new array whatever `copy` says: the kernels write them there.)"""
         T = len(ids)
         if start < 0 or start + T > self.max_context:
-            raise HipcError(f"a step row is past the {self.max_context} positions or the tables")
+            raise HipcError(
+                f"positions {start}..{start + T - 1} are past the {self.max_context} this engine holds"
+            )
         pos = np.arange(start, start + T, dtype=np.int32)
         rows = np.arange(T, dtype=np.int32) if all_logits else np.array([T - 1], np.int32)
         # step()'s checks are of the caller's tables and runs; the solo table and one

@@ -304,45 +304,51 @@ struct Attend {
     }
   }
 
-  void finish(float* out) {
+  // The weights' sum so far (the vector forms' lanes added in a fixed order)
+  float weight_sum() const {
 #if defined(HIPC_ISA_AVX512)
-    if constexpr (kVec) {
-      const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(lsum));
-      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(av[i], inv));
-      return;
-    }
+    if constexpr (kVec) return _mm512_reduce_add_ps(lsum);
 #elif defined(HIPC_ISA_AVX2)
     if constexpr (kVec) {
       alignas(32) float ls[8];
       _mm256_store_ps(ls, lsum);
-      const __m256 inv = _mm256_set1_ps(1.f / (((ls[0] + ls[1]) + (ls[2] + ls[3])) + ((ls[4] + ls[5]) + (ls[6] + ls[7]))));
-      for (int i = 0; i < NV; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(av[i], inv));
+      return ((ls[0] + ls[1]) + (ls[2] + ls[3])) + ((ls[4] + ls[5]) + (ls[6] + ls[7]));
+    }
+#endif
+    return l;
+  }
+
+  void finish(float* out) {
+    const float inv = 1.f / weight_sum();
+#if defined(HIPC_ISA_AVX512)
+    if constexpr (kVec) {
+      for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(av[i], _mm512_set1_ps(inv)));
+      return;
+    }
+#elif defined(HIPC_ISA_AVX2)
+    if constexpr (kVec) {
+      for (int i = 0; i < NV; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(av[i], _mm256_set1_ps(inv)));
       return;
     }
 #endif
-    const float inv = 1.f / l;
     for (int d = 0; d < D; ++d) out[d] = acc[d] * inv;
   }
 
   // What finish() would divide, for merge_parts: dst = [running max, sum of weights, the
   // D weighted value sums]
   void partial(float* dst) {
+    dst[0] = m, dst[1] = weight_sum();
 #if defined(HIPC_ISA_AVX512)
     if constexpr (kVec) {
-      dst[0] = m, dst[1] = _mm512_reduce_add_ps(lsum);
       for (int i = 0; i < NV; ++i) _mm512_storeu_ps(dst + 2 + 16 * i, av[i]);
       return;
     }
 #elif defined(HIPC_ISA_AVX2)
     if constexpr (kVec) {
-      alignas(32) float ls[8];
-      _mm256_store_ps(ls, lsum);
-      dst[0] = m, dst[1] = ((ls[0] + ls[1]) + (ls[2] + ls[3])) + ((ls[4] + ls[5]) + (ls[6] + ls[7]));
       for (int i = 0; i < NV; ++i) _mm256_storeu_ps(dst + 2 + 8 * i, av[i]);
       return;
     }
 #endif
-    dst[0] = m, dst[1] = l;
     for (int d = 0; d < D; ++d) dst[2 + d] = acc[d];
   }
 };
